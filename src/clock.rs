@@ -1,0 +1,67 @@
+//! Time, injected.
+//!
+//! Every decision the engine takes about leases and retention reads the time from a [`Clock`],
+//! never from a hidden `SystemTime::now()`. Production code uses [`SystemClock`]; tests use a
+//! [`ManualClock`] and move it forward instead of sleeping.
+//!
+//! ```
+//! use std::time::{Duration, UNIX_EPOCH};
+//! use lambda_idempotency::clock::{Clock, ManualClock};
+//!
+//! let clock = ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_700_000_000));
+//! let before = clock.now();
+//! clock.advance(Duration::from_secs(30));
+//! assert_eq!(clock.now().duration_since(before).unwrap(), Duration::from_secs(30));
+//! ```
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+/// A source of wall-clock time.
+pub trait Clock: Send + Sync + fmt::Debug {
+    /// The current time.
+    fn now(&self) -> SystemTime;
+}
+
+/// The system's wall clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
+}
+
+/// A clock that only moves when told to; clones share the same time.
+#[derive(Debug, Clone)]
+pub struct ManualClock {
+    now: Arc<Mutex<SystemTime>>,
+}
+
+impl ManualClock {
+    /// A clock standing still at `start`.
+    pub fn new(start: SystemTime) -> Self {
+        Self {
+            now: Arc::new(Mutex::new(start)),
+        }
+    }
+
+    /// Moves the clock forward by `by`.
+    pub fn advance(&self, by: Duration) {
+        let mut now = self.now.lock().unwrap_or_else(PoisonError::into_inner);
+        *now += by;
+    }
+
+    /// Sets the clock to `to` (which may be earlier than now).
+    pub fn set(&self, to: SystemTime) {
+        *self.now.lock().unwrap_or_else(PoisonError::into_inner) = to;
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> SystemTime {
+        *self.now.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}

@@ -1,0 +1,103 @@
+//! Engine settings: retention and the outcome size limit, validated once.
+//!
+//! ```
+//! use std::time::Duration;
+//! use lambda_idempotency::Config;
+//!
+//! let config = Config::builder().retention(Duration::from_secs(3 * 24 * 3600)).build()?;
+//! assert_eq!(config.retention(), Duration::from_secs(3 * 24 * 3600));
+//! # Ok::<(), lambda_idempotency::ConfigError>(())
+//! ```
+
+use std::time::Duration;
+
+use crate::error::ConfigError;
+
+/// DynamoDB's item size limit, in bytes.
+pub const DYNAMODB_ITEM_LIMIT: usize = 400 * 1024;
+/// Room kept in an item for the key and the other attributes.
+const ITEM_OVERHEAD: usize = 2 * 1024;
+/// The largest outcome that fits in an item next to the other attributes (the default limit).
+pub const MAX_OUTCOME_BYTES: usize = DYNAMODB_ITEM_LIMIT - ITEM_OVERHEAD;
+
+/// Validated engine settings; build them with [`Config::builder`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    retention: Duration,
+    max_outcome_bytes: usize,
+}
+
+impl Config {
+    /// Default retention of a settled record: 24 hours.
+    pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+    /// A builder starting from the defaults.
+    pub fn builder() -> ConfigBuilder {
+        ConfigBuilder {
+            config: Self::default(),
+        }
+    }
+
+    /// How long a settled record (and its replayable outcome) is kept.
+    pub fn retention(&self) -> Duration {
+        self.retention
+    }
+
+    /// The largest serialized outcome that is stored.
+    pub fn max_outcome_bytes(&self) -> usize {
+        self.max_outcome_bytes
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            retention: Self::DEFAULT_RETENTION,
+            max_outcome_bytes: MAX_OUTCOME_BYTES,
+        }
+    }
+}
+
+/// Builds a [`Config`]; [`ConfigBuilder::build`] checks the ranges.
+#[derive(Debug, Clone)]
+pub struct ConfigBuilder {
+    config: Config,
+}
+
+impl ConfigBuilder {
+    /// How long settled records are kept (1 second to 366 days; default 24 h). Size it against
+    /// how late a duplicate can arrive: queue retention, DLQ redrive, manual replays.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.config.retention = retention;
+        self
+    }
+
+    /// The largest serialized outcome to store (1 byte to [`MAX_OUTCOME_BYTES`], the default).
+    pub fn max_outcome_bytes(mut self, bytes: usize) -> Self {
+        self.config.max_outcome_bytes = bytes;
+        self
+    }
+
+    /// The checked configuration.
+    pub fn build(self) -> Result<Config, ConfigError> {
+        let config = self.config;
+        if config.retention < Duration::from_secs(1)
+            || config.retention > Duration::from_secs(366 * 24 * 3600)
+        {
+            return Err(ConfigError::InvalidSetting {
+                setting: "retention",
+                reason: format!("{:?} is outside 1 s ..= 366 days", config.retention),
+            });
+        }
+        if config.max_outcome_bytes == 0 || config.max_outcome_bytes > MAX_OUTCOME_BYTES {
+            return Err(ConfigError::InvalidSetting {
+                setting: "max_outcome_bytes",
+                reason: format!(
+                    "{} is outside 1 ..= {MAX_OUTCOME_BYTES}",
+                    config.max_outcome_bytes
+                ),
+            });
+        }
+        Ok(config)
+    }
+}

@@ -1,0 +1,229 @@
+//! The errors callers see.
+//!
+//! Every variant is matched by value, never by message; every message tells an operator what
+//! to do next. Keys appear only in their short hashed form.
+
+use std::time::Duration;
+
+use crate::key::OperationKey;
+use crate::record::RetainedFailure;
+
+/// A boxed error from a handler or an SDK: `lambda_runtime::Error` is the same type.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What went wrong with an idempotent execution.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The key was used before with a different payload: the request is not a retry of that
+    /// operation.
+    #[error(
+        "operation {} was already requested with a different payload; send a new idempotency key for a new operation",
+        key.short()
+    )]
+    PayloadConflict {
+        /// The operation key.
+        key: OperationKey,
+    },
+
+    /// Another invocation holds a live lease on this key; the handler was not run.
+    #[error(
+        "operation {} is in progress (attempt {attempt}); retry after {retry_after:?}",
+        key.short()
+    )]
+    AlreadyInProgress {
+        /// The operation key.
+        key: OperationKey,
+        /// The attempt that holds the lease.
+        attempt: u32,
+        /// Time left on the holder's lease.
+        retry_after: Duration,
+    },
+
+    /// The operation's effect could not be established; an operator must resolve it.
+    #[error(
+        "operation {} is indeterminate: check downstream systems and resolve the record before retrying",
+        key.short()
+    )]
+    Indeterminate {
+        /// The operation key.
+        key: OperationKey,
+    },
+
+    /// This worker's lease was taken over before it completed; its result was not recorded.
+    #[error(
+        "lease on operation {} was taken over (this was attempt {attempt}); its result was not recorded, raise the lease if handlers outlive it",
+        key.short()
+    )]
+    LeaseLost {
+        /// The operation key.
+        key: OperationKey,
+        /// This worker's attempt.
+        attempt: u32,
+    },
+
+    /// The event carries no key material for this operation.
+    #[error(
+        "the event has no idempotency key for operation `{operation}`; add the key field or change the key policy"
+    )]
+    MissingKey {
+        /// The operation name.
+        operation: String,
+    },
+
+    /// The event could not be read.
+    #[error("invalid event: {reason}")]
+    InvalidEvent {
+        /// Why.
+        reason: String,
+    },
+
+    /// The handler's result is too large to store; the operation ran and is retained as failed.
+    #[error(
+        "the result of operation {} is {size} bytes, over the {limit}-byte limit; return a reference instead of the full result",
+        key.short()
+    )]
+    OutcomeTooLarge {
+        /// The operation key.
+        key: OperationKey,
+        /// Serialized size of the result.
+        size: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+
+    /// The operation failed terminally before; this is the retained failure, replayed.
+    #[error("operation {} failed before and is not re-run: {failure}", key.short())]
+    Failed {
+        /// The operation key.
+        key: OperationKey,
+        /// The retained failure.
+        failure: RetainedFailure,
+    },
+
+    /// The stored outcome does not decode as the handler's output type.
+    #[error(
+        "the stored result of operation {} does not decode ({reason}); if the output type changed, bump the key version",
+        key.short()
+    )]
+    StoredOutcomeUnreadable {
+        /// The operation key.
+        key: OperationKey,
+        /// The decoder's message.
+        reason: String,
+    },
+
+    /// The idempotency store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+
+    /// The handler failed (a retryable failure: the claim was released).
+    #[error("handler failed: {source}")]
+    Handler {
+        /// The handler's error.
+        source: BoxError,
+    },
+}
+
+/// A failure of the idempotency store, mapped from the backend's own errors.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The table does not exist or is not visible to these credentials.
+    #[error(
+        "idempotency table `{table}` not found; deploy it (template.yaml) or set IDEMPOTENCY_TABLE"
+    )]
+    TableNotFound {
+        /// The table name.
+        table: String,
+    },
+
+    /// The store throttled the request; the caller should retry with backoff.
+    #[error(
+        "the idempotency store throttled `{operation}`; retry later or raise the table's capacity"
+    )]
+    Throttled {
+        /// The store operation.
+        operation: &'static str,
+        /// The backend's error.
+        source: BoxError,
+    },
+
+    /// The store could not be reached or did not answer.
+    #[error(
+        "the idempotency store is unavailable for `{operation}`: {source}; check the endpoint and network"
+    )]
+    Unavailable {
+        /// The store operation.
+        operation: &'static str,
+        /// The backend's error.
+        source: BoxError,
+    },
+
+    /// The store rejected the request as invalid.
+    #[error(
+        "the idempotency store rejected `{operation}`: {message}; check the table's key schema and attribute names"
+    )]
+    Rejected {
+        /// The store operation.
+        operation: &'static str,
+        /// The backend's message.
+        message: String,
+    },
+
+    /// A stored record could not be decoded.
+    #[error(
+        "the stored record for operation {key_short} is corrupt ({reason}); inspect or delete it"
+    )]
+    CorruptRecord {
+        /// The short form of the operation key.
+        key_short: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// A configuration mistake, reported when the configuration is built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// No namespace was given and `AWS_LAMBDA_FUNCTION_NAME` is not set.
+    #[error(
+        "no namespace: pass one to OperationScope::new, or run inside Lambda where AWS_LAMBDA_FUNCTION_NAME is set"
+    )]
+    MissingNamespace,
+
+    /// A scope component is malformed.
+    #[error("invalid {field}: {reason}")]
+    InvalidScope {
+        /// The component.
+        field: &'static str,
+        /// The rule it breaks.
+        reason: &'static str,
+    },
+
+    /// A JSON Pointer does not start with `/`.
+    #[error("invalid JSON Pointer `{pointer}`: it must be empty or start with '/' (RFC 6901)")]
+    InvalidPointer {
+        /// The pointer as given.
+        pointer: String,
+    },
+
+    /// A setting is out of range.
+    #[error("invalid setting {setting}: {reason}")]
+    InvalidSetting {
+        /// The setting.
+        setting: &'static str,
+        /// The accepted range.
+        reason: String,
+    },
+
+    /// A required environment variable is not set.
+    #[error("environment variable {name} is not set; {hint}")]
+    MissingEnv {
+        /// The variable.
+        name: &'static str,
+        /// What to set it to.
+        hint: &'static str,
+    },
+}

@@ -1,0 +1,182 @@
+//! The ledger row of one operation key.
+//!
+//! Times are [`SystemTime`] here; they become epoch seconds and milliseconds only where a store
+//! encodes them. Comparisons go through [`epoch_secs`] and [`epoch_millis`], so the in-memory
+//! store decides exactly as a DynamoDB condition expression does.
+
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::key::{Fingerprint, OperationKey};
+
+/// Where an operation stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Status {
+    /// Claimed; the lease holder is running the handler.
+    InProgress,
+    /// Done; the outcome is stored and replayed.
+    Completed,
+    /// Failed terminally; the failure is stored and replayed.
+    Failed,
+    /// The effect could not be established; waits for an operator.
+    Indeterminate,
+}
+
+impl Status {
+    /// The stored spelling.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::InProgress => "IN_PROGRESS",
+            Self::Completed => "COMPLETED",
+            Self::Failed => "FAILED",
+            Self::Indeterminate => "INDETERMINATE",
+        }
+    }
+
+    /// Parses the stored spelling.
+    pub fn parse(stored: &str) -> Option<Self> {
+        [
+            Self::InProgress,
+            Self::Completed,
+            Self::Failed,
+            Self::Indeterminate,
+        ]
+        .into_iter()
+        .find(|status| status.as_str() == stored)
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The current claim on a record: who holds it, which attempt, until when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// Random token of the claim's owner: completion is fenced on it.
+    pub token: String,
+    /// 1 for the first execution, +1 for each takeover.
+    pub attempt: u32,
+    /// After this an IN_PROGRESS claim may be taken over.
+    pub expires_at: SystemTime,
+}
+
+impl Lease {
+    /// Whether the lease has run out at `now` (millisecond resolution, as stored).
+    pub fn is_expired(&self, now: SystemTime) -> bool {
+        epoch_millis(self.expires_at) < epoch_millis(now)
+    }
+
+    /// Time left at `now`, zero when expired.
+    pub fn remaining(&self, now: SystemTime) -> Duration {
+        self.expires_at.duration_since(now).unwrap_or_default()
+    }
+}
+
+/// One operation's record in the idempotency table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The operation key.
+    pub key: OperationKey,
+    /// Where the operation stands.
+    pub status: Status,
+    /// The fingerprint of the intent that claimed the key.
+    pub fingerprint: Fingerprint,
+    /// The current or last claim.
+    pub lease: Lease,
+    /// Retention: after this the record counts as absent (DynamoDB TTL deletes it later).
+    pub expires_at: SystemTime,
+    /// The exact bytes of the serialized result (COMPLETED) or of the [`RetainedFailure`] (FAILED).
+    pub outcome: Option<Vec<u8>>,
+    /// When the key was first claimed.
+    pub created_at: SystemTime,
+    /// When the operation reached COMPLETED or FAILED.
+    pub completed_at: Option<SystemTime>,
+    /// The request id of the invocation that claimed it, for correlation.
+    pub request_id: Option<String>,
+}
+
+impl Record {
+    /// Whether retention has run out at `now` (second resolution, as stored): an expired record
+    /// counts as absent even before TTL deletes it.
+    pub fn is_expired(&self, now: SystemTime) -> bool {
+        epoch_secs(self.expires_at) < epoch_secs(now)
+    }
+
+    /// Whether a `claim` made at `now` may replace this record: it has expired, or it is an
+    /// IN_PROGRESS claim of the same intent whose lease ran out. This is the claim condition
+    /// every store applies.
+    pub fn yields_to(&self, claim: &Record, now: SystemTime) -> bool {
+        self.is_expired(now)
+            || (self.lease_is_takeable(now) && self.fingerprint == claim.fingerprint)
+    }
+
+    /// Whether an IN_PROGRESS claim may be taken over at `now`.
+    pub fn lease_is_takeable(&self, now: SystemTime) -> bool {
+        self.status == Status::InProgress && self.lease.is_expired(now)
+    }
+}
+
+/// How a record leaves IN_PROGRESS for good.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settlement {
+    /// COMPLETED or FAILED.
+    pub status: Status,
+    /// The serialized result or failure.
+    pub outcome: Vec<u8>,
+    /// New retention.
+    pub expires_at: SystemTime,
+    /// When it settled.
+    pub completed_at: SystemTime,
+}
+
+/// A terminal failure as stored and replayed: a stable machine-readable kind and a message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetainedFailure {
+    /// Stable machine-readable kind, e.g. `outcome_too_large`.
+    pub kind: String,
+    /// Human-readable message, with no payload data.
+    pub message: String,
+}
+
+impl RetainedFailure {
+    /// The stored JSON form (`{"kind":…,"message":…}`).
+    pub fn to_json(&self) -> String {
+        let mut fields = serde_json::Map::new();
+        fields.insert("kind".into(), self.kind.clone().into());
+        fields.insert("message".into(), self.message.clone().into());
+        serde_json::Value::Object(fields).to_string()
+    }
+}
+
+impl fmt::Display for RetainedFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind, self.message)
+    }
+}
+
+/// Whole seconds since the Unix epoch (0 before it).
+pub fn epoch_secs(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Whole milliseconds since the Unix epoch (0 before it).
+pub fn epoch_millis(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The time `millis` milliseconds after the Unix epoch.
+pub fn from_epoch_millis(millis: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(millis)
+}
+
+/// The time `secs` seconds after the Unix epoch.
+pub fn from_epoch_secs(secs: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(secs)
+}

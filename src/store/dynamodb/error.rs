@@ -1,0 +1,49 @@
+//! SDK errors mapped into [`StoreError`] at the store edge.
+
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+
+use crate::error::StoreError;
+
+/// Maps an SDK failure of `operation` on `table` (other than a failed condition, which callers
+/// handle first) into a [`StoreError`].
+pub(crate) fn map_sdk_error<E, R>(
+    operation: &'static str,
+    table: &str,
+    err: SdkError<E, R>,
+) -> StoreError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    let code = match &err {
+        SdkError::ServiceError(service) => service.err().code(),
+        SdkError::ConstructionFailure(_) => {
+            return StoreError::Rejected {
+                operation,
+                message: aws_sdk_dynamodb::error::DisplayErrorContext(&err).to_string(),
+            };
+        }
+        _ => None,
+    };
+    match code {
+        Some("ResourceNotFoundException") => StoreError::TableNotFound {
+            table: table.to_owned(),
+        },
+        Some(
+            "ProvisionedThroughputExceededException"
+            | "ThrottlingException"
+            | "RequestLimitExceeded",
+        ) => StoreError::Throttled {
+            operation,
+            source: Box::new(err),
+        },
+        Some("ValidationException" | "SerializationException") => StoreError::Rejected {
+            operation,
+            message: err.message().unwrap_or("no message").to_owned(),
+        },
+        _ => StoreError::Unavailable {
+            operation,
+            source: Box::new(err),
+        },
+    }
+}

@@ -1,0 +1,228 @@
+//! Records as DynamoDB items: attribute names, encoding and decoding.
+
+use std::collections::HashMap;
+use std::time::SystemTime;
+
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use crate::error::StoreError;
+use crate::key::{Fingerprint, OperationKey};
+use crate::record::{
+    Lease, Record, Status, epoch_millis, epoch_secs, from_epoch_millis, from_epoch_secs,
+};
+
+/// An item as the SDK sees it.
+pub(crate) type Item = HashMap<String, AttributeValue>;
+
+/// The attribute names of the idempotency table; every one can be renamed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttributeNames {
+    /// Partition key (S): the operation key, or the fixed partition value with a sort key.
+    pub partition_key: String,
+    /// Optional sort key (S) holding the operation key, with the fixed partition value to use.
+    pub sort_key: Option<SortKey>,
+    /// Status (S).
+    pub status: String,
+    /// Fingerprint (S).
+    pub fingerprint: String,
+    /// Lease token (S).
+    pub lease_token: String,
+    /// Attempt (N).
+    pub attempt: String,
+    /// Lease expiry (N, epoch milliseconds).
+    pub lease_expires_at: String,
+    /// Retention expiry (N, epoch seconds): the table's TTL attribute.
+    pub expires_at: String,
+    /// Outcome (B).
+    pub outcome: String,
+    /// First claim (N, epoch milliseconds).
+    pub created_at: String,
+    /// Settlement (N, epoch milliseconds).
+    pub completed_at: String,
+    /// Request id (S).
+    pub request_id: String,
+}
+
+/// A sort key for single-table designs: every record shares one partition value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SortKey {
+    /// The sort key attribute, holding the operation key.
+    pub attribute: String,
+    /// The partition key value shared by all records.
+    pub partition_value: String,
+}
+
+impl Default for AttributeNames {
+    fn default() -> Self {
+        Self {
+            partition_key: "pk".into(),
+            sort_key: None,
+            status: "status".into(),
+            fingerprint: "fingerprint".into(),
+            lease_token: "lease_token".into(),
+            attempt: "attempt".into(),
+            lease_expires_at: "lease_expires_at_ms".into(),
+            expires_at: "expires_at".into(),
+            outcome: "outcome".into(),
+            created_at: "created_at".into(),
+            completed_at: "completed_at".into(),
+            request_id: "request_id".into(),
+        }
+    }
+}
+
+impl AttributeNames {
+    /// The primary key attributes of `key`'s item.
+    pub(crate) fn key(&self, key: &OperationKey) -> Item {
+        let mut item = Item::new();
+        match &self.sort_key {
+            Some(sort) => {
+                item.insert(self.partition_key.clone(), s(&sort.partition_value));
+                item.insert(sort.attribute.clone(), s(key.as_str()));
+            }
+            None => {
+                item.insert(self.partition_key.clone(), s(key.as_str()));
+            }
+        }
+        item
+    }
+
+    /// The full item of `record`.
+    pub(crate) fn encode(&self, record: &Record) -> Item {
+        let mut item = self.key(&record.key);
+        item.insert(self.status.clone(), s(record.status.as_str()));
+        item.insert(self.fingerprint.clone(), s(record.fingerprint.as_str()));
+        item.insert(self.lease_token.clone(), s(&record.lease.token));
+        item.insert(self.attempt.clone(), n(u64::from(record.lease.attempt)));
+        item.insert(
+            self.lease_expires_at.clone(),
+            millis(record.lease.expires_at),
+        );
+        item.insert(self.expires_at.clone(), secs(record.expires_at));
+        item.insert(self.created_at.clone(), millis(record.created_at));
+        if let Some(outcome) = &record.outcome {
+            item.insert(
+                self.outcome.clone(),
+                AttributeValue::B(Blob::new(outcome.clone())),
+            );
+        }
+        if let Some(completed_at) = record.completed_at {
+            item.insert(self.completed_at.clone(), millis(completed_at));
+        }
+        if let Some(request_id) = &record.request_id {
+            item.insert(self.request_id.clone(), s(request_id));
+        }
+        item
+    }
+
+    /// The record in `item`.
+    pub(crate) fn decode(&self, item: &Item) -> Result<Record, StoreError> {
+        let key_attribute = self
+            .sort_key
+            .as_ref()
+            .map_or(&self.partition_key, |sort| &sort.attribute);
+        let key = OperationKey::from_stored(
+            read_s(item, key_attribute).map_err(|reason| corrupt("?", reason))?,
+        );
+        let decoder = Decoder { item, key: &key };
+        let status = decoder.s(&self.status)?;
+        let status = Status::parse(status)
+            .ok_or_else(|| corrupt(key.short(), format!("unknown status `{status}`")))?;
+        let attempt = u32::try_from(decoder.n(&self.attempt)?)
+            .map_err(|_| corrupt(key.short(), "attempt out of range".into()))?;
+        Ok(Record {
+            status,
+            fingerprint: Fingerprint::from_stored(decoder.s(&self.fingerprint)?),
+            lease: Lease {
+                token: decoder.s(&self.lease_token)?.to_owned(),
+                attempt,
+                expires_at: from_epoch_millis(decoder.n(&self.lease_expires_at)?),
+            },
+            expires_at: from_epoch_secs(decoder.n(&self.expires_at)?),
+            outcome: decoder.optional(&self.outcome, |value| {
+                value.as_b().ok().map(|b| b.as_ref().to_vec())
+            })?,
+            created_at: from_epoch_millis(decoder.n(&self.created_at)?),
+            completed_at: decoder
+                .optional(&self.completed_at, |value| {
+                    value.as_n().ok().and_then(|n| n.parse().ok())
+                })?
+                .map(from_epoch_millis),
+            request_id: decoder.optional(&self.request_id, |value| value.as_s().ok().cloned())?,
+            key,
+        })
+    }
+}
+
+struct Decoder<'a> {
+    item: &'a Item,
+    key: &'a OperationKey,
+}
+
+impl Decoder<'_> {
+    fn s(&self, attribute: &str) -> Result<&str, StoreError> {
+        read_s(self.item, attribute).map_err(|reason| corrupt(self.key.short(), reason))
+    }
+
+    fn n(&self, attribute: &str) -> Result<u64, StoreError> {
+        self.item
+            .get(attribute)
+            .and_then(|value| value.as_n().ok())
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| {
+                corrupt(
+                    self.key.short(),
+                    format!("`{attribute}` is missing or not a whole number"),
+                )
+            })
+    }
+
+    fn optional<T>(
+        &self,
+        attribute: &str,
+        read: impl FnOnce(&AttributeValue) -> Option<T>,
+    ) -> Result<Option<T>, StoreError> {
+        self.item
+            .get(attribute)
+            .map(|value| {
+                read(value).ok_or_else(|| {
+                    corrupt(
+                        self.key.short(),
+                        format!("`{attribute}` has the wrong type"),
+                    )
+                })
+            })
+            .transpose()
+    }
+}
+
+fn read_s<'a>(item: &'a Item, attribute: &str) -> Result<&'a str, String> {
+    item.get(attribute)
+        .and_then(|value| value.as_s().ok())
+        .map(String::as_str)
+        .ok_or_else(|| format!("`{attribute}` is missing or not a string"))
+}
+
+fn corrupt(key_short: &str, reason: String) -> StoreError {
+    StoreError::CorruptRecord {
+        key_short: key_short.to_owned(),
+        reason,
+    }
+}
+
+pub(crate) fn s(value: &str) -> AttributeValue {
+    AttributeValue::S(value.to_owned())
+}
+
+pub(crate) fn n(value: u64) -> AttributeValue {
+    AttributeValue::N(value.to_string())
+}
+
+pub(crate) fn secs(time: SystemTime) -> AttributeValue {
+    n(epoch_secs(time))
+}
+
+pub(crate) fn millis(time: SystemTime) -> AttributeValue {
+    n(epoch_millis(time))
+}
