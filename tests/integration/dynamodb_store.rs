@@ -1,0 +1,165 @@
+//! The conformance suite against the DynamoDB store on a DynamoDB-compatible server, and what
+//! only DynamoDB has: request counts, item decoding, key schemas, error mapping.
+
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use lambda_idempotency::store::{AttributeNames, DynamoDbStore, SortKey, Store};
+use lambda_idempotency::{
+    Config, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope, StoreError,
+};
+
+use crate::support::dynamo;
+
+crate::support::conformance::conformance!(async { dynamo::start().await.store() });
+
+fn invocation(material: &str) -> Invocation {
+    let scope = OperationScope::new("dynamodb", "op").expect("scope");
+    let key = OperationKey::derive(&scope, None, material).expect("key");
+    Invocation::new(
+        key,
+        Fingerprint::of(&material).expect("fingerprint"),
+        Duration::from_secs(30),
+    )
+}
+
+async fn ok(value: u32) -> Result<u32, std::io::Error> {
+    Ok(value)
+}
+
+#[tokio::test]
+async fn round_trips_first_execution_two_duplicate_one() {
+    let db = dynamo::start().await;
+    let idem = Idempotency::new(db.store(), Config::default());
+    let inv = invocation("round-trips");
+
+    let before = db.requests.count();
+    idem.execute(&inv, |_| ok(1)).await.expect("first");
+    let first = db.requests.since(before);
+    let before = db.requests.count();
+    idem.execute(&inv, |_| ok(2)).await.expect("duplicate");
+    let duplicate = db.requests.since(before);
+
+    assert_eq!(
+        first,
+        ["PutItem", "UpdateItem"],
+        "first execution: claim + complete"
+    );
+    assert_eq!(
+        duplicate,
+        ["PutItem"],
+        "duplicate: the failed claim returns the record"
+    );
+}
+
+#[tokio::test]
+async fn round_trips_failure_two() {
+    let db = dynamo::start().await;
+    let idem = Idempotency::new(db.store(), Config::default());
+    let inv = invocation("failure-round-trips");
+
+    let before = db.requests.count();
+    let _ = idem
+        .execute(&inv, |_| async {
+            Err::<u32, _>(std::io::Error::other("boom"))
+        })
+        .await;
+
+    assert_eq!(
+        db.requests.since(before),
+        ["PutItem", "DeleteItem"],
+        "claim + release"
+    );
+}
+
+#[tokio::test]
+async fn corrupt_item_is_a_typed_error() {
+    let db = dynamo::start().await;
+    let idem = Idempotency::new(db.store(), Config::default());
+    let inv = invocation("corrupt");
+    db.client
+        .put_item()
+        .table_name(&db.table)
+        .item("pk", AttributeValue::S(inv.key().to_string()))
+        .item("status", AttributeValue::S("BOGUS".into()))
+        .item("expires_at", AttributeValue::N("99999999999".into()))
+        .send()
+        .await
+        .expect("seed a corrupt item");
+
+    let err = idem
+        .execute(&inv, |_| ok(1))
+        .await
+        .expect_err("corrupt record");
+
+    assert!(
+        matches!(err, Error::Store(StoreError::CorruptRecord { .. })),
+        "got {err:?}"
+    );
+}
+
+#[tokio::test]
+async fn missing_table_is_a_typed_error() {
+    let db = dynamo::start().await;
+    let idem = Idempotency::new(
+        DynamoDbStore::new(db.client.clone(), "no-such-table"),
+        Config::default(),
+    );
+
+    let err = idem
+        .execute(&invocation("no-table"), |_| ok(1))
+        .await
+        .expect_err("no table");
+
+    assert!(
+        matches!(&err, Error::Store(StoreError::TableNotFound { table }) if table == "no-such-table"),
+        "got {err:?}"
+    );
+}
+
+#[tokio::test]
+async fn sort_key_and_renamed_attributes_work() {
+    let db = dynamo::start().await;
+    let table = dynamo::unique_name("single-table");
+    db.create_table(&table, Some("sk")).await;
+    let names = AttributeNames {
+        sort_key: Some(SortKey {
+            attribute: "sk".into(),
+            partition_value: "idempotency".into(),
+        }),
+        expires_at: "ttl".into(),
+        ..AttributeNames::default()
+    };
+    let store = DynamoDbStore::new(db.client.clone(), &table).with_attribute_names(names);
+    let idem = Idempotency::new(store, Config::default());
+    let inv = invocation("sorted");
+
+    idem.execute(&inv, |_| ok(5)).await.expect("first");
+    let replay = idem.execute(&inv, |_| ok(6)).await.expect("replay");
+
+    assert!(replay.is_replay());
+    assert_eq!(*replay.value(), 5);
+    let item = db
+        .client
+        .get_item()
+        .table_name(&table)
+        .key("pk", AttributeValue::S("idempotency".into()))
+        .key("sk", AttributeValue::S(inv.key().to_string()))
+        .send()
+        .await
+        .expect("get")
+        .item
+        .expect("item under the fixed partition");
+    assert!(
+        item.contains_key("ttl"),
+        "retention under the renamed TTL attribute"
+    );
+    assert_eq!(
+        idem.store()
+            .get(inv.key())
+            .await
+            .expect("get")
+            .map(|r| r.lease.attempt),
+        Some(1)
+    );
+}

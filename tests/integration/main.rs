@@ -1,0 +1,5 @@
+//! Integration tests: one binary, so the AWS SDK links once.
+
+mod dynamodb_store;
+mod memory_store;
+mod support;

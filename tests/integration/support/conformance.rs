@@ -1,0 +1,614 @@
+//! The conformance suite: every case runs against every store (see `conformance!`).
+//!
+//! Each case takes a fresh, empty store. Time comes from a `ManualClock`; concurrency cases
+//! count real handler executions.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lambda_idempotency::clock::ManualClock;
+use lambda_idempotency::config::MAX_OUTCOME_BYTES;
+use lambda_idempotency::record::Status;
+use lambda_idempotency::store::Store;
+use lambda_idempotency::{
+    Config, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope, Origin,
+};
+use tokio::sync::{Barrier, oneshot, watch};
+
+/// Lease used by the cases.
+const LEASE: Duration = Duration::from_secs(30);
+/// Guard against a broken protocol hanging a case forever (never hit when the store is right).
+const HANG_GUARD: Duration = Duration::from_secs(60);
+
+fn start_time() -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(1_790_000_000)
+}
+
+fn engine<S: Store>(store: S, config: Config) -> (Idempotency<S>, ManualClock) {
+    let clock = ManualClock::new(start_time());
+    (
+        Idempotency::new(store, config).with_clock(clock.clone()),
+        clock,
+    )
+}
+
+fn invocation(material: &str, intent: &serde_json::Value) -> Invocation {
+    let scope = OperationScope::new("conformance", "op").expect("scope");
+    let key = OperationKey::derive(&scope, None, material).expect("key");
+    Invocation::new(key, Fingerprint::of(intent).expect("fingerprint"), LEASE)
+}
+
+/// A handler that counts its runs and returns `value`.
+async fn counted<T>(runs: &AtomicUsize, value: T) -> Result<T, std::io::Error> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    Ok(value)
+}
+
+pub async fn first_run_executes_and_stores<S: Store>(store: S) {
+    let (idem, _) = engine(store, Config::default());
+    let inv = invocation("order-1", &serde_json::json!({"amount": 10}));
+    let runs = AtomicUsize::new(0);
+
+    let done = idem
+        .execute(&inv, |_| counted(&runs, "created".to_owned()))
+        .await
+        .expect("first run");
+
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(done.origin(), Origin::Executed { attempt: 1 });
+    assert_eq!(done.value(), "created");
+    let record = idem
+        .store()
+        .get(inv.key())
+        .await
+        .expect("get")
+        .expect("record stored");
+    assert_eq!(record.status, Status::Completed);
+    assert_eq!(record.outcome.as_deref(), Some(br#""created""#.as_slice()));
+    assert_eq!(record.lease.attempt, 1);
+    assert!(record.completed_at.is_some());
+}
+
+pub async fn duplicate_replays_without_running<S: Store>(store: S) {
+    let (idem, _) = engine(store, Config::default());
+    let inv = invocation("order-2", &serde_json::json!({"amount": 10}));
+    let runs = AtomicUsize::new(0);
+    let outcome: BTreeMap<String, u32> = (0..50).map(|i| (format!("line-{i}"), i)).collect();
+
+    let first = idem
+        .execute(&inv, |_| counted(&runs, outcome.clone()))
+        .await
+        .expect("first");
+    for _ in 0..3 {
+        let again = idem
+            .execute(&inv, |_| counted(&runs, BTreeMap::<String, u32>::new()))
+            .await
+            .expect("replay");
+        assert!(again.is_replay());
+        assert_eq!(again.value(), &outcome);
+        assert_eq!(
+            again.raw_json().get(),
+            first.raw_json().get(),
+            "replay is byte-identical"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+pub async fn payload_conflict_is_refused<S: Store>(store: S) {
+    let (idem, _) = engine(store, Config::default());
+    let original = invocation("order-3", &serde_json::json!({"amount": 10}));
+    let changed = invocation("order-3", &serde_json::json!({"amount": 99}));
+    let runs = AtomicUsize::new(0);
+
+    idem.execute(&original, |_| counted(&runs, 10))
+        .await
+        .expect("first");
+    let err = idem
+        .execute(&changed, |_| counted(&runs, 99))
+        .await
+        .expect_err("conflict");
+
+    assert!(matches!(err, Error::PayloadConflict { .. }), "got {err:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let record = idem
+        .store()
+        .get(original.key())
+        .await
+        .expect("get")
+        .expect("record");
+    assert_eq!(
+        record.outcome.as_deref(),
+        Some(b"10".as_slice()),
+        "the original outcome stands"
+    );
+}
+
+pub async fn payload_conflict_is_checked_before_in_progress<S: Store>(store: S) {
+    let (idem, _) = engine(store, Config::default());
+    let original = invocation("order-4", &serde_json::json!({"amount": 10}));
+    let changed = invocation("order-4", &serde_json::json!({"amount": 99}));
+    let (holder, resume) = blocked_worker(&idem, &original, Ok("held".into())).await;
+
+    let err = idem
+        .execute(&changed, |_| async {
+            Ok::<_, std::io::Error>(String::new())
+        })
+        .await
+        .expect_err("conflict");
+
+    assert!(matches!(err, Error::PayloadConflict { .. }), "got {err:?}");
+    let _ = resume.send(());
+    assert_eq!(
+        holder.await.expect("join").expect("holder completes"),
+        "held"
+    );
+}
+
+pub async fn changed_payload_does_not_take_over_expired_lease<S: Store>(store: S) {
+    let (idem, clock) = engine(store, Config::default());
+    let original = invocation("order-5", &serde_json::json!({"amount": 10}));
+    let changed = invocation("order-5", &serde_json::json!({"amount": 99}));
+    let crashed = crash_after_claim(&idem, &original).await;
+
+    clock.advance(LEASE + Duration::from_secs(1));
+    let runs = AtomicUsize::new(0);
+    let err = idem
+        .execute(&changed, |_| counted(&runs, 99))
+        .await
+        .expect_err("conflict");
+
+    assert!(matches!(err, Error::PayloadConflict { .. }), "got {err:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let record = idem
+        .store()
+        .get(original.key())
+        .await
+        .expect("get")
+        .expect("record");
+    assert_eq!(
+        record.lease.token, crashed.lease.token,
+        "the crashed claim was not replaced"
+    );
+}
+
+pub async fn concurrent_callers_execute_once<S: Store>(store: S) {
+    const CALLERS: usize = 16;
+    let (idem, _) = engine(store, Config::default());
+    let inv = Arc::new(invocation("order-6", &serde_json::json!({"amount": 10})));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let barrier = Arc::new(Barrier::new(CALLERS));
+    // The winner's handler holds its claim until every other caller has answered, so each loser
+    // must have met the live claim: none can slip in after completion.
+    let (answered_tx, answered_rx) = watch::channel(0_usize);
+    let answered_tx = Arc::new(answered_tx);
+
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|_| {
+            let (idem, inv, runs, barrier) = (
+                idem.clone(),
+                Arc::clone(&inv),
+                Arc::clone(&runs),
+                Arc::clone(&barrier),
+            );
+            let (answered_tx, mut answered_rx) = (Arc::clone(&answered_tx), answered_rx.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let result = idem
+                    .execute(&inv, |_| async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        let _ = answered_rx.wait_for(|n| *n == CALLERS - 1).await;
+                        Ok::<_, std::io::Error>(String::from("done"))
+                    })
+                    .await;
+                if result.is_err() {
+                    answered_tx.send_modify(|n| *n += 1);
+                }
+                result
+            })
+        })
+        .collect();
+
+    let mut executed = 0;
+    let mut in_progress = 0;
+    for caller in callers {
+        match tokio::time::timeout(HANG_GUARD, caller)
+            .await
+            .expect("no caller hangs")
+            .expect("join")
+        {
+            Ok(done) if done.origin() == (Origin::Executed { attempt: 1 }) => executed += 1,
+            Err(Error::AlreadyInProgress { attempt: 1, .. }) => in_progress += 1,
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "exactly one handler execution"
+    );
+    assert_eq!((executed, in_progress), (1, CALLERS - 1));
+    let replay = idem
+        .execute(&inv, |_| async {
+            Ok::<_, std::io::Error>(String::from("again"))
+        })
+        .await
+        .expect("replay");
+    assert_eq!(replay.value(), "done");
+}
+
+pub async fn expired_record_executes_again<S: Store>(store: S) {
+    let retention = Duration::from_secs(3600);
+    let (idem, clock) = engine(
+        store,
+        Config::builder()
+            .retention(retention)
+            .build()
+            .expect("config"),
+    );
+    let inv = invocation("order-7", &serde_json::json!({"amount": 10}));
+    let runs = AtomicUsize::new(0);
+
+    idem.execute(&inv, |_| counted(&runs, 1))
+        .await
+        .expect("first");
+    clock.advance(retention);
+    let still = idem
+        .execute(&inv, |_| counted(&runs, 2))
+        .await
+        .expect("at the boundary");
+    assert!(
+        still.is_replay(),
+        "a record is live until its expiry second has passed"
+    );
+
+    clock.advance(Duration::from_secs(1));
+    let again = idem
+        .execute(&inv, |_| counted(&runs, 2))
+        .await
+        .expect("after expiry");
+    assert_eq!(again.origin(), Origin::Executed { attempt: 1 });
+    assert_eq!(*again.value(), 2);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "the expired record, still present, counts as absent"
+    );
+}
+
+/// Claims `inv` with a handler that never finishes, then aborts it: a worker that crashed after
+/// its claim. Returns the claim left behind.
+async fn crash_after_claim<S: Store>(
+    idem: &Idempotency<S>,
+    inv: &Invocation,
+) -> lambda_idempotency::record::Record {
+    let (started_tx, started_rx) = oneshot::channel();
+    let worker = tokio::spawn({
+        let (idem, inv) = (idem.clone(), inv.clone());
+        async move {
+            idem.execute(&inv, |_| async move {
+                let _ = started_tx.send(());
+                std::future::pending::<Result<u32, std::io::Error>>().await
+            })
+            .await
+        }
+    });
+    started_rx.await.expect("worker started");
+    worker.abort();
+    let record = idem
+        .store()
+        .get(inv.key())
+        .await
+        .expect("get")
+        .expect("claim left behind");
+    assert_eq!(record.status, Status::InProgress);
+    record
+}
+
+pub async fn expired_lease_is_taken_over<S: Store>(store: S) {
+    let (idem, clock) = engine(store, Config::default());
+    let inv = invocation("order-8", &serde_json::json!({"amount": 10}));
+    crash_after_claim(&idem, &inv).await;
+    let runs = AtomicUsize::new(0);
+
+    let err = idem
+        .execute(&inv, |_| counted(&runs, 0))
+        .await
+        .expect_err("lease still live");
+    match err {
+        Error::AlreadyInProgress {
+            attempt,
+            retry_after,
+            ..
+        } => {
+            assert_eq!(attempt, 1);
+            assert_eq!(retry_after, LEASE);
+        }
+        other => panic!("expected AlreadyInProgress, got {other:?}"),
+    }
+
+    clock.advance(LEASE + Duration::from_millis(1));
+    let done = idem
+        .execute(&inv, |ctx| counted(&runs, ctx.attempt()))
+        .await
+        .expect("takeover");
+
+    assert_eq!(done.origin(), Origin::Executed { attempt: 2 });
+    assert_eq!(*done.value(), 2, "the handler was told it is attempt 2");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let record = idem
+        .store()
+        .get(inv.key())
+        .await
+        .expect("get")
+        .expect("record");
+    assert_eq!(
+        (record.status, record.lease.attempt),
+        (Status::Completed, 2)
+    );
+}
+
+/// Starts a worker whose handler waits for the returned sender, then lets its lease run out and
+/// has a second worker take over and complete with `"second"`. Returns the first worker.
+async fn zombie_after_takeover<S: Store>(
+    idem: &Idempotency<S>,
+    clock: &ManualClock,
+    inv: &Invocation,
+    zombie_result: Result<String, std::io::Error>,
+) -> (
+    tokio::task::JoinHandle<Result<String, Error>>,
+    oneshot::Sender<()>,
+) {
+    let (zombie, resume_tx) = blocked_worker(idem, inv, zombie_result).await;
+    clock.advance(LEASE + Duration::from_secs(1));
+    let second = idem
+        .execute(inv, |_| async {
+            Ok::<_, std::io::Error>(String::from("second"))
+        })
+        .await
+        .expect("takeover completes");
+    assert_eq!(second.origin(), Origin::Executed { attempt: 2 });
+    (zombie, resume_tx)
+}
+
+pub async fn zombie_completion_is_fenced<S: Store>(store: S) {
+    let (idem, clock) = engine(store, Config::default());
+    let inv = invocation("order-9", &serde_json::json!({"amount": 10}));
+    let (zombie, resume) = zombie_after_takeover(&idem, &clock, &inv, Ok("zombie".into())).await;
+
+    let _ = resume.send(());
+    let err = zombie.await.expect("join").expect_err("zombie is fenced");
+
+    assert!(
+        matches!(err, Error::LeaseLost { attempt: 1, .. }),
+        "got {err:?}"
+    );
+    let replay = idem
+        .execute(&inv, |_| async {
+            Ok::<_, std::io::Error>(String::from("third"))
+        })
+        .await
+        .expect("replay");
+    assert_eq!(replay.value(), "second", "the zombie did not overwrite");
+}
+
+/// Starts a worker on `inv` whose handler returns `result` once the returned sender fires.
+async fn blocked_worker<S: Store>(
+    idem: &Idempotency<S>,
+    inv: &Invocation,
+    result: Result<String, std::io::Error>,
+) -> (
+    tokio::task::JoinHandle<Result<String, Error>>,
+    oneshot::Sender<()>,
+) {
+    let (started_tx, started_rx) = oneshot::channel();
+    let (resume_tx, resume_rx) = oneshot::channel::<()>();
+    let worker = tokio::spawn({
+        let (idem, inv) = (idem.clone(), inv.clone());
+        async move {
+            idem.execute(&inv, |_| async move {
+                let _ = started_tx.send(());
+                let _ = resume_rx.await;
+                result
+            })
+            .await
+            .map(|done| done.into_value())
+        }
+    });
+    started_rx.await.expect("worker started");
+    (worker, resume_tx)
+}
+
+pub async fn zombie_cannot_complete_over_a_live_takeover<S: Store>(store: S) {
+    let (idem, clock) = engine(store, Config::default());
+    let inv = invocation("order-15", &serde_json::json!({"amount": 10}));
+    let (zombie, resume_zombie) = blocked_worker(&idem, &inv, Ok("zombie".into())).await;
+    clock.advance(LEASE + Duration::from_secs(1));
+    let (owner, resume_owner) = blocked_worker(&idem, &inv, Ok("owner".into())).await;
+
+    let _ = resume_zombie.send(());
+    let err = zombie
+        .await
+        .expect("join")
+        .expect_err("zombie is fenced while the owner runs");
+    assert!(
+        matches!(err, Error::LeaseLost { attempt: 1, .. }),
+        "got {err:?}"
+    );
+    let record = idem
+        .store()
+        .get(inv.key())
+        .await
+        .expect("get")
+        .expect("record");
+    assert_eq!(
+        (record.status, record.lease.attempt),
+        (Status::InProgress, 2)
+    );
+
+    let _ = resume_owner.send(());
+    assert_eq!(
+        owner.await.expect("join").expect("owner completes"),
+        "owner"
+    );
+    let replay = idem
+        .execute(&inv, |_| async { Ok::<_, std::io::Error>(String::new()) })
+        .await
+        .expect("replay");
+    assert_eq!(replay.value(), "owner");
+}
+
+pub async fn zombie_release_is_fenced<S: Store>(store: S) {
+    let (idem, clock) = engine(store, Config::default());
+    let inv = invocation("order-10", &serde_json::json!({"amount": 10}));
+    let (zombie, resume) = zombie_after_takeover(
+        &idem,
+        &clock,
+        &inv,
+        Err(std::io::Error::other("late failure")),
+    )
+    .await;
+
+    let _ = resume.send(());
+    let err = zombie.await.expect("join").expect_err("zombie failed");
+
+    assert!(matches!(err, Error::Handler { .. }), "got {err:?}");
+    let record = idem
+        .store()
+        .get(inv.key())
+        .await
+        .expect("get")
+        .expect("the new owner's record survives");
+    assert_eq!(record.status, Status::Completed);
+}
+
+pub async fn failure_releases_for_retry<S: Store>(store: S) {
+    let (idem, _) = engine(store, Config::default());
+    let inv = invocation("order-11", &serde_json::json!({"amount": 10}));
+    let runs = AtomicUsize::new(0);
+
+    let err = idem
+        .execute(&inv, |_| async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Err::<u32, _>(std::io::Error::other("downstream timed out"))
+        })
+        .await
+        .expect_err("handler error");
+    let Error::Handler { source } = err else {
+        panic!("expected Error::Handler, got {err:?}");
+    };
+    assert!(
+        source.downcast_ref::<std::io::Error>().is_some(),
+        "the handler's own error is kept"
+    );
+    assert_eq!(
+        idem.store().get(inv.key()).await.expect("get"),
+        None,
+        "claim released"
+    );
+
+    let retry = idem
+        .execute(&inv, |_| counted(&runs, 7))
+        .await
+        .expect("retry runs");
+    assert_eq!(retry.origin(), Origin::Executed { attempt: 1 });
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+pub async fn unreadable_outcome_is_a_typed_error<S: Store>(store: S) {
+    let (idem, _) = engine(store, Config::default());
+    let inv = invocation("order-12", &serde_json::json!({"amount": 10}));
+
+    idem.execute(&inv, |_| async {
+        Ok::<_, std::io::Error>(String::from("not a number"))
+    })
+    .await
+    .expect("first");
+    let err = idem
+        .execute(&inv, |_| async { Ok::<_, std::io::Error>(1_u32) })
+        .await
+        .expect_err("stored string does not decode as u32");
+
+    assert!(
+        matches!(err, Error::StoredOutcomeUnreadable { .. }),
+        "got {err:?}"
+    );
+}
+
+pub async fn oversized_outcome_is_retained_not_rerun<S: Store>(store: S) {
+    let (idem, _) = engine(store, Config::default());
+    let inv = invocation("order-13", &serde_json::json!({"amount": 10}));
+    let runs = AtomicUsize::new(0);
+    let huge = "x".repeat(MAX_OUTCOME_BYTES); // + 2 quotes: just over the limit
+
+    let err = idem
+        .execute(&inv, |_| counted(&runs, huge.clone()))
+        .await
+        .expect_err("too large");
+    assert!(
+        matches!(err, Error::OutcomeTooLarge { size, limit, .. } if size == MAX_OUTCOME_BYTES + 2 && limit == MAX_OUTCOME_BYTES),
+        "got {err:?}"
+    );
+    for _ in 0..2 {
+        let err = idem
+            .execute(&inv, |_| counted(&runs, String::new()))
+            .await
+            .expect_err("retained");
+        assert!(
+            matches!(&err, Error::Failed { failure, .. } if failure.kind == "outcome_too_large"),
+            "got {err:?}"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the effect is not repeated");
+}
+
+pub async fn largest_outcome_fits<S: Store>(store: S) {
+    let (idem, _) = engine(store, Config::default());
+    let inv = invocation("order-14", &serde_json::json!({"amount": 10}));
+    let largest = "y".repeat(MAX_OUTCOME_BYTES - 2);
+
+    idem.execute(&inv, |_| async { Ok::<_, std::io::Error>(largest.clone()) })
+        .await
+        .expect("stored");
+    let replay = idem
+        .execute(&inv, |_| async { Ok::<_, std::io::Error>(String::new()) })
+        .await
+        .expect("replay");
+
+    assert!(replay.is_replay());
+    assert_eq!(replay.value().len(), MAX_OUTCOME_BYTES - 2);
+}
+
+/// Generates one test per conformance case for a store made by `$make` (an async expression).
+macro_rules! conformance {
+    ($make:expr) => {
+        $crate::support::conformance::conformance!(@cases $make;
+            first_run_executes_and_stores,
+            duplicate_replays_without_running,
+            payload_conflict_is_refused,
+            payload_conflict_is_checked_before_in_progress,
+            changed_payload_does_not_take_over_expired_lease,
+            concurrent_callers_execute_once,
+            expired_record_executes_again,
+            expired_lease_is_taken_over,
+            zombie_completion_is_fenced,
+            zombie_cannot_complete_over_a_live_takeover,
+            zombie_release_is_fenced,
+            failure_releases_for_retry,
+            unreadable_outcome_is_a_typed_error,
+            oversized_outcome_is_retained_not_rerun,
+            largest_outcome_fits
+        );
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                $crate::support::conformance::$case($make.await).await;
+            }
+        )*
+    };
+}
+pub(crate) use conformance;
