@@ -1,5 +1,6 @@
 //! Integration tests: one binary, so the AWS SDK links once.
 
 mod dynamodb_store;
+mod keys;
 mod memory_store;
 mod support;
