@@ -58,6 +58,11 @@ pub mod key;
 pub mod record;
 pub mod store;
 
+/// The README's examples, compiled as doctests so that it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 pub use config::Config;
 pub use engine::{Execution, ExecutionContext, Idempotency, Invocation, Origin};
 pub use error::{BoxError, ConfigError, Error, StoreError};

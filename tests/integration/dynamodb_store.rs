@@ -1,9 +1,10 @@
 //! The conformance suite against the DynamoDB store on a DynamoDB-compatible server, and what
 //! only DynamoDB has: request counts, item decoding, key schemas, error mapping.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::types::AttributeValue;
+use lambda_idempotency::clock::ManualClock;
 use lambda_idempotency::store::{AttributeNames, DynamoDbStore, SortKey, Store};
 use lambda_idempotency::{
     Config, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope, StoreError,
@@ -120,8 +121,7 @@ async fn missing_table_is_a_typed_error() {
 #[tokio::test]
 async fn sort_key_and_renamed_attributes_work() {
     let db = dynamo::start().await;
-    let table = dynamo::unique_name("single-table");
-    db.create_table(&table, Some("sk")).await;
+    let table = dynamo::local_dynamodb::unique_table_name("single-table");
     let names = AttributeNames {
         sort_key: Some(SortKey {
             attribute: "sk".into(),
@@ -131,6 +131,10 @@ async fn sort_key_and_renamed_attributes_work() {
         ..AttributeNames::default()
     };
     let store = DynamoDbStore::new(db.client.clone(), &table).with_attribute_names(names);
+    store
+        .create_table()
+        .await
+        .expect("create a table with a sort key");
     let idem = Idempotency::new(store, Config::default());
     let inv = invocation("sorted");
 
@@ -161,5 +165,40 @@ async fn sort_key_and_renamed_attributes_work() {
             .expect("get")
             .map(|r| r.lease.attempt),
         Some(1)
+    );
+}
+
+#[tokio::test]
+async fn round_trips_takeover_three() {
+    let db = dynamo::start().await;
+    let clock = ManualClock::new(SystemTime::now());
+    let idem = Idempotency::new(db.store(), Config::default()).with_clock(clock.clone());
+    let inv = invocation("takeover-round-trips");
+    let (claimed_tx, claimed_rx) = tokio::sync::oneshot::channel();
+    let crashed = tokio::spawn({
+        let (idem, inv) = (idem.clone(), inv.clone());
+        async move {
+            idem.execute(&inv, |_| async move {
+                let _ = claimed_tx.send(());
+                std::future::pending::<Result<u32, std::io::Error>>().await
+            })
+            .await
+        }
+    });
+    claimed_rx.await.expect("claimed");
+    crashed.abort();
+    clock.advance(Duration::from_secs(31));
+
+    let before = db.requests.count();
+    let done = idem
+        .execute(&inv, |ctx| ok(ctx.attempt()))
+        .await
+        .expect("takeover");
+
+    assert_eq!(*done.value(), 2);
+    assert_eq!(
+        db.requests.since(before),
+        ["PutItem", "UpdateItem", "UpdateItem"],
+        "claim (takes over) + record attempt 2 + complete"
     );
 }

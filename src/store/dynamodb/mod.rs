@@ -25,6 +25,7 @@
 
 mod error;
 mod item;
+mod table;
 
 use std::collections::HashMap;
 use std::time::SystemTime;

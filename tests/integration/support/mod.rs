@@ -2,3 +2,5 @@
 
 pub mod conformance;
 pub mod dynamo;
+#[path = "../../../examples/support/local_dynamodb.rs"]
+pub mod local_dynamodb;

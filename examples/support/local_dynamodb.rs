@@ -1,0 +1,58 @@
+//! A DynamoDB-compatible endpoint on this machine, shared by the examples and the tests:
+//! `DYNAMODB_ENDPOINT` when set (DynamoDB Local, a dynoxide binary, a real endpoint), else a
+//! dynoxide server embedded in this process on 127.0.0.1:0.
+
+use aws_sdk_dynamodb::config::{BehaviorVersion, Builder, Credentials, Region};
+use lambda_idempotency::store::ENDPOINT_VAR;
+
+/// An SDK configuration aimed at the endpoint; add interceptors, then `build()`.
+pub async fn sdk_config() -> Result<Builder, Box<dyn std::error::Error>> {
+    let endpoint = match std::env::var(ENDPOINT_VAR) {
+        Ok(endpoint) => endpoint,
+        Err(_) => {
+            let db = dynoxide::Database::memory()?;
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let endpoint = format!("http://{}", listener.local_addr()?);
+            tokio::spawn(dynoxide::server::serve_on(listener, db));
+            endpoint
+        }
+    };
+    Ok(aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new(
+            std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into()),
+        ))
+        .credentials_provider(credentials())
+        .endpoint_url(endpoint))
+}
+
+/// Credentials from the environment when given, else the placeholder a local server accepts.
+fn credentials() -> Credentials {
+    match (
+        std::env::var("AWS_ACCESS_KEY_ID"),
+        std::env::var("AWS_SECRET_ACCESS_KEY"),
+    ) {
+        (Ok(id), Ok(secret)) => Credentials::new(
+            id,
+            secret,
+            std::env::var("AWS_SESSION_TOKEN").ok(),
+            None,
+            "env",
+        ),
+        _ => Credentials::new("test", "test", None, None, "static"),
+    }
+}
+
+/// A table name unique across processes, so runs can share one endpoint.
+pub fn unique_table_name(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        "{prefix}-{}-{nanos}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
