@@ -174,19 +174,7 @@ async fn round_trips_takeover_three() {
     let clock = ManualClock::new(SystemTime::now());
     let idem = Idempotency::new(db.store(), Config::default()).with_clock(clock.clone());
     let inv = invocation("takeover-round-trips");
-    let (claimed_tx, claimed_rx) = tokio::sync::oneshot::channel();
-    let crashed = tokio::spawn({
-        let (idem, inv) = (idem.clone(), inv.clone());
-        async move {
-            idem.execute(&inv, |_| async move {
-                let _ = claimed_tx.send(());
-                std::future::pending::<Result<u32, std::io::Error>>().await
-            })
-            .await
-        }
-    });
-    claimed_rx.await.expect("claimed");
-    crashed.abort();
+    crate::support::conformance::crash_after_claim(&idem, &inv).await;
     clock.advance(Duration::from_secs(31));
 
     let before = db.requests.count();

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lambda_idempotency::clock::ManualClock;
 use lambda_idempotency::config::MAX_OUTCOME_BYTES;
-use lambda_idempotency::record::Status;
+use lambda_idempotency::record::{Record, Status};
 use lambda_idempotency::store::Store;
 use lambda_idempotency::{
     Config, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope, Origin,
@@ -40,6 +40,11 @@ fn invocation(material: &str, intent: &serde_json::Value) -> Invocation {
     Invocation::new(key, Fingerprint::of(intent).expect("fingerprint"), LEASE)
 }
 
+/// The record of `key`, which must exist.
+async fn stored<S: Store>(idem: &Idempotency<S>, key: &OperationKey, why: &str) -> Record {
+    idem.store().get(key).await.expect("get").expect(why)
+}
+
 /// A handler that counts its runs and returns `value`.
 async fn counted<T>(runs: &AtomicUsize, value: T) -> Result<T, std::io::Error> {
     runs.fetch_add(1, Ordering::SeqCst);
@@ -59,12 +64,7 @@ pub async fn first_run_executes_and_stores<S: Store>(store: S) {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_eq!(done.origin(), Origin::Executed { attempt: 1 });
     assert_eq!(done.value(), "created");
-    let record = idem
-        .store()
-        .get(inv.key())
-        .await
-        .expect("get")
-        .expect("record stored");
+    let record = stored(&idem, inv.key(), "record stored").await;
     assert_eq!(record.status, Status::Completed);
     assert_eq!(record.outcome.as_deref(), Some(br#""created""#.as_slice()));
     assert_eq!(record.lease.attempt, 1);
@@ -113,12 +113,7 @@ pub async fn payload_conflict_is_refused<S: Store>(store: S) {
 
     assert!(matches!(err, Error::PayloadConflict { .. }), "got {err:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    let record = idem
-        .store()
-        .get(original.key())
-        .await
-        .expect("get")
-        .expect("record");
+    let record = stored(&idem, original.key(), "record").await;
     assert_eq!(
         record.outcome.as_deref(),
         Some(b"10".as_slice()),
@@ -162,12 +157,7 @@ pub async fn changed_payload_does_not_take_over_expired_lease<S: Store>(store: S
 
     assert!(matches!(err, Error::PayloadConflict { .. }), "got {err:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 0);
-    let record = idem
-        .store()
-        .get(original.key())
-        .await
-        .expect("get")
-        .expect("record");
+    let record = stored(&idem, original.key(), "record").await;
     assert_eq!(
         record.lease.token, crashed.lease.token,
         "the crashed claim was not replaced"
@@ -280,10 +270,7 @@ pub async fn expired_record_executes_again<S: Store>(store: S) {
 
 /// Claims `inv` with a handler that never finishes, then aborts it: a worker that crashed after
 /// its claim. Returns the claim left behind.
-async fn crash_after_claim<S: Store>(
-    idem: &Idempotency<S>,
-    inv: &Invocation,
-) -> lambda_idempotency::record::Record {
+pub async fn crash_after_claim<S: Store>(idem: &Idempotency<S>, inv: &Invocation) -> Record {
     let (started_tx, started_rx) = oneshot::channel();
     let worker = tokio::spawn({
         let (idem, inv) = (idem.clone(), inv.clone());
@@ -297,12 +284,7 @@ async fn crash_after_claim<S: Store>(
     });
     started_rx.await.expect("worker started");
     worker.abort();
-    let record = idem
-        .store()
-        .get(inv.key())
-        .await
-        .expect("get")
-        .expect("claim left behind");
+    let record = stored(&idem, inv.key(), "claim left behind").await;
     assert_eq!(record.status, Status::InProgress);
     record
 }
@@ -338,12 +320,7 @@ pub async fn expired_lease_is_taken_over<S: Store>(store: S) {
     assert_eq!(done.origin(), Origin::Executed { attempt: 2 });
     assert_eq!(*done.value(), 2, "the handler was told it is attempt 2");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    let record = idem
-        .store()
-        .get(inv.key())
-        .await
-        .expect("get")
-        .expect("record");
+    let record = stored(&idem, inv.key(), "record").await;
     assert_eq!(
         (record.status, record.lease.attempt),
         (Status::Completed, 2)
@@ -437,12 +414,7 @@ pub async fn zombie_cannot_complete_over_a_live_takeover<S: Store>(store: S) {
         matches!(err, Error::LeaseLost { attempt: 1, .. }),
         "got {err:?}"
     );
-    let record = idem
-        .store()
-        .get(inv.key())
-        .await
-        .expect("get")
-        .expect("record");
+    let record = stored(&idem, inv.key(), "record").await;
     assert_eq!(
         (record.status, record.lease.attempt),
         (Status::InProgress, 2)
@@ -475,12 +447,7 @@ pub async fn zombie_release_is_fenced<S: Store>(store: S) {
     let err = zombie.await.expect("join").expect_err("zombie failed");
 
     assert!(matches!(err, Error::Handler { .. }), "got {err:?}");
-    let record = idem
-        .store()
-        .get(inv.key())
-        .await
-        .expect("get")
-        .expect("the new owner's record survives");
+    let record = stored(&idem, inv.key(), "the new owner's record survives").await;
     assert_eq!(record.status, Status::Completed);
 }
 
