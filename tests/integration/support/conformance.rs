@@ -284,7 +284,7 @@ pub async fn crash_after_claim<S: Store>(idem: &Idempotency<S>, inv: &Invocation
     });
     started_rx.await.expect("worker started");
     worker.abort();
-    let record = stored(&idem, inv.key(), "claim left behind").await;
+    let record = stored(idem, inv.key(), "claim left behind").await;
     assert_eq!(record.status, Status::InProgress);
     record
 }
