@@ -1,4 +1,4 @@
-//! The one state machine: claim → run → complete, release or retain.
+//! The one state machine: claim → (take over → reconcile) → run → complete, release or retain.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -19,6 +19,7 @@
 //! # Ok(()) }
 //! ```
 
+use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -31,121 +32,34 @@ use tracing::{Instrument, debug, info_span, warn};
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::error::{BoxError, Error};
-use crate::key::{Fingerprint, OperationKey};
+use crate::execution::{Execution, ExecutionContext, Invocation, Origin};
+use crate::failure::{Classifier, DefaultClassifier, FailureClass};
+use crate::key::OperationKey;
+use crate::reconcile::{Reconciler, Reconciliation, Takeover};
 use crate::record::{Lease, Record, RetainedFailure, Settlement, Status};
-use crate::store::{Claim, Fence, Store};
+use crate::store::{Claim, Fence, Guard, Store, Target};
 
-/// One request for an idempotent execution.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Invocation {
-    key: OperationKey,
-    fingerprint: Fingerprint,
-    lease: Duration,
-    request_id: Option<String>,
-}
+/// How long an INDETERMINATE record is kept: it waits for an operator.
+const INDETERMINATE_RETENTION: Duration = Duration::from_secs(366 * 24 * 3600);
 
-impl Invocation {
-    /// `key` with intent `fingerprint`, holding a lease of `lease` while the handler runs (set it
-    /// to the time the invocation may still run, plus a small margin).
-    pub fn new(key: OperationKey, fingerprint: Fingerprint, lease: Duration) -> Self {
-        Self {
-            key,
-            fingerprint,
-            lease,
-            request_id: None,
-        }
-    }
-
-    /// Records the invocation's request id with the claim, for correlation.
-    pub fn with_request_id(mut self, request_id: impl Into<String>) -> Self {
-        self.request_id = Some(request_id.into());
-        self
-    }
-
-    /// The operation key.
-    pub fn key(&self) -> &OperationKey {
-        &self.key
-    }
-}
-
-/// What the handler knows about the execution it runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExecutionContext {
-    key: OperationKey,
-    attempt: u32,
-}
-
-impl ExecutionContext {
-    /// The operation key.
-    pub fn key(&self) -> &OperationKey {
-        &self.key
-    }
-
-    /// 1 for the first execution; more after a crashed attempt's lease was taken over.
-    pub fn attempt(&self) -> u32 {
-        self.attempt
-    }
-
-    /// A deterministic key for a downstream call (same on every attempt), e.g. a payment API's
-    /// `Idempotency-Key`.
-    pub fn downstream_key(&self, step: &str) -> String {
-        self.key.downstream(step)
-    }
-}
-
-/// Where an execution's outcome came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Origin {
-    /// The handler ran, as this attempt.
-    Executed {
-        /// The attempt number.
-        attempt: u32,
-    },
-    /// The stored outcome was returned; the handler did not run.
-    Replayed,
-}
-
-/// The outcome of an idempotent execution.
-#[derive(Debug)]
-pub struct Execution<T> {
-    value: T,
-    raw: Box<RawValue>,
-    origin: Origin,
-}
-
-impl<T> Execution<T> {
-    /// The handler's result.
-    pub fn value(&self) -> &T {
-        &self.value
-    }
-
-    /// The handler's result, owned.
-    pub fn into_value(self) -> T {
-        self.value
-    }
-
-    /// The result's JSON exactly as first serialized: a replay is byte-identical to the original.
-    pub fn raw_json(&self) -> &RawValue {
-        &self.raw
-    }
-
-    /// Where the outcome came from.
-    pub fn origin(&self) -> Origin {
-        self.origin
-    }
-
-    /// Whether this is a replay of a stored outcome.
-    pub fn is_replay(&self) -> bool {
-        self.origin == Origin::Replayed
-    }
+/// An operator's decision on an INDETERMINATE operation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolution {
+    /// The effect exists: record this result, replayed from now on.
+    Completed(serde_json::Value),
+    /// The operation failed for good: record this failure, replayed from now on.
+    Failed(RetainedFailure),
+    /// The effect does not exist: delete the record so that the next delivery executes.
+    Release,
 }
 
 /// The idempotency engine over a store; cheap to clone, safe to share across tasks.
-#[derive(Debug)]
 pub struct Idempotency<S> {
     store: Arc<S>,
     clock: Arc<dyn Clock>,
     config: Config,
+    classifier: Arc<dyn Classifier>,
+    reconciler: Option<Arc<dyn Reconciler>>,
 }
 
 impl<S> Clone for Idempotency<S> {
@@ -154,23 +68,51 @@ impl<S> Clone for Idempotency<S> {
             store: Arc::clone(&self.store),
             clock: Arc::clone(&self.clock),
             config: self.config.clone(),
+            classifier: Arc::clone(&self.classifier),
+            reconciler: self.reconciler.clone(),
         }
     }
 }
 
+impl<S: fmt::Debug> fmt::Debug for Idempotency<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("store", &self.store)
+            .field("clock", &self.clock)
+            .field("config", &self.config)
+            .field("reconciler", &self.reconciler.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S: Store> Idempotency<S> {
-    /// An engine over `store` reading the system clock.
+    /// An engine over `store` reading the system clock; handler errors are classified by the
+    /// [`DefaultClassifier`] and takeovers re-run without reconciliation.
     pub fn new(store: S, config: Config) -> Self {
         Self {
             store: Arc::new(store),
             clock: Arc::new(SystemClock),
             config,
+            classifier: Arc::new(DefaultClassifier),
+            reconciler: None,
         }
     }
 
     /// Reads time from `clock` instead (tests inject a [`crate::clock::ManualClock`]).
     pub fn with_clock(mut self, clock: impl Clock + 'static) -> Self {
         self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Classifies handler errors with `classifier` ([`crate::failure`]).
+    pub fn with_classifier(mut self, classifier: impl Classifier + 'static) -> Self {
+        self.classifier = Arc::new(classifier);
+        self
+    }
+
+    /// Asks `reconciler` before a takeover re-runs a crashed attempt ([`crate::reconcile`]).
+    pub fn with_reconciler(mut self, reconciler: impl Reconciler + 'static) -> Self {
+        self.reconciler = Some(Arc::new(reconciler));
         self
     }
 
@@ -184,20 +126,20 @@ impl<S: Store> Idempotency<S> {
         &self.config
     }
 
-    /// Runs `handler` at most once per operation key, or answers from the stored record.
+    /// Runs `handler` at most once per operation, or answers from the stored record.
     ///
     /// - first time: claims the key, runs the handler, stores the serialized result;
     /// - completed before (same fingerprint): returns the stored result, handler not run;
     /// - another fingerprint under the key: [`Error::PayloadConflict`];
     /// - a live claim elsewhere: [`Error::AlreadyInProgress`];
-    /// - a claim whose lease ran out: taken over, the handler runs as the next attempt;
-    /// - the handler fails: the claim is released so a retry runs ([`Error::Handler`]);
+    /// - a claim whose lease ran out: taken over; the reconciler (if any) is asked, then the
+    ///   handler runs as the next attempt;
+    /// - the handler fails: retryable → the claim is released; terminal → the failure is
+    ///   retained and replayed ([`Error::Failed`]); either way the caller gets [`Error::Handler`];
+    /// - the record expired but the business identity's evidence stands:
+    ///   [`Error::KeyExpiredConflict`];
     /// - the lease was taken over meanwhile: [`Error::LeaseLost`], nothing overwritten.
-    pub async fn execute<T, E, F, Fut>(
-        &self,
-        invocation: &Invocation,
-        handler: F,
-    ) -> Result<Execution<T>, Error>
+    pub async fn execute<T, E, F, Fut>(&self, invocation: &Invocation, handler: F) -> Result<Execution<T>, Error>
     where
         T: Serialize + DeserializeOwned,
         E: Into<BoxError>,
@@ -213,54 +155,124 @@ impl<S: Store> Idempotency<S> {
         self.run(invocation, handler).instrument(span).await
     }
 
-    async fn run<T, E, F, Fut>(
-        &self,
-        invocation: &Invocation,
-        handler: F,
-    ) -> Result<Execution<T>, Error>
+    async fn run<T, E, F, Fut>(&self, invocation: &Invocation, handler: F) -> Result<Execution<T>, Error>
     where
         T: Serialize + DeserializeOwned,
         E: Into<BoxError>,
         F: FnOnce(ExecutionContext) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        let key = &invocation.key;
         let now = self.clock.now();
         let claim = self.new_claim(invocation, now);
-        let previous = match self.store.claim(&claim, now).await? {
-            Claim::Existing(existing) => return answer_existing(existing, invocation, now),
-            Claim::Acquired { previous } => previous,
+        let target = Target {
+            key,
+            identity: invocation.identity.as_deref(),
+            guard: Guard::Lease(&claim.lease.token),
         };
-        let key = &invocation.key;
-        let token = &claim.lease.token;
-        let attempt =
-            match previous.filter(|p| p.status == Status::InProgress && !p.is_expired(now)) {
-                Some(taken_over) => {
-                    let attempt = taken_over.lease.attempt.saturating_add(1);
-                    warn!(attempt, "took over an expired lease");
-                    if let Fence::Lost { .. } = self.store.set_attempt(key, token, attempt).await? {
-                        return Err(Error::LeaseLost {
+        let attempt = match self.store.claim(&claim, now).await? {
+            Claim::Acquired => 1,
+            Claim::IdentityTaken(evidence) => {
+                warn!(evidence_status = %evidence.status, "business identity already executed");
+                return Err(Error::KeyExpiredConflict {
+                    key: key.clone(),
+                    evidence: Box::new(evidence),
+                });
+            }
+            Claim::Existing(existing) => {
+                if existing.fingerprint != invocation.fingerprint {
+                    return Err(Error::PayloadConflict { key: key.clone() });
+                }
+                if !existing.lease_is_takeable(now) {
+                    return answer_existing(existing, invocation, now);
+                }
+                let attempt = existing.lease.attempt.saturating_add(1);
+                let lease = Lease {
+                    attempt,
+                    ..claim.lease.clone()
+                };
+                match self.store.take_over(&existing, &lease, now).await? {
+                    Fence::Held => warn!(attempt, "took over an expired lease"),
+                    Fence::Lost { current: Some(current) } => return answer_existing(current, invocation, now),
+                    Fence::Lost { current: None } => {
+                        return Err(Error::AlreadyInProgress {
                             key: key.clone(),
                             attempt,
+                            retry_after: Duration::ZERO,
                         });
                     }
-                    attempt
                 }
-                None => 1,
-            };
+                if let Some(answer) = self.reconcile(target, invocation, attempt, existing).await {
+                    return answer;
+                }
+                attempt
+            }
+        };
         tracing::Span::current().record("attempt", attempt);
         let context = ExecutionContext {
             key: key.clone(),
             attempt,
         };
         match handler(context).await {
-            Ok(value) => self.complete(key, token, attempt, value).await,
-            Err(err) => {
-                if let Fence::Lost { .. } = self.store.release(key, token).await? {
-                    warn!(attempt, "handler failed after its lease was taken over");
-                }
-                Err(Error::Handler { source: err.into() })
+            Ok(value) => {
+                let raw = self.complete(target, invocation, attempt, serde_json::value::to_raw_value(&value)).await?;
+                Ok(Execution {
+                    value,
+                    raw,
+                    origin: Origin::Executed { attempt },
+                })
             }
+            Err(err) => Err(self.fail(target, attempt, err.into()).await?),
         }
+    }
+
+    /// Asks the reconciler (if any) about the attempt taken over. `None`: run the handler.
+    async fn reconcile<T: DeserializeOwned>(
+        &self,
+        target: Target<'_>,
+        invocation: &Invocation,
+        attempt: u32,
+        previous: Record,
+    ) -> Option<Result<Execution<T>, Error>> {
+        let reconciler = self.reconciler.as_ref()?;
+        let key = &invocation.key;
+        let takeover = Takeover {
+            key: key.clone(),
+            attempt,
+            previous,
+        };
+        let answer = match reconciler.reconcile(takeover).await {
+            Ok(Reconciliation::NotApplied) => return None,
+            Ok(Reconciliation::Applied(value)) => self
+                .complete(target, invocation, attempt, serde_json::value::to_raw_value(&value))
+                .await
+                .and_then(|raw| {
+                    decode_outcome(key, raw).map(|(value, raw)| Execution {
+                        value,
+                        raw,
+                        origin: Origin::Reconciled { attempt },
+                    })
+                }),
+            Ok(Reconciliation::Unknown) => {
+                warn!(attempt, "reconciliation unknown: holding the operation as indeterminate");
+                let now = self.clock.now();
+                let settlement = Settlement {
+                    status: Status::Indeterminate,
+                    outcome: None,
+                    result_ref: None,
+                    expires_at: now + INDETERMINATE_RETENTION,
+                    completed_at: now,
+                };
+                self.settle(target, attempt, &settlement)
+                    .await
+                    .and(Err(Error::Indeterminate { key: key.clone() }))
+            }
+            Err(source) => Err(Error::ReconcileFailed {
+                key: key.clone(),
+                source,
+            }),
+        };
+        Some(answer)
     }
 
     fn new_claim(&self, invocation: &Invocation, now: SystemTime) -> Record {
@@ -279,115 +291,160 @@ impl<S: Store> Idempotency<S> {
             created_at: now,
             completed_at: None,
             request_id: invocation.request_id.clone(),
+            identity: invocation.identity.clone(),
         }
     }
 
-    /// Stores the handler's result, or retains a failure when it cannot be stored.
-    async fn complete<T: Serialize>(
+    /// Stores a result as COMPLETED; one that cannot be stored is retained as FAILED instead
+    /// (the effect happened: it must not run again) and returned as the error.
+    async fn complete(
         &self,
-        key: &OperationKey,
-        token: &str,
+        target: Target<'_>,
+        invocation: &Invocation,
         attempt: u32,
-        value: T,
-    ) -> Result<Execution<T>, Error> {
+        serialized: serde_json::Result<Box<RawValue>>,
+    ) -> Result<Box<RawValue>, Error> {
+        let key = target.key;
         let limit = self.config.max_outcome_bytes();
-        let prepared = match serde_json::value::to_raw_value(&value) {
-            Ok(raw) if raw.get().len() <= limit => Prepared::Stored(raw),
-            Ok(raw) => Prepared::Retained(
-                "outcome_too_large",
-                Error::OutcomeTooLarge {
-                    key: key.clone(),
-                    size: raw.get().len(),
-                    limit,
-                },
-            ),
-            Err(err) => Prepared::Retained(
-                "outcome_unserializable",
-                Error::InvalidEvent {
-                    reason: format!("the handler's result does not serialize to JSON: {err}"),
-                },
-            ),
+        let unstorable = match serialized {
+            Ok(raw) if raw.get().len() <= limit => {
+                let now = self.clock.now();
+                let settlement = Settlement {
+                    status: Status::Completed,
+                    outcome: Some(raw.get().as_bytes().to_vec()),
+                    result_ref: result_ref(invocation, &raw),
+                    expires_at: now + self.config.retention(),
+                    completed_at: now,
+                };
+                self.settle(target, attempt, &settlement).await?;
+                debug!(attempt, "completed");
+                return Ok(raw);
+            }
+            Ok(raw) => Error::OutcomeTooLarge {
+                key: key.clone(),
+                size: raw.get().len(),
+                limit,
+            },
+            Err(err) => Error::InvalidEvent {
+                reason: format!("the handler's result does not serialize to JSON: {err}"),
+            },
+        };
+        let kind = match unstorable {
+            Error::OutcomeTooLarge { .. } => "outcome_too_large",
+            _ => "outcome_unserializable",
+        };
+        self.retain(target, attempt, kind, unstorable.to_string()).await?;
+        Err(unstorable)
+    }
+
+    /// Handles a handler error by its class: release (retryable) or retain (terminal).
+    async fn fail(&self, target: Target<'_>, attempt: u32, source: BoxError) -> Result<Error, Error> {
+        match self.classifier.classify(&*source) {
+            FailureClass::Retryable => {
+                if let Fence::Lost { .. } = self.store.release(target).await? {
+                    warn!(attempt, "handler failed after its lease was taken over");
+                }
+            }
+            FailureClass::Terminal { kind } => {
+                warn!(attempt, kind, "terminal failure retained");
+                self.retain(target, attempt, &kind, source.to_string()).await?;
+            }
+        }
+        Ok(Error::Handler { source })
+    }
+
+    /// Records a terminal failure, replayed to every later caller.
+    async fn retain(&self, target: Target<'_>, attempt: u32, kind: &str, message: String) -> Result<(), Error> {
+        let failure = RetainedFailure {
+            kind: kind.to_owned(),
+            message,
         };
         let now = self.clock.now();
         let settlement = Settlement {
-            status: prepared.status(),
-            outcome: prepared.bytes(),
+            status: Status::Failed,
+            outcome: Some(failure.to_json().into_bytes()),
+            result_ref: None,
             expires_at: now + self.config.retention(),
             completed_at: now,
         };
-        if let Fence::Lost { current } = self.store.settle(key, token, &settlement).await? {
-            warn!(
-                attempt,
-                holder = current.map(|r| r.lease.attempt),
-                "lease lost before completion"
-            );
-            return Err(Error::LeaseLost {
-                key: key.clone(),
-                attempt,
-            });
-        }
-        match prepared {
-            Prepared::Stored(raw) => {
-                debug!(attempt, "completed");
-                Ok(Execution {
-                    value,
-                    raw,
-                    origin: Origin::Executed { attempt },
+        self.settle(target, attempt, &settlement).await
+    }
+
+    /// A fenced settlement; a lost fence is [`Error::LeaseLost`].
+    async fn settle(&self, target: Target<'_>, attempt: u32, settlement: &Settlement) -> Result<(), Error> {
+        match self.store.settle(target, settlement).await? {
+            Fence::Held => Ok(()),
+            Fence::Lost { current } => {
+                warn!(attempt, holder = current.map(|r| r.lease.attempt), "lease lost before settling");
+                Err(Error::LeaseLost {
+                    key: target.key.clone(),
+                    attempt,
                 })
             }
-            Prepared::Retained(_, err) => Err(err),
-        }
-    }
-}
-
-/// A handler's result made ready to store: its JSON, or the failure to retain instead.
-enum Prepared {
-    Stored(Box<RawValue>),
-    Retained(&'static str, Error),
-}
-
-impl Prepared {
-    fn status(&self) -> Status {
-        match self {
-            Self::Stored(_) => Status::Completed,
-            Self::Retained(..) => Status::Failed,
         }
     }
 
-    fn bytes(&self) -> Vec<u8> {
-        match self {
-            Self::Stored(raw) => raw.get().as_bytes().to_vec(),
-            Self::Retained(kind, err) => RetainedFailure {
-                kind: (*kind).to_owned(),
-                message: err.to_string(),
-            }
-            .to_json()
-            .into_bytes(),
-        }
+    /// Resolves an INDETERMINATE operation (an operator's decision). Returns `false`, changing
+    /// nothing, when the operation is not INDETERMINATE.
+    pub async fn resolve(&self, key: &OperationKey, resolution: Resolution) -> Result<bool, Error> {
+        let Some(record) = self.store.get(key).await? else {
+            return Ok(false);
+        };
+        let target = Target {
+            key,
+            identity: record.identity.as_deref(),
+            guard: Guard::Indeterminate,
+        };
+        let now = self.clock.now();
+        let (status, outcome) = match resolution {
+            Resolution::Release => return Ok(self.store.release(target).await? == Fence::Held),
+            Resolution::Completed(value) => (Status::Completed, value.to_string()),
+            Resolution::Failed(failure) => (Status::Failed, failure.to_json()),
+        };
+        let settlement = Settlement {
+            status,
+            outcome: Some(outcome.into_bytes()),
+            result_ref: None,
+            expires_at: now + self.config.retention(),
+            completed_at: now,
+        };
+        Ok(self.store.settle(target, &settlement).await? == Fence::Held)
     }
 }
 
-/// The answer for a key held by a live record: conflict, replay, or wait.
-fn answer_existing<T: DeserializeOwned>(
-    existing: Record,
-    invocation: &Invocation,
-    now: SystemTime,
-) -> Result<Execution<T>, Error> {
+/// The evidence's result reference: the part of the result at the invocation's pointer.
+fn result_ref(invocation: &Invocation, raw: &RawValue) -> Option<String> {
+    let pointer = invocation.result_ref.as_ref()?;
+    let value: serde_json::Value = serde_json::from_str(raw.get()).ok()?;
+    match pointer.find(&value)? {
+        serde_json::Value::String(text) => Some(text.clone()),
+        other => Some(other.to_string()),
+    }
+}
+
+/// Decodes stored JSON into the handler's output type.
+fn decode_outcome<T: DeserializeOwned>(key: &OperationKey, raw: Box<RawValue>) -> Result<(T, Box<RawValue>), Error> {
+    match serde_json::from_str(raw.get()) {
+        Ok(value) => Ok((value, raw)),
+        Err(err) => Err(Error::StoredOutcomeUnreadable {
+            key: key.clone(),
+            reason: err.to_string(),
+        }),
+    }
+}
+
+/// The answer for a key held by a live record of the same intent: replay or wait.
+fn answer_existing<T: DeserializeOwned>(existing: Record, invocation: &Invocation, now: SystemTime) -> Result<Execution<T>, Error> {
     let key = invocation.key.clone();
     if existing.fingerprint != invocation.fingerprint {
         return Err(Error::PayloadConflict { key });
     }
+    let unreadable = |reason: String| Error::StoredOutcomeUnreadable { key: key.clone(), reason };
     match existing.status {
         Status::Completed => {
-            let bytes = existing.outcome.unwrap_or_default();
-            let unreadable = |reason: String| Error::StoredOutcomeUnreadable {
-                key: key.clone(),
-                reason,
-            };
-            let json = String::from_utf8(bytes).map_err(|err| unreadable(err.to_string()))?;
+            let json = String::from_utf8(existing.outcome.unwrap_or_default()).map_err(|err| unreadable(err.to_string()))?;
             let raw = RawValue::from_string(json).map_err(|err| unreadable(err.to_string()))?;
-            let value =
-                serde_json::from_str(raw.get()).map_err(|err| unreadable(err.to_string()))?;
+            let (value, raw) = decode_outcome(&key, raw)?;
             debug!("replayed");
             Ok(Execution {
                 value,
@@ -397,10 +454,7 @@ fn answer_existing<T: DeserializeOwned>(
         }
         Status::Failed => {
             let failure = serde_json::from_slice(existing.outcome.as_deref().unwrap_or_default())
-                .map_err(|err| Error::StoredOutcomeUnreadable {
-                key: key.clone(),
-                reason: err.to_string(),
-            })?;
+                .map_err(|err| unreadable(err.to_string()))?;
             Err(Error::Failed { key, failure })
         }
         Status::InProgress => Err(Error::AlreadyInProgress {

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::key::OperationKey;
-use crate::record::RetainedFailure;
+use crate::record::{Evidence, RetainedFailure};
 
 /// A boxed error from a handler or an SDK: `lambda_runtime::Error` is the same type.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -48,6 +48,29 @@ pub enum Error {
     Indeterminate {
         /// The operation key.
         key: OperationKey,
+    },
+
+    /// The operation's replayable record has expired (or is gone), but the permanent evidence
+    /// of its business identity stands: it is not executed again.
+    #[error(
+        "operation {} already took effect (evidence of operation {}, status {}) but its replayable record has expired; do not re-run it: use the evidence's result reference, or a new business identity for a new operation",
+        key.short(), evidence.key.short(), evidence.status
+    )]
+    KeyExpiredConflict {
+        /// The operation key.
+        key: OperationKey,
+        /// The standing evidence (its key may be another operation's that claimed the identity).
+        evidence: Box<Evidence>,
+    },
+
+    /// The reconciler could not inspect downstream evidence; the lease runs out and the next
+    /// delivery asks again.
+    #[error("reconciling operation {} failed: {source}; it will be retried after the lease expires", key.short())]
+    ReconcileFailed {
+        /// The operation key.
+        key: OperationKey,
+        /// The reconciler's error.
+        source: BoxError,
     },
 
     /// This worker's lease was taken over before it completed; its result was not recorded.
@@ -117,7 +140,7 @@ pub enum Error {
     #[error(transparent)]
     Store(#[from] StoreError),
 
-    /// The handler failed (a retryable failure: the claim was released).
+    /// The handler failed: a retryable failure released the claim, a terminal one was retained.
     #[error("handler failed: {source}")]
     Handler {
         /// The handler's error.
@@ -159,6 +182,17 @@ pub enum StoreError {
         /// The backend's error.
         source: BoxError,
     },
+
+    /// Another request was writing the same items at the same moment (a transaction conflict).
+    #[error("the idempotency store saw a concurrent write during `{operation}`; retry the request")]
+    Contention {
+        /// The store operation.
+        operation: &'static str,
+    },
+
+    /// An operation declares a business identity, but the store has no uniqueness table.
+    #[error("the operation declares a business identity but the store has no uniqueness table; configure one (DynamoDbStore::with_uniqueness_table, UNIQUENESS_TABLE)")]
+    NoUniquenessTable,
 
     /// The store rejected the request as invalid.
     #[error(

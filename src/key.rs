@@ -271,6 +271,13 @@ impl JsonPointer {
     }
 }
 
+impl JsonPointer {
+    /// The value at this pointer in `document`.
+    pub fn find<'a>(&self, document: &'a Value) -> Option<&'a Value> {
+        document.pointer(&self.0)
+    }
+}
+
 impl<E: Serialize> Select<E> for JsonPointer {
     fn select(&self, event: &E) -> Result<Option<Value>, Error> {
         let mut document = serde_json::to_value(event).map_err(invalid_event)?;

@@ -54,7 +54,10 @@ pub mod clock;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod execution;
+pub mod failure;
 pub mod key;
+pub mod reconcile;
 pub mod record;
 pub mod store;
 
@@ -64,6 +67,7 @@ pub mod store;
 pub struct ReadmeDoctests;
 
 pub use config::Config;
-pub use engine::{Execution, ExecutionContext, Idempotency, Invocation, Origin};
+pub use engine::{Idempotency, Resolution};
+pub use execution::{Execution, ExecutionContext, Invocation, Origin};
 pub use error::{BoxError, ConfigError, Error, StoreError};
 pub use key::{Fingerprint, KeyPolicy, OperationKey, OperationScope};

@@ -99,6 +99,8 @@ pub struct Record {
     pub completed_at: Option<SystemTime>,
     /// The request id of the invocation that claimed it, for correlation.
     pub request_id: Option<String>,
+    /// The business identity whose permanent [`Evidence`] this operation keeps, if declared.
+    pub identity: Option<String>,
 }
 
 impl Record {
@@ -122,17 +124,66 @@ impl Record {
     }
 }
 
-/// How a record leaves IN_PROGRESS for good.
+/// How a record leaves IN_PROGRESS (or, resolved by an operator, INDETERMINATE).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settlement {
-    /// COMPLETED or FAILED.
+    /// COMPLETED, FAILED or INDETERMINATE.
     pub status: Status,
-    /// The serialized result or failure.
-    pub outcome: Vec<u8>,
+    /// The serialized result or failure (none for INDETERMINATE).
+    pub outcome: Option<Vec<u8>>,
+    /// A short reference to the result (a created resource's id) kept in the permanent evidence.
+    pub result_ref: Option<String>,
     /// New retention.
     pub expires_at: SystemTime,
     /// When it settled.
     pub completed_at: SystemTime,
+}
+
+/// Permanent, compact evidence that a business identity was executed: the uniqueness record.
+///
+/// It outlives the idempotency record (no TTL) and holds no response body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Evidence {
+    /// The business identity, e.g. `invoice:order-418:rev-2`.
+    pub identity: String,
+    /// The operation key that executed it.
+    pub key: OperationKey,
+    /// That operation's fingerprint.
+    pub fingerprint: Fingerprint,
+    /// IN_PROGRESS until settled, then COMPLETED, FAILED or INDETERMINATE.
+    pub status: Status,
+    /// The reference the operation chose to keep (e.g. the created invoice's id).
+    pub result_ref: Option<String>,
+    /// When the identity was claimed.
+    pub created_at: SystemTime,
+    /// When the operation settled.
+    pub completed_at: Option<SystemTime>,
+}
+
+impl Evidence {
+    /// The evidence a new claim writes.
+    pub fn of_claim(record: &Record, identity: &str) -> Self {
+        Self {
+            identity: identity.to_owned(),
+            key: record.key.clone(),
+            fingerprint: record.fingerprint.clone(),
+            status: Status::InProgress,
+            result_ref: None,
+            created_at: record.created_at,
+            completed_at: None,
+        }
+    }
+}
+
+/// The claim a caller holds: what fenced writes present.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holder<'a> {
+    /// The operation key.
+    pub key: &'a OperationKey,
+    /// The caller's lease token.
+    pub lease_token: &'a str,
+    /// The business identity, when the operation declared one.
+    pub identity: Option<&'a str>,
 }
 
 /// A terminal failure as stored and replayed: a stable machine-readable kind and a message.

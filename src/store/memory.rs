@@ -6,14 +6,15 @@ use std::time::SystemTime;
 
 use crate::error::StoreError;
 use crate::key::OperationKey;
-use crate::record::{Record, Settlement, Status};
-use crate::store::{Claim, Fence, Store};
+use crate::record::{Evidence, Lease, Record, Settlement};
+use crate::store::{Claim, Fence, Store, Target};
 
-/// Records in a map behind a mutex; clones share the map.
+/// Records in maps behind one mutex; clones share them.
 ///
 /// For unit tests, the demo and single-process use. It never forgets a record by itself:
 /// like DynamoDB before TTL deletion, it keeps expired records and treats them as absent.
-/// [`MemoryStore::sweep_expired`] deletes them, as TTL eventually does.
+/// [`MemoryStore::sweep_expired`] deletes them, as TTL eventually does. Evidence of business
+/// identities is never swept.
 ///
 /// ```
 /// use lambda_idempotency::store::MemoryStore;
@@ -22,7 +23,13 @@ use crate::store::{Claim, Fence, Store};
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStore {
-    records: Arc<Mutex<HashMap<OperationKey, Record>>>,
+    tables: Arc<Mutex<Tables>>,
+}
+
+#[derive(Debug, Default)]
+struct Tables {
+    records: HashMap<OperationKey, Record>,
+    evidence: HashMap<String, Evidence>,
 }
 
 impl MemoryStore {
@@ -33,97 +40,115 @@ impl MemoryStore {
 
     /// How many records it holds, expired ones included.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().records.len()
     }
 
     /// Whether it holds no record.
     pub fn is_empty(&self) -> bool {
-        self.lock().is_empty()
+        self.lock().records.is_empty()
     }
 
     /// Deletes the records expired at `now`, as DynamoDB TTL eventually does; returns how many.
     pub fn sweep_expired(&self, now: SystemTime) -> usize {
-        let mut records = self.lock();
+        let records = &mut self.lock().records;
         let before = records.len();
         records.retain(|_, record| !record.is_expired(now));
         before - records.len()
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<OperationKey, Record>> {
-        self.records.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, Tables> {
+        self.tables.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Applies `write` to the record of `key` if the caller holds its IN_PROGRESS lease.
-    fn fenced(
-        &self,
-        key: &OperationKey,
-        lease_token: &str,
-        write: impl FnOnce(&mut HashMap<OperationKey, Record>),
-    ) -> Fence {
-        let mut records = self.lock();
-        match records.get(key) {
-            Some(record)
-                if record.status == Status::InProgress && record.lease.token == lease_token =>
-            {
-                write(&mut records);
-                Fence::Held
+    /// Applies `write` if the target's guard admits its record and its evidence (if any) is
+    /// this operation's.
+    fn fenced(&self, target: Target<'_>, write: impl FnOnce(&mut Tables)) -> Result<Fence, StoreError> {
+        let mut tables = self.lock();
+        match tables.records.get(target.key) {
+            Some(record) if target.guard.admits(record) => {
+                if let Some(identity) = target.identity {
+                    let owned = tables.evidence.get(identity).is_some_and(|evidence| evidence.key == *target.key);
+                    if !owned {
+                        return Err(evidence_not_owned(target));
+                    }
+                }
+                write(&mut tables);
+                Ok(Fence::Held)
             }
-            current => Fence::Lost {
+            current => Ok(Fence::Lost {
                 current: current.cloned(),
-            },
+            }),
         }
     }
 }
 
 impl Store for MemoryStore {
     async fn claim(&self, record: &Record, now: SystemTime) -> Result<Claim, StoreError> {
-        let mut records = self.lock();
-        match records.get(&record.key) {
-            Some(existing) if !existing.yields_to(record, now) => {
-                Ok(Claim::Existing(existing.clone()))
+        let mut tables = self.lock();
+        if let Some(existing) = tables.records.get(&record.key).filter(|existing| !existing.is_expired(now)) {
+            return Ok(Claim::Existing(existing.clone()));
+        }
+        if let Some(identity) = &record.identity {
+            if let Some(evidence) = tables.evidence.get(identity) {
+                return Ok(Claim::IdentityTaken(evidence.clone()));
             }
-            _ => Ok(Claim::Acquired {
-                previous: records.insert(record.key.clone(), record.clone()),
+            tables.evidence.insert(identity.clone(), Evidence::of_claim(record, identity));
+        }
+        tables.records.insert(record.key.clone(), record.clone());
+        Ok(Claim::Acquired)
+    }
+
+    async fn take_over(&self, previous: &Record, lease: &Lease, now: SystemTime) -> Result<Fence, StoreError> {
+        let mut tables = self.lock();
+        match tables.records.get_mut(&previous.key) {
+            Some(record) if record.lease.token == previous.lease.token && record.lease_is_takeable(now) => {
+                record.lease = lease.clone();
+                Ok(Fence::Held)
+            }
+            current => Ok(Fence::Lost {
+                current: current.map(|record| record.clone()),
             }),
         }
     }
 
-    async fn set_attempt(
-        &self,
-        key: &OperationKey,
-        lease_token: &str,
-        attempt: u32,
-    ) -> Result<Fence, StoreError> {
-        Ok(self.fenced(key, lease_token, |records| {
-            if let Some(record) = records.get_mut(key) {
-                record.lease.attempt = attempt;
-            }
-        }))
-    }
-
-    async fn settle(
-        &self,
-        key: &OperationKey,
-        lease_token: &str,
-        settlement: &Settlement,
-    ) -> Result<Fence, StoreError> {
-        Ok(self.fenced(key, lease_token, |records| {
-            if let Some(record) = records.get_mut(key) {
+    async fn settle(&self, target: Target<'_>, settlement: &Settlement) -> Result<Fence, StoreError> {
+        self.fenced(target, |tables| {
+            if let Some(record) = tables.records.get_mut(target.key) {
                 record.status = settlement.status;
-                record.outcome = Some(settlement.outcome.clone());
+                record.outcome.clone_from(&settlement.outcome);
                 record.expires_at = settlement.expires_at;
                 record.completed_at = Some(settlement.completed_at);
             }
-        }))
+            if let Some(evidence) = target.identity.and_then(|identity| tables.evidence.get_mut(identity)) {
+                evidence.status = settlement.status;
+                evidence.result_ref.clone_from(&settlement.result_ref);
+                evidence.completed_at = Some(settlement.completed_at);
+            }
+        })
     }
 
-    async fn release(&self, key: &OperationKey, lease_token: &str) -> Result<Fence, StoreError> {
-        Ok(self.fenced(key, lease_token, |records| {
-            records.remove(key);
-        }))
+    async fn release(&self, target: Target<'_>) -> Result<Fence, StoreError> {
+        self.fenced(target, |tables| {
+            tables.records.remove(target.key);
+            if let Some(identity) = target.identity {
+                tables.evidence.remove(identity);
+            }
+        })
     }
 
     async fn get(&self, key: &OperationKey) -> Result<Option<Record>, StoreError> {
-        Ok(self.lock().get(key).cloned())
+        Ok(self.lock().records.get(key).cloned())
+    }
+
+    async fn evidence(&self, identity: &str) -> Result<Option<Evidence>, StoreError> {
+        Ok(self.lock().evidence.get(identity).cloned())
+    }
+}
+
+/// The error for a fenced write whose identity's evidence is missing or another operation's.
+pub(crate) fn evidence_not_owned(target: Target<'_>) -> StoreError {
+    StoreError::CorruptRecord {
+        key_short: target.key.short().to_owned(),
+        reason: "the evidence of its business identity is missing or belongs to another operation".into(),
     }
 }

@@ -1,15 +1,19 @@
 //! Where records live: a small trait of storage primitives, and its backends.
 //!
-//! The [`Store`] trait holds no policy: it does not hash, validate fingerprints or decide what
-//! a status means. It offers conditional writes, each atomic, and every backend implements them
+//! The [`Store`] trait holds no policy: it does not hash, compare fingerprints or decide what a
+//! status means. It offers conditional writes, each atomic, and every backend implements them
 //! with the same semantics, which the conformance suite (`tests/`) checks on all of them:
 //!
-//! - [`Store::claim`] writes `record` if the key is absent, its record has expired
-//!   (`expires_at < now`, second resolution), or it is IN_PROGRESS with an expired lease
-//!   (millisecond resolution) *and the same fingerprint*; otherwise it returns the existing
-//!   record, read in the same request.
-//! - [`Store::settle`], [`Store::release`] and [`Store::set_attempt`] are fenced: they apply only
-//!   while the record is IN_PROGRESS under the caller's lease token.
+//! - [`Store::claim`] writes an IN_PROGRESS record if its key is absent or its record has
+//!   expired (`expires_at < now`, second resolution); otherwise it returns the existing record,
+//!   read in the same request. When the record declares a business identity, the claim also
+//!   writes the identity's permanent [`Evidence`], atomically, and fails with the standing
+//!   evidence if there is one.
+//! - [`Store::take_over`] replaces the lease of an IN_PROGRESS record whose lease ran out
+//!   (millisecond resolution), conditioned on the expired holder's token: of two takers, one wins.
+//! - [`Store::settle`] and [`Store::release`] are fenced by a [`Guard`]: the caller's lease, or
+//!   (for an operator's resolution) the INDETERMINATE status. With an identity they update or
+//!   delete the evidence in the same transaction.
 //!
 //! Backends: [`MemoryStore`] (in-process) and [`DynamoDbStore`].
 
@@ -20,74 +24,95 @@ use std::fmt;
 use std::future::Future;
 use std::time::SystemTime;
 
-pub use dynamodb::{AttributeNames, DynamoDbStore, ENDPOINT_VAR, SortKey, TABLE_VAR};
+pub use dynamodb::{AttributeNames, DynamoDbStore, ENDPOINT_VAR, SortKey, TABLE_VAR, UNIQUENESS_TABLE_VAR};
 pub use memory::MemoryStore;
 
 use crate::error::StoreError;
 use crate::key::OperationKey;
-use crate::record::{Record, Settlement};
+use crate::record::{Evidence, Lease, Record, Settlement, Status};
 
 /// The answer to a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
-    /// The caller now holds the lease. `previous` is the record it replaced, if any: an expired
-    /// record, or an IN_PROGRESS record whose lease had run out (a takeover).
-    Acquired {
-        /// The replaced record.
-        previous: Option<Record>,
-    },
+    /// The caller now holds the lease.
+    Acquired,
     /// The key is held by a live record, returned as it stands.
     Existing(Record),
+    /// The key's record is absent or expired, but the declared business identity has standing
+    /// evidence (of this or another operation key). Nothing was written.
+    IdentityTaken(Evidence),
 }
 
 /// The answer to a fenced write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fence {
-    /// The caller still held the lease; the write was applied.
+    /// The guard held; the write was applied.
     Held,
-    /// The lease is no longer the caller's; nothing was written. `current` is the record as it
-    /// stands, if any.
+    /// The guard no longer holds; nothing was written. `current` is the record as it stands.
     Lost {
-        /// The record as it stands.
+        /// The record as it stands, if any.
         current: Option<Record>,
     },
 }
 
+/// What a fenced write requires of the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guard<'a> {
+    /// IN_PROGRESS under this lease token: the caller still holds the claim.
+    Lease(&'a str),
+    /// INDETERMINATE: an operator resolves it.
+    Indeterminate,
+}
+
+impl Guard<'_> {
+    /// Whether `record` satisfies the guard.
+    pub fn admits(&self, record: &Record) -> bool {
+        match self {
+            Self::Lease(token) => record.status == Status::InProgress && record.lease.token == *token,
+            Self::Indeterminate => record.status == Status::Indeterminate,
+        }
+    }
+}
+
+/// The record a fenced write targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Target<'a> {
+    /// The operation key.
+    pub key: &'a OperationKey,
+    /// The business identity whose evidence is written alongside, if any.
+    pub identity: Option<&'a str>,
+    /// What the record must satisfy.
+    pub guard: Guard<'a>,
+}
+
 /// Storage primitives for idempotency records.
 pub trait Store: Send + Sync + fmt::Debug + 'static {
-    /// Writes `record` (IN_PROGRESS, attempt 1) unless a live record holds its key.
-    fn claim(
-        &self,
-        record: &Record,
-        now: SystemTime,
-    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+    /// Writes `record` (IN_PROGRESS, with its identity's evidence) unless a live record holds
+    /// its key or its identity has evidence.
+    fn claim(&self, record: &Record, now: SystemTime) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
-    /// Sets the attempt number of the caller's claim (after a takeover).
-    fn set_attempt(
+    /// Gives `previous`'s record the new `lease` if it is still IN_PROGRESS under
+    /// `previous.lease.token` and that lease has run out at `now`.
+    fn take_over(
         &self,
-        key: &OperationKey,
-        lease_token: &str,
-        attempt: u32,
+        previous: &Record,
+        lease: &Lease,
+        now: SystemTime,
     ) -> impl Future<Output = Result<Fence, StoreError>> + Send;
 
-    /// Moves the caller's claim to COMPLETED or FAILED with its outcome.
+    /// Moves the target record to `settlement.status` with its outcome (and its evidence too).
     fn settle(
         &self,
-        key: &OperationKey,
-        lease_token: &str,
+        target: Target<'_>,
         settlement: &Settlement,
     ) -> impl Future<Output = Result<Fence, StoreError>> + Send;
 
-    /// Deletes the caller's claim so that a retry executes afresh.
-    fn release(
-        &self,
-        key: &OperationKey,
-        lease_token: &str,
-    ) -> impl Future<Output = Result<Fence, StoreError>> + Send;
+    /// Deletes the target record (and its evidence) so that a retry executes afresh.
+    fn release(&self, target: Target<'_>) -> impl Future<Output = Result<Fence, StoreError>> + Send;
 
     /// Reads the record of `key` as stored, expired or not.
-    fn get(
-        &self,
-        key: &OperationKey,
-    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+    fn get(&self, key: &OperationKey) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+
+    /// Reads the permanent evidence of a business identity.
+    fn evidence(&self, identity: &str) -> impl Future<Output = Result<Option<Evidence>, StoreError>> + Send;
 }

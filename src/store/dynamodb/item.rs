@@ -42,6 +42,8 @@ pub struct AttributeNames {
     pub completed_at: String,
     /// Request id (S).
     pub request_id: String,
+    /// Business identity (S), when the operation declared one.
+    pub identity: String,
 }
 
 /// A sort key for single-table designs: every record shares one partition value.
@@ -68,6 +70,7 @@ impl Default for AttributeNames {
             created_at: "created_at".into(),
             completed_at: "completed_at".into(),
             request_id: "request_id".into(),
+            identity: "identity".into(),
         }
     }
 }
@@ -113,6 +116,9 @@ impl AttributeNames {
         if let Some(request_id) = &record.request_id {
             item.insert(self.request_id.clone(), s(request_id));
         }
+        if let Some(identity) = &record.identity {
+            item.insert(self.identity.clone(), s(identity));
+        }
         item
     }
 
@@ -150,22 +156,24 @@ impl AttributeNames {
                 })?
                 .map(from_epoch_millis),
             request_id: decoder.optional(&self.request_id, |value| value.as_s().ok().cloned())?,
+            identity: decoder.optional(&self.identity, |value| value.as_s().ok().cloned())?,
             key,
         })
     }
 }
 
-struct Decoder<'a> {
-    item: &'a Item,
-    key: &'a OperationKey,
+/// Reads typed attributes of one item, reporting a corrupt record under `key`.
+pub(crate) struct Decoder<'a> {
+    pub(crate) item: &'a Item,
+    pub(crate) key: &'a OperationKey,
 }
 
 impl Decoder<'_> {
-    fn s(&self, attribute: &str) -> Result<&str, StoreError> {
+    pub(crate) fn s(&self, attribute: &str) -> Result<&str, StoreError> {
         read_s(self.item, attribute).map_err(|reason| corrupt(self.key.short(), reason))
     }
 
-    fn n(&self, attribute: &str) -> Result<u64, StoreError> {
+    pub(crate) fn n(&self, attribute: &str) -> Result<u64, StoreError> {
         self.item
             .get(attribute)
             .and_then(|value| value.as_n().ok())
@@ -178,7 +186,7 @@ impl Decoder<'_> {
             })
     }
 
-    fn optional<T>(
+    pub(crate) fn optional<T>(
         &self,
         attribute: &str,
         read: impl FnOnce(&AttributeValue) -> Option<T>,
@@ -197,14 +205,14 @@ impl Decoder<'_> {
     }
 }
 
-fn read_s<'a>(item: &'a Item, attribute: &str) -> Result<&'a str, String> {
+pub(crate) fn read_s<'a>(item: &'a Item, attribute: &str) -> Result<&'a str, String> {
     item.get(attribute)
         .and_then(|value| value.as_s().ok())
         .map(String::as_str)
         .ok_or_else(|| format!("`{attribute}` is missing or not a string"))
 }
 
-fn corrupt(key_short: &str, reason: String) -> StoreError {
+pub(crate) fn corrupt(key_short: &str, reason: String) -> StoreError {
     StoreError::CorruptRecord {
         key_short: key_short.to_owned(),
         reason,
@@ -213,6 +221,10 @@ fn corrupt(key_short: &str, reason: String) -> StoreError {
 
 pub(crate) fn s(value: &str) -> AttributeValue {
     AttributeValue::S(value.to_owned())
+}
+
+pub(crate) fn b(value: &[u8]) -> AttributeValue {
+    AttributeValue::B(Blob::new(value))
 }
 
 pub(crate) fn n(value: u64) -> AttributeValue {

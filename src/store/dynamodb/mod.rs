@@ -1,66 +1,67 @@
-//! The DynamoDB store: each primitive is one conditional request.
+//! The DynamoDB store: each primitive is one conditional request, or one transaction when the
+//! operation keeps permanent evidence in the uniqueness table.
 //!
-//! | primitive | request | condition |
+//! | primitive | request | condition on the record |
 //! |---|---|---|
-//! | claim | `PutItem`, `ReturnValues=ALL_OLD`, `ReturnValuesOnConditionCheckFailure=ALL_OLD` | `attribute_not_exists(pk) OR expires_at < :now_s OR (status = IN_PROGRESS AND lease_expires_at_ms < :now_ms AND fingerprint = :fp)` |
-//! | settle | `UpdateItem` | `status = IN_PROGRESS AND lease_token = :mine` |
-//! | release | `DeleteItem` | same |
-//! | set_attempt | `UpdateItem` | same |
-//! | get | `GetItem`, strongly consistent | — |
+//! | claim | `PutItem` (`TransactWriteItems` with the evidence `Put`, condition `attribute_not_exists(pk)`) | `attribute_not_exists(pk) OR expires_at < :now_s` |
+//! | take_over | `UpdateItem`: new token, attempt, lease | `status = IN_PROGRESS AND lease_token = :previous AND lease_expires_at_ms < :now_ms` |
+//! | settle | `UpdateItem` (+ evidence `Update` in one transaction) | `status = IN_PROGRESS AND lease_token = :mine` |
+//! | release | `DeleteItem` (+ evidence `Delete` in one transaction) | same |
+//! | get, evidence | `GetItem`, strongly consistent | — |
 //!
-//! A duplicate costs one request: the failed claim returns the existing record.
+//! Every conditional write asks for `ReturnValuesOnConditionCheckFailure=ALL_OLD`: a duplicate
+//! costs one request, the failed claim returning the existing record, and a cancelled
+//! transaction says which condition failed and what stood there.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use lambda_idempotency::store::DynamoDbStore;
 //!
-//! // IDEMPOTENCY_TABLE names the table; DYNAMODB_ENDPOINT, when set, points at a local server.
+//! // IDEMPOTENCY_TABLE names the table, UNIQUENESS_TABLE (optional) the permanent one;
+//! // DYNAMODB_ENDPOINT, when set, points at a local server.
 //! let store = DynamoDbStore::from_env().await?;
 //!
 //! // Or with a client of your own:
 //! let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-//! let store = DynamoDbStore::new(aws_sdk_dynamodb::Client::new(&config), "idempotency");
+//! let store = DynamoDbStore::new(aws_sdk_dynamodb::Client::new(&config), "idempotency")
+//!     .with_uniqueness_table("idempotency-uniqueness");
 //! # Ok(()) }
 //! ```
 
 mod error;
+mod evidence;
 mod item;
 mod table;
+mod writes;
 
-use std::collections::HashMap;
 use std::time::SystemTime;
 
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::config::http::HttpResponse;
-use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
-use aws_sdk_dynamodb::operation::put_item::PutItemError;
-use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
-use aws_sdk_dynamodb::types::error::ConditionalCheckFailedException;
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 
 pub use item::{AttributeNames, SortKey};
 
 use self::error::map_sdk_error;
-use self::item::{Item, millis, n, s, secs};
+use self::item::{Item, b, millis, n, s, secs};
+use self::writes::{Check, Expr, Write};
 use crate::error::{ConfigError, StoreError};
 use crate::key::OperationKey;
-use crate::record::{Record, Settlement, Status};
-use crate::store::{Claim, Fence, Store};
+use crate::record::{Evidence, Lease, Record, Settlement, Status};
+use crate::store::{Claim, Fence, Guard, Store, Target};
 
 /// The environment variable naming the idempotency table.
 pub const TABLE_VAR: &str = "IDEMPOTENCY_TABLE";
+/// The environment variable naming the uniqueness table (optional).
+pub const UNIQUENESS_TABLE_VAR: &str = "UNIQUENESS_TABLE";
 /// The environment variable that, when set, points the client at a DynamoDB-compatible endpoint.
 pub const ENDPOINT_VAR: &str = "DYNAMODB_ENDPOINT";
 
-/// The fence shared by settle, release and set_attempt.
-const FENCE: &str = "#status = :in_progress AND #lease_token = :mine";
-
-/// Records in a DynamoDB table (`pk` string key, TTL on `expires_at` by default).
+/// Records in a DynamoDB table (`pk` string key, TTL on `expires_at` by default), and optional
+/// permanent evidence in a uniqueness table (`pk` string key, no TTL).
 #[derive(Debug, Clone)]
 pub struct DynamoDbStore {
     client: Client,
     table: String,
+    uniqueness_table: Option<String>,
     names: AttributeNames,
 }
 
@@ -70,12 +71,13 @@ impl DynamoDbStore {
         Self {
             client,
             table: table.into(),
+            uniqueness_table: None,
             names: AttributeNames::default(),
         }
     }
 
-    /// A store on the table named by `IDEMPOTENCY_TABLE`, with the default AWS configuration;
-    /// `DYNAMODB_ENDPOINT`, when set, overrides the endpoint (a local DynamoDB-compatible server).
+    /// A store on the tables named by `IDEMPOTENCY_TABLE` and (if set) `UNIQUENESS_TABLE`, with
+    /// the default AWS configuration; `DYNAMODB_ENDPOINT`, when set, overrides the endpoint.
     pub async fn from_env() -> Result<Self, ConfigError> {
         let table = std::env::var(TABLE_VAR).map_err(|_| ConfigError::MissingEnv {
             name: TABLE_VAR,
@@ -85,7 +87,17 @@ impl DynamoDbStore {
         if let Ok(endpoint) = std::env::var(ENDPOINT_VAR) {
             loader = loader.endpoint_url(endpoint);
         }
-        Ok(Self::new(Client::new(&loader.load().await), table))
+        let store = Self::new(Client::new(&loader.load().await), table);
+        Ok(match std::env::var(UNIQUENESS_TABLE_VAR) {
+            Ok(uniqueness) => store.with_uniqueness_table(uniqueness),
+            Err(_) => store,
+        })
+    }
+
+    /// Keeps permanent evidence of business identities in `table`.
+    pub fn with_uniqueness_table(mut self, table: impl Into<String>) -> Self {
+        self.uniqueness_table = Some(table.into());
+        self
     }
 
     /// Renames the attributes (the key and TTL attributes must match the table).
@@ -94,200 +106,147 @@ impl DynamoDbStore {
         self
     }
 
-    /// The table name.
+    /// The idempotency table's name.
     pub fn table(&self) -> &str {
         &self.table
     }
 
-    /// The names and values of the fence condition.
-    fn fence(
-        &self,
-        lease_token: &str,
-    ) -> (HashMap<String, String>, HashMap<String, AttributeValue>) {
-        let names = HashMap::from([
-            ("#status".to_owned(), self.names.status.clone()),
-            ("#lease_token".to_owned(), self.names.lease_token.clone()),
-        ]);
-        let values = HashMap::from([
-            (":in_progress".to_owned(), s(Status::InProgress.as_str())),
-            (":mine".to_owned(), s(lease_token)),
-        ]);
-        (names, values)
+    /// The uniqueness table's name, if configured.
+    pub fn uniqueness_table(&self) -> Option<&str> {
+        self.uniqueness_table.as_deref()
     }
 
-    /// The answer to a fenced write: a failed condition means the lease is lost.
-    fn fence_answer<O, E>(
-        &self,
-        operation: &'static str,
-        result: Result<O, SdkError<E, HttpResponse>>,
-    ) -> Result<Fence, StoreError>
-    where
-        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-        E: AsConditionFailure,
-    {
-        match result {
-            Ok(_) => Ok(Fence::Held),
-            Err(err) => match err
-                .as_service_error()
-                .and_then(AsConditionFailure::condition_failure)
-            {
-                Some(failed) => Ok(Fence::Lost {
-                    current: self.decode_current(failed.item())?,
-                }),
-                None => Err(map_sdk_error(operation, &self.table, err)),
-            },
+    fn uniqueness(&self) -> Result<&str, StoreError> {
+        self.uniqueness_table.as_deref().ok_or(StoreError::NoUniquenessTable)
+    }
+
+    fn decode(&self, item: Option<&Item>) -> Result<Option<Record>, StoreError> {
+        item.map(|item| self.names.decode(item)).transpose()
+    }
+
+    /// The record's condition and names/values for a guard.
+    fn guard(&self, guard: Guard<'_>) -> (&'static str, Expr) {
+        let expr = Expr::default().name("#status", &self.names.status);
+        match guard {
+            Guard::Lease(token) => (
+                "#status = :in_progress AND #lease_token = :mine",
+                expr.name("#lease_token", &self.names.lease_token)
+                    .value(":in_progress", s(Status::InProgress.as_str()))
+                    .value(":mine", s(token)),
+            ),
+            Guard::Indeterminate => ("#status = :indeterminate", expr.value(":indeterminate", s(Status::Indeterminate.as_str()))),
         }
     }
 
-    fn decode_current(&self, item: Option<&Item>) -> Result<Option<Record>, StoreError> {
-        item.filter(|item| !item.is_empty())
-            .map(|item| self.names.decode(item))
-            .transpose()
-    }
-
-    /// Runs a fenced `UpdateItem` that sets `assignments` (`SET ...` with its own values).
-    async fn fenced_update(
-        &self,
-        operation: &'static str,
-        key: &OperationKey,
-        lease_token: &str,
-        update: &str,
-        names: HashMap<String, String>,
-        values: HashMap<String, AttributeValue>,
-    ) -> Result<Fence, StoreError> {
-        let (mut all_names, mut all_values) = self.fence(lease_token);
-        all_names.extend(names);
-        all_values.extend(values);
-        let result = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(self.names.key(key)))
-            .update_expression(update)
-            .condition_expression(FENCE)
-            .set_expression_attribute_names(Some(all_names))
-            .set_expression_attribute_values(Some(all_values))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        self.fence_answer(operation, result)
+    /// Applies a fenced write on the record (index 0) and, with an identity, on its evidence.
+    async fn fenced(&self, operation: &'static str, target: Target<'_>, writes: Vec<Write>) -> Result<Fence, StoreError> {
+        let Some(checks) = self.apply(operation, writes).await? else {
+            return Ok(Fence::Held);
+        };
+        if let Some(current) = checks.first().and_then(Check::failed_item) {
+            return Ok(Fence::Lost {
+                current: self.decode(current)?,
+            });
+        }
+        Err(crate::store::memory::evidence_not_owned(target))
     }
 }
 
 impl Store for DynamoDbStore {
     async fn claim(&self, record: &Record, now: SystemTime) -> Result<Claim, StoreError> {
-        let names = HashMap::from([
-            ("#pk".to_owned(), self.names.partition_key.clone()),
-            ("#status".to_owned(), self.names.status.clone()),
-            ("#expires_at".to_owned(), self.names.expires_at.clone()),
-            (
-                "#lease_expires_at".to_owned(),
-                self.names.lease_expires_at.clone(),
-            ),
-            ("#fingerprint".to_owned(), self.names.fingerprint.clone()),
-        ]);
-        let values = HashMap::from([
-            (":now_s".to_owned(), secs(now)),
-            (":now_ms".to_owned(), millis(now)),
-            (":in_progress".to_owned(), s(Status::InProgress.as_str())),
-            (":fp".to_owned(), s(record.fingerprint.as_str())),
-        ]);
-        let result = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(self.names.encode(record)))
-            .condition_expression(
-                "attribute_not_exists(#pk) OR #expires_at < :now_s \
-                 OR (#status = :in_progress AND #lease_expires_at < :now_ms AND #fingerprint = :fp)",
-            )
-            .set_expression_attribute_names(Some(names))
-            .set_expression_attribute_values(Some(values))
-            .return_values(ReturnValue::AllOld)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        match result {
-            Ok(output) => Ok(Claim::Acquired {
-                previous: self.decode_current(output.attributes())?,
+        let names = &self.names;
+        let mut writes = vec![Write::put(
+            &self.table,
+            names.encode(record),
+            "attribute_not_exists(#pk) OR #expires_at < :now_s",
+            Expr::default()
+                .name("#pk", &names.partition_key)
+                .name("#expires_at", &names.expires_at)
+                .value(":now_s", secs(now)),
+        )?];
+        if let Some(identity) = &record.identity {
+            writes.push(evidence::claim_write(self.uniqueness()?, record, identity)?);
+        }
+        let Some(checks) = self.apply("claim", writes).await? else {
+            return Ok(Claim::Acquired);
+        };
+        if let Some(existing) = checks.first().and_then(Check::failed_item) {
+            let existing = self.decode(existing)?.ok_or_else(|| StoreError::CorruptRecord {
+                key_short: record.key.short().to_owned(),
+                reason: "the claim's condition failed but no existing item was returned".into(),
+            })?;
+            return Ok(Claim::Existing(existing));
+        }
+        match checks.get(1).and_then(Check::failed_item) {
+            Some(Some(item)) => Ok(Claim::IdentityTaken(evidence::decode(item)?)),
+            _ => Err(StoreError::CorruptRecord {
+                key_short: record.key.short().to_owned(),
+                reason: "the claim was cancelled but no condition reported the item that stood".into(),
             }),
-            Err(err) => match err.as_service_error() {
-                Some(PutItemError::ConditionalCheckFailedException(failed)) => {
-                    let existing = self.decode_current(failed.item())?.ok_or_else(|| {
-                        StoreError::CorruptRecord {
-                            key_short: record.key.short().to_owned(),
-                            reason:
-                                "the claim's condition failed but no existing item was returned"
-                                    .into(),
-                        }
-                    })?;
-                    Ok(Claim::Existing(existing))
-                }
-                _ => Err(map_sdk_error("claim", &self.table, err)),
-            },
         }
     }
 
-    async fn set_attempt(
-        &self,
-        key: &OperationKey,
-        lease_token: &str,
-        attempt: u32,
-    ) -> Result<Fence, StoreError> {
-        self.fenced_update(
-            "set_attempt",
-            key,
-            lease_token,
-            "SET #attempt = :attempt",
-            HashMap::from([("#attempt".to_owned(), self.names.attempt.clone())]),
-            HashMap::from([(":attempt".to_owned(), n(u64::from(attempt)))]),
-        )
-        .await
+    async fn take_over(&self, previous: &Record, lease: &Lease, now: SystemTime) -> Result<Fence, StoreError> {
+        let names = &self.names;
+        let write = Write::update(
+            &self.table,
+            names.key(&previous.key),
+            "SET #lease_token = :token, #attempt = :attempt, #lease_expires_at = :lease_expires_at",
+            "#status = :in_progress AND #lease_token = :previous AND #lease_expires_at < :now_ms",
+            Expr::default()
+                .name("#status", &names.status)
+                .name("#lease_token", &names.lease_token)
+                .name("#attempt", &names.attempt)
+                .name("#lease_expires_at", &names.lease_expires_at)
+                .value(":in_progress", s(Status::InProgress.as_str()))
+                .value(":previous", s(&previous.lease.token))
+                .value(":now_ms", millis(now))
+                .value(":token", s(&lease.token))
+                .value(":attempt", n(u64::from(lease.attempt)))
+                .value(":lease_expires_at", millis(lease.expires_at)),
+        )?;
+        let target = Target {
+            key: &previous.key,
+            identity: None,
+            guard: Guard::Lease(&previous.lease.token),
+        };
+        self.fenced("take_over", target, vec![write]).await
     }
 
-    async fn settle(
-        &self,
-        key: &OperationKey,
-        lease_token: &str,
-        settlement: &Settlement,
-    ) -> Result<Fence, StoreError> {
-        let outcome = AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(
-            settlement.outcome.clone(),
-        ));
-        self.fenced_update(
-            "settle",
-            key,
-            lease_token,
-            "SET #status = :status, #outcome = :outcome, #expires_at = :expires_at, #completed_at = :completed_at",
-            HashMap::from([
-                ("#outcome".to_owned(), self.names.outcome.clone()),
-                ("#expires_at".to_owned(), self.names.expires_at.clone()),
-                ("#completed_at".to_owned(), self.names.completed_at.clone()),
-            ]),
-            HashMap::from([
-                (":status".to_owned(), s(settlement.status.as_str())),
-                (":outcome".to_owned(), outcome),
-                (":expires_at".to_owned(), secs(settlement.expires_at)),
-                (":completed_at".to_owned(), millis(settlement.completed_at)),
-            ]),
-        )
-        .await
+    async fn settle(&self, target: Target<'_>, settlement: &Settlement) -> Result<Fence, StoreError> {
+        let names = &self.names;
+        let (condition, expr) = self.guard(target.guard);
+        let mut update = "SET #status = :status, #expires_at = :expires_at, #completed_at = :completed_at".to_owned();
+        let mut expr = expr
+            .name("#expires_at", &names.expires_at)
+            .name("#completed_at", &names.completed_at)
+            .value(":status", s(settlement.status.as_str()))
+            .value(":expires_at", secs(settlement.expires_at))
+            .value(":completed_at", millis(settlement.completed_at));
+        match &settlement.outcome {
+            Some(outcome) => {
+                update.push_str(", #outcome = :outcome");
+                expr = expr.name("#outcome", &names.outcome).value(":outcome", b(outcome));
+            }
+            None => {
+                update.push_str(" REMOVE #outcome");
+                expr = expr.name("#outcome", &names.outcome);
+            }
+        }
+        let mut writes = vec![Write::update(&self.table, names.key(target.key), &update, condition, expr)?];
+        if let Some(identity) = target.identity {
+            writes.push(evidence::settle_write(self.uniqueness()?, target, identity, settlement)?);
+        }
+        self.fenced("settle", target, writes).await
     }
 
-    async fn release(&self, key: &OperationKey, lease_token: &str) -> Result<Fence, StoreError> {
-        let (names, values) = self.fence(lease_token);
-        let result = self
-            .client
-            .delete_item()
-            .table_name(&self.table)
-            .set_key(Some(self.names.key(key)))
-            .condition_expression(FENCE)
-            .set_expression_attribute_names(Some(names))
-            .set_expression_attribute_values(Some(values))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        self.fence_answer("release", result)
+    async fn release(&self, target: Target<'_>) -> Result<Fence, StoreError> {
+        let (condition, expr) = self.guard(target.guard);
+        let mut writes = vec![Write::delete(&self.table, self.names.key(target.key), condition, expr)?];
+        if let Some(identity) = target.identity {
+            writes.push(evidence::release_write(self.uniqueness()?, target, identity)?);
+        }
+        self.fenced("release", target, writes).await
     }
 
     async fn get(&self, key: &OperationKey) -> Result<Option<Record>, StoreError> {
@@ -300,29 +259,20 @@ impl Store for DynamoDbStore {
             .send()
             .await
             .map_err(|err| map_sdk_error("get", &self.table, err))?;
-        self.decode_current(output.item())
+        self.decode(output.item())
     }
-}
 
-/// The operation errors whose condition can fail.
-trait AsConditionFailure {
-    fn condition_failure(&self) -> Option<&ConditionalCheckFailedException>;
-}
-
-impl AsConditionFailure for UpdateItemError {
-    fn condition_failure(&self) -> Option<&ConditionalCheckFailedException> {
-        match self {
-            Self::ConditionalCheckFailedException(failed) => Some(failed),
-            _ => None,
-        }
-    }
-}
-
-impl AsConditionFailure for DeleteItemError {
-    fn condition_failure(&self) -> Option<&ConditionalCheckFailedException> {
-        match self {
-            Self::ConditionalCheckFailedException(failed) => Some(failed),
-            _ => None,
-        }
+    async fn evidence(&self, identity: &str) -> Result<Option<Evidence>, StoreError> {
+        let table = self.uniqueness()?;
+        let output = self
+            .client
+            .get_item()
+            .table_name(table)
+            .set_key(Some(evidence::key(identity)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|err| map_sdk_error("evidence", table, err))?;
+        output.item().map(evidence::decode).transpose()
     }
 }

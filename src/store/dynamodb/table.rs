@@ -17,8 +17,9 @@ use crate::error::StoreError;
 const ACTIVE_WAIT: Duration = Duration::from_secs(300);
 
 impl DynamoDbStore {
-    /// Creates the table with this store's key schema (on-demand billing) and enables TTL on
-    /// the retention attribute, then waits until it is active.
+    /// Creates the idempotency table with this store's key schema (on-demand billing, TTL on
+    /// the retention attribute) and, when configured, the uniqueness table (no TTL), then waits
+    /// until they are active.
     ///
     /// ```no_run
     /// # async fn demo(store: lambda_idempotency::store::DynamoDbStore) -> Result<(), lambda_idempotency::StoreError> {
@@ -27,43 +28,56 @@ impl DynamoDbStore {
     /// ```
     pub async fn create_table(&self) -> Result<(), StoreError> {
         let names = &self.names;
+        let sort_key = names.sort_key.as_ref().map(|sort| sort.attribute.as_str());
+        self.create_one(&self.table, &names.partition_key, sort_key, Some(&names.expires_at))
+            .await?;
+        if let Some(uniqueness) = &self.uniqueness_table {
+            self.create_one(uniqueness, "pk", None, None).await?;
+        }
+        Ok(())
+    }
+
+    async fn create_one(&self, table: &str, partition_key: &str, sort_key: Option<&str>, ttl: Option<&str>) -> Result<(), StoreError> {
         let mut request = self
             .client
             .create_table()
-            .table_name(&self.table)
+            .table_name(table)
             .billing_mode(BillingMode::PayPerRequest)
-            .attribute_definitions(string_attribute(&names.partition_key)?)
-            .key_schema(key_element(&names.partition_key, KeyType::Hash)?);
-        if let Some(sort) = &names.sort_key {
+            .attribute_definitions(string_attribute(partition_key)?)
+            .key_schema(key_element(partition_key, KeyType::Hash)?);
+        if let Some(sort_key) = sort_key {
             request = request
-                .attribute_definitions(string_attribute(&sort.attribute)?)
-                .key_schema(key_element(&sort.attribute, KeyType::Range)?);
+                .attribute_definitions(string_attribute(sort_key)?)
+                .key_schema(key_element(sort_key, KeyType::Range)?);
         }
         request
             .send()
             .await
-            .map_err(|err| map_sdk_error("create_table", &self.table, err))?;
+            .map_err(|err| map_sdk_error("create_table", table, err))?;
         self.client
             .wait_until_table_exists()
-            .table_name(&self.table)
+            .table_name(table)
             .wait(ACTIVE_WAIT)
             .await
             .map_err(|err| StoreError::Unavailable {
                 operation: "create_table",
                 source: Box::new(err),
             })?;
+        let Some(ttl) = ttl else {
+            return Ok(());
+        };
         let ttl = TimeToLiveSpecification::builder()
             .enabled(true)
-            .attribute_name(&names.expires_at)
+            .attribute_name(ttl)
             .build()
             .map_err(|err| rejected(err.to_string()))?;
         self.client
             .update_time_to_live()
-            .table_name(&self.table)
+            .table_name(table)
             .time_to_live_specification(ttl)
             .send()
             .await
-            .map_err(|err| map_sdk_error("update_time_to_live", &self.table, err))?;
+            .map_err(|err| map_sdk_error("update_time_to_live", table, err))?;
         Ok(())
     }
 }

@@ -1,0 +1,141 @@
+//! What goes into an idempotent execution and what comes out of it.
+
+use std::time::Duration;
+
+use serde_json::value::RawValue;
+
+use crate::key::{Fingerprint, JsonPointer, OperationKey};
+
+/// One request for an idempotent execution.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invocation {
+    pub(crate) key: OperationKey,
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) lease: Duration,
+    pub(crate) request_id: Option<String>,
+    pub(crate) identity: Option<String>,
+    pub(crate) result_ref: Option<JsonPointer>,
+}
+
+impl Invocation {
+    /// `key` with intent `fingerprint`, holding a lease of `lease` while the handler runs (set it
+    /// to the time the invocation may still run, plus a small margin).
+    pub fn new(key: OperationKey, fingerprint: Fingerprint, lease: Duration) -> Self {
+        Self {
+            key,
+            fingerprint,
+            lease,
+            request_id: None,
+            identity: None,
+            result_ref: None,
+        }
+    }
+
+    /// Records the invocation's request id with the claim, for correlation.
+    pub fn with_request_id(mut self, request_id: impl Into<String>) -> Self {
+        self.request_id = Some(request_id.into());
+        self
+    }
+
+    /// Declares the operation's business identity (e.g. `invoice:order-418:rev-2`): its
+    /// evidence is kept permanently, so the operation is never executed again once its
+    /// replayable record has expired ([`crate::Error::KeyExpiredConflict`]).
+    pub fn with_identity(mut self, identity: impl Into<String>) -> Self {
+        self.identity = Some(identity.into());
+        self
+    }
+
+    /// Keeps the part of the result at `pointer` (e.g. `/invoice_id`) as the permanent
+    /// evidence's result reference.
+    pub fn with_result_ref(mut self, pointer: JsonPointer) -> Self {
+        self.result_ref = Some(pointer);
+        self
+    }
+
+    /// The operation key.
+    pub fn key(&self) -> &OperationKey {
+        &self.key
+    }
+
+    /// The business identity, if declared.
+    pub fn identity(&self) -> Option<&str> {
+        self.identity.as_deref()
+    }
+}
+
+/// What the handler knows about the execution it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecutionContext {
+    pub(crate) key: OperationKey,
+    pub(crate) attempt: u32,
+}
+
+impl ExecutionContext {
+    /// The operation key.
+    pub fn key(&self) -> &OperationKey {
+        &self.key
+    }
+
+    /// 1 for the first execution; more after a crashed attempt's lease was taken over.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// A deterministic key for a downstream call (the same on every attempt), e.g. a payment
+    /// API's `Idempotency-Key` or an SQS FIFO deduplication id.
+    pub fn downstream_key(&self, step: &str) -> String {
+        self.key.downstream(step)
+    }
+}
+
+/// Where an execution's outcome came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The handler ran, as this attempt.
+    Executed {
+        /// The attempt number.
+        attempt: u32,
+    },
+    /// A takeover's reconciler found the effect already applied; the handler did not run.
+    Reconciled {
+        /// The attempt that recorded it.
+        attempt: u32,
+    },
+    /// The stored outcome was returned; the handler did not run.
+    Replayed,
+}
+
+/// The outcome of an idempotent execution.
+#[derive(Debug)]
+pub struct Execution<T> {
+    pub(crate) value: T,
+    pub(crate) raw: Box<RawValue>,
+    pub(crate) origin: Origin,
+}
+
+impl<T> Execution<T> {
+    /// The handler's result.
+    pub fn value(&self) -> &T {
+        &self.value
+    }
+
+    /// The handler's result, owned.
+    pub fn into_value(self) -> T {
+        self.value
+    }
+
+    /// The result's JSON exactly as first serialized: a replay is byte-identical to the original.
+    pub fn raw_json(&self) -> &RawValue {
+        &self.raw
+    }
+
+    /// Where the outcome came from.
+    pub fn origin(&self) -> Origin {
+        self.origin
+    }
+
+    /// Whether this is a replay of a stored outcome.
+    pub fn is_replay(&self) -> bool {
+        self.origin == Origin::Replayed
+    }
+}

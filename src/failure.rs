@@ -1,0 +1,163 @@
+//! Failure classes: which handler errors release the claim and which are retained.
+//!
+//! - **Retryable** (before any effect): the claim is released and a retry executes afresh.
+//! - **Terminal** (the effect may exist, or retrying cannot help): the record becomes FAILED
+//!   with a serialisable [`RetainedFailure`](crate::record::RetainedFailure), replayed to every
+//!   later caller as [`Error::Failed`](crate::Error::Failed); the handler does not run again.
+//!
+//! The default, [`DefaultClassifier`], treats every error as retryable unless it is (or wraps)
+//! a [`Terminal`]. Let the handler's own error type decide with [`ByErrorType`]:
+//!
+//! ```
+//! use lambda_idempotency::failure::{ByErrorType, Classifier, FailureClass, HasFailureClass, Terminal};
+//!
+//! #[derive(Debug, thiserror::Error)]
+//! enum PaymentError {
+//!     #[error("the card was declined")]
+//!     Declined,
+//!     #[error("the gateway timed out before answering")]
+//!     GatewayTimeout,
+//! }
+//!
+//! impl HasFailureClass for PaymentError {
+//!     fn failure_class(&self) -> FailureClass {
+//!         match self {
+//!             Self::Declined => FailureClass::terminal("card_declined"),
+//!             Self::GatewayTimeout => FailureClass::Retryable,
+//!         }
+//!     }
+//! }
+//!
+//! let classifier = ByErrorType::<PaymentError>::new();
+//! assert_eq!(classifier.classify(&PaymentError::Declined), FailureClass::terminal("card_declined"));
+//! assert_eq!(classifier.classify(&PaymentError::GatewayTimeout), FailureClass::Retryable);
+//!
+//! // Without a classifier of its own, a handler marks a failure terminal by wrapping it:
+//! let marked = Terminal::new("invoice_rejected", std::io::Error::other("rejected by the ledger"));
+//! assert_eq!(lambda_idempotency::failure::DefaultClassifier.classify(&marked), FailureClass::terminal("invoice_rejected"));
+//! ```
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::marker::PhantomData;
+
+use crate::error::BoxError;
+
+/// What a handler failure means for the claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailureClass {
+    /// No effect happened; release the claim so that a retry executes.
+    Retryable,
+    /// Retain the failure under a stable machine-readable kind and replay it.
+    Terminal {
+        /// Stable kind, e.g. `card_declined`.
+        kind: String,
+    },
+}
+
+impl FailureClass {
+    /// A terminal class with this kind.
+    pub fn terminal(kind: impl Into<String>) -> Self {
+        Self::Terminal { kind: kind.into() }
+    }
+}
+
+/// Decides the class of a handler error: a one-method strategy.
+pub trait Classifier: Send + Sync {
+    /// The class of `error`.
+    fn classify(&self, error: &(dyn StdError + 'static)) -> FailureClass;
+}
+
+/// Terminal if the error or any error in its source chain is a [`Terminal`]; else retryable.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DefaultClassifier;
+
+impl Classifier for DefaultClassifier {
+    fn classify(&self, error: &(dyn StdError + 'static)) -> FailureClass {
+        find_in_chain::<Terminal>(error).map_or(FailureClass::Retryable, |terminal| FailureClass::terminal(&terminal.kind))
+    }
+}
+
+/// Classifies by the handler's own error type `E` (found anywhere in the source chain);
+/// other errors fall back to the [`DefaultClassifier`].
+pub struct ByErrorType<E>(PhantomData<fn() -> E>);
+
+impl<E> ByErrorType<E> {
+    /// The classifier.
+    pub const fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<E> Default for ByErrorType<E> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<E> fmt::Debug for ByErrorType<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ByErrorType<{}>", std::any::type_name::<E>())
+    }
+}
+
+impl<E: HasFailureClass + StdError + 'static> Classifier for ByErrorType<E> {
+    fn classify(&self, error: &(dyn StdError + 'static)) -> FailureClass {
+        match find_in_chain::<E>(error) {
+            Some(typed) => typed.failure_class(),
+            None => DefaultClassifier.classify(error),
+        }
+    }
+}
+
+/// An error type that knows its own failure class.
+pub trait HasFailureClass {
+    /// The class of this error.
+    fn failure_class(&self) -> FailureClass;
+}
+
+/// Marks an error as terminal, with a stable kind: the operation is not re-run.
+#[derive(Debug)]
+pub struct Terminal {
+    kind: String,
+    source: BoxError,
+}
+
+impl Terminal {
+    /// Wraps `source` as a terminal failure of `kind`.
+    pub fn new(kind: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self {
+            kind: kind.into(),
+            source: source.into(),
+        }
+    }
+
+    /// The stable kind.
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+}
+
+impl fmt::Display for Terminal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.source, f)
+    }
+}
+
+impl StdError for Terminal {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+fn find_in_chain<'a, T: StdError + 'static>(error: &'a (dyn StdError + 'static)) -> Option<&'a T> {
+    let mut current = Some(error);
+    while let Some(error) = current {
+        if let Some(found) = error.downcast_ref::<T>() {
+            return Some(found);
+        }
+        current = error.source();
+    }
+    None
+}

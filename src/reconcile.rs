@@ -1,0 +1,74 @@
+//! Reconciled takeover: before re-running a crashed attempt, look at downstream evidence.
+//!
+//! A timeout is not proof of failure: the crashed worker may have charged the card before it
+//! died. When a claim takes over an expired lease, the [`Reconciler`] is asked first:
+//!
+//! - [`Reconciliation::Applied`] — the effect exists; its result is recorded as COMPLETED and
+//!   returned, the handler does not run;
+//! - [`Reconciliation::NotApplied`] — no effect; the handler runs as the next attempt;
+//! - [`Reconciliation::Unknown`] — cannot tell; the record becomes INDETERMINATE and every
+//!   caller gets [`Error::Indeterminate`](crate::Error::Indeterminate) until an operator
+//!   resolves it ([`Idempotency::resolve`](crate::Idempotency::resolve)).
+//!
+//! A reconciler that fails itself leaves the lease to run out, so that the next delivery asks
+//! again. Closures implement the trait:
+//!
+//! ```
+//! use lambda_idempotency::reconcile::{Reconciliation, Takeover};
+//! use lambda_idempotency::BoxError;
+//!
+//! let reconciler = |takeover: Takeover| async move {
+//!     // e.g. look the payment up by takeover.key.downstream("charge") at the provider
+//!     let _ = takeover.attempt;
+//!     Ok::<_, BoxError>(Reconciliation::NotApplied)
+//! };
+//! # let _: &dyn lambda_idempotency::reconcile::Reconciler = &reconciler;
+//! ```
+
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::error::BoxError;
+use crate::key::OperationKey;
+use crate::record::Record;
+
+/// A boxed, sendable future.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What the downstream evidence says about a crashed attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reconciliation {
+    /// The effect exists; this is its result (as the handler would have returned it).
+    Applied(serde_json::Value),
+    /// The effect does not exist; run the handler.
+    NotApplied,
+    /// It cannot be established; hold the operation for an operator.
+    Unknown,
+}
+
+/// A takeover about to happen: the operation, the new attempt, and the crashed attempt's record.
+#[derive(Debug, Clone)]
+pub struct Takeover {
+    /// The operation key (its downstream keys identify the crashed attempt's calls).
+    pub key: OperationKey,
+    /// The attempt this takeover is.
+    pub attempt: u32,
+    /// The crashed attempt's record.
+    pub previous: Record,
+}
+
+/// Inspects downstream evidence before a takeover re-runs an operation: a one-method strategy.
+pub trait Reconciler: Send + Sync {
+    /// What the downstream evidence says.
+    fn reconcile(&self, takeover: Takeover) -> BoxFuture<'_, Result<Reconciliation, BoxError>>;
+}
+
+impl<F, Fut> Reconciler for F
+where
+    F: Fn(Takeover) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<Reconciliation, BoxError>> + Send + 'static,
+{
+    fn reconcile(&self, takeover: Takeover) -> BoxFuture<'_, Result<Reconciliation, BoxError>> {
+        Box::pin(self(takeover))
+    }
+}

@@ -1,0 +1,96 @@
+//! The uniqueness table: permanent evidence of business identities, one item each, no TTL.
+
+use super::item::{Decoder, Item, corrupt, millis, read_s, s};
+use super::writes::{Expr, Write};
+use crate::error::StoreError;
+use crate::key::{Fingerprint, OperationKey};
+use crate::record::{Evidence, Record, Settlement, Status, from_epoch_millis};
+use crate::store::Target;
+
+/// Attribute names of the uniqueness table.
+const IDENTITY: &str = "pk";
+const OPERATION_KEY: &str = "operation_key";
+const FINGERPRINT: &str = "fingerprint";
+const STATUS: &str = "status";
+const RESULT_REF: &str = "result_ref";
+const CREATED_AT: &str = "created_at";
+const COMPLETED_AT: &str = "completed_at";
+
+/// The primary key of `identity`'s item.
+pub(crate) fn key(identity: &str) -> Item {
+    Item::from([(IDENTITY.to_owned(), s(identity))])
+}
+
+/// The item of `evidence`.
+fn encode(evidence: &Evidence) -> Item {
+    let mut item = key(&evidence.identity);
+    item.insert(OPERATION_KEY.to_owned(), s(evidence.key.as_str()));
+    item.insert(FINGERPRINT.to_owned(), s(evidence.fingerprint.as_str()));
+    item.insert(STATUS.to_owned(), s(evidence.status.as_str()));
+    item.insert(CREATED_AT.to_owned(), millis(evidence.created_at));
+    if let Some(result_ref) = &evidence.result_ref {
+        item.insert(RESULT_REF.to_owned(), s(result_ref));
+    }
+    if let Some(completed_at) = evidence.completed_at {
+        item.insert(COMPLETED_AT.to_owned(), millis(completed_at));
+    }
+    item
+}
+
+/// The evidence in `item`.
+pub(crate) fn decode(item: &Item) -> Result<Evidence, StoreError> {
+    let key = OperationKey::from_stored(read_s(item, OPERATION_KEY).map_err(|reason| corrupt("?", reason))?);
+    let decoder = Decoder { item, key: &key };
+    let status = decoder.s(STATUS)?;
+    let status = Status::parse(status).ok_or_else(|| corrupt(key.short(), format!("unknown evidence status `{status}`")))?;
+    Ok(Evidence {
+        identity: decoder.s(IDENTITY)?.to_owned(),
+        fingerprint: Fingerprint::from_stored(decoder.s(FINGERPRINT)?),
+        status,
+        result_ref: decoder.optional(RESULT_REF, |value| value.as_s().ok().cloned())?,
+        created_at: from_epoch_millis(decoder.n(CREATED_AT)?),
+        completed_at: decoder
+            .optional(COMPLETED_AT, |value| value.as_n().ok().and_then(|n| n.parse().ok()))?
+            .map(from_epoch_millis),
+        key,
+    })
+}
+
+/// The claim's `Put` of new evidence: only where none stands.
+pub(crate) fn claim_write(table: &str, record: &Record, identity: &str) -> Result<Write, StoreError> {
+    Write::put(
+        table,
+        encode(&Evidence::of_claim(record, identity)),
+        "attribute_not_exists(#pk)",
+        Expr::default().name("#pk", IDENTITY),
+    )
+}
+
+/// The settlement's `Update` of the evidence, conditioned on it being this operation's.
+pub(crate) fn settle_write(table: &str, target: Target<'_>, identity: &str, settlement: &Settlement) -> Result<Write, StoreError> {
+    let mut update = "SET #status = :status, #completed_at = :completed_at".to_owned();
+    let mut expr = owned(target)
+        .name("#status", STATUS)
+        .name("#completed_at", COMPLETED_AT)
+        .value(":status", s(settlement.status.as_str()))
+        .value(":completed_at", millis(settlement.completed_at));
+    if let Some(result_ref) = &settlement.result_ref {
+        update.push_str(", #result_ref = :result_ref");
+        expr = expr.name("#result_ref", RESULT_REF).value(":result_ref", s(result_ref));
+    }
+    Write::update(table, key(identity), &update, OWNED, expr)
+}
+
+/// The release's `Delete` of the evidence, conditioned on it being this operation's.
+pub(crate) fn release_write(table: &str, target: Target<'_>, identity: &str) -> Result<Write, StoreError> {
+    Write::delete(table, key(identity), OWNED, owned(target))
+}
+
+/// The condition that the evidence belongs to the target's operation.
+const OWNED: &str = "#operation_key = :key";
+
+fn owned(target: Target<'_>) -> Expr {
+    Expr::default()
+        .name("#operation_key", OPERATION_KEY)
+        .value(":key", s(target.key.as_str()))
+}

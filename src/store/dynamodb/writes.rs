@@ -1,0 +1,255 @@
+//! Conditional writes, sent alone or as one `TransactWriteItems`, with failed conditions decoded.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::error::ConditionalCheckFailedException;
+use aws_sdk_dynamodb::types::{
+    AttributeValue, Delete, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+};
+
+use super::DynamoDbStore;
+use super::error::map_sdk_error;
+use super::item::Item;
+use crate::error::StoreError;
+
+/// Expression attribute names and values.
+#[derive(Debug, Default)]
+pub(crate) struct Expr {
+    names: HashMap<String, String>,
+    values: HashMap<String, AttributeValue>,
+}
+
+impl Expr {
+    /// Adds `#placeholder` → attribute name.
+    pub(crate) fn name(mut self, placeholder: &str, attribute: &str) -> Self {
+        self.names.insert(placeholder.to_owned(), attribute.to_owned());
+        self
+    }
+
+    /// Adds `:placeholder` → value.
+    pub(crate) fn value(mut self, placeholder: &str, value: AttributeValue) -> Self {
+        self.values.insert(placeholder.to_owned(), value);
+        self
+    }
+
+    fn into_parts(self) -> (Option<HashMap<String, String>>, Option<HashMap<String, AttributeValue>>) {
+        let names = (!self.names.is_empty()).then_some(self.names);
+        let values = (!self.values.is_empty()).then_some(self.values);
+        (names, values)
+    }
+}
+
+/// One conditional write; each returns the item as it stood when its condition fails.
+#[derive(Debug)]
+pub(crate) enum Write {
+    Put(Put),
+    Update(Update),
+    Delete(Delete),
+}
+
+impl Write {
+    pub(crate) fn put(table: &str, item: Item, condition: &str, expr: Expr) -> Result<Self, StoreError> {
+        let (names, values) = expr.into_parts();
+        Put::builder()
+            .table_name(table)
+            .set_item(Some(item))
+            .condition_expression(condition)
+            .set_expression_attribute_names(names)
+            .set_expression_attribute_values(values)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map(Self::Put)
+            .map_err(invalid)
+    }
+
+    pub(crate) fn update(table: &str, key: Item, update: &str, condition: &str, expr: Expr) -> Result<Self, StoreError> {
+        let (names, values) = expr.into_parts();
+        Update::builder()
+            .table_name(table)
+            .set_key(Some(key))
+            .update_expression(update)
+            .condition_expression(condition)
+            .set_expression_attribute_names(names)
+            .set_expression_attribute_values(values)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map(Self::Update)
+            .map_err(invalid)
+    }
+
+    pub(crate) fn delete(table: &str, key: Item, condition: &str, expr: Expr) -> Result<Self, StoreError> {
+        let (names, values) = expr.into_parts();
+        Delete::builder()
+            .table_name(table)
+            .set_key(Some(key))
+            .condition_expression(condition)
+            .set_expression_attribute_names(names)
+            .set_expression_attribute_values(values)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map(Self::Delete)
+            .map_err(invalid)
+    }
+
+    fn into_transact_item(self) -> TransactWriteItem {
+        match self {
+            Self::Put(put) => TransactWriteItem::builder().put(put).build(),
+            Self::Update(update) => TransactWriteItem::builder().update(update).build(),
+            Self::Delete(delete) => TransactWriteItem::builder().delete(delete).build(),
+        }
+    }
+}
+
+/// How one write's condition fared when the writes were not applied.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Check {
+    /// Its condition held (another write's failed).
+    Passed,
+    /// Its condition failed; the item as it stood, if there was one.
+    Failed(Option<Item>),
+}
+
+impl Check {
+    /// The item of a failed condition, empty items counted as absent.
+    pub(crate) fn failed_item(&self) -> Option<Option<&Item>> {
+        match self {
+            Self::Passed => None,
+            Self::Failed(item) => Some(item.as_ref().filter(|item| !item.is_empty())),
+        }
+    }
+}
+
+impl DynamoDbStore {
+    /// Applies `writes` atomically: one request for one write, a transaction for several.
+    /// `Ok(None)`: applied. `Ok(Some(checks))`: not applied, one [`Check`] per write.
+    pub(crate) async fn apply(&self, operation: &'static str, mut writes: Vec<Write>) -> Result<Option<Vec<Check>>, StoreError> {
+        if writes.len() == 1 {
+            if let Some(write) = writes.pop() {
+                return self.apply_one(operation, write).await.map(|failed| failed.map(|item| vec![Check::Failed(item)]));
+            }
+        }
+        let result = self
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(writes.into_iter().map(Write::into_transact_item).collect()))
+            .send()
+            .await;
+        let err = match result {
+            Ok(_) => return Ok(None),
+            Err(err) => err,
+        };
+        let Some(TransactWriteItemsError::TransactionCanceledException(canceled)) = err.as_service_error() else {
+            return Err(map_sdk_error(operation, &self.table, err));
+        };
+        canceled
+            .cancellation_reasons()
+            .iter()
+            .map(|reason| match reason.code() {
+                None | Some("None") => Ok(Check::Passed),
+                Some("ConditionalCheckFailed") => Ok(Check::Failed(reason.item().cloned())),
+                Some("TransactionConflict") => Err(StoreError::Contention { operation }),
+                Some(code) => Err(StoreError::Unavailable {
+                    operation,
+                    source: format!("transaction cancelled: {code}: {}", reason.message().unwrap_or("no message")).into(),
+                }),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+
+    /// One write alone. `Ok(Some(item))`: its condition failed.
+    async fn apply_one(&self, operation: &'static str, write: Write) -> Result<Option<Option<Item>>, StoreError> {
+        let client = &self.client;
+        match write {
+            Write::Put(put) => condition_outcome(
+                operation,
+                &self.table,
+                client
+                    .put_item()
+                    .table_name(put.table_name)
+                    .set_item(Some(put.item))
+                    .set_condition_expression(put.condition_expression)
+                    .set_expression_attribute_names(put.expression_attribute_names)
+                    .set_expression_attribute_values(put.expression_attribute_values)
+                    .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                    .send()
+                    .await,
+            ),
+            Write::Update(update) => condition_outcome(
+                operation,
+                &self.table,
+                client
+                    .update_item()
+                    .table_name(update.table_name)
+                    .set_key(Some(update.key))
+                    .update_expression(update.update_expression)
+                    .set_condition_expression(update.condition_expression)
+                    .set_expression_attribute_names(update.expression_attribute_names)
+                    .set_expression_attribute_values(update.expression_attribute_values)
+                    .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                    .send()
+                    .await,
+            ),
+            Write::Delete(delete) => condition_outcome(
+                operation,
+                &self.table,
+                client
+                    .delete_item()
+                    .table_name(delete.table_name)
+                    .set_key(Some(delete.key))
+                    .set_condition_expression(delete.condition_expression)
+                    .set_expression_attribute_names(delete.expression_attribute_names)
+                    .set_expression_attribute_values(delete.expression_attribute_values)
+                    .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                    .send()
+                    .await,
+            ),
+        }
+    }
+}
+
+/// Splits a single write's result into applied, condition failed (with the item), or error.
+fn condition_outcome<O, E, R>(operation: &'static str, table: &str, result: Result<O, SdkError<E, R>>) -> Result<Option<Option<Item>>, StoreError>
+where
+    E: AsConditionFailure + aws_sdk_dynamodb::error::ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    match result {
+        Ok(_) => Ok(None),
+        Err(err) => match err.as_service_error().and_then(AsConditionFailure::condition_failure) {
+            Some(failed) => Ok(Some(failed.item().cloned())),
+            None => Err(map_sdk_error(operation, table, err)),
+        },
+    }
+}
+
+fn invalid(err: aws_sdk_dynamodb::error::BuildError) -> StoreError {
+    StoreError::Rejected {
+        operation: "build request",
+        message: err.to_string(),
+    }
+}
+
+/// The single-item operation errors whose condition can fail.
+trait AsConditionFailure {
+    fn condition_failure(&self) -> Option<&ConditionalCheckFailedException>;
+}
+
+macro_rules! condition_failure {
+    ($($error:ty),*) => {$(
+        impl AsConditionFailure for $error {
+            fn condition_failure(&self) -> Option<&ConditionalCheckFailedException> {
+                match self {
+                    Self::ConditionalCheckFailedException(failed) => Some(failed),
+                    _ => None,
+                }
+            }
+        }
+    )*};
+}
+condition_failure!(PutItemError, UpdateItemError, DeleteItemError);
