@@ -139,7 +139,11 @@ impl<S: Store> Idempotency<S> {
     /// - the record expired but the business identity's evidence stands:
     ///   [`Error::KeyExpiredConflict`];
     /// - the lease was taken over meanwhile: [`Error::LeaseLost`], nothing overwritten.
-    pub async fn execute<T, E, F, Fut>(&self, invocation: &Invocation, handler: F) -> Result<Execution<T>, Error>
+    pub async fn execute<T, E, F, Fut>(
+        &self,
+        invocation: &Invocation,
+        handler: F,
+    ) -> Result<Execution<T>, Error>
     where
         T: Serialize + DeserializeOwned,
         E: Into<BoxError>,
@@ -155,7 +159,11 @@ impl<S: Store> Idempotency<S> {
         self.run(invocation, handler).instrument(span).await
     }
 
-    async fn run<T, E, F, Fut>(&self, invocation: &Invocation, handler: F) -> Result<Execution<T>, Error>
+    async fn run<T, E, F, Fut>(
+        &self,
+        invocation: &Invocation,
+        handler: F,
+    ) -> Result<Execution<T>, Error>
     where
         T: Serialize + DeserializeOwned,
         E: Into<BoxError>,
@@ -193,7 +201,9 @@ impl<S: Store> Idempotency<S> {
                 };
                 match self.store.take_over(&existing, &lease, now).await? {
                     Fence::Held => warn!(attempt, "took over an expired lease"),
-                    Fence::Lost { current: Some(current) } => return answer_existing(current, invocation, now),
+                    Fence::Lost {
+                        current: Some(current),
+                    } => return answer_existing(*current, invocation, now),
                     Fence::Lost { current: None } => {
                         return Err(Error::AlreadyInProgress {
                             key: key.clone(),
@@ -215,7 +225,14 @@ impl<S: Store> Idempotency<S> {
         };
         match handler(context).await {
             Ok(value) => {
-                let raw = self.complete(target, invocation, attempt, serde_json::value::to_raw_value(&value)).await?;
+                let raw = self
+                    .complete(
+                        target,
+                        invocation,
+                        attempt,
+                        serde_json::value::to_raw_value(&value),
+                    )
+                    .await?;
                 Ok(Execution {
                     value,
                     raw,
@@ -244,7 +261,12 @@ impl<S: Store> Idempotency<S> {
         let answer = match reconciler.reconcile(takeover).await {
             Ok(Reconciliation::NotApplied) => return None,
             Ok(Reconciliation::Applied(value)) => self
-                .complete(target, invocation, attempt, serde_json::value::to_raw_value(&value))
+                .complete(
+                    target,
+                    invocation,
+                    attempt,
+                    serde_json::value::to_raw_value(&value),
+                )
                 .await
                 .and_then(|raw| {
                     decode_outcome(key, raw).map(|(value, raw)| Execution {
@@ -254,7 +276,10 @@ impl<S: Store> Idempotency<S> {
                     })
                 }),
             Ok(Reconciliation::Unknown) => {
-                warn!(attempt, "reconciliation unknown: holding the operation as indeterminate");
+                warn!(
+                    attempt,
+                    "reconciliation unknown: holding the operation as indeterminate"
+                );
                 let now = self.clock.now();
                 let settlement = Settlement {
                     status: Status::Indeterminate,
@@ -333,12 +358,18 @@ impl<S: Store> Idempotency<S> {
             Error::OutcomeTooLarge { .. } => "outcome_too_large",
             _ => "outcome_unserializable",
         };
-        self.retain(target, attempt, kind, unstorable.to_string()).await?;
+        self.retain(target, attempt, kind, unstorable.to_string())
+            .await?;
         Err(unstorable)
     }
 
     /// Handles a handler error by its class: release (retryable) or retain (terminal).
-    async fn fail(&self, target: Target<'_>, attempt: u32, source: BoxError) -> Result<Error, Error> {
+    async fn fail(
+        &self,
+        target: Target<'_>,
+        attempt: u32,
+        source: BoxError,
+    ) -> Result<Error, Error> {
         match self.classifier.classify(&*source) {
             FailureClass::Retryable => {
                 if let Fence::Lost { .. } = self.store.release(target).await? {
@@ -347,14 +378,21 @@ impl<S: Store> Idempotency<S> {
             }
             FailureClass::Terminal { kind } => {
                 warn!(attempt, kind, "terminal failure retained");
-                self.retain(target, attempt, &kind, source.to_string()).await?;
+                self.retain(target, attempt, &kind, source.to_string())
+                    .await?;
             }
         }
         Ok(Error::Handler { source })
     }
 
     /// Records a terminal failure, replayed to every later caller.
-    async fn retain(&self, target: Target<'_>, attempt: u32, kind: &str, message: String) -> Result<(), Error> {
+    async fn retain(
+        &self,
+        target: Target<'_>,
+        attempt: u32,
+        kind: &str,
+        message: String,
+    ) -> Result<(), Error> {
         let failure = RetainedFailure {
             kind: kind.to_owned(),
             message,
@@ -371,11 +409,20 @@ impl<S: Store> Idempotency<S> {
     }
 
     /// A fenced settlement; a lost fence is [`Error::LeaseLost`].
-    async fn settle(&self, target: Target<'_>, attempt: u32, settlement: &Settlement) -> Result<(), Error> {
+    async fn settle(
+        &self,
+        target: Target<'_>,
+        attempt: u32,
+        settlement: &Settlement,
+    ) -> Result<(), Error> {
         match self.store.settle(target, settlement).await? {
             Fence::Held => Ok(()),
             Fence::Lost { current } => {
-                warn!(attempt, holder = current.map(|r| r.lease.attempt), "lease lost before settling");
+                warn!(
+                    attempt,
+                    holder = current.map(|r| r.lease.attempt),
+                    "lease lost before settling"
+                );
                 Err(Error::LeaseLost {
                     key: target.key.clone(),
                     attempt,
@@ -423,7 +470,10 @@ fn result_ref(invocation: &Invocation, raw: &RawValue) -> Option<String> {
 }
 
 /// Decodes stored JSON into the handler's output type.
-fn decode_outcome<T: DeserializeOwned>(key: &OperationKey, raw: Box<RawValue>) -> Result<(T, Box<RawValue>), Error> {
+fn decode_outcome<T: DeserializeOwned>(
+    key: &OperationKey,
+    raw: Box<RawValue>,
+) -> Result<(T, Box<RawValue>), Error> {
     match serde_json::from_str(raw.get()) {
         Ok(value) => Ok((value, raw)),
         Err(err) => Err(Error::StoredOutcomeUnreadable {
@@ -434,15 +484,23 @@ fn decode_outcome<T: DeserializeOwned>(key: &OperationKey, raw: Box<RawValue>) -
 }
 
 /// The answer for a key held by a live record of the same intent: replay or wait.
-fn answer_existing<T: DeserializeOwned>(existing: Record, invocation: &Invocation, now: SystemTime) -> Result<Execution<T>, Error> {
+fn answer_existing<T: DeserializeOwned>(
+    existing: Record,
+    invocation: &Invocation,
+    now: SystemTime,
+) -> Result<Execution<T>, Error> {
     let key = invocation.key.clone();
     if existing.fingerprint != invocation.fingerprint {
         return Err(Error::PayloadConflict { key });
     }
-    let unreadable = |reason: String| Error::StoredOutcomeUnreadable { key: key.clone(), reason };
+    let unreadable = |reason: String| Error::StoredOutcomeUnreadable {
+        key: key.clone(),
+        reason,
+    };
     match existing.status {
         Status::Completed => {
-            let json = String::from_utf8(existing.outcome.unwrap_or_default()).map_err(|err| unreadable(err.to_string()))?;
+            let json = String::from_utf8(existing.outcome.unwrap_or_default())
+                .map_err(|err| unreadable(err.to_string()))?;
             let raw = RawValue::from_string(json).map_err(|err| unreadable(err.to_string()))?;
             let (value, raw) = decode_outcome(&key, raw)?;
             debug!("replayed");

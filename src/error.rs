@@ -191,7 +191,9 @@ pub enum StoreError {
     },
 
     /// An operation declares a business identity, but the store has no uniqueness table.
-    #[error("the operation declares a business identity but the store has no uniqueness table; configure one (DynamoDbStore::with_uniqueness_table, UNIQUENESS_TABLE)")]
+    #[error(
+        "the operation declares a business identity but the store has no uniqueness table; configure one (DynamoDbStore::with_uniqueness_table, UNIQUENESS_TABLE)"
+    )]
     NoUniquenessTable,
 
     /// The store rejected the request as invalid.

@@ -75,7 +75,9 @@ pub struct DefaultClassifier;
 
 impl Classifier for DefaultClassifier {
     fn classify(&self, error: &(dyn StdError + 'static)) -> FailureClass {
-        find_in_chain::<Terminal>(error).map_or(FailureClass::Retryable, |terminal| FailureClass::terminal(&terminal.kind))
+        find_in_chain::<Terminal>(error).map_or(FailureClass::Retryable, |terminal| {
+            FailureClass::terminal(&terminal.kind)
+        })
     }
 }
 

@@ -9,21 +9,29 @@ use lambda_idempotency::store::ENDPOINT_VAR;
 pub async fn sdk_config() -> Result<Builder, Box<dyn std::error::Error>> {
     let endpoint = match std::env::var(ENDPOINT_VAR) {
         Ok(endpoint) => endpoint,
-        Err(_) => {
-            let db = dynoxide::Database::memory()?;
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-            let endpoint = format!("http://{}", listener.local_addr()?);
-            tokio::spawn(dynoxide::server::serve_on(listener, db));
-            endpoint
-        }
+        Err(_) => serve(dynoxide::Database::memory()?).await?,
     };
-    Ok(aws_sdk_dynamodb::Config::builder()
+    Ok(config_for(endpoint))
+}
+
+/// Serves `db` on 127.0.0.1 (a free port) for as long as the Tokio runtime runs; returns the
+/// endpoint URL.
+pub async fn serve(db: dynoxide::Database) -> std::io::Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let endpoint = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(dynoxide::server::serve_on(listener, db));
+    Ok(endpoint)
+}
+
+/// An SDK configuration aimed at `endpoint`.
+pub fn config_for(endpoint: String) -> Builder {
+    aws_sdk_dynamodb::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .region(Region::new(
             std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into()),
         ))
         .credentials_provider(credentials())
-        .endpoint_url(endpoint))
+        .endpoint_url(endpoint)
 }
 
 /// Credentials from the environment when given, else the placeholder a local server accepts.

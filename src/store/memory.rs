@@ -62,12 +62,19 @@ impl MemoryStore {
 
     /// Applies `write` if the target's guard admits its record and its evidence (if any) is
     /// this operation's.
-    fn fenced(&self, target: Target<'_>, write: impl FnOnce(&mut Tables)) -> Result<Fence, StoreError> {
+    fn fenced(
+        &self,
+        target: Target<'_>,
+        write: impl FnOnce(&mut Tables),
+    ) -> Result<Fence, StoreError> {
         let mut tables = self.lock();
         match tables.records.get(target.key) {
             Some(record) if target.guard.admits(record) => {
                 if let Some(identity) = target.identity {
-                    let owned = tables.evidence.get(identity).is_some_and(|evidence| evidence.key == *target.key);
+                    let owned = tables
+                        .evidence
+                        .get(identity)
+                        .is_some_and(|evidence| evidence.key == *target.key);
                     if !owned {
                         return Err(evidence_not_owned(target));
                     }
@@ -76,7 +83,7 @@ impl MemoryStore {
                 Ok(Fence::Held)
             }
             current => Ok(Fence::Lost {
-                current: current.cloned(),
+                current: current.cloned().map(Box::new),
             }),
         }
     }
@@ -85,33 +92,50 @@ impl MemoryStore {
 impl Store for MemoryStore {
     async fn claim(&self, record: &Record, now: SystemTime) -> Result<Claim, StoreError> {
         let mut tables = self.lock();
-        if let Some(existing) = tables.records.get(&record.key).filter(|existing| !existing.is_expired(now)) {
+        if let Some(existing) = tables
+            .records
+            .get(&record.key)
+            .filter(|existing| !existing.is_expired(now))
+        {
             return Ok(Claim::Existing(existing.clone()));
         }
         if let Some(identity) = &record.identity {
             if let Some(evidence) = tables.evidence.get(identity) {
                 return Ok(Claim::IdentityTaken(evidence.clone()));
             }
-            tables.evidence.insert(identity.clone(), Evidence::of_claim(record, identity));
+            tables
+                .evidence
+                .insert(identity.clone(), Evidence::of_claim(record, identity));
         }
         tables.records.insert(record.key.clone(), record.clone());
         Ok(Claim::Acquired)
     }
 
-    async fn take_over(&self, previous: &Record, lease: &Lease, now: SystemTime) -> Result<Fence, StoreError> {
+    async fn take_over(
+        &self,
+        previous: &Record,
+        lease: &Lease,
+        now: SystemTime,
+    ) -> Result<Fence, StoreError> {
         let mut tables = self.lock();
         match tables.records.get_mut(&previous.key) {
-            Some(record) if record.lease.token == previous.lease.token && record.lease_is_takeable(now) => {
+            Some(record)
+                if record.lease.token == previous.lease.token && record.lease_is_takeable(now) =>
+            {
                 record.lease = lease.clone();
                 Ok(Fence::Held)
             }
             current => Ok(Fence::Lost {
-                current: current.map(|record| record.clone()),
+                current: current.map(|record| Box::new(record.clone())),
             }),
         }
     }
 
-    async fn settle(&self, target: Target<'_>, settlement: &Settlement) -> Result<Fence, StoreError> {
+    async fn settle(
+        &self,
+        target: Target<'_>,
+        settlement: &Settlement,
+    ) -> Result<Fence, StoreError> {
         self.fenced(target, |tables| {
             if let Some(record) = tables.records.get_mut(target.key) {
                 record.status = settlement.status;
@@ -119,7 +143,10 @@ impl Store for MemoryStore {
                 record.expires_at = settlement.expires_at;
                 record.completed_at = Some(settlement.completed_at);
             }
-            if let Some(evidence) = target.identity.and_then(|identity| tables.evidence.get_mut(identity)) {
+            if let Some(evidence) = target
+                .identity
+                .and_then(|identity| tables.evidence.get_mut(identity))
+            {
                 evidence.status = settlement.status;
                 evidence.result_ref.clone_from(&settlement.result_ref);
                 evidence.completed_at = Some(settlement.completed_at);
@@ -149,6 +176,7 @@ impl Store for MemoryStore {
 pub(crate) fn evidence_not_owned(target: Target<'_>) -> StoreError {
     StoreError::CorruptRecord {
         key_short: target.key.short().to_owned(),
-        reason: "the evidence of its business identity is missing or belongs to another operation".into(),
+        reason: "the evidence of its business identity is missing or belongs to another operation"
+            .into(),
     }
 }

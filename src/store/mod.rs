@@ -24,7 +24,9 @@ use std::fmt;
 use std::future::Future;
 use std::time::SystemTime;
 
-pub use dynamodb::{AttributeNames, DynamoDbStore, ENDPOINT_VAR, SortKey, TABLE_VAR, UNIQUENESS_TABLE_VAR};
+pub use dynamodb::{
+    AttributeNames, DynamoDbStore, ENDPOINT_VAR, SortKey, TABLE_VAR, UNIQUENESS_TABLE_VAR,
+};
 pub use memory::MemoryStore;
 
 use crate::error::StoreError;
@@ -51,7 +53,7 @@ pub enum Fence {
     /// The guard no longer holds; nothing was written. `current` is the record as it stands.
     Lost {
         /// The record as it stands, if any.
-        current: Option<Record>,
+        current: Option<Box<Record>>,
     },
 }
 
@@ -68,7 +70,9 @@ impl Guard<'_> {
     /// Whether `record` satisfies the guard.
     pub fn admits(&self, record: &Record) -> bool {
         match self {
-            Self::Lease(token) => record.status == Status::InProgress && record.lease.token == *token,
+            Self::Lease(token) => {
+                record.status == Status::InProgress && record.lease.token == *token
+            }
             Self::Indeterminate => record.status == Status::Indeterminate,
         }
     }
@@ -89,7 +93,11 @@ pub struct Target<'a> {
 pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Writes `record` (IN_PROGRESS, with its identity's evidence) unless a live record holds
     /// its key or its identity has evidence.
-    fn claim(&self, record: &Record, now: SystemTime) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+    fn claim(
+        &self,
+        record: &Record,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
     /// Gives `previous`'s record the new `lease` if it is still IN_PROGRESS under
     /// `previous.lease.token` and that lease has run out at `now`.
@@ -108,11 +116,18 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ) -> impl Future<Output = Result<Fence, StoreError>> + Send;
 
     /// Deletes the target record (and its evidence) so that a retry executes afresh.
-    fn release(&self, target: Target<'_>) -> impl Future<Output = Result<Fence, StoreError>> + Send;
+    fn release(&self, target: Target<'_>)
+    -> impl Future<Output = Result<Fence, StoreError>> + Send;
 
     /// Reads the record of `key` as stored, expired or not.
-    fn get(&self, key: &OperationKey) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+    fn get(
+        &self,
+        key: &OperationKey,
+    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
 
     /// Reads the permanent evidence of a business identity.
-    fn evidence(&self, identity: &str) -> impl Future<Output = Result<Option<Evidence>, StoreError>> + Send;
+    fn evidence(
+        &self,
+        identity: &str,
+    ) -> impl Future<Output = Result<Option<Evidence>, StoreError>> + Send;
 }

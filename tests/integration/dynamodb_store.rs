@@ -1,6 +1,7 @@
 //! The conformance suite against the DynamoDB store on a DynamoDB-compatible server, and what
 //! only DynamoDB has: request counts, item decoding, key schemas, error mapping.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::types::AttributeValue;
@@ -10,9 +11,25 @@ use lambda_idempotency::{
     Config, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope, StoreError,
 };
 
+use crate::support::conformance::{Fixture, Sweeper, start_time};
 use crate::support::dynamo;
 
-crate::support::conformance::conformance!(async { dynamo::start().await.store() });
+async fn fixture() -> Fixture<DynamoDbStore> {
+    let clock = ManualClock::new(start_time());
+    let dynamo = Arc::new(dynamo::start_with_clock(clock.clone()).await);
+    let store = dynamo.store();
+    let sweep: Sweeper = Arc::new(move || {
+        let dynamo = Arc::clone(&dynamo);
+        Box::pin(async move { dynamo.sweep().await })
+    });
+    Fixture {
+        store,
+        clock,
+        sweep,
+    }
+}
+
+crate::support::conformance::conformance!(fixture());
 
 fn invocation(material: &str) -> Invocation {
     let scope = OperationScope::new("dynamodb", "op").expect("scope");
@@ -188,5 +205,54 @@ async fn round_trips_takeover_three() {
         db.requests.since(before),
         ["PutItem", "UpdateItem", "UpdateItem"],
         "claim (takes over) + record attempt 2 + complete"
+    );
+}
+
+#[tokio::test]
+async fn round_trips_with_evidence_are_transactions() {
+    let db = dynamo::start().await;
+    let idem = Idempotency::new(db.store(), Config::default());
+    let inv = invocation("evidence-round-trips").with_identity("invoice:rt:1");
+
+    let before = db.requests.count();
+    idem.execute(&inv, |_| ok(1)).await.expect("first");
+    let first = db.requests.since(before);
+    let before = db.requests.count();
+    idem.execute(&inv, |_| ok(2)).await.expect("duplicate");
+
+    assert_eq!(
+        first,
+        ["TransactWriteItems", "TransactWriteItems"],
+        "claim + complete, both tables each"
+    );
+    assert_eq!(
+        db.requests.since(before),
+        ["TransactWriteItems"],
+        "duplicate: the cancelled claim returns the record"
+    );
+}
+
+#[tokio::test]
+async fn identity_without_uniqueness_table_is_a_typed_error() {
+    let db = dynamo::start().await;
+    let idem = Idempotency::new(
+        DynamoDbStore::new(db.client.clone(), &db.table),
+        Config::default(),
+    );
+    let inv = invocation("no-uniqueness").with_identity("invoice:none:1");
+
+    let err = idem
+        .execute(&inv, |_| ok(1))
+        .await
+        .expect_err("no uniqueness table");
+
+    assert!(
+        matches!(err, Error::Store(StoreError::NoUniquenessTable)),
+        "got {err:?}"
+    );
+    assert_eq!(
+        idem.store().get(inv.key()).await.expect("get"),
+        None,
+        "nothing written"
     );
 }

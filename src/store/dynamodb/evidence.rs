@@ -39,10 +39,13 @@ fn encode(evidence: &Evidence) -> Item {
 
 /// The evidence in `item`.
 pub(crate) fn decode(item: &Item) -> Result<Evidence, StoreError> {
-    let key = OperationKey::from_stored(read_s(item, OPERATION_KEY).map_err(|reason| corrupt("?", reason))?);
+    let key = OperationKey::from_stored(
+        read_s(item, OPERATION_KEY).map_err(|reason| corrupt("?", reason))?,
+    );
     let decoder = Decoder { item, key: &key };
     let status = decoder.s(STATUS)?;
-    let status = Status::parse(status).ok_or_else(|| corrupt(key.short(), format!("unknown evidence status `{status}`")))?;
+    let status = Status::parse(status)
+        .ok_or_else(|| corrupt(key.short(), format!("unknown evidence status `{status}`")))?;
     Ok(Evidence {
         identity: decoder.s(IDENTITY)?.to_owned(),
         fingerprint: Fingerprint::from_stored(decoder.s(FINGERPRINT)?),
@@ -50,14 +53,20 @@ pub(crate) fn decode(item: &Item) -> Result<Evidence, StoreError> {
         result_ref: decoder.optional(RESULT_REF, |value| value.as_s().ok().cloned())?,
         created_at: from_epoch_millis(decoder.n(CREATED_AT)?),
         completed_at: decoder
-            .optional(COMPLETED_AT, |value| value.as_n().ok().and_then(|n| n.parse().ok()))?
+            .optional(COMPLETED_AT, |value| {
+                value.as_n().ok().and_then(|n| n.parse().ok())
+            })?
             .map(from_epoch_millis),
         key,
     })
 }
 
 /// The claim's `Put` of new evidence: only where none stands.
-pub(crate) fn claim_write(table: &str, record: &Record, identity: &str) -> Result<Write, StoreError> {
+pub(crate) fn claim_write(
+    table: &str,
+    record: &Record,
+    identity: &str,
+) -> Result<Write, StoreError> {
     Write::put(
         table,
         encode(&Evidence::of_claim(record, identity)),
@@ -67,7 +76,12 @@ pub(crate) fn claim_write(table: &str, record: &Record, identity: &str) -> Resul
 }
 
 /// The settlement's `Update` of the evidence, conditioned on it being this operation's.
-pub(crate) fn settle_write(table: &str, target: Target<'_>, identity: &str, settlement: &Settlement) -> Result<Write, StoreError> {
+pub(crate) fn settle_write(
+    table: &str,
+    target: Target<'_>,
+    identity: &str,
+    settlement: &Settlement,
+) -> Result<Write, StoreError> {
     let mut update = "SET #status = :status, #completed_at = :completed_at".to_owned();
     let mut expr = owned(target)
         .name("#status", STATUS)
@@ -76,13 +90,19 @@ pub(crate) fn settle_write(table: &str, target: Target<'_>, identity: &str, sett
         .value(":completed_at", millis(settlement.completed_at));
     if let Some(result_ref) = &settlement.result_ref {
         update.push_str(", #result_ref = :result_ref");
-        expr = expr.name("#result_ref", RESULT_REF).value(":result_ref", s(result_ref));
+        expr = expr
+            .name("#result_ref", RESULT_REF)
+            .value(":result_ref", s(result_ref));
     }
     Write::update(table, key(identity), &update, OWNED, expr)
 }
 
 /// The release's `Delete` of the evidence, conditioned on it being this operation's.
-pub(crate) fn release_write(table: &str, target: Target<'_>, identity: &str) -> Result<Write, StoreError> {
+pub(crate) fn release_write(
+    table: &str,
+    target: Target<'_>,
+    identity: &str,
+) -> Result<Write, StoreError> {
     Write::delete(table, key(identity), OWNED, owned(target))
 }
 

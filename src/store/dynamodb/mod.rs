@@ -117,7 +117,9 @@ impl DynamoDbStore {
     }
 
     fn uniqueness(&self) -> Result<&str, StoreError> {
-        self.uniqueness_table.as_deref().ok_or(StoreError::NoUniquenessTable)
+        self.uniqueness_table
+            .as_deref()
+            .ok_or(StoreError::NoUniquenessTable)
     }
 
     fn decode(&self, item: Option<&Item>) -> Result<Option<Record>, StoreError> {
@@ -134,18 +136,26 @@ impl DynamoDbStore {
                     .value(":in_progress", s(Status::InProgress.as_str()))
                     .value(":mine", s(token)),
             ),
-            Guard::Indeterminate => ("#status = :indeterminate", expr.value(":indeterminate", s(Status::Indeterminate.as_str()))),
+            Guard::Indeterminate => (
+                "#status = :indeterminate",
+                expr.value(":indeterminate", s(Status::Indeterminate.as_str())),
+            ),
         }
     }
 
     /// Applies a fenced write on the record (index 0) and, with an identity, on its evidence.
-    async fn fenced(&self, operation: &'static str, target: Target<'_>, writes: Vec<Write>) -> Result<Fence, StoreError> {
+    async fn fenced(
+        &self,
+        operation: &'static str,
+        target: Target<'_>,
+        writes: Vec<Write>,
+    ) -> Result<Fence, StoreError> {
         let Some(checks) = self.apply(operation, writes).await? else {
             return Ok(Fence::Held);
         };
         if let Some(current) = checks.first().and_then(Check::failed_item) {
             return Ok(Fence::Lost {
-                current: self.decode(current)?,
+                current: self.decode(current)?.map(Box::new),
             });
         }
         Err(crate::store::memory::evidence_not_owned(target))
@@ -171,22 +181,30 @@ impl Store for DynamoDbStore {
             return Ok(Claim::Acquired);
         };
         if let Some(existing) = checks.first().and_then(Check::failed_item) {
-            let existing = self.decode(existing)?.ok_or_else(|| StoreError::CorruptRecord {
-                key_short: record.key.short().to_owned(),
-                reason: "the claim's condition failed but no existing item was returned".into(),
-            })?;
+            let existing = self
+                .decode(existing)?
+                .ok_or_else(|| StoreError::CorruptRecord {
+                    key_short: record.key.short().to_owned(),
+                    reason: "the claim's condition failed but no existing item was returned".into(),
+                })?;
             return Ok(Claim::Existing(existing));
         }
         match checks.get(1).and_then(Check::failed_item) {
             Some(Some(item)) => Ok(Claim::IdentityTaken(evidence::decode(item)?)),
             _ => Err(StoreError::CorruptRecord {
                 key_short: record.key.short().to_owned(),
-                reason: "the claim was cancelled but no condition reported the item that stood".into(),
+                reason: "the claim was cancelled but no condition reported the item that stood"
+                    .into(),
             }),
         }
     }
 
-    async fn take_over(&self, previous: &Record, lease: &Lease, now: SystemTime) -> Result<Fence, StoreError> {
+    async fn take_over(
+        &self,
+        previous: &Record,
+        lease: &Lease,
+        now: SystemTime,
+    ) -> Result<Fence, StoreError> {
         let names = &self.names;
         let write = Write::update(
             &self.table,
@@ -213,10 +231,16 @@ impl Store for DynamoDbStore {
         self.fenced("take_over", target, vec![write]).await
     }
 
-    async fn settle(&self, target: Target<'_>, settlement: &Settlement) -> Result<Fence, StoreError> {
+    async fn settle(
+        &self,
+        target: Target<'_>,
+        settlement: &Settlement,
+    ) -> Result<Fence, StoreError> {
         let names = &self.names;
         let (condition, expr) = self.guard(target.guard);
-        let mut update = "SET #status = :status, #expires_at = :expires_at, #completed_at = :completed_at".to_owned();
+        let mut update =
+            "SET #status = :status, #expires_at = :expires_at, #completed_at = :completed_at"
+                .to_owned();
         let mut expr = expr
             .name("#expires_at", &names.expires_at)
             .name("#completed_at", &names.completed_at)
@@ -226,25 +250,47 @@ impl Store for DynamoDbStore {
         match &settlement.outcome {
             Some(outcome) => {
                 update.push_str(", #outcome = :outcome");
-                expr = expr.name("#outcome", &names.outcome).value(":outcome", b(outcome));
+                expr = expr
+                    .name("#outcome", &names.outcome)
+                    .value(":outcome", b(outcome));
             }
             None => {
                 update.push_str(" REMOVE #outcome");
                 expr = expr.name("#outcome", &names.outcome);
             }
         }
-        let mut writes = vec![Write::update(&self.table, names.key(target.key), &update, condition, expr)?];
+        let mut writes = vec![Write::update(
+            &self.table,
+            names.key(target.key),
+            &update,
+            condition,
+            expr,
+        )?];
         if let Some(identity) = target.identity {
-            writes.push(evidence::settle_write(self.uniqueness()?, target, identity, settlement)?);
+            writes.push(evidence::settle_write(
+                self.uniqueness()?,
+                target,
+                identity,
+                settlement,
+            )?);
         }
         self.fenced("settle", target, writes).await
     }
 
     async fn release(&self, target: Target<'_>) -> Result<Fence, StoreError> {
         let (condition, expr) = self.guard(target.guard);
-        let mut writes = vec![Write::delete(&self.table, self.names.key(target.key), condition, expr)?];
+        let mut writes = vec![Write::delete(
+            &self.table,
+            self.names.key(target.key),
+            condition,
+            expr,
+        )?];
         if let Some(identity) = target.identity {
-            writes.push(evidence::release_write(self.uniqueness()?, target, identity)?);
+            writes.push(evidence::release_write(
+                self.uniqueness()?,
+                target,
+                identity,
+            )?);
         }
         self.fenced("release", target, writes).await
     }

@@ -29,15 +29,26 @@ impl DynamoDbStore {
     pub async fn create_table(&self) -> Result<(), StoreError> {
         let names = &self.names;
         let sort_key = names.sort_key.as_ref().map(|sort| sort.attribute.as_str());
-        self.create_one(&self.table, &names.partition_key, sort_key, Some(&names.expires_at))
-            .await?;
+        self.create_one(
+            &self.table,
+            &names.partition_key,
+            sort_key,
+            Some(&names.expires_at),
+        )
+        .await?;
         if let Some(uniqueness) = &self.uniqueness_table {
             self.create_one(uniqueness, "pk", None, None).await?;
         }
         Ok(())
     }
 
-    async fn create_one(&self, table: &str, partition_key: &str, sort_key: Option<&str>, ttl: Option<&str>) -> Result<(), StoreError> {
+    async fn create_one(
+        &self,
+        table: &str,
+        partition_key: &str,
+        sort_key: Option<&str>,
+        ttl: Option<&str>,
+    ) -> Result<(), StoreError> {
         let mut request = self
             .client
             .create_table()

@@ -17,17 +17,23 @@ use super::error::map_sdk_error;
 use super::item::Item;
 use crate::error::StoreError;
 
+/// Expression attribute names (`#placeholder` → name).
+type Names = HashMap<String, String>;
+/// Expression attribute values (`:placeholder` → value).
+type Values = HashMap<String, AttributeValue>;
+
 /// Expression attribute names and values.
 #[derive(Debug, Default)]
 pub(crate) struct Expr {
-    names: HashMap<String, String>,
-    values: HashMap<String, AttributeValue>,
+    names: Names,
+    values: Values,
 }
 
 impl Expr {
     /// Adds `#placeholder` → attribute name.
     pub(crate) fn name(mut self, placeholder: &str, attribute: &str) -> Self {
-        self.names.insert(placeholder.to_owned(), attribute.to_owned());
+        self.names
+            .insert(placeholder.to_owned(), attribute.to_owned());
         self
     }
 
@@ -37,7 +43,7 @@ impl Expr {
         self
     }
 
-    fn into_parts(self) -> (Option<HashMap<String, String>>, Option<HashMap<String, AttributeValue>>) {
+    fn into_parts(self) -> (Option<Names>, Option<Values>) {
         let names = (!self.names.is_empty()).then_some(self.names);
         let values = (!self.values.is_empty()).then_some(self.values);
         (names, values)
@@ -53,7 +59,12 @@ pub(crate) enum Write {
 }
 
 impl Write {
-    pub(crate) fn put(table: &str, item: Item, condition: &str, expr: Expr) -> Result<Self, StoreError> {
+    pub(crate) fn put(
+        table: &str,
+        item: Item,
+        condition: &str,
+        expr: Expr,
+    ) -> Result<Self, StoreError> {
         let (names, values) = expr.into_parts();
         Put::builder()
             .table_name(table)
@@ -67,7 +78,13 @@ impl Write {
             .map_err(invalid)
     }
 
-    pub(crate) fn update(table: &str, key: Item, update: &str, condition: &str, expr: Expr) -> Result<Self, StoreError> {
+    pub(crate) fn update(
+        table: &str,
+        key: Item,
+        update: &str,
+        condition: &str,
+        expr: Expr,
+    ) -> Result<Self, StoreError> {
         let (names, values) = expr.into_parts();
         Update::builder()
             .table_name(table)
@@ -82,7 +99,12 @@ impl Write {
             .map_err(invalid)
     }
 
-    pub(crate) fn delete(table: &str, key: Item, condition: &str, expr: Expr) -> Result<Self, StoreError> {
+    pub(crate) fn delete(
+        table: &str,
+        key: Item,
+        condition: &str,
+        expr: Expr,
+    ) -> Result<Self, StoreError> {
         let (names, values) = expr.into_parts();
         Delete::builder()
             .table_name(table)
@@ -127,23 +149,34 @@ impl Check {
 impl DynamoDbStore {
     /// Applies `writes` atomically: one request for one write, a transaction for several.
     /// `Ok(None)`: applied. `Ok(Some(checks))`: not applied, one [`Check`] per write.
-    pub(crate) async fn apply(&self, operation: &'static str, mut writes: Vec<Write>) -> Result<Option<Vec<Check>>, StoreError> {
-        if writes.len() == 1 {
-            if let Some(write) = writes.pop() {
-                return self.apply_one(operation, write).await.map(|failed| failed.map(|item| vec![Check::Failed(item)]));
-            }
+    pub(crate) async fn apply(
+        &self,
+        operation: &'static str,
+        mut writes: Vec<Write>,
+    ) -> Result<Option<Vec<Check>>, StoreError> {
+        if writes.len() == 1
+            && let Some(write) = writes.pop()
+        {
+            return self
+                .apply_one(operation, write)
+                .await
+                .map(|failed| failed.map(|item| vec![Check::Failed(item)]));
         }
         let result = self
             .client
             .transact_write_items()
-            .set_transact_items(Some(writes.into_iter().map(Write::into_transact_item).collect()))
+            .set_transact_items(Some(
+                writes.into_iter().map(Write::into_transact_item).collect(),
+            ))
             .send()
             .await;
         let err = match result {
             Ok(_) => return Ok(None),
             Err(err) => err,
         };
-        let Some(TransactWriteItemsError::TransactionCanceledException(canceled)) = err.as_service_error() else {
+        let Some(TransactWriteItemsError::TransactionCanceledException(canceled)) =
+            err.as_service_error()
+        else {
             return Err(map_sdk_error(operation, &self.table, err));
         };
         canceled
@@ -155,7 +188,11 @@ impl DynamoDbStore {
                 Some("TransactionConflict") => Err(StoreError::Contention { operation }),
                 Some(code) => Err(StoreError::Unavailable {
                     operation,
-                    source: format!("transaction cancelled: {code}: {}", reason.message().unwrap_or("no message")).into(),
+                    source: format!(
+                        "transaction cancelled: {code}: {}",
+                        reason.message().unwrap_or("no message")
+                    )
+                    .into(),
                 }),
             })
             .collect::<Result<Vec<_>, _>>()
@@ -163,7 +200,11 @@ impl DynamoDbStore {
     }
 
     /// One write alone. `Ok(Some(item))`: its condition failed.
-    async fn apply_one(&self, operation: &'static str, write: Write) -> Result<Option<Option<Item>>, StoreError> {
+    async fn apply_one(
+        &self,
+        operation: &'static str,
+        write: Write,
+    ) -> Result<Option<Option<Item>>, StoreError> {
         let client = &self.client;
         match write {
             Write::Put(put) => condition_outcome(
@@ -176,7 +217,9 @@ impl DynamoDbStore {
                     .set_condition_expression(put.condition_expression)
                     .set_expression_attribute_names(put.expression_attribute_names)
                     .set_expression_attribute_values(put.expression_attribute_values)
-                    .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                    .return_values_on_condition_check_failure(
+                        ReturnValuesOnConditionCheckFailure::AllOld,
+                    )
                     .send()
                     .await,
             ),
@@ -191,7 +234,9 @@ impl DynamoDbStore {
                     .set_condition_expression(update.condition_expression)
                     .set_expression_attribute_names(update.expression_attribute_names)
                     .set_expression_attribute_values(update.expression_attribute_values)
-                    .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                    .return_values_on_condition_check_failure(
+                        ReturnValuesOnConditionCheckFailure::AllOld,
+                    )
                     .send()
                     .await,
             ),
@@ -205,7 +250,9 @@ impl DynamoDbStore {
                     .set_condition_expression(delete.condition_expression)
                     .set_expression_attribute_names(delete.expression_attribute_names)
                     .set_expression_attribute_values(delete.expression_attribute_values)
-                    .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                    .return_values_on_condition_check_failure(
+                        ReturnValuesOnConditionCheckFailure::AllOld,
+                    )
                     .send()
                     .await,
             ),
@@ -214,14 +261,26 @@ impl DynamoDbStore {
 }
 
 /// Splits a single write's result into applied, condition failed (with the item), or error.
-fn condition_outcome<O, E, R>(operation: &'static str, table: &str, result: Result<O, SdkError<E, R>>) -> Result<Option<Option<Item>>, StoreError>
+fn condition_outcome<O, E, R>(
+    operation: &'static str,
+    table: &str,
+    result: Result<O, SdkError<E, R>>,
+) -> Result<Option<Option<Item>>, StoreError>
 where
-    E: AsConditionFailure + aws_sdk_dynamodb::error::ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    E: AsConditionFailure
+        + aws_sdk_dynamodb::error::ProvideErrorMetadata
+        + std::error::Error
+        + Send
+        + Sync
+        + 'static,
     R: std::fmt::Debug + Send + Sync + 'static,
 {
     match result {
         Ok(_) => Ok(None),
-        Err(err) => match err.as_service_error().and_then(AsConditionFailure::condition_failure) {
+        Err(err) => match err
+            .as_service_error()
+            .and_then(AsConditionFailure::condition_failure)
+        {
             Some(failed) => Ok(Some(failed.item().cloned())),
             None => Err(map_sdk_error(operation, table, err)),
         },

@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lambda_idempotency::clock::ManualClock;
 use lambda_idempotency::config::MAX_OUTCOME_BYTES;
+use lambda_idempotency::reconcile::BoxFuture;
 use lambda_idempotency::record::{Record, Status};
 use lambda_idempotency::store::Store;
 use lambda_idempotency::{
@@ -18,41 +19,49 @@ use lambda_idempotency::{
 use tokio::sync::{Barrier, oneshot, watch};
 
 /// Lease used by the cases.
-const LEASE: Duration = Duration::from_secs(30);
+pub const LEASE: Duration = Duration::from_secs(30);
 /// Guard against a broken protocol hanging a case forever (never hit when the store is right).
 const HANG_GUARD: Duration = Duration::from_secs(60);
 
-fn start_time() -> SystemTime {
+/// Deletes expired records as TTL eventually does; returns how many.
+pub type Sweeper = Arc<dyn Fn() -> BoxFuture<'static, usize> + Send + Sync>;
+
+/// A fresh, empty store, the clock its backend reads, and its TTL sweep.
+pub struct Fixture<S> {
+    pub store: S,
+    pub clock: ManualClock,
+    pub sweep: Sweeper,
+}
+
+/// Where every case's clock starts.
+pub fn start_time() -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(1_790_000_000)
 }
 
-fn engine<S: Store>(store: S, config: Config) -> (Idempotency<S>, ManualClock) {
-    let clock = ManualClock::new(start_time());
-    (
-        Idempotency::new(store, config).with_clock(clock.clone()),
-        clock,
-    )
+pub fn engine<S: Store>(fx: Fixture<S>, config: Config) -> (Idempotency<S>, ManualClock, Sweeper) {
+    let idem = Idempotency::new(fx.store, config).with_clock(fx.clock.clone());
+    (idem, fx.clock, fx.sweep)
 }
 
-fn invocation(material: &str, intent: &serde_json::Value) -> Invocation {
+pub fn invocation(material: &str, intent: &serde_json::Value) -> Invocation {
     let scope = OperationScope::new("conformance", "op").expect("scope");
     let key = OperationKey::derive(&scope, None, material).expect("key");
     Invocation::new(key, Fingerprint::of(intent).expect("fingerprint"), LEASE)
 }
 
 /// The record of `key`, which must exist.
-async fn stored<S: Store>(idem: &Idempotency<S>, key: &OperationKey, why: &str) -> Record {
+pub async fn stored<S: Store>(idem: &Idempotency<S>, key: &OperationKey, why: &str) -> Record {
     idem.store().get(key).await.expect("get").expect(why)
 }
 
 /// A handler that counts its runs and returns `value`.
-async fn counted<T>(runs: &AtomicUsize, value: T) -> Result<T, std::io::Error> {
+pub async fn counted<T>(runs: &AtomicUsize, value: T) -> Result<T, std::io::Error> {
     runs.fetch_add(1, Ordering::SeqCst);
     Ok(value)
 }
 
-pub async fn first_run_executes_and_stores<S: Store>(store: S) {
-    let (idem, _) = engine(store, Config::default());
+pub async fn first_run_executes_and_stores<S: Store>(fx: Fixture<S>) {
+    let (idem, _, _) = engine(fx, Config::default());
     let inv = invocation("order-1", &serde_json::json!({"amount": 10}));
     let runs = AtomicUsize::new(0);
 
@@ -71,8 +80,8 @@ pub async fn first_run_executes_and_stores<S: Store>(store: S) {
     assert!(record.completed_at.is_some());
 }
 
-pub async fn duplicate_replays_without_running<S: Store>(store: S) {
-    let (idem, _) = engine(store, Config::default());
+pub async fn duplicate_replays_without_running<S: Store>(fx: Fixture<S>) {
+    let (idem, _, _) = engine(fx, Config::default());
     let inv = invocation("order-2", &serde_json::json!({"amount": 10}));
     let runs = AtomicUsize::new(0);
     let outcome: BTreeMap<String, u32> = (0..50).map(|i| (format!("line-{i}"), i)).collect();
@@ -97,8 +106,8 @@ pub async fn duplicate_replays_without_running<S: Store>(store: S) {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
-pub async fn payload_conflict_is_refused<S: Store>(store: S) {
-    let (idem, _) = engine(store, Config::default());
+pub async fn payload_conflict_is_refused<S: Store>(fx: Fixture<S>) {
+    let (idem, _, _) = engine(fx, Config::default());
     let original = invocation("order-3", &serde_json::json!({"amount": 10}));
     let changed = invocation("order-3", &serde_json::json!({"amount": 99}));
     let runs = AtomicUsize::new(0);
@@ -121,8 +130,8 @@ pub async fn payload_conflict_is_refused<S: Store>(store: S) {
     );
 }
 
-pub async fn payload_conflict_is_checked_before_in_progress<S: Store>(store: S) {
-    let (idem, _) = engine(store, Config::default());
+pub async fn payload_conflict_is_checked_before_in_progress<S: Store>(fx: Fixture<S>) {
+    let (idem, _, _) = engine(fx, Config::default());
     let original = invocation("order-4", &serde_json::json!({"amount": 10}));
     let changed = invocation("order-4", &serde_json::json!({"amount": 99}));
     let (holder, resume) = blocked_worker(&idem, &original, Ok("held".into())).await;
@@ -142,8 +151,8 @@ pub async fn payload_conflict_is_checked_before_in_progress<S: Store>(store: S) 
     );
 }
 
-pub async fn changed_payload_does_not_take_over_expired_lease<S: Store>(store: S) {
-    let (idem, clock) = engine(store, Config::default());
+pub async fn changed_payload_does_not_take_over_expired_lease<S: Store>(fx: Fixture<S>) {
+    let (idem, clock, _) = engine(fx, Config::default());
     let original = invocation("order-5", &serde_json::json!({"amount": 10}));
     let changed = invocation("order-5", &serde_json::json!({"amount": 99}));
     let crashed = crash_after_claim(&idem, &original).await;
@@ -164,9 +173,9 @@ pub async fn changed_payload_does_not_take_over_expired_lease<S: Store>(store: S
     );
 }
 
-pub async fn concurrent_callers_execute_once<S: Store>(store: S) {
+pub async fn concurrent_callers_execute_once<S: Store>(fx: Fixture<S>) {
     const CALLERS: usize = 16;
-    let (idem, _) = engine(store, Config::default());
+    let (idem, _, _) = engine(fx, Config::default());
     let inv = Arc::new(invocation("order-6", &serde_json::json!({"amount": 10})));
     let runs = Arc::new(AtomicUsize::new(0));
     let barrier = Arc::new(Barrier::new(CALLERS));
@@ -229,10 +238,10 @@ pub async fn concurrent_callers_execute_once<S: Store>(store: S) {
     assert_eq!(replay.value(), "done");
 }
 
-pub async fn expired_record_executes_again<S: Store>(store: S) {
+pub async fn expired_record_executes_again<S: Store>(fx: Fixture<S>) {
     let retention = Duration::from_secs(3600);
-    let (idem, clock) = engine(
-        store,
+    let (idem, clock, _) = engine(
+        fx,
         Config::builder()
             .retention(retention)
             .build()
@@ -289,8 +298,8 @@ pub async fn crash_after_claim<S: Store>(idem: &Idempotency<S>, inv: &Invocation
     record
 }
 
-pub async fn expired_lease_is_taken_over<S: Store>(store: S) {
-    let (idem, clock) = engine(store, Config::default());
+pub async fn expired_lease_is_taken_over<S: Store>(fx: Fixture<S>) {
+    let (idem, clock, _) = engine(fx, Config::default());
     let inv = invocation("order-8", &serde_json::json!({"amount": 10}));
     crash_after_claim(&idem, &inv).await;
     let runs = AtomicUsize::new(0);
@@ -350,8 +359,8 @@ async fn zombie_after_takeover<S: Store>(
     (zombie, resume_tx)
 }
 
-pub async fn zombie_completion_is_fenced<S: Store>(store: S) {
-    let (idem, clock) = engine(store, Config::default());
+pub async fn zombie_completion_is_fenced<S: Store>(fx: Fixture<S>) {
+    let (idem, clock, _) = engine(fx, Config::default());
     let inv = invocation("order-9", &serde_json::json!({"amount": 10}));
     let (zombie, resume) = zombie_after_takeover(&idem, &clock, &inv, Ok("zombie".into())).await;
 
@@ -372,7 +381,7 @@ pub async fn zombie_completion_is_fenced<S: Store>(store: S) {
 }
 
 /// Starts a worker on `inv` whose handler returns `result` once the returned sender fires.
-async fn blocked_worker<S: Store>(
+pub async fn blocked_worker<S: Store>(
     idem: &Idempotency<S>,
     inv: &Invocation,
     result: Result<String, std::io::Error>,
@@ -398,8 +407,8 @@ async fn blocked_worker<S: Store>(
     (worker, resume_tx)
 }
 
-pub async fn zombie_cannot_complete_over_a_live_takeover<S: Store>(store: S) {
-    let (idem, clock) = engine(store, Config::default());
+pub async fn zombie_cannot_complete_over_a_live_takeover<S: Store>(fx: Fixture<S>) {
+    let (idem, clock, _) = engine(fx, Config::default());
     let inv = invocation("order-15", &serde_json::json!({"amount": 10}));
     let (zombie, resume_zombie) = blocked_worker(&idem, &inv, Ok("zombie".into())).await;
     clock.advance(LEASE + Duration::from_secs(1));
@@ -432,8 +441,8 @@ pub async fn zombie_cannot_complete_over_a_live_takeover<S: Store>(store: S) {
     assert_eq!(replay.value(), "owner");
 }
 
-pub async fn zombie_release_is_fenced<S: Store>(store: S) {
-    let (idem, clock) = engine(store, Config::default());
+pub async fn zombie_release_is_fenced<S: Store>(fx: Fixture<S>) {
+    let (idem, clock, _) = engine(fx, Config::default());
     let inv = invocation("order-10", &serde_json::json!({"amount": 10}));
     let (zombie, resume) = zombie_after_takeover(
         &idem,
@@ -451,8 +460,8 @@ pub async fn zombie_release_is_fenced<S: Store>(store: S) {
     assert_eq!(record.status, Status::Completed);
 }
 
-pub async fn failure_releases_for_retry<S: Store>(store: S) {
-    let (idem, _) = engine(store, Config::default());
+pub async fn failure_releases_for_retry<S: Store>(fx: Fixture<S>) {
+    let (idem, _, _) = engine(fx, Config::default());
     let inv = invocation("order-11", &serde_json::json!({"amount": 10}));
     let runs = AtomicUsize::new(0);
 
@@ -484,8 +493,8 @@ pub async fn failure_releases_for_retry<S: Store>(store: S) {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
-pub async fn unreadable_outcome_is_a_typed_error<S: Store>(store: S) {
-    let (idem, _) = engine(store, Config::default());
+pub async fn unreadable_outcome_is_a_typed_error<S: Store>(fx: Fixture<S>) {
+    let (idem, _, _) = engine(fx, Config::default());
     let inv = invocation("order-12", &serde_json::json!({"amount": 10}));
 
     idem.execute(&inv, |_| async {
@@ -504,8 +513,8 @@ pub async fn unreadable_outcome_is_a_typed_error<S: Store>(store: S) {
     );
 }
 
-pub async fn oversized_outcome_is_retained_not_rerun<S: Store>(store: S) {
-    let (idem, _) = engine(store, Config::default());
+pub async fn oversized_outcome_is_retained_not_rerun<S: Store>(fx: Fixture<S>) {
+    let (idem, _, _) = engine(fx, Config::default());
     let inv = invocation("order-13", &serde_json::json!({"amount": 10}));
     let runs = AtomicUsize::new(0);
     let huge = "x".repeat(MAX_OUTCOME_BYTES); // + 2 quotes: just over the limit
@@ -531,8 +540,8 @@ pub async fn oversized_outcome_is_retained_not_rerun<S: Store>(store: S) {
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the effect is not repeated");
 }
 
-pub async fn largest_outcome_fits<S: Store>(store: S) {
-    let (idem, _) = engine(store, Config::default());
+pub async fn largest_outcome_fits<S: Store>(fx: Fixture<S>) {
+    let (idem, _, _) = engine(fx, Config::default());
     let inv = invocation("order-14", &serde_json::json!({"amount": 10}));
     let largest = "y".repeat(MAX_OUTCOME_BYTES - 2);
 
@@ -547,6 +556,8 @@ pub async fn largest_outcome_fits<S: Store>(store: S) {
     assert!(replay.is_replay());
     assert_eq!(replay.value().len(), MAX_OUTCOME_BYTES - 2);
 }
+
+pub use super::durability::*;
 
 /// Generates one test per conformance case for a store made by `$make` (an async expression).
 macro_rules! conformance {
@@ -566,7 +577,21 @@ macro_rules! conformance {
             failure_releases_for_retry,
             unreadable_outcome_is_a_typed_error,
             oversized_outcome_is_retained_not_rerun,
-            largest_outcome_fits
+            largest_outcome_fits,
+            expired_and_swept_record_with_evidence_is_not_rerun,
+            expired_record_with_evidence_is_not_rerun,
+            identity_taken_by_another_key_is_refused,
+            terminal_failure_is_replayed_not_rerun,
+            handler_error_type_decides_the_class,
+            retryable_failure_releases_evidence_and_reruns,
+            takeover_reconciled_as_applied_records_without_running,
+            takeover_reconciled_as_not_applied_runs_the_handler,
+            takeover_reconciled_as_unknown_holds_for_an_operator,
+            failing_reconciler_leaves_the_lease_to_run_out,
+            concurrent_claims_across_both_tables_have_one_winner,
+            cancelled_claim_reports_which_condition_failed,
+            downstream_key_is_the_same_on_every_attempt,
+            old_message_after_newer_state_is_replayed
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

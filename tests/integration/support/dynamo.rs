@@ -2,12 +2,17 @@
 //! in-process on 127.0.0.1:0, driven by the real SDK over HTTP.
 
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
 use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_dynamodb::error::BoxError;
+use aws_sdk_dynamodb::types::AttributeValue;
+use lambda_idempotency::clock::{Clock, ManualClock};
+use lambda_idempotency::record::epoch_secs;
 use lambda_idempotency::store::DynamoDbStore;
+use lambda_idempotency::store::ENDPOINT_VAR;
 
 pub use super::local_dynamodb;
 
@@ -57,40 +62,110 @@ impl Intercept for RequestLog {
     }
 }
 
-/// A running endpoint with a fresh table.
+/// A running endpoint with fresh tables.
 pub struct Dynamo {
     /// A client with the request log installed.
     pub client: Client,
-    /// The fresh table (`pk` string key, TTL on `expires_at`).
+    /// The fresh idempotency table (`pk` string key, TTL on `expires_at`).
     pub table: String,
+    /// The fresh uniqueness table (`pk` string key, no TTL).
+    pub uniqueness_table: String,
     /// Every request the client sent.
     pub requests: RequestLog,
+    /// The embedded database (None with `DYNAMODB_ENDPOINT`).
+    db: Option<dynoxide::Database>,
+    clock: ManualClock,
 }
 
 impl Dynamo {
-    /// A store on the fresh table.
+    /// A store on the fresh tables.
     pub fn store(&self) -> DynamoDbStore {
         DynamoDbStore::new(self.client.clone(), &self.table)
+            .with_uniqueness_table(&self.uniqueness_table)
+    }
+
+    /// Deletes the records expired by the shared clock, as DynamoDB TTL eventually does:
+    /// dynoxide's `sweep_ttl`, or a scan and delete on another endpoint.
+    pub async fn sweep(&self) -> usize {
+        if let Some(db) = &self.db {
+            return db.sweep_ttl().expect("sweep_ttl");
+        }
+        let now = epoch_secs(self.clock.now());
+        let items = self
+            .client
+            .scan()
+            .table_name(&self.table)
+            .filter_expression("expires_at < :now")
+            .expression_attribute_values(":now", AttributeValue::N(now.to_string()))
+            .send()
+            .await
+            .expect("scan")
+            .items
+            .unwrap_or_default();
+        for item in &items {
+            self.client
+                .delete_item()
+                .table_name(&self.table)
+                .key("pk", item["pk"].clone())
+                .send()
+                .await
+                .expect("delete expired item");
+        }
+        items.len()
     }
 }
 
-/// Starts (or connects to) the endpoint and creates a fresh table.
+/// Starts (or connects to) the endpoint and creates fresh tables; time from a fresh clock.
 pub async fn start() -> Dynamo {
+    start_with_clock(ManualClock::new(SystemTime::now())).await
+}
+
+/// Starts (or connects to) the endpoint and creates fresh tables. The embedded server reads
+/// `clock` too, so that its TTL sweep agrees with the engine about what has expired.
+pub async fn start_with_clock(clock: ManualClock) -> Dynamo {
+    let (endpoint, db) = match std::env::var(ENDPOINT_VAR) {
+        Ok(endpoint) => (endpoint, None),
+        Err(_) => {
+            let db = dynoxide::Database::memory_with_clock(Arc::new(SharedClock(clock.clone())))
+                .expect("embedded database");
+            (
+                local_dynamodb::serve(db.clone()).await.expect("serve"),
+                Some(db),
+            )
+        }
+    };
     let requests = RequestLog::default();
-    let config = local_dynamodb::sdk_config()
-        .await
-        .expect("endpoint")
-        .interceptor(requests.clone())
-        .build();
-    let client = Client::from_conf(config);
+    let client = Client::from_conf(
+        local_dynamodb::config_for(endpoint)
+            .interceptor(requests.clone())
+            .build(),
+    );
     let table = local_dynamodb::unique_table_name("idempotency");
-    DynamoDbStore::new(client.clone(), &table)
-        .create_table()
-        .await
-        .expect("create table");
-    Dynamo {
+    let uniqueness_table = local_dynamodb::unique_table_name("uniqueness");
+    let dynamo = Dynamo {
         client,
         table,
+        uniqueness_table,
         requests,
+        db,
+        clock,
+    };
+    dynamo.store().create_table().await.expect("create tables");
+    dynamo
+}
+
+/// Our manual clock, as dynoxide's clock.
+struct SharedClock(ManualClock);
+
+impl dynoxide::storage_backend::Clock for SharedClock {
+    fn now_unix_secs(&self) -> u64 {
+        epoch_secs(self.0.now())
+    }
+
+    fn now_unix_secs_f64(&self) -> f64 {
+        self.0
+            .now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64())
     }
 }
