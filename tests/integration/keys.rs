@@ -233,3 +233,35 @@ fn downstream_keys_are_stable_and_distinct_per_step() {
     assert_ne!(key.downstream("charge"), key.downstream("email"));
     assert_eq!(key.downstream("charge").len(), 64);
 }
+
+#[test]
+fn business_identity_comes_from_a_typed_closure() {
+    let policy = KeyPolicy::select(|o: &Order| o.id.clone())
+        .with_identity(|o| Some(format!("invoice:{}:{}", o.tenant, o.amount)));
+    let order = Order {
+        id: Some("o-1".into()),
+        tenant: "acme".into(),
+        amount: 5,
+    };
+    let invocation = policy
+        .invocation(&scope(), &order, std::time::Duration::from_secs(30))
+        .expect("invocation");
+    assert_eq!(invocation.identity(), Some("invoice:acme:5"));
+    assert_eq!(
+        invocation.key(),
+        &policy.derive(&scope(), &order).expect("derive").0
+    );
+
+    let blank = KeyPolicy::select(|o: &Order| o.id.clone()).with_identity(|_| Some("  ".into()));
+    assert!(matches!(
+        blank.invocation(&scope(), &order, std::time::Duration::from_secs(30)),
+        Err(Error::InvalidEvent { .. })
+    ));
+    let none = KeyPolicy::select(|o: &Order| o.id.clone());
+    assert_eq!(
+        none.invocation(&scope(), &order, std::time::Duration::from_secs(30))
+            .expect("invocation")
+            .identity(),
+        None
+    );
+}

@@ -25,12 +25,17 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod policy;
+mod select;
+
 use std::fmt;
-use std::sync::Arc;
 
 use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+
+pub use policy::KeyPolicy;
+pub use select::{JsonPointer, Select, WholeEvent};
 
 use crate::error::{ConfigError, Error};
 
@@ -96,7 +101,7 @@ impl OperationScope {
         self.version
     }
 
-    fn prefix(&self, tenant: Option<&str>) -> String {
+    pub(crate) fn prefix(&self, tenant: Option<&str>) -> String {
         match tenant {
             Some(tenant) => format!(
                 "{}#{}#t={}#v{}",
@@ -218,7 +223,7 @@ fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-fn invalid_event(err: serde_json::Error) -> Error {
+pub(crate) fn invalid_event(err: serde_json::Error) -> Error {
     Error::InvalidEvent {
         reason: format!("the event does not serialize to JSON: {err}"),
     }
@@ -231,163 +236,5 @@ fn is_empty_material(value: &Value) -> bool {
         Value::Array(items) => items.is_empty() || items.iter().all(is_empty_material),
         Value::Object(fields) => fields.is_empty() || fields.values().all(is_empty_material),
         Value::Bool(_) | Value::Number(_) => false,
-    }
-}
-
-/// Picks part of an event as JSON: the key material or the intent projection.
-///
-/// One method, like tower-http's `MakeRequestId`. Closures `Fn(&E) -> Option<T>` with
-/// `T: Serialize` implement it; so do [`JsonPointer`] and [`WholeEvent`]. `Ok(None)` means the
-/// part is absent.
-pub trait Select<E>: Send + Sync {
-    /// The selected part of `event`, or `None` when it is absent.
-    fn select(&self, event: &E) -> Result<Option<Value>, Error>;
-}
-
-impl<E, F, T> Select<E> for F
-where
-    F: Fn(&E) -> Option<T> + Send + Sync,
-    T: Serialize,
-{
-    fn select(&self, event: &E) -> Result<Option<Value>, Error> {
-        self(event)
-            .map(|part| serde_json::to_value(part).map_err(invalid_event))
-            .transpose()
-    }
-}
-
-/// Selects one value by RFC 6901 JSON Pointer (`/order/id`), after serializing the event.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JsonPointer(String);
-
-impl JsonPointer {
-    /// A pointer; it must be empty (the whole document) or start with `/`.
-    pub fn new(pointer: impl Into<String>) -> Result<Self, ConfigError> {
-        let pointer = pointer.into();
-        if !pointer.is_empty() && !pointer.starts_with('/') {
-            return Err(ConfigError::InvalidPointer { pointer });
-        }
-        Ok(Self(pointer))
-    }
-}
-
-impl JsonPointer {
-    /// The value at this pointer in `document`.
-    pub fn find<'a>(&self, document: &'a Value) -> Option<&'a Value> {
-        document.pointer(&self.0)
-    }
-}
-
-impl<E: Serialize> Select<E> for JsonPointer {
-    fn select(&self, event: &E) -> Result<Option<Value>, Error> {
-        let mut document = serde_json::to_value(event).map_err(invalid_event)?;
-        Ok(document.pointer_mut(&self.0).map(Value::take))
-    }
-}
-
-/// Selects the whole event: the default intent projection.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WholeEvent;
-
-impl<E: Serialize> Select<E> for WholeEvent {
-    fn select(&self, event: &E) -> Result<Option<Value>, Error> {
-        serde_json::to_value(event).map(Some).map_err(invalid_event)
-    }
-}
-
-/// Reads the tenant of an event.
-type TenantFn<E> = dyn Fn(&E) -> Option<String> + Send + Sync;
-
-/// How to derive the key and the fingerprint from an event of type `E`.
-pub struct KeyPolicy<E> {
-    key: Arc<dyn Select<E>>,
-    intent: Arc<dyn Select<E>>,
-    tenant: Option<Arc<TenantFn<E>>>,
-}
-
-impl<E: Serialize + 'static> KeyPolicy<E> {
-    /// Key material chosen by JSON Pointer; intent = the whole event.
-    pub fn pointer(pointer: impl Into<String>) -> Result<Self, ConfigError> {
-        Ok(Self::select(JsonPointer::new(pointer)?))
-    }
-
-    /// Key material chosen by a selector (a closure, a pointer); intent = the whole event.
-    pub fn select(key: impl Select<E> + 'static) -> Self {
-        Self {
-            key: Arc::new(key),
-            intent: Arc::new(WholeEvent),
-            tenant: None,
-        }
-    }
-}
-
-impl<E: 'static> KeyPolicy<E> {
-    /// Key material chosen by a typed closure, intent chosen by another: for event types that
-    /// do not implement `Serialize`.
-    pub fn from_fns<K, I>(
-        key: impl Fn(&E) -> Option<K> + Send + Sync + 'static,
-        intent: impl Fn(&E) -> Option<I> + Send + Sync + 'static,
-    ) -> Self
-    where
-        K: Serialize + 'static,
-        I: Serialize + 'static,
-    {
-        Self {
-            key: Arc::new(key),
-            intent: Arc::new(intent),
-            tenant: None,
-        }
-    }
-
-    /// Chooses the intent projection used for the fingerprint (default: the whole event).
-    pub fn with_intent(mut self, intent: impl Select<E> + 'static) -> Self {
-        self.intent = Arc::new(intent);
-        self
-    }
-
-    /// Puts each operation under the tenant this closure reads from the event.
-    pub fn with_tenant(
-        mut self,
-        tenant: impl Fn(&E) -> Option<String> + Send + Sync + 'static,
-    ) -> Self {
-        self.tenant = Some(Arc::new(tenant));
-        self
-    }
-
-    /// The operation key and fingerprint of `event` in `scope`.
-    ///
-    /// # Errors
-    /// [`Error::MissingKey`] when the key material is absent or empty; [`Error::InvalidEvent`]
-    /// when the event cannot be serialized or the tenant is malformed.
-    pub fn derive(
-        &self,
-        scope: &OperationScope,
-        event: &E,
-    ) -> Result<(OperationKey, Fingerprint), Error> {
-        let material = self.key.select(event)?.ok_or_else(|| Error::MissingKey {
-            operation: scope.operation.clone(),
-        })?;
-        let tenant = self.tenant.as_ref().and_then(|tenant| tenant(event));
-        let key = OperationKey::derive(scope, tenant.as_deref(), &material)?;
-        let intent = self.intent.select(event)?.unwrap_or(Value::Null);
-        Ok((key, Fingerprint::of(&intent)?))
-    }
-}
-
-impl<E> Clone for KeyPolicy<E> {
-    fn clone(&self) -> Self {
-        Self {
-            key: Arc::clone(&self.key),
-            intent: Arc::clone(&self.intent),
-            tenant: self.tenant.clone(),
-        }
-    }
-}
-
-impl<E> fmt::Debug for KeyPolicy<E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KeyPolicy")
-            .field("tenant", &self.tenant.is_some())
-            .finish_non_exhaustive()
     }
 }
