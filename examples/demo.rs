@@ -1,8 +1,9 @@
-//! At-least-once delivery, simulated: duplicates, a concurrent race, a crash after the claim and
-//! a changed payload, against a DynamoDB-compatible server (embedded, or `DYNAMODB_ENDPOINT`).
+//! At-least-once delivery, simulated: duplicates, a changed payload, a concurrent race, crashes
+//! before and after the effect, and a redelivery after retention, against a DynamoDB-compatible
+//! server (embedded, or `DYNAMODB_ENDPOINT`).
 //!
-//! Each "charge" handler appends to a ledger of effects. However the events arrive, the ledger
-//! must hold exactly one effect per distinct order.
+//! Each "charge" handler appends to a ledger standing in for the payment provider. However the
+//! events arrive, the ledger must hold exactly one charge per distinct order.
 //!
 //! ```text
 //! cargo run --example demo
@@ -15,24 +16,62 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use lambda_idempotency::clock::ManualClock;
+use lambda_idempotency::key::JsonPointer;
+use lambda_idempotency::reconcile::{Reconciliation, Takeover};
 use lambda_idempotency::store::DynamoDbStore;
 use lambda_idempotency::{
-    Config, Error, Execution, Idempotency, Invocation, KeyPolicy, OperationScope,
+    BoxError, Config, Error, Execution, ExecutionContext, Idempotency, KeyPolicy, OperationScope,
 };
 use serde_json::{Value, json};
 
 const LEASE: Duration = Duration::from_secs(30);
+const RETENTION: Duration = Duration::from_secs(3600);
 
-type Ledger = Arc<Mutex<Vec<String>>>;
+/// The payment provider's ledger: (order, the idempotency key the charge was sent with).
+#[derive(Clone, Default)]
+struct Ledger(Arc<Mutex<Vec<(String, String)>>>);
 
-/// The business effect: charge an order, once.
-async fn charge(ledger: Ledger, order: Value, attempt: u32) -> Result<Value, std::io::Error> {
-    let id = order["order_id"].as_str().unwrap_or("?").to_owned();
-    ledger
-        .lock()
-        .map_err(|_| std::io::Error::other("ledger poisoned"))?
-        .push(id.clone());
-    Ok(json!({"charged": id, "amount": order["amount"], "attempt": attempt}))
+impl Ledger {
+    fn charge(&self, order: &Value, ctx: &ExecutionContext) -> Result<Value, std::io::Error> {
+        let id = order["order_id"].as_str().unwrap_or("?").to_owned();
+        let mut charges = self
+            .0
+            .lock()
+            .map_err(|_| std::io::Error::other("ledger poisoned"))?;
+        charges.push((id.clone(), ctx.downstream_key("charge")));
+        Ok(json!({"charged": id, "amount": order["amount"], "attempt": ctx.attempt()}))
+    }
+
+    /// What the provider knows about a charge sent with `downstream_key`.
+    fn lookup(&self, downstream_key: &str) -> Option<String> {
+        let charges = self.0.lock().ok()?;
+        charges
+            .iter()
+            .find(|(_, key)| key == downstream_key)
+            .map(|(order, _)| order.clone())
+    }
+
+    fn orders(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .map(|charges| charges.iter().map(|(order, _)| order.clone()).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Before a takeover re-runs a crashed charge, ask the provider whether it went through.
+fn reconciler(
+    ledger: Ledger,
+) -> impl Fn(Takeover) -> std::future::Ready<Result<Reconciliation, BoxError>> + Send + Sync {
+    move |takeover: Takeover| {
+        let answer = match ledger.lookup(&takeover.key.downstream("charge")) {
+            Some(order) => {
+                Reconciliation::Applied(json!({"charged": order, "found_by": "reconciler"}))
+            }
+            None => Reconciliation::NotApplied,
+        };
+        std::future::ready(Ok(answer))
+    }
 }
 
 struct Demo {
@@ -45,45 +84,96 @@ struct Demo {
 }
 
 impl Demo {
-    fn invocation(&self, event: &Value) -> Result<Invocation, Error> {
-        let (key, fingerprint) = self.policy.derive(&self.scope, event)?;
-        Ok(Invocation::new(key, fingerprint, LEASE))
-    }
-
-    async fn deliver(&mut self, event: Value, note: &str) -> Result<(), Error> {
-        self.delivery += 1;
-        let invocation = self.invocation(&event)?;
-        let ledger = Arc::clone(&self.ledger);
+    async fn deliver(
+        &mut self,
+        event: Value,
+        note: &str,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        // The permanent evidence (for invoices) keeps the charged order as its result reference.
+        let invocation = self
+            .policy
+            .invocation(&self.scope, &event, LEASE)?
+            .with_result_ref(JsonPointer::new("/charged")?);
+        let ledger = self.ledger.clone();
         let result = self
             .idem
-            .execute(&invocation, |ctx| {
-                charge(ledger, event.clone(), ctx.attempt())
-            })
+            .execute(
+                &invocation,
+                |ctx| async move { ledger.charge(&event, &ctx) },
+            )
             .await;
-        report(self.delivery, &event, note, &result);
+        self.report(note, &result);
         Ok(())
     }
-}
 
-fn report(delivery: usize, event: &Value, note: &str, result: &Result<Execution<Value>, Error>) {
-    let order = event["order_id"].as_str().unwrap_or("?");
-    let answer = match result {
-        Ok(done) if done.is_replay() => format!("replayed {} (handler not run)", done.raw_json()),
-        Ok(done) => format!("EXECUTED {}", done.raw_json()),
-        Err(Error::AlreadyInProgress {
-            attempt,
-            retry_after,
-            ..
-        }) => {
-            format!(
-                "in progress (attempt {attempt}), retry in {:.0}s",
-                retry_after.as_secs_f64().ceil()
-            )
-        }
-        Err(Error::PayloadConflict { .. }) => "refused: payload conflict".to_owned(),
-        Err(other) => format!("error: {other}"),
-    };
-    println!("delivery {delivery:>2}  {order:<5} {note:<34} -> {answer}");
+    /// A worker that claims `event`, optionally charges, then dies before completing.
+    async fn crash(
+        &mut self,
+        event: Value,
+        charge_first: bool,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let invocation = self.policy.invocation(&self.scope, &event, LEASE)?;
+        let (idem, ledger) = (self.idem.clone(), self.ledger.clone());
+        let (claimed_tx, claimed_rx) = tokio::sync::oneshot::channel();
+        let worker = tokio::spawn(async move {
+            idem.execute(&invocation, |ctx| async move {
+                if charge_first {
+                    let _ = ledger.charge(&event, &ctx);
+                }
+                let _ = claimed_tx.send(());
+                std::future::pending::<Result<Value, std::io::Error>>().await
+            })
+            .await
+        });
+        claimed_rx.await?;
+        worker.abort();
+        self.delivery += 1;
+        let what = if charge_first {
+            "worker charges, then crashes"
+        } else {
+            "worker claims, then crashes"
+        };
+        println!("delivery {:>2}  {:<34} -> (no answer)", self.delivery, what);
+        Ok(())
+    }
+
+    fn report(&mut self, note: &str, result: &Result<Execution<Value>, Error>) {
+        self.delivery += 1;
+        let answer = match result {
+            Ok(done) => match done.origin() {
+                lambda_idempotency::Origin::Replayed => {
+                    format!("replayed {} (handler not run)", done.raw_json())
+                }
+                lambda_idempotency::Origin::Reconciled { attempt } => {
+                    format!(
+                        "RECONCILED at attempt {attempt}: {} (handler not run)",
+                        done.raw_json()
+                    )
+                }
+                lambda_idempotency::Origin::Executed { .. } => {
+                    format!("EXECUTED {}", done.raw_json())
+                }
+            },
+            Err(Error::AlreadyInProgress {
+                attempt,
+                retry_after,
+                ..
+            }) => {
+                format!(
+                    "in progress (attempt {attempt}), retry in {:.0}s",
+                    retry_after.as_secs_f64().ceil()
+                )
+            }
+            Err(Error::PayloadConflict { .. }) => "refused: payload conflict".to_owned(),
+            Err(Error::KeyExpiredConflict { evidence, .. }) => format!(
+                "refused: record expired, permanent evidence says {} (result ref {})",
+                evidence.status,
+                evidence.result_ref.as_deref().unwrap_or("-")
+            ),
+            Err(other) => format!("error: {other}"),
+        };
+        println!("delivery {:>2}  {note:<34} -> {answer}", self.delivery);
+    }
 }
 
 #[tokio::main]
@@ -92,100 +182,106 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store = DynamoDbStore::new(
         client,
         local_dynamodb::unique_table_name("demo-idempotency"),
-    );
+    )
+    .with_uniqueness_table(local_dynamodb::unique_table_name("demo-uniqueness"));
     store.create_table().await?;
-    println!("idempotency table `{}` ready\n", store.table());
+    println!(
+        "tables `{}` and `{}` ready\n",
+        store.table(),
+        store.uniqueness_table().unwrap_or("-")
+    );
 
     let clock = ManualClock::new(SystemTime::now());
+    let ledger = Ledger::default();
+    let idem = Idempotency::new(store, Config::builder().retention(RETENTION).build()?)
+        .with_clock(clock.clone())
+        .with_reconciler(reconciler(ledger.clone()));
     let mut demo = Demo {
-        idem: Idempotency::new(store, Config::default()).with_clock(clock.clone()),
+        idem,
         clock,
-        policy: KeyPolicy::pointer("/order_id")?,
+        // The key is the order id; orders with an invoice revision also keep permanent evidence.
+        policy: KeyPolicy::pointer("/order_id")?.with_identity(|event: &Value| {
+            event["invoice_rev"].as_u64().map(|rev| {
+                format!(
+                    "invoice:{}:rev-{rev}",
+                    event["order_id"].as_str().unwrap_or("?")
+                )
+            })
+        }),
         scope: OperationScope::new("demo", "charge")?,
-        ledger: Ledger::default(),
+        ledger: ledger.clone(),
         delivery: 0,
     };
     let order = |id: &str, amount: u32| json!({"order_id": id, "amount": amount});
 
-    // Plain duplicates, as SQS, SNS and EventBridge deliver them.
-    demo.deliver(order("o-1", 100), "first delivery").await?;
-    demo.deliver(order("o-2", 250), "first delivery").await?;
-    demo.deliver(order("o-1", 100), "redelivered").await?;
-    demo.deliver(order("o-2", 250), "redelivered").await?;
-    demo.deliver(order("o-1", 999), "same key, changed amount")
+    println!("-- duplicates, as SQS, SNS and EventBridge deliver them");
+    demo.deliver(order("o-1", 100), "o-1 first delivery")
+        .await?;
+    demo.deliver(order("o-2", 250), "o-2 first delivery")
+        .await?;
+    demo.deliver(order("o-1", 100), "o-1 redelivered").await?;
+    demo.deliver(order("o-2", 250), "o-2 redelivered").await?;
+    demo.deliver(order("o-1", 999), "o-1 same key, changed amount")
         .await?;
 
-    // A race: four copies of one event arrive at once on four workers.
-    let invocation = demo.invocation(&order("o-3", 40))?;
+    println!("-- a race: four copies of o-3 arrive at once on four workers");
+    let invocation = demo
+        .policy
+        .invocation(&demo.scope, &order("o-3", 40), LEASE)?;
     let racers: Vec<_> = (0..4)
         .map(|_| {
-            let (idem, invocation, ledger) = (
-                demo.idem.clone(),
-                invocation.clone(),
-                Arc::clone(&demo.ledger),
-            );
+            let (idem, invocation, ledger) =
+                (demo.idem.clone(), invocation.clone(), ledger.clone());
             tokio::spawn(async move {
-                idem.execute(&invocation, |ctx| {
-                    charge(
-                        ledger,
-                        json!({"order_id": "o-3", "amount": 40}),
-                        ctx.attempt(),
-                    )
+                idem.execute(&invocation, |ctx| async move {
+                    ledger.charge(&json!({"order_id": "o-3", "amount": 40}), &ctx)
                 })
                 .await
             })
         })
         .collect();
     for racer in racers {
-        demo.delivery += 1;
-        report(
-            demo.delivery,
-            &order("o-3", 40),
-            "concurrent copy",
-            &racer.await?,
-        );
+        let result = racer.await?;
+        demo.report("o-3 concurrent copy", &result);
     }
 
-    // A crash after the claim: the worker dies before completing; its lease must run out
-    // before anyone else may run the operation.
-    let event = order("o-4", 75);
-    let invocation = demo.invocation(&event)?;
-    let idem = demo.idem.clone();
-    let (claimed_tx, claimed_rx) = tokio::sync::oneshot::channel();
-    let crashing = tokio::spawn(async move {
-        idem.execute(&invocation, |_| async move {
-            let _ = claimed_tx.send(());
-            std::future::pending::<Result<Value, std::io::Error>>().await
-        })
-        .await
-    });
-    claimed_rx.await?;
-    crashing.abort();
-    demo.delivery += 1;
-    println!(
-        "delivery {:>2}  o-4   {:<34} -> (no answer)",
-        demo.delivery, "worker claims, then crashes"
-    );
-    demo.deliver(event.clone(), "redelivered at once").await?;
-    demo.clock.advance(LEASE + Duration::from_secs(1));
-    demo.deliver(event.clone(), "redelivered after the lease")
+    println!("-- o-4: a crash before the charge; the takeover asks the provider, then re-runs");
+    demo.crash(order("o-4", 75), false).await?;
+    demo.deliver(order("o-4", 75), "o-4 redelivered at once")
         .await?;
-    demo.deliver(event, "redelivered again").await?;
+    demo.clock.advance(LEASE + Duration::from_secs(1));
+    demo.deliver(order("o-4", 75), "o-4 redelivered after the lease")
+        .await?;
 
-    let effects = demo.ledger.lock().map_err(|_| "ledger poisoned")?.clone();
+    println!("-- o-5: a crash after the charge; the takeover finds it and records it");
+    demo.crash(order("o-5", 60), true).await?;
+    demo.clock.advance(LEASE + Duration::from_secs(1));
+    demo.deliver(order("o-5", 60), "o-5 redelivered after the lease")
+        .await?;
+    demo.deliver(order("o-5", 60), "o-5 redelivered again")
+        .await?;
+
+    println!("-- o-6: an invoice with permanent evidence, redelivered after retention");
+    let invoice = json!({"order_id": "o-6", "amount": 500, "invoice_rev": 1});
+    demo.deliver(invoice.clone(), "o-6 first delivery").await?;
+    demo.clock.advance(RETENTION + Duration::from_secs(60));
+    demo.deliver(invoice, "o-6 redelivered after retention")
+        .await?;
+
+    let effects = ledger.orders();
     let mut distinct = effects.clone();
     distinct.sort();
     distinct.dedup();
     println!(
-        "\n{} deliveries, {} effects {:?}, {} distinct operations",
+        "\n{} deliveries, {} charges {:?}, {} distinct orders",
         demo.delivery,
         effects.len(),
         effects,
         distinct.len()
     );
-    if effects.len() != distinct.len() || distinct.len() != 4 {
-        return Err("an operation took effect more than once, or not at all".into());
+    if effects.len() != distinct.len() || distinct.len() != 6 {
+        return Err("an order was charged more than once, or not at all".into());
     }
-    println!("one effect per operation: OK");
+    println!("one charge per order: OK");
     Ok(())
 }
