@@ -14,7 +14,8 @@ use lambda_idempotency::reconcile::BoxFuture;
 use lambda_idempotency::record::{Record, Status};
 use lambda_idempotency::store::Store;
 use lambda_idempotency::{
-    Config, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope, Origin,
+    Config, Error, Execution, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope,
+    Origin,
 };
 use tokio::sync::{Barrier, oneshot, watch};
 
@@ -173,32 +174,29 @@ pub async fn changed_payload_does_not_take_over_expired_lease<S: Store>(fx: Fixt
     );
 }
 
-pub async fn concurrent_callers_execute_once<S: Store>(fx: Fixture<S>) {
-    const CALLERS: usize = 16;
-    let (idem, _, _) = engine(fx, Config::default());
-    let inv = Arc::new(invocation("order-6", &serde_json::json!({"amount": 10})));
+/// Starts one caller per invocation at the same moment. The handler that gets to run holds its
+/// claim until every other caller has answered, so each loser must have met the live claim:
+/// none can slip in after completion. Returns every answer and how many handlers ran.
+pub async fn race<S: Store>(
+    idem: &Idempotency<S>,
+    invocations: Vec<Invocation>,
+) -> (Vec<Result<Execution<String>, Error>>, usize) {
+    let callers = invocations.len();
     let runs = Arc::new(AtomicUsize::new(0));
-    let barrier = Arc::new(Barrier::new(CALLERS));
-    // The winner's handler holds its claim until every other caller has answered, so each loser
-    // must have met the live claim: none can slip in after completion.
+    let barrier = Arc::new(Barrier::new(callers));
     let (answered_tx, answered_rx) = watch::channel(0_usize);
     let answered_tx = Arc::new(answered_tx);
-
-    let callers: Vec<_> = (0..CALLERS)
-        .map(|_| {
-            let (idem, inv, runs, barrier) = (
-                idem.clone(),
-                Arc::clone(&inv),
-                Arc::clone(&runs),
-                Arc::clone(&barrier),
-            );
+    let tasks: Vec<_> = invocations
+        .into_iter()
+        .map(|inv| {
+            let (idem, runs, barrier) = (idem.clone(), Arc::clone(&runs), Arc::clone(&barrier));
             let (answered_tx, mut answered_rx) = (Arc::clone(&answered_tx), answered_rx.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
                 let result = idem
                     .execute(&inv, |_| async move {
                         runs.fetch_add(1, Ordering::SeqCst);
-                        let _ = answered_rx.wait_for(|n| *n == CALLERS - 1).await;
+                        let _ = answered_rx.wait_for(|n| *n == callers - 1).await;
                         Ok::<_, std::io::Error>(String::from("done"))
                     })
                     .await;
@@ -209,25 +207,35 @@ pub async fn concurrent_callers_execute_once<S: Store>(fx: Fixture<S>) {
             })
         })
         .collect();
+    let mut answers = Vec::with_capacity(callers);
+    for task in tasks {
+        answers.push(
+            tokio::time::timeout(HANG_GUARD, task)
+                .await
+                .expect("no caller hangs")
+                .expect("join"),
+        );
+    }
+    (answers, runs.load(Ordering::SeqCst))
+}
+
+pub async fn concurrent_callers_execute_once<S: Store>(fx: Fixture<S>) {
+    const CALLERS: usize = 16;
+    let (idem, _, _) = engine(fx, Config::default());
+    let inv = invocation("order-6", &serde_json::json!({"amount": 10}));
+
+    let (answers, runs) = race(&idem, vec![inv.clone(); CALLERS]).await;
 
     let mut executed = 0;
     let mut in_progress = 0;
-    for caller in callers {
-        match tokio::time::timeout(HANG_GUARD, caller)
-            .await
-            .expect("no caller hangs")
-            .expect("join")
-        {
+    for answer in answers {
+        match answer {
             Ok(done) if done.origin() == (Origin::Executed { attempt: 1 }) => executed += 1,
             Err(Error::AlreadyInProgress { attempt: 1, .. }) => in_progress += 1,
             other => panic!("unexpected answer {other:?}"),
         }
     }
-    assert_eq!(
-        runs.load(Ordering::SeqCst),
-        1,
-        "exactly one handler execution"
-    );
+    assert_eq!(runs, 1, "exactly one handler execution");
     assert_eq!((executed, in_progress), (1, CALLERS - 1));
     let replay = idem
         .execute(&inv, |_| async {

@@ -5,17 +5,18 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use lambda_idempotency::clock::ManualClock;
 use lambda_idempotency::failure::{ByErrorType, FailureClass, HasFailureClass, Terminal};
 use lambda_idempotency::key::JsonPointer;
 use lambda_idempotency::reconcile::{Reconciliation, Takeover};
 use lambda_idempotency::record::{Lease, Record, Status};
 use lambda_idempotency::store::{Claim, Store};
-use lambda_idempotency::{BoxError, Config, Error, Invocation, Origin, Resolution};
+use lambda_idempotency::{BoxError, Config, Error, Idempotency, Invocation, Origin, Resolution};
 use serde_json::{Value, json};
-use tokio::sync::{Barrier, oneshot, watch};
+use tokio::sync::oneshot;
 
 use super::conformance::{
-    Fixture, LEASE, counted, crash_after_claim, engine, invocation, start_time, stored,
+    Fixture, LEASE, counted, crash_after_claim, engine, invocation, race, start_time, stored,
 };
 
 /// An invoice operation: it keeps permanent evidence under `identity`, with the invoice id as
@@ -316,15 +317,28 @@ impl ScriptedReconciler {
     }
 }
 
-pub async fn takeover_reconciled_as_applied_records_without_running<S: Store>(fx: Fixture<S>) {
-    let script = ScriptedReconciler::answering(vec![Ok(Reconciliation::Applied(
-        json!({"invoice_id": "inv-provider", "total": 10}),
-    ))]);
+/// An engine with a scripted reconciler, and `crashed` claims whose leases have run out: the
+/// next delivery of each is a takeover.
+async fn after_crashes<S: Store>(
+    fx: Fixture<S>,
+    answers: Vec<Result<Reconciliation, String>>,
+    crashed: &[&Invocation],
+) -> (Idempotency<S>, ManualClock, ScriptedReconciler) {
+    let script = ScriptedReconciler::answering(answers);
     let (idem, clock, _) = engine(fx, Config::default());
     let idem = idem.with_reconciler(script.reconciler());
-    let inv = invoice("order-27", "invoice:o-27:rev-1");
-    crash_after_claim(&idem, &inv).await;
+    for inv in crashed {
+        crash_after_claim(&idem, inv).await;
+    }
     clock.advance(LEASE + Duration::from_secs(1));
+    (idem, clock, script)
+}
+
+pub async fn takeover_reconciled_as_applied_records_without_running<S: Store>(fx: Fixture<S>) {
+    let inv = invoice("order-27", "invoice:o-27:rev-1");
+    let applied = json!({"invoice_id": "inv-provider", "total": 10});
+    let (idem, _, script) =
+        after_crashes(fx, vec![Ok(Reconciliation::Applied(applied))], &[&inv]).await;
     let runs = AtomicUsize::new(0);
 
     let done = idem
@@ -355,12 +369,8 @@ pub async fn takeover_reconciled_as_applied_records_without_running<S: Store>(fx
 }
 
 pub async fn takeover_reconciled_as_not_applied_runs_the_handler<S: Store>(fx: Fixture<S>) {
-    let script = ScriptedReconciler::answering(vec![Ok(Reconciliation::NotApplied)]);
-    let (idem, clock, _) = engine(fx, Config::default());
-    let idem = idem.with_reconciler(script.reconciler());
     let inv = invocation("order-28", &json!({"amount": 10}));
-    crash_after_claim(&idem, &inv).await;
-    clock.advance(LEASE + Duration::from_secs(1));
+    let (idem, _, script) = after_crashes(fx, vec![Ok(Reconciliation::NotApplied)], &[&inv]).await;
     let runs = AtomicUsize::new(0);
 
     let done = idem
@@ -374,17 +384,10 @@ pub async fn takeover_reconciled_as_not_applied_runs_the_handler<S: Store>(fx: F
 }
 
 pub async fn takeover_reconciled_as_unknown_holds_for_an_operator<S: Store>(fx: Fixture<S>) {
-    let script = ScriptedReconciler::answering(vec![
-        Ok(Reconciliation::Unknown),
-        Ok(Reconciliation::Unknown),
-    ]);
-    let (idem, clock, _) = engine(fx, Config::default());
-    let idem = idem.with_reconciler(script.reconciler());
     let resolved = invoice("order-29", "invoice:o-29:rev-1");
     let released = invoice("order-30", "invoice:o-30:rev-1");
-    crash_after_claim(&idem, &resolved).await;
-    crash_after_claim(&idem, &released).await;
-    clock.advance(LEASE + Duration::from_secs(1));
+    let unknown = vec![Ok(Reconciliation::Unknown), Ok(Reconciliation::Unknown)];
+    let (idem, clock, script) = after_crashes(fx, unknown, &[&resolved, &released]).await;
     let runs = AtomicUsize::new(0);
 
     for inv in [&resolved, &released] {
@@ -459,15 +462,12 @@ pub async fn takeover_reconciled_as_unknown_holds_for_an_operator<S: Store>(fx: 
 }
 
 pub async fn failing_reconciler_leaves_the_lease_to_run_out<S: Store>(fx: Fixture<S>) {
-    let script = ScriptedReconciler::answering(vec![
+    let inv = invocation("order-31", &json!({"amount": 10}));
+    let answers = vec![
         Err("provider unreachable".into()),
         Ok(Reconciliation::NotApplied),
-    ]);
-    let (idem, clock, _) = engine(fx, Config::default());
-    let idem = idem.with_reconciler(script.reconciler());
-    let inv = invocation("order-31", &json!({"amount": 10}));
-    crash_after_claim(&idem, &inv).await;
-    clock.advance(LEASE + Duration::from_secs(1));
+    ];
+    let (idem, clock, script) = after_crashes(fx, answers, &[&inv]).await;
     let runs = AtomicUsize::new(0);
 
     let err = idem
@@ -496,54 +496,25 @@ pub async fn failing_reconciler_leaves_the_lease_to_run_out<S: Store>(fx: Fixtur
 }
 
 pub async fn concurrent_claims_across_both_tables_have_one_winner<S: Store>(fx: Fixture<S>) {
-    const CALLERS: usize = 16;
     let (idem, _, _) = engine(fx, Config::default());
     // Half the callers share one key; the others each bring a key of their own. All declare
     // the same business identity.
-    let invocations: Vec<_> = (0..CALLERS)
+    let invocations = (0..16)
         .map(|i| {
             let material = if i % 2 == 0 {
                 "order-32".to_owned()
             } else {
                 format!("order-32-copy-{i}")
             };
-            Arc::new(invoice(&material, "invoice:o-32:rev-1"))
+            invoice(&material, "invoice:o-32:rev-1")
         })
         .collect();
-    let runs = Arc::new(AtomicUsize::new(0));
-    let barrier = Arc::new(Barrier::new(CALLERS));
-    let (answered_tx, answered_rx) = watch::channel(0_usize);
-    let answered_tx = Arc::new(answered_tx);
 
-    let callers: Vec<_> = invocations
-        .into_iter()
-        .map(|inv| {
-            let (idem, runs, barrier) = (idem.clone(), Arc::clone(&runs), Arc::clone(&barrier));
-            let (answered_tx, mut answered_rx) = (Arc::clone(&answered_tx), answered_rx.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                let result = idem
-                    .execute(&inv, |_| async move {
-                        runs.fetch_add(1, Ordering::SeqCst);
-                        let _ = answered_rx.wait_for(|n| *n == CALLERS - 1).await;
-                        Ok::<_, std::io::Error>(json!({"invoice_id": "inv-32"}))
-                    })
-                    .await;
-                if result.is_err() {
-                    answered_tx.send_modify(|n| *n += 1);
-                }
-                result
-            })
-        })
-        .collect();
+    let (answers, runs) = race(&idem, invocations).await;
 
     let mut winners = 0;
-    for caller in callers {
-        match tokio::time::timeout(Duration::from_secs(60), caller)
-            .await
-            .expect("no caller hangs")
-            .expect("join")
-        {
+    for answer in answers {
+        match answer {
             Ok(done) => {
                 assert_eq!(done.origin(), Origin::Executed { attempt: 1 });
                 winners += 1;
@@ -552,11 +523,7 @@ pub async fn concurrent_claims_across_both_tables_have_one_winner<S: Store>(fx: 
             Err(other) => panic!("unexpected answer {other:?}"),
         }
     }
-    assert_eq!(
-        (winners, runs.load(Ordering::SeqCst)),
-        (1, 1),
-        "one winner, one execution"
-    );
+    assert_eq!((winners, runs), (1, 1), "one winner, one execution");
 }
 
 fn claim_record(material: &str, identity: &str, token: &str) -> Record {
