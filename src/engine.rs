@@ -126,6 +126,11 @@ impl<S: Store> Idempotency<S> {
         &self.config
     }
 
+    /// The current time, from the engine's clock.
+    pub fn now(&self) -> SystemTime {
+        self.clock.now()
+    }
+
     /// Runs `handler` at most once per operation, or answers from the stored record.
     ///
     /// - first time: claims the key, runs the handler, stores the serialized result;

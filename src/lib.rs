@@ -57,6 +57,7 @@ pub mod error;
 pub mod execution;
 pub mod failure;
 pub mod key;
+pub mod lambda;
 pub mod reconcile;
 pub mod record;
 pub mod store;

@@ -2,5 +2,6 @@
 
 mod dynamodb_store;
 mod keys;
+mod lambda_layer;
 mod memory_store;
 mod support;

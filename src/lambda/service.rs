@@ -1,0 +1,82 @@
+//! The service: derive the operation, claim, call the inner handler once, answer.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use lambda_runtime::LambdaEvent;
+use lambda_runtime::tower::Service;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::context;
+use super::layer::Shared;
+use crate::error::{BoxError, Error};
+use crate::reconcile::BoxFuture;
+use crate::store::Store;
+
+/// A Lambda handler made idempotent by [`IdempotencyLayer`](super::IdempotencyLayer).
+///
+/// `Clone + Send`, its state shared and thread-safe: it runs under `lambda_runtime::run` and
+/// `run_concurrent` alike.
+pub struct Idempotent<Svc, S, E> {
+    pub(crate) inner: Svc,
+    pub(crate) shared: Arc<Shared<S, E>>,
+}
+
+impl<Svc: Clone, S, E> Clone for Idempotent<Svc, S, E> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<Svc, S, E> fmt::Debug for Idempotent<Svc, S, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Idempotent")
+            .field("scope", &self.shared.scope)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<Svc, S, E, R> Service<LambdaEvent<E>> for Idempotent<Svc, S, E>
+where
+    Svc: Service<LambdaEvent<E>, Response = R> + Clone + Send + 'static,
+    Svc::Error: Into<BoxError> + Send,
+    Svc::Future: Send,
+    S: Store,
+    E: Send + 'static,
+    R: Serialize + DeserializeOwned + Send + 'static,
+{
+    type Response = R;
+    type Error = Error;
+    type Future = BoxFuture<'static, Result<R, Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner
+            .poll_ready(cx)
+            .map_err(|err| Error::Handler { source: err.into() })
+    }
+
+    fn call(&mut self, event: LambdaEvent<E>) -> Self::Future {
+        // The ready service answers this call; a fresh clone waits for the next one.
+        let inner = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, inner);
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move {
+            let deadline = (event.context.deadline > 0).then(|| event.context.deadline());
+            let lease = shared.lease.lease(deadline, shared.idem.now());
+            let invocation = shared
+                .policy
+                .invocation(&shared.scope, &event.payload, lease)?
+                .with_request_id(event.context.request_id.clone());
+            let execution = shared
+                .idem
+                .execute(&invocation, |ctx| context::scope(ctx, inner.call(event)))
+                .await?;
+            Ok(execution.into_value())
+        })
+    }
+}

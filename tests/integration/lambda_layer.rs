@@ -1,0 +1,196 @@
+//! The tower layer around real `lambda_runtime` services, on the embedded DynamoDB server.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lambda_idempotency::clock::{Clock, ManualClock};
+use lambda_idempotency::lambda::{IdempotencyLayer, current};
+use lambda_idempotency::store::{DynamoDbStore, Store};
+use lambda_idempotency::{Config, Error, Idempotency, KeyPolicy, OperationKey, OperationScope};
+use lambda_runtime::tower::{Service, ServiceBuilder, ServiceExt};
+use lambda_runtime::{Context, Diagnostic, LambdaEvent, service_fn};
+use serde_json::{Value, json};
+
+use crate::support::dynamo;
+
+/// A clock on a whole second, so that millisecond deadlines round-trip exactly.
+fn whole_second_clock() -> ManualClock {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after epoch");
+    ManualClock::new(UNIX_EPOCH + Duration::from_secs(now.as_secs()))
+}
+
+fn scope() -> OperationScope {
+    OperationScope::new("layer-test", "charge").expect("scope")
+}
+
+fn layer(store: DynamoDbStore, clock: &ManualClock) -> IdempotencyLayer<DynamoDbStore, Value> {
+    let idem = Idempotency::new(store, Config::default()).with_clock(clock.clone());
+    IdempotencyLayer::new(
+        idem,
+        scope(),
+        KeyPolicy::pointer("/order_id").expect("pointer"),
+    )
+}
+
+fn event(payload: Value, clock: &ManualClock, remaining: Duration) -> LambdaEvent<Value> {
+    let mut context = Context::default();
+    context.request_id = format!("req-{}", payload["order_id"]);
+    context.deadline = u64::try_from(
+        (clock.now() + remaining)
+            .duration_since(UNIX_EPOCH)
+            .expect("after epoch")
+            .as_millis(),
+    )
+    .expect("fits");
+    LambdaEvent::new(payload, context)
+}
+
+/// A handler that counts its runs and reports what `current()` says.
+fn counting_handler(
+    runs: Arc<AtomicUsize>,
+) -> impl Service<LambdaEvent<Value>, Response = Value, Error = lambda_runtime::Error, Future: Send>
++ Clone
++ Send
++ 'static {
+    service_fn(move |event: LambdaEvent<Value>| {
+        let runs = Arc::clone(&runs);
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            tokio::task::yield_now().await;
+            let ctx = current().ok_or("no execution context")?;
+            Ok::<_, lambda_runtime::Error>(json!({
+                "charged": event.payload["order_id"],
+                "attempt": ctx.attempt(),
+                "key": ctx.key().short(),
+            }))
+        }
+    })
+}
+
+#[tokio::test]
+async fn duplicate_events_run_the_handler_once() {
+    let db = dynamo::start().await;
+    let clock = whole_second_clock();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut service = ServiceBuilder::new()
+        .layer(layer(db.store(), &clock))
+        .service(counting_handler(Arc::clone(&runs)));
+
+    let payload = json!({"order_id": "o-1", "amount": 10});
+    let first = service
+        .ready()
+        .await
+        .expect("ready")
+        .call(event(payload.clone(), &clock, Duration::from_secs(10)))
+        .await
+        .expect("first");
+    let second = service
+        .ready()
+        .await
+        .expect("ready")
+        .call(event(payload, &clock, Duration::from_secs(10)))
+        .await
+        .expect("duplicate");
+
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(first, second);
+    assert_eq!(first["attempt"], 1, "the handler read its context");
+    assert!(current().is_none(), "no context outside a handler");
+}
+
+#[tokio::test]
+async fn the_lease_follows_the_invocation_deadline() {
+    let db = dynamo::start().await;
+    let clock = whole_second_clock();
+    let store = db.store();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let started_tx = Arc::new(std::sync::Mutex::new(Some(started_tx)));
+    let mut service =
+        layer(store.clone(), &clock).wrap(service_fn(move |_: LambdaEvent<Value>| {
+            let started_tx = Arc::clone(&started_tx);
+            async move {
+                if let Some(tx) = started_tx.lock().expect("lock").take() {
+                    let _ = tx.send(());
+                }
+                std::future::pending::<Result<Value, lambda_runtime::Error>>().await
+            }
+        }));
+
+    let call = service.call(event(
+        json!({"order_id": "o-2"}),
+        &clock,
+        Duration::from_secs(10),
+    ));
+    let running = tokio::spawn(call);
+    started_rx.await.expect("handler started");
+    let key = OperationKey::derive(&scope(), None, &json!("o-2")).expect("key");
+    let record = store.get(&key).await.expect("get").expect("claimed");
+    running.abort();
+
+    let lease = record
+        .lease
+        .expires_at
+        .duration_since(clock.now())
+        .expect("in the future");
+    assert_eq!(lease, Duration::from_secs(15), "remaining 10 s + 5 s skew");
+    assert_eq!(record.request_id.as_deref(), Some("req-\"o-2\""));
+}
+
+#[tokio::test]
+async fn concurrent_invocations_through_one_service_instance() {
+    let db = dynamo::start().await;
+    let clock = whole_second_clock();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let service = layer(db.store(), &clock).wrap(counting_handler(Arc::clone(&runs)));
+
+    // As run_concurrent does: one clone per invocation, all in flight at once; each of 8
+    // orders delivered 3 times.
+    let calls: Vec<_> = (0..24)
+        .map(|i| {
+            let mut service = service.clone();
+            let event = event(
+                json!({"order_id": format!("o-{}", i % 8)}),
+                &clock,
+                Duration::from_secs(10),
+            );
+            tokio::spawn(async move { service.ready().await?.call(event).await })
+        })
+        .collect();
+    let mut answered = 0;
+    for call in calls {
+        match call.await.expect("join") {
+            Ok(_) | Err(Error::AlreadyInProgress { .. }) => answered += 1,
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+    }
+
+    assert_eq!(answered, 24);
+    assert_eq!(runs.load(Ordering::SeqCst), 8, "one execution per order");
+}
+
+#[tokio::test]
+async fn an_event_without_a_key_is_refused_before_the_claim() {
+    let db = dynamo::start().await;
+    let clock = whole_second_clock();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut service = layer(db.store(), &clock).wrap(counting_handler(Arc::clone(&runs)));
+
+    let before = db.requests.count();
+    let err = service
+        .call(event(
+            json!({"amount": 10}),
+            &clock,
+            Duration::from_secs(10),
+        ))
+        .await
+        .expect_err("no key");
+
+    assert!(matches!(err, Error::MissingKey { .. }), "got {err:?}");
+    assert_eq!(db.requests.count(), before, "nothing sent to the table");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let diagnostic = Diagnostic::from(err);
+    assert_eq!(diagnostic.error_type, "Idempotency.MissingKey");
+}
