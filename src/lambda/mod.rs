@@ -26,6 +26,7 @@ mod context;
 mod diagnostic;
 mod layer;
 mod service;
+pub mod sources;
 
 pub use context::current;
 pub use layer::{IdempotencyLayer, LeasePolicy};

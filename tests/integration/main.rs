@@ -4,4 +4,5 @@ mod dynamodb_store;
 mod keys;
 mod lambda_layer;
 mod memory_store;
+mod sources;
 mod support;
