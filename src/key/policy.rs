@@ -87,7 +87,9 @@ impl<E: 'static> KeyPolicy<E> {
         self.identity = Some(Arc::new(identity));
         self
     }
+}
 
+impl<E> KeyPolicy<E> {
     /// The invocation for `event` in `scope`: key, fingerprint and business identity, with a
     /// lease of `lease`.
     ///

@@ -22,6 +22,7 @@
 //! }
 //! ```
 
+pub mod batch;
 mod context;
 mod diagnostic;
 mod layer;

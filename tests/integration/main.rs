@@ -1,5 +1,6 @@
 //! Integration tests: one binary, so the AWS SDK links once.
 
+mod batch;
 mod dynamodb_store;
 mod keys;
 mod lambda_layer;

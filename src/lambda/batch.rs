@@ -1,0 +1,368 @@
+//! Batch processing for SQS, Kinesis and DynamoDB Streams: each record is its own operation.
+//!
+//! Records run concurrently up to a limit, except that records of one ordering group (an SQS
+//! FIFO message group, a Kinesis partition key, a DynamoDB item) run one at a time, in order;
+//! after a failure the rest of its group is not run and is reported failed too, so that order
+//! survives the retry. The answer is the partial-batch response: only failed or in-progress
+//! records come back. A replayed record, or one whose permanent evidence shows it took effect
+//! ([`Error::KeyExpiredConflict`]), is acknowledged, not run again.
+//!
+//! ```no_run
+//! use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
+//! use lambda_idempotency::lambda::batch::BatchProcessor;
+//! use lambda_idempotency::lambda::sources;
+//! use lambda_idempotency::store::DynamoDbStore;
+//! use lambda_idempotency::{Config, ExecutionContext, Idempotency, OperationScope};
+//! use lambda_runtime::LambdaEvent;
+//!
+//! async fn place_order(message: SqsMessage, ctx: ExecutionContext) -> Result<String, lambda_runtime::Error> {
+//!     Ok(format!("placed (attempt {})", ctx.attempt()))
+//! }
+//!
+//! async fn handler(
+//!     processor: &BatchProcessor<DynamoDbStore, SqsMessage>,
+//!     event: LambdaEvent<SqsEvent>,
+//! ) -> Result<SqsBatchResponse, lambda_runtime::Error> {
+//!     let (batch, context) = event.into_parts();
+//!     let report = processor.process(batch.records, &context, place_order).await;
+//!     Ok(report.sqs_response())
+//! }
+//! # async fn build() -> Result<BatchProcessor<DynamoDbStore, SqsMessage>, Box<dyn std::error::Error>> {
+//! let idem = Idempotency::new(DynamoDbStore::from_env().await?, Config::default());
+//! Ok(BatchProcessor::new(idem, OperationScope::for_function("orders")?, sources::sqs(Some("/order_id"))?))
+//! # }
+//! ```
+
+use std::collections::HashMap;
+use std::future::Future;
+
+use aws_lambda_events::event::dynamodb::EventRecord as DynamoDbRecord;
+use aws_lambda_events::event::kinesis::KinesisEventRecord;
+use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsMessage};
+use aws_lambda_events::event::streams::{
+    DynamoDbBatchItemFailure, DynamoDbEventResponse, KinesisBatchItemFailure, KinesisEventResponse,
+};
+use futures_util::StreamExt;
+use lambda_runtime::Context;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tracing::warn;
+
+use super::layer::LeasePolicy;
+use crate::engine::Idempotency;
+use crate::error::{BoxError, Error};
+use crate::execution::{ExecutionContext, Invocation, Origin};
+use crate::key::{KeyPolicy, OperationScope};
+use crate::store::Store;
+
+/// A record of a batch event.
+pub trait BatchRecord: Send {
+    /// The identifier Lambda expects in `batchItemFailures`.
+    fn item_identifier(&self) -> Option<String>;
+    /// Records of one group run in order, one at a time; `None`: independent.
+    fn ordering_group(&self) -> Option<String>;
+}
+
+impl BatchRecord for SqsMessage {
+    fn item_identifier(&self) -> Option<String> {
+        self.message_id.clone()
+    }
+
+    fn ordering_group(&self) -> Option<String> {
+        let fifo = self
+            .event_source_arn
+            .as_deref()
+            .is_some_and(|arn| arn.ends_with(".fifo"));
+        fifo.then(|| {
+            self.attributes
+                .get("MessageGroupId")
+                .cloned()
+                .unwrap_or_default()
+        })
+    }
+}
+
+impl BatchRecord for KinesisEventRecord {
+    fn item_identifier(&self) -> Option<String> {
+        Some(self.kinesis.sequence_number.clone())
+    }
+
+    fn ordering_group(&self) -> Option<String> {
+        Some(self.kinesis.partition_key.clone())
+    }
+}
+
+impl BatchRecord for DynamoDbRecord {
+    fn item_identifier(&self) -> Option<String> {
+        self.change.sequence_number.clone()
+    }
+
+    fn ordering_group(&self) -> Option<String> {
+        serde_json::to_string(&self.change.keys).ok()
+    }
+}
+
+/// What became of one record.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RecordOutcome {
+    /// The handler ran and its result was stored.
+    Executed,
+    /// An earlier delivery's result was replayed, or a takeover's reconciler found the effect.
+    AlreadyDone,
+    /// The record failed (handler error, in progress elsewhere, conflict, store error).
+    Failed(Error),
+    /// Not run: an earlier record of its ordering group failed.
+    Skipped,
+}
+
+impl RecordOutcome {
+    /// Whether Lambda must deliver the record again.
+    pub fn is_failure(&self) -> bool {
+        matches!(self, Self::Failed(_) | Self::Skipped)
+    }
+}
+
+/// Every record's identifier and outcome, in the batch's order.
+#[derive(Debug)]
+pub struct BatchReport {
+    /// `(item identifier, outcome)` per record.
+    pub records: Vec<(Option<String>, RecordOutcome)>,
+}
+
+impl BatchReport {
+    /// The identifiers of the records Lambda must deliver again (an unknown identifier is
+    /// reported empty, which makes Lambda retry the whole batch).
+    pub fn failed_identifiers(&self) -> Vec<String> {
+        self.records
+            .iter()
+            .filter(|(_, outcome)| outcome.is_failure())
+            .map(|(id, _)| id.clone().unwrap_or_default())
+            .collect()
+    }
+
+    /// The SQS partial-batch response.
+    pub fn sqs_response(&self) -> SqsBatchResponse {
+        let mut response = SqsBatchResponse::default();
+        response.batch_item_failures = self
+            .failed_identifiers()
+            .into_iter()
+            .map(|id| {
+                let mut failure = BatchItemFailure::default();
+                failure.item_identifier = id;
+                failure
+            })
+            .collect();
+        response
+    }
+
+    /// The Kinesis partial-batch response.
+    pub fn kinesis_response(&self) -> KinesisEventResponse {
+        let mut response = KinesisEventResponse::default();
+        response.batch_item_failures = self
+            .failed_identifiers()
+            .into_iter()
+            .map(|id| {
+                let mut failure = KinesisBatchItemFailure::default();
+                failure.item_identifier = Some(id);
+                failure
+            })
+            .collect();
+        response
+    }
+
+    /// The DynamoDB Streams partial-batch response.
+    pub fn dynamodb_response(&self) -> DynamoDbEventResponse {
+        let mut response = DynamoDbEventResponse::default();
+        response.batch_item_failures = self
+            .failed_identifiers()
+            .into_iter()
+            .map(|id| {
+                let mut failure = DynamoDbBatchItemFailure::default();
+                failure.item_identifier = Some(id);
+                failure
+            })
+            .collect();
+        response
+    }
+}
+
+/// Runs each record of a batch as its own idempotent operation.
+pub struct BatchProcessor<S, R> {
+    idem: Idempotency<S>,
+    scope: OperationScope,
+    policy: KeyPolicy<R>,
+    concurrency: usize,
+    lease: LeasePolicy,
+}
+
+impl<S: Store, R: BatchRecord> BatchProcessor<S, R> {
+    /// Default number of records (or ordering groups) run at once.
+    pub const DEFAULT_CONCURRENCY: usize = 8;
+
+    /// A processor deriving each record's operation from `policy` in `scope`.
+    pub fn new(idem: Idempotency<S>, scope: OperationScope, policy: KeyPolicy<R>) -> Self {
+        Self {
+            idem,
+            scope,
+            policy,
+            concurrency: Self::DEFAULT_CONCURRENCY,
+            lease: LeasePolicy::default(),
+        }
+    }
+
+    /// Runs at most `concurrency` records (or ordering groups) at once (at least 1).
+    pub fn with_concurrency(mut self, concurrency: usize) -> Self {
+        self.concurrency = concurrency.max(1);
+        self
+    }
+
+    /// Overrides the lease policy.
+    pub fn with_lease_policy(mut self, lease: LeasePolicy) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Runs `handler` once per record's operation and reports what became of each record.
+    ///
+    /// Records of one operation key in the same batch run one after the other, so that a
+    /// duplicate inside the batch is acknowledged as a replay rather than reported in progress.
+    pub async fn process<F, Fut, T, E>(
+        &self,
+        records: Vec<R>,
+        context: &Context,
+        handler: F,
+    ) -> BatchReport
+    where
+        F: Fn(R, ExecutionContext) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        E: Into<BoxError>,
+    {
+        let deadline = (context.deadline > 0).then(|| context.deadline());
+        let lease = self.lease.lease(deadline, self.idem.now());
+        let prepared = records.into_iter().enumerate().map(|(index, record)| {
+            let invocation = self
+                .policy
+                .invocation(&self.scope, &record, lease)
+                .map(|invocation| invocation.with_request_id(context.request_id.clone()));
+            Prepared {
+                index,
+                record,
+                invocation,
+            }
+        });
+        let handler = &handler;
+        let mut outcomes: Vec<(usize, Option<String>, RecordOutcome)> =
+            futures_util::stream::iter(group_in_order(prepared))
+                .map(|group| self.run_group(group, handler))
+                .buffer_unordered(self.concurrency)
+                .flat_map(futures_util::stream::iter)
+                .collect()
+                .await;
+        outcomes.sort_by_key(|(index, _, _)| *index);
+        BatchReport {
+            records: outcomes
+                .into_iter()
+                .map(|(_, id, outcome)| (id, outcome))
+                .collect(),
+        }
+    }
+
+    /// Runs one group's records in order; after a failure, the rest are skipped.
+    async fn run_group<F, Fut, T, E>(
+        &self,
+        group: Vec<Prepared<R>>,
+        handler: &F,
+    ) -> Vec<(usize, Option<String>, RecordOutcome)>
+    where
+        F: Fn(R, ExecutionContext) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        E: Into<BoxError>,
+    {
+        let mut outcomes = Vec::with_capacity(group.len());
+        let mut failed = false;
+        for Prepared {
+            index,
+            record,
+            invocation,
+        } in group
+        {
+            let id = record.item_identifier();
+            let outcome = match invocation {
+                _ if failed => RecordOutcome::Skipped,
+                Err(err) => RecordOutcome::Failed(err),
+                Ok(invocation) => self.run_record(record, &invocation, handler).await,
+            };
+            failed |= outcome.is_failure();
+            outcomes.push((index, id, outcome));
+        }
+        outcomes
+    }
+
+    async fn run_record<F, Fut, T, E>(
+        &self,
+        record: R,
+        invocation: &Invocation,
+        handler: &F,
+    ) -> RecordOutcome
+    where
+        F: Fn(R, ExecutionContext) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        E: Into<BoxError>,
+    {
+        match self
+            .idem
+            .execute::<T, E, _, _>(invocation, |ctx| handler(record, ctx))
+            .await
+        {
+            Ok(done) if matches!(done.origin(), Origin::Executed { .. }) => RecordOutcome::Executed,
+            Ok(_) => RecordOutcome::AlreadyDone,
+            Err(Error::KeyExpiredConflict { .. }) => {
+                warn!(
+                    key = invocation.key().short(),
+                    "record already took effect (permanent evidence); acknowledged"
+                );
+                RecordOutcome::AlreadyDone
+            }
+            Err(err) => RecordOutcome::Failed(err),
+        }
+    }
+}
+
+/// A record with its place in the batch and its operation (or why it has none).
+struct Prepared<R> {
+    index: usize,
+    record: R,
+    invocation: Result<Invocation, Error>,
+}
+
+/// Splits records into groups run one at a time, each in batch order: an ordering group, else
+/// the records of one operation key; a record without an operation stands alone. Groups come
+/// in order of their first record.
+fn group_in_order<R: BatchRecord>(
+    records: impl Iterator<Item = Prepared<R>>,
+) -> Vec<Vec<Prepared<R>>> {
+    let mut groups: Vec<Vec<Prepared<R>>> = Vec::new();
+    let mut by_name: HashMap<String, usize> = HashMap::new();
+    for prepared in records {
+        let name = match (&prepared.invocation, prepared.record.ordering_group()) {
+            (_, Some(group)) => Some(format!("group:{group}")),
+            (Ok(invocation), None) => Some(format!("key:{}", invocation.key())),
+            (Err(_), None) => None,
+        };
+        match name.and_then(|name| match by_name.get(&name) {
+            Some(&group) => Some(group),
+            None => {
+                by_name.insert(name, groups.len());
+                None
+            }
+        }) {
+            Some(group) => groups[group].push(prepared),
+            None => groups.push(vec![prepared]),
+        }
+    }
+    groups
+}
