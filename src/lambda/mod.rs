@@ -25,6 +25,7 @@
 pub mod batch;
 mod context;
 mod diagnostic;
+pub mod http;
 mod layer;
 mod service;
 pub mod sources;

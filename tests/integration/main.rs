@@ -2,6 +2,7 @@
 
 mod batch;
 mod dynamodb_store;
+mod http_contract;
 mod keys;
 mod lambda_layer;
 mod memory_store;

@@ -1,0 +1,209 @@
+//! The HTTP contract for API Gateway (HTTP API, payload v2), after the IETF
+//! `Idempotency-Key` header draft.
+//!
+//! | situation | answer |
+//! |---|---|
+//! | first request | the handler's response (2xx–4xx stored for replay; 5xx not stored: the retry runs) |
+//! | repeated request, same payload | the original status, headers and body, plus `Idempotent-Replayed: true` |
+//! | no `Idempotency-Key` header | 400 |
+//! | the original is still running | 409, `Retry-After` |
+//! | same key, different payload | 422 |
+//! | the operation took effect but its record expired, or awaits an operator | 409 |
+//! | the store is unavailable or the lease was lost | 503, `Retry-After` |
+//!
+//! Error bodies are JSON, `{"error": "<code>", "message": "<what to do>"}`. A request refused
+//! before the claim (no key, unreadable body) writes nothing.
+//!
+//! ```no_run
+//! use aws_lambda_events::event::apigw::{ApiGatewayV2httpRequest, ApiGatewayV2httpResponse};
+//! use lambda_idempotency::lambda::http::HttpIdempotency;
+//! use lambda_idempotency::store::DynamoDbStore;
+//! use lambda_idempotency::{Config, ExecutionContext, Idempotency, OperationScope};
+//! use lambda_runtime::{LambdaEvent, service_fn};
+//!
+//! async fn pay(request: ApiGatewayV2httpRequest, ctx: ExecutionContext) -> Result<ApiGatewayV2httpResponse, lambda_runtime::Error> {
+//!     let mut response = ApiGatewayV2httpResponse::default();
+//!     response.status_code = 201;
+//!     Ok(response)
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), lambda_runtime::Error> {
+//!     let idem = Idempotency::new(DynamoDbStore::from_env().await?, Config::default());
+//!     let http = HttpIdempotency::new(idem, OperationScope::for_function("pay")?);
+//!     lambda_runtime::run(service_fn(|event: LambdaEvent<ApiGatewayV2httpRequest>| {
+//!         let http = http.clone();
+//!         async move { Ok::<_, lambda_runtime::Error>(http.handle(event, pay).await) }
+//!     }))
+//!     .await
+//! }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use aws_lambda_events::encodings::Body;
+use aws_lambda_events::event::apigw::{ApiGatewayV2httpRequest, ApiGatewayV2httpResponse};
+use http::{HeaderValue, header};
+use lambda_runtime::LambdaEvent;
+use serde_json::Value;
+
+use super::layer::LeasePolicy;
+use super::sources;
+use crate::engine::Idempotency;
+use crate::error::{BoxError, Error};
+use crate::execution::ExecutionContext;
+use crate::key::{KeyPolicy, OperationScope};
+use crate::store::Store;
+
+/// The header that marks a replayed response.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
+/// Idempotent POST/PATCH endpoints behind API Gateway; cheap to clone.
+pub struct HttpIdempotency<S> {
+    idem: Idempotency<S>,
+    scope: OperationScope,
+    policy: KeyPolicy<ApiGatewayV2httpRequest>,
+    lease: LeasePolicy,
+}
+
+impl<S> Clone for HttpIdempotency<S> {
+    fn clone(&self) -> Self {
+        Self {
+            idem: self.idem.clone(),
+            scope: self.scope.clone(),
+            policy: self.policy.clone(),
+            lease: self.lease,
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for HttpIdempotency<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpIdempotency")
+            .field("scope", &self.scope)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A 5xx response: not stored, so that the client's retry executes again.
+#[derive(Debug)]
+struct ServerError(ApiGatewayV2httpResponse);
+
+impl fmt::Display for ServerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the handler answered {}", self.0.status_code)
+    }
+}
+
+impl std::error::Error for ServerError {}
+
+impl<S: Store> HttpIdempotency<S> {
+    /// Requests keyed by their `Idempotency-Key` header, fingerprinted by method, path and body.
+    pub fn new(idem: Idempotency<S>, scope: OperationScope) -> Self {
+        Self {
+            idem,
+            scope,
+            policy: sources::http_api(),
+            lease: LeasePolicy::default(),
+        }
+    }
+
+    /// Derives operations with another policy (e.g. a key from the path).
+    pub fn with_policy(mut self, policy: KeyPolicy<ApiGatewayV2httpRequest>) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Answers `event` under the contract above, running `handler` at most once per key.
+    pub async fn handle<F, Fut, E>(
+        &self,
+        event: LambdaEvent<ApiGatewayV2httpRequest>,
+        handler: F,
+    ) -> ApiGatewayV2httpResponse
+    where
+        F: FnOnce(ApiGatewayV2httpRequest, ExecutionContext) -> Fut,
+        Fut: Future<Output = Result<ApiGatewayV2httpResponse, E>>,
+        E: Into<BoxError>,
+    {
+        let (request, context) = event.into_parts();
+        let deadline = (context.deadline > 0).then(|| context.deadline());
+        let lease = self.lease.lease(deadline, self.idem.now());
+        let invocation = match self.policy.invocation(&self.scope, &request, lease) {
+            Ok(invocation) => invocation.with_request_id(context.request_id),
+            Err(err) => return error_response(&err),
+        };
+        let result = self
+            .idem
+            .execute(&invocation, |ctx| async move {
+                match handler(request, ctx).await {
+                    Ok(response) if response.status_code >= 500 => {
+                        Err(BoxError::from(ServerError(response)))
+                    }
+                    Ok(response) => Ok(response),
+                    Err(err) => Err(err.into()),
+                }
+            })
+            .await;
+        match result {
+            Ok(done) if done.is_replay() => {
+                let mut response = done.into_value();
+                response
+                    .headers
+                    .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+                response
+            }
+            Ok(done) => done.into_value(),
+            Err(Error::Handler { source }) => match source.downcast::<ServerError>() {
+                Ok(server_error) => server_error.0,
+                Err(source) => error_response(&Error::Handler { source }),
+            },
+            Err(err) => error_response(&err),
+        }
+    }
+}
+
+/// The JSON error response for `err`.
+fn error_response(err: &Error) -> ApiGatewayV2httpResponse {
+    let (status, code, retry_after) = match err {
+        Error::MissingKey { .. } => (400, "missing_idempotency_key", None),
+        Error::InvalidEvent { .. } => (400, "invalid_request", None),
+        Error::AlreadyInProgress { retry_after, .. } => {
+            (409, "request_in_progress", Some(*retry_after))
+        }
+        Error::PayloadConflict { .. } => (422, "idempotency_key_reused", None),
+        Error::KeyExpiredConflict { .. } => (409, "operation_already_applied", None),
+        Error::Indeterminate { .. } => (409, "operation_indeterminate", None),
+        Error::Store(_) | Error::LeaseLost { .. } | Error::ReconcileFailed { .. } => {
+            (503, "temporarily_unavailable", Some(Duration::from_secs(1)))
+        }
+        _ => (500, "operation_failed", None),
+    };
+    let message = match err {
+        Error::MissingKey { .. } => "send an Idempotency-Key header with a unique value per operation".to_owned(),
+        Error::PayloadConflict { .. } => {
+            "this Idempotency-Key was used with a different request; use a new key for a new operation".to_owned()
+        }
+        Error::AlreadyInProgress { .. } => "the original request is still being processed; retry later".to_owned(),
+        Error::Handler { .. } => "the request failed; it is safe to retry with the same Idempotency-Key".to_owned(),
+        other => other.to_string(),
+    };
+    let mut body = serde_json::Map::new();
+    body.insert("error".into(), Value::from(code));
+    body.insert("message".into(), Value::from(message));
+    let mut response = ApiGatewayV2httpResponse::default();
+    response.status_code = status;
+    response.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Some(retry_after) = retry_after {
+        let seconds = retry_after.as_secs_f64().ceil().max(1.0).to_string();
+        if let Ok(value) = HeaderValue::from_str(&seconds) {
+            response.headers.insert(header::RETRY_AFTER, value);
+        }
+    }
+    response.body = Some(Body::Text(Value::Object(body).to_string()));
+    response
+}

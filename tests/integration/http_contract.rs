@@ -1,0 +1,205 @@
+//! The HTTP contract for API Gateway, on the embedded DynamoDB server.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use aws_lambda_events::encodings::Body;
+use aws_lambda_events::event::apigw::{ApiGatewayV2httpRequest, ApiGatewayV2httpResponse};
+use lambda_idempotency::lambda::http::HttpIdempotency;
+use lambda_idempotency::store::DynamoDbStore;
+use lambda_idempotency::{Config, ExecutionContext, Idempotency, OperationScope};
+use lambda_runtime::{Context, LambdaEvent};
+use serde_json::{Value, json};
+
+use crate::support::dynamo;
+
+fn request(key: Option<&str>, body: Value) -> LambdaEvent<ApiGatewayV2httpRequest> {
+    let mut headers = json!({"content-type": "application/json"});
+    if let Some(key) = key {
+        headers["idempotency-key"] = json!(key);
+    }
+    let request = serde_json::from_value(json!({"version": "2.0", "routeKey": "POST /payments", "rawPath": "/payments",
+        "rawQueryString": "", "headers": headers, "requestContext": {"accountId": "1", "apiId": "a", "domainName": "d",
+        "domainPrefix": "d", "http": {"method": "POST", "path": "/payments", "protocol": "HTTP/1.1", "sourceIp": "1.2.3.4",
+        "userAgent": "t"}, "requestId": "r", "routeKey": "POST /payments", "stage": "$default", "time": "t", "timeEpoch": 0},
+        "body": body.to_string(), "isBase64Encoded": false}))
+    .expect("request");
+    LambdaEvent::new(request, Context::default())
+}
+
+fn response(status: i64, body: Value) -> ApiGatewayV2httpResponse {
+    let mut response = ApiGatewayV2httpResponse::default();
+    response.status_code = status;
+    response.body = Some(Body::Text(body.to_string()));
+    response
+}
+
+fn body(response: &ApiGatewayV2httpResponse) -> Value {
+    match &response.body {
+        Some(Body::Text(text)) => serde_json::from_str(text).expect("JSON body"),
+        other => panic!("expected a text body, got {other:?}"),
+    }
+}
+
+fn header<'a>(response: &'a ApiGatewayV2httpResponse, name: &str) -> Option<&'a str> {
+    response
+        .headers
+        .get(name)
+        .and_then(|value| value.to_str().ok())
+}
+
+async fn endpoint() -> (HttpIdempotency<DynamoDbStore>, dynamo::Dynamo) {
+    let db = dynamo::start().await;
+    let idem = Idempotency::new(db.store(), Config::default());
+    (
+        HttpIdempotency::new(
+            idem,
+            OperationScope::new("http-test", "pay").expect("scope"),
+        ),
+        db,
+    )
+}
+
+/// A payment handler that counts its runs and answers `status`.
+async fn pay(
+    runs: &AtomicUsize,
+    status: i64,
+    request: ApiGatewayV2httpRequest,
+) -> Result<ApiGatewayV2httpResponse, std::io::Error> {
+    let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+    let amount: Value = serde_json::from_str(request.body.as_deref().unwrap_or("null"))?;
+    Ok(response(
+        status,
+        json!({"payment": format!("pay-{run}"), "amount": amount["amount"]}),
+    ))
+}
+
+#[tokio::test]
+async fn a_repeated_request_gets_the_original_response_marked_replayed() {
+    let (http, _db) = endpoint().await;
+    let runs = AtomicUsize::new(0);
+
+    let first = http
+        .handle(request(Some("k-1"), json!({"amount": 5})), |r, _| {
+            pay(&runs, 201, r)
+        })
+        .await;
+    let again = http
+        .handle(request(Some("k-1"), json!({"amount": 5})), |r, _| {
+            pay(&runs, 201, r)
+        })
+        .await;
+
+    assert_eq!((first.status_code, again.status_code), (201, 201));
+    assert_eq!(body(&first), body(&again));
+    assert_eq!(header(&again, "idempotent-replayed"), Some("true"));
+    assert_eq!(header(&first, "idempotent-replayed"), None);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_request_without_a_key_is_400_and_writes_nothing() {
+    let (http, db) = endpoint().await;
+    let runs = AtomicUsize::new(0);
+    let before = db.requests.count();
+
+    let answer = http
+        .handle(request(None, json!({"amount": 5})), |r, _| {
+            pay(&runs, 201, r)
+        })
+        .await;
+
+    assert_eq!(answer.status_code, 400);
+    assert_eq!(body(&answer)["error"], "missing_idempotency_key");
+    assert_eq!(header(&answer, "content-type"), Some("application/json"));
+    assert_eq!(db.requests.count(), before, "nothing sent to the table");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn the_same_key_with_another_payload_is_422() {
+    let (http, _db) = endpoint().await;
+    let runs = AtomicUsize::new(0);
+
+    http.handle(request(Some("k-2"), json!({"amount": 5})), |r, _| {
+        pay(&runs, 201, r)
+    })
+    .await;
+    let answer = http
+        .handle(request(Some("k-2"), json!({"amount": 500})), |r, _| {
+            pay(&runs, 201, r)
+        })
+        .await;
+
+    assert_eq!(answer.status_code, 422);
+    assert_eq!(body(&answer)["error"], "idempotency_key_reused");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_request_still_running_is_409_with_retry_after() {
+    let (http, _db) = endpoint().await;
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
+    let original = tokio::spawn({
+        let http = http.clone();
+        async move {
+            http.handle(
+                request(Some("k-3"), json!({"amount": 5})),
+                |_, _: ExecutionContext| async move {
+                    let _ = started_tx.send(());
+                    let _ = finish_rx.await;
+                    Ok::<_, std::io::Error>(response(201, json!({"payment": "p"})))
+                },
+            )
+            .await
+        }
+    });
+    started_rx.await.expect("original started");
+    let runs = AtomicUsize::new(0);
+
+    let answer = http
+        .handle(request(Some("k-3"), json!({"amount": 5})), |r, _| {
+            pay(&runs, 201, r)
+        })
+        .await;
+
+    assert_eq!(answer.status_code, 409);
+    assert_eq!(body(&answer)["error"], "request_in_progress");
+    assert!(header(&answer, "retry-after").is_some_and(|s| s.parse::<u32>().is_ok_and(|s| s >= 1)));
+    let _ = finish_tx.send(());
+    assert_eq!(original.await.expect("join").status_code, 201);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn server_errors_and_handler_failures_are_not_stored() {
+    let (http, _db) = endpoint().await;
+    let runs = Arc::new(AtomicUsize::new(0));
+
+    let unavailable = http
+        .handle(request(Some("k-4"), json!({"amount": 5})), |r, _| {
+            pay(&runs, 503, r)
+        })
+        .await;
+    let failed = http
+        .handle(request(Some("k-4"), json!({"amount": 5})), |_, _| async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Err::<ApiGatewayV2httpResponse, _>(std::io::Error::other("ledger down"))
+        })
+        .await;
+    let succeeded = http
+        .handle(request(Some("k-4"), json!({"amount": 5})), |r, _| {
+            pay(&runs, 201, r)
+        })
+        .await;
+
+    assert_eq!(
+        unavailable.status_code, 503,
+        "the handler's own 5xx passes through"
+    );
+    assert_eq!(failed.status_code, 500);
+    assert_eq!(body(&failed)["error"], "operation_failed");
+    assert_eq!(succeeded.status_code, 201, "each retry executed");
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
