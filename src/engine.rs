@@ -35,7 +35,7 @@ use crate::error::{BoxError, Error};
 use crate::execution::{Execution, ExecutionContext, Invocation, Origin};
 use crate::failure::{Classifier, DefaultClassifier, FailureClass};
 use crate::key::OperationKey;
-use crate::reconcile::{Reconciler, Reconciliation, Takeover};
+use crate::reconcile::{BoxFuture, Reconciler, Reconciliation, Takeover};
 use crate::record::{Lease, Record, RetainedFailure, Settlement, Status};
 use crate::store::{Claim, Fence, Guard, Store, Target};
 
@@ -183,7 +183,7 @@ impl<S: Store> Idempotency<S> {
             identity: invocation.identity.as_deref(),
             guard: Guard::Lease(&claim.lease.token),
         };
-        let attempt = match self.store.claim(&claim, now).await? {
+        let attempt = match erased(self.store.claim(&claim, now)).await? {
             Claim::Acquired => 1,
             Claim::IdentityTaken(evidence) => {
                 warn!(evidence_status = %evidence.status, "business identity already executed");
@@ -204,7 +204,7 @@ impl<S: Store> Idempotency<S> {
                     attempt,
                     ..claim.lease.clone()
                 };
-                match self.store.take_over(&existing, &lease, now).await? {
+                match erased(self.store.take_over(&existing, &lease, now)).await? {
                     Fence::Held => warn!(attempt, "took over an expired lease"),
                     Fence::Lost {
                         current: Some(current),
@@ -377,7 +377,7 @@ impl<S: Store> Idempotency<S> {
     ) -> Result<Error, Error> {
         match self.classifier.classify(&*source) {
             FailureClass::Retryable => {
-                if let Fence::Lost { .. } = self.store.release(target).await? {
+                if let Fence::Lost { .. } = erased(self.store.release(target)).await? {
                     warn!(attempt, "handler failed after its lease was taken over");
                 }
             }
@@ -420,7 +420,7 @@ impl<S: Store> Idempotency<S> {
         attempt: u32,
         settlement: &Settlement,
     ) -> Result<(), Error> {
-        match self.store.settle(target, settlement).await? {
+        match erased(self.store.settle(target, settlement)).await? {
             Fence::Held => Ok(()),
             Fence::Lost { current } => {
                 warn!(
@@ -439,7 +439,7 @@ impl<S: Store> Idempotency<S> {
     /// Resolves an INDETERMINATE operation (an operator's decision). Returns `false`, changing
     /// nothing, when the operation is not INDETERMINATE.
     pub async fn resolve(&self, key: &OperationKey, resolution: Resolution) -> Result<bool, Error> {
-        let Some(record) = self.store.get(key).await? else {
+        let Some(record) = erased(self.store.get(key)).await? else {
             return Ok(false);
         };
         let target = Target {
@@ -449,7 +449,9 @@ impl<S: Store> Idempotency<S> {
         };
         let now = self.clock.now();
         let (status, outcome) = match resolution {
-            Resolution::Release => return Ok(self.store.release(target).await? == Fence::Held),
+            Resolution::Release => {
+                return Ok(erased(self.store.release(target)).await? == Fence::Held);
+            }
             Resolution::Completed(value) => (Status::Completed, value.to_string()),
             Resolution::Failed(failure) => (Status::Failed, failure.to_json()),
         };
@@ -460,8 +462,15 @@ impl<S: Store> Idempotency<S> {
             expires_at: now + self.config.retention(),
             completed_at: now,
         };
-        Ok(self.store.settle(target, &settlement).await? == Fence::Held)
+        Ok(erased(self.store.settle(target, &settlement)).await? == Fence::Held)
     }
+}
+
+/// Erases a store future's type: the auto-trait checks of deeply nested SDK futures then
+/// happen once, here, instead of in every caller's crate (where they overflow the default
+/// recursion limit).
+fn erased<'a, T>(future: impl Future<Output = T> + Send + 'a) -> BoxFuture<'a, T> {
+    Box::pin(future)
 }
 
 /// The evidence's result reference: the part of the result at the invocation's pointer.
