@@ -6,7 +6,7 @@ use aws_sdk_dynamodb::config::{BehaviorVersion, Builder, Credentials, Region};
 use lambda_idempotency::store::ENDPOINT_VAR;
 
 /// An SDK configuration aimed at the endpoint; add interceptors, then `build()`.
-pub async fn sdk_config() -> Result<Builder, Box<dyn std::error::Error>> {
+pub async fn sdk_config() -> Result<Builder, lambda_idempotency::BoxError> {
     let endpoint = match std::env::var(ENDPOINT_VAR) {
         Ok(endpoint) => endpoint,
         Err(_) => serve(dynoxide::Database::memory()?).await?,

@@ -106,6 +106,11 @@ impl DynamoDbStore {
         self
     }
 
+    /// The SDK client (to reuse its configuration for the handler's own tables).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// The idempotency table's name.
     pub fn table(&self) -> &str {
         &self.table
