@@ -88,7 +88,7 @@ impl Demo {
         &mut self,
         event: Value,
         note: &str,
-    ) -> Result<(), Box<dyn std::error::Error>> {
+    ) -> Result<(), lambda_idempotency::BoxError> {
         // The permanent evidence (for invoices) keeps the charged order as its result reference.
         let invocation = self
             .policy
@@ -111,7 +111,7 @@ impl Demo {
         &mut self,
         event: Value,
         charge_first: bool,
-    ) -> Result<(), Box<dyn std::error::Error>> {
+    ) -> Result<(), lambda_idempotency::BoxError> {
         let invocation = self.policy.invocation(&self.scope, &event, LEASE)?;
         let (idem, ledger) = (self.idem.clone(), self.ledger.clone());
         let (claimed_tx, claimed_rx) = tokio::sync::oneshot::channel();
@@ -177,7 +177,7 @@ impl Demo {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), lambda_idempotency::BoxError> {
     let client = aws_sdk_dynamodb::Client::from_conf(local_dynamodb::sdk_config().await?.build());
     let store = DynamoDbStore::new(
         client,

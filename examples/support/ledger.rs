@@ -1,6 +1,9 @@
 //! The examples' business effect: a ledger table where applying an entry increments its
 //! `applied` counter. An entry applied twice shows `applied = 2`: duplicates cannot hide.
 
+// Shared by the examples and the tests; each uses only part of it.
+#![allow(dead_code)]
+
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
@@ -31,6 +34,11 @@ impl Ledger {
         let table = std::env::var(LEDGER_TABLE_VAR)
             .map_err(|_| format!("set {LEDGER_TABLE_VAR} to the ledger table's name"))?;
         Ok(Self::new(client, table))
+    }
+
+    /// The table's name.
+    pub fn table(&self) -> &str {
+        &self.table
     }
 
     /// Creates the table (local runs).

@@ -2,6 +2,9 @@
 //! `DYNAMODB_ENDPOINT` when set (DynamoDB Local, a dynoxide binary, a real endpoint), else a
 //! dynoxide server embedded in this process on 127.0.0.1:0.
 
+// Shared by the examples and the tests; each uses only part of it.
+#![allow(dead_code)]
+
 use aws_sdk_dynamodb::config::{BehaviorVersion, Builder, Credentials, Region};
 use lambda_idempotency::store::ENDPOINT_VAR;
 

@@ -2,6 +2,7 @@
 
 mod batch;
 mod dynamodb_store;
+mod end_to_end;
 mod http_contract;
 mod keys;
 mod lambda_layer;

@@ -72,6 +72,8 @@ pub struct Dynamo {
     pub uniqueness_table: String,
     /// Every request the client sent.
     pub requests: RequestLog,
+    /// The endpoint URL, for other processes.
+    pub endpoint: String,
     /// The embedded database (None with `DYNAMODB_ENDPOINT`).
     db: Option<dynoxide::Database>,
     clock: ManualClock,
@@ -136,7 +138,7 @@ pub async fn start_with_clock(clock: ManualClock) -> Dynamo {
     };
     let requests = RequestLog::default();
     let client = Client::from_conf(
-        local_dynamodb::config_for(endpoint)
+        local_dynamodb::config_for(endpoint.clone())
             .interceptor(requests.clone())
             .build(),
     );
@@ -147,6 +149,7 @@ pub async fn start_with_clock(clock: ManualClock) -> Dynamo {
         table,
         uniqueness_table,
         requests,
+        endpoint,
         db,
         clock,
     };

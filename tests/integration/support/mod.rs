@@ -3,7 +3,9 @@
 pub mod conformance;
 pub mod durability;
 pub mod dynamo;
-// Shared with the examples, which use the parts the tests do not (`sdk_config`).
-#[allow(dead_code)]
 #[path = "../../../examples/support/local_dynamodb.rs"]
 pub mod local_dynamodb;
+pub mod runtime_api;
+
+#[path = "../../../examples/support/ledger.rs"]
+pub mod ledger;

@@ -1,0 +1,142 @@
+//! A minimal Lambda Runtime API on 127.0.0.1, for running a function binary end to end:
+//! `GET /2018-06-01/runtime/invocation/next`, `POST .../{id}/response` and `.../{id}/error`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::routing::{get, post};
+use serde_json::Value;
+use tokio::sync::{Mutex, mpsc, oneshot};
+
+/// The function's answer to one invocation.
+pub type Answer = Result<Value, Value>;
+
+#[derive(Clone)]
+struct Shared {
+    events: Arc<Mutex<mpsc::UnboundedReceiver<(String, Value)>>>,
+    waiting: Arc<Mutex<HashMap<String, oneshot::Sender<Answer>>>>,
+}
+
+/// A running Runtime API.
+pub struct RuntimeApi {
+    /// `host:port`, the value of `AWS_LAMBDA_RUNTIME_API`.
+    pub address: String,
+    queue: mpsc::UnboundedSender<(String, Value)>,
+    waiting: Arc<Mutex<HashMap<String, oneshot::Sender<Answer>>>>,
+    next_id: AtomicU64,
+}
+
+impl RuntimeApi {
+    /// Serves the API on a free loopback port for as long as the runtime runs.
+    pub async fn start() -> Self {
+        let (queue, events) = mpsc::unbounded_channel();
+        let shared = Shared {
+            events: Arc::new(Mutex::new(events)),
+            waiting: Arc::default(),
+        };
+        let app = Router::new()
+            .route("/2018-06-01/runtime/invocation/next", get(next))
+            .route(
+                "/2018-06-01/runtime/invocation/{id}/response",
+                post(response),
+            )
+            .route("/2018-06-01/runtime/invocation/{id}/error", post(error))
+            .with_state(shared.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let address = listener.local_addr().expect("address").to_string();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self {
+            address,
+            queue,
+            waiting: shared.waiting,
+            next_id: AtomicU64::new(0),
+        }
+    }
+
+    /// Invokes the function with `event` and waits for its answer.
+    pub async fn invoke(&self, event: Value) -> Answer {
+        let id = format!("req-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
+        let (answer_tx, answer_rx) = oneshot::channel();
+        self.waiting.lock().await.insert(id.clone(), answer_tx);
+        self.queue.send((id, event)).expect("runtime API running");
+        tokio::time::timeout(Duration::from_secs(120), answer_rx)
+            .await
+            .expect("the function answered in time")
+            .expect("answer delivered")
+    }
+}
+
+async fn next(State(shared): State<Shared>) -> (HeaderMap, axum::Json<Value>) {
+    let (id, event) = shared
+        .events
+        .lock()
+        .await
+        .recv()
+        .await
+        .expect("events queued");
+    let deadline = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after epoch")
+        + Duration::from_secs(30);
+    let mut headers = HeaderMap::new();
+    let mut set = |name: &'static str, value: String| {
+        headers.insert(name, HeaderValue::from_str(&value).expect("header value"));
+    };
+    set("lambda-runtime-aws-request-id", id);
+    set(
+        "lambda-runtime-deadline-ms",
+        deadline.as_millis().to_string(),
+    );
+    set(
+        "lambda-runtime-invoked-function-arn",
+        "arn:aws:lambda:us-east-1:000000000000:function:e2e".into(),
+    );
+    set(
+        "lambda-runtime-trace-id",
+        "Root=1-00000000-000000000000000000000000".into(),
+    );
+    (headers, axum::Json(event))
+}
+
+async fn response(
+    State(shared): State<Shared>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> StatusCode {
+    answer(
+        &shared,
+        &id,
+        Ok(serde_json::from_slice(&body).unwrap_or(Value::Null)),
+    )
+    .await
+}
+
+async fn error(
+    State(shared): State<Shared>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> StatusCode {
+    answer(
+        &shared,
+        &id,
+        Err(serde_json::from_slice(&body).unwrap_or(Value::Null)),
+    )
+    .await
+}
+
+async fn answer(shared: &Shared, id: &str, answer: Answer) -> StatusCode {
+    match shared.waiting.lock().await.remove(id) {
+        Some(waiter) => {
+            let _ = waiter.send(answer);
+            StatusCode::ACCEPTED
+        }
+        None => StatusCode::NOT_FOUND,
+    }
+}
