@@ -50,7 +50,7 @@ fn layer(
 }
 
 #[tokio::main]
-async fn main() -> Result<(), lambda_runtime::Error> {
+pub async fn main() -> Result<(), lambda_runtime::Error> {
     if std::env::var("AWS_LAMBDA_RUNTIME_API").is_ok() {
         let store = DynamoDbStore::from_env().await?;
         let ledger = Ledger::from_env(store.client().clone())?;

@@ -14,6 +14,8 @@ mod ledger;
 #[path = "support/local_dynamodb.rs"]
 mod local_dynamodb;
 
+use std::time::Duration;
+
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use lambda_idempotency::lambda::batch::BatchProcessor;
 use lambda_idempotency::lambda::sources;
@@ -35,7 +37,11 @@ impl App {
         ledger: Ledger,
         scope: OperationScope,
     ) -> Result<Self, lambda_runtime::Error> {
-        let idem = Idempotency::new(store, Config::default());
+        // Outlive the queue's 4-day retention (template.yaml), so a late redelivery still replays.
+        let config = Config::builder()
+            .retention(Duration::from_secs(5 * 24 * 3600))
+            .build()?;
+        let idem = Idempotency::new(store, config);
         let processor = BatchProcessor::new(idem, scope, sources::sqs(Some("/order_id"))?);
         Ok(Self { processor, ledger })
     }
@@ -74,7 +80,7 @@ impl App {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), lambda_runtime::Error> {
+pub async fn main() -> Result<(), lambda_runtime::Error> {
     if std::env::var("AWS_LAMBDA_RUNTIME_API").is_ok() {
         let store = DynamoDbStore::from_env().await?;
         let ledger = Ledger::from_env(store.client().clone())?;
