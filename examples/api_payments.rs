@@ -111,13 +111,11 @@ fn request(
 }
 
 async fn run_locally() -> Result<(), lambda_runtime::Error> {
-    let client = aws_sdk_dynamodb::Client::from_conf(local_dynamodb::sdk_config().await?.build());
-    let store = DynamoDbStore::new(
-        client.clone(),
-        local_dynamodb::unique_table_name("payments-idempotency"),
+    let store = local_dynamodb::local_store("payments").await?;
+    let ledger = Ledger::new(
+        store.client().clone(),
+        local_dynamodb::unique_table_name("payments-ledger"),
     );
-    let ledger = Ledger::new(client, local_dynamodb::unique_table_name("payments-ledger"));
-    store.create_table().await?;
     ledger.create().await?;
     let http = HttpIdempotency::new(
         Idempotency::new(store, Config::default()),

@@ -178,13 +178,7 @@ impl Demo {
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_idempotency::BoxError> {
-    let client = aws_sdk_dynamodb::Client::from_conf(local_dynamodb::sdk_config().await?.build());
-    let store = DynamoDbStore::new(
-        client,
-        local_dynamodb::unique_table_name("demo-idempotency"),
-    )
-    .with_uniqueness_table(local_dynamodb::unique_table_name("demo-uniqueness"));
-    store.create_table().await?;
+    let store = local_dynamodb::local_store("demo").await?;
     println!(
         "tables `{}` and `{}` ready\n",
         store.table(),

@@ -75,13 +75,11 @@ fn shipped(
 }
 
 async fn run_locally() -> Result<(), lambda_runtime::Error> {
-    let client = aws_sdk_dynamodb::Client::from_conf(local_dynamodb::sdk_config().await?.build());
-    let store = DynamoDbStore::new(
-        client.clone(),
-        local_dynamodb::unique_table_name("shipping-idempotency"),
+    let store = local_dynamodb::local_store("shipping").await?;
+    let ledger = Ledger::new(
+        store.client().clone(),
+        local_dynamodb::unique_table_name("shipping-ledger"),
     );
-    let ledger = Ledger::new(client, local_dynamodb::unique_table_name("shipping-ledger"));
-    store.create_table().await?;
     ledger.create().await?;
     let mut service = ServiceBuilder::new()
         .layer(layer(

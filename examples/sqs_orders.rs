@@ -96,13 +96,11 @@ fn message(id: &str, body: Value) -> Value {
 }
 
 async fn run_locally() -> Result<(), lambda_runtime::Error> {
-    let client = aws_sdk_dynamodb::Client::from_conf(local_dynamodb::sdk_config().await?.build());
-    let store = DynamoDbStore::new(
-        client.clone(),
-        local_dynamodb::unique_table_name("orders-idempotency"),
+    let store = local_dynamodb::local_store("orders").await?;
+    let ledger = Ledger::new(
+        store.client().clone(),
+        local_dynamodb::unique_table_name("orders-ledger"),
     );
-    let ledger = Ledger::new(client, local_dynamodb::unique_table_name("orders-ledger"));
-    store.create_table().await?;
     ledger.create().await?;
     let app = App::new(
         store,

@@ -6,7 +6,7 @@
 #![allow(dead_code)]
 
 use aws_sdk_dynamodb::config::{BehaviorVersion, Builder, Credentials, Region};
-use lambda_idempotency::store::ENDPOINT_VAR;
+use lambda_idempotency::store::{DynamoDbStore, ENDPOINT_VAR};
 
 /// An SDK configuration aimed at the endpoint; add interceptors, then `build()`.
 pub async fn sdk_config() -> Result<Builder, lambda_idempotency::BoxError> {
@@ -15,6 +15,16 @@ pub async fn sdk_config() -> Result<Builder, lambda_idempotency::BoxError> {
         Err(_) => serve(dynoxide::Database::memory()?).await?,
     };
     Ok(config_for(endpoint))
+}
+
+/// A store on fresh tables named after `prefix` (idempotency and uniqueness), created on the
+/// local endpoint.
+pub async fn local_store(prefix: &str) -> Result<DynamoDbStore, lambda_idempotency::BoxError> {
+    let client = aws_sdk_dynamodb::Client::from_conf(sdk_config().await?.build());
+    let store = DynamoDbStore::new(client, unique_table_name(&format!("{prefix}-idempotency")))
+        .with_uniqueness_table(unique_table_name(&format!("{prefix}-uniqueness")));
+    store.create_table().await?;
+    Ok(store)
 }
 
 /// Serves `db` on 127.0.0.1 (a free port) for as long as the Tokio runtime runs; returns the

@@ -49,6 +49,7 @@ use serde::de::DeserializeOwned;
 use tracing::warn;
 
 use super::layer::LeasePolicy;
+use super::operation::Operation;
 use crate::engine::Idempotency;
 use crate::error::{BoxError, Error};
 use crate::execution::{ExecutionContext, Invocation, Origin};
@@ -144,56 +145,45 @@ impl BatchReport {
     /// The SQS partial-batch response.
     pub fn sqs_response(&self) -> SqsBatchResponse {
         let mut response = SqsBatchResponse::default();
-        response.batch_item_failures = self
-            .failed_identifiers()
-            .into_iter()
-            .map(|id| {
-                let mut failure = BatchItemFailure::default();
-                failure.item_identifier = id;
-                failure
-            })
-            .collect();
+        response.batch_item_failures = self.failures(|id| {
+            let mut failure = BatchItemFailure::default();
+            failure.item_identifier = id;
+            failure
+        });
         response
     }
 
     /// The Kinesis partial-batch response.
     pub fn kinesis_response(&self) -> KinesisEventResponse {
         let mut response = KinesisEventResponse::default();
-        response.batch_item_failures = self
-            .failed_identifiers()
-            .into_iter()
-            .map(|id| {
-                let mut failure = KinesisBatchItemFailure::default();
-                failure.item_identifier = Some(id);
-                failure
-            })
-            .collect();
+        response.batch_item_failures = self.failures(|id| {
+            let mut failure = KinesisBatchItemFailure::default();
+            failure.item_identifier = Some(id);
+            failure
+        });
         response
     }
 
     /// The DynamoDB Streams partial-batch response.
     pub fn dynamodb_response(&self) -> DynamoDbEventResponse {
         let mut response = DynamoDbEventResponse::default();
-        response.batch_item_failures = self
-            .failed_identifiers()
-            .into_iter()
-            .map(|id| {
-                let mut failure = DynamoDbBatchItemFailure::default();
-                failure.item_identifier = Some(id);
-                failure
-            })
-            .collect();
+        response.batch_item_failures = self.failures(|id| {
+            let mut failure = DynamoDbBatchItemFailure::default();
+            failure.item_identifier = Some(id);
+            failure
+        });
         response
+    }
+
+    fn failures<T>(&self, failure: impl Fn(String) -> T) -> Vec<T> {
+        self.failed_identifiers().into_iter().map(failure).collect()
     }
 }
 
 /// Runs each record of a batch as its own idempotent operation.
 pub struct BatchProcessor<S, R> {
-    idem: Idempotency<S>,
-    scope: OperationScope,
-    policy: KeyPolicy<R>,
+    operation: Operation<S, R>,
     concurrency: usize,
-    lease: LeasePolicy,
 }
 
 impl<S: Store, R: BatchRecord> BatchProcessor<S, R> {
@@ -203,11 +193,8 @@ impl<S: Store, R: BatchRecord> BatchProcessor<S, R> {
     /// A processor deriving each record's operation from `policy` in `scope`.
     pub fn new(idem: Idempotency<S>, scope: OperationScope, policy: KeyPolicy<R>) -> Self {
         Self {
-            idem,
-            scope,
-            policy,
+            operation: Operation::new(idem, scope, policy),
             concurrency: Self::DEFAULT_CONCURRENCY,
-            lease: LeasePolicy::default(),
         }
     }
 
@@ -219,7 +206,7 @@ impl<S: Store, R: BatchRecord> BatchProcessor<S, R> {
 
     /// Overrides the lease policy.
     pub fn with_lease_policy(mut self, lease: LeasePolicy) -> Self {
-        self.lease = lease;
+        self.operation.lease = lease;
         self
     }
 
@@ -239,13 +226,8 @@ impl<S: Store, R: BatchRecord> BatchProcessor<S, R> {
         T: Serialize + DeserializeOwned,
         E: Into<BoxError>,
     {
-        let deadline = (context.deadline > 0).then(|| context.deadline());
-        let lease = self.lease.lease(deadline, self.idem.now());
         let prepared = records.into_iter().enumerate().map(|(index, record)| {
-            let invocation = self
-                .policy
-                .invocation(&self.scope, &record, lease)
-                .map(|invocation| invocation.with_request_id(context.request_id.clone()));
+            let invocation = self.operation.invocation(&record, context);
             Prepared {
                 index,
                 record,
@@ -314,6 +296,7 @@ impl<S: Store, R: BatchRecord> BatchProcessor<S, R> {
         E: Into<BoxError>,
     {
         match self
+            .operation
             .idem
             .execute::<T, E, _, _>(invocation, |ctx| handler(record, ctx))
             .await

@@ -49,7 +49,7 @@ use http::{HeaderValue, header};
 use lambda_runtime::LambdaEvent;
 use serde_json::Value;
 
-use super::layer::LeasePolicy;
+use super::operation::Operation;
 use super::sources;
 use crate::engine::Idempotency;
 use crate::error::{BoxError, Error};
@@ -62,19 +62,13 @@ pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 
 /// Idempotent POST/PATCH endpoints behind API Gateway; cheap to clone.
 pub struct HttpIdempotency<S> {
-    idem: Idempotency<S>,
-    scope: OperationScope,
-    policy: KeyPolicy<ApiGatewayV2httpRequest>,
-    lease: LeasePolicy,
+    operation: Operation<S, ApiGatewayV2httpRequest>,
 }
 
 impl<S> Clone for HttpIdempotency<S> {
     fn clone(&self) -> Self {
         Self {
-            idem: self.idem.clone(),
-            scope: self.scope.clone(),
-            policy: self.policy.clone(),
-            lease: self.lease,
+            operation: self.operation.clone(),
         }
     }
 }
@@ -82,7 +76,7 @@ impl<S> Clone for HttpIdempotency<S> {
 impl<S: fmt::Debug> fmt::Debug for HttpIdempotency<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpIdempotency")
-            .field("scope", &self.scope)
+            .field("scope", &self.operation.scope)
             .finish_non_exhaustive()
     }
 }
@@ -103,16 +97,13 @@ impl<S: Store> HttpIdempotency<S> {
     /// Requests keyed by their `Idempotency-Key` header, fingerprinted by method, path and body.
     pub fn new(idem: Idempotency<S>, scope: OperationScope) -> Self {
         Self {
-            idem,
-            scope,
-            policy: sources::http_api(),
-            lease: LeasePolicy::default(),
+            operation: Operation::new(idem, scope, sources::http_api()),
         }
     }
 
     /// Derives operations with another policy (e.g. a key from the path).
     pub fn with_policy(mut self, policy: KeyPolicy<ApiGatewayV2httpRequest>) -> Self {
-        self.policy = policy;
+        self.operation.policy = policy;
         self
     }
 
@@ -128,13 +119,12 @@ impl<S: Store> HttpIdempotency<S> {
         E: Into<BoxError>,
     {
         let (request, context) = event.into_parts();
-        let deadline = (context.deadline > 0).then(|| context.deadline());
-        let lease = self.lease.lease(deadline, self.idem.now());
-        let invocation = match self.policy.invocation(&self.scope, &request, lease) {
-            Ok(invocation) => invocation.with_request_id(context.request_id),
+        let invocation = match self.operation.invocation(&request, &context) {
+            Ok(invocation) => invocation,
             Err(err) => return error_response(&err),
         };
         let result = self
+            .operation
             .idem
             .execute(&invocation, |ctx| async move {
                 match handler(request, ctx).await {

@@ -6,9 +6,11 @@ use std::time::{Duration, SystemTime};
 
 use lambda_runtime::tower::Layer;
 
+use super::operation::Operation;
 use super::service::Idempotent;
 use crate::engine::Idempotency;
 use crate::key::{KeyPolicy, OperationScope};
+use crate::store::Store;
 
 /// How long a claim's lease lasts: the invocation's remaining time plus a margin, capped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,45 +47,23 @@ impl LeasePolicy {
 
 /// Makes the wrapped Lambda handler idempotent: `ServiceBuilder::new().layer(layer)`.
 pub struct IdempotencyLayer<S, E> {
-    pub(crate) shared: Arc<Shared<S, E>>,
+    pub(crate) operation: Arc<Operation<S, E>>,
 }
 
-/// What every clone of the layer and its services shares.
-pub(crate) struct Shared<S, E> {
-    pub(crate) idem: Idempotency<S>,
-    pub(crate) scope: OperationScope,
-    pub(crate) policy: KeyPolicy<E>,
-    pub(crate) lease: LeasePolicy,
-}
-
-impl<S, E> IdempotencyLayer<S, E> {
+impl<S: Store, E> IdempotencyLayer<S, E> {
     /// A layer deriving each event's operation from `policy` in `scope`, executed by `idem`.
     pub fn new(idem: Idempotency<S>, scope: OperationScope, policy: KeyPolicy<E>) -> Self {
         Self {
-            shared: Arc::new(Shared {
-                idem,
-                scope,
-                policy,
-                lease: LeasePolicy::default(),
-            }),
+            operation: Arc::new(Operation::new(idem, scope, policy)),
         }
     }
 
     /// Overrides the lease policy.
     pub fn with_lease_policy(self, lease: LeasePolicy) -> Self {
-        let Shared {
-            idem,
-            scope,
-            policy,
-            ..
-        } = Arc::unwrap_or_clone(self.shared);
+        let mut operation = Arc::unwrap_or_clone(self.operation);
+        operation.lease = lease;
         Self {
-            shared: Arc::new(Shared {
-                idem,
-                scope,
-                policy,
-                lease,
-            }),
+            operation: Arc::new(operation),
         }
     }
 
@@ -96,18 +76,7 @@ impl<S, E> IdempotencyLayer<S, E> {
 impl<S, E> Clone for IdempotencyLayer<S, E> {
     fn clone(&self) -> Self {
         Self {
-            shared: Arc::clone(&self.shared),
-        }
-    }
-}
-
-impl<S, E> Clone for Shared<S, E> {
-    fn clone(&self) -> Self {
-        Self {
-            idem: self.idem.clone(),
-            scope: self.scope.clone(),
-            policy: self.policy.clone(),
-            lease: self.lease,
+            operation: Arc::clone(&self.operation),
         }
     }
 }
@@ -115,8 +84,8 @@ impl<S, E> Clone for Shared<S, E> {
 impl<S: fmt::Debug, E> fmt::Debug for IdempotencyLayer<S, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyLayer")
-            .field("scope", &self.shared.scope)
-            .field("lease", &self.shared.lease)
+            .field("scope", &self.operation.scope)
+            .field("lease", &self.operation.lease)
             .finish_non_exhaustive()
     }
 }
@@ -127,7 +96,7 @@ impl<Svc, S, E> Layer<Svc> for IdempotencyLayer<S, E> {
     fn layer(&self, inner: Svc) -> Self::Service {
         Idempotent {
             inner,
-            shared: Arc::clone(&self.shared),
+            operation: Arc::clone(&self.operation),
         }
     }
 }

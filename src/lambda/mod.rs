@@ -27,6 +27,7 @@ mod context;
 mod diagnostic;
 pub mod http;
 mod layer;
+mod operation;
 mod service;
 pub mod sources;
 

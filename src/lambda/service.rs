@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::context;
-use super::layer::Shared;
+use super::operation::Operation;
 use crate::error::{BoxError, Error};
 use crate::reconcile::BoxFuture;
 use crate::store::Store;
@@ -21,14 +21,14 @@ use crate::store::Store;
 /// `run_concurrent` alike.
 pub struct Idempotent<Svc, S, E> {
     pub(crate) inner: Svc,
-    pub(crate) shared: Arc<Shared<S, E>>,
+    pub(crate) operation: Arc<Operation<S, E>>,
 }
 
 impl<Svc: Clone, S, E> Clone for Idempotent<Svc, S, E> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            shared: Arc::clone(&self.shared),
+            operation: Arc::clone(&self.operation),
         }
     }
 }
@@ -36,7 +36,7 @@ impl<Svc: Clone, S, E> Clone for Idempotent<Svc, S, E> {
 impl<Svc, S, E> fmt::Debug for Idempotent<Svc, S, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Idempotent")
-            .field("scope", &self.shared.scope)
+            .field("scope", &self.operation.scope)
             .finish_non_exhaustive()
     }
 }
@@ -64,15 +64,10 @@ where
         // The ready service answers this call; a fresh clone waits for the next one.
         let inner = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, inner);
-        let shared = Arc::clone(&self.shared);
+        let operation = Arc::clone(&self.operation);
         Box::pin(async move {
-            let deadline = (event.context.deadline > 0).then(|| event.context.deadline());
-            let lease = shared.lease.lease(deadline, shared.idem.now());
-            let invocation = shared
-                .policy
-                .invocation(&shared.scope, &event.payload, lease)?
-                .with_request_id(event.context.request_id.clone());
-            let execution = shared
+            let invocation = operation.invocation(&event.payload, &event.context)?;
+            let execution = operation
                 .idem
                 .execute(&invocation, |ctx| context::scope(ctx, inner.call(event)))
                 .await?;

@@ -42,10 +42,9 @@ impl RuntimeApi {
         let app = Router::new()
             .route("/2018-06-01/runtime/invocation/next", get(next))
             .route(
-                "/2018-06-01/runtime/invocation/{id}/response",
-                post(response),
+                "/2018-06-01/runtime/invocation/{id}/{outcome}",
+                post(answer),
             )
-            .route("/2018-06-01/runtime/invocation/{id}/error", post(error))
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -105,34 +104,19 @@ async fn next(State(shared): State<Shared>) -> (HeaderMap, axum::Json<Value>) {
     (headers, axum::Json(event))
 }
 
-async fn response(
+/// `POST .../{id}/response` or `.../{id}/error`: hands the function's answer to its caller.
+async fn answer(
     State(shared): State<Shared>,
-    Path(id): Path<String>,
+    Path((id, outcome)): Path<(String, String)>,
     body: axum::body::Bytes,
 ) -> StatusCode {
-    answer(
-        &shared,
-        &id,
-        Ok(serde_json::from_slice(&body).unwrap_or(Value::Null)),
-    )
-    .await
-}
-
-async fn error(
-    State(shared): State<Shared>,
-    Path(id): Path<String>,
-    body: axum::body::Bytes,
-) -> StatusCode {
-    answer(
-        &shared,
-        &id,
-        Err(serde_json::from_slice(&body).unwrap_or(Value::Null)),
-    )
-    .await
-}
-
-async fn answer(shared: &Shared, id: &str, answer: Answer) -> StatusCode {
-    match shared.waiting.lock().await.remove(id) {
+    let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let answer = match outcome.as_str() {
+        "response" => Ok(body),
+        "error" => Err(body),
+        _ => return StatusCode::NOT_FOUND,
+    };
+    match shared.waiting.lock().await.remove(&id) {
         Some(waiter) => {
             let _ = waiter.send(answer);
             StatusCode::ACCEPTED
