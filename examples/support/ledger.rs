@@ -77,12 +77,7 @@ impl Ledger {
             .return_values(aws_sdk_dynamodb::types::ReturnValue::UpdatedNew)
             .send()
             .await?;
-        Ok(output
-            .attributes()
-            .and_then(|attributes| attributes.get("applied"))
-            .and_then(|value| value.as_n().ok())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_default())
+        Ok(applied(output.attributes()))
     }
 
     /// How often `entry` has been applied.
@@ -95,11 +90,14 @@ impl Ledger {
             .consistent_read(true)
             .send()
             .await?;
-        Ok(output
-            .item()
-            .and_then(|item| item.get("applied"))
-            .and_then(|value| value.as_n().ok())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_default())
+        Ok(applied(output.item()))
     }
+}
+
+/// The `applied` counter of an item (0 when the entry was never applied).
+fn applied(item: Option<&std::collections::HashMap<String, AttributeValue>>) -> u64 {
+    item.and_then(|item| item.get("applied"))
+        .and_then(|value| value.as_n().ok())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_default()
 }
