@@ -9,7 +9,7 @@
 //! cargo bench --bench engine
 //! ```
 
-#[path = "../examples/support/local_dynamodb.rs"]
+#[path = "../src/testing/local.rs"]
 mod local_dynamodb;
 
 use std::time::{Duration, Instant};

@@ -9,7 +9,7 @@
 //! cargo run --example demo
 //! ```
 
-#[path = "support/local_dynamodb.rs"]
+#[path = "../src/testing/local.rs"]
 mod local_dynamodb;
 
 use std::sync::{Arc, Mutex};

@@ -11,7 +11,7 @@
 
 #[path = "support/ledger.rs"]
 mod ledger;
-#[path = "support/local_dynamodb.rs"]
+#[path = "../src/testing/local.rs"]
 mod local_dynamodb;
 
 use std::time::Duration;

@@ -18,10 +18,19 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
+use crate::reconcile::BoxFuture;
+
 /// A source of wall-clock time.
 pub trait Clock: Send + Sync + fmt::Debug {
     /// The current time.
     fn now(&self) -> SystemTime;
+
+    /// Waits `duration` (the engine's pause between retries of a failed write). The default
+    /// sleeps on Tokio's timer; a [`ManualClock`] moves itself forward instead, so that tests
+    /// never sleep.
+    fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {
+        Box::pin(tokio::time::sleep(duration))
+    }
 }
 
 /// The system's wall clock.
@@ -63,5 +72,10 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now(&self) -> SystemTime {
         *self.now.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {
+        self.advance(duration);
+        Box::pin(std::future::ready(()))
     }
 }

@@ -20,6 +20,11 @@ const ITEM_OVERHEAD: usize = 2 * 1024;
 /// The largest outcome that fits in an item next to the other attributes (the default limit).
 pub const MAX_OUTCOME_BYTES: usize = DYNAMODB_ITEM_LIMIT - ITEM_OVERHEAD;
 
+/// The longest result reference kept in a business identity's evidence, in bytes.
+pub const MAX_RESULT_REF_BYTES: usize = 1024;
+/// The longest request id kept in a record, in bytes (longer ones are cut).
+pub const MAX_REQUEST_ID_BYTES: usize = 256;
+
 /// Validated engine settings; build them with [`Config::builder`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {

@@ -24,23 +24,36 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use std::panic::AssertUnwindSafe;
+
+use futures_util::FutureExt;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 use tracing::{Instrument, debug, info_span, warn};
 
+use self::answer::answer_existing;
+use self::give_back::GiveBack;
 use crate::clock::{Clock, SystemClock};
-use crate::config::Config;
-use crate::error::{BoxError, Error};
+use crate::config::{Config, DYNAMODB_ITEM_LIMIT};
+use crate::error::{BoxError, Error, StoreError};
 use crate::execution::{Execution, ExecutionContext, Invocation, Origin};
 use crate::failure::{Classifier, DefaultClassifier, FailureClass};
 use crate::key::OperationKey;
 use crate::reconcile::{BoxFuture, Reconciler, Reconciliation, Takeover};
-use crate::record::{Lease, Record, RetainedFailure, Settlement, Status};
+use crate::record::{
+    Evidence, Lease, Record, RetainedFailure, Settlement, Status, epoch_millis, retention_expiry,
+};
 use crate::store::{Claim, Fence, Guard, Store, Target};
+
+mod answer;
+mod give_back;
+mod retry;
 
 /// How long an INDETERMINATE record is kept: it waits for an operator.
 const INDETERMINATE_RETENTION: Duration = Duration::from_secs(366 * 24 * 3600);
+/// How long an operator's resolution may retry a failing write.
+const OPERATOR_DEADLINE: Duration = Duration::from_secs(10);
 
 /// An operator's decision on an INDETERMINATE operation.
 #[derive(Debug, Clone, PartialEq)]
@@ -178,81 +191,211 @@ impl<S: Store> Idempotency<S> {
         let key = &invocation.key;
         let now = self.clock.now();
         let claim = self.new_claim(invocation, now);
+        let deadline = claim.lease.expires_at;
         let target = Target {
             key,
             identity: invocation.identity.as_deref(),
             guard: Guard::Lease(&claim.lease.token),
         };
-        let attempt = match erased(self.store.claim(&claim, now)).await? {
-            Claim::Acquired => 1,
-            Claim::IdentityTaken(evidence) => {
-                warn!(evidence_status = %evidence.status, "business identity already executed");
-                return Err(Error::KeyExpiredConflict {
-                    key: key.clone(),
-                    evidence: Box::new(evidence),
-                });
+        let held = match self.claim(&claim, invocation, now).await {
+            Ok(Step::Run(held)) => held,
+            Ok(Step::Answer(existing)) => return answer_existing(*existing, invocation, now),
+            Err(err) => {
+                if matches!(err, Error::Store(_)) {
+                    // The claim may have committed with its answer lost: give it back.
+                    let _ = erased(self.store.release(target)).await;
+                }
+                return Err(err);
             }
-            Claim::Existing(existing) => {
-                if existing.fingerprint != invocation.fingerprint {
-                    return Err(Error::PayloadConflict { key: key.clone() });
-                }
-                if !existing.lease_is_takeable(now) {
-                    return answer_existing(existing, invocation, now);
-                }
-                let attempt = existing.lease.attempt.saturating_add(1);
-                let lease = Lease {
-                    attempt,
-                    ..claim.lease.clone()
-                };
-                match erased(self.store.take_over(&existing, &lease, now)).await? {
-                    Fence::Held => warn!(attempt, "took over an expired lease"),
-                    Fence::Lost {
-                        current: Some(current),
-                    } => return answer_existing(*current, invocation, now),
-                    Fence::Lost { current: None } => {
-                        return Err(Error::AlreadyInProgress {
-                            key: key.clone(),
-                            attempt,
-                            retry_after: Duration::ZERO,
-                        });
-                    }
-                }
-                if let Some(answer) = self.reconcile(target, invocation, attempt, existing).await {
-                    return answer;
+        };
+        let mut give_back = GiveBack {
+            store: Arc::clone(&self.store),
+            clock: Arc::clone(&self.clock),
+            key: key.clone(),
+            identity: invocation.identity.clone(),
+            token: claim.lease.token.clone(),
+            armed: true,
+        };
+        let answer = self
+            .run_held(target, invocation, &claim, held, handler)
+            .await;
+        give_back.disarm();
+        match answer {
+            Ok(answer) => answer,
+            Err(panic) => {
+                warn!("the handler panicked: its claim is given back for a reconciled takeover");
+                let _ = self.shorten(target, deadline).await;
+                std::panic::resume_unwind(panic)
+            }
+        }
+    }
+
+    /// Runs the handler (or reconciles) under a held lease; `Err` is the handler's panic.
+    async fn run_held<T, E, F, Fut>(
+        &self,
+        target: Target<'_>,
+        invocation: &Invocation,
+        claim: &Record,
+        held: Held,
+        handler: F,
+    ) -> std::thread::Result<Result<Execution<T>, Error>>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Into<BoxError>,
+        F: FnOnce(ExecutionContext) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let deadline = claim.lease.expires_at;
+        let attempt = match held {
+            Held::Fresh => 1,
+            Held::TakenOver { attempt, previous } => {
+                if let Some(answer) = self
+                    .reconcile(target, invocation, claim, attempt, *previous)
+                    .await
+                {
+                    return Ok(answer);
                 }
                 attempt
             }
         };
         tracing::Span::current().record("attempt", attempt);
         let context = ExecutionContext {
-            key: key.clone(),
+            key: invocation.key.clone(),
             attempt,
         };
-        match handler(context).await {
+        let ran = AssertUnwindSafe(handler(context)).catch_unwind().await?;
+        Ok(match ran {
             Ok(value) => {
-                let raw = self
-                    .complete(
-                        target,
-                        invocation,
-                        attempt,
-                        serde_json::value::to_raw_value(&value),
-                    )
-                    .await?;
-                Ok(Execution {
-                    value,
-                    raw,
-                    origin: Origin::Executed { attempt },
-                })
+                let serialized = serde_json::value::to_raw_value(&value);
+                self.complete(target, invocation, claim, attempt, serialized)
+                    .await
+                    .map(|raw| Execution {
+                        value,
+                        raw,
+                        origin: Origin::Executed { attempt },
+                    })
             }
-            Err(err) => Err(self.fail(target, attempt, err.into()).await?),
+            Err(err) => self
+                .fail(target, attempt, err.into(), deadline)
+                .await
+                .and_then(Err),
+        })
+    }
+
+    /// Claims the key: a fresh claim, a takeover of an expired lease, or the adoption of this
+    /// operation's orphaned evidence; `Err` is the answer when the key is not ours to run.
+    async fn claim(
+        &self,
+        claim: &Record,
+        invocation: &Invocation,
+        now: SystemTime,
+    ) -> Result<Step, Error> {
+        let key = &invocation.key;
+        let deadline = claim.lease.expires_at;
+        let claimed = self
+            .retrying(deadline, || self.store.claim(claim, now))
+            .await?;
+        let existing = match claimed {
+            Claim::Acquired => return Ok(Step::Run(Held::Fresh)),
+            Claim::Existing(existing) if is_own_claim(&existing, claim) => {
+                debug!("the claim committed before its answer was lost");
+                return Ok(Step::Run(Held::Fresh));
+            }
+            Claim::Existing(existing) => existing,
+            Claim::IdentityTaken(evidence)
+                if evidence.key == *key && evidence.status == Status::InProgress =>
+            {
+                return self.adopt(claim, invocation, evidence, now).await;
+            }
+            Claim::IdentityTaken(evidence) => return Err(answer::identity_taken(key, evidence)),
+        };
+        if existing.fingerprint != invocation.fingerprint {
+            return Err(Error::PayloadConflict { key: key.clone() });
         }
+        if !existing.lease_is_takeable(now) {
+            return Ok(Step::Answer(Box::new(existing)));
+        }
+        let lease = Lease {
+            attempt: existing.lease.attempt.saturating_add(1),
+            ..claim.lease.clone()
+        };
+        let expires_at = retention_expiry(lease.expires_at, self.config.retention());
+        let fence = self
+            .retrying(deadline, || {
+                self.store.take_over(&existing, &lease, expires_at, now)
+            })
+            .await?;
+        match fence {
+            Fence::Held => {}
+            Fence::Lost {
+                current: Some(current),
+            } if current.status == Status::InProgress && current.lease == lease => {
+                debug!("the takeover committed before its answer was lost");
+            }
+            Fence::Lost {
+                current: Some(current),
+            } => return Ok(Step::Answer(current)),
+            Fence::Lost { current: None } => {
+                return Err(Error::AlreadyInProgress {
+                    key: key.clone(),
+                    attempt: lease.attempt,
+                    retry_after: Duration::ZERO,
+                });
+            }
+        }
+        warn!(attempt = lease.attempt, "took over an expired lease");
+        Ok(Step::Run(Held::TakenOver {
+            attempt: lease.attempt,
+            previous: Box::new(existing),
+        }))
+    }
+
+    /// Re-creates the record of a crashed attempt that TTL deleted while the identity's
+    /// evidence still says IN_PROGRESS, as a takeover: the reconciler decides, not a blind run.
+    async fn adopt(
+        &self,
+        claim: &Record,
+        invocation: &Invocation,
+        orphan: Evidence,
+        now: SystemTime,
+    ) -> Result<Step, Error> {
+        let key = &invocation.key;
+        if orphan.fingerprint != invocation.fingerprint {
+            return Err(Error::PayloadConflict { key: key.clone() });
+        }
+        let record = Record {
+            lease: Lease {
+                attempt: 2,
+                ..claim.lease.clone()
+            },
+            ..claim.clone()
+        };
+        let adopted = self
+            .retrying(claim.lease.expires_at, || {
+                self.store.adopt(&record, &orphan, now)
+            })
+            .await?;
+        match adopted {
+            Claim::Acquired => {}
+            Claim::Existing(existing) if is_own_claim(&existing, &record) => {}
+            Claim::Existing(existing) => {
+                return Ok(Step::Answer(Box::new(existing)));
+            }
+            Claim::IdentityTaken(evidence) => return Err(answer::identity_taken(key, evidence)),
+        }
+        warn!("adopted a crashed attempt whose record had expired");
+        Ok(Step::Run(Held::TakenOver {
+            attempt: 2,
+            previous: Box::new(orphaned_record(&record, &orphan)),
+        }))
     }
 
     /// Asks the reconciler (if any) about the attempt taken over. `None`: run the handler.
-    async fn reconcile<T: DeserializeOwned>(
+    async fn reconcile<T: Serialize + DeserializeOwned>(
         &self,
         target: Target<'_>,
         invocation: &Invocation,
+        claim: &Record,
         attempt: u32,
         previous: Record,
     ) -> Option<Result<Execution<T>, Error>> {
@@ -265,21 +408,22 @@ impl<S: Store> Idempotency<S> {
         };
         let answer = match reconciler.reconcile(takeover).await {
             Ok(Reconciliation::NotApplied) => return None,
-            Ok(Reconciliation::Applied(value)) => self
-                .complete(
-                    target,
-                    invocation,
-                    attempt,
-                    serde_json::value::to_raw_value(&value),
-                )
-                .await
-                .and_then(|raw| {
-                    decode_outcome(key, raw).map(|(value, raw)| Execution {
-                        value,
-                        raw,
-                        origin: Origin::Reconciled { attempt },
-                    })
+            Ok(Reconciliation::Applied(value)) => match serde_json::from_value::<T>(value) {
+                Ok(value) => {
+                    let serialized = serde_json::value::to_raw_value(&value);
+                    self.complete(target, invocation, claim, attempt, serialized)
+                        .await
+                        .map(|raw| Execution {
+                            value,
+                            raw,
+                            origin: Origin::Reconciled { attempt },
+                        })
+                }
+                Err(err) => Err(Error::OutcomeMismatch {
+                    key: key.clone(),
+                    reason: err.to_string(),
                 }),
+            },
             Ok(Reconciliation::Unknown) => {
                 warn!(
                     attempt,
@@ -293,7 +437,7 @@ impl<S: Store> Idempotency<S> {
                     expires_at: now + INDETERMINATE_RETENTION,
                     completed_at: now,
                 };
-                self.settle(target, attempt, &settlement)
+                self.settle(target, attempt, &settlement, claim.lease.expires_at)
                     .await
                     .and(Err(Error::Indeterminate { key: key.clone() }))
             }
@@ -316,7 +460,7 @@ impl<S: Store> Idempotency<S> {
                 attempt: 1,
                 expires_at: lease_expires_at,
             },
-            expires_at: (now + self.config.retention()).max(lease_expires_at),
+            expires_at: retention_expiry(lease_expires_at, self.config.retention()),
             outcome: None,
             created_at: now,
             completed_at: None,
@@ -331,30 +475,46 @@ impl<S: Store> Idempotency<S> {
         &self,
         target: Target<'_>,
         invocation: &Invocation,
+        claim: &Record,
         attempt: u32,
         serialized: serde_json::Result<Box<RawValue>>,
     ) -> Result<Box<RawValue>, Error> {
         let key = target.key;
-        let limit = self.config.max_outcome_bytes();
+        let deadline = claim.lease.expires_at;
+        let now = self.clock.now();
         let unstorable = match serialized {
-            Ok(raw) if raw.get().len() <= limit => {
-                let now = self.clock.now();
+            Ok(raw) => {
                 let settlement = Settlement {
                     status: Status::Completed,
                     outcome: Some(raw.get().as_bytes().to_vec()),
-                    result_ref: result_ref(invocation, &raw),
+                    result_ref: answer::result_ref(invocation, &raw),
                     expires_at: now + self.config.retention(),
                     completed_at: now,
                 };
-                self.settle(target, attempt, &settlement).await?;
-                debug!(attempt, "completed");
-                return Ok(raw);
+                let limit = self.outcome_limit(claim, &settlement);
+                if raw.get().len() <= limit {
+                    match self.settle(target, attempt, &settlement, deadline).await {
+                        Err(Error::Store(StoreError::Rejected { message, .. })) => {
+                            warn!(attempt, "the store rejected the outcome after the effect");
+                            self.retain(target, attempt, "outcome_unstorable", message, deadline)
+                                .await?;
+                            return Err(Error::OutcomeTooLarge {
+                                key: key.clone(),
+                                size: raw.get().len(),
+                                limit,
+                            });
+                        }
+                        settled => settled?,
+                    }
+                    debug!(attempt, "completed");
+                    return Ok(raw);
+                }
+                Error::OutcomeTooLarge {
+                    key: key.clone(),
+                    size: raw.get().len(),
+                    limit,
+                }
             }
-            Ok(raw) => Error::OutcomeTooLarge {
-                key: key.clone(),
-                size: raw.get().len(),
-                limit,
-            },
             Err(err) => Error::InvalidEvent {
                 reason: format!("the handler's result does not serialize to JSON: {err}"),
             },
@@ -363,27 +523,49 @@ impl<S: Store> Idempotency<S> {
             Error::OutcomeTooLarge { .. } => "outcome_too_large",
             _ => "outcome_unserializable",
         };
-        self.retain(target, attempt, kind, unstorable.to_string())
+        self.retain(target, attempt, kind, unstorable.to_string(), deadline)
             .await?;
         Err(unstorable)
     }
 
-    /// Handles a handler error by its class: release (retryable) or retain (terminal).
+    /// The largest outcome `settlement` may carry: the configured limit, and what the rest of
+    /// the settled item leaves of DynamoDB's item limit.
+    fn outcome_limit(&self, claim: &Record, settlement: &Settlement) -> usize {
+        let settled = Record {
+            status: settlement.status,
+            outcome: Some(Vec::new()),
+            expires_at: settlement.expires_at,
+            completed_at: Some(settlement.completed_at),
+            ..claim.clone()
+        };
+        let rest = self.store.item_size(&settled);
+        self.config
+            .max_outcome_bytes()
+            .min(DYNAMODB_ITEM_LIMIT.saturating_sub(rest))
+    }
+
+    /// Handles a handler error by its class: release (retryable) or retain (terminal); the
+    /// error for the caller.
     async fn fail(
         &self,
         target: Target<'_>,
         attempt: u32,
         source: BoxError,
+        deadline: SystemTime,
     ) -> Result<Error, Error> {
         match self.classifier.classify(&*source) {
             FailureClass::Retryable => {
-                if let Fence::Lost { .. } = erased(self.store.release(target)).await? {
+                let fence = self
+                    .retrying(deadline, || self.store.release(target))
+                    .await?;
+                // Gone already: this release committed before its answer was lost.
+                if let Fence::Lost { current: Some(_) } = fence {
                     warn!(attempt, "handler failed after its lease was taken over");
                 }
             }
             FailureClass::Terminal { kind } => {
                 warn!(attempt, kind, "terminal failure retained");
-                self.retain(target, attempt, &kind, source.to_string())
+                self.retain(target, attempt, &kind, source.to_string(), deadline)
                     .await?;
             }
         }
@@ -397,6 +579,7 @@ impl<S: Store> Idempotency<S> {
         attempt: u32,
         kind: &str,
         message: String,
+        deadline: SystemTime,
     ) -> Result<(), Error> {
         let failure = RetainedFailure {
             kind: kind.to_owned(),
@@ -410,18 +593,32 @@ impl<S: Store> Idempotency<S> {
             expires_at: now + self.config.retention(),
             completed_at: now,
         };
-        self.settle(target, attempt, &settlement).await
+        self.settle(target, attempt, &settlement, deadline).await
     }
 
-    /// A fenced settlement; a lost fence is [`Error::LeaseLost`].
+    /// A fenced settlement, retried while transient; a lost fence is [`Error::LeaseLost`],
+    /// unless the record shows this very settlement (it committed before its answer was lost).
     async fn settle(
         &self,
         target: Target<'_>,
         attempt: u32,
         settlement: &Settlement,
+        deadline: SystemTime,
     ) -> Result<(), Error> {
-        match erased(self.store.settle(target, settlement)).await? {
+        let fence = self
+            .retrying(deadline, || self.store.settle(target, settlement))
+            .await?;
+        match fence {
             Fence::Held => Ok(()),
+            Fence::Lost {
+                current: Some(current),
+            } if shows_settlement(&current, target.guard, settlement) => {
+                debug!(
+                    attempt,
+                    "the settlement committed before its answer was lost"
+                );
+                Ok(())
+            }
             Fence::Lost { current } => {
                 warn!(
                     attempt,
@@ -436,9 +633,22 @@ impl<S: Store> Idempotency<S> {
         }
     }
 
-    /// Resolves an INDETERMINATE operation (an operator's decision). Returns `false`, changing
-    /// nothing, when the operation is not INDETERMINATE.
-    pub async fn resolve(&self, key: &OperationKey, resolution: Resolution) -> Result<bool, Error> {
+    /// Gives a held claim back: its lease runs out now.
+    async fn shorten(&self, target: Target<'_>, deadline: SystemTime) -> Result<Fence, Error> {
+        let until = self.clock.now();
+        Ok(self
+            .retrying(deadline, || self.store.shorten(target, until))
+            .await?)
+    }
+
+    /// Resolves an INDETERMINATE operation (an operator's decision); `T` is the handler's
+    /// output type, which a [`Resolution::Completed`] result must decode as. Returns `false`,
+    /// changing nothing, when the operation is not INDETERMINATE.
+    pub async fn resolve<T: DeserializeOwned>(
+        &self,
+        key: &OperationKey,
+        resolution: Resolution,
+    ) -> Result<bool, Error> {
         let Some(record) = erased(self.store.get(key)).await? else {
             return Ok(false);
         };
@@ -448,11 +658,26 @@ impl<S: Store> Idempotency<S> {
             guard: Guard::Indeterminate,
         };
         let now = self.clock.now();
+        let deadline = now + OPERATOR_DEADLINE;
         let (status, outcome) = match resolution {
             Resolution::Release => {
-                return Ok(erased(self.store.release(target)).await? == Fence::Held);
+                let fence = self
+                    .retrying(deadline, || self.store.release(target))
+                    .await?;
+                return Ok(match fence {
+                    Fence::Held | Fence::Lost { current: None } => true,
+                    Fence::Lost { current: Some(_) } => false,
+                });
             }
-            Resolution::Completed(value) => (Status::Completed, value.to_string()),
+            Resolution::Completed(value) => {
+                if let Err(err) = serde_json::from_value::<T>(value.clone()) {
+                    return Err(Error::OutcomeMismatch {
+                        key: key.clone(),
+                        reason: err.to_string(),
+                    });
+                }
+                (Status::Completed, value.to_string())
+            }
             Resolution::Failed(failure) => (Status::Failed, failure.to_json()),
         };
         let settlement = Settlement {
@@ -462,7 +687,61 @@ impl<S: Store> Idempotency<S> {
             expires_at: now + self.config.retention(),
             completed_at: now,
         };
-        Ok(erased(self.store.settle(target, &settlement)).await? == Fence::Held)
+        match self
+            .settle(target, record.lease.attempt, &settlement, deadline)
+            .await
+        {
+            Ok(()) => Ok(true),
+            Err(Error::LeaseLost { .. }) => Ok(false),
+            Err(err) => Err(err),
+        }
+    }
+}
+
+/// What a claim leads to.
+enum Step {
+    /// The caller holds the lease: run (or reconcile).
+    Run(Held),
+    /// Another record stands: answer from it (replay, retained failure, wait).
+    Answer(Box<Record>),
+}
+
+/// How the caller came to hold the lease.
+enum Held {
+    /// A fresh claim: attempt 1.
+    Fresh,
+    /// A takeover of a crashed attempt (or the adoption of its orphaned evidence).
+    TakenOver { attempt: u32, previous: Box<Record> },
+}
+
+/// Whether `existing` is the caller's own `claim`: it committed before its answer was lost and
+/// the SDK's retry found it standing.
+fn is_own_claim(existing: &Record, claim: &Record) -> bool {
+    existing.status == Status::InProgress && existing.lease == claim.lease
+}
+
+/// Whether `current` is the record as `settlement` left it under `guard`.
+fn shows_settlement(current: &Record, guard: Guard<'_>, settlement: &Settlement) -> bool {
+    let same_write = current.status == settlement.status
+        && current.completed_at.map(epoch_millis) == Some(epoch_millis(settlement.completed_at));
+    match guard {
+        Guard::Lease(token) => same_write && current.lease.token == token,
+        Guard::Indeterminate => same_write,
+    }
+}
+
+/// The crashed attempt of an orphaned evidence, as the reconciler sees it.
+fn orphaned_record(adopted: &Record, orphan: &Evidence) -> Record {
+    Record {
+        lease: Lease {
+            token: String::new(),
+            attempt: 1,
+            expires_at: orphan.created_at,
+        },
+        expires_at: orphan.created_at,
+        created_at: orphan.created_at,
+        request_id: None,
+        ..adopted.clone()
     }
 }
 
@@ -471,69 +750,4 @@ impl<S: Store> Idempotency<S> {
 /// recursion limit).
 fn erased<'a, T>(future: impl Future<Output = T> + Send + 'a) -> BoxFuture<'a, T> {
     Box::pin(future)
-}
-
-/// The evidence's result reference: the part of the result at the invocation's pointer.
-fn result_ref(invocation: &Invocation, raw: &RawValue) -> Option<String> {
-    let pointer = invocation.result_ref.as_ref()?;
-    let value: serde_json::Value = serde_json::from_str(raw.get()).ok()?;
-    match pointer.find(&value)? {
-        serde_json::Value::String(text) => Some(text.clone()),
-        other => Some(other.to_string()),
-    }
-}
-
-/// Decodes stored JSON into the handler's output type.
-fn decode_outcome<T: DeserializeOwned>(
-    key: &OperationKey,
-    raw: Box<RawValue>,
-) -> Result<(T, Box<RawValue>), Error> {
-    match serde_json::from_str(raw.get()) {
-        Ok(value) => Ok((value, raw)),
-        Err(err) => Err(Error::StoredOutcomeUnreadable {
-            key: key.clone(),
-            reason: err.to_string(),
-        }),
-    }
-}
-
-/// The answer for a key held by a live record of the same intent: replay or wait.
-fn answer_existing<T: DeserializeOwned>(
-    existing: Record,
-    invocation: &Invocation,
-    now: SystemTime,
-) -> Result<Execution<T>, Error> {
-    let key = invocation.key.clone();
-    if existing.fingerprint != invocation.fingerprint {
-        return Err(Error::PayloadConflict { key });
-    }
-    let unreadable = |reason: String| Error::StoredOutcomeUnreadable {
-        key: key.clone(),
-        reason,
-    };
-    match existing.status {
-        Status::Completed => {
-            let json = String::from_utf8(existing.outcome.unwrap_or_default())
-                .map_err(|err| unreadable(err.to_string()))?;
-            let raw = RawValue::from_string(json).map_err(|err| unreadable(err.to_string()))?;
-            let (value, raw) = decode_outcome(&key, raw)?;
-            debug!("replayed");
-            Ok(Execution {
-                value,
-                raw,
-                origin: Origin::Replayed,
-            })
-        }
-        Status::Failed => {
-            let failure = serde_json::from_slice(existing.outcome.as_deref().unwrap_or_default())
-                .map_err(|err| unreadable(err.to_string()))?;
-            Err(Error::Failed { key, failure })
-        }
-        Status::InProgress => Err(Error::AlreadyInProgress {
-            key,
-            attempt: existing.lease.attempt,
-            retry_after: existing.lease.remaining(now),
-        }),
-        Status::Indeterminate => Err(Error::Indeterminate { key }),
-    }
 }

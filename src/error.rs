@@ -136,6 +136,19 @@ pub enum Error {
         reason: String,
     },
 
+    /// A result given in the handler's place (a reconciler's `Applied` value, an operator's
+    /// `Completed` resolution) does not decode as the handler's output type; nothing was stored.
+    #[error(
+        "the result given for operation {} does not decode as the handler's output ({reason}); nothing was stored: give a value of the handler's output type",
+        key.short()
+    )]
+    OutcomeMismatch {
+        /// The operation key.
+        key: OperationKey,
+        /// The decoder's message.
+        reason: String,
+    },
+
     /// The idempotency store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -146,6 +159,16 @@ pub enum Error {
         /// The handler's error.
         source: BoxError,
     },
+}
+
+impl Error {
+    /// Whether the error shows that the operation already took effect, so that a consumer may
+    /// acknowledge the message: a [`Error::KeyExpiredConflict`] whose evidence is COMPLETED.
+    /// Evidence of an operation that is in progress, failed or indeterminate is a reconcile or
+    /// operator case, never a reason to acknowledge.
+    pub fn already_took_effect(&self) -> bool {
+        matches!(self, Self::KeyExpiredConflict { evidence, .. } if evidence.status == crate::record::Status::Completed)
+    }
 }
 
 /// A failure of the idempotency store, mapped from the backend's own errors.
@@ -159,6 +182,26 @@ pub enum StoreError {
     TableNotFound {
         /// The table name.
         table: String,
+    },
+
+    /// The uniqueness table does not exist or is not visible to these credentials.
+    #[error(
+        "uniqueness table `{table}` not found; deploy it (template.yaml) or set UNIQUENESS_TABLE"
+    )]
+    UniquenessTableNotFound {
+        /// The table name.
+        table: String,
+    },
+
+    /// The credentials may not make the request (IAM), or are missing, invalid or expired.
+    #[error(
+        "the idempotency store refused `{operation}` to these credentials ({code}); grant the function's role access to the tables (template.yaml) or fix the credentials"
+    )]
+    AccessDenied {
+        /// The store operation.
+        operation: &'static str,
+        /// The backend's error code, e.g. `AccessDeniedException`.
+        code: String,
     },
 
     /// The store throttled the request; the caller should retry with backoff.

@@ -61,6 +61,11 @@ pub mod lambda;
 pub mod reconcile;
 pub mod record;
 pub mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+// Lets code shared with the examples and tests (`testing`) name this crate as they do.
+extern crate self as lambda_idempotency;
 
 /// The README's examples, compiled as doctests so that it stays true.
 #[cfg(doctest)]

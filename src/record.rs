@@ -36,6 +36,11 @@ impl Status {
         }
     }
 
+    /// COMPLETED or FAILED: the operation has its final, replayable outcome.
+    pub const fn is_settled(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed)
+    }
+
     /// Parses the stored spelling.
     pub fn parse(stored: &str) -> Option<Self> {
         [
@@ -104,18 +109,18 @@ pub struct Record {
 }
 
 impl Record {
-    /// Whether retention has run out at `now` (second resolution, as stored): an expired record
-    /// counts as absent even before TTL deletes it.
+    /// Whether retention has run out at `now` (second resolution, as stored). TTL deletes such a
+    /// record eventually, whatever its status.
     pub fn is_expired(&self, now: SystemTime) -> bool {
         epoch_secs(self.expires_at) < epoch_secs(now)
     }
 
-    /// Whether a `claim` made at `now` may replace this record: it has expired, or it is an
-    /// IN_PROGRESS claim of the same intent whose lease ran out. This is the claim condition
-    /// every store applies.
-    pub fn yields_to(&self, claim: &Record, now: SystemTime) -> bool {
-        self.is_expired(now)
-            || (self.lease_is_takeable(now) && self.fingerprint == claim.fingerprint)
+    /// Whether a claim at `now` treats this record as absent: only a *settled* record
+    /// (COMPLETED, FAILED) whose retention ran out. An IN_PROGRESS or INDETERMINATE record never
+    /// expires into a fresh claim, however old: it is taken over (after reconciliation) or
+    /// waits for an operator. This is the claim condition every store applies.
+    pub fn counts_as_absent(&self, now: SystemTime) -> bool {
+        self.status.is_settled() && self.is_expired(now)
     }
 
     /// Whether an IN_PROGRESS claim may be taken over at `now`.
@@ -222,12 +227,24 @@ pub fn epoch_millis(time: SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// The time `millis` milliseconds after the Unix epoch.
-pub fn from_epoch_millis(millis: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(millis)
+/// The time `millis` milliseconds after the Unix epoch; `None` past what the platform's clock
+/// can represent.
+pub fn from_epoch_millis(millis: u64) -> Option<SystemTime> {
+    UNIX_EPOCH.checked_add(Duration::from_millis(millis))
 }
 
-/// The time `secs` seconds after the Unix epoch.
-pub fn from_epoch_secs(secs: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_secs(secs)
+/// The time `secs` seconds after the Unix epoch; `None` past what the platform's clock can
+/// represent.
+pub fn from_epoch_secs(secs: u64) -> Option<SystemTime> {
+    UNIX_EPOCH.checked_add(Duration::from_secs(secs))
+}
+
+/// The retention expiry of a record holding a lease until `lease_expires_at`: `retention`
+/// after the lease runs out (rounded up to the next whole second, as stored). TTL can then
+/// never delete a record under a live lease, and a crashed attempt's record stays, to be taken
+/// over after reconciliation, for as long as a settled one would.
+pub fn retention_expiry(lease_expires_at: SystemTime, retention: Duration) -> SystemTime {
+    let rounded_up =
+        from_epoch_secs(epoch_secs(lease_expires_at).saturating_add(1)).unwrap_or(lease_expires_at);
+    rounded_up + retention
 }

@@ -5,7 +5,10 @@
 //! after a failure the rest of its group is not run and is reported failed too, so that order
 //! survives the retry. The answer is the partial-batch response: only failed or in-progress
 //! records come back. A replayed record, or one whose permanent evidence shows it took effect
-//! ([`Error::KeyExpiredConflict`]), is acknowledged, not run again.
+//! ([`Error::already_took_effect`]), is acknowledged, not run again; evidence of an operation
+//! still in progress, failed or indeterminate is reported failed. A batch close to its deadline
+//! starts no new record ([`BatchProcessor::with_deadline_margin`]): those are reported failed
+//! and come back, rather than being cut off mid-effect.
 //!
 //! ```no_run
 //! use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
@@ -303,7 +306,7 @@ impl<S: Store, R: BatchRecord> BatchProcessor<S, R> {
         {
             Ok(done) if matches!(done.origin(), Origin::Executed { .. }) => RecordOutcome::Executed,
             Ok(_) => RecordOutcome::AlreadyDone,
-            Err(Error::KeyExpiredConflict { .. }) => {
+            Err(err) if err.already_took_effect() => {
                 warn!(
                     key = invocation.key().short(),
                     "record already took effect (permanent evidence); acknowledged"

@@ -18,6 +18,7 @@ impl From<Error> for Diagnostic {
             Error::OutcomeTooLarge { .. } => "OutcomeTooLarge",
             Error::Failed { .. } => "Failed",
             Error::StoredOutcomeUnreadable { .. } => "StoredOutcomeUnreadable",
+            Error::OutcomeMismatch { .. } => "OutcomeMismatch",
             Error::Store(_) => "Store",
             Error::Handler { .. } => "Handler",
         };

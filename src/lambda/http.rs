@@ -163,7 +163,10 @@ fn error_response(err: &Error) -> ApiGatewayV2httpResponse {
             (409, "request_in_progress", Some(*retry_after))
         }
         Error::PayloadConflict { .. } => (422, "idempotency_key_reused", None),
-        Error::KeyExpiredConflict { .. } => (409, "operation_already_applied", None),
+        Error::KeyExpiredConflict { .. } if err.already_took_effect() => {
+            (409, "operation_already_applied", None)
+        }
+        Error::KeyExpiredConflict { .. } => (409, "operation_pending", None),
         Error::Indeterminate { .. } => (409, "operation_indeterminate", None),
         Error::Store(_) | Error::LeaseLost { .. } | Error::ReconcileFailed { .. } => {
             (503, "temporarily_unavailable", Some(Duration::from_secs(1)))

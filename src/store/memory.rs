@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use crate::error::StoreError;
 use crate::key::OperationKey;
-use crate::record::{Evidence, Lease, Record, Settlement};
+use crate::record::{Evidence, Lease, Record, Settlement, Status, epoch_millis};
 use crate::store::{Claim, Fence, Store, Target};
 
 /// Records in maps behind one mutex; clones share them.
@@ -95,7 +95,7 @@ impl Store for MemoryStore {
         if let Some(existing) = tables
             .records
             .get(&record.key)
-            .filter(|existing| !existing.is_expired(now))
+            .filter(|existing| !existing.counts_as_absent(now))
         {
             return Ok(Claim::Existing(existing.clone()));
         }
@@ -111,10 +111,44 @@ impl Store for MemoryStore {
         Ok(Claim::Acquired)
     }
 
+    async fn adopt(
+        &self,
+        record: &Record,
+        orphan: &Evidence,
+        now: SystemTime,
+    ) -> Result<Claim, StoreError> {
+        let mut tables = self.lock();
+        if let Some(existing) = tables
+            .records
+            .get(&record.key)
+            .filter(|existing| !existing.counts_as_absent(now))
+        {
+            return Ok(Claim::Existing(existing.clone()));
+        }
+        let Some(identity) = record.identity.as_deref() else {
+            return Err(StoreError::CorruptRecord {
+                key_short: record.key.short().to_owned(),
+                reason: "an adopted claim must name its business identity".into(),
+            });
+        };
+        match tables.evidence.get(identity) {
+            Some(standing) if is_orphan(standing, orphan) => {
+                tables.records.insert(record.key.clone(), record.clone());
+                Ok(Claim::Acquired)
+            }
+            Some(standing) => Ok(Claim::IdentityTaken(standing.clone())),
+            None => Err(StoreError::CorruptRecord {
+                key_short: record.key.short().to_owned(),
+                reason: "the evidence to adopt is gone".into(),
+            }),
+        }
+    }
+
     async fn take_over(
         &self,
         previous: &Record,
         lease: &Lease,
+        expires_at: SystemTime,
         now: SystemTime,
     ) -> Result<Fence, StoreError> {
         let mut tables = self.lock();
@@ -123,6 +157,7 @@ impl Store for MemoryStore {
                 if record.lease.token == previous.lease.token && record.lease_is_takeable(now) =>
             {
                 record.lease = lease.clone();
+                record.expires_at = expires_at;
                 Ok(Fence::Held)
             }
             current => Ok(Fence::Lost {
@@ -154,6 +189,14 @@ impl Store for MemoryStore {
         })
     }
 
+    async fn shorten(&self, target: Target<'_>, until: SystemTime) -> Result<Fence, StoreError> {
+        self.fenced(target, |tables| {
+            if let Some(record) = tables.records.get_mut(target.key) {
+                record.lease.expires_at = until;
+            }
+        })
+    }
+
     async fn release(&self, target: Target<'_>) -> Result<Fence, StoreError> {
         self.fenced(target, |tables| {
             tables.records.remove(target.key);
@@ -170,6 +213,14 @@ impl Store for MemoryStore {
     async fn evidence(&self, identity: &str) -> Result<Option<Evidence>, StoreError> {
         Ok(self.lock().evidence.get(identity).cloned())
     }
+}
+
+/// Whether `standing` evidence is still the `orphan` an adoption expects: the same operation,
+/// IN_PROGRESS, created at the same moment (millisecond resolution, as stored).
+fn is_orphan(standing: &Evidence, orphan: &Evidence) -> bool {
+    standing.key == orphan.key
+        && standing.status == Status::InProgress
+        && epoch_millis(standing.created_at) == epoch_millis(orphan.created_at)
 }
 
 /// The error for a fenced write whose identity's evidence is missing or another operation's.

@@ -4,16 +4,25 @@
 //! status means. It offers conditional writes, each atomic, and every backend implements them
 //! with the same semantics, which the conformance suite (`tests/`) checks on all of them:
 //!
-//! - [`Store::claim`] writes an IN_PROGRESS record if its key is absent or its record has
-//!   expired (`expires_at < now`, second resolution); otherwise it returns the existing record,
-//!   read in the same request. When the record declares a business identity, the claim also
-//!   writes the identity's permanent [`Evidence`], atomically, and fails with the standing
-//!   evidence if there is one.
+//! - [`Store::claim`] writes an IN_PROGRESS record if its key is absent or its record is
+//!   settled (COMPLETED, FAILED) and expired (`expires_at < now`, second resolution): an
+//!   IN_PROGRESS or INDETERMINATE record never counts as absent ([`Record::counts_as_absent`]).
+//!   Otherwise it returns the existing record, read in the same request. When the record
+//!   declares a business identity, the claim also writes the identity's permanent
+//!   [`Evidence`], atomically, and fails with the standing evidence if there is one.
+//! - [`Store::adopt`] is the claim of an operation whose record TTL deleted while its evidence
+//!   still says IN_PROGRESS (a crashed attempt): it re-creates the record if the key is still
+//!   absent and the evidence still the orphan's.
 //! - [`Store::take_over`] replaces the lease of an IN_PROGRESS record whose lease ran out
-//!   (millisecond resolution), conditioned on the expired holder's token: of two takers, one wins.
-//! - [`Store::settle`] and [`Store::release`] are fenced by a [`Guard`]: the caller's lease, or
-//!   (for an operator's resolution) the INDETERMINATE status. With an identity they update or
-//!   delete the evidence in the same transaction.
+//!   (millisecond resolution), conditioned on the expired holder's token (of two takers, one
+//!   wins), and moves its retention past the new lease.
+//! - [`Store::settle`], [`Store::release`] and [`Store::shorten`] are fenced by a [`Guard`]:
+//!   the caller's lease, or (for an operator's resolution) the INDETERMINATE status. With an
+//!   identity, settle and release update or delete the evidence in the same transaction.
+//!
+//! A failed condition returns the record as it stands. The engine, not the store, reads it:
+//! when it shows the caller's own token in the state the caller was writing, the write had
+//! committed and only its answer was lost (an ambiguous write retried by the SDK).
 //!
 //! Backends: [`MemoryStore`] (in-process) and [`DynamoDbStore`].
 
@@ -99,13 +108,32 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         now: SystemTime,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
-    /// Gives `previous`'s record the new `lease` if it is still IN_PROGRESS under
-    /// `previous.lease.token` and that lease has run out at `now`.
+    /// Writes `record` (IN_PROGRESS, a takeover of a crashed attempt) if its key is absent or
+    /// its record settled and expired, and the identity's evidence is still `orphan` (this
+    /// operation's, IN_PROGRESS, created when `orphan` was).
+    fn adopt(
+        &self,
+        record: &Record,
+        orphan: &Evidence,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+
+    /// Gives `previous`'s record the new `lease` and the retention `expires_at` if it is still
+    /// IN_PROGRESS under `previous.lease.token` and that lease has run out at `now`.
     fn take_over(
         &self,
         previous: &Record,
         lease: &Lease,
+        expires_at: SystemTime,
         now: SystemTime,
+    ) -> impl Future<Output = Result<Fence, StoreError>> + Send;
+
+    /// Moves the target's lease expiry to `until` (a claim given back early: a panicking or
+    /// cancelled handler), so that the next delivery takes over without waiting out the lease.
+    fn shorten(
+        &self,
+        target: Target<'_>,
+        until: SystemTime,
     ) -> impl Future<Output = Result<Fence, StoreError>> + Send;
 
     /// Moves the target record to `settlement.status` with its outcome (and its evidence too).
@@ -130,4 +158,11 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         &self,
         identity: &str,
     ) -> impl Future<Output = Result<Option<Evidence>, StoreError>> + Send;
+
+    /// The size `record` takes as one item, by DynamoDB's rules (attribute names plus values),
+    /// with this store's attribute names. The engine checks it against
+    /// [`DYNAMODB_ITEM_LIMIT`](crate::config::DYNAMODB_ITEM_LIMIT) before it writes an outcome.
+    fn item_size(&self, record: &Record) -> usize {
+        AttributeNames::default().item_size(record)
+    }
 }

@@ -16,7 +16,7 @@ use lambda_runtime::Context;
 use serde_json::json;
 use tokio::sync::watch;
 
-use crate::support::dynamo;
+use lambda_idempotency::testing::dynamo;
 
 fn message(id: &str, queue: &str, group: Option<&str>, body: serde_json::Value) -> SqsMessage {
     let mut attributes = json!({"ApproximateReceiveCount": "1"});

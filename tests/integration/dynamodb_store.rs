@@ -11,8 +11,8 @@ use lambda_idempotency::{
     Config, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope, StoreError,
 };
 
-use crate::support::conformance::{Fixture, Sweeper, start_time};
-use crate::support::dynamo;
+use lambda_idempotency::testing::conformance::{Fixture, Sweeper, start_time};
+use lambda_idempotency::testing::dynamo;
 
 async fn fixture() -> Fixture<DynamoDbStore> {
     let clock = ManualClock::new(start_time());
@@ -29,7 +29,7 @@ async fn fixture() -> Fixture<DynamoDbStore> {
     }
 }
 
-crate::support::conformance::conformance!(fixture());
+lambda_idempotency::conformance_tests!(fixture());
 
 fn invocation(material: &str) -> Invocation {
     let scope = OperationScope::new("dynamodb", "op").expect("scope");
@@ -138,7 +138,7 @@ async fn missing_table_is_a_typed_error() {
 #[tokio::test]
 async fn sort_key_and_renamed_attributes_work() {
     let db = dynamo::start().await;
-    let table = dynamo::local_dynamodb::unique_table_name("single-table");
+    let table = lambda_idempotency::testing::local::unique_table_name("single-table");
     let names = AttributeNames {
         sort_key: Some(SortKey {
             attribute: "sk".into(),
@@ -191,7 +191,7 @@ async fn round_trips_takeover_three() {
     let clock = ManualClock::new(SystemTime::now());
     let idem = Idempotency::new(db.store(), Config::default()).with_clock(clock.clone());
     let inv = invocation("takeover-round-trips");
-    crate::support::conformance::crash_after_claim(&idem, &inv).await;
+    lambda_idempotency::testing::conformance::crash_after_claim(&idem, &inv).await;
     clock.advance(Duration::from_secs(31));
 
     let before = db.requests.count();

@@ -7,10 +7,10 @@ use std::process::Stdio;
 use lambda_idempotency::store::DynamoDbStore;
 use serde_json::{Value, json};
 
-use crate::support::dynamo;
 use crate::support::ledger::Ledger;
-use crate::support::local_dynamodb::unique_table_name;
 use crate::support::runtime_api::RuntimeApi;
+use lambda_idempotency::testing::dynamo;
+use lambda_idempotency::testing::local::unique_table_name;
 
 /// The example binary that `cargo test` built beside this test binary (building it if not).
 fn example_binary(name: &str) -> PathBuf {

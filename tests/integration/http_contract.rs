@@ -11,7 +11,7 @@ use lambda_idempotency::{Config, ExecutionContext, Idempotency, OperationScope};
 use lambda_runtime::{Context, LambdaEvent};
 use serde_json::{Value, json};
 
-use crate::support::dynamo;
+use lambda_idempotency::testing::dynamo;
 
 fn request(key: Option<&str>, body: Value) -> LambdaEvent<ApiGatewayV2httpRequest> {
     let mut headers = json!({"content-type": "application/json"});

@@ -12,7 +12,7 @@ use lambda_runtime::tower::{Service, ServiceBuilder, ServiceExt};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent, service_fn};
 use serde_json::{Value, json};
 
-use crate::support::dynamo;
+use lambda_idempotency::testing::dynamo;
 
 /// A clock on a whole second, so that millisecond deadlines round-trip exactly.
 fn whole_second_clock() -> ManualClock {

@@ -7,5 +7,6 @@ mod http_contract;
 mod keys;
 mod lambda_layer;
 mod memory_store;
+mod simulation;
 mod sources;
 mod support;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::store::MemoryStore;
 
-use crate::support::conformance::{Fixture, Sweeper, start_time};
+use lambda_idempotency::testing::conformance::{Fixture, Sweeper, start_time};
 
 async fn fixture() -> Fixture<MemoryStore> {
     let clock = ManualClock::new(start_time());
@@ -24,4 +24,4 @@ async fn fixture() -> Fixture<MemoryStore> {
     }
 }
 
-crate::support::conformance::conformance!(fixture());
+lambda_idempotency::conformance_tests!(fixture());

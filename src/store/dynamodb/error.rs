@@ -37,6 +37,17 @@ where
             operation,
             source: Box::new(err),
         },
+        Some(
+            code @ ("AccessDeniedException"
+            | "UnrecognizedClientException"
+            | "InvalidSignatureException"
+            | "MissingAuthenticationTokenException"
+            | "ExpiredTokenException"
+            | "IncompleteSignatureException"),
+        ) => StoreError::AccessDenied {
+            operation,
+            code: code.to_owned(),
+        },
         Some("ValidationException" | "SerializationException") => StoreError::Rejected {
             operation,
             message: err.message().unwrap_or("no message").to_owned(),
@@ -44,6 +55,33 @@ where
         _ => StoreError::Unavailable {
             operation,
             source: Box::new(err),
+        },
+    }
+}
+
+/// Maps the code of a cancelled transaction's failed item (other than a failed condition,
+/// which callers read first) into a [`StoreError`].
+pub(crate) fn map_cancellation(
+    operation: &'static str,
+    code: &str,
+    message: Option<&str>,
+) -> StoreError {
+    let message = message.unwrap_or("no message");
+    match code {
+        "TransactionConflict" => StoreError::Contention { operation },
+        "ThrottlingError" | "ProvisionedThroughputExceeded" | "RequestLimitExceeded" => {
+            StoreError::Throttled {
+                operation,
+                source: format!("transaction cancelled: {code}: {message}").into(),
+            }
+        }
+        "ValidationError" | "ItemCollectionSizeLimitExceeded" => StoreError::Rejected {
+            operation,
+            message: format!("transaction cancelled: {code}: {message}"),
+        },
+        _ => StoreError::Unavailable {
+            operation,
+            source: format!("transaction cancelled: {code}: {message}").into(),
         },
     }
 }

@@ -4,7 +4,7 @@ use super::item::{Decoder, Item, corrupt, millis, read_s, s};
 use super::writes::{Expr, Write};
 use crate::error::StoreError;
 use crate::key::{Fingerprint, OperationKey};
-use crate::record::{Evidence, Record, Settlement, Status, from_epoch_millis};
+use crate::record::{Evidence, Record, Settlement, Status};
 use crate::store::Target;
 
 /// Attribute names of the uniqueness table.
@@ -51,12 +51,8 @@ pub(crate) fn decode(item: &Item) -> Result<Evidence, StoreError> {
         fingerprint: Fingerprint::from_stored(decoder.s(FINGERPRINT)?),
         status,
         result_ref: decoder.optional(RESULT_REF, |value| value.as_s().ok().cloned())?,
-        created_at: from_epoch_millis(decoder.n(CREATED_AT)?),
-        completed_at: decoder
-            .optional(COMPLETED_AT, |value| {
-                value.as_n().ok().and_then(|n| n.parse().ok())
-            })?
-            .map(from_epoch_millis),
+        created_at: decoder.millis(CREATED_AT)?,
+        completed_at: decoder.optional_millis(COMPLETED_AT)?,
         key,
     })
 }
@@ -72,6 +68,25 @@ pub(crate) fn claim_write(
         encode(&Evidence::of_claim(record, identity)),
         "attribute_not_exists(#pk)",
         Expr::default().name("#pk", IDENTITY),
+    )
+}
+
+/// An adoption's `Update` of the evidence: it must still be the orphan's (this operation's,
+/// IN_PROGRESS, created when the orphan was); it stays as it is.
+pub(crate) fn adopt_write(table: &str, orphan: &Evidence) -> Result<Write, StoreError> {
+    let expr = Expr::default()
+        .name("#operation_key", OPERATION_KEY)
+        .name("#status", STATUS)
+        .name("#created_at", CREATED_AT)
+        .value(":key", s(orphan.key.as_str()))
+        .value(":in_progress", s(Status::InProgress.as_str()))
+        .value(":created_at", millis(orphan.created_at));
+    Write::update(
+        table,
+        key(&orphan.identity),
+        "SET #status = :in_progress",
+        "#operation_key = :key AND #status = :in_progress AND #created_at = :created_at",
+        expr,
     )
 }
 

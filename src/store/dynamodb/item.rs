@@ -122,6 +122,15 @@ impl AttributeNames {
         item
     }
 
+    /// The size of `record`'s item by DynamoDB's rules: each attribute's name plus its value
+    /// (strings and binaries by length, numbers one byte per two digits plus one).
+    pub fn item_size(&self, record: &Record) -> usize {
+        self.encode(record)
+            .iter()
+            .map(|(name, value)| name.len() + value_size(value))
+            .sum()
+    }
+
     /// The record in `item`.
     pub(crate) fn decode(&self, item: &Item) -> Result<Record, StoreError> {
         let key_attribute = self
@@ -143,18 +152,14 @@ impl AttributeNames {
             lease: Lease {
                 token: decoder.s(&self.lease_token)?.to_owned(),
                 attempt,
-                expires_at: from_epoch_millis(decoder.n(&self.lease_expires_at)?),
+                expires_at: decoder.millis(&self.lease_expires_at)?,
             },
-            expires_at: from_epoch_secs(decoder.n(&self.expires_at)?),
+            expires_at: decoder.secs(&self.expires_at)?,
             outcome: decoder.optional(&self.outcome, |value| {
                 value.as_b().ok().map(|b| b.as_ref().to_vec())
             })?,
-            created_at: from_epoch_millis(decoder.n(&self.created_at)?),
-            completed_at: decoder
-                .optional(&self.completed_at, |value| {
-                    value.as_n().ok().and_then(|n| n.parse().ok())
-                })?
-                .map(from_epoch_millis),
+            created_at: decoder.millis(&self.created_at)?,
+            completed_at: decoder.optional_millis(&self.completed_at)?,
             request_id: decoder.optional(&self.request_id, |value| value.as_s().ok().cloned())?,
             identity: decoder.optional(&self.identity, |value| value.as_s().ok().cloned())?,
             key,
@@ -186,6 +191,35 @@ impl Decoder<'_> {
             })
     }
 
+    /// A time stored as epoch milliseconds.
+    pub(crate) fn millis(&self, attribute: &str) -> Result<SystemTime, StoreError> {
+        from_epoch_millis(self.n(attribute)?).ok_or_else(|| self.out_of_range(attribute))
+    }
+
+    /// A time stored as epoch seconds.
+    pub(crate) fn secs(&self, attribute: &str) -> Result<SystemTime, StoreError> {
+        from_epoch_secs(self.n(attribute)?).ok_or_else(|| self.out_of_range(attribute))
+    }
+
+    /// An optional time stored as epoch milliseconds.
+    pub(crate) fn optional_millis(
+        &self,
+        attribute: &str,
+    ) -> Result<Option<SystemTime>, StoreError> {
+        self.optional(attribute, |value| {
+            value.as_n().ok().and_then(|n| n.parse::<u64>().ok())
+        })?
+        .map(|millis| from_epoch_millis(millis).ok_or_else(|| self.out_of_range(attribute)))
+        .transpose()
+    }
+
+    fn out_of_range(&self, attribute: &str) -> StoreError {
+        corrupt(
+            self.key.short(),
+            format!("`{attribute}` is a time out of range"),
+        )
+    }
+
     pub(crate) fn optional<T>(
         &self,
         attribute: &str,
@@ -202,6 +236,16 @@ impl Decoder<'_> {
                 })
             })
             .transpose()
+    }
+}
+
+/// The stored size of a scalar value, as DynamoDB counts it.
+fn value_size(value: &AttributeValue) -> usize {
+    match value {
+        AttributeValue::S(text) => text.len(),
+        AttributeValue::B(blob) => blob.as_ref().len(),
+        AttributeValue::N(number) => number.len().div_ceil(2) + 1,
+        _ => 1,
     }
 }
 

@@ -3,10 +3,12 @@
 //!
 //! | primitive | request | condition on the record |
 //! |---|---|---|
-//! | claim | `PutItem` (`TransactWriteItems` with the evidence `Put`, condition `attribute_not_exists(pk)`) | `attribute_not_exists(pk) OR expires_at < :now_s` |
-//! | take_over | `UpdateItem`: new token, attempt, lease | `status = IN_PROGRESS AND lease_token = :previous AND lease_expires_at_ms < :now_ms` |
+//! | claim | `PutItem` (`TransactWriteItems` with the evidence `Put`, condition `attribute_not_exists(pk)`) | `attribute_not_exists(pk) OR (expires_at < :now_s AND status IN (COMPLETED, FAILED))` |
+//! | adopt | `TransactWriteItems`: the record `Put` and an evidence `Update` conditioned on the orphan | same as claim |
+//! | take_over | `UpdateItem`: new token, attempt, lease, retention | `status = IN_PROGRESS AND lease_token = :previous AND lease_expires_at_ms < :now_ms` |
 //! | settle | `UpdateItem` (+ evidence `Update` in one transaction) | `status = IN_PROGRESS AND lease_token = :mine` |
 //! | release | `DeleteItem` (+ evidence `Delete` in one transaction) | same |
+//! | shorten | `UpdateItem`: lease expiry | same |
 //! | get, evidence | `GetItem`, strongly consistent | — |
 //!
 //! Every conditional write asks for `ReturnValuesOnConditionCheckFailure=ALL_OLD`: a duplicate
@@ -127,6 +129,16 @@ impl DynamoDbStore {
             .ok_or(StoreError::NoUniquenessTable)
     }
 
+    /// The not-found error for `table`, named by its role.
+    fn not_found(&self, table: &str) -> StoreError {
+        let table = table.to_owned();
+        if self.uniqueness_table.as_deref() == Some(table.as_str()) {
+            StoreError::UniquenessTableNotFound { table }
+        } else {
+            StoreError::TableNotFound { table }
+        }
+    }
+
     fn decode(&self, item: Option<&Item>) -> Result<Option<Record>, StoreError> {
         item.map(|item| self.names.decode(item)).transpose()
     }
@@ -145,6 +157,52 @@ impl DynamoDbStore {
                 "#status = :indeterminate",
                 expr.value(":indeterminate", s(Status::Indeterminate.as_str())),
             ),
+        }
+    }
+
+    /// The claim's `Put` of the record: only where no record stands that counts.
+    fn claim_write(&self, record: &Record, now: SystemTime) -> Result<Write, StoreError> {
+        let names = &self.names;
+        Write::put(
+            &self.table,
+            names.encode(record),
+            "attribute_not_exists(#pk) OR (#expires_at < :now_s AND #status IN (:completed, :failed))",
+            Expr::default()
+                .name("#pk", &names.partition_key)
+                .name("#expires_at", &names.expires_at)
+                .name("#status", &names.status)
+                .value(":now_s", secs(now))
+                .value(":completed", s(Status::Completed.as_str()))
+                .value(":failed", s(Status::Failed.as_str())),
+        )
+    }
+
+    /// Applies a claim's writes (the record first, then the evidence) and reads the answer.
+    async fn claimed(
+        &self,
+        operation: &'static str,
+        record: &Record,
+        writes: Vec<Write>,
+    ) -> Result<Claim, StoreError> {
+        let Some(checks) = self.apply(operation, writes).await? else {
+            return Ok(Claim::Acquired);
+        };
+        if let Some(existing) = checks.first().and_then(Check::failed_item) {
+            let existing = self
+                .decode(existing)?
+                .ok_or_else(|| StoreError::CorruptRecord {
+                    key_short: record.key.short().to_owned(),
+                    reason: "the claim's condition failed but no existing item was returned".into(),
+                })?;
+            return Ok(Claim::Existing(existing));
+        }
+        match checks.get(1).and_then(Check::failed_item) {
+            Some(Some(item)) => Ok(Claim::IdentityTaken(evidence::decode(item)?)),
+            _ => Err(StoreError::CorruptRecord {
+                key_short: record.key.short().to_owned(),
+                reason: "the claim was cancelled but no condition reported the item that stood"
+                    .into(),
+            }),
         }
     }
 
@@ -169,60 +227,48 @@ impl DynamoDbStore {
 
 impl Store for DynamoDbStore {
     async fn claim(&self, record: &Record, now: SystemTime) -> Result<Claim, StoreError> {
-        let names = &self.names;
-        let mut writes = vec![Write::put(
-            &self.table,
-            names.encode(record),
-            "attribute_not_exists(#pk) OR #expires_at < :now_s",
-            Expr::default()
-                .name("#pk", &names.partition_key)
-                .name("#expires_at", &names.expires_at)
-                .value(":now_s", secs(now)),
-        )?];
+        let mut writes = vec![self.claim_write(record, now)?];
         if let Some(identity) = &record.identity {
             writes.push(evidence::claim_write(self.uniqueness()?, record, identity)?);
         }
-        let Some(checks) = self.apply("claim", writes).await? else {
-            return Ok(Claim::Acquired);
-        };
-        if let Some(existing) = checks.first().and_then(Check::failed_item) {
-            let existing = self
-                .decode(existing)?
-                .ok_or_else(|| StoreError::CorruptRecord {
-                    key_short: record.key.short().to_owned(),
-                    reason: "the claim's condition failed but no existing item was returned".into(),
-                })?;
-            return Ok(Claim::Existing(existing));
-        }
-        match checks.get(1).and_then(Check::failed_item) {
-            Some(Some(item)) => Ok(Claim::IdentityTaken(evidence::decode(item)?)),
-            _ => Err(StoreError::CorruptRecord {
-                key_short: record.key.short().to_owned(),
-                reason: "the claim was cancelled but no condition reported the item that stood"
-                    .into(),
-            }),
-        }
+        self.claimed("claim", record, writes).await
+    }
+
+    async fn adopt(
+        &self,
+        record: &Record,
+        orphan: &Evidence,
+        now: SystemTime,
+    ) -> Result<Claim, StoreError> {
+        let writes = vec![
+            self.claim_write(record, now)?,
+            evidence::adopt_write(self.uniqueness()?, orphan)?,
+        ];
+        self.claimed("adopt", record, writes).await
     }
 
     async fn take_over(
         &self,
         previous: &Record,
         lease: &Lease,
+        expires_at: SystemTime,
         now: SystemTime,
     ) -> Result<Fence, StoreError> {
         let names = &self.names;
         let write = Write::update(
             &self.table,
             names.key(&previous.key),
-            "SET #lease_token = :token, #attempt = :attempt, #lease_expires_at = :lease_expires_at",
+            "SET #lease_token = :token, #attempt = :attempt, #lease_expires_at = :lease_expires_at, #expires_at = :expires_at",
             "#status = :in_progress AND #lease_token = :previous AND #lease_expires_at < :now_ms",
             Expr::default()
                 .name("#status", &names.status)
                 .name("#lease_token", &names.lease_token)
                 .name("#attempt", &names.attempt)
                 .name("#lease_expires_at", &names.lease_expires_at)
+                .name("#expires_at", &names.expires_at)
                 .value(":in_progress", s(Status::InProgress.as_str()))
                 .value(":previous", s(&previous.lease.token))
+                .value(":expires_at", secs(expires_at))
                 .value(":now_ms", millis(now))
                 .value(":token", s(&lease.token))
                 .value(":attempt", n(u64::from(lease.attempt)))
@@ -282,6 +328,23 @@ impl Store for DynamoDbStore {
         self.fenced("settle", target, writes).await
     }
 
+    async fn shorten(&self, target: Target<'_>, until: SystemTime) -> Result<Fence, StoreError> {
+        let (condition, expr) = self.guard(target.guard);
+        let write = Write::update(
+            &self.table,
+            self.names.key(target.key),
+            "SET #lease_expires_at = :until",
+            condition,
+            expr.name("#lease_expires_at", &self.names.lease_expires_at)
+                .value(":until", millis(until)),
+        )?;
+        let target = Target {
+            identity: None,
+            ..target
+        };
+        self.fenced("shorten", target, vec![write]).await
+    }
+
     async fn release(&self, target: Target<'_>) -> Result<Fence, StoreError> {
         let (condition, expr) = self.guard(target.guard);
         let mut writes = vec![Write::delete(
@@ -323,7 +386,14 @@ impl Store for DynamoDbStore {
             .consistent_read(true)
             .send()
             .await
-            .map_err(|err| map_sdk_error("evidence", table, err))?;
+            .map_err(|err| match map_sdk_error("evidence", table, err) {
+                StoreError::TableNotFound { .. } => self.not_found(table),
+                other => other,
+            })?;
         output.item().map(evidence::decode).transpose()
+    }
+
+    fn item_size(&self, record: &Record) -> usize {
+        self.names.item_size(record)
     }
 }

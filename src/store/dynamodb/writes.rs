@@ -13,7 +13,7 @@ use aws_sdk_dynamodb::types::{
 };
 
 use super::DynamoDbStore;
-use super::error::map_sdk_error;
+use super::error::{map_cancellation, map_sdk_error};
 use super::item::Item;
 use crate::error::StoreError;
 
@@ -118,6 +118,14 @@ impl Write {
             .map_err(invalid)
     }
 
+    fn table(&self) -> &str {
+        match self {
+            Self::Put(put) => &put.table_name,
+            Self::Update(update) => &update.table_name,
+            Self::Delete(delete) => &delete.table_name,
+        }
+    }
+
     fn into_transact_item(self) -> TransactWriteItem {
         match self {
             Self::Put(put) => TransactWriteItem::builder().put(put).build(),
@@ -162,6 +170,10 @@ impl DynamoDbStore {
                 .await
                 .map(|failed| failed.map(|item| vec![Check::Failed(item)]));
         }
+        let tables: Vec<String> = writes
+            .iter()
+            .map(|write| write.table().to_owned())
+            .collect();
         let result = self
             .client
             .transact_write_items()
@@ -177,7 +189,10 @@ impl DynamoDbStore {
         let Some(TransactWriteItemsError::TransactionCanceledException(canceled)) =
             err.as_service_error()
         else {
-            return Err(map_sdk_error(operation, &self.table, err));
+            return Err(match map_sdk_error(operation, &self.table, err) {
+                StoreError::TableNotFound { .. } => self.missing_table(&tables).await,
+                other => other,
+            });
         };
         canceled
             .cancellation_reasons()
@@ -185,18 +200,25 @@ impl DynamoDbStore {
             .map(|reason| match reason.code() {
                 None | Some("None") => Ok(Check::Passed),
                 Some("ConditionalCheckFailed") => Ok(Check::Failed(reason.item().cloned())),
-                Some("TransactionConflict") => Err(StoreError::Contention { operation }),
-                Some(code) => Err(StoreError::Unavailable {
-                    operation,
-                    source: format!(
-                        "transaction cancelled: {code}: {}",
-                        reason.message().unwrap_or("no message")
-                    )
-                    .into(),
-                }),
+                Some(code) => Err(map_cancellation(operation, code, reason.message())),
             })
             .collect::<Result<Vec<_>, _>>()
             .map(Some)
+    }
+
+    /// Which of `tables` is missing (a transaction does not say): the first one DescribeTable
+    /// does not find, named by its role.
+    async fn missing_table(&self, tables: &[String]) -> StoreError {
+        for table in tables {
+            let described = self.client.describe_table().table_name(table).send().await;
+            let missing = described.as_ref().err().and_then(|err| err.as_service_error()).is_some_and(
+                aws_sdk_dynamodb::operation::describe_table::DescribeTableError::is_resource_not_found_exception,
+            );
+            if missing {
+                return self.not_found(table);
+            }
+        }
+        self.not_found(&self.table)
     }
 
     /// One write alone. `Ok(Some(item))`: its condition failed.

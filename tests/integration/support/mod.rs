@@ -1,10 +1,6 @@
-//! Shared test support: the DynamoDB-compatible endpoint and the conformance suite.
+//! Test support that only this suite uses; what any store can share lives in
+//! `lambda_idempotency::testing`.
 
-pub mod conformance;
-pub mod durability;
-pub mod dynamo;
-#[path = "../../../examples/support/local_dynamodb.rs"]
-pub mod local_dynamodb;
 pub mod runtime_api;
 
 #[path = "../../../examples/support/ledger.rs"]

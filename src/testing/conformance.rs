@@ -1,4 +1,4 @@
-//! The conformance suite: every case runs against every store (see `conformance!`).
+//! The conformance suite: every case runs against every store (see [`conformance_tests!`](crate::conformance_tests)).
 //!
 //! Each case takes a fresh, empty store. Time comes from a `ManualClock`; concurrency cases
 //! count real handler executions.
@@ -29,8 +29,11 @@ pub type Sweeper = Arc<dyn Fn() -> BoxFuture<'static, usize> + Send + Sync>;
 
 /// A fresh, empty store, the clock its backend reads, and its TTL sweep.
 pub struct Fixture<S> {
+    /// The store under test, empty.
     pub store: S,
+    /// The clock the store's backend reads (the engine gets it too).
     pub clock: ManualClock,
+    /// Deletes the records whose retention ran out, as DynamoDB TTL eventually does.
     pub sweep: Sweeper,
 }
 
@@ -39,11 +42,13 @@ pub fn start_time() -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(1_790_000_000)
 }
 
+/// An engine over the fixture's store and clock.
 pub fn engine<S: Store>(fx: Fixture<S>, config: Config) -> (Idempotency<S>, ManualClock, Sweeper) {
     let idem = Idempotency::new(fx.store, config).with_clock(fx.clock.clone());
     (idem, fx.clock, fx.sweep)
 }
 
+/// An invocation of operation `material` with intent `intent` and the suite's lease.
 pub fn invocation(material: &str, intent: &serde_json::Value) -> Invocation {
     let scope = OperationScope::new("conformance", "op").expect("scope");
     let key = OperationKey::derive(&scope, None, material).expect("key");
@@ -61,6 +66,7 @@ pub async fn counted<T>(runs: &AtomicUsize, value: T) -> Result<T, std::io::Erro
     Ok(value)
 }
 
+/// Case: First run executes and stores.
 pub async fn first_run_executes_and_stores<S: Store>(fx: Fixture<S>) {
     let (idem, _, _) = engine(fx, Config::default());
     let inv = invocation("order-1", &serde_json::json!({"amount": 10}));
@@ -81,6 +87,7 @@ pub async fn first_run_executes_and_stores<S: Store>(fx: Fixture<S>) {
     assert!(record.completed_at.is_some());
 }
 
+/// Case: Duplicate replays without running.
 pub async fn duplicate_replays_without_running<S: Store>(fx: Fixture<S>) {
     let (idem, _, _) = engine(fx, Config::default());
     let inv = invocation("order-2", &serde_json::json!({"amount": 10}));
@@ -107,6 +114,7 @@ pub async fn duplicate_replays_without_running<S: Store>(fx: Fixture<S>) {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+/// Case: Payload conflict is refused.
 pub async fn payload_conflict_is_refused<S: Store>(fx: Fixture<S>) {
     let (idem, _, _) = engine(fx, Config::default());
     let original = invocation("order-3", &serde_json::json!({"amount": 10}));
@@ -131,6 +139,7 @@ pub async fn payload_conflict_is_refused<S: Store>(fx: Fixture<S>) {
     );
 }
 
+/// Case: Payload conflict is checked before in progress.
 pub async fn payload_conflict_is_checked_before_in_progress<S: Store>(fx: Fixture<S>) {
     let (idem, _, _) = engine(fx, Config::default());
     let original = invocation("order-4", &serde_json::json!({"amount": 10}));
@@ -152,6 +161,7 @@ pub async fn payload_conflict_is_checked_before_in_progress<S: Store>(fx: Fixtur
     );
 }
 
+/// Case: Changed payload does not take over expired lease.
 pub async fn changed_payload_does_not_take_over_expired_lease<S: Store>(fx: Fixture<S>) {
     let (idem, clock, _) = engine(fx, Config::default());
     let original = invocation("order-5", &serde_json::json!({"amount": 10}));
@@ -219,6 +229,7 @@ pub async fn race<S: Store>(
     (answers, runs.load(Ordering::SeqCst))
 }
 
+/// Case: Concurrent callers execute once.
 pub async fn concurrent_callers_execute_once<S: Store>(fx: Fixture<S>) {
     const CALLERS: usize = 16;
     let (idem, _, _) = engine(fx, Config::default());
@@ -246,6 +257,7 @@ pub async fn concurrent_callers_execute_once<S: Store>(fx: Fixture<S>) {
     assert_eq!(replay.value(), "done");
 }
 
+/// Case: Expired record executes again.
 pub async fn expired_record_executes_again<S: Store>(fx: Fixture<S>) {
     let retention = Duration::from_secs(3600);
     let (idem, clock, _) = engine(
@@ -285,8 +297,9 @@ pub async fn expired_record_executes_again<S: Store>(fx: Fixture<S>) {
     );
 }
 
-/// Claims `inv` with a handler that never finishes, then aborts it: a worker that crashed after
-/// its claim. Returns the claim left behind.
+/// Claims `inv` with a handler that never finishes and is never polled again: a worker whose
+/// process died after its claim (nothing of it runs, not even its drop guards). Returns the
+/// claim left behind.
 pub async fn crash_after_claim<S: Store>(idem: &Idempotency<S>, inv: &Invocation) -> Record {
     let (started_tx, started_rx) = oneshot::channel();
     let worker = tokio::spawn({
@@ -300,12 +313,13 @@ pub async fn crash_after_claim<S: Store>(idem: &Idempotency<S>, inv: &Invocation
         }
     });
     started_rx.await.expect("worker started");
-    worker.abort();
+    drop(worker); // detached, pending for ever: a crash, not a cancellation
     let record = stored(idem, inv.key(), "claim left behind").await;
     assert_eq!(record.status, Status::InProgress);
     record
 }
 
+/// Case: Expired lease is taken over.
 pub async fn expired_lease_is_taken_over<S: Store>(fx: Fixture<S>) {
     let (idem, clock, _) = engine(fx, Config::default());
     let inv = invocation("order-8", &serde_json::json!({"amount": 10}));
@@ -367,6 +381,7 @@ async fn zombie_after_takeover<S: Store>(
     (zombie, resume_tx)
 }
 
+/// Case: Zombie completion is fenced.
 pub async fn zombie_completion_is_fenced<S: Store>(fx: Fixture<S>) {
     let (idem, clock, _) = engine(fx, Config::default());
     let inv = invocation("order-9", &serde_json::json!({"amount": 10}));
@@ -415,6 +430,7 @@ pub async fn blocked_worker<S: Store>(
     (worker, resume_tx)
 }
 
+/// Case: Zombie cannot complete over a live takeover.
 pub async fn zombie_cannot_complete_over_a_live_takeover<S: Store>(fx: Fixture<S>) {
     let (idem, clock, _) = engine(fx, Config::default());
     let inv = invocation("order-15", &serde_json::json!({"amount": 10}));
@@ -449,6 +465,7 @@ pub async fn zombie_cannot_complete_over_a_live_takeover<S: Store>(fx: Fixture<S
     assert_eq!(replay.value(), "owner");
 }
 
+/// Case: Zombie release is fenced.
 pub async fn zombie_release_is_fenced<S: Store>(fx: Fixture<S>) {
     let (idem, clock, _) = engine(fx, Config::default());
     let inv = invocation("order-10", &serde_json::json!({"amount": 10}));
@@ -468,6 +485,7 @@ pub async fn zombie_release_is_fenced<S: Store>(fx: Fixture<S>) {
     assert_eq!(record.status, Status::Completed);
 }
 
+/// Case: Failure releases for retry.
 pub async fn failure_releases_for_retry<S: Store>(fx: Fixture<S>) {
     let (idem, _, _) = engine(fx, Config::default());
     let inv = invocation("order-11", &serde_json::json!({"amount": 10}));
@@ -501,6 +519,7 @@ pub async fn failure_releases_for_retry<S: Store>(fx: Fixture<S>) {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
+/// Case: Unreadable outcome is a typed error.
 pub async fn unreadable_outcome_is_a_typed_error<S: Store>(fx: Fixture<S>) {
     let (idem, _, _) = engine(fx, Config::default());
     let inv = invocation("order-12", &serde_json::json!({"amount": 10}));
@@ -521,6 +540,7 @@ pub async fn unreadable_outcome_is_a_typed_error<S: Store>(fx: Fixture<S>) {
     );
 }
 
+/// Case: Oversized outcome is retained not rerun.
 pub async fn oversized_outcome_is_retained_not_rerun<S: Store>(fx: Fixture<S>) {
     let (idem, _, _) = engine(fx, Config::default());
     let inv = invocation("order-13", &serde_json::json!({"amount": 10}));
@@ -548,6 +568,7 @@ pub async fn oversized_outcome_is_retained_not_rerun<S: Store>(fx: Fixture<S>) {
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the effect is not repeated");
 }
 
+/// Case: Largest outcome fits.
 pub async fn largest_outcome_fits<S: Store>(fx: Fixture<S>) {
     let (idem, _, _) = engine(fx, Config::default());
     let inv = invocation("order-14", &serde_json::json!({"amount": 10}));
@@ -566,49 +587,3 @@ pub async fn largest_outcome_fits<S: Store>(fx: Fixture<S>) {
 }
 
 pub use super::durability::*;
-
-/// Generates one test per conformance case for a store made by `$make` (an async expression).
-macro_rules! conformance {
-    ($make:expr) => {
-        $crate::support::conformance::conformance!(@cases $make;
-            first_run_executes_and_stores,
-            duplicate_replays_without_running,
-            payload_conflict_is_refused,
-            payload_conflict_is_checked_before_in_progress,
-            changed_payload_does_not_take_over_expired_lease,
-            concurrent_callers_execute_once,
-            expired_record_executes_again,
-            expired_lease_is_taken_over,
-            zombie_completion_is_fenced,
-            zombie_cannot_complete_over_a_live_takeover,
-            zombie_release_is_fenced,
-            failure_releases_for_retry,
-            unreadable_outcome_is_a_typed_error,
-            oversized_outcome_is_retained_not_rerun,
-            largest_outcome_fits,
-            expired_and_swept_record_with_evidence_is_not_rerun,
-            expired_record_with_evidence_is_not_rerun,
-            identity_taken_by_another_key_is_refused,
-            terminal_failure_is_replayed_not_rerun,
-            handler_error_type_decides_the_class,
-            retryable_failure_releases_evidence_and_reruns,
-            takeover_reconciled_as_applied_records_without_running,
-            takeover_reconciled_as_not_applied_runs_the_handler,
-            takeover_reconciled_as_unknown_holds_for_an_operator,
-            failing_reconciler_leaves_the_lease_to_run_out,
-            concurrent_claims_across_both_tables_have_one_winner,
-            cancelled_claim_reports_which_condition_failed,
-            downstream_key_is_the_same_on_every_attempt,
-            old_message_after_newer_state_is_replayed
-        );
-    };
-    (@cases $make:expr; $($case:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() {
-                $crate::support::conformance::$case($make.await).await;
-            }
-        )*
-    };
-}
-pub(crate) use conformance;

@@ -49,6 +49,7 @@ fn assert_key_expired_conflict(err: &Error, status: Status, result_ref: Option<&
     assert!(evidence.completed_at.is_some());
 }
 
+/// Case: Expired and swept record with evidence is not rerun.
 pub async fn expired_and_swept_record_with_evidence_is_not_rerun<S: Store>(fx: Fixture<S>) {
     let (idem, clock, sweep) = engine(fx, short_retention());
     let inv = invoice("order-20", "invoice:o-20:rev-1");
@@ -82,6 +83,7 @@ fn amount_fingerprint() -> lambda_idempotency::Fingerprint {
     lambda_idempotency::Fingerprint::of(&json!({"amount": 10})).expect("fingerprint")
 }
 
+/// Case: Expired record with evidence is not rerun.
 pub async fn expired_record_with_evidence_is_not_rerun<S: Store>(fx: Fixture<S>) {
     let (idem, clock, _) = engine(fx, short_retention());
     let inv = invoice("order-21", "invoice:o-21:rev-1");
@@ -100,6 +102,7 @@ pub async fn expired_record_with_evidence_is_not_rerun<S: Store>(fx: Fixture<S>)
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+/// Case: Identity taken by another key is refused.
 pub async fn identity_taken_by_another_key_is_refused<S: Store>(fx: Fixture<S>) {
     let (idem, _, _) = engine(fx, Config::default());
     let first = invoice("message-a", "invoice:o-22:rev-1");
@@ -130,6 +133,7 @@ pub async fn identity_taken_by_another_key_is_refused<S: Store>(fx: Fixture<S>) 
     );
 }
 
+/// Case: Terminal failure is replayed not rerun.
 pub async fn terminal_failure_is_replayed_not_rerun<S: Store>(fx: Fixture<S>) {
     let (idem, _, _) = engine(fx, Config::default());
     let inv = invoice("order-23", "invoice:o-23:rev-1");
@@ -201,6 +205,7 @@ impl HasFailureClass for PaymentError {
     }
 }
 
+/// Case: Handler error type decides the class.
 pub async fn handler_error_type_decides_the_class<S: Store>(fx: Fixture<S>) {
     let (idem, _, _) = engine(fx, Config::default());
     let idem = idem.with_classifier(ByErrorType::<PaymentError>::new());
@@ -238,6 +243,7 @@ pub async fn handler_error_type_decides_the_class<S: Store>(fx: Fixture<S>) {
     );
 }
 
+/// Case: Retryable failure releases evidence and reruns.
 pub async fn retryable_failure_releases_evidence_and_reruns<S: Store>(fx: Fixture<S>) {
     let (idem, _, _) = engine(fx, Config::default());
     let inv = invoice("order-26", "invoice:o-26:rev-1");
@@ -334,6 +340,7 @@ async fn after_crashes<S: Store>(
     (idem, clock, script)
 }
 
+/// Case: Takeover reconciled as applied records without running.
 pub async fn takeover_reconciled_as_applied_records_without_running<S: Store>(fx: Fixture<S>) {
     let inv = invoice("order-27", "invoice:o-27:rev-1");
     let applied = json!({"invoice_id": "inv-provider", "total": 10});
@@ -368,6 +375,7 @@ pub async fn takeover_reconciled_as_applied_records_without_running<S: Store>(fx
     );
 }
 
+/// Case: Takeover reconciled as not applied runs the handler.
 pub async fn takeover_reconciled_as_not_applied_runs_the_handler<S: Store>(fx: Fixture<S>) {
     let inv = invocation("order-28", &json!({"amount": 10}));
     let (idem, _, script) = after_crashes(fx, vec![Ok(Reconciliation::NotApplied)], &[&inv]).await;
@@ -383,6 +391,7 @@ pub async fn takeover_reconciled_as_not_applied_runs_the_handler<S: Store>(fx: F
     assert_eq!(script.asked(), [(2, 1)]);
 }
 
+/// Case: Takeover reconciled as unknown holds for an operator.
 pub async fn takeover_reconciled_as_unknown_holds_for_an_operator<S: Store>(fx: Fixture<S>) {
     let resolved = invoice("order-29", "invoice:o-29:rev-1");
     let released = invoice("order-30", "invoice:o-30:rev-1");
@@ -421,7 +430,7 @@ pub async fn takeover_reconciled_as_unknown_holds_for_an_operator<S: Store>(fx: 
 
     let operator_answer = json!({"invoice_id": "inv-found-by-operator", "total": 10});
     assert!(
-        idem.resolve(
+        idem.resolve::<Value>(
             resolved.key(),
             Resolution::Completed(operator_answer.clone())
         )
@@ -430,7 +439,7 @@ pub async fn takeover_reconciled_as_unknown_holds_for_an_operator<S: Store>(fx: 
     );
     assert!(
         !idem
-            .resolve(resolved.key(), Resolution::Release)
+            .resolve::<Value>(resolved.key(), Resolution::Release)
             .await
             .expect("resolve"),
         "only INDETERMINATE resolves"
@@ -442,7 +451,7 @@ pub async fn takeover_reconciled_as_unknown_holds_for_an_operator<S: Store>(fx: 
     assert_eq!(replay.value(), &operator_answer);
 
     assert!(
-        idem.resolve(released.key(), Resolution::Release)
+        idem.resolve::<Value>(released.key(), Resolution::Release)
             .await
             .expect("release")
     );
@@ -461,6 +470,7 @@ pub async fn takeover_reconciled_as_unknown_holds_for_an_operator<S: Store>(fx: 
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+/// Case: Failing reconciler leaves the lease to run out.
 pub async fn failing_reconciler_leaves_the_lease_to_run_out<S: Store>(fx: Fixture<S>) {
     let inv = invocation("order-31", &json!({"amount": 10}));
     let answers = vec![
@@ -495,6 +505,7 @@ pub async fn failing_reconciler_leaves_the_lease_to_run_out<S: Store>(fx: Fixtur
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+/// Case: Concurrent claims across both tables have one winner.
 pub async fn concurrent_claims_across_both_tables_have_one_winner<S: Store>(fx: Fixture<S>) {
     let (idem, _, _) = engine(fx, Config::default());
     // Half the callers share one key; the others each bring a key of their own. All declare
@@ -547,6 +558,7 @@ fn claim_record(material: &str, identity: &str, token: &str) -> Record {
     }
 }
 
+/// Case: Cancelled claim reports which condition failed.
 pub async fn cancelled_claim_reports_which_condition_failed<S: Store>(fx: Fixture<S>) {
     let store = fx.store;
     let now = start_time();
@@ -596,6 +608,7 @@ pub async fn cancelled_claim_reports_which_condition_failed<S: Store>(fx: Fixtur
     );
 }
 
+/// Case: Downstream key is the same on every attempt.
 pub async fn downstream_key_is_the_same_on_every_attempt<S: Store>(fx: Fixture<S>) {
     let (idem, clock, _) = engine(fx, Config::default());
     let inv = invocation("order-36", &json!({"amount": 10}));
@@ -611,7 +624,7 @@ pub async fn downstream_key_is_the_same_on_every_attempt<S: Store>(fx: Fixture<S
         }
     });
     let first_attempt_key = seen_rx.await.expect("first attempt ran");
-    crashed.abort();
+    drop(crashed); // detached, pending for ever: a crash
     clock.advance(LEASE + Duration::from_secs(1));
 
     let done = idem
@@ -630,6 +643,7 @@ pub async fn downstream_key_is_the_same_on_every_attempt<S: Store>(fx: Fixture<S
     assert_ne!(inv.key().downstream("refund"), first_attempt_key);
 }
 
+/// Case: Old message after newer state is replayed.
 pub async fn old_message_after_newer_state_is_replayed<S: Store>(fx: Fixture<S>) {
     let (idem, _, _) = engine(fx, Config::default());
     let balance = Arc::new(Mutex::new(0_u32));

@@ -1,4 +1,4 @@
-//! A DynamoDB-compatible endpoint for tests: `DYNAMODB_ENDPOINT` when set, else dynoxide started
+//! A DynamoDB-compatible endpoint for tests, with fresh tables and a request log: `DYNAMODB_ENDPOINT` when set, else dynoxide started
 //! in-process on 127.0.0.1:0, driven by the real SDK over HTTP.
 
 use std::sync::{Arc, Mutex, PoisonError};
@@ -14,7 +14,7 @@ use lambda_idempotency::record::epoch_secs;
 use lambda_idempotency::store::DynamoDbStore;
 use lambda_idempotency::store::ENDPOINT_VAR;
 
-pub use super::local_dynamodb;
+use super::local;
 
 /// Counts the HTTP requests the SDK sends, by DynamoDB operation name.
 #[derive(Debug, Clone, Default)]
@@ -130,20 +130,17 @@ pub async fn start_with_clock(clock: ManualClock) -> Dynamo {
         Err(_) => {
             let db = dynoxide::Database::memory_with_clock(Arc::new(SharedClock(clock.clone())))
                 .expect("embedded database");
-            (
-                local_dynamodb::serve(db.clone()).await.expect("serve"),
-                Some(db),
-            )
+            (local::serve(db.clone()).await.expect("serve"), Some(db))
         }
     };
     let requests = RequestLog::default();
     let client = Client::from_conf(
-        local_dynamodb::config_for(endpoint.clone())
+        local::config_for(endpoint.clone())
             .interceptor(requests.clone())
             .build(),
     );
-    let table = local_dynamodb::unique_table_name("idempotency");
-    let uniqueness_table = local_dynamodb::unique_table_name("uniqueness");
+    let table = local::unique_table_name("idempotency");
+    let uniqueness_table = local::unique_table_name("uniqueness");
     let dynamo = Dynamo {
         client,
         table,

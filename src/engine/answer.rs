@@ -1,0 +1,99 @@
+//! Answers from stored records: replays, retained failures, waits.
+
+use std::time::SystemTime;
+
+use serde::de::DeserializeOwned;
+use serde_json::value::RawValue;
+use tracing::{debug, warn};
+
+use crate::config::MAX_RESULT_REF_BYTES;
+use crate::error::Error;
+use crate::execution::{Execution, Invocation, Origin};
+use crate::key::OperationKey;
+use crate::record::{Record, Status};
+
+/// The evidence's result reference: the part of the result at the invocation's pointer.
+pub(super) fn result_ref(invocation: &Invocation, raw: &RawValue) -> Option<String> {
+    let pointer = invocation.result_ref.as_ref()?;
+    let value: serde_json::Value = serde_json::from_str(raw.get()).ok()?;
+    let reference = match pointer.find(&value)? {
+        serde_json::Value::String(text) => text.clone(),
+        other => other.to_string(),
+    };
+    if reference.len() > MAX_RESULT_REF_BYTES {
+        warn!(
+            bytes = reference.len(),
+            "result reference over {MAX_RESULT_REF_BYTES} bytes: not kept in the evidence"
+        );
+        return None;
+    }
+    Some(reference)
+}
+
+/// The answer for a business identity whose evidence stands and whose record is gone or
+/// expired (an adoption of this operation's own orphaned claim is handled before).
+pub(super) fn identity_taken(key: &OperationKey, evidence: crate::record::Evidence) -> Error {
+    if evidence.key == *key && evidence.status == Status::Indeterminate {
+        return Error::Indeterminate { key: key.clone() };
+    }
+    warn!(evidence_status = %evidence.status, "business identity already claimed");
+    Error::KeyExpiredConflict {
+        key: key.clone(),
+        evidence: Box::new(evidence),
+    }
+}
+
+/// Decodes stored JSON into the handler's output type.
+pub(super) fn decode_outcome<T: DeserializeOwned>(
+    key: &OperationKey,
+    raw: Box<RawValue>,
+) -> Result<(T, Box<RawValue>), Error> {
+    match serde_json::from_str(raw.get()) {
+        Ok(value) => Ok((value, raw)),
+        Err(err) => Err(Error::StoredOutcomeUnreadable {
+            key: key.clone(),
+            reason: err.to_string(),
+        }),
+    }
+}
+
+/// The answer for a key held by a live record of the same intent: replay or wait.
+pub(super) fn answer_existing<T: DeserializeOwned>(
+    existing: Record,
+    invocation: &Invocation,
+    now: SystemTime,
+) -> Result<Execution<T>, Error> {
+    let key = invocation.key.clone();
+    if existing.fingerprint != invocation.fingerprint {
+        return Err(Error::PayloadConflict { key });
+    }
+    let unreadable = |reason: String| Error::StoredOutcomeUnreadable {
+        key: key.clone(),
+        reason,
+    };
+    match existing.status {
+        Status::Completed => {
+            let json = String::from_utf8(existing.outcome.unwrap_or_default())
+                .map_err(|err| unreadable(err.to_string()))?;
+            let raw = RawValue::from_string(json).map_err(|err| unreadable(err.to_string()))?;
+            let (value, raw) = decode_outcome(&key, raw)?;
+            debug!("replayed");
+            Ok(Execution {
+                value,
+                raw,
+                origin: Origin::Replayed,
+            })
+        }
+        Status::Failed => {
+            let failure = serde_json::from_slice(existing.outcome.as_deref().unwrap_or_default())
+                .map_err(|err| unreadable(err.to_string()))?;
+            Err(Error::Failed { key, failure })
+        }
+        Status::InProgress => Err(Error::AlreadyInProgress {
+            key,
+            attempt: existing.lease.attempt,
+            retry_after: existing.lease.remaining(now),
+        }),
+        Status::Indeterminate => Err(Error::Indeterminate { key }),
+    }
+}

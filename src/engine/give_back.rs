@@ -1,0 +1,58 @@
+//! A held claim given back when the task running it is cancelled.
+
+use std::sync::Arc;
+
+use tracing::warn;
+
+use crate::clock::Clock;
+use crate::key::OperationKey;
+use crate::store::{Fence, Guard, Store, Target};
+
+/// Armed while an execution holds its lease. Dropped armed (the execution's future was
+/// cancelled: a timeout, a dropped request, an aborted task), it shortens the lease to now in
+/// a task of its own, so that the next delivery takes over (after reconciliation) instead of
+/// waiting out the rest of the lease.
+pub(super) struct GiveBack<S: Store> {
+    pub(super) store: Arc<S>,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) key: OperationKey,
+    pub(super) identity: Option<String>,
+    pub(super) token: String,
+    pub(super) armed: bool,
+}
+
+impl<S: Store> GiveBack<S> {
+    /// The execution ended by itself: nothing to give back.
+    pub(super) fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl<S: Store> Drop for GiveBack<S> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            warn!("cancelled with a held claim and no runtime to give it back");
+            return;
+        };
+        let store = Arc::clone(&self.store);
+        let until = self.clock.now();
+        let key = self.key.clone();
+        let identity = self.identity.take();
+        let token = std::mem::take(&mut self.token);
+        runtime.spawn(async move {
+            let target = Target {
+                key: &key,
+                identity: identity.as_deref(),
+                guard: Guard::Lease(&token),
+            };
+            match store.shorten(target, until).await {
+                Ok(Fence::Held) => warn!(key = key.short(), "cancelled: claim given back"),
+                Ok(Fence::Lost { .. }) => {}
+                Err(err) => warn!(key = key.short(), error = %err, "cancelled: could not give the claim back; it waits out its lease"),
+            }
+        });
+    }
+}

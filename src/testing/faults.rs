@@ -1,0 +1,333 @@
+//! A store decorator that injects faults into any [`Store`]: a primitive fails before it
+//! applies, fails *after* it applies (the ambiguous case: the write committed, the answer was
+//! lost), is held until the test lets it go, or cancels the calling task before or after it
+//! applies.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! use lambda_idempotency::store::MemoryStore;
+//! use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
+//!
+//! let store = FaultyStore::new(MemoryStore::new());
+//! // The next completion commits, then its caller sees the store as unavailable.
+//! store.inject(Primitive::Settle, Fault::FailAfter(FaultKind::Unavailable));
+//! assert_eq!(store.pending(), 1);
+//! # }
+//! ```
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::SystemTime;
+
+use tokio::sync::Notify;
+
+use crate::error::StoreError;
+use crate::key::OperationKey;
+use crate::record::{Evidence, Lease, Record, Settlement};
+use crate::store::{Claim, Fence, Store, Target};
+
+/// A store primitive, as faults name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Primitive {
+    /// [`Store::claim`].
+    Claim,
+    /// [`Store::adopt`].
+    Adopt,
+    /// [`Store::take_over`].
+    TakeOver,
+    /// [`Store::shorten`].
+    Shorten,
+    /// [`Store::settle`].
+    Settle,
+    /// [`Store::release`].
+    Release,
+    /// [`Store::get`].
+    Get,
+    /// [`Store::evidence`].
+    Evidence,
+}
+
+impl Primitive {
+    /// Every primitive.
+    pub const ALL: [Self; 8] = [
+        Self::Claim,
+        Self::Adopt,
+        Self::TakeOver,
+        Self::Shorten,
+        Self::Settle,
+        Self::Release,
+        Self::Get,
+        Self::Evidence,
+    ];
+
+    /// The primitive's name, as store errors report it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Claim => "claim",
+            Self::Adopt => "adopt",
+            Self::TakeOver => "take_over",
+            Self::Shorten => "shorten",
+            Self::Settle => "settle",
+            Self::Release => "release",
+            Self::Get => "get",
+            Self::Evidence => "evidence",
+        }
+    }
+}
+
+/// The error an injected failure returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum FaultKind {
+    /// [`StoreError::Throttled`]: throttling that outlasted the SDK's retries.
+    Throttled,
+    /// [`StoreError::Unavailable`]: a 5xx, a timeout, a dropped connection.
+    Unavailable,
+    /// [`StoreError::Contention`]: a transaction conflict.
+    Contention,
+}
+
+impl FaultKind {
+    fn error(self, primitive: Primitive) -> StoreError {
+        let operation = primitive.name();
+        match self {
+            Self::Throttled => StoreError::Throttled {
+                operation,
+                source: "injected throttling".into(),
+            },
+            Self::Unavailable => StoreError::Unavailable {
+                operation,
+                source: "injected unavailability".into(),
+            },
+            Self::Contention => StoreError::Contention { operation },
+        }
+    }
+}
+
+/// What happens to one call of a primitive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Fault {
+    /// Fails with the error before the primitive applies.
+    FailBefore(FaultKind),
+    /// Applies the primitive, then fails with the error: the write committed, its answer was lost.
+    FailAfter(FaultKind),
+    /// Cancels the calling task before the primitive applies: the call never returns and
+    /// [`FaultyStore::cancellable`] answers `None`.
+    CancelBefore,
+    /// Applies the primitive, then cancels the calling task.
+    CancelAfter,
+    /// Holds the call before it applies until [`FaultyStore::let_go`]: a delay the test controls.
+    Hold,
+}
+
+#[derive(Debug, Default)]
+struct Plan {
+    queued: HashMap<Primitive, VecDeque<Fault>>,
+    fired: BTreeMap<(Primitive, Fault), u64>,
+    calls: BTreeMap<Primitive, u64>,
+}
+
+#[derive(Debug, Default)]
+struct Signals {
+    held: Notify,
+    gate: Notify,
+}
+
+tokio::task_local! {
+    /// The cancellation signal of the [`FaultyStore::cancellable`] call running on this task.
+    static CANCELLED: Arc<Notify>;
+}
+
+/// Wraps a store and injects the faults queued with [`FaultyStore::inject`]; clones share the
+/// store, the queue and the counts.
+#[derive(Clone)]
+pub struct FaultyStore<S> {
+    inner: S,
+    plan: Arc<Mutex<Plan>>,
+    signals: Arc<Signals>,
+}
+
+impl<S: fmt::Debug> fmt::Debug for FaultyStore<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FaultyStore")
+            .field("inner", &self.inner)
+            .field("pending", &self.pending())
+            .finish()
+    }
+}
+
+impl<S> FaultyStore<S> {
+    /// `inner`, with no fault queued.
+    pub fn new(inner: S) -> Self {
+        Self {
+            inner,
+            plan: Arc::default(),
+            signals: Arc::default(),
+        }
+    }
+
+    /// The wrapped store.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    /// Queues `fault` for the next call of `primitive` that has none queued before it.
+    pub fn inject(&self, primitive: Primitive, fault: Fault) {
+        self.lock()
+            .queued
+            .entry(primitive)
+            .or_default()
+            .push_back(fault);
+    }
+
+    /// Drops every queued fault that has not fired.
+    pub fn clear(&self) {
+        self.lock().queued.clear();
+    }
+
+    /// How many queued faults have not fired yet.
+    pub fn pending(&self) -> usize {
+        self.lock().queued.values().map(VecDeque::len).sum()
+    }
+
+    /// How often each fault fired, by primitive.
+    pub fn fired(&self) -> BTreeMap<(Primitive, Fault), u64> {
+        self.lock().fired.clone()
+    }
+
+    /// How often each primitive was called.
+    pub fn calls(&self) -> BTreeMap<Primitive, u64> {
+        self.lock().calls.clone()
+    }
+
+    /// Runs `future` until it ends (`Some`) or a [`Fault::CancelBefore`] /
+    /// [`Fault::CancelAfter`] cancels it (`None`; the future is dropped there).
+    pub async fn cancellable<T>(&self, future: impl Future<Output = T>) -> Option<T> {
+        let cancelled = Arc::new(Notify::new());
+        let signal = Arc::clone(&cancelled);
+        tokio::select! {
+            biased;
+            output = CANCELLED.scope(signal, future) => Some(output),
+            () = cancelled.notified() => None,
+        }
+    }
+
+    /// Waits until a call is held by [`Fault::Hold`].
+    pub async fn held(&self) {
+        self.signals.held.notified().await;
+    }
+
+    /// Lets the held call go on.
+    pub fn let_go(&self) {
+        self.signals.gate.notify_one();
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Plan> {
+        self.plan.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn next_fault(&self, primitive: Primitive) -> Option<Fault> {
+        let mut plan = self.lock();
+        *plan.calls.entry(primitive).or_default() += 1;
+        let fault = plan.queued.get_mut(&primitive)?.pop_front()?;
+        *plan.fired.entry((primitive, fault)).or_default() += 1;
+        Some(fault)
+    }
+
+    /// Runs one call of `primitive`, with its fault if one is queued.
+    async fn around<T>(
+        &self,
+        primitive: Primitive,
+        apply: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match self.next_fault(primitive) {
+            None => apply.await,
+            Some(Fault::FailBefore(kind)) => Err(kind.error(primitive)),
+            Some(Fault::FailAfter(kind)) => apply.await.and(Err(kind.error(primitive))),
+            Some(Fault::CancelBefore) => self.cancel().await,
+            Some(Fault::CancelAfter) => {
+                let _ = apply.await;
+                self.cancel().await
+            }
+            Some(Fault::Hold) => {
+                self.signals.held.notify_one();
+                self.signals.gate.notified().await;
+                apply.await
+            }
+        }
+    }
+
+    /// Cancels the calling task: signals its [`FaultyStore::cancellable`] (outside one, the
+    /// call just never returns).
+    async fn cancel<T>(&self) -> T {
+        let _ = CANCELLED.try_with(|cancelled| cancelled.notify_one());
+        std::future::pending().await
+    }
+}
+
+impl<S: Store + Clone> Store for FaultyStore<S> {
+    async fn claim(&self, record: &Record, now: SystemTime) -> Result<Claim, StoreError> {
+        self.around(Primitive::Claim, self.inner.claim(record, now))
+            .await
+    }
+
+    async fn adopt(
+        &self,
+        record: &Record,
+        orphan: &Evidence,
+        now: SystemTime,
+    ) -> Result<Claim, StoreError> {
+        self.around(Primitive::Adopt, self.inner.adopt(record, orphan, now))
+            .await
+    }
+
+    async fn take_over(
+        &self,
+        previous: &Record,
+        lease: &Lease,
+        expires_at: SystemTime,
+        now: SystemTime,
+    ) -> Result<Fence, StoreError> {
+        self.around(
+            Primitive::TakeOver,
+            self.inner.take_over(previous, lease, expires_at, now),
+        )
+        .await
+    }
+
+    async fn shorten(&self, target: Target<'_>, until: SystemTime) -> Result<Fence, StoreError> {
+        self.around(Primitive::Shorten, self.inner.shorten(target, until))
+            .await
+    }
+
+    async fn settle(
+        &self,
+        target: Target<'_>,
+        settlement: &Settlement,
+    ) -> Result<Fence, StoreError> {
+        self.around(Primitive::Settle, self.inner.settle(target, settlement))
+            .await
+    }
+
+    async fn release(&self, target: Target<'_>) -> Result<Fence, StoreError> {
+        self.around(Primitive::Release, self.inner.release(target))
+            .await
+    }
+
+    async fn get(&self, key: &OperationKey) -> Result<Option<Record>, StoreError> {
+        self.around(Primitive::Get, self.inner.get(key)).await
+    }
+
+    async fn evidence(&self, identity: &str) -> Result<Option<Evidence>, StoreError> {
+        self.around(Primitive::Evidence, self.inner.evidence(identity))
+            .await
+    }
+
+    fn item_size(&self, record: &Record) -> usize {
+        self.inner.item_size(record)
+    }
+}

@@ -1,0 +1,84 @@
+//! What tests, examples and third-party stores share (feature `testing`): the conformance
+//! suite any [`Store`](crate::store::Store) can run, a fault-injecting store decorator, a
+//! fault-injecting DynamoDB client interceptor, the local DynamoDB-compatible endpoint, and the
+//! seeded simulation of the protocol.
+//!
+//! A store of your own runs the whole suite with one macro (object_store's `integration`
+//! module is the model):
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use lambda_idempotency::clock::{Clock, ManualClock};
+//! use lambda_idempotency::store::MemoryStore;
+//! use lambda_idempotency::testing::conformance::{Fixture, Sweeper, start_time};
+//!
+//! async fn fixture() -> Fixture<MemoryStore> {
+//!     let clock = ManualClock::new(start_time());
+//!     let store = MemoryStore::new(); // your store here
+//!     let sweep: Sweeper = {
+//!         let (store, clock) = (store.clone(), clock.clone());
+//!         Arc::new(move || {
+//!             let swept = store.sweep_expired(clock.now());
+//!             Box::pin(async move { swept })
+//!         })
+//!     };
+//!     Fixture { store, clock, sweep }
+//! }
+//!
+//! lambda_idempotency::conformance_tests!(fixture());
+//! # fn main() {}
+//! ```
+
+pub mod conformance;
+pub mod durability;
+pub mod dynamo;
+pub mod faults;
+pub mod local;
+pub mod simulation;
+
+/// Generates one `#[tokio::test]` per conformance case for a store made by `$make` (an async
+/// expression giving a [`conformance::Fixture`]).
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::conformance_tests!(@cases $make;
+            first_run_executes_and_stores,
+            duplicate_replays_without_running,
+            payload_conflict_is_refused,
+            payload_conflict_is_checked_before_in_progress,
+            changed_payload_does_not_take_over_expired_lease,
+            concurrent_callers_execute_once,
+            expired_record_executes_again,
+            expired_lease_is_taken_over,
+            zombie_completion_is_fenced,
+            zombie_cannot_complete_over_a_live_takeover,
+            zombie_release_is_fenced,
+            failure_releases_for_retry,
+            unreadable_outcome_is_a_typed_error,
+            oversized_outcome_is_retained_not_rerun,
+            largest_outcome_fits,
+            expired_and_swept_record_with_evidence_is_not_rerun,
+            expired_record_with_evidence_is_not_rerun,
+            identity_taken_by_another_key_is_refused,
+            terminal_failure_is_replayed_not_rerun,
+            handler_error_type_decides_the_class,
+            retryable_failure_releases_evidence_and_reruns,
+            takeover_reconciled_as_applied_records_without_running,
+            takeover_reconciled_as_not_applied_runs_the_handler,
+            takeover_reconciled_as_unknown_holds_for_an_operator,
+            failing_reconciler_leaves_the_lease_to_run_out,
+            concurrent_claims_across_both_tables_have_one_winner,
+            cancelled_claim_reports_which_condition_failed,
+            downstream_key_is_the_same_on_every_attempt,
+            old_message_after_newer_state_is_replayed
+        );
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                $crate::testing::conformance::$case($make.await).await;
+            }
+        )*
+    };
+}
