@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use serde_json::value::RawValue;
 
+use crate::config::MAX_REQUEST_ID_BYTES;
 use crate::key::{Fingerprint, JsonPointer, OperationKey};
 
 /// One request for an idempotent execution.
@@ -31,9 +32,17 @@ impl Invocation {
         }
     }
 
-    /// Records the invocation's request id with the claim, for correlation.
+    /// Records the invocation's request id with the claim, for correlation (cut to
+    /// [`MAX_REQUEST_ID_BYTES`](crate::config::MAX_REQUEST_ID_BYTES), so that it cannot crowd
+    /// the outcome out of the item).
     pub fn with_request_id(mut self, request_id: impl Into<String>) -> Self {
-        self.request_id = Some(request_id.into());
+        let mut request_id = request_id.into();
+        let mut end = request_id.len().min(MAX_REQUEST_ID_BYTES);
+        while !request_id.is_char_boundary(end) {
+            end -= 1;
+        }
+        request_id.truncate(end);
+        self.request_id = Some(request_id);
         self
     }
 

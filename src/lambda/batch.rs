@@ -38,6 +38,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::time::{Duration, SystemTime};
 
 use aws_lambda_events::event::dynamodb::EventRecord as DynamoDbRecord;
 use aws_lambda_events::event::kinesis::KinesisEventRecord;
@@ -118,12 +119,15 @@ pub enum RecordOutcome {
     Failed(Error),
     /// Not run: an earlier record of its ordering group failed.
     Skipped,
+    /// Not started: too close to the invocation's deadline
+    /// ([`BatchProcessor::with_deadline_margin`]).
+    NotStarted,
 }
 
 impl RecordOutcome {
     /// Whether Lambda must deliver the record again.
     pub fn is_failure(&self) -> bool {
-        matches!(self, Self::Failed(_) | Self::Skipped)
+        matches!(self, Self::Failed(_) | Self::Skipped | Self::NotStarted)
     }
 }
 
@@ -187,18 +191,30 @@ impl BatchReport {
 pub struct BatchProcessor<S, R> {
     operation: Operation<S, R>,
     concurrency: usize,
+    deadline_margin: Duration,
 }
 
 impl<S: Store, R: BatchRecord> BatchProcessor<S, R> {
     /// Default number of records (or ordering groups) run at once.
     pub const DEFAULT_CONCURRENCY: usize = 8;
+    /// Default time left before the deadline under which no record is started.
+    pub const DEFAULT_DEADLINE_MARGIN: Duration = Duration::from_secs(2);
 
     /// A processor deriving each record's operation from `policy` in `scope`.
     pub fn new(idem: Idempotency<S>, scope: OperationScope, policy: KeyPolicy<R>) -> Self {
         Self {
             operation: Operation::new(idem, scope, policy),
             concurrency: Self::DEFAULT_CONCURRENCY,
+            deadline_margin: Self::DEFAULT_DEADLINE_MARGIN,
         }
+    }
+
+    /// Starts no record once less than `margin` is left before the invocation's deadline
+    /// (default 2 s): those are reported failed and delivered again, instead of being cut off
+    /// by the timeout mid-effect with their claims held. Size it to one record's run time.
+    pub fn with_deadline_margin(mut self, margin: Duration) -> Self {
+        self.deadline_margin = margin;
+        self
     }
 
     /// Runs at most `concurrency` records (or ordering groups) at once (at least 1).
@@ -238,9 +254,10 @@ impl<S: Store, R: BatchRecord> BatchProcessor<S, R> {
             }
         });
         let handler = &handler;
+        let deadline = (context.deadline > 0).then(|| context.deadline());
         let mut outcomes: Vec<(usize, Option<String>, RecordOutcome)> =
             futures_util::stream::iter(group_in_order(prepared))
-                .map(|group| self.run_group(group, handler))
+                .map(|group| self.run_group(group, deadline, handler))
                 .buffer_unordered(self.concurrency)
                 .flat_map(futures_util::stream::iter)
                 .collect()
@@ -258,6 +275,7 @@ impl<S: Store, R: BatchRecord> BatchProcessor<S, R> {
     async fn run_group<F, Fut, T, E>(
         &self,
         group: Vec<Prepared<R>>,
+        deadline: Option<SystemTime>,
         handler: &F,
     ) -> Vec<(usize, Option<String>, RecordOutcome)>
     where
@@ -277,6 +295,7 @@ impl<S: Store, R: BatchRecord> BatchProcessor<S, R> {
             let id = record.item_identifier();
             let outcome = match invocation {
                 _ if failed => RecordOutcome::Skipped,
+                _ if self.too_late(deadline) => RecordOutcome::NotStarted,
                 Err(err) => RecordOutcome::Failed(err),
                 Ok(invocation) => self.run_record(record, &invocation, handler).await,
             };
@@ -284,6 +303,16 @@ impl<S: Store, R: BatchRecord> BatchProcessor<S, R> {
             outcomes.push((index, id, outcome));
         }
         outcomes
+    }
+
+    /// Whether less than the margin is left before `deadline`.
+    fn too_late(&self, deadline: Option<SystemTime>) -> bool {
+        deadline.is_some_and(|deadline| {
+            deadline
+                .duration_since(self.operation.idem.now())
+                .unwrap_or_default()
+                < self.deadline_margin
+        })
     }
 
     async fn run_record<F, Fut, T, E>(

@@ -587,3 +587,4 @@ pub async fn largest_outcome_fits<S: Store>(fx: Fixture<S>) {
 }
 
 pub use super::durability::*;
+pub use super::edges::*;

@@ -32,7 +32,9 @@
 pub mod conformance;
 pub mod durability;
 pub mod dynamo;
+pub mod edges;
 pub mod faults;
+pub mod interceptor;
 pub mod local;
 pub mod simulation;
 
@@ -70,7 +72,18 @@ macro_rules! conformance_tests {
             concurrent_claims_across_both_tables_have_one_winner,
             cancelled_claim_reports_which_condition_failed,
             downstream_key_is_the_same_on_every_attempt,
-            old_message_after_newer_state_is_replayed
+            old_message_after_newer_state_is_replayed,
+            takeover_extends_retention_past_its_lease,
+            stale_in_progress_is_reconciled_not_rerun,
+            orphaned_evidence_is_adopted_and_reconciled,
+            in_progress_evidence_is_not_acknowledged,
+            indeterminate_never_expires,
+            failed_completion_is_retried_then_reconciled,
+            ambiguous_writes_are_the_callers_own,
+            panicking_handler_gives_the_claim_back,
+            cancelled_execution_gives_the_claim_back,
+            outcome_limit_counts_the_whole_item,
+            values_are_type_checked_before_they_are_stored
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

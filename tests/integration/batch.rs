@@ -288,3 +288,43 @@ async fn kinesis_partitions_keep_their_order() {
     seen.sort();
     assert_eq!(seen, ["1", "2"]);
 }
+
+#[tokio::test]
+async fn a_batch_close_to_its_deadline_starts_no_new_record() {
+    let processor = processor()
+        .await
+        .with_deadline_margin(Duration::from_secs(2));
+    let orders = Orders::default();
+    let batch = vec![
+        message("m-1", "orders", None, json!({"order_id": "o-late-1"})),
+        message("m-2", "orders", None, json!({"order_id": "o-late-2"})),
+    ];
+    let mut context = Context::default();
+    let one_second_left = std::time::SystemTime::now() + Duration::from_secs(1);
+    context.deadline = u64::try_from(
+        one_second_left
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after epoch")
+            .as_millis(),
+    )
+    .expect("fits");
+
+    let report = processor
+        .process(batch, &context, |m, ctx| orders.place(m, ctx))
+        .await;
+
+    assert!(orders.placed().is_empty(), "no record started");
+    assert!(
+        report
+            .records
+            .iter()
+            .all(|(_, outcome)| matches!(outcome, RecordOutcome::NotStarted)),
+        "got {:?}",
+        report.records
+    );
+    assert_eq!(
+        report.failed_identifiers(),
+        ["m-1", "m-2"],
+        "both come back"
+    );
+}

@@ -256,3 +256,30 @@ async fn identity_without_uniqueness_table_is_a_typed_error() {
         "nothing written"
     );
 }
+
+#[tokio::test]
+async fn an_out_of_range_stored_time_is_a_corrupt_record_not_a_panic() {
+    let db = dynamo::start().await;
+    let idem = Idempotency::new(db.store(), Config::default());
+    let inv = invocation("extreme-time");
+    idem.execute(&inv, |_| ok(1)).await.expect("first");
+    db.client
+        .update_item()
+        .table_name(&db.table)
+        .key("pk", AttributeValue::S(inv.key().to_string()))
+        .update_expression("SET expires_at = :max")
+        .expression_attribute_values(":max", AttributeValue::N(u64::MAX.to_string()))
+        .send()
+        .await
+        .expect("store an extreme time");
+
+    let err = idem
+        .execute(&inv, |_| ok(2))
+        .await
+        .expect_err("corrupt record");
+
+    assert!(
+        matches!(err, Error::Store(StoreError::CorruptRecord { .. })),
+        "got {err:?}"
+    );
+}

@@ -7,6 +7,7 @@ mod http_contract;
 mod keys;
 mod lambda_layer;
 mod memory_store;
+mod sdk_faults;
 mod simulation;
 mod sources;
 mod support;

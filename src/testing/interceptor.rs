@@ -1,0 +1,1 @@
+//! A fault-injecting interceptor for the DynamoDB client (work in progress).

@@ -1,0 +1,1 @@
+//! Faults injected into the DynamoDB client's requests (work in progress).
