@@ -197,16 +197,9 @@ impl<S: Store> Idempotency<S> {
             identity: invocation.identity.as_deref(),
             guard: Guard::Lease(&claim.lease.token),
         };
-        let held = match self.claim(&claim, invocation, now).await {
-            Ok(Step::Run(held)) => held,
-            Ok(Step::Answer(existing)) => return answer_existing(*existing, invocation, now),
-            Err(err) => {
-                if matches!(err, Error::Store(_)) {
-                    // The claim may have committed with its answer lost: give it back.
-                    let _ = erased(self.store.release(target)).await;
-                }
-                return Err(err);
-            }
+        let held = match self.claim(&claim, invocation, now).await? {
+            Step::Run(held) => held,
+            Step::Answer(existing) => return answer_existing(*existing, invocation, now),
         };
         let mut give_back = GiveBack {
             store: Arc::clone(&self.store),
@@ -292,9 +285,23 @@ impl<S: Store> Idempotency<S> {
     ) -> Result<Step, Error> {
         let key = &invocation.key;
         let deadline = claim.lease.expires_at;
-        let claimed = self
+        let target = Target {
+            key,
+            identity: invocation.identity.as_deref(),
+            guard: Guard::Lease(&claim.lease.token),
+        };
+        let claimed = match self
             .retrying(deadline, || self.store.claim(claim, now))
-            .await?;
+            .await
+        {
+            Ok(claimed) => claimed,
+            Err(err) => {
+                // The claim may have committed with its answer lost; nothing ran under it yet,
+                // so it is given back whole.
+                let _ = erased(self.store.release(target)).await;
+                return Err(err.into());
+            }
+        };
         let existing = match claimed {
             Claim::Acquired => return Ok(Step::Run(Held::Fresh)),
             Claim::Existing(existing) if is_own_claim(&existing, claim) => {
@@ -320,11 +327,21 @@ impl<S: Store> Idempotency<S> {
             ..claim.lease.clone()
         };
         let expires_at = retention_expiry(lease.expires_at, self.config.retention());
-        let fence = self
+        let fence = match self
             .retrying(deadline, || {
                 self.store.take_over(&existing, &lease, expires_at, now)
             })
-            .await?;
+            .await
+        {
+            Ok(fence) => fence,
+            Err(err) => {
+                // The takeover may have committed with its answer lost. The crashed attempt
+                // may have acted, so the record stays for the next takeover: only the lease
+                // this one may hold is cut short.
+                let _ = erased(self.store.shorten(target, now)).await;
+                return Err(err.into());
+            }
+        };
         match fence {
             Fence::Held => {}
             Fence::Lost {
@@ -370,11 +387,24 @@ impl<S: Store> Idempotency<S> {
             },
             ..claim.clone()
         };
-        let adopted = self
+        let adopted = match self
             .retrying(claim.lease.expires_at, || {
                 self.store.adopt(&record, &orphan, now)
             })
-            .await?;
+            .await
+        {
+            Ok(adopted) => adopted,
+            Err(err) => {
+                // As for a takeover: keep the record, cut the lease this adoption may hold.
+                let target = Target {
+                    key,
+                    identity: None,
+                    guard: Guard::Lease(&record.lease.token),
+                };
+                let _ = erased(self.store.shorten(target, now)).await;
+                return Err(err.into());
+            }
+        };
         match adopted {
             Claim::Acquired => {}
             Claim::Existing(existing) if is_own_claim(&existing, &record) => {}
