@@ -48,6 +48,9 @@ where
             operation,
             code: code.to_owned(),
         },
+        Some("TransactionConflictException" | "ReplicatedWriteConflictException") => {
+            StoreError::Contention { operation }
+        }
         Some("ValidationException" | "SerializationException") => StoreError::Rejected {
             operation,
             message: err.message().unwrap_or("no message").to_owned(),
