@@ -8,9 +8,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use lambda_idempotency::clock::ManualClock;
-use lambda_idempotency::testing::conformance::{Sweeper, start_time};
+use lambda_idempotency::testing::conformance::Sweeper;
 use lambda_idempotency::testing::dynamo;
-use lambda_idempotency::testing::simulation::{Budget, Stats, memory_fixture, run_seed};
+use lambda_idempotency::testing::simulation::{
+    Budget, Stats, memory_fixture, run_seed, sim_start_time,
+};
 
 struct Args {
     seeds: u64,
@@ -60,7 +62,7 @@ async fn main() {
     let mut total = Stats::default();
     for seed in args.from..args.from + args.seeds {
         let outcome = if args.dynamodb {
-            let clock = ManualClock::new(start_time());
+            let clock = ManualClock::new(sim_start_time());
             let db = Arc::new(dynamo::start_with_clock(clock.clone()).await);
             let store = db.store();
             let sweep: Sweeper = Arc::new(move || {

@@ -35,7 +35,7 @@ use tracing::{Instrument, debug, info_span, warn};
 use self::answer::answer_existing;
 use self::give_back::GiveBack;
 use crate::clock::{Clock, SystemClock};
-use crate::config::{Config, DYNAMODB_ITEM_LIMIT};
+use crate::config::{Config, DYNAMODB_ITEM_LIMIT, MAX_REQUEST_ID_BYTES};
 use crate::error::{BoxError, Error, StoreError};
 use crate::execution::{Execution, ExecutionContext, Invocation, Origin};
 use crate::failure::{Classifier, DefaultClassifier, FailureClass};
@@ -52,6 +52,9 @@ mod retry;
 
 /// How long an INDETERMINATE record is kept: it waits for an operator.
 const INDETERMINATE_RETENTION: Duration = Duration::from_secs(366 * 24 * 3600);
+/// How long a claim given back by a panicking or cancelled handler still holds, so that what
+/// the handler left in flight lands before a takeover's reconciler looks.
+const GIVE_BACK_GRACE: Duration = Duration::from_secs(5);
 /// How long an operator's resolution may retry a failing write.
 const OPERATOR_DEADLINE: Duration = Duration::from_secs(10);
 
@@ -197,17 +200,26 @@ impl<S: Store> Idempotency<S> {
             identity: invocation.identity.as_deref(),
             guard: Guard::Lease(&claim.lease.token),
         };
-        let held = match self.claim(&claim, invocation, now).await? {
-            Step::Run(held) => held,
-            Step::Answer(existing) => return answer_existing(*existing, invocation, now),
-        };
+        // Armed from the first write: a cancellation while claiming gives back what committed.
         let mut give_back = GiveBack {
             store: Arc::clone(&self.store),
             clock: Arc::clone(&self.clock),
             key: key.clone(),
             identity: invocation.identity.clone(),
             token: claim.lease.token.clone(),
+            lease_expires_at: deadline,
             armed: true,
+        };
+        let held = match self.claim(&claim, invocation, now).await {
+            Ok(Step::Run(held)) => held,
+            Ok(Step::Answer(existing)) => {
+                give_back.disarm();
+                return answer_existing(*existing, invocation, now);
+            }
+            Err(err) => {
+                give_back.disarm();
+                return Err(err);
+            }
         };
         let answer = self
             .run_held(target, invocation, &claim, held, handler)
@@ -314,7 +326,9 @@ impl<S: Store> Idempotency<S> {
             {
                 return self.adopt(claim, invocation, evidence, now).await;
             }
-            Claim::IdentityTaken(evidence) => return Err(answer::identity_taken(key, evidence)),
+            Claim::IdentityTaken(evidence) => {
+                return Err(answer::identity_taken(invocation, evidence));
+            }
         };
         if existing.fingerprint != invocation.fingerprint {
             return Err(Error::PayloadConflict { key: key.clone() });
@@ -346,7 +360,7 @@ impl<S: Store> Idempotency<S> {
             Fence::Held => {}
             Fence::Lost {
                 current: Some(current),
-            } if current.status == Status::InProgress && current.lease == lease => {
+            } if current.status == Status::InProgress && holds(&current.lease, &lease) => {
                 debug!("the takeover committed before its answer was lost");
             }
             Fence::Lost {
@@ -411,7 +425,9 @@ impl<S: Store> Idempotency<S> {
             Claim::Existing(existing) => {
                 return Ok(Step::Answer(Box::new(existing)));
             }
-            Claim::IdentityTaken(evidence) => return Err(answer::identity_taken(key, evidence)),
+            Claim::IdentityTaken(evidence) => {
+                return Err(answer::identity_taken(invocation, evidence));
+            }
         }
         warn!("adopted a crashed attempt whose record had expired");
         Ok(Step::Run(Held::TakenOver {
@@ -561,11 +577,13 @@ impl<S: Store> Idempotency<S> {
     /// The largest outcome `settlement` may carry: the configured limit, and what the rest of
     /// the settled item leaves of DynamoDB's item limit.
     fn outcome_limit(&self, claim: &Record, settlement: &Settlement) -> usize {
+        // A takeover keeps the first claim's request id: count the longest one kept.
         let settled = Record {
             status: settlement.status,
             outcome: Some(Vec::new()),
             expires_at: settlement.expires_at,
             completed_at: Some(settlement.completed_at),
+            request_id: Some("r".repeat(MAX_REQUEST_ID_BYTES)),
             ..claim.clone()
         };
         let rest = self.store.item_size(&settled);
@@ -663,9 +681,10 @@ impl<S: Store> Idempotency<S> {
         }
     }
 
-    /// Gives a held claim back: its lease runs out now.
+    /// Gives a held claim back: its lease runs out after a short grace (for what the handler
+    /// left in flight), never later than it would have.
     async fn shorten(&self, target: Target<'_>, deadline: SystemTime) -> Result<Fence, Error> {
-        let until = self.clock.now();
+        let until = given_back_until(self.clock.now(), deadline);
         Ok(self
             .retrying(deadline, || self.store.shorten(target, until))
             .await?)
@@ -736,6 +755,12 @@ enum Step {
     Answer(Box<Record>),
 }
 
+/// When a claim given back at `now` (a panic, a cancellation) may be taken over: after
+/// [`GIVE_BACK_GRACE`], for what the handler left in flight, and never later than its lease.
+fn given_back_until(now: SystemTime, lease_expires_at: SystemTime) -> SystemTime {
+    (now + GIVE_BACK_GRACE).min(lease_expires_at)
+}
+
 /// How the caller came to hold the lease.
 enum Held {
     /// A fresh claim: attempt 1.
@@ -747,12 +772,19 @@ enum Held {
 /// Whether `existing` is the caller's own `claim`: it committed before its answer was lost and
 /// the SDK's retry found it standing.
 fn is_own_claim(existing: &Record, claim: &Record) -> bool {
-    existing.status == Status::InProgress && existing.lease == claim.lease
+    existing.status == Status::InProgress && holds(&existing.lease, &claim.lease)
+}
+
+/// Whether `stored` is `mine` as a store gives it back: the same random token and attempt
+/// (times come back at the store's resolution, milliseconds on DynamoDB).
+fn holds(stored: &Lease, mine: &Lease) -> bool {
+    stored.token == mine.token && stored.attempt == mine.attempt
 }
 
 /// Whether `current` is the record as `settlement` left it under `guard`.
 fn shows_settlement(current: &Record, guard: Guard<'_>, settlement: &Settlement) -> bool {
     let same_write = current.status == settlement.status
+        && current.outcome == settlement.outcome
         && current.completed_at.map(epoch_millis) == Some(epoch_millis(settlement.completed_at));
     match guard {
         Guard::Lease(token) => same_write && current.lease.token == token,

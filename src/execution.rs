@@ -7,6 +7,9 @@ use serde_json::value::RawValue;
 use crate::config::MAX_REQUEST_ID_BYTES;
 use crate::key::{Fingerprint, JsonPointer, OperationKey};
 
+/// The longest lease an invocation holds (a year: far past Lambda's 15 minutes).
+pub const MAX_LEASE: Duration = Duration::from_secs(366 * 24 * 3600);
+
 /// One request for an idempotent execution.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Invocation {
@@ -21,11 +24,12 @@ pub struct Invocation {
 impl Invocation {
     /// `key` with intent `fingerprint`, holding a lease of `lease` while the handler runs (set it
     /// to the time the invocation may still run, plus a small margin).
+    /// The lease is capped at [`MAX_LEASE`].
     pub fn new(key: OperationKey, fingerprint: Fingerprint, lease: Duration) -> Self {
         Self {
             key,
             fingerprint,
-            lease,
+            lease: lease.min(MAX_LEASE),
             request_id: None,
             identity: None,
             result_ref: None,

@@ -32,7 +32,11 @@ pub(super) fn result_ref(invocation: &Invocation, raw: &RawValue) -> Option<Stri
 
 /// The answer for a business identity whose evidence stands and whose record is gone or
 /// expired (an adoption of this operation's own orphaned claim is handled before).
-pub(super) fn identity_taken(key: &OperationKey, evidence: crate::record::Evidence) -> Error {
+pub(super) fn identity_taken(invocation: &Invocation, evidence: crate::record::Evidence) -> Error {
+    let key = &invocation.key;
+    if evidence.key == *key && evidence.fingerprint != invocation.fingerprint {
+        return Error::PayloadConflict { key: key.clone() };
+    }
     if evidence.key == *key && evidence.status == Status::Indeterminate {
         return Error::Indeterminate { key: key.clone() };
     }

@@ -1,6 +1,7 @@
 //! A held claim given back when the task running it is cancelled.
 
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use tracing::warn;
 
@@ -8,16 +9,17 @@ use crate::clock::Clock;
 use crate::key::OperationKey;
 use crate::store::{Fence, Guard, Store, Target};
 
-/// Armed while an execution holds its lease. Dropped armed (the execution's future was
-/// cancelled: a timeout, a dropped request, an aborted task), it shortens the lease to now in
-/// a task of its own, so that the next delivery takes over (after reconciliation) instead of
-/// waiting out the rest of the lease.
+/// Armed while an execution may hold its lease. Dropped armed (the execution's future was
+/// cancelled: a timeout, a dropped request, an aborted task), it shortens the lease to a short
+/// grace from now in a task of its own, so that the next delivery takes over (after
+/// reconciliation) instead of waiting out the rest of the lease.
 pub(super) struct GiveBack<S: Store> {
     pub(super) store: Arc<S>,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) key: OperationKey,
     pub(super) identity: Option<String>,
     pub(super) token: String,
+    pub(super) lease_expires_at: SystemTime,
     pub(super) armed: bool,
 }
 
@@ -38,7 +40,7 @@ impl<S: Store> Drop for GiveBack<S> {
             return;
         };
         let store = Arc::clone(&self.store);
-        let until = self.clock.now();
+        let until = super::given_back_until(self.clock.now(), self.lease_expires_at);
         let key = self.key.clone();
         let identity = self.identity.take();
         let token = std::mem::take(&mut self.token);

@@ -23,6 +23,9 @@ use super::conformance::{
 };
 use super::faults::{Fault, FaultKind, FaultyStore, Primitive};
 
+/// How long a claim given back by a panicking or cancelled handler still holds.
+const GIVE_BACK_GRACE: Duration = Duration::from_secs(5);
+
 /// A reconciler that always gives `answer`.
 fn always(
     answer: Reconciliation,
@@ -262,6 +265,8 @@ pub async fn failed_completion_is_retried_then_reconciled<S: Store + Clone>(fx: 
 /// is recognised as the caller's own: one execution, the truthful answer, a consistent record.
 pub async fn ambiguous_writes_are_the_callers_own<S: Store + Clone>(fx: Fixture<S>) {
     let (idem, store, clock, _) = faulty_engine(fx, Config::default());
+    // Off the millisecond: what a store gives back must still be recognised as the caller's.
+    clock.advance(Duration::from_nanos(123_456));
     let lost = Fault::FailAfter(FaultKind::Unavailable);
     let runs = AtomicUsize::new(0);
 
@@ -341,9 +346,12 @@ pub async fn panicking_handler_gives_the_claim_back<S: Store>(fx: Fixture<S>) {
     assert!(panicked.expect_err("panicked").is_panic());
     let record = stored(&idem, inv.key(), "claim kept").await;
     assert_eq!(record.status, Status::InProgress);
-    assert!(record.lease.expires_at <= clock.now(), "lease given back");
+    assert!(
+        record.lease.expires_at <= clock.now() + GIVE_BACK_GRACE,
+        "lease given back"
+    );
 
-    clock.advance(Duration::from_millis(1));
+    clock.advance(GIVE_BACK_GRACE + Duration::from_millis(1));
     let done = idem
         .execute(
             &inv,
@@ -377,7 +385,7 @@ pub async fn cancelled_execution_gives_the_claim_back<S: Store>(fx: Fixture<S>) 
     let given_back = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             let record = stored(&idem, inv.key(), "claim").await;
-            if record.lease.expires_at <= clock.now() {
+            if record.lease.expires_at <= clock.now() + GIVE_BACK_GRACE {
                 return record;
             }
             tokio::task::yield_now().await;
@@ -386,7 +394,7 @@ pub async fn cancelled_execution_gives_the_claim_back<S: Store>(fx: Fixture<S>) 
     .await
     .expect("the claim is given back");
     assert_eq!(given_back.status, Status::InProgress);
-    clock.advance(Duration::from_millis(1));
+    clock.advance(GIVE_BACK_GRACE + Duration::from_millis(1));
     let done = idem
         .execute(
             &inv,

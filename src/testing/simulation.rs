@@ -141,9 +141,15 @@ pub async fn run_seed<S: Store + Clone>(
     Ok(world.stats())
 }
 
+/// Where a simulation's clock starts: off the whole second and the millisecond, as a real
+/// clock is, so that times a store keeps at a coarser resolution are exercised.
+pub fn sim_start_time() -> std::time::SystemTime {
+    start_time() + std::time::Duration::from_nanos(1_234_567)
+}
+
 /// An empty in-memory store on a manual clock.
 pub fn memory_fixture() -> Fixture<MemoryStore> {
-    let clock = ManualClock::new(start_time());
+    let clock = ManualClock::new(sim_start_time());
     let store = MemoryStore::new();
     let sweep: Sweeper = {
         let (store, clock) = (store.clone(), clock.clone());

@@ -5,9 +5,11 @@ use std::sync::Arc;
 
 use lambda_idempotency::clock::ManualClock;
 use lambda_idempotency::store::DynamoDbStore;
-use lambda_idempotency::testing::conformance::{Fixture, Sweeper, start_time};
+use lambda_idempotency::testing::conformance::{Fixture, Sweeper};
 use lambda_idempotency::testing::dynamo;
-use lambda_idempotency::testing::simulation::{Budget, Stats, memory_fixture, run_seed};
+use lambda_idempotency::testing::simulation::{
+    Budget, Stats, memory_fixture, run_seed, sim_start_time,
+};
 
 fn seeds(default: u64) -> Vec<u64> {
     if let Ok(seed) = std::env::var("SIM_SEED") {
@@ -19,7 +21,7 @@ fn seeds(default: u64) -> Vec<u64> {
 }
 
 async fn dynamodb_fixture() -> Fixture<DynamoDbStore> {
-    let clock = ManualClock::new(start_time());
+    let clock = ManualClock::new(sim_start_time());
     let dynamo = Arc::new(dynamo::start_with_clock(clock.clone()).await);
     let store = dynamo.store();
     let sweep: Sweeper = Arc::new(move || {

@@ -103,11 +103,13 @@ pub(crate) fn settle_write(
         .name("#completed_at", COMPLETED_AT)
         .value(":status", s(settlement.status.as_str()))
         .value(":completed_at", millis(settlement.completed_at));
-    if let Some(result_ref) = &settlement.result_ref {
-        update.push_str(", #result_ref = :result_ref");
-        expr = expr
-            .name("#result_ref", RESULT_REF)
-            .value(":result_ref", s(result_ref));
+    expr = expr.name("#result_ref", RESULT_REF);
+    match &settlement.result_ref {
+        Some(result_ref) => {
+            update.push_str(", #result_ref = :result_ref");
+            expr = expr.value(":result_ref", s(result_ref));
+        }
+        None => update.push_str(" REMOVE #result_ref"),
     }
     Write::update(table, key(identity), &update, OWNED, expr)
 }
