@@ -126,7 +126,7 @@ impl Demo {
             .await
         });
         claimed_rx.await?;
-        worker.abort();
+        drop(worker); // a crash: detached and never polled again, nothing of it runs
         self.delivery += 1;
         let what = if charge_first {
             "worker charges, then crashes"

@@ -729,6 +729,7 @@ impl<S: Store> Idempotency<S> {
             }
             Resolution::Failed(failure) => (Status::Failed, failure.to_json()),
         };
+        let size = outcome.len();
         let settlement = Settlement {
             status,
             outcome: Some(outcome.into_bytes()),
@@ -736,6 +737,14 @@ impl<S: Store> Idempotency<S> {
             expires_at: now + self.config.retention(),
             completed_at: now,
         };
+        let limit = self.outcome_limit(&record, &settlement);
+        if size > limit {
+            return Err(Error::OutcomeTooLarge {
+                key: key.clone(),
+                size,
+                limit,
+            });
+        }
         match self
             .settle(target, record.lease.attempt, &settlement, deadline)
             .await

@@ -461,7 +461,8 @@ pub async fn outcome_limit_counts_the_whole_item<S: Store>(fx: Fixture<S>) {
 }
 
 /// Case: a value given in the handler's place (a reconciler's `Applied`, an operator's
-/// `Completed`) that does not decode as the handler's output is refused before it is stored.
+/// `Completed`) that does not decode as the handler's output, or does not fit the item, is
+/// refused before it is stored.
 pub async fn values_are_type_checked_before_they_are_stored<S: Store>(fx: Fixture<S>) {
     let (idem, clock, _) = engine(fx, Config::default());
     let wrong = idem
@@ -498,6 +499,12 @@ pub async fn values_are_type_checked_before_they_are_stored<S: Store>(fx: Fixtur
         stored(&idem, resolved.key(), "kept").await.status,
         Status::Indeterminate
     );
+    let oversized = Resolution::Completed(json!("z".repeat(MAX_OUTCOME_BYTES)));
+    let err = idem
+        .resolve::<String>(resolved.key(), oversized)
+        .await
+        .expect_err("too large for the item");
+    assert!(matches!(err, Error::OutcomeTooLarge { .. }), "got {err:?}");
     assert!(
         idem.resolve::<u32>(resolved.key(), Resolution::Completed(json!(5)))
             .await
