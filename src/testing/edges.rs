@@ -323,6 +323,44 @@ pub async fn ambiguous_writes_are_the_callers_own<S: Store + Clone>(fx: Fixture<
     assert_eq!(runs.load(Ordering::SeqCst), 5, "one execution each");
 }
 
+/// Case: a completion the store holds up (a slow write) keeps duplicates out until it lands;
+/// they meet the live claim, then the stored outcome.
+pub async fn delayed_completion_keeps_duplicates_out<S: Store + Clone>(fx: Fixture<S>) {
+    let (idem, store, _, _) = faulty_engine(fx, Config::default());
+    let inv = invocation("edge-12", &json!({"amount": 10}));
+    let runs = std::sync::Arc::new(AtomicUsize::new(0));
+    store.inject(Primitive::Settle, Fault::Hold);
+    let first = tokio::spawn({
+        let (idem, inv, runs) = (idem.clone(), inv.clone(), runs.clone());
+        async move {
+            idem.execute(&inv, |_| async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, std::io::Error>(12_u32)
+            })
+            .await
+            .map(|done| *done.value())
+        }
+    });
+    store.held().await;
+
+    let err = idem
+        .execute(&inv, |_| async { Ok::<_, std::io::Error>(0_u32) })
+        .await
+        .expect_err("the completion is still in flight");
+    assert!(
+        matches!(err, Error::AlreadyInProgress { attempt: 1, .. }),
+        "got {err:?}"
+    );
+    store.let_go();
+    assert_eq!(first.await.expect("join").expect("completes"), 12);
+    let replay = idem
+        .execute(&inv, |_| async { Ok::<_, std::io::Error>(0_u32) })
+        .await
+        .expect("replay");
+    assert_eq!(*replay.value(), 12);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
 /// Case: a handler that panics gives its claim back (the next delivery takes over at once,
 /// reconciled), and the panic still reaches the caller.
 pub async fn panicking_handler_gives_the_claim_back<S: Store>(fx: Fixture<S>) {

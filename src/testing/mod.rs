@@ -80,6 +80,7 @@ macro_rules! conformance_tests {
             indeterminate_never_expires,
             failed_completion_is_retried_then_reconciled,
             ambiguous_writes_are_the_callers_own,
+            delayed_completion_keeps_duplicates_out,
             panicking_handler_gives_the_claim_back,
             cancelled_execution_gives_the_claim_back,
             outcome_limit_counts_the_whole_item,

@@ -339,11 +339,12 @@ impl<S: Store + Clone> World<S> {
             Primitive::Release,
         ];
         let primitive = writes[self.rng.usize(..writes.len())];
-        let fault = match self.rng.u32(..6) {
+        let fault = match self.rng.u32(..7) {
             0 => Fault::FailBefore(FaultKind::Throttled),
             1 => Fault::FailBefore(FaultKind::Unavailable),
             2 => Fault::FailBefore(FaultKind::Contention),
             3 | 4 => Fault::FailAfter(FaultKind::Unavailable),
+            5 => Fault::CancelBefore,
             _ => Fault::CancelAfter,
         };
         Some((primitive, fault))
