@@ -4,11 +4,8 @@
 //! and faults injected per store primitive; a broken invariant prints its seed and steps and
 //! exits with status 1 (replay it with `SIM_SEED=n cargo test --features testing simulation`).
 
-use std::sync::Arc;
 use std::time::Instant;
 
-use lambda_idempotency::clock::ManualClock;
-use lambda_idempotency::testing::conformance::Sweeper;
 use lambda_idempotency::testing::dynamo;
 use lambda_idempotency::testing::simulation::{
     Budget, Stats, memory_fixture, run_seed, sim_start_time,
@@ -62,18 +59,7 @@ async fn main() {
     let mut total = Stats::default();
     for seed in args.from..args.from + args.seeds {
         let outcome = if args.dynamodb {
-            let clock = ManualClock::new(sim_start_time());
-            let db = Arc::new(dynamo::start_with_clock(clock.clone()).await);
-            let store = db.store();
-            let sweep: Sweeper = Arc::new(move || {
-                let db = Arc::clone(&db);
-                Box::pin(async move { db.sweep().await })
-            });
-            let fixture = lambda_idempotency::testing::conformance::Fixture {
-                store,
-                clock,
-                sweep,
-            };
+            let fixture = dynamo::fixture(sim_start_time()).await;
             run_seed(fixture, seed, budget).await
         } else {
             run_seed(memory_fixture(), seed, budget).await

@@ -271,14 +271,9 @@ impl<S: Store> Idempotency<S> {
         let ran = AssertUnwindSafe(handler(context)).catch_unwind().await?;
         Ok(match ran {
             Ok(value) => {
-                let serialized = serde_json::value::to_raw_value(&value);
-                self.complete(target, invocation, claim, attempt, serialized)
+                let origin = Origin::Executed { attempt };
+                self.record(target, invocation, claim, value, origin, attempt)
                     .await
-                    .map(|raw| Execution {
-                        value,
-                        raw,
-                        origin: Origin::Executed { attempt },
-                    })
             }
             Err(err) => self
                 .fail(target, attempt, err.into(), deadline)
@@ -456,14 +451,9 @@ impl<S: Store> Idempotency<S> {
             Ok(Reconciliation::NotApplied) => return None,
             Ok(Reconciliation::Applied(value)) => match serde_json::from_value::<T>(value) {
                 Ok(value) => {
-                    let serialized = serde_json::value::to_raw_value(&value);
-                    self.complete(target, invocation, claim, attempt, serialized)
+                    let origin = Origin::Reconciled { attempt };
+                    self.record(target, invocation, claim, value, origin, attempt)
                         .await
-                        .map(|raw| Execution {
-                            value,
-                            raw,
-                            origin: Origin::Reconciled { attempt },
-                        })
                 }
                 Err(err) => Err(Error::OutcomeMismatch {
                     key: key.clone(),
@@ -513,6 +503,23 @@ impl<S: Store> Idempotency<S> {
             request_id: invocation.request_id.clone(),
             identity: invocation.identity.clone(),
         }
+    }
+
+    /// Records `value` (the handler's, or the reconciler's for it) as the operation's outcome.
+    async fn record<T: Serialize>(
+        &self,
+        target: Target<'_>,
+        invocation: &Invocation,
+        claim: &Record,
+        value: T,
+        origin: Origin,
+        attempt: u32,
+    ) -> Result<Execution<T>, Error> {
+        let serialized = serde_json::value::to_raw_value(&value);
+        let raw = self
+            .complete(target, invocation, claim, attempt, serialized)
+            .await?;
+        Ok(Execution { value, raw, origin })
     }
 
     /// Stores a result as COMPLETED; one that cannot be stored is retained as FAILED instead

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lambda_idempotency::clock::ManualClock;
+use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::config::MAX_OUTCOME_BYTES;
 use lambda_idempotency::reconcile::BoxFuture;
 use lambda_idempotency::record::{Record, Status};
-use lambda_idempotency::store::Store;
+use lambda_idempotency::store::{MemoryStore, Store};
 use lambda_idempotency::{
     Config, Error, Execution, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope,
     Origin,
@@ -35,6 +35,24 @@ pub struct Fixture<S> {
     pub clock: ManualClock,
     /// Deletes the records whose retention ran out, as DynamoDB TTL eventually does.
     pub sweep: Sweeper,
+}
+
+/// An empty in-memory store whose clock starts at `start`.
+pub fn memory_fixture(start: SystemTime) -> Fixture<MemoryStore> {
+    let clock = ManualClock::new(start);
+    let store = MemoryStore::new();
+    let sweep: Sweeper = {
+        let (store, clock) = (store.clone(), clock.clone());
+        Arc::new(move || {
+            let swept = store.sweep_expired(clock.now());
+            Box::pin(async move { swept })
+        })
+    };
+    Fixture {
+        store,
+        clock,
+        sweep,
+    }
 }
 
 /// Where every case's clock starts.

@@ -13,6 +13,7 @@ use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::record::epoch_secs;
 use lambda_idempotency::store::DynamoDbStore;
 use lambda_idempotency::store::ENDPOINT_VAR;
+use lambda_idempotency::testing::conformance::{Fixture, Sweeper};
 
 use super::local;
 
@@ -152,6 +153,22 @@ pub async fn start_with_clock(clock: ManualClock) -> Dynamo {
     };
     dynamo.store().create_table().await.expect("create tables");
     dynamo
+}
+
+/// An empty DynamoDB store on fresh tables whose clock (the server's too) starts at `start`.
+pub async fn fixture(start: SystemTime) -> Fixture<DynamoDbStore> {
+    let clock = ManualClock::new(start);
+    let dynamo = Arc::new(start_with_clock(clock.clone()).await);
+    let store = dynamo.store();
+    let sweep: Sweeper = Arc::new(move || {
+        let dynamo = Arc::clone(&dynamo);
+        Box::pin(async move { dynamo.sweep().await })
+    });
+    Fixture {
+        store,
+        clock,
+        sweep,
+    }
 }
 
 /// Our manual clock, as dynoxide's clock.

@@ -18,11 +18,9 @@ mod world;
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
 
-use crate::clock::{Clock, ManualClock};
 use crate::store::{MemoryStore, Store};
-use crate::testing::conformance::{Fixture, Sweeper, start_time};
+use crate::testing::conformance::{Fixture, start_time};
 
 use world::World;
 pub use world::{Action, Answer, Behaviour};
@@ -147,20 +145,7 @@ pub fn sim_start_time() -> std::time::SystemTime {
     start_time() + std::time::Duration::from_nanos(1_234_567)
 }
 
-/// An empty in-memory store on a manual clock.
+/// An empty in-memory store whose clock starts at [`sim_start_time`].
 pub fn memory_fixture() -> Fixture<MemoryStore> {
-    let clock = ManualClock::new(sim_start_time());
-    let store = MemoryStore::new();
-    let sweep: Sweeper = {
-        let (store, clock) = (store.clone(), clock.clone());
-        Arc::new(move || {
-            let swept = store.sweep_expired(clock.now());
-            Box::pin(async move { swept })
-        })
-    };
-    Fixture {
-        store,
-        clock,
-        sweep,
-    }
+    crate::testing::conformance::memory_fixture(sim_start_time())
 }

@@ -1,7 +1,6 @@
 //! The conformance suite against the DynamoDB store on a DynamoDB-compatible server, and what
 //! only DynamoDB has: request counts, item decoding, key schemas, error mapping.
 
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::types::AttributeValue;
@@ -11,22 +10,11 @@ use lambda_idempotency::{
     Config, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope, StoreError,
 };
 
-use lambda_idempotency::testing::conformance::{Fixture, Sweeper, start_time};
+use lambda_idempotency::testing::conformance::{Fixture, start_time};
 use lambda_idempotency::testing::dynamo;
 
 async fn fixture() -> Fixture<DynamoDbStore> {
-    let clock = ManualClock::new(start_time());
-    let dynamo = Arc::new(dynamo::start_with_clock(clock.clone()).await);
-    let store = dynamo.store();
-    let sweep: Sweeper = Arc::new(move || {
-        let dynamo = Arc::clone(&dynamo);
-        Box::pin(async move { dynamo.sweep().await })
-    });
-    Fixture {
-        store,
-        clock,
-        sweep,
-    }
+    dynamo::fixture(start_time()).await
 }
 
 lambda_idempotency::conformance_tests!(fixture());
