@@ -37,7 +37,7 @@ impl Invocation {
     }
 
     /// Records the invocation's request id with the claim, for correlation (cut to
-    /// [`MAX_REQUEST_ID_BYTES`](crate::config::MAX_REQUEST_ID_BYTES), so that it cannot crowd
+    /// [`MAX_REQUEST_ID_BYTES`], so that it cannot crowd
     /// the outcome out of the item).
     pub fn with_request_id(mut self, request_id: impl Into<String>) -> Self {
         let mut request_id = request_id.into();
