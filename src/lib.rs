@@ -74,6 +74,6 @@ pub struct ReadmeDoctests;
 
 pub use config::Config;
 pub use engine::{Idempotency, Resolution};
-pub use error::{BoxError, ConfigError, Error, StoreError};
+pub use error::{BoxError, ConfigError, Error, ErrorKind, StoreError};
 pub use execution::{Execution, ExecutionContext, Invocation, Origin};
 pub use key::{Fingerprint, KeyPolicy, OperationKey, OperationScope};

@@ -1,14 +1,19 @@
 //! Batch processing for SQS, Kinesis and DynamoDB Streams: each record is its own operation.
 //!
-//! Records run concurrently up to a limit, except that records of one ordering group (an SQS
-//! FIFO message group, a Kinesis partition key, a DynamoDB item) run one at a time, in order;
+//! Records run concurrently (the whole batch in one wave by default, up to
+//! [`BatchProcessor::MAX_DEFAULT_CONCURRENCY`]), except that records of one ordering group (an
+//! SQS FIFO message group, a Kinesis partition key, a DynamoDB item named by its keys'
+//! canonical JSON) run one at a time, in order;
 //! after a failure the rest of its group is not run and is reported failed too, so that order
 //! survives the retry. The answer is the partial-batch response: only failed or in-progress
 //! records come back. A replayed record, or one whose permanent evidence shows it took effect
 //! ([`Error::already_took_effect`]), is acknowledged, not run again; evidence of an operation
 //! still in progress, failed or indeterminate is reported failed. A batch close to its deadline
 //! starts no new record ([`BatchProcessor::with_deadline_margin`]): those are reported failed
-//! and come back, rather than being cut off mid-effect.
+//! and come back, rather than being cut off mid-effect. A record that can never succeed (a
+//! payload conflict, a retained failure, an oversized outcome, an unreadable event) follows the
+//! [`PoisonPolicy`]: SQS retries it until its DLQ takes it; Kinesis and DynamoDB Streams
+//! acknowledge it with an error log, so that one record does not stall the shard.
 //!
 //! ```no_run
 //! use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
@@ -50,13 +55,14 @@ use futures_util::StreamExt;
 use lambda_runtime::Context;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tracing::warn;
+use tracing::{error, warn};
 
 use super::layer::LeasePolicy;
 use super::operation::Operation;
 use crate::engine::Idempotency;
 use crate::error::{BoxError, Error};
 use crate::execution::{ExecutionContext, Invocation, Origin};
+use crate::key::canonical_json;
 use crate::key::{KeyPolicy, OperationScope};
 use crate::store::Store;
 
@@ -66,6 +72,29 @@ pub trait BatchRecord: Send {
     fn item_identifier(&self) -> Option<String>;
     /// Records of one group run in order, one at a time; `None`: independent.
     fn ordering_group(&self) -> Option<String>;
+    /// What to do with a record that can never succeed, unless the processor says otherwise
+    /// ([`BatchProcessor::with_poison_policy`]): retry it by default.
+    fn default_poison_policy() -> PoisonPolicy
+    where
+        Self: Sized,
+    {
+        PoisonPolicy::Retry
+    }
+}
+
+/// What a batch does with a record that can never succeed ([`ErrorKind::is_permanent`](crate::ErrorKind::is_permanent)): a
+/// payload conflict, a retained terminal failure, an oversized outcome, an unreadable event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PoisonPolicy {
+    /// Report it failed: the source delivers it again until its redrive policy moves it to a
+    /// dead-letter queue. The default for SQS, where a DLQ ends the retries (configure one: a
+    /// FIFO group waits behind a failing message until it moves).
+    Retry,
+    /// Acknowledge it, logged at error level with its key hash and error kind, and reported as
+    /// [`RecordOutcome::Poison`]: the stream moves on instead of retrying the shard or the
+    /// stream from that record until it expires. The default for Kinesis and DynamoDB Streams.
+    Acknowledge,
 }
 
 impl BatchRecord for SqsMessage {
@@ -95,6 +124,10 @@ impl BatchRecord for KinesisEventRecord {
     fn ordering_group(&self) -> Option<String> {
         Some(self.kinesis.partition_key.clone())
     }
+
+    fn default_poison_policy() -> PoisonPolicy {
+        PoisonPolicy::Acknowledge
+    }
 }
 
 impl BatchRecord for DynamoDbRecord {
@@ -102,8 +135,15 @@ impl BatchRecord for DynamoDbRecord {
         self.change.sequence_number.clone()
     }
 
+    /// The item's keys as canonical JSON (RFC 8785): the same name for every change of one
+    /// item, whatever order the keys map iterates in.
     fn ordering_group(&self) -> Option<String> {
-        serde_json::to_string(&self.change.keys).ok()
+        let keys = serde_json::to_value(&self.change.keys).ok()?;
+        String::from_utf8(canonical_json(&keys).ok()?).ok()
+    }
+
+    fn default_poison_policy() -> PoisonPolicy {
+        PoisonPolicy::Acknowledge
     }
 }
 
@@ -122,6 +162,8 @@ pub enum RecordOutcome {
     /// Not started: too close to the invocation's deadline
     /// ([`BatchProcessor::with_deadline_margin`]).
     NotStarted,
+    /// It can never succeed, and the poison policy acknowledged it ([`PoisonPolicy::Acknowledge`]).
+    Poison(Error),
 }
 
 impl RecordOutcome {
@@ -190,13 +232,15 @@ impl BatchReport {
 /// Runs each record of a batch as its own idempotent operation.
 pub struct BatchProcessor<S, R> {
     operation: Operation<S, R>,
-    concurrency: usize,
+    concurrency: Option<usize>,
     deadline_margin: Duration,
+    poison: Option<PoisonPolicy>,
 }
 
 impl<S: Store, R: BatchRecord> BatchProcessor<S, R> {
-    /// Default number of records (or ordering groups) run at once.
-    pub const DEFAULT_CONCURRENCY: usize = 8;
+    /// The most records (or ordering groups) run at once by default: a whole batch runs in one
+    /// wave up to this size.
+    pub const MAX_DEFAULT_CONCURRENCY: usize = 64;
     /// Default time left before the deadline under which no record is started.
     pub const DEFAULT_DEADLINE_MARGIN: Duration = Duration::from_secs(2);
 
@@ -204,9 +248,17 @@ impl<S: Store, R: BatchRecord> BatchProcessor<S, R> {
     pub fn new(idem: Idempotency<S>, scope: OperationScope, policy: KeyPolicy<R>) -> Self {
         Self {
             operation: Operation::new(idem, scope, policy),
-            concurrency: Self::DEFAULT_CONCURRENCY,
+            concurrency: None,
             deadline_margin: Self::DEFAULT_DEADLINE_MARGIN,
+            poison: None,
         }
+    }
+
+    /// What to do with records that can never succeed (default: the source's,
+    /// [`BatchRecord::default_poison_policy`]).
+    pub fn with_poison_policy(mut self, policy: PoisonPolicy) -> Self {
+        self.poison = Some(policy);
+        self
     }
 
     /// Starts no record once less than `margin` is left before the invocation's deadline
@@ -217,9 +269,10 @@ impl<S: Store, R: BatchRecord> BatchProcessor<S, R> {
         self
     }
 
-    /// Runs at most `concurrency` records (or ordering groups) at once (at least 1).
+    /// Runs at most `concurrency` records (or ordering groups) at once (at least 1). By default
+    /// the whole batch runs at once, up to [`Self::MAX_DEFAULT_CONCURRENCY`].
     pub fn with_concurrency(mut self, concurrency: usize) -> Self {
-        self.concurrency = concurrency.max(1);
+        self.concurrency = Some(concurrency.max(1));
         self
     }
 
@@ -255,10 +308,14 @@ impl<S: Store, R: BatchRecord> BatchProcessor<S, R> {
         });
         let handler = &handler;
         let deadline = (context.deadline > 0).then(|| context.deadline());
+        let groups = group_in_order(prepared);
+        let concurrency = self
+            .concurrency
+            .unwrap_or_else(|| groups.len().clamp(1, Self::MAX_DEFAULT_CONCURRENCY));
         let mut outcomes: Vec<(usize, Option<String>, RecordOutcome)> =
-            futures_util::stream::iter(group_in_order(prepared))
+            futures_util::stream::iter(groups)
                 .map(|group| self.run_group(group, deadline, handler))
-                .buffer_unordered(self.concurrency)
+                .buffer_unordered(concurrency)
                 .flat_map(futures_util::stream::iter)
                 .collect()
                 .await;
@@ -296,7 +353,7 @@ impl<S: Store, R: BatchRecord> BatchProcessor<S, R> {
             let outcome = match invocation {
                 _ if failed => RecordOutcome::Skipped,
                 _ if self.too_late(deadline) => RecordOutcome::NotStarted,
-                Err(err) => RecordOutcome::Failed(err),
+                Err(err) => self.failed(None, err),
                 Ok(invocation) => self.run_record(record, &invocation, handler).await,
             };
             failed |= outcome.is_failure();
@@ -342,8 +399,23 @@ impl<S: Store, R: BatchRecord> BatchProcessor<S, R> {
                 );
                 RecordOutcome::AlreadyDone
             }
-            Err(err) => RecordOutcome::Failed(err),
+            Err(err) => self.failed(Some(invocation), err),
         }
+    }
+
+    /// A failed record's outcome: reported failed, or acknowledged as poison when it can never
+    /// succeed and the poison policy says so.
+    fn failed(&self, invocation: Option<&Invocation>, err: Error) -> RecordOutcome {
+        let policy = self.poison.unwrap_or_else(R::default_poison_policy);
+        if policy == PoisonPolicy::Acknowledge && err.kind().is_permanent() {
+            error!(
+                key = invocation.map(|inv| inv.key().short()),
+                kind = err.kind().name(),
+                "record can never succeed: acknowledged as poison (PoisonPolicy::Acknowledge)"
+            );
+            return RecordOutcome::Poison(err);
+        }
+        RecordOutcome::Failed(err)
     }
 }
 

@@ -9,7 +9,13 @@
 //! | the original is still running | 409, `Retry-After` |
 //! | same key, different payload | 422 |
 //! | the operation took effect but its record expired, or awaits an operator | 409 |
+//! | the operation failed terminally before (retained) | 409 `operation_previously_failed` |
+//! | the handler failed | 500 `operation_failed` |
 //! | the store is unavailable or the lease was lost | 503, `Retry-After` |
+//!
+//! Every answer comes from [`Error::kind`]: one taxonomy, no fallback. Error bodies carry a
+//! stable code and a message written for the client, never a stored handler error or a store
+//! message; `Retry-After` is the lease's remaining time, at most 905 s.
 //!
 //! Error bodies are JSON, `{"error": "<code>", "message": "<what to do>"}`. A request refused
 //! before the claim (no key, unreadable body) writes nothing.
@@ -52,7 +58,7 @@ use serde_json::Value;
 use super::operation::Operation;
 use super::sources;
 use crate::engine::Idempotency;
-use crate::error::{BoxError, Error};
+use crate::error::{BoxError, Error, ErrorKind};
 use crate::execution::ExecutionContext;
 use crate::key::{KeyPolicy, OperationScope};
 use crate::store::Store;
@@ -154,33 +160,90 @@ impl<S: Store> HttpIdempotency<S> {
     }
 }
 
-/// The JSON error response for `err`.
+/// The longest `Retry-After` this door sends, in seconds (a lease's longest life).
+const MAX_RETRY_AFTER_SECS: u64 = 15 * 60 + 5;
+
+/// The JSON error response for `err`: status, a stable code and a message written for the
+/// client, never the error's own text (stored handler errors and store messages stay inside).
 fn error_response(err: &Error) -> ApiGatewayV2httpResponse {
-    let (status, code, retry_after) = match err {
-        Error::MissingKey { .. } => (400, "missing_idempotency_key", None),
-        Error::InvalidEvent { .. } => (400, "invalid_request", None),
-        Error::AlreadyInProgress { retry_after, .. } => {
-            (409, "request_in_progress", Some(*retry_after))
-        }
-        Error::PayloadConflict { .. } => (422, "idempotency_key_reused", None),
-        Error::KeyExpiredConflict { .. } if err.already_took_effect() => {
-            (409, "operation_already_applied", None)
-        }
-        Error::KeyExpiredConflict { .. } => (409, "operation_pending", None),
-        Error::Indeterminate { .. } => (409, "operation_indeterminate", None),
-        Error::Store(_) | Error::LeaseLost { .. } | Error::ReconcileFailed { .. } => {
-            (503, "temporarily_unavailable", Some(Duration::from_secs(1)))
-        }
-        _ => (500, "operation_failed", None),
-    };
-    let message = match err {
-        Error::MissingKey { .. } => "send an Idempotency-Key header with a unique value per operation".to_owned(),
-        Error::PayloadConflict { .. } => {
-            "this Idempotency-Key was used with a different request; use a new key for a new operation".to_owned()
-        }
-        Error::AlreadyInProgress { .. } => "the original request is still being processed; retry later".to_owned(),
-        Error::Handler { .. } => "the request failed; it is safe to retry with the same Idempotency-Key".to_owned(),
-        other => other.to_string(),
+    let unavailable = Some(Duration::from_secs(1));
+    let (status, code, message, retry_after): (i64, &str, &str, Option<Duration>) = match err.kind()
+    {
+        ErrorKind::MissingKey => (
+            400,
+            "missing_idempotency_key",
+            "send an Idempotency-Key header with a unique value per operation",
+            None,
+        ),
+        ErrorKind::InvalidEvent => (
+            400,
+            "invalid_request",
+            "the request could not be read",
+            None,
+        ),
+        ErrorKind::AlreadyInProgress => (
+            409,
+            "request_in_progress",
+            "the original request is still being processed; retry later",
+            match err {
+                Error::AlreadyInProgress { retry_after, .. } => Some(*retry_after),
+                _ => unavailable,
+            },
+        ),
+        ErrorKind::PayloadConflict => (
+            422,
+            "idempotency_key_reused",
+            "this Idempotency-Key was used with a different request; use a new key for a new operation",
+            None,
+        ),
+        ErrorKind::KeyExpiredConflict if err.already_took_effect() => (
+            409,
+            "operation_already_applied",
+            "this operation was already applied; its response is no longer kept",
+            None,
+        ),
+        ErrorKind::KeyExpiredConflict => (
+            409,
+            "operation_pending",
+            "an operation with the same business identity has not settled; retry later",
+            unavailable,
+        ),
+        ErrorKind::Indeterminate => (
+            409,
+            "operation_indeterminate",
+            "the outcome of this operation is being checked; do not retry it with a new key",
+            None,
+        ),
+        ErrorKind::Failed => (
+            409,
+            "operation_previously_failed",
+            "this operation failed and will not be run again; send a new Idempotency-Key for a new attempt",
+            None,
+        ),
+        ErrorKind::Store | ErrorKind::LeaseLost | ErrorKind::ReconcileFailed => (
+            503,
+            "temporarily_unavailable",
+            "the request could not be completed now; retry with the same Idempotency-Key",
+            unavailable,
+        ),
+        ErrorKind::OutcomeTooLarge => (
+            500,
+            "response_not_kept",
+            "the operation was applied but its response could not be kept; do not retry it",
+            None,
+        ),
+        ErrorKind::StoredOutcomeUnreadable | ErrorKind::OutcomeMismatch => (
+            500,
+            "stored_response_unreadable",
+            "the stored response of this operation could not be read",
+            None,
+        ),
+        ErrorKind::Handler => (
+            500,
+            "operation_failed",
+            "the request failed; retry with the same Idempotency-Key",
+            None,
+        ),
     };
     let mut body = serde_json::Map::new();
     body.insert("error".into(), Value::from(code));
@@ -192,7 +255,11 @@ fn error_response(err: &Error) -> ApiGatewayV2httpResponse {
         HeaderValue::from_static("application/json"),
     );
     if let Some(retry_after) = retry_after {
-        let seconds = retry_after.as_secs_f64().ceil().max(1.0).to_string();
+        let seconds = retry_after
+            .as_secs()
+            .saturating_add(u64::from(retry_after.subsec_nanos() > 0))
+            .clamp(1, MAX_RETRY_AFTER_SECS)
+            .to_string();
         if let Ok(value) = HeaderValue::from_str(&seconds) {
             response.headers.insert(header::RETRY_AFTER, value);
         }

@@ -6,12 +6,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use aws_lambda_events::event::dynamodb::EventRecord as DynamoDbEventRecord;
 use aws_lambda_events::event::kinesis::KinesisEventRecord;
 use aws_lambda_events::event::sqs::SqsMessage;
-use lambda_idempotency::lambda::batch::{BatchProcessor, RecordOutcome};
+use lambda_idempotency::lambda::batch::{BatchProcessor, BatchRecord, PoisonPolicy, RecordOutcome};
 use lambda_idempotency::lambda::sources;
 use lambda_idempotency::store::DynamoDbStore;
-use lambda_idempotency::{Config, ExecutionContext, Idempotency, OperationScope};
+use lambda_idempotency::{Config, ErrorKind, ExecutionContext, Idempotency, OperationScope};
 use lambda_runtime::Context;
 use serde_json::json;
 use tokio::sync::watch;
@@ -327,4 +328,160 @@ async fn a_batch_close_to_its_deadline_starts_no_new_record() {
         ["m-1", "m-2"],
         "both come back"
     );
+}
+
+fn kinesis_record(seq: &str, partition: &str, data: &str) -> KinesisEventRecord {
+    serde_json::from_value(json!({"kinesis": {"kinesisSchemaVersion": "1.0", "partitionKey": partition,
+        "sequenceNumber": seq, "data": data, "approximateArrivalTimestamp": 1.0}, "eventSource": "aws:kinesis",
+        "eventID": format!("shard-0:{seq}"), "eventName": "aws:kinesis:record", "eventSourceARN": "arn"}))
+    .expect("record")
+}
+
+#[tokio::test]
+async fn a_record_that_can_never_succeed_does_not_stall_a_stream() {
+    let db = dynamo::start().await;
+    let processor = BatchProcessor::new(
+        Idempotency::new(db.store(), Config::default()),
+        OperationScope::new("batch-test", "poison").expect("scope"),
+        sources::kinesis(),
+    );
+    let ok = |_: KinesisEventRecord, _| async { Ok::<_, std::io::Error>(()) };
+    processor
+        .process(
+            vec![kinesis_record("1", "p", "YQ==")],
+            &Context::default(),
+            ok,
+        )
+        .await;
+
+    // The same sequence number with other data: a payload conflict, for ever.
+    let report = processor
+        .process(
+            vec![
+                kinesis_record("1", "p", "Yg=="),
+                kinesis_record("2", "p", "Yw=="),
+            ],
+            &Context::default(),
+            ok,
+        )
+        .await;
+
+    assert!(
+        matches!(
+            &report.records[0].1,
+            RecordOutcome::Poison(err) if err.kind() == ErrorKind::PayloadConflict
+        ),
+        "got {:?}",
+        report.records
+    );
+    assert!(matches!(report.records[1].1, RecordOutcome::Executed));
+    assert!(report.failed_identifiers().is_empty(), "the shard moves on");
+
+    let retrying = BatchProcessor::new(
+        Idempotency::new(db.store(), Config::default()),
+        OperationScope::new("batch-test", "poison").expect("scope"),
+        sources::kinesis(),
+    )
+    .with_poison_policy(PoisonPolicy::Retry);
+    let report = retrying
+        .process(
+            vec![kinesis_record("1", "p", "Yg==")],
+            &Context::default(),
+            ok,
+        )
+        .await;
+    assert_eq!(report.failed_identifiers(), ["1"], "retried when asked");
+}
+
+#[tokio::test]
+async fn sqs_retries_a_poison_record_by_default() {
+    let processor = processor().await;
+    let orders = Orders::default();
+    processor
+        .process(
+            vec![message(
+                "m-1",
+                "orders",
+                None,
+                json!({"order_id": "o-p", "amount": 1}),
+            )],
+            &Context::default(),
+            |m, ctx| orders.place(m, ctx),
+        )
+        .await;
+
+    let report = processor
+        .process(
+            vec![message(
+                "m-2",
+                "orders",
+                None,
+                json!({"order_id": "o-p", "amount": 2}),
+            )],
+            &Context::default(),
+            |m, ctx| orders.place(m, ctx),
+        )
+        .await;
+
+    assert_eq!(report.failed_identifiers(), ["m-2"], "left to the DLQ");
+}
+
+#[tokio::test]
+async fn a_default_sqs_batch_runs_in_one_wave() {
+    const BATCH: usize = 10; // SQS's default batch size
+    let processor = processor().await;
+    let (gate_tx, gate_rx) = watch::channel(0_usize);
+    let batch = (0..BATCH)
+        .map(|i| {
+            message(
+                &format!("m-{i}"),
+                "orders",
+                None,
+                json!({"order_id": format!("w-{i}")}),
+            )
+        })
+        .collect();
+
+    // Every handler waits until all ten are in flight: below ten at once this never happens.
+    let context = Context::default();
+    let process = processor.process(batch, &context, |_, _| {
+        let (gate_tx, mut gate_rx) = (gate_tx.clone(), gate_rx.clone());
+        async move {
+            gate_tx.send_modify(|n| *n += 1);
+            let _ = gate_rx.wait_for(|n| *n == BATCH).await;
+            Ok::<_, std::io::Error>(())
+        }
+    });
+    let report = tokio::time::timeout(Duration::from_secs(60), process)
+        .await
+        .expect("all ten ran at once");
+
+    assert!(report.failed_identifiers().is_empty());
+}
+
+#[test]
+fn dynamodb_stream_groups_name_an_item_the_same_whatever_its_key_order() {
+    let change = |order: &[&str]| -> DynamoDbEventRecord {
+        let mut keys = serde_json::Map::new();
+        for name in order {
+            keys.insert((*name).to_owned(), json!({"S": format!("{name}-value")}));
+        }
+        serde_json::from_value(json!({
+            "eventID": "e", "eventName": "MODIFY", "eventSource": "aws:dynamodb", "awsRegion": "eu-west-1",
+            "dynamodb": {"Keys": keys, "SequenceNumber": "1", "SizeBytes": 1, "StreamViewType": "KEYS_ONLY"}
+        }))
+        .expect("record")
+    };
+    let groups: BTreeSet<Option<String>> = [
+        ["tenant", "order", "line"],
+        ["line", "order", "tenant"],
+        ["order", "tenant", "line"],
+    ]
+    .iter()
+    .cycle()
+    .take(30)
+    .map(|order| change(order).ordering_group())
+    .collect();
+
+    assert_eq!(groups.len(), 1, "one group for one item: {groups:?}");
 }

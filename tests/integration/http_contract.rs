@@ -203,3 +203,38 @@ async fn server_errors_and_handler_failures_are_not_stored() {
     assert_eq!(succeeded.status_code, 201, "each retry executed");
     assert_eq!(runs.load(Ordering::SeqCst), 3);
 }
+
+#[tokio::test]
+async fn a_retained_failure_is_answered_truthfully_without_its_internal_message() {
+    let (http, _db) = endpoint().await;
+    let secret = "arn:aws:dynamodb:eu-west-1:123456789012:table/ledger refused";
+    let declined = || async {
+        Err::<ApiGatewayV2httpResponse, _>(lambda_idempotency::failure::Terminal::new(
+            "card_declined",
+            std::io::Error::other(secret),
+        ))
+    };
+
+    let first = http
+        .handle(request(Some("k-9"), json!({"amount": 9})), |_, _| {
+            declined()
+        })
+        .await;
+    let retry = http
+        .handle(request(Some("k-9"), json!({"amount": 9})), |_, _| {
+            declined()
+        })
+        .await;
+
+    assert_eq!(first.status_code, 500);
+    assert_eq!(retry.status_code, 409, "retained: not a retryable 5xx");
+    assert_eq!(body(&retry)["error"], "operation_previously_failed");
+    for response in [&first, &retry] {
+        let text = body(response).to_string();
+        assert!(!text.contains("arn:aws"), "internal message leaked: {text}");
+        assert!(
+            !text.contains("card_declined"),
+            "internal kind leaked: {text}"
+        );
+    }
+}

@@ -3,7 +3,11 @@
 //! Every variant is matched by value, never by message; every message tells an operator what
 //! to do next. Keys appear only in their short hashed form.
 
+mod kind;
+
 use std::time::Duration;
+
+pub use kind::ErrorKind;
 
 use crate::key::OperationKey;
 use crate::record::{Evidence, RetainedFailure};
