@@ -47,18 +47,17 @@
 
 use std::fmt;
 use std::future::Future;
-use std::time::Duration;
 
 use aws_lambda_events::encodings::Body;
 use aws_lambda_events::event::apigw::{ApiGatewayV2httpRequest, ApiGatewayV2httpResponse};
 use http::{HeaderValue, header};
 use lambda_runtime::LambdaEvent;
-use serde_json::Value;
 
+use super::http_layer::answer::ErrorAnswer;
 use super::operation::Operation;
 use super::sources;
 use crate::engine::Idempotency;
-use crate::error::{BoxError, Error, ErrorKind};
+use crate::error::{BoxError, Error};
 use crate::execution::ExecutionContext;
 use crate::key::{KeyPolicy, OperationScope};
 use crate::store::Store;
@@ -160,110 +159,20 @@ impl<S: Store> HttpIdempotency<S> {
     }
 }
 
-/// The longest `Retry-After` this door sends, in seconds (a lease's longest life).
-const MAX_RETRY_AFTER_SECS: u64 = 15 * 60 + 5;
-
-/// The JSON error response for `err`: status, a stable code and a message written for the
-/// client, never the error's own text (stored handler errors and store messages stay inside).
+/// The JSON error response for `err` ([`ErrorAnswer`]).
 fn error_response(err: &Error) -> ApiGatewayV2httpResponse {
-    let unavailable = Some(Duration::from_secs(1));
-    let (status, code, message, retry_after): (i64, &str, &str, Option<Duration>) = match err.kind()
-    {
-        ErrorKind::MissingKey => (
-            400,
-            "missing_idempotency_key",
-            "send an Idempotency-Key header with a unique value per operation",
-            None,
-        ),
-        ErrorKind::InvalidEvent => (
-            400,
-            "invalid_request",
-            "the request could not be read",
-            None,
-        ),
-        ErrorKind::AlreadyInProgress => (
-            409,
-            "request_in_progress",
-            "the original request is still being processed; retry later",
-            match err {
-                Error::AlreadyInProgress { retry_after, .. } => Some(*retry_after),
-                _ => unavailable,
-            },
-        ),
-        ErrorKind::PayloadConflict => (
-            422,
-            "idempotency_key_reused",
-            "this Idempotency-Key was used with a different request; use a new key for a new operation",
-            None,
-        ),
-        ErrorKind::KeyExpiredConflict if err.already_took_effect() => (
-            409,
-            "operation_already_applied",
-            "this operation was already applied; its response is no longer kept",
-            None,
-        ),
-        ErrorKind::KeyExpiredConflict => (
-            409,
-            "operation_pending",
-            "an operation with the same business identity has not settled; retry later",
-            unavailable,
-        ),
-        ErrorKind::Indeterminate => (
-            409,
-            "operation_indeterminate",
-            "the outcome of this operation is being checked; do not retry it with a new key",
-            None,
-        ),
-        ErrorKind::Failed => (
-            409,
-            "operation_previously_failed",
-            "this operation failed and will not be run again; send a new Idempotency-Key for a new attempt",
-            None,
-        ),
-        ErrorKind::Store | ErrorKind::LeaseLost | ErrorKind::ReconcileFailed => (
-            503,
-            "temporarily_unavailable",
-            "the request could not be completed now; retry with the same Idempotency-Key",
-            unavailable,
-        ),
-        ErrorKind::OutcomeTooLarge => (
-            500,
-            "response_not_kept",
-            "the operation was applied but its response could not be kept; do not retry it",
-            None,
-        ),
-        ErrorKind::StoredOutcomeUnreadable | ErrorKind::OutcomeMismatch => (
-            500,
-            "stored_response_unreadable",
-            "the stored response of this operation could not be read",
-            None,
-        ),
-        ErrorKind::Handler => (
-            500,
-            "operation_failed",
-            "the request failed; retry with the same Idempotency-Key",
-            None,
-        ),
-    };
-    let mut body = serde_json::Map::new();
-    body.insert("error".into(), Value::from(code));
-    body.insert("message".into(), Value::from(message));
+    let answer = ErrorAnswer::for_error(err);
     let mut response = ApiGatewayV2httpResponse::default();
-    response.status_code = status;
+    response.status_code = i64::from(answer.status);
     response.headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    if let Some(retry_after) = retry_after {
-        let seconds = retry_after
-            .as_secs()
-            .saturating_add(u64::from(retry_after.subsec_nanos() > 0))
-            .clamp(1, MAX_RETRY_AFTER_SECS)
-            .to_string();
-        if let Ok(value) = HeaderValue::from_str(&seconds) {
-            response.headers.insert(header::RETRY_AFTER, value);
-        }
+    if let Some(seconds) = answer.retry_after_secs()
+        && let Ok(value) = HeaderValue::from_str(&seconds.to_string())
+    {
+        response.headers.insert(header::RETRY_AFTER, value);
     }
-    response.body = Some(Body::Text(Value::Object(body).to_string()));
+    response.body = Some(Body::Text(answer.body()));
     response
 }

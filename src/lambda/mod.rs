@@ -26,6 +26,7 @@ pub mod batch;
 mod context;
 mod diagnostic;
 pub mod http;
+pub mod http_layer;
 mod layer;
 mod operation;
 mod service;

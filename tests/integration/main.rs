@@ -4,6 +4,7 @@ mod batch;
 mod dynamodb_store;
 mod end_to_end;
 mod http_contract;
+mod http_layer;
 mod keys;
 mod lambda_layer;
 mod memory_store;

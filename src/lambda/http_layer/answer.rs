@@ -1,0 +1,139 @@
+//! What an HTTP door answers when the idempotency layer refuses or fails a request: one table,
+//! shared by every HTTP door, driven by [`Error::kind`].
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::error::{Error, ErrorKind};
+
+/// The longest `Retry-After` an HTTP door sends, in seconds (a lease's longest life).
+const MAX_RETRY_AFTER_SECS: u64 = 15 * 60 + 5;
+
+/// An error answer: status, a stable code and a message written for the client, never the
+/// error's own text (stored handler errors and store messages stay inside).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ErrorAnswer {
+    pub(crate) status: u16,
+    pub(crate) code: &'static str,
+    pub(crate) message: &'static str,
+    pub(crate) retry_after: Option<Duration>,
+}
+
+impl ErrorAnswer {
+    /// The answer to `err`.
+    pub(crate) fn for_error(err: &Error) -> Self {
+        let unavailable = Some(Duration::from_secs(1));
+        let (status, code, message, retry_after) = match err.kind() {
+            ErrorKind::MissingKey => (
+                400,
+                "missing_idempotency_key",
+                "send an Idempotency-Key header with a unique value per operation",
+                None,
+            ),
+            ErrorKind::InvalidEvent => (
+                400,
+                "invalid_request",
+                "the request could not be read",
+                None,
+            ),
+            ErrorKind::AlreadyInProgress => (
+                409,
+                "request_in_progress",
+                "the original request is still being processed; retry later",
+                match err {
+                    Error::AlreadyInProgress { retry_after, .. } => Some(*retry_after),
+                    _ => unavailable,
+                },
+            ),
+            ErrorKind::PayloadConflict => (
+                422,
+                "idempotency_key_reused",
+                "this Idempotency-Key was used with a different request; use a new key for a new operation",
+                None,
+            ),
+            ErrorKind::KeyExpiredConflict if err.already_took_effect() => (
+                409,
+                "operation_already_applied",
+                "this operation was already applied; its response is no longer kept",
+                None,
+            ),
+            ErrorKind::KeyExpiredConflict => (
+                409,
+                "operation_pending",
+                "an operation with the same business identity has not settled; retry later",
+                unavailable,
+            ),
+            ErrorKind::Indeterminate => (
+                409,
+                "operation_indeterminate",
+                "the outcome of this operation is being checked; do not retry it with a new key",
+                None,
+            ),
+            ErrorKind::Failed => (
+                409,
+                "operation_previously_failed",
+                "this operation failed and will not be run again; send a new Idempotency-Key for a new attempt",
+                None,
+            ),
+            ErrorKind::Store | ErrorKind::LeaseLost | ErrorKind::ReconcileFailed => (
+                503,
+                "temporarily_unavailable",
+                "the request could not be completed now; retry with the same Idempotency-Key",
+                unavailable,
+            ),
+            ErrorKind::OutcomeTooLarge => (
+                500,
+                "response_not_kept",
+                "the operation was applied but its response could not be kept; do not retry it",
+                None,
+            ),
+            ErrorKind::StoredOutcomeUnreadable | ErrorKind::OutcomeMismatch => (
+                500,
+                "stored_response_unreadable",
+                "the stored response of this operation could not be read",
+                None,
+            ),
+            ErrorKind::Handler => (
+                500,
+                "operation_failed",
+                "the request failed; retry with the same Idempotency-Key",
+                None,
+            ),
+        };
+        Self {
+            status,
+            code,
+            message,
+            retry_after,
+        }
+    }
+
+    /// The answer to a request that names no caller where keys are scoped to callers.
+    pub(crate) fn caller_unidentified() -> Self {
+        Self {
+            status: 401,
+            code: "caller_unidentified",
+            message: "idempotency keys are kept per caller: authenticate the request",
+            retry_after: None,
+        }
+    }
+
+    /// The JSON body: `{"error": code, "message": message}`.
+    pub(crate) fn body(&self) -> String {
+        let mut body = serde_json::Map::new();
+        body.insert("error".into(), Value::from(self.code));
+        body.insert("message".into(), Value::from(self.message));
+        Value::Object(body).to_string()
+    }
+
+    /// The `Retry-After` value in whole seconds, rounded up, 1 to 905.
+    pub(crate) fn retry_after_secs(&self) -> Option<u64> {
+        self.retry_after.map(|retry_after| {
+            retry_after
+                .as_secs()
+                .saturating_add(u64::from(retry_after.subsec_nanos() > 0))
+                .clamp(1, MAX_RETRY_AFTER_SECS)
+        })
+    }
+}

@@ -1,0 +1,82 @@
+//! Who is calling: the authorizer's principal, read from the request context, so that one
+//! caller's `Idempotency-Key` can never replay another caller's stored response.
+
+use lambda_http::request::RequestContext;
+use lambda_http::{Request, RequestExt};
+use serde_json::Value;
+
+/// Whose operations an `Idempotency-Key` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum CallerScope {
+    /// Each caller's keys are their own: the authorizer's principal (JWT `iss` and `sub`, a
+    /// Lambda authorizer's `principalId`, the IAM caller, the API key id) is part of the
+    /// operation key. A request with no principal is refused with 401 `caller_unidentified`,
+    /// since two anonymous callers could otherwise read each other's responses. The default.
+    #[default]
+    Principal,
+    /// As [`CallerScope::Principal`], but requests without a principal share one anonymous
+    /// scope: for public endpoints whose responses are not private to the caller.
+    PrincipalOrAnonymous,
+    /// The key alone names the operation, whoever sends it (an explicit opt-out, e.g. behind a
+    /// gateway that already makes keys unique per caller).
+    Shared,
+}
+
+/// The caller part of an operation key, or `None` when the request has no principal.
+pub(crate) fn principal(request: &Request) -> Option<String> {
+    match request.request_context_ref()? {
+        RequestContext::ApiGatewayV2(context) => {
+            let authorizer = context.authorizer.as_ref()?;
+            if let Some(jwt) = &authorizer.jwt
+                && let Some(sub) = jwt.claims.get("sub")
+            {
+                let issuer = jwt.claims.get("iss").map_or("", String::as_str);
+                return Some(format!("jwt:{issuer}:{sub}"));
+            }
+            if let Some(iam) = &authorizer.iam {
+                let caller = iam.user_arn.as_ref().or(iam.caller_id.as_ref())?;
+                return Some(format!("iam:{caller}"));
+            }
+            lambda_authorizer(&authorizer.fields)
+        }
+        RequestContext::ApiGatewayV1(context) => {
+            let fields = &context.authorizer.fields;
+            if let Some(sub) = fields.get("claims").and_then(|claims| claims.get("sub")) {
+                let issuer = fields
+                    .get("claims")
+                    .and_then(|claims| claims.get("iss"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                return Some(format!("jwt:{issuer}:{}", text(sub)));
+            }
+            if let Some(found) = lambda_authorizer(fields) {
+                return Some(found);
+            }
+            let identity = &context.identity;
+            if let Some(arn) = &identity.user_arn {
+                return Some(format!("iam:{arn}"));
+            }
+            identity
+                .api_key_id
+                .as_ref()
+                .map(|id| format!("api-key:{id}"))
+        }
+        // An ALB passes no authorizer; its OIDC headers can be forged unless authentication is
+        // configured on the listener, so they are not trusted here.
+        _ => None,
+    }
+}
+
+/// A Lambda authorizer's principal: its `principalId`, else a `sub` it put in the context.
+fn lambda_authorizer(fields: &std::collections::HashMap<String, Value>) -> Option<String> {
+    let principal = fields.get("principalId").or_else(|| fields.get("sub"))?;
+    Some(format!("authorizer:{}", text(principal)))
+}
+
+fn text(value: &Value) -> String {
+    match value {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}

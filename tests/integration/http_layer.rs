@@ -1,0 +1,369 @@
+//! The HTTP tower layer under `lambda_http` requests (API Gateway REST v1, HTTP v2, ALB) with an
+//! axum `Router` behind it, on the embedded DynamoDB server.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::Router;
+use axum::routing::{get, post};
+use http::{HeaderMap, StatusCode};
+use lambda_http::{Body, Request};
+use lambda_idempotency::lambda::http_layer::{CallerScope, HttpIdempotencyLayer, REPLAYED_HEADER};
+use lambda_idempotency::testing::dynamo;
+use lambda_idempotency::{Config, Idempotency, OperationScope};
+use lambda_runtime::tower::{Service, ServiceExt};
+use serde_json::{Value, json};
+
+/// What the endpoint answers, by path.
+fn app(runs: Arc<AtomicUsize>) -> Router {
+    let payments = {
+        let runs = Arc::clone(&runs);
+        move |body: String| {
+            let runs = Arc::clone(&runs);
+            async move {
+                let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                let mut headers = HeaderMap::new();
+                headers.append("set-cookie", "session=a; Path=/".parse().expect("cookie"));
+                headers.append("set-cookie", "theme=dark".parse().expect("cookie"));
+                headers.append("x-trace", "one".parse().expect("header"));
+                headers.append("x-trace", "two".parse().expect("header"));
+                (
+                    StatusCode::CREATED,
+                    headers,
+                    json!({"payment": format!("p-{n}"), "request": body}).to_string(),
+                )
+            }
+        }
+    };
+    let limited = {
+        let runs = Arc::clone(&runs);
+        move || {
+            let runs = Arc::clone(&runs);
+            async move {
+                let n = runs.fetch_add(1, Ordering::SeqCst);
+                if n == 0 {
+                    (StatusCode::TOO_MANY_REQUESTS, "slow down".to_owned())
+                } else {
+                    (StatusCode::CREATED, format!("done after {n}"))
+                }
+            }
+        }
+    };
+    let binary = {
+        let runs = Arc::clone(&runs);
+        move || {
+            let runs = Arc::clone(&runs);
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                (
+                    [("content-type", "application/octet-stream")],
+                    vec![0_u8, 159, 146, 150, 255, 10, 0],
+                )
+            }
+        }
+    };
+    let listed = {
+        let runs = Arc::clone(&runs);
+        move || {
+            let runs = Arc::clone(&runs);
+            async move { format!("listed {}", runs.fetch_add(1, Ordering::SeqCst)) }
+        }
+    };
+    Router::new()
+        .route("/payments", post(payments).get(listed))
+        .route("/limited", post(limited))
+        .route("/binary", post(binary))
+        .route("/health", get(|| async { "ok" }))
+}
+
+struct Endpoint {
+    service: lambda_idempotency::lambda::http_layer::HttpIdempotent<
+        Router,
+        lambda_idempotency::store::DynamoDbStore,
+    >,
+    runs: Arc<AtomicUsize>,
+    _db: dynamo::Dynamo,
+}
+
+async fn endpoint(callers: CallerScope) -> Endpoint {
+    let db = dynamo::start().await;
+    let idem = Idempotency::new(db.store(), Config::default());
+    let layer = HttpIdempotencyLayer::new(
+        idem,
+        OperationScope::new("http-layer", "payments").expect("scope"),
+    )
+    .with_callers(callers);
+    let runs = Arc::new(AtomicUsize::new(0));
+    Endpoint {
+        service: lambda_runtime::tower::Layer::layer(&layer, app(Arc::clone(&runs))),
+        runs,
+        _db: db,
+    }
+}
+
+impl Endpoint {
+    async fn send(&mut self, request: Request) -> http::Response<Body> {
+        self.service
+            .ready()
+            .await
+            .expect("ready")
+            .call(request)
+            .await
+            .expect("answer")
+    }
+
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+}
+
+/// An HTTP API (v2) request, with a JWT subject when given.
+fn v2(method: &str, path: &str, key: Option<&str>, sub: Option<&str>, body: &str) -> Request {
+    let mut headers = json!({"content-type": "application/json"});
+    if let Some(key) = key {
+        headers["idempotency-key"] = json!(key);
+    }
+    let mut context = json!({
+        "accountId": "1", "apiId": "a", "domainName": "x.example", "domainPrefix": "x",
+        "http": {"method": method, "path": path, "protocol": "HTTP/1.1", "sourceIp": "192.0.2.1", "userAgent": "test"},
+        "requestId": "r", "routeKey": format!("{method} {path}"), "stage": "$default",
+        "time": "12/Mar/2020:19:03:58 +0000", "timeEpoch": 1583348638390_i64
+    });
+    if let Some(sub) = sub {
+        context["authorizer"] = json!({"jwt": {"claims": {"sub": sub, "iss": "https://issuer.example"}, "scopes": null}});
+    }
+    let (raw_path, raw_query) = path.split_once('?').unwrap_or((path, ""));
+    parse(json!({
+        "version": "2.0", "routeKey": format!("{method} {raw_path}"), "rawPath": raw_path,
+        "rawQueryString": raw_query, "headers": headers, "requestContext": context,
+        "body": body, "isBase64Encoded": false
+    }))
+}
+
+/// A REST API (v1) request with a Lambda authorizer's principal.
+fn v1(key: &str, principal: &str, body: &str) -> Request {
+    parse(json!({
+        "resource": "/payments", "path": "/payments", "httpMethod": "POST",
+        "headers": {"Idempotency-Key": key, "Content-Type": "application/json"},
+        "multiValueHeaders": {"Idempotency-Key": [key], "Content-Type": ["application/json"]},
+        "queryStringParameters": null, "multiValueQueryStringParameters": null,
+        "pathParameters": null, "stageVariables": null,
+        "requestContext": {
+            "accountId": "1", "resourceId": "r", "stage": "$default", "requestId": "id",
+            "identity": {"sourceIp": "192.0.2.1", "userAgent": "test"},
+            "resourcePath": "/payments", "httpMethod": "POST", "apiId": "a", "path": "/payments",
+            "authorizer": {"principalId": principal}
+        },
+        "body": body, "isBase64Encoded": false
+    }))
+}
+
+/// An ALB request: no authorizer.
+fn alb(key: &str, body: &str) -> Request {
+    parse(json!({
+        "requestContext": {"elb": {"targetGroupArn": "arn:aws:elasticloadbalancing:eu-west-1:1:targetgroup/t/1"}},
+        "httpMethod": "POST", "path": "/payments", "queryStringParameters": {},
+        "headers": {"idempotency-key": key, "content-type": "application/json"},
+        "body": body, "isBase64Encoded": false
+    }))
+}
+
+fn parse(event: Value) -> Request {
+    lambda_http::request::from_str(&event.to_string()).expect("a Lambda HTTP event")
+}
+
+fn body_bytes(response: &http::Response<Body>) -> Vec<u8> {
+    response.body().as_ref().to_vec()
+}
+
+fn error_code(response: &http::Response<Body>) -> String {
+    let body: Value = serde_json::from_slice(&body_bytes(response)).expect("JSON error body");
+    body["error"].as_str().unwrap_or_default().to_owned()
+}
+
+fn values(response: &http::Response<Body>, name: &str) -> Vec<String> {
+    response
+        .headers()
+        .get_all(name)
+        .iter()
+        .map(|value| value.to_str().expect("text").to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_replay_keeps_status_every_header_value_and_the_body() {
+    let mut endpoint = endpoint(CallerScope::Principal).await;
+    let request = || {
+        v2(
+            "POST",
+            "/payments",
+            Some("k-1"),
+            Some("alice"),
+            r#"{"amount":10}"#,
+        )
+    };
+
+    let first = endpoint.send(request()).await;
+    let replay = endpoint.send(request()).await;
+
+    assert_eq!(endpoint.runs(), 1, "the handler ran once");
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert_eq!(replay.status(), StatusCode::CREATED);
+    assert_eq!(
+        values(&replay, "set-cookie"),
+        ["session=a; Path=/", "theme=dark"]
+    );
+    assert_eq!(values(&replay, "x-trace"), ["one", "two"]);
+    assert_eq!(body_bytes(&replay), body_bytes(&first), "the same bytes");
+    assert_eq!(values(&replay, REPLAYED_HEADER), ["true"]);
+    assert!(first.headers().get(REPLAYED_HEADER).is_none());
+}
+
+#[tokio::test]
+async fn two_callers_with_the_same_key_get_their_own_operations() {
+    let mut endpoint = endpoint(CallerScope::Principal).await;
+    let body = r#"{"amount":10}"#;
+
+    let alice = endpoint
+        .send(v2(
+            "POST",
+            "/payments",
+            Some("k-shared"),
+            Some("alice"),
+            body,
+        ))
+        .await;
+    let bob = endpoint
+        .send(v2("POST", "/payments", Some("k-shared"), Some("bob"), body))
+        .await;
+
+    assert_eq!(endpoint.runs(), 2, "one operation per caller");
+    assert!(
+        bob.headers().get(REPLAYED_HEADER).is_none(),
+        "not alice's replay"
+    );
+    assert_ne!(
+        body_bytes(&alice),
+        body_bytes(&bob),
+        "bob never sees alice's payment"
+    );
+}
+
+#[tokio::test]
+async fn a_rest_api_principal_keys_the_operation() {
+    let mut endpoint = endpoint(CallerScope::Principal).await;
+
+    let first = endpoint.send(v1("k-2", "user-42", r#"{"amount":5}"#)).await;
+    let replay = endpoint.send(v1("k-2", "user-42", r#"{"amount":5}"#)).await;
+    let other = endpoint.send(v1("k-2", "user-7", r#"{"amount":5}"#)).await;
+
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert_eq!(values(&replay, REPLAYED_HEADER), ["true"]);
+    assert!(other.headers().get(REPLAYED_HEADER).is_none());
+    assert_eq!(endpoint.runs(), 2);
+}
+
+#[tokio::test]
+async fn a_request_without_a_principal_is_refused_unless_anonymous_callers_are_allowed() {
+    let mut strict = endpoint(CallerScope::Principal).await;
+    let refused = strict.send(alb("k-3", r#"{"amount":1}"#)).await;
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(error_code(&refused), "caller_unidentified");
+    assert_eq!(strict.runs(), 0);
+
+    let mut public = endpoint(CallerScope::PrincipalOrAnonymous).await;
+    let first = public.send(alb("k-3", r#"{"amount":1}"#)).await;
+    let replay = public.send(alb("k-3", r#"{"amount":1}"#)).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert_eq!(values(&replay, REPLAYED_HEADER), ["true"]);
+    assert_eq!(public.runs(), 1);
+}
+
+#[tokio::test]
+async fn the_fingerprint_covers_query_content_type_and_body() {
+    let mut endpoint = endpoint(CallerScope::Principal).await;
+    endpoint
+        .send(v2(
+            "POST",
+            "/payments?currency=eur",
+            Some("k-4"),
+            Some("alice"),
+            "{}",
+        ))
+        .await;
+
+    let other_query = endpoint
+        .send(v2(
+            "POST",
+            "/payments?currency=usd",
+            Some("k-4"),
+            Some("alice"),
+            "{}",
+        ))
+        .await;
+    let other_body = endpoint
+        .send(v2(
+            "POST",
+            "/payments?currency=eur",
+            Some("k-4"),
+            Some("alice"),
+            r#"{"x":1}"#,
+        ))
+        .await;
+
+    assert_eq!(other_query.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(error_code(&other_query), "idempotency_key_reused");
+    assert_eq!(other_body.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(endpoint.runs(), 1);
+}
+
+#[tokio::test]
+async fn retry_statuses_are_passed_through_and_not_stored() {
+    let mut endpoint = endpoint(CallerScope::Principal).await;
+    let request = || v2("POST", "/limited", Some("k-5"), Some("alice"), "{}");
+
+    let limited = endpoint.send(request()).await;
+    let retried = endpoint.send(request()).await;
+
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(retried.status(), StatusCode::CREATED, "the retry ran");
+    assert_eq!(endpoint.runs(), 2);
+}
+
+#[tokio::test]
+async fn a_binary_body_replays_byte_for_byte() {
+    let mut endpoint = endpoint(CallerScope::Principal).await;
+    let request = || v2("POST", "/binary", Some("k-6"), Some("alice"), "{}");
+
+    let first = endpoint.send(request()).await;
+    let replay = endpoint.send(request()).await;
+
+    assert_eq!(body_bytes(&first), [0_u8, 159, 146, 150, 255, 10, 0]);
+    assert_eq!(body_bytes(&replay), body_bytes(&first));
+    assert_eq!(endpoint.runs(), 1);
+}
+
+#[tokio::test]
+async fn reads_pass_through_and_a_write_without_a_key_is_refused() {
+    let mut endpoint = endpoint(CallerScope::Principal).await;
+
+    let listed = endpoint
+        .send(v2("GET", "/payments", None, Some("alice"), ""))
+        .await;
+    let again = endpoint
+        .send(v2("GET", "/payments", None, Some("alice"), ""))
+        .await;
+    let unkeyed = endpoint
+        .send(v2("POST", "/payments", None, Some("alice"), "{}"))
+        .await;
+
+    assert_eq!(listed.status(), StatusCode::OK);
+    assert_ne!(
+        body_bytes(&listed),
+        body_bytes(&again),
+        "a GET runs every time"
+    );
+    assert_eq!(unkeyed.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(error_code(&unkeyed), "missing_idempotency_key");
+    assert_eq!(endpoint.runs(), 2);
+}
