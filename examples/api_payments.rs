@@ -17,6 +17,7 @@ mod local_dynamodb;
 use aws_lambda_events::encodings::Body;
 use aws_lambda_events::event::apigw::{ApiGatewayV2httpRequest, ApiGatewayV2httpResponse};
 use lambda_idempotency::lambda::http::HttpIdempotency;
+use lambda_idempotency::lambda::http_layer::CallerScope;
 use lambda_idempotency::store::DynamoDbStore;
 use lambda_idempotency::{Config, ExecutionContext, Idempotency, OperationScope};
 use lambda_runtime::{Context, LambdaEvent, service_fn};
@@ -81,10 +82,13 @@ pub async fn main() -> Result<(), lambda_runtime::Error> {
     if std::env::var("AWS_LAMBDA_RUNTIME_API").is_ok() {
         let store = DynamoDbStore::from_env().await?;
         let ledger = Ledger::from_env(store.client().clone())?;
+        // template.yaml's demo API has no authorizer: anonymous callers share one scope. Behind
+        // a JWT or Lambda authorizer, keep the default (CallerScope::Principal).
         let http = HttpIdempotency::new(
             Idempotency::new(store, Config::default()),
             OperationScope::for_function("pay")?,
-        );
+        )
+        .with_callers(CallerScope::PrincipalOrAnonymous);
         let app = App { http, ledger };
         return lambda_runtime::run(service_fn(|event| app.handle(event))).await;
     }
@@ -104,7 +108,8 @@ fn request(
         "rawQueryString": "", "headers": headers, "requestContext": {"accountId": "000000000000", "apiId": "local",
         "domainName": "localhost", "domainPrefix": "localhost", "http": {"method": "POST", "path": "/payments",
         "protocol": "HTTP/1.1", "sourceIp": "127.0.0.1", "userAgent": "example"}, "requestId": "local",
-        "routeKey": "POST /payments", "stage": "$default", "time": "", "timeEpoch": 0},
+        "routeKey": "POST /payments", "stage": "$default", "time": "", "timeEpoch": 0,
+        "authorizer": {"jwt": {"claims": {"sub": "customer-1"}, "scopes": null}}},
         "body": body.to_string(), "isBase64Encoded": false}),
     )?;
     Ok(LambdaEvent::new(request, Context::default()))

@@ -6,6 +6,7 @@
 //! | first request | the handler's response (2xx–4xx stored for replay; 5xx not stored: the retry runs) |
 //! | repeated request, same payload | the original status, headers and body, plus `Idempotent-Replayed: true` |
 //! | no `Idempotency-Key` header | 400 |
+//! | no caller principal ([`CallerScope::Principal`], the default) | 401 `caller_unidentified` |
 //! | the original is still running | 409, `Retry-After` |
 //! | same key, different payload | 422 |
 //! | the operation took effect but its record expired, or awaits an operator | 409 |
@@ -53,7 +54,9 @@ use aws_lambda_events::event::apigw::{ApiGatewayV2httpRequest, ApiGatewayV2httpR
 use http::{HeaderValue, header};
 use lambda_runtime::LambdaEvent;
 
+use super::http_layer::CallerScope;
 use super::http_layer::answer::ErrorAnswer;
+use super::http_layer::caller::principal_v2;
 use super::operation::Operation;
 use super::sources;
 use crate::engine::Idempotency;
@@ -68,12 +71,14 @@ pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 /// Idempotent POST/PATCH endpoints behind API Gateway; cheap to clone.
 pub struct HttpIdempotency<S> {
     operation: Operation<S, ApiGatewayV2httpRequest>,
+    callers: CallerScope,
 }
 
 impl<S> Clone for HttpIdempotency<S> {
     fn clone(&self) -> Self {
         Self {
             operation: self.operation.clone(),
+            callers: self.callers,
         }
     }
 }
@@ -103,7 +108,15 @@ impl<S: Store> HttpIdempotency<S> {
     pub fn new(idem: Idempotency<S>, scope: OperationScope) -> Self {
         Self {
             operation: Operation::new(idem, scope, sources::http_api()),
+            callers: CallerScope::default(),
         }
+    }
+
+    /// Whose operations a key names ([`CallerScope`]; by default the authorizer's principal,
+    /// and a request without one is refused with 401).
+    pub fn with_callers(mut self, callers: CallerScope) -> Self {
+        self.callers = callers;
+        self
     }
 
     /// Derives operations with another policy (e.g. a key from the path).
@@ -124,6 +137,11 @@ impl<S: Store> HttpIdempotency<S> {
         E: Into<BoxError>,
     {
         let (request, context) = event.into_parts();
+        if self.callers == CallerScope::Principal
+            && principal_v2(&request.request_context).is_none()
+        {
+            return answer_response(&ErrorAnswer::caller_unidentified());
+        }
         let invocation = match self.operation.invocation(&request, &context) {
             Ok(invocation) => invocation,
             Err(err) => return error_response(&err),
@@ -161,7 +179,10 @@ impl<S: Store> HttpIdempotency<S> {
 
 /// The JSON error response for `err` ([`ErrorAnswer`]).
 fn error_response(err: &Error) -> ApiGatewayV2httpResponse {
-    let answer = ErrorAnswer::for_error(err);
+    answer_response(&ErrorAnswer::for_error(err))
+}
+
+fn answer_response(answer: &ErrorAnswer) -> ApiGatewayV2httpResponse {
     let mut response = ApiGatewayV2httpResponse::default();
     response.status_code = i64::from(answer.status);
     response.headers.insert(

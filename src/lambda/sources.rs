@@ -11,7 +11,7 @@
 //! | SQS ([`sqs_message_id`]) | `messageId` (a republish gets a new id: opt in) | body |
 //! | SNS ([`sns`]) | `MessageId` | message |
 //! | EventBridge ([`eventbridge`], [`eventbridge_detail`]) | `id`, or a `detail` field | detail |
-//! | API Gateway HTTP/REST ([`http_api`], [`rest_api`]) | `Idempotency-Key` header | method, path, body |
+//! | API Gateway HTTP/REST ([`http_api`], [`rest_api`]) | caller + `Idempotency-Key` header | method, path, query, content type, body |
 //! | DynamoDB Streams ([`dynamodb_stream`]) | `eventID` | keys and new image |
 //! | Kinesis ([`kinesis`]) | shard sequence number (`eventID`) | data |
 //! | S3 ([`s3`]) | bucket, key, version, sequencer | the same, with size and ETag |
@@ -39,6 +39,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use super::http_layer::caller::{principal_v1, principal_v2};
 use crate::error::ConfigError;
 use crate::key::{JsonPointer, KeyPolicy};
 
@@ -111,10 +112,14 @@ pub fn eventbridge_detail<T: Serialize + DeserializeOwned + 'static>(
     ))
 }
 
-/// API Gateway HTTP API (v2): the `Idempotency-Key` header; fingerprint over method, path and body.
+/// API Gateway HTTP API (v2): the `Idempotency-Key` header, scoped to the caller (the
+/// authorizer's principal, when there is one); fingerprint over method, path, query string,
+/// content type and body.
 pub fn http_api() -> KeyPolicy<ApiGatewayV2httpRequest> {
     KeyPolicy::from_fns(
-        |request: &ApiGatewayV2httpRequest| header(&request.headers),
+        |request: &ApiGatewayV2httpRequest| {
+            caller_key(principal_v2(&request.request_context), &request.headers)
+        },
         |request: &ApiGatewayV2httpRequest| {
             Some(object([
                 (
@@ -122,24 +127,48 @@ pub fn http_api() -> KeyPolicy<ApiGatewayV2httpRequest> {
                     request.request_context.http.method.as_str().into(),
                 ),
                 ("path", request.raw_path.clone().into()),
+                ("query", request.raw_query_string.clone().into()),
+                ("content_type", content_type(&request.headers)),
                 ("body", body_json(request.body.as_deref())),
             ]))
         },
     )
 }
 
-/// API Gateway REST API (v1): the `Idempotency-Key` header; fingerprint over method, path and body.
+/// API Gateway REST API (v1): the `Idempotency-Key` header, scoped to the caller (the
+/// authorizer's principal, when there is one); fingerprint over method, path, query string,
+/// content type and body.
 pub fn rest_api() -> KeyPolicy<ApiGatewayProxyRequest> {
     KeyPolicy::from_fns(
-        |request: &ApiGatewayProxyRequest| header(&request.headers),
+        |request: &ApiGatewayProxyRequest| {
+            caller_key(principal_v1(&request.request_context), &request.headers)
+        },
         |request: &ApiGatewayProxyRequest| {
             Some(object([
                 ("method", request.http_method.as_str().into()),
                 ("path", request.path.clone().into()),
+                (
+                    "query",
+                    to_json(&request.multi_value_query_string_parameters)?,
+                ),
+                ("content_type", content_type(&request.headers)),
                 ("body", body_json(request.body.as_deref())),
             ]))
         },
     )
+}
+
+/// The key material of a request: its caller (or null) and its `Idempotency-Key` header.
+fn caller_key(caller: Option<String>, headers: &http::HeaderMap) -> Option<Value> {
+    let key = header(headers)?;
+    Some(object([("caller", caller.into()), ("key", key.into())]))
+}
+
+fn content_type(headers: &http::HeaderMap) -> Value {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .map_or(Value::Null, Value::from)
 }
 
 fn header(headers: &http::HeaderMap) -> Option<String> {

@@ -14,15 +14,30 @@ use serde_json::{Value, json};
 use lambda_idempotency::testing::dynamo;
 
 fn request(key: Option<&str>, body: Value) -> LambdaEvent<ApiGatewayV2httpRequest> {
+    request_from(Some("alice"), key, body)
+}
+
+/// A request from `caller` (a JWT subject), or from nobody.
+fn request_from(
+    caller: Option<&str>,
+    key: Option<&str>,
+    body: Value,
+) -> LambdaEvent<ApiGatewayV2httpRequest> {
     let mut headers = json!({"content-type": "application/json"});
     if let Some(key) = key {
         headers["idempotency-key"] = json!(key);
     }
-    let request = serde_json::from_value(json!({"version": "2.0", "routeKey": "POST /payments", "rawPath": "/payments",
-        "rawQueryString": "", "headers": headers, "requestContext": {"accountId": "1", "apiId": "a", "domainName": "d",
+    let mut context = json!({"accountId": "1", "apiId": "a", "domainName": "d",
         "domainPrefix": "d", "http": {"method": "POST", "path": "/payments", "protocol": "HTTP/1.1", "sourceIp": "1.2.3.4",
-        "userAgent": "t"}, "requestId": "r", "routeKey": "POST /payments", "stage": "$default", "time": "t", "timeEpoch": 0},
-        "body": body.to_string(), "isBase64Encoded": false}))
+        "userAgent": "t"}, "requestId": "r", "routeKey": "POST /payments", "stage": "$default", "time": "t", "timeEpoch": 0});
+    if let Some(caller) = caller {
+        context["authorizer"] = json!({"jwt": {"claims": {"sub": caller}, "scopes": null}});
+    }
+    let request = serde_json::from_value(
+        json!({"version": "2.0", "routeKey": "POST /payments", "rawPath": "/payments",
+        "rawQueryString": "", "headers": headers, "requestContext": context,
+        "body": body.to_string(), "isBase64Encoded": false}),
+    )
     .expect("request");
     LambdaEvent::new(request, Context::default())
 }
@@ -237,4 +252,34 @@ async fn a_retained_failure_is_answered_truthfully_without_its_internal_message(
             "internal kind leaked: {text}"
         );
     }
+}
+
+#[tokio::test]
+async fn keys_are_scoped_to_the_caller_and_an_unidentified_caller_is_refused() {
+    let (http, _db) = endpoint().await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let send = |caller: Option<&'static str>| {
+        let (http, runs) = (http.clone(), Arc::clone(&runs));
+        async move {
+            http.handle(
+                request_from(caller, Some("k-shared"), json!({"amount": 3})),
+                |r, _| async move { pay(&runs, 201, r).await },
+            )
+            .await
+        }
+    };
+
+    let alice = send(Some("alice")).await;
+    let bob = send(Some("bob")).await;
+    let nobody = send(None).await;
+
+    assert_eq!((alice.status_code, bob.status_code), (201, 201));
+    assert_eq!(
+        header(&bob, "idempotent-replayed"),
+        None,
+        "not alice's response"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "one operation per caller");
+    assert_eq!(nobody.status_code, 401);
+    assert_eq!(body(&nobody)["error"], "caller_unidentified");
 }

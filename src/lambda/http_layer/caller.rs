@@ -1,6 +1,9 @@
 //! Who is calling: the authorizer's principal, read from the request context, so that one
 //! caller's `Idempotency-Key` can never replay another caller's stored response.
 
+use aws_lambda_events::event::apigw::{
+    ApiGatewayProxyRequestContext, ApiGatewayV2httpRequestContext,
+};
 use lambda_http::request::RequestContext;
 use lambda_http::{Request, RequestExt};
 use serde_json::Value;
@@ -26,46 +29,52 @@ pub enum CallerScope {
 /// The caller part of an operation key, or `None` when the request has no principal.
 pub(crate) fn principal(request: &Request) -> Option<String> {
     match request.request_context_ref()? {
-        RequestContext::ApiGatewayV2(context) => {
-            let authorizer = context.authorizer.as_ref()?;
-            if let Some(jwt) = &authorizer.jwt
-                && let Some(sub) = jwt.claims.get("sub")
-            {
-                let issuer = jwt.claims.get("iss").map_or("", String::as_str);
-                return Some(format!("jwt:{issuer}:{sub}"));
-            }
-            if let Some(iam) = &authorizer.iam {
-                let caller = iam.user_arn.as_ref().or(iam.caller_id.as_ref())?;
-                return Some(format!("iam:{caller}"));
-            }
-            lambda_authorizer(&authorizer.fields)
-        }
-        RequestContext::ApiGatewayV1(context) => {
-            let fields = &context.authorizer.fields;
-            if let Some(sub) = fields.get("claims").and_then(|claims| claims.get("sub")) {
-                let issuer = fields
-                    .get("claims")
-                    .and_then(|claims| claims.get("iss"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("");
-                return Some(format!("jwt:{issuer}:{}", text(sub)));
-            }
-            if let Some(found) = lambda_authorizer(fields) {
-                return Some(found);
-            }
-            let identity = &context.identity;
-            if let Some(arn) = &identity.user_arn {
-                return Some(format!("iam:{arn}"));
-            }
-            identity
-                .api_key_id
-                .as_ref()
-                .map(|id| format!("api-key:{id}"))
-        }
+        RequestContext::ApiGatewayV2(context) => principal_v2(context),
+        RequestContext::ApiGatewayV1(context) => principal_v1(context),
         // An ALB passes no authorizer; its OIDC headers can be forged unless authentication is
         // configured on the listener, so they are not trusted here.
         _ => None,
     }
+}
+
+/// An HTTP API's (and a Function URL's) caller: JWT `iss` and `sub`, the IAM caller, or a
+/// Lambda authorizer's `principalId`.
+pub(crate) fn principal_v2(context: &ApiGatewayV2httpRequestContext) -> Option<String> {
+    let authorizer = context.authorizer.as_ref()?;
+    if let Some(jwt) = &authorizer.jwt
+        && let Some(sub) = jwt.claims.get("sub")
+    {
+        let issuer = jwt.claims.get("iss").map_or("", String::as_str);
+        return Some(format!("jwt:{issuer}:{sub}"));
+    }
+    if let Some(iam) = &authorizer.iam {
+        let caller = iam.user_arn.as_ref().or(iam.caller_id.as_ref())?;
+        return Some(format!("iam:{caller}"));
+    }
+    lambda_authorizer(&authorizer.fields)
+}
+
+/// A REST API's caller: Cognito claims, a Lambda authorizer's `principalId`, the IAM caller,
+/// or the API key id.
+pub(crate) fn principal_v1(context: &ApiGatewayProxyRequestContext) -> Option<String> {
+    let fields = &context.authorizer.fields;
+    if let Some(claims) = fields.get("claims")
+        && let Some(sub) = claims.get("sub")
+    {
+        let issuer = claims.get("iss").and_then(Value::as_str).unwrap_or("");
+        return Some(format!("jwt:{issuer}:{}", text(sub)));
+    }
+    if let Some(found) = lambda_authorizer(fields) {
+        return Some(found);
+    }
+    let identity = &context.identity;
+    if let Some(arn) = &identity.user_arn {
+        return Some(format!("iam:{arn}"));
+    }
+    identity
+        .api_key_id
+        .as_ref()
+        .map(|id| format!("api-key:{id}"))
 }
 
 /// A Lambda authorizer's principal: its `principalId`, else a `sub` it put in the context.

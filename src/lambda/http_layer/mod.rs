@@ -41,7 +41,7 @@
 //! ```
 
 pub(crate) mod answer;
-mod caller;
+pub(crate) mod caller;
 mod stored;
 
 use std::fmt;
