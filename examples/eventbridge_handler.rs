@@ -40,7 +40,7 @@ async fn notify_shipped(
 fn layer(
     store: DynamoDbStore,
     scope: OperationScope,
-) -> Result<IdempotencyLayer<DynamoDbStore, EventBridgeEvent<Value>>, lambda_runtime::Error> {
+) -> Result<IdempotencyLayer<EventBridgeEvent<Value>, DynamoDbStore>, lambda_runtime::Error> {
     let idem = Idempotency::new(store, Config::default());
     Ok(IdempotencyLayer::new(
         idem,

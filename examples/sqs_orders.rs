@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 use ledger::Ledger;
 
 struct App {
-    processor: BatchProcessor<DynamoDbStore, SqsMessage>,
+    processor: BatchProcessor<SqsMessage, DynamoDbStore>,
     ledger: Ledger,
 }
 

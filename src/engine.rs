@@ -44,7 +44,7 @@ use crate::reconcile::{BoxFuture, Reconciler, Reconciliation, Takeover};
 use crate::record::{
     Evidence, Lease, Record, RetainedFailure, Settlement, Status, epoch_millis, retention_expiry,
 };
-use crate::store::{Claim, Fence, Guard, Store, Target};
+use crate::store::{AnyStore, Claim, Fence, Guard, Store, Target};
 
 mod answer;
 mod give_back;
@@ -70,7 +70,7 @@ pub enum Resolution {
 }
 
 /// The idempotency engine over a store; cheap to clone, safe to share across tasks.
-pub struct Idempotency<S> {
+pub struct Idempotency<S = AnyStore> {
     store: Arc<S>,
     clock: Arc<dyn Clock>,
     config: Config,

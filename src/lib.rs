@@ -3,6 +3,75 @@
 //! Make AWS Lambda handlers idempotent: one business operation, one business effect, however
 //! often the event is delivered, retried, replayed or raced.
 //!
+//! ## A handler in a few lines
+//!
+//! Wrap the handler in [`IdempotencyLayer`]: a duplicate gets the stored result back and the
+//! handler does not run again.
+//!
+//! ```no_run
+//! use lambda_idempotency::{Config, DynamoDbStore, Idempotency, IdempotencyLayer, KeyPolicy, OperationScope};
+//! use lambda_runtime::tower::ServiceBuilder;
+//! use lambda_runtime::{LambdaEvent, service_fn};
+//! use serde_json::{Value, json};
+//!
+//! async fn charge(event: LambdaEvent<Value>) -> Result<Value, lambda_runtime::Error> {
+//!     Ok(json!({"charged": event.payload["order_id"]}))
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), lambda_runtime::Error> {
+//!     let idem: Idempotency = Idempotency::new(DynamoDbStore::from_env().await?.into(), Config::default());
+//!     let layer = IdempotencyLayer::new(idem, OperationScope::for_function("charge")?, KeyPolicy::pointer("/order_id")?);
+//!     lambda_runtime::run(ServiceBuilder::new().layer(layer).service(service_fn(charge))).await
+//! }
+//! ```
+//!
+//! ## Which door for which trigger
+//!
+//! | trigger | door | key policy |
+//! |---|---|---|
+//! | direct or async invocation, EventBridge, SNS (one event per invocation) | [`IdempotencyLayer`] | [`KeyPolicy`], or [`lambda::sources`]`::eventbridge()`, `sns()` |
+//! | SQS, Kinesis, DynamoDB Streams (batches, partial failures) | [`BatchProcessor`] | [`lambda::sources`]`::sqs(..)`, `kinesis()`, `dynamodb_stream()` |
+//! | API Gateway REST / HTTP, Function URLs, ALB, with axum or any tower service | [`HttpIdempotencyLayer`] | `Idempotency-Key` header, scoped to the caller ([`CallerScope`]) |
+//! | an API Gateway v2 handler written against `ApiGatewayV2httpRequest` | [`HttpIdempotency`] | the same |
+//! | any async code inside a handler | [`Idempotency::execute`] | [`OperationKey`] and [`Fingerprint`] of your own |
+//!
+//! Every door is built from one [`Operation`] (engine, scope, key policy, lease policy, result
+//! reference): `IdempotencyLayer::from_operation`, `BatchProcessor::from_operation`,
+//! `HttpIdempotency::from_operation`. The store is chosen at run time: [`AnyStore`] (the default
+//! store type of every door) holds a [`DynamoDbStore`], a [`MemoryStore`] or a store of your own.
+//!
+//! An SQS consumer:
+//!
+//! ```no_run
+//! use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
+//! use lambda_idempotency::lambda::sources;
+//! use lambda_idempotency::{BatchProcessor, Config, DynamoDbStore, ExecutionContext, Idempotency, OperationScope};
+//! use lambda_runtime::{LambdaEvent, service_fn};
+//!
+//! async fn place_order(message: SqsMessage, ctx: ExecutionContext) -> Result<String, lambda_runtime::Error> {
+//!     Ok(format!("placed (attempt {})", ctx.attempt()))
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), lambda_runtime::Error> {
+//!     let idem = Idempotency::new(DynamoDbStore::from_env().await?.into(), Config::default());
+//!     let processor: BatchProcessor<SqsMessage> =
+//!         BatchProcessor::new(idem, OperationScope::for_function("orders")?, sources::sqs(Some("/order_id"))?);
+//!     lambda_runtime::run(service_fn(|event: LambdaEvent<SqsEvent>| {
+//!         let processor = &processor;
+//!         async move {
+//!             let (batch, context) = event.into_parts();
+//!             let report = processor.process(batch.records, &context, place_order).await;
+//!             Ok::<SqsBatchResponse, lambda_runtime::Error>(report.sqs_response())
+//!         }
+//!     }))
+//!     .await
+//! }
+//! ```
+//!
+//! ## The engine
+//!
 //! - An [`OperationKey`] names the operation (scope + SHA-256 of the RFC 8785 canonical JSON of
 //!   the key material); a [`Fingerprint`] names its intent. The same key with another intent is
 //!   a [`Error::PayloadConflict`], never a replay of an unrelated result.
@@ -11,10 +80,10 @@
 //!   duplicate gets [`Error::AlreadyInProgress`]; it never runs in parallel.
 //! - Completion is fenced by a lease token: a worker whose expired lease was taken over cannot
 //!   overwrite the new owner's result ([`Error::LeaseLost`]).
-//! - Records live in a [`store::Store`]: [`store::DynamoDbStore`] in production,
-//!   [`store::MemoryStore`] for tests and demos, with the same semantics.
+//! - Records live in a [`store::Store`]: [`DynamoDbStore`] in production, [`MemoryStore`] for
+//!   tests and demos, with the same semantics.
 //!
-//! ## Quick start
+//! ## The engine on its own
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -77,3 +146,8 @@ pub use engine::{Idempotency, Resolution};
 pub use error::{BoxError, ConfigError, Error, ErrorKind, StoreError};
 pub use execution::{Execution, ExecutionContext, Invocation, Origin};
 pub use key::{Fingerprint, KeyPolicy, OperationKey, OperationScope};
+pub use lambda::batch::{BatchProcessor, PoisonPolicy};
+pub use lambda::http::HttpIdempotency;
+pub use lambda::http_layer::{CallerScope, HttpIdempotencyLayer};
+pub use lambda::{IdempotencyLayer, LeasePolicy, Operation};
+pub use store::{AnyStore, DynamoDbStore, MemoryStore};

@@ -28,15 +28,15 @@
 //! }
 //!
 //! async fn handler(
-//!     processor: &BatchProcessor<DynamoDbStore, SqsMessage>,
+//!     processor: &BatchProcessor<SqsMessage>,
 //!     event: LambdaEvent<SqsEvent>,
 //! ) -> Result<SqsBatchResponse, lambda_runtime::Error> {
 //!     let (batch, context) = event.into_parts();
 //!     let report = processor.process(batch.records, &context, place_order).await;
 //!     Ok(report.sqs_response())
 //! }
-//! # async fn build() -> Result<BatchProcessor<DynamoDbStore, SqsMessage>, Box<dyn std::error::Error>> {
-//! let idem = Idempotency::new(DynamoDbStore::from_env().await?, Config::default());
+//! # async fn build() -> Result<BatchProcessor<SqsMessage>, Box<dyn std::error::Error>> {
+//! let idem = Idempotency::new(DynamoDbStore::from_env().await?.into(), Config::default());
 //! Ok(BatchProcessor::new(idem, OperationScope::for_function("orders")?, sources::sqs(Some("/order_id"))?))
 //! # }
 //! ```
@@ -57,14 +57,13 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{error, warn};
 
-use super::layer::LeasePolicy;
-use super::operation::Operation;
+use super::operation::{LeasePolicy, Operation};
 use crate::engine::Idempotency;
 use crate::error::{BoxError, Error};
 use crate::execution::{ExecutionContext, Invocation, Origin};
 use crate::key::canonical_json;
 use crate::key::{KeyPolicy, OperationScope};
-use crate::store::Store;
+use crate::store::{AnyStore, Store};
 
 /// A record of a batch event.
 pub trait BatchRecord: Send {
@@ -230,14 +229,14 @@ impl BatchReport {
 }
 
 /// Runs each record of a batch as its own idempotent operation.
-pub struct BatchProcessor<S, R> {
-    operation: Operation<S, R>,
+pub struct BatchProcessor<R, S = AnyStore> {
+    operation: Operation<R, S>,
     concurrency: Option<usize>,
     deadline_margin: Duration,
     poison: Option<PoisonPolicy>,
 }
 
-impl<S: Store, R: BatchRecord> BatchProcessor<S, R> {
+impl<R: BatchRecord, S: Store> BatchProcessor<R, S> {
     /// The most records (or ordering groups) run at once by default: a whole batch runs in one
     /// wave up to this size.
     pub const MAX_DEFAULT_CONCURRENCY: usize = 64;
@@ -246,8 +245,13 @@ impl<S: Store, R: BatchRecord> BatchProcessor<S, R> {
 
     /// A processor deriving each record's operation from `policy` in `scope`.
     pub fn new(idem: Idempotency<S>, scope: OperationScope, policy: KeyPolicy<R>) -> Self {
+        Self::from_operation(Operation::new(idem, scope, policy))
+    }
+
+    /// A processor running each record as `operation`.
+    pub fn from_operation(operation: Operation<R, S>) -> Self {
         Self {
-            operation: Operation::new(idem, scope, policy),
+            operation,
             concurrency: None,
             deadline_margin: Self::DEFAULT_DEADLINE_MARGIN,
             poison: None,

@@ -63,14 +63,14 @@ use crate::engine::Idempotency;
 use crate::error::{BoxError, Error};
 use crate::execution::ExecutionContext;
 use crate::key::{KeyPolicy, OperationScope};
-use crate::store::Store;
+use crate::store::{AnyStore, Store};
 
 /// The header that marks a replayed response.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 
 /// Idempotent POST/PATCH endpoints behind API Gateway; cheap to clone.
-pub struct HttpIdempotency<S> {
-    operation: Operation<S, ApiGatewayV2httpRequest>,
+pub struct HttpIdempotency<S = AnyStore> {
+    operation: Operation<ApiGatewayV2httpRequest, S>,
     callers: CallerScope,
 }
 
@@ -106,8 +106,13 @@ impl std::error::Error for ServerError {}
 impl<S: Store> HttpIdempotency<S> {
     /// Requests keyed by their `Idempotency-Key` header, fingerprinted by method, path and body.
     pub fn new(idem: Idempotency<S>, scope: OperationScope) -> Self {
+        Self::from_operation(Operation::new(idem, scope, sources::http_api()))
+    }
+
+    /// A door running `operation` (its key policy, lease policy and result reference).
+    pub fn from_operation(operation: Operation<ApiGatewayV2httpRequest, S>) -> Self {
         Self {
-            operation: Operation::new(idem, scope, sources::http_api()),
+            operation,
             callers: CallerScope::default(),
         }
     }

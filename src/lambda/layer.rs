@@ -2,59 +2,30 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
 
 use lambda_runtime::tower::Layer;
 
-use super::operation::Operation;
+use super::operation::{LeasePolicy, Operation};
 use super::service::Idempotent;
 use crate::engine::Idempotency;
 use crate::key::{KeyPolicy, OperationScope};
-use crate::store::Store;
-
-/// How long a claim's lease lasts: the invocation's remaining time plus a margin, capped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeasePolicy {
-    /// Added to the remaining time, so that a lease outlives the invocation it guards.
-    pub skew: Duration,
-    /// The longest lease (Lambda's 15-minute limit plus the skew, by default).
-    pub max: Duration,
-    /// The lease when the invocation has no deadline (local runs).
-    pub without_deadline: Duration,
-}
-
-impl Default for LeasePolicy {
-    fn default() -> Self {
-        Self {
-            skew: Duration::from_secs(5),
-            max: Duration::from_secs(15 * 60 + 5),
-            without_deadline: Duration::from_secs(60),
-        }
-    }
-}
-
-impl LeasePolicy {
-    /// The lease for an invocation with `deadline` (`None`: no deadline), at `now`.
-    pub fn lease(&self, deadline: Option<SystemTime>, now: SystemTime) -> Duration {
-        match deadline {
-            Some(deadline) => {
-                (deadline.duration_since(now).unwrap_or_default() + self.skew).min(self.max)
-            }
-            None => self.without_deadline,
-        }
-    }
-}
+use crate::store::{AnyStore, Store};
 
 /// Makes the wrapped Lambda handler idempotent: `ServiceBuilder::new().layer(layer)`.
-pub struct IdempotencyLayer<S, E> {
-    pub(crate) operation: Arc<Operation<S, E>>,
+pub struct IdempotencyLayer<E, S = AnyStore> {
+    pub(crate) operation: Arc<Operation<E, S>>,
 }
 
-impl<S: Store, E> IdempotencyLayer<S, E> {
+impl<E, S: Store> IdempotencyLayer<E, S> {
     /// A layer deriving each event's operation from `policy` in `scope`, executed by `idem`.
     pub fn new(idem: Idempotency<S>, scope: OperationScope, policy: KeyPolicy<E>) -> Self {
+        Self::from_operation(Operation::new(idem, scope, policy))
+    }
+
+    /// A layer running `operation`.
+    pub fn from_operation(operation: Operation<E, S>) -> Self {
         Self {
-            operation: Arc::new(Operation::new(idem, scope, policy)),
+            operation: Arc::new(operation),
         }
     }
 
@@ -68,12 +39,12 @@ impl<S: Store, E> IdempotencyLayer<S, E> {
     }
 
     /// Wraps `service` (the thin front door: the same as `.layer(self)`).
-    pub fn wrap<Svc>(&self, service: Svc) -> Idempotent<Svc, S, E> {
+    pub fn wrap<Svc>(&self, service: Svc) -> Idempotent<Svc, E, S> {
         self.layer(service)
     }
 }
 
-impl<S, E> Clone for IdempotencyLayer<S, E> {
+impl<E, S> Clone for IdempotencyLayer<E, S> {
     fn clone(&self) -> Self {
         Self {
             operation: Arc::clone(&self.operation),
@@ -81,7 +52,7 @@ impl<S, E> Clone for IdempotencyLayer<S, E> {
     }
 }
 
-impl<S: fmt::Debug, E> fmt::Debug for IdempotencyLayer<S, E> {
+impl<E, S: fmt::Debug> fmt::Debug for IdempotencyLayer<E, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyLayer")
             .field("scope", &self.operation.scope)
@@ -90,8 +61,8 @@ impl<S: fmt::Debug, E> fmt::Debug for IdempotencyLayer<S, E> {
     }
 }
 
-impl<Svc, S, E> Layer<Svc> for IdempotencyLayer<S, E> {
-    type Service = Idempotent<Svc, S, E>;
+impl<Svc, E, S> Layer<Svc> for IdempotencyLayer<E, S> {
+    type Service = Idempotent<Svc, E, S>;
 
     fn layer(&self, inner: Svc) -> Self::Service {
         Idempotent {

@@ -33,5 +33,6 @@ mod service;
 pub mod sources;
 
 pub use context::current;
-pub use layer::{IdempotencyLayer, LeasePolicy};
+pub use layer::IdempotencyLayer;
+pub use operation::{LeasePolicy, Operation};
 pub use service::Idempotent;

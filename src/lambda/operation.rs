@@ -1,53 +1,138 @@
-//! What every Lambda front door shares: the engine, the scope, the key policy and the lease
-//! policy, and how an event with its invocation context becomes an [`Invocation`].
+//! What every Lambda front door shares: one configured [`Operation`] (engine, scope, key
+//! policy, lease policy, result reference), and how an event with its invocation context
+//! becomes an [`Invocation`].
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use aws_lambda_events::event::sqs::SqsMessage;
+//! use lambda_idempotency::key::JsonPointer;
+//! use lambda_idempotency::lambda::{batch::BatchProcessor, sources};
+//! use lambda_idempotency::store::DynamoDbStore;
+//! use lambda_idempotency::{Config, Idempotency, OperationScope, Operation};
+//!
+//! let idem = Idempotency::new(DynamoDbStore::from_env().await?.into(), Config::default());
+//! let operation = Operation::new(idem, OperationScope::for_function("orders")?, sources::sqs(Some("/order_id"))?)
+//!     .with_result_ref(JsonPointer::new("/order_number")?);
+//! let processor: BatchProcessor<SqsMessage> = BatchProcessor::from_operation(operation);
+//! # Ok(()) }
+//! ```
+
+use std::time::{Duration, SystemTime};
 
 use lambda_runtime::Context;
 
-use super::layer::LeasePolicy;
 use crate::engine::Idempotency;
 use crate::error::Error;
 use crate::execution::Invocation;
-use crate::key::{KeyPolicy, OperationScope};
-use crate::store::Store;
+use crate::key::{JsonPointer, KeyPolicy, OperationScope};
+use crate::store::{AnyStore, Store};
 
-/// One configured operation.
-pub(crate) struct Operation<S, E> {
+/// One configured operation: what every front door is built from.
+pub struct Operation<E, S = AnyStore> {
     pub(crate) idem: Idempotency<S>,
     pub(crate) scope: OperationScope,
     pub(crate) policy: KeyPolicy<E>,
     pub(crate) lease: LeasePolicy,
+    pub(crate) result_ref: Option<JsonPointer>,
 }
 
-impl<S, E> Clone for Operation<S, E> {
+impl<E, S> Clone for Operation<E, S> {
     fn clone(&self) -> Self {
         Self {
             idem: self.idem.clone(),
             scope: self.scope.clone(),
             policy: self.policy.clone(),
             lease: self.lease,
+            result_ref: self.result_ref.clone(),
         }
     }
 }
 
-impl<S: Store, E> Operation<S, E> {
+impl<E, S: Store> Operation<E, S> {
     /// `policy` in `scope`, executed by `idem`, with the default lease policy.
-    pub(crate) fn new(idem: Idempotency<S>, scope: OperationScope, policy: KeyPolicy<E>) -> Self {
+    pub fn new(idem: Idempotency<S>, scope: OperationScope, policy: KeyPolicy<E>) -> Self {
         Self {
             idem,
             scope,
             policy,
             lease: LeasePolicy::default(),
+            result_ref: None,
         }
     }
 
-    /// The invocation for `payload`: its operation, a lease from the context's deadline, and
-    /// the request id for correlation.
-    pub(crate) fn invocation(&self, payload: &E, context: &Context) -> Result<Invocation, Error> {
+    /// Overrides the lease policy.
+    pub fn with_lease_policy(mut self, lease: LeasePolicy) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Keeps the part of each result at `pointer` (e.g. `/invoice_id`) as the result reference
+    /// of the business identity's permanent evidence ([`Invocation::with_result_ref`]).
+    pub fn with_result_ref(mut self, pointer: JsonPointer) -> Self {
+        self.result_ref = Some(pointer);
+        self
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Idempotency<S> {
+        &self.idem
+    }
+
+    /// The scope.
+    pub fn scope(&self) -> &OperationScope {
+        &self.scope
+    }
+
+    /// The lease policy.
+    pub fn lease_policy(&self) -> LeasePolicy {
+        self.lease
+    }
+
+    /// The invocation for `payload`: its operation, a lease from the context's deadline, the
+    /// request id for correlation and the result reference.
+    pub fn invocation(&self, payload: &E, context: &Context) -> Result<Invocation, Error> {
         let deadline = (context.deadline > 0).then(|| context.deadline());
         let lease = self.lease.lease(deadline, self.idem.now());
-        Ok(self
+        let invocation = self
             .policy
             .invocation(&self.scope, payload, lease)?
-            .with_request_id(context.request_id.clone()))
+            .with_request_id(context.request_id.clone());
+        Ok(match &self.result_ref {
+            Some(pointer) => invocation.with_result_ref(pointer.clone()),
+            None => invocation,
+        })
+    }
+}
+
+/// How long a claim's lease lasts: the invocation's remaining time plus a margin, capped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeasePolicy {
+    /// Added to the remaining time, so that a lease outlives the invocation it guards.
+    pub skew: Duration,
+    /// The longest lease (Lambda's 15-minute limit plus the skew, by default).
+    pub max: Duration,
+    /// The lease when the invocation has no deadline (local runs).
+    pub without_deadline: Duration,
+}
+
+impl Default for LeasePolicy {
+    fn default() -> Self {
+        Self {
+            skew: Duration::from_secs(5),
+            max: Duration::from_secs(15 * 60 + 5),
+            without_deadline: Duration::from_secs(60),
+        }
+    }
+}
+
+impl LeasePolicy {
+    /// The lease for an invocation with `deadline` (`None`: no deadline), at `now`.
+    pub fn lease(&self, deadline: Option<SystemTime>, now: SystemTime) -> Duration {
+        match deadline {
+            Some(deadline) => {
+                (deadline.duration_since(now).unwrap_or_default() + self.skew).min(self.max)
+            }
+            None => self.without_deadline,
+        }
     }
 }

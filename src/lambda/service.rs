@@ -13,18 +13,18 @@ use super::context;
 use super::operation::Operation;
 use crate::error::{BoxError, Error};
 use crate::reconcile::BoxFuture;
-use crate::store::Store;
+use crate::store::{AnyStore, Store};
 
 /// A Lambda handler made idempotent by [`IdempotencyLayer`](super::IdempotencyLayer).
 ///
 /// `Clone + Send`, its state shared and thread-safe: it runs under `lambda_runtime::run` and
 /// `run_concurrent` alike.
-pub struct Idempotent<Svc, S, E> {
+pub struct Idempotent<Svc, E, S = AnyStore> {
     pub(crate) inner: Svc,
-    pub(crate) operation: Arc<Operation<S, E>>,
+    pub(crate) operation: Arc<Operation<E, S>>,
 }
 
-impl<Svc: Clone, S, E> Clone for Idempotent<Svc, S, E> {
+impl<Svc: Clone, E, S> Clone for Idempotent<Svc, E, S> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -33,7 +33,7 @@ impl<Svc: Clone, S, E> Clone for Idempotent<Svc, S, E> {
     }
 }
 
-impl<Svc, S, E> fmt::Debug for Idempotent<Svc, S, E> {
+impl<Svc, E, S> fmt::Debug for Idempotent<Svc, E, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Idempotent")
             .field("scope", &self.operation.scope)
@@ -41,7 +41,7 @@ impl<Svc, S, E> fmt::Debug for Idempotent<Svc, S, E> {
     }
 }
 
-impl<Svc, S, E, R> Service<LambdaEvent<E>> for Idempotent<Svc, S, E>
+impl<Svc, E, S, R> Service<LambdaEvent<E>> for Idempotent<Svc, E, S>
 where
     Svc: Service<LambdaEvent<E>, Response = R> + Clone + Send + 'static,
     Svc::Error: Into<BoxError> + Send,

@@ -24,8 +24,10 @@
 //! when it shows the caller's own token in the state the caller was writing, the write had
 //! committed and only its answer was lost (an ambiguous write retried by the SDK).
 //!
-//! Backends: [`MemoryStore`] (in-process) and [`DynamoDbStore`].
+//! Backends: [`MemoryStore`] (in-process) and [`DynamoDbStore`]; [`AnyStore`] holds either (or
+//! a store of your own) behind one type chosen at run time.
 
+mod any;
 mod dynamodb;
 mod memory;
 
@@ -33,6 +35,7 @@ use std::fmt;
 use std::future::Future;
 use std::time::SystemTime;
 
+pub use any::AnyStore;
 pub use dynamodb::{
     AttributeNames, DynamoDbStore, ENDPOINT_VAR, SortKey, TABLE_VAR, UNIQUENESS_TABLE_VAR,
 };

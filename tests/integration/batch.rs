@@ -32,7 +32,7 @@ fn message(id: &str, queue: &str, group: Option<&str>, body: serde_json::Value) 
     .expect("message")
 }
 
-async fn processor() -> BatchProcessor<DynamoDbStore, SqsMessage> {
+async fn processor() -> BatchProcessor<SqsMessage, DynamoDbStore> {
     let db = dynamo::start().await;
     let idem = Idempotency::new(db.store(), Config::default());
     let scope = OperationScope::new("batch-test", "orders").expect("scope");

@@ -26,7 +26,7 @@ fn scope() -> OperationScope {
     OperationScope::new("layer-test", "charge").expect("scope")
 }
 
-fn layer(store: DynamoDbStore, clock: &ManualClock) -> IdempotencyLayer<DynamoDbStore, Value> {
+fn layer(store: DynamoDbStore, clock: &ManualClock) -> IdempotencyLayer<Value, DynamoDbStore> {
     let idem = Idempotency::new(store, Config::default()).with_clock(clock.clone());
     IdempotencyLayer::new(
         idem,

@@ -67,7 +67,7 @@ use crate::error::{BoxError, Error};
 use crate::execution::Invocation;
 use crate::key::{Fingerprint, OperationKey, OperationScope};
 use crate::reconcile::BoxFuture;
-use crate::store::Store;
+use crate::store::{AnyStore, Store};
 
 /// The header that marks a replayed response.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
@@ -75,7 +75,7 @@ pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 pub const MAX_KEY_BYTES: usize = 255;
 
 /// Makes the wrapped HTTP service idempotent for `POST` and `PATCH`; configuration only.
-pub struct HttpIdempotencyLayer<S> {
+pub struct HttpIdempotencyLayer<S = AnyStore> {
     shared: Arc<Shared<S>>,
 }
 
@@ -155,7 +155,7 @@ impl<S, Svc> Layer<Svc> for HttpIdempotencyLayer<S> {
 }
 
 /// An HTTP service made idempotent by [`HttpIdempotencyLayer`].
-pub struct HttpIdempotent<Svc, S> {
+pub struct HttpIdempotent<Svc, S = AnyStore> {
     inner: Svc,
     shared: Arc<Shared<S>>,
 }

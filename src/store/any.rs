@@ -1,0 +1,212 @@
+//! A store chosen at run time: [`AnyStore`] holds any [`Store`] behind one type, so that the
+//! store leaves the types users name (`BatchProcessor<SqsMessage>`, `Idempotency`).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use super::{Claim, DynamoDbStore, Fence, MemoryStore, Store, Target};
+use crate::error::StoreError;
+use crate::key::OperationKey;
+use crate::reconcile::BoxFuture;
+use crate::record::{Evidence, Lease, Record, Settlement};
+
+/// Any store, chosen at run time; cheap to clone. Every front door's store type defaults to it.
+///
+/// ```
+/// use lambda_idempotency::store::{AnyStore, MemoryStore};
+/// use lambda_idempotency::{Config, Idempotency};
+///
+/// // e.g. DynamoDB in Lambda, memory in a handler's own tests:
+/// let store = AnyStore::new(MemoryStore::new());
+/// let idem: Idempotency = Idempotency::new(store, Config::default());
+/// ```
+#[derive(Clone)]
+pub struct AnyStore(Arc<dyn DynStore>);
+
+impl AnyStore {
+    /// `store`, behind the one type.
+    pub fn new(store: impl Store) -> Self {
+        Self(Arc::new(store))
+    }
+}
+
+impl fmt::Debug for AnyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("AnyStore").field(&self.0).finish()
+    }
+}
+
+impl From<DynamoDbStore> for AnyStore {
+    fn from(store: DynamoDbStore) -> Self {
+        Self::new(store)
+    }
+}
+
+impl From<MemoryStore> for AnyStore {
+    fn from(store: MemoryStore) -> Self {
+        Self::new(store)
+    }
+}
+
+/// [`Store`] with boxed futures: usable as a trait object.
+trait DynStore: Send + Sync + fmt::Debug + 'static {
+    fn claim<'a>(
+        &'a self,
+        record: &'a Record,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Claim, StoreError>>;
+    fn adopt<'a>(
+        &'a self,
+        record: &'a Record,
+        orphan: &'a Evidence,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Claim, StoreError>>;
+    fn take_over<'a>(
+        &'a self,
+        previous: &'a Record,
+        lease: &'a Lease,
+        expires_at: SystemTime,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Fence, StoreError>>;
+    fn shorten<'a>(
+        &'a self,
+        target: Target<'a>,
+        until: SystemTime,
+    ) -> BoxFuture<'a, Result<Fence, StoreError>>;
+    fn settle<'a>(
+        &'a self,
+        target: Target<'a>,
+        settlement: &'a Settlement,
+    ) -> BoxFuture<'a, Result<Fence, StoreError>>;
+    fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>>;
+    fn get<'a>(
+        &'a self,
+        key: &'a OperationKey,
+    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>>;
+    fn evidence<'a>(
+        &'a self,
+        identity: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>>;
+    fn item_size(&self, record: &Record) -> usize;
+}
+
+impl<S: Store> DynStore for S {
+    fn claim<'a>(
+        &'a self,
+        record: &'a Record,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(Store::claim(self, record, now))
+    }
+
+    fn adopt<'a>(
+        &'a self,
+        record: &'a Record,
+        orphan: &'a Evidence,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(Store::adopt(self, record, orphan, now))
+    }
+
+    fn take_over<'a>(
+        &'a self,
+        previous: &'a Record,
+        lease: &'a Lease,
+        expires_at: SystemTime,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(Store::take_over(self, previous, lease, expires_at, now))
+    }
+
+    fn shorten<'a>(
+        &'a self,
+        target: Target<'a>,
+        until: SystemTime,
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(Store::shorten(self, target, until))
+    }
+
+    fn settle<'a>(
+        &'a self,
+        target: Target<'a>,
+        settlement: &'a Settlement,
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(Store::settle(self, target, settlement))
+    }
+
+    fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(Store::release(self, target))
+    }
+
+    fn get<'a>(
+        &'a self,
+        key: &'a OperationKey,
+    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        Box::pin(Store::get(self, key))
+    }
+
+    fn evidence<'a>(
+        &'a self,
+        identity: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>> {
+        Box::pin(Store::evidence(self, identity))
+    }
+
+    fn item_size(&self, record: &Record) -> usize {
+        Store::item_size(self, record)
+    }
+}
+
+impl Store for AnyStore {
+    async fn claim(&self, record: &Record, now: SystemTime) -> Result<Claim, StoreError> {
+        self.0.claim(record, now).await
+    }
+
+    async fn adopt(
+        &self,
+        record: &Record,
+        orphan: &Evidence,
+        now: SystemTime,
+    ) -> Result<Claim, StoreError> {
+        self.0.adopt(record, orphan, now).await
+    }
+
+    async fn take_over(
+        &self,
+        previous: &Record,
+        lease: &Lease,
+        expires_at: SystemTime,
+        now: SystemTime,
+    ) -> Result<Fence, StoreError> {
+        self.0.take_over(previous, lease, expires_at, now).await
+    }
+
+    async fn shorten(&self, target: Target<'_>, until: SystemTime) -> Result<Fence, StoreError> {
+        self.0.shorten(target, until).await
+    }
+
+    async fn settle(
+        &self,
+        target: Target<'_>,
+        settlement: &Settlement,
+    ) -> Result<Fence, StoreError> {
+        self.0.settle(target, settlement).await
+    }
+
+    async fn release(&self, target: Target<'_>) -> Result<Fence, StoreError> {
+        self.0.release(target).await
+    }
+
+    async fn get(&self, key: &OperationKey) -> Result<Option<Record>, StoreError> {
+        self.0.get(key).await
+    }
+
+    async fn evidence(&self, identity: &str) -> Result<Option<Evidence>, StoreError> {
+        self.0.evidence(identity).await
+    }
+
+    fn item_size(&self, record: &Record) -> usize {
+        self.0.item_size(record)
+    }
+}
