@@ -57,12 +57,38 @@ impl<E: Serialize> Select<E> for JsonPointer {
     }
 }
 
-/// Selects the whole event: the default intent projection.
+/// Selects the whole event minus the transport fields that change when the same message is
+/// delivered again: the default intent projection.
+///
+/// Dropped, so that a redelivery is not mistaken for another intent: an SQS message's
+/// `receiptHandle` and its `ApproximateReceiveCount` and `ApproximateFirstReceiveTimestamp`
+/// attributes, and an EventBridge archive replay's `replay-name` (in each of `Records`, too).
+/// For other envelopes, prefer the source's own policy ([`crate::lambda::sources`]), which
+/// fingerprints the business part only.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WholeEvent;
 
 impl<E: Serialize> Select<E> for WholeEvent {
     fn select(&self, event: &E) -> Result<Option<Value>, Error> {
-        serde_json::to_value(event).map(Some).map_err(invalid_event)
+        let mut document = serde_json::to_value(event).map_err(invalid_event)?;
+        strip_transport(&mut document);
+        Ok(Some(document))
+    }
+}
+
+/// Removes the redelivery-specific transport fields [`WholeEvent`] documents.
+fn strip_transport(document: &mut Value) {
+    if let Some(records) = document.get_mut("Records").and_then(Value::as_array_mut) {
+        records.iter_mut().for_each(strip_transport);
+    }
+    let Some(object) = document.as_object_mut() else {
+        return;
+    };
+    object.remove("replay-name");
+    if object.remove("receiptHandle").is_some()
+        && let Some(attributes) = object.get_mut("attributes").and_then(Value::as_object_mut)
+    {
+        attributes.remove("ApproximateReceiveCount");
+        attributes.remove("ApproximateFirstReceiveTimestamp");
     }
 }

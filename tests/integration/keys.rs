@@ -265,3 +265,37 @@ fn business_identity_comes_from_a_typed_closure() {
         None
     );
 }
+
+#[test]
+fn the_default_intent_ignores_what_a_redelivery_changes() {
+    let policy = KeyPolicy::<Value>::pointer("/messageId").expect("pointer");
+    let delivery = |receive_count: &str, receipt: &str, body: &str| {
+        json!({
+            "messageId": "m-1", "receiptHandle": receipt, "body": body,
+            "attributes": {"ApproximateReceiveCount": receive_count,
+                "ApproximateFirstReceiveTimestamp": "1700000000000", "SentTimestamp": "1699999999000"},
+            "eventSource": "aws:sqs"
+        })
+    };
+    let (_, first) = policy
+        .derive(&scope(), &delivery("1", "rh-1", r#"{"amount":10}"#))
+        .expect("first");
+    let (_, redelivered) = policy
+        .derive(&scope(), &delivery("2", "rh-2", r#"{"amount":10}"#))
+        .expect("redelivery");
+    let (_, changed) = policy
+        .derive(&scope(), &delivery("2", "rh-2", r#"{"amount":99}"#))
+        .expect("changed");
+
+    assert_eq!(first, redelivered, "a redelivery is the same intent");
+    assert_ne!(first, changed, "a changed body is not");
+
+    let replayed = json!({"id": "e-1", "detail": {"order": 7}, "replay-name": "archive-replay-1"});
+    let original = json!({"id": "e-1", "detail": {"order": 7}});
+    let by_id = KeyPolicy::<Value>::pointer("/id").expect("pointer");
+    assert_eq!(
+        by_id.derive(&scope(), &original).expect("original").1,
+        by_id.derive(&scope(), &replayed).expect("replay").1,
+        "an EventBridge archive replay is the same intent"
+    );
+}
