@@ -45,12 +45,6 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
-use aws_lambda_events::event::dynamodb::EventRecord as DynamoDbRecord;
-use aws_lambda_events::event::kinesis::KinesisEventRecord;
-use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsMessage};
-use aws_lambda_events::event::streams::{
-    DynamoDbBatchItemFailure, DynamoDbEventResponse, KinesisBatchItemFailure, KinesisEventResponse,
-};
 use futures_util::StreamExt;
 use lambda_runtime::Context;
 use serde::Serialize;
@@ -61,7 +55,6 @@ use super::operation::{LeasePolicy, Operation};
 use crate::engine::Idempotency;
 use crate::error::{BoxError, Error};
 use crate::execution::{ExecutionContext, Invocation, Origin};
-use crate::key::canonical_json;
 use crate::key::{KeyPolicy, OperationScope};
 use crate::store::{AnyStore, Store};
 
@@ -94,56 +87,6 @@ pub enum PoisonPolicy {
     /// [`RecordOutcome::Poison`]: the stream moves on instead of retrying the shard or the
     /// stream from that record until it expires. The default for Kinesis and DynamoDB Streams.
     Acknowledge,
-}
-
-impl BatchRecord for SqsMessage {
-    fn item_identifier(&self) -> Option<String> {
-        self.message_id.clone()
-    }
-
-    fn ordering_group(&self) -> Option<String> {
-        let fifo = self
-            .event_source_arn
-            .as_deref()
-            .is_some_and(|arn| arn.ends_with(".fifo"));
-        fifo.then(|| {
-            self.attributes
-                .get("MessageGroupId")
-                .cloned()
-                .unwrap_or_default()
-        })
-    }
-}
-
-impl BatchRecord for KinesisEventRecord {
-    fn item_identifier(&self) -> Option<String> {
-        Some(self.kinesis.sequence_number.clone())
-    }
-
-    fn ordering_group(&self) -> Option<String> {
-        Some(self.kinesis.partition_key.clone())
-    }
-
-    fn default_poison_policy() -> PoisonPolicy {
-        PoisonPolicy::Acknowledge
-    }
-}
-
-impl BatchRecord for DynamoDbRecord {
-    fn item_identifier(&self) -> Option<String> {
-        self.change.sequence_number.clone()
-    }
-
-    /// The item's keys as canonical JSON (RFC 8785): the same name for every change of one
-    /// item, whatever order the keys map iterates in.
-    fn ordering_group(&self) -> Option<String> {
-        let keys = serde_json::to_value(&self.change.keys).ok()?;
-        String::from_utf8(canonical_json(&keys).ok()?).ok()
-    }
-
-    fn default_poison_policy() -> PoisonPolicy {
-        PoisonPolicy::Acknowledge
-    }
 }
 
 /// What became of one record.
@@ -190,40 +133,8 @@ impl BatchReport {
             .collect()
     }
 
-    /// The SQS partial-batch response.
-    pub fn sqs_response(&self) -> SqsBatchResponse {
-        let mut response = SqsBatchResponse::default();
-        response.batch_item_failures = self.failures(|id| {
-            let mut failure = BatchItemFailure::default();
-            failure.item_identifier = id;
-            failure
-        });
-        response
-    }
-
-    /// The Kinesis partial-batch response.
-    pub fn kinesis_response(&self) -> KinesisEventResponse {
-        let mut response = KinesisEventResponse::default();
-        response.batch_item_failures = self.failures(|id| {
-            let mut failure = KinesisBatchItemFailure::default();
-            failure.item_identifier = Some(id);
-            failure
-        });
-        response
-    }
-
-    /// The DynamoDB Streams partial-batch response.
-    pub fn dynamodb_response(&self) -> DynamoDbEventResponse {
-        let mut response = DynamoDbEventResponse::default();
-        response.batch_item_failures = self.failures(|id| {
-            let mut failure = DynamoDbBatchItemFailure::default();
-            failure.item_identifier = Some(id);
-            failure
-        });
-        response
-    }
-
-    fn failures<T>(&self, failure: impl Fn(String) -> T) -> Vec<T> {
+    /// One partial-batch failure entry per record Lambda must deliver again.
+    pub(crate) fn failures<T>(&self, failure: impl Fn(String) -> T) -> Vec<T> {
         self.failed_identifiers().into_iter().map(failure).collect()
     }
 }

@@ -1,0 +1,71 @@
+//! The event sources that deliver at least once, one module each: its key policy and, for
+//! batch sources, its batch record (identifier, ordering group, poison policy) and its
+//! partial-batch response.
+//!
+//! Each chooses a key that names the *operation* (stable across redeliveries) and a fingerprint
+//! over the business part of the event (body, detail, image), never over transport fields that
+//! change on redelivery (receipt handles, receive counts, timestamps). Each is a [`KeyPolicy`](crate::KeyPolicy):
+//! override any part with its builder methods.
+//!
+//! | source | key | fingerprint |
+//! |---|---|---|
+//! | SQS ([`sqs`]) | `idempotency-key` message attribute, else the body field you name | body |
+//! | SQS ([`sqs_message_id`]) | `messageId` (a republish gets a new id: opt in) | body |
+//! | SNS ([`sns`]) | `MessageId` | message |
+//! | EventBridge ([`eventbridge`], [`eventbridge_detail`]) | `id`, or a `detail` field | detail |
+//! | API Gateway HTTP/REST ([`http_api`], [`rest_api`]) | caller + `Idempotency-Key` header | method, path, query, content type, body |
+//! | DynamoDB Streams ([`dynamodb_stream`]) | `eventID` | keys and new image |
+//! | Kinesis ([`kinesis`]) | shard sequence number (`eventID`) | data |
+//! | S3 ([`s3`]) | bucket, key, version, sequencer | the same, with size and ETag |
+//!
+//! ```
+//! use lambda_idempotency::lambda::sources;
+//! use aws_lambda_events::event::sqs::SqsMessage;
+//!
+//! let policy = sources::sqs(Some("/order_id"))?;
+//! let mut message = SqsMessage::default();
+//! message.body = Some(r#"{"order_id": "o-1", "amount": 10}"#.into());
+//! let scope = lambda_idempotency::OperationScope::new("shop", "orders")?;
+//! let (key, _) = policy.derive(&scope, &message)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod apigw;
+mod dynamodb;
+mod eventbridge;
+mod kinesis;
+mod s3;
+mod sns;
+mod sqs;
+
+use serde::Serialize;
+use serde_json::Value;
+
+pub use apigw::{IDEMPOTENCY_KEY_HEADER, http_api, rest_api};
+pub use dynamodb::dynamodb_stream;
+pub use eventbridge::{eventbridge, eventbridge_detail};
+pub use kinesis::kinesis;
+pub use s3::s3;
+pub use sns::sns;
+pub use sqs::{SQS_KEY_ATTRIBUTE, sqs, sqs_message_id};
+
+/// A message body as JSON: parsed when it is JSON, else the string itself.
+pub(crate) fn body_json(body: Option<&str>) -> Value {
+    match body {
+        Some(body) => serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_owned())),
+        None => Value::Null,
+    }
+}
+
+pub(crate) fn to_json<T: Serialize>(value: &T) -> Option<Value> {
+    serde_json::to_value(value).ok()
+}
+
+pub(crate) fn object<const N: usize>(fields: [(&str, Value); N]) -> Value {
+    Value::Object(
+        fields
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), value))
+            .collect(),
+    )
+}
