@@ -3,7 +3,7 @@
 //!
 //! | situation | answer |
 //! |---|---|
-//! | first request | the handler's response (2xx–4xx stored for replay; 5xx not stored: the retry runs) |
+//! | first request | the handler's response (2xx and definitive 4xx stored for replay; 408, 409, 425, 429 and 5xx not stored: the retry runs) |
 //! | repeated request, same payload | the original status, headers and body, plus `Idempotent-Replayed: true` |
 //! | no `Idempotency-Key` header | 400 |
 //! | no caller principal ([`CallerScope::Principal`], the default) | 401 `caller_unidentified` |
@@ -57,6 +57,7 @@ use lambda_runtime::LambdaEvent;
 use super::http_layer::CallerScope;
 use super::http_layer::answer::ErrorAnswer;
 use super::http_layer::caller::principal_v2;
+use super::http_layer::stored::is_definitive;
 use super::operation::Operation;
 use super::sources;
 use crate::engine::Idempotency;
@@ -91,7 +92,8 @@ impl<S: fmt::Debug> fmt::Debug for HttpIdempotency<S> {
     }
 }
 
-/// A 5xx response: not stored, so that the client's retry executes again.
+/// A response that is not stored (408, 409, 425, 429, 5xx), so that the client's retry executes
+/// again.
 #[derive(Debug)]
 struct ServerError(ApiGatewayV2httpResponse);
 
@@ -156,7 +158,7 @@ impl<S: Store> HttpIdempotency<S> {
             .idem
             .execute(&invocation, |ctx| async move {
                 match handler(request, ctx).await {
-                    Ok(response) if response.status_code >= 500 => {
+                    Ok(response) if !is_definitive_status(response.status_code) => {
                         Err(BoxError::from(ServerError(response)))
                     }
                     Ok(response) => Ok(response),
@@ -180,6 +182,14 @@ impl<S: Store> HttpIdempotency<S> {
             Err(err) => error_response(&err),
         }
     }
+}
+
+/// Whether a handler's status is stored for replay ([`is_definitive`]).
+fn is_definitive_status(status: i64) -> bool {
+    u16::try_from(status)
+        .ok()
+        .and_then(|status| http::StatusCode::from_u16(status).ok())
+        .is_some_and(is_definitive)
 }
 
 /// The JSON error response for `err` ([`ErrorAnswer`]).

@@ -283,3 +283,24 @@ async fn keys_are_scoped_to_the_caller_and_an_unidentified_caller_is_refused() {
     assert_eq!(nobody.status_code, 401);
     assert_eq!(body(&nobody)["error"], "caller_unidentified");
 }
+
+#[tokio::test]
+async fn a_429_from_the_handler_is_not_stored() {
+    let (http, _db) = endpoint().await;
+    let runs = Arc::new(AtomicUsize::new(0));
+
+    let limited = http
+        .handle(request(Some("k-10"), json!({"amount": 4})), |r, _| {
+            pay(&runs, 429, r)
+        })
+        .await;
+    let retried = http
+        .handle(request(Some("k-10"), json!({"amount": 4})), |r, _| {
+            pay(&runs, 201, r)
+        })
+        .await;
+
+    assert_eq!(limited.status_code, 429);
+    assert_eq!(retried.status_code, 201, "the retry ran");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}

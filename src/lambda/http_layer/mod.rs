@@ -42,7 +42,7 @@
 
 pub(crate) mod answer;
 pub(crate) mod caller;
-mod stored;
+pub(crate) mod stored;
 
 use std::fmt;
 use std::sync::Arc;
