@@ -83,6 +83,18 @@ impl ErrorKind {
 }
 
 impl Error {
+    /// Whether delivering the same event again can never succeed: [`ErrorKind::is_permanent`],
+    /// and a [`Error::KeyExpiredConflict`] whose evidence is FAILED (evidence never expires).
+    /// A batch's [`PoisonPolicy`](crate::PoisonPolicy) applies to these.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            Self::KeyExpiredConflict { evidence, .. } => {
+                evidence.status == crate::record::Status::Failed
+            }
+            other => other.kind().is_permanent(),
+        }
+    }
+
     /// The error's kind: the one taxonomy the Lambda diagnostic, the HTTP door and the batch
     /// processor answer from.
     pub const fn kind(&self) -> ErrorKind {

@@ -61,8 +61,10 @@ impl<E: Serialize> Select<E> for JsonPointer {
 /// delivered again: the default intent projection.
 ///
 /// Dropped, so that a redelivery is not mistaken for another intent: an SQS message's
-/// `receiptHandle` and its `ApproximateReceiveCount` and `ApproximateFirstReceiveTimestamp`
-/// attributes, and an EventBridge archive replay's `replay-name` (in each of `Records`, too).
+/// (`eventSource` `aws:sqs`) `receiptHandle` and its `ApproximateReceiveCount` and
+/// `ApproximateFirstReceiveTimestamp` attributes, and an EventBridge event's (it has
+/// `detail-type` and `source`) archive `replay-name`; in each of `Records`, too. Other events
+/// are kept whole.
 /// For other envelopes, prefer the source's own policy ([`crate::lambda::sources`]), which
 /// fingerprints the business part only.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -84,11 +86,16 @@ fn strip_transport(document: &mut Value) {
     let Some(object) = document.as_object_mut() else {
         return;
     };
-    object.remove("replay-name");
-    if object.remove("receiptHandle").is_some()
-        && let Some(attributes) = object.get_mut("attributes").and_then(Value::as_object_mut)
-    {
-        attributes.remove("ApproximateReceiveCount");
-        attributes.remove("ApproximateFirstReceiveTimestamp");
+    let eventbridge = object.contains_key("detail-type") && object.contains_key("source");
+    if eventbridge {
+        object.remove("replay-name");
+    }
+    let sqs = object.get("eventSource").and_then(Value::as_str) == Some("aws:sqs");
+    if sqs {
+        object.remove("receiptHandle");
+        if let Some(attributes) = object.get_mut("attributes").and_then(Value::as_object_mut) {
+            attributes.remove("ApproximateReceiveCount");
+            attributes.remove("ApproximateFirstReceiveTimestamp");
+        }
     }
 }

@@ -74,7 +74,7 @@ pub trait BatchRecord: Send {
     }
 }
 
-/// What a batch does with a record that can never succeed ([`ErrorKind::is_permanent`](crate::ErrorKind::is_permanent)): a
+/// What a batch does with a record that can never succeed ([`Error::is_permanent`]): a
 /// payload conflict, a retained terminal failure, an oversized outcome, an unreadable event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -322,7 +322,7 @@ impl<R: BatchRecord, S: Store> BatchProcessor<R, S> {
     /// succeed and the poison policy says so.
     fn failed(&self, invocation: Option<&Invocation>, err: Error) -> RecordOutcome {
         let policy = self.poison.unwrap_or_else(R::default_poison_policy);
-        if policy == PoisonPolicy::Acknowledge && err.kind().is_permanent() {
+        if policy == PoisonPolicy::Acknowledge && err.is_permanent() {
             error!(
                 key = invocation.map(|inv| inv.key().short()),
                 kind = err.kind().name(),

@@ -106,7 +106,8 @@ impl fmt::Display for ServerError {
 impl std::error::Error for ServerError {}
 
 impl<S: Store> HttpIdempotency<S> {
-    /// Requests keyed by their `Idempotency-Key` header, fingerprinted by method, path and body.
+    /// Requests keyed by their caller and `Idempotency-Key` header, fingerprinted by method,
+    /// path, query string, content type and body ([`sources::http_api`]).
     pub fn new(idem: Idempotency<S>, scope: OperationScope) -> Self {
         Self::from_operation(Operation::new(idem, scope, sources::http_api()))
     }
@@ -123,10 +124,16 @@ impl<S: Store> HttpIdempotency<S> {
     /// and a request without one is refused with 401).
     pub fn with_callers(mut self, callers: CallerScope) -> Self {
         self.callers = callers;
+        self.operation.policy = match callers {
+            CallerScope::Shared => sources::apigw_shared_policy(),
+            _ => sources::http_api(),
+        };
         self
     }
 
-    /// Derives operations with another policy (e.g. a key from the path).
+    /// Derives operations with another policy (e.g. a key from the path). The policy decides the
+    /// key alone: put the caller in it (see [`sources::http_api`]), and call this after
+    /// [`HttpIdempotency::with_callers`], which sets the default policy for its scope.
     pub fn with_policy(mut self, policy: KeyPolicy<ApiGatewayV2httpRequest>) -> Self {
         self.operation.policy = policy;
         self

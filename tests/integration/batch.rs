@@ -485,3 +485,35 @@ fn dynamodb_stream_groups_name_an_item_the_same_whatever_its_key_order() {
 
     assert_eq!(groups.len(), 1, "one group for one item: {groups:?}");
 }
+
+#[test]
+fn failed_evidence_is_permanent_in_progress_evidence_is_not() {
+    use lambda_idempotency::record::{Evidence, Status};
+    use lambda_idempotency::{Error, Fingerprint, OperationKey};
+
+    let scope = OperationScope::new("batch-test", "evidence").expect("scope");
+    let key = OperationKey::derive(&scope, None, "o-1").expect("key");
+    let conflict = |status| Error::KeyExpiredConflict {
+        key: key.clone(),
+        evidence: Box::new(Evidence {
+            identity: "invoice:o-1".into(),
+            key: key.clone(),
+            fingerprint: Fingerprint::of(&1).expect("fingerprint"),
+            status,
+            result_ref: None,
+            created_at: std::time::UNIX_EPOCH,
+            completed_at: None,
+        }),
+    };
+
+    assert!(
+        conflict(Status::Failed).is_permanent(),
+        "evidence never expires"
+    );
+    assert!(!conflict(Status::InProgress).is_permanent());
+    assert!(
+        !conflict(Status::Completed).is_permanent(),
+        "acknowledged as done instead"
+    );
+    assert!(conflict(Status::Completed).already_took_effect());
+}

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use aws_lambda_events::encodings::Body;
 use aws_lambda_events::event::apigw::{ApiGatewayV2httpRequest, ApiGatewayV2httpResponse};
 use lambda_idempotency::lambda::http::HttpIdempotency;
+use lambda_idempotency::lambda::http_layer::CallerScope;
 use lambda_idempotency::store::DynamoDbStore;
 use lambda_idempotency::{Config, ExecutionContext, Idempotency, OperationScope};
 use lambda_runtime::{Context, LambdaEvent};
@@ -303,4 +304,38 @@ async fn a_429_from_the_handler_is_not_stored() {
     assert_eq!(limited.status_code, 429);
     assert_eq!(retried.status_code, 201, "the retry ran");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_blank_key_is_no_key_and_a_shared_scope_ignores_the_caller() {
+    let (http, _db) = endpoint().await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let blank = http
+        .handle(request(Some("   "), json!({"amount": 6})), |r, _| {
+            pay(&runs, 201, r)
+        })
+        .await;
+    assert_eq!(blank.status_code, 400);
+    assert_eq!(body(&blank)["error"], "missing_idempotency_key");
+
+    let shared = http.clone().with_callers(CallerScope::Shared);
+    let alice = shared
+        .handle(
+            request_from(Some("alice"), Some("k-11"), json!({"amount": 6})),
+            |r, _| pay(&runs, 201, r),
+        )
+        .await;
+    let bob = shared
+        .handle(
+            request_from(Some("bob"), Some("k-11"), json!({"amount": 6})),
+            |r, _| pay(&runs, 201, r),
+        )
+        .await;
+    assert_eq!(alice.status_code, 201);
+    assert_eq!(
+        header(&bob, "idempotent-replayed"),
+        Some("true"),
+        "one operation"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }

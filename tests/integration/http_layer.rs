@@ -62,6 +62,16 @@ fn app(runs: Arc<AtomicUsize>) -> Router {
             }
         }
     };
+    let large = {
+        let runs = Arc::clone(&runs);
+        move || {
+            let runs = Arc::clone(&runs);
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                (StatusCode::CREATED, "z".repeat(350 * 1024))
+            }
+        }
+    };
     let listed = {
         let runs = Arc::clone(&runs);
         move || {
@@ -73,6 +83,7 @@ fn app(runs: Arc<AtomicUsize>) -> Router {
         .route("/payments", post(payments).get(listed))
         .route("/limited", post(limited))
         .route("/binary", post(binary))
+        .route("/large", post(large))
         .route("/health", get(|| async { "ok" }))
 }
 
@@ -142,11 +153,16 @@ fn v2(method: &str, path: &str, key: Option<&str>, sub: Option<&str>, body: &str
 
 /// A REST API (v1) request with a Lambda authorizer's principal.
 fn v1(key: &str, principal: &str, body: &str) -> Request {
+    v1_with_query(key, principal, body, Value::Null)
+}
+
+/// A REST API (v1) request with query parameters (API Gateway gives them as a map).
+fn v1_with_query(key: &str, principal: &str, body: &str, query: Value) -> Request {
     parse(json!({
         "resource": "/payments", "path": "/payments", "httpMethod": "POST",
         "headers": {"Idempotency-Key": key, "Content-Type": "application/json"},
         "multiValueHeaders": {"Idempotency-Key": [key], "Content-Type": ["application/json"]},
-        "queryStringParameters": null, "multiValueQueryStringParameters": null,
+        "queryStringParameters": null, "multiValueQueryStringParameters": query,
         "pathParameters": null, "stageVariables": null,
         "requestContext": {
             "accountId": "1", "resourceId": "r", "stage": "$default", "requestId": "id",
@@ -366,4 +382,37 @@ async fn reads_pass_through_and_a_write_without_a_key_is_refused() {
     assert_eq!(unkeyed.status(), StatusCode::BAD_REQUEST);
     assert_eq!(error_code(&unkeyed), "missing_idempotency_key");
     assert_eq!(endpoint.runs(), 2);
+}
+
+#[tokio::test]
+async fn a_rest_api_retry_matches_whatever_order_the_gateway_gives_its_query() {
+    let mut endpoint = endpoint(CallerScope::Principal).await;
+    let query = json!({"a": ["1"], "b": ["2"], "c": ["3", "4"], "d": ["5"]});
+
+    let first = endpoint
+        .send(v1_with_query("k-7", "user-42", "{}", query.clone()))
+        .await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    for _ in 0..8 {
+        let retry = endpoint
+            .send(v1_with_query("k-7", "user-42", "{}", query.clone()))
+            .await;
+        assert_eq!(values(&retry, REPLAYED_HEADER), ["true"], "not a 422");
+    }
+    assert_eq!(endpoint.runs(), 1);
+}
+
+#[tokio::test]
+async fn a_response_too_large_to_keep_still_reaches_its_caller_and_is_not_run_again() {
+    let mut endpoint = endpoint(CallerScope::Principal).await;
+    let request = || v2("POST", "/large", Some("k-8"), Some("alice"), "{}");
+
+    let first = endpoint.send(request()).await;
+    let retry = endpoint.send(request()).await;
+
+    assert_eq!(first.status(), StatusCode::CREATED, "the applied response");
+    assert_eq!(body_bytes(&first).len(), 350 * 1024);
+    assert_eq!(retry.status(), StatusCode::CONFLICT);
+    assert_eq!(error_code(&retry), "operation_already_applied");
+    assert_eq!(endpoint.runs(), 1);
 }

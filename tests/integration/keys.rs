@@ -290,12 +290,20 @@ fn the_default_intent_ignores_what_a_redelivery_changes() {
     assert_eq!(first, redelivered, "a redelivery is the same intent");
     assert_ne!(first, changed, "a changed body is not");
 
-    let replayed = json!({"id": "e-1", "detail": {"order": 7}, "replay-name": "archive-replay-1"});
-    let original = json!({"id": "e-1", "detail": {"order": 7}});
+    let original = json!({"id": "e-1", "detail-type": "OrderPlaced", "source": "shop", "detail": {"order": 7}});
+    let mut replayed = original.clone();
+    replayed["replay-name"] = json!("archive-replay-1");
     let by_id = KeyPolicy::<Value>::pointer("/id").expect("pointer");
     assert_eq!(
         by_id.derive(&scope(), &original).expect("original").1,
         by_id.derive(&scope(), &replayed).expect("replay").1,
         "an EventBridge archive replay is the same intent"
+    );
+    let custom = json!({"id": "c-1", "replay-name": "a business field"});
+    let other = json!({"id": "c-1", "replay-name": "another value"});
+    assert_ne!(
+        by_id.derive(&scope(), &custom).expect("custom").1,
+        by_id.derive(&scope(), &other).expect("other").1,
+        "a field of another event type is kept"
     );
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::error::{Error, ErrorKind};
+use crate::record::Status;
 
 /// The longest `Retry-After` an HTTP door sends, in seconds (a lease's longest life).
 const MAX_RETRY_AFTER_SECS: u64 = 15 * 60 + 5;
@@ -18,6 +19,17 @@ pub(crate) struct ErrorAnswer {
     pub(crate) code: &'static str,
     pub(crate) message: &'static str,
     pub(crate) retry_after: Option<Duration>,
+}
+
+/// A retained failure that is really an applied operation whose response could not be kept.
+fn applied_but_not_kept(err: &Error) -> bool {
+    matches!(err, Error::Failed { failure, .. }
+        if matches!(failure.kind.as_str(), "outcome_too_large" | "outcome_unstorable"))
+}
+
+/// Evidence of an operation that failed for good.
+fn settled_as_failed(err: &Error) -> bool {
+    matches!(err, Error::KeyExpiredConflict { evidence, .. } if evidence.status == Status::Failed)
 }
 
 impl ErrorAnswer {
@@ -56,6 +68,18 @@ impl ErrorAnswer {
                 409,
                 "operation_already_applied",
                 "this operation was already applied; its response is no longer kept",
+                None,
+            ),
+            ErrorKind::KeyExpiredConflict if settled_as_failed(err) => (
+                409,
+                "operation_previously_failed",
+                "this operation failed and will not be run again; send a new Idempotency-Key for a new attempt",
+                None,
+            ),
+            ErrorKind::Failed if applied_but_not_kept(err) => (
+                409,
+                "operation_already_applied",
+                "this operation was applied but its response was too large to keep; do not retry it",
                 None,
             ),
             ErrorKind::KeyExpiredConflict => (

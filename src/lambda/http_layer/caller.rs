@@ -37,50 +37,69 @@ pub(crate) fn principal(request: &Request) -> Option<String> {
     }
 }
 
-/// An HTTP API's (and a Function URL's) caller: JWT `iss` and `sub`, the IAM caller, or a
-/// Lambda authorizer's `principalId`.
+/// An HTTP API's (and a Function URL's) caller: JWT `iss` and `sub`, the IAM caller (with its
+/// Cognito identity, when it signs in through an identity pool), or a Lambda authorizer's
+/// `principalId`.
 pub(crate) fn principal_v2(context: &ApiGatewayV2httpRequestContext) -> Option<String> {
     let authorizer = context.authorizer.as_ref()?;
     if let Some(jwt) = &authorizer.jwt
         && let Some(sub) = jwt.claims.get("sub")
     {
         let issuer = jwt.claims.get("iss").map_or("", String::as_str);
-        return Some(format!("jwt:{issuer}:{sub}"));
+        return Some(name(&["jwt", issuer, sub]));
     }
     if let Some(iam) = &authorizer.iam {
         let caller = iam.user_arn.as_ref().or(iam.caller_id.as_ref())?;
-        return Some(format!("iam:{caller}"));
+        let cognito = iam
+            .cognito_identity
+            .as_ref()
+            .and_then(|cognito| cognito.identity_id.as_deref())
+            .unwrap_or("");
+        return Some(name(&["iam", caller, cognito]));
     }
     lambda_authorizer(&authorizer.fields)
 }
 
-/// A REST API's caller: Cognito claims, a Lambda authorizer's `principalId`, the IAM caller,
-/// or the API key id.
+/// A REST API's caller: Cognito claims, a Lambda authorizer's `principalId`, the IAM caller
+/// (with its Cognito identity), or the API key id.
 pub(crate) fn principal_v1(context: &ApiGatewayProxyRequestContext) -> Option<String> {
     let fields = &context.authorizer.fields;
     if let Some(claims) = fields.get("claims")
         && let Some(sub) = claims.get("sub")
     {
         let issuer = claims.get("iss").and_then(Value::as_str).unwrap_or("");
-        return Some(format!("jwt:{issuer}:{}", text(sub)));
+        return Some(name(&["jwt", issuer, &text(sub)]));
     }
     if let Some(found) = lambda_authorizer(fields) {
         return Some(found);
     }
     let identity = &context.identity;
     if let Some(arn) = &identity.user_arn {
-        return Some(format!("iam:{arn}"));
+        let cognito = identity.cognito_identity_id.as_deref().unwrap_or("");
+        return Some(name(&["iam", arn, cognito]));
     }
     identity
         .api_key_id
         .as_ref()
-        .map(|id| format!("api-key:{id}"))
+        .map(|id| name(&["api-key", id]))
 }
 
 /// A Lambda authorizer's principal: its `principalId`, else a `sub` it put in the context.
 fn lambda_authorizer(fields: &std::collections::HashMap<String, Value>) -> Option<String> {
     let principal = fields.get("principalId").or_else(|| fields.get("sub"))?;
-    Some(format!("authorizer:{}", text(principal)))
+    Some(name(&["authorizer", &text(principal)]))
+}
+
+/// A principal's unambiguous name: its kind and parts as a JSON array (a `:` inside a part
+/// cannot make two principals one).
+fn name(parts: &[&str]) -> String {
+    Value::from(
+        parts
+            .iter()
+            .map(|part| Value::from(*part))
+            .collect::<Vec<_>>(),
+    )
+    .to_string()
 }
 
 fn text(value: &Value) -> String {

@@ -7,7 +7,7 @@
 //!
 //! | situation | answer |
 //! |---|---|
-//! | first request | the handler's response; 2xx and definitive 4xx are stored for replay |
+//! | first request | the handler's response; 2xx, 3xx and definitive 4xx are stored for replay |
 //! | 408, 409, 425, 429 or 5xx from the handler | passed through, not stored: the retry runs |
 //! | repeated request, same caller and payload | the first status, every header value (cookies, multi-value headers) and the exact body bytes, plus `Idempotent-Replayed: true` |
 //! | no `Idempotency-Key` header | 400 `missing_idempotency_key` |
@@ -15,6 +15,7 @@
 //! | the original is still running | 409 `request_in_progress`, `Retry-After` |
 //! | same key, another method, path, query, content type or body | 422 `idempotency_key_reused` |
 //! | the operation failed terminally before | 409 `operation_previously_failed` |
+//! | the operation was applied but its response is too large to keep | the response, to this caller; 409 `operation_already_applied` to retries |
 //! | the store is unavailable | 503, `Retry-After` |
 //!
 //! The handler can read its [`ExecutionContext`](crate::ExecutionContext) from the request's extensions (axum:
@@ -45,7 +46,7 @@ pub(crate) mod caller;
 pub(crate) mod stored;
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::task::{Context, Poll};
 
 use http::{HeaderValue, Method, Response, StatusCode, header};
@@ -228,16 +229,22 @@ impl<S: Store> Shared<S> {
             Ok(invocation) => invocation,
             Err(answer) => return Ok(error_response(&answer)),
         };
+        let applied = Arc::new(std::sync::Mutex::new(None));
         let result = self
             .idem
             .execute(&invocation, |ctx| {
                 let mut request = request;
                 request.extensions_mut().insert(ctx.clone());
+                let applied = Arc::clone(&applied);
                 context::scope(ctx, async move {
                     let response = inner.call(request).await.map_err(Into::into)?;
                     let (parts, bytes) = collect(response).await?;
                     if is_definitive(parts.status) {
-                        Ok(StoredResponse::new(&parts, &bytes))
+                        let stored = StoredResponse::new(&parts, &bytes);
+                        // Kept in case the store cannot take it: the client still gets it.
+                        *applied.lock().unwrap_or_else(PoisonError::into_inner) =
+                            Some(stored.clone());
+                        Ok(stored)
                     } else {
                         Err(BoxError::from(NotStored(Response::from_parts(
                             parts,
@@ -256,6 +263,18 @@ impl<S: Store> Shared<S> {
                         .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
                 }
                 response
+            }
+            Err(err @ Error::OutcomeTooLarge { .. }) => {
+                // Applied, retained as failed so that it never runs again; this caller still
+                // gets the response it produced, later ones a 409.
+                let kept = applied
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take();
+                match kept {
+                    Some(stored) => stored.response(),
+                    None => error_response(&ErrorAnswer::for_error(&err)),
+                }
             }
             Err(Error::Handler { source }) => match source.downcast::<NotStored>() {
                 Ok(not_stored) => not_stored.0,
@@ -303,7 +322,7 @@ impl<S: Store> Shared<S> {
         let intent = json!({
             "method": request.method().as_str(),
             "path": request.uri().path(),
-            "query": request.uri().query(),
+            "query": query_pairs(request.uri().query()),
             "content_type": content_type,
             "body_sha256": hex::encode(Sha256::digest(request.body().as_ref())),
         });
@@ -319,6 +338,20 @@ impl<S: Store> Shared<S> {
             None => invocation,
         })
     }
+}
+
+/// A query string's `(name, value)` pairs ordered by name, values of one name in their order:
+/// the same for a retry however the gateway rebuilt the string (REST and ALB requests come
+/// through a hash map).
+fn query_pairs(query: Option<&str>) -> Vec<(&str, &str)> {
+    let mut pairs: Vec<(&str, &str)> = query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
+        .collect();
+    pairs.sort_by(|a, b| a.0.cmp(b.0));
+    pairs
 }
 
 /// A response the handler gave that is not stored (408, 409, 425, 429, 5xx): the claim is

@@ -7,11 +7,12 @@ use http::{HeaderName, HeaderValue, Response, StatusCode};
 use lambda_http::Body;
 use serde::{Deserialize, Serialize};
 
-/// Whether a response with `status` is stored and replayed to a retry: 2xx, and 4xx that a
-/// retry must see again. 408, 409, 425 and 429 say "try again", and 5xx may pass on a retry:
-/// those are not stored, so that the retry runs.
+/// Whether a response with `status` is stored and replayed to a retry: 2xx, 3xx (a `303 See
+/// Other` after the effect), and 4xx that a retry must see again. 408, 409, 425 and 429 say
+/// "try again", and 5xx may pass on a retry: those are not stored, so that the retry runs.
 pub(crate) fn is_definitive(status: StatusCode) -> bool {
     status.is_success()
+        || status.is_redirection()
         || (status.is_client_error() && !matches!(status.as_u16(), 408 | 409 | 425 | 429))
 }
 

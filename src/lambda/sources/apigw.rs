@@ -6,18 +6,31 @@ use serde_json::Value;
 
 use super::{body_json, object, to_json};
 use crate::key::KeyPolicy;
+use crate::lambda::http_layer::MAX_KEY_BYTES;
 use crate::lambda::http_layer::caller::{principal_v1, principal_v2};
 
 /// The HTTP header that carries the idempotency key (IETF draft).
 pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 
-/// API Gateway HTTP API (v2): the `Idempotency-Key` header, scoped to the caller (the
-/// authorizer's principal, when there is one); fingerprint over method, path, query string,
+/// API Gateway HTTP API (v2): the `Idempotency-Key` header (trimmed, 1 to 255 bytes), scoped
+/// to the caller (the authorizer's principal; requests without one share an anonymous scope:
+/// the doors refuse them unless told otherwise); fingerprint over method, path, query string,
 /// content type and body.
 pub fn http_api() -> KeyPolicy<ApiGatewayV2httpRequest> {
+    v2_policy(true)
+}
+
+/// [`http_api`] without the caller in the key: every caller's requests with one key are one
+/// operation (`CallerScope::Shared`).
+pub(crate) fn http_api_shared() -> KeyPolicy<ApiGatewayV2httpRequest> {
+    v2_policy(false)
+}
+
+fn v2_policy(scoped: bool) -> KeyPolicy<ApiGatewayV2httpRequest> {
     KeyPolicy::from_fns(
-        |request: &ApiGatewayV2httpRequest| {
-            caller_key(principal_v2(&request.request_context), &request.headers)
+        move |request: &ApiGatewayV2httpRequest| {
+            let caller = principal_v2(&request.request_context).filter(|_| scoped);
+            caller_key(caller, &request.headers)
         },
         |request: &ApiGatewayV2httpRequest| {
             Some(object([
@@ -34,8 +47,8 @@ pub fn http_api() -> KeyPolicy<ApiGatewayV2httpRequest> {
     )
 }
 
-/// API Gateway REST API (v1): the `Idempotency-Key` header, scoped to the caller (the
-/// authorizer's principal, when there is one); fingerprint over method, path, query string,
+/// API Gateway REST API (v1): the `Idempotency-Key` header (trimmed, 1 to 255 bytes), scoped
+/// to the caller (the authorizer's principal, when there is one); fingerprint over method, path, query string,
 /// content type and body.
 pub fn rest_api() -> KeyPolicy<ApiGatewayProxyRequest> {
     KeyPolicy::from_fns(
@@ -57,7 +70,8 @@ pub fn rest_api() -> KeyPolicy<ApiGatewayProxyRequest> {
     )
 }
 
-/// The key material of a request: its caller (or null) and its `Idempotency-Key` header.
+/// The key material of a request: its caller (or null) and its `Idempotency-Key` header
+/// (trimmed; a blank or over-long header is no key).
 fn caller_key(caller: Option<String>, headers: &http::HeaderMap) -> Option<Value> {
     let key = header(headers)?;
     Some(object([("caller", caller.into()), ("key", key.into())]))
@@ -74,5 +88,7 @@ fn header(headers: &http::HeaderMap) -> Option<String> {
     headers
         .get(IDEMPOTENCY_KEY_HEADER)
         .and_then(|value| value.to_str().ok())
+        .map(str::trim)
+        .filter(|key| !key.is_empty() && key.len() <= MAX_KEY_BYTES)
         .map(str::to_owned)
 }

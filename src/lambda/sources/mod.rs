@@ -41,6 +41,7 @@ mod sqs;
 use serde::Serialize;
 use serde_json::Value;
 
+pub(crate) use apigw::http_api_shared as apigw_shared_policy;
 pub use apigw::{IDEMPOTENCY_KEY_HEADER, http_api, rest_api};
 pub use dynamodb::dynamodb_stream;
 pub use eventbridge::{eventbridge, eventbridge_detail};
