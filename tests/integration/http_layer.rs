@@ -97,13 +97,20 @@ struct Endpoint {
 }
 
 async fn endpoint(callers: CallerScope) -> Endpoint {
+    endpoint_with(|layer| layer.with_callers(callers)).await
+}
+
+async fn endpoint_with(
+    configure: impl FnOnce(
+        HttpIdempotencyLayer<lambda_idempotency::store::DynamoDbStore>,
+    ) -> HttpIdempotencyLayer<lambda_idempotency::store::DynamoDbStore>,
+) -> Endpoint {
     let db = dynamo::start().await;
     let idem = Idempotency::new(db.store(), Config::default());
-    let layer = HttpIdempotencyLayer::new(
+    let layer = configure(HttpIdempotencyLayer::new(
         idem,
         OperationScope::new("http-layer", "payments").expect("scope"),
-    )
-    .with_callers(callers);
+    ));
     let runs = Arc::new(AtomicUsize::new(0));
     Endpoint {
         service: lambda_runtime::tower::Layer::layer(&layer, app(Arc::clone(&runs))),
@@ -415,4 +422,36 @@ async fn a_response_too_large_to_keep_still_reaches_its_caller_and_is_not_run_ag
     assert_eq!(retry.status(), StatusCode::CONFLICT);
     assert_eq!(error_code(&retry), "operation_already_applied");
     assert_eq!(endpoint.runs(), 1);
+}
+
+#[tokio::test]
+async fn a_principal_read_by_the_application_scopes_keys() {
+    let mut endpoint = endpoint_with(|layer| {
+        layer.with_principal(|request| {
+            let identity = request.headers().get("x-amzn-oidc-identity")?;
+            identity.to_str().ok().map(str::to_owned)
+        })
+    })
+    .await;
+    let from = |identity: &str| {
+        let mut request = alb("k-9", r#"{"amount":2}"#);
+        request
+            .headers_mut()
+            .insert("x-amzn-oidc-identity", identity.parse().expect("header"));
+        request
+    };
+
+    let carol = endpoint.send(from("carol")).await;
+    let carol_again = endpoint.send(from("carol")).await;
+    let dave = endpoint.send(from("dave")).await;
+    let nobody = endpoint.send(alb("k-9", r#"{"amount":2}"#)).await;
+
+    assert_eq!(carol.status(), StatusCode::CREATED);
+    assert_eq!(values(&carol_again, REPLAYED_HEADER), ["true"]);
+    assert!(
+        dave.headers().get(REPLAYED_HEADER).is_none(),
+        "dave's own operation"
+    );
+    assert_eq!(nobody.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(endpoint.runs(), 2);
 }

@@ -85,7 +85,11 @@ struct Shared<S> {
     scope: OperationScope,
     lease: LeasePolicy,
     callers: CallerScope,
+    principal: Option<Arc<PrincipalFn>>,
 }
+
+/// Reads the caller's principal from a request.
+type PrincipalFn = dyn Fn(&Request) -> Option<String> + Send + Sync;
 
 impl<S> Clone for HttpIdempotencyLayer<S> {
     fn clone(&self) -> Self {
@@ -113,6 +117,7 @@ impl<S: Store> HttpIdempotencyLayer<S> {
                 scope,
                 lease: LeasePolicy::default(),
                 callers: CallerScope::default(),
+                principal: None,
             }),
         }
     }
@@ -127,6 +132,26 @@ impl<S: Store> HttpIdempotencyLayer<S> {
         self.with(|shared| shared.lease = lease)
     }
 
+    /// Reads the caller's principal with `principal` instead of from the authorizer context:
+    /// for what the built-in reading cannot see (an HTTP API Lambda authorizer's simple
+    /// response, an ALB listener that authenticates with OIDC). Read only what the gateway
+    /// vouches for, never a header the client can set.
+    ///
+    /// ```
+    /// # fn demo(layer: lambda_idempotency::HttpIdempotencyLayer) -> lambda_idempotency::HttpIdempotencyLayer {
+    /// // ALB with OIDC authentication on the listener: it sets this header itself.
+    /// layer.with_principal(|request| {
+    ///     request.headers().get("x-amzn-oidc-identity")?.to_str().ok().map(str::to_owned)
+    /// })
+    /// # }
+    /// ```
+    pub fn with_principal(
+        self,
+        principal: impl Fn(&Request) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.with(|shared| shared.principal = Some(Arc::new(principal)))
+    }
+
     fn with(self, change: impl FnOnce(&mut Shared<S>)) -> Self {
         let mut shared = match Arc::try_unwrap(self.shared) {
             Ok(shared) => shared,
@@ -135,6 +160,7 @@ impl<S: Store> HttpIdempotencyLayer<S> {
                 scope: shared.scope.clone(),
                 lease: shared.lease,
                 callers: shared.callers,
+                principal: shared.principal.clone(),
             },
         };
         change(&mut shared);
@@ -303,7 +329,11 @@ impl<S: Store> Shared<S> {
                 reason: format!("the Idempotency-Key is over {MAX_KEY_BYTES} bytes"),
             }));
         }
-        let caller = match (self.callers, caller::principal(request)) {
+        let principal = match &self.principal {
+            Some(read) => read(request).map(|principal| json!(["custom", principal]).to_string()),
+            None => caller::principal(request),
+        };
+        let caller = match (self.callers, principal) {
             (CallerScope::Shared, _) => None,
             (_, Some(principal)) => Some(principal),
             (CallerScope::PrincipalOrAnonymous, None) => Some("anonymous".to_owned()),
