@@ -22,7 +22,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use std::panic::AssertUnwindSafe;
 
@@ -40,6 +40,7 @@ use crate::error::{BoxError, Error, StoreError};
 use crate::execution::{Execution, ExecutionContext, Invocation, Origin};
 use crate::failure::{Classifier, DefaultClassifier, FailureClass};
 use crate::key::OperationKey;
+use crate::observe::{self, Decision, NoObserver, Observation, Observer};
 use crate::reconcile::{BoxFuture, Reconciler, Reconciliation, Takeover};
 use crate::record::{
     Evidence, Lease, Record, RetainedFailure, Settlement, Status, epoch_millis, retention_expiry,
@@ -76,6 +77,7 @@ pub struct Idempotency<S = AnyStore> {
     config: Config,
     classifier: Arc<dyn Classifier>,
     reconciler: Option<Arc<dyn Reconciler>>,
+    observer: Arc<dyn Observer>,
 }
 
 impl<S> Clone for Idempotency<S> {
@@ -86,6 +88,7 @@ impl<S> Clone for Idempotency<S> {
             config: self.config.clone(),
             classifier: Arc::clone(&self.classifier),
             reconciler: self.reconciler.clone(),
+            observer: Arc::clone(&self.observer),
         }
     }
 }
@@ -111,7 +114,15 @@ impl<S: Store> Idempotency<S> {
             config,
             classifier: Arc::new(DefaultClassifier),
             reconciler: None,
+            observer: Arc::new(NoObserver),
         }
+    }
+
+    /// Reports every decision and the claim and completion latencies to `observer`
+    /// ([`crate::observe`]).
+    pub fn with_observer(mut self, observer: impl Observer + 'static) -> Self {
+        self.observer = Arc::new(observer);
+        self
     }
 
     /// Reads time from `clock` instead (tests inject a [`crate::clock::ManualClock`]).
@@ -177,7 +188,23 @@ impl<S: Store> Idempotency<S> {
             request_id = invocation.request_id.as_deref(),
             attempt = tracing::field::Empty,
         );
-        self.run(invocation, handler).instrument(span).await
+        let answer = self.run(invocation, handler).instrument(span).await;
+        let operation = invocation.key.operation();
+        for decision in Decision::of(&answer) {
+            self.observer.observe(&Observation::Decision {
+                operation,
+                decision,
+            });
+        }
+        answer
+    }
+
+    fn observe_latency(&self, key: &OperationKey, step: observe::Step, started: Instant) {
+        self.observer.observe(&Observation::Latency {
+            operation: key.operation(),
+            step,
+            elapsed: started.elapsed(),
+        });
     }
 
     async fn run<T, E, F, Fut>(
@@ -210,7 +237,10 @@ impl<S: Store> Idempotency<S> {
             lease_expires_at: deadline,
             armed: true,
         };
-        let held = match self.claim(&claim, invocation, now).await {
+        let claiming = Instant::now();
+        let claimed = self.claim(&claim, invocation, now).await;
+        self.observe_latency(key, observe::Step::Claim, claiming);
+        let held = match claimed {
             Ok(Step::Run(held)) => held,
             Ok(Step::Answer(existing)) => {
                 give_back.disarm();
@@ -546,7 +576,10 @@ impl<S: Store> Idempotency<S> {
                 };
                 let limit = self.outcome_limit(claim, &settlement);
                 if raw.get().len() <= limit {
-                    match self.settle(target, attempt, &settlement, deadline).await {
+                    let completing = Instant::now();
+                    let settled = self.settle(target, attempt, &settlement, deadline).await;
+                    self.observe_latency(key, observe::Step::Completion, completing);
+                    match settled {
                         Err(Error::Store(StoreError::Rejected { message, .. })) => {
                             warn!(attempt, "the store rejected the outcome after the effect");
                             self.retain(target, attempt, "outcome_unstorable", message, deadline)

@@ -127,6 +127,7 @@ pub mod execution;
 pub mod failure;
 pub mod key;
 pub mod lambda;
+pub mod observe;
 pub mod reconcile;
 pub mod record;
 pub mod store;

@@ -163,6 +163,11 @@ impl OperationKey {
         &self.0
     }
 
+    /// The operation name of the key's scope (`namespace#operation#…`), e.g. for metrics.
+    pub fn operation(&self) -> &str {
+        self.0.split('#').nth(1).unwrap_or_default()
+    }
+
     /// A short, stable tag for logs and error messages: the first 12 hex digits of the hash.
     pub fn short(&self) -> &str {
         let hash = self.0.rsplit('#').next().unwrap_or(&self.0);

@@ -8,6 +8,8 @@ mod http_layer;
 mod keys;
 mod lambda_layer;
 mod memory_store;
+#[cfg(feature = "emf")]
+mod metrics;
 mod sdk_faults;
 mod simulation;
 mod sources;

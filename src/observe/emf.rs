@@ -1,0 +1,87 @@
+//! CloudWatch Embedded Metric Format (feature `emf`): [`MetricsObserver`] records every
+//! decision as a counter and every latency as a histogram in milliseconds, through the
+//! `metrics` facade, with the operation always a dimension. `metrics_cloudwatch_embedded`
+//! (re-exported) is the recorder that writes them as EMF: its Lambda integration flushes one
+//! JSON document per invocation to stdout, where CloudWatch picks it up.
+//!
+//! ```no_run
+//! use lambda_idempotency::observe::emf::{MetricsObserver, metrics_cloudwatch_embedded};
+//! use lambda_idempotency::{Config, DynamoDbStore, Idempotency};
+//!
+//! # async fn demo() -> Result<(), lambda_idempotency::BoxError> {
+//! let metrics = metrics_cloudwatch_embedded::Builder::new()
+//!     .cloudwatch_namespace("Payments")
+//!     .with_dimension("service", "checkout")
+//!     .init()?;
+//! let idem: Idempotency = Idempotency::new(DynamoDbStore::from_env().await?.into(), Config::default())
+//!     .with_observer(MetricsObserver::new());
+//! // ... after each invocation (or use the crate's lambda::handler::run, which does it):
+//! metrics.flush(std::io::stdout())?;
+//! # Ok(()) }
+//! ```
+//!
+//! | metric | unit | dimensions |
+//! |---|---|---|
+//! | `idempotency.first_execution`, `.replay`, `.payload_conflict`, `.in_progress_collision`, `.takeover`, `.reconciled`, `.indeterminate`, `.key_expired_conflict`, `.lease_lost`, `.handler_failed`, `.failure_replayed`, `.store_error.<kind>` | Count | `operation` (+ yours) |
+//! | `idempotency.claim_latency`, `idempotency.completion_latency` | Milliseconds | `operation` (+ yours) |
+
+pub use metrics_cloudwatch_embedded;
+
+use super::{Observation, Observer, Step};
+
+/// Declares the latency histograms' unit (milliseconds) once, to the recorder installed by then.
+fn describe_latencies(prefix: &'static str) {
+    static DESCRIBED: std::sync::Once = std::sync::Once::new();
+    DESCRIBED.call_once(|| {
+        for step in ["claim_latency", "completion_latency"] {
+            metrics::describe_histogram!(
+                format!("{prefix}.{step}"),
+                metrics::Unit::Milliseconds,
+                "time the idempotency engine spent in this step"
+            );
+        }
+    });
+}
+
+/// Records the engine's decisions and latencies through the `metrics` facade.
+#[derive(Debug, Clone, Default)]
+pub struct MetricsObserver {
+    prefix: &'static str,
+}
+
+impl MetricsObserver {
+    /// Metrics named `idempotency.<decision>`.
+    pub fn new() -> Self {
+        Self {
+            prefix: "idempotency",
+        }
+    }
+}
+
+impl Observer for MetricsObserver {
+    fn observe(&self, observation: &Observation<'_>) {
+        match observation {
+            Observation::Decision {
+                operation,
+                decision,
+            } => {
+                let name = format!("{}.{}", self.prefix, decision.metric_name());
+                metrics::counter!(name, "operation" => operation.to_string()).increment(1);
+            }
+            Observation::Latency {
+                operation,
+                step,
+                elapsed,
+            } => {
+                let step = match step {
+                    Step::Claim => "claim_latency",
+                    Step::Completion => "completion_latency",
+                };
+                let name = format!("{}.{step}", self.prefix);
+                describe_latencies(self.prefix);
+                metrics::histogram!(name, "operation" => operation.to_string())
+                    .record(elapsed.as_secs_f64() * 1000.0);
+            }
+        }
+    }
+}
