@@ -28,6 +28,7 @@
 //! a store of your own) behind one type chosen at run time.
 
 mod any;
+mod cached;
 mod dynamodb;
 mod memory;
 
@@ -36,6 +37,7 @@ use std::future::Future;
 use std::time::SystemTime;
 
 pub use any::AnyStore;
+pub use cached::CachedStore;
 pub use dynamodb::{
     AttributeNames, DynamoDbStore, ENDPOINT_VAR, SortKey, TABLE_VAR, UNIQUENESS_TABLE_VAR,
 };

@@ -1,6 +1,7 @@
 //! Integration tests: one binary, so the AWS SDK links once.
 
 mod batch;
+mod cached_store;
 mod dynamodb_store;
 mod end_to_end;
 mod http_contract;

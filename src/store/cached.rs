@@ -1,0 +1,202 @@
+//! An in-process cache of settled records in front of any store, so that a duplicate of a
+//! settled operation costs no round trip.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
+
+use quick_cache::Weighter;
+use quick_cache::sync::Cache;
+
+use super::{Claim, Fence, Guard, Store, Target};
+use crate::error::StoreError;
+use crate::key::OperationKey;
+use crate::record::{Evidence, Lease, Record, Settlement};
+
+/// Room a cached record takes besides its outcome and key, in bytes.
+const RECORD_OVERHEAD: u64 = 256;
+/// Claims waiting for their settlement, at most (a crashed claim's entry is evicted).
+const PENDING_CLAIMS: usize = 4096;
+
+/// Caches settled records (COMPLETED, FAILED) of the wrapped store in the execution environment,
+/// bounded by bytes, shared by every clone and so by concurrent invocations. A claim whose key
+/// has a cached settled record still within its retention answers from the cache: no request.
+/// The engine checks the fingerprint as usual, so a changed payload is still a conflict.
+///
+/// Only settled records are cached: they change only once their retention has run out, which
+/// the cache checks on every read with the engine's clock. IN_PROGRESS and INDETERMINATE records
+/// always go to the store.
+///
+/// ```
+/// use lambda_idempotency::store::{CachedStore, MemoryStore};
+/// use lambda_idempotency::{Config, Idempotency};
+///
+/// // 16 MiB of settled records; DynamoDbStore in Lambda.
+/// let store = CachedStore::new(MemoryStore::new(), 16 * 1024 * 1024);
+/// let idem = Idempotency::new(store, Config::default());
+/// # let _ = idem;
+/// ```
+#[derive(Clone)]
+pub struct CachedStore<S> {
+    inner: S,
+    settled: Arc<Cache<OperationKey, Arc<Record>, ByBytes>>,
+    /// Claim records by lease token, until they settle: what a settlement is applied to.
+    pending: Arc<Cache<String, Arc<Record>>>,
+    hits: Arc<AtomicU64>,
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for CachedStore<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachedStore")
+            .field("inner", &self.inner)
+            .field("cached", &self.settled.len())
+            .field("bytes", &self.settled.weight())
+            .field("hits", &self.hits())
+            .finish()
+    }
+}
+
+/// Weighs a record by its outcome, its key and a fixed overhead.
+#[derive(Debug, Clone, Copy)]
+struct ByBytes;
+
+impl Weighter<OperationKey, Arc<Record>> for ByBytes {
+    fn weight(&self, key: &OperationKey, record: &Arc<Record>) -> u64 {
+        let outcome = record.outcome.as_ref().map_or(0, Vec::len);
+        u64::try_from(outcome + key.as_str().len())
+            .unwrap_or(u64::MAX)
+            .saturating_add(RECORD_OVERHEAD)
+    }
+}
+
+impl<S> CachedStore<S> {
+    /// `inner`, with up to `max_bytes` of settled records cached.
+    pub fn new(inner: S, max_bytes: u64) -> Self {
+        let estimated = usize::try_from(max_bytes / 1024)
+            .unwrap_or(usize::MAX)
+            .max(16);
+        Self {
+            inner,
+            settled: Arc::new(Cache::with_weighter(estimated, max_bytes, ByBytes)),
+            pending: Arc::new(Cache::new(PENDING_CLAIMS)),
+            hits: Arc::default(),
+        }
+    }
+
+    /// The wrapped store.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    /// How many claims the cache answered without a request.
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::Relaxed)
+    }
+
+    /// The bytes the cached records weigh.
+    pub fn cached_bytes(&self) -> u64 {
+        self.settled.weight()
+    }
+
+    fn remember(&self, record: &Record) {
+        if record.status.is_settled() {
+            self.settled
+                .insert(record.key.clone(), Arc::new(record.clone()));
+        }
+    }
+}
+
+impl<S: Store> Store for CachedStore<S> {
+    async fn claim(&self, record: &Record, now: SystemTime) -> Result<Claim, StoreError> {
+        if let Some(cached) = self.settled.get(&record.key) {
+            if !cached.counts_as_absent(now) {
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(Claim::Existing((*cached).clone()));
+            }
+            self.settled.remove(&record.key);
+        }
+        self.pending
+            .insert(record.lease.token.clone(), Arc::new(record.clone()));
+        let claim = self.inner.claim(record, now).await?;
+        if let Claim::Existing(existing) = &claim {
+            self.remember(existing);
+        }
+        Ok(claim)
+    }
+
+    async fn adopt(
+        &self,
+        record: &Record,
+        orphan: &Evidence,
+        now: SystemTime,
+    ) -> Result<Claim, StoreError> {
+        self.pending
+            .insert(record.lease.token.clone(), Arc::new(record.clone()));
+        self.inner.adopt(record, orphan, now).await
+    }
+
+    async fn take_over(
+        &self,
+        previous: &Record,
+        lease: &Lease,
+        expires_at: SystemTime,
+        now: SystemTime,
+    ) -> Result<Fence, StoreError> {
+        let fence = self
+            .inner
+            .take_over(previous, lease, expires_at, now)
+            .await?;
+        if let Some(mut claim) = self.pending.get(&lease.token).map(|claim| (*claim).clone()) {
+            // The record taken over: the previous one's creation, the new lease.
+            claim.lease = lease.clone();
+            claim.created_at = previous.created_at;
+            claim.request_id.clone_from(&previous.request_id);
+            self.pending.insert(lease.token.clone(), Arc::new(claim));
+        }
+        Ok(fence)
+    }
+
+    async fn shorten(&self, target: Target<'_>, until: SystemTime) -> Result<Fence, StoreError> {
+        self.inner.shorten(target, until).await
+    }
+
+    async fn settle(
+        &self,
+        target: Target<'_>,
+        settlement: &Settlement,
+    ) -> Result<Fence, StoreError> {
+        self.settled.remove(target.key);
+        let fence = self.inner.settle(target, settlement).await?;
+        if let (Fence::Held, Guard::Lease(token)) = (&fence, target.guard)
+            && let Some((_, claim)) = self.pending.remove(token)
+        {
+            let mut settled = (*claim).clone();
+            settled.status = settlement.status;
+            settled.outcome.clone_from(&settlement.outcome);
+            settled.expires_at = settlement.expires_at;
+            settled.completed_at = Some(settlement.completed_at);
+            self.remember(&settled);
+        }
+        Ok(fence)
+    }
+
+    async fn release(&self, target: Target<'_>) -> Result<Fence, StoreError> {
+        self.settled.remove(target.key);
+        if let Guard::Lease(token) = target.guard {
+            self.pending.remove(token);
+        }
+        self.inner.release(target).await
+    }
+
+    async fn get(&self, key: &OperationKey) -> Result<Option<Record>, StoreError> {
+        self.inner.get(key).await
+    }
+
+    async fn evidence(&self, identity: &str) -> Result<Option<Evidence>, StoreError> {
+        self.inner.evidence(identity).await
+    }
+
+    fn item_size(&self, record: &Record) -> usize {
+        self.inner.item_size(record)
+    }
+}

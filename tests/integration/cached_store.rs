@@ -1,0 +1,94 @@
+//! The in-process cache in front of both stores: the whole conformance suite through it, and
+//! the requests a duplicate costs.
+
+use std::time::Duration;
+
+use lambda_idempotency::store::CachedStore;
+use lambda_idempotency::testing::conformance::{Fixture, memory_fixture, start_time};
+use lambda_idempotency::testing::dynamo;
+use lambda_idempotency::{
+    Config, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope,
+};
+
+/// 16 MiB, the documented default size.
+const CACHE_BYTES: u64 = 16 * 1024 * 1024;
+
+fn cached<S>(fixture: Fixture<S>) -> Fixture<CachedStore<S>> {
+    Fixture {
+        store: CachedStore::new(fixture.store, CACHE_BYTES),
+        clock: fixture.clock,
+        sweep: fixture.sweep,
+    }
+}
+
+mod over_memory {
+    use super::*;
+
+    async fn fixture() -> Fixture<CachedStore<lambda_idempotency::store::MemoryStore>> {
+        cached(memory_fixture(start_time()))
+    }
+
+    lambda_idempotency::conformance_tests!(fixture());
+}
+
+mod over_dynamodb {
+    use super::*;
+
+    async fn fixture() -> Fixture<CachedStore<lambda_idempotency::store::DynamoDbStore>> {
+        cached(dynamo::fixture(start_time()).await)
+    }
+
+    lambda_idempotency::conformance_tests!(fixture());
+}
+
+#[tokio::test]
+async fn a_replay_of_500_keys_costs_no_request() {
+    const KEYS: usize = 500;
+    let db = dynamo::start().await;
+    let store = CachedStore::new(db.store(), CACHE_BYTES);
+    let idem = Idempotency::new(store, Config::default());
+    let scope = OperationScope::new("cache-test", "orders").expect("scope");
+    let invocation = |i: usize| {
+        let key = OperationKey::derive(&scope, None, &format!("order-{i}")).expect("key");
+        let intent = Fingerprint::of(&i).expect("fingerprint");
+        Invocation::new(key, intent, Duration::from_secs(30))
+    };
+    let outcome = |i: usize| async move { Ok::<_, std::io::Error>(format!("{i:0>300}")) };
+
+    for i in 0..KEYS {
+        idem.execute(&invocation(i), |_| outcome(i))
+            .await
+            .expect("first");
+    }
+    let before = db.requests.count();
+    for i in 0..KEYS {
+        let replay = idem
+            .execute(&invocation(i), |_| outcome(usize::MAX))
+            .await
+            .expect("replay");
+        assert!(replay.is_replay());
+        assert_eq!(replay.value(), &format!("{i:0>300}"));
+    }
+
+    assert_eq!(
+        db.requests.since(before).len(),
+        0,
+        "no request for 500 duplicates"
+    );
+    assert_eq!(idem.store().hits(), KEYS as u64);
+    let err = idem
+        .execute(
+            &Invocation::new(
+                invocation(7).key().clone(),
+                Fingerprint::of(&"changed").expect("fingerprint"),
+                Duration::from_secs(30),
+            ),
+            |_| outcome(7),
+        )
+        .await
+        .expect_err("a changed payload is still a conflict");
+    assert!(matches!(
+        err,
+        lambda_idempotency::Error::PayloadConflict { .. }
+    ));
+}
