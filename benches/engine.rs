@@ -3,7 +3,8 @@
 //! - key + fingerprint derivation for a small order event;
 //! - first execution and duplicate on the in-memory store (the engine's own overhead);
 //! - first execution and duplicate on the DynamoDB store against the embedded server over
-//!   loopback HTTP (2 requests and 1 request), or `DYNAMODB_ENDPOINT`.
+//!   loopback HTTP (2 requests and 1 request), or `DYNAMODB_ENDPOINT`;
+//! - the duplicate again with the in-process cache in front (no request).
 //!
 //! ```text
 //! cargo bench --bench engine
@@ -14,7 +15,7 @@ mod local_dynamodb;
 
 use std::time::{Duration, Instant};
 
-use lambda_idempotency::store::{MemoryStore, Store};
+use lambda_idempotency::store::{CachedStore, MemoryStore, Store};
 use lambda_idempotency::{Config, Idempotency, Invocation, KeyPolicy, OperationScope};
 use serde_json::{Value, json};
 
@@ -113,6 +114,24 @@ async fn main() -> Result<(), lambda_idempotency::BoxError> {
     println!(
         "duplicate / first execution on DynamoDB: {:.2}",
         duplicate.as_secs_f64() / first.as_secs_f64()
+    );
+
+    let cached = Idempotency::new(
+        CachedStore::new(local_dynamodb::local_store("bench-cached").await?, 16 << 20),
+        Config::default(),
+    );
+    let (_, cached_duplicate) = first_and_duplicate(
+        "DynamoDB store + in-process cache",
+        &cached,
+        &policy,
+        &scope,
+    )
+    .await;
+    println!(
+        "cached duplicate / uncached duplicate: {:.3}; cache hits {} of {SAMPLES} duplicates ({:.0} requests per duplicate)",
+        cached_duplicate.as_secs_f64() / duplicate.as_secs_f64(),
+        cached.store().hits(),
+        (SAMPLES as u64 - cached.store().hits()) as f64 / SAMPLES as f64
     );
     Ok(())
 }

@@ -184,8 +184,10 @@ impl<S: Store> Idempotency<S> {
     {
         let span = info_span!(
             "idempotency.execute",
+            operation = invocation.key.operation(),
             key = invocation.key.short(),
             request_id = invocation.request_id.as_deref(),
+            message_id = invocation.message_id.as_deref(),
             attempt = tracing::field::Empty,
         );
         let answer = self.run(invocation, handler).instrument(span).await;

@@ -17,6 +17,7 @@ pub struct Invocation {
     pub(crate) fingerprint: Fingerprint,
     pub(crate) lease: Duration,
     pub(crate) request_id: Option<String>,
+    pub(crate) message_id: Option<String>,
     pub(crate) identity: Option<String>,
     pub(crate) result_ref: Option<JsonPointer>,
 }
@@ -31,6 +32,7 @@ impl Invocation {
             fingerprint,
             lease: lease.min(MAX_LEASE),
             request_id: None,
+            message_id: None,
             identity: None,
             result_ref: None,
         }
@@ -47,6 +49,13 @@ impl Invocation {
         }
         request_id.truncate(end);
         self.request_id = Some(request_id);
+        self
+    }
+
+    /// Names the source's message or event (an SQS message id, a Kinesis sequence number) in the
+    /// execution's `tracing` span, for correlation; it is not stored.
+    pub fn with_message_id(mut self, message_id: impl Into<String>) -> Self {
+        self.message_id = Some(message_id.into());
         self
     }
 

@@ -214,7 +214,13 @@ impl<R: BatchRecord, S: Store> BatchProcessor<R, S> {
         E: Into<BoxError>,
     {
         let prepared = records.into_iter().enumerate().map(|(index, record)| {
-            let invocation = self.operation.invocation(&record, context);
+            let invocation = self
+                .operation
+                .invocation(&record, context)
+                .map(|invocation| match record.item_identifier() {
+                    Some(id) => invocation.with_message_id(id),
+                    None => invocation,
+                });
             Prepared {
                 index,
                 record,

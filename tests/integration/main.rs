@@ -14,4 +14,5 @@ mod metrics;
 mod sdk_faults;
 mod simulation;
 mod sources;
+mod spans;
 mod support;

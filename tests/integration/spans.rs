@@ -1,0 +1,87 @@
+//! Correlated logs: one `tracing` span per execution with the operation, the key's short hash,
+//! the attempt, the request id and the message id, and never the payload or the full key.
+
+use std::sync::{Arc, Mutex};
+
+use aws_lambda_events::event::sqs::SqsMessage;
+use lambda_idempotency::lambda::sources;
+use lambda_idempotency::{BatchProcessor, Config, Idempotency, MemoryStore, OperationScope};
+use lambda_runtime::Context;
+use serde_json::json;
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing_subscriber::layer::{Context as LayerContext, SubscriberExt};
+use tracing_subscriber::{Layer, Registry};
+
+/// Every field recorded on `idempotency.execute` spans, as text.
+#[derive(Clone, Default)]
+struct Fields(Arc<Mutex<Vec<(String, String)>>>);
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        let mut fields = self.0.lock().expect("lock");
+        fields.push((field.name().to_owned(), format!("{value:?}")));
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        let mut fields = self.0.lock().expect("lock");
+        fields.push((field.name().to_owned(), value.to_owned()));
+    }
+}
+
+impl<S: tracing::Subscriber> Layer<S> for Fields {
+    fn on_new_span(&self, attrs: &Attributes<'_>, _: &Id, _: LayerContext<'_, S>) {
+        if attrs.metadata().name() == "idempotency.execute" {
+            attrs.record(&mut self.clone());
+        }
+    }
+
+    fn on_record(&self, _: &Id, values: &Record<'_>, _: LayerContext<'_, S>) {
+        values.record(&mut self.clone());
+    }
+}
+
+#[tokio::test]
+async fn an_execution_span_correlates_without_the_payload() {
+    let fields = Fields::default();
+    let subscriber = Registry::default().with(fields.clone());
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let processor: BatchProcessor<SqsMessage, MemoryStore> = BatchProcessor::new(
+        Idempotency::new(MemoryStore::new(), Config::default()),
+        OperationScope::new("spans-test", "ship").expect("scope"),
+        sources::sqs(Some("/order_id")).expect("policy"),
+    );
+    let message: SqsMessage = serde_json::from_value(json!({
+        "messageId": "msg-77", "body": json!({"order_id": "o-1", "card": "4111-secret"}).to_string(),
+        "attributes": {}, "messageAttributes": {}
+    }))
+    .expect("message");
+    let mut context = Context::default();
+    context.request_id = "req-9".into();
+
+    processor
+        .process(vec![message], &context, |_, _| async {
+            Ok::<_, std::io::Error>(String::from("shipped"))
+        })
+        .await;
+
+    let fields = fields.0.lock().expect("lock").clone();
+    let value = |name: &str| {
+        fields
+            .iter()
+            .find(|(field, _)| field == name)
+            .map(|(_, value)| value.clone())
+    };
+    assert_eq!(value("operation").as_deref(), Some("ship"));
+    assert_eq!(value("request_id").as_deref(), Some("req-9"));
+    assert_eq!(value("message_id").as_deref(), Some("msg-77"));
+    assert_eq!(value("attempt").as_deref(), Some("1"));
+    assert_eq!(
+        value("key").map(|key| key.len()),
+        Some(12),
+        "the short hash only"
+    );
+    let everything = format!("{fields:?}");
+    assert!(!everything.contains("4111"), "no payload: {everything}");
+    assert!(!everything.contains("o-1"), "no key material: {everything}");
+}
