@@ -34,6 +34,7 @@ use tracing::{Instrument, debug, info_span, warn};
 
 use self::answer::answer_existing;
 use self::give_back::GiveBack;
+use self::single_flight::SingleFlight;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, DYNAMODB_ITEM_LIMIT, MAX_REQUEST_ID_BYTES};
 use crate::error::{BoxError, Error, StoreError};
@@ -50,6 +51,7 @@ use crate::store::{AnyStore, Claim, Fence, Guard, Store, Target};
 mod answer;
 mod give_back;
 mod retry;
+mod single_flight;
 
 /// How long an INDETERMINATE record is kept: it waits for an operator.
 const INDETERMINATE_RETENTION: Duration = Duration::from_secs(366 * 24 * 3600);
@@ -78,6 +80,7 @@ pub struct Idempotency<S = AnyStore> {
     classifier: Arc<dyn Classifier>,
     reconciler: Option<Arc<dyn Reconciler>>,
     observer: Arc<dyn Observer>,
+    single_flight: Option<Arc<SingleFlight>>,
 }
 
 impl<S> Clone for Idempotency<S> {
@@ -89,6 +92,7 @@ impl<S> Clone for Idempotency<S> {
             classifier: Arc::clone(&self.classifier),
             reconciler: self.reconciler.clone(),
             observer: Arc::clone(&self.observer),
+            single_flight: self.single_flight.clone(),
         }
     }
 }
@@ -115,7 +119,18 @@ impl<S: Store> Idempotency<S> {
             classifier: Arc::new(DefaultClassifier),
             reconciler: None,
             observer: Arc::new(NoObserver),
+            single_flight: None,
         }
+    }
+
+    /// Single flight: concurrent callers of one operation key through this engine (and its
+    /// clones) take turns, each waiting at most its lease, so that a copy replays the first
+    /// one's outcome instead of failing with [`Error::AlreadyInProgress`]. For many invocations
+    /// in one process (`lambda_runtime::run_concurrent`, concurrent batches). Callers in other
+    /// processes still meet the store's live lease.
+    pub fn with_single_flight(mut self) -> Self {
+        self.single_flight = Some(Arc::default());
+        self
     }
 
     /// Reports every decision and the claim and completion latencies to `observer`
@@ -190,7 +205,15 @@ impl<S: Store> Idempotency<S> {
             message_id = invocation.message_id.as_deref(),
             attempt = tracing::field::Empty,
         );
-        let answer = self.run(invocation, handler).instrument(span).await;
+        let answer = async {
+            let _turn = match &self.single_flight {
+                Some(flight) => Some(flight.turn(&invocation.key, invocation.lease).await),
+                None => None,
+            };
+            self.run(invocation, handler).await
+        }
+        .instrument(span)
+        .await;
         let operation = invocation.key.operation();
         for decision in Decision::of(&answer) {
             self.observer.observe(&Observation::Decision {

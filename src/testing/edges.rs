@@ -361,6 +361,48 @@ pub async fn delayed_completion_keeps_duplicates_out<S: Store + Clone>(fx: Fixtu
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+/// Case: with single flight, concurrent callers of one key in one process share its one
+/// execution: the copies replay it instead of failing with `AlreadyInProgress`.
+pub async fn concurrent_callers_share_one_flight<S: Store>(fx: Fixture<S>) {
+    const CALLERS: usize = 16;
+    let (idem, _, _) = engine(fx, Config::default());
+    let idem = idem.with_single_flight();
+    let inv = invocation("edge-13", &json!({"amount": 10}));
+    let runs = std::sync::Arc::new(AtomicUsize::new(0));
+    let (arrived_tx, arrived_rx) = tokio::sync::watch::channel(0_usize);
+    let arrived_tx = std::sync::Arc::new(arrived_tx);
+
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|_| {
+            let (idem, inv, runs) = (idem.clone(), inv.clone(), runs.clone());
+            let (arrived_tx, mut arrived_rx) = (arrived_tx.clone(), arrived_rx.clone());
+            tokio::spawn(async move {
+                arrived_tx.send_modify(|n| *n += 1);
+                idem.execute(&inv, |_| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    // Every caller has arrived (and waits its turn) before this one completes.
+                    let _ = arrived_rx.wait_for(|n| *n == CALLERS).await;
+                    Ok::<_, std::io::Error>(String::from("shared"))
+                })
+                .await
+            })
+        })
+        .collect();
+    let mut replays = 0;
+    for caller in callers {
+        let done = tokio::time::timeout(Duration::from_secs(60), caller)
+            .await
+            .expect("no caller hangs")
+            .expect("join")
+            .expect("every caller gets the outcome");
+        assert_eq!(done.value(), "shared");
+        replays += usize::from(done.is_replay());
+    }
+
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "one execution");
+    assert_eq!(replays, CALLERS - 1, "the copies replay it");
+}
+
 /// Case: a handler that panics gives its claim back (the next delivery takes over at once,
 /// reconciled), and the panic still reaches the caller.
 pub async fn panicking_handler_gives_the_claim_back<S: Store>(fx: Fixture<S>) {

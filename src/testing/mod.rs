@@ -81,6 +81,7 @@ macro_rules! conformance_tests {
             failed_completion_is_retried_then_reconciled,
             ambiguous_writes_are_the_callers_own,
             delayed_completion_keeps_duplicates_out,
+            concurrent_callers_share_one_flight,
             panicking_handler_gives_the_claim_back,
             cancelled_execution_gives_the_claim_back,
             outcome_limit_counts_the_whole_item,
