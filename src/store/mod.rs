@@ -39,7 +39,8 @@ use std::time::SystemTime;
 pub use any::AnyStore;
 pub use cached::CachedStore;
 pub use dynamodb::{
-    AttributeNames, DynamoDbStore, ENDPOINT_VAR, SortKey, TABLE_VAR, UNIQUENESS_TABLE_VAR,
+    AttributeNames, DynamoDbStore, ENDPOINT_VAR, ScanCursor, SortKey, TABLE_VAR,
+    UNIQUENESS_TABLE_VAR,
 };
 pub use memory::MemoryStore;
 

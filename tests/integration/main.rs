@@ -6,6 +6,8 @@ mod dynamodb_store;
 mod end_to_end;
 mod http_contract;
 mod http_layer;
+#[cfg(feature = "cli")]
+mod idemctl;
 mod keys;
 mod lambda_layer;
 mod memory_store;

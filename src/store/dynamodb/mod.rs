@@ -33,6 +33,7 @@
 mod error;
 mod evidence;
 mod item;
+mod scan;
 mod table;
 mod writes;
 
@@ -41,6 +42,7 @@ use std::time::SystemTime;
 use aws_sdk_dynamodb::Client;
 
 pub use item::{AttributeNames, SortKey};
+pub use scan::ScanCursor;
 
 use self::error::map_sdk_error;
 use self::item::{Item, b, millis, n, s, secs};

@@ -1,0 +1,62 @@
+//! Reading the whole idempotency table page by page: for operators (`idemctl stuck`, `stats`),
+//! never on an execution's path.
+
+use super::DynamoDbStore;
+use super::error::map_sdk_error;
+use super::item::Item;
+use crate::error::StoreError;
+use crate::record::Record;
+
+/// Where a scan goes on: `None` before the first page and after the last.
+#[derive(Debug, Clone, Default)]
+pub struct ScanCursor(Option<Item>);
+
+impl ScanCursor {
+    /// Whether the table has more pages.
+    pub fn has_more(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
+impl DynamoDbStore {
+    /// One page of the idempotency table's records (a `Scan`, eventually consistent), and where
+    /// the next page starts. A record that does not decode is skipped and counted.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: lambda_idempotency::store::DynamoDbStore) -> Result<(), lambda_idempotency::StoreError> {
+    /// let mut cursor = None;
+    /// loop {
+    ///     let (records, _skipped, next) = store.scan_page(cursor.take()).await?;
+    ///     println!("{} records", records.len());
+    ///     if !next.has_more() { break; }
+    ///     cursor = Some(next);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn scan_page(
+        &self,
+        cursor: Option<ScanCursor>,
+    ) -> Result<(Vec<Record>, usize, ScanCursor), StoreError> {
+        let output = self
+            .client
+            .scan()
+            .table_name(&self.table)
+            .set_exclusive_start_key(cursor.and_then(|cursor| cursor.0))
+            .send()
+            .await
+            .map_err(|err| map_sdk_error("scan", &self.table, err))?;
+        let mut records = Vec::new();
+        let mut skipped = 0;
+        for item in output.items() {
+            match self.names.decode(item) {
+                Ok(record) => records.push(record),
+                Err(_) => skipped += 1,
+            }
+        }
+        Ok((
+            records,
+            skipped,
+            ScanCursor(output.last_evaluated_key().cloned()),
+        ))
+    }
+}

@@ -1,0 +1,155 @@
+//! The operator CLI against the embedded server: stuck, stats, get, resolve, tables create.
+
+use std::process::{Command, Output};
+use std::time::{Duration, SystemTime};
+
+use lambda_idempotency::clock::ManualClock;
+use lambda_idempotency::reconcile::{Reconciliation, Takeover};
+use lambda_idempotency::testing::conformance::crash_after_claim;
+use lambda_idempotency::testing::dynamo;
+use lambda_idempotency::{
+    BoxError, Config, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope,
+};
+use serde_json::{Value, json};
+
+fn invocation(material: &str) -> Invocation {
+    let scope = OperationScope::new("cli-test", "charge").expect("scope");
+    let key = OperationKey::derive(&scope, None, material).expect("key");
+    Invocation::new(
+        key,
+        Fingerprint::of(&material).expect("fingerprint"),
+        Duration::from_secs(30),
+    )
+}
+
+fn idemctl(db: &dynamo::Dynamo, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idemctl"))
+        .args(args)
+        .env("DYNAMODB_ENDPOINT", &db.endpoint)
+        .env("IDEMPOTENCY_TABLE", &db.table)
+        .env("UNIQUENESS_TABLE", &db.uniqueness_table)
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .output()
+        .expect("idemctl runs")
+}
+
+fn stdout(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "idemctl failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout.clone()).expect("utf-8")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_finds_and_resolves_stuck_work() {
+    let db = dynamo::start().await;
+    // An hour ago, so that leases have long run out by the CLI's clock.
+    let clock = ManualClock::new(SystemTime::now() - Duration::from_secs(3600));
+    let idem = Idempotency::new(db.store(), Config::default()).with_clock(clock.clone());
+    let (done, crashed, held) = (
+        invocation("done"),
+        invocation("crashed"),
+        invocation("held"),
+    );
+    idem.execute(&done, |_| async { Ok::<_, std::io::Error>(json!(1)) })
+        .await
+        .expect("completed");
+    crash_after_claim(&idem, &crashed).await;
+    crash_after_claim(&idem, &held).await;
+    clock.advance(Duration::from_secs(60));
+    let unknown = idem
+        .clone()
+        .with_reconciler(|_: Takeover| async { Ok::<_, BoxError>(Reconciliation::Unknown) });
+    let err = unknown
+        .execute(&held, |_| async { Ok::<_, std::io::Error>(json!(0)) })
+        .await
+        .expect_err("held for an operator");
+    assert!(matches!(err, Error::Indeterminate { .. }));
+
+    let listed: Vec<Value> = stdout(&idemctl(&db, &["stuck", "--older-than", "1m", "--json"]))
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("JSON line"))
+        .collect();
+    let keys: Vec<&str> = listed
+        .iter()
+        .map(|r| r["key"].as_str().expect("key"))
+        .collect();
+    assert!(keys.contains(&crashed.key().as_str()), "{listed:?}");
+    assert!(keys.contains(&held.key().as_str()));
+    assert!(
+        !keys.contains(&done.key().as_str()),
+        "a completed record is not stuck"
+    );
+    assert!(
+        listed.iter().all(|r| r.get("outcome").is_none()),
+        "no outcome bytes shown"
+    );
+
+    let stats: Value =
+        serde_json::from_str(&stdout(&idemctl(&db, &["stats", "--json"]))).expect("JSON stats");
+    let count = |status: &str| {
+        stats
+            .as_array()
+            .expect("rows")
+            .iter()
+            .find(|row| row["status"] == status && row["operation"] == "charge")
+            .map_or(0, |row| row["count"].as_u64().expect("count"))
+    };
+    assert_eq!(
+        (
+            count("COMPLETED"),
+            count("IN_PROGRESS"),
+            count("INDETERMINATE")
+        ),
+        (1, 1, 1)
+    );
+
+    let result = std::env::temp_dir().join(format!("idemctl-{}.json", std::process::id()));
+    std::fs::write(&result, r#"{"charged":"found by the operator"}"#).expect("write");
+    let key = held.key().as_str().to_owned();
+    let path = result.to_string_lossy().to_string();
+    stdout(&idemctl(
+        &db,
+        &["resolve", "--key", &key, "--completed", &path, "--yes"],
+    ));
+    let replay = idem
+        .execute(&held, |_| async { Ok::<_, std::io::Error>(json!(0)) })
+        .await
+        .expect("replay");
+    assert_eq!(replay.value(), &json!({"charged": "found by the operator"}));
+    let shown: Value =
+        serde_json::from_str(&stdout(&idemctl(&db, &["get", "--key", &key]))).expect("JSON record");
+    assert_eq!(shown["status"], "COMPLETED");
+
+    let again = idemctl(&db, &["resolve", "--key", &key, "--release", "--yes"]);
+    assert!(!again.status.success(), "only INDETERMINATE resolves");
+    let unconfirmed = idemctl(
+        &db,
+        &["resolve", "--key", crashed.key().as_str(), "--release"],
+    );
+    assert!(
+        !unconfirmed.status.success(),
+        "no --yes and no answer: nothing changed"
+    );
+    let _ = std::fs::remove_file(result);
+
+    let fresh = format!("{}-created", db.table);
+    stdout(&idemctl(
+        &db,
+        &[
+            "--table",
+            &fresh,
+            "--uniqueness-table",
+            &format!("{fresh}-u"),
+            "tables",
+            "create",
+        ],
+    ));
+    let described = db.client.describe_table().table_name(&fresh).send().await;
+    assert!(described.is_ok(), "the table exists");
+}
