@@ -80,6 +80,13 @@ fn json_response(status: i64, body: Value) -> ApiGatewayV2httpResponse {
 #[tokio::main]
 pub async fn main() -> Result<(), lambda_runtime::Error> {
     if std::env::var("AWS_LAMBDA_RUNTIME_API").is_ok() {
+        // JSON logs: each line carries the idempotency span (operation, key hash, attempt,
+        // request id, message id), never a payload.
+        tracing_subscriber::fmt()
+            .json()
+            .with_current_span(true)
+            .without_time()
+            .init();
         let store = DynamoDbStore::from_env().await?;
         let ledger = Ledger::from_env(store.client().clone())?;
         // template.yaml's demo API has no authorizer: anonymous callers share one scope. Behind

@@ -82,6 +82,13 @@ impl App {
 #[tokio::main]
 pub async fn main() -> Result<(), lambda_runtime::Error> {
     if std::env::var("AWS_LAMBDA_RUNTIME_API").is_ok() {
+        // JSON logs: each line carries the idempotency span (operation, key hash, attempt,
+        // request id, message id), never a payload.
+        tracing_subscriber::fmt()
+            .json()
+            .with_current_span(true)
+            .without_time()
+            .init();
         let store = DynamoDbStore::from_env().await?;
         let ledger = Ledger::from_env(store.client().clone())?;
         let app = App::new(store, ledger, OperationScope::for_function("place-order")?)?;
