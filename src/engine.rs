@@ -205,15 +205,23 @@ impl<S: Store> Idempotency<S> {
             message_id = invocation.message_id.as_deref(),
             attempt = tracing::field::Empty,
         );
-        let answer = async {
-            let _turn = match &self.single_flight {
-                Some(flight) => Some(flight.turn(&invocation.key, invocation.lease).await),
-                None => None,
-            };
-            self.run(invocation, handler).await
-        }
-        .instrument(span)
-        .await;
+        let answer = match &self.single_flight {
+            Some(flight) => {
+                let entered = Instant::now();
+                let patience = invocation.lease;
+                flight
+                    .in_turn(&invocation.key, patience, async {
+                        // The lease counts from the invocation's deadline: time spent waiting
+                        // for the turn comes off it.
+                        let mut invocation = invocation.clone();
+                        invocation.lease = invocation.lease.saturating_sub(entered.elapsed());
+                        self.run(&invocation, handler).await
+                    })
+                    .instrument(span)
+                    .await
+            }
+            None => self.run(invocation, handler).instrument(span).await,
+        };
         let operation = invocation.key.operation();
         for decision in Decision::of(&answer) {
             self.observer.observe(&Observation::Decision {
@@ -266,7 +274,15 @@ impl<S: Store> Idempotency<S> {
         let claimed = self.claim(&claim, invocation, now).await;
         self.observe_latency(key, observe::Step::Claim, claiming);
         let held = match claimed {
-            Ok(Step::Run(held)) => held,
+            Ok(Step::Run(held)) => {
+                if let Held::TakenOver { .. } = held {
+                    self.observer.observe(&Observation::Decision {
+                        operation: key.operation(),
+                        decision: Decision::Takeover,
+                    });
+                }
+                held
+            }
             Ok(Step::Answer(existing)) => {
                 give_back.disarm();
                 return answer_existing(*existing, invocation, now);

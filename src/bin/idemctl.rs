@@ -8,7 +8,7 @@
 //! idemctl tables create
 //! idemctl get --key 'orders#place#v1#…'        idemctl get --identity invoice:o-418:rev-2
 //! idemctl stuck --older-than 10m [--json]
-//! idemctl resolve --key … (--completed result.json | --failed KIND --message TEXT | --release) [--yes]
+//! idemctl resolve --key … --retention 24h (--completed result.json | --failed KIND --message TEXT | --release) [--yes]
 //! idemctl stats [--json]
 //! ```
 
@@ -92,6 +92,9 @@ enum Command {
         /// The effect does not exist: delete the record so that the next delivery runs.
         #[arg(long, group = "decision")]
         release: bool,
+        /// The deployment's retention (e.g. 24h, 5d): how long the resolved outcome is kept.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        retention: Duration,
         /// Do not ask for confirmation.
         #[arg(long)]
         yes: bool,
@@ -138,6 +141,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             failed,
             message,
             release,
+            retention,
             yes,
         } => {
             let resolution = if let Some(path) = completed {
@@ -154,7 +158,8 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                     "say --completed FILE, --failed KIND --message TEXT or --release".into(),
                 );
             };
-            resolve(store, key, resolution, yes).await?;
+            let config = Config::builder().retention(retention).build()?;
+            resolve(store, config, key, resolution, yes).await?;
         }
         Command::Stats { json } => stats(&store, json).await?,
     }
@@ -252,10 +257,10 @@ async fn stuck(store: &DynamoDbStore, older_than: Duration, json: bool) -> Resul
     let stuck: Vec<Record> = scan_all(store)
         .await?
         .into_iter()
-        .filter(|record| match record.status {
-            Status::InProgress => record.lease.expires_at + older_than < now,
-            Status::Indeterminate => record.created_at + older_than < now,
-            _ => false,
+        .filter(|record| {
+            since(record)
+                .and_then(|since| since.checked_add(older_than))
+                .is_some_and(|limit| limit < now)
         })
         .collect();
     if json {
@@ -269,11 +274,9 @@ async fn stuck(store: &DynamoDbStore, older_than: Duration, json: bool) -> Resul
         "STATUS", "OPERATION", "ATTEMPT", "STUCK FOR"
     );
     for record in &stuck {
-        let since = match record.status {
-            Status::InProgress => record.lease.expires_at,
-            _ => record.created_at,
-        };
-        let stuck_for = now.duration_since(since).unwrap_or_default();
+        let stuck_for = since(record)
+            .and_then(|since| now.duration_since(since).ok())
+            .unwrap_or_default();
         println!(
             "{:<14} {:<24} {:>7}  {:<13}  {}",
             record.status.as_str(),
@@ -287,8 +290,19 @@ async fn stuck(store: &DynamoDbStore, older_than: Duration, json: bool) -> Resul
     Ok(())
 }
 
+/// Since when a record is stuck: an IN_PROGRESS one since its lease ran out, an INDETERMINATE
+/// one since it became so; `None` for the others.
+fn since(record: &Record) -> Option<SystemTime> {
+    match record.status {
+        Status::InProgress => Some(record.lease.expires_at),
+        Status::Indeterminate => Some(record.completed_at.unwrap_or(record.created_at)),
+        _ => None,
+    }
+}
+
 async fn resolve(
     store: DynamoDbStore,
+    config: Config,
     key: String,
     resolution: Resolution,
     yes: bool,
@@ -311,7 +325,7 @@ async fn resolve(
             return Err("not confirmed: nothing changed".into());
         }
     }
-    let idem = Idempotency::new(store, Config::default());
+    let idem = Idempotency::new(store, config);
     if idem.resolve::<Value>(&key, resolution).await? {
         println!("resolved {}", key.as_str());
         Ok(())

@@ -10,13 +10,22 @@ use tokio::sync::{Mutex as TurnLock, OwnedMutexGuard};
 
 use crate::key::OperationKey;
 
-/// One turn lock per key in flight; a key's entry goes when its last caller leaves.
-#[derive(Debug, Default)]
-pub(super) struct SingleFlight {
-    turns: Mutex<HashMap<OperationKey, Arc<TurnLock<()>>>>,
+tokio::task_local! {
+    /// The key whose turn the running task holds: a nested call for it must not wait on itself.
+    static HOLDING: OperationKey;
 }
 
-/// A caller's turn on a key: held while it runs, released (and the entry cleaned) on drop.
+/// One turn lock per key in flight, with the number of callers running or waiting on it; a
+/// key's entry goes when its last caller leaves (also when a waiter is cancelled).
+#[derive(Debug, Default)]
+pub(super) struct SingleFlight {
+    turns: Mutex<HashMap<OperationKey, InFlight>>,
+}
+
+/// A key's turn lock and how many callers run or wait on it.
+type InFlight = (Arc<TurnLock<()>>, usize);
+
+/// A caller's place on a key: released, and the entry cleaned, on drop.
 pub(super) struct Turn<'a> {
     flight: &'a SingleFlight,
     key: OperationKey,
@@ -24,19 +33,46 @@ pub(super) struct Turn<'a> {
 }
 
 impl SingleFlight {
-    /// Waits for `key`'s turn, at most `patience` (a caller that waited that long goes on and
-    /// meets the store's answer, as without single flight).
-    pub(super) async fn turn(&self, key: &OperationKey, patience: Duration) -> Turn<'_> {
-        let lock = {
-            let mut turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
-            Arc::clone(turns.entry(key.clone()).or_default())
-        };
-        let guard = tokio::time::timeout(patience, lock.lock_owned()).await.ok();
+    /// Runs `run` in `key`'s turn, after waiting at most `patience` for it (a caller that waited
+    /// that long goes on and meets the store's answer, as without single flight). A call made
+    /// from inside the turn of the same key runs at once.
+    pub(super) async fn in_turn<T>(
+        &self,
+        key: &OperationKey,
+        patience: Duration,
+        run: impl Future<Output = T>,
+    ) -> T {
+        if HOLDING.try_with(|held| held == key).unwrap_or(false) {
+            return run.await;
+        }
+        let mut turn = self.join(key);
+        let lock = turn.lock();
+        turn.guard = tokio::time::timeout(patience, lock.lock_owned()).await.ok();
+        HOLDING.scope(key.clone(), run).await
+    }
+
+    fn join(&self, key: &OperationKey) -> Turn<'_> {
+        let mut turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
+        turns.entry(key.clone()).or_default().1 += 1;
         Turn {
             flight: self,
             key: key.clone(),
-            guard,
+            guard: None,
         }
+    }
+}
+
+impl Turn<'_> {
+    fn lock(&self) -> Arc<TurnLock<()>> {
+        let turns = self
+            .flight
+            .turns
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        turns
+            .get(&self.key)
+            .map(|(lock, _)| Arc::clone(lock))
+            .unwrap_or_default()
     }
 }
 
@@ -48,12 +84,11 @@ impl Drop for Turn<'_> {
             .turns
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        // Only the map holds the lock now: nobody runs or waits on this key.
-        if turns
-            .get(&self.key)
-            .is_some_and(|lock| Arc::strong_count(lock) == 1)
-        {
-            turns.remove(&self.key);
+        if let Some((_, callers)) = turns.get_mut(&self.key) {
+            *callers = callers.saturating_sub(1);
+            if *callers == 0 {
+                turns.remove(&self.key);
+            }
         }
     }
 }

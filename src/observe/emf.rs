@@ -44,9 +44,15 @@ fn describe_latencies(prefix: &'static str) {
 }
 
 /// Records the engine's decisions and latencies through the `metrics` facade.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct MetricsObserver {
     prefix: &'static str,
+}
+
+impl Default for MetricsObserver {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl MetricsObserver {

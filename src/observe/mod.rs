@@ -59,13 +59,15 @@ pub enum Decision {
 }
 
 impl Decision {
-    /// The decisions one call's answer stands for (a reconciled takeover is both).
+    /// The decisions one call's answer stands for. A takeover is reported apart, when the
+    /// lease is taken, whatever the call's answer then.
     pub fn of<T>(answer: &Result<Execution<T>, Error>) -> Vec<Self> {
         match answer {
             Ok(done) => match done.origin() {
                 Origin::Executed { attempt: 1 } => vec![Self::FirstExecution],
-                Origin::Executed { .. } => vec![Self::Takeover],
-                Origin::Reconciled { .. } => vec![Self::Takeover, Self::Reconciled],
+                // The takeover itself is reported when the lease is taken.
+                Origin::Executed { .. } => Vec::new(),
+                Origin::Reconciled { .. } => vec![Self::Reconciled],
                 Origin::Replayed => vec![Self::Replay],
             },
             Err(err) => vec![match err {

@@ -115,7 +115,16 @@ async fn an_operator_finds_and_resolves_stuck_work() {
     let path = result.to_string_lossy().to_string();
     stdout(&idemctl(
         &db,
-        &["resolve", "--key", &key, "--completed", &path, "--yes"],
+        &[
+            "resolve",
+            "--key",
+            &key,
+            "--retention",
+            "24h",
+            "--completed",
+            &path,
+            "--yes",
+        ],
     ));
     let replay = idem
         .execute(&held, |_| async { Ok::<_, std::io::Error>(json!(0)) })
@@ -126,11 +135,29 @@ async fn an_operator_finds_and_resolves_stuck_work() {
         serde_json::from_str(&stdout(&idemctl(&db, &["get", "--key", &key]))).expect("JSON record");
     assert_eq!(shown["status"], "COMPLETED");
 
-    let again = idemctl(&db, &["resolve", "--key", &key, "--release", "--yes"]);
+    let again = idemctl(
+        &db,
+        &[
+            "resolve",
+            "--key",
+            &key,
+            "--retention",
+            "24h",
+            "--release",
+            "--yes",
+        ],
+    );
     assert!(!again.status.success(), "only INDETERMINATE resolves");
     let unconfirmed = idemctl(
         &db,
-        &["resolve", "--key", crashed.key().as_str(), "--release"],
+        &[
+            "resolve",
+            "--key",
+            crashed.key().as_str(),
+            "--retention",
+            "24h",
+            "--release",
+        ],
     );
     assert!(
         !unconfirmed.status.success(),
