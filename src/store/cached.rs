@@ -118,8 +118,18 @@ impl<S: Store> Store for CachedStore<S> {
         self.pending
             .insert(record.lease.token.clone(), Arc::new(record.clone()));
         let claim = self.inner.claim(record, now).await?;
-        if let Claim::Existing(existing) = &claim {
-            self.remember(existing);
+        match &claim {
+            Claim::Acquired => {}
+            // A live claim elsewhere may yet be taken over under this token: keep it.
+            Claim::Existing(existing) if !existing.status.is_settled() => {}
+            Claim::Existing(existing) => {
+                self.remember(existing);
+                self.pending.remove(&record.lease.token);
+            }
+            // An adoption writes its own pending claim.
+            Claim::IdentityTaken(_) => {
+                self.pending.remove(&record.lease.token);
+            }
         }
         Ok(claim)
     }
@@ -151,6 +161,7 @@ impl<S: Store> Store for CachedStore<S> {
             claim.lease = lease.clone();
             claim.created_at = previous.created_at;
             claim.request_id.clone_from(&previous.request_id);
+            claim.identity.clone_from(&previous.identity);
             self.pending.insert(lease.token.clone(), Arc::new(claim));
         }
         Ok(fence)
