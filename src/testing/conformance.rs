@@ -315,10 +315,11 @@ pub async fn expired_record_executes_again<S: Store>(fx: Fixture<S>) {
     );
 }
 
-/// Claims `inv` with a handler that never finishes and is never polled again: a worker whose
-/// process died after its claim (nothing of it runs, not even its drop guards). Returns the
-/// claim left behind.
-pub async fn crash_after_claim<S: Store>(idem: &Idempotency<S>, inv: &Invocation) -> Record {
+/// A worker on `inv` whose handler has started and never finishes: its claim is held.
+pub async fn stalled_worker<S: Store>(
+    idem: &Idempotency<S>,
+    inv: &Invocation,
+) -> tokio::task::JoinHandle<Result<Execution<u32>, Error>> {
     let (started_tx, started_rx) = oneshot::channel();
     let worker = tokio::spawn({
         let (idem, inv) = (idem.clone(), inv.clone());
@@ -331,6 +332,14 @@ pub async fn crash_after_claim<S: Store>(idem: &Idempotency<S>, inv: &Invocation
         }
     });
     started_rx.await.expect("worker started");
+    worker
+}
+
+/// Claims `inv` with a handler that never finishes and is never polled again: a worker whose
+/// process died after its claim (nothing of it runs, not even its drop guards). Returns the
+/// claim left behind.
+pub async fn crash_after_claim<S: Store>(idem: &Idempotency<S>, inv: &Invocation) -> Record {
+    let worker = stalled_worker(idem, inv).await;
     drop(worker); // detached, pending for ever: a crash, not a cancellation
     let record = stored(idem, inv.key(), "claim left behind").await;
     assert_eq!(record.status, Status::InProgress);

@@ -19,7 +19,8 @@ use lambda_idempotency::{
 use serde_json::{Value, json};
 
 use super::conformance::{
-    Fixture, LEASE, blocked_worker, counted, crash_after_claim, engine, invocation, stored,
+    Fixture, LEASE, blocked_worker, counted, crash_after_claim, engine, invocation, stalled_worker,
+    stored,
 };
 use super::faults::{Fault, FaultKind, FaultyStore, Primitive};
 
@@ -431,15 +432,7 @@ pub async fn panicking_handler_gives_the_claim_back<S: Store>(fx: Fixture<S>) {
         "lease given back"
     );
 
-    clock.advance(GIVE_BACK_GRACE + Duration::from_millis(1));
-    let done = idem
-        .execute(
-            &inv,
-            |ctx| async move { Ok::<_, std::io::Error>(ctx.attempt()) },
-        )
-        .await
-        .expect("taken over at once");
-    assert_eq!(done.origin(), Origin::Executed { attempt: 2 });
+    taken_over_after_the_grace(&idem, &clock, &inv).await;
 }
 
 /// Case: a cancelled execution (its future dropped: a timeout, an aborted task) gives its claim
@@ -447,18 +440,7 @@ pub async fn panicking_handler_gives_the_claim_back<S: Store>(fx: Fixture<S>) {
 pub async fn cancelled_execution_gives_the_claim_back<S: Store>(fx: Fixture<S>) {
     let (idem, clock, _) = engine(fx, Config::default());
     let inv = invocation("edge-9", &json!({"amount": 10}));
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let worker = tokio::spawn({
-        let (idem, inv) = (idem.clone(), inv.clone());
-        async move {
-            idem.execute(&inv, |_| async move {
-                let _ = started_tx.send(());
-                std::future::pending::<Result<u32, std::io::Error>>().await
-            })
-            .await
-        }
-    });
-    started_rx.await.expect("started");
+    let worker = stalled_worker(&idem, &inv).await;
     worker.abort();
     let _ = worker.await;
 
@@ -474,10 +456,19 @@ pub async fn cancelled_execution_gives_the_claim_back<S: Store>(fx: Fixture<S>) 
     .await
     .expect("the claim is given back");
     assert_eq!(given_back.status, Status::InProgress);
+    taken_over_after_the_grace(&idem, &clock, &inv).await;
+}
+
+/// The next delivery, once a given-back claim's grace has passed, takes over as attempt 2.
+async fn taken_over_after_the_grace<S: Store>(
+    idem: &Idempotency<S>,
+    clock: &lambda_idempotency::clock::ManualClock,
+    inv: &Invocation,
+) {
     clock.advance(GIVE_BACK_GRACE + Duration::from_millis(1));
     let done = idem
         .execute(
-            &inv,
+            inv,
             |ctx| async move { Ok::<_, std::io::Error>(ctx.attempt()) },
         )
         .await
