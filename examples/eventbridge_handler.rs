@@ -1,5 +1,7 @@
 //! An EventBridge handler made idempotent with the tower layer: `OrderShipped` events, keyed by
-//! the order in `detail` (so a re-published event with a new `id` is still a duplicate).
+//! the order in `detail` (so a re-published event with a new `id` is still a duplicate), with a
+//! business identity whose evidence is permanent (an archive replay after the retention is
+//! refused, not sent again).
 //!
 //! - Locally (`cargo run --example eventbridge_handler`): an embedded DynamoDB-compatible
 //!   server (or `DYNAMODB_ENDPOINT`) and a few deliveries through the layered service.
@@ -12,9 +14,10 @@ mod ledger;
 mod local_dynamodb;
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
+use lambda_idempotency::key::JsonPointer;
 use lambda_idempotency::lambda::{IdempotencyLayer, current, sources};
 use lambda_idempotency::store::DynamoDbStore;
-use lambda_idempotency::{Config, Idempotency, OperationScope};
+use lambda_idempotency::{Config, Idempotency, Operation, OperationScope};
 use lambda_runtime::tower::{Service, ServiceBuilder, ServiceExt};
 use lambda_runtime::{Context, LambdaEvent, service_fn};
 use serde_json::{Value, json};
@@ -42,11 +45,18 @@ fn layer(
     scope: OperationScope,
 ) -> Result<IdempotencyLayer<EventBridgeEvent<Value>, DynamoDbStore>, lambda_runtime::Error> {
     let idem = Idempotency::new(store, Config::default());
-    Ok(IdempotencyLayer::new(
-        idem,
-        scope,
-        sources::eventbridge_detail("/order_id")?,
-    ))
+    // The shipment notice is irreversible: its business identity keeps permanent evidence
+    // (the uniqueness table), so a replay from an EventBridge archive long after the record's
+    // retention is refused (KeyExpiredConflict), never sent twice.
+    let policy = sources::eventbridge_detail("/order_id")?.with_identity(
+        |event: &EventBridgeEvent<Value>| {
+            let order = event.detail["order_id"].as_str()?;
+            Some(format!("shipment-notice:{order}"))
+        },
+    );
+    let operation =
+        Operation::new(idem, scope, policy).with_result_ref(JsonPointer::new("/order_id")?);
+    Ok(IdempotencyLayer::from_operation(operation))
 }
 
 #[tokio::main]
