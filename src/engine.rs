@@ -215,12 +215,18 @@ impl<S: Store> Idempotency<S> {
                         // for the turn comes off it.
                         let mut invocation = invocation.clone();
                         invocation.lease = invocation.lease.saturating_sub(entered.elapsed());
-                        self.run(&invocation, handler).await
+                        Box::pin(self.run(&invocation, handler)).await
                     })
                     .instrument(span)
                     .await
             }
-            None => self.run(invocation, handler).instrument(span).await,
+            // Boxed: the engine's future is deep (claim, retries, SDK requests), and a caller's
+            // own future around it must not hit the compiler's layout depth limit.
+            None => {
+                Box::pin(self.run(invocation, handler))
+                    .instrument(span)
+                    .await
+            }
         };
         let operation = invocation.key.operation();
         for decision in Decision::of(&answer) {

@@ -14,17 +14,6 @@ const MAX_TRIES: u32 = 5;
 /// The first pause between tries; it doubles after each.
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 
-/// Whether `err` may pass if the same write is sent again: throttling past the SDK's own
-/// retries, a 5xx or timeout, a transaction conflict.
-pub(super) fn is_transient(err: &StoreError) -> bool {
-    matches!(
-        err,
-        StoreError::Throttled { .. }
-            | StoreError::Unavailable { .. }
-            | StoreError::Contention { .. }
-    )
-}
-
 impl<S: Store> Idempotency<S> {
     /// Sends `write` until it answers, fails for good, or the next pause would pass `deadline`.
     /// Every try sends the same write (the same lease token), so that one which committed
@@ -42,7 +31,7 @@ impl<S: Store> Idempotency<S> {
         loop {
             match erased(write()).await {
                 Err(err)
-                    if is_transient(&err)
+                    if err.is_transient()
                         && tries < MAX_TRIES
                         && self.clock.now() + backoff < deadline =>
                 {

@@ -266,6 +266,18 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// Whether the same request may pass if sent again: throttling past the SDK's own
+    /// retries, a 5xx or timeout, a transaction conflict. The engine retries these; the
+    /// others are configuration or data problems that a retry does not fix.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Self::Throttled { .. } | Self::Unavailable { .. } | Self::Contention { .. }
+        )
+    }
+}
+
 /// A configuration mistake, reported when the configuration is built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -10,11 +10,15 @@ use lambda_idempotency::store::{DynamoDbStore, ENDPOINT_VAR};
 
 /// An SDK configuration aimed at the endpoint; add interceptors, then `build()`.
 pub async fn sdk_config() -> Result<Builder, lambda_idempotency::BoxError> {
-    let endpoint = match std::env::var(ENDPOINT_VAR) {
+    Ok(config_for(endpoint().await?))
+}
+
+/// The endpoint URL: `DYNAMODB_ENDPOINT` when set, else an embedded server started now.
+pub async fn endpoint() -> Result<String, lambda_idempotency::BoxError> {
+    Ok(match std::env::var(ENDPOINT_VAR) {
         Ok(endpoint) => endpoint,
         Err(_) => serve(dynoxide::Database::memory()?).await?,
-    };
-    Ok(config_for(endpoint))
+    })
 }
 
 /// A store on fresh tables named after `prefix` (idempotency and uniqueness), created on the

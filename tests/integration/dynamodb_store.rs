@@ -124,6 +124,40 @@ async fn missing_table_is_a_typed_error() {
 }
 
 #[tokio::test]
+async fn prime_reads_once_and_stores_nothing() {
+    let db = dynamo::start().await;
+    let store = db.store();
+    let idem = Idempotency::new(store.clone(), Config::default());
+
+    let before = db.requests.count();
+    store.prime().await.expect("prime");
+    let primed = db.requests.since(before);
+    let before = db.requests.count();
+    idem.execute(&invocation("after-prime"), |_| ok(1))
+        .await
+        .expect("first");
+
+    assert_eq!(primed, ["GetItem"], "priming is one read");
+    assert_eq!(db.requests.since(before), ["PutItem", "UpdateItem"]);
+    let (records, _, _) = store.scan_page(None).await.expect("scan");
+    assert_eq!(records.len(), 1, "priming wrote nothing");
+}
+
+#[tokio::test]
+async fn prime_finds_a_missing_table() {
+    let db = dynamo::start().await;
+    let store = DynamoDbStore::new(db.client.clone(), "no-such-table");
+
+    let err = store.prime().await.expect_err("no table");
+
+    assert!(
+        matches!(&err, StoreError::TableNotFound { table } if table == "no-such-table"),
+        "got {err:?}"
+    );
+    assert!(!err.is_transient(), "a missing table fails an init");
+}
+
+#[tokio::test]
 async fn sort_key_and_renamed_attributes_work() {
     let db = dynamo::start().await;
     let table = lambda_idempotency::testing::local::unique_table_name("single-table");

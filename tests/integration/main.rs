@@ -3,7 +3,6 @@
 mod batch;
 mod cached_store;
 mod dynamodb_store;
-mod end_to_end;
 mod http_contract;
 mod http_layer;
 #[cfg(feature = "cli")]
@@ -17,4 +16,3 @@ mod sdk_faults;
 mod simulation;
 mod sources;
 mod spans;
-mod support;

@@ -30,6 +30,7 @@
 //! # Ok(()) }
 //! ```
 
+mod client;
 mod error;
 mod evidence;
 mod item;
@@ -81,21 +82,83 @@ impl DynamoDbStore {
     }
 
     /// A store on the tables named by `IDEMPOTENCY_TABLE` and (if set) `UNIQUENESS_TABLE`, with
-    /// the default AWS configuration; `DYNAMODB_ENDPOINT`, when set, overrides the endpoint.
+    /// the default AWS configuration (aws-config: the credential chain, profiles, every
+    /// `AWS_*` setting); `DYNAMODB_ENDPOINT`, when set, overrides the endpoint.
+    /// [`Self::for_lambda`] is leaner inside a Lambda function.
     pub async fn from_env() -> Result<Self, ConfigError> {
-        let table = std::env::var(TABLE_VAR).map_err(|_| ConfigError::MissingEnv {
-            name: TABLE_VAR,
-            hint: "set it to the idempotency table's name (template.yaml outputs it)",
-        })?;
-        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
-        if let Ok(endpoint) = std::env::var(ENDPOINT_VAR) {
-            loader = loader.endpoint_url(endpoint);
+        let table = table_from_env()?;
+        Ok(Self::new(Client::new(&client::from_env().await), table).with_uniqueness_from_env())
+    }
+
+    /// A store for a Lambda function: the tables as [`Self::from_env`] names them, the region
+    /// and the execution role's credentials from the variables Lambda sets (`AWS_REGION`,
+    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`),
+    /// `DYNAMODB_ENDPOINT`, and an HTTPS client that trusts Mozilla's roots compiled into the
+    /// binary (the system's when `SSL_CERT_FILE` or `SSL_CERT_DIR` is set).
+    ///
+    /// It reads no file and calls no credential provider, so a cold start is shorter, and a
+    /// binary that uses it instead of [`Self::from_env`] links none of aws-config's credential
+    /// chain (BENCHMARKS.md has the figures). Other `AWS_*` settings (`AWS_MAX_ATTEMPTS`,
+    /// `AWS_ENDPOINT_URL_DYNAMODB`, profiles) are not read: use [`Self::from_env`] for them.
+    ///
+    /// ```no_run
+    /// # async fn build() -> Result<(), lambda_idempotency::ConfigError> {
+    /// use lambda_idempotency::{Config, DynamoDbStore, Idempotency};
+    ///
+    /// let idem = Idempotency::new(DynamoDbStore::for_lambda()?, Config::default());
+    /// # let _ = idem; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigError::MissingEnv`] when a table's, the region's or the credentials' variable
+    /// is not set (outside Lambda).
+    pub fn for_lambda() -> Result<Self, ConfigError> {
+        let table = table_from_env()?;
+        Ok(Self::new(Client::from_conf(client::for_lambda()?), table).with_uniqueness_from_env())
+    }
+
+    /// Keeps permanent evidence in the table `UNIQUENESS_TABLE` names, if set.
+    fn with_uniqueness_from_env(self) -> Self {
+        match std::env::var(UNIQUENESS_TABLE_VAR) {
+            Ok(uniqueness) => self.with_uniqueness_table(uniqueness),
+            Err(_) => self,
         }
-        let store = Self::new(Client::new(&loader.load().await), table);
-        Ok(match std::env::var(UNIQUENESS_TABLE_VAR) {
-            Ok(uniqueness) => store.with_uniqueness_table(uniqueness),
-            Err(_) => store,
-        })
+    }
+
+    /// Warms the client during a function's init: one eventually consistent `GetItem` of a key
+    /// no operation uses, so the connection (TCP and TLS), the credentials, the endpoint and
+    /// the SDK's first-use paths are ready before the first event instead of delaying it. In
+    /// Lambda, init runs with a full CPU and, with provisioned concurrency, before any request.
+    /// It also finds a missing table or a missing permission before an event does.
+    ///
+    /// ```no_run
+    /// # async fn init() -> Result<(), Box<dyn std::error::Error>> {
+    /// use lambda_idempotency::DynamoDbStore;
+    ///
+    /// let store = DynamoDbStore::for_lambda()?;
+    /// if let Err(err) = store.prime().await {
+    ///     if !err.is_transient() {
+    ///         return Err(err.into()); // a missing table or permission: fail the init
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`StoreError::TableNotFound`], [`StoreError::AccessDenied`], or a transient error
+    /// ([`StoreError::is_transient`]) that the first event's own requests will retry.
+    pub async fn prime(&self) -> Result<(), StoreError> {
+        let key = OperationKey::from_stored(PRIME_KEY);
+        self.client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(self.names.key(&key)))
+            .projection_expression("#pk")
+            .expression_attribute_names("#pk", &self.names.partition_key)
+            .send()
+            .await
+            .map_err(|err| map_sdk_error("prime", &self.table, err))?;
+        Ok(())
     }
 
     /// Keeps permanent evidence of business identities in `table`.
@@ -225,6 +288,18 @@ impl DynamoDbStore {
         }
         Err(crate::store::memory::evidence_not_owned(target))
     }
+}
+
+/// The key [`DynamoDbStore::prime`] reads: not an operation key (those carry a version and a
+/// hash), so it is never stored.
+const PRIME_KEY: &str = "lambda-idempotency#prime";
+
+/// The idempotency table's name, from `IDEMPOTENCY_TABLE`.
+fn table_from_env() -> Result<String, ConfigError> {
+    std::env::var(TABLE_VAR).map_err(|_| ConfigError::MissingEnv {
+        name: TABLE_VAR,
+        hint: "set it to the idempotency table's name (template.yaml outputs it)",
+    })
 }
 
 impl Store for DynamoDbStore {

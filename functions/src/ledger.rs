@@ -1,9 +1,6 @@
 //! The examples' business effect: a ledger table where applying an entry increments its
 //! `applied` counter. An entry applied twice shows `applied = 2`: duplicates cannot hide.
 
-// Shared by the examples and the tests; each uses only part of it.
-#![allow(dead_code)]
-
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,

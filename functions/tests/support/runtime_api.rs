@@ -1,17 +1,18 @@
 //! A minimal Lambda Runtime API on 127.0.0.1, for running a function binary end to end:
 //! `GET /2018-06-01/runtime/invocation/next`, `POST .../{id}/response` and `.../{id}/error`.
+//! Shared by the end-to-end tests and the cold-start benchmark.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::routing::{get, post};
 use serde_json::Value;
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{Mutex, mpsc, oneshot, watch};
 
 /// The function's answer to one invocation.
 pub type Answer = Result<Value, Value>;
@@ -20,6 +21,7 @@ pub type Answer = Result<Value, Value>;
 struct Shared {
     events: Arc<Mutex<mpsc::UnboundedReceiver<(String, Value)>>>,
     waiting: Arc<Mutex<HashMap<String, oneshot::Sender<Answer>>>>,
+    first_poll: Arc<watch::Sender<Option<Instant>>>,
 }
 
 /// A running Runtime API.
@@ -29,15 +31,18 @@ pub struct RuntimeApi {
     queue: mpsc::UnboundedSender<(String, Value)>,
     waiting: Arc<Mutex<HashMap<String, oneshot::Sender<Answer>>>>,
     next_id: AtomicU64,
+    first_poll: watch::Receiver<Option<Instant>>,
 }
 
 impl RuntimeApi {
     /// Serves the API on a free loopback port for as long as the runtime runs.
     pub async fn start() -> Self {
         let (queue, events) = mpsc::unbounded_channel();
+        let (first_poll, polled) = watch::channel(None);
         let shared = Shared {
             events: Arc::new(Mutex::new(events)),
             waiting: Arc::default(),
+            first_poll: Arc::new(first_poll),
         };
         let app = Router::new()
             .route("/2018-06-01/runtime/invocation/next", get(next))
@@ -56,7 +61,18 @@ impl RuntimeApi {
             queue,
             waiting: shared.waiting,
             next_id: AtomicU64::new(0),
+            first_poll: polled,
         }
+    }
+
+    /// When the function first asked for an invocation (`GET .../next`): it is ready.
+    pub async fn ready(&self) -> Instant {
+        let mut polled = self.first_poll.clone();
+        let first = polled
+            .wait_for(Option::is_some)
+            .await
+            .expect("runtime API running");
+        first.expect("a first poll")
     }
 
     /// Invokes the function with `event` and waits for its answer.
@@ -73,6 +89,13 @@ impl RuntimeApi {
 }
 
 async fn next(State(shared): State<Shared>) -> (HeaderMap, axum::Json<Value>) {
+    shared.first_poll.send_if_modified(|first| {
+        let unset = first.is_none();
+        if unset {
+            *first = Some(Instant::now());
+        }
+        unset
+    });
     let (id, event) = shared
         .events
         .lock()

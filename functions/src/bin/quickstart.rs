@@ -1,0 +1,22 @@
+//! The README's first function: `IDEMPOTENCY_TABLE` names the table; `DYNAMODB_ENDPOINT`,
+//! when set, points at a local server.
+
+use lambda_idempotency::OperationScope;
+use lambda_idempotency_functions::quickstart::{charge, layer};
+use lambda_idempotency_functions::{logging, primed_store};
+use lambda_runtime::service_fn;
+use lambda_runtime::tower::ServiceBuilder;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), lambda_runtime::Error> {
+    logging::init();
+    let store = primed_store().await?;
+    // The namespace is AWS_LAMBDA_FUNCTION_NAME.
+    let layer = layer(store, OperationScope::for_function("charge")?)?;
+    lambda_runtime::run(
+        ServiceBuilder::new()
+            .layer(layer)
+            .service(service_fn(charge)),
+    )
+    .await
+}

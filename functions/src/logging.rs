@@ -1,0 +1,21 @@
+//! JSON log lines for CloudWatch: each line carries the idempotency span (operation, key hash,
+//! attempt, request id, message id), never a payload.
+
+use tracing_subscriber::filter::LevelFilter;
+
+/// The variable Lambda's advanced logging controls set to the function's log level.
+pub const LOG_LEVEL_VAR: &str = "AWS_LAMBDA_LOG_LEVEL";
+
+/// Installs the JSON subscriber at the level `AWS_LAMBDA_LOG_LEVEL` names (default `INFO`).
+pub fn init() {
+    let level = std::env::var(LOG_LEVEL_VAR)
+        .ok()
+        .and_then(|level| level.parse::<LevelFilter>().ok())
+        .unwrap_or(LevelFilter::INFO);
+    tracing_subscriber::fmt()
+        .json()
+        .with_current_span(true)
+        .without_time()
+        .with_max_level(level)
+        .init();
+}

@@ -1,0 +1,37 @@
+//! The README's first function (binary `quickstart`): a charge made idempotent by the tower
+//! layer, keyed by the event's `order_id`. Its handler sends no request of its own, so a first
+//! execution costs the two idempotency requests (claim, complete) and a duplicate one; the
+//! cold-start benchmark runs it.
+
+use lambda_idempotency::lambda::{IdempotencyLayer, current};
+use lambda_idempotency::store::DynamoDbStore;
+use lambda_idempotency::{Config, Idempotency, KeyPolicy, OperationScope};
+use lambda_runtime::LambdaEvent;
+use serde_json::{Value, json};
+
+/// The business operation: the charge, with the key a payment provider would deduplicate on.
+///
+/// # Errors
+/// When it runs outside an idempotent handler.
+pub async fn charge(event: LambdaEvent<Value>) -> Result<Value, lambda_runtime::Error> {
+    // current(): the attempt (2+ after a crashed attempt was taken over) and the operation key;
+    // downstream_key("charge") is the same on every attempt: pass it to the payment provider.
+    let ctx = current().ok_or("not inside an idempotent handler")?;
+    Ok(json!({"charged": event.payload["order_id"], "provider_key": ctx.downstream_key("charge")}))
+}
+
+/// The idempotency layer: one operation per `order_id`, the default configuration.
+///
+/// # Errors
+/// Never with these constants; the key policy checks its pointer.
+pub fn layer(
+    store: DynamoDbStore,
+    scope: OperationScope,
+) -> Result<IdempotencyLayer<Value, DynamoDbStore>, lambda_runtime::Error> {
+    let idem = Idempotency::new(store, Config::default());
+    Ok(IdempotencyLayer::new(
+        idem,
+        scope,
+        KeyPolicy::pointer("/order_id")?,
+    ))
+}

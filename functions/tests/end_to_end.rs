@@ -1,0 +1,170 @@
+//! Each deployable function binary under the Lambda Runtime API protocol, as a fresh process,
+//! fed the sample events in `events/` (the files `cargo lambda invoke --data-file` sends), its
+//! tables on the embedded DynamoDB-compatible server (or `DYNAMODB_ENDPOINT`).
+
+// Shared with the cold-start benchmark, which also reads when a process is ready and its pid.
+#[allow(dead_code)]
+mod support;
+
+use lambda_idempotency::record::Status;
+use lambda_idempotency::store::Store;
+use serde_json::{Value, json};
+
+use support::function::{Function, Tables, sample_event};
+
+fn failures(answer: &Value) -> Vec<&str> {
+    answer["batchItemFailures"]
+        .as_array()
+        .expect("a partial-batch response")
+        .iter()
+        .filter_map(|failure| failure["itemIdentifier"].as_str())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quickstart_replays_the_first_answer() {
+    let tables = Tables::create("e2e-quickstart").await;
+    let function = Function::spawn(env!("CARGO_BIN_EXE_quickstart"), "quickstart", &tables).await;
+    let event = sample_event("direct");
+
+    let first = function.api.invoke(event.clone()).await.expect("answered");
+    let second = function.api.invoke(event).await.expect("answered");
+    function.stop().await;
+
+    assert_eq!(first["charged"], "o-1");
+    assert_eq!(second, first, "the duplicate gets the stored answer");
+    let (records, _, _) = tables.store.scan_page(None).await.expect("scan");
+    assert_eq!(records.len(), 1, "one operation");
+    assert_eq!(records[0].status, Status::Completed);
+    assert_eq!(records[0].lease.attempt, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_orders_acknowledges_a_redelivered_batch() {
+    let tables = Tables::create("e2e-orders").await;
+    let function = Function::spawn(env!("CARGO_BIN_EXE_sqs_orders"), "sqs-orders", &tables).await;
+    let batch = sample_event("sqs");
+    let mut republished = batch.clone();
+    republished["Records"][0]["messageId"] = json!("republished-1");
+    let mut conflict = batch.clone();
+    conflict["Records"][1]["body"] = json!(r#"{"order_id":"o-2","amount":999}"#);
+    let conflicting_id = conflict["Records"][1]["messageId"].clone();
+
+    let first = function.api.invoke(batch.clone()).await.expect("answered");
+    let second = function.api.invoke(batch).await.expect("answered");
+    let third = function.api.invoke(republished).await.expect("answered");
+    let fourth = function.api.invoke(conflict).await.expect("answered");
+    function.stop().await;
+
+    assert_eq!(failures(&first), Vec::<&str>::new());
+    assert_eq!(
+        failures(&second),
+        Vec::<&str>::new(),
+        "redelivery acknowledged"
+    );
+    assert_eq!(
+        failures(&third),
+        Vec::<&str>::new(),
+        "republication acknowledged"
+    );
+    assert_eq!(
+        failures(&fourth),
+        [conflicting_id.as_str().expect("an id")],
+        "the conflicting payload comes back"
+    );
+    for order in ["order#o-1", "order#o-2"] {
+        assert_eq!(
+            tables.ledger.count(order).await.expect("ledger"),
+            1,
+            "{order} placed once over 4 deliveries"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_payments_replays_a_retried_request() {
+    let tables = Tables::create("e2e-payments").await;
+    let function = Function::spawn(env!("CARGO_BIN_EXE_api_payments"), "payments", &tables).await;
+    let request = sample_event("http_api");
+    let mut changed = request.clone();
+    changed["body"] = json!(r#"{"amount":9999,"currency":"EUR"}"#);
+
+    let first = function
+        .api
+        .invoke(request.clone())
+        .await
+        .expect("answered");
+    let retry = function.api.invoke(request).await.expect("answered");
+    let conflict = function.api.invoke(changed).await.expect("answered");
+    function.stop().await;
+
+    assert_eq!(first["statusCode"], 201);
+    assert_eq!(retry["statusCode"], 201);
+    assert_eq!(
+        retry["body"], first["body"],
+        "the same payment, byte for byte"
+    );
+    assert_eq!(retry["headers"]["idempotent-replayed"], "true");
+    assert_eq!(conflict["statusCode"], 422);
+    let body: Value = serde_json::from_str(first["body"].as_str().expect("a body")).expect("JSON");
+    let payment = format!("payment#{}", body["payment_id"].as_str().expect("an id"));
+    assert_eq!(tables.ledger.count(&payment).await.expect("ledger"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eventbridge_handler_keeps_permanent_evidence() {
+    let tables = Tables::create("e2e-shipments").await;
+    let function = Function::spawn(
+        env!("CARGO_BIN_EXE_eventbridge_handler"),
+        "shipments",
+        &tables,
+    )
+    .await;
+    let event = sample_event("eventbridge");
+    let mut republished = event.clone();
+    republished["id"] = json!("a-new-event-id");
+
+    let first = function.api.invoke(event.clone()).await.expect("answered");
+    let again = function.api.invoke(event).await.expect("answered");
+    let other = function.api.invoke(republished).await.expect("answered");
+    function.stop().await;
+
+    assert_eq!(first["notified"], true);
+    assert_eq!(again, first);
+    assert_eq!(other, first, "a re-published event is the same notice");
+    assert_eq!(
+        tables
+            .ledger
+            .count("shipment-notice#o-1")
+            .await
+            .expect("ledger"),
+        1
+    );
+    let evidence = tables
+        .store
+        .evidence("shipment-notice:o-1")
+        .await
+        .expect("read evidence")
+        .expect("the business identity left permanent evidence");
+    assert_eq!(evidence.status, Status::Completed);
+    assert_eq!(evidence.result_ref.as_deref(), Some("o-1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_table_fails_the_init() {
+    let tables = Tables::create("e2e-missing").await;
+    let function = Function::spawn_with(
+        env!("CARGO_BIN_EXE_quickstart"),
+        "quickstart",
+        &tables,
+        &[("IDEMPOTENCY_TABLE", "no-such-table")],
+    )
+    .await;
+
+    let status = function.exited().await;
+
+    assert!(
+        !status.success(),
+        "priming found the table missing during init"
+    );
+}

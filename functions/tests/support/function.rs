@@ -1,0 +1,135 @@
+//! A function binary run as Lambda runs it: a fresh process polling a local Runtime API, its
+//! tables on a local DynamoDB-compatible server (`DYNAMODB_ENDPOINT`, else an embedded one).
+
+use std::process::Stdio;
+use std::time::Instant;
+
+use lambda_idempotency::store::DynamoDbStore;
+use lambda_idempotency::testing::local::{self, unique_table_name};
+use lambda_idempotency_functions::ledger::Ledger;
+use serde_json::Value;
+use tokio::process::{Child, Command};
+
+use super::runtime_api::RuntimeApi;
+
+/// The sample event kept in `events/` for `trigger` (`sqs`, `http_api`, `eventbridge`,
+/// `direct`): the same file `cargo lambda invoke --data-file` sends.
+pub fn sample_event(trigger: &str) -> Value {
+    let text = match trigger {
+        "sqs" => include_str!("../../events/sqs.json"),
+        "http_api" => include_str!("../../events/http_api.json"),
+        "eventbridge" => include_str!("../../events/eventbridge.json"),
+        "direct" => include_str!("../../events/direct.json"),
+        _ => panic!("no sample event for {trigger}"),
+    };
+    serde_json::from_str(text).expect("the sample event is JSON")
+}
+
+/// The tables a function uses, on one local endpoint.
+pub struct Tables {
+    /// The endpoint, the value of `DYNAMODB_ENDPOINT`.
+    pub endpoint: String,
+    /// The idempotency store (with a uniqueness table).
+    pub store: DynamoDbStore,
+    /// The ledger of the functions' effects.
+    pub ledger: Ledger,
+}
+
+impl Tables {
+    /// Fresh tables named after `prefix`, on `DYNAMODB_ENDPOINT` or a server started now.
+    pub async fn create(prefix: &str) -> Self {
+        let endpoint = local::endpoint().await.expect("a local endpoint");
+        let client =
+            aws_sdk_dynamodb::Client::from_conf(local::config_for(endpoint.clone()).build());
+        let store = DynamoDbStore::new(
+            client.clone(),
+            unique_table_name(&format!("{prefix}-idempotency")),
+        )
+        .with_uniqueness_table(unique_table_name(&format!("{prefix}-uniqueness")));
+        store.create_table().await.expect("idempotency tables");
+        let ledger = Ledger::new(client, unique_table_name(&format!("{prefix}-ledger")));
+        ledger.create().await.expect("ledger table");
+        Self {
+            endpoint,
+            store,
+            ledger,
+        }
+    }
+}
+
+/// A running function process and the Runtime API it polls.
+pub struct Function {
+    /// The Runtime API that invokes it.
+    pub api: RuntimeApi,
+    /// When the process was spawned.
+    pub spawned: Instant,
+    process: Child,
+}
+
+impl Function {
+    /// Spawns `binary` with Lambda's environment, its tables from `tables`.
+    pub async fn spawn(binary: &str, name: &str, tables: &Tables) -> Self {
+        Self::spawn_with(binary, name, tables, &[]).await
+    }
+
+    /// [`Self::spawn`], with `overrides` of its environment.
+    pub async fn spawn_with(
+        binary: &str,
+        name: &str,
+        tables: &Tables,
+        overrides: &[(&str, &str)],
+    ) -> Self {
+        let api = RuntimeApi::start().await;
+        let mut command = Command::new(binary);
+        command
+            .env_clear()
+            .env("AWS_LAMBDA_RUNTIME_API", &api.address)
+            .env("AWS_LAMBDA_FUNCTION_NAME", name)
+            .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "256")
+            .env("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST")
+            .env("AWS_LAMBDA_LOG_LEVEL", "WARN")
+            .env("AWS_REGION", env_or("AWS_REGION", "us-east-1"))
+            .env("AWS_ACCESS_KEY_ID", env_or("AWS_ACCESS_KEY_ID", "test"))
+            .env(
+                "AWS_SECRET_ACCESS_KEY",
+                env_or("AWS_SECRET_ACCESS_KEY", "test"),
+            )
+            .env("DYNAMODB_ENDPOINT", &tables.endpoint)
+            .env("IDEMPOTENCY_TABLE", tables.store.table())
+            .env("LEDGER_TABLE", tables.ledger.table())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .kill_on_drop(true);
+        if let Some(uniqueness) = tables.store.uniqueness_table() {
+            command.env("UNIQUENESS_TABLE", uniqueness);
+        }
+        command.envs(overrides.iter().copied());
+        let spawned = Instant::now();
+        let process = command.spawn().expect("start the function binary");
+        Self {
+            api,
+            spawned,
+            process,
+        }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.process.id().expect("the function is running")
+    }
+
+    /// Waits for the process to exit by itself; its exit status.
+    pub async fn exited(mut self) -> std::process::ExitStatus {
+        self.process.wait().await.expect("the function exits")
+    }
+
+    /// Stops the process.
+    pub async fn stop(mut self) {
+        self.process.kill().await.expect("stop the function");
+    }
+}
+
+/// This process's `name`, else `default`: a real endpoint gets real credentials.
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}

@@ -1,0 +1,4 @@
+//! What the end-to-end tests and the cold-start benchmark share.
+
+pub mod function;
+pub mod runtime_api;

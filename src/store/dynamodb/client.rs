@@ -1,0 +1,202 @@
+//! The SDK configurations the store's constructors build.
+//!
+//! - [`from_env`](super::DynamoDbStore::from_env): the SDK's default configuration
+//!   (aws-config: the credential chain, profiles, every `AWS_*` setting), with
+//!   `DYNAMODB_ENDPOINT`.
+//! - [`for_lambda`](super::DynamoDbStore::for_lambda): only what a Lambda execution
+//!   environment gives: the region and the execution role's credentials from the variables
+//!   Lambda sets, and `DYNAMODB_ENDPOINT`. A binary that never calls aws-config links none of
+//!   its credential chain (profiles, SSO, STS, IMDS, ECS).
+//!
+//! `for_lambda` also chooses the HTTPS client's trusted roots. The SDK's default client reads
+//! the system's CA bundle and every file of its certificate directory when it is built, and
+//! parses each one: milliseconds of every cold start (hundreds of files on some images).
+//! Instead, from Mozilla's roots compiled into the binary (webpki-root-certs):
+//!
+//! | endpoint | trusted roots |
+//! |---|---|
+//! | the region's, in the `aws` partition | Amazon Trust Services' (Amazon Root CA 1–4, Starfield Services Root G2), which sign every AWS endpoint there |
+//! | the region's, in another partition (China, GovCloud, ISO) | all of Mozilla's |
+//! | `DYNAMODB_ENDPOINT` over `https` | all of Mozilla's |
+//! | `DYNAMODB_ENDPOINT` over `http` (a local server) | none: no TLS is spoken |
+//! | any, with `SSL_CERT_FILE` or `SSL_CERT_DIR` set | the system's (the SDK's default) |
+
+use aws_config::{BehaviorVersion, SdkConfig};
+use aws_sdk_dynamodb::config::{Credentials, Region, SharedHttpClient};
+use aws_smithy_http_client::proxy::ProxyConfig;
+use aws_smithy_http_client::tls::rustls_provider::CryptoMode;
+use aws_smithy_http_client::tls::{Provider, TlsContext, TrustStore};
+use aws_smithy_http_client::{Builder, ConnectorBuilder};
+use base64::Engine;
+
+use super::ENDPOINT_VAR;
+use crate::error::ConfigError;
+
+/// The variables with which a deployment names its own trusted certificates.
+const CERT_VARS: [&str; 2] = ["SSL_CERT_FILE", "SSL_CERT_DIR"];
+
+/// The SDK's default configuration, with `DYNAMODB_ENDPOINT`.
+pub(super) async fn from_env() -> SdkConfig {
+    let mut loader = aws_config::defaults(BehaviorVersion::latest());
+    if let Ok(endpoint) = std::env::var(ENDPOINT_VAR) {
+        loader = loader.endpoint_url(endpoint);
+    }
+    loader.load().await
+}
+
+/// The configuration from a Lambda execution environment's variables.
+pub(super) fn for_lambda() -> Result<aws_sdk_dynamodb::Config, ConfigError> {
+    const HINT: &str =
+        "Lambda sets it for the execution role; outside Lambda, use DynamoDbStore::from_env";
+    let var = |name: &'static str| {
+        std::env::var(name).map_err(|_| ConfigError::MissingEnv { name, hint: HINT })
+    };
+    let credentials = Credentials::new(
+        var("AWS_ACCESS_KEY_ID")?,
+        var("AWS_SECRET_ACCESS_KEY")?,
+        std::env::var("AWS_SESSION_TOKEN").ok(),
+        None,
+        "lambda-environment",
+    );
+    let config = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .credentials_provider(credentials);
+    let endpoint = std::env::var(ENDPOINT_VAR).ok();
+    let region = var("AWS_REGION")?;
+    let own_certs = CERT_VARS.iter().any(|var| std::env::var_os(var).is_some());
+    let roots = (!own_certs).then(|| trusted_roots(endpoint.as_deref(), &region));
+    let mut config = config.region(Region::new(region));
+    if let Some(endpoint) = endpoint {
+        config = config.endpoint_url(endpoint);
+    }
+    if let Some(client) = roots.and_then(|roots| https_client(&roots)) {
+        config = config.http_client(client);
+    }
+    Ok(config.build())
+}
+
+/// The compiled-in roots to trust (DER) for `endpoint` in `region`.
+fn trusted_roots(endpoint: Option<&str>, region: &str) -> Vec<&'static [u8]> {
+    let all = webpki_root_certs::TLS_SERVER_ROOT_CERTS
+        .iter()
+        .map(|root| root.as_ref());
+    match endpoint {
+        Some(endpoint) if endpoint.starts_with("http://") => Vec::new(),
+        Some(_) => all.collect(),
+        None if in_aws_partition(region) => {
+            let amazon: Vec<&[u8]> = all.clone().filter(|root| is_amazon_root(root)).collect();
+            // Should the compiled-in list ever lose them, trust it all.
+            if amazon.is_empty() {
+                all.collect()
+            } else {
+                amazon
+            }
+        }
+        None => all.collect(),
+    }
+}
+
+/// Whether `region` is in the `aws` partition (not China, GovCloud or an ISO partition).
+fn in_aws_partition(region: &str) -> bool {
+    !(region.starts_with("cn-") || region.starts_with("us-gov-") || region.contains("-iso"))
+}
+
+/// Whether a root certificate (DER) is one of Amazon Trust Services': its subject (a root's
+/// issuer too) names one of their CAs.
+fn is_amazon_root(der: &[u8]) -> bool {
+    const NAMES: [&[u8]; 2] = [
+        b"Amazon Root CA ",
+        b"Starfield Services Root Certificate Authority - G2",
+    ];
+    NAMES
+        .iter()
+        .any(|name| der.windows(name.len()).any(|window| window == *name))
+}
+
+/// The SDK's default HTTPS client (hyper 1, rustls on aws-lc, proxy settings from the
+/// environment), trusting `roots`. `None`: the TLS context could not be built, so the SDK's
+/// default is kept.
+fn https_client(roots: &[&[u8]]) -> Option<SharedHttpClient> {
+    let mut trust = TrustStore::empty().with_native_roots(false);
+    for root in roots {
+        trust.add_pem_certificate(pem(root));
+    }
+    let context = TlsContext::builder().with_trust_store(trust).build().ok()?;
+    Some(
+        Builder::new().build_with_connector_fn(move |settings, runtime_components| {
+            let mut connector = ConnectorBuilder::default()
+                .tls_provider(Provider::Rustls(CryptoMode::AwsLc))
+                .tls_context(context.clone());
+            connector.set_connector_settings(settings.cloned());
+            if let Some(components) = runtime_components {
+                connector.set_sleep_impl(components.sleep_impl());
+            }
+            connector.set_proxy_config(Some(ProxyConfig::from_env()));
+            connector.build()
+        }),
+    )
+}
+
+/// A DER certificate as PEM, the form the SDK's trust store takes.
+fn pem(der: &[u8]) -> Vec<u8> {
+    let body = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut pem = Vec::with_capacity(body.len() + body.len() / 64 + 64);
+    pem.extend_from_slice(b"-----BEGIN CERTIFICATE-----\n");
+    for line in body.as_bytes().chunks(64) {
+        pem.extend_from_slice(line);
+        pem.push(b'\n');
+    }
+    pem.extend_from_slice(b"-----END CERTIFICATE-----\n");
+    pem
+}
+
+#[cfg(test)]
+mod tests {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+
+    use super::{https_client, pem, trusted_roots};
+
+    #[test]
+    fn every_compiled_in_root_reads_back_from_its_pem() {
+        for root in webpki_root_certs::TLS_SERVER_ROOT_CERTS {
+            let read: Vec<CertificateDer<'_>> = CertificateDer::pem_slice_iter(&pem(root))
+                .collect::<Result<_, _>>()
+                .expect("valid PEM");
+            assert_eq!(read, std::slice::from_ref(root));
+        }
+    }
+
+    #[test]
+    fn an_aws_region_trusts_amazon_trust_services_only() {
+        let roots = trusted_roots(None, "eu-west-1");
+        assert_eq!(
+            roots.len(),
+            5,
+            "Amazon Root CA 1-4 and Starfield Services Root G2"
+        );
+        assert!(https_client(&roots).is_some());
+    }
+
+    #[test]
+    fn other_partitions_and_custom_endpoints_trust_all_of_mozilla() {
+        let all = webpki_root_certs::TLS_SERVER_ROOT_CERTS.len();
+        assert!(all > 100);
+        for (endpoint, region) in [
+            (None, "cn-north-1"),
+            (None, "us-gov-west-1"),
+            (Some("https://dynamodb.example.internal"), "eu-west-1"),
+        ] {
+            let roots = trusted_roots(endpoint, region);
+            assert_eq!(roots.len(), all, "{endpoint:?} in {region}");
+        }
+        assert!(https_client(&trusted_roots(None, "cn-north-1")).is_some());
+    }
+
+    #[test]
+    fn a_plain_http_endpoint_needs_no_roots() {
+        let roots = trusted_roots(Some("http://127.0.0.1:8000"), "us-east-1");
+        assert!(roots.is_empty());
+        assert!(https_client(&roots).is_some());
+    }
+}
