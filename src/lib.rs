@@ -83,6 +83,14 @@
 //! - Records live in a [`store::Store`]: [`DynamoDbStore`] in production, [`MemoryStore`] for
 //!   tests and demos, with the same semantics.
 //!
+//! ## Further reading
+//!
+//! The [`guide`]: the [doors](guide::doors) (batches, HTTP, event sources), the
+//! [protocol](guide::protocol) (requests, conditions, the edges, the tables),
+//! [retention, evidence and failures](guide::retention_and_failures) (sizing retention,
+//! failure classes, reconciliation, errors) and [operating it](guide::operations) (metrics,
+//! logs, the `idemctl` CLI, the in-process cache).
+//!
 //! ## The engine on its own
 //!
 //! ```
@@ -125,6 +133,7 @@ pub mod engine;
 pub mod error;
 pub mod execution;
 pub mod failure;
+pub mod guide;
 pub mod key;
 pub mod lambda;
 pub mod observe;

@@ -6,6 +6,9 @@
 //! (`IDEMPOTENCY_TABLE`, `UNIQUENESS_TABLE`, `LEDGER_TABLE`), honour `DYNAMODB_ENDPOINT` for a
 //! local server, and carry no local server or test code.
 
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
 pub mod ledger;
 pub mod logging;
 pub mod orders;

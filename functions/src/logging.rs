@@ -6,12 +6,14 @@ use tracing_subscriber::filter::LevelFilter;
 /// The variable Lambda's advanced logging controls set to the function's log level.
 pub const LOG_LEVEL_VAR: &str = "AWS_LAMBDA_LOG_LEVEL";
 
-/// Installs the JSON subscriber at the level `AWS_LAMBDA_LOG_LEVEL` names (default `INFO`).
+/// Installs the JSON subscriber at the level `AWS_LAMBDA_LOG_LEVEL` names (`TRACE`, `DEBUG`,
+/// `INFO`, `WARN`, `ERROR` or `FATAL`, which is `ERROR` here; default `INFO`).
 pub fn init() {
-    let level = std::env::var(LOG_LEVEL_VAR)
-        .ok()
-        .and_then(|level| level.parse::<LevelFilter>().ok())
-        .unwrap_or(LevelFilter::INFO);
+    let level = match std::env::var(LOG_LEVEL_VAR).as_deref() {
+        Ok("FATAL") => LevelFilter::ERROR,
+        Ok(level) => level.parse().unwrap_or(LevelFilter::INFO),
+        Err(_) => LevelFilter::INFO,
+    };
     tracing_subscriber::fmt()
         .json()
         .with_current_span(true)

@@ -62,7 +62,8 @@ impl Payments {
             ));
         };
         // The provider sees the same idempotency key on every attempt of this operation.
-        let payment_id = format!("pay_{}", &ctx.downstream_key("charge")[..16]);
+        let key = ctx.downstream_key("charge");
+        let payment_id = format!("pay_{}", key.get(..16).unwrap_or(&key));
         self.ledger
             .apply(&format!("payment#{payment_id}"), &body.to_string())
             .await?;

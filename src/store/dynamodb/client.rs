@@ -16,7 +16,7 @@
 //! | endpoint | trusted roots |
 //! |---|---|
 //! | the region's, in the `aws` partition | Amazon Trust Services' (Amazon Root CA 1–4, Starfield Services Root G2), which sign every AWS endpoint there |
-//! | the region's, in another partition (China, GovCloud, ISO) | all of Mozilla's |
+//! | the region's, in another partition (China, GovCloud, ISO, EU sovereign) or unknown | all of Mozilla's |
 //! | `DYNAMODB_ENDPOINT` over `https` | all of Mozilla's |
 //! | `DYNAMODB_ENDPOINT` over `http` (a local server) | none: no TLS is spoken |
 //! | any, with `SSL_CERT_FILE` or `SSL_CERT_DIR` set | the system's (the SDK's default) |
@@ -96,9 +96,22 @@ fn trusted_roots(endpoint: Option<&str>, region: &str) -> Vec<&'static [u8]> {
     }
 }
 
-/// Whether `region` is in the `aws` partition (not China, GovCloud or an ISO partition).
+/// Whether `region` is in the `aws` partition, by the SDK's pattern for it
+/// (`^(us|eu|ap|sa|ca|me|af|il|mx)-\w+-\d+$`): not China, GovCloud, the ISO or EU sovereign
+/// partitions, nor a region unknown to it (which gets all of Mozilla's roots).
 fn in_aws_partition(region: &str) -> bool {
-    !(region.starts_with("cn-") || region.starts_with("us-gov-") || region.contains("-iso"))
+    const PREFIXES: [&str; 9] = ["us", "eu", "ap", "sa", "ca", "me", "af", "il", "mx"];
+    let parts: Vec<&str> = region.split('-').collect();
+    match parts.as_slice() {
+        [prefix, name, number] => {
+            PREFIXES.contains(prefix)
+                && !name.is_empty()
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !number.is_empty()
+                && number.chars().all(|c| c.is_ascii_digit())
+        }
+        _ => false,
+    }
 }
 
 /// Whether a root certificate (DER) is one of Amazon Trust Services': its subject (a root's
@@ -185,6 +198,9 @@ mod tests {
         for (endpoint, region) in [
             (None, "cn-north-1"),
             (None, "us-gov-west-1"),
+            (None, "us-iso-east-1"),
+            (None, "eusc-de-east-1"),
+            (None, "xx-new-1"),
             (Some("https://dynamodb.example.internal"), "eu-west-1"),
         ] {
             let roots = trusted_roots(endpoint, region);

@@ -38,7 +38,7 @@ mod scan;
 mod table;
 mod writes;
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::Client;
 
@@ -129,7 +129,9 @@ impl DynamoDbStore {
     /// no operation uses, so the connection (TCP and TLS), the credentials, the endpoint and
     /// the SDK's first-use paths are ready before the first event instead of delaying it. In
     /// Lambda, init runs with a full CPU and, with provisioned concurrency, before any request.
-    /// It also finds a missing table or a missing permission before an event does.
+    /// It reads the idempotency table only, so it also finds that table missing or forbidden
+    /// before an event does (not the uniqueness table). It gives up after 2 s, well inside
+    /// Lambda's 10 s init.
     ///
     /// ```no_run
     /// # async fn init() -> Result<(), Box<dyn std::error::Error>> {
@@ -145,20 +147,29 @@ impl DynamoDbStore {
     /// ```
     ///
     /// # Errors
-    /// [`StoreError::TableNotFound`], [`StoreError::AccessDenied`], or a transient error
-    /// ([`StoreError::is_transient`]) that the first event's own requests will retry.
+    /// [`StoreError::TableNotFound`], [`StoreError::AccessDenied`], [`StoreError::Rejected`]
+    /// (the table's key schema is not the store's), or a transient error
+    /// ([`StoreError::is_transient`]: throttled, unavailable, or no answer within 2 s) that the
+    /// first event's own requests will retry.
     pub async fn prime(&self) -> Result<(), StoreError> {
         let key = OperationKey::from_stored(PRIME_KEY);
-        self.client
+        let read = self
+            .client
             .get_item()
             .table_name(&self.table)
             .set_key(Some(self.names.key(&key)))
             .projection_expression("#pk")
             .expression_attribute_names("#pk", &self.names.partition_key)
-            .send()
-            .await
-            .map_err(|err| map_sdk_error("prime", &self.table, err))?;
-        Ok(())
+            .send();
+        match tokio::time::timeout(PRIME_TIMEOUT, read).await {
+            Ok(answer) => answer
+                .map(drop)
+                .map_err(|err| map_sdk_error("prime", &self.table, err)),
+            Err(elapsed) => Err(StoreError::Unavailable {
+                operation: "prime",
+                source: Box::new(elapsed),
+            }),
+        }
     }
 
     /// Keeps permanent evidence of business identities in `table`.
@@ -293,6 +304,8 @@ impl DynamoDbStore {
 /// The key [`DynamoDbStore::prime`] reads: not an operation key (those carry a version and a
 /// hash), so it is never stored.
 const PRIME_KEY: &str = "lambda-idempotency#prime";
+/// How long [`DynamoDbStore::prime`] waits for its read.
+const PRIME_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The idempotency table's name, from `IDEMPOTENCY_TABLE`.
 fn table_from_env() -> Result<String, ConfigError> {

@@ -1,0 +1,14 @@
+//! The guide: what the README leaves out, one page per concern. The pages live in
+//! `docs/guide/` (readable on GitHub too) and their examples compile as doctests.
+
+#[doc = include_str!("../docs/guide/doors.md")]
+pub mod doors {}
+
+#[doc = include_str!("../docs/guide/protocol.md")]
+pub mod protocol {}
+
+#[doc = include_str!("../docs/guide/retention_and_failures.md")]
+pub mod retention_and_failures {}
+
+#[doc = include_str!("../docs/guide/operations.md")]
+pub mod operations {}
