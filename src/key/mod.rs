@@ -135,13 +135,22 @@ impl OperationKey {
         tenant: Option<&str>,
         material: &M,
     ) -> Result<Self, Error> {
+        let material = serde_json::to_value(material).map_err(invalid_event)?;
+        Self::of_value(scope, tenant, &material)
+    }
+
+    /// [`Self::derive`] for material that is JSON already (no copy made).
+    pub(crate) fn of_value(
+        scope: &OperationScope,
+        tenant: Option<&str>,
+        material: &Value,
+    ) -> Result<Self, Error> {
         if let Some(tenant) = tenant {
             check_component("tenant", tenant).map_err(|_| Error::InvalidEvent {
                 reason: "the tenant must be 1 to 256 bytes long and contain no '#'".into(),
             })?;
         }
-        let material = serde_json::to_value(material).map_err(invalid_event)?;
-        if is_empty_material(&material) {
+        if is_empty_material(material) {
             return Err(Error::MissingKey {
                 operation: scope.operation.clone(),
             });
@@ -149,7 +158,7 @@ impl OperationKey {
         Ok(Self(format!(
             "{}#{}",
             scope.prefix(tenant),
-            canonical_sha256(&material)?
+            canonical_sha256(material)?
         )))
     }
 
@@ -195,7 +204,12 @@ impl Fingerprint {
     /// The fingerprint of `intent`.
     pub fn of<I: Serialize + ?Sized>(intent: &I) -> Result<Self, Error> {
         let intent = serde_json::to_value(intent).map_err(invalid_event)?;
-        Ok(Self(canonical_sha256(&intent)?))
+        Self::of_value(&intent)
+    }
+
+    /// [`Self::of`] for an intent that is JSON already (no copy made).
+    pub(crate) fn of_value(intent: &Value) -> Result<Self, Error> {
+        Ok(Self(canonical_sha256(intent)?))
     }
 
     /// Wraps a fingerprint read back from a store, unchecked.

@@ -129,9 +129,9 @@ impl<E> KeyPolicy<E> {
             operation: scope.operation.clone(),
         })?;
         let tenant = self.tenant.as_ref().and_then(|tenant| tenant(event));
-        let key = OperationKey::derive(scope, tenant.as_deref(), &material)?;
+        let key = OperationKey::of_value(scope, tenant.as_deref(), &material)?;
         let intent = self.intent.select(event)?.unwrap_or(Value::Null);
-        Ok((key, Fingerprint::of(&intent)?))
+        Ok((key, Fingerprint::of_value(&intent)?))
     }
 }
 

@@ -124,11 +124,43 @@ impl AttributeNames {
 
     /// The size of `record`'s item by DynamoDB's rules: each attribute's name plus its value
     /// (strings and binaries by length, numbers one byte per two digits plus one).
+    /// Counted from the record's fields, without building the item: the engine asks before
+    /// every completion.
     pub fn item_size(&self, record: &Record) -> usize {
-        self.encode(record)
-            .iter()
-            .map(|(name, value)| name.len() + value_size(value))
-            .sum()
+        let text = |name: &str, value: &str| name.len() + value.len();
+        let number = |name: &str, value: u64| name.len() + number_size(value);
+        let key = match &self.sort_key {
+            Some(sort) => {
+                text(&self.partition_key, &sort.partition_value)
+                    + text(&sort.attribute, record.key.as_str())
+            }
+            None => text(&self.partition_key, record.key.as_str()),
+        };
+        key + text(&self.status, record.status.as_str())
+            + text(&self.fingerprint, record.fingerprint.as_str())
+            + text(&self.lease_token, &record.lease.token)
+            + number(&self.attempt, u64::from(record.lease.attempt))
+            + number(
+                &self.lease_expires_at,
+                epoch_millis(record.lease.expires_at),
+            )
+            + number(&self.expires_at, epoch_secs(record.expires_at))
+            + number(&self.created_at, epoch_millis(record.created_at))
+            + record
+                .outcome
+                .as_ref()
+                .map_or(0, |outcome| self.outcome.len() + outcome.len())
+            + record
+                .completed_at
+                .map_or(0, |at| number(&self.completed_at, epoch_millis(at)))
+            + record
+                .request_id
+                .as_ref()
+                .map_or(0, |id| text(&self.request_id, id))
+            + record
+                .identity
+                .as_ref()
+                .map_or(0, |identity| text(&self.identity, identity))
     }
 
     /// The record in `item`.
@@ -240,13 +272,10 @@ impl Decoder<'_> {
 }
 
 /// The stored size of a scalar value, as DynamoDB counts it.
-fn value_size(value: &AttributeValue) -> usize {
-    match value {
-        AttributeValue::S(text) => text.len(),
-        AttributeValue::B(blob) => blob.as_ref().len(),
-        AttributeValue::N(number) => number.len().div_ceil(2) + 1,
-        _ => 1,
-    }
+/// The size DynamoDB counts for a whole number: one byte per two significant digits, plus one.
+fn number_size(value: u64) -> usize {
+    let digits = value.checked_ilog10().map_or(1, |log| log as usize + 1);
+    digits.div_ceil(2) + 1
 }
 
 pub(crate) fn read_s<'a>(item: &'a Item, attribute: &str) -> Result<&'a str, String> {
@@ -281,4 +310,73 @@ pub(crate) fn secs(time: SystemTime) -> AttributeValue {
 
 pub(crate) fn millis(time: SystemTime) -> AttributeValue {
     n(epoch_millis(time))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use aws_sdk_dynamodb::types::AttributeValue;
+
+    use super::{AttributeNames, SortKey};
+    use crate::key::{Fingerprint, OperationKey};
+    use crate::record::{Lease, Record, Status};
+
+    /// The size DynamoDB counts for the item `names` encodes.
+    fn encoded_size(names: &AttributeNames, record: &Record) -> usize {
+        names
+            .encode(record)
+            .iter()
+            .map(|(name, value)| {
+                name.len()
+                    + match value {
+                        AttributeValue::S(text) => text.len(),
+                        AttributeValue::B(blob) => blob.as_ref().len(),
+                        AttributeValue::N(number) => number.len().div_ceil(2) + 1,
+                        _ => unreachable!("the store writes S, B and N only"),
+                    }
+            })
+            .sum()
+    }
+
+    #[test]
+    fn item_size_counts_what_encode_writes() {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_millis(1_795_946_400_123);
+        let claim = Record {
+            key: OperationKey::from_stored("ns#op#v1#0123456789abcdef"),
+            status: Status::InProgress,
+            fingerprint: Fingerprint::from_stored("ab".repeat(32)),
+            lease: Lease {
+                token: "token-1".into(),
+                attempt: 12,
+                expires_at: at + Duration::from_secs(35),
+            },
+            expires_at: at + Duration::from_secs(86_400),
+            outcome: None,
+            created_at: at,
+            completed_at: None,
+            request_id: None,
+            identity: None,
+        };
+        let settled = Record {
+            status: Status::Completed,
+            outcome: Some(vec![b'x'; 1000]),
+            completed_at: Some(at + Duration::from_millis(7)),
+            request_id: Some("r".repeat(256)),
+            identity: Some("invoice:o-1".into()),
+            ..claim.clone()
+        };
+        let single_table = AttributeNames {
+            sort_key: Some(SortKey {
+                attribute: "sk".into(),
+                partition_value: "idempotency".into(),
+            }),
+            ..AttributeNames::default()
+        };
+        for names in [AttributeNames::default(), single_table] {
+            for record in [&claim, &settled] {
+                assert_eq!(names.item_size(record), encoded_size(&names, record));
+            }
+        }
+    }
 }
