@@ -228,7 +228,7 @@ impl<R: BatchRecord, S: Store> BatchProcessor<R, S> {
             }
         });
         let handler = &handler;
-        let deadline = (context.deadline > 0).then(|| context.deadline());
+        let deadline = self.usable_deadline(context);
         let groups = group_in_order(prepared);
         let concurrency = self
             .concurrency
@@ -273,7 +273,15 @@ impl<R: BatchRecord, S: Store> BatchProcessor<R, S> {
             let id = record.item_identifier();
             let outcome = match invocation {
                 _ if failed => RecordOutcome::Skipped,
-                _ if self.too_late(deadline) => RecordOutcome::NotStarted,
+                _ if self.too_late(deadline) => {
+                    warn!(
+                        message_id = id.as_deref(),
+                        left_ms = self.time_left(deadline).as_millis() as u64,
+                        margin_ms = self.deadline_margin.as_millis() as u64,
+                        "record not started: too close to the invocation's deadline; it is reported failed for redelivery"
+                    );
+                    RecordOutcome::NotStarted
+                }
                 Err(err) => self.failed(None, err),
                 Ok(invocation) => self.run_record(record, &invocation, handler).await,
             };
@@ -283,13 +291,31 @@ impl<R: BatchRecord, S: Store> BatchProcessor<R, S> {
         outcomes
     }
 
+    /// The invocation's deadline, if it is one: Lambda's is always ahead when a batch starts
+    /// (the sandbox is stopped at the deadline), so one already past comes from an emulator
+    /// that sets none (`cargo lambda watch`); honouring it would start no record at all.
+    fn usable_deadline(&self, context: &Context) -> Option<SystemTime> {
+        let deadline = (context.deadline > 0).then(|| context.deadline())?;
+        if deadline <= self.operation.idem.now() {
+            warn!(
+                "the invocation's deadline had passed before the batch started (a local emulator?); records run without a deadline margin"
+            );
+            return None;
+        }
+        Some(deadline)
+    }
+
     /// Whether less than the margin is left before `deadline`.
     fn too_late(&self, deadline: Option<SystemTime>) -> bool {
-        deadline.is_some_and(|deadline| {
+        deadline.is_some() && self.time_left(deadline) < self.deadline_margin
+    }
+
+    /// The time left before `deadline` (`None`: no deadline, all the time in the world).
+    fn time_left(&self, deadline: Option<SystemTime>) -> Duration {
+        deadline.map_or(Duration::MAX, |deadline| {
             deadline
                 .duration_since(self.operation.idem.now())
                 .unwrap_or_default()
-                < self.deadline_margin
         })
     }
 

@@ -330,6 +330,42 @@ async fn a_batch_close_to_its_deadline_starts_no_new_record() {
     );
 }
 
+#[tokio::test]
+async fn a_deadline_already_past_at_the_start_is_an_emulators_and_ignored() {
+    // `cargo lambda watch` sends a deadline that has passed before the function sees the
+    // event; Lambda never does (it stops the sandbox at the deadline).
+    let processor = processor()
+        .await
+        .with_deadline_margin(Duration::from_secs(2));
+    let orders = Orders::default();
+    let batch = vec![message(
+        "m-1",
+        "orders",
+        None,
+        json!({"order_id": "o-emulated"}),
+    )];
+    let mut context = Context::default();
+    let a_second_ago = std::time::SystemTime::now() - Duration::from_secs(1);
+    context.deadline = u64::try_from(
+        a_second_ago
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after epoch")
+            .as_millis(),
+    )
+    .expect("fits");
+
+    let report = processor
+        .process(batch, &context, |m, ctx| orders.place(m, ctx))
+        .await;
+
+    assert_eq!(orders.placed(), ["o-emulated"], "the record ran");
+    assert!(
+        report.failed_identifiers().is_empty(),
+        "{:?}",
+        report.records
+    );
+}
+
 fn kinesis_record(seq: &str, partition: &str, data: &str) -> KinesisEventRecord {
     serde_json::from_value(json!({"kinesis": {"kinesisSchemaVersion": "1.0", "partitionKey": partition,
         "sequenceNumber": seq, "data": data, "approximateArrivalTimestamp": 1.0}, "eventSource": "aws:kinesis",
