@@ -300,15 +300,7 @@ async fn a_batch_close_to_its_deadline_starts_no_new_record() {
         message("m-1", "orders", None, json!({"order_id": "o-late-1"})),
         message("m-2", "orders", None, json!({"order_id": "o-late-2"})),
     ];
-    let mut context = Context::default();
-    let one_second_left = std::time::SystemTime::now() + Duration::from_secs(1);
-    context.deadline = u64::try_from(
-        one_second_left
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("after epoch")
-            .as_millis(),
-    )
-    .expect("fits");
+    let context = context_with_deadline(std::time::SystemTime::now() + Duration::from_secs(1));
 
     let report = processor
         .process(batch, &context, |m, ctx| orders.place(m, ctx))
@@ -344,15 +336,7 @@ async fn a_deadline_already_past_at_the_start_is_an_emulators_and_ignored() {
         None,
         json!({"order_id": "o-emulated"}),
     )];
-    let mut context = Context::default();
-    let a_second_ago = std::time::SystemTime::now() - Duration::from_secs(1);
-    context.deadline = u64::try_from(
-        a_second_ago
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("after epoch")
-            .as_millis(),
-    )
-    .expect("fits");
+    let context = context_with_deadline(std::time::SystemTime::now() - Duration::from_secs(1));
 
     let report = processor
         .process(batch, &context, |m, ctx| orders.place(m, ctx))
@@ -364,6 +348,19 @@ async fn a_deadline_already_past_at_the_start_is_an_emulators_and_ignored() {
         "{:?}",
         report.records
     );
+}
+
+/// An invocation context whose deadline is `deadline`.
+fn context_with_deadline(deadline: std::time::SystemTime) -> Context {
+    let mut context = Context::default();
+    context.deadline = u64::try_from(
+        deadline
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after epoch")
+            .as_millis(),
+    )
+    .expect("fits");
+    context
 }
 
 fn kinesis_record(seq: &str, partition: &str, data: &str) -> KinesisEventRecord {
