@@ -6,8 +6,9 @@
 #
 # Installs what it needs on first use: a Python venv with cargo-lambda, zig and the SAM CLI
 # (about two minutes, no compiling) and the aarch64-unknown-linux-gnu standard library.
-# A first run compiles the AWS SDK for arm64 in release (about 15 minutes on 2 cores); keep
-# CARGO_TARGET_DIR warm. No Docker and no AWS account are needed.
+# A first run compiles the AWS SDK for arm64 in release (about 6 minutes on 2 cores); keep
+# CARGO_TARGET_DIR warm (then it takes seconds to a few minutes). No Docker and no AWS
+# account are needed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
