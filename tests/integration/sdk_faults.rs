@@ -980,3 +980,30 @@ async fn faults_fire_in_order_on_their_operation() {
     rig.faults.clear();
     assert_eq!(rig.faults.pending(), 0);
 }
+
+#[tokio::test]
+async fn priming_throttled_past_the_sdk_retries_is_transient() {
+    let dynamo = dynamo::start().await;
+    let faults = FaultInterceptor::new();
+    let store = DynamoDbStore::new(client_with(dynamo.endpoint.clone(), &faults), &dynamo.table);
+    faults.inject_times(Operation::GetItem, Fault::Throttle, SDK_ATTEMPTS as usize);
+
+    let err = store
+        .prime()
+        .await
+        .expect_err("throttled past the SDK's retries");
+
+    assert!(matches!(err, StoreError::Throttled { .. }), "got {err:?}");
+    assert!(
+        err.is_transient(),
+        "a throttled prime leaves the first event to retry, it does not fail the init"
+    );
+    assert_eq!(
+        faults.fired(Operation::GetItem, Fault::Throttle),
+        SDK_ATTEMPTS as usize
+    );
+    store
+        .prime()
+        .await
+        .expect("primes once the throttling ends");
+}
