@@ -3,15 +3,34 @@
 //! 100 KB and the largest that fits, beside Powertools' request pattern with its item layout.
 //!
 //! ```text
-//! cargo bench --bench capacity
+//! cargo bench --bench capacity --features testing
 //! ```
+//!
+//! Then it checks the model against the embedded DynamoDB-compatible server, which reports
+//! `ConsumedCapacity`: the engine runs each path through a client whose requests ask for it,
+//! and every successful write's units are compared with the model's (a refused write's error
+//! carries none, in DynamoDB as here).
 //!
 //! DynamoDB's rules, as the model applies them: a write costs one unit per started KB of the
 //! larger of the item before and after it, also when its condition fails; a delete, the item
 //! it removes; every item of a `TransactWriteItems` costs double, also when the transaction is
 //! cancelled. On-demand prices: us-east-1, standard table class.
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
+
+use aws_sdk_dynamodb::config::interceptors::{
+    AfterDeserializationInterceptorContextRef, BeforeTransmitInterceptorContextMut,
+};
+use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
+use aws_sdk_dynamodb::error::BoxError;
+use aws_sdk_dynamodb::operation::delete_item::DeleteItemOutput;
+use aws_sdk_dynamodb::operation::put_item::PutItemOutput;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsOutput;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemOutput;
+use lambda_idempotency::testing::{dynamo, local};
+use lambda_idempotency::{Config, Idempotency, Invocation};
+use serde_json::Value;
 
 use lambda_idempotency::OperationKey;
 use lambda_idempotency::key::Fingerprint;
@@ -192,7 +211,166 @@ fn dollars_per_million(units: u64) -> f64 {
     units as f64 * DOLLARS_PER_MILLION_WRITES
 }
 
-fn main() {
+/// Asks every request for `ConsumedCapacity` and keeps what each successful one reports, in
+/// order.
+#[derive(Debug, Clone, Default)]
+struct Consumed(Arc<Mutex<Vec<f64>>>);
+
+impl Consumed {
+    fn take(&self) -> Vec<f64> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+impl Intercept for Consumed {
+    fn name(&self) -> &'static str {
+        "Consumed"
+    }
+
+    fn modify_before_transmit(
+        &self,
+        context: &mut BeforeTransmitInterceptorContextMut<'_>,
+        _: &RuntimeComponents,
+        _: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let request = context.request_mut();
+        let Some(mut body) = request
+            .body()
+            .bytes()
+            .and_then(|bytes| serde_json::from_slice::<Value>(bytes).ok())
+        else {
+            return Ok(());
+        };
+        body["ReturnConsumedCapacity"] = Value::from("TOTAL");
+        let body = serde_json::to_vec(&body)?;
+        request
+            .headers_mut()
+            .insert("content-length", body.len().to_string());
+        *request.body_mut() = body.into();
+        Ok(())
+    }
+
+    fn read_after_deserialization(
+        &self,
+        context: &AfterDeserializationInterceptorContextRef<'_>,
+        _: &RuntimeComponents,
+        _: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let Ok(output) = context.output_or_error() else {
+            return Ok(());
+        };
+        let capacity = if let Some(put) = output.downcast_ref::<PutItemOutput>() {
+            put.consumed_capacity().cloned().into_iter().collect()
+        } else if let Some(update) = output.downcast_ref::<UpdateItemOutput>() {
+            update.consumed_capacity().cloned().into_iter().collect()
+        } else if let Some(delete) = output.downcast_ref::<DeleteItemOutput>() {
+            delete.consumed_capacity().cloned().into_iter().collect()
+        } else if let Some(transaction) = output.downcast_ref::<TransactWriteItemsOutput>() {
+            transaction.consumed_capacity().to_vec()
+        } else {
+            Vec::new()
+        };
+        let units: f64 = capacity.iter().filter_map(|c| c.capacity_units()).sum();
+        if !capacity.is_empty() {
+            self.0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(units);
+        }
+        Ok(())
+    }
+}
+
+/// Runs a first execution, its duplicate and a released failure through the engine on the
+/// embedded server, for each outcome size, and compares what the server charged for each
+/// successful write with the model.
+async fn check_against_the_server() -> Result<(), BoxError> {
+    let db = dynamo::start().await;
+    let consumed = Consumed::default();
+    let client = aws_sdk_dynamodb::Client::from_conf(
+        local::config_for(db.endpoint.clone())
+            .interceptor(consumed.clone())
+            .build(),
+    );
+    let store = lambda_idempotency::DynamoDbStore::new(client, &db.table);
+    let idem = Idempotency::new(store, Config::default());
+    println!(
+        "
+checked against the embedded server's ConsumedCapacity (successful writes):"
+    );
+    let mut mismatches = 0;
+    for (label, outcome) in OUTCOMES {
+        let ours = Ours::new(outcome);
+        let scope = lambda_idempotency::OperationScope::new("capacity", "check")?;
+        let key = OperationKey::derive(&scope, None, label)?;
+        let invocation = Invocation::new(key, Fingerprint::of(label)?, Duration::from_secs(30));
+        let body = "x".repeat(outcome.saturating_sub(2));
+        consumed.take();
+        idem.execute(&invocation, |_| async {
+            Ok::<_, std::io::Error>(body.clone())
+        })
+        .await?;
+        let measured = consumed.take();
+        let model = [put(0, ours.claim), put(ours.claim, ours.settled)].map(Write::units);
+        let matches = measured.len() == model.len()
+            && measured
+                .iter()
+                .zip(model)
+                .all(|(units, model)| (*units - model as f64).abs() < f64::EPSILON);
+        mismatches += usize::from(!matches);
+        println!(
+            "  {label:<12} first execution: server {measured:?}, model {model:?} WRU{}",
+            if matches { "" } else { "  <- differs" }
+        );
+    }
+    let with_identity = Idempotency::new(
+        lambda_idempotency::DynamoDbStore::new(idem.store().client().clone(), &db.table)
+            .with_uniqueness_table(&db.uniqueness_table),
+        Config::default(),
+    );
+    for (label, outcome) in OUTCOMES {
+        let ours = Ours::new(outcome);
+        let scope = lambda_idempotency::OperationScope::new("capacity", "identity")?;
+        let key = OperationKey::derive(&scope, None, label)?;
+        let invocation = Invocation::new(key, Fingerprint::of(label)?, Duration::from_secs(30))
+            .with_identity(format!("invoice:{label}"));
+        let body = "x".repeat(outcome.saturating_sub(2));
+        consumed.take();
+        with_identity
+            .execute(&invocation, |_| async {
+                Ok::<_, std::io::Error>(body.clone())
+            })
+            .await?;
+        let measured = consumed.take();
+        let model = [
+            transact(0, ours.claim).units() + transact(0, ours.evidence).units(),
+            transact(ours.claim, ours.settled).units()
+                + transact(ours.evidence, ours.settled_evidence).units(),
+        ];
+        let matches = measured.len() == model.len()
+            && measured
+                .iter()
+                .zip(model)
+                .all(|(units, model)| (*units - model as f64).abs() < f64::EPSILON);
+        mismatches += usize::from(!matches);
+        println!(
+            "  {label:<12} first execution, business identity: server {measured:?}, model {model:?} WRU{}",
+            if matches { "" } else { "  <- differs" }
+        );
+    }
+    if mismatches > 0 {
+        return Err(format!("{mismatches} outcome sizes differ from the server").into());
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    print_model();
+    check_against_the_server().await
+}
+
+fn print_model() {
     for (label, outcome) in OUTCOMES {
         let ours = Ours::new(outcome);
         println!(
