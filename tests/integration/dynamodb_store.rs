@@ -164,7 +164,7 @@ async fn sort_key_and_renamed_attributes_work() {
     let names = AttributeNames {
         sort_key: Some(SortKey {
             attribute: "sk".into(),
-            partition_value: "idempotency".into(),
+            value: "idempotency".into(),
         }),
         expires_at: "ttl".into(),
         ..AttributeNames::default()
@@ -186,13 +186,13 @@ async fn sort_key_and_renamed_attributes_work() {
         .client
         .get_item()
         .table_name(&table)
-        .key("pk", AttributeValue::S("idempotency".into()))
-        .key("sk", AttributeValue::S(inv.key().to_string()))
+        .key("pk", AttributeValue::S(inv.key().to_string()))
+        .key("sk", AttributeValue::S("idempotency".into()))
         .send()
         .await
         .expect("get")
         .item
-        .expect("item under the fixed partition");
+        .expect("the item under its own partition, the record kind in the sort key");
     assert!(
         item.contains_key("ttl"),
         "retention under the renamed TTL attribute"
@@ -205,6 +205,29 @@ async fn sort_key_and_renamed_attributes_work() {
             .map(|r| r.lease.attempt),
         Some(1)
     );
+
+    // Another operation has a partition of its own; another kind of item under the same
+    // partition key is not this store's, and a scan leaves it out.
+    let other = invocation("sorted-other");
+    idem.execute(&other, |_| ok(7)).await.expect("other");
+    db.client
+        .put_item()
+        .table_name(&table)
+        .item("pk", AttributeValue::S(inv.key().to_string()))
+        .item("sk", AttributeValue::S("order-line".into()))
+        .send()
+        .await
+        .expect("a foreign item");
+    let (records, skipped, _) = idem.store().scan_page(None).await.expect("scan");
+    let mut keys: Vec<&str> = records.iter().map(|r| r.key.as_str()).collect();
+    keys.sort_unstable();
+    let mut expected = [inv.key().as_str(), other.key().as_str()];
+    expected.sort_unstable();
+    assert_eq!(
+        keys, expected,
+        "one partition per operation, the foreign item left out"
+    );
+    assert_eq!(skipped, 0);
 }
 
 #[tokio::test]

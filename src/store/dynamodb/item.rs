@@ -18,9 +18,10 @@ pub(crate) type Item = HashMap<String, AttributeValue>;
 /// The attribute names of the idempotency table; every one can be renamed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttributeNames {
-    /// Partition key (S): the operation key, or the fixed partition value with a sort key.
+    /// Partition key (S): the operation key.
     pub partition_key: String,
-    /// Optional sort key (S) holding the operation key, with the fixed partition value to use.
+    /// Optional sort key (S) for a table shared with other record kinds: every record of this
+    /// store carries the same value in it.
     pub sort_key: Option<SortKey>,
     /// Status (S).
     pub status: String,
@@ -46,13 +47,16 @@ pub struct AttributeNames {
     pub identity: String,
 }
 
-/// A sort key for single-table designs: every record shares one partition value.
+/// A sort key for single-table designs. The operation key stays in the partition key, so
+/// records spread over every partition (one shared partition value would put the whole
+/// workload under one partition's 1,000 write units a second); the sort key names the record
+/// kind, apart from the table's other items under the same partition key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SortKey {
-    /// The sort key attribute, holding the operation key.
+    /// The sort key attribute.
     pub attribute: String,
-    /// The partition key value shared by all records.
-    pub partition_value: String,
+    /// The value every record of this store has in it, e.g. `idempotency`.
+    pub value: String,
 }
 
 impl Default for AttributeNames {
@@ -79,14 +83,9 @@ impl AttributeNames {
     /// The primary key attributes of `key`'s item.
     pub(crate) fn key(&self, key: &OperationKey) -> Item {
         let mut item = Item::new();
-        match &self.sort_key {
-            Some(sort) => {
-                item.insert(self.partition_key.clone(), s(&sort.partition_value));
-                item.insert(sort.attribute.clone(), s(key.as_str()));
-            }
-            None => {
-                item.insert(self.partition_key.clone(), s(key.as_str()));
-            }
+        item.insert(self.partition_key.clone(), s(key.as_str()));
+        if let Some(sort) = &self.sort_key {
+            item.insert(sort.attribute.clone(), s(&sort.value));
         }
         item
     }
@@ -129,13 +128,11 @@ impl AttributeNames {
     pub fn item_size(&self, record: &Record) -> usize {
         let text = |name: &str, value: &str| name.len() + value.len();
         let number = |name: &str, value: u64| name.len() + number_size(value);
-        let key = match &self.sort_key {
-            Some(sort) => {
-                text(&self.partition_key, &sort.partition_value)
-                    + text(&sort.attribute, record.key.as_str())
-            }
-            None => text(&self.partition_key, record.key.as_str()),
-        };
+        let key = text(&self.partition_key, record.key.as_str())
+            + self
+                .sort_key
+                .as_ref()
+                .map_or(0, |sort| text(&sort.attribute, &sort.value));
         key + text(&self.status, record.status.as_str())
             + text(&self.fingerprint, record.fingerprint.as_str())
             + text(&self.lease_token, &record.lease.token)
@@ -165,12 +162,8 @@ impl AttributeNames {
 
     /// The record in `item`.
     pub(crate) fn decode(&self, item: &Item) -> Result<Record, StoreError> {
-        let key_attribute = self
-            .sort_key
-            .as_ref()
-            .map_or(&self.partition_key, |sort| &sort.attribute);
         let key = OperationKey::from_stored(
-            read_s(item, key_attribute).map_err(|reason| corrupt("?", reason))?,
+            read_s(item, &self.partition_key).map_err(|reason| corrupt("?", reason))?,
         );
         let decoder = Decoder { item, key: &key };
         let status = decoder.s(&self.status)?;
@@ -369,7 +362,7 @@ mod tests {
         let single_table = AttributeNames {
             sort_key: Some(SortKey {
                 attribute: "sk".into(),
-                partition_value: "idempotency".into(),
+                value: "idempotency".into(),
             }),
             ..AttributeNames::default()
         };

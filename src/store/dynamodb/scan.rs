@@ -6,6 +6,7 @@ use super::error::map_sdk_error;
 use super::item::Item;
 use crate::error::StoreError;
 use crate::record::Record;
+use aws_sdk_dynamodb::types::AttributeValue;
 
 /// Where a scan goes on: `None` before the first page and after the last.
 #[derive(Debug, Clone, Default)]
@@ -37,11 +38,19 @@ impl DynamoDbStore {
         &self,
         cursor: Option<ScanCursor>,
     ) -> Result<(Vec<Record>, usize, ScanCursor), StoreError> {
-        let output = self
+        let mut scan = self
             .client
             .scan()
             .table_name(&self.table)
-            .set_exclusive_start_key(cursor.and_then(|cursor| cursor.0))
+            .set_exclusive_start_key(cursor.and_then(|cursor| cursor.0));
+        if let Some(sort) = &self.names.sort_key {
+            // A shared table: only this store's records.
+            scan = scan
+                .filter_expression("#kind = :kind")
+                .expression_attribute_names("#kind", &sort.attribute)
+                .expression_attribute_values(":kind", AttributeValue::S(sort.value.clone()));
+        }
+        let output = scan
             .send()
             .await
             .map_err(|err| map_sdk_error("scan", &self.table, err))?;
