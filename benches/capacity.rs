@@ -298,65 +298,55 @@ async fn check_against_the_server() -> Result<(), BoxError> {
         "
 checked against the embedded server's ConsumedCapacity (successful writes):"
     );
-    let mut mismatches = 0;
-    for (label, outcome) in OUTCOMES {
-        let ours = Ours::new(outcome);
-        let scope = lambda_idempotency::OperationScope::new("capacity", "check")?;
-        let key = OperationKey::derive(&scope, None, label)?;
-        let invocation = Invocation::new(key, Fingerprint::of(label)?, Duration::from_secs(30));
-        let body = "x".repeat(outcome.saturating_sub(2));
-        consumed.take();
-        idem.execute(&invocation, |_| async {
-            Ok::<_, std::io::Error>(body.clone())
-        })
-        .await?;
-        let measured = consumed.take();
-        let model = [put(0, ours.claim), put(ours.claim, ours.settled)].map(Write::units);
-        let matches = measured.len() == model.len()
-            && measured
-                .iter()
-                .zip(model)
-                .all(|(units, model)| (*units - model as f64).abs() < f64::EPSILON);
-        mismatches += usize::from(!matches);
-        println!(
-            "  {label:<12} first execution: server {measured:?}, model {model:?} WRU{}",
-            if matches { "" } else { "  <- differs" }
-        );
-    }
     let with_identity = Idempotency::new(
         lambda_idempotency::DynamoDbStore::new(idem.store().client().clone(), &db.table)
             .with_uniqueness_table(&db.uniqueness_table),
         Config::default(),
     );
+    let mut mismatches = 0;
     for (label, outcome) in OUTCOMES {
         let ours = Ours::new(outcome);
-        let scope = lambda_idempotency::OperationScope::new("capacity", "identity")?;
-        let key = OperationKey::derive(&scope, None, label)?;
-        let invocation = Invocation::new(key, Fingerprint::of(label)?, Duration::from_secs(30))
-            .with_identity(format!("invoice:{label}"));
-        let body = "x".repeat(outcome.saturating_sub(2));
-        consumed.take();
-        with_identity
-            .execute(&invocation, |_| async {
-                Ok::<_, std::io::Error>(body.clone())
-            })
-            .await?;
-        let measured = consumed.take();
-        let model = [
+        let plain = [put(0, ours.claim), put(ours.claim, ours.settled)].map(Write::units);
+        let identity = [
             transact(0, ours.claim).units() + transact(0, ours.evidence).units(),
             transact(ours.claim, ours.settled).units()
                 + transact(ours.evidence, ours.settled_evidence).units(),
         ];
-        let matches = measured.len() == model.len()
-            && measured
-                .iter()
-                .zip(model)
-                .all(|(units, model)| (*units - model as f64).abs() < f64::EPSILON);
-        mismatches += usize::from(!matches);
-        println!(
-            "  {label:<12} first execution, business identity: server {measured:?}, model {model:?} WRU{}",
-            if matches { "" } else { "  <- differs" }
-        );
+        for (path, engine, model, with) in [
+            ("first execution", &idem, plain, None),
+            (
+                "first execution, business identity",
+                &with_identity,
+                identity,
+                Some(format!("invoice:{label}")),
+            ),
+        ] {
+            let scope = lambda_idempotency::OperationScope::new("capacity", path)?;
+            let key = OperationKey::derive(&scope, None, label)?;
+            let mut invocation =
+                Invocation::new(key, Fingerprint::of(label)?, Duration::from_secs(30));
+            if let Some(identity) = with {
+                invocation = invocation.with_identity(identity);
+            }
+            let body = "x".repeat(outcome.saturating_sub(2));
+            consumed.take();
+            engine
+                .execute(&invocation, |_| async {
+                    Ok::<_, std::io::Error>(body.clone())
+                })
+                .await?;
+            let measured = consumed.take();
+            let matches = measured.len() == model.len()
+                && measured
+                    .iter()
+                    .zip(model)
+                    .all(|(units, model)| (*units - model as f64).abs() < f64::EPSILON);
+            mismatches += usize::from(!matches);
+            println!(
+                "  {label:<12} {path}: server {measured:?}, model {model:?} WRU{}",
+                if matches { "" } else { "  <- differs" }
+            );
+        }
     }
     if mismatches > 0 {
         return Err(format!("{mismatches} outcome sizes differ from the server").into());
