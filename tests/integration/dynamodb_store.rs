@@ -19,6 +19,34 @@ async fn fixture() -> Fixture<DynamoDbStore> {
 
 lambda_idempotency::conformance_tests!(fixture());
 
+/// The whole conformance suite again on a single-table layout (a sort key naming the record
+/// kind, the TTL attribute renamed): every write's key and condition as that layout builds them.
+mod single_table {
+    use lambda_idempotency::store::{AttributeNames, DynamoDbStore, SortKey};
+    use lambda_idempotency::testing::conformance::{Fixture, start_time};
+    use lambda_idempotency::testing::dynamo;
+    use lambda_idempotency::testing::local::unique_table_name;
+
+    async fn fixture() -> Fixture<DynamoDbStore> {
+        let base = dynamo::fixture(start_time()).await;
+        let names = AttributeNames {
+            sort_key: Some(SortKey {
+                attribute: "sk".into(),
+                value: "idempotency".into(),
+            }),
+            expires_at: "ttl".into(),
+            ..AttributeNames::default()
+        };
+        let store = DynamoDbStore::new(base.store.client().clone(), unique_table_name("single"))
+            .with_uniqueness_table(unique_table_name("single-uniqueness"))
+            .with_attribute_names(names);
+        store.create_table().await.expect("single-table tables");
+        Fixture { store, ..base }
+    }
+
+    lambda_idempotency::conformance_tests!(fixture());
+}
+
 fn invocation(material: &str) -> Invocation {
     let scope = OperationScope::new("dynamodb", "op").expect("scope");
     let key = OperationKey::derive(&scope, None, material).expect("key");
