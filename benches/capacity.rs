@@ -1,15 +1,20 @@
-//! The capacity and cost model: DynamoDB write and read units per path, computed from the item
-//! sizes the store really writes (`AttributeNames::item_size`), for outcomes of 100 B, 4 KB,
-//! 100 KB and the largest that fits, beside Powertools' request pattern with its item layout.
+//! The capacity and cost of each path, in DynamoDB write and read units.
 //!
 //! ```text
 //! cargo bench --bench capacity --features testing
 //! ```
 //!
-//! Then it checks the model against the embedded DynamoDB-compatible server, which reports
-//! `ConsumedCapacity`: the engine runs each path through a client whose requests ask for it,
-//! and every successful write's units are compared with the model's (a refused write's error
-//! carries none, in DynamoDB as here).
+//! 1. **Outcome inline, uncompressed**: the record layout before `OutcomeStorage` (and the
+//!    one Powertools uses), computed from the item sizes (`AttributeNames::item_size`) for
+//!    outcomes of 100 B, 4 KB, 100 KB and the largest that fitted, for every path, beside
+//!    Powertools' request pattern with its item layout. This model was checked write by write
+//!    against the server's `ConsumedCapacity` while the store wrote that layout.
+//! 2. **`OutcomeStorage` (the default now), measured** on the embedded DynamoDB-compatible
+//!    server, for outcomes of 100 B to 5 MB, JSON (compressible) and random text: the
+//!    first execution's write units as the server reports them (claim, parts, settlement); a
+//!    duplicate's failed claim, billed by the record that stands (read back from the table:
+//!    a refused write's error carries no `ConsumedCapacity`, in DynamoDB as here), and its
+//!    reads as the server reports them; with the same figures for the inline layout beside.
 //!
 //! DynamoDB's rules, as the model applies them: a write costs one unit per started KB of the
 //! larger of the item before and after it, also when its condition fails; a delete, the item
@@ -25,10 +30,11 @@ use aws_sdk_dynamodb::config::interceptors::{
 use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_dynamodb::error::BoxError;
 use aws_sdk_dynamodb::operation::delete_item::DeleteItemOutput;
+use aws_sdk_dynamodb::operation::get_item::GetItemOutput;
 use aws_sdk_dynamodb::operation::put_item::PutItemOutput;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsOutput;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemOutput;
-use lambda_idempotency::testing::{dynamo, local};
+use lambda_idempotency::testing::{dynamo, local, outcomes};
 use lambda_idempotency::{Config, Idempotency, Invocation};
 use serde_json::Value;
 
@@ -39,6 +45,17 @@ use lambda_idempotency::store::AttributeNames;
 
 /// US dollars per million write request units (on demand, us-east-1).
 const DOLLARS_PER_MILLION_WRITES: f64 = 0.625;
+/// US dollars per million read request units (on demand, us-east-1).
+const DOLLARS_PER_MILLION_READS: f64 = 0.125;
+/// The outcome sizes measured with `OutcomeStorage`.
+const MEASURED: [(&str, usize); 6] = [
+    ("100 B", 100),
+    ("4 KB", 4 * 1024),
+    ("100 KB", 100 * 1024),
+    ("398 KB", 398 * 1024),
+    ("1 MB", 1024 * 1024),
+    ("5 MB", 5 * 1024 * 1024),
+];
 /// The outcome sizes modelled; the last is the largest the store keeps with this key.
 const OUTCOMES: [(&str, usize); 4] = [
     ("100 B", 100),
@@ -212,13 +229,23 @@ fn dollars_per_million(units: u64) -> f64 {
 }
 
 /// Asks every request for `ConsumedCapacity` and keeps what each successful one reports, in
-/// order.
+/// order: `(read, units)`.
 #[derive(Debug, Clone, Default)]
-struct Consumed(Arc<Mutex<Vec<f64>>>);
+struct Consumed(Arc<Mutex<Vec<(bool, f64)>>>);
 
 impl Consumed {
-    fn take(&self) -> Vec<f64> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    /// The write and read units reported since the last call.
+    fn take(&self) -> (f64, f64) {
+        let taken = std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner));
+        let sum = |reads: bool| {
+            taken
+                .iter()
+                .filter(|(read, _)| *read == reads)
+                .map(|(_, units)| units)
+                .sum::<f64>()
+                + 0.0
+        };
+        (sum(false), sum(true))
     }
 }
 
@@ -259,108 +286,173 @@ impl Intercept for Consumed {
         let Ok(output) = context.output_or_error() else {
             return Ok(());
         };
-        let capacity = if let Some(put) = output.downcast_ref::<PutItemOutput>() {
-            put.consumed_capacity().cloned().into_iter().collect()
+        let (read, capacity) = if let Some(put) = output.downcast_ref::<PutItemOutput>() {
+            (
+                false,
+                put.consumed_capacity().cloned().into_iter().collect(),
+            )
         } else if let Some(update) = output.downcast_ref::<UpdateItemOutput>() {
-            update.consumed_capacity().cloned().into_iter().collect()
+            (
+                false,
+                update.consumed_capacity().cloned().into_iter().collect(),
+            )
         } else if let Some(delete) = output.downcast_ref::<DeleteItemOutput>() {
-            delete.consumed_capacity().cloned().into_iter().collect()
+            (
+                false,
+                delete.consumed_capacity().cloned().into_iter().collect(),
+            )
         } else if let Some(transaction) = output.downcast_ref::<TransactWriteItemsOutput>() {
-            transaction.consumed_capacity().to_vec()
+            (false, transaction.consumed_capacity().to_vec())
+        } else if let Some(get) = output.downcast_ref::<GetItemOutput>() {
+            (true, get.consumed_capacity().cloned().into_iter().collect())
         } else {
-            Vec::new()
+            (false, Vec::new())
         };
         let units: f64 = capacity.iter().filter_map(|c| c.capacity_units()).sum();
         if !capacity.is_empty() {
             self.0
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .push(units);
+                .push((read, units));
         }
         Ok(())
     }
 }
 
-/// Runs a first execution, its duplicate and a released failure through the engine on the
-/// embedded server, for each outcome size, and compares what the server charged for each
-/// successful write with the model.
-async fn check_against_the_server() -> Result<(), BoxError> {
+/// One outcome's figures with `OutcomeStorage`.
+struct Measured {
+    first_writes: f64,
+    record_bytes: usize,
+    duplicate_writes: u64,
+    duplicate_reads: f64,
+    duplicate_round_trips: usize,
+}
+
+/// Runs a first execution and its duplicate through the engine on the embedded server with the
+/// default `OutcomeStorage`, for each outcome size and kind, and prints what they cost beside
+/// the inline layout.
+async fn measure_outcome_storage() -> Result<(), BoxError> {
     let db = dynamo::start().await;
     let consumed = Consumed::default();
     let client = aws_sdk_dynamodb::Client::from_conf(
         local::config_for(db.endpoint.clone())
             .interceptor(consumed.clone())
+            .interceptor(db.requests.clone())
             .build(),
     );
-    let store = lambda_idempotency::DynamoDbStore::new(client, &db.table);
-    let idem = Idempotency::new(store, Config::default());
-    println!(
-        "
-checked against the embedded server's ConsumedCapacity (successful writes):"
-    );
-    let with_identity = Idempotency::new(
-        lambda_idempotency::DynamoDbStore::new(idem.store().client().clone(), &db.table)
-            .with_uniqueness_table(&db.uniqueness_table),
+    let idem = Idempotency::new(
+        lambda_idempotency::DynamoDbStore::new(client, &db.table),
         Config::default(),
     );
-    let mut mismatches = 0;
-    for (label, outcome) in OUTCOMES {
-        let ours = Ours::new(outcome);
-        let plain = [put(0, ours.claim), put(ours.claim, ours.settled)].map(Write::units);
-        let identity = [
-            transact(0, ours.claim).units() + transact(0, ours.evidence).units(),
-            transact(ours.claim, ours.settled).units()
-                + transact(ours.evidence, ours.settled_evidence).units(),
-        ];
-        for (path, engine, model, with) in [
-            ("first execution", &idem, plain, None),
-            (
-                "first execution, business identity",
-                &with_identity,
-                identity,
-                Some(format!("invoice:{label}")),
-            ),
-        ] {
-            let scope = lambda_idempotency::OperationScope::new("capacity", path)?;
-            let key = OperationKey::derive(&scope, None, label)?;
-            let mut invocation =
-                Invocation::new(key, Fingerprint::of(label)?, Duration::from_secs(30));
-            if let Some(identity) = with {
-                invocation = invocation.with_identity(identity);
-            }
-            let body = "x".repeat(outcome.saturating_sub(2));
-            consumed.take();
-            engine
-                .execute(&invocation, |_| async {
-                    Ok::<_, std::io::Error>(body.clone())
-                })
-                .await?;
-            let measured = consumed.take();
-            let matches = measured.len() == model.len()
-                && measured
-                    .iter()
-                    .zip(model)
-                    .all(|(units, model)| (*units - model as f64).abs() < f64::EPSILON);
-            mismatches += usize::from(!matches);
+    println!(
+        "\nwith OutcomeStorage (default: inline while the record is at most 1 KB, then zstd, \
+         then parts), measured on the embedded server"
+    );
+    println!(
+        "  {:<8} {:<6} {:>12} {:>9} {:>22} {:>11}   {:>26}",
+        "outcome",
+        "kind",
+        "first WRU",
+        "record",
+        "duplicate WRU + RRU",
+        "$ / million",
+        "inline layout (before)"
+    );
+    for (label, size) in MEASURED {
+        for kind in ["JSON", "random"] {
+            let outcome = match kind {
+                "JSON" => outcomes::compressible(size),
+                _ => Value::from(outcomes::incompressible(size, size as u64)),
+            };
+            let m = measure(&idem, &db, &consumed, &format!("{label}-{kind}"), &outcome).await?;
+            let inline = Ours::new(serde_json::to_string(&outcome)?.len());
+            let before = if inline.settled <= 400 * 1024 {
+                let units = put(inline.settled, inline.claim).units();
+                format!("{units} WRU ${:.2}", dollars_per_million(units))
+            } else {
+                "over the item limit".to_owned()
+            };
+            let dollars = m.duplicate_writes as f64 * DOLLARS_PER_MILLION_WRITES
+                + m.duplicate_reads * DOLLARS_PER_MILLION_READS;
             println!(
-                "  {label:<12} {path}: server {measured:?}, model {model:?} WRU{}",
-                if matches { "" } else { "  <- differs" }
+                "  {label:<8} {kind:<6} {:>12} {:>7} B {:>9} + {:>5} ({} req) {:>11.2}   {before:>26}",
+                m.first_writes,
+                m.record_bytes,
+                m.duplicate_writes,
+                m.duplicate_reads,
+                m.duplicate_round_trips,
+                dollars,
             );
         }
     }
-    if mismatches > 0 {
-        return Err(format!("{mismatches} outcome sizes differ from the server").into());
-    }
     Ok(())
+}
+
+/// One first execution of `outcome` and its duplicate.
+async fn measure(
+    idem: &Idempotency<lambda_idempotency::DynamoDbStore>,
+    db: &dynamo::Dynamo,
+    consumed: &Consumed,
+    material: &str,
+    outcome: &Value,
+) -> Result<Measured, BoxError> {
+    let scope = lambda_idempotency::OperationScope::new("orders-prod-place", "place-order")?;
+    let key = OperationKey::derive(&scope, None, material)?;
+    let invocation = Invocation::new(
+        key.clone(),
+        Fingerprint::of(material)?,
+        Duration::from_secs(30),
+    )
+    .with_request_id("c0ffee00-1234-4abc-9def-0123456789ab");
+    consumed.take();
+    idem.execute(&invocation, |_| async {
+        Ok::<_, std::io::Error>(outcome.clone())
+    })
+    .await?;
+    let (first_writes, _) = consumed.take();
+    let record = db
+        .client
+        .get_item()
+        .table_name(&db.table)
+        .key(
+            "pk",
+            aws_sdk_dynamodb::types::AttributeValue::S(key.as_str().to_owned()),
+        )
+        .consistent_read(true)
+        .send()
+        .await?
+        .item
+        .ok_or("the record")?;
+    let record_bytes = dynamo::item_size(&record);
+    consumed.take();
+    let before = db.requests.count();
+    let replay = idem
+        .execute(&invocation, |_| async {
+            Ok::<_, std::io::Error>(Value::Null)
+        })
+        .await?;
+    if !replay.is_replay() || replay.value() != outcome {
+        return Err("the duplicate was not replayed whole".into());
+    }
+    let (_, duplicate_reads) = consumed.take();
+    let claim = Ours::new(0).claim;
+    Ok(Measured {
+        first_writes,
+        record_bytes,
+        duplicate_writes: put(record_bytes, claim).units(),
+        duplicate_reads,
+        duplicate_round_trips: db.requests.count() - before,
+    })
 }
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     print_model();
-    check_against_the_server().await
+    measure_outcome_storage().await
 }
 
 fn print_model() {
+    println!("outcome inline, uncompressed (the layout before OutcomeStorage; Powertools')");
     for (label, outcome) in OUTCOMES {
         let ours = Ours::new(outcome);
         println!(

@@ -15,10 +15,13 @@ use crate::error::ConfigError;
 
 /// DynamoDB's item size limit, in bytes.
 pub const DYNAMODB_ITEM_LIMIT: usize = 400 * 1024;
-/// Room kept in an item for the key and the other attributes.
-const ITEM_OVERHEAD: usize = 2 * 1024;
-/// The largest outcome that fits in an item next to the other attributes (the default limit).
-pub const MAX_OUTCOME_BYTES: usize = DYNAMODB_ITEM_LIMIT - ITEM_OVERHEAD;
+/// The largest outcome the engine stores: 16 MiB. Past DynamoDB's item limit the DynamoDB
+/// store keeps an outcome compressed in part items beside its record
+/// ([`OutcomeStorage`](crate::store::OutcomeStorage)).
+pub const MAX_OUTCOME_BYTES: usize = 16 * 1024 * 1024;
+/// The default outcome limit: 6 MiB, Lambda's limit on a synchronous invocation's response,
+/// so that any result a function can return is stored and replayed.
+pub const DEFAULT_MAX_OUTCOME_BYTES: usize = 6 * 1024 * 1024;
 
 /// The longest result reference kept in a business identity's evidence, in bytes.
 pub const MAX_RESULT_REF_BYTES: usize = 1024;
@@ -48,7 +51,8 @@ impl Config {
         self.retention
     }
 
-    /// The largest serialized outcome that is stored.
+    /// The largest serialized outcome that is stored (a larger one is retained as FAILED,
+    /// `outcome_too_large`: the effect happened, so it is not run again).
     pub fn max_outcome_bytes(&self) -> usize {
         self.max_outcome_bytes
     }
@@ -58,7 +62,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             retention: Self::DEFAULT_RETENTION,
-            max_outcome_bytes: MAX_OUTCOME_BYTES,
+            max_outcome_bytes: DEFAULT_MAX_OUTCOME_BYTES,
         }
     }
 }
@@ -77,7 +81,8 @@ impl ConfigBuilder {
         self
     }
 
-    /// The largest serialized outcome to store (1 byte to [`MAX_OUTCOME_BYTES`], the default).
+    /// The largest serialized outcome to store (1 byte to [`MAX_OUTCOME_BYTES`]; default
+    /// [`DEFAULT_MAX_OUTCOME_BYTES`]).
     pub fn max_outcome_bytes(mut self, bytes: usize) -> Self {
         self.config.max_outcome_bytes = bytes;
         self

@@ -36,7 +36,7 @@ use self::answer::answer_existing;
 use self::give_back::GiveBack;
 use self::single_flight::SingleFlight;
 use crate::clock::{Clock, SystemClock};
-use crate::config::{Config, DYNAMODB_ITEM_LIMIT, MAX_REQUEST_ID_BYTES};
+use crate::config::Config;
 use crate::error::{BoxError, Error, StoreError};
 use crate::execution::{Execution, ExecutionContext, Invocation, Origin};
 use crate::failure::{Classifier, DefaultClassifier, FailureClass};
@@ -621,7 +621,7 @@ impl<S: Store> Idempotency<S> {
                     expires_at: now + self.config.retention(),
                     completed_at: now,
                 };
-                let limit = self.outcome_limit(claim, &settlement);
+                let limit = self.config.max_outcome_bytes();
                 if raw.get().len() <= limit {
                     let completing = Instant::now();
                     let settled = self.settle(target, attempt, &settlement, deadline).await;
@@ -659,24 +659,6 @@ impl<S: Store> Idempotency<S> {
         self.retain(target, attempt, kind, unstorable.to_string(), deadline)
             .await?;
         Err(unstorable)
-    }
-
-    /// The largest outcome `settlement` may carry: the configured limit, and what the rest of
-    /// the settled item leaves of DynamoDB's item limit.
-    fn outcome_limit(&self, claim: &Record, settlement: &Settlement) -> usize {
-        // A takeover keeps the first claim's request id: count the longest one kept.
-        let settled = Record {
-            status: settlement.status,
-            outcome: Some(Vec::new()),
-            expires_at: settlement.expires_at,
-            completed_at: Some(settlement.completed_at),
-            request_id: Some("r".repeat(MAX_REQUEST_ID_BYTES)),
-            ..claim.clone()
-        };
-        let rest = self.store.item_size(&settled);
-        self.config
-            .max_outcome_bytes()
-            .min(DYNAMODB_ITEM_LIMIT.saturating_sub(rest))
     }
 
     /// Handles a handler error by its class: release (retryable) or retain (terminal); the
@@ -824,7 +806,7 @@ impl<S: Store> Idempotency<S> {
             expires_at: now + self.config.retention(),
             completed_at: now,
         };
-        let limit = self.outcome_limit(&record, &settlement);
+        let limit = self.config.max_outcome_bytes();
         if size > limit {
             return Err(Error::OutcomeTooLarge {
                 key: key.clone(),

@@ -105,7 +105,8 @@ pub enum Error {
         reason: String,
     },
 
-    /// The handler's result is too large to store; the operation ran and is retained as failed.
+    /// The handler's result is over [`Config::max_outcome_bytes`](crate::Config::max_outcome_bytes)
+    /// (or the store refused it); the operation ran and is retained as failed.
     #[error(
         "the result of operation {} is {size} bytes, over the {limit}-byte limit; return a reference instead of the full result",
         key.short()

@@ -88,7 +88,6 @@ trait DynStore: Send + Sync + fmt::Debug + 'static {
         &'a self,
         identity: &'a str,
     ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>>;
-    fn item_size(&self, record: &Record) -> usize;
 }
 
 impl<S: Store> DynStore for S {
@@ -152,10 +151,6 @@ impl<S: Store> DynStore for S {
     ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>> {
         Box::pin(Store::evidence(self, identity))
     }
-
-    fn item_size(&self, record: &Record) -> usize {
-        Store::item_size(self, record)
-    }
 }
 
 impl Store for AnyStore {
@@ -204,9 +199,5 @@ impl Store for AnyStore {
 
     async fn evidence(&self, identity: &str) -> Result<Option<Evidence>, StoreError> {
         self.0.evidence(identity).await
-    }
-
-    fn item_size(&self, record: &Record) -> usize {
-        self.0.item_size(record)
     }
 }

@@ -206,8 +206,4 @@ impl<S: Store> Store for CachedStore<S> {
     async fn evidence(&self, identity: &str) -> Result<Option<Evidence>, StoreError> {
         self.inner.evidence(identity).await
     }
-
-    fn item_size(&self, record: &Record) -> usize {
-        self.inner.item_size(record)
-    }
 }

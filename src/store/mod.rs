@@ -38,9 +38,11 @@ use std::time::SystemTime;
 
 pub use any::AnyStore;
 pub use cached::CachedStore;
+#[cfg(feature = "testing")]
+pub(crate) use dynamodb::value_size;
 pub use dynamodb::{
-    AttributeNames, DynamoDbStore, ENDPOINT_VAR, ScanCursor, SortKey, TABLE_VAR,
-    UNIQUENESS_TABLE_VAR,
+    AttributeNames, DynamoDbStore, ENDPOINT_VAR, OutcomeStorage, PART_BYTES, PART_TTL_MARGIN,
+    ScanCursor, SortKey, TABLE_VAR, UNIQUENESS_TABLE_VAR,
 };
 pub use memory::MemoryStore;
 
@@ -143,6 +145,11 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ) -> impl Future<Output = Result<Fence, StoreError>> + Send;
 
     /// Moves the target record to `settlement.status` with its outcome (and its evidence too).
+    /// Outcomes up to [`Config::max_outcome_bytes`](crate::Config::max_outcome_bytes) come
+    /// here, whatever the backend's item limit: a store keeps a large one its own way (the
+    /// DynamoDB store compresses it and keeps it in part items, [`OutcomeStorage`]) and never
+    /// lets a reader see part of one. A store that cannot keep it answers
+    /// [`StoreError::Rejected`]; the engine then retains the operation as FAILED.
     fn settle(
         &self,
         target: Target<'_>,
@@ -164,11 +171,4 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         &self,
         identity: &str,
     ) -> impl Future<Output = Result<Option<Evidence>, StoreError>> + Send;
-
-    /// The size `record` takes as one item, by DynamoDB's rules (attribute names plus values),
-    /// with this store's attribute names. The engine checks it against
-    /// [`DYNAMODB_ITEM_LIMIT`](crate::config::DYNAMODB_ITEM_LIMIT) before it writes an outcome.
-    fn item_size(&self, record: &Record) -> usize {
-        AttributeNames::default().item_size(record)
-    }
 }

@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lambda_idempotency::clock::{Clock, ManualClock};
-use lambda_idempotency::config::MAX_OUTCOME_BYTES;
 use lambda_idempotency::reconcile::BoxFuture;
 use lambda_idempotency::record::{Record, Status};
 use lambda_idempotency::store::{MemoryStore, Store};
@@ -567,51 +566,6 @@ pub async fn unreadable_outcome_is_a_typed_error<S: Store>(fx: Fixture<S>) {
     );
 }
 
-/// Case: Oversized outcome is retained not rerun.
-pub async fn oversized_outcome_is_retained_not_rerun<S: Store>(fx: Fixture<S>) {
-    let (idem, _, _) = engine(fx, Config::default());
-    let inv = invocation("order-13", &serde_json::json!({"amount": 10}));
-    let runs = AtomicUsize::new(0);
-    let huge = "x".repeat(MAX_OUTCOME_BYTES); // + 2 quotes: just over the limit
-
-    let err = idem
-        .execute(&inv, |_| counted(&runs, huge.clone()))
-        .await
-        .expect_err("too large");
-    assert!(
-        matches!(err, Error::OutcomeTooLarge { size, limit, .. } if size == MAX_OUTCOME_BYTES + 2 && limit == MAX_OUTCOME_BYTES),
-        "got {err:?}"
-    );
-    for _ in 0..2 {
-        let err = idem
-            .execute(&inv, |_| counted(&runs, String::new()))
-            .await
-            .expect_err("retained");
-        assert!(
-            matches!(&err, Error::Failed { failure, .. } if failure.kind == "outcome_too_large"),
-            "got {err:?}"
-        );
-    }
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "the effect is not repeated");
-}
-
-/// Case: Largest outcome fits.
-pub async fn largest_outcome_fits<S: Store>(fx: Fixture<S>) {
-    let (idem, _, _) = engine(fx, Config::default());
-    let inv = invocation("order-14", &serde_json::json!({"amount": 10}));
-    let largest = "y".repeat(MAX_OUTCOME_BYTES - 2);
-
-    idem.execute(&inv, |_| async { Ok::<_, std::io::Error>(largest.clone()) })
-        .await
-        .expect("stored");
-    let replay = idem
-        .execute(&inv, |_| async { Ok::<_, std::io::Error>(String::new()) })
-        .await
-        .expect("replay");
-
-    assert!(replay.is_replay());
-    assert_eq!(replay.value().len(), MAX_OUTCOME_BYTES - 2);
-}
-
 pub use super::durability::*;
 pub use super::edges::*;
+pub use super::outcomes::*;

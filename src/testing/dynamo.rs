@@ -118,6 +118,14 @@ impl Dynamo {
     }
 }
 
+/// The size DynamoDB bills for `item` (a write unit per started KB, a strongly consistent
+/// read unit per started 4 KB): each attribute's name plus its value.
+pub fn item_size(item: &std::collections::HashMap<String, AttributeValue>) -> usize {
+    item.iter()
+        .map(|(name, value)| name.len() + lambda_idempotency::store::value_size(value))
+        .sum()
+}
+
 /// Starts (or connects to) the endpoint and creates fresh tables; time from a fresh clock.
 pub async fn start() -> Dynamo {
     start_with_clock(ManualClock::new(SystemTime::now())).await

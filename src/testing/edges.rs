@@ -1,21 +1,18 @@
 //! Conformance cases at the edges of time and failure: retention against leases, records that
 //! never expire into a blind re-run, ambiguous and failing writes, panics and cancellations,
-//! item sizes, values checked before they are stored. Each case wraps the fixture's store in a
+//! values checked before they are stored. Each case wraps the fixture's store in a
 //! [`FaultyStore`] where it needs a fault, so these cases need a `Clone` store.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lambda_idempotency::clock::Clock;
-use lambda_idempotency::config::MAX_OUTCOME_BYTES;
+use lambda_idempotency::config::DEFAULT_MAX_OUTCOME_BYTES;
 use lambda_idempotency::key::JsonPointer;
 use lambda_idempotency::reconcile::{Reconciliation, Takeover};
 use lambda_idempotency::record::Status;
 use lambda_idempotency::store::Store;
-use lambda_idempotency::{
-    BoxError, Config, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope,
-    Origin, Resolution,
-};
+use lambda_idempotency::{BoxError, Config, Error, Idempotency, Invocation, Origin, Resolution};
 use serde_json::{Value, json};
 
 use super::conformance::{
@@ -476,64 +473,9 @@ async fn taken_over_after_the_grace<S: Store>(
     assert_eq!(done.origin(), Origin::Executed { attempt: 2 });
 }
 
-/// Case: the outcome limit counts the rest of the item (a long identity, a long key): an
-/// outcome that would push the item past DynamoDB's limit is retained as FAILED before the
-/// write, identically on every store; an oversized result reference is left out.
-pub async fn outcome_limit_counts_the_whole_item<S: Store>(fx: Fixture<S>) {
-    let (idem, _, _) = engine(fx, Config::default());
-    let scope = OperationScope::new("n".repeat(256), "o".repeat(256)).expect("longest scope");
-    let key = OperationKey::derive(&scope, Some(&"t".repeat(256)), "edge-10").expect("key");
-    let inv = Invocation::new(key, Fingerprint::of(&10).expect("fingerprint"), LEASE)
-        .with_identity(format!("invoice:{}", "i".repeat(1016)))
-        .with_request_id("r".repeat(300));
-    let runs = AtomicUsize::new(0);
-    let near_limit = "y".repeat(MAX_OUTCOME_BYTES - 2);
-
-    let answer = idem
-        .execute(&inv, |_| counted(&runs, near_limit.clone()))
-        .await;
-    let err = match answer {
-        Ok(_) => panic!("an outcome that overflows the item was accepted"),
-        Err(err) => err,
-    };
-    match &err {
-        Error::OutcomeTooLarge { size, limit, .. } => {
-            assert_eq!(*size, MAX_OUTCOME_BYTES);
-            assert!(*limit < MAX_OUTCOME_BYTES, "the limit left by the item");
-        }
-        other => panic!("expected OutcomeTooLarge, got {other:?}"),
-    }
-    let err = idem
-        .execute(&inv, |_| counted(&runs, String::new()))
-        .await
-        .expect_err("retained");
-    assert!(
-        matches!(&err, Error::Failed { failure, .. } if failure.kind == "outcome_too_large"),
-        "got {err:?}"
-    );
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
-
-    let long_ref = with_identity("edge-10b");
-    idem.execute(&long_ref, |_| {
-        counted(&runs, json!({"invoice_id": "x".repeat(5000)}))
-    })
-    .await
-    .expect("stored without the oversized reference");
-    let evidence = idem
-        .store()
-        .evidence("invoice:edge-10b")
-        .await
-        .expect("evidence")
-        .expect("stands");
-    assert_eq!(
-        (evidence.status, evidence.result_ref),
-        (Status::Completed, None)
-    );
-}
-
 /// Case: a value given in the handler's place (a reconciler's `Applied`, an operator's
-/// `Completed`) that does not decode as the handler's output, or does not fit the item, is
-/// refused before it is stored.
+/// `Completed`) that does not decode as the handler's output, or is over the outcome limit,
+/// is refused before it is stored.
 pub async fn values_are_type_checked_before_they_are_stored<S: Store>(fx: Fixture<S>) {
     let (idem, clock, _) = engine(fx, Config::default());
     let wrong = idem
@@ -570,11 +512,11 @@ pub async fn values_are_type_checked_before_they_are_stored<S: Store>(fx: Fixtur
         stored(&idem, resolved.key(), "kept").await.status,
         Status::Indeterminate
     );
-    let oversized = Resolution::Completed(json!("z".repeat(MAX_OUTCOME_BYTES)));
+    let oversized = Resolution::Completed(json!("z".repeat(DEFAULT_MAX_OUTCOME_BYTES)));
     let err = idem
         .resolve::<String>(resolved.key(), oversized)
         .await
-        .expect_err("too large for the item");
+        .expect_err("over the limit");
     assert!(matches!(err, Error::OutcomeTooLarge { .. }), "got {err:?}");
     assert!(
         idem.resolve::<u32>(resolved.key(), Resolution::Completed(json!(5)))

@@ -326,8 +326,4 @@ impl<S: Store + Clone> Store for FaultyStore<S> {
         self.around(Primitive::Evidence, self.inner.evidence(identity))
             .await
     }
-
-    fn item_size(&self, record: &Record) -> usize {
-        self.inner.item_size(record)
-    }
 }

@@ -36,6 +36,7 @@ pub mod edges;
 pub mod faults;
 pub mod interceptor;
 pub mod local;
+pub mod outcomes;
 pub mod simulation;
 
 /// Generates one `#[tokio::test]` per conformance case for a store made by `$make` (an async
@@ -57,8 +58,6 @@ macro_rules! conformance_tests {
             zombie_release_is_fenced,
             failure_releases_for_retry,
             unreadable_outcome_is_a_typed_error,
-            oversized_outcome_is_retained_not_rerun,
-            largest_outcome_fits,
             expired_and_swept_record_with_evidence_is_not_rerun,
             expired_record_with_evidence_is_not_rerun,
             identity_taken_by_another_key_is_refused,
@@ -84,8 +83,12 @@ macro_rules! conformance_tests {
             concurrent_callers_share_one_flight,
             panicking_handler_gives_the_claim_back,
             cancelled_execution_gives_the_claim_back,
-            outcome_limit_counts_the_whole_item,
-            values_are_type_checked_before_they_are_stored
+            values_are_type_checked_before_they_are_stored,
+            outcomes_of_every_size_replay_byte_for_byte,
+            a_large_outcome_lasts_its_whole_retention,
+            a_zombie_cannot_change_a_large_outcome,
+            outcome_limit_is_the_configured_one,
+            default_limit_is_lambdas_response_limit
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

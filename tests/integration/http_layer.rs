@@ -10,6 +10,7 @@ use http::{HeaderMap, StatusCode};
 use lambda_http::{Body, Request};
 use lambda_idempotency::lambda::http_layer::{CallerScope, HttpIdempotencyLayer, REPLAYED_HEADER};
 use lambda_idempotency::testing::dynamo;
+use lambda_idempotency::testing::outcomes::incompressible;
 use lambda_idempotency::{Config, Idempotency, OperationScope};
 use lambda_runtime::tower::{Service, ServiceExt};
 use serde_json::{Value, json};
@@ -68,7 +69,19 @@ fn app(runs: Arc<AtomicUsize>) -> Router {
             let runs = Arc::clone(&runs);
             async move {
                 runs.fetch_add(1, Ordering::SeqCst);
-                (StatusCode::CREATED, "z".repeat(350 * 1024))
+                // Over the default outcome limit (6 MiB) once stored.
+                (StatusCode::CREATED, "z".repeat(7 * 1024 * 1024))
+            }
+        }
+    };
+    let report = {
+        let runs = Arc::clone(&runs);
+        move || {
+            let runs = Arc::clone(&runs);
+            async move {
+                let run = runs.fetch_add(1, Ordering::SeqCst) as u64;
+                // Past DynamoDB's 400 KB item limit, and different on every run.
+                (StatusCode::CREATED, incompressible(1024 * 1024, run))
             }
         }
     };
@@ -84,6 +97,7 @@ fn app(runs: Arc<AtomicUsize>) -> Router {
         .route("/limited", post(limited))
         .route("/binary", post(binary))
         .route("/large", post(large))
+        .route("/report", post(report))
         .route("/health", get(|| async { "ok" }))
 }
 
@@ -418,9 +432,25 @@ async fn a_response_too_large_to_keep_still_reaches_its_caller_and_is_not_run_ag
     let retry = endpoint.send(request()).await;
 
     assert_eq!(first.status(), StatusCode::CREATED, "the applied response");
-    assert_eq!(body_bytes(&first).len(), 350 * 1024);
+    assert_eq!(body_bytes(&first).len(), 7 * 1024 * 1024);
     assert_eq!(retry.status(), StatusCode::CONFLICT);
     assert_eq!(error_code(&retry), "operation_already_applied");
+    assert_eq!(endpoint.runs(), 1);
+}
+
+#[tokio::test]
+async fn a_response_past_the_item_limit_is_replayed_byte_for_byte() {
+    let mut endpoint = endpoint(CallerScope::Principal).await;
+    let request = || v2("POST", "/report", Some("k-8b"), Some("alice"), "{}");
+
+    let first = endpoint.send(request()).await;
+    let retry = endpoint.send(request()).await;
+
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(body_bytes(&first).len(), 1024 * 1024);
+    assert_eq!(body_bytes(&retry), body_bytes(&first), "byte for byte");
+    assert_eq!(values(&retry, REPLAYED_HEADER), ["true"]);
     assert_eq!(endpoint.runs(), 1);
 }
 

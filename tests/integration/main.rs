@@ -12,6 +12,7 @@ mod lambda_layer;
 mod memory_store;
 #[cfg(feature = "emf")]
 mod metrics;
+mod outcome_storage;
 mod sdk_faults;
 mod simulation;
 mod sources;

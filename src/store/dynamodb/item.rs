@@ -6,6 +6,7 @@ use std::time::SystemTime;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
 
+use super::outcome::Manifest;
 use crate::error::StoreError;
 use crate::key::{Fingerprint, OperationKey};
 use crate::record::{
@@ -35,8 +36,11 @@ pub struct AttributeNames {
     pub lease_expires_at: String,
     /// Retention expiry (N, epoch seconds): the table's TTL attribute.
     pub expires_at: String,
-    /// Outcome (B).
+    /// Outcome (B): the outcome, or what of it the record holds.
     pub outcome: String,
+    /// How the outcome is stored (M), when it is compressed or kept in part items beside the
+    /// record (see [`OutcomeStorage`](super::OutcomeStorage)).
+    pub outcome_format: String,
     /// First claim (N, epoch milliseconds).
     pub created_at: String,
     /// Settlement (N, epoch milliseconds).
@@ -71,6 +75,7 @@ impl Default for AttributeNames {
             lease_expires_at: "lease_expires_at_ms".into(),
             expires_at: "expires_at".into(),
             outcome: "outcome".into(),
+            outcome_format: "outcome_format".into(),
             created_at: "created_at".into(),
             completed_at: "completed_at".into(),
             request_id: "request_id".into(),
@@ -90,7 +95,21 @@ impl AttributeNames {
         item
     }
 
-    /// The full item of `record`.
+    /// The key of part `index` of the outcome whose stored bytes have the digest `sha256`:
+    /// a partition of its own, beside the record's.
+    pub(crate) fn part_key(&self, key: &OperationKey, sha256: &str, index: usize) -> Item {
+        let mut item = Item::new();
+        item.insert(
+            self.partition_key.clone(),
+            AttributeValue::S(format!("{}#outcome#{sha256}#{index}", key.as_str())),
+        );
+        if let Some(sort) = &self.sort_key {
+            item.insert(sort.attribute.clone(), s(&sort.value));
+        }
+        item
+    }
+
+    /// The full item of `record` (its outcome inline and uncompressed).
     pub(crate) fn encode(&self, record: &Record) -> Item {
         let mut item = self.key(&record.key);
         item.insert(self.status.clone(), s(record.status.as_str()));
@@ -160,8 +179,10 @@ impl AttributeNames {
                 .map_or(0, |identity| text(&self.identity, identity))
     }
 
-    /// The record in `item`.
-    pub(crate) fn decode(&self, item: &Item) -> Result<Record, StoreError> {
+    /// The record in `item`, and the manifest of its outcome's part items when the outcome is
+    /// kept beside it (the record's `outcome` is then `None` until they are read). An inline
+    /// compressed outcome comes back decompressed.
+    pub(crate) fn decode(&self, item: &Item) -> Result<(Record, Option<Manifest>), StoreError> {
         let key = OperationKey::from_stored(
             read_s(item, &self.partition_key).map_err(|reason| corrupt("?", reason))?,
         );
@@ -171,7 +192,25 @@ impl AttributeNames {
             .ok_or_else(|| corrupt(key.short(), format!("unknown status `{status}`")))?;
         let attempt = u32::try_from(decoder.n(&self.attempt)?)
             .map_err(|_| corrupt(key.short(), "attempt out of range".into()))?;
-        Ok(Record {
+        let manifest = item
+            .get(&self.outcome_format)
+            .map(|value| Manifest::read(value, &key))
+            .transpose()?;
+        let mut outcome = decoder.optional(&self.outcome, |value| {
+            value.as_b().ok().map(|b| b.as_ref().to_vec())
+        })?;
+        let mut pending = None;
+        if let Some(manifest) = manifest {
+            if manifest.parts().is_some() {
+                pending = Some(manifest);
+            } else {
+                let stored = outcome.ok_or_else(|| {
+                    corrupt(key.short(), "a compressed outcome is missing".into())
+                })?;
+                outcome = Some(manifest.restore(stored, &key)?);
+            }
+        }
+        let record = Record {
             status,
             fingerprint: Fingerprint::from_stored(decoder.s(&self.fingerprint)?),
             lease: Lease {
@@ -180,15 +219,14 @@ impl AttributeNames {
                 expires_at: decoder.millis(&self.lease_expires_at)?,
             },
             expires_at: decoder.secs(&self.expires_at)?,
-            outcome: decoder.optional(&self.outcome, |value| {
-                value.as_b().ok().map(|b| b.as_ref().to_vec())
-            })?,
+            outcome,
             created_at: decoder.millis(&self.created_at)?,
             completed_at: decoder.optional_millis(&self.completed_at)?,
             request_id: decoder.optional(&self.request_id, |value| value.as_s().ok().cloned())?,
             identity: decoder.optional(&self.identity, |value| value.as_s().ok().cloned())?,
             key,
-        })
+        };
+        Ok((record, pending))
     }
 }
 
@@ -264,7 +302,24 @@ impl Decoder<'_> {
     }
 }
 
-/// The stored size of a scalar value, as DynamoDB counts it.
+/// The size DynamoDB counts for an attribute value of the kinds the store writes (S, B, N, M):
+/// strings and binaries by length, numbers by digits, a map 3 bytes plus, per entry, its name,
+/// its value and one byte.
+pub(crate) fn value_size(value: &AttributeValue) -> usize {
+    match value {
+        AttributeValue::S(text) => text.len(),
+        AttributeValue::B(blob) => blob.as_ref().len(),
+        AttributeValue::N(number) => number.trim_start_matches('0').len().max(1).div_ceil(2) + 1,
+        AttributeValue::M(fields) => {
+            3 + fields
+                .iter()
+                .map(|(name, value)| name.len() + value_size(value) + 1)
+                .sum::<usize>()
+        }
+        _ => 0,
+    }
+}
+
 /// The size DynamoDB counts for a whole number: one byte per two significant digits, plus one.
 fn number_size(value: u64) -> usize {
     let digits = value.checked_ilog10().map_or(1, |log| log as usize + 1);
@@ -309,9 +364,7 @@ pub(crate) fn millis(time: SystemTime) -> AttributeValue {
 mod tests {
     use std::time::{Duration, SystemTime};
 
-    use aws_sdk_dynamodb::types::AttributeValue;
-
-    use super::{AttributeNames, SortKey};
+    use super::{AttributeNames, SortKey, value_size};
     use crate::key::{Fingerprint, OperationKey};
     use crate::record::{Lease, Record, Status};
 
@@ -320,15 +373,7 @@ mod tests {
         names
             .encode(record)
             .iter()
-            .map(|(name, value)| {
-                name.len()
-                    + match value {
-                        AttributeValue::S(text) => text.len(),
-                        AttributeValue::B(blob) => blob.as_ref().len(),
-                        AttributeValue::N(number) => number.len().div_ceil(2) + 1,
-                        _ => unreachable!("the store writes S, B and N only"),
-                    }
-            })
+            .map(|(name, value)| name.len() + value_size(value))
             .sum()
     }
 

@@ -34,6 +34,7 @@ mod client;
 mod error;
 mod evidence;
 mod item;
+mod outcome;
 mod scan;
 mod table;
 mod writes;
@@ -42,11 +43,13 @@ use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::Client;
 
+pub(crate) use item::value_size;
 pub use item::{AttributeNames, SortKey};
+pub use outcome::{OutcomeStorage, PART_BYTES, PART_TTL_MARGIN};
 pub use scan::ScanCursor;
 
 use self::error::map_sdk_error;
-use self::item::{Item, b, millis, n, s, secs};
+use self::item::{Item, millis, n, s, secs};
 use self::writes::{Check, Expr, Write};
 use crate::error::{ConfigError, StoreError};
 use crate::key::OperationKey;
@@ -68,6 +71,7 @@ pub struct DynamoDbStore {
     table: String,
     uniqueness_table: Option<String>,
     names: AttributeNames,
+    outcomes: OutcomeStorage,
 }
 
 impl DynamoDbStore {
@@ -78,6 +82,7 @@ impl DynamoDbStore {
             table: table.into(),
             uniqueness_table: None,
             names: AttributeNames::default(),
+            outcomes: OutcomeStorage::default(),
         }
     }
 
@@ -184,6 +189,13 @@ impl DynamoDbStore {
         self
     }
 
+    /// Chooses where outcomes are kept: inline in a record up to 1 KB, compressed, then in
+    /// part items beside it by default (see [`OutcomeStorage`]).
+    pub fn with_outcome_storage(mut self, outcomes: OutcomeStorage) -> Self {
+        self.outcomes = outcomes;
+        self
+    }
+
     /// The SDK client (to reuse its configuration for the handler's own tables).
     pub fn client(&self) -> &Client {
         &self.client
@@ -215,8 +227,19 @@ impl DynamoDbStore {
         }
     }
 
-    fn decode(&self, item: Option<&Item>) -> Result<Option<Record>, StoreError> {
-        item.map(|item| self.names.decode(item)).transpose()
+    /// The record in `item`, with its outcome read from its part items when it is kept there.
+    async fn decode(&self, item: Option<&Item>) -> Result<Option<Record>, StoreError> {
+        let Some(item) = item else {
+            return Ok(None);
+        };
+        let (mut record, manifest) = self.names.decode(item)?;
+        if let Some(manifest) = manifest
+            && let Some(parts) = manifest.parts()
+        {
+            let stored = self.read_parts(&record.key, parts).await?;
+            record.outcome = Some(manifest.restore(stored, &record.key)?);
+        }
+        Ok(Some(record))
     }
 
     /// The record's condition and names/values for a guard.
@@ -264,12 +287,14 @@ impl DynamoDbStore {
             return Ok(Claim::Acquired);
         };
         if let Some(existing) = checks.first().and_then(Check::failed_item) {
-            let existing = self
-                .decode(existing)?
-                .ok_or_else(|| StoreError::CorruptRecord {
-                    key_short: record.key.short().to_owned(),
-                    reason: "the claim's condition failed but no existing item was returned".into(),
-                })?;
+            let existing =
+                self.decode(existing)
+                    .await?
+                    .ok_or_else(|| StoreError::CorruptRecord {
+                        key_short: record.key.short().to_owned(),
+                        reason: "the claim's condition failed but no existing item was returned"
+                            .into(),
+                    })?;
             return Ok(Claim::Existing(existing));
         }
         match checks.get(1).and_then(Check::failed_item) {
@@ -294,7 +319,7 @@ impl DynamoDbStore {
         };
         if let Some(current) = checks.first().and_then(Check::failed_item) {
             return Ok(Fence::Lost {
-                current: self.decode(current)?.map(Box::new),
+                current: self.decode(current).await?.map(Box::new),
             });
         }
         Err(crate::store::memory::evidence_not_owned(target))
@@ -388,17 +413,30 @@ impl Store for DynamoDbStore {
             .value(":status", s(settlement.status.as_str()))
             .value(":expires_at", secs(settlement.expires_at))
             .value(":completed_at", millis(settlement.completed_at));
-        match &settlement.outcome {
-            Some(outcome) => {
+        let placement = self.outcomes.place(names, target, settlement)?;
+        self.put_parts(target.key, &placement, settlement.expires_at)
+            .await?;
+        let mut removed = Vec::new();
+        expr = expr
+            .name("#outcome", &names.outcome)
+            .name("#outcome_format", &names.outcome_format);
+        match placement.inline_bytes(settlement) {
+            Some(inline) => {
                 update.push_str(", #outcome = :outcome");
-                expr = expr
-                    .name("#outcome", &names.outcome)
-                    .value(":outcome", b(outcome));
+                expr = expr.value(":outcome", inline);
             }
-            None => {
-                update.push_str(" REMOVE #outcome");
-                expr = expr.name("#outcome", &names.outcome);
+            None => removed.push("#outcome"),
+        }
+        match placement.manifest() {
+            Some(manifest) => {
+                update.push_str(", #outcome_format = :outcome_format");
+                expr = expr.value(":outcome_format", manifest);
             }
+            None => removed.push("#outcome_format"),
+        }
+        if !removed.is_empty() {
+            update.push_str(" REMOVE ");
+            update.push_str(&removed.join(", "));
         }
         let mut writes = vec![Write::update(
             &self.table,
@@ -463,7 +501,7 @@ impl Store for DynamoDbStore {
             .send()
             .await
             .map_err(|err| map_sdk_error("get", &self.table, err))?;
-        self.decode(output.item())
+        self.decode(output.item()).await
     }
 
     async fn evidence(&self, identity: &str) -> Result<Option<Evidence>, StoreError> {
@@ -481,9 +519,5 @@ impl Store for DynamoDbStore {
                 other => other,
             })?;
         output.item().map(evidence::decode).transpose()
-    }
-
-    fn item_size(&self, record: &Record) -> usize {
-        self.names.item_size(record)
     }
 }

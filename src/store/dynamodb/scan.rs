@@ -21,7 +21,9 @@ impl ScanCursor {
 
 impl DynamoDbStore {
     /// One page of the idempotency table's records (a `Scan`, eventually consistent), and where
-    /// the next page starts. A record that does not decode is skipped and counted.
+    /// the next page starts. A record that does not decode is skipped and counted. Outcome
+    /// part items are left out, and not read: a record whose outcome is kept in parts comes
+    /// back with `outcome: None` (read it with [`Store::get`](crate::store::Store::get)).
     ///
     /// ```no_run
     /// # async fn demo(store: lambda_idempotency::store::DynamoDbStore) -> Result<(), lambda_idempotency::StoreError> {
@@ -43,10 +45,14 @@ impl DynamoDbStore {
             .scan()
             .table_name(&self.table)
             .set_exclusive_start_key(cursor.and_then(|cursor| cursor.0));
+        // Records only: outcome parts have no status.
+        scan = scan
+            .filter_expression("attribute_exists(#status)")
+            .expression_attribute_names("#status", &self.names.status);
         if let Some(sort) = &self.names.sort_key {
             // A shared table: only this store's records.
             scan = scan
-                .filter_expression("#kind = :kind")
+                .filter_expression("attribute_exists(#status) AND #kind = :kind")
                 .expression_attribute_names("#kind", &sort.attribute)
                 .expression_attribute_values(":kind", AttributeValue::S(sort.value.clone()));
         }
@@ -58,7 +64,7 @@ impl DynamoDbStore {
         let mut skipped = 0;
         for item in output.items() {
             match self.names.decode(item) {
-                Ok(record) => records.push(record),
+                Ok((record, _parts)) => records.push(record),
                 Err(_) => skipped += 1,
             }
         }

@@ -1,0 +1,377 @@
+//! Where the DynamoDB store keeps outcomes (`OutcomeStorage`), read back from the table itself:
+//! a record that stays at one write unit however large its outcome, compression, part items
+//! past the 400 KB item limit with the record's TTL plus a margin, and the faults a two-step
+//! settlement meets (a part throttled past every retry, a settlement whose answer is lost, a
+//! part that is gone) — never a partial replay, never a second run.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use lambda_idempotency::clock::ManualClock;
+use lambda_idempotency::record::{Status, epoch_secs};
+use lambda_idempotency::store::{
+    DynamoDbStore, OutcomeStorage, PART_BYTES, PART_TTL_MARGIN, Store,
+};
+use lambda_idempotency::testing::conformance::{counted, invocation, start_time};
+use lambda_idempotency::testing::dynamo::{self, Dynamo, item_size};
+use lambda_idempotency::testing::interceptor::{
+    Fault, FaultInterceptor, Operation, SDK_ATTEMPTS, client_with,
+};
+use lambda_idempotency::testing::outcomes::{compressible, incompressible};
+use lambda_idempotency::{Config, Error, Idempotency, Invocation, Origin, StoreError};
+use serde_json::json;
+
+type Item = std::collections::HashMap<String, AttributeValue>;
+
+/// An engine over a fresh table, with faults and a manual clock.
+struct Rig {
+    idem: Idempotency<DynamoDbStore>,
+    faults: FaultInterceptor,
+    dynamo: Dynamo,
+    clock: ManualClock,
+}
+
+impl Rig {
+    async fn new(storage: OutcomeStorage) -> Self {
+        let clock = ManualClock::new(start_time());
+        let dynamo = dynamo::start_with_clock(clock.clone()).await;
+        let faults = FaultInterceptor::new();
+        let store =
+            DynamoDbStore::new(client_with(dynamo.endpoint.clone(), &faults), &dynamo.table)
+                .with_uniqueness_table(&dynamo.uniqueness_table)
+                .with_outcome_storage(storage);
+        let idem = Idempotency::new(store, Config::default()).with_clock(clock.clone());
+        Self {
+            idem,
+            faults,
+            dynamo,
+            clock,
+        }
+    }
+
+    /// Every item of the table, as stored.
+    async fn items(&self) -> Vec<Item> {
+        self.dynamo
+            .client
+            .scan()
+            .table_name(&self.dynamo.table)
+            .send()
+            .await
+            .expect("scan")
+            .items
+            .unwrap_or_default()
+    }
+
+    /// The record item of `inv`, as stored.
+    async fn record_item(&self, inv: &Invocation) -> Item {
+        self.items()
+            .await
+            .into_iter()
+            .find(|item| item["pk"].as_s().ok().map(String::as_str) == Some(inv.key().as_str()))
+            .expect("the record item")
+    }
+
+    /// Requests the store has sent so far: (PutItem, GetItem).
+    fn sent(&self) -> (usize, usize) {
+        (
+            self.faults.requests(Operation::PutItem),
+            self.faults.requests(Operation::GetItem),
+        )
+    }
+
+    /// The part items of `inv`'s outcome.
+    async fn parts(&self, inv: &Invocation) -> Vec<Item> {
+        let prefix = format!("{}#outcome#", inv.key().as_str());
+        self.items()
+            .await
+            .into_iter()
+            .filter(|item| item["pk"].as_s().is_ok_and(|pk| pk.starts_with(&prefix)))
+            .collect()
+    }
+}
+
+fn manifest_number(item: &Item, field: &str) -> Option<u64> {
+    item.get("outcome_format")?
+        .as_m()
+        .ok()?
+        .get(field)?
+        .as_n()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+#[tokio::test]
+async fn a_duplicate_meets_a_record_of_at_most_one_kilobyte_whatever_the_outcome() {
+    let rig = Rig::new(OutcomeStorage::default()).await;
+    let runs = AtomicUsize::new(0);
+    let cases = [
+        ("small", json!({"id": "o-1", "status": "paid"}), 0),
+        ("json-100k", compressible(100 * 1024), 0),
+        ("plain-1200k", json!(incompressible(1200 * 1024, 9)), 3),
+    ];
+    for (material, outcome, parts) in cases {
+        let inv = invocation(material, &json!({"case": material}));
+        let first = rig
+            .idem
+            .execute(&inv, |_| counted(&runs, outcome.clone()))
+            .await
+            .expect("stored");
+        let record = rig.record_item(&inv).await;
+        assert!(
+            item_size(&record) <= 1024,
+            "{material}: the record is {} bytes",
+            item_size(&record)
+        );
+
+        let (puts, gets) = rig.sent();
+        let replay = rig
+            .idem
+            .execute(&inv, |_| counted(&runs, json!(null)))
+            .await
+            .expect("replayed");
+        assert_eq!(
+            replay.raw_json().get(),
+            first.raw_json().get(),
+            "{material}"
+        );
+        let reads = manifest_number(&record, "parts").unwrap_or(0) as usize;
+        let (puts_after, gets_after) = rig.sent();
+        assert_eq!(
+            (puts_after - puts, gets_after - gets),
+            (1, reads),
+            "{material}: the failed claim, then one read per part"
+        );
+        if parts > 0 {
+            assert!(reads >= parts, "{material}: {reads} parts");
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn compression_keeps_a_compressible_outcome_small_and_can_be_turned_off() {
+    let outcome = compressible(100 * 1024);
+    let raw_len = serde_json::to_string(&outcome).expect("json").len();
+    for (storage, compressed) in [
+        (OutcomeStorage::default(), true),
+        (OutcomeStorage::default().compression(false), false),
+    ] {
+        let rig = Rig::new(storage).await;
+        let inv = invocation("json", &json!({"amount": 1}));
+        rig.idem
+            .execute(&inv, |_| async { Ok::<_, std::io::Error>(outcome.clone()) })
+            .await
+            .expect("stored");
+        let record = rig.record_item(&inv).await;
+        let stored = manifest_number(&record, "bytes").expect("kept in parts") as usize;
+        if compressed {
+            assert_eq!(manifest_number(&record, "length"), Some(raw_len as u64));
+            assert!(stored * 5 < raw_len, "{stored} of {raw_len} bytes");
+        } else {
+            assert_eq!(
+                (manifest_number(&record, "length"), stored),
+                (None, raw_len)
+            );
+        }
+        let replay = rig
+            .idem
+            .execute(&inv, |_| async { Ok::<_, std::io::Error>(json!(null)) })
+            .await
+            .expect("replayed");
+        assert_eq!(replay.value(), &outcome);
+    }
+}
+
+#[tokio::test]
+async fn a_larger_inline_limit_keeps_replays_at_one_request() {
+    let rig = Rig::new(OutcomeStorage::default().inline_up_to(64 * 1024)).await;
+    let inv = invocation("inline", &json!({"amount": 1}));
+    let outcome = incompressible(20 * 1024, 5);
+    rig.idem
+        .execute(&inv, |_| async { Ok::<_, std::io::Error>(outcome.clone()) })
+        .await
+        .expect("stored");
+    let record = rig.record_item(&inv).await;
+    assert!(record.contains_key("outcome"), "inline");
+    assert!(rig.parts(&inv).await.is_empty());
+    let (puts, gets) = rig.sent();
+    rig.idem
+        .execute(&inv, |_| async { Ok::<_, std::io::Error>(String::new()) })
+        .await
+        .expect("replayed");
+    assert_eq!(rig.sent(), (puts + 1, gets), "the failed claim only");
+}
+
+#[tokio::test]
+async fn parts_carry_the_records_ttl_plus_a_margin() {
+    let rig = Rig::new(OutcomeStorage::default()).await;
+    let inv = invocation("ttl", &json!({"amount": 1}));
+    let outcome = incompressible(2 * PART_BYTES, 11);
+    rig.idem
+        .execute(&inv, |_| async { Ok::<_, std::io::Error>(outcome.clone()) })
+        .await
+        .expect("stored");
+    let record = rig.record_item(&inv).await;
+    let record_ttl: u64 = record["expires_at"]
+        .as_n()
+        .expect("ttl")
+        .parse()
+        .expect("n");
+    let parts = rig.parts(&inv).await;
+    assert_eq!(
+        parts.len() as u64,
+        manifest_number(&record, "parts").expect("parts")
+    );
+    for part in &parts {
+        let ttl: u64 = part["expires_at"].as_n().expect("ttl").parse().expect("n");
+        assert_eq!(ttl, record_ttl + PART_TTL_MARGIN.as_secs());
+        assert!(item_size(part) <= 400 * 1024);
+        assert!(!part.contains_key("status"), "a part is not a record");
+    }
+    let (records, skipped, _) = rig.idem.store().scan_page(None).await.expect("scan");
+    assert_eq!(
+        (records.len(), skipped),
+        (1, 0),
+        "scans list records, not parts"
+    );
+    assert_eq!(
+        epoch_secs(records[0].expires_at),
+        record_ttl,
+        "the record's own retention"
+    );
+}
+
+#[tokio::test]
+async fn a_missing_part_is_a_corrupt_record_never_a_partial_replay_or_a_rerun() {
+    let rig = Rig::new(OutcomeStorage::default()).await;
+    let inv = invocation("lost-part", &json!({"amount": 1}));
+    let runs = AtomicUsize::new(0);
+    rig.idem
+        .execute(&inv, |_| counted(&runs, incompressible(900 * 1024, 3)))
+        .await
+        .expect("stored");
+    let part = rig.parts(&inv).await.pop().expect("a part");
+    rig.dynamo
+        .client
+        .delete_item()
+        .table_name(&rig.dynamo.table)
+        .key("pk", part["pk"].clone())
+        .send()
+        .await
+        .expect("delete a part");
+
+    let err = rig
+        .idem
+        .execute(&inv, |_| counted(&runs, String::from("again")))
+        .await
+        .expect_err("no partial replay");
+    assert!(
+        matches!(err, Error::Store(StoreError::CorruptRecord { .. })),
+        "got {err:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "not run again");
+    assert_eq!(
+        rig.record_item(&inv).await["status"]
+            .as_s()
+            .ok()
+            .map(String::as_str),
+        Some(Status::Completed.as_str()),
+        "the record is left for an operator"
+    );
+}
+
+#[tokio::test]
+async fn parts_throttled_past_every_retry_leave_no_outcome_to_replay() {
+    let rig = Rig::new(OutcomeStorage::default()).await;
+    let inv = invocation("throttled-parts", &json!({"amount": 1}));
+    let runs = AtomicUsize::new(0);
+    // The claim passes; every part write after the first is throttled past every retry.
+    rig.faults.pass(Operation::PutItem, 2);
+    rig.faults
+        .inject_times(Operation::PutItem, Fault::Throttle, 1000);
+    let err = rig
+        .idem
+        .execute(&inv, |_| counted(&runs, incompressible(1200 * 1024, 4)))
+        .await
+        .expect_err("the completion could not be stored");
+    assert!(
+        matches!(err, Error::Store(ref store) if store.is_transient()),
+        "got {err:?}"
+    );
+    assert!(rig.faults.fired(Operation::PutItem, Fault::Throttle) >= SDK_ATTEMPTS as usize);
+    rig.faults.clear();
+
+    let record = rig
+        .idem
+        .store()
+        .get(inv.key())
+        .await
+        .expect("get")
+        .expect("kept");
+    assert_eq!((record.status, record.outcome), (Status::InProgress, None));
+    assert!(!rig.record_item(&inv).await.contains_key("outcome_format"));
+    let err = rig
+        .idem
+        .execute(&inv, |_| counted(&runs, String::from("dup")))
+        .await
+        .expect_err("still held");
+    assert!(
+        matches!(err, Error::AlreadyInProgress { .. }),
+        "got {err:?}"
+    );
+
+    rig.clock.advance(Duration::from_secs(31));
+    let taken_over = rig
+        .idem
+        .execute(&inv, |_| counted(&runs, incompressible(1200 * 1024, 5)))
+        .await
+        .expect("taken over");
+    assert_eq!(taken_over.origin(), Origin::Executed { attempt: 2 });
+    let replay = rig
+        .idem
+        .execute(&inv, |_| counted(&runs, String::new()))
+        .await
+        .expect("replayed");
+    assert_eq!(
+        replay.value(),
+        taken_over.value(),
+        "the taker's outcome, whole"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_large_settlement_whose_answer_is_lost_is_the_callers_own() {
+    for identity in [false, true] {
+        let rig = Rig::new(OutcomeStorage::default()).await;
+        let mut inv = invocation("ambiguous", &json!({"amount": 1}));
+        let settle = if identity {
+            inv = inv.with_identity("invoice:ambiguous");
+            Operation::TransactWriteItems
+        } else {
+            Operation::UpdateItem
+        };
+        // The claim passes (a transaction with an identity); the settlement commits and its
+        // answer is lost: the SDK's retry finds its own manifest standing.
+        rig.faults.pass(settle, usize::from(identity));
+        rig.faults.inject(settle, Fault::DropResponse);
+        let runs = AtomicUsize::new(0);
+        let outcome = incompressible(800 * 1024, 6);
+        let first = rig
+            .idem
+            .execute(&inv, |_| counted(&runs, outcome.clone()))
+            .await
+            .expect("the settlement is recognised as the caller's own");
+        assert_eq!(rig.faults.fired(settle, Fault::DropResponse), 1);
+        assert_eq!(first.origin(), Origin::Executed { attempt: 1 });
+        let replay = rig
+            .idem
+            .execute(&inv, |_| counted(&runs, String::new()))
+            .await
+            .expect("replayed");
+        assert_eq!(replay.value(), &outcome, "identity: {identity}");
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+}
