@@ -43,6 +43,7 @@ use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::Client;
 
+#[cfg(feature = "testing")]
 pub(crate) use item::value_size;
 pub use item::{AttributeNames, SortKey};
 pub use outcome::{OutcomeStorage, PART_BYTES, PART_TTL_MARGIN};
