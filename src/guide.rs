@@ -12,3 +12,6 @@ pub mod retention_and_failures {}
 
 #[doc = include_str!("../docs/guide/operations.md")]
 pub mod operations {}
+
+#[doc = include_str!("../docs/guide/scale.md")]
+pub mod scale {}

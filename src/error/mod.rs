@@ -255,6 +255,29 @@ pub enum StoreError {
         message: String,
     },
 
+    /// A table is a global table with multi-Region eventual consistency (MREC): the last writer
+    /// wins across Regions, so a claim in one Region does not see a claim in another and both
+    /// could run. Found by [`DynamoDbStore::check_replication`](crate::store::DynamoDbStore::check_replication).
+    #[error(
+        "table `{table}` is a global table with multi-Region eventual consistency (Regions {regions:?}): claims in two Regions do not see each other and both could run; use a single-Region table or one with multi-Region strong consistency (MRSC), or, if only one Region ever writes, opt in with DynamoDbStore::accept_eventually_consistent_replicas"
+    )]
+    EventuallyConsistentReplicas {
+        /// The table.
+        table: String,
+        /// The Regions of its replicas.
+        regions: Vec<String>,
+    },
+
+    /// A table has multi-Region strong consistency (MRSC), which accepts no transactions, and
+    /// the store has a uniqueness table: business identities are written in transactions.
+    #[error(
+        "table `{table}` has multi-Region strong consistency, which accepts no transactions, but business identities are written in transactions; remove the uniqueness table from this store (UNIQUENESS_TABLE), or keep identities on single-Region tables"
+    )]
+    TransactionsUnsupported {
+        /// The table.
+        table: String,
+    },
+
     /// A stored record could not be decoded.
     #[error(
         "the stored record for operation {key_short} is corrupt ({reason}); inspect or delete it"

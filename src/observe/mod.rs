@@ -171,6 +171,8 @@ impl StoreError {
             Self::Contention { .. } => "contention",
             Self::NoUniquenessTable => "no_uniqueness_table",
             Self::Rejected { .. } => "rejected",
+            Self::EventuallyConsistentReplicas { .. } => "eventually_consistent_replicas",
+            Self::TransactionsUnsupported { .. } => "transactions_unsupported",
             Self::CorruptRecord { .. } => "corrupt_record",
         }
     }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
-use quick_cache::Weighter;
-use quick_cache::sync::Cache;
+use quick_cache::sync::{Cache, DefaultLifecycle};
+use quick_cache::{DefaultHashBuilder, OptionsBuilder, Weighter};
 
 use super::{Claim, Fence, Guard, Store, Target};
 use crate::error::StoreError;
@@ -17,6 +17,11 @@ use crate::record::{Evidence, Lease, Record, Settlement};
 const RECORD_OVERHEAD: u64 = 256;
 /// Claims waiting for their settlement, at most (a crashed claim's entry is evicted).
 const PENDING_CLAIMS: usize = 4096;
+/// The smallest share of the cache one shard holds: a shard keeps no record heavier than
+/// about its share, so large outcomes need large shards.
+const MIN_SHARD_BYTES: u64 = 8 * 1024 * 1024;
+/// The most shards (concurrent invocations in one environment are few).
+const MAX_SHARDS: usize = 16;
 
 /// Caches settled records (COMPLETED, FAILED) of the wrapped store in the execution environment,
 /// bounded by bytes, shared by every clone and so by concurrent invocations. A claim whose key
@@ -70,14 +75,36 @@ impl Weighter<OperationKey, Arc<Record>> for ByBytes {
 }
 
 impl<S> CachedStore<S> {
-    /// `inner`, with up to `max_bytes` of settled records cached.
+    /// `inner`, with up to `max_bytes` of settled records cached. The cache is split into
+    /// shards of at least 8 MiB (fewer, larger shards for a small cache), since a shard keeps
+    /// no record heavier than its share: every outcome up to the default limit (6 MiB) fits
+    /// in a cache of 8 MiB or more.
     pub fn new(inner: S, max_bytes: u64) -> Self {
         let estimated = usize::try_from(max_bytes / 1024)
             .unwrap_or(usize::MAX)
             .max(16);
+        let shards = usize::try_from(max_bytes / MIN_SHARD_BYTES)
+            .unwrap_or(MAX_SHARDS)
+            .clamp(1, MAX_SHARDS);
+        let settled = OptionsBuilder::new()
+            .shards(shards)
+            .estimated_items_capacity(estimated)
+            .weight_capacity(max_bytes)
+            .build()
+            .map_or_else(
+                |_| Cache::with_weighter(estimated, max_bytes, ByBytes),
+                |options| {
+                    Cache::with_options(
+                        options,
+                        ByBytes,
+                        DefaultHashBuilder::default(),
+                        DefaultLifecycle::default(),
+                    )
+                },
+            );
         Self {
             inner,
-            settled: Arc::new(Cache::with_weighter(estimated, max_bytes, ByBytes)),
+            settled: Arc::new(settled),
             pending: Arc::new(Cache::new(PENDING_CLAIMS)),
             hits: Arc::default(),
         }

@@ -42,7 +42,7 @@ pub use cached::CachedStore;
 pub(crate) use dynamodb::value_size;
 pub use dynamodb::{
     AttributeNames, DynamoDbStore, ENDPOINT_VAR, OutcomeStorage, PART_BYTES, PART_TTL_MARGIN,
-    ScanCursor, SortKey, TABLE_VAR, UNIQUENESS_TABLE_VAR,
+    Replication, ScanCursor, SortKey, TABLE_VAR, UNIQUENESS_TABLE_VAR,
 };
 pub use memory::MemoryStore;
 

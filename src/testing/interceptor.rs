@@ -86,16 +86,19 @@ pub enum Operation {
     TransactWriteItems,
     /// `GetItem`: a strongly consistent read of a record or of evidence.
     GetItem,
+    /// `DescribeTable`: the replication check at start-up.
+    DescribeTable,
 }
 
 impl Operation {
     /// Every operation.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::PutItem,
         Self::UpdateItem,
         Self::DeleteItem,
         Self::TransactWriteItems,
         Self::GetItem,
+        Self::DescribeTable,
     ];
 
     /// The operation's name, as the `x-amz-target` header ends.
@@ -106,6 +109,7 @@ impl Operation {
             Self::DeleteItem => "DeleteItem",
             Self::TransactWriteItems => "TransactWriteItems",
             Self::GetItem => "GetItem",
+            Self::DescribeTable => "DescribeTable",
         }
     }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 use lambda_idempotency::store::CachedStore;
 use lambda_idempotency::testing::conformance::{Fixture, memory_fixture, start_time};
 use lambda_idempotency::testing::dynamo;
+use lambda_idempotency::testing::outcomes::incompressible;
 use lambda_idempotency::{
     Config, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope,
 };
@@ -91,4 +92,38 @@ async fn a_replay_of_500_keys_costs_no_request() {
         err,
         lambda_idempotency::Error::PayloadConflict { .. }
     ));
+}
+
+#[tokio::test]
+async fn an_outcome_up_to_the_default_limit_is_cached_in_the_documented_size() {
+    let db = dynamo::start().await;
+    let store = CachedStore::new(db.store(), CACHE_BYTES);
+    let idem = Idempotency::new(store, Config::default());
+    let scope = OperationScope::new("cache-test", "reports").expect("scope");
+    let key = OperationKey::derive(&scope, None, "large").expect("key");
+    let inv = Invocation::new(
+        key,
+        Fingerprint::of(&1).expect("fingerprint"),
+        Duration::from_secs(30),
+    );
+    // Over a default shard's share on a machine with 2 cores or more (16 MiB / 8 shards).
+    let outcome = incompressible(5 * 1024 * 1024, 1);
+
+    idem.execute(&inv, |_| async { Ok::<_, std::io::Error>(outcome.clone()) })
+        .await
+        .expect("first");
+    let before = db.requests.count();
+    let replay = idem
+        .execute(&inv, |_| async { Ok::<_, std::io::Error>(String::new()) })
+        .await
+        .expect("replay");
+
+    assert_eq!(replay.value(), &outcome);
+    assert_eq!(
+        db.requests.since(before).len(),
+        0,
+        "answered from the cache"
+    );
+    assert_eq!(idem.store().hits(), 1);
+    assert!(idem.store().cached_bytes() > 5 * 1024 * 1024);
 }

@@ -3,6 +3,7 @@
 mod batch;
 mod cached_store;
 mod dynamodb_store;
+mod global_tables;
 mod hot_keys;
 mod http_contract;
 mod http_layer;

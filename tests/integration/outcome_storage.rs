@@ -375,3 +375,112 @@ async fn a_large_settlement_whose_answer_is_lost_is_the_callers_own() {
         assert_eq!(runs.load(Ordering::SeqCst), 1);
     }
 }
+
+#[tokio::test]
+async fn a_small_outcome_stays_inline_beside_a_long_key_and_identity() {
+    let rig = Rig::new(OutcomeStorage::default()).await;
+    let scope =
+        lambda_idempotency::OperationScope::new("n".repeat(200), "o".repeat(200)).expect("scope");
+    let key = lambda_idempotency::OperationKey::derive(&scope, Some(&"t".repeat(200)), "long")
+        .expect("key");
+    let inv = Invocation::new(
+        key,
+        lambda_idempotency::Fingerprint::of(&1).expect("fingerprint"),
+        Duration::from_secs(30),
+    )
+    .with_identity(format!("invoice:{}", "i".repeat(500)));
+    rig.idem
+        .execute(&inv, |_| async {
+            Ok::<_, std::io::Error>(json!({"id": 1}))
+        })
+        .await
+        .expect("stored");
+
+    let record = rig.record_item(&inv).await;
+    assert!(item_size(&record) > 1024, "the key alone passes 1 KB");
+    assert!(
+        record.contains_key("outcome") && !record.contains_key("outcome_format"),
+        "parts would cost the same write units and a read more"
+    );
+    assert!(rig.parts(&inv).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_zombie_lost_fence_reads_no_part_and_cannot_shorten_the_parts_ttl() {
+    let rig = Rig::new(OutcomeStorage::default()).await;
+    let short = Idempotency::new(
+        rig.idem.store().clone(),
+        Config::builder()
+            .retention(Duration::from_secs(3600))
+            .build()
+            .expect("config"),
+    )
+    .with_clock(rig.clock.clone());
+    let inv = invocation("zombie-ttl", &json!({"amount": 1}));
+    let outcome = incompressible(600 * 1024, 8);
+    // A zombie with a shorter retention (an older deployment) produces the same bytes as the
+    // owner that took over from it, and settles after it.
+    let (zombie, resume) =
+        lambda_idempotency::testing::conformance::blocked_worker(&short, &inv, Ok(outcome.clone()))
+            .await;
+    rig.clock.advance(Duration::from_secs(31));
+    rig.idem
+        .execute(&inv, |_| async { Ok::<_, std::io::Error>(outcome.clone()) })
+        .await
+        .expect("the owner completes");
+    let gets = rig.faults.requests(Operation::GetItem);
+    let _ = resume.send(());
+    let err = zombie.await.expect("join").expect_err("fenced");
+
+    assert!(
+        matches!(err, Error::LeaseLost { attempt: 1, .. }),
+        "got {err:?}"
+    );
+    assert_eq!(
+        rig.faults.requests(Operation::GetItem),
+        gets,
+        "a lost fence reads no part"
+    );
+    let record_ttl: u64 = rig.record_item(&inv).await["expires_at"]
+        .as_n()
+        .expect("ttl")
+        .parse()
+        .expect("n");
+    for part in rig.parts(&inv).await {
+        let ttl: u64 = part["expires_at"].as_n().expect("ttl").parse().expect("n");
+        assert_eq!(ttl, record_ttl + PART_TTL_MARGIN.as_secs(), "not cut short");
+    }
+}
+
+#[tokio::test]
+async fn a_manifest_with_an_impossible_length_is_a_corrupt_record() {
+    let rig = Rig::new(OutcomeStorage::default()).await;
+    let inv = invocation("bad-manifest", &json!({"amount": 1}));
+    rig.idem
+        .execute(&inv, |_| async {
+            Ok::<_, std::io::Error>(incompressible(500 * 1024, 2))
+        })
+        .await
+        .expect("stored");
+    rig.dynamo
+        .client
+        .update_item()
+        .table_name(&rig.dynamo.table)
+        .key("pk", AttributeValue::S(inv.key().as_str().to_owned()))
+        .update_expression("SET outcome_format.#bytes = :huge")
+        .expression_attribute_names("#bytes", "bytes")
+        .expression_attribute_values(":huge", AttributeValue::N((1_u64 << 62).to_string()))
+        .send()
+        .await
+        .expect("corrupt the manifest");
+
+    let err = rig
+        .idem
+        .execute(&inv, |_| async { Ok::<_, std::io::Error>(String::new()) })
+        .await
+        .expect_err("corrupt");
+    assert!(
+        matches!(err, Error::Store(StoreError::CorruptRecord { .. })),
+        "got {err:?}"
+    );
+}

@@ -15,6 +15,11 @@
 //! costs one request, the failed claim returning the existing record, and a cancelled
 //! transaction says which condition failed and what stood there.
 //!
+//! An outcome too large for a small record is kept compressed in part items beside it
+//! ([`OutcomeStorage`]): a claim or takeover that finds such a record reads them (one more round
+//! trip); a settlement, shortening or release whose fence is lost does not (the record it
+//! returns has `outcome: None`, unless the record holds the very bytes that settlement wrote).
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use lambda_idempotency::store::DynamoDbStore;
@@ -35,6 +40,7 @@ mod error;
 mod evidence;
 mod item;
 mod outcome;
+mod replication;
 mod scan;
 mod table;
 mod writes;
@@ -47,6 +53,7 @@ use aws_sdk_dynamodb::Client;
 pub(crate) use item::value_size;
 pub use item::{AttributeNames, SortKey};
 pub use outcome::{OutcomeStorage, PART_BYTES, PART_TTL_MARGIN};
+pub use replication::Replication;
 pub use scan::ScanCursor;
 
 use self::error::map_sdk_error;
@@ -73,6 +80,8 @@ pub struct DynamoDbStore {
     uniqueness_table: Option<String>,
     names: AttributeNames,
     outcomes: OutcomeStorage,
+    accept_eventual: bool,
+    verdict: replication::Verdict,
 }
 
 impl DynamoDbStore {
@@ -84,6 +93,8 @@ impl DynamoDbStore {
             uniqueness_table: None,
             names: AttributeNames::default(),
             outcomes: OutcomeStorage::default(),
+            accept_eventual: false,
+            verdict: replication::Verdict::default(),
         }
     }
 
@@ -131,13 +142,14 @@ impl DynamoDbStore {
         }
     }
 
-    /// Warms the client during a function's init: one eventually consistent `GetItem` of a key
-    /// no operation uses, so the connection (TCP and TLS), the credentials, the endpoint and
-    /// the SDK's first-use paths are ready before the first event instead of delaying it. In
-    /// Lambda, init runs with a full CPU and, with provisioned concurrency, before any request.
-    /// It reads the idempotency table only, so it also finds that table missing or forbidden
-    /// before an event does (not the uniqueness table). It gives up after 2 s, well inside
-    /// Lambda's 10 s init.
+    /// Warms the client and checks the tables during a function's init: one eventually
+    /// consistent `GetItem` of a key no operation uses, so the connection (TCP and TLS), the
+    /// credentials, the endpoint and the SDK's first-use paths are ready before the first event
+    /// instead of delaying it, and, at the same time, [`Self::check_replication`]
+    /// (`DescribeTable` of each table), which refuses a global table that would let two
+    /// Regions claim one key. In Lambda, init runs with a full CPU and, with provisioned
+    /// concurrency, before any request. It finds a missing or forbidden table before an event
+    /// does. It gives up after 2 s, well inside Lambda's 10 s init.
     ///
     /// ```no_run
     /// # async fn init() -> Result<(), Box<dyn std::error::Error>> {
@@ -153,10 +165,13 @@ impl DynamoDbStore {
     /// ```
     ///
     /// # Errors
-    /// [`StoreError::TableNotFound`], [`StoreError::AccessDenied`], [`StoreError::Rejected`]
-    /// (the table's key schema is not the store's), or a transient error
-    /// ([`StoreError::is_transient`]: throttled, unavailable, or no answer within 2 s) that the
-    /// first event's own requests will retry.
+    /// [`StoreError::TableNotFound`], [`StoreError::UniquenessTableNotFound`],
+    /// [`StoreError::AccessDenied`] (the role needs `dynamodb:DescribeTable` too),
+    /// [`StoreError::Rejected`] (the table's key schema is not the store's),
+    /// [`StoreError::EventuallyConsistentReplicas`], [`StoreError::TransactionsUnsupported`],
+    /// or a transient error ([`StoreError::is_transient`]: throttled, unavailable, or no answer
+    /// within 2 s) that the first event's own requests will retry (a replication check left
+    /// undone by one is done by the next cold start's).
     pub async fn prime(&self) -> Result<(), StoreError> {
         let key = OperationKey::from_stored(PRIME_KEY);
         let read = self
@@ -167,10 +182,18 @@ impl DynamoDbStore {
             .projection_expression("#pk")
             .expression_attribute_names("#pk", &self.names.partition_key)
             .send();
-        match tokio::time::timeout(PRIME_TIMEOUT, read).await {
-            Ok(answer) => answer
+        let read = async {
+            read.await
                 .map(drop)
-                .map_err(|err| map_sdk_error("prime", &self.table, err)),
+                .map_err(|err| map_sdk_error("prime", &self.table, err))
+        };
+        let both = futures_util::future::join(read, self.check_replication());
+        match tokio::time::timeout(PRIME_TIMEOUT, both).await {
+            // A lasting error first: it fails the init; a transient one leaves it to the events.
+            Ok((read, checked)) => match (read, checked.map(drop)) {
+                (Err(err), _) | (_, Err(err)) if !err.is_transient() => Err(err),
+                (read, checked) => read.and(checked),
+            },
             Err(elapsed) => Err(StoreError::Unavailable {
                 operation: "prime",
                 source: Box::new(elapsed),
@@ -228,17 +251,29 @@ impl DynamoDbStore {
         }
     }
 
-    /// The record in `item`, with its outcome read from its part items when it is kept there.
-    async fn decode(&self, item: Option<&Item>) -> Result<Option<Record>, StoreError> {
+    /// The record in `item`; an outcome kept in part items is read as `parts` says.
+    async fn decode(
+        &self,
+        item: Option<&Item>,
+        parts: Parts<'_>,
+    ) -> Result<Option<Record>, StoreError> {
         let Some(item) = item else {
             return Ok(None);
         };
         let (mut record, manifest) = self.names.decode(item)?;
         if let Some(manifest) = manifest
-            && let Some(parts) = manifest.parts()
+            && let Some(refs) = manifest.parts()
         {
-            let stored = self.read_parts(&record.key, parts).await?;
-            record.outcome = Some(manifest.restore(stored, &record.key)?);
+            match parts {
+                Parts::Read => {
+                    let stored = self.read_parts(&record.key, refs).await?;
+                    record.outcome = Some(manifest.restore(stored, &record.key)?);
+                }
+                Parts::Known(placement, settlement) if placement.describes(&manifest) => {
+                    record.outcome.clone_from(&settlement.outcome);
+                }
+                Parts::Known(..) | Parts::Skip => {}
+            }
         }
         Ok(Some(record))
     }
@@ -288,14 +323,12 @@ impl DynamoDbStore {
             return Ok(Claim::Acquired);
         };
         if let Some(existing) = checks.first().and_then(Check::failed_item) {
-            let existing =
-                self.decode(existing)
-                    .await?
-                    .ok_or_else(|| StoreError::CorruptRecord {
-                        key_short: record.key.short().to_owned(),
-                        reason: "the claim's condition failed but no existing item was returned"
-                            .into(),
-                    })?;
+            let existing = self.decode(existing, Parts::Read).await?.ok_or_else(|| {
+                StoreError::CorruptRecord {
+                    key_short: record.key.short().to_owned(),
+                    reason: "the claim's condition failed but no existing item was returned".into(),
+                }
+            })?;
             return Ok(Claim::Existing(existing));
         }
         match checks.get(1).and_then(Check::failed_item) {
@@ -309,22 +342,37 @@ impl DynamoDbStore {
     }
 
     /// Applies a fenced write on the record (index 0) and, with an identity, on its evidence.
+    /// A lost fence's record has its outcome read from part items as `parts` says.
     async fn fenced(
         &self,
         operation: &'static str,
         target: Target<'_>,
         writes: Vec<Write>,
+        parts: Parts<'_>,
     ) -> Result<Fence, StoreError> {
         let Some(checks) = self.apply(operation, writes).await? else {
             return Ok(Fence::Held);
         };
         if let Some(current) = checks.first().and_then(Check::failed_item) {
             return Ok(Fence::Lost {
-                current: self.decode(current).await?.map(Box::new),
+                current: self.decode(current, parts).await?.map(Box::new),
             });
         }
         Err(crate::store::memory::evidence_not_owned(target))
     }
+}
+
+/// How much of an outcome kept in part items a decoded record needs.
+#[derive(Clone, Copy)]
+enum Parts<'a> {
+    /// Read the parts: the record may be answered from (replayed).
+    Read,
+    /// Leave the outcome out (`None`): only the record's state matters.
+    Skip,
+    /// The record is compared with this settlement: when its manifest names this placement's
+    /// bytes, its outcome is the settlement's (the digest says so), without a read; otherwise
+    /// it is left out.
+    Known(&'a outcome::Placement, &'a Settlement),
 }
 
 /// The key [`DynamoDbStore::prime`] reads: not an operation key (those carry a version and a
@@ -343,6 +391,7 @@ fn table_from_env() -> Result<String, ConfigError> {
 
 impl Store for DynamoDbStore {
     async fn claim(&self, record: &Record, now: SystemTime) -> Result<Claim, StoreError> {
+        self.refused()?;
         let mut writes = vec![self.claim_write(record, now)?];
         if let Some(identity) = &record.identity {
             writes.push(evidence::claim_write(self.uniqueness()?, record, identity)?);
@@ -356,6 +405,7 @@ impl Store for DynamoDbStore {
         orphan: &Evidence,
         now: SystemTime,
     ) -> Result<Claim, StoreError> {
+        self.refused()?;
         let writes = vec![
             self.claim_write(record, now)?,
             evidence::adopt_write(self.uniqueness()?, orphan)?,
@@ -395,7 +445,9 @@ impl Store for DynamoDbStore {
             identity: None,
             guard: Guard::Lease(&previous.lease.token),
         };
-        self.fenced("take_over", target, vec![write]).await
+        // The record that stands may be answered from (replayed): read it whole.
+        self.fenced("take_over", target, vec![write], Parts::Read)
+            .await
     }
 
     async fn settle(
@@ -454,7 +506,14 @@ impl Store for DynamoDbStore {
                 settlement,
             )?);
         }
-        self.fenced("settle", target, writes).await
+        // Lost: the caller only needs to know whether the record is its own settlement.
+        self.fenced(
+            "settle",
+            target,
+            writes,
+            Parts::Known(&placement, settlement),
+        )
+        .await
     }
 
     async fn shorten(&self, target: Target<'_>, until: SystemTime) -> Result<Fence, StoreError> {
@@ -471,7 +530,8 @@ impl Store for DynamoDbStore {
             identity: None,
             ..target
         };
-        self.fenced("shorten", target, vec![write]).await
+        self.fenced("shorten", target, vec![write], Parts::Skip)
+            .await
     }
 
     async fn release(&self, target: Target<'_>) -> Result<Fence, StoreError> {
@@ -489,7 +549,7 @@ impl Store for DynamoDbStore {
                 identity,
             )?);
         }
-        self.fenced("release", target, writes).await
+        self.fenced("release", target, writes, Parts::Skip).await
     }
 
     async fn get(&self, key: &OperationKey) -> Result<Option<Record>, StoreError> {
@@ -502,7 +562,7 @@ impl Store for DynamoDbStore {
             .send()
             .await
             .map_err(|err| map_sdk_error("get", &self.table, err))?;
-        self.decode(output.item()).await
+        self.decode(output.item(), Parts::Read).await
     }
 
     async fn evidence(&self, identity: &str) -> Result<Option<Evidence>, StoreError> {

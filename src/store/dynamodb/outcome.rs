@@ -34,6 +34,7 @@
 
 use std::time::{Duration, SystemTime};
 
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::types::AttributeValue;
 use futures_util::{StreamExt, TryStreamExt, stream};
 use sha2::{Digest, Sha256};
@@ -131,12 +132,24 @@ impl OutcomeStorage {
         let Some(raw) = &settlement.outcome else {
             return Ok(Placement::none());
         };
-        let base = names.item_size(&sized_record(target, settlement)) + names.outcome.len();
-        let fits = |stored: usize, manifest: Option<&Manifest>| {
-            let manifest = manifest.map_or(0, |m| {
-                names.outcome_format.len() + value_size(&m.to_attribute())
+        let record = names.item_size(&sized_record(target, settlement));
+        let manifest_size =
+            |m: &Manifest| names.outcome_format.len() + value_size(&m.to_attribute());
+        // The record that names part items: what a duplicate would be billed on instead.
+        let with_parts = record
+            + manifest_size(&Manifest {
+                length: Some(raw.len() as u64),
+                parts: Some(PartsRef {
+                    count: 1,
+                    bytes: raw.len() as u64,
+                    sha256: "0".repeat(64),
+                }),
             });
-            base + stored + manifest <= self.inline_item_bytes
+        // Inline within the limit, or whenever it costs no more write units than parts would
+        // (a long key, identity or request id makes every record larger than 1 KB).
+        let fits = |stored: usize, manifest: Option<&Manifest>| {
+            let size = record + names.outcome.len() + stored + manifest.map_or(0, manifest_size);
+            size <= self.inline_item_bytes || size.div_ceil(1024) <= with_parts.div_ceil(1024)
         };
         if fits(raw.len(), None) {
             return Ok(Placement::inline(raw.clone(), None));
@@ -350,6 +363,11 @@ impl Placement {
         self.manifest.as_ref().map(Manifest::to_attribute)
     }
 
+    /// Whether `manifest` names exactly the stored bytes of this placement.
+    pub(crate) fn describes(&self, manifest: &Manifest) -> bool {
+        self.manifest.as_ref() == Some(manifest)
+    }
+
     /// The part items to write before the settlement, if any.
     fn parts(&self) -> Option<(&PartsRef, std::slice::Chunks<'_, u8>)> {
         let parts = self.manifest.as_ref()?.parts.as_ref()?;
@@ -359,7 +377,9 @@ impl Placement {
 
 impl DynamoDbStore {
     /// Writes the part items of `placement` (if it has any), kept until `record_expires_at`
-    /// plus [`PART_TTL_MARGIN`]. Unconditional puts: a part's name is its content's digest.
+    /// plus [`PART_TTL_MARGIN`]. A part's name is its content's digest, so a part already
+    /// standing holds the same bytes: it is only written again to move its TTL later, never
+    /// earlier (a late writer with a shorter retention cannot cut a standing record's parts).
     pub(crate) async fn put_parts(
         &self,
         key: &OperationKey,
@@ -380,13 +400,29 @@ impl DynamoDbStore {
                     .put_item()
                     .table_name(&self.table)
                     .set_item(Some(item))
+                    .condition_expression("attribute_not_exists(#pk) OR #expires_at < :ttl")
+                    .expression_attribute_names("#pk", &self.names.partition_key)
+                    .expression_attribute_names("#expires_at", &self.names.expires_at)
+                    .expression_attribute_values(":ttl", ttl.clone())
             })
             .collect();
         stream::iter(puts)
-            .map(|put| put.send())
+            .map(|put| async move {
+                match put.send().await {
+                    Ok(_) => Ok(()),
+                    // The same bytes stand, kept as long or longer.
+                    Err(err)
+                        if err
+                            .as_service_error()
+                            .is_some_and(PutItemError::is_conditional_check_failed_exception) =>
+                    {
+                        Ok(())
+                    }
+                    Err(err) => Err(map_sdk_error("settle", &self.table, err)),
+                }
+            })
             .buffer_unordered(PARTS_IN_FLIGHT)
-            .map_err(|err| map_sdk_error("settle", &self.table, err))
-            .try_for_each(|_| async { Ok(()) })
+            .try_for_each(|()| async { Ok(()) })
             .await
     }
 
@@ -404,6 +440,10 @@ impl DynamoDbStore {
             .ok()
             .filter(|count| (1..=MAX_PARTS).contains(count))
             .ok_or_else(|| corrupt(key.short(), "outcome part count out of range".into()))?;
+        let bytes = usize::try_from(parts.bytes)
+            .ok()
+            .filter(|bytes| bytes.div_ceil(PART_BYTES) == count)
+            .ok_or_else(|| corrupt(key.short(), "outcome length out of range".into()))?;
         let mut chunks = self.get_parts(key, parts, 0..count, false).await?;
         let missing: Vec<usize> = (0..count)
             .filter(|index| chunks[*index].is_none())
@@ -414,7 +454,7 @@ impl DynamoDbStore {
                 chunks[index] = chunk;
             }
         }
-        let mut stored = Vec::with_capacity(usize::try_from(parts.bytes).unwrap_or(0));
+        let mut stored = Vec::with_capacity(bytes);
         for (index, chunk) in chunks.into_iter().enumerate() {
             let chunk = chunk.ok_or_else(|| {
                 corrupt(

@@ -1,0 +1,194 @@
+//! Whether the tables replicate across Regions, checked at start-up: a conditional claim only
+//! guards the Region that evaluates it unless the table has multi-Region strong consistency.
+//!
+//! | table | claims | business identities |
+//! |---|---|---|
+//! | single Region | safe | safe |
+//! | global, multi-Region strong consistency (MRSC) | safe: every conditional write is decided against the latest write in any Region | refused: they need `TransactWriteItems`, which MRSC tables do not accept |
+//! | global, multi-Region eventual consistency (MREC) | refused unless opted in: the last writer wins across Regions, so two Regions can both claim and both run | the same |
+
+use std::sync::{Arc, OnceLock};
+
+use aws_sdk_dynamodb::types::{MultiRegionConsistency, TableDescription};
+use futures_util::future;
+
+use super::DynamoDbStore;
+use super::error::map_sdk_error;
+use crate::error::StoreError;
+
+/// How a table replicates across Regions, as `DescribeTable` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Replication {
+    /// One Region.
+    SingleRegion,
+    /// A global table with multi-Region strong consistency (MRSC).
+    Strong {
+        /// The Regions of its replicas and witness.
+        regions: Vec<String>,
+    },
+    /// A global table with multi-Region eventual consistency (MREC).
+    Eventual {
+        /// The Regions of its replicas.
+        regions: Vec<String>,
+    },
+}
+
+impl Replication {
+    /// The replication `table` describes.
+    fn of(table: &TableDescription) -> Self {
+        let mut regions: Vec<String> = table
+            .replicas()
+            .iter()
+            .filter_map(|replica| replica.region_name().map(str::to_owned))
+            .collect();
+        if regions.is_empty() {
+            return Self::SingleRegion;
+        }
+        match table.multi_region_consistency() {
+            Some(MultiRegionConsistency::Strong) => {
+                regions.extend(
+                    table
+                        .global_table_witnesses()
+                        .iter()
+                        .filter_map(|witness| witness.region_name().map(str::to_owned)),
+                );
+                Self::Strong { regions }
+            }
+            // Unset on a global table means EVENTUAL, DynamoDB's default.
+            _ => Self::Eventual { regions },
+        }
+    }
+}
+
+/// Why the store refuses claims, once the check has found it: kept for every clone of the
+/// store, so that claims are refused even when the caller carried on past `prime`'s error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    Eventual { table: String, regions: Vec<String> },
+    NoTransactions { table: String },
+}
+
+impl Refusal {
+    fn to_error(&self) -> StoreError {
+        match self {
+            Self::Eventual { table, regions } => StoreError::EventuallyConsistentReplicas {
+                table: table.clone(),
+                regions: regions.clone(),
+            },
+            Self::NoTransactions { table } => StoreError::TransactionsUnsupported {
+                table: table.clone(),
+            },
+        }
+    }
+}
+
+/// The verdict shared by a store and its clones: unset until checked.
+pub(crate) type Verdict = Arc<OnceLock<Option<Refusal>>>;
+
+impl DynamoDbStore {
+    /// Accepts global tables with multi-Region eventual consistency (MREC), which
+    /// [`Self::check_replication`] refuses otherwise. Opt in only when a single Region ever
+    /// writes to the tables at a time (the others stand by for a fail-over, and a fail-over
+    /// waits until replication has caught up): with writers in two Regions, both can claim the
+    /// same key and both run the handler, since the last writer wins across Regions.
+    pub fn accept_eventually_consistent_replicas(mut self) -> Self {
+        self.accept_eventual = true;
+        self
+    }
+
+    /// Reads the tables' replication (`DescribeTable`, IAM `dynamodb:DescribeTable`) and
+    /// refuses what would let two Regions claim one key: a global table with multi-Region
+    /// eventual consistency (unless [`Self::accept_eventually_consistent_replicas`]), and a
+    /// uniqueness table beside a table with multi-Region strong consistency, which accepts no
+    /// transactions. After a refusal, every claim of this store (and its clones) fails with the
+    /// same error. [`Self::prime`] runs it.
+    ///
+    /// ```no_run
+    /// # async fn init(store: lambda_idempotency::DynamoDbStore) -> Result<(), lambda_idempotency::StoreError> {
+    /// use lambda_idempotency::store::Replication;
+    ///
+    /// match store.check_replication().await? {
+    ///     Replication::SingleRegion => {}
+    ///     Replication::Strong { regions } => println!("MRSC across {regions:?}"),
+    ///     other => println!("accepted: {other:?}"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`StoreError::EventuallyConsistentReplicas`], [`StoreError::TransactionsUnsupported`],
+    /// or the `DescribeTable` request's own error (a missing table, access denied, throttled).
+    pub async fn check_replication(&self) -> Result<Replication, StoreError> {
+        let describe_uniqueness = async {
+            match &self.uniqueness_table {
+                Some(table) => self.replication_of(table).await.map(Some),
+                None => Ok(None),
+            }
+        };
+        let (replication, uniqueness) =
+            future::join(self.replication_of(&self.table), describe_uniqueness).await;
+        let (replication, uniqueness) = (replication?, uniqueness?);
+        let refusal = self.refusal(&replication, uniqueness.as_ref());
+        // A refusal, once found, stays: the tables' consistency mode cannot change.
+        let verdict = self.verdict.get_or_init(|| refusal.clone());
+        match verdict.as_ref().or(refusal.as_ref()) {
+            Some(refusal) => Err(refusal.to_error()),
+            None => Ok(replication),
+        }
+    }
+
+    /// `Err` when a check has refused this store's tables.
+    pub(crate) fn refused(&self) -> Result<(), StoreError> {
+        match self.verdict.get() {
+            Some(Some(refusal)) => Err(refusal.to_error()),
+            _ => Ok(()),
+        }
+    }
+
+    /// What the check refuses, if anything.
+    fn refusal(
+        &self,
+        replication: &Replication,
+        uniqueness: Option<&Replication>,
+    ) -> Option<Refusal> {
+        let tables = std::iter::once((&self.table, replication))
+            .chain(self.uniqueness_table.as_ref().zip(uniqueness));
+        let mut strong = None;
+        for (table, replication) in tables {
+            match replication {
+                Replication::Eventual { regions } if !self.accept_eventual => {
+                    return Some(Refusal::Eventual {
+                        table: table.clone(),
+                        regions: regions.clone(),
+                    });
+                }
+                Replication::Strong { .. } => strong = strong.or(Some(table)),
+                _ => {}
+            }
+        }
+        match (strong, &self.uniqueness_table) {
+            (Some(table), Some(_)) => Some(Refusal::NoTransactions {
+                table: table.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// The replication of `table`.
+    async fn replication_of(&self, table: &str) -> Result<Replication, StoreError> {
+        let output = self
+            .client
+            .describe_table()
+            .table_name(table)
+            .send()
+            .await
+            .map_err(|err| match map_sdk_error("describe_table", table, err) {
+                StoreError::TableNotFound { .. } => self.not_found(table),
+                other => other,
+            })?;
+        Ok(output
+            .table()
+            .map_or(Replication::SingleRegion, Replication::of))
+    }
+}

@@ -1,0 +1,270 @@
+//! The replication check at start-up (`DynamoDbStore::check_replication`, run by `prime`):
+//! the embedded server has no Regions, so an interceptor rewrites its real `DescribeTable`
+//! answers into those of a global table (replicas, witness, consistency mode), as DynamoDB
+//! gives them; every other request goes to the server untouched.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use aws_sdk_dynamodb::config::interceptors::FinalizerInterceptorContextMut;
+use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
+use aws_sdk_dynamodb::error::BoxError;
+use aws_sdk_dynamodb::operation::describe_table::DescribeTableOutput;
+use aws_sdk_dynamodb::types::{
+    GlobalTableWitnessDescription, MultiRegionConsistency, ReplicaDescription,
+};
+use lambda_idempotency::store::{DynamoDbStore, Replication};
+use lambda_idempotency::testing::conformance::{counted, invocation};
+use lambda_idempotency::testing::dynamo::{self, Dynamo};
+use lambda_idempotency::testing::interceptor::{
+    Fault, FaultInterceptor, Operation, SDK_ATTEMPTS, client_with,
+};
+use lambda_idempotency::testing::local;
+use lambda_idempotency::{Config, Error, Idempotency, StoreError};
+use serde_json::json;
+
+/// Makes the tables named in `tables` answer `DescribeTable` as global tables.
+#[derive(Debug, Clone)]
+struct GlobalTable {
+    tables: Vec<String>,
+    consistency: Option<MultiRegionConsistency>,
+    replicas: Vec<&'static str>,
+    witness: Option<&'static str>,
+}
+
+impl Intercept for GlobalTable {
+    fn name(&self) -> &'static str {
+        "GlobalTable"
+    }
+
+    fn modify_before_attempt_completion(
+        &self,
+        context: &mut FinalizerInterceptorContextMut<'_>,
+        _: &RuntimeComponents,
+        _: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let Some(Ok(output)) = context.output_or_error_mut() else {
+            return Ok(());
+        };
+        let Some(described) = output.downcast_mut::<DescribeTableOutput>() else {
+            return Ok(());
+        };
+        let Some(table) = described.table.as_mut() else {
+            return Ok(());
+        };
+        if !table
+            .table_name
+            .as_ref()
+            .is_some_and(|name| self.tables.contains(name))
+        {
+            return Ok(());
+        }
+        table.replicas = Some(
+            self.replicas
+                .iter()
+                .map(|region| ReplicaDescription::builder().region_name(*region).build())
+                .collect(),
+        );
+        table.global_table_witnesses = self.witness.map(|region| {
+            vec![
+                GlobalTableWitnessDescription::builder()
+                    .region_name(region)
+                    .build(),
+            ]
+        });
+        table.multi_region_consistency = self.consistency.clone();
+        Ok(())
+    }
+}
+
+/// A store on fresh tables whose `DescribeTable` answers come through `global`, and the
+/// faults (which count requests) of its client.
+async fn store_with(
+    dynamo: &Dynamo,
+    global: Option<GlobalTable>,
+    uniqueness: bool,
+) -> (DynamoDbStore, FaultInterceptor) {
+    let faults = FaultInterceptor::new();
+    let mut config = local::config_for(dynamo.endpoint.clone()).interceptor(faults.clone());
+    if let Some(global) = global {
+        config = config.interceptor(global);
+    }
+    let client = aws_sdk_dynamodb::Client::from_conf(config.build());
+    let store = DynamoDbStore::new(client, &dynamo.table);
+    let store = if uniqueness {
+        store.with_uniqueness_table(&dynamo.uniqueness_table)
+    } else {
+        store
+    };
+    (store, faults)
+}
+
+fn mrec(tables: Vec<String>) -> GlobalTable {
+    GlobalTable {
+        tables,
+        // Unset: DynamoDB's default for a global table, eventual.
+        consistency: None,
+        replicas: vec!["us-east-1", "eu-west-1"],
+        witness: None,
+    }
+}
+
+fn mrsc(tables: Vec<String>) -> GlobalTable {
+    GlobalTable {
+        tables,
+        consistency: Some(MultiRegionConsistency::Strong),
+        replicas: vec!["us-east-1", "us-east-2"],
+        witness: Some("us-west-2"),
+    }
+}
+
+/// Runs one operation through `store`; the handler's runs are counted.
+async fn run_once(store: DynamoDbStore, runs: &AtomicUsize) -> Result<u32, Error> {
+    let idem = Idempotency::new(store, Config::default());
+    idem.execute(&invocation("global", &json!({"amount": 1})), |_| {
+        counted(runs, 7_u32)
+    })
+    .await
+    .map(|done| *done.value())
+}
+
+#[tokio::test]
+async fn a_single_region_table_passes_and_prime_describes_it_beside_its_read() {
+    let dynamo = dynamo::start().await;
+    let (store, faults) = store_with(&dynamo, None, true).await;
+
+    store.prime().await.expect("prime");
+
+    assert_eq!(
+        store.check_replication().await.expect("checked"),
+        Replication::SingleRegion
+    );
+    assert_eq!(faults.requests(Operation::GetItem), 1, "prime reads once");
+    assert_eq!(
+        faults.requests(Operation::DescribeTable),
+        2 + 2,
+        "both tables, by prime and by the check"
+    );
+    let runs = AtomicUsize::new(0);
+    assert_eq!(run_once(store, &runs).await.expect("runs"), 7);
+}
+
+#[tokio::test]
+async fn an_eventually_consistent_global_table_is_refused_at_start_up_and_so_are_claims() {
+    let dynamo = dynamo::start().await;
+    let (store, faults) = store_with(&dynamo, Some(mrec(vec![dynamo.table.clone()])), false).await;
+
+    let err = store.prime().await.expect_err("refused");
+
+    assert!(
+        matches!(&err, StoreError::EventuallyConsistentReplicas { table, regions }
+            if *table == dynamo.table && *regions == ["us-east-1", "eu-west-1"]),
+        "got {err:?}"
+    );
+    assert!(!err.is_transient(), "it fails the init");
+    // A caller that carries on past the init's error: its claims are refused too, and no
+    // request is sent.
+    let runs = AtomicUsize::new(0);
+    let err = run_once(store.clone(), &runs).await.expect_err("refused");
+    assert!(
+        matches!(
+            err,
+            Error::Store(StoreError::EventuallyConsistentReplicas { .. })
+        ),
+        "got {err:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert_eq!(faults.requests(Operation::PutItem), 0);
+}
+
+#[tokio::test]
+async fn an_eventually_consistent_uniqueness_table_is_refused_too() {
+    let dynamo = dynamo::start().await;
+    let global = mrec(vec![dynamo.uniqueness_table.clone()]);
+    let (store, _) = store_with(&dynamo, Some(global), true).await;
+
+    let err = store.check_replication().await.expect_err("refused");
+
+    assert!(
+        matches!(&err, StoreError::EventuallyConsistentReplicas { table, .. } if *table == dynamo.uniqueness_table),
+        "got {err:?}"
+    );
+}
+
+#[tokio::test]
+async fn opting_in_accepts_an_eventually_consistent_global_table() {
+    let dynamo = dynamo::start().await;
+    let (store, _) = store_with(&dynamo, Some(mrec(vec![dynamo.table.clone()])), false).await;
+    let store = store.accept_eventually_consistent_replicas();
+
+    store.prime().await.expect("accepted");
+
+    assert!(matches!(
+        store.check_replication().await.expect("checked"),
+        Replication::Eventual { regions } if regions == ["us-east-1", "eu-west-1"]
+    ));
+    let runs = AtomicUsize::new(0);
+    assert_eq!(run_once(store, &runs).await.expect("runs"), 7);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_strongly_consistent_global_table_is_accepted_without_a_uniqueness_table() {
+    let dynamo = dynamo::start().await;
+    let tables = vec![dynamo.table.clone(), dynamo.uniqueness_table.clone()];
+    let (plain, _) = store_with(&dynamo, Some(mrsc(tables.clone())), false).await;
+
+    plain.prime().await.expect("MRSC is the supported mode");
+    assert!(matches!(
+        plain.check_replication().await.expect("checked"),
+        Replication::Strong { regions } if regions == ["us-east-1", "us-east-2", "us-west-2"]
+    ));
+    let runs = AtomicUsize::new(0);
+    assert_eq!(run_once(plain, &runs).await.expect("runs"), 7);
+
+    // Business identities are written in transactions, which MRSC tables do not accept.
+    let (with_identities, _) = store_with(&dynamo, Some(mrsc(tables)), true).await;
+    let err = with_identities.prime().await.expect_err("refused");
+    assert!(
+        matches!(&err, StoreError::TransactionsUnsupported { table } if *table == dynamo.table),
+        "got {err:?}"
+    );
+    assert!(!err.is_transient());
+}
+
+#[tokio::test]
+async fn a_role_without_describe_table_fails_the_init_and_a_throttled_check_does_not() {
+    let dynamo = dynamo::start().await;
+    let faults = FaultInterceptor::new();
+    let store = DynamoDbStore::new(client_with(dynamo.endpoint.clone(), &faults), &dynamo.table);
+
+    faults.inject(
+        Operation::DescribeTable,
+        Fault::Error {
+            status: 400,
+            code: "AccessDeniedException",
+        },
+    );
+    let err = store.prime().await.expect_err("no permission");
+    assert!(
+        matches!(
+            &err,
+            StoreError::AccessDenied {
+                operation: "describe_table",
+                ..
+            }
+        ),
+        "got {err:?}"
+    );
+
+    faults.inject_times(
+        Operation::DescribeTable,
+        Fault::Throttle,
+        SDK_ATTEMPTS as usize,
+    );
+    let err = store.prime().await.expect_err("throttled");
+    assert!(err.is_transient(), "left to the next cold start: {err:?}");
+    store
+        .prime()
+        .await
+        .expect("checked once the throttling ends");
+}
