@@ -380,9 +380,12 @@ impl<S: Store> Idempotency<S> {
         {
             Ok(claimed) => claimed,
             Err(err) => {
-                // The claim may have committed with its answer lost; nothing ran under it yet,
-                // so it is given back whole.
-                let _ = erased(self.store.release(target)).await;
+                // A transient failure may hide a claim that committed with its answer lost;
+                // nothing ran under it yet, so it is given back whole. Any other failure
+                // (refused, missing table, denied) wrote nothing.
+                if err.is_transient() {
+                    let _ = erased(self.store.release(target)).await;
+                }
                 return Err(err.into());
             }
         };

@@ -83,9 +83,12 @@ impl<S> CachedStore<S> {
         let estimated = usize::try_from(max_bytes / 1024)
             .unwrap_or(usize::MAX)
             .max(16);
-        let shards = usize::try_from(max_bytes / MIN_SHARD_BYTES)
+        // quick_cache rounds a shard count up to a power of two: round down first, so that
+        // no shard holds less than MIN_SHARD_BYTES.
+        let fitting = (max_bytes / MIN_SHARD_BYTES).max(1);
+        let shards = usize::try_from(1_u64 << fitting.ilog2())
             .unwrap_or(MAX_SHARDS)
-            .clamp(1, MAX_SHARDS);
+            .min(MAX_SHARDS);
         let settled = OptionsBuilder::new()
             .shards(shards)
             .estimated_items_capacity(estimated)

@@ -69,7 +69,9 @@ pub enum Fence {
     Held,
     /// The guard no longer holds; nothing was written. `current` is the record as it stands.
     Lost {
-        /// The record as it stands, if any.
+        /// The record as it stands, if any. A store that keeps large outcomes apart from the
+        /// record may leave the outcome out (`None`) when the caller only needs its state
+        /// ([`DynamoDbStore`] after a settlement, a shortening or a release).
         current: Option<Box<Record>>,
     },
 }

@@ -127,3 +127,26 @@ async fn an_outcome_up_to_the_default_limit_is_cached_in_the_documented_size() {
     assert_eq!(idem.store().hits(), 1);
     assert!(idem.store().cached_bytes() > 5 * 1024 * 1024);
 }
+
+#[tokio::test]
+async fn every_cache_of_8_mib_or_more_keeps_an_outcome_of_the_default_limit() {
+    let scope = OperationScope::new("cache-test", "sizes").expect("scope");
+    let outcome = "y".repeat(lambda_idempotency::config::DEFAULT_MAX_OUTCOME_BYTES - 2);
+    for mib in [8, 16, 24, 40, 72, 1024] {
+        let store = CachedStore::new(lambda_idempotency::store::MemoryStore::new(), mib << 20);
+        let idem = Idempotency::new(store, Config::default());
+        let key = OperationKey::derive(&scope, None, &format!("{mib}")).expect("key");
+        let inv = Invocation::new(
+            key,
+            Fingerprint::of(&mib).expect("fingerprint"),
+            Duration::from_secs(30),
+        );
+        idem.execute(&inv, |_| async { Ok::<_, std::io::Error>(outcome.clone()) })
+            .await
+            .expect("first");
+        idem.execute(&inv, |_| async { Ok::<_, std::io::Error>(String::new()) })
+            .await
+            .expect("replay");
+        assert_eq!(idem.store().hits(), 1, "a {mib} MiB cache keeps it");
+    }
+}

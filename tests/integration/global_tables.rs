@@ -163,6 +163,13 @@ async fn an_eventually_consistent_global_table_is_refused_at_start_up_and_so_are
     assert!(!err.is_transient(), "it fails the init");
     // A caller that carries on past the init's error: its claims are refused too, and no
     // request is sent.
+    let sent = |faults: &FaultInterceptor| -> usize {
+        Operation::ALL
+            .into_iter()
+            .map(|operation| faults.requests(operation))
+            .sum()
+    };
+    let before = sent(&faults);
     let runs = AtomicUsize::new(0);
     let err = run_once(store.clone(), &runs).await.expect_err("refused");
     assert!(
@@ -173,7 +180,11 @@ async fn an_eventually_consistent_global_table_is_refused_at_start_up_and_so_are
         "got {err:?}"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 0);
-    assert_eq!(faults.requests(Operation::PutItem), 0);
+    assert_eq!(
+        sent(&faults),
+        before,
+        "a refused claim sends no request, not even a release"
+    );
 }
 
 #[tokio::test]
@@ -222,13 +233,27 @@ async fn a_strongly_consistent_global_table_is_accepted_without_a_uniqueness_tab
     assert_eq!(run_once(plain, &runs).await.expect("runs"), 7);
 
     // Business identities are written in transactions, which MRSC tables do not accept.
-    let (with_identities, _) = store_with(&dynamo, Some(mrsc(tables)), true).await;
+    let (base, _) = store_with(&dynamo, Some(mrsc(tables)), false).await;
+    let with_identities = base.clone().with_uniqueness_table(&dynamo.uniqueness_table);
     let err = with_identities.prime().await.expect_err("refused");
     assert!(
         matches!(&err, StoreError::TransactionsUnsupported { table } if *table == dynamo.table),
         "got {err:?}"
     );
     assert!(!err.is_transient());
+    // The refusal is the configured store's: the store it was built from still claims.
+    let runs = AtomicUsize::new(0);
+    assert_eq!(run_once(base, &runs).await.expect("runs"), 7);
+    let err = run_once(with_identities, &runs)
+        .await
+        .expect_err("its claims are refused");
+    assert!(
+        matches!(
+            err,
+            Error::Store(StoreError::TransactionsUnsupported { .. })
+        ),
+        "got {err:?}"
+    );
 }
 
 #[tokio::test]

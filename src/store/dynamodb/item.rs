@@ -95,13 +95,19 @@ impl AttributeNames {
         item
     }
 
-    /// The key of part `index` of the outcome whose stored bytes have the digest `sha256`:
-    /// a partition of its own, beside the record's.
-    pub(crate) fn part_key(&self, key: &OperationKey, sha256: &str, index: usize) -> Item {
+    /// The key of part `index` (each of at most `chunk` bytes) of the outcome whose stored
+    /// bytes have the digest `sha256`: a partition of its own, beside the record's.
+    pub(crate) fn part_key(
+        &self,
+        key: &OperationKey,
+        sha256: &str,
+        chunk: u64,
+        index: usize,
+    ) -> Item {
         let mut item = Item::new();
         item.insert(
             self.partition_key.clone(),
-            AttributeValue::S(format!("{}#outcome#{sha256}#{index}", key.as_str())),
+            AttributeValue::S(format!("{}#outcome#{sha256}#{chunk}#{index}", key.as_str())),
         );
         if let Some(sort) = &self.sort_key {
             item.insert(sort.attribute.clone(), s(&sort.value));

@@ -45,6 +45,7 @@ mod scan;
 mod table;
 mod writes;
 
+use std::future::Future;
 use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::Client;
@@ -187,23 +188,24 @@ impl DynamoDbStore {
                 .map(drop)
                 .map_err(|err| map_sdk_error("prime", &self.table, err))
         };
-        let both = futures_util::future::join(read, self.check_replication());
-        match tokio::time::timeout(PRIME_TIMEOUT, both).await {
-            // A lasting error first: it fails the init; a transient one leaves it to the events.
-            Ok((read, checked)) => match (read, checked.map(drop)) {
-                (Err(err), _) | (_, Err(err)) if !err.is_transient() => Err(err),
-                (read, checked) => read.and(checked),
-            },
-            Err(elapsed) => Err(StoreError::Unavailable {
-                operation: "prime",
-                source: Box::new(elapsed),
+        let (read, checked) = futures_util::future::join(
+            within(PRIME_TIMEOUT, read),
+            within(PRIME_TIMEOUT, async {
+                self.check_replication().await.map(drop)
             }),
+        )
+        .await;
+        // A lasting error first: it fails the init; a transient one leaves it to the events.
+        match (read, checked) {
+            (Err(err), _) | (_, Err(err)) if !err.is_transient() => Err(err),
+            (read, checked) => read.and(checked),
         }
     }
 
     /// Keeps permanent evidence of business identities in `table`.
     pub fn with_uniqueness_table(mut self, table: impl Into<String>) -> Self {
         self.uniqueness_table = Some(table.into());
+        self.verdict = replication::Verdict::default();
         self
     }
 
@@ -380,6 +382,21 @@ enum Parts<'a> {
 const PRIME_KEY: &str = "lambda-idempotency#prime";
 /// How long [`DynamoDbStore::prime`] waits for its read.
 const PRIME_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// `request`'s answer, or [`StoreError::Unavailable`] when it has none within `limit`.
+async fn within(
+    limit: Duration,
+    request: impl Future<Output = Result<(), StoreError>>,
+) -> Result<(), StoreError> {
+    tokio::time::timeout(limit, request)
+        .await
+        .unwrap_or_else(|elapsed| {
+            Err(StoreError::Unavailable {
+                operation: "prime",
+                source: Box::new(elapsed),
+            })
+        })
+}
 
 /// The idempotency table's name, from `IDEMPOTENCY_TABLE`.
 fn table_from_env() -> Result<String, ConfigError> {

@@ -15,6 +15,7 @@
 //! | `length` (N) | the outcome's length after decompression |
 //! | `parts` (N) | how many part items hold the stored bytes |
 //! | `bytes` (N) | the stored bytes' length, across the parts |
+//! | `chunk` (N) | the most stored bytes one part holds ([`PART_BYTES`] when written) |
 //! | `sha256` (S) | hex SHA-256 of the stored bytes: the parts' name and their check |
 //!
 //! The protocol stays the record's:
@@ -42,7 +43,7 @@ use sha2::{Digest, Sha256};
 use super::DynamoDbStore;
 use super::error::map_sdk_error;
 use super::item::{AttributeNames, Item, b, corrupt, n, s, secs, value_size};
-use crate::config::MAX_OUTCOME_BYTES;
+use crate::config::{DYNAMODB_ITEM_LIMIT, MAX_OUTCOME_BYTES};
 use crate::error::StoreError;
 use crate::key::{Fingerprint, OperationKey};
 use crate::record::{Lease, Record, Settlement};
@@ -69,6 +70,7 @@ const LENGTH: &str = "length";
 const PARTS: &str = "parts";
 const BYTES: &str = "bytes";
 const SHA256: &str = "sha256";
+const CHUNK: &str = "chunk";
 const ZSTD: &str = "zstd";
 
 /// How the DynamoDB store keeps outcomes: inline while the settled record stays small,
@@ -96,13 +98,14 @@ impl OutcomeStorage {
     pub const MAX_INLINE_ITEM_BYTES: usize = 64 * 1024;
 
     /// Keeps an outcome in the record while the settled record (key, status, times, the
-    /// outcome) is at most `item_bytes` (clamped to 200 ..= [`Self::MAX_INLINE_ITEM_BYTES`]).
+    /// outcome) is at most `item_bytes` (clamped to 1 KB ..= [`Self::MAX_INLINE_ITEM_BYTES`]:
+    /// within a record's first KB, an inline outcome costs no more than parts would).
     /// Larger keeps more replays at one request, each duplicate costing a write unit per KB;
     /// smaller keeps every duplicate at one write unit, a larger outcome then costing one
     /// more round trip (its reads) per replay. The request id is counted at Lambda's 36
     /// characters.
     pub fn inline_up_to(mut self, item_bytes: usize) -> Self {
-        self.inline_item_bytes = item_bytes.clamp(200, Self::MAX_INLINE_ITEM_BYTES);
+        self.inline_item_bytes = item_bytes.clamp(1024, Self::MAX_INLINE_ITEM_BYTES);
         self
     }
 
@@ -142,6 +145,7 @@ impl OutcomeStorage {
                 parts: Some(PartsRef {
                     count: 1,
                     bytes: raw.len() as u64,
+                    chunk: PART_BYTES as u64,
                     sha256: "0".repeat(64),
                 }),
             });
@@ -184,6 +188,7 @@ impl OutcomeStorage {
         manifest.parts = Some(PartsRef {
             count: parts as u64,
             bytes: stored.len() as u64,
+            chunk: PART_BYTES as u64,
             sha256: hex::encode(Sha256::digest(&stored)),
         });
         Ok(Placement {
@@ -241,6 +246,9 @@ pub(crate) struct Manifest {
 pub(crate) struct PartsRef {
     count: u64,
     bytes: u64,
+    /// The most bytes one part holds: in the parts' name too, so that parts cut to another
+    /// size (another version) never stand in for these.
+    chunk: u64,
     sha256: String,
 }
 
@@ -255,6 +263,7 @@ impl Manifest {
         if let Some(parts) = &self.parts {
             fields.insert(PARTS.into(), n(parts.count));
             fields.insert(BYTES.into(), n(parts.bytes));
+            fields.insert(CHUNK.into(), n(parts.chunk));
             fields.insert(SHA256.into(), s(&parts.sha256));
         }
         AttributeValue::M(fields)
@@ -288,6 +297,7 @@ impl Manifest {
             Some(count) => Some(PartsRef {
                 count,
                 bytes: number(BYTES)?.ok_or_else(|| bad("`bytes` is missing"))?,
+                chunk: number(CHUNK)?.ok_or_else(|| bad("`chunk` is missing"))?,
                 sha256: fields
                     .get(SHA256)
                     .and_then(|value| value.as_s().ok())
@@ -393,7 +403,7 @@ impl DynamoDbStore {
         let puts: Vec<_> = chunks
             .enumerate()
             .map(|(index, chunk)| {
-                let mut item = self.names.part_key(key, &parts.sha256, index);
+                let mut item = self.names.part_key(key, &parts.sha256, parts.chunk, index);
                 item.insert(self.names.outcome.clone(), b(chunk));
                 item.insert(self.names.expires_at.clone(), ttl.clone());
                 self.client
@@ -440,9 +450,13 @@ impl DynamoDbStore {
             .ok()
             .filter(|count| (1..=MAX_PARTS).contains(count))
             .ok_or_else(|| corrupt(key.short(), "outcome part count out of range".into()))?;
+        let chunk = usize::try_from(parts.chunk)
+            .ok()
+            .filter(|chunk| (1..=DYNAMODB_ITEM_LIMIT).contains(chunk))
+            .ok_or_else(|| corrupt(key.short(), "outcome part size out of range".into()))?;
         let bytes = usize::try_from(parts.bytes)
             .ok()
-            .filter(|bytes| bytes.div_ceil(PART_BYTES) == count)
+            .filter(|bytes| bytes.div_ceil(chunk) == count)
             .ok_or_else(|| corrupt(key.short(), "outcome length out of range".into()))?;
         let mut chunks = self.get_parts(key, parts, 0..count, false).await?;
         let missing: Vec<usize> = (0..count)
@@ -489,7 +503,12 @@ impl DynamoDbStore {
                 self.client
                     .get_item()
                     .table_name(&self.table)
-                    .set_key(Some(self.names.part_key(key, &parts.sha256, index)))
+                    .set_key(Some(self.names.part_key(
+                        key,
+                        &parts.sha256,
+                        parts.chunk,
+                        index,
+                    )))
                     .consistent_read(consistent)
             })
             .collect();

@@ -83,8 +83,9 @@ impl Refusal {
     }
 }
 
-/// The verdict shared by a store and its clones: unset until checked.
-pub(crate) type Verdict = Arc<OnceLock<Option<Refusal>>>;
+/// A refusal found by a check, shared by a store and its clones (a builder that changes what
+/// the check depends on starts a fresh one): unset until a check refuses.
+pub(crate) type Verdict = Arc<OnceLock<Refusal>>;
 
 impl DynamoDbStore {
     /// Accepts global tables with multi-Region eventual consistency (MREC), which
@@ -94,6 +95,7 @@ impl DynamoDbStore {
     /// same key and both run the handler, since the last writer wins across Regions.
     pub fn accept_eventually_consistent_replicas(mut self) -> Self {
         self.accept_eventual = true;
+        self.verdict = Verdict::default();
         self
     }
 
@@ -102,7 +104,10 @@ impl DynamoDbStore {
     /// eventual consistency (unless [`Self::accept_eventually_consistent_replicas`]), and a
     /// uniqueness table beside a table with multi-Region strong consistency, which accepts no
     /// transactions. After a refusal, every claim of this store (and its clones) fails with the
-    /// same error. [`Self::prime`] runs it.
+    /// same error. [`Self::prime`] runs it. Returns the idempotency table's replication.
+    ///
+    /// Global tables of the legacy version 2017.11.29 are not described by `DescribeTable` and
+    /// pass as single-Region tables.
     ///
     /// ```no_run
     /// # async fn init(store: lambda_idempotency::DynamoDbStore) -> Result<(), lambda_idempotency::StoreError> {
@@ -129,21 +134,21 @@ impl DynamoDbStore {
         let (replication, uniqueness) =
             future::join(self.replication_of(&self.table), describe_uniqueness).await;
         let (replication, uniqueness) = (replication?, uniqueness?);
-        let refusal = self.refusal(&replication, uniqueness.as_ref());
-        // A refusal, once found, stays: the tables' consistency mode cannot change.
-        let verdict = self.verdict.get_or_init(|| refusal.clone());
-        match verdict.as_ref().or(refusal.as_ref()) {
-            Some(refusal) => Err(refusal.to_error()),
+        match self.refusal(&replication, uniqueness.as_ref()) {
+            Some(refusal) => {
+                // Kept for every later claim: a global table's consistency mode cannot change.
+                let kept = self.verdict.get_or_init(|| refusal);
+                Err(kept.to_error())
+            }
             None => Ok(replication),
         }
     }
 
     /// `Err` when a check has refused this store's tables.
     pub(crate) fn refused(&self) -> Result<(), StoreError> {
-        match self.verdict.get() {
-            Some(Some(refusal)) => Err(refusal.to_error()),
-            _ => Ok(()),
-        }
+        self.verdict
+            .get()
+            .map_or(Ok(()), |refusal| Err(refusal.to_error()))
     }
 
     /// What the check refuses, if anything.
