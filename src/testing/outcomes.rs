@@ -9,7 +9,7 @@ use lambda_idempotency::config::DEFAULT_MAX_OUTCOME_BYTES;
 use lambda_idempotency::record::Status;
 use lambda_idempotency::store::Store;
 use lambda_idempotency::{
-    Config, Error, Fingerprint, Invocation, OperationKey, OperationScope, Origin,
+    Config, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope, Origin,
 };
 use serde_json::json;
 
@@ -37,6 +37,25 @@ pub fn compressible(len: usize) -> serde_json::Value {
         .map(|i| json!({"sku": format!("sku-{}", i % 50), "qty": i % 7, "note": "gift wrap"}))
         .collect::<Vec<_>>();
     json!({"order": "o-1", "items": items})
+}
+
+/// Delivers `inv` again after its outcome was too large to store: the retained failure answers,
+/// the handler does not run.
+async fn redelivery_meets_the_retained_failure<S: Store>(
+    idem: &Idempotency<S>,
+    inv: &Invocation,
+    runs: &AtomicUsize,
+) {
+    let before = runs.load(Ordering::SeqCst);
+    let err = idem
+        .execute(inv, |_| counted(runs, String::new()))
+        .await
+        .expect_err("retained");
+    assert!(
+        matches!(&err, Error::Failed { failure, .. } if failure.kind == "outcome_too_large"),
+        "got {err:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), before, "not run again");
 }
 
 /// The sizes every store must replay byte for byte: inline, around 4 KB, 100 KB, past
@@ -196,14 +215,7 @@ pub async fn outcome_limit_is_the_configured_one<S: Store>(fx: Fixture<S>) {
         matches!(err, Error::OutcomeTooLarge { size, limit: l, .. } if size == limit + 1 && l == limit),
         "got {err:?}"
     );
-    let err = idem
-        .execute(&over, |_| counted(&runs, String::new()))
-        .await
-        .expect_err("retained");
-    assert!(
-        matches!(&err, Error::Failed { failure, .. } if failure.kind == "outcome_too_large"),
-        "got {err:?}"
-    );
+    redelivery_meets_the_retained_failure(&idem, &over, &runs).await;
     assert_eq!(runs.load(Ordering::SeqCst), 2, "each effect once");
 
     let long_ref = invocation("edge-10c", &json!({"amount": 10}))
@@ -257,13 +269,6 @@ pub async fn default_limit_is_lambdas_response_limit<S: Store>(fx: Fixture<S>) {
             if size == DEFAULT_MAX_OUTCOME_BYTES + 2 && limit == DEFAULT_MAX_OUTCOME_BYTES),
         "got {err:?}"
     );
-    let err = idem
-        .execute(&over, |_| counted(&runs, String::new()))
-        .await
-        .expect_err("retained");
-    assert!(
-        matches!(&err, Error::Failed { failure, .. } if failure.kind == "outcome_too_large"),
-        "got {err:?}"
-    );
+    redelivery_meets_the_retained_failure(&idem, &over, &runs).await;
     assert_eq!(runs.load(Ordering::SeqCst), 2, "the effect is not repeated");
 }
