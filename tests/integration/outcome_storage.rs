@@ -484,3 +484,84 @@ async fn a_manifest_with_an_impossible_length_is_a_corrupt_record() {
         "got {err:?}"
     );
 }
+
+#[tokio::test]
+async fn a_part_write_whose_answer_is_lost_is_retried_and_the_outcome_replays_whole() {
+    let rig = Rig::new(OutcomeStorage::default()).await;
+    let inv = invocation("part-dropped", &json!({"amount": 1}));
+    let runs = AtomicUsize::new(0);
+    let outcome = incompressible(900 * 1024, 12);
+    // The claim passes; the first part is written and its answer lost: the SDK's retry finds
+    // the same part standing (its condition fails) and carries on.
+    rig.faults.pass(Operation::PutItem, 1);
+    rig.faults.inject(Operation::PutItem, Fault::DropResponse);
+
+    let first = rig
+        .idem
+        .execute(&inv, |_| counted(&runs, outcome.clone()))
+        .await
+        .expect("stored");
+    assert_eq!(rig.faults.fired(Operation::PutItem, Fault::DropResponse), 1);
+    let replay = rig
+        .idem
+        .execute(&inv, |_| counted(&runs, String::new()))
+        .await
+        .expect("replayed");
+
+    assert_eq!(first.origin(), Origin::Executed { attempt: 1 });
+    assert_eq!(replay.value(), &outcome);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// Polls `inner` at most `polls` times, then drops it (a cancelled invocation): `None`.
+async fn cancelled_after<F: std::future::Future>(polls: usize, inner: F) -> Option<F::Output> {
+    let mut inner = std::pin::pin!(inner);
+    let mut left = polls;
+    std::future::poll_fn(move |cx| {
+        if left == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        left -= 1;
+        inner.as_mut().poll(cx).map(Some)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_cancellation_anywhere_in_a_large_settlement_never_leaves_part_of_an_outcome() {
+    let rig = Rig::new(OutcomeStorage::default()).await;
+    let outcome = incompressible(1200 * 1024, 13);
+    let (mut cancelled, mut completed) = (0, 0);
+    for polls in [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 1000] {
+        let inv = invocation(&format!("cancelled-{polls}"), &json!({"amount": 1}));
+        let runs = AtomicUsize::new(0);
+        let first = cancelled_after(
+            polls,
+            rig.idem.execute(&inv, |_| counted(&runs, outcome.clone())),
+        )
+        .await;
+        // Past any lease a cancelled attempt left (given back or not).
+        rig.clock.advance(Duration::from_secs(60));
+        let next = rig
+            .idem
+            .execute(&inv, |_| counted(&runs, outcome.clone()))
+            .await
+            .expect("the next delivery completes or replays");
+
+        assert_eq!(next.value(), &outcome, "cancelled after {polls} polls");
+        if let Some(Ok(first)) = first {
+            assert_eq!(
+                next.origin(),
+                Origin::Replayed,
+                "completed before the cancellation"
+            );
+            assert_eq!(first.value(), &outcome);
+            completed += 1;
+        } else {
+            cancelled += 1;
+        }
+        assert!(runs.load(Ordering::SeqCst) <= 2);
+    }
+    println!("{cancelled} cancelled, {completed} completed");
+    assert!(cancelled > 0 && completed > 0, "both ends are reached");
+}
