@@ -32,6 +32,8 @@ const MAX_SKEW: Duration = Duration::from_secs(2);
 const RETENTIONS: [u64; 5] = [5, 20, 45, 90, 3600];
 /// Workers, each with its clock skew.
 const WORKERS: usize = 3;
+/// The report one operation in three returns: past the inline limit, in one part.
+const LARGE_OUTCOME_BYTES: usize = 24 * 1024;
 /// How many deliveries the final sweep makes per operation before calling it stuck.
 const SETTLE_ROUNDS: usize = 6;
 
@@ -726,7 +728,14 @@ async fn handler(
         let _ = parked.send(());
         std::future::pending::<()>().await;
     };
-    let result = json!({"op": op, "attempt": attempt});
+    // One operation in three returns a report too large for a 1 KB record: the DynamoDB store
+    // keeps it compressed in part items, written before the settlement that names them.
+    let result = if op % 3 == 0 {
+        let report = super::super::outcomes::incompressible(LARGE_OUTCOME_BYTES, op as u64);
+        json!({"op": op, "attempt": attempt, "report": report})
+    } else {
+        json!({"op": op, "attempt": attempt})
+    };
     match behaviour {
         Behaviour::Complete => {
             effect();
