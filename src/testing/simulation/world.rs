@@ -730,7 +730,7 @@ async fn handler(
     };
     // One operation in three returns a report too large for a 1 KB record: the DynamoDB store
     // keeps it compressed in part items, written before the settlement that names them.
-    let result = if op % 3 == 0 {
+    let result = if op.is_multiple_of(3) {
         let report = super::super::outcomes::incompressible(LARGE_OUTCOME_BYTES, op as u64);
         json!({"op": op, "attempt": attempt, "report": report})
     } else {
