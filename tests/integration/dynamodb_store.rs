@@ -19,24 +19,29 @@ async fn fixture() -> Fixture<DynamoDbStore> {
 
 lambda_idempotency::conformance_tests!(fixture());
 
+/// A single-table layout: a sort key naming the record kind, the TTL attribute renamed.
+fn single_table_names() -> AttributeNames {
+    AttributeNames {
+        sort_key: Some(SortKey {
+            attribute: "sk".into(),
+            value: "idempotency".into(),
+        }),
+        expires_at: "ttl".into(),
+        ..AttributeNames::default()
+    }
+}
+
 /// The whole conformance suite again on a single-table layout (a sort key naming the record
 /// kind, the TTL attribute renamed): every write's key and condition as that layout builds them.
 mod single_table {
-    use lambda_idempotency::store::{AttributeNames, DynamoDbStore, SortKey};
+    use lambda_idempotency::store::DynamoDbStore;
     use lambda_idempotency::testing::conformance::{Fixture, start_time};
     use lambda_idempotency::testing::dynamo;
     use lambda_idempotency::testing::local::unique_table_name;
 
     async fn fixture() -> Fixture<DynamoDbStore> {
         let base = dynamo::fixture(start_time()).await;
-        let names = AttributeNames {
-            sort_key: Some(SortKey {
-                attribute: "sk".into(),
-                value: "idempotency".into(),
-            }),
-            expires_at: "ttl".into(),
-            ..AttributeNames::default()
-        };
+        let names = super::single_table_names();
         let store = DynamoDbStore::new(base.store.client().clone(), unique_table_name("single"))
             .with_uniqueness_table(unique_table_name("single-uniqueness"))
             .with_attribute_names(names);
@@ -194,14 +199,7 @@ async fn prime_finds_a_missing_table() {
 async fn sort_key_and_renamed_attributes_work() {
     let db = dynamo::start().await;
     let table = lambda_idempotency::testing::local::unique_table_name("single-table");
-    let names = AttributeNames {
-        sort_key: Some(SortKey {
-            attribute: "sk".into(),
-            value: "idempotency".into(),
-        }),
-        expires_at: "ttl".into(),
-        ..AttributeNames::default()
-    };
+    let names = single_table_names();
     let store = DynamoDbStore::new(db.client.clone(), &table).with_attribute_names(names);
     store
         .create_table()
