@@ -405,7 +405,7 @@ impl<S: Store> Idempotency<S> {
                 return Err(answer::identity_taken(invocation, evidence));
             }
         };
-        if existing.fingerprint != invocation.fingerprint {
+        if !invocation.fingerprint.matches(&existing.fingerprint) {
             return Err(Error::PayloadConflict { key: key.clone() });
         }
         if !existing.lease_is_takeable(now) {
@@ -466,7 +466,7 @@ impl<S: Store> Idempotency<S> {
         now: SystemTime,
     ) -> Result<Step, Error> {
         let key = &invocation.key;
-        if orphan.fingerprint != invocation.fingerprint {
+        if !invocation.fingerprint.matches(&orphan.fingerprint) {
             return Err(Error::PayloadConflict { key: key.clone() });
         }
         let record = Record {

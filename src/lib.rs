@@ -72,8 +72,8 @@
 //!
 //! ## The engine
 //!
-//! - An [`OperationKey`] names the operation (scope + SHA-256 of the RFC 8785 canonical JSON of
-//!   the key material); a [`Fingerprint`] names its intent. The same key with another intent is
+//! - An [`OperationKey`] names the operation (scope + SHA-256 of the canonical JSON of the key
+//!   material: RFC 8785 with every integer exact); a [`Fingerprint`] names its intent. The same key with another intent is
 //!   a [`Error::PayloadConflict`], never a replay of an unrelated result.
 //! - The [`Idempotency`] engine claims the key with one conditional write, runs the handler
 //!   once, stores the exact result bytes and replays them to every duplicate. A concurrent

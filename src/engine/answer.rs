@@ -34,7 +34,7 @@ pub(super) fn result_ref(invocation: &Invocation, raw: &RawValue) -> Option<Stri
 /// expired (an adoption of this operation's own orphaned claim is handled before).
 pub(super) fn identity_taken(invocation: &Invocation, evidence: crate::record::Evidence) -> Error {
     let key = &invocation.key;
-    if evidence.key == *key && evidence.fingerprint != invocation.fingerprint {
+    if evidence.key == *key && !invocation.fingerprint.matches(&evidence.fingerprint) {
         return Error::PayloadConflict { key: key.clone() };
     }
     if evidence.key == *key && evidence.status == Status::Indeterminate {
@@ -68,7 +68,7 @@ pub(super) fn answer_existing<T: DeserializeOwned>(
     now: SystemTime,
 ) -> Result<Execution<T>, Error> {
     let key = invocation.key.clone();
-    if existing.fingerprint != invocation.fingerprint {
+    if !invocation.fingerprint.matches(&existing.fingerprint) {
         return Err(Error::PayloadConflict { key });
     }
     let unreadable = |reason: String| Error::StoredOutcomeUnreadable {

@@ -1,11 +1,13 @@
 //! Operation keys and fingerprints.
 //!
 //! An [`OperationKey`] names one intended business operation: `scope#hash`, where the scope is
-//! namespace + operation (+ tenant) + key version and the hash is the SHA-256 of the RFC 8785
-//! canonical JSON of the key material. A [`Fingerprint`] is the SHA-256 of the canonical JSON of
-//! the *intent* of the request; the same key with another fingerprint is a payload conflict.
+//! namespace + operation (+ tenant) + key version and the hash is the SHA-256 of the canonical
+//! JSON of the key material. A [`Fingerprint`] is the SHA-256 of the canonical JSON of the
+//! *intent* of the request; the same key with another fingerprint is a payload conflict.
 //!
-//! Canonical JSON makes both stable across field order, whitespace and number spellings:
+//! Canonical JSON ([`canonical_json`]) is RFC 8785 except that every integer is written
+//! exactly, so that two 64-bit ids that differ above 2^53 are two keys. It makes both stable
+//! across field order, whitespace and number spellings:
 //!
 //! ```
 //! use lambda_idempotency::key::{Fingerprint, KeyPolicy, OperationScope};
@@ -25,6 +27,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod canonical;
 mod policy;
 mod select;
 
@@ -197,8 +200,17 @@ impl fmt::Display for OperationKey {
 }
 
 /// The SHA-256 (hex) of the canonical JSON of a request's intent.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Fingerprint(String);
+///
+/// Two fingerprints are equal when their digests are. A fingerprint whose intent holds an
+/// integer that no double represents exactly also keeps the digest versions before 0.2 wrote
+/// for it (RFC 8785 alone, which rounds such integers), so that a record written before the
+/// upgrade still [`matches`](Self::matches) its redelivery instead of being refused as a
+/// payload conflict.
+#[derive(Debug, Clone, Eq)]
+pub struct Fingerprint {
+    digest: String,
+    before_exact_integers: Option<String>,
+}
 
 impl Fingerprint {
     /// The fingerprint of `intent`.
@@ -209,29 +221,73 @@ impl Fingerprint {
 
     /// [`Self::of`] for an intent that is JSON already (no copy made).
     pub(crate) fn of_value(intent: &Value) -> Result<Self, Error> {
-        Ok(Self(canonical_sha256(intent)?))
+        let canonical = canonical::canonicalize(intent)?;
+        let before_exact_integers = match canonical.differs_from_rfc8785 {
+            true => Some(sha256_hex(&canonical::rfc8785(intent)?)),
+            false => None,
+        };
+        Ok(Self {
+            digest: sha256_hex(&canonical.bytes),
+            before_exact_integers,
+        })
     }
 
     /// Wraps a fingerprint read back from a store, unchecked.
     pub fn from_stored(hex: impl Into<String>) -> Self {
-        Self(hex.into())
+        Self {
+            digest: hex.into(),
+            before_exact_integers: None,
+        }
     }
 
     /// The hex digest.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.digest
+    }
+
+    /// Whether a `stored` fingerprint names this intent: the same digest, or the digest
+    /// versions before 0.2 wrote for it.
+    pub fn matches(&self, stored: &Fingerprint) -> bool {
+        stored.digest == self.digest
+            || self.before_exact_integers.as_deref() == Some(stored.digest.as_str())
+    }
+}
+
+impl PartialEq for Fingerprint {
+    fn eq(&self, other: &Self) -> bool {
+        self.digest == other.digest
+    }
+}
+
+impl std::hash::Hash for Fingerprint {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.digest.hash(state);
     }
 }
 
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.digest)
     }
 }
 
-/// RFC 8785 canonical JSON of `value`.
+/// The canonical JSON of `value`: RFC 8785, except that every integer `serde_json` holds as an
+/// `i64` or a `u64` is written as its exact decimal digits (RFC 8785 would round one above
+/// 2^53 to the nearest double). Strings, literals, fractions, exponents and integers beyond
+/// `u64` (which `serde_json` holds as doubles) are written as RFC 8785 writes them, and object
+/// members are sorted by their UTF-16 code units. The rule is stable: a change to it is a new
+/// key version.
+///
+/// ```
+/// use lambda_idempotency::key::canonical_json;
+/// use serde_json::json;
+///
+/// let canonical = canonical_json(&json!({"b": 1.50, "a": 9007199254740993_u64}))?;
+/// assert_eq!(canonical, br#"{"a":9007199254740993,"b":1.5}"#);
+/// # Ok::<(), lambda_idempotency::Error>(())
+/// ```
 pub fn canonical_json(value: &Value) -> Result<Vec<u8>, Error> {
-    serde_json_canonicalizer::to_vec(value).map_err(invalid_event)
+    Ok(canonical::canonicalize(value)?.bytes)
 }
 
 fn canonical_sha256(value: &Value) -> Result<String, Error> {

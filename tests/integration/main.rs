@@ -1,5 +1,6 @@
 //! Integration tests: one binary, so the AWS SDK links once.
 
+mod backends;
 mod batch;
 mod cached_store;
 mod dynamodb_store;
@@ -11,6 +12,7 @@ mod http_layer;
 mod idemctl;
 mod keys;
 mod lambda_layer;
+mod large_integers;
 mod memory_store;
 #[cfg(feature = "emf")]
 mod metrics;

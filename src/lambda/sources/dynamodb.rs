@@ -26,7 +26,7 @@ impl BatchRecord for DynamoDbRecord {
         self.change.sequence_number.clone()
     }
 
-    /// The item's keys as canonical JSON (RFC 8785): the same name for every change of one
+    /// The item's keys as canonical JSON ([`canonical_json`]): the same name for every change of one
     /// item, whatever order the keys map iterates in.
     fn ordering_group(&self) -> Option<String> {
         let keys = serde_json::to_value(&self.change.keys).ok()?;

@@ -1,0 +1,247 @@
+//! Integers past 2^53 (snowflake ids, u64 sequence numbers, DynamoDB `N` values) in keys and
+//! intents, through every door that parses JSON, on both stores: two ids that differ above 2^53
+//! are two operations, two amounts that differ there are a payload conflict.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use aws_lambda_events::event::sqs::SqsMessage;
+use lambda_idempotency::lambda::batch::{BatchProcessor, RecordOutcome};
+use lambda_idempotency::lambda::http::HttpIdempotency;
+use lambda_idempotency::lambda::http_layer::CallerScope;
+use lambda_idempotency::lambda::sources;
+use lambda_idempotency::{
+    Config, Error, ExecutionContext, Fingerprint, Idempotency, IdempotencyLayer, Invocation,
+    KeyPolicy, OperationKey, OperationScope,
+};
+use lambda_runtime::tower::{Layer, ServiceExt};
+use lambda_runtime::{Context, LambdaEvent, service_fn};
+use serde_json::{Value, json};
+
+use super::backends::{Backend, both};
+
+/// Two ids that RFC 8785 alone writes alike: both round to the double 2^60.
+const FIRST: u64 = (1 << 60) + 1;
+const SECOND: u64 = (1 << 60) + 2;
+
+fn engine(backend: Backend) -> Idempotency {
+    Idempotency::new(backend.store, Config::default()).with_clock(backend.clock)
+}
+
+fn scope() -> OperationScope {
+    OperationScope::new("large-integers", "charge").expect("scope")
+}
+
+#[test]
+fn ids_and_amounts_that_differ_above_2_53_are_told_apart() {
+    let policy = KeyPolicy::<Value>::pointer("/order_id")
+        .expect("pointer")
+        .with_intent(lambda_idempotency::key::JsonPointer::new("/amount").expect("pointer"));
+    let (key_a, fp_a) = policy
+        .derive(&scope(), &json!({"order_id": FIRST, "amount": FIRST}))
+        .expect("derive");
+    let (key_b, fp_b) = policy
+        .derive(&scope(), &json!({"order_id": SECOND, "amount": FIRST}))
+        .expect("derive");
+    let (_, fp_c) = policy
+        .derive(&scope(), &json!({"order_id": FIRST, "amount": SECOND}))
+        .expect("derive");
+    assert_ne!(key_a, key_b, "two ids, two operations");
+    assert_eq!(fp_a, fp_b, "the same amount");
+    assert_ne!(fp_a, fp_c, "two amounts, two intents");
+    // Within ±2^53 every key is what RFC 8785 alone gives (the same as before 0.2).
+    let small = OperationKey::derive(&scope(), None, &json!({"id": 9_007_199_254_740_992_u64}))
+        .expect("key");
+    let same =
+        OperationKey::derive(&scope(), None, &json!({"id": 9_007_199_254_740_992.0})).expect("key");
+    assert_eq!(small, same);
+}
+
+#[test]
+fn a_fingerprint_written_before_exact_integers_still_matches_its_intent() {
+    let intent = json!({"order": "o-1", "amount": FIRST});
+    // What versions before 0.2 stored for it: RFC 8785 read the amount as the double 2^60
+    // (and wrote it `1152921504606847000`), as the document with that double still is.
+    let before =
+        Fingerprint::of(&json!({"order": "o-1", "amount": (1_u64 << 60) as f64})).expect("fp");
+    let now = Fingerprint::of(&intent).expect("fp");
+    assert_ne!(now, before);
+    assert!(now.matches(&Fingerprint::from_stored(before.as_str())));
+    assert!(!before.matches(&Fingerprint::from_stored(now.as_str())));
+    let unrelated = Fingerprint::of(&json!({"order": "o-1", "amount": 5})).expect("fp");
+    assert!(!now.matches(&Fingerprint::from_stored(unrelated.as_str())));
+}
+
+#[tokio::test]
+async fn the_layer_runs_each_of_two_large_ids_and_refuses_a_changed_large_amount() {
+    for backend in both().await {
+        let name = backend.name;
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&runs);
+        let handler = service_fn(move |event: LambdaEvent<Value>| {
+            let runs = Arc::clone(&counted);
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, lambda_runtime::Error>(json!({"charged": event.payload["order_id"]}))
+            }
+        });
+        let policy = KeyPolicy::pointer("/order_id").expect("pointer");
+        let service = IdempotencyLayer::new(engine(backend), scope(), policy).layer(handler);
+        let call = |order: u64, amount: u64| {
+            let event = LambdaEvent::new(
+                json!({"order_id": order, "amount": amount}),
+                Context::default(),
+            );
+            service.clone().oneshot(event)
+        };
+
+        let first = call(FIRST, 10).await.expect("first order");
+        let second = call(SECOND, 10).await.expect("second order");
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            2,
+            "{name}: two orders, two charges"
+        );
+        assert_eq!(first["charged"], json!(FIRST), "{name}");
+        assert_eq!(
+            second["charged"],
+            json!(SECOND),
+            "{name}: its own answer, not the first's"
+        );
+
+        let third = (1 << 60) + 3;
+        call(third, FIRST)
+            .await
+            .expect("a third order, for a large amount");
+        let err = call(third, SECOND)
+            .await
+            .expect_err("the amount changed above 2^53");
+        assert!(
+            matches!(err, Error::PayloadConflict { .. }),
+            "{name}: {err:?}"
+        );
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            3,
+            "{name}: the conflict did not run"
+        );
+    }
+}
+
+fn message(id: &str, body: Value) -> SqsMessage {
+    serde_json::from_value(json!({
+        "messageId": id, "receiptHandle": format!("rh-{id}"), "body": body.to_string(),
+        "attributes": {"ApproximateReceiveCount": "1"}, "messageAttributes": {},
+        "eventSourceARN": "arn:aws:sqs:us-east-1:1:orders"
+    }))
+    .expect("message")
+}
+
+#[tokio::test]
+async fn a_batch_runs_two_records_whose_ids_differ_above_2_53() {
+    for backend in both().await {
+        let name = backend.name;
+        let processor: BatchProcessor<SqsMessage> = BatchProcessor::new(
+            engine(backend),
+            scope(),
+            sources::sqs(Some("/order_id")).expect("policy"),
+        );
+        let runs = AtomicUsize::new(0);
+        let batch = vec![
+            message("m-1", json!({"order_id": FIRST})),
+            message("m-2", json!({"order_id": SECOND})),
+        ];
+        let report = processor
+            .process(batch, &Context::default(), |_, _: ExecutionContext| async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, std::io::Error>(String::from("placed"))
+            })
+            .await;
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "{name}");
+        assert!(
+            report
+                .records
+                .iter()
+                .all(|(_, outcome)| matches!(outcome, RecordOutcome::Executed)),
+            "{name}: {:?}",
+            report.records
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_api_gateway_door_refuses_a_body_whose_amount_differs_above_2_53() {
+    use aws_lambda_events::event::apigw::{ApiGatewayV2httpRequest, ApiGatewayV2httpResponse};
+
+    fn request(amount: u64) -> LambdaEvent<ApiGatewayV2httpRequest> {
+        let request = serde_json::from_value(json!({
+            "version": "2.0", "routeKey": "POST /payments", "rawPath": "/payments",
+            "rawQueryString": "", "isBase64Encoded": false,
+            "headers": {"content-type": "application/json", "idempotency-key": "k-1"},
+            "requestContext": {"accountId": "1", "apiId": "a", "domainName": "d",
+                "domainPrefix": "d", "http": {"method": "POST", "path": "/payments",
+                "protocol": "HTTP/1.1", "sourceIp": "1.2.3.4", "userAgent": "t"},
+                "requestId": "r", "routeKey": "POST /payments", "stage": "$default",
+                "time": "t", "timeEpoch": 0},
+            "body": json!({"amount": amount}).to_string(),
+        }))
+        .expect("request");
+        LambdaEvent::new(request, Context::default())
+    }
+    for backend in both().await {
+        let name = backend.name;
+        let http = HttpIdempotency::new(engine(backend), scope()).with_callers(CallerScope::Shared);
+        let pay = |_, _| async {
+            let mut response = ApiGatewayV2httpResponse::default();
+            response.status_code = 201;
+            Ok::<_, std::io::Error>(response)
+        };
+        assert_eq!(
+            http.handle(request(FIRST), pay).await.status_code,
+            201,
+            "{name}"
+        );
+        assert_eq!(
+            http.handle(request(SECOND), pay).await.status_code,
+            422,
+            "{name}: another amount under the same key"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_record_stored_before_exact_integers_replays_to_its_redelivery() {
+    for backend in both().await {
+        let name = backend.name;
+        let idem = engine(backend);
+        let key = OperationKey::derive(&scope(), None, "o-legacy").expect("key");
+        let intent = json!({"order": "o-legacy", "amount": FIRST});
+        // The record as a version before 0.2 wrote it: the digest of the document with the
+        // amount read as the double 2^60.
+        let rounded =
+            Fingerprint::of(&json!({"order": "o-legacy", "amount": (1_u64 << 60) as f64}))
+                .expect("fingerprint");
+        let lease = Duration::from_secs(30);
+        let before = Invocation::new(
+            key.clone(),
+            Fingerprint::from_stored(rounded.as_str()),
+            lease,
+        );
+        idem.execute(&before, |_| async {
+            Ok::<_, std::io::Error>(json!("charged once"))
+        })
+        .await
+        .expect("first delivery, before the upgrade");
+
+        let after = Invocation::new(key, Fingerprint::of(&intent).expect("fingerprint"), lease);
+        let again = idem
+            .execute(&after, |_| async {
+                Ok::<_, std::io::Error>(json!("charged twice"))
+            })
+            .await
+            .expect("the redelivery after the upgrade is no payload conflict");
+        assert!(again.is_replay(), "{name}");
+        assert_eq!(again.value(), &json!("charged once"), "{name}");
+    }
+}
