@@ -39,7 +39,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::error::{BoxError, Error, StoreError};
 use crate::execution::{Execution, ExecutionContext, Invocation, Origin};
-use crate::failure::{Classifier, DefaultClassifier, FailureClass};
+use crate::failure::{Classifier, DefaultClassifier, FailureClass, Release};
 use crate::key::OperationKey;
 use crate::observe::{self, Decision, NoObserver, Observation, Observer};
 use crate::reconcile::{BoxFuture, Reconciler, Reconciliation, Takeover};
@@ -111,7 +111,11 @@ impl<S: fmt::Debug> fmt::Debug for Idempotency<S> {
 impl<S: Store> Idempotency<S> {
     /// An engine over `store` reading the system clock; handler errors are classified by the
     /// [`DefaultClassifier`] and takeovers re-run without reconciliation.
+    ///
+    /// In a build whose panics abort (`panic = "abort"`), it warns once: a panicking handler's
+    /// claim is then held for its whole lease instead of being given back.
     pub fn new(store: S, config: Config) -> Self {
+        give_back::warn_once_if_panics_abort();
         Self {
             store: Arc::new(store),
             clock: Arc::new(SystemClock),
@@ -673,7 +677,11 @@ impl<S: Store> Idempotency<S> {
         source: BoxError,
         deadline: SystemTime,
     ) -> Result<Error, Error> {
-        match self.classifier.classify(&*source) {
+        let class = match Release::is(&*source) {
+            true => FailureClass::Retryable,
+            false => self.classifier.classify(&*source),
+        };
+        match class {
             FailureClass::Retryable => {
                 let fence = self
                     .retrying(deadline, || self.store.release(target))

@@ -1,6 +1,6 @@
 //! What goes into an idempotent execution and what comes out of it.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use serde_json::value::RawValue;
 
@@ -16,6 +16,7 @@ pub struct Invocation {
     pub(crate) key: OperationKey,
     pub(crate) fingerprint: Fingerprint,
     pub(crate) lease: Duration,
+    pub(crate) deadline: Option<SystemTime>,
     pub(crate) request_id: Option<String>,
     pub(crate) message_id: Option<String>,
     pub(crate) identity: Option<String>,
@@ -31,11 +32,28 @@ impl Invocation {
             key,
             fingerprint,
             lease: lease.min(MAX_LEASE),
+            deadline: None,
             request_id: None,
             message_id: None,
             identity: None,
             result_ref: None,
         }
+    }
+
+    /// The time by which the invocation must have answered (a Lambda invocation's deadline):
+    /// a settlement that fails for a transient reason after the handler ran is retried until
+    /// shortly before it. Without one, until shortly before the lease runs out. The doors set
+    /// it from the invocation's context.
+    pub fn with_deadline(mut self, deadline: SystemTime) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// The same invocation with a lease of `lease` from now: a batch record's lease counts from
+    /// when the record starts, not from when its batch did.
+    pub(crate) fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease.min(MAX_LEASE);
+        self
     }
 
     /// Records the invocation's request id with the claim, for correlation (cut to

@@ -5,6 +5,8 @@
 //!   with a serialisable [`RetainedFailure`](crate::record::RetainedFailure), replayed to every
 //!   later caller as [`Error::Failed`](crate::Error::Failed); the handler does not run again.
 //!
+//! A handler error that is a [`Release`] is released without asking the classifier.
+//!
 //! The default, [`DefaultClassifier`], treats every error as retryable unless it is (or wraps)
 //! a [`Terminal`]. Let the handler's own error type decide with [`ByErrorType`]:
 //!
@@ -152,6 +154,72 @@ impl StdError for Terminal {
         Some(&*self.source)
     }
 }
+
+/// Marks a handler error whose claim is released whatever the engine's [`Classifier`] says:
+/// the handler produced nothing that must not run again. The HTTP doors wrap the responses
+/// they do not store (408, 409, 425, 429, 5xx) in it, so that a classifier that retains
+/// every error cannot turn "try again" into a retained failure.
+///
+/// ```
+/// use lambda_idempotency::failure::Release;
+///
+/// let released = Release::new(std::io::Error::other("the upstream answered 503"));
+/// assert_eq!(released.to_string(), "the upstream answered 503");
+/// ```
+#[derive(Debug)]
+pub struct Release {
+    source: BoxError,
+}
+
+impl Release {
+    /// Wraps `source` as an error whose claim is released.
+    pub fn new(source: impl Into<BoxError>) -> Self {
+        Self {
+            source: source.into(),
+        }
+    }
+
+    /// Whether `error` is a [`Release`] (the handler's error itself, not one it wraps).
+    pub(crate) fn is(error: &(dyn StdError + 'static)) -> bool {
+        error.is::<Self>()
+    }
+
+    /// The `T` a [`Release`] wraps, or `error` as it was.
+    pub(crate) fn take<T: StdError + 'static>(error: BoxError) -> Result<T, BoxError> {
+        let released = error.downcast::<Self>()?;
+        released
+            .source
+            .downcast::<T>()
+            .map(|inner| *inner)
+            .map_err(|source| Box::new(Self { source }) as BoxError)
+    }
+}
+
+impl fmt::Display for Release {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.source, f)
+    }
+}
+
+impl StdError for Release {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+/// A handler that panicked instead of returning: the error a batch reports for that record
+/// (its claim was given back for a reconciled takeover), while the rest of the batch is
+/// answered. The panic's message is not kept: it may carry payload data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Panicked;
+
+impl fmt::Display for Panicked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the handler panicked")
+    }
+}
+
+impl StdError for Panicked {}
 
 fn find_in_chain<'a, T: StdError + 'static>(error: &'a (dyn StdError + 'static)) -> Option<&'a T> {
     let mut current = Some(error);

@@ -1,4 +1,5 @@
-//! A held claim given back when the task running it is cancelled.
+//! A held claim given back when the task running it is cancelled, and what a build that
+//! aborts on panic gives instead.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -56,5 +57,39 @@ impl<S: Store> Drop for GiveBack<S> {
                 Err(err) => warn!(key = key.short(), error = %err, "cancelled: could not give the claim back; it waits out its lease"),
             }
         });
+    }
+}
+
+/// What an engine says once, when it is built, in a build whose panics abort the process
+/// (`panic = "abort"`, which `cargo lambda build` sets unless the release profile names a
+/// strategy): a panicking handler then kills the process before its claim is given back, and
+/// the claim holds for the rest of its lease (up to 15 minutes) before a takeover.
+pub(super) fn abort_warning(panics_abort: bool) -> Option<&'static str> {
+    panics_abort.then_some(
+        "this build aborts on panic: a panicking handler's claim is held until its lease runs out (up to the Lambda timeout) instead of being given back; set panic = \"unwind\" in [profile.release]",
+    )
+}
+
+/// Logs [`abort_warning`] for this build, once per process.
+pub(super) fn warn_once_if_panics_abort() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    if let Some(warning) = abort_warning(cfg!(panic = "abort")) {
+        ONCE.call_once(|| warn!("{warning}"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::abort_warning;
+
+    #[test]
+    fn only_a_build_that_aborts_on_panic_is_warned() {
+        assert_eq!(
+            abort_warning(cfg!(panic = "abort")).is_some(),
+            cfg!(panic = "abort")
+        );
+        let warning = abort_warning(true).expect("a warning under abort");
+        assert!(warning.contains("panic = \"unwind\""), "{warning}");
+        assert!(abort_warning(false).is_none());
     }
 }

@@ -84,13 +84,15 @@ impl ErrorKind {
 
 impl Error {
     /// Whether delivering the same event again can never succeed: [`ErrorKind::is_permanent`],
-    /// and a [`Error::KeyExpiredConflict`] whose evidence is FAILED (evidence never expires).
-    /// A batch's [`PoisonPolicy`](crate::PoisonPolicy) applies to these.
+    /// a [`Error::KeyExpiredConflict`] whose evidence is FAILED (evidence never expires), and a
+    /// stored record that is corrupt ([`StoreError::CorruptRecord`](super::StoreError::CorruptRecord): it stays corrupt until an
+    /// operator repairs it). A batch's [`PoisonPolicy`](crate::PoisonPolicy) applies to these.
     pub fn is_permanent(&self) -> bool {
         match self {
             Self::KeyExpiredConflict { evidence, .. } => {
                 evidence.status == crate::record::Status::Failed
             }
+            Self::Store(store) => store.is_corrupt_record(),
             other => other.kind().is_permanent(),
         }
     }

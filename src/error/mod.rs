@@ -300,6 +300,12 @@ impl StoreError {
             Self::Throttled { .. } | Self::Unavailable { .. } | Self::Contention { .. }
         )
     }
+
+    /// Whether a stored record (or evidence) could not be decoded: an operator's case, which no
+    /// redelivery fixes.
+    pub fn is_corrupt_record(&self) -> bool {
+        matches!(self, Self::CorruptRecord { .. })
+    }
 }
 
 /// A configuration mistake, reported when the configuration is built.

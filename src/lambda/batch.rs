@@ -43,18 +43,20 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::time::{Duration, SystemTime};
 
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use lambda_runtime::Context;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{error, warn};
 
-use super::operation::{LeasePolicy, Operation};
+use super::operation::{LeasePolicy, Operation, deadline_of};
 use crate::engine::Idempotency;
 use crate::error::{BoxError, Error};
 use crate::execution::{ExecutionContext, Invocation, Origin};
+use crate::failure::Panicked;
 use crate::key::{KeyPolicy, OperationScope};
 use crate::store::{AnyStore, Store};
 
@@ -283,7 +285,16 @@ impl<R: BatchRecord, S: Store> BatchProcessor<R, S> {
                     RecordOutcome::NotStarted
                 }
                 Err(err) => self.failed(None, err),
-                Ok(invocation) => self.run_record(record, &invocation, handler).await,
+                Ok(invocation) => {
+                    // The lease (and single-flight patience) counts from the record's start: a
+                    // record started late must not hold its claim past the deadline.
+                    let lease = self
+                        .operation
+                        .lease
+                        .lease(deadline, self.operation.idem.now());
+                    let invocation = invocation.with_lease(lease);
+                    self.run_record(record, &invocation, handler).await
+                }
             };
             failed |= outcome.is_failure();
             outcomes.push((index, id, outcome));
@@ -291,18 +302,16 @@ impl<R: BatchRecord, S: Store> BatchProcessor<R, S> {
         outcomes
     }
 
-    /// The invocation's deadline, if it is one: Lambda's is always ahead when a batch starts
-    /// (the sandbox is stopped at the deadline), so one already past comes from an emulator
-    /// that sets none (`cargo lambda watch`); honouring it would start no record at all.
+    /// The invocation's deadline, if it is one ([`deadline_of`]): one already past when the
+    /// batch starts comes from an emulator, and records then run without a deadline margin.
     fn usable_deadline(&self, context: &Context) -> Option<SystemTime> {
-        let deadline = (context.deadline > 0).then(|| context.deadline())?;
-        if deadline <= self.operation.idem.now() {
+        let deadline = deadline_of(context, self.operation.idem.now());
+        if deadline.is_none() && context.deadline > 0 {
             warn!(
                 "the invocation's deadline had passed before the batch started (a local emulator?); records run without a deadline margin"
             );
-            return None;
         }
-        Some(deadline)
+        deadline
     }
 
     /// Whether less than the margin is left before `deadline`.
@@ -331,12 +340,25 @@ impl<R: BatchRecord, S: Store> BatchProcessor<R, S> {
         T: Serialize + DeserializeOwned,
         E: Into<BoxError>,
     {
-        match self
+        let run = self
             .operation
             .idem
-            .execute::<T, E, _, _>(invocation, |ctx| handler(record, ctx))
-            .await
-        {
+            .execute::<T, E, _, _>(invocation, |ctx| handler(record, ctx));
+        // A panic is this record's failure: the engine gave its claim back; the other records
+        // are answered as usual instead of the whole batch coming back.
+        let Ok(answer) = AssertUnwindSafe(run).catch_unwind().await else {
+            error!(
+                key = invocation.key().short(),
+                "the record's handler panicked: reported failed for redelivery"
+            );
+            return self.failed(
+                Some(invocation),
+                Error::Handler {
+                    source: Box::new(Panicked),
+                },
+            );
+        };
+        match answer {
             Ok(done) if matches!(done.origin(), Origin::Executed { .. }) => RecordOutcome::Executed,
             Ok(_) => RecordOutcome::AlreadyDone,
             Err(err) if err.already_took_effect() => {

@@ -63,6 +63,7 @@ use super::sources;
 use crate::engine::Idempotency;
 use crate::error::{BoxError, Error};
 use crate::execution::ExecutionContext;
+use crate::failure::Release;
 use crate::key::{KeyPolicy, OperationScope};
 use crate::store::{AnyStore, Store};
 
@@ -93,7 +94,7 @@ impl<S: fmt::Debug> fmt::Debug for HttpIdempotency<S> {
 }
 
 /// A response that is not stored (408, 409, 425, 429, 5xx), so that the client's retry executes
-/// again.
+/// again: released whatever the engine's classifier says ([`Release`]).
 #[derive(Debug)]
 struct ServerError(ApiGatewayV2httpResponse);
 
@@ -166,7 +167,7 @@ impl<S: Store> HttpIdempotency<S> {
             .execute(&invocation, |ctx| async move {
                 match handler(request, ctx).await {
                     Ok(response) if !is_definitive_status(response.status_code) => {
-                        Err(BoxError::from(ServerError(response)))
+                        Err(BoxError::from(Release::new(ServerError(response))))
                     }
                     Ok(response) => Ok(response),
                     Err(err) => Err(err.into()),
@@ -182,7 +183,7 @@ impl<S: Store> HttpIdempotency<S> {
                 response
             }
             Ok(done) => done.into_value(),
-            Err(Error::Handler { source }) => match source.downcast::<ServerError>() {
+            Err(Error::Handler { source }) => match Release::take::<ServerError>(source) {
                 Ok(server_error) => server_error.0,
                 Err(source) => error_response(&Error::Handler { source }),
             },

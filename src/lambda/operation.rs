@@ -88,20 +88,35 @@ impl<E, S: Store> Operation<E, S> {
         self.lease
     }
 
-    /// The invocation for `payload`: its operation, a lease from the context's deadline, the
-    /// request id for correlation and the result reference.
+    /// The invocation for `payload`: its operation, a lease from the context's deadline (see
+    /// [`deadline_of`]), the deadline itself, the request id for correlation and the result
+    /// reference.
     pub fn invocation(&self, payload: &E, context: &Context) -> Result<Invocation, Error> {
-        let deadline = (context.deadline > 0).then(|| context.deadline());
-        let lease = self.lease.lease(deadline, self.idem.now());
+        let now = self.idem.now();
+        let deadline = deadline_of(context, now);
+        let lease = self.lease.lease(deadline, now);
         let invocation = self
             .policy
             .invocation(&self.scope, payload, lease)?
             .with_request_id(context.request_id.clone());
+        let invocation = match deadline {
+            Some(deadline) => invocation.with_deadline(deadline),
+            None => invocation,
+        };
         Ok(match &self.result_ref {
             Some(pointer) => invocation.with_result_ref(pointer.clone()),
             None => invocation,
         })
     }
+}
+
+/// The invocation's deadline, if it is one. Lambda's is always ahead when a handler starts (the
+/// sandbox is stopped at the deadline), so a deadline that is unset (`0`) or already past at
+/// `now` is no deadline: an emulator that sets none gives one in 1970 (`cargo lambda watch`),
+/// and honouring it would give every claim the shortest lease and start no batch record.
+pub(crate) fn deadline_of(context: &Context, now: SystemTime) -> Option<SystemTime> {
+    let deadline = (context.deadline > 0).then(|| context.deadline())?;
+    (deadline > now).then_some(deadline)
 }
 
 /// How long a claim's lease lasts: the invocation's remaining time plus a margin, capped.
@@ -126,13 +141,13 @@ impl Default for LeasePolicy {
 }
 
 impl LeasePolicy {
-    /// The lease for an invocation with `deadline` (`None`: no deadline), at `now`.
+    /// The lease for an invocation with `deadline` at `now`: the time left plus the skew,
+    /// capped; [`Self::without_deadline`] when there is none (`None`) or it has already passed
+    /// (an emulator's: Lambda's deadline is always ahead when a handler starts).
     pub fn lease(&self, deadline: Option<SystemTime>, now: SystemTime) -> Duration {
-        match deadline {
-            Some(deadline) => {
-                (deadline.duration_since(now).unwrap_or_default() + self.skew).min(self.max)
-            }
-            None => self.without_deadline,
+        match deadline.and_then(|deadline| deadline.duration_since(now).ok()) {
+            Some(left) if !left.is_zero() => (left + self.skew).min(self.max),
+            _ => self.without_deadline,
         }
     }
 }

@@ -137,10 +137,8 @@ impl Store for MemoryStore {
                 Ok(Claim::Acquired)
             }
             Some(standing) => Ok(Claim::IdentityTaken(standing.clone())),
-            None => Err(StoreError::CorruptRecord {
-                key_short: record.key.short().to_owned(),
-                reason: "the evidence to adopt is gone".into(),
-            }),
+            // Released meanwhile (by an operator): a concurrent change, as on DynamoDB.
+            None => Err(StoreError::Contention { operation: "adopt" }),
         }
     }
 

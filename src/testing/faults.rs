@@ -88,6 +88,8 @@ pub enum FaultKind {
     Unavailable,
     /// [`StoreError::Contention`]: a transaction conflict.
     Contention,
+    /// [`StoreError::CorruptRecord`]: a stored record that does not decode.
+    Corrupt,
 }
 
 impl FaultKind {
@@ -103,6 +105,10 @@ impl FaultKind {
                 source: "injected unavailability".into(),
             },
             Self::Contention => StoreError::Contention { operation },
+            Self::Corrupt => StoreError::CorruptRecord {
+                key_short: "injected".into(),
+                reason: format!("injected corruption read by `{operation}`"),
+            },
         }
     }
 }

@@ -2,7 +2,7 @@
 //! store on the embedded server, each with the clock its backend reads.
 
 use lambda_idempotency::store::AnyStore;
-use lambda_idempotency::testing::conformance::{Fixture, Sweeper, memory_fixture, start_time};
+use lambda_idempotency::testing::conformance::{Fixture, memory_fixture, start_time};
 use lambda_idempotency::testing::dynamo;
 
 /// One store under test.
@@ -13,8 +13,6 @@ pub struct Backend {
     pub store: AnyStore,
     /// The clock its backend reads (give it to the engine).
     pub clock: lambda_idempotency::clock::ManualClock,
-    /// TTL's deletion of what has expired.
-    pub sweep: Sweeper,
 }
 
 fn backend<S: lambda_idempotency::store::Store>(name: &'static str, fx: Fixture<S>) -> Backend {
@@ -22,7 +20,6 @@ fn backend<S: lambda_idempotency::store::Store>(name: &'static str, fx: Fixture<
         name,
         store: AnyStore::new(fx.store),
         clock: fx.clock,
-        sweep: fx.sweep,
     }
 }
 
@@ -32,4 +29,27 @@ pub async fn both() -> [Backend; 2] {
         backend("memory", memory_fixture(start_time())),
         backend("dynamodb", dynamo::fixture(start_time()).await),
     ]
+}
+
+/// A Lambda context whose deadline is `deadline`.
+pub fn context_with_deadline(deadline: std::time::SystemTime) -> lambda_runtime::Context {
+    let mut context = lambda_runtime::Context::default();
+    context.deadline = u64::try_from(
+        deadline
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after epoch")
+            .as_millis(),
+    )
+    .expect("fits");
+    context
+}
+
+/// An SQS message from queue `orders` with `body`.
+pub fn sqs_message(id: &str, body: serde_json::Value) -> aws_lambda_events::event::sqs::SqsMessage {
+    serde_json::from_value(serde_json::json!({
+        "messageId": id, "receiptHandle": format!("rh-{id}"), "body": body.to_string(),
+        "attributes": {"ApproximateReceiveCount": "1"}, "messageAttributes": {},
+        "eventSourceARN": "arn:aws:sqs:us-east-1:1:orders"
+    }))
+    .expect("message")
 }

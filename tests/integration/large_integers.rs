@@ -19,7 +19,7 @@ use lambda_runtime::tower::{Layer, ServiceExt};
 use lambda_runtime::{Context, LambdaEvent, service_fn};
 use serde_json::{Value, json};
 
-use super::backends::{Backend, both};
+use super::backends::{Backend, both, sqs_message};
 
 /// Two ids that RFC 8785 alone writes alike: both round to the double 2^60.
 const FIRST: u64 = (1 << 60) + 1;
@@ -129,15 +129,6 @@ async fn the_layer_runs_each_of_two_large_ids_and_refuses_a_changed_large_amount
     }
 }
 
-fn message(id: &str, body: Value) -> SqsMessage {
-    serde_json::from_value(json!({
-        "messageId": id, "receiptHandle": format!("rh-{id}"), "body": body.to_string(),
-        "attributes": {"ApproximateReceiveCount": "1"}, "messageAttributes": {},
-        "eventSourceARN": "arn:aws:sqs:us-east-1:1:orders"
-    }))
-    .expect("message")
-}
-
 #[tokio::test]
 async fn a_batch_runs_two_records_whose_ids_differ_above_2_53() {
     for backend in both().await {
@@ -149,8 +140,8 @@ async fn a_batch_runs_two_records_whose_ids_differ_above_2_53() {
         );
         let runs = AtomicUsize::new(0);
         let batch = vec![
-            message("m-1", json!({"order_id": FIRST})),
-            message("m-2", json!({"order_id": SECOND})),
+            sqs_message("m-1", json!({"order_id": FIRST})),
+            sqs_message("m-2", json!({"order_id": SECOND})),
         ];
         let report = processor
             .process(batch, &Context::default(), |_, _: ExecutionContext| async {

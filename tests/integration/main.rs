@@ -2,11 +2,14 @@
 
 mod backends;
 mod batch;
+mod batch_inputs;
 mod cached_store;
+mod deadlines;
 mod dynamodb_store;
 mod global_tables;
 mod hot_keys;
 mod http_contract;
+mod http_inputs;
 mod http_layer;
 #[cfg(feature = "cli")]
 mod idemctl;

@@ -565,3 +565,48 @@ async fn a_cancellation_anywhere_in_a_large_settlement_never_leaves_part_of_an_o
     println!("{cancelled} cancelled, {completed} completed");
     assert!(cancelled > 0 && completed > 0, "both ends are reached");
 }
+
+#[tokio::test]
+async fn a_payload_conflict_with_an_outcome_in_parts_costs_one_request() {
+    let db = dynamo::start().await;
+    let idem = Idempotency::new(db.store(), Config::default());
+    let original = invocation("report-1", &json!(1));
+    let report = incompressible(200 * 1024, 7);
+    idem.execute(&original, |_| async {
+        Ok::<_, std::io::Error>(report.clone())
+    })
+    .await
+    .expect("a report kept in parts");
+
+    let before = db.requests.count();
+    let changed = invocation("report-1", &json!(2));
+    let err = idem
+        .execute(&changed, |_| async {
+            Ok::<_, std::io::Error>(String::new())
+        })
+        .await
+        .expect_err("another intent");
+    assert!(matches!(err, Error::PayloadConflict { .. }), "{err:?}");
+    assert_eq!(db.requests.since(before), ["PutItem"], "no part was read");
+
+    let before = db.requests.count();
+    let replay = idem
+        .execute(&original, |_| async {
+            Ok::<_, std::io::Error>(String::new())
+        })
+        .await
+        .expect("replay");
+    assert_eq!(replay.value(), &report);
+    let sent = db.requests.since(before);
+    assert_eq!(sent[0], "PutItem");
+    assert!(
+        sent[1..]
+            .iter()
+            .all(|op| op == "GetItem" || op == "BatchGetItem"),
+        "{sent:?}"
+    );
+    assert!(
+        sent.len() > 1,
+        "a duplicate of the same intent reads its parts: {sent:?}"
+    );
+}

@@ -100,6 +100,12 @@ impl ErrorAnswer {
                 "this operation failed and will not be run again; send a new Idempotency-Key for a new attempt",
                 None,
             ),
+            ErrorKind::Store if err.is_permanent() => (
+                500,
+                "stored_record_corrupt",
+                "the stored record of this operation is damaged and needs an operator; do not retry it",
+                None,
+            ),
             ErrorKind::Store | ErrorKind::LeaseLost | ErrorKind::ReconcileFailed => (
                 503,
                 "temporarily_unavailable",

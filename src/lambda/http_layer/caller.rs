@@ -43,13 +43,15 @@ pub(crate) fn principal(request: &Request) -> Option<String> {
 pub(crate) fn principal_v2(context: &ApiGatewayV2httpRequestContext) -> Option<String> {
     let authorizer = context.authorizer.as_ref()?;
     if let Some(jwt) = &authorizer.jwt
-        && let Some(sub) = jwt.claims.get("sub")
+        && let Some(sub) = jwt.claims.get("sub").and_then(|sub| present(sub))
     {
         let issuer = jwt.claims.get("iss").map_or("", String::as_str);
         return Some(name(&["jwt", issuer, sub]));
     }
     if let Some(iam) = &authorizer.iam {
-        let caller = iam.user_arn.as_ref().or(iam.caller_id.as_ref())?;
+        let caller = [&iam.user_arn, &iam.caller_id]
+            .into_iter()
+            .find_map(|id| id.as_deref().and_then(present))?;
         let cognito = iam
             .cognito_identity
             .as_ref()
@@ -65,29 +67,37 @@ pub(crate) fn principal_v2(context: &ApiGatewayV2httpRequestContext) -> Option<S
 pub(crate) fn principal_v1(context: &ApiGatewayProxyRequestContext) -> Option<String> {
     let fields = &context.authorizer.fields;
     if let Some(claims) = fields.get("claims")
-        && let Some(sub) = claims.get("sub")
+        && let Some(sub) = claims.get("sub").and_then(text)
     {
         let issuer = claims.get("iss").and_then(Value::as_str).unwrap_or("");
-        return Some(name(&["jwt", issuer, &text(sub)]));
+        return Some(name(&["jwt", issuer, &sub]));
     }
     if let Some(found) = lambda_authorizer(fields) {
         return Some(found);
     }
     let identity = &context.identity;
-    if let Some(arn) = &identity.user_arn {
+    if let Some(arn) = identity.user_arn.as_deref().and_then(present) {
         let cognito = identity.cognito_identity_id.as_deref().unwrap_or("");
         return Some(name(&["iam", arn, cognito]));
     }
     identity
         .api_key_id
-        .as_ref()
+        .as_deref()
+        .and_then(present)
         .map(|id| name(&["api-key", id]))
 }
 
 /// A Lambda authorizer's principal: its `principalId`, else a `sub` it put in the context.
 fn lambda_authorizer(fields: &std::collections::HashMap<String, Value>) -> Option<String> {
-    let principal = fields.get("principalId").or_else(|| fields.get("sub"))?;
-    Some(name(&["authorizer", &text(principal)]))
+    let principal = ["principalId", "sub"]
+        .into_iter()
+        .find_map(|field| fields.get(field).and_then(text))?;
+    Some(name(&["authorizer", &principal]))
+}
+
+/// A principal's text, or `None` when it names nobody: blank (`""`, spaces), or absent.
+pub(crate) fn present(text: &str) -> Option<&str> {
+    (!text.trim().is_empty()).then_some(text)
 }
 
 /// A principal's unambiguous name: its kind and parts as a JSON array (a `:` inside a part
@@ -102,9 +112,12 @@ fn name(parts: &[&str]) -> String {
     .to_string()
 }
 
-fn text(value: &Value) -> String {
+/// A principal given as JSON: a string that is not blank, or a number; `null` (which an
+/// authorizer's `principalId: null` becomes), a blank string or a structure names nobody.
+fn text(value: &Value) -> Option<String> {
     match value {
-        Value::String(text) => text.clone(),
-        other => other.to_string(),
+        Value::String(text) => present(text).map(str::to_owned),
+        Value::Number(number) => Some(number.to_string()),
+        _ => None,
     }
 }

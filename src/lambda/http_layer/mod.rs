@@ -55,6 +55,7 @@ use lambda_http::{Body, Request, RequestExt};
 use lambda_runtime::tower::{Layer, Service};
 use serde_json::json;
 use sha2::{Digest, Sha256};
+use tracing::warn;
 
 pub use caller::CallerScope;
 
@@ -62,10 +63,12 @@ use self::answer::ErrorAnswer;
 use self::stored::{StoredResponse, body_of, is_definitive};
 use super::LeasePolicy;
 use super::context;
+use super::operation::deadline_of;
 use super::sources::IDEMPOTENCY_KEY_HEADER;
 use crate::engine::Idempotency;
 use crate::error::{BoxError, Error};
 use crate::execution::Invocation;
+use crate::failure::Release;
 use crate::key::{Fingerprint, OperationKey, OperationScope};
 use crate::reconcile::BoxFuture;
 use crate::store::{AnyStore, Store};
@@ -272,24 +275,35 @@ impl<S: Store> Shared<S> {
                             Some(stored.clone());
                         Ok(stored)
                     } else {
-                        Err(BoxError::from(NotStored(Response::from_parts(
-                            parts,
-                            body_of(bytes),
+                        Err(BoxError::from(Release::new(NotStored(
+                            Response::from_parts(parts, body_of(bytes)),
                         ))))
                     }
                 })
             })
             .await;
         Ok(match result {
-            Ok(done) => {
-                let mut response = done.value().response();
-                if done.is_replay() {
+            Ok(done) => match done.value().response() {
+                Ok(mut response) => {
+                    if done.is_replay() {
+                        response
+                            .headers_mut()
+                            .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+                    }
                     response
-                        .headers_mut()
-                        .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
                 }
-                response
-            }
+                Err(reason) => {
+                    let unreadable = Error::StoredOutcomeUnreadable {
+                        key: invocation.key().clone(),
+                        reason,
+                    };
+                    warn!(
+                        key = invocation.key().short(),
+                        "the stored response does not decode: answered 500, not replayed"
+                    );
+                    error_response(&ErrorAnswer::for_error(&unreadable))
+                }
+            },
             Err(err @ Error::OutcomeTooLarge { .. }) => {
                 // Applied, retained as failed so that it never runs again; this caller still
                 // gets the response it produced, later ones a 409.
@@ -297,12 +311,12 @@ impl<S: Store> Shared<S> {
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .take();
-                match kept {
-                    Some(stored) => stored.response(),
-                    None => error_response(&ErrorAnswer::for_error(&err)),
+                match kept.map(|stored| stored.response()) {
+                    Some(Ok(response)) => response,
+                    _ => error_response(&ErrorAnswer::for_error(&err)),
                 }
             }
-            Err(Error::Handler { source }) => match source.downcast::<NotStored>() {
+            Err(Error::Handler { source }) => match Release::take::<NotStored>(source) {
                 Ok(not_stored) => not_stored.0,
                 Err(source) => error_response(&ErrorAnswer::for_error(&Error::Handler { source })),
             },
@@ -330,7 +344,9 @@ impl<S: Store> Shared<S> {
             }));
         }
         let principal = match &self.principal {
-            Some(read) => read(request).map(|principal| json!(["custom", principal]).to_string()),
+            Some(read) => read(request)
+                .filter(|principal| caller::present(principal).is_some())
+                .map(|principal| json!(["custom", principal]).to_string()),
             None => caller::principal(request),
         };
         let caller = match (self.callers, principal) {
@@ -358,11 +374,13 @@ impl<S: Store> Shared<S> {
         });
         let fingerprint = Fingerprint::of(&intent).map_err(|err| ErrorAnswer::for_error(&err))?;
         let context = request.lambda_context_ref();
-        let deadline = context
-            .filter(|context| context.deadline > 0)
-            .map(lambda_runtime::Context::deadline);
-        let lease = self.lease.lease(deadline, self.idem.now());
-        let invocation = Invocation::new(key, fingerprint, lease);
+        let now = self.idem.now();
+        let deadline = context.and_then(|context| deadline_of(context, now));
+        let invocation = Invocation::new(key, fingerprint, self.lease.lease(deadline, now));
+        let invocation = match deadline {
+            Some(deadline) => invocation.with_deadline(deadline),
+            None => invocation,
+        };
         Ok(match context {
             Some(context) => invocation.with_request_id(context.request_id.clone()),
             None => invocation,
@@ -385,7 +403,8 @@ fn query_pairs(query: Option<&str>) -> Vec<(&str, &str)> {
 }
 
 /// A response the handler gave that is not stored (408, 409, 425, 429, 5xx): the claim is
-/// released and the response passed through.
+/// released whatever the engine's classifier says ([`Release`]) and the response passed
+/// through.
 #[derive(Debug)]
 struct NotStored(Response<Body>);
 

@@ -47,11 +47,15 @@ impl StoredResponse {
         }
     }
 
-    /// The response again, byte for byte (a part that does not decode is left out).
-    pub(crate) fn response(&self) -> Response<Body> {
-        let bytes = STANDARD.decode(&self.body).unwrap_or_default();
+    /// The response again, byte for byte; `Err` (why) when a part of it does not decode: a
+    /// damaged record is never replayed as a success.
+    pub(crate) fn response(&self) -> Result<Response<Body>, String> {
+        let bytes = STANDARD
+            .decode(&self.body)
+            .map_err(|err| format!("the stored body is not base64: {err}"))?;
         let mut response = Response::new(body_of(bytes));
-        *response.status_mut() = StatusCode::from_u16(self.status).unwrap_or(StatusCode::OK);
+        *response.status_mut() = StatusCode::from_u16(self.status)
+            .map_err(|_| format!("the stored status {} is not an HTTP status", self.status))?;
         for (name, value) in &self.headers {
             let value = match value.strip_prefix("b64:") {
                 Some(encoded) => STANDARD
@@ -60,11 +64,14 @@ impl StoredResponse {
                     .and_then(|bytes| HeaderValue::from_bytes(&bytes).ok()),
                 None => HeaderValue::from_str(value).ok(),
             };
-            if let (Ok(name), Some(value)) = (HeaderName::try_from(name.as_str()), value) {
-                response.headers_mut().append(name, value);
+            match (HeaderName::try_from(name.as_str()), value) {
+                (Ok(name), Some(value)) => {
+                    response.headers_mut().append(name, value);
+                }
+                _ => return Err("a stored header does not decode".to_owned()),
             }
         }
-        response
+        Ok(response)
     }
 }
 

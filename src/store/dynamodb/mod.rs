@@ -267,14 +267,14 @@ impl DynamoDbStore {
             && let Some(refs) = manifest.parts()
         {
             match parts {
-                Parts::Read => {
-                    let stored = self.read_parts(&record.key, refs).await?;
-                    record.outcome = Some(manifest.restore(stored, &record.key)?);
-                }
                 Parts::Known(placement, settlement) if placement.describes(&manifest) => {
                     record.outcome.clone_from(&settlement.outcome);
                 }
-                Parts::Known(..) | Parts::Skip => {}
+                parts if parts.reads(&record) => {
+                    let stored = self.read_parts(&record.key, refs).await?;
+                    record.outcome = Some(manifest.restore(stored, &record.key)?);
+                }
+                _ => {}
             }
         }
         Ok(Some(record))
@@ -325,17 +325,24 @@ impl DynamoDbStore {
             return Ok(Claim::Acquired);
         };
         if let Some(existing) = checks.first().and_then(Check::failed_item) {
-            let existing = self.decode(existing, Parts::Read).await?.ok_or_else(|| {
-                StoreError::CorruptRecord {
-                    key_short: record.key.short().to_owned(),
-                    reason: "the claim's condition failed but no existing item was returned".into(),
-                }
-            })?;
+            // A record of another intent is a payload conflict: its parts are not read.
+            let parts = Parts::ReplayableTo(&record.fingerprint);
+            let existing =
+                self.decode(existing, parts)
+                    .await?
+                    .ok_or_else(|| StoreError::CorruptRecord {
+                        key_short: record.key.short().to_owned(),
+                        reason: "the claim's condition failed but no existing item was returned"
+                            .into(),
+                    })?;
             return Ok(Claim::Existing(existing));
         }
         match checks.get(1).and_then(Check::failed_item) {
             Some(Some(item)) => Ok(Claim::IdentityTaken(evidence::decode(item)?)),
-            _ => Err(StoreError::CorruptRecord {
+            // The evidence an adoption expected is gone (an operator released it meanwhile):
+            // a concurrent change, which the next delivery's fresh claim settles.
+            Some(None) => Err(StoreError::Contention { operation }),
+            None => Err(StoreError::CorruptRecord {
                 key_short: record.key.short().to_owned(),
                 reason: "the claim was cancelled but no condition reported the item that stood"
                     .into(),
@@ -369,12 +376,27 @@ impl DynamoDbStore {
 enum Parts<'a> {
     /// Read the parts: the record may be answered from (replayed).
     Read,
+    /// Read the parts only if the record may be replayed to a caller with this fingerprint;
+    /// otherwise leave the outcome out (`None`): the caller's answer is a payload conflict,
+    /// which costs no part read.
+    ReplayableTo(&'a crate::key::Fingerprint),
     /// Leave the outcome out (`None`): only the record's state matters.
     Skip,
     /// The record is compared with this settlement: when its manifest names this placement's
     /// bytes, its outcome is the settlement's (the digest says so), without a read; otherwise
     /// it is left out.
     Known(&'a outcome::Placement, &'a Settlement),
+}
+
+impl Parts<'_> {
+    /// Whether `record`'s outcome parts are read.
+    fn reads(self, record: &Record) -> bool {
+        match self {
+            Self::Read => true,
+            Self::ReplayableTo(fingerprint) => fingerprint.matches(&record.fingerprint),
+            Self::Skip | Self::Known(..) => false,
+        }
+    }
 }
 
 /// The key [`DynamoDbStore::prime`] reads: not an operation key (those carry a version and a

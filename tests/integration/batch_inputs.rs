@@ -1,0 +1,254 @@
+//! Batches under what production gives them, on both stores: a record whose handler panics,
+//! records started late in the invocation, a record whose stored state is corrupt.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use aws_lambda_events::event::kinesis::KinesisEventRecord;
+use aws_lambda_events::event::sqs::SqsMessage;
+use lambda_idempotency::failure::Panicked;
+use lambda_idempotency::lambda::batch::{BatchProcessor, RecordOutcome};
+use lambda_idempotency::lambda::sources;
+use lambda_idempotency::record::Status;
+use lambda_idempotency::store::{AnyStore, Store};
+use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
+use lambda_idempotency::{Config, Error, ExecutionContext, Idempotency, OperationScope};
+use serde_json::json;
+
+use super::backends::{both, context_with_deadline, sqs_message};
+
+fn scope() -> OperationScope {
+    OperationScope::new("batch-inputs", "orders").expect("scope")
+}
+
+#[tokio::test]
+async fn a_panicking_record_fails_alone_and_the_rest_of_the_batch_is_answered() {
+    for backend in both().await {
+        let name = backend.name;
+        let store = backend.store.clone();
+        let clock = backend.clock.clone();
+        let idem = Idempotency::new(backend.store, Config::default()).with_clock(backend.clock);
+        let processor: BatchProcessor<SqsMessage> = BatchProcessor::new(
+            idem,
+            scope(),
+            sources::sqs(Some("/order_id")).expect("policy"),
+        );
+        let batch = vec![
+            sqs_message("m-1", json!({"order_id": "o-1"})),
+            sqs_message("m-2", json!({"order_id": "poison"})),
+            sqs_message("m-3", json!({"order_id": "o-3"})),
+        ];
+        let runs = AtomicUsize::new(0);
+        let deadline = clock.now_plus(Duration::from_secs(60));
+        let report = processor
+            .process(
+                batch,
+                &context_with_deadline(deadline),
+                |message, _: ExecutionContext| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        if message
+                            .body
+                            .as_deref()
+                            .is_some_and(|body| body.contains("poison"))
+                        {
+                            panic!("a bug in the handler");
+                        }
+                        Ok::<_, std::io::Error>(String::from("placed"))
+                    }
+                },
+            )
+            .await;
+
+        assert_eq!(runs.load(Ordering::SeqCst), 3, "{name}");
+        assert_eq!(
+            report.failed_identifiers(),
+            vec!["m-2".to_owned()],
+            "{name}"
+        );
+        let outcomes: Vec<_> = report.records.iter().map(|(_, outcome)| outcome).collect();
+        assert!(matches!(outcomes[0], RecordOutcome::Executed), "{name}");
+        assert!(matches!(outcomes[2], RecordOutcome::Executed), "{name}");
+        match outcomes[1] {
+            RecordOutcome::Failed(Error::Handler { source }) => {
+                assert!(source.is::<Panicked>(), "{name}: {source}")
+            }
+            other => panic!("{name}: the panicking record fails: {other:?}"),
+        }
+        // Its claim was given back (a short grace), not held for the invocation's lease.
+        let key = processor_key(&sqs_message("m-2", json!({"order_id": "poison"})));
+        let record = store
+            .get(&key)
+            .await
+            .expect("get")
+            .expect("the claim stands");
+        assert_eq!(record.status, Status::InProgress, "{name}");
+        assert!(
+            record.lease.expires_at <= clock.now_plus(Duration::from_secs(5)),
+            "{name}: the lease was cut to the grace"
+        );
+    }
+}
+
+/// The key the processor derives for `message`.
+fn processor_key(message: &SqsMessage) -> lambda_idempotency::OperationKey {
+    sources::sqs(Some("/order_id"))
+        .expect("policy")
+        .derive(&scope(), message)
+        .expect("key")
+        .0
+}
+
+/// Moves the clock: `ManualClock::now() + by`.
+trait NowPlus {
+    fn now_plus(&self, by: Duration) -> std::time::SystemTime;
+}
+
+impl NowPlus for lambda_idempotency::clock::ManualClock {
+    fn now_plus(&self, by: Duration) -> std::time::SystemTime {
+        use lambda_idempotency::clock::Clock;
+        self.now() + by
+    }
+}
+
+#[tokio::test]
+async fn a_record_started_late_holds_no_lease_past_the_deadline() {
+    for backend in both().await {
+        let name = backend.name;
+        let store = backend.store.clone();
+        let clock = backend.clock.clone();
+        let idem = Idempotency::new(backend.store, Config::default()).with_clock(clock.clone());
+        let processor: BatchProcessor<SqsMessage> = BatchProcessor::new(
+            idem,
+            scope(),
+            sources::sqs(Some("/order_id")).expect("policy"),
+        )
+        .with_concurrency(1);
+        let deadline = clock.now_plus(Duration::from_secs(60));
+        let batch = vec![
+            sqs_message("m-1", json!({"order_id": "slow"})),
+            sqs_message("m-2", json!({"order_id": "late"})),
+        ];
+        let report = processor
+            .process(
+                batch,
+                &context_with_deadline(deadline),
+                |message, _: ExecutionContext| {
+                    let clock = clock.clone();
+                    async move {
+                        if message
+                            .body
+                            .as_deref()
+                            .is_some_and(|body| body.contains("slow"))
+                        {
+                            clock.advance(Duration::from_secs(40)); // the first record takes 40 s
+                        }
+                        Ok::<_, std::io::Error>(String::from("placed"))
+                    }
+                },
+            )
+            .await;
+        assert!(
+            report.failed_identifiers().is_empty(),
+            "{name}: {:?}",
+            report.records
+        );
+
+        let late = store
+            .get(&processor_key(&sqs_message(
+                "m-2",
+                json!({"order_id": "late"}),
+            )))
+            .await
+            .expect("get")
+            .expect("record");
+        let skew = Duration::from_secs(5);
+        assert!(
+            late.lease.expires_at <= deadline + skew,
+            "{name}: the late record's lease ends {:?} after the deadline",
+            late.lease
+                .expires_at
+                .duration_since(deadline)
+                .unwrap_or_default()
+        );
+    }
+}
+
+fn kinesis_record(seq: &str) -> KinesisEventRecord {
+    serde_json::from_value(json!({
+        "eventID": format!("shardId-000:{seq}"), "eventName": "aws:kinesis:record",
+        "eventSource": "aws:kinesis", "eventSourceARN": "arn:aws:kinesis:us-east-1:1:stream/s",
+        "eventVersion": "1.0", "invokeIdentityArn": "arn:aws:iam::1:role/r", "awsRegion": "us-east-1",
+        "kinesis": {"kinesisSchemaVersion": "1.0", "partitionKey": "p", "sequenceNumber": seq,
+            "data": "e30=", "approximateArrivalTimestamp": 1.7e9}
+    }))
+    .expect("kinesis record")
+}
+
+#[tokio::test]
+async fn a_corrupt_record_is_poison_a_stream_moves_past_and_sqs_hands_to_its_dlq() {
+    for backend in both().await {
+        let name = backend.name;
+        let store = FaultyStore::new(backend.store);
+        let idem = Idempotency::new(AnyStore::new(store.clone()), Config::default())
+            .with_clock(backend.clock.clone());
+        let runs = AtomicUsize::new(0);
+        let run = || {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, std::io::Error>(String::from("done")) }
+        };
+
+        let stream: BatchProcessor<KinesisEventRecord> =
+            BatchProcessor::new(idem.clone(), scope(), sources::kinesis());
+        store.inject(Primitive::Claim, Fault::FailBefore(FaultKind::Corrupt));
+        let report = stream
+            .process(
+                vec![kinesis_record("1"), kinesis_record("2")],
+                &Default::default(),
+                |_, _| run(),
+            )
+            .await;
+        assert!(
+            report.failed_identifiers().is_empty(),
+            "{name}: the shard moves on"
+        );
+        assert!(
+            matches!(&report.records[0].1, RecordOutcome::Poison(err) if err.is_permanent()),
+            "{name}: {:?}",
+            report.records[0].1
+        );
+        assert!(
+            matches!(report.records[1].1, RecordOutcome::Executed),
+            "{name}"
+        );
+
+        let queue: BatchProcessor<SqsMessage> = BatchProcessor::new(
+            idem,
+            scope(),
+            sources::sqs(Some("/order_id")).expect("policy"),
+        );
+        store.inject(Primitive::Claim, Fault::FailBefore(FaultKind::Corrupt));
+        let report = queue
+            .process(
+                vec![sqs_message("m-1", json!({"order_id": "o-9"}))],
+                &Default::default(),
+                |_, _| run(),
+            )
+            .await;
+        assert!(
+            matches!(&report.records[0].1, RecordOutcome::Failed(err) if err.is_permanent()),
+            "{name}: SQS retries it until its DLQ takes it: {:?}",
+            report.records[0].1
+        );
+        assert_eq!(
+            store.fired().values().sum::<u64>(),
+            2,
+            "{name}: both faults fired"
+        );
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "{name}: nothing corrupt ran"
+        );
+    }
+}

@@ -1,0 +1,178 @@
+//! A deadline already past when the handler starts (an emulator's: `cargo lambda watch` gives
+//! one in 1970) is no deadline on every door: the lease is the documented 60 s, not the 5 s
+//! skew alone, and a batch starts its records.
+
+use std::time::{Duration, SystemTime};
+
+use aws_lambda_events::event::apigw::{ApiGatewayV2httpRequest, ApiGatewayV2httpResponse};
+use aws_lambda_events::event::sqs::SqsMessage;
+use lambda_http::{Body, Request, RequestExt};
+use lambda_idempotency::lambda::batch::BatchProcessor;
+use lambda_idempotency::lambda::http::HttpIdempotency;
+use lambda_idempotency::lambda::http_layer::{CallerScope, HttpIdempotencyLayer};
+use lambda_idempotency::lambda::sources;
+use lambda_idempotency::record::Record;
+use lambda_idempotency::store::{AnyStore, Store};
+use lambda_idempotency::{
+    Config, ExecutionContext, Idempotency, IdempotencyLayer, KeyPolicy, LeasePolicy, OperationScope,
+};
+use lambda_runtime::tower::{Layer, ServiceExt, service_fn};
+use lambda_runtime::{Context, LambdaEvent};
+use serde_json::{Value, json};
+
+use super::backends::{both, sqs_message};
+
+/// The context `cargo lambda watch` gives: a deadline in 1970.
+fn emulator_context() -> Context {
+    let mut context = Context::default();
+    context.deadline = 1_000;
+    context
+}
+
+fn scope() -> OperationScope {
+    OperationScope::new("deadlines", "op").expect("scope")
+}
+
+/// The one record the door wrote.
+async fn only_record(store: &AnyStore, key: &lambda_idempotency::OperationKey) -> Record {
+    store.get(key).await.expect("get").expect("a record")
+}
+
+fn lease_of(record: &Record) -> Duration {
+    record
+        .lease
+        .expires_at
+        .duration_since(record.created_at)
+        .expect("the lease ends after the claim")
+}
+
+#[tokio::test]
+async fn every_door_treats_a_past_deadline_as_none() {
+    let without_deadline = LeasePolicy::default().without_deadline;
+    assert_eq!(without_deadline, Duration::from_secs(60));
+    for backend in both().await {
+        let name = backend.name;
+        let store = backend.store.clone();
+        let idem = Idempotency::new(backend.store, Config::default()).with_clock(backend.clock);
+
+        // The tower layer.
+        let policy = KeyPolicy::<Value>::pointer("/id").expect("pointer");
+        let key = policy
+            .derive(&scope(), &json!({"id": "layer"}))
+            .expect("key")
+            .0;
+        let service = IdempotencyLayer::new(idem.clone(), scope(), policy).layer(service_fn(
+            |_: LambdaEvent<Value>| async { Ok::<_, lambda_runtime::Error>(json!("done")) },
+        ));
+        service
+            .oneshot(LambdaEvent::new(json!({"id": "layer"}), emulator_context()))
+            .await
+            .expect("layer");
+        assert_eq!(
+            lease_of(&only_record(&store, &key).await),
+            without_deadline,
+            "{name}: layer"
+        );
+
+        // A batch: its record starts, with the same lease.
+        let policy = sources::sqs(Some("/id")).expect("policy");
+        let message = sqs_message("m-1", json!({"id": "batch"}));
+        let key = policy.derive(&scope(), &message).expect("key").0;
+        let processor: BatchProcessor<SqsMessage> =
+            BatchProcessor::new(idem.clone(), scope(), policy);
+        let report = processor
+            .process(
+                vec![message],
+                &emulator_context(),
+                |_, _: ExecutionContext| async { Ok::<_, std::io::Error>(String::from("placed")) },
+            )
+            .await;
+        assert!(
+            report.failed_identifiers().is_empty(),
+            "{name}: the record started"
+        );
+        assert_eq!(
+            lease_of(&only_record(&store, &key).await),
+            without_deadline,
+            "{name}: batch"
+        );
+
+        // The API Gateway v2 event door.
+        let event = http_event("event-door");
+        let door = HttpIdempotency::new(idem.clone(), scope()).with_callers(CallerScope::Shared);
+        let key = shared_http_key("event-door");
+        let answer = door
+            .handle(LambdaEvent::new(event, emulator_context()), |_, _| async {
+                let mut response = ApiGatewayV2httpResponse::default();
+                response.status_code = 201;
+                Ok::<_, std::io::Error>(response)
+            })
+            .await;
+        assert_eq!(answer.status_code, 201, "{name}");
+        assert_eq!(
+            lease_of(&only_record(&store, &key).await),
+            without_deadline,
+            "{name}: event door"
+        );
+
+        // The tower layer over lambda_http.
+        let layer = HttpIdempotencyLayer::new(idem, scope()).with_callers(CallerScope::Shared);
+        let service = layer.layer(service_fn(|_: Request| async {
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder()
+                    .status(201)
+                    .body(Body::Empty)
+                    .expect("response"),
+            )
+        }));
+        let request = lambda_http::request::from_str(&http_json("http-layer").to_string())
+            .expect("request")
+            .with_lambda_context(emulator_context());
+        let answer = service.oneshot(request).await.expect("answer");
+        assert_eq!(answer.status(), 201, "{name}");
+        let key = shared_http_key("http-layer");
+        assert_eq!(
+            lease_of(&only_record(&store, &key).await),
+            without_deadline,
+            "{name}: HTTP layer"
+        );
+    }
+}
+
+#[test]
+fn a_deadline_ahead_still_bounds_the_lease() {
+    let policy = LeasePolicy::default();
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    assert_eq!(
+        policy.lease(Some(now + Duration::from_secs(30)), now),
+        Duration::from_secs(35)
+    );
+    assert_eq!(policy.lease(Some(now), now), policy.without_deadline);
+    assert_eq!(
+        policy.lease(Some(now - Duration::from_secs(1)), now),
+        policy.without_deadline
+    );
+    assert_eq!(policy.lease(None, now), policy.without_deadline);
+}
+
+/// The operation key of an `Idempotency-Key` under `CallerScope::Shared` (no caller).
+fn shared_http_key(key: &str) -> lambda_idempotency::OperationKey {
+    let material = json!({"caller": null, "key": key});
+    lambda_idempotency::OperationKey::derive(&scope(), None, &material).expect("key")
+}
+
+fn http_json(key: &str) -> Value {
+    json!({
+        "version": "2.0", "routeKey": "POST /p", "rawPath": "/p", "rawQueryString": "",
+        "headers": {"content-type": "application/json", "idempotency-key": key},
+        "requestContext": {"accountId": "1", "apiId": "a", "domainName": "d", "domainPrefix": "d",
+            "http": {"method": "POST", "path": "/p", "protocol": "HTTP/1.1", "sourceIp": "1.2.3.4",
+            "userAgent": "t"}, "requestId": "r", "routeKey": "POST /p", "stage": "$default",
+            "time": "t", "timeEpoch": 0},
+        "body": "{}", "isBase64Encoded": false
+    })
+}
+
+fn http_event(key: &str) -> ApiGatewayV2httpRequest {
+    serde_json::from_value(http_json(key)).expect("request")
+}

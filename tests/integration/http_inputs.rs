@@ -1,0 +1,373 @@
+//! Both HTTP doors (the tower layer over `lambda_http` and the API Gateway v2 event door) under
+//! what production gives them, on both stores: a conservative classifier, blank or null
+//! principals, damaged stored records.
+
+use std::convert::Infallible;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use aws_lambda_events::encodings::Body as EventBody;
+use aws_lambda_events::event::apigw::{ApiGatewayV2httpRequest, ApiGatewayV2httpResponse};
+use futures_util::FutureExt;
+use http::{Response, StatusCode};
+use lambda_http::{Body, Request};
+use lambda_idempotency::failure::{Classifier, FailureClass};
+use lambda_idempotency::lambda::http::HttpIdempotency;
+use lambda_idempotency::lambda::http_layer::{CallerScope, HttpIdempotencyLayer, REPLAYED_HEADER};
+use lambda_idempotency::reconcile::{Reconciliation, Takeover};
+use lambda_idempotency::store::AnyStore;
+use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
+use lambda_idempotency::{BoxError, Config, Idempotency, OperationScope};
+use lambda_runtime::tower::{Layer, ServiceExt, service_fn};
+use lambda_runtime::{Context, LambdaEvent};
+use serde_json::{Value, json};
+
+use super::backends::{Backend, both};
+
+/// A classifier that retains every handler error as a terminal failure.
+struct RetainEverything;
+
+impl Classifier for RetainEverything {
+    fn classify(&self, _: &(dyn std::error::Error + 'static)) -> FailureClass {
+        FailureClass::terminal("conservative")
+    }
+}
+
+fn scope() -> OperationScope {
+    OperationScope::new("http-inputs", "payments").expect("scope")
+}
+
+fn engine(backend: Backend) -> Idempotency {
+    Idempotency::new(backend.store, Config::default()).with_clock(backend.clock)
+}
+
+/// A REST API (v1) request whose authorizer context is `authorizer`.
+fn v1(key: &str, authorizer: Value) -> Request {
+    lambda_http::request::from_str(
+        &json!({
+            "resource": "/payments", "path": "/payments", "httpMethod": "POST",
+            "headers": {"Idempotency-Key": key, "Content-Type": "application/json"},
+            "multiValueHeaders": {"Idempotency-Key": [key], "Content-Type": ["application/json"]},
+            "queryStringParameters": null, "multiValueQueryStringParameters": null,
+            "pathParameters": null, "stageVariables": null,
+            "requestContext": {
+                "accountId": "1", "resourceId": "r", "stage": "$default", "requestId": "id",
+                "identity": {"sourceIp": "192.0.2.1", "userAgent": "test"},
+                "resourcePath": "/payments", "httpMethod": "POST", "apiId": "a",
+                "path": "/payments", "authorizer": authorizer
+            },
+            "body": r#"{"amount":1}"#, "isBase64Encoded": false
+        })
+        .to_string(),
+    )
+    .expect("a REST API event")
+}
+
+/// An HTTP API (v2) event whose authorizer is `authorizer` (none when null).
+fn v2_json(key: &str, authorizer: Value) -> Value {
+    let mut context = json!({
+        "accountId": "1", "apiId": "a", "domainName": "x.example", "domainPrefix": "x",
+        "http": {"method": "POST", "path": "/payments", "protocol": "HTTP/1.1",
+            "sourceIp": "192.0.2.1", "userAgent": "test"},
+        "requestId": "r", "routeKey": "POST /payments", "stage": "$default",
+        "time": "12/Mar/2020:19:03:58 +0000", "timeEpoch": 1_583_348_638_390_i64
+    });
+    if !authorizer.is_null() {
+        context["authorizer"] = authorizer;
+    }
+    json!({
+        "version": "2.0", "routeKey": "POST /payments", "rawPath": "/payments",
+        "rawQueryString": "", "requestContext": context, "isBase64Encoded": false,
+        "headers": {"content-type": "application/json", "idempotency-key": key},
+        "body": r#"{"amount":1}"#
+    })
+}
+
+fn v2_request(key: &str, authorizer: Value) -> Request {
+    lambda_http::request::from_str(&v2_json(key, authorizer).to_string())
+        .expect("an HTTP API event")
+}
+
+fn v2_event(key: &str, authorizer: Value) -> LambdaEvent<ApiGatewayV2httpRequest> {
+    let request = serde_json::from_value(v2_json(key, authorizer)).expect("an HTTP API event");
+    LambdaEvent::new(request, Context::default())
+}
+
+fn jwt(sub: &str) -> Value {
+    json!({"jwt": {"claims": {"sub": sub, "iss": "https://issuer.example"}, "scopes": null}})
+}
+
+/// The tower layer's service over a handler answering `statuses` in turn (then 201), counting
+/// its runs.
+fn layered(
+    idem: Idempotency,
+    callers: CallerScope,
+    statuses: &'static [u16],
+) -> (
+    impl lambda_runtime::tower::Service<
+        Request,
+        Response = Response<Body>,
+        Error = BoxError,
+        Future = impl Send,
+    > + Clone,
+    Arc<AtomicUsize>,
+) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let handler = service_fn(move |_: Request| {
+        let run = counted.fetch_add(1, Ordering::SeqCst);
+        let status = statuses.get(run).copied().unwrap_or(201);
+        async move {
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .status(status)
+                    .body(Body::Text(format!("answer {run}")))
+                    .expect("response"),
+            )
+        }
+    });
+    let layer = HttpIdempotencyLayer::new(idem, scope()).with_callers(callers);
+    (layer.layer(handler), runs)
+}
+
+fn code(response: &Response<Body>) -> String {
+    let body: Value = serde_json::from_slice(response.body().as_ref()).unwrap_or_default();
+    body["error"].as_str().unwrap_or_default().to_owned()
+}
+
+fn event_code(response: &ApiGatewayV2httpResponse) -> String {
+    let text = match &response.body {
+        Some(EventBody::Text(text)) => text.clone(),
+        _ => String::new(),
+    };
+    let body: Value = serde_json::from_str(&text).unwrap_or_default();
+    body["error"].as_str().unwrap_or_default().to_owned()
+}
+
+#[tokio::test]
+async fn a_response_the_doors_do_not_store_is_never_retained_whatever_the_classifier_says() {
+    for backend in both().await {
+        let name = backend.name;
+        let idem = engine(backend).with_classifier(RetainEverything);
+
+        let (service, runs) = layered(idem.clone(), CallerScope::Shared, &[503, 429]);
+        for expected in [503, 429, 201] {
+            let answer = service
+                .clone()
+                .oneshot(v2_request("k-1", Value::Null))
+                .await;
+            assert_eq!(
+                answer.expect("answer").status().as_u16(),
+                expected,
+                "{name}: layer"
+            );
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 3, "{name}: every retry ran");
+
+        let door = HttpIdempotency::new(idem, scope()).with_callers(CallerScope::Shared);
+        let calls = AtomicUsize::new(0);
+        for expected in [503, 201] {
+            let answer = door
+                .handle(v2_event("k-2", Value::Null), |_, _| async {
+                    let mut response = ApiGatewayV2httpResponse::default();
+                    response.status_code = if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                        503
+                    } else {
+                        201
+                    };
+                    Ok::<_, std::io::Error>(response)
+                })
+                .await;
+            assert_eq!(answer.status_code, expected, "{name}: event door");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_blank_or_null_principal_is_no_caller_on_either_door() {
+    let nobody = [
+        ("v1 principalId \"\"", v1("k-1", json!({"principalId": ""}))),
+        (
+            "v1 principalId null",
+            v1("k-1", json!({"principalId": null})),
+        ),
+        (
+            "v1 principalId blank",
+            v1("k-1", json!({"principalId": "   "})),
+        ),
+        (
+            "v1 claims sub \"\"",
+            v1("k-1", json!({"claims": {"sub": ""}})),
+        ),
+        ("v2 jwt sub \"\"", v2_request("k-1", jwt(""))),
+        (
+            "v2 lambda principalId null",
+            v2_request("k-1", json!({"lambda": {"principalId": null}})),
+        ),
+    ];
+    for backend in both().await {
+        let name = backend.name;
+        let idem = engine(backend);
+        let (strict, runs) = layered(idem.clone(), CallerScope::Principal, &[]);
+        for (case, request) in nobody.iter().map(|(case, request)| (case, clone(request))) {
+            let answer = strict.clone().oneshot(request).await.expect("answer");
+            assert_eq!(answer.status(), StatusCode::UNAUTHORIZED, "{name}: {case}");
+            assert_eq!(code(&answer), "caller_unidentified", "{name}: {case}");
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "{name}");
+
+        // Allowed anonymous callers: a blank principal is the anonymous scope, not a caller
+        // named "" of its own.
+        let (public, runs) = layered(idem.clone(), CallerScope::PrincipalOrAnonymous, &[]);
+        let first = public
+            .clone()
+            .oneshot(v1("k-2", json!({"principalId": ""})))
+            .await;
+        let again = public
+            .clone()
+            .oneshot(v1("k-2", json!({})))
+            .await
+            .expect("answer");
+        assert_eq!(
+            first.expect("answer").status(),
+            StatusCode::CREATED,
+            "{name}"
+        );
+        assert!(
+            again.headers().contains_key(REPLAYED_HEADER),
+            "{name}: one anonymous scope"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}");
+
+        let door = HttpIdempotency::new(idem, scope());
+        for (case, authorizer) in [
+            ("jwt sub \"\"", jwt("")),
+            (
+                "lambda principalId null",
+                json!({"lambda": {"principalId": null}}),
+            ),
+            (
+                "lambda principalId \"\"",
+                json!({"lambda": {"principalId": ""}}),
+            ),
+        ] {
+            let answer = door
+                .handle(v2_event("k-3", authorizer), |_, _| async {
+                    Ok::<_, std::io::Error>(ApiGatewayV2httpResponse::default())
+                })
+                .await;
+            assert_eq!(answer.status_code, 401, "{name}: event door, {case}");
+        }
+    }
+}
+
+/// A request's copy (lambda_http requests are not `Clone`).
+fn clone(request: &Request) -> Request {
+    let mut copy = Request::new(request.body().clone());
+    *copy.method_mut() = request.method().clone();
+    *copy.uri_mut() = request.uri().clone();
+    *copy.headers_mut() = request.headers().clone();
+    if let Some(context) = request
+        .extensions()
+        .get::<lambda_http::request::RequestContext>()
+    {
+        copy.extensions_mut().insert(context.clone());
+    }
+    copy
+}
+
+#[tokio::test]
+async fn a_corrupt_record_is_an_operators_500_not_a_retry_every_second() {
+    for backend in both().await {
+        let name = backend.name;
+        let store = FaultyStore::new(backend.store);
+        let idem = Idempotency::new(AnyStore::new(store.clone()), Config::default())
+            .with_clock(backend.clock);
+
+        let (service, runs) = layered(idem.clone(), CallerScope::Shared, &[]);
+        store.inject(Primitive::Claim, Fault::FailBefore(FaultKind::Corrupt));
+        let answer = service
+            .oneshot(v2_request("k-1", Value::Null))
+            .await
+            .expect("answer");
+        assert_eq!(
+            answer.status(),
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "{name}: layer"
+        );
+        assert_eq!(code(&answer), "stored_record_corrupt", "{name}");
+        assert!(
+            answer.headers().get(http::header::RETRY_AFTER).is_none(),
+            "{name}"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "{name}");
+
+        let door = HttpIdempotency::new(idem, scope()).with_callers(CallerScope::Shared);
+        store.inject(Primitive::Claim, Fault::FailBefore(FaultKind::Corrupt));
+        let answer = door
+            .handle(v2_event("k-2", Value::Null), |_, _| async {
+                Ok::<_, std::io::Error>(ApiGatewayV2httpResponse::default())
+            })
+            .await;
+        assert_eq!(answer.status_code, 500, "{name}: event door");
+        assert_eq!(event_code(&answer), "stored_record_corrupt", "{name}");
+        assert!(
+            !answer.headers.contains_key(http::header::RETRY_AFTER),
+            "{name}"
+        );
+        assert_eq!(store.pending(), 0, "{name}: both faults fired");
+    }
+}
+
+#[tokio::test]
+async fn a_damaged_stored_response_is_a_500_never_an_empty_success() {
+    for backend in both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        // What an operator or a reconciler might record: a response whose body is not base64.
+        let damaged = json!({"status": 201, "headers": [], "body": "%%% not base64 %%%"});
+        let idem = engine(backend).with_reconciler(move |_: Takeover| {
+            let damaged = damaged.clone();
+            async move { Ok::<_, BoxError>(Reconciliation::Applied(damaged)) }
+        });
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&runs);
+        let handler = service_fn(move |_: Request| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                panic!("the handler dies mid-request");
+                #[allow(unreachable_code)]
+                Ok::<Response<Body>, Infallible>(Response::new(Body::Empty))
+            }
+        });
+        let service = HttpIdempotencyLayer::new(idem, scope())
+            .with_callers(CallerScope::Shared)
+            .layer(handler);
+
+        let crashed = AssertUnwindSafe(service.clone().oneshot(v2_request("k-1", Value::Null)))
+            .catch_unwind()
+            .await;
+        assert!(crashed.is_err(), "{name}: the first request panicked");
+        clock.advance(Duration::from_secs(6)); // past the given-back claim's grace
+        for attempt in ["the takeover", "the replay"] {
+            let answer = service
+                .clone()
+                .oneshot(v2_request("k-1", Value::Null))
+                .await;
+            let answer = answer.expect("answer");
+            assert_eq!(
+                answer.status(),
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "{name}: {attempt}"
+            );
+            assert_eq!(
+                code(&answer),
+                "stored_response_unreadable",
+                "{name}: {attempt}"
+            );
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}");
+    }
+}
