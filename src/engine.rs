@@ -265,17 +265,11 @@ impl<S: Store> Idempotency<S> {
         let now = self.clock.now();
         let claim = self.new_claim(invocation, now);
         let deadline = claim.lease.expires_at;
-        let target = Target {
-            key,
-            identity: invocation.identity.as_deref(),
-            guard: Guard::Lease(&claim.lease.token),
-        };
         // Armed from the first write: a cancellation while claiming gives back what committed.
         let mut give_back = GiveBack {
             store: Arc::clone(&self.store),
             clock: Arc::clone(&self.clock),
             key: key.clone(),
-            identity: invocation.identity.clone(),
             token: claim.lease.token.clone(),
             lease_expires_at: deadline,
             armed: true,
@@ -301,6 +295,19 @@ impl<S: Store> Idempotency<S> {
                 give_back.disarm();
                 return Err(err);
             }
+        };
+        // Every write from here settles the identity the operation recorded at its claim,
+        // whatever this deployment declares.
+        let identity = held.identity(&claim).map(str::to_owned);
+        if identity != claim.identity {
+            warn!(
+                "this deployment declares another business identity than the operation recorded when it was claimed: the recorded one is kept"
+            );
+        }
+        let target = Target {
+            key,
+            identity: identity.as_deref(),
+            guard: Guard::Lease(&claim.lease.token),
         };
         let answer = self
             .run_held(target, invocation, &claim, held, handler)
@@ -375,7 +382,7 @@ impl<S: Store> Idempotency<S> {
         let deadline = claim.lease.expires_at;
         let target = Target {
             key,
-            identity: invocation.identity.as_deref(),
+            identity: claim.identity.as_deref(),
             guard: Guard::Lease(&claim.lease.token),
         };
         let claimed = match self
@@ -473,11 +480,13 @@ impl<S: Store> Idempotency<S> {
         if !invocation.fingerprint.matches(&orphan.fingerprint) {
             return Err(Error::PayloadConflict { key: key.clone() });
         }
+        // The orphan's evidence is the operation's, under whatever key it was written.
         let record = Record {
             lease: Lease {
                 attempt: 2,
                 ..claim.lease.clone()
             },
+            identity: Some(orphan.identity.clone()),
             ..claim.clone()
         };
         let adopted = match self
@@ -585,7 +594,7 @@ impl<S: Store> Idempotency<S> {
             created_at: now,
             completed_at: None,
             request_id: invocation.request_id.clone(),
-            identity: invocation.identity.clone(),
+            identity: invocation.evidence_key(),
         }
     }
 
@@ -856,6 +865,17 @@ enum Held {
     Fresh,
     /// A takeover of a crashed attempt (or the adoption of its orphaned evidence).
     TakenOver { attempt: u32, previous: Box<Record> },
+}
+
+impl Held {
+    /// The business identity (its evidence key) of the operation held: what `claim` wrote for a
+    /// fresh claim, what the crashed attempt's record holds for a takeover.
+    fn identity<'a>(&'a self, claim: &'a Record) -> Option<&'a str> {
+        match self {
+            Self::Fresh => claim.identity.as_deref(),
+            Self::TakenOver { previous, .. } => previous.identity.as_deref(),
+        }
+    }
 }
 
 /// Whether `existing` is the caller's own `claim`: it committed before its answer was lost and

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::value::RawValue;
 
 use crate::config::MAX_REQUEST_ID_BYTES;
-use crate::key::{Fingerprint, JsonPointer, OperationKey};
+use crate::key::{Fingerprint, IdentityScope, JsonPointer, OperationKey};
 
 /// The longest lease an invocation holds (a year: far past Lambda's 15 minutes).
 pub const MAX_LEASE: Duration = Duration::from_secs(366 * 24 * 3600);
@@ -20,6 +20,7 @@ pub struct Invocation {
     pub(crate) request_id: Option<String>,
     pub(crate) message_id: Option<String>,
     pub(crate) identity: Option<String>,
+    pub(crate) identity_scope: IdentityScope,
     pub(crate) result_ref: Option<JsonPointer>,
 }
 
@@ -36,6 +37,7 @@ impl Invocation {
             request_id: None,
             message_id: None,
             identity: None,
+            identity_scope: IdentityScope::default(),
             result_ref: None,
         }
     }
@@ -79,9 +81,22 @@ impl Invocation {
 
     /// Declares the operation's business identity (e.g. `invoice:order-418:rev-2`): its
     /// evidence is kept permanently, so the operation is never executed again once its
-    /// replayable record has expired ([`crate::Error::KeyExpiredConflict`]).
+    /// replayable record has expired ([`crate::Error::KeyExpiredConflict`]). The evidence is
+    /// kept under the operation key's namespace and tenant ([`IdentityScope::Tenant`]): another
+    /// tenant's or another function's operation with the same identity string is its own.
+    ///
+    /// The identity a claim records is the operation's for its whole life: a later attempt
+    /// (after a deploy that adds, changes or removes the identity) settles the recorded one.
     pub fn with_identity(mut self, identity: impl Into<String>) -> Self {
         self.identity = Some(identity.into());
+        self
+    }
+
+    /// Shares the business identity's evidence more widely than the operation's tenant (see
+    /// [`IdentityScope`]): across a namespace's tenants, or across every function and tenant
+    /// on the uniqueness table.
+    pub fn with_identity_scope(mut self, scope: IdentityScope) -> Self {
+        self.identity_scope = scope;
         self
     }
 
@@ -100,6 +115,13 @@ impl Invocation {
     /// The business identity, if declared.
     pub fn identity(&self) -> Option<&str> {
         self.identity.as_deref()
+    }
+
+    /// The key of the business identity's evidence in the uniqueness table (the identity under
+    /// its [`IdentityScope`]), if an identity is declared.
+    pub fn evidence_key(&self) -> Option<String> {
+        let identity = self.identity.as_deref()?;
+        Some(self.identity_scope.evidence_key(identity, &self.key))
     }
 }
 

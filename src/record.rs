@@ -104,7 +104,8 @@ pub struct Record {
     pub completed_at: Option<SystemTime>,
     /// The request id of the invocation that claimed it, for correlation.
     pub request_id: Option<String>,
-    /// The business identity whose permanent [`Evidence`] this operation keeps, if declared.
+    /// The business identity whose permanent [`Evidence`] this operation keeps, if declared:
+    /// the evidence's key, recorded at the claim and kept for the operation's whole life.
     pub identity: Option<String>,
 }
 
@@ -149,7 +150,9 @@ pub struct Settlement {
 /// It outlives the idempotency record (no TTL) and holds no response body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Evidence {
-    /// The business identity, e.g. `invoice:order-418:rev-2`.
+    /// The business identity under its scope, which is the evidence's key in the uniqueness
+    /// table, e.g. `billing#t=acme#id=invoice:order-418:rev-2`
+    /// ([`IdentityScope`](crate::key::IdentityScope)).
     pub identity: String,
     /// The operation key that executed it.
     pub key: OperationKey,
@@ -166,6 +169,20 @@ pub struct Evidence {
 }
 
 impl Evidence {
+    /// The key an evidence of another tenant's operation carries once redacted.
+    pub const REDACTED: &'static str = "redacted";
+
+    /// This evidence as another tenant may see it: its identity, status and times, but not the
+    /// operation that holds it (key and fingerprint [`Evidence::REDACTED`]) nor its result.
+    pub fn redacted(self) -> Self {
+        Self {
+            key: OperationKey::from_stored(Self::REDACTED),
+            fingerprint: Fingerprint::from_stored(Self::REDACTED),
+            result_ref: None,
+            ..self
+        }
+    }
+
     /// The evidence a new claim writes.
     pub fn of_claim(record: &Record, identity: &str) -> Self {
         Self {

@@ -6,8 +6,10 @@
 #[allow(dead_code)]
 mod support;
 
+use lambda_idempotency::key::IdentityScope;
 use lambda_idempotency::record::Status;
 use lambda_idempotency::store::Store;
+use lambda_idempotency::{OperationKey, OperationScope};
 use serde_json::{Value, json};
 
 use support::function::{Function, Tables, sample_event};
@@ -140,9 +142,14 @@ async fn eventbridge_handler_keeps_permanent_evidence() {
             .expect("ledger"),
         1
     );
+    // The evidence is kept under the function's namespace (its name, as Lambda sets it).
+    let scope = OperationScope::new("shipments", "notify-shipped").expect("scope");
+    let key = OperationKey::derive(&scope, None, "o-1").expect("key");
+    let evidence_key = IdentityScope::default().evidence_key("shipment-notice:o-1", &key);
+    assert_eq!(evidence_key, "shipments#id=shipment-notice:o-1");
     let evidence = tables
         .store
-        .evidence("shipment-notice:o-1")
+        .evidence(&evidence_key)
         .await
         .expect("read evidence")
         .expect("the business identity left permanent evidence");

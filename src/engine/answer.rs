@@ -41,6 +41,12 @@ pub(super) fn identity_taken(invocation: &Invocation, evidence: crate::record::E
         return Error::Indeterminate { key: key.clone() };
     }
     warn!(evidence_status = %evidence.status, "business identity already claimed");
+    // Only an identity shared across tenants (an explicit opt-in) can meet another tenant's
+    // evidence: the caller learns its status, never that operation.
+    let evidence = match evidence.key.tenant() == key.tenant() {
+        true => evidence,
+        false => evidence.redacted(),
+    };
     Error::KeyExpiredConflict {
         key: key.clone(),
         evidence: Box::new(evidence),

@@ -18,7 +18,6 @@ pub(super) struct GiveBack<S: Store> {
     pub(super) store: Arc<S>,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) key: OperationKey,
-    pub(super) identity: Option<String>,
     pub(super) token: String,
     pub(super) lease_expires_at: SystemTime,
     pub(super) armed: bool,
@@ -43,12 +42,11 @@ impl<S: Store> Drop for GiveBack<S> {
         let store = Arc::clone(&self.store);
         let until = super::given_back_until(self.clock.now(), self.lease_expires_at);
         let key = self.key.clone();
-        let identity = self.identity.take();
         let token = std::mem::take(&mut self.token);
         runtime.spawn(async move {
             let target = Target {
                 key: &key,
-                identity: identity.as_deref(),
+                identity: None,
                 guard: Guard::Lease(&token),
             };
             match store.shorten(target, until).await {

@@ -56,14 +56,13 @@ pub enum Error {
 
     /// The operation's replayable record has expired (or is gone), but the permanent evidence
     /// of its business identity stands: it is not executed again.
-    #[error(
-        "operation {} already took effect (evidence of operation {}, status {}) but its replayable record has expired; do not re-run it: use the evidence's result reference, or a new business identity for a new operation",
-        key.short(), evidence.key.short(), evidence.status
-    )]
+    #[error("{}", key_expired_message(key, evidence))]
     KeyExpiredConflict {
         /// The operation key.
         key: OperationKey,
-        /// The standing evidence (its key may be another operation's that claimed the identity).
+        /// The standing evidence. Its key may be another operation's that claimed the identity;
+        /// when that operation is another tenant's (an identity shared across tenants), the
+        /// evidence comes [redacted](Evidence::redacted).
         evidence: Box<Evidence>,
     },
 
@@ -164,6 +163,21 @@ pub enum Error {
         /// The handler's error.
         source: BoxError,
     },
+}
+
+/// The message of [`Error::KeyExpiredConflict`]: it names the caller's own operation only.
+fn key_expired_message(key: &OperationKey, evidence: &Evidence) -> String {
+    let standing = match evidence.key == *key {
+        true => "its replayable record has expired, but its permanent evidence stands",
+        false => {
+            "the permanent evidence of another operation with the same business identity stands"
+        }
+    };
+    format!(
+        "operation {} is not run: {standing} ({}); use the evidence's result reference, or a new business identity for a new operation",
+        key.short(),
+        evidence.status
+    )
 }
 
 impl Error {

@@ -28,6 +28,7 @@
 //! ```
 
 mod canonical;
+mod identity;
 mod policy;
 mod select;
 
@@ -37,6 +38,8 @@ use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+pub use identity::IdentityScope;
+pub(crate) use identity::Scoped;
 pub use policy::KeyPolicy;
 pub use select::{JsonPointer, Select, WholeEvent};
 
@@ -178,6 +181,19 @@ impl OperationKey {
     /// The operation name of the key's scope (`namespace#operation#…`), e.g. for metrics.
     pub fn operation(&self) -> &str {
         self.0.split('#').nth(1).unwrap_or_default()
+    }
+
+    /// The namespace of the key's scope (`namespace#…`).
+    pub fn namespace(&self) -> &str {
+        self.0.split('#').next().unwrap_or_default()
+    }
+
+    /// The tenant of the key's scope (`namespace#operation#t=tenant#v…#hash`), if it has one.
+    pub fn tenant(&self) -> Option<&str> {
+        let mut parts = self.0.split('#');
+        let tenant = parts.nth(2)?.strip_prefix("t=")?;
+        // A tenant is followed by the version and the hash.
+        (parts.count() >= 2).then_some(tenant)
     }
 
     /// A short, stable tag for logs and error messages: the first 12 hex digits of the hash.

@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::select::{JsonPointer, Select, WholeEvent};
-use super::{Fingerprint, OperationKey, OperationScope};
+use super::{Fingerprint, IdentityScope, OperationKey, OperationScope};
 use crate::error::{ConfigError, Error};
 use crate::execution::Invocation;
 
@@ -24,6 +24,7 @@ pub struct KeyPolicy<E> {
     intent: Arc<dyn Select<E>>,
     tenant: Option<Arc<ReadFn<E>>>,
     identity: Option<Arc<ReadFn<E>>>,
+    identity_scope: IdentityScope,
 }
 
 impl<E: Serialize + 'static> KeyPolicy<E> {
@@ -39,6 +40,7 @@ impl<E: Serialize + 'static> KeyPolicy<E> {
             intent: Arc::new(WholeEvent),
             tenant: None,
             identity: None,
+            identity_scope: IdentityScope::default(),
         }
     }
 }
@@ -59,6 +61,7 @@ impl<E: 'static> KeyPolicy<E> {
             intent: Arc::new(intent),
             tenant: None,
             identity: None,
+            identity_scope: IdentityScope::default(),
         }
     }
 
@@ -87,6 +90,13 @@ impl<E: 'static> KeyPolicy<E> {
         self.identity = Some(Arc::new(identity));
         self
     }
+
+    /// Shares each business identity's evidence more widely than the operation's tenant
+    /// ([`IdentityScope`]; default [`IdentityScope::Tenant`]).
+    pub fn with_identity_scope(mut self, scope: IdentityScope) -> Self {
+        self.identity_scope = scope;
+        self
+    }
 }
 
 impl<E> KeyPolicy<E> {
@@ -111,7 +121,9 @@ impl<E> KeyPolicy<E> {
                     reason: "the business identity must be 1 to 1024 bytes and not blank".into(),
                 })
             }
-            Some(identity) => Ok(invocation.with_identity(identity)),
+            Some(identity) => Ok(invocation
+                .with_identity(identity)
+                .with_identity_scope(self.identity_scope)),
         }
     }
 
@@ -142,6 +154,7 @@ impl<E> Clone for KeyPolicy<E> {
             intent: Arc::clone(&self.intent),
             tenant: self.tenant.clone(),
             identity: self.identity.clone(),
+            identity_scope: self.identity_scope,
         }
     }
 }
@@ -151,6 +164,7 @@ impl<E> fmt::Debug for KeyPolicy<E> {
         f.debug_struct("KeyPolicy")
             .field("tenant", &self.tenant.is_some())
             .field("identity", &self.identity.is_some())
+            .field("identity_scope", &self.identity_scope)
             .finish_non_exhaustive()
     }
 }

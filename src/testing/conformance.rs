@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lambda_idempotency::clock::{Clock, ManualClock};
+use lambda_idempotency::key::IdentityScope;
 use lambda_idempotency::reconcile::BoxFuture;
 use lambda_idempotency::record::{Record, Status};
 use lambda_idempotency::store::{MemoryStore, Store};
@@ -70,6 +71,13 @@ pub fn invocation(material: &str, intent: &serde_json::Value) -> Invocation {
     let scope = OperationScope::new("conformance", "op").expect("scope");
     let key = OperationKey::derive(&scope, None, material).expect("key");
     Invocation::new(key, Fingerprint::of(intent).expect("fingerprint"), LEASE)
+}
+
+/// The evidence key of `identity` for the suite's operations ([`invocation`]'s namespace, no
+/// tenant): what [`Store::evidence`] reads.
+pub fn evidence_key(identity: &str) -> String {
+    let key = invocation("any", &serde_json::json!(0)).key().clone();
+    IdentityScope::default().evidence_key(identity, &key)
 }
 
 /// The record of `key`, which must exist.
@@ -568,4 +576,5 @@ pub async fn unreadable_outcome_is_a_typed_error<S: Store>(fx: Fixture<S>) {
 
 pub use super::durability::*;
 pub use super::edges::*;
+pub use super::identities::*;
 pub use super::outcomes::*;

@@ -16,7 +16,8 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use super::conformance::{
-    Fixture, LEASE, counted, crash_after_claim, engine, invocation, race, start_time, stored,
+    Fixture, LEASE, counted, crash_after_claim, engine, evidence_key, invocation, race, start_time,
+    stored,
 };
 
 /// An invoice operation: it keeps permanent evidence under `identity`, with the invoice id as
@@ -71,7 +72,7 @@ pub async fn expired_and_swept_record_with_evidence_is_not_rerun<S: Store>(fx: F
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     let evidence = idem
         .store()
-        .evidence("invoice:o-20:rev-1")
+        .evidence(&evidence_key("invoice:o-20:rev-1"))
         .await
         .expect("evidence")
         .expect("stands");
@@ -181,7 +182,7 @@ pub async fn terminal_failure_is_replayed_not_rerun<S: Store>(fx: Fixture<S>) {
     );
     let evidence = idem
         .store()
-        .evidence("invoice:o-23:rev-1")
+        .evidence(&evidence_key("invoice:o-23:rev-1"))
         .await
         .expect("evidence")
         .expect("stands");
@@ -260,7 +261,7 @@ pub async fn retryable_failure_releases_evidence_and_reruns<S: Store>(fx: Fixtur
     assert_eq!(idem.store().get(inv.key()).await.expect("get"), None);
     assert_eq!(
         idem.store()
-            .evidence("invoice:o-26:rev-1")
+            .evidence(&evidence_key("invoice:o-26:rev-1"))
             .await
             .expect("evidence"),
         None,
@@ -273,7 +274,7 @@ pub async fn retryable_failure_releases_evidence_and_reruns<S: Store>(fx: Fixtur
     assert_eq!(runs.load(Ordering::SeqCst), 2);
     let evidence = idem
         .store()
-        .evidence("invoice:o-26:rev-1")
+        .evidence(&evidence_key("invoice:o-26:rev-1"))
         .await
         .expect("evidence")
         .expect("stands");
@@ -365,7 +366,7 @@ pub async fn takeover_reconciled_as_applied_records_without_running<S: Store>(fx
     assert_eq!(replay.raw_json().get(), done.raw_json().get());
     let evidence = idem
         .store()
-        .evidence("invoice:o-27:rev-1")
+        .evidence(&evidence_key("invoice:o-27:rev-1"))
         .await
         .expect("evidence")
         .expect("stands");
@@ -422,7 +423,7 @@ pub async fn takeover_reconciled_as_unknown_holds_for_an_operator<S: Store>(fx: 
     );
     let evidence = idem
         .store()
-        .evidence("invoice:o-29:rev-1")
+        .evidence(&evidence_key("invoice:o-29:rev-1"))
         .await
         .expect("evidence")
         .expect("stands");
@@ -457,7 +458,7 @@ pub async fn takeover_reconciled_as_unknown_holds_for_an_operator<S: Store>(fx: 
     );
     assert_eq!(
         idem.store()
-            .evidence("invoice:o-30:rev-1")
+            .evidence(&evidence_key("invoice:o-30:rev-1"))
             .await
             .expect("evidence"),
         None

@@ -16,8 +16,8 @@ use lambda_idempotency::{BoxError, Config, Error, Idempotency, Invocation, Origi
 use serde_json::{Value, json};
 
 use super::conformance::{
-    Fixture, LEASE, blocked_worker, counted, crash_after_claim, engine, invocation, stalled_worker,
-    stored,
+    Fixture, LEASE, blocked_worker, counted, crash_after_claim, engine, evidence_key, invocation,
+    stalled_worker, stored,
 };
 use super::faults::{Fault, FaultKind, FaultyStore, Primitive};
 
@@ -149,7 +149,7 @@ pub async fn orphaned_evidence_is_adopted_and_reconciled<S: Store>(fx: Fixture<S
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     let evidence = applied
         .store()
-        .evidence("invoice:edge-3b")
+        .evidence(&evidence_key("invoice:edge-3b"))
         .await
         .expect("evidence")
         .expect("stands");
@@ -284,8 +284,8 @@ pub async fn ambiguous_writes_are_the_callers_own<S: Store + Clone>(fx: Fixture<
             assert_eq!(done.origin(), Origin::Executed { attempt: 1 });
             let record = stored(&idem, inv.key(), "record").await;
             assert_eq!(record.status, Status::Completed);
-            if let Some(identity) = inv.identity() {
-                let evidence = idem.store().evidence(identity).await.expect("evidence");
+            if let Some(identity) = inv.evidence_key() {
+                let evidence = idem.store().evidence(&identity).await.expect("evidence");
                 assert_eq!(evidence.map(|e| e.status), Some(Status::Completed));
             }
         }
@@ -303,7 +303,7 @@ pub async fn ambiguous_writes_are_the_callers_own<S: Store + Clone>(fx: Fixture<
     assert_eq!(idem.store().get(released.key()).await.expect("get"), None);
     assert_eq!(
         idem.store()
-            .evidence("invoice:edge-7c")
+            .evidence(&evidence_key("invoice:edge-7c"))
             .await
             .expect("evidence"),
         None

@@ -34,6 +34,7 @@ pub mod durability;
 pub mod dynamo;
 pub mod edges;
 pub mod faults;
+pub mod identities;
 pub mod interceptor;
 pub mod local;
 pub mod outcomes;
@@ -88,7 +89,12 @@ macro_rules! conformance_tests {
             a_large_outcome_lasts_its_whole_retention,
             a_zombie_cannot_change_a_large_outcome,
             outcome_limit_is_the_configured_one,
-            default_limit_is_lambdas_response_limit
+            default_limit_is_lambdas_response_limit,
+            identities_are_scoped_by_tenant_and_namespace,
+            a_shared_identity_never_reveals_another_tenants_operation,
+            a_deploy_that_adds_an_identity_completes_the_operation_as_claimed,
+            a_deploy_that_removes_an_identity_settles_its_evidence,
+            a_deploy_that_changes_an_identity_keeps_the_recorded_one
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

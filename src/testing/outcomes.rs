@@ -13,7 +13,9 @@ use lambda_idempotency::{
 };
 use serde_json::json;
 
-use super::conformance::{Fixture, LEASE, blocked_worker, counted, engine, invocation, stored};
+use super::conformance::{
+    Fixture, LEASE, blocked_worker, counted, engine, evidence_key, invocation, stored,
+};
 
 /// A string of `len` characters that compresses poorly (pseudo-random base64 characters:
 /// about 6 bits of entropy per byte), different for each `seed`.
@@ -230,7 +232,7 @@ pub async fn outcome_limit_is_the_configured_one<S: Store>(fx: Fixture<S>) {
     .expect("stored without the oversized reference");
     let evidence = idem
         .store()
-        .evidence("invoice:edge-10c")
+        .evidence(&evidence_key("invoice:edge-10c"))
         .await
         .expect("evidence")
         .expect("stands");

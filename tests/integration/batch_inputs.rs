@@ -252,3 +252,50 @@ async fn a_corrupt_record_is_poison_a_stream_moves_past_and_sqs_hands_to_its_dlq
         );
     }
 }
+
+#[tokio::test]
+async fn two_tenants_records_with_the_same_identity_each_run() {
+    for backend in both().await {
+        let name = backend.name;
+        let idem = Idempotency::new(backend.store, Config::default()).with_clock(backend.clock);
+        let body = |message: &SqsMessage| -> serde_json::Value {
+            serde_json::from_str(message.body.as_deref().unwrap_or("{}")).unwrap_or_default()
+        };
+        let policy = sources::sqs(Some("/order_id"))
+            .expect("policy")
+            .with_tenant(move |message: &SqsMessage| {
+                body(message)["tenant"].as_str().map(str::to_owned)
+            })
+            .with_identity(move |message: &SqsMessage| {
+                Some(format!("invoice:{}", body(message)["order_id"].as_str()?))
+            });
+        let processor: BatchProcessor<SqsMessage> = BatchProcessor::new(idem, scope(), policy);
+        let runs = AtomicUsize::new(0);
+        let report = processor
+            .process(
+                vec![
+                    sqs_message("m-1", json!({"tenant": "acme", "order_id": "o-1"})),
+                    sqs_message("m-2", json!({"tenant": "globex", "order_id": "o-1"})),
+                ],
+                &Default::default(),
+                |_, _: ExecutionContext| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    async { Ok::<_, std::io::Error>(String::from("invoiced")) }
+                },
+            )
+            .await;
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            2,
+            "{name}: each tenant's invoice"
+        );
+        assert!(
+            report
+                .records
+                .iter()
+                .all(|(_, outcome)| matches!(outcome, RecordOutcome::Executed)),
+            "{name}: neither acknowledged as done by the other: {:?}",
+            report.records
+        );
+    }
+}

@@ -359,3 +359,130 @@ async fn an_out_of_range_stored_time_is_a_corrupt_record_not_a_panic() {
         "got {err:?}"
     );
 }
+
+/// Evidence as versions before 0.2 wrote it: under the bare identity, naming its operation.
+async fn seed_unscoped_evidence(
+    db: &dynamo::Dynamo,
+    identity: &str,
+    key: &OperationKey,
+    status: &str,
+) {
+    db.client
+        .put_item()
+        .table_name(&db.uniqueness_table)
+        .item("pk", AttributeValue::S(identity.into()))
+        .item("operation_key", AttributeValue::S(key.to_string()))
+        .item(
+            "fingerprint",
+            AttributeValue::S(Fingerprint::of(&"o-1").expect("fp").to_string()),
+        )
+        .item("status", AttributeValue::S(status.into()))
+        .item("created_at", AttributeValue::N("1790000000000".into()))
+        .item("completed_at", AttributeValue::N("1790000001000".into()))
+        .send()
+        .await
+        .expect("seed evidence in the old layout");
+}
+
+#[tokio::test]
+async fn evidence_written_before_scoping_still_refuses_its_scope_and_only_its_scope() {
+    let db = dynamo::start().await;
+    let scope = OperationScope::new("billing", "issue-invoice").expect("scope");
+    let key = |tenant: Option<&str>, order: &str| {
+        OperationKey::derive(&scope, tenant, order).expect("key")
+    };
+    let claim = |tenant: Option<&str>, order: &str| {
+        Invocation::new(
+            key(tenant, order),
+            Fingerprint::of(&order).expect("fingerprint"),
+            Duration::from_secs(30),
+        )
+        .with_identity("invoice:o-1")
+    };
+    // Tenant acme's operation took effect before the upgrade; its record is long gone.
+    seed_unscoped_evidence(&db, "invoice:o-1", &key(Some("acme"), "o-1"), "COMPLETED").await;
+    let idem = Idempotency::new(db.store(), Config::default());
+
+    let err = idem
+        .execute(&claim(Some("acme"), "o-1"), |_| ok(1))
+        .await
+        .expect_err("acme's own old evidence");
+    assert!(err.already_took_effect(), "{err:?}");
+    let err = idem
+        .execute(&claim(Some("acme"), "o-1-retry"), |_| ok(1))
+        .await
+        .expect_err("another operation of acme's with the same identity");
+    assert!(matches!(err, Error::KeyExpiredConflict { .. }), "{err:?}");
+
+    let globex = idem
+        .execute(&claim(Some("globex"), "o-1"), |_| ok(2))
+        .await
+        .expect("another tenant's operation is its own");
+    assert_eq!(*globex.value(), 2);
+    let other_function = Idempotency::new(db.store(), Config::default());
+    let shipping = OperationScope::new("shipping", "issue-invoice").expect("scope");
+    let shipped = Invocation::new(
+        OperationKey::derive(&shipping, Some("acme"), "o-1").expect("key"),
+        Fingerprint::of(&"o-1").expect("fingerprint"),
+        Duration::from_secs(30),
+    )
+    .with_identity("invoice:o-1");
+    other_function
+        .execute(&shipped, |_| ok(3))
+        .await
+        .expect("another namespace's operation is its own");
+
+    let unchecked = Idempotency::new(
+        db.store().with_unscoped_evidence_check(false),
+        Config::default(),
+    );
+    unchecked
+        .execute(&claim(Some("acme"), "o-1-new"), |_| ok(4))
+        .await
+        .expect("without the check, old evidence is not looked at");
+}
+
+#[tokio::test]
+async fn an_orphan_written_before_scoping_is_adopted_and_settled_where_it_stands() {
+    let db = dynamo::start().await;
+    let scope = OperationScope::new("billing", "issue-invoice").expect("scope");
+    let key = OperationKey::derive(&scope, None, "o-7").expect("key");
+    let fingerprint = Fingerprint::of(&"o-7").expect("fingerprint");
+    // A crashed attempt of a version before 0.2: its record TTL deleted, its evidence orphaned.
+    db.client
+        .put_item()
+        .table_name(&db.uniqueness_table)
+        .item("pk", AttributeValue::S("invoice:o-7".into()))
+        .item("operation_key", AttributeValue::S(key.to_string()))
+        .item("fingerprint", AttributeValue::S(fingerprint.to_string()))
+        .item("status", AttributeValue::S("IN_PROGRESS".into()))
+        .item("created_at", AttributeValue::N("1790000000000".into()))
+        .send()
+        .await
+        .expect("seed an orphan");
+    let idem = Idempotency::new(db.store(), Config::default());
+    let inv =
+        Invocation::new(key, fingerprint, Duration::from_secs(30)).with_identity("invoice:o-7");
+
+    let done = idem
+        .execute(
+            &inv,
+            |ctx| async move { Ok::<_, std::io::Error>(ctx.attempt()) },
+        )
+        .await
+        .expect("adopted as a takeover");
+    assert_eq!(*done.value(), 2, "the crashed attempt was 1");
+    let old = db
+        .store()
+        .evidence("invoice:o-7")
+        .await
+        .expect("evidence")
+        .expect("stands");
+    assert_eq!(
+        old.status,
+        lambda_idempotency::record::Status::Completed,
+        "settled in place"
+    );
+    let scoped = inv.evidence_key().expect("an identity");
+    assert_eq!(db.store().evidence(&scoped).await.expect("evidence"), None);
+}

@@ -106,10 +106,10 @@ impl Rig {
 
     /// The evidence of `inv`'s business identity (`None` without one, or when none stands).
     async fn evidence(&self, inv: &Invocation) -> Option<Evidence> {
-        let identity = inv.identity()?;
+        let identity = inv.evidence_key()?;
         self.idem
             .store()
-            .evidence(identity)
+            .evidence(&identity)
             .await
             .expect("get evidence")
     }

@@ -3,7 +3,7 @@
 use super::item::{Decoder, Item, corrupt, millis, read_s, s};
 use super::writes::{Expr, Write};
 use crate::error::StoreError;
-use crate::key::{Fingerprint, OperationKey};
+use crate::key::{Fingerprint, OperationKey, Scoped};
 use crate::record::{Evidence, Record, Settlement, Status};
 use crate::store::Target;
 
@@ -69,6 +69,31 @@ pub(crate) fn claim_write(
         "attribute_not_exists(#pk)",
         Expr::default().name("#pk", IDENTITY),
     )
+}
+
+/// The claim's check on evidence that versions before 0.2 kept under the bare identity (they
+/// did not scope it): such evidence of an operation in this evidence key's scope (its
+/// namespace, and its tenant when the key has one) refuses the claim as scoped evidence does;
+/// another scope's does not. `None` for a bare key, which is that item itself.
+pub(crate) fn unscoped_check(table: &str, evidence_key: &str) -> Result<Option<Write>, StoreError> {
+    let Some(scoped) = Scoped::parse(evidence_key) else {
+        return Ok(None);
+    };
+    let expr = Expr::default()
+        .name("#pk", IDENTITY)
+        .name("#operation_key", OPERATION_KEY)
+        .value(":namespace", s(&format!("{}#", scoped.namespace)));
+    let (condition, expr) = match scoped.tenant {
+        Some(tenant) => (
+            "attribute_not_exists(#pk) OR NOT (begins_with(#operation_key, :namespace) AND contains(#operation_key, :tenant))",
+            expr.value(":tenant", s(&format!("#t={tenant}#"))),
+        ),
+        None => (
+            "attribute_not_exists(#pk) OR NOT begins_with(#operation_key, :namespace)",
+            expr,
+        ),
+    };
+    Write::check(table, key(scoped.identity), condition, expr).map(Some)
 }
 
 /// An adoption's `Update` of the evidence: it must still be the orphan's (this operation's,

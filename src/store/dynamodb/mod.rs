@@ -81,6 +81,7 @@ pub struct DynamoDbStore {
     uniqueness_table: Option<String>,
     names: AttributeNames,
     outcomes: OutcomeStorage,
+    unscoped_evidence: bool,
     accept_eventual: bool,
     verdict: replication::Verdict,
 }
@@ -94,6 +95,7 @@ impl DynamoDbStore {
             uniqueness_table: None,
             names: AttributeNames::default(),
             outcomes: OutcomeStorage::default(),
+            unscoped_evidence: true,
             accept_eventual: false,
             verdict: replication::Verdict::default(),
         }
@@ -206,6 +208,17 @@ impl DynamoDbStore {
     pub fn with_uniqueness_table(mut self, table: impl Into<String>) -> Self {
         self.uniqueness_table = Some(table.into());
         self.verdict = replication::Verdict::default();
+        self
+    }
+
+    /// Whether a claim that declares a business identity also looks for the evidence versions
+    /// before 0.2 kept under the bare identity (default `true`). Those versions did not scope
+    /// evidence by namespace and tenant ([`IdentityScope`](crate::key::IdentityScope)); with
+    /// the check, such evidence of an operation in the claim's scope still refuses it (one
+    /// more `ConditionCheck` item in the claim's transaction). Turn it off only on a uniqueness
+    /// table that no version before 0.2 wrote to.
+    pub fn with_unscoped_evidence_check(mut self, check: bool) -> Self {
+        self.unscoped_evidence = check;
         self
     }
 
@@ -337,7 +350,8 @@ impl DynamoDbStore {
                     })?;
             return Ok(Claim::Existing(existing));
         }
-        match checks.get(1).and_then(Check::failed_item) {
+        // The evidence (scoped, then unscoped) that refused the claim.
+        match checks.iter().skip(1).find_map(Check::failed_item) {
             Some(Some(item)) => Ok(Claim::IdentityTaken(evidence::decode(item)?)),
             // The evidence an adoption expected is gone (an operator released it meanwhile):
             // a concurrent change, which the next delivery's fresh claim settles.
@@ -433,7 +447,11 @@ impl Store for DynamoDbStore {
         self.refused()?;
         let mut writes = vec![self.claim_write(record, now)?];
         if let Some(identity) = &record.identity {
-            writes.push(evidence::claim_write(self.uniqueness()?, record, identity)?);
+            let uniqueness = self.uniqueness()?;
+            writes.push(evidence::claim_write(uniqueness, record, identity)?);
+            if self.unscoped_evidence {
+                writes.extend(evidence::unscoped_check(uniqueness, identity)?);
+            }
         }
         self.claimed("claim", record, writes).await
     }

@@ -9,7 +9,8 @@ use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::error::ConditionalCheckFailedException;
 use aws_sdk_dynamodb::types::{
-    AttributeValue, Delete, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+    AttributeValue, ConditionCheck, Delete, Put, ReturnValuesOnConditionCheckFailure,
+    TransactWriteItem, Update,
 };
 
 use super::DynamoDbStore;
@@ -56,6 +57,8 @@ pub(crate) enum Write {
     Put(Put),
     Update(Update),
     Delete(Delete),
+    /// A condition on an item that the transaction does not write (only inside one).
+    Check(ConditionCheck),
 }
 
 impl Write {
@@ -118,11 +121,31 @@ impl Write {
             .map_err(invalid)
     }
 
+    pub(crate) fn check(
+        table: &str,
+        key: Item,
+        condition: &str,
+        expr: Expr,
+    ) -> Result<Self, StoreError> {
+        let (names, values) = expr.into_parts();
+        ConditionCheck::builder()
+            .table_name(table)
+            .set_key(Some(key))
+            .condition_expression(condition)
+            .set_expression_attribute_names(names)
+            .set_expression_attribute_values(values)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map(Self::Check)
+            .map_err(invalid)
+    }
+
     fn table(&self) -> &str {
         match self {
             Self::Put(put) => &put.table_name,
             Self::Update(update) => &update.table_name,
             Self::Delete(delete) => &delete.table_name,
+            Self::Check(check) => &check.table_name,
         }
     }
 
@@ -131,6 +154,7 @@ impl Write {
             Self::Put(put) => TransactWriteItem::builder().put(put).build(),
             Self::Update(update) => TransactWriteItem::builder().update(update).build(),
             Self::Delete(delete) => TransactWriteItem::builder().delete(delete).build(),
+            Self::Check(check) => TransactWriteItem::builder().condition_check(check).build(),
         }
     }
 }
@@ -229,6 +253,11 @@ impl DynamoDbStore {
     ) -> Result<Option<Option<Item>>, StoreError> {
         let client = &self.client;
         match write {
+            // A lone check writes nothing: never sent alone.
+            Write::Check(_) => Err(StoreError::Rejected {
+                operation,
+                message: "a condition check is only sent inside a transaction".into(),
+            }),
             Write::Put(put) => condition_outcome(
                 operation,
                 &self.table,

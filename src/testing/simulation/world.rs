@@ -596,14 +596,14 @@ impl<S: Store + Clone> World<S> {
         record: Option<&Record>,
         now: SystemTime,
     ) -> Option<String> {
-        let identity = self.invocations[op].identity()?;
+        let identity = self.invocations[op].evidence_key()?;
         let record = record?;
         let settled_and_expired =
             matches!(record.status, Status::Completed | Status::Failed) && record.expires_at < now;
         if settled_and_expired {
             return None;
         }
-        let evidence = self.store.inner().evidence(identity).await.ok().flatten();
+        let evidence = self.store.inner().evidence(&identity).await.ok().flatten();
         match evidence {
             Some(evidence) if evidence.key == record.key && evidence.status == record.status => {
                 None
