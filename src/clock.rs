@@ -31,6 +31,13 @@ pub trait Clock: Send + Sync + fmt::Debug {
     fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {
         Box::pin(tokio::time::sleep(duration))
     }
+
+    /// A pause drawn between zero and `ceiling` (full jitter, so that workers retrying after
+    /// one outage spread out). The default draws at random; a [`ManualClock`] takes the whole
+    /// ceiling, so that tests are deterministic.
+    fn jitter(&self, ceiling: Duration) -> Duration {
+        ceiling.mul_f64(fastrand::f64())
+    }
 }
 
 /// The system's wall clock.
@@ -77,5 +84,9 @@ impl Clock for ManualClock {
     fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {
         self.advance(duration);
         Box::pin(std::future::ready(()))
+    }
+
+    fn jitter(&self, ceiling: Duration) -> Duration {
+        ceiling
     }
 }

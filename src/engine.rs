@@ -34,6 +34,7 @@ use tracing::{Instrument, debug, info_span, warn};
 
 use self::answer::answer_existing;
 use self::give_back::GiveBack;
+use self::retry::Patience;
 use self::single_flight::SingleFlight;
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
@@ -42,7 +43,7 @@ use crate::execution::{Execution, ExecutionContext, Invocation, Origin};
 use crate::failure::{Classifier, DefaultClassifier, FailureClass, Release};
 use crate::key::OperationKey;
 use crate::observe::{self, Decision, NoObserver, Observation, Observer};
-use crate::reconcile::{BoxFuture, Reconciler, Reconciliation, Takeover};
+use crate::reconcile::{BoxFuture, Reconciler, Reconciliation, Recovery, Takeover};
 use crate::record::{
     Evidence, Lease, Record, RetainedFailure, Settlement, Status, epoch_millis, retention_expiry,
 };
@@ -79,6 +80,7 @@ pub struct Idempotency<S = AnyStore> {
     config: Config,
     classifier: Arc<dyn Classifier>,
     reconciler: Option<Arc<dyn Reconciler>>,
+    recovery: Recovery,
     observer: Arc<dyn Observer>,
     single_flight: Option<Arc<SingleFlight>>,
 }
@@ -91,6 +93,7 @@ impl<S> Clone for Idempotency<S> {
             config: self.config.clone(),
             classifier: Arc::clone(&self.classifier),
             reconciler: self.reconciler.clone(),
+            recovery: self.recovery,
             observer: Arc::clone(&self.observer),
             single_flight: self.single_flight.clone(),
         }
@@ -104,13 +107,15 @@ impl<S: fmt::Debug> fmt::Debug for Idempotency<S> {
             .field("clock", &self.clock)
             .field("config", &self.config)
             .field("reconciler", &self.reconciler.is_some())
+            .field("recovery", &self.recovery)
             .finish_non_exhaustive()
     }
 }
 
 impl<S: Store> Idempotency<S> {
     /// An engine over `store` reading the system clock; handler errors are classified by the
-    /// [`DefaultClassifier`] and takeovers re-run without reconciliation.
+    /// [`DefaultClassifier`], and a takeover of a crashed attempt re-runs the handler
+    /// ([`Recovery::Rerun`]) unless a reconciler is set.
     ///
     /// In a build whose panics abort (`panic = "abort"`), it warns once: a panicking handler's
     /// claim is then held for its whole lease instead of being given back.
@@ -122,6 +127,7 @@ impl<S: Store> Idempotency<S> {
             config,
             classifier: Arc::new(DefaultClassifier),
             reconciler: None,
+            recovery: Recovery::default(),
             observer: Arc::new(NoObserver),
             single_flight: None,
         }
@@ -162,6 +168,25 @@ impl<S: Store> Idempotency<S> {
         self
     }
 
+    /// What a takeover of a crashed attempt does when no reconciler is set ([`Recovery`]):
+    /// re-run the handler (the default, for handlers safe to repeat) or hold the operation
+    /// INDETERMINATE for an operator.
+    ///
+    /// ```
+    /// use lambda_idempotency::reconcile::Recovery;
+    /// use lambda_idempotency::store::MemoryStore;
+    /// use lambda_idempotency::{Config, Idempotency};
+    ///
+    /// // A handler whose effects do not deduplicate: never re-run it blind.
+    /// let idem = Idempotency::new(MemoryStore::new(), Config::default())
+    ///     .with_recovery(Recovery::Indeterminate);
+    /// # let _ = idem;
+    /// ```
+    pub fn with_recovery(mut self, recovery: Recovery) -> Self {
+        self.recovery = recovery;
+        self
+    }
+
     /// The store.
     pub fn store(&self) -> &S {
         &self.store
@@ -183,8 +208,8 @@ impl<S: Store> Idempotency<S> {
     /// - completed before (same fingerprint): returns the stored result, handler not run;
     /// - another fingerprint under the key: [`Error::PayloadConflict`];
     /// - a live claim elsewhere: [`Error::AlreadyInProgress`];
-    /// - a claim whose lease ran out: taken over; the reconciler (if any) is asked, then the
-    ///   handler runs as the next attempt;
+    /// - a claim whose lease ran out: taken over; the reconciler (if any) is asked, else the
+    ///   recovery policy decides: by default the handler runs as the next attempt;
     /// - the handler fails: retryable → the claim is released; terminal → the failure is
     ///   retained and replayed ([`Error::Failed`]); either way the caller gets [`Error::Handler`];
     /// - the record expired but the business identity's evidence stands:
@@ -338,7 +363,6 @@ impl<S: Store> Idempotency<S> {
         F: FnOnce(ExecutionContext) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let deadline = claim.lease.expires_at;
         let attempt = match held {
             Held::Fresh => 1,
             Held::TakenOver { attempt, previous } => {
@@ -364,7 +388,7 @@ impl<S: Store> Idempotency<S> {
                     .await
             }
             Err(err) => self
-                .fail(target, attempt, err.into(), deadline)
+                .fail(target, attempt, err.into(), settle_by(invocation, claim))
                 .await
                 .and_then(Err),
         })
@@ -386,16 +410,18 @@ impl<S: Store> Idempotency<S> {
             guard: Guard::Lease(&claim.lease.token),
         };
         let claimed = match self
-            .retrying(deadline, || self.store.claim(claim, now))
+            .retrying(Patience::Brief(deadline), || self.store.claim(claim, now))
             .await
         {
             Ok(claimed) => claimed,
             Err(err) => {
                 // A transient failure may hide a claim that committed with its answer lost;
-                // nothing ran under it yet, so it is given back whole. Any other failure
-                // (refused, missing table, denied) wrote nothing.
+                // nothing ran under it yet, so it is given back whole, as patiently as a
+                // settlement (a claim left standing would wait out its lease). Any other
+                // failure (refused, missing table, denied) wrote nothing.
                 if err.is_transient() {
-                    let _ = erased(self.store.release(target)).await;
+                    let patience = Patience::Until(settle_by(invocation, claim));
+                    let _ = self.retrying(patience, || self.store.release(target)).await;
                 }
                 return Err(err.into());
             }
@@ -428,7 +454,7 @@ impl<S: Store> Idempotency<S> {
         };
         let expires_at = retention_expiry(lease.expires_at, self.config.retention());
         let fence = match self
-            .retrying(deadline, || {
+            .retrying(Patience::Brief(deadline), || {
                 self.store.take_over(&existing, &lease, expires_at, now)
             })
             .await
@@ -490,7 +516,7 @@ impl<S: Store> Idempotency<S> {
             ..claim.clone()
         };
         let adopted = match self
-            .retrying(claim.lease.expires_at, || {
+            .retrying(Patience::Brief(claim.lease.expires_at), || {
                 self.store.adopt(&record, &orphan, now)
             })
             .await
@@ -524,7 +550,8 @@ impl<S: Store> Idempotency<S> {
         }))
     }
 
-    /// Asks the reconciler (if any) about the attempt taken over. `None`: run the handler.
+    /// Asks the reconciler about the attempt taken over, or, without one, follows the
+    /// recovery policy. `None`: run the handler.
     async fn reconcile<T: Serialize + DeserializeOwned>(
         &self,
         target: Target<'_>,
@@ -533,7 +560,18 @@ impl<S: Store> Idempotency<S> {
         attempt: u32,
         previous: Record,
     ) -> Option<Result<Execution<T>, Error>> {
-        let reconciler = self.reconciler.as_ref()?;
+        let Some(reconciler) = self.reconciler.as_ref() else {
+            return match self.recovery {
+                Recovery::Rerun => None,
+                Recovery::Indeterminate => {
+                    warn!(
+                        attempt,
+                        "took over a crashed attempt with no reconciler: held as indeterminate (Recovery::Indeterminate)"
+                    );
+                    Some(self.hold(target, invocation, claim, attempt).await)
+                }
+            };
+        };
         let key = &invocation.key;
         let takeover = Takeover {
             key: key.clone(),
@@ -558,17 +596,7 @@ impl<S: Store> Idempotency<S> {
                     attempt,
                     "reconciliation unknown: holding the operation as indeterminate"
                 );
-                let now = self.clock.now();
-                let settlement = Settlement {
-                    status: Status::Indeterminate,
-                    outcome: None,
-                    result_ref: None,
-                    expires_at: now + INDETERMINATE_RETENTION,
-                    completed_at: now,
-                };
-                self.settle(target, attempt, &settlement, claim.lease.expires_at)
-                    .await
-                    .and(Err(Error::Indeterminate { key: key.clone() }))
+                self.hold(target, invocation, claim, attempt).await
             }
             Err(source) => Err(Error::ReconcileFailed {
                 key: key.clone(),
@@ -576,6 +604,29 @@ impl<S: Store> Idempotency<S> {
             }),
         };
         Some(answer)
+    }
+
+    /// Holds the operation INDETERMINATE for an operator; the caller's answer.
+    async fn hold<T>(
+        &self,
+        target: Target<'_>,
+        invocation: &Invocation,
+        claim: &Record,
+        attempt: u32,
+    ) -> Result<Execution<T>, Error> {
+        let now = self.clock.now();
+        let settlement = Settlement {
+            status: Status::Indeterminate,
+            outcome: None,
+            result_ref: None,
+            expires_at: now + INDETERMINATE_RETENTION,
+            completed_at: now,
+        };
+        let patience = Patience::Until(settle_by(invocation, claim));
+        self.settle(target, attempt, &settlement, patience).await?;
+        Err(Error::Indeterminate {
+            key: invocation.key.clone(),
+        })
     }
 
     fn new_claim(&self, invocation: &Invocation, now: SystemTime) -> Record {
@@ -626,7 +677,7 @@ impl<S: Store> Idempotency<S> {
         serialized: serde_json::Result<Box<RawValue>>,
     ) -> Result<Box<RawValue>, Error> {
         let key = target.key;
-        let deadline = claim.lease.expires_at;
+        let patience = Patience::Until(settle_by(invocation, claim));
         let now = self.clock.now();
         let unstorable = match serialized {
             Ok(raw) => {
@@ -640,12 +691,12 @@ impl<S: Store> Idempotency<S> {
                 let limit = self.config.max_outcome_bytes();
                 if raw.get().len() <= limit {
                     let completing = Instant::now();
-                    let settled = self.settle(target, attempt, &settlement, deadline).await;
+                    let settled = self.settle(target, attempt, &settlement, patience).await;
                     self.observe_latency(key, observe::Step::Completion, completing);
                     match settled {
                         Err(Error::Store(StoreError::Rejected { message, .. })) => {
                             warn!(attempt, "the store rejected the outcome after the effect");
-                            self.retain(target, attempt, "outcome_unstorable", message, deadline)
+                            self.retain(target, attempt, "outcome_unstorable", message, patience)
                                 .await?;
                             return Err(Error::OutcomeTooLarge {
                                 key: key.clone(),
@@ -672,7 +723,7 @@ impl<S: Store> Idempotency<S> {
             Error::OutcomeTooLarge { .. } => "outcome_too_large",
             _ => "outcome_unserializable",
         };
-        self.retain(target, attempt, kind, unstorable.to_string(), deadline)
+        self.retain(target, attempt, kind, unstorable.to_string(), patience)
             .await?;
         Err(unstorable)
     }
@@ -684,8 +735,9 @@ impl<S: Store> Idempotency<S> {
         target: Target<'_>,
         attempt: u32,
         source: BoxError,
-        deadline: SystemTime,
+        settle_by: SystemTime,
     ) -> Result<Error, Error> {
+        let patience = Patience::Until(settle_by);
         let class = match Release::is(&*source) {
             true => FailureClass::Retryable,
             false => self.classifier.classify(&*source),
@@ -693,7 +745,7 @@ impl<S: Store> Idempotency<S> {
         match class {
             FailureClass::Retryable => {
                 let fence = self
-                    .retrying(deadline, || self.store.release(target))
+                    .retrying(patience, || self.store.release(target))
                     .await?;
                 // Gone already: this release committed before its answer was lost.
                 if let Fence::Lost { current: Some(_) } = fence {
@@ -702,7 +754,7 @@ impl<S: Store> Idempotency<S> {
             }
             FailureClass::Terminal { kind } => {
                 warn!(attempt, kind, "terminal failure retained");
-                self.retain(target, attempt, &kind, source.to_string(), deadline)
+                self.retain(target, attempt, &kind, source.to_string(), patience)
                     .await?;
             }
         }
@@ -716,7 +768,7 @@ impl<S: Store> Idempotency<S> {
         attempt: u32,
         kind: &str,
         message: String,
-        deadline: SystemTime,
+        patience: Patience,
     ) -> Result<(), Error> {
         let failure = RetainedFailure {
             kind: kind.to_owned(),
@@ -730,7 +782,7 @@ impl<S: Store> Idempotency<S> {
             expires_at: now + self.config.retention(),
             completed_at: now,
         };
-        self.settle(target, attempt, &settlement, deadline).await
+        self.settle(target, attempt, &settlement, patience).await
     }
 
     /// A fenced settlement, retried while transient; a lost fence is [`Error::LeaseLost`],
@@ -740,10 +792,10 @@ impl<S: Store> Idempotency<S> {
         target: Target<'_>,
         attempt: u32,
         settlement: &Settlement,
-        deadline: SystemTime,
+        patience: Patience,
     ) -> Result<(), Error> {
         let fence = self
-            .retrying(deadline, || self.store.settle(target, settlement))
+            .retrying(patience, || self.store.settle(target, settlement))
             .await?;
         match fence {
             Fence::Held => Ok(()),
@@ -775,7 +827,9 @@ impl<S: Store> Idempotency<S> {
     async fn shorten(&self, target: Target<'_>, deadline: SystemTime) -> Result<Fence, Error> {
         let until = given_back_until(self.clock.now(), deadline);
         Ok(self
-            .retrying(deadline, || self.store.shorten(target, until))
+            .retrying(Patience::Brief(deadline), || {
+                self.store.shorten(target, until)
+            })
             .await?)
     }
 
@@ -796,11 +850,11 @@ impl<S: Store> Idempotency<S> {
             guard: Guard::Indeterminate,
         };
         let now = self.clock.now();
-        let deadline = now + OPERATOR_DEADLINE;
+        let patience = Patience::Until(now + OPERATOR_DEADLINE);
         let (status, outcome) = match resolution {
             Resolution::Release => {
                 let fence = self
-                    .retrying(deadline, || self.store.release(target))
+                    .retrying(patience, || self.store.release(target))
                     .await?;
                 return Ok(match fence {
                     Fence::Held | Fence::Lost { current: None } => true,
@@ -835,7 +889,7 @@ impl<S: Store> Idempotency<S> {
             });
         }
         match self
-            .settle(target, record.lease.attempt, &settlement, deadline)
+            .settle(target, record.lease.attempt, &settlement, patience)
             .await
         {
             Ok(()) => Ok(true),
@@ -851,6 +905,19 @@ enum Step {
     Run(Held),
     /// Another record stands: answer from it (replay, retained failure, wait).
     Answer(Box<Record>),
+}
+
+/// Until when a write after the handler ran (a settlement, a release) is retried: the
+/// invocation's deadline, or the lease's end when sooner (or when there is no deadline), less
+/// [`retry::SETTLE_MARGIN`].
+fn settle_by(invocation: &Invocation, claim: &Record) -> SystemTime {
+    let lease_end = claim.lease.expires_at;
+    let deadline = invocation
+        .deadline
+        .map_or(lease_end, |deadline| deadline.min(lease_end));
+    deadline
+        .checked_sub(retry::SETTLE_MARGIN)
+        .unwrap_or(deadline)
 }
 
 /// When a claim given back at `now` (a panic, a cancellation) may be taken over: after

@@ -112,6 +112,11 @@ impl Invocation {
         &self.key
     }
 
+    /// The fingerprint of the operation's intent.
+    pub fn fingerprint(&self) -> &Fingerprint {
+        &self.fingerprint
+    }
+
     /// The business identity, if declared.
     pub fn identity(&self) -> Option<&str> {
         self.identity.as_deref()

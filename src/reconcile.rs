@@ -11,7 +11,8 @@
 //!   resolves it ([`Idempotency::resolve`](crate::Idempotency::resolve)).
 //!
 //! A reconciler that fails itself leaves the lease to run out, so that the next delivery asks
-//! again. Closures implement the trait:
+//! again. Without a reconciler, the operation's [`Recovery`] policy decides: re-run the handler
+//! (the default) or hold the operation for an operator. Closures implement the trait:
 //!
 //! ```
 //! use lambda_idempotency::reconcile::{Reconciliation, Takeover};
@@ -44,6 +45,25 @@ pub enum Reconciliation {
     NotApplied,
     /// It cannot be established; hold the operation for an operator.
     Unknown,
+}
+
+/// What a takeover does when no reconciler is set: the operation's declared recovery policy
+/// ([`Idempotency::with_recovery`](crate::Idempotency::with_recovery)). A reconciler, when set,
+/// always decides instead.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Recovery {
+    /// Run the whole handler again, as attempt n + 1: for handlers that are safe to repeat
+    /// (every effect behind a downstream key the provider deduplicates,
+    /// [`ExecutionContext::downstream_key`](crate::ExecutionContext::downstream_key)). The
+    /// default today; a crashed attempt that had acted then acts twice unless its effects
+    /// deduplicate.
+    #[default]
+    Rerun,
+    /// Never re-run blind: hold the operation INDETERMINATE for an operator
+    /// ([`Idempotency::resolve`](crate::Idempotency::resolve)), every caller meanwhile getting
+    /// [`Error::Indeterminate`](crate::Error::Indeterminate).
+    Indeterminate,
 }
 
 /// A takeover about to happen: the operation, the new attempt, and the crashed attempt's record.

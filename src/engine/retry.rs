@@ -1,4 +1,16 @@
-//! Transient store failures retried within the invocation's deadline, on the engine's clock.
+//! Transient store failures retried on the engine's clock, with capped exponential back-off
+//! and full jitter (each pause drawn from zero to the current ceiling).
+//!
+//! How long to keep trying depends on what a give-up costs:
+//!
+//! - before the handler runs (a claim, a takeover, an adoption, a give-back), a few tries: the
+//!   caller's own retry (a redelivery) loses nothing;
+//! - after the handler ran (a settlement; a release after a failure, or after a claim whose
+//!   answer was lost), until the invocation's deadline minus a margin: giving up leaves the
+//!   claim to a takeover, which re-runs the handler under [`Recovery::Rerun`](crate::reconcile::Recovery),
+//!   so an outage of a few seconds would otherwise charge a customer twice.
+//!
+//! Each try is bounded by the SDK's operation timeout (the DynamoDB store sets one).
 
 use std::future::Future;
 use std::time::{Duration, SystemTime};
@@ -9,35 +21,54 @@ use super::{Idempotency, erased};
 use crate::error::StoreError;
 use crate::store::Store;
 
-/// Tries per write, the first included.
-const MAX_TRIES: u32 = 5;
-/// The first pause between tries; it doubles after each.
+/// Tries of a write made before the handler runs, the first included.
+const BRIEF_TRIES: u32 = 5;
+/// The first back-off ceiling; it doubles after each try.
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+/// The largest back-off ceiling: an outage's end is noticed within this.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// How long before the invocation's deadline a settlement stops retrying: the answer still
+/// has to reach the caller.
+pub(super) const SETTLE_MARGIN: Duration = Duration::from_secs(1);
+
+/// How long a failing write is retried.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Patience {
+    /// A few tries ([`BRIEF_TRIES`]), none starting after the time given.
+    Brief(SystemTime),
+    /// Every try that can start before the time given: the effect may have happened.
+    Until(SystemTime),
+}
 
 impl<S: Store> Idempotency<S> {
-    /// Sends `write` until it answers, fails for good, or the next pause would pass `deadline`.
-    /// Every try sends the same write (the same lease token), so that one which committed
-    /// before its answer was lost is recognised by the next try's failed condition.
+    /// Sends `write` until it answers, fails for good, or patience runs out. Every try sends
+    /// the same write (the same lease token), so that one which committed before its answer
+    /// was lost is recognised by the next try's failed condition.
     pub(super) async fn retrying<'a, T, Fut>(
         &'a self,
-        deadline: SystemTime,
+        patience: Patience,
         write: impl Fn() -> Fut,
     ) -> Result<T, StoreError>
     where
         Fut: Future<Output = Result<T, StoreError>> + Send + 'a,
     {
-        let mut backoff = FIRST_BACKOFF;
+        let (until, max_tries) = match patience {
+            Patience::Brief(until) => (until, BRIEF_TRIES),
+            Patience::Until(until) => (until, u32::MAX),
+        };
+        let mut ceiling = FIRST_BACKOFF;
         let mut tries = 1;
         loop {
             match erased(write()).await {
-                Err(err)
-                    if err.is_transient()
-                        && tries < MAX_TRIES
-                        && self.clock.now() + backoff < deadline =>
-                {
+                Err(err) if err.is_transient() && tries < max_tries => {
+                    let pause = self.clock.jitter(ceiling);
+                    if self.clock.now() + pause >= until {
+                        warn!(tries, error = %err, "store write failed; out of time to retry");
+                        return Err(err);
+                    }
                     warn!(tries, error = %err, "store write failed; retrying");
-                    self.clock.sleep(backoff).await;
-                    backoff *= 2;
+                    self.clock.sleep(pause).await;
+                    ceiling = (ceiling * 2).min(MAX_BACKOFF);
                     tries += 1;
                 }
                 answer => return answer,

@@ -41,8 +41,9 @@ pub use cached::CachedStore;
 #[cfg(feature = "testing")]
 pub(crate) use dynamodb::value_size;
 pub use dynamodb::{
-    AttributeNames, DynamoDbStore, ENDPOINT_VAR, OutcomeStorage, PART_BYTES, PART_TTL_MARGIN,
-    Replication, ScanCursor, SortKey, TABLE_VAR, UNIQUENESS_TABLE_VAR,
+    ATTEMPT_TIMEOUT, AttributeNames, DynamoDbStore, ENDPOINT_VAR, OPERATION_TIMEOUT,
+    OutcomeStorage, PART_BYTES, PART_TTL_MARGIN, Replication, ScanCursor, SortKey, TABLE_VAR,
+    UNIQUENESS_TABLE_VAR,
 };
 pub use memory::MemoryStore;
 

@@ -577,4 +577,5 @@ pub async fn unreadable_outcome_is_a_typed_error<S: Store>(fx: Fixture<S>) {
 pub use super::durability::*;
 pub use super::edges::*;
 pub use super::identities::*;
+pub use super::outages::*;
 pub use super::outcomes::*;

@@ -23,6 +23,7 @@ use std::time::SystemTime;
 
 use tokio::sync::Notify;
 
+use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::key::OperationKey;
 use crate::record::{Evidence, Lease, Record, Settlement};
@@ -133,8 +134,18 @@ pub enum Fault {
 #[derive(Debug, Default)]
 struct Plan {
     queued: HashMap<Primitive, VecDeque<Fault>>,
+    outages: Vec<Outage>,
     fired: BTreeMap<(Primitive, Fault), u64>,
     calls: BTreeMap<Primitive, u64>,
+}
+
+/// Every call of some primitives fails before it applies until a time on a clock.
+#[derive(Debug)]
+struct Outage {
+    primitives: Vec<Primitive>,
+    kind: FaultKind,
+    until: SystemTime,
+    clock: Arc<dyn Clock>,
 }
 
 #[derive(Debug, Default)]
@@ -190,9 +201,44 @@ impl<S> FaultyStore<S> {
             .push_back(fault);
     }
 
-    /// Drops every queued fault that has not fired.
+    /// An outage: every call of `primitives` fails with `kind` before it applies while
+    /// `clock` reads earlier than `until` (a throttling burst, a partition's brief
+    /// unavailability). Queued faults fire first.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::time::Duration;
+    /// use lambda_idempotency::clock::{Clock, ManualClock};
+    /// use lambda_idempotency::store::MemoryStore;
+    /// use lambda_idempotency::testing::conformance::start_time;
+    /// use lambda_idempotency::testing::faults::{FaultKind, FaultyStore, Primitive};
+    ///
+    /// let clock = ManualClock::new(start_time());
+    /// let store = FaultyStore::new(MemoryStore::new());
+    /// // Settlements are throttled for the next 5 seconds.
+    /// store.outage(&[Primitive::Settle], FaultKind::Throttled, clock.now() + Duration::from_secs(5), clock);
+    /// # }
+    /// ```
+    pub fn outage(
+        &self,
+        primitives: &[Primitive],
+        kind: FaultKind,
+        until: SystemTime,
+        clock: impl Clock + 'static,
+    ) {
+        self.lock().outages.push(Outage {
+            primitives: primitives.to_vec(),
+            kind,
+            until,
+            clock: Arc::new(clock),
+        });
+    }
+
+    /// Drops every queued fault that has not fired, and every outage.
     pub fn clear(&self) {
-        self.lock().queued.clear();
+        let mut plan = self.lock();
+        plan.queued.clear();
+        plan.outages.clear();
     }
 
     /// How many queued faults have not fired yet.
@@ -239,7 +285,18 @@ impl<S> FaultyStore<S> {
     fn next_fault(&self, primitive: Primitive) -> Option<Fault> {
         let mut plan = self.lock();
         *plan.calls.entry(primitive).or_default() += 1;
-        let fault = plan.queued.get_mut(&primitive)?.pop_front()?;
+        let queued = plan
+            .queued
+            .get_mut(&primitive)
+            .and_then(VecDeque::pop_front);
+        let fault = queued.or_else(|| {
+            plan.outages
+                .iter()
+                .find(|outage| {
+                    outage.primitives.contains(&primitive) && outage.clock.now() < outage.until
+                })
+                .map(|outage| Fault::FailBefore(outage.kind))
+        })?;
         *plan.fired.entry((primitive, fault)).or_default() += 1;
         Some(fault)
     }

@@ -37,6 +37,7 @@ pub mod faults;
 pub mod identities;
 pub mod interceptor;
 pub mod local;
+pub mod outages;
 pub mod outcomes;
 pub mod simulation;
 
@@ -94,7 +95,9 @@ macro_rules! conformance_tests {
             a_shared_identity_never_reveals_another_tenants_operation,
             a_deploy_that_adds_an_identity_completes_the_operation_as_claimed,
             a_deploy_that_removes_an_identity_settles_its_evidence,
-            a_deploy_that_changes_an_identity_keeps_the_recorded_one
+            a_deploy_that_changes_an_identity_keeps_the_recorded_one,
+            a_settlement_outlasts_an_outage_of_seconds,
+            an_outage_past_the_deadline_leaves_the_claim_to_recovery
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

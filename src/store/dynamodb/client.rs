@@ -21,7 +21,10 @@
 //! | `DYNAMODB_ENDPOINT` over `http` (a local server) | none: no TLS is spoken |
 //! | any, with `SSL_CERT_FILE` or `SSL_CERT_DIR` set | the system's (the SDK's default) |
 
+use std::time::Duration;
+
 use aws_config::{BehaviorVersion, SdkConfig};
+use aws_sdk_dynamodb::config::timeout::TimeoutConfig;
 use aws_sdk_dynamodb::config::{Credentials, Region, SharedHttpClient};
 use aws_smithy_http_client::proxy::ProxyConfig;
 use aws_smithy_http_client::tls::rustls_provider::CryptoMode;
@@ -34,6 +37,39 @@ use crate::error::ConfigError;
 
 /// The variables with which a deployment names its own trusted certificates.
 const CERT_VARS: [&str; 2] = ["SSL_CERT_FILE", "SSL_CERT_DIR"];
+
+/// The longest one HTTP attempt of a request may take: DynamoDB answers in milliseconds, so a
+/// request that has not answered by then is hung (a dead connection), and is sent again.
+pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest one request may take, the SDK's own retries included: the bound on each of the
+/// engine's tries, so that a settlement retried until the invocation's deadline is never stuck
+/// in one of them.
+pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
+/// The SDK's connect timeout, kept when the store adds its operation timeouts.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(3100);
+
+/// `config` with [`ATTEMPT_TIMEOUT`] and [`OPERATION_TIMEOUT`] where it sets none (its connect
+/// and read timeouts kept); `None` when it sets both already.
+pub(super) fn with_timeouts(config: &aws_sdk_dynamodb::Config) -> Option<aws_sdk_dynamodb::Config> {
+    let current = config.timeout_config();
+    let operation = current.and_then(TimeoutConfig::operation_timeout);
+    let attempt = current.and_then(TimeoutConfig::operation_attempt_timeout);
+    if operation.is_some() && attempt.is_some() {
+        return None;
+    }
+    let mut timeouts = TimeoutConfig::builder()
+        .operation_timeout(operation.unwrap_or(OPERATION_TIMEOUT))
+        .operation_attempt_timeout(attempt.unwrap_or(ATTEMPT_TIMEOUT))
+        .connect_timeout(
+            current
+                .and_then(TimeoutConfig::connect_timeout)
+                .unwrap_or(CONNECT_TIMEOUT),
+        );
+    if let Some(read) = current.and_then(TimeoutConfig::read_timeout) {
+        timeouts = timeouts.read_timeout(read);
+    }
+    Some(config.to_builder().timeout_config(timeouts.build()).build())
+}
 
 /// The SDK's default configuration, with `DYNAMODB_ENDPOINT`.
 pub(super) async fn from_env() -> SdkConfig {
@@ -207,6 +243,40 @@ mod tests {
             assert_eq!(roots.len(), all, "{endpoint:?} in {region}");
         }
         assert!(https_client(&trusted_roots(None, "cn-north-1")).is_some());
+    }
+
+    #[test]
+    fn every_client_gets_a_bound_on_each_try_and_keeps_its_own() {
+        use std::time::Duration;
+
+        use aws_sdk_dynamodb::config::timeout::TimeoutConfig;
+
+        use super::{ATTEMPT_TIMEOUT, OPERATION_TIMEOUT, with_timeouts};
+
+        let bare = aws_sdk_dynamodb::Config::builder()
+            .behavior_version(aws_config::BehaviorVersion::latest())
+            .build();
+        let bounded = with_timeouts(&bare).expect("timeouts added");
+        let timeouts = bounded.timeout_config().expect("timeouts");
+        assert_eq!(timeouts.operation_timeout(), Some(OPERATION_TIMEOUT));
+        assert_eq!(timeouts.operation_attempt_timeout(), Some(ATTEMPT_TIMEOUT));
+        assert!(timeouts.connect_timeout().is_some());
+        assert!(with_timeouts(&bounded).is_none(), "set once");
+
+        let own = aws_sdk_dynamodb::Config::builder()
+            .behavior_version(aws_config::BehaviorVersion::latest())
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .operation_timeout(Duration::from_secs(9))
+                    .read_timeout(Duration::from_secs(1))
+                    .build(),
+            )
+            .build();
+        let kept = with_timeouts(&own).expect("the attempt bound added");
+        let timeouts = kept.timeout_config().expect("timeouts");
+        assert_eq!(timeouts.operation_timeout(), Some(Duration::from_secs(9)));
+        assert_eq!(timeouts.operation_attempt_timeout(), Some(ATTEMPT_TIMEOUT));
+        assert_eq!(timeouts.read_timeout(), Some(Duration::from_secs(1)));
     }
 
     #[test]

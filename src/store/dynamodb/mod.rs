@@ -50,6 +50,7 @@ use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::Client;
 
+pub use client::{ATTEMPT_TIMEOUT, OPERATION_TIMEOUT};
 #[cfg(feature = "testing")]
 pub(crate) use item::value_size;
 pub use item::{AttributeNames, SortKey};
@@ -87,8 +88,12 @@ pub struct DynamoDbStore {
 }
 
 impl DynamoDbStore {
-    /// A store on `table` through `client`, with the default attribute names.
+    /// A store on `table` through `client`, with the default attribute names. A client
+    /// without an operation timeout or an attempt timeout gets the store's
+    /// ([`OPERATION_TIMEOUT`], [`ATTEMPT_TIMEOUT`]): each of the engine's tries
+    /// is bounded, so that one hung request cannot use up the time a settlement has left.
     pub fn new(client: Client, table: impl Into<String>) -> Self {
+        let client = client::with_timeouts(client.config()).map_or(client, Client::from_conf);
         Self {
             client,
             table: table.into(),

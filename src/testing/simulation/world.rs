@@ -145,6 +145,10 @@ impl Clock for Skewed {
     fn sleep(&self, duration: Duration) -> crate::reconcile::BoxFuture<'static, ()> {
         self.base.sleep(duration)
     }
+
+    fn jitter(&self, ceiling: Duration) -> Duration {
+        self.base.jitter(ceiling)
+    }
 }
 
 /// Worker 0's clock is the world's, worker 1's runs ahead, worker 2's behind.
