@@ -50,6 +50,7 @@ use crate::record::{
 use crate::store::{AnyStore, Claim, Fence, Guard, Store, Target};
 
 mod answer;
+mod earlier_key;
 mod give_back;
 mod retry;
 mod single_flight;
@@ -286,8 +287,9 @@ impl<S: Store> Idempotency<S> {
         F: FnOnce(ExecutionContext) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let key = &invocation.key;
         let now = self.clock.now();
+        let invocation = &*self.under_earlier_key(invocation, now).await?;
+        let key = &invocation.key;
         let claim = self.new_claim(invocation, now);
         let deadline = claim.lease.expires_at;
         // Armed from the first write: a cancellation while claiming gives back what committed.
@@ -388,7 +390,12 @@ impl<S: Store> Idempotency<S> {
                     .await
             }
             Err(err) => self
-                .fail(target, attempt, err.into(), settle_by(invocation, claim))
+                .fail(
+                    target,
+                    attempt,
+                    err.into(),
+                    settle_patience(invocation, claim, self.clock.now()),
+                )
                 .await
                 .and_then(Err),
         })
@@ -420,7 +427,7 @@ impl<S: Store> Idempotency<S> {
                 // settlement (a claim left standing would wait out its lease). Any other
                 // failure (refused, missing table, denied) wrote nothing.
                 if err.is_transient() {
-                    let patience = Patience::Until(settle_by(invocation, claim));
+                    let patience = settle_patience(invocation, claim, self.clock.now());
                     let _ = self.retrying(patience, || self.store.release(target)).await;
                 }
                 return Err(err.into());
@@ -622,7 +629,7 @@ impl<S: Store> Idempotency<S> {
             expires_at: now + INDETERMINATE_RETENTION,
             completed_at: now,
         };
-        let patience = Patience::Until(settle_by(invocation, claim));
+        let patience = settle_patience(invocation, claim, now);
         self.settle(target, attempt, &settlement, patience).await?;
         Err(Error::Indeterminate {
             key: invocation.key.clone(),
@@ -677,8 +684,8 @@ impl<S: Store> Idempotency<S> {
         serialized: serde_json::Result<Box<RawValue>>,
     ) -> Result<Box<RawValue>, Error> {
         let key = target.key;
-        let patience = Patience::Until(settle_by(invocation, claim));
         let now = self.clock.now();
+        let patience = settle_patience(invocation, claim, now);
         let unstorable = match serialized {
             Ok(raw) => {
                 let settlement = Settlement {
@@ -735,9 +742,8 @@ impl<S: Store> Idempotency<S> {
         target: Target<'_>,
         attempt: u32,
         source: BoxError,
-        settle_by: SystemTime,
+        patience: Patience,
     ) -> Result<Error, Error> {
-        let patience = Patience::Until(settle_by);
         let class = match Release::is(&*source) {
             true => FailureClass::Retryable,
             false => self.classifier.classify(&*source),
@@ -850,7 +856,7 @@ impl<S: Store> Idempotency<S> {
             guard: Guard::Indeterminate,
         };
         let now = self.clock.now();
-        let patience = Patience::Until(now + OPERATOR_DEADLINE);
+        let patience = Patience::until(now + OPERATOR_DEADLINE, None, now);
         let (status, outcome) = match resolution {
             Resolution::Release => {
                 let fence = self
@@ -907,17 +913,15 @@ enum Step {
     Answer(Box<Record>),
 }
 
-/// Until when a write after the handler ran (a settlement, a release) is retried: the
+/// How long a write after the handler ran (a settlement, a release) is retried: until the
 /// invocation's deadline, or the lease's end when sooner (or when there is no deadline), less
-/// [`retry::SETTLE_MARGIN`].
-fn settle_by(invocation: &Invocation, claim: &Record) -> SystemTime {
+/// [`retry::SETTLE_MARGIN`], each try cut at the deadline.
+fn settle_patience(invocation: &Invocation, claim: &Record, now: SystemTime) -> Patience {
     let lease_end = claim.lease.expires_at;
-    let deadline = invocation
+    let end = invocation
         .deadline
         .map_or(lease_end, |deadline| deadline.min(lease_end));
-    deadline
-        .checked_sub(retry::SETTLE_MARGIN)
-        .unwrap_or(deadline)
+    Patience::until(end, invocation.deadline, now)
 }
 
 /// When a claim given back at `now` (a panic, a cancellation) may be taken over: after

@@ -14,6 +14,8 @@ pub const MAX_LEASE: Duration = Duration::from_secs(366 * 24 * 3600);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Invocation {
     pub(crate) key: OperationKey,
+    /// The key versions before 0.2 derived for this operation, when it was another.
+    pub(crate) earlier_key: Option<OperationKey>,
     pub(crate) fingerprint: Fingerprint,
     pub(crate) lease: Duration,
     pub(crate) deadline: Option<SystemTime>,
@@ -31,6 +33,7 @@ impl Invocation {
     pub fn new(key: OperationKey, fingerprint: Fingerprint, lease: Duration) -> Self {
         Self {
             key,
+            earlier_key: None,
             fingerprint,
             lease: lease.min(MAX_LEASE),
             deadline: None,
@@ -48,6 +51,14 @@ impl Invocation {
     /// it from the invocation's context.
     pub fn with_deadline(mut self, deadline: SystemTime) -> Self {
         self.deadline = Some(deadline);
+        self
+    }
+
+    /// The key versions before 0.2 derived for the same material (see
+    /// [`OperationKey`]'s exact integers): an operation still recorded under it is continued
+    /// there.
+    pub(crate) fn with_earlier_key(mut self, earlier: Option<OperationKey>) -> Self {
+        self.earlier_key = earlier;
         self
     }
 

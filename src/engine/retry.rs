@@ -30,14 +30,35 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// How long before the invocation's deadline a settlement stops retrying: the answer still
 /// has to reach the caller.
 pub(super) const SETTLE_MARGIN: Duration = Duration::from_secs(1);
+/// The longest a write after the handler is retried, whatever the lease (an engine-door
+/// caller's may be long): Lambda's longest invocation.
+pub(super) const MAX_PATIENCE: Duration = Duration::from_secs(15 * 60);
 
 /// How long a failing write is retried.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Patience {
     /// A few tries ([`BRIEF_TRIES`]), none starting after the time given.
     Brief(SystemTime),
-    /// Every try that can start before the time given: the effect may have happened.
-    Until(SystemTime),
+    /// Every try that can start before `until`: the effect may have happened. With a `cut`
+    /// (the invocation's deadline), a try still in flight then is abandoned, so that the caller
+    /// is answered before the invocation ends (an abandoned write may still commit: the next
+    /// delivery finds it).
+    Until {
+        until: SystemTime,
+        cut: Option<SystemTime>,
+    },
+}
+
+impl Patience {
+    /// Retries until `end` (at most [`MAX_PATIENCE`] from `now`) less [`SETTLE_MARGIN`],
+    /// tries cut at `deadline` when there is one.
+    pub(super) fn until(end: SystemTime, deadline: Option<SystemTime>, now: SystemTime) -> Self {
+        let end = end.min(now + MAX_PATIENCE);
+        Self::Until {
+            until: end.checked_sub(SETTLE_MARGIN).unwrap_or(end),
+            cut: deadline,
+        }
+    }
 }
 
 impl<S: Store> Idempotency<S> {
@@ -52,14 +73,22 @@ impl<S: Store> Idempotency<S> {
     where
         Fut: Future<Output = Result<T, StoreError>> + Send + 'a,
     {
-        let (until, max_tries) = match patience {
-            Patience::Brief(until) => (until, BRIEF_TRIES),
-            Patience::Until(until) => (until, u32::MAX),
+        let (until, cut, max_tries) = match patience {
+            Patience::Brief(until) => (until, None, BRIEF_TRIES),
+            Patience::Until { until, cut } => (until, cut, u32::MAX),
         };
         let mut ceiling = FIRST_BACKOFF;
         let mut tries = 1;
         loop {
-            match erased(write()).await {
+            let attempt = erased(write());
+            let left = cut.and_then(|cut| cut.duration_since(self.clock.now()).ok());
+            let answer = match left {
+                Some(left) => tokio::time::timeout(left, attempt)
+                    .await
+                    .unwrap_or_else(|_| Err(cut_off())),
+                None => attempt.await,
+            };
+            match answer {
                 Err(err) if err.is_transient() && tries < max_tries => {
                     let pause = self.clock.jitter(ceiling);
                     if self.clock.now() + pause >= until {
@@ -74,5 +103,13 @@ impl<S: Store> Idempotency<S> {
                 answer => return answer,
             }
         }
+    }
+}
+
+/// The error of a try abandoned at the invocation's deadline.
+fn cut_off() -> StoreError {
+    StoreError::Unavailable {
+        operation: "write",
+        source: "no answer before the invocation's deadline".into(),
     }
 }

@@ -292,6 +292,18 @@ pub enum StoreError {
         table: String,
     },
 
+    /// A write on an operation with a business identity found its evidence missing or held by
+    /// another operation (released or rewritten by an operator, or damaged): nothing was
+    /// written. Not a corrupt record of its own: the record stands, to be reconciled with its
+    /// evidence by an operator (`idemctl`).
+    #[error(
+        "the evidence of operation {key_short}'s business identity is missing or another operation's; reconcile the record and its evidence (idemctl get, resolve)"
+    )]
+    EvidenceNotOwned {
+        /// The short form of the operation key.
+        key_short: String,
+    },
+
     /// A stored record could not be decoded.
     #[error(
         "the stored record for operation {key_short} is corrupt ({reason}); inspect or delete it"

@@ -72,6 +72,13 @@ impl OperationScope {
         let operation = operation.into();
         check_component("namespace", &namespace)?;
         check_component("operation", &operation)?;
+        if operation.starts_with("t=") {
+            // `t=` marks the tenant in a key (`namespace#operation#t=tenant#v1#…`).
+            return Err(ConfigError::InvalidScope {
+                field: "operation",
+                reason: "must not start with `t=`, which marks a tenant in the key",
+            });
+        }
         Ok(Self {
             namespace,
             operation,
@@ -151,6 +158,17 @@ impl OperationKey {
         tenant: Option<&str>,
         material: &Value,
     ) -> Result<Self, Error> {
+        Ok(Self::with_earlier(scope, tenant, material)?.0)
+    }
+
+    /// The key of `material`, and the key versions before 0.2 derived for it when that was
+    /// another (the material holds an integer past ±2^53 whose digits RFC 8785 alone did not
+    /// keep): the engine continues an operation that an earlier version recorded under it.
+    pub(crate) fn with_earlier(
+        scope: &OperationScope,
+        tenant: Option<&str>,
+        material: &Value,
+    ) -> Result<(Self, Option<Self>), Error> {
         if let Some(tenant) = tenant {
             check_component("tenant", tenant).map_err(|_| Error::InvalidEvent {
                 reason: "the tenant must be 1 to 256 bytes long and contain no '#'".into(),
@@ -161,11 +179,17 @@ impl OperationKey {
                 operation: scope.operation.clone(),
             });
         }
-        Ok(Self(format!(
-            "{}#{}",
-            scope.prefix(tenant),
-            canonical_sha256(material)?
-        )))
+        let prefix = scope.prefix(tenant);
+        let canonical = canonical::canonicalize(material)?;
+        let key = Self(format!("{prefix}#{}", sha256_hex(&canonical.bytes)));
+        let earlier = match canonical.differs_from_rfc8785 {
+            true => Some(Self(format!(
+                "{prefix}#{}",
+                sha256_hex(&canonical::rfc8785(material)?)
+            ))),
+            false => None,
+        };
+        Ok((key, earlier))
     }
 
     /// Wraps a key read back from a store, unchecked.
@@ -304,10 +328,6 @@ impl fmt::Display for Fingerprint {
 /// ```
 pub fn canonical_json(value: &Value) -> Result<Vec<u8>, Error> {
     Ok(canonical::canonicalize(value)?.bytes)
-}
-
-fn canonical_sha256(value: &Value) -> Result<String, Error> {
-    Ok(sha256_hex(&canonical_json(value)?))
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {

@@ -112,8 +112,8 @@ impl<E> KeyPolicy<E> {
         event: &E,
         lease: Duration,
     ) -> Result<Invocation, Error> {
-        let (key, fingerprint) = self.derive(scope, event)?;
-        let invocation = Invocation::new(key, fingerprint, lease);
+        let (key, earlier, fingerprint) = self.derive_with_earlier(scope, event)?;
+        let invocation = Invocation::new(key, fingerprint, lease).with_earlier_key(earlier);
         match self.identity.as_ref().and_then(|identity| identity(event)) {
             None => Ok(invocation),
             Some(identity) if identity.trim().is_empty() || identity.len() > MAX_IDENTITY_BYTES => {
@@ -137,13 +137,23 @@ impl<E> KeyPolicy<E> {
         scope: &OperationScope,
         event: &E,
     ) -> Result<(OperationKey, Fingerprint), Error> {
+        let (key, _, fingerprint) = self.derive_with_earlier(scope, event)?;
+        Ok((key, fingerprint))
+    }
+
+    /// [`Self::derive`], with the key versions before 0.2 derived when it was another.
+    fn derive_with_earlier(
+        &self,
+        scope: &OperationScope,
+        event: &E,
+    ) -> Result<(OperationKey, Option<OperationKey>, Fingerprint), Error> {
         let material = self.key.select(event)?.ok_or_else(|| Error::MissingKey {
             operation: scope.operation.clone(),
         })?;
         let tenant = self.tenant.as_ref().and_then(|tenant| tenant(event));
-        let key = OperationKey::of_value(scope, tenant.as_deref(), &material)?;
+        let (key, earlier) = OperationKey::with_earlier(scope, tenant.as_deref(), &material)?;
         let intent = self.intent.select(event)?.unwrap_or(Value::Null);
-        Ok((key, Fingerprint::of_value(&intent)?))
+        Ok((key, earlier, Fingerprint::of_value(&intent)?))
     }
 }
 

@@ -173,6 +173,7 @@ impl StoreError {
             Self::Rejected { .. } => "rejected",
             Self::EventuallyConsistentReplicas { .. } => "eventually_consistent_replicas",
             Self::TransactionsUnsupported { .. } => "transactions_unsupported",
+            Self::EvidenceNotOwned { .. } => "evidence_not_owned",
             Self::CorruptRecord { .. } => "corrupt_record",
         }
     }

@@ -152,8 +152,12 @@ impl<S: Store> Store for CachedStore<S> {
             Claim::Acquired => {}
             // A live claim elsewhere may yet be taken over under this token: keep it.
             Claim::Existing(existing) if !existing.status.is_settled() => {}
+            // A record of another intent may come without its outcome (a store need not read
+            // outcome parts for a payload conflict): only one this claim could replay is kept.
             Claim::Existing(existing) => {
-                self.remember(existing);
+                if record.fingerprint.matches(&existing.fingerprint) {
+                    self.remember(existing);
+                }
                 self.pending.remove(&record.lease.token);
             }
             // An adoption writes its own pending claim.

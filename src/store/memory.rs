@@ -228,9 +228,7 @@ fn is_orphan(standing: &Evidence, orphan: &Evidence) -> bool {
 
 /// The error for a fenced write whose identity's evidence is missing or another operation's.
 pub(crate) fn evidence_not_owned(target: Target<'_>) -> StoreError {
-    StoreError::CorruptRecord {
+    StoreError::EvidenceNotOwned {
         key_short: target.key.short().to_owned(),
-        reason: "the evidence of its business identity is missing or belongs to another operation"
-            .into(),
     }
 }

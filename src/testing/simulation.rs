@@ -1,9 +1,19 @@
 //! A seeded, deterministic simulation of the protocol: many workers and redeliveries of a few
 //! operations; crashes, panics and suspensions at every boundary; clock jumps past leases and
 //! retention; worker clocks skewed within the lease margin; TTL sweeps at random moments;
-//! ambiguous and failing writes; reconcilers answering each way; an operator resolving what is
-//! held. DESIGN's invariants are checked after every step; a broken one reports its seed, and
-//! [`run_seed`] with that seed replays the same run.
+//! ambiguous and failing writes, and store outages of 1, 5 and 30 s after an effect; workers
+//! with a reconciler (answering each way) and workers without one, each with its declared
+//! recovery policy; key material past 2^53, tenants sharing identity strings, deploys that
+//! add, change or remove an identity between attempts; an operator resolving what is held.
+//!
+//! The simulation judges by the contract, not by the code under test: its ledger counts every
+//! run of a handler (crashed, killed or failed ones too) and excuses a re-run only by the
+//! previous run's retryable failure, an operator's release, a reconciler's `NotApplied` or the
+//! worker's declared [`Recovery::Rerun`](crate::reconcile::Recovery::Rerun); every answer is
+//! checked against the downstream truth (a replay against the recorded outcome, a value
+//! against its operation) and a settlement that gave up with its deadline still ahead is a
+//! broken contract. DESIGN's invariants are checked after every step; a broken one reports its
+//! seed, and [`run_seed`] with that seed replays the same run.
 //!
 //! ```no_run
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -14,6 +24,9 @@
 //! # }
 //! ```
 
+mod actors;
+mod invariants;
+mod ledger;
 mod world;
 
 use std::collections::BTreeMap;
@@ -22,8 +35,9 @@ use std::fmt;
 use crate::store::{MemoryStore, Store};
 use crate::testing::conformance::{Fixture, start_time};
 
+pub use actors::{Answer, Behaviour};
 use world::World;
-pub use world::{Action, Answer, Behaviour};
+pub use world::{Action, Deploy};
 
 /// How long one seed runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +72,28 @@ pub struct Stats {
     pub faults: BTreeMap<String, u64>,
     /// Handler behaviours played, by name.
     pub behaviours: BTreeMap<String, u64>,
+    /// Deliveries by what a deploy did to the identity, by name.
+    pub deploys: BTreeMap<String, u64>,
+    /// Reconciler answers, by name (`Applied`, `NotApplied`, `Unknown`, `Fails`).
+    pub reconciles: BTreeMap<String, u64>,
+    /// Leases of crashed attempts taken over.
+    pub takeovers: u64,
+    /// Re-runs the workers' declared recovery policy excused.
+    pub declared_reruns: u64,
+    /// Store outages started after an effect.
+    pub outages: u64,
+}
+
+impl Stats {
+    /// The fault kinds that fired, whatever the primitive (e.g. `FailBefore(Throttled)`).
+    pub fn fault_kinds(&self) -> BTreeMap<String, u64> {
+        let mut kinds = BTreeMap::new();
+        for (name, count) in &self.faults {
+            let kind = name.split_once(' ').map_or(name.as_str(), |(_, kind)| kind);
+            *kinds.entry(kind.to_owned()).or_default() += count;
+        }
+        kinds
+    }
 }
 
 impl Stats {
@@ -73,6 +109,15 @@ impl Stats {
         for (name, count) in other.behaviours {
             *self.behaviours.entry(name).or_default() += count;
         }
+        for (name, count) in other.deploys {
+            *self.deploys.entry(name).or_default() += count;
+        }
+        for (name, count) in other.reconciles {
+            *self.reconciles.entry(name).or_default() += count;
+        }
+        self.takeovers += other.takeovers;
+        self.declared_reruns += other.declared_reruns;
+        self.outages += other.outages;
     }
 }
 
@@ -83,8 +128,19 @@ impl fmt::Display for Stats {
             "seeds {}, steps {}, deliveries {}, invariant checks {}",
             self.seeds, self.steps, self.deliveries, self.checks
         )?;
+        writeln!(
+            f,
+            "  takeovers {}, declared re-runs {}, outages {}",
+            self.takeovers, self.declared_reruns, self.outages
+        )?;
         for (name, count) in &self.behaviours {
             writeln!(f, "  handler {name}: {count}")?;
+        }
+        for (name, count) in &self.deploys {
+            writeln!(f, "  deploy {name}: {count}")?;
+        }
+        for (name, count) in &self.reconciles {
+            writeln!(f, "  reconciler {name}: {count}")?;
         }
         for (name, count) in &self.faults {
             writeln!(f, "  fault {name}: {count}")?;

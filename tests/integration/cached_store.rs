@@ -150,3 +150,47 @@ async fn every_cache_of_8_mib_or_more_keeps_an_outcome_of_the_default_limit() {
         assert_eq!(idem.store().hits(), 1, "a {mib} MiB cache keeps it");
     }
 }
+
+#[tokio::test]
+async fn a_payload_conflict_does_not_cache_a_record_without_its_outcome() {
+    let db = dynamo::start().await;
+    let scope = OperationScope::new("cache-test", "reports").expect("scope");
+    let key = OperationKey::derive(&scope, None, "report-1").expect("key");
+    let intent = |n: u32| {
+        Invocation::new(
+            key.clone(),
+            Fingerprint::of(&n).expect("fp"),
+            Duration::from_secs(30),
+        )
+    };
+    let report = incompressible(200 * 1024, 3); // kept in part items
+    let writer = Idempotency::new(db.store(), Config::default());
+    writer
+        .execute(&intent(1), |_| async {
+            Ok::<_, std::io::Error>(report.clone())
+        })
+        .await
+        .expect("stored in parts");
+
+    // Another process, its cache cold: a conflicting request first (its parts are not read),
+    // then a true duplicate, which must get the report back, not an unreadable outcome.
+    let reader = Idempotency::new(CachedStore::new(db.store(), CACHE_BYTES), Config::default());
+    let conflict = reader
+        .execute(&intent(2), |_| async {
+            Ok::<_, std::io::Error>(String::new())
+        })
+        .await
+        .expect_err("another intent");
+    assert!(
+        matches!(conflict, lambda_idempotency::Error::PayloadConflict { .. }),
+        "{conflict:?}"
+    );
+    let replay = reader
+        .execute(&intent(1), |_| async {
+            Ok::<_, std::io::Error>(String::new())
+        })
+        .await
+        .expect("the duplicate replays");
+    assert!(replay.is_replay());
+    assert_eq!(replay.value(), &report);
+}

@@ -236,3 +236,60 @@ async fn a_record_stored_before_exact_integers_replays_to_its_redelivery() {
         assert_eq!(again.value(), &json!("charged once"), "{name}");
     }
 }
+
+#[tokio::test]
+async fn an_operation_recorded_under_its_key_before_exact_integers_is_continued_there() {
+    for backend in both().await {
+        let name = backend.name;
+        let idem = engine(backend);
+        let policy = KeyPolicy::<Value>::pointer("/order_id")
+            .expect("pointer")
+            .with_intent(lambda_idempotency::key::JsonPointer::new("/amount").expect("pointer"));
+        // What a version before 0.2 derived for order 2^60 + 1: the key and the fingerprint of
+        // the document with the id read as the double 2^60 (as the same document with that
+        // double still derives them).
+        let rounded = json!({"order_id": (1_u64 << 60) as f64, "amount": 10});
+        let before = policy
+            .invocation(&scope(), &rounded, Duration::from_secs(30))
+            .expect("invocation");
+        idem.execute(&before, |_| async {
+            Ok::<_, std::io::Error>(json!("charged o-1 once"))
+        })
+        .await
+        .expect("the first delivery, before the upgrade");
+
+        let redelivered = policy
+            .invocation(
+                &scope(),
+                &json!({"order_id": FIRST, "amount": 10}),
+                Duration::from_secs(30),
+            )
+            .expect("invocation");
+        assert_ne!(redelivered.key(), before.key(), "the key changed");
+        let again = idem
+            .execute(&redelivered, |_| async {
+                Ok::<_, std::io::Error>(json!("charged twice"))
+            })
+            .await
+            .expect("continued under the earlier key");
+        assert!(again.is_replay(), "{name}");
+        assert_eq!(again.value(), &json!("charged o-1 once"), "{name}");
+
+        // Another order that collided under the old rule, with another intent: its own run.
+        let other = policy
+            .invocation(
+                &scope(),
+                &json!({"order_id": SECOND, "amount": 99}),
+                Duration::from_secs(30),
+            )
+            .expect("invocation");
+        let own = idem
+            .execute(&other, |_| async {
+                Ok::<_, std::io::Error>(json!("charged o-2"))
+            })
+            .await
+            .expect("its own operation");
+        assert!(!own.is_replay(), "{name}");
+        assert_eq!(own.value(), &json!("charged o-2"), "{name}");
+    }
+}

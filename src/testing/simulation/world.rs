@@ -1,74 +1,61 @@
-//! The simulated world: operations, skewed workers, the downstream ledger, the steps, and the
-//! invariants checked after each of them.
+//! The simulated world: operations (64-bit ids, tenants sharing identity strings), workers
+//! with their skew and recovery profile, and the steps: deliveries (with deploys that change
+//! an identity, faults and outages), resumptions, clock jumps, TTL sweeps, operators.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+use super::actors::{
+    Answer, Behaviour, Downstream, MAX_SKEW, Run, Shared, Skewed, handler, lock, reconciler,
+    silence_simulated_panics,
+};
+use super::ledger::{Ledger, Profile};
 use super::{Budget, Stats, Violation};
 use crate::clock::{Clock, ManualClock};
 use crate::config::Config;
 use crate::engine::{Idempotency, Resolution};
-use crate::error::{BoxError, Error};
-use crate::execution::{Execution, Invocation, Origin};
-use crate::failure::Terminal;
+use crate::error::Error;
+use crate::execution::{Execution, Invocation};
 use crate::key::{Fingerprint, JsonPointer, OperationKey, OperationScope};
-use crate::reconcile::{Reconciliation, Takeover};
-use crate::record::{Record, Status};
+use crate::observe::{Decision, Observation};
+use crate::reconcile::Recovery;
+use crate::record::{Record, Status, epoch_secs};
 use crate::store::Store;
 use crate::testing::conformance::{Fixture, Sweeper};
 use crate::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
 
 /// The lease every delivery asks for.
-const LEASE: Duration = Duration::from_secs(30);
+pub(super) const LEASE: Duration = Duration::from_secs(30);
 /// How long before its lease runs out a worker's invocation is killed (the lease policy's skew).
 const DEADLINE_MARGIN: Duration = Duration::from_secs(5);
-/// The largest clock skew between workers (within the lease margin).
-const MAX_SKEW: Duration = Duration::from_secs(2);
 /// Retention choices: shorter than the lease, between one and two leases, longer.
 const RETENTIONS: [u64; 5] = [5, 20, 45, 90, 3600];
-/// Workers, each with its clock skew.
+/// Workers, each with its clock skew and recovery profile.
 const WORKERS: usize = 3;
-/// The report one operation in three returns: past the inline limit, in one part.
-const LARGE_OUTCOME_BYTES: usize = 24 * 1024;
 /// How many deliveries the final sweep makes per operation before calling it stuck.
 const SETTLE_ROUNDS: usize = 6;
+/// Outages of the store after an effect, in seconds: short, a few seconds, past the deadline.
+const OUTAGES: [u64; 3] = [1, 5, 30];
+/// How late after an outage's end a settlement may still land: the largest back-off pause,
+/// the workers' skew, and the settlement's margin before the deadline.
+const OUTAGE_SLACK: Duration = Duration::from_secs(2 + 2 + 1);
 
-/// What a simulated handler does when it runs.
+/// What a deploy did to the operation's business identity before this delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Behaviour {
-    /// Applies the effect and returns.
-    Complete,
-    /// Fails before any effect (the claim is released).
-    RetryableFailure,
-    /// Fails terminally before any effect (the failure is retained).
-    TerminalFailure,
-    /// The process dies before the effect: nothing of it runs again.
-    CrashBeforeEffect,
-    /// The process dies after the effect.
-    CrashAfterEffect,
-    /// Panics after the effect.
-    PanicAfterEffect,
-    /// Its task is cancelled (dropped) after the effect.
-    CancelAfterEffect,
-    /// Waits before the effect until a later step resumes it (killed past its deadline).
-    SuspendBeforeEffect,
-    /// Waits after the effect until a later step resumes it (killed past its deadline).
-    SuspendAfterEffect,
-}
-
-/// What the reconciler answers on a takeover.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Answer {
-    /// What the downstream really shows: applied or not.
-    Truthful,
-    /// Cannot tell.
-    Unknown,
-    /// The reconciler itself fails.
-    Fails,
+pub enum Deploy {
+    /// The identity as the operation declares it.
+    AsDeclared,
+    /// A deploy added one (or declares it on an operation that has none).
+    AddsIdentity,
+    /// A deploy removed it.
+    RemovesIdentity,
+    /// A deploy changed its format.
+    ChangesIdentity,
 }
 
 /// One step of the simulation.
@@ -78,12 +65,16 @@ pub enum Action {
     Deliver {
         /// The operation.
         op: usize,
-        /// The worker (its clock skew).
+        /// The worker (its clock skew and recovery profile).
         worker: usize,
         /// What its handler does.
         behaviour: Behaviour,
         /// A fault injected into its next call of a primitive.
         fault: Option<(Primitive, Fault)>,
+        /// An outage of settlements and releases that starts right after the handler's effect.
+        outage: Option<Duration>,
+        /// What a deploy did to the operation's identity.
+        deploy: Deploy,
         /// What the reconciler answers if it takes over.
         answer: Answer,
     },
@@ -97,71 +88,11 @@ pub enum Action {
     Resolve,
 }
 
-/// The downstream system and what the reconciler is told to answer.
-#[derive(Debug)]
-struct Downstream {
-    /// Effects applied per operation in its current life. An operation without a business
-    /// identity starts a new life when its record is gone (TTL) or settled and expired: by
-    /// design, nothing remembers it then.
-    effects: Vec<u32>,
-    has_identity: Vec<bool>,
-    keys: Vec<OperationKey>,
-    answer: Answer,
-}
-
-impl Downstream {
-    /// Applies one effect of `op`; `new_life`: the delivery found the operation forgotten.
-    fn apply_effect(&mut self, op: usize, new_life: bool) {
-        if new_life && !self.has_identity[op] {
-            self.effects[op] = 0;
-        }
-        self.effects[op] += 1;
-    }
-}
-
-type Shared = Arc<Mutex<Downstream>>;
-
-fn lock(shared: &Shared) -> MutexGuard<'_, Downstream> {
-    shared.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// A worker's clock: the world's, skewed.
-#[derive(Debug, Clone)]
-struct Skewed {
-    base: ManualClock,
-    ahead: bool,
-    by: Duration,
-}
-
-impl Clock for Skewed {
-    fn now(&self) -> SystemTime {
-        if self.ahead {
-            self.base.now() + self.by
-        } else {
-            self.base.now() - self.by
-        }
-    }
-
-    fn sleep(&self, duration: Duration) -> crate::reconcile::BoxFuture<'static, ()> {
-        self.base.sleep(duration)
-    }
-
-    fn jitter(&self, ceiling: Duration) -> Duration {
-        self.base.jitter(ceiling)
-    }
-}
-
-/// Worker 0's clock is the world's, worker 1's runs ahead, worker 2's behind.
-fn skewed(clock: &ManualClock, worker: usize) -> Skewed {
-    Skewed {
-        base: clock.clone(),
-        ahead: worker == 1,
-        by: if worker == 0 {
-            Duration::ZERO
-        } else {
-            MAX_SKEW
-        },
-    }
+/// An operation as its deliveries name it.
+struct Spec {
+    key: OperationKey,
+    fingerprint: Fingerprint,
+    identity: Option<String>,
 }
 
 /// A handler stopped at a point of its choosing.
@@ -173,27 +104,42 @@ struct Parked {
 }
 
 /// How a delivery ended for its caller.
-enum Delivered {
+pub(super) enum Delivered {
     Answered(Result<Execution<Value>, Error>),
     Cancelled,
+}
+
+/// What a delivery's answer is judged against.
+#[derive(Clone, Copy)]
+struct Judged {
+    op: usize,
+    behaviour: Behaviour,
+    /// The invocation's deadline, on the world's clock.
+    deadline: SystemTime,
+    /// When the outage the handler started ends, on the world's clock.
+    outage_end: Option<SystemTime>,
 }
 
 pub(super) struct World<S> {
     rng: fastrand::Rng,
     seed: u64,
-    clock: ManualClock,
+    pub(super) clock: ManualClock,
     sweep: Sweeper,
-    store: FaultyStore<S>,
-    workers: Vec<Idempotency<FaultyStore<S>>>,
-    invocations: Vec<Invocation>,
-    shared: Shared,
+    pub(super) store: FaultyStore<S>,
+    workers: Vec<(Idempotency<FaultyStore<S>>, Profile)>,
+    specs: Vec<Spec>,
+    pub(super) shared: Shared,
     retention: Duration,
     suspended: Vec<Parked>,
     frozen: Vec<JoinHandle<Delivered>>,
-    last_seen: Vec<Option<Record>>,
-    completed_seen: Vec<Option<Record>>,
-    trace: Vec<String>,
+    pub(super) last_seen: Vec<Option<Record>>,
+    pub(super) completed_seen: Vec<Option<Record>>,
+    /// The operations this step delivered, resumed or resolved: only they may see a live
+    /// lease disappear (given back by its own holder).
+    pub(super) touched: Vec<bool>,
+    pub(super) trace: Vec<String>,
     stats: Stats,
+    takeovers: Arc<AtomicU64>,
     pending_violation: Option<String>,
 }
 
@@ -206,42 +152,49 @@ impl<S: Store + Clone> World<S> {
             .retention(retention)
             .build()
             .unwrap_or_default();
-        let scope = OperationScope::new("simulation", "op").ok();
-        let mut invocations = Vec::new();
-        let mut has_identity = Vec::new();
-        for op in 0..budget.operations {
-            let material = format!("op-{op}");
-            let key = scope
-                .as_ref()
-                .and_then(|scope| OperationKey::derive(scope, None, &material).ok());
-            let (Some(key), Ok(fingerprint)) = (key, Fingerprint::of(&json!({"op": op}))) else {
-                continue;
-            };
-            let mut invocation = Invocation::new(key, fingerprint, LEASE);
-            let identity = rng.bool();
-            if identity {
-                invocation = invocation.with_identity(format!("sim:{seed}:{op}"));
-                if let Ok(pointer) = JsonPointer::new("/op") {
-                    invocation = invocation.with_result_ref(pointer);
-                }
-            }
-            has_identity.push(identity);
-            invocations.push(invocation);
-        }
-        let operations = invocations.len();
-        let shared = Arc::new(Mutex::new(Downstream {
-            effects: vec![0; operations],
-            has_identity,
-            keys: invocations.iter().map(|inv| inv.key().clone()).collect(),
+        let specs = operations(&mut rng, seed, budget.operations);
+        let shared = Arc::new(std::sync::Mutex::new(Downstream {
+            ledger: Ledger::new(specs.len()),
+            keys: specs.iter().map(|spec| spec.key.clone()).collect(),
             answer: Answer::Truthful,
+            violations: Vec::new(),
+            reconciles: Default::default(),
         }));
         let store = FaultyStore::new(fixture.store);
+        let takeovers = Arc::new(AtomicU64::new(0));
         let workers = (0..WORKERS)
             .map(|worker| {
-                Idempotency::new(store.clone(), config.clone())
-                    .with_clock(skewed(&fixture.clock, worker))
-                    .with_reconciler(reconciler(Arc::clone(&shared)))
+                let profile = Profile {
+                    reconciler: rng.u32(..3) > 0,
+                    recovery: match rng.bool() {
+                        true => Recovery::Rerun,
+                        false => Recovery::Indeterminate,
+                    },
+                };
+                let counted = Arc::clone(&takeovers);
+                let idem = Idempotency::new(store.clone(), config.clone())
+                    .with_clock(Skewed::of(&fixture.clock, worker))
+                    .with_recovery(profile.recovery)
+                    .with_observer(move |observation: &Observation<'_>| {
+                        if let Observation::Decision {
+                            decision: Decision::Takeover,
+                            ..
+                        } = observation
+                        {
+                            counted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    });
+                let idem = match profile.reconciler {
+                    true => idem.with_reconciler(reconciler(Arc::clone(&shared))),
+                    false => idem,
+                };
+                (idem, profile)
             })
+            .collect::<Vec<_>>();
+        let operations = specs.len();
+        let profiles: Vec<String> = workers
+            .iter()
+            .map(|(_, profile)| format!("{profile:?}"))
             .collect();
         Self {
             rng,
@@ -250,18 +203,22 @@ impl<S: Store + Clone> World<S> {
             sweep: fixture.sweep,
             store,
             workers,
-            invocations,
+            specs,
             shared,
             retention,
             suspended: Vec::new(),
             frozen: Vec::new(),
             last_seen: vec![None; operations],
             completed_seen: vec![None; operations],
-            trace: vec![format!("retention {retention:?}, lease {LEASE:?}")],
+            touched: vec![false; operations],
+            trace: vec![format!(
+                "retention {retention:?}, lease {LEASE:?}, workers {profiles:?}"
+            )],
             stats: Stats {
                 seeds: 1,
                 ..Stats::default()
             },
+            takeovers,
             pending_violation: None,
         }
     }
@@ -274,6 +231,11 @@ impl<S: Store + Clone> World<S> {
                 .entry(format!("{} {fault:?}", primitive.name()))
                 .or_default() += count;
         }
+        let downstream = lock(&self.shared);
+        self.stats.reconciles = downstream.reconciles.clone();
+        self.stats.declared_reruns = downstream.ledger.declared_reruns;
+        drop(downstream);
+        self.stats.takeovers = self.takeovers.load(Ordering::Relaxed);
         for parked in self.suspended.drain(..) {
             parked.task.abort();
         }
@@ -285,13 +247,21 @@ impl<S: Store + Clone> World<S> {
 
     /// Picks the next step.
     pub(super) fn choose(&mut self) -> Action {
-        let operations = self.invocations.len().max(1);
+        let operations = self.specs.len().max(1);
         match self.rng.u32(..100) {
             0..55 => Action::Deliver {
                 op: self.rng.usize(..operations),
                 worker: self.rng.usize(..self.workers.len()),
                 behaviour: self.behaviour(),
                 fault: self.fault(),
+                outage: (self.rng.u32(..100) < 12)
+                    .then(|| Duration::from_secs(OUTAGES[self.rng.usize(..OUTAGES.len())])),
+                deploy: match self.rng.u32(..100) {
+                    0..82 => Deploy::AsDeclared,
+                    82..88 => Deploy::AddsIdentity,
+                    88..94 => Deploy::RemovesIdentity,
+                    _ => Deploy::ChangesIdentity,
+                },
                 answer: match self.rng.u32(..100) {
                     0..75 => Answer::Truthful,
                     75..90 => Answer::Unknown,
@@ -313,19 +283,9 @@ impl<S: Store + Clone> World<S> {
     }
 
     fn behaviour(&mut self) -> Behaviour {
-        const WEIGHTED: [(Behaviour, u32); 9] = [
-            (Behaviour::Complete, 35),
-            (Behaviour::RetryableFailure, 8),
-            (Behaviour::TerminalFailure, 5),
-            (Behaviour::CrashBeforeEffect, 8),
-            (Behaviour::CrashAfterEffect, 10),
-            (Behaviour::PanicAfterEffect, 6),
-            (Behaviour::CancelAfterEffect, 6),
-            (Behaviour::SuspendBeforeEffect, 10),
-            (Behaviour::SuspendAfterEffect, 12),
-        ];
-        let mut roll = self.rng.u32(..WEIGHTED.iter().map(|(_, w)| w).sum::<u32>());
-        for (behaviour, weight) in WEIGHTED {
+        let total = Behaviour::WEIGHTED.iter().map(|(_, w)| w).sum::<u32>();
+        let mut roll = self.rng.u32(..total);
+        for (behaviour, weight) in Behaviour::WEIGHTED {
             if roll < weight {
                 return behaviour;
             }
@@ -360,19 +320,23 @@ impl<S: Store + Clone> World<S> {
     pub(super) async fn play(&mut self, action: Action) {
         self.trace.push(format!("{action:?}"));
         self.stats.steps += 1;
+        self.touched.iter_mut().for_each(|touched| *touched = false);
         match action {
             Action::Deliver {
                 op,
                 worker,
                 behaviour,
                 fault,
+                outage,
+                deploy,
                 answer,
             } => {
                 lock(&self.shared).answer = answer;
                 if let Some((primitive, fault)) = fault {
                     self.store.inject(primitive, fault);
                 }
-                self.deliver(op, worker, behaviour).await;
+                *self.stats.deploys.entry(format!("{deploy:?}")).or_default() += 1;
+                self.deliver(op, worker, behaviour, outage, deploy).await;
                 self.store.clear();
             }
             Action::Resume(index) => self.resume(index).await,
@@ -385,27 +349,70 @@ impl<S: Store + Clone> World<S> {
         }
     }
 
-    /// Before a delivery: whether the operation is forgotten by design (its record gone, or
-    /// settled and expired on the worker's clock), so that its next effect is a new life.
-    async fn is_forgotten(&self, op: usize, worker: usize) -> bool {
-        let key = self.invocations[op].key();
-        let Ok(record) = self.store.inner().get(key).await else {
+    /// The invocation a delivery of `op` makes after `deploy`, with `deadline`.
+    fn invocation(&self, op: usize, deploy: Deploy, deadline: SystemTime) -> Invocation {
+        let spec = &self.specs[op];
+        let added = || format!("sim:{}:{op}:added", self.seed);
+        let identity = match deploy {
+            Deploy::AsDeclared => spec.identity.clone(),
+            Deploy::AddsIdentity => Some(spec.identity.clone().unwrap_or_else(added)),
+            Deploy::RemovesIdentity => None,
+            Deploy::ChangesIdentity => Some(
+                spec.identity
+                    .as_ref()
+                    .map_or_else(added, |identity| format!("{identity}:v2")),
+            ),
+        };
+        let invocation = Invocation::new(spec.key.clone(), spec.fingerprint.clone(), LEASE)
+            .with_deadline(deadline);
+        match (identity, JsonPointer::new("/op")) {
+            (Some(identity), Ok(pointer)) => {
+                invocation.with_identity(identity).with_result_ref(pointer)
+            }
+            _ => invocation,
+        }
+    }
+
+    /// Before a delivery: whether nothing remembers the operation by design, so that its next
+    /// run is a new life. By the contract: its record is gone, or settled (COMPLETED, FAILED)
+    /// with its retention passed (second resolution, on the worker's clock), and no evidence
+    /// stands for the identity this delivery declares.
+    async fn is_forgotten(&self, invocation: &Invocation, worker: usize) -> bool {
+        let Ok(record) = self.store.inner().get(invocation.key()).await else {
             return false;
         };
-        let now = self.worker_clock(worker).now();
-        record.is_none_or(|record| record.counts_as_absent(now))
+        let now = Skewed::of(&self.clock, worker).now();
+        let record_forgotten = record.is_none_or(|record| {
+            matches!(record.status, Status::Completed | Status::Failed)
+                && epoch_secs(record.expires_at) < epoch_secs(now)
+        });
+        let Some(evidence_key) = invocation.evidence_key() else {
+            return record_forgotten;
+        };
+        let evidence = self.store.inner().evidence(&evidence_key).await;
+        record_forgotten && matches!(evidence, Ok(None))
     }
 
-    fn worker_clock(&self, worker: usize) -> Skewed {
-        skewed(&self.clock, worker)
-    }
-
-    fn note(&mut self, line: String) {
+    pub(super) fn note(&mut self, line: String) {
         self.trace.push(format!("    {line}"));
     }
 
-    async fn deliver(&mut self, op: usize, worker: usize, behaviour: Behaviour) {
-        let new_life = self.is_forgotten(op, worker).await;
+    /// Delivers `op` to `worker`; the answer, when the caller got one in this step.
+    async fn deliver(
+        &mut self,
+        op: usize,
+        worker: usize,
+        behaviour: Behaviour,
+        outage: Option<Duration>,
+        deploy: Deploy,
+    ) -> Option<Result<Execution<Value>, Error>> {
+        self.touched[op] = true;
+        let worker_clock = Skewed::of(&self.clock, worker);
+        let deadline_on_worker = worker_clock.now() + LEASE - DEADLINE_MARGIN;
+        let invocation = self.invocation(op, deploy, deadline_on_worker);
+        if self.is_forgotten(&invocation, worker).await {
+            lock(&self.shared).ledger.new_life(op);
+        }
         self.stats.deliveries += 1;
         *self
             .stats
@@ -414,44 +421,68 @@ impl<S: Store + Clone> World<S> {
             .or_default() += 1;
         let (parked_tx, mut parked_rx) = mpsc::unbounded_channel();
         let (resume_tx, resume_rx) = oneshot::channel();
-        let idem = self.workers[worker].clone();
-        let invocation = self.invocations[op].clone();
-        let (shared, store) = (Arc::clone(&self.shared), self.store.clone());
+        let (idem, profile) = self.workers[worker].clone();
+        let outage_end = Arc::new(std::sync::Mutex::new(None));
+        let after_effect: Box<dyn FnOnce() + Send> = match outage {
+            Some(length) => {
+                self.stats.outages += 1;
+                let (store, clock, end) = (
+                    self.store.clone(),
+                    self.clock.clone(),
+                    Arc::clone(&outage_end),
+                );
+                Box::new(move || {
+                    let until = clock.now() + length;
+                    let primitives = [Primitive::Settle, Primitive::Release];
+                    store.outage(&primitives, FaultKind::Throttled, until, clock);
+                    *end.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(until);
+                })
+            }
+            None => Box::new(|| {}),
+        };
+        let run = Run {
+            shared: Arc::clone(&self.shared),
+            op,
+            profile,
+            behaviour,
+            after_effect,
+            parked: parked_tx,
+            resume: resume_rx,
+        };
+        let store = self.store.clone();
         let deadline = self.clock.now() + LEASE - DEADLINE_MARGIN;
         let mut task = tokio::spawn(async move {
-            let run = idem.execute(&invocation, move |ctx| {
-                handler(
-                    shared,
-                    op,
-                    new_life,
-                    ctx.attempt(),
-                    behaviour,
-                    parked_tx,
-                    resume_rx,
-                )
-            });
-            match store.cancellable(run).await {
+            let execution = idem.execute(&invocation, move |ctx| handler(run, ctx.attempt()));
+            match store.cancellable(execution).await {
                 Some(answer) => Delivered::Answered(answer),
                 None => Delivered::Cancelled,
             }
         });
         tokio::select! {
-            joined = &mut task => self.answered(op, behaviour, joined),
-            Some(()) = parked_rx.recv() => match behaviour {
-                Behaviour::CancelAfterEffect => {
-                    task.abort();
-                    let _ = task.await;
-                    self.note("cancelled after the effect".into());
+            joined = &mut task => {
+                let outage_end = *outage_end.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let judged = Judged { op, behaviour, deadline, outage_end };
+                self.answered(judged, joined).await
+            }
+            Some(()) = parked_rx.recv() => {
+                match behaviour {
+                    Behaviour::CancelAfterEffect => {
+                        task.abort();
+                        let _ = task.await;
+                        self.note("cancelled after the effect".into());
+                    }
+                    Behaviour::SuspendBeforeEffect | Behaviour::SuspendAfterEffect => {
+                        self.note(format!("suspended as #{}", self.suspended.len()));
+                        self.suspended.push(Parked { task, resume: Some(resume_tx), deadline, op });
+                    }
+                    _ => {
+                        self.note("crashed".into());
+                        self.frozen.push(task);
+                    }
                 }
-                Behaviour::SuspendBeforeEffect | Behaviour::SuspendAfterEffect => {
-                    self.note(format!("suspended as #{}", self.suspended.len()));
-                    self.suspended.push(Parked { task, resume: Some(resume_tx), deadline, op });
-                }
-                _ => {
-                    self.note("crashed".into());
-                    self.frozen.push(task);
-                }
-            },
+                None
+            }
         }
     }
 
@@ -460,6 +491,7 @@ impl<S: Store + Clone> World<S> {
             return;
         }
         let mut parked = self.suspended.remove(index);
+        self.touched[parked.op] = true;
         if self.clock.now() > parked.deadline {
             self.note("past its deadline: the invocation was killed".into());
             self.frozen.push(parked.task);
@@ -469,87 +501,99 @@ impl<S: Store + Clone> World<S> {
             let _ = resume.send(());
         }
         let joined = (&mut parked.task).await;
-        self.answered(parked.op, Behaviour::Complete, joined);
+        let judged = Judged {
+            op: parked.op,
+            behaviour: Behaviour::Complete,
+            deadline: parked.deadline,
+            outage_end: None,
+        };
+        self.answered(judged, joined).await;
     }
 
-    /// Checks what the caller was told against the downstream truth.
-    fn answered(
+    /// Notes what the caller was told and checks it against the downstream truth and the
+    /// store; the answer, when there was one.
+    async fn answered(
         &mut self,
-        op: usize,
-        behaviour: Behaviour,
+        judged: Judged,
         joined: Result<Delivered, tokio::task::JoinError>,
-    ) {
-        let effects = lock(&self.shared).effects[op];
+    ) -> Option<Result<Execution<Value>, Error>> {
         let answer = match joined {
             Ok(Delivered::Answered(answer)) => answer,
-            Ok(Delivered::Cancelled) => return self.note("cancelled by a store fault".into()),
-            Err(err) if err.is_panic() => return self.note("the handler panicked".into()),
-            Err(_) => return self.note("aborted".into()),
+            Ok(Delivered::Cancelled) => {
+                self.note("cancelled by a store fault".into());
+                return None;
+            }
+            Err(err) if err.is_panic() => {
+                self.note("the handler panicked".into());
+                return None;
+            }
+            Err(_) => {
+                self.note("aborted".into());
+                return None;
+            }
         };
         let line = match &answer {
             Ok(done) => format!("answered {:?}", done.origin()),
             Err(err) => format!("answered {}", error_name(err)),
         };
         self.note(line);
-        let lie = match &answer {
-            Ok(done) => match done.origin() {
-                Origin::Executed { .. } => {
-                    behaviour == Behaviour::TerminalFailure
-                        || behaviour == Behaviour::RetryableFailure
-                }
-                Origin::Replayed | Origin::Reconciled { .. } => effects == 0,
-            },
-            Err(err) => acknowledges(err) && effects == 0,
-        };
-        if lie {
-            self.pending_violation = Some(format!(
-                "operation {op}: the caller was told it took effect, but the downstream shows {effects} effects"
-            ));
+        if let Some(untruthful) = self.untruthful(judged, &answer).await {
+            self.pending_violation.get_or_insert(untruthful);
         }
+        Some(answer)
     }
 
     async fn resolve_indeterminate(&mut self) {
-        for op in 0..self.invocations.len() {
-            let key = self.invocations[op].key().clone();
+        for op in 0..self.specs.len() {
+            let key = self.specs[op].key.clone();
             let Ok(Some(record)) = self.store.inner().get(&key).await else {
                 continue;
             };
             if record.status != Status::Indeterminate {
                 continue;
             }
-            let resolution = if lock(&self.shared).effects[op] > 0 {
-                Resolution::Completed(json!({"op": op, "resolved": true}))
-            } else {
-                Resolution::Release
+            self.touched[op] = true;
+            let applied = lock(&self.shared).ledger.effects(op) > 0;
+            let resolution = match applied {
+                true => Resolution::Completed(json!({"op": op, "resolved": true})),
+                false => Resolution::Release,
             };
-            let resolved = self.workers[0].resolve::<Value>(&key, resolution).await;
+            let resolved = self.workers[0].0.resolve::<Value>(&key, resolution).await;
+            if !applied && matches!(resolved, Ok(true)) {
+                lock(&self.shared).ledger.operator_released(op);
+            }
             self.note(format!("operator resolved op {op}: {resolved:?}"));
         }
     }
 
-    /// Checks DESIGN's invariants on the store as it stands.
+    /// Checks DESIGN's invariants after a step.
     pub(super) async fn check(&mut self, step: usize) -> Result<(), Violation> {
         if let Some(invariant) = self.pending_violation.take() {
             return Err(self.violation(step, invariant));
         }
+        if let Some(blind) = lock(&self.shared).violations.first().cloned() {
+            return Err(self.violation(step, blind));
+        }
         let now = self.clock.now();
-        for op in 0..self.invocations.len() {
+        for op in 0..self.specs.len() {
             self.stats.checks += 1;
-            let key = self.invocations[op].key().clone();
-            let record = self.store.inner().get(&key).await.ok().flatten();
-            if let Some(invariant) = self.lease_overwritten(op, record.as_ref(), now) {
-                return Err(self.violation(step, invariant));
-            }
-            let effects = lock(&self.shared).effects[op];
-            if effects > 1 {
-                return Err(
-                    self.violation(step, format!("operation {op} took effect {effects} times"))
-                );
-            }
-            if let Some(invariant) = self.outcome_lost(op, record.as_ref(), now) {
-                return Err(self.violation(step, invariant));
-            }
-            if let Some(invariant) = self.evidence_disagrees(op, record.as_ref(), now).await {
+            let record = self
+                .store
+                .inner()
+                .get(&self.specs[op].key)
+                .await
+                .ok()
+                .flatten();
+            let counted = lock(&self.shared).ledger.check(op);
+            let broken = counted
+                .err()
+                .or_else(|| self.lease_overwritten(op, record.as_ref(), now))
+                .or_else(|| self.outcome_lost(op, record.as_ref(), now));
+            let broken = match broken {
+                Some(broken) => Some(broken),
+                None => self.evidence_disagrees(op, record.as_ref(), now).await,
+            };
+            if let Some(invariant) = broken {
                 return Err(self.violation(step, invariant));
             }
             if let Some(record) = record.as_ref().filter(|r| r.status == Status::Completed) {
@@ -560,67 +604,7 @@ impl<S: Store + Clone> World<S> {
         Ok(())
     }
 
-    /// A live lease replaced by another claim.
-    fn lease_overwritten(
-        &self,
-        op: usize,
-        record: Option<&Record>,
-        now: SystemTime,
-    ) -> Option<String> {
-        let before = self.last_seen[op].as_ref()?;
-        let after = record?;
-        let was_live = before.status == Status::InProgress
-            && before.lease.expires_at > now + MAX_SKEW + Duration::from_secs(1);
-        (was_live && after.lease.token != before.lease.token).then(|| {
-            format!(
-                "operation {op}: the live lease of attempt {} was overwritten by attempt {}",
-                before.lease.attempt, after.lease.attempt
-            )
-        })
-    }
-
-    /// A recorded outcome gone or changed within its retention.
-    fn outcome_lost(&self, op: usize, record: Option<&Record>, now: SystemTime) -> Option<String> {
-        let seen = self.completed_seen[op].as_ref()?;
-        if seen.expires_at <= now + MAX_SKEW + Duration::from_secs(1) {
-            return None;
-        }
-        let kept = record.is_some_and(|record| {
-            record.status == Status::Completed && record.outcome == seen.outcome
-        });
-        (!kept).then(|| {
-            format!("operation {op}: its recorded outcome was lost or changed within retention")
-        })
-    }
-
-    /// A record and its evidence that tell different stories.
-    async fn evidence_disagrees(
-        &self,
-        op: usize,
-        record: Option<&Record>,
-        now: SystemTime,
-    ) -> Option<String> {
-        let identity = self.invocations[op].evidence_key()?;
-        let record = record?;
-        let settled_and_expired =
-            matches!(record.status, Status::Completed | Status::Failed) && record.expires_at < now;
-        if settled_and_expired {
-            return None;
-        }
-        let evidence = self.store.inner().evidence(&identity).await.ok().flatten();
-        match evidence {
-            Some(evidence) if evidence.key == record.key && evidence.status == record.status => {
-                None
-            }
-            other => Some(format!(
-                "operation {op}: its record is {} but its evidence is {:?}",
-                record.status,
-                other.map(|evidence| evidence.status)
-            )),
-        }
-    }
-
-    fn violation(&self, step: usize, invariant: String) -> Violation {
+    pub(super) fn violation(&self, step: usize, invariant: String) -> Violation {
         Violation {
             seed: self.seed,
             step,
@@ -634,31 +618,34 @@ impl<S: Store + Clone> World<S> {
     pub(super) async fn settle_everything(&mut self, step: usize) -> Result<(), Violation> {
         self.trace.push("-- settle everything".into());
         lock(&self.shared).answer = Answer::Truthful;
-        for op in 0..self.invocations.len() {
+        for op in 0..self.specs.len() {
             let mut last = String::new();
             let mut settled = false;
             for _ in 0..SETTLE_ROUNDS {
                 self.clock
                     .advance(LEASE + MAX_SKEW + Duration::from_secs(1));
-                let joined = self.deliver_and_wait(op).await;
-                let outcome = match &joined {
-                    Ok(Delivered::Answered(Ok(_))) => Some(true),
-                    Ok(Delivered::Answered(Err(err))) => {
+                self.touched.iter_mut().for_each(|touched| *touched = false);
+                self.trace
+                    .push(format!("Deliver {{ op: {op}, behaviour: Complete }}"));
+                let answer = self
+                    .deliver(op, 0, Behaviour::Complete, None, Deploy::AsDeclared)
+                    .await;
+                let outcome = match &answer {
+                    Some(Ok(_)) => true,
+                    Some(Err(err)) => {
                         last = error_name(err);
                         match err {
-                            Error::Failed { .. } => Some(true),
+                            Error::Failed { .. } => true,
                             Error::KeyExpiredConflict { evidence, .. } => {
                                 matches!(evidence.status, Status::Completed | Status::Failed)
-                                    .then_some(true)
                             }
-                            _ => None,
+                            _ => false,
                         }
                     }
-                    _ => None,
+                    None => false,
                 };
-                self.answered(op, Behaviour::Complete, joined);
                 self.check(step).await?;
-                if outcome == Some(true) {
+                if outcome {
                     settled = true;
                     break;
                 }
@@ -673,42 +660,40 @@ impl<S: Store + Clone> World<S> {
         }
         Ok(())
     }
+}
 
-    async fn deliver_and_wait(&mut self, op: usize) -> Result<Delivered, tokio::task::JoinError> {
-        self.trace
-            .push(format!("Deliver {{ op: {op}, behaviour: Complete }}"));
-        let idem = self.workers[0].clone();
-        let invocation = self.invocations[op].clone();
-        let shared = Arc::clone(&self.shared);
-        let new_life = self.is_forgotten(op, 0).await;
-        tokio::spawn(async move {
-            let (parked_tx, _) = mpsc::unbounded_channel();
-            let (_, resume_rx) = oneshot::channel();
-            Delivered::Answered(
-                idem.execute(&invocation, move |ctx| {
-                    handler(
-                        shared,
-                        op,
-                        new_life,
-                        ctx.attempt(),
-                        Behaviour::Complete,
-                        parked_tx,
-                        resume_rx,
-                    )
-                })
-                .await,
-            )
-        })
-        .await
+/// The operations one seed shares: key material past 2^53 (ids that RFC 8785 alone would make
+/// one key), operations 0 and 2 in tenant `t0` and operation 1 in `t1`, and, for those that
+/// declare one, the same identity string in both tenants.
+fn operations(rng: &mut fastrand::Rng, seed: u64, count: usize) -> Vec<Spec> {
+    let scope = OperationScope::new("simulation", "op").ok();
+    let mut specs = Vec::new();
+    for op in 0..count {
+        let material = json!((1_u64 << 60) + op as u64);
+        let tenant = format!("t{}", op % 2);
+        let key = scope
+            .as_ref()
+            .and_then(|scope| OperationKey::derive(scope, Some(&tenant), &material).ok());
+        let (Some(key), Ok(fingerprint)) = (key, Fingerprint::of(&json!({"op": op}))) else {
+            continue;
+        };
+        let identity = rng.bool().then(|| format!("sim:{seed}:invoice:{}", op / 2));
+        specs.push(Spec {
+            key,
+            fingerprint,
+            identity,
+        });
     }
+    specs
 }
 
 /// Whether a consumer acknowledges the message on this error (as the batch processor does).
-fn acknowledges(err: &Error) -> bool {
+pub(super) fn acknowledges(err: &Error) -> bool {
     err.already_took_effect()
 }
 
-fn error_name(err: &Error) -> String {
+/// An error's variant name, for the trace.
+pub(super) fn error_name(err: &Error) -> String {
     let debug = format!("{err:?}");
     debug
         .split([' ', '(', '{'])
@@ -717,98 +702,84 @@ fn error_name(err: &Error) -> String {
         .to_owned()
 }
 
-/// The simulated handler.
-async fn handler(
-    shared: Shared,
-    op: usize,
-    new_life: bool,
-    attempt: u32,
-    behaviour: Behaviour,
-    parked: mpsc::UnboundedSender<()>,
-    resume: oneshot::Receiver<()>,
-) -> Result<Value, BoxError> {
-    let effect = || lock(&shared).apply_effect(op, new_life);
-    let park = || async {
-        let _ = parked.send(());
-        std::future::pending::<()>().await;
-    };
-    // One operation in three returns a report too large for a 1 KB record: the DynamoDB store
-    // keeps it compressed in part items, written before the settlement that names them.
-    let result = if op.is_multiple_of(3) {
-        let report = super::super::outcomes::incompressible(LARGE_OUTCOME_BYTES, op as u64);
-        json!({"op": op, "attempt": attempt, "report": report})
-    } else {
-        json!({"op": op, "attempt": attempt})
-    };
-    match behaviour {
-        Behaviour::Complete => {
-            effect();
-            Ok(result)
-        }
-        Behaviour::RetryableFailure => Err(std::io::Error::other("downstream timed out").into()),
-        Behaviour::TerminalFailure => {
-            Err(Terminal::new("declined", std::io::Error::other("the downstream declined")).into())
-        }
-        Behaviour::CrashBeforeEffect => {
-            park().await;
-            Ok(result)
-        }
-        Behaviour::CrashAfterEffect | Behaviour::CancelAfterEffect => {
-            effect();
-            park().await;
-            Ok(result)
-        }
-        Behaviour::PanicAfterEffect => {
-            effect();
-            std::panic::panic_any(SimulatedPanic)
-        }
-        Behaviour::SuspendBeforeEffect | Behaviour::SuspendAfterEffect => {
-            if behaviour == Behaviour::SuspendAfterEffect {
-                effect();
-            }
-            let _ = parked.send(());
-            if resume.await.is_err() {
-                std::future::pending::<()>().await;
-            }
-            if behaviour == Behaviour::SuspendBeforeEffect {
-                effect();
-            }
-            Ok(result)
-        }
+impl Judged {
+    /// Whether a settlement that gave up with a transient error still had time: the outage the
+    /// handler met ended well before the deadline (DESIGN: a completion is retried until the
+    /// invocation's deadline minus a margin).
+    fn gave_up_early(&self, err: &Error) -> bool {
+        let transient = matches!(err, Error::Store(store) if store.is_transient());
+        let effect_returned = self.behaviour == Behaviour::Complete;
+        let ended_in_time = self
+            .outage_end
+            .is_some_and(|end| end + OUTAGE_SLACK < self.deadline);
+        transient && effect_returned && ended_in_time
     }
 }
 
-/// The payload of the simulation's own panics, kept out of the test output.
-struct SimulatedPanic;
-
-fn silence_simulated_panics() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            if info.payload().downcast_ref::<SimulatedPanic>().is_none() {
-                previous(info);
-            }
-        }));
-    });
-}
-
-/// The reconciler: the downstream truth, or what the step told it to answer.
-fn reconciler(
-    shared: Shared,
-) -> impl Fn(Takeover) -> std::future::Ready<Result<Reconciliation, BoxError>> + Send + Sync + 'static
-{
-    move |takeover: Takeover| {
-        let downstream = lock(&shared);
-        let op = downstream.keys.iter().position(|key| *key == takeover.key);
-        let answer = match (downstream.answer, op) {
-            (Answer::Fails, _) => Err("the downstream could not be asked".into()),
-            (Answer::Unknown, _) | (_, None) => Ok(Reconciliation::Unknown),
-            (Answer::Truthful, Some(op)) if downstream.effects[op] > 0 => Ok(
-                Reconciliation::Applied(json!({"op": op, "reconciled": true})),
-            ),
-            (Answer::Truthful, Some(_)) => Ok(Reconciliation::NotApplied),
+impl<S: Store + Clone> World<S> {
+    /// A lie in the caller's answer, if any: told it took effect when the downstream shows
+    /// none, told another operation's outcome, a replay that is not the recorded outcome, or a
+    /// settlement given up with time left.
+    async fn untruthful(
+        &self,
+        judged: Judged,
+        answer: &Result<Execution<Value>, Error>,
+    ) -> Option<String> {
+        let op = judged.op;
+        let (effects, ever) = {
+            let downstream = lock(&self.shared);
+            (
+                downstream.ledger.effects(op),
+                downstream.ledger.effects_ever(op),
+            )
         };
-        std::future::ready(answer)
+        match answer {
+            Ok(done) => {
+                if done.value().get("op") != Some(&json!(op)) {
+                    return Some(format!(
+                        "operation {op}: the caller was answered another operation's outcome: {}",
+                        done.raw_json().get().chars().take(80).collect::<String>()
+                    ));
+                }
+                match done.origin() {
+                    crate::Origin::Executed { .. } => matches!(
+                        judged.behaviour,
+                        Behaviour::TerminalFailure | Behaviour::RetryableFailure
+                    )
+                    .then(|| format!("operation {op}: a failed handler was answered as executed")),
+                    // A replay may outlive the record's life (a cache, a clock behind): an
+                    // effect of any life vouches for it; a reconciler answers for this one.
+                    crate::Origin::Replayed if ever == 0 => Some(format!(
+                        "operation {op}: the caller was told it took effect, but the downstream shows none"
+                    )),
+                    crate::Origin::Reconciled { .. } if effects == 0 => Some(format!(
+                        "operation {op}: the reconciler's answer was recorded, but the downstream shows no effect"
+                    )),
+                    crate::Origin::Replayed => {
+                        // The outcome as recorded: the record's, or, once TTL deleted it (a
+                        // cache or a skewed clock may still replay it), the last one seen.
+                        let record = self.store.inner().get(&self.specs[op].key).await.ok()?;
+                        let recorded = record
+                            .filter(|record| record.status == Status::Completed)
+                            .or_else(|| self.completed_seen[op].clone())
+                            .and_then(|record| record.outcome);
+                        (recorded.as_deref() != Some(done.raw_json().get().as_bytes())).then(|| {
+                            format!("operation {op}: a replay that is not the recorded outcome")
+                        })
+                    }
+                    crate::Origin::Reconciled { .. } => None,
+                }
+            }
+            // Evidence outlives a life: it vouches for an effect of any of them.
+            Err(err) if acknowledges(err) && ever == 0 => Some(format!(
+                "operation {op}: the caller was told it took effect ({}), but the downstream shows none",
+                error_name(err)
+            )),
+            Err(err) if judged.gave_up_early(err) => Some(format!(
+                "operation {op}: the settlement gave up ({}) though its outage ended well before the deadline",
+                error_name(err)
+            )),
+            Err(_) => None,
+        }
     }
 }
