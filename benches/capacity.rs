@@ -128,6 +128,7 @@ impl Ours {
             completed_at: None,
             request_id: Some("c0ffee00-1234-4abc-9def-0123456789ab".into()),
             identity: None,
+            audit: None,
         };
         let settled = Record {
             status: Status::Completed,

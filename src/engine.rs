@@ -34,6 +34,7 @@ use tracing::{Instrument, debug, info_span, warn};
 
 use self::answer::answer_existing;
 use self::give_back::GiveBack;
+pub use self::operator::{Operator, Resolution};
 use self::retry::Patience;
 use self::single_flight::SingleFlight;
 use crate::clock::{Clock, SystemClock};
@@ -52,6 +53,7 @@ use crate::store::{AnyStore, Claim, Fence, Guard, Store, Target};
 mod answer;
 mod earlier_key;
 mod give_back;
+mod operator;
 mod retry;
 mod single_flight;
 
@@ -60,19 +62,6 @@ const INDETERMINATE_RETENTION: Duration = Duration::from_secs(366 * 24 * 3600);
 /// How long a claim given back by a panicking or cancelled handler still holds, so that what
 /// the handler left in flight lands before a takeover's reconciler looks.
 const GIVE_BACK_GRACE: Duration = Duration::from_secs(5);
-/// How long an operator's resolution may retry a failing write.
-const OPERATOR_DEADLINE: Duration = Duration::from_secs(10);
-
-/// An operator's decision on an INDETERMINATE operation.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Resolution {
-    /// The effect exists: record this result, replayed from now on.
-    Completed(serde_json::Value),
-    /// The operation failed for good: record this failure, replayed from now on.
-    Failed(RetainedFailure),
-    /// The effect does not exist: delete the record so that the next delivery executes.
-    Release,
-}
 
 /// The idempotency engine over a store; cheap to clone, safe to share across tasks.
 pub struct Idempotency<S = AnyStore> {
@@ -628,6 +617,7 @@ impl<S: Store> Idempotency<S> {
             result_ref: None,
             expires_at: now + INDETERMINATE_RETENTION,
             completed_at: now,
+            audit: None,
         };
         let patience = settle_patience(invocation, claim, now);
         self.settle(target, attempt, &settlement, patience).await?;
@@ -653,6 +643,7 @@ impl<S: Store> Idempotency<S> {
             completed_at: None,
             request_id: invocation.request_id.clone(),
             identity: invocation.evidence_key(),
+            audit: None,
         }
     }
 
@@ -694,6 +685,7 @@ impl<S: Store> Idempotency<S> {
                     result_ref: answer::result_ref(invocation, &raw),
                     expires_at: now + self.config.retention(),
                     completed_at: now,
+                    audit: None,
                 };
                 let limit = self.config.max_outcome_bytes();
                 if raw.get().len() <= limit {
@@ -787,6 +779,7 @@ impl<S: Store> Idempotency<S> {
             result_ref: None,
             expires_at: now + self.config.retention(),
             completed_at: now,
+            audit: None,
         };
         self.settle(target, attempt, &settlement, patience).await
     }
@@ -837,71 +830,6 @@ impl<S: Store> Idempotency<S> {
                 self.store.shorten(target, until)
             })
             .await?)
-    }
-
-    /// Resolves an INDETERMINATE operation (an operator's decision); `T` is the handler's
-    /// output type, which a [`Resolution::Completed`] result must decode as. Returns `false`,
-    /// changing nothing, when the operation is not INDETERMINATE.
-    pub async fn resolve<T: DeserializeOwned>(
-        &self,
-        key: &OperationKey,
-        resolution: Resolution,
-    ) -> Result<bool, Error> {
-        let Some(record) = erased(self.store.get(key)).await? else {
-            return Ok(false);
-        };
-        let target = Target {
-            key,
-            identity: record.identity.as_deref(),
-            guard: Guard::Indeterminate,
-        };
-        let now = self.clock.now();
-        let patience = Patience::until(now + OPERATOR_DEADLINE, None, now);
-        let (status, outcome) = match resolution {
-            Resolution::Release => {
-                let fence = self
-                    .retrying(patience, || self.store.release(target))
-                    .await?;
-                return Ok(match fence {
-                    Fence::Held | Fence::Lost { current: None } => true,
-                    Fence::Lost { current: Some(_) } => false,
-                });
-            }
-            Resolution::Completed(value) => {
-                if let Err(err) = serde_json::from_value::<T>(value.clone()) {
-                    return Err(Error::OutcomeMismatch {
-                        key: key.clone(),
-                        reason: err.to_string(),
-                    });
-                }
-                (Status::Completed, value.to_string())
-            }
-            Resolution::Failed(failure) => (Status::Failed, failure.to_json()),
-        };
-        let size = outcome.len();
-        let settlement = Settlement {
-            status,
-            outcome: Some(outcome.into_bytes()),
-            result_ref: None,
-            expires_at: now + self.config.retention(),
-            completed_at: now,
-        };
-        let limit = self.config.max_outcome_bytes();
-        if size > limit {
-            return Err(Error::OutcomeTooLarge {
-                key: key.clone(),
-                size,
-                limit,
-            });
-        }
-        match self
-            .settle(target, record.lease.attempt, &settlement, patience)
-            .await
-        {
-            Ok(()) => Ok(true),
-            Err(Error::LeaseLost { .. }) => Ok(false),
-            Err(err) => Err(err),
-        }
     }
 }
 
@@ -967,7 +895,9 @@ fn shows_settlement(current: &Record, guard: Guard<'_>, settlement: &Settlement)
         && current.outcome == settlement.outcome
         && current.completed_at.map(epoch_millis) == Some(epoch_millis(settlement.completed_at));
     match guard {
-        Guard::Lease(token) => same_write && current.lease.token == token,
+        Guard::Lease(token) | Guard::Expired { token, .. } => {
+            same_write && current.lease.token == token
+        }
         Guard::Indeterminate => same_write,
     }
 }

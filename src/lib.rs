@@ -152,7 +152,7 @@ extern crate self as lambda_idempotency;
 pub struct ReadmeDoctests;
 
 pub use config::Config;
-pub use engine::{Idempotency, Resolution};
+pub use engine::{Idempotency, Operator, Resolution};
 pub use error::{BoxError, ConfigError, Error, ErrorKind, StoreError};
 pub use execution::{Execution, ExecutionContext, Invocation, Origin};
 pub use key::{Fingerprint, KeyPolicy, OperationKey, OperationScope};

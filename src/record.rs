@@ -107,6 +107,8 @@ pub struct Record {
     /// The business identity whose permanent [`Evidence`] this operation keeps, if declared:
     /// the evidence's key, recorded at the claim and kept for the operation's whole life.
     pub identity: Option<String>,
+    /// The operator's trace, when an operator resolved the operation.
+    pub audit: Option<Audit>,
 }
 
 impl Record {
@@ -143,6 +145,22 @@ pub struct Settlement {
     pub expires_at: SystemTime,
     /// When it settled.
     pub completed_at: SystemTime,
+    /// The operator's trace, when an operator settles it (kept on the record and its evidence).
+    pub audit: Option<Audit>,
+}
+
+/// An operator's intervention, kept on the record and the evidence it changed: who, when,
+/// what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Audit {
+    /// Who: the operator's name or role, as given (`idemctl --by`).
+    pub by: String,
+    /// When.
+    pub at: SystemTime,
+    /// What: the resolution and the state it was made from, e.g. `completed from INDETERMINATE`.
+    pub action: String,
+    /// Why, when said.
+    pub reason: Option<String>,
 }
 
 /// Permanent, compact evidence that a business identity was executed: the uniqueness record.
@@ -166,6 +184,8 @@ pub struct Evidence {
     pub created_at: SystemTime,
     /// When the operation settled.
     pub completed_at: Option<SystemTime>,
+    /// The operator's trace, when an operator resolved it.
+    pub audit: Option<Audit>,
 }
 
 impl Evidence {
@@ -179,6 +199,7 @@ impl Evidence {
             key: OperationKey::from_stored(Self::REDACTED),
             fingerprint: Fingerprint::from_stored(Self::REDACTED),
             result_ref: None,
+            audit: None,
             ..self
         }
     }
@@ -193,6 +214,7 @@ impl Evidence {
             result_ref: None,
             created_at: record.created_at,
             completed_at: None,
+            audit: None,
         }
     }
 }

@@ -2,15 +2,23 @@
 //!
 //! Works against AWS (the default credential chain) or a local endpoint (`DYNAMODB_ENDPOINT`);
 //! the tables come from `IDEMPOTENCY_TABLE` / `UNIQUENESS_TABLE` or `--table` /
-//! `--uniqueness-table`.
+//! `--uniqueness-table`, the layout from `--sort-key ATTR=VALUE` (a single table) and
+//! `--attribute FIELD=NAME` (renamed attributes, as `AttributeNames`).
 //!
 //! ```text
 //! idemctl tables create
-//! idemctl get --key 'orders#place#v1#…'        idemctl get --identity invoice:o-418:rev-2
+//! idemctl get --key 'orders#place#v1#…'        idemctl get --identity 'orders#id=invoice:o-418'
 //! idemctl stuck --older-than 10m [--json]
-//! idemctl resolve --key … --retention 24h (--completed result.json | --failed KIND --message TEXT | --release) [--yes]
+//! idemctl resolve (--key … | --identity …) --retention 24h
+//!         (--completed result.json | --failed KIND --message TEXT | --release) [--by WHO] [--reason WHY] [--yes]
 //! idemctl stats [--json]
 //! ```
+//!
+//! `resolve` works on every state the engine leaves to an operator: an INDETERMINATE record, an
+//! IN_PROGRESS record whose lease ran out (stuck), and evidence whose record is gone that still
+//! says IN_PROGRESS or INDETERMINATE. It says what it found and what it will write (including
+//! the evidence a release deletes) and asks before writing; the write is conditional on what it
+//! read, and leaves who, when and what on the record or evidence.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
@@ -18,11 +26,12 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
-use lambda_idempotency::record::{Record, RetainedFailure, Status, epoch_millis};
+use lambda_idempotency::record::{Audit, Evidence, Record, RetainedFailure, Status, epoch_millis};
 use lambda_idempotency::store::{
-    DynamoDbStore, ENDPOINT_VAR, ScanCursor, Store, TABLE_VAR, UNIQUENESS_TABLE_VAR,
+    AttributeNames, DynamoDbStore, ENDPOINT_VAR, ScanCursor, SortKey, Store, TABLE_VAR,
+    UNIQUENESS_TABLE_VAR,
 };
-use lambda_idempotency::{BoxError, Config, Idempotency, OperationKey, Resolution};
+use lambda_idempotency::{BoxError, Config, Idempotency, OperationKey, Operator, Resolution};
 use serde_json::{Value, json};
 
 #[derive(Parser)]
@@ -46,6 +55,13 @@ struct Tables {
     /// The uniqueness table (default: $UNIQUENESS_TABLE).
     #[arg(long, global = true, env = UNIQUENESS_TABLE_VAR)]
     uniqueness_table: Option<String>,
+    /// A single-table layout's sort key and the value this store's records have in it.
+    #[arg(long, global = true, value_name = "ATTR=VALUE")]
+    sort_key: Option<String>,
+    /// A renamed attribute, as `AttributeNames` names the field (e.g. `expires_at=ttl`);
+    /// repeat it for each.
+    #[arg(long = "attribute", global = true, value_name = "FIELD=NAME")]
+    attributes: Vec<String>,
 }
 
 #[derive(Subcommand)]
@@ -53,7 +69,7 @@ enum Command {
     /// Table management.
     #[command(subcommand)]
     Tables(TablesCommand),
-    /// Show one record (by operation key) or one evidence (by business identity).
+    /// Show one record (by operation key) or one evidence (by its key in the uniqueness table).
     Get {
         /// The operation key.
         #[arg(
@@ -62,7 +78,8 @@ enum Command {
             required_unless_present = "identity"
         )]
         key: Option<String>,
-        /// The business identity.
+        /// The evidence's key: the business identity under its scope
+        /// (`namespace[#t=tenant]#id=identity`).
         #[arg(long)]
         identity: Option<String>,
     },
@@ -75,12 +92,22 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Resolve an INDETERMINATE operation (a conditional write: nothing else is touched).
+    /// Resolve an operation held for an operator: an INDETERMINATE or stuck IN_PROGRESS record
+    /// (--key), or the evidence of one whose record is gone (--identity). One conditional
+    /// write: nothing else is touched, nothing that changed meanwhile is overwritten.
     Resolve {
         /// The operation key.
+        #[arg(
+            long,
+            conflicts_with = "identity",
+            required_unless_present = "identity"
+        )]
+        key: Option<String>,
+        /// The evidence's key in the uniqueness table.
         #[arg(long)]
-        key: String,
-        /// The effect exists: record the JSON result in this file.
+        identity: Option<String>,
+        /// The effect exists: record the JSON result in this file (for evidence: its result
+        /// reference).
         #[arg(long, group = "decision")]
         completed: Option<std::path::PathBuf>,
         /// The operation failed for good: record a failure of this kind.
@@ -89,12 +116,19 @@ enum Command {
         /// The failure's message (with --failed).
         #[arg(long)]
         message: Option<String>,
-        /// The effect does not exist: delete the record so that the next delivery runs.
+        /// The effect does not exist: the next delivery runs (the record stays, released and
+        /// expired, with the trace; the identity's permanent evidence is deleted).
         #[arg(long, group = "decision")]
         release: bool,
         /// The deployment's retention (e.g. 24h, 5d): how long the resolved outcome is kept.
         #[arg(long, value_parser = humantime::parse_duration)]
         retention: Duration,
+        /// Who resolves, kept with the trace (default: $USER).
+        #[arg(long, env = "USER")]
+        by: Option<String>,
+        /// Why, kept with the trace.
+        #[arg(long)]
+        reason: Option<String>,
         /// Do not ask for confirmation.
         #[arg(long)]
         yes: bool,
@@ -137,15 +171,22 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
         Command::Stuck { older_than, json } => stuck(&store, older_than, json).await?,
         Command::Resolve {
             key,
+            identity,
             completed,
             failed,
             message,
             release,
             retention,
+            by,
+            reason,
             yes,
         } => {
             let resolution = if let Some(path) = completed {
-                Resolution::Completed(serde_json::from_slice(&std::fs::read(path)?)?)
+                let text = std::fs::read(&path)
+                    .map_err(|err| format!("cannot read {}: {err}", path.display()))?;
+                let value: Value = serde_json::from_slice(&text)
+                    .map_err(|err| format!("{} is not JSON: {err}", path.display()))?;
+                Resolution::Completed(value)
             } else if let Some(kind) = failed {
                 Resolution::Failed(RetainedFailure {
                     kind,
@@ -158,8 +199,18 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                     "say --completed FILE, --failed KIND --message TEXT or --release".into(),
                 );
             };
+            let by = by.ok_or("say who resolves: --by NAME (or set USER)")?;
+            let operator = match reason {
+                Some(reason) => Operator::new(by)?.with_reason(reason),
+                None => Operator::new(by)?,
+            };
             let config = Config::builder().retention(retention).build()?;
-            resolve(store, config, key, resolution, yes).await?;
+            let target = match (key, identity) {
+                (Some(key), _) => Held::Record(OperationKey::from_stored(key)),
+                (None, Some(identity)) => Held::Evidence(identity),
+                (None, None) => return Err("pass --key or --identity".into()),
+            };
+            resolve(store, config, target, resolution, &operator, yes).await?;
         }
         Command::Stats { json } => stats(&store, json).await?,
     }
@@ -176,11 +227,51 @@ async fn store(tables: &Tables) -> Result<DynamoDbStore, BoxError> {
         loader = loader.endpoint_url(endpoint);
     }
     let client = aws_sdk_dynamodb::Client::new(&loader.load().await);
-    let store = DynamoDbStore::new(client, table);
+    let store = DynamoDbStore::new(client, table).with_attribute_names(layout(tables)?);
     Ok(match &tables.uniqueness_table {
         Some(uniqueness) => store.with_uniqueness_table(uniqueness),
         None => store,
     })
+}
+
+/// The table's layout from `--sort-key` and `--attribute`.
+fn layout(tables: &Tables) -> Result<AttributeNames, BoxError> {
+    let mut names = AttributeNames::default();
+    if let Some(sort_key) = &tables.sort_key {
+        let (attribute, value) = sort_key
+            .split_once('=')
+            .ok_or("--sort-key takes ATTR=VALUE, e.g. sk=idempotency")?;
+        names.sort_key = Some(SortKey {
+            attribute: attribute.to_owned(),
+            value: value.to_owned(),
+        });
+    }
+    for renamed in &tables.attributes {
+        let (field, name) = renamed
+            .split_once('=')
+            .ok_or("--attribute takes FIELD=NAME, e.g. expires_at=ttl")?;
+        let slot = match field {
+            "partition_key" => &mut names.partition_key,
+            "status" => &mut names.status,
+            "fingerprint" => &mut names.fingerprint,
+            "lease_token" => &mut names.lease_token,
+            "attempt" => &mut names.attempt,
+            "lease_expires_at" => &mut names.lease_expires_at,
+            "expires_at" => &mut names.expires_at,
+            "outcome" => &mut names.outcome,
+            "outcome_format" => &mut names.outcome_format,
+            "created_at" => &mut names.created_at,
+            "completed_at" => &mut names.completed_at,
+            "request_id" => &mut names.request_id,
+            "identity" => &mut names.identity,
+            "audit" => &mut names.audit,
+            other => {
+                return Err(format!("--attribute: no field `{other}` (see AttributeNames)").into());
+            }
+        };
+        *slot = name.to_owned();
+    }
+    Ok(names)
 }
 
 async fn get(
@@ -193,16 +284,10 @@ async fn get(
             .get(&OperationKey::from_stored(key))
             .await?
             .map(|record| record_json(&record)),
-        (None, Some(identity)) => store.evidence(&identity).await?.map(|evidence| {
-            json!({
-                "identity": evidence.identity,
-                "operation_key": evidence.key.as_str(),
-                "status": evidence.status.as_str(),
-                "result_ref": evidence.result_ref,
-                "created_at_ms": epoch_millis(evidence.created_at),
-                "completed_at_ms": evidence.completed_at.map(epoch_millis),
-            })
-        }),
+        (None, Some(identity)) => store
+            .evidence(&identity)
+            .await?
+            .map(|evidence| evidence_json(&evidence)),
         (None, None) => return Err("pass --key or --identity".into()),
     };
     match shown {
@@ -226,6 +311,29 @@ fn record_json(record: &Record) -> Value {
         "outcome_bytes": record.outcome.as_ref().map(Vec::len),
         "request_id": record.request_id,
         "identity": record.identity,
+        "audit": record.audit.as_ref().map(audit_json),
+    })
+}
+
+/// An evidence as an operator sees it.
+fn evidence_json(evidence: &Evidence) -> Value {
+    json!({
+        "identity": evidence.identity,
+        "operation_key": evidence.key.as_str(),
+        "status": evidence.status.as_str(),
+        "result_ref": evidence.result_ref,
+        "created_at_ms": epoch_millis(evidence.created_at),
+        "completed_at_ms": evidence.completed_at.map(epoch_millis),
+        "audit": evidence.audit.as_ref().map(audit_json),
+    })
+}
+
+fn audit_json(audit: &Audit) -> Value {
+    json!({
+        "by": audit.by,
+        "at_ms": epoch_millis(audit.at),
+        "action": audit.action,
+        "reason": audit.reason,
     })
 }
 
@@ -300,24 +408,51 @@ fn since(record: &Record) -> Option<SystemTime> {
     }
 }
 
+/// What an operator resolves.
+enum Held {
+    /// A record, by its operation key.
+    Record(OperationKey),
+    /// The evidence of a record that is gone, by its key in the uniqueness table.
+    Evidence(String),
+}
+
 async fn resolve(
     store: DynamoDbStore,
     config: Config,
-    key: String,
+    held: Held,
     resolution: Resolution,
+    operator: &Operator,
     yes: bool,
 ) -> Result<(), BoxError> {
-    let key = OperationKey::from_stored(key);
+    let found = describe(&store, &held).await?;
+    let change = match &resolution {
+        Resolution::Completed(value) => format!(
+            "record it COMPLETED with this {}-byte result ({}), replayed to every later delivery",
+            value.to_string().len(),
+            shape(value)
+        ),
+        Resolution::Failed(failure) => {
+            format!(
+                "record it FAILED ({}), replayed to every later delivery",
+                failure.kind
+            )
+        }
+        Resolution::Release => {
+            let evidence = match (&held, &found.identity) {
+                (Held::Evidence(identity), _) | (_, Some(identity)) => {
+                    format!(", and DELETE the permanent evidence of identity {identity}")
+                }
+                _ => String::new(),
+            };
+            format!(
+                "release it: the next delivery runs the operation again (the record stays, released and expired, with this trace){evidence}"
+            )
+        }
+    };
+    eprintln!("{}", found.summary);
+    eprintln!("will: {change}");
     if !yes {
-        eprint!(
-            "resolve {} as {}? [y/N] ",
-            key.as_str(),
-            match &resolution {
-                Resolution::Completed(_) => "COMPLETED",
-                Resolution::Failed(_) => "FAILED",
-                Resolution::Release => "released (the next delivery runs)",
-            }
-        );
+        eprint!("go ahead? [y/N] ");
         std::io::stderr().flush()?;
         let mut answer = String::new();
         std::io::stdin().lock().read_line(&mut answer)?;
@@ -326,11 +461,85 @@ async fn resolve(
         }
     }
     let idem = Idempotency::new(store, config);
-    if idem.resolve::<Value>(&key, resolution).await? {
-        println!("resolved {}", key.as_str());
-        Ok(())
-    } else {
-        Err("not resolved: the record is not INDETERMINATE (or is gone); nothing changed".into())
+    let resolved = match &held {
+        Held::Record(key) => idem.resolve::<Value>(key, resolution, operator).await?,
+        Held::Evidence(identity) => {
+            idem.resolve_evidence::<Value>(identity, resolution, operator)
+                .await?
+        }
+    };
+    if !resolved {
+        return Err(
+            "not resolved: it is not held for an operator (a live lease, settled, gone, or changed since it was read); nothing changed"
+                .into(),
+        );
+    }
+    println!("resolved: {change}");
+    Ok(())
+}
+
+/// What an operator is about to resolve, as found.
+struct Found {
+    summary: String,
+    identity: Option<String>,
+}
+
+async fn describe(store: &DynamoDbStore, held: &Held) -> Result<Found, BoxError> {
+    let now = SystemTime::now();
+    match held {
+        Held::Record(key) => {
+            let record = store.get(key).await?.ok_or("no record under this key")?;
+            let lease = match record.status {
+                Status::InProgress if record.lease.is_expired(now) => format!(
+                    ", its lease ran out {} ago",
+                    humantime::format_duration(Duration::from_secs(
+                        now.duration_since(record.lease.expires_at)
+                            .unwrap_or_default()
+                            .as_secs()
+                    ))
+                ),
+                Status::InProgress => ", its lease is LIVE: it cannot be resolved".into(),
+                _ => String::new(),
+            };
+            Ok(Found {
+                summary: format!(
+                    "found operation {} {} (attempt {}{lease})",
+                    key.as_str(),
+                    record.status,
+                    record.lease.attempt
+                ),
+                identity: record.identity,
+            })
+        }
+        Held::Evidence(identity) => {
+            let evidence = store
+                .evidence(identity)
+                .await?
+                .ok_or("no evidence under this key")?;
+            Ok(Found {
+                summary: format!(
+                    "found evidence {identity} {} of operation {}",
+                    evidence.status,
+                    evidence.key.as_str()
+                ),
+                identity: Some(identity.clone()),
+            })
+        }
+    }
+}
+
+/// A JSON value's shape, for the confirmation: its type and, for an object, its fields.
+fn shape(value: &Value) -> String {
+    match value {
+        Value::Object(fields) => {
+            let names: Vec<&str> = fields.keys().map(String::as_str).take(8).collect();
+            format!("an object with fields {}", names.join(", "))
+        }
+        Value::Array(items) => format!("an array of {}", items.len()),
+        Value::String(_) => "a string".into(),
+        Value::Number(_) => "a number".into(),
+        Value::Bool(_) => "a boolean".into(),
+        Value::Null => "null".into(),
     }
 }
 

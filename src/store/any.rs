@@ -80,6 +80,18 @@ trait DynStore: Send + Sync + fmt::Debug + 'static {
         settlement: &'a Settlement,
     ) -> BoxFuture<'a, Result<Fence, StoreError>>;
     fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>>;
+    fn release_by_operator<'a>(
+        &'a self,
+        seen: Option<&'a Record>,
+        evidence: Option<&'a Evidence>,
+        released: &'a Record,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    fn settle_evidence<'a>(
+        &'a self,
+        seen: &'a Evidence,
+        settlement: &'a Settlement,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
     fn get<'a>(
         &'a self,
         key: &'a OperationKey,
@@ -138,6 +150,26 @@ impl<S: Store> DynStore for S {
         Box::pin(Store::release(self, target))
     }
 
+    fn release_by_operator<'a>(
+        &'a self,
+        seen: Option<&'a Record>,
+        evidence: Option<&'a Evidence>,
+        released: &'a Record,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(Store::release_by_operator(
+            self, seen, evidence, released, now,
+        ))
+    }
+
+    fn settle_evidence<'a>(
+        &'a self,
+        seen: &'a Evidence,
+        settlement: &'a Settlement,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(Store::settle_evidence(self, seen, settlement))
+    }
+
     fn get<'a>(
         &'a self,
         key: &'a OperationKey,
@@ -191,6 +223,26 @@ impl Store for AnyStore {
 
     async fn release(&self, target: Target<'_>) -> Result<Fence, StoreError> {
         self.0.release(target).await
+    }
+
+    async fn release_by_operator(
+        &self,
+        seen: Option<&Record>,
+        evidence: Option<&Evidence>,
+        released: &Record,
+        now: SystemTime,
+    ) -> Result<bool, StoreError> {
+        self.0
+            .release_by_operator(seen, evidence, released, now)
+            .await
+    }
+
+    async fn settle_evidence(
+        &self,
+        seen: &Evidence,
+        settlement: &Settlement,
+    ) -> Result<bool, StoreError> {
+        self.0.settle_evidence(seen, settlement).await
     }
 
     async fn get(&self, key: &OperationKey) -> Result<Option<Record>, StoreError> {

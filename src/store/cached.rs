@@ -233,6 +233,27 @@ impl<S: Store> Store for CachedStore<S> {
         self.inner.release(target).await
     }
 
+    async fn release_by_operator(
+        &self,
+        seen: Option<&Record>,
+        evidence: Option<&Evidence>,
+        released: &Record,
+        now: SystemTime,
+    ) -> Result<bool, StoreError> {
+        self.settled.remove(&released.key);
+        self.inner
+            .release_by_operator(seen, evidence, released, now)
+            .await
+    }
+
+    async fn settle_evidence(
+        &self,
+        seen: &Evidence,
+        settlement: &Settlement,
+    ) -> Result<bool, StoreError> {
+        self.inner.settle_evidence(seen, settlement).await
+    }
+
     async fn get(&self, key: &OperationKey) -> Result<Option<Record>, StoreError> {
         self.inner.get(key).await
     }

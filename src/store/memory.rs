@@ -176,6 +176,9 @@ impl Store for MemoryStore {
                 record.expires_at = settlement.expires_at;
                 record.completed_at = Some(settlement.completed_at);
             }
+            if let Some(record) = tables.records.get_mut(target.key) {
+                record.audit.clone_from(&settlement.audit);
+            }
             if let Some(evidence) = target
                 .identity
                 .and_then(|identity| tables.evidence.get_mut(identity))
@@ -183,6 +186,7 @@ impl Store for MemoryStore {
                 evidence.status = settlement.status;
                 evidence.result_ref.clone_from(&settlement.result_ref);
                 evidence.completed_at = Some(settlement.completed_at);
+                evidence.audit.clone_from(&settlement.audit);
             }
         })
     }
@@ -209,6 +213,57 @@ impl Store for MemoryStore {
         })
     }
 
+    async fn release_by_operator(
+        &self,
+        seen: Option<&Record>,
+        evidence: Option<&Evidence>,
+        released: &Record,
+        now: SystemTime,
+    ) -> Result<bool, StoreError> {
+        let mut tables = self.lock();
+        let record_as_seen = match (tables.records.get(&released.key), seen) {
+            (Some(current), Some(seen)) => {
+                current.status == seen.status && current.lease.token == seen.lease.token
+            }
+            (current, None) => current.is_none_or(|current| current.counts_as_absent(now)),
+            (None, Some(_)) => false,
+        };
+        let evidence_as_seen = evidence.is_none_or(|seen| {
+            tables
+                .evidence
+                .get(&seen.identity)
+                .is_some_and(|current| is_as_seen(current, seen))
+        });
+        if !(record_as_seen && evidence_as_seen) {
+            return Ok(false);
+        }
+        if let Some(seen) = evidence {
+            tables.evidence.remove(&seen.identity);
+        }
+        tables
+            .records
+            .insert(released.key.clone(), released.clone());
+        Ok(true)
+    }
+
+    async fn settle_evidence(
+        &self,
+        seen: &Evidence,
+        settlement: &Settlement,
+    ) -> Result<bool, StoreError> {
+        let mut tables = self.lock();
+        match tables.evidence.get_mut(&seen.identity) {
+            Some(current) if is_as_seen(current, seen) => {
+                current.status = settlement.status;
+                current.result_ref.clone_from(&settlement.result_ref);
+                current.completed_at = Some(settlement.completed_at);
+                current.audit.clone_from(&settlement.audit);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     async fn get(&self, key: &OperationKey) -> Result<Option<Record>, StoreError> {
         Ok(self.lock().records.get(key).cloned())
     }
@@ -218,12 +273,18 @@ impl Store for MemoryStore {
     }
 }
 
-/// Whether `standing` evidence is still the `orphan` an adoption expects: the same operation,
-/// IN_PROGRESS, created at the same moment (millisecond resolution, as stored).
+/// Whether `standing` evidence is still the `orphan` an adoption expects: as seen, and
+/// IN_PROGRESS.
 fn is_orphan(standing: &Evidence, orphan: &Evidence) -> bool {
-    standing.key == orphan.key
-        && standing.status == Status::InProgress
-        && epoch_millis(standing.created_at) == epoch_millis(orphan.created_at)
+    standing.status == Status::InProgress && is_as_seen(standing, orphan)
+}
+
+/// Whether `standing` evidence is still as `seen`: the same operation and status, created at
+/// the same moment (millisecond resolution, as stored).
+fn is_as_seen(standing: &Evidence, seen: &Evidence) -> bool {
+    standing.key == seen.key
+        && standing.status == seen.status
+        && epoch_millis(standing.created_at) == epoch_millis(seen.created_at)
 }
 
 /// The error for a fenced write whose identity's evidence is missing or another operation's.

@@ -84,6 +84,14 @@ pub enum Guard<'a> {
     Lease(&'a str),
     /// INDETERMINATE: an operator resolves it.
     Indeterminate,
+    /// IN_PROGRESS under this lease token, its lease run out at `now`: an operator resolves a
+    /// stuck claim (never a live one).
+    Expired {
+        /// The token the operator saw.
+        token: &'a str,
+        /// The operator's time.
+        now: SystemTime,
+    },
 }
 
 impl Guard<'_> {
@@ -94,6 +102,11 @@ impl Guard<'_> {
                 record.status == Status::InProgress && record.lease.token == *token
             }
             Self::Indeterminate => record.status == Status::Indeterminate,
+            Self::Expired { token, now } => {
+                record.status == Status::InProgress
+                    && record.lease.token == *token
+                    && record.lease.is_expired(*now)
+            }
         }
     }
 }
@@ -162,6 +175,28 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Deletes the target record (and its evidence) so that a retry executes afresh.
     fn release(&self, target: Target<'_>)
     -> impl Future<Output = Result<Fence, StoreError>> + Send;
+
+    /// An operator's release: writes `released` (an expired FAILED record carrying the
+    /// operator's audit, so that the next delivery claims afresh) where the record is still as
+    /// `seen` (the same status and lease token; `None`: absent, or settled and expired), and
+    /// deletes `evidence` (as seen: the same operation, status and creation) in the same write.
+    /// `false`: one of them had changed; nothing was written.
+    fn release_by_operator(
+        &self,
+        seen: Option<&Record>,
+        evidence: Option<&Evidence>,
+        released: &Record,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// An operator's settlement of evidence whose record is gone: `seen` (the same operation,
+    /// status and creation) takes `settlement`'s status, result reference, time and audit.
+    /// `false`: the evidence had changed; nothing was written.
+    fn settle_evidence(
+        &self,
+        seen: &Evidence,
+        settlement: &Settlement,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Reads the record of `key` as stored, expired or not.
     fn get(

@@ -80,6 +80,11 @@ pub fn evidence_key(identity: &str) -> String {
     IdentityScope::default().evidence_key(identity, &key)
 }
 
+/// The operator every case's resolutions are made by.
+pub fn operator() -> lambda_idempotency::Operator {
+    lambda_idempotency::Operator::new("conformance-suite").expect("an operator")
+}
+
 /// The record of `key`, which must exist.
 pub async fn stored<S: Store>(idem: &Idempotency<S>, key: &OperationKey, why: &str) -> Record {
     idem.store().get(key).await.expect("get").expect(why)
@@ -577,5 +582,6 @@ pub async fn unreadable_outcome_is_a_typed_error<S: Store>(fx: Fixture<S>) {
 pub use super::durability::*;
 pub use super::edges::*;
 pub use super::identities::*;
+pub use super::operators::*;
 pub use super::outages::*;
 pub use super::outcomes::*;

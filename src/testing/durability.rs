@@ -16,8 +16,8 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use super::conformance::{
-    Fixture, LEASE, counted, crash_after_claim, engine, evidence_key, invocation, race, start_time,
-    stored,
+    Fixture, LEASE, counted, crash_after_claim, engine, evidence_key, invocation, operator, race,
+    start_time, stored,
 };
 
 /// An invoice operation: it keeps permanent evidence under `identity`, with the invoice id as
@@ -433,14 +433,15 @@ pub async fn takeover_reconciled_as_unknown_holds_for_an_operator<S: Store>(fx: 
     assert!(
         idem.resolve::<Value>(
             resolved.key(),
-            Resolution::Completed(operator_answer.clone())
+            Resolution::Completed(operator_answer.clone()),
+            &operator()
         )
         .await
         .expect("resolve")
     );
     assert!(
         !idem
-            .resolve::<Value>(resolved.key(), Resolution::Release)
+            .resolve::<Value>(resolved.key(), Resolution::Release, &operator())
             .await
             .expect("resolve"),
         "only INDETERMINATE resolves"
@@ -452,7 +453,7 @@ pub async fn takeover_reconciled_as_unknown_holds_for_an_operator<S: Store>(fx: 
     assert_eq!(replay.value(), &operator_answer);
 
     assert!(
-        idem.resolve::<Value>(released.key(), Resolution::Release)
+        idem.resolve::<Value>(released.key(), Resolution::Release, &operator())
             .await
             .expect("release")
     );
@@ -556,6 +557,7 @@ fn claim_record(material: &str, identity: &str, token: &str) -> Record {
         completed_at: None,
         request_id: None,
         identity: Some(identity.into()),
+        audit: None,
     }
 }
 

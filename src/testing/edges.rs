@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use super::conformance::{
     Fixture, LEASE, blocked_worker, counted, crash_after_claim, engine, evidence_key, invocation,
-    stalled_worker, stored,
+    operator, stalled_worker, stored,
 };
 use super::faults::{Fault, FaultKind, FaultyStore, Primitive};
 
@@ -504,7 +504,11 @@ pub async fn values_are_type_checked_before_they_are_stored<S: Store>(fx: Fixtur
         .expect_err("held");
     assert!(matches!(err, Error::Indeterminate { .. }), "got {err:?}");
     let err = idem
-        .resolve::<u32>(resolved.key(), Resolution::Completed(json!("text")))
+        .resolve::<u32>(
+            resolved.key(),
+            Resolution::Completed(json!("text")),
+            &operator(),
+        )
         .await
         .expect_err("mismatch");
     assert!(matches!(err, Error::OutcomeMismatch { .. }), "got {err:?}");
@@ -514,12 +518,12 @@ pub async fn values_are_type_checked_before_they_are_stored<S: Store>(fx: Fixtur
     );
     let oversized = Resolution::Completed(json!("z".repeat(DEFAULT_MAX_OUTCOME_BYTES)));
     let err = idem
-        .resolve::<String>(resolved.key(), oversized)
+        .resolve::<String>(resolved.key(), oversized, &operator())
         .await
         .expect_err("over the limit");
     assert!(matches!(err, Error::OutcomeTooLarge { .. }), "got {err:?}");
     assert!(
-        idem.resolve::<u32>(resolved.key(), Resolution::Completed(json!(5)))
+        idem.resolve::<u32>(resolved.key(), Resolution::Completed(json!(5)), &operator())
             .await
             .expect("resolves")
     );

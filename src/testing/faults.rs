@@ -49,11 +49,13 @@ pub enum Primitive {
     Get,
     /// [`Store::evidence`].
     Evidence,
+    /// An operator's writes: [`Store::release_by_operator`], [`Store::settle_evidence`].
+    Operator,
 }
 
 impl Primitive {
     /// Every primitive.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::Claim,
         Self::Adopt,
         Self::TakeOver,
@@ -62,6 +64,7 @@ impl Primitive {
         Self::Release,
         Self::Get,
         Self::Evidence,
+        Self::Operator,
     ];
 
     /// The primitive's name, as store errors report it.
@@ -75,6 +78,7 @@ impl Primitive {
             Self::Release => "release",
             Self::Get => "get",
             Self::Evidence => "evidence",
+            Self::Operator => "operator",
         }
     }
 }
@@ -379,6 +383,28 @@ impl<S: Store + Clone> Store for FaultyStore<S> {
     async fn release(&self, target: Target<'_>) -> Result<Fence, StoreError> {
         self.around(Primitive::Release, self.inner.release(target))
             .await
+    }
+
+    async fn release_by_operator(
+        &self,
+        seen: Option<&Record>,
+        evidence: Option<&Evidence>,
+        released: &Record,
+        now: SystemTime,
+    ) -> Result<bool, StoreError> {
+        let release = self
+            .inner
+            .release_by_operator(seen, evidence, released, now);
+        self.around(Primitive::Operator, release).await
+    }
+
+    async fn settle_evidence(
+        &self,
+        seen: &Evidence,
+        settlement: &Settlement,
+    ) -> Result<bool, StoreError> {
+        let settle = self.inner.settle_evidence(seen, settlement);
+        self.around(Primitive::Operator, settle).await
     }
 
     async fn get(&self, key: &OperationKey) -> Result<Option<Record>, StoreError> {

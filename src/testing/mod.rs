@@ -37,6 +37,7 @@ pub mod faults;
 pub mod identities;
 pub mod interceptor;
 pub mod local;
+pub mod operators;
 pub mod outages;
 pub mod outcomes;
 pub mod simulation;
@@ -97,7 +98,11 @@ macro_rules! conformance_tests {
             a_deploy_that_removes_an_identity_settles_its_evidence,
             a_deploy_that_changes_an_identity_keeps_the_recorded_one,
             a_settlement_outlasts_an_outage_of_seconds,
-            an_outage_past_the_deadline_leaves_the_claim_to_recovery
+            an_outage_past_the_deadline_leaves_the_claim_to_recovery,
+            a_stuck_claim_is_resolved_by_an_operator_but_never_a_live_one,
+            an_operators_release_leaves_a_trace_and_the_next_delivery_runs,
+            orphaned_evidence_is_resolved_by_an_operator,
+            indeterminate_evidence_without_its_record_is_released_by_an_operator
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

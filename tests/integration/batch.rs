@@ -536,6 +536,7 @@ fn failed_evidence_is_permanent_in_progress_evidence_is_not() {
             result_ref: None,
             created_at: std::time::UNIX_EPOCH,
             completed_at: None,
+            audit: None,
         }),
     };
 

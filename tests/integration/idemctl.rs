@@ -123,6 +123,8 @@ async fn an_operator_finds_and_resolves_stuck_work() {
             "24h",
             "--completed",
             &path,
+            "--by",
+            "alice",
             "--yes",
         ],
     ));
@@ -144,10 +146,15 @@ async fn an_operator_finds_and_resolves_stuck_work() {
             "--retention",
             "24h",
             "--release",
+            "--by",
+            "alice",
             "--yes",
         ],
     );
-    assert!(!again.status.success(), "only INDETERMINATE resolves");
+    assert!(
+        !again.status.success(),
+        "a settled record is not held for an operator"
+    );
     let unconfirmed = idemctl(
         &db,
         &[
@@ -157,6 +164,8 @@ async fn an_operator_finds_and_resolves_stuck_work() {
             "--retention",
             "24h",
             "--release",
+            "--by",
+            "alice",
         ],
     );
     assert!(
@@ -179,4 +188,149 @@ async fn an_operator_finds_and_resolves_stuck_work() {
     ));
     let described = db.client.describe_table().table_name(&fresh).send().await;
     assert!(described.is_ok(), "the table exists");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_resolves_every_held_state_on_a_single_table_layout_and_leaves_a_trace() {
+    use lambda_idempotency::store::{AttributeNames, DynamoDbStore, SortKey};
+    use lambda_idempotency::testing::local::unique_table_name;
+
+    let db = dynamo::start().await;
+    let names = AttributeNames {
+        sort_key: Some(SortKey {
+            attribute: "sk".into(),
+            value: "idempotency".into(),
+        }),
+        expires_at: "ttl".into(),
+        status: "state".into(),
+        ..AttributeNames::default()
+    };
+    let (table, uniqueness) = (unique_table_name("cli-single"), unique_table_name("cli-u"));
+    let store = DynamoDbStore::new(db.client.clone(), &table)
+        .with_uniqueness_table(&uniqueness)
+        .with_attribute_names(names);
+    store.create_table().await.expect("tables");
+    let clock = ManualClock::new(SystemTime::now() - Duration::from_secs(3600));
+    let retention = Config::builder()
+        .retention(Duration::from_secs(60))
+        .build()
+        .expect("config");
+    let idem = Idempotency::new(store.clone(), retention).with_clock(clock.clone());
+    let (stuck, orphan) = (
+        invocation("stuck").with_identity("invoice:stuck"),
+        invocation("orphan").with_identity("invoice:orphan"),
+    );
+    crash_after_claim(&idem, &stuck).await;
+    crash_after_claim(&idem, &orphan).await;
+    // The orphan's record is deleted by TTL; the stuck one's is not (yet).
+    db.client
+        .delete_item()
+        .table_name(&table)
+        .key(
+            "pk",
+            aws_sdk_dynamodb::types::AttributeValue::S(orphan.key().to_string()),
+        )
+        .key(
+            "sk",
+            aws_sdk_dynamodb::types::AttributeValue::S("idempotency".into()),
+        )
+        .send()
+        .await
+        .expect("TTL's deletion");
+    let layout = [
+        "--table",
+        &table,
+        "--uniqueness-table",
+        &uniqueness,
+        "--sort-key",
+        "sk=idempotency",
+        "--attribute",
+        "expires_at=ttl",
+        "--attribute",
+        "status=state",
+    ];
+    let cli = |args: &[&str]| {
+        let mut all: Vec<&str> = layout.to_vec();
+        all.extend_from_slice(args);
+        idemctl(&db, &all)
+    };
+
+    let key = stuck.key().as_str().to_owned();
+    let released = cli(&[
+        "resolve",
+        "--key",
+        &key,
+        "--retention",
+        "24h",
+        "--release",
+        "--by",
+        "bob",
+        "--reason",
+        "no charge at the provider",
+        "--yes",
+    ]);
+    stdout(&released);
+    let said = String::from_utf8_lossy(&released.stderr);
+    let identity = stuck.evidence_key().expect("identity");
+    assert!(
+        said.contains("IN_PROGRESS"),
+        "it says what it found: {said}"
+    );
+    assert!(
+        said.contains(&format!(
+            "DELETE the permanent evidence of identity {identity}"
+        )),
+        "a release says it deletes the evidence: {said}"
+    );
+    let shown: Value = serde_json::from_str(&stdout(&cli(&["get", "--key", &key]))).expect("JSON");
+    assert_eq!(shown["status"], "FAILED");
+    assert_eq!(shown["audit"]["by"], "bob");
+    assert_eq!(shown["audit"]["action"], "released from IN_PROGRESS");
+    assert_eq!(shown["audit"]["reason"], "no charge at the provider");
+    let gone = cli(&["get", "--identity", &identity]);
+    assert!(!gone.status.success(), "the evidence was deleted");
+
+    let result = std::env::temp_dir().join(format!("idemctl-ref-{}.json", std::process::id()));
+    std::fs::write(&result, r#""inv-orphan-1""#).expect("write");
+    let path = result.to_string_lossy().to_string();
+    let orphan_identity = orphan.evidence_key().expect("identity");
+    stdout(&cli(&[
+        "resolve",
+        "--identity",
+        &orphan_identity,
+        "--retention",
+        "24h",
+        "--completed",
+        &path,
+        "--by",
+        "bob",
+        "--yes",
+    ]));
+    let evidence: Value =
+        serde_json::from_str(&stdout(&cli(&["get", "--identity", &orphan_identity])))
+            .expect("JSON");
+    assert_eq!(evidence["status"], "COMPLETED");
+    assert_eq!(evidence["result_ref"], "inv-orphan-1");
+    assert_eq!(evidence["audit"]["action"], "completed from IN_PROGRESS");
+    let _ = std::fs::remove_file(result);
+
+    let unchecked = std::env::temp_dir().join(format!("idemctl-bad-{}.json", std::process::id()));
+    std::fs::write(&unchecked, "{not json").expect("write");
+    let refused = cli(&[
+        "resolve",
+        "--key",
+        orphan.key().as_str(),
+        "--retention",
+        "24h",
+        "--completed",
+        &unchecked.to_string_lossy(),
+        "--by",
+        "bob",
+        "--yes",
+    ]);
+    assert!(
+        !refused.status.success(),
+        "a file that is not JSON is refused"
+    );
+    let _ = std::fs::remove_file(unchecked);
 }

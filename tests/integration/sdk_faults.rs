@@ -17,7 +17,7 @@ use lambda_idempotency::failure::Terminal;
 use lambda_idempotency::reconcile::{Reconciliation, Takeover};
 use lambda_idempotency::record::{Evidence, Record, Status};
 use lambda_idempotency::store::{DynamoDbStore, Store};
-use lambda_idempotency::testing::conformance::{counted, crash_after_claim, start_time};
+use lambda_idempotency::testing::conformance::{counted, crash_after_claim, operator, start_time};
 use lambda_idempotency::testing::dynamo::{self, Dynamo};
 use lambda_idempotency::testing::interceptor::{
     Fault, FaultInterceptor, Operation, SDK_ATTEMPTS, client_with,
@@ -149,6 +149,20 @@ impl Rig {
     /// Asserts that neither a record nor evidence of `inv` stands.
     async fn assert_absent(&self, inv: &Invocation) {
         assert_eq!(self.record(inv).await, None, "no record stands");
+        assert_eq!(self.evidence(inv).await, None, "no evidence stands");
+    }
+
+    /// An operator released `inv`: its record stays, released and expired, with the trace;
+    /// no evidence stands.
+    async fn assert_released(&self, inv: &Invocation) {
+        let record = self.record(inv).await.expect("the released record stays");
+        assert_eq!(record.status, Status::Failed);
+        assert!(
+            record.expires_at < self.clock.now(),
+            "expired: the next delivery runs"
+        );
+        let audit = record.audit.expect("the operator's trace");
+        assert_eq!(audit.action, "released from INDETERMINATE");
         assert_eq!(self.evidence(inv).await, None, "no evidence stands");
     }
 
@@ -744,12 +758,13 @@ async fn dropped_resolution_response_is_recognised() {
 
                 let (request, resolution) = match release {
                     false => (path.settle(), Resolution::Completed(json!(18))),
-                    true => (path.release(), Resolution::Release),
+                    // An operator's release rewrites the record (released, with its trace).
+                    true => (path.claim(), Resolution::Release),
                 };
                 rig.faults.inject_times(request, Fault::DropResponse, drops);
                 let resolved = rig
                     .idem
-                    .resolve::<u32>(inv.key(), resolution)
+                    .resolve::<u32>(inv.key(), resolution, &operator())
                     .await
                     .expect("resolved");
 
@@ -763,7 +778,7 @@ async fn dropped_resolution_response_is_recognised() {
                     "{case}"
                 );
                 if release {
-                    rig.assert_absent(&inv).await;
+                    rig.assert_released(&inv).await;
                 } else {
                     rig.assert_completed(&inv, "18").await;
                     rig.assert_replays(&inv, &runs, 18).await;

@@ -1,6 +1,6 @@
 //! The uniqueness table: permanent evidence of business identities, one item each, no TTL.
 
-use super::item::{Decoder, Item, corrupt, millis, read_s, s};
+use super::item::{Decoder, Item, audit_value, corrupt, millis, read_audit, read_s, s};
 use super::writes::{Expr, Write};
 use crate::error::StoreError;
 use crate::key::{Fingerprint, OperationKey, Scoped};
@@ -15,6 +15,7 @@ const STATUS: &str = "status";
 const RESULT_REF: &str = "result_ref";
 const CREATED_AT: &str = "created_at";
 const COMPLETED_AT: &str = "completed_at";
+const AUDIT: &str = "audit";
 
 /// The primary key of `identity`'s item.
 pub(crate) fn key(identity: &str) -> Item {
@@ -33,6 +34,9 @@ fn encode(evidence: &Evidence) -> Item {
     }
     if let Some(completed_at) = evidence.completed_at {
         item.insert(COMPLETED_AT.to_owned(), millis(completed_at));
+    }
+    if let Some(audit) = &evidence.audit {
+        item.insert(AUDIT.to_owned(), audit_value(audit));
     }
     item
 }
@@ -53,6 +57,7 @@ pub(crate) fn decode(item: &Item) -> Result<Evidence, StoreError> {
         result_ref: decoder.optional(RESULT_REF, |value| value.as_s().ok().cloned())?,
         created_at: decoder.millis(CREATED_AT)?,
         completed_at: decoder.optional_millis(COMPLETED_AT)?,
+        audit: decoder.optional(AUDIT, read_audit)?,
         key,
     })
 }
@@ -122,21 +127,70 @@ pub(crate) fn settle_write(
     identity: &str,
     settlement: &Settlement,
 ) -> Result<Write, StoreError> {
+    let (update, expr) = settled(settlement, owned(target));
+    Write::update(table, key(identity), &update, OWNED, expr)
+}
+
+/// The update expression that settles evidence as `settlement` says, on `expr`.
+fn settled(settlement: &Settlement, expr: Expr) -> (String, Expr) {
     let mut update = "SET #status = :status, #completed_at = :completed_at".to_owned();
-    let mut expr = owned(target)
+    let mut expr = expr
         .name("#status", STATUS)
         .name("#completed_at", COMPLETED_AT)
+        .name("#result_ref", RESULT_REF)
+        .name("#audit", AUDIT)
         .value(":status", s(settlement.status.as_str()))
         .value(":completed_at", millis(settlement.completed_at));
-    expr = expr.name("#result_ref", RESULT_REF);
+    let mut removed = Vec::new();
     match &settlement.result_ref {
         Some(result_ref) => {
             update.push_str(", #result_ref = :result_ref");
             expr = expr.value(":result_ref", s(result_ref));
         }
-        None => update.push_str(" REMOVE #result_ref"),
+        None => removed.push("#result_ref"),
     }
-    Write::update(table, key(identity), &update, OWNED, expr)
+    match &settlement.audit {
+        Some(audit) => {
+            update.push_str(", #audit = :audit");
+            expr = expr.value(":audit", audit_value(audit));
+        }
+        None => removed.push("#audit"),
+    }
+    if !removed.is_empty() {
+        update.push_str(" REMOVE ");
+        update.push_str(&removed.join(", "));
+    }
+    (update, expr)
+}
+
+/// The condition that the evidence is still as an operator saw it: the same operation and
+/// status, created at the same moment.
+const AS_SEEN: &str =
+    "#operation_key = :key AND #status = :seen_status AND #created_at = :created_at";
+
+fn as_seen(seen: &Evidence) -> Expr {
+    Expr::default()
+        .name("#operation_key", OPERATION_KEY)
+        .name("#status", STATUS)
+        .name("#created_at", CREATED_AT)
+        .value(":key", s(seen.key.as_str()))
+        .value(":seen_status", s(seen.status.as_str()))
+        .value(":created_at", millis(seen.created_at))
+}
+
+/// An operator's `Update` of evidence whose record is gone, as `settlement` says.
+pub(crate) fn operator_settle_write(
+    table: &str,
+    seen: &Evidence,
+    settlement: &Settlement,
+) -> Result<Write, StoreError> {
+    let (update, expr) = settled(settlement, as_seen(seen));
+    Write::update(table, key(&seen.identity), &update, AS_SEEN, expr)
+}
+
+/// An operator's `Delete` of evidence, as it saw it (a release: the next delivery runs).
+pub(crate) fn operator_delete_write(table: &str, seen: &Evidence) -> Result<Write, StoreError> {
+    Write::delete(table, key(&seen.identity), AS_SEEN, as_seen(seen))
 }
 
 /// The release's `Delete` of the evidence, conditioned on it being this operation's.

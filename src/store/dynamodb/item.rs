@@ -10,7 +10,7 @@ use super::outcome::Manifest;
 use crate::error::StoreError;
 use crate::key::{Fingerprint, OperationKey};
 use crate::record::{
-    Lease, Record, Status, epoch_millis, epoch_secs, from_epoch_millis, from_epoch_secs,
+    Audit, Lease, Record, Status, epoch_millis, epoch_secs, from_epoch_millis, from_epoch_secs,
 };
 
 /// An item as the SDK sees it.
@@ -49,6 +49,9 @@ pub struct AttributeNames {
     pub request_id: String,
     /// Business identity (S), when the operation declared one.
     pub identity: String,
+    /// An operator's trace (M: `by`, `at` in epoch milliseconds, `action`, `reason`), when an
+    /// operator resolved the operation.
+    pub audit: String,
 }
 
 /// A sort key for single-table designs. The operation key stays in the partition key, so
@@ -80,6 +83,7 @@ impl Default for AttributeNames {
             completed_at: "completed_at".into(),
             request_id: "request_id".into(),
             identity: "identity".into(),
+            audit: "audit".into(),
         }
     }
 }
@@ -143,6 +147,9 @@ impl AttributeNames {
         if let Some(identity) = &record.identity {
             item.insert(self.identity.clone(), s(identity));
         }
+        if let Some(audit) = &record.audit {
+            item.insert(self.audit.clone(), audit_value(audit));
+        }
         item
     }
 
@@ -183,6 +190,9 @@ impl AttributeNames {
                 .identity
                 .as_ref()
                 .map_or(0, |identity| text(&self.identity, identity))
+            + record.audit.as_ref().map_or(0, |audit| {
+                self.audit.len() + value_size(&audit_value(audit))
+            })
     }
 
     /// The record in `item`, and the manifest of its outcome's part items when the outcome is
@@ -230,6 +240,7 @@ impl AttributeNames {
             completed_at: decoder.optional_millis(&self.completed_at)?,
             request_id: decoder.optional(&self.request_id, |value| value.as_s().ok().cloned())?,
             identity: decoder.optional(&self.identity, |value| value.as_s().ok().cloned())?,
+            audit: decoder.optional(&self.audit, read_audit)?,
             key,
         };
         Ok((record, pending))
@@ -332,6 +343,32 @@ fn number_size(value: u64) -> usize {
     digits.div_ceil(2) + 1
 }
 
+/// An operator's trace as a map attribute.
+pub(crate) fn audit_value(audit: &Audit) -> AttributeValue {
+    let mut fields = HashMap::from([
+        ("by".to_owned(), s(&audit.by)),
+        ("at".to_owned(), millis(audit.at)),
+        ("action".to_owned(), s(&audit.action)),
+    ]);
+    if let Some(reason) = &audit.reason {
+        fields.insert("reason".to_owned(), s(reason));
+    }
+    AttributeValue::M(fields)
+}
+
+/// An operator's trace from its map attribute; `None` when it is not one.
+pub(crate) fn read_audit(value: &AttributeValue) -> Option<Audit> {
+    let fields = value.as_m().ok()?;
+    let text = |name: &str| fields.get(name)?.as_s().ok().cloned();
+    let at = fields.get("at")?.as_n().ok()?.parse().ok()?;
+    Some(Audit {
+        by: text("by")?,
+        at: from_epoch_millis(at)?,
+        action: text("action")?,
+        reason: text("reason"),
+    })
+}
+
 pub(crate) fn read_s<'a>(item: &'a Item, attribute: &str) -> Result<&'a str, String> {
     item.get(attribute)
         .and_then(|value| value.as_s().ok())
@@ -401,6 +438,7 @@ mod tests {
             completed_at: None,
             request_id: None,
             identity: None,
+            audit: None,
         };
         let settled = Record {
             status: Status::Completed,
@@ -408,6 +446,12 @@ mod tests {
             completed_at: Some(at + Duration::from_millis(7)),
             request_id: Some("r".repeat(256)),
             identity: Some("invoice:o-1".into()),
+            audit: Some(crate::record::Audit {
+                by: "ops".into(),
+                at,
+                action: "completed from INDETERMINATE".into(),
+                reason: Some("checked the ledger".into()),
+            }),
             ..claim.clone()
         };
         let single_table = AttributeNames {

@@ -312,6 +312,37 @@ impl DynamoDbStore {
                 "#status = :indeterminate",
                 expr.value(":indeterminate", s(Status::Indeterminate.as_str())),
             ),
+            Guard::Expired { token, now } => (
+                "#status = :in_progress AND #lease_token = :mine AND #lease_expires_at < :now_ms",
+                expr.name("#lease_token", &self.names.lease_token)
+                    .name("#lease_expires_at", &self.names.lease_expires_at)
+                    .value(":in_progress", s(Status::InProgress.as_str()))
+                    .value(":mine", s(token))
+                    .value(":now_ms", millis(now)),
+            ),
+        }
+    }
+
+    /// The condition that the record is still as an operator saw it (the same status and lease
+    /// token), or, when it saw none, that it is absent or settled and expired.
+    fn as_seen(&self, seen: Option<&Record>, now: SystemTime) -> (&'static str, Expr) {
+        let names = &self.names;
+        let expr = Expr::default().name("#status", &names.status);
+        match seen {
+            Some(seen) => (
+                "#status = :seen_status AND #lease_token = :seen_token",
+                expr.name("#lease_token", &names.lease_token)
+                    .value(":seen_status", s(seen.status.as_str()))
+                    .value(":seen_token", s(&seen.lease.token)),
+            ),
+            None => (
+                "attribute_not_exists(#pk) OR (#expires_at < :now_s AND #status IN (:completed, :failed))",
+                expr.name("#pk", &names.partition_key)
+                    .name("#expires_at", &names.expires_at)
+                    .value(":now_s", secs(now))
+                    .value(":completed", s(Status::Completed.as_str()))
+                    .value(":failed", s(Status::Failed.as_str())),
+            ),
         }
     }
 
@@ -549,6 +580,12 @@ impl Store for DynamoDbStore {
             }
             None => removed.push("#outcome_format"),
         }
+        if let Some(audit) = &settlement.audit {
+            update.push_str(", #audit = :audit");
+            expr = expr
+                .name("#audit", &names.audit)
+                .value(":audit", item::audit_value(audit));
+        }
         if !removed.is_empty() {
             update.push_str(" REMOVE ");
             update.push_str(&removed.join(", "));
@@ -612,6 +649,38 @@ impl Store for DynamoDbStore {
             )?);
         }
         self.fenced("release", target, writes, Parts::Skip).await
+    }
+
+    async fn release_by_operator(
+        &self,
+        seen: Option<&Record>,
+        evidence: Option<&Evidence>,
+        released: &Record,
+        now: SystemTime,
+    ) -> Result<bool, StoreError> {
+        let (condition, expr) = self.as_seen(seen, now);
+        let mut writes = vec![Write::put(
+            &self.table,
+            self.names.encode(released),
+            condition,
+            expr,
+        )?];
+        if let Some(evidence) = evidence {
+            writes.push(evidence::operator_delete_write(
+                self.uniqueness()?,
+                evidence,
+            )?);
+        }
+        Ok(self.apply("release_by_operator", writes).await?.is_none())
+    }
+
+    async fn settle_evidence(
+        &self,
+        seen: &Evidence,
+        settlement: &Settlement,
+    ) -> Result<bool, StoreError> {
+        let write = evidence::operator_settle_write(self.uniqueness()?, seen, settlement)?;
+        Ok(self.apply("settle_evidence", vec![write]).await?.is_none())
     }
 
     async fn get(&self, key: &OperationKey) -> Result<Option<Record>, StoreError> {

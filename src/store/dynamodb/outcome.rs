@@ -211,7 +211,7 @@ impl Default for OutcomeStorage {
 /// settlement's times, and the attributes the store does not see at their usual width.
 fn sized_record(target: Target<'_>, settlement: &Settlement) -> Record {
     let token = match target.guard {
-        Guard::Lease(token) => token.to_owned(),
+        Guard::Lease(token) | Guard::Expired { token, .. } => token.to_owned(),
         Guard::Indeterminate => uuid::Uuid::nil().to_string(),
     };
     Record {
@@ -229,6 +229,7 @@ fn sized_record(target: Target<'_>, settlement: &Settlement) -> Record {
         completed_at: Some(settlement.completed_at),
         request_id: Some("r".repeat(TYPICAL_REQUEST_ID_BYTES)),
         identity: target.identity.map(str::to_owned),
+        audit: settlement.audit.clone(),
     }
 }
 

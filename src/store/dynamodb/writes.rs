@@ -189,10 +189,12 @@ impl DynamoDbStore {
         if writes.len() == 1
             && let Some(write) = writes.pop()
         {
-            return self
-                .apply_one(operation, write)
-                .await
-                .map(|failed| failed.map(|item| vec![Check::Failed(item)]));
+            let table = write.table().to_owned();
+            return match self.apply_one(operation, write).await {
+                Ok(failed) => Ok(failed.map(|item| vec![Check::Failed(item)])),
+                Err(StoreError::TableNotFound { .. }) => Err(self.not_found(&table)),
+                Err(err) => Err(err),
+            };
         }
         let tables: Vec<String> = writes
             .iter()

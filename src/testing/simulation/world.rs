@@ -18,7 +18,7 @@ use super::ledger::{Ledger, Profile};
 use super::{Budget, Stats, Violation};
 use crate::clock::{Clock, ManualClock};
 use crate::config::Config;
-use crate::engine::{Idempotency, Resolution};
+use crate::engine::{Idempotency, Operator, Resolution};
 use crate::error::Error;
 use crate::execution::{Execution, Invocation};
 use crate::key::{Fingerprint, JsonPointer, OperationKey, OperationScope};
@@ -558,7 +558,11 @@ impl<S: Store + Clone> World<S> {
                 true => Resolution::Completed(json!({"op": op, "resolved": true})),
                 false => Resolution::Release,
             };
-            let resolved = self.workers[0].0.resolve::<Value>(&key, resolution).await;
+            let operator = Operator::new("simulation").expect("an operator");
+            let resolved = self.workers[0]
+                .0
+                .resolve::<Value>(&key, resolution, &operator)
+                .await;
             if !applied && matches!(resolved, Ok(true)) {
                 lock(&self.shared).ledger.operator_released(op);
             }
