@@ -142,9 +142,10 @@ impl Ours {
             completed_at: Some(at + Duration::from_millis(40)),
             ..claim.clone()
         };
-        // The uniqueness table's item: pk (the identity), operation_key, fingerprint, status,
-        // created_at (and completed_at, result_ref once settled); names are fixed.
-        let identity = "invoice:o-418:rev-2";
+        // The uniqueness table's item: pk (the identity under its scope), operation_key,
+        // fingerprint, status, created_at (and completed_at, result_ref once settled); names
+        // are fixed.
+        let identity = "orders-prod-place#id=invoice:o-418:rev-2";
         let evidence = ("pk".len() + identity.len())
             + ("operation_key".len() + claim.key.as_str().len())
             + ("fingerprint".len() + 64)
@@ -186,6 +187,9 @@ impl Ours {
                 vec![
                     transact(0, claim),
                     transact(0, self.evidence),
+                    // The check of the evidence versions before 0.2 kept under the bare
+                    // identity (an absent item: one unit, transactional).
+                    transact(0, 0),
                     transact(claim, settled),
                     transact(self.evidence, self.settled_evidence),
                 ],

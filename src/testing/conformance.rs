@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::key::IdentityScope;
-use lambda_idempotency::reconcile::BoxFuture;
+use lambda_idempotency::reconcile::{BoxFuture, Recovery};
 use lambda_idempotency::record::{Record, Status};
 use lambda_idempotency::store::{MemoryStore, Store};
 use lambda_idempotency::{
@@ -332,11 +332,21 @@ pub async fn stalled_worker<S: Store>(
     idem: &Idempotency<S>,
     inv: &Invocation,
 ) -> tokio::task::JoinHandle<Result<Execution<u32>, Error>> {
+    stalled_run(idem, inv, Arc::default()).await
+}
+
+/// [`stalled_worker`], its handler's run counted in `runs`.
+async fn stalled_run<S: Store>(
+    idem: &Idempotency<S>,
+    inv: &Invocation,
+    runs: Arc<AtomicUsize>,
+) -> tokio::task::JoinHandle<Result<Execution<u32>, Error>> {
     let (started_tx, started_rx) = oneshot::channel();
     let worker = tokio::spawn({
         let (idem, inv) = (idem.clone(), inv.clone());
         async move {
             idem.execute(&inv, |_| async move {
+                runs.fetch_add(1, Ordering::SeqCst);
                 let _ = started_tx.send(());
                 std::future::pending::<Result<u32, std::io::Error>>().await
             })
@@ -351,7 +361,17 @@ pub async fn stalled_worker<S: Store>(
 /// process died after its claim (nothing of it runs, not even its drop guards). Returns the
 /// claim left behind.
 pub async fn crash_after_claim<S: Store>(idem: &Idempotency<S>, inv: &Invocation) -> Record {
-    let worker = stalled_worker(idem, inv).await;
+    crash_after_run(idem, inv, &Arc::default()).await
+}
+
+/// [`crash_after_claim`], the crashed attempt's run counted in `runs`: it may have acted, so
+/// every takeover case counts it.
+pub async fn crash_after_run<S: Store>(
+    idem: &Idempotency<S>,
+    inv: &Invocation,
+    runs: &Arc<AtomicUsize>,
+) -> Record {
+    let worker = stalled_run(idem, inv, Arc::clone(runs)).await;
     drop(worker); // detached, pending for ever: a crash, not a cancellation
     let record = stored(idem, inv.key(), "claim left behind").await;
     assert_eq!(record.status, Status::InProgress);
@@ -361,9 +381,11 @@ pub async fn crash_after_claim<S: Store>(idem: &Idempotency<S>, inv: &Invocation
 /// Case: Expired lease is taken over.
 pub async fn expired_lease_is_taken_over<S: Store>(fx: Fixture<S>) {
     let (idem, clock, _) = engine(fx, Config::default());
+    // Without a reconciler, the declared policy of a handler safe to repeat.
+    let idem = idem.with_recovery(Recovery::Rerun);
     let inv = invocation("order-8", &serde_json::json!({"amount": 10}));
-    crash_after_claim(&idem, &inv).await;
-    let runs = AtomicUsize::new(0);
+    let runs = Arc::new(AtomicUsize::new(0));
+    crash_after_run(&idem, &inv, &runs).await;
 
     let err = idem
         .execute(&inv, |_| counted(&runs, 0))
@@ -389,7 +411,11 @@ pub async fn expired_lease_is_taken_over<S: Store>(fx: Fixture<S>) {
 
     assert_eq!(done.origin(), Origin::Executed { attempt: 2 });
     assert_eq!(*done.value(), 2, "the handler was told it is attempt 2");
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "the crashed run, and the one declared re-run"
+    );
     let record = stored(&idem, inv.key(), "record").await;
     assert_eq!(
         (record.status, record.lease.attempt),

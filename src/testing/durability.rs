@@ -16,8 +16,8 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use super::conformance::{
-    Fixture, LEASE, counted, crash_after_claim, engine, evidence_key, invocation, operator, race,
-    start_time, stored,
+    Fixture, LEASE, counted, crash_after_claim, crash_after_run, engine, evidence_key, invocation,
+    operator, race, start_time, stored,
 };
 
 /// An invoice operation: it keeps permanent evidence under `identity`, with the invoice id as
@@ -330,24 +330,30 @@ async fn after_crashes<S: Store>(
     fx: Fixture<S>,
     answers: Vec<Result<Reconciliation, String>>,
     crashed: &[&Invocation],
-) -> (Idempotency<S>, ManualClock, ScriptedReconciler) {
+) -> (
+    Idempotency<S>,
+    ManualClock,
+    ScriptedReconciler,
+    Arc<AtomicUsize>,
+) {
     let script = ScriptedReconciler::answering(answers);
     let (idem, clock, _) = engine(fx, Config::default());
     let idem = idem.with_reconciler(script.reconciler());
+    // Every crashed attempt ran its handler: the cases count those runs too.
+    let runs = Arc::new(AtomicUsize::new(0));
     for inv in crashed {
-        crash_after_claim(&idem, inv).await;
+        crash_after_run(&idem, inv, &runs).await;
     }
     clock.advance(LEASE + Duration::from_secs(1));
-    (idem, clock, script)
+    (idem, clock, script, runs)
 }
 
 /// Case: Takeover reconciled as applied records without running.
 pub async fn takeover_reconciled_as_applied_records_without_running<S: Store>(fx: Fixture<S>) {
     let inv = invoice("order-27", "invoice:o-27:rev-1");
     let applied = json!({"invoice_id": "inv-provider", "total": 10});
-    let (idem, _, script) =
+    let (idem, _, script, runs) =
         after_crashes(fx, vec![Ok(Reconciliation::Applied(applied))], &[&inv]).await;
-    let runs = AtomicUsize::new(0);
 
     let done = idem
         .execute(&inv, |_| issue_invoice(&runs, "inv-again"))
@@ -356,7 +362,11 @@ pub async fn takeover_reconciled_as_applied_records_without_running<S: Store>(fx
 
     assert_eq!(done.origin(), Origin::Reconciled { attempt: 2 });
     assert_eq!(done.value()["invoice_id"], "inv-provider");
-    assert_eq!(runs.load(Ordering::SeqCst), 0, "the handler did not run");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the crashed run only: the handler did not run again"
+    );
     assert_eq!(script.asked(), [(2, 1)]);
     let replay = idem
         .execute(&inv, |_| issue_invoice(&runs, "inv-again"))
@@ -379,8 +389,8 @@ pub async fn takeover_reconciled_as_applied_records_without_running<S: Store>(fx
 /// Case: Takeover reconciled as not applied runs the handler.
 pub async fn takeover_reconciled_as_not_applied_runs_the_handler<S: Store>(fx: Fixture<S>) {
     let inv = invocation("order-28", &json!({"amount": 10}));
-    let (idem, _, script) = after_crashes(fx, vec![Ok(Reconciliation::NotApplied)], &[&inv]).await;
-    let runs = AtomicUsize::new(0);
+    let (idem, _, script, runs) =
+        after_crashes(fx, vec![Ok(Reconciliation::NotApplied)], &[&inv]).await;
 
     let done = idem
         .execute(&inv, |ctx| counted(&runs, ctx.attempt()))
@@ -388,7 +398,11 @@ pub async fn takeover_reconciled_as_not_applied_runs_the_handler<S: Store>(fx: F
         .expect("re-run");
 
     assert_eq!(done.origin(), Origin::Executed { attempt: 2 });
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "the crashed run, and the re-run NotApplied excuses"
+    );
     assert_eq!(script.asked(), [(2, 1)]);
 }
 
@@ -397,7 +411,7 @@ pub async fn takeover_reconciled_as_unknown_holds_for_an_operator<S: Store>(fx: 
     let resolved = invoice("order-29", "invoice:o-29:rev-1");
     let released = invoice("order-30", "invoice:o-30:rev-1");
     let unknown = vec![Ok(Reconciliation::Unknown), Ok(Reconciliation::Unknown)];
-    let (idem, clock, script) = after_crashes(fx, unknown, &[&resolved, &released]).await;
+    let (idem, clock, script, _) = after_crashes(fx, unknown, &[&resolved, &released]).await;
     let runs = AtomicUsize::new(0);
 
     for inv in [&resolved, &released] {
@@ -479,7 +493,7 @@ pub async fn failing_reconciler_leaves_the_lease_to_run_out<S: Store>(fx: Fixtur
         Err("provider unreachable".into()),
         Ok(Reconciliation::NotApplied),
     ];
-    let (idem, clock, script) = after_crashes(fx, answers, &[&inv]).await;
+    let (idem, clock, script, _) = after_crashes(fx, answers, &[&inv]).await;
     let runs = AtomicUsize::new(0);
 
     let err = idem

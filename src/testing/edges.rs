@@ -16,8 +16,8 @@ use lambda_idempotency::{BoxError, Config, Error, Idempotency, Invocation, Origi
 use serde_json::{Value, json};
 
 use super::conformance::{
-    Fixture, LEASE, blocked_worker, counted, crash_after_claim, engine, evidence_key, invocation,
-    operator, stalled_worker, stored,
+    Fixture, LEASE, blocked_worker, counted, crash_after_claim, crash_after_run, engine,
+    evidence_key, invocation, operator, stalled_worker, stored,
 };
 use super::faults::{Fault, FaultKind, FaultyStore, Primitive};
 
@@ -99,7 +99,8 @@ pub async fn stale_in_progress_is_reconciled_not_rerun<S: Store>(fx: Fixture<S>)
     let (idem, clock, _) = engine(fx, retention(3600));
     let idem = idem.with_reconciler(always(Reconciliation::Applied(json!("found"))));
     let inv = invocation("edge-2", &json!({"amount": 10}));
-    crash_after_claim(&idem, &inv).await;
+    let crashed = std::sync::Arc::new(AtomicUsize::new(0));
+    crash_after_run(&idem, &inv, &crashed).await;
     clock.advance(Duration::from_secs(10 * 24 * 3600));
     let runs = AtomicUsize::new(0);
 
@@ -110,7 +111,12 @@ pub async fn stale_in_progress_is_reconciled_not_rerun<S: Store>(fx: Fixture<S>)
 
     assert_eq!(done.origin(), Origin::Reconciled { attempt: 2 });
     assert_eq!(done.value(), "found");
-    assert_eq!(runs.load(Ordering::SeqCst), 0, "the handler did not run");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "the handler did not run again"
+    );
+    assert_eq!(crashed.load(Ordering::SeqCst), 1, "only the crashed run");
 }
 
 /// Case: a crashed claim with a business identity whose record TTL deleted: its IN_PROGRESS
@@ -225,20 +231,31 @@ pub async fn failed_completion_is_retried_then_reconciled<S: Store + Clone>(fx: 
         .await
         .expect("retried");
     assert_eq!(done.origin(), Origin::Executed { attempt: 1 });
+    assert_eq!(store.pending(), 0, "both injected failures fired");
     assert_eq!(
         stored(&idem, retried.key(), "record").await.status,
         Status::Completed
     );
 
     let stuck = invocation("edge-6b", &json!({"amount": 10}));
-    for _ in 0..20 {
-        store.inject(Primitive::Settle, Fault::FailBefore(FaultKind::Unavailable));
-    }
+    let down = clock.now() + Duration::from_secs(3600);
+    store.outage(
+        &[Primitive::Settle],
+        FaultKind::Unavailable,
+        down,
+        clock.clone(),
+    );
+    let settles = |store: &FaultyStore<S>| store.calls().get(&Primitive::Settle).copied();
+    let before = settles(&store).unwrap_or_default();
     let err = idem
         .execute(&stuck, |_| counted(&runs, 7_u32))
         .await
         .expect_err("the store stays down");
     assert!(matches!(err, Error::Store(_)), "got {err:?}");
+    assert!(
+        settles(&store).unwrap_or_default() - before > 5,
+        "retried until the lease's end, not a few times"
+    );
     store.clear();
     assert_eq!(
         stored(&idem, stuck.key(), "kept").await.status,
@@ -281,6 +298,7 @@ pub async fn ambiguous_writes_are_the_callers_own<S: Store + Clone>(fx: Fixture<
                 .execute(&inv, |_| counted(&runs, json!({"invoice_id": material})))
                 .await
                 .unwrap_or_else(|err| panic!("{primitive:?} lost its answer: {err:?}"));
+            assert_eq!(store.pending(), 0, "{primitive:?}: the lost answer fired");
             assert_eq!(done.origin(), Origin::Executed { attempt: 1 });
             let record = stored(&idem, inv.key(), "record").await;
             assert_eq!(record.status, Status::Completed);
@@ -300,6 +318,7 @@ pub async fn ambiguous_writes_are_the_callers_own<S: Store + Clone>(fx: Fixture<
         .await
         .expect_err("handler failed");
     assert!(matches!(err, Error::Handler { .. }), "got {err:?}");
+    assert_eq!(store.pending(), 0, "the release's lost answer fired");
     assert_eq!(idem.store().get(released.key()).await.expect("get"), None);
     assert_eq!(
         idem.store()
@@ -310,15 +329,24 @@ pub async fn ambiguous_writes_are_the_callers_own<S: Store + Clone>(fx: Fixture<
     );
 
     let taken = invocation("edge-7d", &json!({"amount": 10}));
-    crash_after_claim(&idem, &taken).await;
+    let crashed = std::sync::Arc::new(AtomicUsize::new(0));
+    crash_after_run(&idem, &taken, &crashed).await;
     clock.advance(LEASE + Duration::from_secs(1));
     store.inject(Primitive::TakeOver, lost);
     let done = idem
+        .clone()
+        .with_recovery(lambda_idempotency::reconcile::Recovery::Rerun)
         .execute(&taken, |ctx| counted(&runs, json!(ctx.attempt())))
         .await
         .expect("takeover recognised");
+    assert_eq!(store.pending(), 0, "the takeover's lost answer fired");
     assert_eq!(done.origin(), Origin::Executed { attempt: 2 });
     assert_eq!(runs.load(Ordering::SeqCst), 5, "one execution each");
+    assert_eq!(
+        crashed.load(Ordering::SeqCst),
+        1,
+        "the crashed run, before its declared re-run"
+    );
 }
 
 /// Case: a completion the store holds up (a slow write) keeps duplicates out until it lands;

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use lambda_idempotency::clock::ManualClock;
+use lambda_idempotency::reconcile::{Reconciliation, Recovery, Takeover};
 use lambda_idempotency::record::{Status, epoch_secs};
 use lambda_idempotency::store::{
     DynamoDbStore, OutcomeStorage, PART_BYTES, PART_TTL_MARGIN, Store,
@@ -19,7 +20,7 @@ use lambda_idempotency::testing::interceptor::{
     Fault, FaultInterceptor, Operation, SDK_ATTEMPTS, client_with,
 };
 use lambda_idempotency::testing::outcomes::{compressible, incompressible};
-use lambda_idempotency::{Config, Error, Idempotency, Invocation, Origin, StoreError};
+use lambda_idempotency::{BoxError, Config, Error, Idempotency, Invocation, Origin, StoreError};
 use serde_json::json;
 
 type Item = std::collections::HashMap<String, AttributeValue>;
@@ -323,8 +324,10 @@ async fn parts_throttled_past_every_retry_leave_no_outcome_to_replay() {
     );
 
     rig.clock.advance(Duration::from_secs(31));
-    let taken_over = rig
-        .idem
+    // The handler had acted: without a reconciler, re-running it is the declared policy of a
+    // handler safe to repeat (Recovery::Rerun), and exactly one re-run happens.
+    let taker = rig.idem.clone().with_recovery(Recovery::Rerun);
+    let taken_over = taker
         .execute(&inv, |_| counted(&runs, incompressible(1200 * 1024, 5)))
         .await
         .expect("taken over");
@@ -339,7 +342,36 @@ async fn parts_throttled_past_every_retry_leave_no_outcome_to_replay() {
         taken_over.value(),
         "the taker's outcome, whole"
     );
-    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "the run and its one declared re-run"
+    );
+
+    // With a reconciler the takeover records the downstream's evidence instead: no re-run.
+    let again = invocation("throttled-parts-reconciled", &json!({"amount": 1}));
+    rig.faults.pass(Operation::PutItem, 2);
+    rig.faults
+        .inject_times(Operation::PutItem, Fault::Throttle, 1000);
+    let runs = AtomicUsize::new(0);
+    let _ = rig
+        .idem
+        .execute(&again, |_| counted(&runs, incompressible(1200 * 1024, 6)))
+        .await
+        .expect_err("the completion could not be stored");
+    rig.faults.clear();
+    rig.clock.advance(Duration::from_secs(31));
+    let found = incompressible(1200 * 1024, 6);
+    let reconciled = rig.idem.clone().with_reconciler(move |_: Takeover| {
+        let found = found.clone();
+        async move { Ok::<_, BoxError>(Reconciliation::Applied(json!(found))) }
+    });
+    let done = reconciled
+        .execute(&again, |_| counted(&runs, String::new()))
+        .await
+        .expect("reconciled");
+    assert_eq!(done.origin(), Origin::Reconciled { attempt: 2 });
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
 }
 
 #[tokio::test]
@@ -540,13 +572,24 @@ async fn a_cancellation_anywhere_in_a_large_settlement_never_leaves_part_of_an_o
             rig.idem.execute(&inv, |_| counted(&runs, outcome.clone())),
         )
         .await;
-        // Past any lease a cancelled attempt left (given back or not).
+        let ran_first = runs.load(Ordering::SeqCst);
+        // Past any lease a cancelled attempt left (given back or not). A cancelled attempt
+        // whose handler had run is taken over and re-run: the declared Recovery::Rerun.
         rig.clock.advance(Duration::from_secs(60));
         let next = rig
             .idem
+            .clone()
+            .with_recovery(Recovery::Rerun)
             .execute(&inv, |_| counted(&runs, outcome.clone()))
             .await
             .expect("the next delivery completes or replays");
+        let reran = usize::from(!next.is_replay());
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            ran_first + reran,
+            "cancelled after {polls} polls: one run each, no more"
+        );
+        assert!(ran_first <= 1);
 
         assert_eq!(next.value(), &outcome, "cancelled after {polls} polls");
         if let Some(Ok(first)) = first {
@@ -560,7 +603,6 @@ async fn a_cancellation_anywhere_in_a_large_settlement_never_leaves_part_of_an_o
         } else {
             cancelled += 1;
         }
-        assert!(runs.load(Ordering::SeqCst) <= 2);
     }
     println!("{cancelled} cancelled, {completed} completed");
     assert!(cancelled > 0 && completed > 0, "both ends are reached");

@@ -220,7 +220,8 @@ impl DynamoDbStore {
     /// before 0.2 kept under the bare identity (default `true`). Those versions did not scope
     /// evidence by namespace and tenant ([`IdentityScope`](crate::key::IdentityScope)); with
     /// the check, such evidence of an operation in the claim's scope still refuses it (one
-    /// more `ConditionCheck` item in the claim's transaction). Turn it off only on a uniqueness
+    /// more `ConditionCheck` item in the claim's transaction, which needs
+    /// `dynamodb:ConditionCheckItem` on the uniqueness table). Turn it off only on a uniqueness
     /// table that no version before 0.2 wrote to.
     pub fn with_unscoped_evidence_check(mut self, check: bool) -> Self {
         self.unscoped_evidence = check;
