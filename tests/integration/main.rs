@@ -20,6 +20,7 @@ mod memory_store;
 #[cfg(feature = "emf")]
 mod metrics;
 mod outcome_storage;
+mod panic_strategy;
 mod sdk_faults;
 mod simulation;
 mod sources;
