@@ -362,18 +362,30 @@ async fn scan_all(store: &DynamoDbStore) -> Result<Vec<Record>, BoxError> {
 
 async fn stuck(store: &DynamoDbStore, older_than: Duration, json: bool) -> Result<(), BoxError> {
     let now = SystemTime::now();
+    let old_enough = |since: SystemTime| {
+        since
+            .checked_add(older_than)
+            .is_some_and(|limit| limit < now)
+    };
     let stuck: Vec<Record> = scan_all(store)
         .await?
         .into_iter()
-        .filter(|record| {
-            since(record)
-                .and_then(|since| since.checked_add(older_than))
-                .is_some_and(|limit| limit < now)
-        })
+        .filter(|record| since(record).is_some_and(old_enough))
+        .collect();
+    let orphans = match store.uniqueness_table() {
+        Some(_) => orphaned_evidence(store, now).await?,
+        None => Vec::new(),
+    };
+    let orphans: Vec<Evidence> = orphans
+        .into_iter()
+        .filter(|evidence| old_enough(evidence.created_at))
         .collect();
     if json {
         for record in &stuck {
             println!("{}", record_json(record));
+        }
+        for evidence in &orphans {
+            println!("{}", evidence_json(evidence));
         }
         return Ok(());
     }
@@ -381,21 +393,59 @@ async fn stuck(store: &DynamoDbStore, older_than: Duration, json: bool) -> Resul
         "{:<14} {:<24} {:>7}  {:<13}  KEY",
         "STATUS", "OPERATION", "ATTEMPT", "STUCK FOR"
     );
+    let age = |since: SystemTime| {
+        let stuck_for = now.duration_since(since).unwrap_or_default();
+        humantime::format_duration(Duration::from_secs(stuck_for.as_secs())).to_string()
+    };
     for record in &stuck {
-        let stuck_for = since(record)
-            .and_then(|since| now.duration_since(since).ok())
-            .unwrap_or_default();
         println!(
             "{:<14} {:<24} {:>7}  {:<13}  {}",
             record.status.as_str(),
             record.key.operation(),
             record.lease.attempt,
-            humantime::format_duration(Duration::from_secs(stuck_for.as_secs())).to_string(),
+            since(record).map(age).unwrap_or_default(),
             record.key.as_str()
         );
     }
-    println!("{} stuck", stuck.len());
+    for evidence in &orphans {
+        println!(
+            "{:<14} {:<24} {:>7}  {:<13}  {} (evidence; its record is gone: resolve --identity)",
+            evidence.status.as_str(),
+            evidence.key.operation(),
+            "-",
+            age(evidence.created_at),
+            evidence.identity
+        );
+    }
+    println!("{} stuck", stuck.len() + orphans.len());
     Ok(())
+}
+
+/// Unsettled evidence (IN_PROGRESS, INDETERMINATE) whose record is gone or settled and
+/// expired: only an operator (`resolve --identity`) or a redelivery moves it on. One scan of
+/// the uniqueness table, and one read per unsettled evidence.
+async fn orphaned_evidence(
+    store: &DynamoDbStore,
+    now: SystemTime,
+) -> Result<Vec<Evidence>, BoxError> {
+    let mut orphans = Vec::new();
+    let mut cursor: Option<ScanCursor> = None;
+    loop {
+        let (unsettled, skipped, next) = store.scan_unsettled_evidence(cursor.take()).await?;
+        if skipped > 0 {
+            eprintln!("skipped {skipped} evidence items that do not decode");
+        }
+        for evidence in unsettled {
+            let record = store.get(&evidence.key).await?;
+            if record.is_none_or(|record| record.counts_as_absent(now)) {
+                orphans.push(evidence);
+            }
+        }
+        if !next.has_more() {
+            return Ok(orphans);
+        }
+        cursor = Some(next);
+    }
 }
 
 /// Since when a record is stuck: an IN_PROGRESS one since its lease ran out, an INDETERMINATE

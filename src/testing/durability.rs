@@ -16,8 +16,8 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use super::conformance::{
-    Fixture, LEASE, counted, crash_after_claim, crash_after_run, engine, evidence_key, invocation,
-    operator, race, start_time, stored,
+    Fixture, LEASE, counted, crash_after_run, engine, evidence_key, invocation, operator, race,
+    start_time, stored,
 };
 
 /// An invoice operation: it keeps permanent evidence under `identity`, with the invoice id as

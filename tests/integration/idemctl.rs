@@ -290,10 +290,23 @@ async fn an_operator_resolves_every_held_state_on_a_single_table_layout_and_leav
     let gone = cli(&["get", "--identity", &identity]);
     assert!(!gone.status.success(), "the evidence was deleted");
 
+    let orphan_identity = orphan.evidence_key().expect("identity");
+    let listed = stdout(&cli(&["stuck", "--older-than", "1m", "--json"]));
+    let orphaned: Vec<Value> = listed
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("JSON line"))
+        .filter(|line: &Value| line["identity"] == orphan_identity.as_str())
+        .collect();
+    assert_eq!(
+        orphaned.len(),
+        1,
+        "the orphaned evidence is listed: {listed}"
+    );
+    assert_eq!(orphaned[0]["status"], "IN_PROGRESS");
+
     let result = std::env::temp_dir().join(format!("idemctl-ref-{}.json", std::process::id()));
     std::fs::write(&result, r#""inv-orphan-1""#).expect("write");
     let path = result.to_string_lossy().to_string();
-    let orphan_identity = orphan.evidence_key().expect("identity");
     stdout(&cli(&[
         "resolve",
         "--identity",

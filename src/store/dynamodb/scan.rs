@@ -1,11 +1,11 @@
-//! Reading the whole idempotency table page by page: for operators (`idemctl stuck`, `stats`),
-//! never on an execution's path.
+//! Reading the whole idempotency table (and the uniqueness table's unsettled evidence) page by
+//! page: for operators (`idemctl stuck`, `stats`), never on an execution's path.
 
 use super::DynamoDbStore;
 use super::error::map_sdk_error;
 use super::item::Item;
 use crate::error::StoreError;
-use crate::record::Record;
+use crate::record::{Evidence, Record, Status};
 use aws_sdk_dynamodb::types::AttributeValue;
 
 /// Where a scan goes on: `None` before the first page and after the last.
@@ -70,6 +70,53 @@ impl DynamoDbStore {
         }
         Ok((
             records,
+            skipped,
+            ScanCursor(output.last_evaluated_key().cloned()),
+        ))
+    }
+}
+
+impl DynamoDbStore {
+    /// One page of the uniqueness table's evidence that is not settled (IN_PROGRESS or
+    /// INDETERMINATE: a `Scan` with a filter, eventually consistent), and where the next page
+    /// starts: what an operator looks at for evidence whose record may be gone
+    /// (`idemctl stuck`). Evidence that does not decode is skipped and counted.
+    pub async fn scan_unsettled_evidence(
+        &self,
+        cursor: Option<ScanCursor>,
+    ) -> Result<(Vec<Evidence>, usize, ScanCursor), StoreError> {
+        let table = self.uniqueness()?;
+        let output = self
+            .client
+            .scan()
+            .table_name(table)
+            .set_exclusive_start_key(cursor.and_then(|cursor| cursor.0))
+            .filter_expression("#status IN (:in_progress, :indeterminate)")
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(
+                ":in_progress",
+                AttributeValue::S(Status::InProgress.as_str().into()),
+            )
+            .expression_attribute_values(
+                ":indeterminate",
+                AttributeValue::S(Status::Indeterminate.as_str().into()),
+            )
+            .send()
+            .await
+            .map_err(|err| match map_sdk_error("scan", table, err) {
+                StoreError::TableNotFound { .. } => self.not_found(table),
+                other => other,
+            })?;
+        let mut found = Vec::new();
+        let mut skipped = 0;
+        for item in output.items() {
+            match super::evidence::decode(item) {
+                Ok(evidence) => found.push(evidence),
+                Err(_) => skipped += 1,
+            }
+        }
+        Ok((
+            found,
             skipped,
             ScanCursor(output.last_evaluated_key().cloned()),
         ))
