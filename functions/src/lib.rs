@@ -42,7 +42,10 @@ pub async fn primed_store() -> Result<DynamoDbStore, lambda_runtime::Error> {
     let store = DynamoDbStore::for_lambda()?;
     if let Err(err) = store.prime().await {
         if !err.is_transient() {
-            return Err(err.into());
+            // The message says what to do (deploy the table, grant the permission); a boxed
+            // error would reach the log in its debug form only.
+            tracing::error!(error = %err, "the store is not usable: the init fails");
+            return Err(err.to_string().into());
         }
         tracing::warn!(error = %err, "priming the store failed; the first event will retry");
     }

@@ -30,6 +30,7 @@ async fn quickstart_replays_the_first_answer() {
     let event = sample_event("direct");
 
     let first = function.api.invoke(event.clone()).await.expect("answered");
+    let (settled, _, _) = tables.store.scan_page(None).await.expect("scan");
     let second = function.api.invoke(event).await.expect("answered");
     function.stop().await;
 
@@ -39,6 +40,12 @@ async fn quickstart_replays_the_first_answer() {
     assert_eq!(records.len(), 1, "one operation");
     assert_eq!(records[0].status, Status::Completed);
     assert_eq!(records[0].lease.attempt, 1);
+    // The charge's answer is the same however often it runs: only the record tells a replay
+    // from a re-run, which would have claimed again (another lease token, other times).
+    assert_eq!(
+        records, settled,
+        "the duplicate was answered from the record the first invocation left, untouched"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -127,11 +134,16 @@ async fn eventbridge_handler_keeps_permanent_evidence() {
     republished["id"] = json!("a-new-event-id");
 
     let first = function.api.invoke(event.clone()).await.expect("answered");
+    let (settled, _, _) = tables.store.scan_page(None).await.expect("scan");
     let again = function.api.invoke(event).await.expect("answered");
     let other = function.api.invoke(republished).await.expect("answered");
     function.stop().await;
 
     assert_eq!(first["notified"], true);
+    assert_eq!(
+        (first["attempt"].as_u64(), first["sent"].as_u64()),
+        (Some(1), Some(1))
+    );
     assert_eq!(again, first);
     assert_eq!(other, first, "a re-published event is the same notice");
     assert_eq!(
@@ -141,6 +153,16 @@ async fn eventbridge_handler_keeps_permanent_evidence() {
             .await
             .expect("ledger"),
         1
+    );
+    let (records, _, _) = tables.store.scan_page(None).await.expect("scan");
+    assert_eq!(records.len(), 1, "one operation");
+    assert_eq!(
+        (records[0].status, records[0].lease.attempt),
+        (Status::Completed, 1)
+    );
+    assert_eq!(
+        records, settled,
+        "replayed from the first record, untouched"
     );
     // The evidence is kept under the function's namespace (its name, as Lambda sets it).
     let scope = OperationScope::new("shipments", "notify-shipped").expect("scope");
@@ -160,7 +182,7 @@ async fn eventbridge_handler_keeps_permanent_evidence() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_table_fails_the_init() {
     let tables = Tables::create("e2e-missing").await;
-    let function = Function::spawn_with(
+    let function = Function::spawn_capturing(
         env!("CARGO_BIN_EXE_quickstart"),
         "quickstart",
         &tables,
@@ -168,10 +190,21 @@ async fn a_missing_table_fails_the_init() {
     )
     .await;
 
-    let status = function.exited().await;
+    let output = function.output().await;
 
     assert!(
-        !status.success(),
+        !output.status.success(),
         "priming found the table missing during init"
+    );
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        said.lines().any(|line| line.starts_with("Error:")
+            && line.contains("no-such-table")
+            && line.contains("deploy it")),
+        "the init error names the missing table and what to do: {said}"
     );
 }

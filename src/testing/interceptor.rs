@@ -30,22 +30,36 @@
 //! assert_eq!(faults.fired(Operation::PutItem, Fault::Throttle), 0);
 //! ```
 //!
-//! With a client on a local endpoint (see [`client_with`]), the store's requests go through it:
+//! With a client on a local endpoint (see [`client_with`]), the store's requests go through it.
+//! A claim whose answer is lost is retried by the SDK, finds its own claim standing, and the
+//! handler runs once:
 //!
-//! ```no_run
+//! ```
 //! # #[tokio::main] async fn main() {
 //! use lambda_idempotency::store::DynamoDbStore;
+//! use lambda_idempotency::testing::conformance::invocation;
 //! use lambda_idempotency::testing::dynamo;
 //! use lambda_idempotency::testing::interceptor::{Fault, FaultInterceptor, Operation, client_with};
+//! use lambda_idempotency::{Config, Idempotency};
 //!
 //! let dynamo = dynamo::start().await;
 //! let faults = FaultInterceptor::new();
 //! let store = DynamoDbStore::new(client_with(dynamo.endpoint.clone(), &faults), &dynamo.table)
 //!     .with_uniqueness_table(&dynamo.uniqueness_table);
 //! faults.inject(Operation::PutItem, Fault::DropResponse);
-//! // ... run the engine over `store`, then:
+//!
+//! let idem = Idempotency::new(store, Config::default());
+//! let inv = invocation("order-1", &serde_json::json!({"amount": 10}));
+//! let done = idem
+//!     .execute(&inv, |ctx| async move { Ok::<_, std::io::Error>(ctx.attempt()) })
+//!     .await
+//!     .expect("the claim committed, its answer was lost: still ours");
+//!
 //! assert_eq!(faults.fired(Operation::PutItem, Fault::DropResponse), 1);
-//! # let _ = store; }
+//! assert_eq!(faults.requests(Operation::PutItem), 2, "the claim, and the SDK's retry");
+//! assert!(!done.is_replay());
+//! assert_eq!(*done.value(), 1, "run once, as attempt 1");
+//! # }
 //! ```
 
 use std::collections::{HashMap, VecDeque};

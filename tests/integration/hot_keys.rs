@@ -156,24 +156,21 @@ impl Storm {
         let mut tasks = Vec::new();
         for env in environments {
             for _ in 0..DUPLICATES {
-                let (environment, inv, runs) = (
-                    Arc::clone(&self.environments[env]),
-                    inv.clone(),
-                    Arc::clone(&self.runs),
-                );
-                tasks.push((
-                    env,
-                    tokio::spawn(async move {
-                        environment
-                            .idem
-                            .execute(&inv, |_| async move {
-                                runs.fetch_add(1, Ordering::SeqCst);
-                                Ok::<_, std::io::Error>(Value::Null)
-                            })
-                            .await
-                    }),
-                ));
+                let (duplicate, _) = duplicate(&self.environments[env].idem, inv, &self.runs);
+                tasks.push((env, duplicate));
             }
+        }
+        tasks
+    }
+
+    /// Starts environment `env`'s duplicates, and returns once each has been polled: while the
+    /// leader runs there, each is then queued for the leader's turn in single flight.
+    async fn spawn_queued(&self, inv: &Invocation, env: usize) -> Vec<Duplicate> {
+        let mut tasks = Vec::new();
+        for _ in 0..DUPLICATES {
+            let (duplicate, polled) = duplicate(&self.environments[env].idem, inv, &self.runs);
+            polled.await.expect("the duplicate was polled");
+            tasks.push((env, duplicate));
         }
         tasks
     }
@@ -198,6 +195,38 @@ impl Storm {
     }
 }
 
+/// A duplicate of `inv` on `idem` whose handler counts its runs, and a signal sent once its
+/// execution has been polled: with single flight, and the key's turn held in this engine, it
+/// is then queued for the turn (the first poll reaches the turn's lock and nothing before it
+/// waits).
+fn duplicate<S: Store + 'static>(
+    idem: &Idempotency<S>,
+    inv: &Invocation,
+    runs: &Arc<AtomicUsize>,
+) -> (
+    tokio::task::JoinHandle<Result<lambda_idempotency::Execution<Value>, Error>>,
+    oneshot::Receiver<()>,
+) {
+    let (polled_tx, polled_rx) = oneshot::channel();
+    let (idem, inv, runs) = (idem.clone(), inv.clone(), Arc::clone(runs));
+    let mut execution = Box::pin(async move {
+        idem.execute(&inv, |_| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>(Value::Null)
+        })
+        .await
+    });
+    let mut polled_tx = Some(polled_tx);
+    let task = tokio::spawn(std::future::poll_fn(move |cx| {
+        let poll = execution.as_mut().poll(cx);
+        if let Some(polled) = polled_tx.take() {
+            let _ = polled.send(());
+        }
+        poll
+    }));
+    (task, polled_rx)
+}
+
 fn delta(after: &[usize], before: &[usize]) -> Vec<usize> {
     after.iter().zip(before).map(|(a, b)| a - b).collect()
 }
@@ -211,9 +240,8 @@ async fn a_storm_of_duplicates_runs_once_and_costs_a_request_per_environment_onc
     // progress (one request each, turn by turn); environment 0's wait for its outcome.
     let (leader, resume) = storm.leader(&inv).await;
     let before = storm.requests();
-    // Environment 0's duplicates start first: by the time the others have all been answered,
-    // they are waiting for the leader's turn.
-    let waiting = storm.spawn(&inv, 0..1);
+    // Environment 0's duplicates are queued for the leader's turn before the others start.
+    let waiting = storm.spawn_queued(&inv, 0).await;
     let in_flight = storm.wave(&inv, 1..ENVIRONMENTS).await;
     let sent = delta(&storm.requests(), &before);
     for env in 1..ENVIRONMENTS {
@@ -231,7 +259,7 @@ async fn a_storm_of_duplicates_runs_once_and_costs_a_request_per_environment_onc
     }
     assert_eq!(
         sent[0], 0,
-        "environment 0's duplicates wait without a request"
+        "environment 0's duplicates, queued in single flight, wait without a request"
     );
     let _ = resume.send(());
     let waiting = storm.answers(waiting).await;
@@ -245,7 +273,8 @@ async fn a_storm_of_duplicates_runs_once_and_costs_a_request_per_environment_onc
             replayed: DUPLICATES,
             ..Answers::default()
         },
-        "environment 0's duplicates waited in single flight"
+        "environment 0's duplicates replay the leader's outcome (from its cache: see \
+         a_duplicate_queued_in_single_flight_replays_from_the_store for the store's answer)"
     );
 
     // A duplicate's failed claim is billed on the record that stands: one write unit, so the
@@ -371,5 +400,101 @@ async fn partition_throttling_backs_off_loses_no_outcome_and_runs_nothing_twice(
     assert!(
         fired >= ENVIRONMENTS * 4 * ATTEMPTS,
         "the throttles met requests: {fired}"
+    );
+}
+
+/// Single flight without the in-process cache: a duplicate queued behind the leader sends
+/// nothing while it waits, then claims once and replays the stored outcome from the table
+/// (not from a cache, which this engine has none of). Without single flight it would have been
+/// answered `AlreadyInProgress` while the leader ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_queued_in_single_flight_replays_from_the_store() {
+    let clock = ManualClock::new(start_time());
+    let dynamo = dynamo::start_with_clock(clock.clone()).await;
+    let faults = FaultInterceptor::new();
+    let store = DynamoDbStore::new(client_with(dynamo.endpoint.clone(), &faults), &dynamo.table);
+    let idem = Idempotency::new(store.clone(), Config::default())
+        .with_single_flight()
+        .with_clock(clock.clone());
+    let inv = invocation("queued", &serde_json::json!({"order": "o-3"}));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let sent = |operation| faults.requests(operation);
+
+    let (started_tx, started_rx) = oneshot::channel();
+    let (resume_tx, resume_rx) = oneshot::channel::<()>();
+    let leader = tokio::spawn({
+        let (idem, inv) = (idem.clone(), inv.clone());
+        async move {
+            idem.execute(&inv, |_| async move {
+                let _ = started_tx.send(());
+                let _ = resume_rx.await;
+                Ok::<_, std::io::Error>(serde_json::json!({"charged": "o-3"}))
+            })
+            .await
+        }
+    });
+    started_rx.await.expect("the leader runs");
+    let claims = sent(Operation::PutItem);
+    let mut queued = Vec::new();
+    for _ in 0..DUPLICATES {
+        let (task, polled) = duplicate(&idem, &inv, &runs);
+        polled.await.expect("polled");
+        queued.push(task);
+    }
+    // The leader's claim is live: an engine without single flight is told so at once.
+    let plain = Idempotency::new(store, Config::default()).with_clock(clock.clone());
+    let err = plain
+        .execute(&inv, |_| async { Ok::<_, std::io::Error>(Value::Null) })
+        .await
+        .expect_err("in progress");
+    assert!(
+        matches!(err, Error::AlreadyInProgress { attempt: 1, .. }),
+        "got {err:?}"
+    );
+    assert_eq!(
+        sent(Operation::PutItem),
+        claims + 1,
+        "the queued duplicates sent no claim, only the engine without single flight did"
+    );
+    assert!(
+        queued.iter().all(|task| !task.is_finished()),
+        "still queued"
+    );
+
+    // The leader settles with an UpdateItem: every claim and read from here is a duplicate's.
+    let (claims, reads) = (sent(Operation::PutItem), sent(Operation::GetItem));
+    let _ = resume_tx.send(());
+    let leader = leader.await.expect("join").expect("the leader completes");
+    assert_eq!(leader.origin(), Origin::Executed { attempt: 1 });
+    for task in queued {
+        let done = task
+            .await
+            .expect("join")
+            .expect("the queued duplicate is answered");
+        assert!(
+            done.is_replay(),
+            "waited, then replayed: {:?}",
+            done.origin()
+        );
+        assert_eq!(done.raw_json().get(), leader.raw_json().get());
+    }
+    assert_eq!(
+        (
+            sent(Operation::PutItem) - claims,
+            sent(Operation::GetItem) - reads
+        ),
+        (DUPLICATES, 0),
+        "each queued duplicate claimed once in its turn and met the stored record"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "no duplicate ran");
+    let record = dynamo
+        .store()
+        .get(inv.key())
+        .await
+        .expect("get")
+        .expect("stands");
+    assert_eq!(
+        (record.status, record.lease.attempt),
+        (Status::Completed, 1)
     );
 }

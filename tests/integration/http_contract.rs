@@ -2,12 +2,17 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use aws_lambda_events::encodings::Body;
 use aws_lambda_events::event::apigw::{ApiGatewayV2httpRequest, ApiGatewayV2httpResponse};
+use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::lambda::http::HttpIdempotency;
 use lambda_idempotency::lambda::http_layer::CallerScope;
+use lambda_idempotency::lambda::{LeasePolicy, Operation, sources};
 use lambda_idempotency::store::DynamoDbStore;
+use lambda_idempotency::testing::conformance::start_time;
+use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
 use lambda_idempotency::{Config, ExecutionContext, Idempotency, OperationScope};
 use lambda_runtime::{Context, LambdaEvent};
 use serde_json::{Value, json};
@@ -338,4 +343,116 @@ async fn a_blank_key_is_no_key_and_a_shared_scope_ignores_the_caller() {
         "one operation"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_store_failure_is_503_temporarily_unavailable_with_retry_after() {
+    let db = dynamo::start().await;
+    let store = FaultyStore::new(db.store());
+    let idem = Idempotency::new(store.clone(), Config::default())
+        .with_clock(ManualClock::new(start_time()));
+    let http = HttpIdempotency::new(
+        idem,
+        OperationScope::new("http-test", "pay").expect("scope"),
+    );
+    let runs = AtomicUsize::new(0);
+    // Every try the engine makes before the handler (five) fails.
+    for _ in 0..5 {
+        store.inject(Primitive::Claim, Fault::FailBefore(FaultKind::Unavailable));
+    }
+
+    let answer = http
+        .handle(request(Some("k-12"), json!({"amount": 7})), |r, _| {
+            pay(&runs, 201, r)
+        })
+        .await;
+
+    assert_eq!(answer.status_code, 503);
+    assert_eq!(body(&answer)["error"], "temporarily_unavailable");
+    assert_eq!(header(&answer, "retry-after"), Some("1"));
+    assert!(
+        !body(&answer).to_string().contains("injected"),
+        "no store message"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert_eq!(store.pending(), 0, "every failure met a claim");
+    let retry = http
+        .handle(request(Some("k-12"), json!({"amount": 7})), |r, _| {
+            pay(&runs, 201, r)
+        })
+        .await;
+    assert_eq!(retry.status_code, 201, "the retry with the same key runs");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// An endpoint whose leases last `lease` (its requests carry no deadline), on a clock that
+/// stands still.
+async fn endpoint_leasing(
+    lease: Duration,
+) -> (HttpIdempotency<DynamoDbStore>, dynamo::Dynamo, ManualClock) {
+    let db = dynamo::start().await;
+    let clock = ManualClock::new(start_time());
+    let idem = Idempotency::new(db.store(), Config::default()).with_clock(clock.clone());
+    let operation = Operation::new(
+        idem,
+        OperationScope::new("http-test", "pay").expect("scope"),
+        sources::http_api(),
+    )
+    .with_lease_policy(LeasePolicy {
+        without_deadline: lease,
+        max: lease,
+        ..LeasePolicy::default()
+    });
+    (HttpIdempotency::from_operation(operation), db, clock)
+}
+
+#[tokio::test]
+async fn retry_after_is_the_leases_remaining_time_and_never_above_905_s() {
+    for (lease, retry_after) in [
+        (Duration::from_secs(600), "600"),
+        (Duration::from_secs(2 * 3600), "905"),
+    ] {
+        let (http, db, clock) = endpoint_leasing(lease).await;
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
+        let original = tokio::spawn({
+            let http = http.clone();
+            async move {
+                http.handle(
+                    request(Some("k-13"), json!({"amount": 5})),
+                    |_, _: ExecutionContext| async move {
+                        let _ = started_tx.send(());
+                        let _ = finish_rx.await;
+                        Ok::<_, std::io::Error>(response(201, json!({"payment": "p"})))
+                    },
+                )
+                .await
+            }
+        });
+        started_rx.await.expect("original started");
+        let (records, _, _) = db.store().scan_page(None).await.expect("scan");
+        assert_eq!(
+            records[0].lease.expires_at.duration_since(clock.now()).ok(),
+            Some(lease),
+            "the claim holds the whole lease"
+        );
+        let runs = AtomicUsize::new(0);
+
+        let answer = http
+            .handle(request(Some("k-13"), json!({"amount": 5})), |r, _| {
+                pay(&runs, 201, r)
+            })
+            .await;
+
+        assert_eq!(answer.status_code, 409);
+        assert_eq!(body(&answer)["error"], "request_in_progress");
+        assert_eq!(
+            header(&answer, "retry-after"),
+            Some(retry_after),
+            "a lease of {lease:?}"
+        );
+        let _ = finish_tx.send(());
+        assert_eq!(original.await.expect("join").status_code, 201);
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+    }
 }

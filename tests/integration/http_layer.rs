@@ -3,13 +3,18 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use axum::Router;
 use axum::routing::{get, post};
 use http::{HeaderMap, StatusCode};
 use lambda_http::{Body, Request};
+use lambda_idempotency::clock::{Clock, ManualClock};
+use lambda_idempotency::lambda::LeasePolicy;
 use lambda_idempotency::lambda::http_layer::{CallerScope, HttpIdempotencyLayer, REPLAYED_HEADER};
+use lambda_idempotency::testing::conformance::start_time;
 use lambda_idempotency::testing::dynamo;
+use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
 use lambda_idempotency::testing::outcomes::incompressible;
 use lambda_idempotency::{Config, Idempotency, OperationScope};
 use lambda_runtime::tower::{Service, ServiceExt};
@@ -484,4 +489,135 @@ async fn a_principal_read_by_the_application_scopes_keys() {
     );
     assert_eq!(nobody.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(endpoint.runs(), 2);
+}
+
+#[tokio::test]
+async fn a_store_failure_is_503_temporarily_unavailable_with_retry_after() {
+    let db = dynamo::start().await;
+    let store = FaultyStore::new(db.store());
+    let idem = Idempotency::new(store.clone(), Config::default())
+        .with_clock(ManualClock::new(start_time()));
+    let layer = HttpIdempotencyLayer::new(
+        idem,
+        OperationScope::new("http-layer", "payments").expect("scope"),
+    );
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut service = lambda_runtime::tower::Layer::layer(&layer, app(Arc::clone(&runs)));
+    // Every try the engine makes before the handler (five) fails.
+    for _ in 0..5 {
+        store.inject(Primitive::Claim, Fault::FailBefore(FaultKind::Unavailable));
+    }
+    let request = || {
+        v2(
+            "POST",
+            "/payments",
+            Some("k-20"),
+            Some("alice"),
+            r#"{"amount":3}"#,
+        )
+    };
+
+    let answer = service
+        .ready()
+        .await
+        .expect("ready")
+        .call(request())
+        .await
+        .expect("answer");
+
+    assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(error_code(&answer), "temporarily_unavailable");
+    assert_eq!(values(&answer, "retry-after"), ["1"]);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert_eq!(store.pending(), 0, "every failure met a claim");
+    let retry = service
+        .ready()
+        .await
+        .expect("ready")
+        .call(request())
+        .await
+        .expect("answer");
+    assert_eq!(retry.status(), StatusCode::CREATED, "the retry runs");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn retry_after_is_the_leases_remaining_time_and_never_above_905_s() {
+    for (lease, retry_after) in [
+        (Duration::from_secs(600), "600"),
+        (Duration::from_secs(2 * 3600), "905"),
+    ] {
+        let db = dynamo::start().await;
+        let clock = ManualClock::new(start_time());
+        let idem = Idempotency::new(db.store(), Config::default()).with_clock(clock.clone());
+        // The requests carry no Lambda deadline: the lease is `without_deadline`.
+        let layer = HttpIdempotencyLayer::new(
+            idem,
+            OperationScope::new("http-layer", "payments").expect("scope"),
+        )
+        .with_lease_policy(LeasePolicy {
+            without_deadline: lease,
+            max: lease,
+            ..LeasePolicy::default()
+        });
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
+        let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
+        let gates = Arc::new(std::sync::Mutex::new(Some((started_tx, finish_rx))));
+        let held = Router::new().route(
+            "/payments",
+            post(move || {
+                let gates = Arc::clone(&gates);
+                async move {
+                    let gate = gates.lock().expect("lock").take();
+                    if let Some((started, finish)) = gate {
+                        let _ = started.send(());
+                        let _ = finish.await;
+                    }
+                    (StatusCode::CREATED, "paid")
+                }
+            }),
+        );
+        let service = lambda_runtime::tower::Layer::layer(&layer, held);
+        let request = || {
+            v2(
+                "POST",
+                "/payments",
+                Some("k-21"),
+                Some("alice"),
+                r#"{"amount":4}"#,
+            )
+        };
+        let original = tokio::spawn({
+            let mut service = service.clone();
+            let request = request();
+            async move { service.ready().await?.call(request).await }
+        });
+        started_rx.await.expect("the original runs");
+        let (records, _, _) = db.store().scan_page(None).await.expect("scan");
+        assert_eq!(
+            records[0].lease.expires_at.duration_since(clock.now()).ok(),
+            Some(lease),
+            "the claim holds the whole lease"
+        );
+
+        let answer = service
+            .clone()
+            .ready()
+            .await
+            .expect("ready")
+            .call(request())
+            .await
+            .expect("answer");
+
+        assert_eq!(answer.status(), StatusCode::CONFLICT);
+        assert_eq!(error_code(&answer), "request_in_progress");
+        assert_eq!(
+            values(&answer, "retry-after"),
+            [retry_after],
+            "a lease of {lease:?}"
+        );
+        let _ = finish_tx.send(());
+        let original = original.await.expect("join").expect("answer");
+        assert_eq!(original.status(), StatusCode::CREATED);
+    }
 }

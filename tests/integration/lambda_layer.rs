@@ -139,36 +139,88 @@ async fn the_lease_follows_the_invocation_deadline() {
     assert_eq!(record.request_id.as_deref(), Some("req-\"o-2\""));
 }
 
-#[tokio::test]
+/// Orders in flight at once in [`concurrent_invocations_through_one_service_instance`].
+const ORDERS: usize = 8;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_invocations_through_one_service_instance() {
     let db = dynamo::start().await;
     let clock = whole_second_clock();
     let runs = Arc::new(AtomicUsize::new(0));
-    let service = layer(db.store(), &clock).wrap(counting_handler(Arc::clone(&runs)));
-
-    // As run_concurrent does: one clone per invocation, all in flight at once; each of 8
-    // orders delivered 3 times.
-    let calls: Vec<_> = (0..24)
-        .map(|i| {
-            let mut service = service.clone();
-            let event = event(
-                json!({"order_id": format!("o-{}", i % 8)}),
-                &clock,
-                Duration::from_secs(10),
-            );
-            tokio::spawn(async move { service.ready().await?.call(event).await })
+    let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel::<usize>();
+    let (open_tx, open_rx) = tokio::sync::watch::channel(false);
+    // The first ORDERS executions hold until the gate opens: every duplicate below arrives
+    // while the first delivery of its order is in flight. A duplicate that ran (a broken
+    // layer) would not wait, and would answer as an execution.
+    let handler = {
+        let runs = Arc::clone(&runs);
+        service_fn(move |event: LambdaEvent<Value>| {
+            let (runs, started_tx, mut open_rx) =
+                (Arc::clone(&runs), started_tx.clone(), open_rx.clone());
+            async move {
+                let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                let _ = started_tx.send(run);
+                if run <= ORDERS {
+                    open_rx.wait_for(|open| *open).await?;
+                }
+                let ctx = current().ok_or("no execution context")?;
+                Ok::<_, lambda_runtime::Error>(json!({
+                    "charged": event.payload["order_id"],
+                    "attempt": ctx.attempt(),
+                    "run": run,
+                }))
+            }
         })
-        .collect();
-    let mut answered = 0;
-    for call in calls {
-        match call.await.expect("join") {
-            Ok(_) | Err(Error::AlreadyInProgress { .. }) => answered += 1,
-            Err(other) => panic!("unexpected {other:?}"),
+    };
+    let service = layer(db.store(), &clock).wrap(handler);
+    // As run_concurrent does: one clone per invocation, all in flight at once.
+    let call = |order: usize| {
+        let mut service = service.clone();
+        let event = event(
+            json!({"order_id": format!("o-{order}")}),
+            &clock,
+            Duration::from_secs(10),
+        );
+        tokio::spawn(async move { service.ready().await?.call(event).await })
+    };
+
+    let firsts: Vec<_> = (0..ORDERS).map(&call).collect();
+    for _ in 0..ORDERS {
+        started_rx.recv().await.expect("a first delivery started");
+    }
+    // Two more deliveries of each order while its first is held in its handler.
+    let duplicates: Vec<_> = (0..2 * ORDERS).map(|i| call(i % ORDERS)).collect();
+    for duplicate in duplicates {
+        match duplicate.await.expect("join") {
+            Err(Error::AlreadyInProgress { attempt, .. }) => assert_eq!(attempt, 1),
+            other => panic!("a duplicate in flight must be told to wait, got {other:?}"),
         }
     }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        ORDERS,
+        "no duplicate ran beside its first delivery"
+    );
 
-    assert_eq!(answered, 24);
-    assert_eq!(runs.load(Ordering::SeqCst), 8, "one execution per order");
+    open_tx.send(true).expect("the handlers wait");
+    let mut answers = Vec::new();
+    for (order, first) in firsts.into_iter().enumerate() {
+        let answer = first.await.expect("join").expect("the first delivery");
+        assert_eq!(answer["charged"], format!("o-{order}"));
+        assert_eq!(answer["attempt"], 1);
+        answers.push(answer);
+    }
+    // Redelivered once settled: the stored answers, nothing run.
+    let redeliveries: Vec<_> = (0..2 * ORDERS).map(|i| call(i % ORDERS)).collect();
+    for (i, redelivery) in redeliveries.into_iter().enumerate() {
+        let answer = redelivery.await.expect("join").expect("replayed");
+        assert_eq!(answer, answers[i % ORDERS], "the first answer, replayed");
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        ORDERS,
+        "one execution per order over 3 deliveries each"
+    );
 }
 
 #[tokio::test]

@@ -4,6 +4,7 @@ mod backends;
 mod batch;
 mod batch_inputs;
 mod cached_store;
+mod claims;
 mod deadlines;
 mod dynamodb_store;
 mod global_tables;

@@ -1,25 +1,63 @@
 //! The EMF observer (feature `emf`): what the engine decides comes out as CloudWatch Embedded
 //! Metric Format documents, checked against the specification's structure.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use lambda_idempotency::clock::ManualClock;
+use lambda_idempotency::failure::Terminal;
 use lambda_idempotency::observe::emf::{MetricsObserver, metrics_cloudwatch_embedded};
+use lambda_idempotency::reconcile::{Reconciliation, Recovery, Takeover};
+use lambda_idempotency::store::DynamoDbStore;
+use lambda_idempotency::testing::conformance::start_time;
 use lambda_idempotency::testing::dynamo;
 use lambda_idempotency::{
-    Config, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope,
+    BoxError, Config, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope,
+    Origin,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+const LEASE: Duration = Duration::from_secs(30);
 
 fn invocation(material: &str, intent: u32) -> Invocation {
     let scope = OperationScope::new("metrics-test", "charge").expect("scope");
     let key = OperationKey::derive(&scope, None, material).expect("key");
-    Invocation::new(
-        key,
-        Fingerprint::of(&intent).expect("fingerprint"),
-        Duration::from_secs(30),
-    )
+    Invocation::new(key, Fingerprint::of(&intent).expect("fingerprint"), LEASE)
 }
 
+/// A worker on `inv` whose handler has started and waits for the returned sender (dropped: it
+/// waits for ever, a crashed worker), then returns `value`.
+async fn held_worker(
+    idem: &Idempotency<DynamoDbStore>,
+    inv: &Invocation,
+    value: u32,
+) -> (
+    tokio::task::JoinHandle<Result<u32, Error>>,
+    oneshot::Sender<()>,
+) {
+    let (started_tx, started_rx) = oneshot::channel();
+    let (resume_tx, resume_rx) = oneshot::channel::<()>();
+    let worker = tokio::spawn({
+        let (idem, inv) = (idem.clone(), inv.clone());
+        async move {
+            idem.execute(&inv, |_| async move {
+                let _ = started_tx.send(());
+                if resume_rx.await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, std::io::Error>(value)
+            })
+            .await
+            .map(|done| done.into_value())
+        }
+    });
+    started_rx.await.expect("worker started");
+    (worker, resume_tx)
+}
+
+/// Every decision the engine reports, driven once each (a takeover with each of its endings),
+/// comes out as its counter with the right count.
 #[tokio::test]
 async fn decisions_and_latencies_come_out_as_embedded_metric_format() {
     let collector = metrics_cloudwatch_embedded::Builder::new()
@@ -27,25 +65,113 @@ async fn decisions_and_latencies_come_out_as_embedded_metric_format() {
         .with_dimension("service", "checkout")
         .init()
         .expect("the only recorder in this test binary");
-    let db = dynamo::start().await;
-    let idem =
-        Idempotency::new(db.store(), Config::default()).with_observer(MetricsObserver::new());
+    let clock = ManualClock::new(start_time());
+    let db = dynamo::start_with_clock(clock.clone()).await;
+    let engine = |store: DynamoDbStore| {
+        Idempotency::new(store, Config::default())
+            .with_clock(clock.clone())
+            .with_observer(MetricsObserver::new())
+    };
+    let idem = engine(db.store());
+    let reconciling = engine(db.store()).with_reconciler(|_: Takeover| async {
+        Ok::<_, BoxError>(Reconciliation::Applied(json!(7)))
+    });
+    let holding = engine(db.store()).with_recovery(Recovery::Indeterminate);
     let ok = |value: u32| async move { Ok::<_, std::io::Error>(value) };
 
+    // first_execution, replay (twice), payload_conflict.
     idem.execute(&invocation("o-1", 1), |_| ok(1))
         .await
         .expect("first");
-    idem.execute(&invocation("o-1", 1), |_| ok(1))
-        .await
-        .expect("replay");
-    idem.execute(&invocation("o-1", 1), |_| ok(1))
-        .await
-        .expect("replay");
+    for _ in 0..2 {
+        let replay = idem
+            .execute(&invocation("o-1", 1), |_| ok(1))
+            .await
+            .expect("replay");
+        assert!(replay.is_replay());
+    }
     let err = idem
         .execute(&invocation("o-1", 2), |_| ok(2))
         .await
         .expect_err("conflict");
-    assert!(matches!(err, Error::PayloadConflict { .. }));
+    assert!(matches!(err, Error::PayloadConflict { .. }), "got {err:?}");
+
+    // in_progress_collision: a live claim; then crashed claims whose leases run out.
+    let (_crashed_2, _) = held_worker(&idem, &invocation("o-2", 1), 0).await;
+    let (_crashed_3, _) = held_worker(&idem, &invocation("o-3", 1), 0).await;
+    let (_crashed_4, _) = held_worker(&idem, &invocation("o-4", 1), 0).await;
+    let (zombie, resume_zombie) = held_worker(&idem, &invocation("o-5", 1), 5).await;
+    let err = idem
+        .execute(&invocation("o-2", 1), |_| ok(2))
+        .await
+        .expect_err("in progress");
+    assert!(
+        matches!(err, Error::AlreadyInProgress { .. }),
+        "got {err:?}"
+    );
+    clock.advance(LEASE + Duration::from_secs(1));
+
+    // takeover (4 times): re-run, reconciled, indeterminate, and one that fences a zombie.
+    let rerun = idem
+        .execute(&invocation("o-2", 1), |_| ok(2))
+        .await
+        .expect("taken over");
+    assert_eq!(rerun.origin(), Origin::Executed { attempt: 2 });
+    let reconciled = reconciling
+        .execute(&invocation("o-3", 1), |_| ok(3))
+        .await
+        .expect("reconciled");
+    assert_eq!(reconciled.origin(), Origin::Reconciled { attempt: 2 });
+    let err = holding
+        .execute(&invocation("o-4", 1), |_| ok(4))
+        .await
+        .expect_err("held for an operator");
+    assert!(matches!(err, Error::Indeterminate { .. }), "got {err:?}");
+    idem.execute(&invocation("o-5", 1), |_| ok(55))
+        .await
+        .expect("taken over");
+    let _ = resume_zombie.send(());
+    let err = zombie.await.expect("join").expect_err("fenced");
+    assert!(matches!(err, Error::LeaseLost { .. }), "got {err:?}");
+
+    // key_expired_conflict: another operation with a business identity already settled.
+    idem.execute(&invocation("o-6", 1).with_identity("invoice:6"), |_| ok(6))
+        .await
+        .expect("first execution");
+    let err = idem
+        .execute(&invocation("o-7", 1).with_identity("invoice:6"), |_| ok(7))
+        .await
+        .expect_err("the identity stands");
+    assert!(
+        matches!(err, Error::KeyExpiredConflict { .. }),
+        "got {err:?}"
+    );
+
+    // handler_failed (terminal, so retained), then failure_replayed.
+    let declined = || async {
+        Err::<u32, _>(Terminal::new(
+            "card_declined",
+            std::io::Error::other("declined"),
+        ))
+    };
+    let err = idem
+        .execute(&invocation("o-8", 1), |_| declined())
+        .await
+        .expect_err("failed");
+    assert!(matches!(err, Error::Handler { .. }), "got {err:?}");
+    let err = idem
+        .execute(&invocation("o-8", 1), |_| declined())
+        .await
+        .expect_err("retained");
+    assert!(matches!(err, Error::Failed { .. }), "got {err:?}");
+
+    // store_error.<kind>: a table that does not exist.
+    let missing = engine(DynamoDbStore::new(db.client.clone(), "no-such-table"));
+    let err = missing
+        .execute(&invocation("o-9", 1), |_| ok(9))
+        .await
+        .expect_err("no table");
+    assert!(matches!(err, Error::Store(_)), "got {err:?}");
 
     let mut out = Vec::new();
     collector.flush(&mut out).expect("flush");
@@ -56,7 +182,7 @@ async fn decisions_and_latencies_come_out_as_embedded_metric_format() {
         .collect();
     assert!(!documents.is_empty());
 
-    let mut counts = std::collections::BTreeMap::new();
+    let mut counts = BTreeMap::new();
     for document in &documents {
         let aws = &document["_aws"];
         assert!(aws["Timestamp"].is_u64(), "epoch milliseconds: {document}");
@@ -88,15 +214,37 @@ async fn decisions_and_latencies_come_out_as_embedded_metric_format() {
                 if name.ends_with("_latency") {
                     assert_eq!(metric["Unit"], "Milliseconds");
                 }
-                if let Some(count) = document[name].as_u64() {
-                    counts.insert(name.to_owned(), count);
+                if let Some(count) = document[name].as_u64()
+                    && !name.ends_with("_latency")
+                {
+                    let earlier = counts.insert(name.to_owned(), count);
+                    assert_eq!(earlier, None, "{name} comes out once");
                 }
             }
         }
         assert_eq!(document["operation"], "charge");
         assert_eq!(document["service"], "checkout");
     }
-    assert_eq!(counts.get("idempotency.first_execution"), Some(&1));
-    assert_eq!(counts.get("idempotency.replay"), Some(&2));
-    assert_eq!(counts.get("idempotency.payload_conflict"), Some(&1));
+    let expected: BTreeMap<String, u64> = [
+        // o-1, and o-6 (the identity's first operation).
+        ("first_execution", 2),
+        ("replay", 2),
+        ("payload_conflict", 1),
+        ("in_progress_collision", 1),
+        ("takeover", 4),
+        ("reconciled", 1),
+        ("indeterminate", 1),
+        ("key_expired_conflict", 1),
+        ("lease_lost", 1),
+        ("handler_failed", 1),
+        ("failure_replayed", 1),
+        ("store_error.table_not_found", 1),
+    ]
+    .into_iter()
+    .map(|(name, count)| (format!("idempotency.{name}"), count))
+    .collect();
+    assert_eq!(
+        counts, expected,
+        "every counter, each decision counted once"
+    );
 }

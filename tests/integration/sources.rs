@@ -20,8 +20,15 @@ fn parse<T: DeserializeOwned>(value: Value) -> T {
     serde_json::from_value(value).expect("sample event parses")
 }
 
-/// Two deliveries of one operation agree; a changed payload keeps the key, not the fingerprint.
-fn assert_stable<E: 'static>(policy: &KeyPolicy<E>, first: &E, redelivered: &E, changed: &E) {
+/// Two deliveries of one operation agree; a changed payload keeps the key, not the fingerprint;
+/// another operation (another id or key field, the same payload) gets another key.
+fn assert_stable<E: 'static>(
+    policy: &KeyPolicy<E>,
+    first: &E,
+    redelivered: &E,
+    changed: &E,
+    other: &E,
+) {
     let (key, fingerprint) = policy.derive(&scope(), first).expect("derive");
     assert_eq!(
         policy.derive(&scope(), redelivered).expect("derive"),
@@ -30,6 +37,8 @@ fn assert_stable<E: 'static>(policy: &KeyPolicy<E>, first: &E, redelivered: &E, 
     let (changed_key, changed_fingerprint) = policy.derive(&scope(), changed).expect("derive");
     assert_eq!(changed_key, key);
     assert_ne!(changed_fingerprint, fingerprint);
+    let (other_key, _) = policy.derive(&scope(), other).expect("derive");
+    assert_ne!(other_key, key, "another operation, another key");
 }
 
 fn sqs(message_id: &str, receipt: &str, body: &str, attribute: Option<&str>) -> SqsMessage {
@@ -57,6 +66,7 @@ fn sqs_prefers_the_attribute_then_the_named_body_field() {
             None,
         ),
         &sqs("m-3", "r-3", r#"{"order_id":"o-1","amount":2}"#, None),
+        &sqs("m-1", "r-1", r#"{"order_id":"o-2","amount":1}"#, None),
     );
     let by_attribute = policy
         .derive(
@@ -68,6 +78,16 @@ fn sqs_prefers_the_attribute_then_the_named_body_field() {
         .derive(&scope(), &sqs("m-1", "r", r#"{"order_id":"o-1"}"#, None))
         .expect("derive");
     assert_ne!(by_attribute.0, by_body.0, "the attribute wins");
+    let (other_attribute, _) = policy
+        .derive(
+            &scope(),
+            &sqs("m-1", "r", r#"{"order_id":"o-1"}"#, Some("k-10")),
+        )
+        .expect("derive");
+    assert_ne!(
+        other_attribute, by_attribute.0,
+        "another attribute, another key"
+    );
     let err = policy
         .derive(&scope(), &sqs("m-1", "r", "not json", None))
         .expect_err("no key");
@@ -106,6 +126,7 @@ fn sns_keys_by_message_id() {
         &record("n-1", "2026-01-01T00:00:00Z", r#"{"a":1}"#),
         &record("n-1", "2026-01-01T00:05:00Z", r#"{"a":1}"#),
         &record("n-1", "2026-01-01T00:00:00Z", r#"{"a":2}"#),
+        &record("n-2", "2026-01-01T00:00:00Z", r#"{"a":1}"#),
     );
 }
 
@@ -134,6 +155,11 @@ fn eventbridge_keys_by_id_or_detail_field() {
             "2026-01-01T00:00:00Z",
             json!({"order": "o-1", "n": 2}),
         ),
+        &event(
+            "e-2",
+            "2026-01-01T00:00:00Z",
+            json!({"order": "o-1", "n": 1}),
+        ),
     );
     assert_stable(
         &sources::eventbridge_detail::<Value>("/order").expect("policy"),
@@ -151,6 +177,11 @@ fn eventbridge_keys_by_id_or_detail_field() {
             "e-3",
             "2026-01-01T00:00:00Z",
             json!({"order": "o-1", "n": 2}),
+        ),
+        &event(
+            "e-1",
+            "2026-01-01T00:00:00Z",
+            json!({"order": "o-2", "n": 1}),
         ),
     );
 }
@@ -176,6 +207,7 @@ fn http_api_keys_by_the_idempotency_key_header() {
         &http_request(Some("k-1"), "req-1", r#"{"amount":5}"#),
         &http_request(Some("k-1"), "req-2", r#"{"amount":5}"#),
         &http_request(Some("k-1"), "req-3", r#"{"amount":6}"#),
+        &http_request(Some("k-2"), "req-1", r#"{"amount":5}"#),
     );
     let err = sources::http_api()
         .derive(&scope(), &http_request(None, "r", "{}"))
@@ -198,6 +230,7 @@ fn dynamodb_stream_keys_by_event_id() {
         &record("ev-1", 1.0, "Ann"),
         &record("ev-1", 9.0, "Ann"),
         &record("ev-1", 1.0, "Bob"),
+        &record("ev-2", 1.0, "Ann"),
     );
 }
 
@@ -216,23 +249,26 @@ fn kinesis_keys_by_event_id() {
         &record("shard-0:4959", 1.0, "aGVsbG8="),
         &record("shard-0:4959", 5.0, "aGVsbG8="),
         &record("shard-0:4959", 1.0, "Ynll"),
+        &record("shard-0:4960", 1.0, "aGVsbG8="),
     );
 }
 
 #[test]
 fn s3_keys_by_object_version_and_sequencer() {
-    let record = |time: &str, size: i64| -> S3EventRecord {
+    let record = |time: &str, size: i64, sequencer: &str| -> S3EventRecord {
         parse(
             json!({"eventVersion": "2.1", "eventSource": "aws:s3", "awsRegion": "us-east-1", "eventTime": time,
             "eventName": "ObjectCreated:Put", "userIdentity": {"principalId": "p"}, "requestParameters": {"sourceIPAddress": "1.2.3.4"},
             "responseElements": {}, "s3": {"s3SchemaVersion": "1.0", "configurationId": "c", "bucket": {"name": "b", "arn": "arn"},
-            "object": {"key": "k.csv", "size": size, "eTag": "e", "versionId": "v1", "sequencer": "0A1"}}}),
+            "object": {"key": "k.csv", "size": size, "eTag": "e", "versionId": "v1", "sequencer": sequencer}}}),
         )
     };
     assert_stable(
         &sources::s3(),
-        &record("2026-01-01T00:00:00Z", 10),
-        &record("2026-01-02T00:00:00Z", 10),
-        &record("2026-01-01T00:00:00Z", 11),
+        &record("2026-01-01T00:00:00Z", 10, "0A1"),
+        &record("2026-01-02T00:00:00Z", 10, "0A1"),
+        &record("2026-01-01T00:00:00Z", 11, "0A1"),
+        // The same object written again: a later sequencer.
+        &record("2026-01-01T00:00:00Z", 10, "0A2"),
     );
 }

@@ -79,6 +79,27 @@ impl Function {
         tables: &Tables,
         overrides: &[(&str, &str)],
     ) -> Self {
+        Self::start(binary, name, tables, overrides, false).await
+    }
+
+    /// [`Self::spawn_with`], its stdout and stderr kept for [`Self::output`] (for a process
+    /// that exits by itself: nothing reads the pipes before then).
+    pub async fn spawn_capturing(
+        binary: &str,
+        name: &str,
+        tables: &Tables,
+        overrides: &[(&str, &str)],
+    ) -> Self {
+        Self::start(binary, name, tables, overrides, true).await
+    }
+
+    async fn start(
+        binary: &str,
+        name: &str,
+        tables: &Tables,
+        overrides: &[(&str, &str)],
+        capture: bool,
+    ) -> Self {
         let api = RuntimeApi::start().await;
         let mut command = Command::new(binary);
         command
@@ -98,8 +119,15 @@ impl Function {
             .env("IDEMPOTENCY_TABLE", tables.store.table())
             .env("LEDGER_TABLE", tables.ledger.table())
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(if capture {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .kill_on_drop(true);
+        if capture {
+            command.stderr(Stdio::piped());
+        }
         if let Some(uniqueness) = tables.store.uniqueness_table() {
             command.env("UNIQUENESS_TABLE", uniqueness);
         }
@@ -121,6 +149,15 @@ impl Function {
     /// Waits for the process to exit by itself; its exit status.
     pub async fn exited(mut self) -> std::process::ExitStatus {
         self.process.wait().await.expect("the function exits")
+    }
+
+    /// Waits for a process spawned by [`Self::spawn_capturing`] to exit by itself: its exit
+    /// status, stdout and stderr.
+    pub async fn output(self) -> std::process::Output {
+        self.process
+            .wait_with_output()
+            .await
+            .expect("the function exits")
     }
 
     /// Stops the process.

@@ -1,0 +1,349 @@
+//! Claims the documentation makes, one test each: the default lease caps, request ids cut to
+//! their limit, an altered outcome part, single flight's patience, and the demo's output as the
+//! README quotes it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::AttributeValue;
+use lambda_idempotency::clock::{Clock, ManualClock};
+use lambda_idempotency::config::MAX_REQUEST_ID_BYTES;
+use lambda_idempotency::lambda::{IdempotencyLayer, LeasePolicy};
+use lambda_idempotency::record::{Record, Status};
+use lambda_idempotency::store::Store;
+use lambda_idempotency::testing::conformance::{counted, invocation, start_time};
+use lambda_idempotency::testing::dynamo;
+use lambda_idempotency::testing::outcomes::incompressible;
+use lambda_idempotency::{
+    Config, Error, Idempotency, Invocation, KeyPolicy, OperationKey, OperationScope, Origin,
+    StoreError,
+};
+use lambda_runtime::tower::{Service, ServiceExt};
+use lambda_runtime::{Context, LambdaEvent, service_fn};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+fn scope() -> OperationScope {
+    OperationScope::new("claims-test", "charge").expect("scope")
+}
+
+/// The record an `IdempotencyLayer` with the default lease policy claims for an event of
+/// `order` whose context has `deadline` (epoch milliseconds, 0 for none) and `request_id`,
+/// read while the handler runs; then the handler finishes.
+async fn claimed_through_the_layer(
+    order: &str,
+    deadline: u64,
+    request_id: &str,
+) -> (Record, ManualClock) {
+    let clock = ManualClock::new(start_time());
+    let db = dynamo::start_with_clock(clock.clone()).await;
+    let store = db.store();
+    let idem = Idempotency::new(store.clone(), Config::default()).with_clock(clock.clone());
+    let layer = IdempotencyLayer::new(
+        idem,
+        scope(),
+        KeyPolicy::pointer("/order_id").expect("pointer"),
+    );
+    let (started_tx, started_rx) = oneshot::channel();
+    let (finish_tx, finish_rx) = oneshot::channel::<()>();
+    let gates = Arc::new(std::sync::Mutex::new(Some((started_tx, finish_rx))));
+    let mut service = layer.wrap(service_fn(move |_: LambdaEvent<Value>| {
+        let gates = Arc::clone(&gates);
+        async move {
+            let (started, finish) = gates.lock().expect("lock").take().ok_or("run once")?;
+            let _ = started.send(());
+            let _ = finish.await;
+            Ok::<_, lambda_runtime::Error>(json!({"charged": true}))
+        }
+    }));
+    let mut context = Context::default();
+    context.deadline = deadline;
+    context.request_id = request_id.to_owned();
+    let running = tokio::spawn(
+        service
+            .ready()
+            .await
+            .expect("ready")
+            .call(LambdaEvent::new(json!({"order_id": order}), context)),
+    );
+    started_rx.await.expect("the handler runs");
+    let key = OperationKey::derive(&scope(), None, &json!(order)).expect("key");
+    let record = store.get(&key).await.expect("get").expect("claimed");
+    let _ = finish_tx.send(());
+    running.await.expect("join").expect("completed");
+    (record, clock)
+}
+
+fn lease_of(record: &Record, clock: &ManualClock) -> Duration {
+    record
+        .lease
+        .expires_at
+        .duration_since(clock.now())
+        .expect("a lease ahead")
+}
+
+fn epoch_millis_in(clock: &ManualClock, ahead: Duration) -> u64 {
+    let deadline = (clock.now() + ahead)
+        .duration_since(UNIX_EPOCH)
+        .expect("after epoch");
+    u64::try_from(deadline.as_millis()).expect("fits")
+}
+
+#[tokio::test]
+async fn the_default_lease_policy_caps_a_lease_at_15_minutes_and_5_seconds() {
+    let clock = ManualClock::new(start_time());
+    let an_hour_ahead = epoch_millis_in(&clock, Duration::from_secs(3600));
+
+    let (record, clock) = claimed_through_the_layer("o-1", an_hour_ahead, "req-1").await;
+
+    assert_eq!(
+        lease_of(&record, &clock),
+        Duration::from_secs(15 * 60 + 5),
+        "an hour left, but no invocation runs past 15 minutes"
+    );
+    assert_eq!(
+        LeasePolicy::default().max,
+        Duration::from_secs(905),
+        "the documented cap"
+    );
+}
+
+#[tokio::test]
+async fn the_default_lease_policy_gives_60_seconds_without_a_deadline() {
+    let (record, clock) = claimed_through_the_layer("o-2", 0, "req-2").await;
+
+    assert_eq!(lease_of(&record, &clock), Duration::from_secs(60));
+}
+
+#[tokio::test]
+async fn a_request_id_is_cut_to_256_bytes_on_a_char_boundary() {
+    // 1 + 2 × 200 bytes: byte 256 falls inside an 'é', so the cut is at 255.
+    let request_id = format!("a{}", "é".repeat(200));
+    let clock = ManualClock::new(start_time());
+    let deadline = epoch_millis_in(&clock, Duration::from_secs(10));
+
+    let (record, _) = claimed_through_the_layer("o-3", deadline, &request_id).await;
+
+    let stored = record.request_id.expect("the request id is kept");
+    assert_eq!(MAX_REQUEST_ID_BYTES, 256);
+    assert_eq!(stored.len(), 255, "the longest prefix of whole chars");
+    assert!(
+        request_id.starts_with(&stored),
+        "a prefix of the request id"
+    );
+    assert_eq!(stored, format!("a{}", "é".repeat(127)));
+}
+
+#[tokio::test]
+async fn an_altered_outcome_part_is_a_corrupt_record_never_a_replay() {
+    let clock = ManualClock::new(start_time());
+    let db = dynamo::start_with_clock(clock.clone()).await;
+    let idem = Idempotency::new(db.store(), Config::default()).with_clock(clock.clone());
+    let inv = invocation("altered-part", &json!({"amount": 1}));
+    let runs = AtomicUsize::new(0);
+    // Past the 400 KB item limit and incompressible: kept in part items.
+    idem.execute(&inv, |_| counted(&runs, incompressible(900 * 1024, 5)))
+        .await
+        .expect("stored");
+    let prefix = format!("{}#outcome#", inv.key().as_str());
+    let items = db
+        .client
+        .scan()
+        .table_name(&db.table)
+        .send()
+        .await
+        .expect("scan")
+        .items
+        .unwrap_or_default();
+    let mut part = items
+        .into_iter()
+        .find(|item| item["pk"].as_s().is_ok_and(|pk| pk.starts_with(&prefix)))
+        .expect("a part item");
+    // One byte changed, the length kept: only the digest can tell.
+    let mut bytes = part["outcome"]
+        .as_b()
+        .expect("the part's bytes")
+        .clone()
+        .into_inner();
+    bytes[1000] ^= 0x01;
+    part.insert("outcome".into(), AttributeValue::B(Blob::new(bytes)));
+    db.client
+        .put_item()
+        .table_name(&db.table)
+        .set_item(Some(part))
+        .send()
+        .await
+        .expect("alter the part");
+
+    let err = idem
+        .execute(&inv, |_| counted(&runs, String::from("again")))
+        .await
+        .expect_err("no replay of altered bytes");
+
+    assert!(
+        matches!(&err, Error::Store(StoreError::CorruptRecord { reason, .. })
+            if reason.contains("digest")),
+        "the digest check refuses it: {err:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "not run again");
+    let read = db.store().get(inv.key()).await;
+    assert!(
+        matches!(read, Err(StoreError::CorruptRecord { .. })),
+        "a read gives no altered bytes either: {read:?}"
+    );
+    let item = db
+        .client
+        .get_item()
+        .table_name(&db.table)
+        .key("pk", AttributeValue::S(inv.key().as_str().to_owned()))
+        .send()
+        .await
+        .expect("get the record item")
+        .item
+        .expect("the record stands");
+    assert_eq!(
+        item["status"].as_s().map(String::as_str),
+        Ok(Status::Completed.as_str()),
+        "left for an operator"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_flight_waits_at_most_the_callers_lease_then_answers_in_progress() {
+    let clock = ManualClock::new(start_time());
+    let db = dynamo::start_with_clock(clock.clone()).await;
+    let idem = Idempotency::new(db.store(), Config::default())
+        .with_single_flight()
+        .with_clock(clock.clone());
+    let leader_inv = invocation("patience", &json!({"amount": 1}));
+    let (started_tx, started_rx) = oneshot::channel();
+    let (finish_tx, finish_rx) = oneshot::channel::<()>();
+    let leader = tokio::spawn({
+        let (idem, inv) = (idem.clone(), leader_inv.clone());
+        async move {
+            idem.execute(&inv, |_| async move {
+                let _ = started_tx.send(());
+                let _ = finish_rx.await;
+                Ok::<_, std::io::Error>(1_u32)
+            })
+            .await
+        }
+    });
+    started_rx.await.expect("the leader runs");
+    // The same operation, with a lease far shorter than the leader's 30 s.
+    let patience = Duration::from_millis(300);
+    let copy = Invocation::new(
+        leader_inv.key().clone(),
+        leader_inv.fingerprint().clone(),
+        patience,
+    );
+    let runs = AtomicUsize::new(0);
+
+    let waited = Instant::now();
+    let answer = tokio::time::timeout(
+        Duration::from_secs(60),
+        idem.execute(&copy, |_| counted(&runs, 2_u32)),
+    )
+    .await
+    .expect("single flight gave up waiting");
+    let waited = waited.elapsed();
+
+    match answer {
+        Err(Error::AlreadyInProgress {
+            attempt,
+            retry_after,
+            ..
+        }) => {
+            assert_eq!(attempt, 1);
+            // The leader's lease: 30 s, less its own (sub-millisecond) wait for the turn.
+            assert!(
+                retry_after > Duration::from_secs(29) && retry_after <= Duration::from_secs(30),
+                "the leader's lease: {retry_after:?}"
+            );
+        }
+        other => panic!("expected AlreadyInProgress after waiting, got {other:?}"),
+    }
+    assert!(waited >= patience, "it waited its lease first: {waited:?}");
+    assert!(
+        waited < Duration::from_secs(30),
+        "it did not wait for the leader's lease, or for the leader: {waited:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert!(!leader.is_finished(), "the leader still runs");
+
+    let _ = finish_tx.send(());
+    let first = leader.await.expect("join").expect("the leader completes");
+    assert_eq!(first.origin(), Origin::Executed { attempt: 1 });
+    let replay = idem
+        .execute(&copy, |_| counted(&runs, 3_u32))
+        .await
+        .expect("settled");
+    assert!(replay.is_replay());
+    assert_eq!(*replay.value(), 1);
+}
+
+/// The README's quoted demo output, from `cargo run --example demo`: every line it quotes is
+/// printed, except that which copy of the race (deliveries 6 to 9) executes depends on the
+/// scheduler, so those lines are checked as a set.
+#[test]
+fn the_demo_prints_what_the_readme_quotes() {
+    let readme = include_str!("../../README.md");
+    let block = readme
+        .split("```text\n")
+        .find(|block| block.contains("one charge per order: OK"))
+        .and_then(|block| block.split("```").next())
+        .expect("the README quotes the demo's output");
+    let quoted: Vec<&str> = block.lines().filter(|line| !line.is_empty()).collect();
+    assert!(quoted.contains(&"one charge per order: OK"));
+
+    let output = std::process::Command::new(env!("CARGO"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["run", "--quiet", "--all-features", "--example", "demo"])
+        .output()
+        .expect("cargo runs the demo");
+    let stdout = String::from_utf8(output.stdout).expect("utf-8");
+    assert!(
+        output.status.success(),
+        "the demo failed: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let printed: Vec<&str> = stdout.lines().collect();
+
+    let race = "o-3 concurrent copy";
+    for line in quoted.iter().filter(|line| !line.contains(race)) {
+        assert!(
+            printed.contains(line),
+            "the README quotes a line the demo does not print: {line}\n{stdout}"
+        );
+    }
+    let racers: Vec<&str> = printed
+        .iter()
+        .copied()
+        .filter(|line| line.contains(race))
+        .collect();
+    assert_eq!(racers.len(), 4, "four copies of o-3");
+    assert_eq!(
+        racers
+            .iter()
+            .filter(|line| line.contains("-> EXECUTED"))
+            .count(),
+        1,
+        "one copy of o-3 executed: {racers:?}"
+    );
+    for line in quoted.iter().filter(|line| line.contains(race)) {
+        let (delivery, _) = line.split_once(" -> ").expect("an answer");
+        assert!(
+            racers.iter().any(|racer| racer.starts_with(delivery)),
+            "{line}"
+        );
+    }
+    assert_eq!(
+        printed.last(),
+        Some(&"one charge per order: OK"),
+        "the demo ends with its check"
+    );
+    let summary = printed[printed.len() - 2];
+    assert!(summary.starts_with("17 deliveries, 6 charges"), "{summary}");
+}
