@@ -88,9 +88,9 @@ impl<E, S: Store> Operation<E, S> {
         self.lease
     }
 
-    /// The invocation for `payload`: its operation, a lease from the context's deadline (see
-    /// [`deadline_of`]), the deadline itself, the request id for correlation and the result
-    /// reference.
+    /// The invocation for `payload`: its operation, a lease from the context's deadline (a
+    /// deadline already past, an emulator's, is none), the deadline itself, the request id for
+    /// correlation and the result reference.
     pub fn invocation(&self, payload: &E, context: &Context) -> Result<Invocation, Error> {
         let now = self.idem.now();
         let deadline = deadline_of(context, now);
