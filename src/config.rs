@@ -33,6 +33,7 @@ pub const MAX_REQUEST_ID_BYTES: usize = 256;
 pub struct Config {
     retention: Duration,
     max_outcome_bytes: usize,
+    earlier_keys: bool,
 }
 
 impl Config {
@@ -56,6 +57,12 @@ impl Config {
     pub fn max_outcome_bytes(&self) -> usize {
         self.max_outcome_bytes
     }
+
+    /// Whether an operation whose key material holds an integer past ±2^53 is first looked up
+    /// under the key versions before 0.2 derived for it ([`ConfigBuilder::earlier_keys`]).
+    pub fn earlier_keys(&self) -> bool {
+        self.earlier_keys
+    }
 }
 
 impl Default for Config {
@@ -63,6 +70,7 @@ impl Default for Config {
         Self {
             retention: Self::DEFAULT_RETENTION,
             max_outcome_bytes: DEFAULT_MAX_OUTCOME_BYTES,
+            earlier_keys: true,
         }
     }
 }
@@ -85,6 +93,17 @@ impl ConfigBuilder {
     /// [`DEFAULT_MAX_OUTCOME_BYTES`]).
     pub fn max_outcome_bytes(mut self, bytes: usize) -> Self {
         self.config.max_outcome_bytes = bytes;
+        self
+    }
+
+    /// Whether an operation whose key material holds an integer past ±2^53 (whose key 0.2
+    /// derives otherwise than 0.1 did) is first looked up under the key 0.1 derived, and
+    /// continued there when a record of its intent stands (default `true`: one more `GetItem`
+    /// for such keys only). A record 0.1 wrote cannot tell two ids it keyed alike apart, so for
+    /// as long as such records live, a second id is answered as the first was, as 0.1 did.
+    /// Turn it off once one retention has passed since no 0.1 instance writes.
+    pub fn earlier_keys(mut self, look_up: bool) -> Self {
+        self.config.earlier_keys = look_up;
         self
     }
 

@@ -475,30 +475,7 @@ async fn resolve(
     yes: bool,
 ) -> Result<(), BoxError> {
     let found = describe(&store, &held).await?;
-    let change = match &resolution {
-        Resolution::Completed(value) => format!(
-            "record it COMPLETED with this {}-byte result ({}), replayed to every later delivery",
-            value.to_string().len(),
-            shape(value)
-        ),
-        Resolution::Failed(failure) => {
-            format!(
-                "record it FAILED ({}), replayed to every later delivery",
-                failure.kind
-            )
-        }
-        Resolution::Release => {
-            let evidence = match (&held, &found.identity) {
-                (Held::Evidence(identity), _) | (_, Some(identity)) => {
-                    format!(", and DELETE the permanent evidence of identity {identity}")
-                }
-                _ => String::new(),
-            };
-            format!(
-                "release it: the next delivery runs the operation again (the record stays, released and expired, with this trace){evidence}"
-            )
-        }
-    };
+    let change = what_it_writes(&held, &found, &resolution);
     eprintln!("{}", found.summary);
     eprintln!("will: {change}");
     if !yes {
@@ -508,6 +485,11 @@ async fn resolve(
         std::io::stdin().lock().read_line(&mut answer)?;
         if !matches!(answer.trim(), "y" | "Y" | "yes") {
             return Err("not confirmed: nothing changed".into());
+        }
+        // What was confirmed is what is written: a change meanwhile stops here (the write is
+        // conditional on the state read from now on).
+        if describe(&store, &held).await?.state != found.state {
+            return Err("it changed while you decided: nothing changed; look again".into());
         }
     }
     let idem = Idempotency::new(store, config);
@@ -528,10 +510,62 @@ async fn resolve(
     Ok(())
 }
 
+/// What a resolution writes, said from what was found.
+fn what_it_writes(held: &Held, found: &Found, resolution: &Resolution) -> String {
+    match (held, resolution) {
+        (Held::Record(_), Resolution::Completed(value)) => format!(
+            "record it COMPLETED with this {}-byte result ({}), replayed to every later delivery",
+            value.to_string().len(),
+            shape(value)
+        ),
+        (Held::Record(_), Resolution::Failed(failure)) => {
+            format!(
+                "record it FAILED ({}), replayed to every later delivery",
+                failure.kind
+            )
+        }
+        (Held::Record(_), Resolution::Release) => {
+            let evidence = found
+                .evidence
+                .as_ref()
+                .map(|identity| {
+                    format!(", and DELETE the permanent evidence of identity {identity}")
+                })
+                .unwrap_or_default();
+            format!(
+                "release it: the record is kept as FAILED `released`, already expired, with this trace, so that the next delivery runs the operation again{evidence}"
+            )
+        }
+        (Held::Evidence(_), Resolution::Completed(value)) => {
+            let reference = match value {
+                Value::String(text) => text.clone(),
+                other => other.to_string(),
+            };
+            let kept = match reference.len() <= 1024 {
+                true => format!("with result reference {reference}"),
+                false => "with no result reference (over 1024 bytes: not kept)".to_owned(),
+            };
+            format!(
+                "mark the evidence COMPLETED {kept}; later deliveries are refused as already done (KeyExpiredConflict), never run"
+            )
+        }
+        (Held::Evidence(_), Resolution::Failed(failure)) => format!(
+            "mark the evidence FAILED ({}); later deliveries are refused as failed, never run",
+            failure.kind
+        ),
+        (Held::Evidence(identity), Resolution::Release) => format!(
+            "DELETE the permanent evidence of identity {identity} and write a released record (FAILED, already expired, with this trace), so that the next delivery runs the operation again"
+        ),
+    }
+}
+
 /// What an operator is about to resolve, as found.
 struct Found {
     summary: String,
-    identity: Option<String>,
+    /// The evidence a release deletes: the record's identity, when its evidence is its own.
+    evidence: Option<String>,
+    /// What the write will be conditional on, to tell whether it changed.
+    state: String,
 }
 
 async fn describe(store: &DynamoDbStore, held: &Held) -> Result<Found, BoxError> {
@@ -551,6 +585,14 @@ async fn describe(store: &DynamoDbStore, held: &Held) -> Result<Found, BoxError>
                 Status::InProgress => ", its lease is LIVE: it cannot be resolved".into(),
                 _ => String::new(),
             };
+            let evidence = match &record.identity {
+                Some(identity) => store
+                    .evidence(identity)
+                    .await?
+                    .filter(|evidence| evidence.key == *key)
+                    .map(|evidence| evidence.identity),
+                None => None,
+            };
             Ok(Found {
                 summary: format!(
                     "found operation {} {} (attempt {}{lease})",
@@ -558,7 +600,11 @@ async fn describe(store: &DynamoDbStore, held: &Held) -> Result<Found, BoxError>
                     record.status,
                     record.lease.attempt
                 ),
-                identity: record.identity,
+                evidence,
+                state: format!(
+                    "{} {} {}",
+                    record.status, record.lease.token, record.lease.attempt
+                ),
             })
         }
         Held::Evidence(identity) => {
@@ -572,7 +618,13 @@ async fn describe(store: &DynamoDbStore, held: &Held) -> Result<Found, BoxError>
                     evidence.status,
                     evidence.key.as_str()
                 ),
-                identity: Some(identity.clone()),
+                evidence: Some(identity.clone()),
+                state: format!(
+                    "{} {} {}",
+                    evidence.status,
+                    evidence.key.as_str(),
+                    epoch_millis(evidence.created_at)
+                ),
             })
         }
     }

@@ -4,7 +4,11 @@
 //! under the earlier key once: when one stands there for this very intent (its fingerprint
 //! matches, as written then), the operation goes on under it (a replay, a wait, a takeover),
 //! instead of running again under the new key. A record of another intent there is another
-//! operation that collided under the old rule, and is left alone.
+//! operation that collided under the old rule, and is left alone. (One of the same intent
+//! cannot be told apart from it: a record 0.1 wrote does not keep its key material, so for as
+//! long as such records live a colliding id is answered as 0.1 answered it. The lookup costs a
+//! `GetItem` for such keys only; `ConfigBuilder::earlier_keys(false)` ends it once one
+//! retention has passed since the upgrade.)
 
 use std::borrow::Cow;
 use std::time::SystemTime;
@@ -23,7 +27,11 @@ impl<S: Store> Idempotency<S> {
         invocation: &'a Invocation,
         now: SystemTime,
     ) -> Result<Cow<'a, Invocation>, Error> {
-        let Some(earlier) = &invocation.earlier_key else {
+        let Some(earlier) = invocation
+            .earlier_key
+            .as_ref()
+            .filter(|_| self.config.earlier_keys())
+        else {
             return Ok(Cow::Borrowed(invocation));
         };
         let Some(record) = erased(self.store.get(earlier)).await? else {

@@ -4,8 +4,8 @@
 //! INDETERMINATE. Each resolution is one conditional write on the state the operator read
 //! (nothing changed meanwhile, never a live lease), and leaves an [`Audit`] trace (who, when,
 //! what) on the record or evidence it writes. A release never deletes silently: the record
-//! stays, FAILED `released` and expired (so the next delivery claims afresh), with the trace;
-//! the identity's evidence is deleted with it.
+//! stays, FAILED `released` and expired (so the next delivery claims afresh), with the trace
+//! until that claim or TTL replaces it; the identity's evidence is deleted with it.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -37,6 +37,8 @@ use crate::store::{Guard, Store, Target};
 const OPERATOR_DEADLINE: Duration = Duration::from_secs(10);
 /// The retained failure a released record carries.
 const RELEASED: &str = "released";
+/// How far in the past a released record's retention ends.
+const RELEASED_AGE: Duration = Duration::from_secs(3600);
 
 /// An operator's decision on an operation held for one.
 #[derive(Debug, Clone, PartialEq)]
@@ -219,7 +221,7 @@ impl<S: Store> Idempotency<S> {
         };
         let applied = self
             .retrying(patience, || {
-                self.store.settle_evidence(&evidence, &settlement)
+                self.store.settle_evidence(&evidence, &settlement, now)
             })
             .await?;
         if applied {
@@ -302,7 +304,9 @@ fn released(record: &Record, audit: Audit, now: SystemTime) -> Record {
     Record {
         status: Status::Failed,
         outcome: Some(released_failure().to_json().into_bytes()),
-        expires_at: now - Duration::from_secs(1),
+        // Well in the past: a reader whose clock runs behind the operator's must not see a
+        // live FAILED record (seconds of skew), yet recent enough for TTL to delete it.
+        expires_at: now - RELEASED_AGE,
         completed_at: Some(now),
         identity: None,
         audit: Some(audit),

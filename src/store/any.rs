@@ -91,6 +91,7 @@ trait DynStore: Send + Sync + fmt::Debug + 'static {
         &'a self,
         seen: &'a Evidence,
         settlement: &'a Settlement,
+        now: SystemTime,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
     fn get<'a>(
         &'a self,
@@ -166,8 +167,9 @@ impl<S: Store> DynStore for S {
         &'a self,
         seen: &'a Evidence,
         settlement: &'a Settlement,
+        now: SystemTime,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(Store::settle_evidence(self, seen, settlement))
+        Box::pin(Store::settle_evidence(self, seen, settlement, now))
     }
 
     fn get<'a>(
@@ -241,8 +243,9 @@ impl Store for AnyStore {
         &self,
         seen: &Evidence,
         settlement: &Settlement,
+        now: SystemTime,
     ) -> Result<bool, StoreError> {
-        self.0.settle_evidence(seen, settlement).await
+        self.0.settle_evidence(seen, settlement, now).await
     }
 
     async fn get(&self, key: &OperationKey) -> Result<Option<Record>, StoreError> {

@@ -250,8 +250,9 @@ impl<S: Store> Store for CachedStore<S> {
         &self,
         seen: &Evidence,
         settlement: &Settlement,
+        now: SystemTime,
     ) -> Result<bool, StoreError> {
-        self.inner.settle_evidence(seen, settlement).await
+        self.inner.settle_evidence(seen, settlement, now).await
     }
 
     async fn get(&self, key: &OperationKey) -> Result<Option<Record>, StoreError> {

@@ -176,7 +176,9 @@ impl Store for MemoryStore {
                 record.expires_at = settlement.expires_at;
                 record.completed_at = Some(settlement.completed_at);
             }
-            if let Some(record) = tables.records.get_mut(target.key) {
+            if let Some(record) = tables.records.get_mut(target.key)
+                && settlement.audit.is_some()
+            {
                 record.audit.clone_from(&settlement.audit);
             }
             if let Some(evidence) = target
@@ -223,7 +225,9 @@ impl Store for MemoryStore {
         let mut tables = self.lock();
         let record_as_seen = match (tables.records.get(&released.key), seen) {
             (Some(current), Some(seen)) => {
-                current.status == seen.status && current.lease.token == seen.lease.token
+                current.status == seen.status
+                    && current.lease.token == seen.lease.token
+                    && (current.status != Status::InProgress || current.lease.is_expired(now))
             }
             (current, None) => current.is_none_or(|current| current.counts_as_absent(now)),
             (None, Some(_)) => false,
@@ -250,8 +254,16 @@ impl Store for MemoryStore {
         &self,
         seen: &Evidence,
         settlement: &Settlement,
+        now: SystemTime,
     ) -> Result<bool, StoreError> {
         let mut tables = self.lock();
+        let record_gone = tables
+            .records
+            .get(&seen.key)
+            .is_none_or(|record| record.counts_as_absent(now));
+        if !record_gone {
+            return Ok(false);
+        }
         match tables.evidence.get_mut(&seen.identity) {
             Some(current) if is_as_seen(current, seen) => {
                 current.status = settlement.status;

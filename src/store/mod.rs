@@ -178,7 +178,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// An operator's release: writes `released` (an expired FAILED record carrying the
     /// operator's audit, so that the next delivery claims afresh) where the record is still as
-    /// `seen` (the same status and lease token; `None`: absent, or settled and expired), and
+    /// `seen` (the same status and lease token, and, IN_PROGRESS, its lease run out at `now`;
+    /// `None`: absent, or settled and expired), and
     /// deletes `evidence` (as seen: the same operation, status and creation) in the same write.
     /// `false`: one of them had changed; nothing was written.
     fn release_by_operator(
@@ -190,12 +191,15 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// An operator's settlement of evidence whose record is gone: `seen` (the same operation,
-    /// status and creation) takes `settlement`'s status, result reference, time and audit.
-    /// `false`: the evidence had changed; nothing was written.
+    /// status and creation) takes `settlement`'s status, result reference, time and audit, if
+    /// its operation's record is still absent, or settled and expired at `now` (a redelivery
+    /// that adopted the evidence meanwhile holds a live claim). `false`: either had changed;
+    /// nothing was written.
     fn settle_evidence(
         &self,
         seen: &Evidence,
         settlement: &Settlement,
+        now: SystemTime,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Reads the record of `key` as stored, expired or not.

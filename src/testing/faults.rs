@@ -402,8 +402,9 @@ impl<S: Store + Clone> Store for FaultyStore<S> {
         &self,
         seen: &Evidence,
         settlement: &Settlement,
+        now: SystemTime,
     ) -> Result<bool, StoreError> {
-        let settle = self.inner.settle_evidence(seen, settlement);
+        let settle = self.inner.settle_evidence(seen, settlement, now);
         self.around(Primitive::Operator, settle).await
     }
 

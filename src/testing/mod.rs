@@ -102,7 +102,8 @@ macro_rules! conformance_tests {
             a_stuck_claim_is_resolved_by_an_operator_but_never_a_live_one,
             an_operators_release_leaves_a_trace_and_the_next_delivery_runs,
             orphaned_evidence_is_resolved_by_an_operator,
-            indeterminate_evidence_without_its_record_is_released_by_an_operator
+            indeterminate_evidence_without_its_record_is_released_by_an_operator,
+            an_operator_never_settles_evidence_a_delivery_has_adopted
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

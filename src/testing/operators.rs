@@ -15,7 +15,8 @@ use lambda_idempotency::{BoxError, Config, Error, Invocation, Origin, Resolution
 use serde_json::{Value, json};
 
 use super::conformance::{
-    Fixture, LEASE, counted, crash_after_claim, engine, invocation, operator, stored,
+    Fixture, LEASE, counted, crash_after_claim, engine, invocation, operator, stalled_worker,
+    stored,
 };
 
 fn invoice(material: &str) -> Invocation {
@@ -223,4 +224,40 @@ pub async fn indeterminate_evidence_without_its_record_is_released_by_an_operato
         .await
         .expect("runs afresh");
     assert_eq!(rerun.origin(), Origin::Executed { attempt: 1 });
+}
+
+/// Case: evidence an operator read as orphaned but that a redelivery adopted meanwhile (a live
+/// claim again) is not settled under it: the resolution answers `false`, nothing changes.
+pub async fn an_operator_never_settles_evidence_a_delivery_has_adopted<S: Store>(fx: Fixture<S>) {
+    let (idem, clock, sweep) = engine(fx, retention(60));
+    let inv = invoice("adopted-1");
+    crash_after_claim(&idem, &inv).await;
+    clock.advance(LEASE + Duration::from_secs(120));
+    sweep().await;
+    let identity = inv.evidence_key().expect("identity");
+    let orphan = idem.store().evidence(&identity).await.expect("evidence");
+    assert_eq!(orphan.map(|e| e.status), Some(Status::InProgress));
+
+    // A redelivery adopts it and is still running.
+    let adopter = stalled_worker(&idem, &inv).await;
+    let live = stored(&idem, inv.key(), "the adoption's claim").await;
+    assert_eq!((live.status, live.lease.attempt), (Status::InProgress, 2));
+
+    let resolved = idem
+        .resolve_evidence::<Value>(
+            &identity,
+            Resolution::Completed(json!("inv-1")),
+            &operator(),
+        )
+        .await
+        .expect("resolve evidence");
+    assert!(!resolved, "a live claim holds the evidence");
+    let evidence = idem.store().evidence(&identity).await.expect("evidence");
+    assert_eq!(evidence.map(|e| e.status), Some(Status::InProgress));
+    assert_eq!(
+        stored(&idem, inv.key(), "record").await,
+        live,
+        "nothing changed"
+    );
+    adopter.abort();
 }

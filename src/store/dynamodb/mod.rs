@@ -330,6 +330,14 @@ impl DynamoDbStore {
         let names = &self.names;
         let expr = Expr::default().name("#status", &names.status);
         match seen {
+            Some(seen) if seen.status == Status::InProgress => (
+                "#status = :seen_status AND #lease_token = :seen_token AND #lease_expires_at < :now_ms",
+                expr.name("#lease_token", &names.lease_token)
+                    .name("#lease_expires_at", &names.lease_expires_at)
+                    .value(":seen_status", s(seen.status.as_str()))
+                    .value(":seen_token", s(&seen.lease.token))
+                    .value(":now_ms", millis(now)),
+            ),
             Some(seen) => (
                 "#status = :seen_status AND #lease_token = :seen_token",
                 expr.name("#lease_token", &names.lease_token)
@@ -679,9 +687,15 @@ impl Store for DynamoDbStore {
         &self,
         seen: &Evidence,
         settlement: &Settlement,
+        now: SystemTime,
     ) -> Result<bool, StoreError> {
-        let write = evidence::operator_settle_write(self.uniqueness()?, seen, settlement)?;
-        Ok(self.apply("settle_evidence", vec![write]).await?.is_none())
+        // The record must still be gone: a redelivery that adopted the evidence holds a claim.
+        let (condition, expr) = self.as_seen(None, now);
+        let writes = vec![
+            Write::check(&self.table, self.names.key(&seen.key), condition, expr)?,
+            evidence::operator_settle_write(self.uniqueness()?, seen, settlement)?,
+        ];
+        Ok(self.apply("settle_evidence", writes).await?.is_none())
     }
 
     async fn get(&self, key: &OperationKey) -> Result<Option<Record>, StoreError> {

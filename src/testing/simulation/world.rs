@@ -779,6 +779,9 @@ impl<S: Store + Clone> World<S> {
                 "operation {op}: the caller was told it took effect ({}), but the downstream shows none",
                 error_name(err)
             )),
+            Err(Error::Failed { failure, .. }) if failure.kind == "released" => Some(format!(
+                "operation {op}: an operator released it, yet it was answered as a retained failure"
+            )),
             Err(err) if judged.gave_up_early(err) => Some(format!(
                 "operation {op}: the settlement gave up ({}) though its outage ended well before the deadline",
                 error_name(err)
