@@ -32,6 +32,25 @@ fn retention(seconds: u64) -> Config {
         .expect("config")
 }
 
+/// Crashes `inv`'s first attempt and takes it over with a reconciler that cannot tell: the
+/// operation is INDETERMINATE, held for an operator.
+async fn hold_for_an_operator<S: Store>(
+    idem: &lambda_idempotency::Idempotency<S>,
+    clock: &lambda_idempotency::clock::ManualClock,
+    inv: &Invocation,
+) {
+    crash_after_claim(idem, inv).await;
+    clock.advance(LEASE + Duration::from_secs(1));
+    let unknown = idem
+        .clone()
+        .with_reconciler(|_: Takeover| async { Ok::<_, BoxError>(Reconciliation::Unknown) });
+    let held = unknown
+        .execute(inv, |_| async { Ok::<_, std::io::Error>(json!(0)) })
+        .await
+        .expect_err("held");
+    assert!(matches!(held, Error::Indeterminate { .. }), "{held:?}");
+}
+
 fn assert_trace(audit: Option<&Audit>, action: &str) {
     let audit = audit.expect("the operator's trace");
     assert_eq!(audit.by, "conformance-suite");
@@ -89,16 +108,7 @@ pub async fn an_operators_release_leaves_a_trace_and_the_next_delivery_runs<S: S
 ) {
     let (idem, clock, _) = engine(fx, Config::default());
     let inv = invoice("held-1");
-    crash_after_claim(&idem, &inv).await;
-    clock.advance(LEASE + Duration::from_secs(1));
-    let unknown = idem
-        .clone()
-        .with_reconciler(|_: Takeover| async { Ok::<_, BoxError>(Reconciliation::Unknown) });
-    let held = unknown
-        .execute(&inv, |_| async { Ok::<_, std::io::Error>(json!(0)) })
-        .await
-        .expect_err("held");
-    assert!(matches!(held, Error::Indeterminate { .. }), "{held:?}");
+    hold_for_an_operator(&idem, &clock, &inv).await;
 
     let released = idem
         .resolve::<Value>(inv.key(), Resolution::Release, &operator())
@@ -187,14 +197,7 @@ pub async fn indeterminate_evidence_without_its_record_is_released_by_an_operato
 ) {
     let (idem, clock, sweep) = engine(fx, Config::default());
     let inv = invoice("lost-1");
-    crash_after_claim(&idem, &inv).await;
-    clock.advance(LEASE + Duration::from_secs(1));
-    let unknown = idem
-        .clone()
-        .with_reconciler(|_: Takeover| async { Ok::<_, BoxError>(Reconciliation::Unknown) });
-    let _ = unknown
-        .execute(&inv, |_| async { Ok::<_, std::io::Error>(json!(0)) })
-        .await;
+    hold_for_an_operator(&idem, &clock, &inv).await;
     clock.advance(Duration::from_secs(367 * 24 * 3600));
     sweep().await;
     assert_eq!(

@@ -19,6 +19,8 @@ use tokio::sync::watch;
 
 use lambda_idempotency::testing::dynamo;
 
+use super::backends::context_with_deadline;
+
 fn message(id: &str, queue: &str, group: Option<&str>, body: serde_json::Value) -> SqsMessage {
     let mut attributes = json!({"ApproximateReceiveCount": "1"});
     if let Some(group) = group {
@@ -351,18 +353,6 @@ async fn a_deadline_already_past_at_the_start_is_an_emulators_and_ignored() {
 }
 
 /// An invocation context whose deadline is `deadline`.
-fn context_with_deadline(deadline: std::time::SystemTime) -> Context {
-    let mut context = Context::default();
-    context.deadline = u64::try_from(
-        deadline
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("after epoch")
-            .as_millis(),
-    )
-    .expect("fits");
-    context
-}
-
 fn kinesis_record(seq: &str, partition: &str, data: &str) -> KinesisEventRecord {
     serde_json::from_value(json!({"kinesis": {"kinesisSchemaVersion": "1.0", "partitionKey": partition,
         "sequenceNumber": seq, "data": data, "approximateArrivalTimestamp": 1.0}, "eventSource": "aws:kinesis",
