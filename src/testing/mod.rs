@@ -103,7 +103,8 @@ macro_rules! conformance_tests {
             an_operators_release_leaves_a_trace_and_the_next_delivery_runs,
             orphaned_evidence_is_resolved_by_an_operator,
             indeterminate_evidence_without_its_record_is_released_by_an_operator,
-            an_operator_never_settles_evidence_a_delivery_has_adopted
+            an_operator_never_settles_evidence_a_delivery_has_adopted,
+            an_operators_lost_answer_is_recognised_and_a_throttled_one_retried
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

@@ -18,6 +18,7 @@ use super::conformance::{
     Fixture, LEASE, counted, crash_after_claim, engine, invocation, operator, stalled_worker,
     stored,
 };
+use super::faults::{Fault, FaultKind, FaultyStore, Primitive};
 
 fn invoice(material: &str) -> Invocation {
     invocation(material, &json!({"amount": 10}))
@@ -263,4 +264,55 @@ pub async fn an_operator_never_settles_evidence_a_delivery_has_adopted<S: Store>
         "nothing changed"
     );
     adopter.abort();
+}
+
+/// Case: an operator's write that commits and loses its answer (the retry's condition then
+/// fails) is recognised by its trace, and one refused by throttling is retried: on a release of
+/// a held record and on the settlement of orphaned evidence.
+pub async fn an_operators_lost_answer_is_recognised_and_a_throttled_one_retried<
+    S: Store + Clone,
+>(
+    fx: Fixture<S>,
+) {
+    let store = FaultyStore::new(fx.store);
+    let clock = fx.clock;
+    let idem = lambda_idempotency::Idempotency::new(store.clone(), retention(60))
+        .with_clock(clock.clone());
+    let held = invoice("lost-answer-1");
+    hold_for_an_operator(&idem, &clock, &held).await;
+    store.inject(Primitive::Operator, Fault::FailBefore(FaultKind::Throttled));
+    store.inject(
+        Primitive::Operator,
+        Fault::FailAfter(FaultKind::Unavailable),
+    );
+    let released = idem
+        .resolve::<Value>(held.key(), Resolution::Release, &operator())
+        .await
+        .expect("release");
+    assert!(released, "the lost answer is the operator's own write");
+    assert_eq!(store.pending(), 0, "both faults fired");
+    let record = stored(&idem, held.key(), "released").await;
+    assert_trace(record.audit.as_ref(), "released from INDETERMINATE");
+
+    let orphan = invoice("lost-answer-2");
+    crash_after_claim(&idem, &orphan).await;
+    clock.advance(LEASE + Duration::from_secs(120));
+    (fx.sweep)().await;
+    let identity = orphan.evidence_key().expect("identity");
+    store.inject(
+        Primitive::Operator,
+        Fault::FailAfter(FaultKind::Unavailable),
+    );
+    let resolved = idem
+        .resolve_evidence::<Value>(
+            &identity,
+            Resolution::Completed(json!("inv-2")),
+            &operator(),
+        )
+        .await
+        .expect("resolve evidence");
+    assert!(resolved, "the lost answer is the operator's own write");
+    assert_eq!(store.pending(), 0, "the fault fired");
+    let evidence = idem.store().evidence(&identity).await.expect("evidence");
+    assert_eq!(evidence.map(|e| e.status), Some(Status::Completed));
 }
