@@ -157,16 +157,22 @@ async fn the_same_key_with_another_payload_is_422() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
-#[tokio::test]
-async fn a_request_still_running_is_409_with_retry_after() {
-    let (http, _db) = endpoint().await;
+/// A first request for `key` whose handler has started and waits: its claim is held until
+/// the sender is used (or dropped).
+async fn held_original(
+    http: &HttpIdempotency<DynamoDbStore>,
+    key: &str,
+) -> (
+    tokio::task::JoinHandle<ApiGatewayV2httpResponse>,
+    tokio::sync::oneshot::Sender<()>,
+) {
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
     let original = tokio::spawn({
-        let http = http.clone();
+        let (http, key) = (http.clone(), key.to_owned());
         async move {
             http.handle(
-                request(Some("k-3"), json!({"amount": 5})),
+                request(Some(&key), json!({"amount": 5})),
                 |_, _: ExecutionContext| async move {
                     let _ = started_tx.send(());
                     let _ = finish_rx.await;
@@ -177,6 +183,13 @@ async fn a_request_still_running_is_409_with_retry_after() {
         }
     });
     started_rx.await.expect("original started");
+    (original, finish_tx)
+}
+
+#[tokio::test]
+async fn a_request_still_running_is_409_with_retry_after() {
+    let (http, _db) = endpoint().await;
+    let (original, finish_tx) = held_original(&http, "k-3").await;
     let runs = AtomicUsize::new(0);
 
     let answer = http
@@ -413,23 +426,7 @@ async fn retry_after_is_the_leases_remaining_time_and_never_above_905_s() {
         (Duration::from_secs(2 * 3600), "905"),
     ] {
         let (http, db, clock) = endpoint_leasing(lease).await;
-        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-        let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
-        let original = tokio::spawn({
-            let http = http.clone();
-            async move {
-                http.handle(
-                    request(Some("k-13"), json!({"amount": 5})),
-                    |_, _: ExecutionContext| async move {
-                        let _ = started_tx.send(());
-                        let _ = finish_rx.await;
-                        Ok::<_, std::io::Error>(response(201, json!({"payment": "p"})))
-                    },
-                )
-                .await
-            }
-        });
-        started_rx.await.expect("original started");
+        let (original, finish_tx) = held_original(&http, "k-13").await;
         let (records, _, _) = db.store().scan_page(None).await.expect("scan");
         assert_eq!(
             records[0].lease.expires_at.duration_since(clock.now()).ok(),
