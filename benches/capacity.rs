@@ -345,10 +345,7 @@ async fn measure_outcome_storage() -> Result<(), BoxError> {
             .interceptor(db.requests.clone())
             .build(),
     );
-    let idem = Idempotency::new(
-        lambda_idempotency::DynamoDbStore::new(client, &db.table),
-        Config::default(),
-    );
+    let idem = Idempotency::new(lambda_idempotency::DynamoDbStore::new(client, &db.table));
     println!(
         "\nwith OutcomeStorage (default: inline while the record is at most 1 KB, then zstd, \
          then parts), measured on the embedded server"
@@ -395,7 +392,7 @@ async fn measure_outcome_storage() -> Result<(), BoxError> {
 
 /// One first execution of `outcome` and its duplicate.
 async fn measure(
-    idem: &Idempotency<lambda_idempotency::DynamoDbStore>,
+    idem: &Idempotency,
     db: &dynamo::Dynamo,
     consumed: &Consumed,
     material: &str,

@@ -54,9 +54,9 @@ fn micros(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1e6
 }
 
-async fn first_and_duplicate<S: Store>(
+async fn first_and_duplicate(
     label: &str,
-    idem: &Idempotency<S>,
+    idem: &Idempotency,
     policy: &KeyPolicy<Value>,
     scope: &OperationScope,
 ) -> (Duration, Duration) {
@@ -172,7 +172,7 @@ async fn overhead_over_bare_sdk(
         client: store.client().clone(),
         table: store.table().to_owned(),
     };
-    let idem = Idempotency::new(store, Config::default());
+    let idem = Idempotency::new(store);
     let outcome = serde_json::to_vec(&json!({"placed": true})).expect("JSON");
     let samples = SAMPLES * 2;
     let mut timings: [Vec<Duration>; 4] = std::array::from_fn(|_| Vec::with_capacity(samples));
@@ -231,13 +231,10 @@ async fn main() -> Result<(), lambda_idempotency::BoxError> {
         .collect();
     report("key + fingerprint (RFC 8785, SHA-256)", derive);
 
-    let memory = Idempotency::new(MemoryStore::new(), Config::default());
+    let memory = Idempotency::new(MemoryStore::new());
     first_and_duplicate("memory store", &memory, &policy, &scope).await;
 
-    let dynamodb = Idempotency::new(
-        local_dynamodb::local_store("bench").await?,
-        Config::default(),
-    );
+    let dynamodb = Idempotency::new(local_dynamodb::local_store("bench").await?);
     let (first, duplicate) = first_and_duplicate(
         "DynamoDB store (embedded, loopback)",
         &dynamodb,
@@ -257,10 +254,8 @@ async fn main() -> Result<(), lambda_idempotency::BoxError> {
     )
     .await;
 
-    let cached = Idempotency::new(
-        CachedStore::new(local_dynamodb::local_store("bench-cached").await?, 16 << 20),
-        Config::default(),
-    );
+    let cache = CachedStore::new(local_dynamodb::local_store("bench-cached").await?, 16 << 20);
+    let cached = Idempotency::new(cache.clone());
     let (_, cached_duplicate) = first_and_duplicate(
         "DynamoDB store + in-process cache",
         &cached,
@@ -271,8 +266,8 @@ async fn main() -> Result<(), lambda_idempotency::BoxError> {
     println!(
         "cached duplicate / uncached duplicate: {:.3}; cache hits {} of {SAMPLES} duplicates ({:.0} requests per duplicate)",
         cached_duplicate.as_secs_f64() / duplicate.as_secs_f64(),
-        cached.store().hits(),
-        (SAMPLES as u64 - cached.store().hits()) as f64 / SAMPLES as f64
+        cache.hits(),
+        (SAMPLES as u64 - cache.hits()) as f64 / SAMPLES as f64
     );
     Ok(())
 }

@@ -75,7 +75,7 @@ fn reconciler(
 }
 
 struct Demo {
-    idem: Idempotency<DynamoDbStore>,
+    idem: Idempotency,
     clock: ManualClock,
     policy: KeyPolicy<Value>,
     scope: OperationScope,
@@ -187,7 +187,8 @@ async fn main() -> Result<(), lambda_idempotency::BoxError> {
 
     let clock = ManualClock::new(SystemTime::now());
     let ledger = Ledger::default();
-    let idem = Idempotency::new(store, Config::builder().retention(RETENTION).build()?)
+    let idem = Idempotency::new(store)
+        .with_config(Config::builder().retention(RETENTION).build()?)
         .with_clock(clock.clone())
         .with_reconciler(reconciler(ledger.clone()));
     let mut demo = Demo {

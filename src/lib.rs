@@ -5,11 +5,11 @@
 //!
 //! ## A handler in a few lines
 //!
-//! Wrap the handler in [`IdempotencyLayer`]: a duplicate gets the stored result back and the
-//! handler does not run again.
+//! Build the operation from the engine, and the door from the operation: a duplicate gets the
+//! stored result back and the handler does not run again.
 //!
 //! ```no_run
-//! use lambda_idempotency::{Config, DynamoDbStore, Idempotency, IdempotencyLayer, KeyPolicy, OperationScope};
+//! use lambda_idempotency::{Idempotency, KeyPolicy};
 //! use lambda_runtime::tower::ServiceBuilder;
 //! use lambda_runtime::{LambdaEvent, service_fn};
 //! use serde_json::{Value, json};
@@ -20,34 +20,33 @@
 //!
 //! #[tokio::main]
 //! async fn main() -> Result<(), lambda_runtime::Error> {
-//!     let idem: Idempotency = Idempotency::new(DynamoDbStore::from_env().await?.into(), Config::default());
-//!     let layer = IdempotencyLayer::new(idem, OperationScope::for_function("charge")?, KeyPolicy::pointer("/order_id")?);
-//!     lambda_runtime::run(ServiceBuilder::new().layer(layer).service(service_fn(charge))).await
+//!     let idem = Idempotency::from_env().await?; // DynamoDB, the tables the environment names
+//!     let charge_once = idem.operation("charge", KeyPolicy::pointer("/order_id")?)?.layer();
+//!     lambda_runtime::run(ServiceBuilder::new().layer(charge_once).service(service_fn(charge))).await
 //! }
 //! ```
 //!
 //! ## Which door for which trigger
 //!
+//! Every door is built from one [`Operation`] (engine, scope, key policy, lease policy, result
+//! reference), made by [`Idempotency::operation`] or [`Operation::new`]:
+//!
 //! | trigger | door | key policy |
 //! |---|---|---|
-//! | direct or async invocation, EventBridge, SNS (one event per invocation) | [`IdempotencyLayer`] | [`KeyPolicy`], or [`lambda::sources`]`::eventbridge()`, `sns()` |
-//! | SQS, Kinesis, DynamoDB Streams (batches, partial failures) | [`BatchProcessor`] | [`lambda::sources`]`::sqs(..)`, `kinesis()`, `dynamodb_stream()` |
-//! | API Gateway REST / HTTP, Function URLs, ALB, with axum or any tower service | [`HttpIdempotencyLayer`] | `Idempotency-Key` header, scoped to the caller ([`CallerScope`]) |
-//! | an API Gateway v2 handler written against `ApiGatewayV2httpRequest` | [`HttpIdempotency`] | the same |
+//! | direct or async invocation, EventBridge, SNS (one event per invocation) | [`Operation::layer`] ([`IdempotencyLayer`]) | [`KeyPolicy`], or [`lambda::sources`]`::eventbridge()`, `sns()` |
+//! | SQS, Kinesis, DynamoDB Streams (batches, partial failures) | [`Operation::batch`] ([`BatchProcessor`], a service with `.service(handler)`) | [`lambda::sources`]`::sqs(..)`, `kinesis()`, `dynamodb_stream()` |
+//! | API Gateway REST / HTTP, Function URLs, ALB, with axum or any tower service | [`Operation::http_layer`] ([`HttpIdempotencyLayer`]) | [`lambda::sources`]`::http()`: the `Idempotency-Key` header, scoped to the caller ([`CallerScope`]) |
 //! | any async code inside a handler | [`Idempotency::execute`] | [`OperationKey`] and [`Fingerprint`] of your own |
 //!
-//! Every door is built from one [`Operation`] (engine, scope, key policy, lease policy, result
-//! reference): `IdempotencyLayer::from_operation`, `BatchProcessor::from_operation`,
-//! `HttpIdempotency::from_operation`. The store is chosen at run time: [`AnyStore`] (the default
-//! store type of every door) holds a [`DynamoDbStore`], a [`MemoryStore`] or a store of your own.
+//! The store is erased once, in the engine: [`Idempotency::new`] takes a [`DynamoDbStore`], a
+//! [`MemoryStore`] or a store of your own, and no type a door names carries it.
 //!
 //! An SQS consumer:
 //!
 //! ```no_run
-//! use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
+//! use aws_lambda_events::event::sqs::SqsMessage;
 //! use lambda_idempotency::lambda::sources;
-//! use lambda_idempotency::{BatchProcessor, Config, DynamoDbStore, ExecutionContext, Idempotency, OperationScope};
-//! use lambda_runtime::{LambdaEvent, service_fn};
+//! use lambda_idempotency::{ExecutionContext, Idempotency};
 //!
 //! async fn place_order(message: SqsMessage, ctx: ExecutionContext) -> Result<String, lambda_runtime::Error> {
 //!     Ok(format!("placed (attempt {})", ctx.attempt()))
@@ -55,18 +54,9 @@
 //!
 //! #[tokio::main]
 //! async fn main() -> Result<(), lambda_runtime::Error> {
-//!     let idem = Idempotency::new(DynamoDbStore::from_env().await?.into(), Config::default());
-//!     let processor: BatchProcessor<SqsMessage> =
-//!         BatchProcessor::new(idem, OperationScope::for_function("orders")?, sources::sqs(Some("/order_id"))?);
-//!     lambda_runtime::run(service_fn(|event: LambdaEvent<SqsEvent>| {
-//!         let processor = &processor;
-//!         async move {
-//!             let (batch, context) = event.into_parts();
-//!             let report = processor.process(batch.records, &context, place_order).await;
-//!             Ok::<SqsBatchResponse, lambda_runtime::Error>(report.sqs_response())
-//!         }
-//!     }))
-//!     .await
+//!     let idem = Idempotency::from_env().await?;
+//!     let orders = idem.operation("orders", sources::sqs(Some("/order_id"))?)?.batch();
+//!     lambda_runtime::run(orders.service(place_order)).await
 //! }
 //! ```
 //!
@@ -96,11 +86,11 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::time::Duration;
-//! use lambda_idempotency::{Config, Idempotency, Invocation, KeyPolicy, OperationScope};
-//! use lambda_idempotency::store::MemoryStore; // DynamoDbStore::from_env().await? in Lambda
+//! use lambda_idempotency::{Idempotency, Invocation, KeyPolicy, OperationScope};
+//! use lambda_idempotency::store::MemoryStore; // Idempotency::from_env().await? in Lambda
 //! use serde_json::json;
 //!
-//! let idem = Idempotency::new(MemoryStore::new(), Config::default());
+//! let idem = Idempotency::new(MemoryStore::new());
 //! let scope = OperationScope::new("shop", "create-order")?;
 //! let policy = KeyPolicy::pointer("/order_id")?;
 //!
@@ -124,8 +114,10 @@
 //! ```
 
 #![warn(missing_docs)]
+#![warn(missing_debug_implementations)]
 #![forbid(unsafe_code)]
 #![deny(unreachable_pub)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod clock;
 pub mod config;
@@ -141,6 +133,7 @@ pub mod reconcile;
 pub mod record;
 pub mod store;
 #[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 
 // Lets code shared with the examples and tests (`testing`) name this crate as they do.
@@ -157,7 +150,6 @@ pub use error::{BoxError, ConfigError, Error, ErrorKind, StoreError};
 pub use execution::{Execution, ExecutionContext, Invocation, Origin};
 pub use key::{Fingerprint, KeyPolicy, OperationKey, OperationScope};
 pub use lambda::batch::{BatchProcessor, PoisonPolicy};
-pub use lambda::http::HttpIdempotency;
-pub use lambda::http_layer::{CallerScope, HttpIdempotencyLayer};
-pub use lambda::{IdempotencyLayer, LeasePolicy, Operation};
+pub use lambda::http::{CallerScope, HttpIdempotencyLayer, HttpKeys};
+pub use lambda::{IdempotencyError, IdempotencyLayer, LeasePolicy, Operation};
 pub use store::{AnyStore, DynamoDbStore, MemoryStore};

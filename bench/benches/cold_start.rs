@@ -150,7 +150,7 @@ async fn measure(binary: &str, tables: &Tables, [event, other]: [&Value; 2]) -> 
 /// One operation and its duplicate on the tables, from this process: the server's first
 /// requests on a table (statements prepared, pages loaded) are not the function's.
 async fn warm_up(tables: &Tables) {
-    let idem = Idempotency::new(tables.store.clone(), Config::default());
+    let idem = Idempotency::new(tables.store.clone());
     let scope = OperationScope::new("warm-up", "warm-up").expect("scope");
     let (key, fingerprint) = KeyPolicy::<Value>::pointer("/id")
         .expect("policy")

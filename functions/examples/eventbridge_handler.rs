@@ -5,8 +5,8 @@
 //! `cargo run -p lambda-idempotency-functions --example eventbridge_handler`; the deployable
 //! binary is `src/bin/eventbridge_handler.rs`.
 
-use lambda_idempotency::OperationScope;
 use lambda_idempotency::testing::local;
+use lambda_idempotency::{Idempotency, OperationScope};
 use lambda_idempotency_functions::ledger::Ledger;
 use lambda_idempotency_functions::shipments::{ShipmentEvent, layer, notify_shipped};
 use lambda_runtime::tower::{Service, ServiceBuilder, ServiceExt};
@@ -36,7 +36,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     ledger.create().await?;
     let mut service = ServiceBuilder::new()
         .layer(layer(
-            store,
+            Idempotency::new(store),
             OperationScope::new("examples", "notify-shipped")?,
         )?)
         .service(service_fn({

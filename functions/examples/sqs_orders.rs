@@ -5,10 +5,11 @@
 //! `src/bin/sqs_orders.rs`.
 
 use aws_lambda_events::event::sqs::SqsEvent;
-use lambda_idempotency::OperationScope;
 use lambda_idempotency::testing::local;
+use lambda_idempotency::{Idempotency, OperationScope};
 use lambda_idempotency_functions::ledger::Ledger;
-use lambda_idempotency_functions::orders::Orders;
+use lambda_idempotency_functions::orders::orders;
+use lambda_runtime::tower::ServiceExt;
 use lambda_runtime::{Context, LambdaEvent};
 use serde_json::{Value, json};
 
@@ -25,8 +26,8 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         local::unique_table_name("orders-ledger"),
     );
     ledger.create().await?;
-    let app = Orders::new(
-        store,
+    let app = orders(
+        Idempotency::new(store),
         ledger.clone(),
         OperationScope::new("examples", "place-order")?,
     )?;
@@ -47,7 +48,8 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         ("o-2 with another amount", conflict),
     ] {
         let response = app
-            .handle(LambdaEvent::new(event, Context::default()))
+            .clone()
+            .oneshot(LambdaEvent::new(event, Context::default()))
             .await?;
         println!(
             "{label:<24} -> batchItemFailures {}",

@@ -1,86 +1,89 @@
 //! An idempotent payment endpoint behind API Gateway (HTTP API): `POST /payments` with an
-//! `Idempotency-Key` header (binary `api_payments`).
+//! `Idempotency-Key` header (binary `api_payments`), an axum router behind the HTTP layer.
 //!
 //! A retried request gets the original response, marked `Idempotent-Replayed: true`; the same
 //! key with another body is 422; a request without a key is 400; one still running is 409.
 
-use aws_lambda_events::encodings::Body;
-use aws_lambda_events::event::apigw::{ApiGatewayV2httpRequest, ApiGatewayV2httpResponse};
-use lambda_idempotency::lambda::http::HttpIdempotency;
-use lambda_idempotency::lambda::http_layer::CallerScope;
-use lambda_idempotency::store::DynamoDbStore;
-use lambda_idempotency::{Config, ExecutionContext, Idempotency, OperationScope};
-use lambda_runtime::LambdaEvent;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Extension, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use lambda_idempotency::lambda::http::HttpIdempotencyService;
+use lambda_idempotency::{
+    CallerScope, ExecutionContext, HttpKeys, Idempotency, Operation, OperationScope,
+};
+use lambda_runtime::tower::Layer;
 use serde_json::{Value, json};
 
 use crate::ledger::Ledger;
 
-/// The payment endpoint.
-pub struct Payments {
-    http: HttpIdempotency<DynamoDbStore>,
+/// The payment endpoint: the router, made idempotent.
+pub type Payments = HttpIdempotencyService<Router>;
+
+/// The endpoint for payments in `scope`, each caller's keys apart as `callers` says.
+pub fn payments(
+    idem: Idempotency,
     ledger: Ledger,
+    scope: OperationScope,
+    callers: CallerScope,
+) -> Payments {
+    let keys = HttpKeys::new().with_callers(callers).policy();
+    let once = Operation::new(idem, scope, keys).http_layer();
+    let router = Router::new()
+        .route("/payments", post(pay))
+        .with_state(ledger);
+    once.layer(router)
 }
 
-impl Payments {
-    /// Payments in `scope`, each caller's keys apart as `callers` says.
-    pub fn new(
-        store: DynamoDbStore,
-        ledger: Ledger,
-        scope: OperationScope,
-        callers: CallerScope,
-    ) -> Self {
-        let http = HttpIdempotency::new(Idempotency::new(store, Config::default()), scope)
-            .with_callers(callers);
-        Self { http, ledger }
-    }
+/// The business operation: charge once, answer 201 with the payment.
+async fn pay(
+    State(ledger): State<Ledger>,
+    Extension(ctx): Extension<ExecutionContext>,
+    body: Bytes,
+) -> Result<Response, PaymentError> {
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let Some(amount) = body["amount"].as_u64() else {
+        return Ok(json_response(
+            StatusCode::BAD_REQUEST,
+            json!({"error": "invalid_amount", "message": "send a positive whole amount"}),
+        ));
+    };
+    // The provider sees the same idempotency key on every attempt of this operation.
+    let key = ctx.downstream_key("charge");
+    let payment_id = format!("pay_{}", key.get(..16).unwrap_or(&key));
+    ledger
+        .apply(&format!("payment#{payment_id}"), &body.to_string())
+        .await
+        .map_err(|err| {
+            tracing::warn!(error = %err, "the ledger did not record the payment: answered 503");
+            PaymentError
+        })?;
+    Ok(json_response(
+        StatusCode::CREATED,
+        json!({"payment_id": payment_id, "amount": amount, "status": "captured"}),
+    ))
+}
 
-    /// The handler: the HTTP idempotency contract around the payment.
-    ///
-    /// # Errors
-    /// Never: every outcome is an HTTP response.
-    pub async fn handle(
-        &self,
-        event: LambdaEvent<ApiGatewayV2httpRequest>,
-    ) -> Result<ApiGatewayV2httpResponse, lambda_runtime::Error> {
-        Ok(self
-            .http
-            .handle(event, |request, ctx| self.pay(request, ctx))
-            .await)
-    }
+/// The ledger could not record the payment: 503, not stored, so that the client's retry runs.
+#[derive(Debug)]
+struct PaymentError;
 
-    /// The business operation: charge once, answer 201 with the payment.
-    async fn pay(
-        &self,
-        request: ApiGatewayV2httpRequest,
-        ctx: ExecutionContext,
-    ) -> Result<ApiGatewayV2httpResponse, lambda_runtime::Error> {
-        let body: Value = serde_json::from_str(request.body.as_deref().unwrap_or("{}"))?;
-        let Some(amount) = body["amount"].as_u64() else {
-            return Ok(json_response(
-                400,
-                json!({"error": "invalid_amount", "message": "send a positive whole amount"}),
-            ));
-        };
-        // The provider sees the same idempotency key on every attempt of this operation.
-        let key = ctx.downstream_key("charge");
-        let payment_id = format!("pay_{}", key.get(..16).unwrap_or(&key));
-        self.ledger
-            .apply(&format!("payment#{payment_id}"), &body.to_string())
-            .await?;
-        Ok(json_response(
-            201,
-            json!({"payment_id": payment_id, "amount": amount, "status": "captured"}),
-        ))
+impl IntoResponse for PaymentError {
+    fn into_response(self) -> Response {
+        json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"error": "ledger_unavailable", "message": "retry with the same Idempotency-Key"}),
+        )
     }
 }
 
-fn json_response(status: i64, body: Value) -> ApiGatewayV2httpResponse {
-    let mut response = ApiGatewayV2httpResponse::default();
-    response.status_code = status;
-    response.headers.insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
-    response.body = Some(Body::Text(body.to_string()));
-    response
+fn json_response(status: StatusCode, body: Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
 }

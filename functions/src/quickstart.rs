@@ -4,8 +4,7 @@
 //! cold-start benchmark runs it.
 
 use lambda_idempotency::lambda::{IdempotencyLayer, current};
-use lambda_idempotency::store::DynamoDbStore;
-use lambda_idempotency::{Config, Idempotency, KeyPolicy, OperationScope};
+use lambda_idempotency::{Idempotency, KeyPolicy, Operation, OperationScope};
 use lambda_runtime::LambdaEvent;
 use serde_json::{Value, json};
 
@@ -25,13 +24,8 @@ pub async fn charge(event: LambdaEvent<Value>) -> Result<Value, lambda_runtime::
 /// # Errors
 /// Never with these constants; the key policy checks its pointer.
 pub fn layer(
-    store: DynamoDbStore,
+    idem: Idempotency,
     scope: OperationScope,
-) -> Result<IdempotencyLayer<Value, DynamoDbStore>, lambda_runtime::Error> {
-    let idem = Idempotency::new(store, Config::default());
-    Ok(IdempotencyLayer::new(
-        idem,
-        scope,
-        KeyPolicy::pointer("/order_id")?,
-    ))
+) -> Result<IdempotencyLayer<Value>, lambda_runtime::Error> {
+    Ok(Operation::new(idem, scope, KeyPolicy::pointer("/order_id")?).layer())
 }

@@ -6,8 +6,7 @@
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use lambda_idempotency::key::JsonPointer;
 use lambda_idempotency::lambda::{IdempotencyLayer, current, sources};
-use lambda_idempotency::store::DynamoDbStore;
-use lambda_idempotency::{Config, Idempotency, Operation, OperationScope};
+use lambda_idempotency::{Idempotency, Operation, OperationScope};
 use lambda_runtime::LambdaEvent;
 use serde_json::{Value, json};
 
@@ -41,16 +40,15 @@ pub async fn notify_shipped(
 /// # Errors
 /// Never with these constants; the builders check their input.
 pub fn layer(
-    store: DynamoDbStore,
+    idem: Idempotency,
     scope: OperationScope,
-) -> Result<IdempotencyLayer<ShipmentEvent, DynamoDbStore>, lambda_runtime::Error> {
-    let idem = Idempotency::new(store, Config::default());
+) -> Result<IdempotencyLayer<ShipmentEvent>, lambda_runtime::Error> {
     let policy =
         sources::eventbridge_detail("/order_id")?.with_identity(|event: &ShipmentEvent| {
             let order = event.detail["order_id"].as_str()?;
             Some(format!("shipment-notice:{order}"))
         });
-    let operation =
-        Operation::new(idem, scope, policy).with_result_ref(JsonPointer::new("/order_id")?);
-    Ok(IdempotencyLayer::from_operation(operation))
+    Ok(Operation::new(idem, scope, policy)
+        .with_result_ref(JsonPointer::new("/order_id")?)
+        .layer())
 }

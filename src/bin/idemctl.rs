@@ -492,7 +492,7 @@ async fn resolve(
             return Err("it changed while you decided: nothing changed; look again".into());
         }
     }
-    let idem = Idempotency::new(store, config);
+    let idem = Idempotency::new(store).with_config(config);
     let resolved = match &held {
         Held::Record(key) => idem.resolve::<Value>(key, resolution, operator).await?,
         Held::Evidence(identity) => {

@@ -20,7 +20,7 @@ use crate::error::Error;
 use crate::execution::Invocation;
 use crate::store::Store;
 
-impl<S: Store> Idempotency<S> {
+impl Idempotency {
     /// `invocation`, under the earlier key when an operation of its intent is recorded there.
     pub(super) async fn under_earlier_key<'a>(
         &self,

@@ -8,14 +8,14 @@ use tracing::warn;
 
 use crate::clock::Clock;
 use crate::key::OperationKey;
-use crate::store::{Fence, Guard, Store, Target};
+use crate::store::{AnyStore, Fence, Guard, Store, Target};
 
 /// Armed while an execution may hold its lease. Dropped armed (the execution's future was
 /// cancelled: a timeout, a dropped request, an aborted task), it shortens the lease to a short
 /// grace from now in a task of its own, so that the next delivery takes over (after
 /// reconciliation) instead of waiting out the rest of the lease.
-pub(super) struct GiveBack<S: Store> {
-    pub(super) store: Arc<S>,
+pub(super) struct GiveBack {
+    pub(super) store: AnyStore,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) key: OperationKey,
     pub(super) token: String,
@@ -23,14 +23,14 @@ pub(super) struct GiveBack<S: Store> {
     pub(super) armed: bool,
 }
 
-impl<S: Store> GiveBack<S> {
+impl GiveBack {
     /// The execution ended by itself: nothing to give back.
     pub(super) fn disarm(&mut self) {
         self.armed = false;
     }
 }
 
-impl<S: Store> Drop for GiveBack<S> {
+impl Drop for GiveBack {
     fn drop(&mut self) {
         if !self.armed {
             return;
@@ -39,8 +39,8 @@ impl<S: Store> Drop for GiveBack<S> {
             warn!("cancelled with a held claim and no runtime to give it back");
             return;
         };
-        let store = Arc::clone(&self.store);
-        let until = super::given_back_until(self.clock.now(), self.lease_expires_at);
+        let store = self.store.clone();
+        let until = super::settle::given_back_until(self.clock.now(), self.lease_expires_at);
         let key = self.key.clone();
         let token = std::mem::take(&mut self.token);
         runtime.spawn(async move {

@@ -10,9 +10,9 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use lambda_idempotency::store::MemoryStore;
-//! use lambda_idempotency::{Config, Idempotency, OperationKey, OperationScope, Operator, Resolution};
+//! use lambda_idempotency::{Idempotency, OperationKey, OperationScope, Operator, Resolution};
 //!
-//! let idem = Idempotency::new(MemoryStore::new(), Config::default());
+//! let idem = Idempotency::new(MemoryStore::new());
 //! let key = OperationKey::derive(&OperationScope::new("shop", "charge")?, None, "o-1")?;
 //! let operator = Operator::new("alice@ops")?.with_reason("the provider shows no charge");
 //! // Nothing held: nothing resolved, nothing written.
@@ -104,7 +104,7 @@ impl Operator {
     }
 }
 
-impl<S: Store> Idempotency<S> {
+impl Idempotency {
     /// Resolves an operation held for an operator: INDETERMINATE, or IN_PROGRESS with its lease
     /// run out (a stuck claim); `T` is the handler's output type, which a
     /// [`Resolution::Completed`] result must decode as. The record (and its identity's

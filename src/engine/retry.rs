@@ -19,7 +19,6 @@ use tracing::warn;
 
 use super::{Idempotency, erased};
 use crate::error::StoreError;
-use crate::store::Store;
 
 /// Tries of a write made before the handler runs, the first included.
 const BRIEF_TRIES: u32 = 5;
@@ -61,7 +60,7 @@ impl Patience {
     }
 }
 
-impl<S: Store> Idempotency<S> {
+impl Idempotency {
     /// Sends `write` until it answers, fails for good, or patience runs out. Every try sends
     /// the same write (the same lease token), so that one which committed before its answer
     /// was lost is recognised by the next try's failed condition.

@@ -21,6 +21,8 @@ pub enum ErrorKind {
     LeaseLost,
     /// [`Error::MissingKey`].
     MissingKey,
+    /// [`Error::CallerUnidentified`].
+    CallerUnidentified,
     /// [`Error::InvalidEvent`].
     InvalidEvent,
     /// [`Error::OutcomeTooLarge`].
@@ -49,6 +51,7 @@ impl ErrorKind {
             Self::ReconcileFailed => "ReconcileFailed",
             Self::LeaseLost => "LeaseLost",
             Self::MissingKey => "MissingKey",
+            Self::CallerUnidentified => "CallerUnidentified",
             Self::InvalidEvent => "InvalidEvent",
             Self::OutcomeTooLarge => "OutcomeTooLarge",
             Self::Failed => "Failed",
@@ -66,6 +69,7 @@ impl ErrorKind {
         match self {
             Self::PayloadConflict
             | Self::MissingKey
+            | Self::CallerUnidentified
             | Self::InvalidEvent
             | Self::OutcomeTooLarge
             | Self::Failed
@@ -108,6 +112,7 @@ impl Error {
             Self::ReconcileFailed { .. } => ErrorKind::ReconcileFailed,
             Self::LeaseLost { .. } => ErrorKind::LeaseLost,
             Self::MissingKey { .. } => ErrorKind::MissingKey,
+            Self::CallerUnidentified => ErrorKind::CallerUnidentified,
             Self::InvalidEvent { .. } => ErrorKind::InvalidEvent,
             Self::OutcomeTooLarge { .. } => ErrorKind::OutcomeTooLarge,
             Self::Failed { .. } => ErrorKind::Failed,

@@ -97,6 +97,14 @@ pub enum Error {
         operation: String,
     },
 
+    /// The request names no caller, and its keys are kept per caller
+    /// ([`CallerScope::Principal`](crate::lambda::http::CallerScope::Principal)): two anonymous
+    /// callers could otherwise read each other's responses. Nothing was written.
+    #[error(
+        "the request names no caller: idempotency keys are kept per caller, so authenticate the request (or key a public endpoint with CallerScope::PrincipalOrAnonymous)"
+    )]
+    CallerUnidentified,
+
     /// The event could not be read.
     #[error("invalid event: {reason}")]
     InvalidEvent {

@@ -65,6 +65,19 @@ impl<E: 'static> KeyPolicy<E> {
         }
     }
 
+    /// Key material and intent chosen by selectors of your own (a [`Select`] can refuse an
+    /// event with a typed [`Error`]): for event types that do not implement `Serialize`, such
+    /// as HTTP requests ([`crate::lambda::http::HttpKeys`]).
+    pub fn from_selectors(key: impl Select<E> + 'static, intent: impl Select<E> + 'static) -> Self {
+        Self {
+            key: Arc::new(key),
+            intent: Arc::new(intent),
+            tenant: None,
+            identity: None,
+            identity_scope: IdentityScope::default(),
+        }
+    }
+
     /// Chooses the intent projection used for the fingerprint (default: the whole event).
     pub fn with_intent(mut self, intent: impl Select<E> + 'static) -> Self {
         self.intent = Arc::new(intent);

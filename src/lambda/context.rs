@@ -7,7 +7,7 @@ tokio::task_local! {
 }
 
 /// The running operation's context (key, attempt, downstream keys), inside a handler wrapped
-/// by [`Idempotent`](super::Idempotent); `None` elsewhere, including tasks the handler spawns.
+/// by a door ([`IdempotencyService`](super::IdempotencyService), a batch, the HTTP layer); `None` elsewhere, including tasks the handler spawns.
 pub fn current() -> Option<ExecutionContext> {
     CURRENT.try_with(ExecutionContext::clone).ok()
 }

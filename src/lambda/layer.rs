@@ -1,50 +1,48 @@
-//! The layer: configuration only (engine, scope, key policy, lease policy).
+//! The layer: configuration only (one [`Operation`]).
 
 use std::fmt;
 use std::sync::Arc;
 
 use lambda_runtime::tower::Layer;
 
-use super::operation::{LeasePolicy, Operation};
-use super::service::Idempotent;
-use crate::engine::Idempotency;
-use crate::key::{KeyPolicy, OperationScope};
-use crate::store::{AnyStore, Store};
+use super::operation::Operation;
+use super::service::IdempotencyService;
 
-/// Makes the wrapped Lambda handler idempotent: `ServiceBuilder::new().layer(layer)`.
-pub struct IdempotencyLayer<E, S = AnyStore> {
-    pub(crate) operation: Arc<Operation<E, S>>,
+/// Makes the wrapped Lambda handler idempotent: `ServiceBuilder::new().layer(layer)`, built
+/// from an [`Operation`] ([`Operation::layer`]).
+pub struct IdempotencyLayer<E> {
+    pub(crate) operation: Arc<Operation<E>>,
 }
 
-impl<E, S: Store> IdempotencyLayer<E, S> {
-    /// A layer deriving each event's operation from `policy` in `scope`, executed by `idem`.
-    pub fn new(idem: Idempotency<S>, scope: OperationScope, policy: KeyPolicy<E>) -> Self {
-        Self::from_operation(Operation::new(idem, scope, policy))
-    }
-
-    /// A layer running `operation`.
-    pub fn from_operation(operation: Operation<E, S>) -> Self {
+impl<E> IdempotencyLayer<E> {
+    /// A layer running `operation` for every event.
+    pub fn new(operation: Operation<E>) -> Self {
         Self {
             operation: Arc::new(operation),
         }
     }
 
-    /// Overrides the lease policy.
-    pub fn with_lease_policy(self, lease: LeasePolicy) -> Self {
-        let mut operation = Arc::unwrap_or_clone(self.operation);
-        operation.lease = lease;
-        Self {
-            operation: Arc::new(operation),
-        }
-    }
-
-    /// Wraps `service` (the thin front door: the same as `.layer(self)`).
-    pub fn wrap<Svc>(&self, service: Svc) -> Idempotent<Svc, E, S> {
+    /// Wraps `service` (the same as `.layer(service)`).
+    pub fn wrap<Svc>(&self, service: Svc) -> IdempotencyService<Svc, E> {
         self.layer(service)
     }
 }
 
-impl<E, S> Clone for IdempotencyLayer<E, S> {
+impl<E> Operation<E> {
+    /// The layer for a handler that gets one event per invocation (direct and async
+    /// invocations, EventBridge, SNS).
+    pub fn layer(self) -> IdempotencyLayer<E> {
+        IdempotencyLayer::new(self)
+    }
+}
+
+impl<E> From<Operation<E>> for IdempotencyLayer<E> {
+    fn from(operation: Operation<E>) -> Self {
+        Self::new(operation)
+    }
+}
+
+impl<E> Clone for IdempotencyLayer<E> {
     fn clone(&self) -> Self {
         Self {
             operation: Arc::clone(&self.operation),
@@ -52,20 +50,19 @@ impl<E, S> Clone for IdempotencyLayer<E, S> {
     }
 }
 
-impl<E, S: fmt::Debug> fmt::Debug for IdempotencyLayer<E, S> {
+impl<E> fmt::Debug for IdempotencyLayer<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyLayer")
-            .field("scope", &self.operation.scope)
-            .field("lease", &self.operation.lease)
-            .finish_non_exhaustive()
+            .field("operation", &self.operation)
+            .finish()
     }
 }
 
-impl<Svc, E, S> Layer<Svc> for IdempotencyLayer<E, S> {
-    type Service = Idempotent<Svc, E, S>;
+impl<Svc, E> Layer<Svc> for IdempotencyLayer<E> {
+    type Service = IdempotencyService<Svc, E>;
 
     fn layer(&self, inner: Svc) -> Self::Service {
-        Idempotent {
+        IdempotencyService {
             inner,
             operation: Arc::clone(&self.operation),
         }

@@ -2,9 +2,7 @@
 //! `lambda_runtime`, event-source key policies, batch processing and the HTTP contract.
 //!
 //! ```no_run
-//! use lambda_idempotency::lambda::IdempotencyLayer;
-//! use lambda_idempotency::store::DynamoDbStore;
-//! use lambda_idempotency::{Config, Idempotency, KeyPolicy, OperationScope};
+//! use lambda_idempotency::{Idempotency, KeyPolicy};
 //! use lambda_runtime::tower::ServiceBuilder;
 //! use lambda_runtime::{LambdaEvent, service_fn};
 //! use serde_json::{Value, json};
@@ -16,23 +14,24 @@
 //!
 //! #[tokio::main]
 //! async fn main() -> Result<(), lambda_runtime::Error> {
-//!     let idem = Idempotency::new(DynamoDbStore::from_env().await?, Config::default());
-//!     let layer = IdempotencyLayer::new(idem, OperationScope::for_function("charge")?, KeyPolicy::pointer("/order_id")?);
-//!     lambda_runtime::run(ServiceBuilder::new().layer(layer).service(service_fn(charge))).await
+//!     let idem = Idempotency::from_env().await?;
+//!     let charge_once = idem.operation("charge", KeyPolicy::pointer("/order_id")?)?.layer();
+//!     lambda_runtime::run(ServiceBuilder::new().layer(charge_once).service(service_fn(charge))).await
 //! }
 //! ```
 
 pub mod batch;
 mod context;
 mod diagnostic;
+mod error;
 pub mod http;
-pub mod http_layer;
 mod layer;
 mod operation;
 mod service;
 pub mod sources;
 
 pub use context::current;
+pub use error::IdempotencyError;
 pub use layer::IdempotencyLayer;
 pub use operation::{LeasePolicy, Operation};
-pub use service::Idempotent;
+pub use service::IdempotencyService;

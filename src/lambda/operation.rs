@@ -1,22 +1,24 @@
-//! What every Lambda front door shares: one configured [`Operation`] (engine, scope, key
-//! policy, lease policy, result reference), and how an event with its invocation context
-//! becomes an [`Invocation`].
+//! What every Lambda front door is built from: one configured [`Operation`] (engine, scope,
+//! key policy, lease policy, result reference), and how an event with its invocation context
+//! becomes an [`Invocation`]. The per-operation settings live here only; a door adds what is
+//! its own (a batch's concurrency, the HTTP status rules).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use aws_lambda_events::event::sqs::SqsMessage;
 //! use lambda_idempotency::key::JsonPointer;
-//! use lambda_idempotency::lambda::{batch::BatchProcessor, sources};
-//! use lambda_idempotency::store::DynamoDbStore;
-//! use lambda_idempotency::{Config, Idempotency, OperationScope, Operation};
+//! use lambda_idempotency::lambda::sources;
+//! use lambda_idempotency::Idempotency;
 //!
-//! let idem = Idempotency::new(DynamoDbStore::from_env().await?.into(), Config::default());
-//! let operation = Operation::new(idem, OperationScope::for_function("orders")?, sources::sqs(Some("/order_id"))?)
+//! let idem = Idempotency::from_env().await?;
+//! let orders = idem
+//!     .operation("orders", sources::sqs(Some("/order_id"))?)?
 //!     .with_result_ref(JsonPointer::new("/order_number")?);
-//! let processor: BatchProcessor<SqsMessage> = BatchProcessor::from_operation(operation);
+//! let processor = orders.batch(); // or .layer() for one event per invocation
+//! # let _ = processor;
 //! # Ok(()) }
 //! ```
 
+use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use lambda_runtime::Context;
@@ -25,18 +27,18 @@ use crate::engine::Idempotency;
 use crate::error::Error;
 use crate::execution::Invocation;
 use crate::key::{JsonPointer, KeyPolicy, OperationScope};
-use crate::store::{AnyStore, Store};
 
-/// One configured operation: what every front door is built from.
-pub struct Operation<E, S = AnyStore> {
-    pub(crate) idem: Idempotency<S>,
+/// One configured operation: what every front door is built from
+/// ([`Idempotency::operation`], or [`Operation::new`] for a scope of your own).
+pub struct Operation<E> {
+    pub(crate) idem: Idempotency,
     pub(crate) scope: OperationScope,
     pub(crate) policy: KeyPolicy<E>,
     pub(crate) lease: LeasePolicy,
     pub(crate) result_ref: Option<JsonPointer>,
 }
 
-impl<E, S> Clone for Operation<E, S> {
+impl<E> Clone for Operation<E> {
     fn clone(&self) -> Self {
         Self {
             idem: self.idem.clone(),
@@ -48,9 +50,20 @@ impl<E, S> Clone for Operation<E, S> {
     }
 }
 
-impl<E, S: Store> Operation<E, S> {
+impl<E> fmt::Debug for Operation<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Operation")
+            .field("scope", &self.scope)
+            .field("policy", &self.policy)
+            .field("lease", &self.lease)
+            .field("result_ref", &self.result_ref)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<E> Operation<E> {
     /// `policy` in `scope`, executed by `idem`, with the default lease policy.
-    pub fn new(idem: Idempotency<S>, scope: OperationScope, policy: KeyPolicy<E>) -> Self {
+    pub fn new(idem: Idempotency, scope: OperationScope, policy: KeyPolicy<E>) -> Self {
         Self {
             idem,
             scope,
@@ -74,8 +87,13 @@ impl<E, S: Store> Operation<E, S> {
     }
 
     /// The engine.
-    pub fn engine(&self) -> &Idempotency<S> {
+    pub fn engine(&self) -> &Idempotency {
         &self.idem
+    }
+
+    /// The key policy.
+    pub fn policy(&self) -> &KeyPolicy<E> {
+        &self.policy
     }
 
     /// The scope.
@@ -92,13 +110,24 @@ impl<E, S: Store> Operation<E, S> {
     /// deadline already past, an emulator's, is none), the deadline itself, the request id for
     /// correlation and the result reference.
     pub fn invocation(&self, payload: &E, context: &Context) -> Result<Invocation, Error> {
+        self.invocation_in(payload, Some(context))
+    }
+
+    /// [`Self::invocation`] for a payload that may come without its invocation context (an
+    /// HTTP request built by hand): no deadline, no request id.
+    pub(crate) fn invocation_in(
+        &self,
+        payload: &E,
+        context: Option<&Context>,
+    ) -> Result<Invocation, Error> {
         let now = self.idem.now();
-        let deadline = deadline_of(context, now);
+        let deadline = context.and_then(|context| deadline_of(context, now));
         let lease = self.lease.lease(deadline, now);
-        let invocation = self
-            .policy
-            .invocation(&self.scope, payload, lease)?
-            .with_request_id(context.request_id.clone());
+        let invocation = self.policy.invocation(&self.scope, payload, lease)?;
+        let invocation = match context {
+            Some(context) => invocation.with_request_id(context.request_id.clone()),
+            None => invocation,
+        };
         let invocation = match deadline {
             Some(deadline) => invocation.with_deadline(deadline),
             None => invocation,

@@ -1,5 +1,6 @@
 //! The service: derive the operation, claim, call the inner handler once, answer.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -10,21 +11,22 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::context;
+use super::error::IdempotencyError;
 use super::operation::Operation;
 use crate::error::{BoxError, Error};
 use crate::reconcile::BoxFuture;
-use crate::store::{AnyStore, Store};
 
 /// A Lambda handler made idempotent by [`IdempotencyLayer`](super::IdempotencyLayer).
 ///
 /// `Clone + Send`, its state shared and thread-safe: it runs under `lambda_runtime::run` and
-/// `run_concurrent` alike.
-pub struct Idempotent<Svc, E, S = AnyStore> {
+/// `run_concurrent` alike. Its error is the handler's own when the handler failed
+/// ([`IdempotencyError::Handler`]), else the engine's.
+pub struct IdempotencyService<Svc, E> {
     pub(crate) inner: Svc,
-    pub(crate) operation: Arc<Operation<E, S>>,
+    pub(crate) operation: Arc<Operation<E>>,
 }
 
-impl<Svc: Clone, E, S> Clone for Idempotent<Svc, E, S> {
+impl<Svc: Clone, E> Clone for IdempotencyService<Svc, E> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -33,31 +35,28 @@ impl<Svc: Clone, E, S> Clone for Idempotent<Svc, E, S> {
     }
 }
 
-impl<Svc, E, S> fmt::Debug for Idempotent<Svc, E, S> {
+impl<Svc, E> fmt::Debug for IdempotencyService<Svc, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Idempotent")
-            .field("scope", &self.operation.scope)
+        f.debug_struct("IdempotencyService")
+            .field("operation", &self.operation)
             .finish_non_exhaustive()
     }
 }
 
-impl<Svc, E, S, R> Service<LambdaEvent<E>> for Idempotent<Svc, E, S>
+impl<Svc, E, R> Service<LambdaEvent<E>> for IdempotencyService<Svc, E>
 where
     Svc: Service<LambdaEvent<E>, Response = R> + Clone + Send + 'static,
-    Svc::Error: Into<BoxError> + Send,
+    Svc::Error: Into<BoxError> + Send + 'static,
     Svc::Future: Send,
-    S: Store,
     E: Send + 'static,
     R: Serialize + DeserializeOwned + Send + 'static,
 {
     type Response = R;
-    type Error = Error;
-    type Future = BoxFuture<'static, Result<R, Error>>;
+    type Error = IdempotencyError<Svc::Error>;
+    type Future = BoxFuture<'static, Result<R, Self::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner
-            .poll_ready(cx)
-            .map_err(|err| Error::Handler { source: err.into() })
+        self.inner.poll_ready(cx).map_err(IdempotencyError::Handler)
     }
 
     fn call(&mut self, event: LambdaEvent<E>) -> Self::Future {
@@ -70,8 +69,35 @@ where
             let execution = operation
                 .idem
                 .execute(&invocation, |ctx| context::scope(ctx, inner.call(event)))
-                .await?;
+                .await
+                .map_err(handler_error)?;
             Ok(execution.into_value())
         })
+    }
+}
+
+/// The engine's answer as the service's error: a handler's own error given back as it was
+/// returned when its type is the one the engine boxed it from unchanged (`lambda_runtime::Error`
+/// and any `Box<dyn Error + Send + Sync>`), else the engine's [`Error::Handler`] carrying it.
+pub(crate) fn handler_error<H: 'static>(err: Error) -> IdempotencyError<H> {
+    match err {
+        Error::Handler { source } => match recover::<H>(source) {
+            Ok(handler) => IdempotencyError::Handler(handler),
+            Err(source) => IdempotencyError::Idempotency(Error::Handler { source }),
+        },
+        other => IdempotencyError::Idempotency(other),
+    }
+}
+
+/// `source` as the handler's error type `H`, when `H` is the box itself.
+fn recover<H: 'static>(source: BoxError) -> Result<H, BoxError> {
+    let boxed: Box<dyn Any> = Box::new(source);
+    match boxed.downcast::<H>() {
+        Ok(handler) => Ok(*handler),
+        Err(boxed) => match boxed.downcast::<BoxError>() {
+            Ok(source) => Err(*source),
+            // The box holds the `BoxError` it was made from: this arm is never taken.
+            Err(_) => Err(BoxError::from("the handler failed")),
+        },
     }
 }

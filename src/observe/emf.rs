@@ -6,14 +6,14 @@
 //!
 //! ```no_run
 //! use lambda_idempotency::observe::emf::{MetricsObserver, metrics_cloudwatch_embedded};
-//! use lambda_idempotency::{Config, DynamoDbStore, Idempotency};
+//! use lambda_idempotency::{DynamoDbStore, Idempotency};
 //!
 //! # async fn demo() -> Result<(), lambda_idempotency::BoxError> {
 //! let metrics = metrics_cloudwatch_embedded::Builder::new()
 //!     .cloudwatch_namespace("Payments")
 //!     .with_dimension("service", "checkout")
 //!     .init()?;
-//! let idem: Idempotency = Idempotency::new(DynamoDbStore::from_env().await?.into(), Config::default())
+//! let idem: Idempotency = Idempotency::new(DynamoDbStore::from_env().await?)
 //!     .with_observer(MetricsObserver::new());
 //! // ... after each invocation (or use the crate's lambda::handler::run, which does it):
 //! metrics.flush(std::io::stdout())?;

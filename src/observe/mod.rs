@@ -6,9 +6,9 @@
 //! ```
 //! use lambda_idempotency::observe::{Decision, Observation};
 //! use lambda_idempotency::store::MemoryStore;
-//! use lambda_idempotency::{Config, Idempotency};
+//! use lambda_idempotency::Idempotency;
 //!
-//! let idem = Idempotency::new(MemoryStore::new(), Config::default()).with_observer(
+//! let idem = Idempotency::new(MemoryStore::new()).with_observer(
 //!     |observation: &Observation<'_>| {
 //!         if let Observation::Decision { decision: Decision::PayloadConflict, operation } = observation {
 //!             eprintln!("payload conflict on {operation}");
@@ -19,6 +19,7 @@
 //! ```
 
 #[cfg(feature = "emf")]
+#[cfg_attr(docsrs, doc(cfg(feature = "emf")))]
 pub mod emf;
 
 use std::time::Duration;

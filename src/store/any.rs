@@ -1,6 +1,7 @@
 //! A store chosen at run time: [`AnyStore`] holds any [`Store`] behind one type, so that the
 //! store leaves the types users name (`BatchProcessor<SqsMessage>`, `Idempotency`).
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -15,18 +16,37 @@ use crate::record::{Evidence, Lease, Record, Settlement};
 ///
 /// ```
 /// use lambda_idempotency::store::{AnyStore, MemoryStore};
-/// use lambda_idempotency::{Config, Idempotency};
+/// use lambda_idempotency::Idempotency;
 ///
 /// // e.g. DynamoDB in Lambda, memory in a handler's own tests:
 /// let store = AnyStore::new(MemoryStore::new());
-/// let idem: Idempotency = Idempotency::new(store, Config::default());
+/// let idem: Idempotency = Idempotency::new(store);
 /// ```
 #[derive(Clone)]
 pub struct AnyStore(Arc<dyn DynStore>);
 
 impl AnyStore {
-    /// `store`, behind the one type.
+    /// `store`, behind the one type (an `AnyStore` is taken as it is, not boxed again).
     pub fn new(store: impl Store) -> Self {
+        store.into_any_store()
+    }
+
+    /// The store behind the one type, if it is an `S`: for what only that backend offers
+    /// (a [`DynamoDbStore`]'s scans, a [`CachedStore`](super::CachedStore)'s figures).
+    ///
+    /// ```
+    /// use lambda_idempotency::Idempotency;
+    /// use lambda_idempotency::store::MemoryStore;
+    ///
+    /// let idem = Idempotency::new(MemoryStore::new());
+    /// assert!(idem.store().downcast_ref::<MemoryStore>().is_some());
+    /// ```
+    pub fn downcast_ref<S: Store>(&self) -> Option<&S> {
+        self.0.as_any().downcast_ref::<S>()
+    }
+
+    /// `store` behind the one type: the boxing every other store gets.
+    pub(crate) fn boxing(store: impl Store) -> Self {
         Self(Arc::new(store))
     }
 }
@@ -51,6 +71,7 @@ impl From<MemoryStore> for AnyStore {
 
 /// [`Store`] with boxed futures: usable as a trait object.
 trait DynStore: Send + Sync + fmt::Debug + 'static {
+    fn as_any(&self) -> &dyn Any;
     fn claim<'a>(
         &'a self,
         record: &'a Record,
@@ -104,6 +125,10 @@ trait DynStore: Send + Sync + fmt::Debug + 'static {
 }
 
 impl<S: Store> DynStore for S {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
     fn claim<'a>(
         &'a self,
         record: &'a Record,
@@ -188,6 +213,10 @@ impl<S: Store> DynStore for S {
 }
 
 impl Store for AnyStore {
+    fn into_any_store(self) -> AnyStore {
+        self
+    }
+
     async fn claim(&self, record: &Record, now: SystemTime) -> Result<Claim, StoreError> {
         self.0.claim(record, now).await
     }

@@ -34,11 +34,11 @@ const MAX_SHARDS: usize = 16;
 ///
 /// ```
 /// use lambda_idempotency::store::{CachedStore, MemoryStore};
-/// use lambda_idempotency::{Config, Idempotency};
+/// use lambda_idempotency::Idempotency;
 ///
 /// // 16 MiB of settled records; DynamoDbStore in Lambda.
 /// let store = CachedStore::new(MemoryStore::new(), 16 * 1024 * 1024);
-/// let idem = Idempotency::new(store, Config::default());
+/// let idem = Idempotency::new(store);
 /// # let _ = idem;
 /// ```
 #[derive(Clone)]

@@ -213,4 +213,15 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         &self,
         identity: &str,
     ) -> impl Future<Output = Result<Option<Evidence>, StoreError>> + Send;
+
+    /// This store behind the one erased type the engine holds ([`AnyStore::new`]): boxed
+    /// once. Leave it as it is; [`AnyStore`] itself answers `self`, so that erasing twice
+    /// boxes nothing more.
+    #[doc(hidden)]
+    fn into_any_store(self) -> AnyStore
+    where
+        Self: Sized,
+    {
+        AnyStore::boxing(self)
+    }
 }

@@ -37,6 +37,15 @@ pub struct Fixture<S> {
     pub sweep: Sweeper,
 }
 
+impl<S: std::fmt::Debug> std::fmt::Debug for Fixture<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fixture")
+            .field("store", &self.store)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
 /// An empty in-memory store whose clock starts at `start`.
 pub fn memory_fixture(start: SystemTime) -> Fixture<MemoryStore> {
     let clock = ManualClock::new(start);
@@ -61,8 +70,10 @@ pub fn start_time() -> SystemTime {
 }
 
 /// An engine over the fixture's store and clock.
-pub fn engine<S: Store>(fx: Fixture<S>, config: Config) -> (Idempotency<S>, ManualClock, Sweeper) {
-    let idem = Idempotency::new(fx.store, config).with_clock(fx.clock.clone());
+pub fn engine<S: Store>(fx: Fixture<S>, config: Config) -> (Idempotency, ManualClock, Sweeper) {
+    let idem = Idempotency::new(fx.store)
+        .with_config(config)
+        .with_clock(fx.clock.clone());
     (idem, fx.clock, fx.sweep)
 }
 
@@ -86,7 +97,7 @@ pub fn operator() -> lambda_idempotency::Operator {
 }
 
 /// The record of `key`, which must exist.
-pub async fn stored<S: Store>(idem: &Idempotency<S>, key: &OperationKey, why: &str) -> Record {
+pub async fn stored(idem: &Idempotency, key: &OperationKey, why: &str) -> Record {
     idem.store().get(key).await.expect("get").expect(why)
 }
 
@@ -217,8 +228,8 @@ pub async fn changed_payload_does_not_take_over_expired_lease<S: Store>(fx: Fixt
 /// Starts one caller per invocation at the same moment. The handler that gets to run holds its
 /// claim until every other caller has answered, so each loser must have met the live claim:
 /// none can slip in after completion. Returns every answer and how many handlers ran.
-pub async fn race<S: Store>(
-    idem: &Idempotency<S>,
+pub async fn race(
+    idem: &Idempotency,
     invocations: Vec<Invocation>,
 ) -> (Vec<Result<Execution<String>, Error>>, usize) {
     let callers = invocations.len();
@@ -328,16 +339,16 @@ pub async fn expired_record_executes_again<S: Store>(fx: Fixture<S>) {
 }
 
 /// A worker on `inv` whose handler has started and never finishes: its claim is held.
-pub async fn stalled_worker<S: Store>(
-    idem: &Idempotency<S>,
+pub async fn stalled_worker(
+    idem: &Idempotency,
     inv: &Invocation,
 ) -> tokio::task::JoinHandle<Result<Execution<u32>, Error>> {
     stalled_run(idem, inv, Arc::default()).await
 }
 
 /// [`stalled_worker`], its handler's run counted in `runs`.
-async fn stalled_run<S: Store>(
-    idem: &Idempotency<S>,
+async fn stalled_run(
+    idem: &Idempotency,
     inv: &Invocation,
     runs: Arc<AtomicUsize>,
 ) -> tokio::task::JoinHandle<Result<Execution<u32>, Error>> {
@@ -360,14 +371,14 @@ async fn stalled_run<S: Store>(
 /// Claims `inv` with a handler that never finishes and is never polled again: a worker whose
 /// process died after its claim (nothing of it runs, not even its drop guards). Returns the
 /// claim left behind.
-pub async fn crash_after_claim<S: Store>(idem: &Idempotency<S>, inv: &Invocation) -> Record {
+pub async fn crash_after_claim(idem: &Idempotency, inv: &Invocation) -> Record {
     crash_after_run(idem, inv, &Arc::default()).await
 }
 
 /// [`crash_after_claim`], the crashed attempt's run counted in `runs`: it may have acted, so
 /// every takeover case counts it.
-pub async fn crash_after_run<S: Store>(
-    idem: &Idempotency<S>,
+pub async fn crash_after_run(
+    idem: &Idempotency,
     inv: &Invocation,
     runs: &Arc<AtomicUsize>,
 ) -> Record {
@@ -425,8 +436,8 @@ pub async fn expired_lease_is_taken_over<S: Store>(fx: Fixture<S>) {
 
 /// Starts a worker whose handler waits for the returned sender, then lets its lease run out and
 /// has a second worker take over and complete with `"second"`. Returns the first worker.
-async fn zombie_after_takeover<S: Store>(
-    idem: &Idempotency<S>,
+async fn zombie_after_takeover(
+    idem: &Idempotency,
     clock: &ManualClock,
     inv: &Invocation,
     zombie_result: Result<String, std::io::Error>,
@@ -469,8 +480,8 @@ pub async fn zombie_completion_is_fenced<S: Store>(fx: Fixture<S>) {
 }
 
 /// Starts a worker on `inv` whose handler returns `result` once the returned sender fires.
-pub async fn blocked_worker<S: Store>(
-    idem: &Idempotency<S>,
+pub async fn blocked_worker(
+    idem: &Idempotency,
     inv: &Invocation,
     result: Result<String, std::io::Error>,
 ) -> (

@@ -331,7 +331,7 @@ async fn after_crashes<S: Store>(
     answers: Vec<Result<Reconciliation, String>>,
     crashed: &[&Invocation],
 ) -> (
-    Idempotency<S>,
+    Idempotency,
     ManualClock,
     ScriptedReconciler,
     Arc<AtomicUsize>,

@@ -80,6 +80,16 @@ pub struct Dynamo {
     clock: ManualClock,
 }
 
+impl std::fmt::Debug for Dynamo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dynamo")
+            .field("table", &self.table)
+            .field("uniqueness_table", &self.uniqueness_table)
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Dynamo {
     /// A store on the fresh tables.
     pub fn store(&self) -> DynamoDbStore {

@@ -37,13 +37,15 @@ fn faulty_engine<S: Store + Clone>(
     fx: Fixture<S>,
     config: Config,
 ) -> (
-    Idempotency<FaultyStore<S>>,
+    Idempotency,
     FaultyStore<S>,
     lambda_idempotency::clock::ManualClock,
     super::conformance::Sweeper,
 ) {
     let store = FaultyStore::new(fx.store);
-    let idem = Idempotency::new(store.clone(), config).with_clock(fx.clock.clone());
+    let idem = Idempotency::new(store.clone())
+        .with_config(config)
+        .with_clock(fx.clock.clone());
     (idem, store, fx.clock, fx.sweep)
 }
 
@@ -485,8 +487,8 @@ pub async fn cancelled_execution_gives_the_claim_back<S: Store>(fx: Fixture<S>) 
 }
 
 /// The next delivery, once a given-back claim's grace has passed, takes over as attempt 2.
-async fn taken_over_after_the_grace<S: Store>(
-    idem: &Idempotency<S>,
+async fn taken_over_after_the_grace(
+    idem: &Idempotency,
     clock: &lambda_idempotency::clock::ManualClock,
     inv: &Invocation,
 ) {

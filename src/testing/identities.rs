@@ -54,13 +54,13 @@ fn order_of(inv: &Invocation) -> String {
         .to_owned()
 }
 
-async fn evidence<S: Store>(idem: &Idempotency<S>, inv: &Invocation) -> Option<Evidence> {
+async fn evidence(idem: &Idempotency, inv: &Invocation) -> Option<Evidence> {
     let key = inv.evidence_key().expect("an identity");
     idem.store().evidence(&key).await.expect("evidence")
 }
 
 /// Runs `inv` to completion, counting the run.
-async fn issue<S: Store>(idem: &Idempotency<S>, inv: &Invocation, runs: &AtomicUsize) -> Value {
+async fn issue(idem: &Idempotency, inv: &Invocation, runs: &AtomicUsize) -> Value {
     idem.execute(inv, |_| {
         counted(runs, json!({"invoice": inv.key().short()}))
     })

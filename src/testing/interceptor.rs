@@ -40,7 +40,7 @@
 //! use lambda_idempotency::testing::conformance::invocation;
 //! use lambda_idempotency::testing::dynamo;
 //! use lambda_idempotency::testing::interceptor::{Fault, FaultInterceptor, Operation, client_with};
-//! use lambda_idempotency::{Config, Idempotency};
+//! use lambda_idempotency::Idempotency;
 //!
 //! let dynamo = dynamo::start().await;
 //! let faults = FaultInterceptor::new();
@@ -48,7 +48,7 @@
 //!     .with_uniqueness_table(&dynamo.uniqueness_table);
 //! faults.inject(Operation::PutItem, Fault::DropResponse);
 //!
-//! let idem = Idempotency::new(store, Config::default());
+//! let idem = Idempotency::new(store);
 //! let inv = invocation("order-1", &serde_json::json!({"amount": 10}));
 //! let done = idem
 //!     .execute(&inv, |ctx| async move { Ok::<_, std::io::Error>(ctx.attempt()) })

@@ -35,8 +35,8 @@ fn retention(seconds: u64) -> Config {
 
 /// Crashes `inv`'s first attempt and takes it over with a reconciler that cannot tell: the
 /// operation is INDETERMINATE, held for an operator.
-async fn hold_for_an_operator<S: Store>(
-    idem: &lambda_idempotency::Idempotency<S>,
+async fn hold_for_an_operator(
+    idem: &lambda_idempotency::Idempotency,
     clock: &lambda_idempotency::clock::ManualClock,
     inv: &Invocation,
 ) {
@@ -276,7 +276,8 @@ pub async fn an_operators_lost_answer_is_recognised_and_a_throttled_one_retried<
 ) {
     let store = FaultyStore::new(fx.store);
     let clock = fx.clock;
-    let idem = lambda_idempotency::Idempotency::new(store.clone(), retention(60))
+    let idem = lambda_idempotency::Idempotency::new(store.clone())
+        .with_config(retention(60))
         .with_clock(clock.clone());
     let held = invoice("lost-answer-1");
     hold_for_an_operator(&idem, &clock, &held).await;

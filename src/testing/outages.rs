@@ -11,7 +11,7 @@ use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::reconcile::{Reconciliation, Recovery, Takeover};
 use lambda_idempotency::record::Status;
 use lambda_idempotency::store::Store;
-use lambda_idempotency::{BoxError, Config, Error, Idempotency, Invocation, Origin, StoreError};
+use lambda_idempotency::{BoxError, Error, Idempotency, Invocation, Origin, StoreError};
 use serde_json::json;
 
 use super::conformance::{Fixture, invocation, stored};
@@ -45,7 +45,7 @@ fn with_deadline(material: &str, clock: &ManualClock) -> Invocation {
 /// Runs `inv` with a handler that counts its run and then starts an outage of `outage` on
 /// settlements.
 async fn act_then_outage<S: Store + Clone>(
-    idem: &Idempotency<FaultyStore<S>>,
+    idem: &Idempotency,
     store: &FaultyStore<S>,
     clock: &ManualClock,
     inv: &Invocation,
@@ -80,7 +80,7 @@ fn settles<S>(store: &FaultyStore<S>) -> u64 {
 pub async fn a_settlement_outlasts_an_outage_of_seconds<S: Store + Clone>(fx: Fixture<S>) {
     let store = FaultyStore::new(fx.store);
     let clock = fx.clock;
-    let idem = Idempotency::new(store.clone(), Config::default()).with_clock(clock.clone());
+    let idem = Idempotency::new(store.clone()).with_clock(clock.clone());
     for (seconds, tries) in [(1, 6), (5, 8), (30, 21)] {
         let outage = Duration::from_secs(seconds);
         assert_eq!(settlement_tries(outage), tries);
@@ -130,7 +130,7 @@ pub async fn an_outage_past_the_deadline_leaves_the_claim_to_recovery<S: Store +
 ) {
     let store = FaultyStore::new(fx.store);
     let clock = fx.clock;
-    let idem = Idempotency::new(store.clone(), Config::default()).with_clock(clock.clone());
+    let idem = Idempotency::new(store.clone()).with_clock(clock.clone());
     let reconciled = idem.clone().with_reconciler(|_: Takeover| async {
         Ok::<_, BoxError>(Reconciliation::Applied(
             json!({"charged": true, "attempt": 1}),

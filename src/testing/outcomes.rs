@@ -43,8 +43,8 @@ pub fn compressible(len: usize) -> serde_json::Value {
 
 /// Delivers `inv` again after its outcome was too large to store: the retained failure answers,
 /// the handler does not run.
-async fn redelivery_meets_the_retained_failure<S: Store>(
-    idem: &Idempotency<S>,
+async fn redelivery_meets_the_retained_failure(
+    idem: &Idempotency,
     inv: &Invocation,
     runs: &AtomicUsize,
 ) {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use aws_lambda_events::event::dynamodb::EventRecord as DynamoDbEventRecord;
 use aws_lambda_events::event::kinesis::KinesisEventRecord;
 use aws_lambda_events::event::sqs::SqsMessage;
+use lambda_idempotency::Operation;
 use lambda_idempotency::lambda::batch::{BatchProcessor, BatchRecord, PoisonPolicy, RecordOutcome};
 use lambda_idempotency::lambda::sources;
 use lambda_idempotency::store::DynamoDbStore;
@@ -34,15 +35,16 @@ fn message(id: &str, queue: &str, group: Option<&str>, body: serde_json::Value) 
     .expect("message")
 }
 
-async fn processor() -> BatchProcessor<SqsMessage, DynamoDbStore> {
+async fn processor() -> BatchProcessor<SqsMessage> {
     let db = dynamo::start().await;
-    let idem = Idempotency::new(db.store(), Config::default());
+    let idem = Idempotency::new(db.store());
     let scope = OperationScope::new("batch-test", "orders").expect("scope");
-    BatchProcessor::new(
+    Operation::new(
         idem,
         scope,
         sources::sqs(Some("/order_id")).expect("policy"),
     )
+    .batch()
 }
 
 /// The ledger of effects and a handler that fails for orders marked `"fail": true`.
@@ -247,12 +249,13 @@ async fn a_record_without_a_key_fails_alone_and_writes_nothing() {
 #[tokio::test]
 async fn kinesis_partitions_keep_their_order() {
     let db = dynamo::start().await;
-    let idem = Idempotency::new(db.store(), Config::default());
-    let processor = BatchProcessor::new(
+    let idem = Idempotency::new(db.store());
+    let processor = Operation::new(
         idem,
         OperationScope::new("batch-test", "stream").expect("scope"),
         sources::kinesis(),
-    );
+    )
+    .batch();
     let record = |seq: &str, partition: &str, data: &str| -> KinesisEventRecord {
         serde_json::from_value(json!({"kinesis": {"kinesisSchemaVersion": "1.0", "partitionKey": partition,
             "sequenceNumber": seq, "data": data, "approximateArrivalTimestamp": 1.0}, "eventSource": "aws:kinesis",
@@ -363,11 +366,12 @@ fn kinesis_record(seq: &str, partition: &str, data: &str) -> KinesisEventRecord 
 #[tokio::test]
 async fn a_record_that_can_never_succeed_does_not_stall_a_stream() {
     let db = dynamo::start().await;
-    let processor = BatchProcessor::new(
-        Idempotency::new(db.store(), Config::default()),
+    let processor = Operation::new(
+        Idempotency::new(db.store()),
         OperationScope::new("batch-test", "poison").expect("scope"),
         sources::kinesis(),
-    );
+    )
+    .batch();
     let ok = |_: KinesisEventRecord, _| async { Ok::<_, std::io::Error>(()) };
     processor
         .process(
@@ -400,11 +404,12 @@ async fn a_record_that_can_never_succeed_does_not_stall_a_stream() {
     assert!(matches!(report.records[1].1, RecordOutcome::Executed));
     assert!(report.failed_identifiers().is_empty(), "the shard moves on");
 
-    let retrying = BatchProcessor::new(
-        Idempotency::new(db.store(), Config::default()),
+    let retrying = Operation::new(
+        Idempotency::new(db.store()),
         OperationScope::new("batch-test", "poison").expect("scope"),
         sources::kinesis(),
     )
+    .batch()
     .with_poison_policy(PoisonPolicy::Retry);
     let report = retrying
         .process(

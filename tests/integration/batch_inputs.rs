@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use aws_lambda_events::event::kinesis::KinesisEventRecord;
 use aws_lambda_events::event::sqs::SqsMessage;
+use lambda_idempotency::Operation;
 use lambda_idempotency::failure::Panicked;
 use lambda_idempotency::lambda::batch::{BatchProcessor, RecordOutcome};
 use lambda_idempotency::lambda::sources;
@@ -27,12 +28,13 @@ async fn a_panicking_record_fails_alone_and_the_rest_of_the_batch_is_answered() 
         let name = backend.name;
         let store = backend.store.clone();
         let clock = backend.clock.clone();
-        let idem = Idempotency::new(backend.store, Config::default()).with_clock(backend.clock);
-        let processor: BatchProcessor<SqsMessage> = BatchProcessor::new(
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let processor: BatchProcessor<SqsMessage> = Operation::new(
             idem,
             scope(),
             sources::sqs(Some("/order_id")).expect("policy"),
-        );
+        )
+        .batch();
         let batch = vec![
             sqs_message("m-1", json!({"order_id": "o-1"})),
             sqs_message("m-2", json!({"order_id": "poison"})),
@@ -117,12 +119,13 @@ async fn a_record_started_late_holds_no_lease_past_the_deadline() {
         let name = backend.name;
         let store = backend.store.clone();
         let clock = backend.clock.clone();
-        let idem = Idempotency::new(backend.store, Config::default()).with_clock(clock.clone());
-        let processor: BatchProcessor<SqsMessage> = BatchProcessor::new(
+        let idem = Idempotency::new(backend.store).with_clock(clock.clone());
+        let processor: BatchProcessor<SqsMessage> = Operation::new(
             idem,
             scope(),
             sources::sqs(Some("/order_id")).expect("policy"),
         )
+        .batch()
         .with_concurrency(1);
         let deadline = clock.now_plus(Duration::from_secs(60));
         let batch = vec![
@@ -190,8 +193,7 @@ async fn a_corrupt_record_is_poison_a_stream_moves_past_and_sqs_hands_to_its_dlq
     for backend in both().await {
         let name = backend.name;
         let store = FaultyStore::new(backend.store);
-        let idem = Idempotency::new(AnyStore::new(store.clone()), Config::default())
-            .with_clock(backend.clock.clone());
+        let idem = Idempotency::new(AnyStore::new(store.clone())).with_clock(backend.clock.clone());
         let runs = AtomicUsize::new(0);
         let run = || {
             runs.fetch_add(1, Ordering::SeqCst);
@@ -199,7 +201,7 @@ async fn a_corrupt_record_is_poison_a_stream_moves_past_and_sqs_hands_to_its_dlq
         };
 
         let stream: BatchProcessor<KinesisEventRecord> =
-            BatchProcessor::new(idem.clone(), scope(), sources::kinesis());
+            Operation::new(idem.clone(), scope(), sources::kinesis()).batch();
         store.inject(Primitive::Claim, Fault::FailBefore(FaultKind::Corrupt));
         let report = stream
             .process(
@@ -222,11 +224,12 @@ async fn a_corrupt_record_is_poison_a_stream_moves_past_and_sqs_hands_to_its_dlq
             "{name}"
         );
 
-        let queue: BatchProcessor<SqsMessage> = BatchProcessor::new(
+        let queue: BatchProcessor<SqsMessage> = Operation::new(
             idem,
             scope(),
             sources::sqs(Some("/order_id")).expect("policy"),
-        );
+        )
+        .batch();
         store.inject(Primitive::Claim, Fault::FailBefore(FaultKind::Corrupt));
         let report = queue
             .process(
@@ -257,7 +260,7 @@ async fn a_corrupt_record_is_poison_a_stream_moves_past_and_sqs_hands_to_its_dlq
 async fn two_tenants_records_with_the_same_identity_each_run() {
     for backend in both().await {
         let name = backend.name;
-        let idem = Idempotency::new(backend.store, Config::default()).with_clock(backend.clock);
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
         let body = |message: &SqsMessage| -> serde_json::Value {
             serde_json::from_str(message.body.as_deref().unwrap_or("{}")).unwrap_or_default()
         };
@@ -269,7 +272,7 @@ async fn two_tenants_records_with_the_same_identity_each_run() {
             .with_identity(move |message: &SqsMessage| {
                 Some(format!("invoice:{}", body(message)["order_id"].as_str()?))
             });
-        let processor: BatchProcessor<SqsMessage> = BatchProcessor::new(idem, scope(), policy);
+        let processor: BatchProcessor<SqsMessage> = Operation::new(idem, scope(), policy).batch();
         let runs = AtomicUsize::new(0);
         let report = processor
             .process(

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lambda_idempotency::store::CachedStore;
+use lambda_idempotency::store::{CachedStore, DynamoDbStore, MemoryStore, Store};
 use lambda_idempotency::testing::conformance::{Fixture, memory_fixture, start_time};
 use lambda_idempotency::testing::dynamo;
 use lambda_idempotency::testing::outcomes::incompressible;
@@ -13,6 +13,13 @@ use lambda_idempotency::{
 
 /// 16 MiB, the documented default size.
 const CACHE_BYTES: u64 = 16 * 1024 * 1024;
+
+/// The cache in front of the engine's store (`S`).
+fn cache<S: Store>(idem: &Idempotency) -> &CachedStore<S> {
+    idem.store()
+        .downcast_ref::<CachedStore<S>>()
+        .expect("a cached store of this type")
+}
 
 fn cached<S>(fixture: Fixture<S>) -> Fixture<CachedStore<S>> {
     Fixture {
@@ -47,7 +54,7 @@ async fn a_replay_of_500_keys_costs_no_request() {
     const KEYS: usize = 500;
     let db = dynamo::start().await;
     let store = CachedStore::new(db.store(), CACHE_BYTES);
-    let idem = Idempotency::new(store, Config::default());
+    let idem = Idempotency::new(store);
     let scope = OperationScope::new("cache-test", "orders").expect("scope");
     let invocation = |i: usize| {
         let key = OperationKey::derive(&scope, None, &format!("order-{i}")).expect("key");
@@ -76,7 +83,7 @@ async fn a_replay_of_500_keys_costs_no_request() {
         0,
         "no request for 500 duplicates"
     );
-    assert_eq!(idem.store().hits(), KEYS as u64);
+    assert_eq!(cache::<DynamoDbStore>(&idem).hits(), KEYS as u64);
     let err = idem
         .execute(
             &Invocation::new(
@@ -98,7 +105,7 @@ async fn a_replay_of_500_keys_costs_no_request() {
 async fn an_outcome_up_to_the_default_limit_is_cached_in_the_documented_size() {
     let db = dynamo::start().await;
     let store = CachedStore::new(db.store(), CACHE_BYTES);
-    let idem = Idempotency::new(store, Config::default());
+    let idem = Idempotency::new(store);
     let scope = OperationScope::new("cache-test", "reports").expect("scope");
     let key = OperationKey::derive(&scope, None, "large").expect("key");
     let inv = Invocation::new(
@@ -124,8 +131,8 @@ async fn an_outcome_up_to_the_default_limit_is_cached_in_the_documented_size() {
         0,
         "answered from the cache"
     );
-    assert_eq!(idem.store().hits(), 1);
-    assert!(idem.store().cached_bytes() > 5 * 1024 * 1024);
+    assert_eq!(cache::<DynamoDbStore>(&idem).hits(), 1);
+    assert!(cache::<DynamoDbStore>(&idem).cached_bytes() > 5 * 1024 * 1024);
 }
 
 #[tokio::test]
@@ -134,7 +141,7 @@ async fn every_cache_of_8_mib_or_more_keeps_an_outcome_of_the_default_limit() {
     let outcome = "y".repeat(lambda_idempotency::config::DEFAULT_MAX_OUTCOME_BYTES - 2);
     for mib in [8, 16, 24, 40, 72, 1024] {
         let store = CachedStore::new(lambda_idempotency::store::MemoryStore::new(), mib << 20);
-        let idem = Idempotency::new(store, Config::default());
+        let idem = Idempotency::new(store);
         let key = OperationKey::derive(&scope, None, &format!("{mib}")).expect("key");
         let inv = Invocation::new(
             key,
@@ -147,7 +154,11 @@ async fn every_cache_of_8_mib_or_more_keeps_an_outcome_of_the_default_limit() {
         idem.execute(&inv, |_| async { Ok::<_, std::io::Error>(String::new()) })
             .await
             .expect("replay");
-        assert_eq!(idem.store().hits(), 1, "a {mib} MiB cache keeps it");
+        assert_eq!(
+            cache::<MemoryStore>(&idem).hits(),
+            1,
+            "a {mib} MiB cache keeps it"
+        );
     }
 }
 
@@ -164,7 +175,7 @@ async fn a_payload_conflict_does_not_cache_a_record_without_its_outcome() {
         )
     };
     let report = incompressible(200 * 1024, 3); // kept in part items
-    let writer = Idempotency::new(db.store(), Config::default());
+    let writer = Idempotency::new(db.store());
     writer
         .execute(&intent(1), |_| async {
             Ok::<_, std::io::Error>(report.clone())
@@ -174,7 +185,7 @@ async fn a_payload_conflict_does_not_cache_a_record_without_its_outcome() {
 
     // Another process, its cache cold: a conflicting request first (its parts are not read),
     // then a true duplicate, which must get the report back, not an unreadable outcome.
-    let reader = Idempotency::new(CachedStore::new(db.store(), CACHE_BYTES), Config::default());
+    let reader = Idempotency::new(CachedStore::new(db.store(), CACHE_BYTES));
     let conflict = reader
         .execute(&intent(2), |_| async {
             Ok::<_, std::io::Error>(String::new())

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
+use lambda_idempotency::Operation;
 use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::config::MAX_REQUEST_ID_BYTES;
 use lambda_idempotency::lambda::{IdempotencyLayer, LeasePolicy};
@@ -40,12 +41,13 @@ async fn claimed_through_the_layer(
     let clock = ManualClock::new(start_time());
     let db = dynamo::start_with_clock(clock.clone()).await;
     let store = db.store();
-    let idem = Idempotency::new(store.clone(), Config::default()).with_clock(clock.clone());
-    let layer = IdempotencyLayer::new(
+    let idem = Idempotency::new(store.clone()).with_clock(clock.clone());
+    let layer = Operation::new(
         idem,
         scope(),
         KeyPolicy::pointer("/order_id").expect("pointer"),
-    );
+    )
+    .layer();
     let (started_tx, started_rx) = oneshot::channel();
     let (finish_tx, finish_rx) = oneshot::channel::<()>();
     let gates = Arc::new(std::sync::Mutex::new(Some((started_tx, finish_rx))));
@@ -140,7 +142,7 @@ async fn a_request_id_is_cut_to_256_bytes_on_a_char_boundary() {
 async fn an_altered_outcome_part_is_a_corrupt_record_never_a_replay() {
     let clock = ManualClock::new(start_time());
     let db = dynamo::start_with_clock(clock.clone()).await;
-    let idem = Idempotency::new(db.store(), Config::default()).with_clock(clock.clone());
+    let idem = Idempotency::new(db.store()).with_clock(clock.clone());
     let inv = invocation("altered-part", &json!({"amount": 1}));
     let runs = AtomicUsize::new(0);
     // Past the 400 KB item limit and incompressible: kept in part items.
@@ -214,7 +216,7 @@ async fn an_altered_outcome_part_is_a_corrupt_record_never_a_replay() {
 async fn single_flight_waits_at_most_the_callers_lease_then_answers_in_progress() {
     let clock = ManualClock::new(start_time());
     let db = dynamo::start_with_clock(clock.clone()).await;
-    let idem = Idempotency::new(db.store(), Config::default())
+    let idem = Idempotency::new(db.store())
         .with_single_flight()
         .with_clock(clock.clone());
     let leader_inv = invocation("patience", &json!({"amount": 1}));

@@ -4,12 +4,14 @@
 
 use std::time::{Duration, SystemTime};
 
+use crate::event_door::EventDoor;
 use aws_lambda_events::event::apigw::{ApiGatewayV2httpRequest, ApiGatewayV2httpResponse};
 use aws_lambda_events::event::sqs::SqsMessage;
 use lambda_http::{Body, Request, RequestExt};
+use lambda_idempotency::HttpKeys;
+use lambda_idempotency::Operation;
 use lambda_idempotency::lambda::batch::BatchProcessor;
-use lambda_idempotency::lambda::http::HttpIdempotency;
-use lambda_idempotency::lambda::http_layer::{CallerScope, HttpIdempotencyLayer};
+use lambda_idempotency::lambda::http::{CallerScope, HttpIdempotencyLayer};
 use lambda_idempotency::lambda::sources;
 use lambda_idempotency::record::Record;
 use lambda_idempotency::store::{AnyStore, Store};
@@ -53,7 +55,7 @@ async fn every_door_treats_a_past_deadline_as_none() {
     for backend in both().await {
         let name = backend.name;
         let store = backend.store.clone();
-        let idem = Idempotency::new(backend.store, Config::default()).with_clock(backend.clock);
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
 
         // The tower layer.
         let policy = KeyPolicy::<Value>::pointer("/id").expect("pointer");
@@ -61,9 +63,11 @@ async fn every_door_treats_a_past_deadline_as_none() {
             .derive(&scope(), &json!({"id": "layer"}))
             .expect("key")
             .0;
-        let service = IdempotencyLayer::new(idem.clone(), scope(), policy).layer(service_fn(
-            |_: LambdaEvent<Value>| async { Ok::<_, lambda_runtime::Error>(json!("done")) },
-        ));
+        let service = Operation::new(idem.clone(), scope(), policy)
+            .layer()
+            .layer(service_fn(|_: LambdaEvent<Value>| async {
+                Ok::<_, lambda_runtime::Error>(json!("done"))
+            }));
         service
             .oneshot(LambdaEvent::new(json!({"id": "layer"}), emulator_context()))
             .await
@@ -79,7 +83,7 @@ async fn every_door_treats_a_past_deadline_as_none() {
         let message = sqs_message("m-1", json!({"id": "batch"}));
         let key = policy.derive(&scope(), &message).expect("key").0;
         let processor: BatchProcessor<SqsMessage> =
-            BatchProcessor::new(idem.clone(), scope(), policy);
+            Operation::new(idem.clone(), scope(), policy).batch();
         let report = processor
             .process(
                 vec![message],
@@ -99,7 +103,11 @@ async fn every_door_treats_a_past_deadline_as_none() {
 
         // The API Gateway v2 event door.
         let event = http_event("event-door");
-        let door = HttpIdempotency::new(idem.clone(), scope()).with_callers(CallerScope::Shared);
+        let door = EventDoor::new(Operation::new(
+            idem.clone(),
+            scope(),
+            HttpKeys::new().with_callers(CallerScope::Shared).policy(),
+        ));
         let key = shared_http_key("event-door");
         let answer = door
             .handle(LambdaEvent::new(event, emulator_context()), |_, _| async {
@@ -116,7 +124,12 @@ async fn every_door_treats_a_past_deadline_as_none() {
         );
 
         // The tower layer over lambda_http.
-        let layer = HttpIdempotencyLayer::new(idem, scope()).with_callers(CallerScope::Shared);
+        let layer = Operation::new(
+            idem,
+            scope(),
+            HttpKeys::new().with_callers(CallerScope::Shared).policy(),
+        )
+        .http_layer();
         let service = layer.layer(service_fn(|_: Request| async {
             Ok::<_, std::convert::Infallible>(
                 http::Response::builder()

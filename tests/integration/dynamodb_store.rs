@@ -69,7 +69,7 @@ async fn ok(value: u32) -> Result<u32, std::io::Error> {
 #[tokio::test]
 async fn round_trips_first_execution_two_duplicate_one() {
     let db = dynamo::start().await;
-    let idem = Idempotency::new(db.store(), Config::default());
+    let idem = Idempotency::new(db.store());
     let inv = invocation("round-trips");
 
     let before = db.requests.count();
@@ -94,7 +94,7 @@ async fn round_trips_first_execution_two_duplicate_one() {
 #[tokio::test]
 async fn round_trips_failure_two() {
     let db = dynamo::start().await;
-    let idem = Idempotency::new(db.store(), Config::default());
+    let idem = Idempotency::new(db.store());
     let inv = invocation("failure-round-trips");
 
     let before = db.requests.count();
@@ -114,7 +114,7 @@ async fn round_trips_failure_two() {
 #[tokio::test]
 async fn corrupt_item_is_a_typed_error() {
     let db = dynamo::start().await;
-    let idem = Idempotency::new(db.store(), Config::default());
+    let idem = Idempotency::new(db.store());
     let inv = invocation("corrupt");
     db.client
         .put_item()
@@ -140,10 +140,7 @@ async fn corrupt_item_is_a_typed_error() {
 #[tokio::test]
 async fn missing_table_is_a_typed_error() {
     let db = dynamo::start().await;
-    let idem = Idempotency::new(
-        DynamoDbStore::new(db.client.clone(), "no-such-table"),
-        Config::default(),
-    );
+    let idem = Idempotency::new(DynamoDbStore::new(db.client.clone(), "no-such-table"));
 
     let err = idem
         .execute(&invocation("no-table"), |_| ok(1))
@@ -160,7 +157,7 @@ async fn missing_table_is_a_typed_error() {
 async fn prime_reads_once_and_stores_nothing() {
     let db = dynamo::start().await;
     let store = db.store();
-    let idem = Idempotency::new(store.clone(), Config::default());
+    let idem = Idempotency::new(store.clone());
 
     let before = db.requests.count();
     store.prime().await.expect("prime");
@@ -205,7 +202,7 @@ async fn sort_key_and_renamed_attributes_work() {
         .create_table()
         .await
         .expect("create a table with a sort key");
-    let idem = Idempotency::new(store, Config::default());
+    let idem = Idempotency::new(store);
     let inv = invocation("sorted");
 
     idem.execute(&inv, |_| ok(5)).await.expect("first");
@@ -249,7 +246,13 @@ async fn sort_key_and_renamed_attributes_work() {
         .send()
         .await
         .expect("a foreign item");
-    let (records, skipped, _) = idem.store().scan_page(None).await.expect("scan");
+    let (records, skipped, _) = idem
+        .store()
+        .downcast_ref::<DynamoDbStore>()
+        .expect("a DynamoDB store")
+        .scan_page(None)
+        .await
+        .expect("scan");
     let mut keys: Vec<&str> = records.iter().map(|r| r.key.as_str()).collect();
     keys.sort_unstable();
     let mut expected = [inv.key().as_str(), other.key().as_str()];
@@ -265,7 +268,7 @@ async fn sort_key_and_renamed_attributes_work() {
 async fn round_trips_takeover_three() {
     let db = dynamo::start().await;
     let clock = ManualClock::new(SystemTime::now());
-    let idem = Idempotency::new(db.store(), Config::default()).with_clock(clock.clone());
+    let idem = Idempotency::new(db.store()).with_clock(clock.clone());
     let inv = invocation("takeover-round-trips");
     lambda_idempotency::testing::conformance::crash_after_claim(&idem, &inv).await;
     clock.advance(Duration::from_secs(31));
@@ -287,7 +290,7 @@ async fn round_trips_takeover_three() {
 #[tokio::test]
 async fn round_trips_with_evidence_are_transactions() {
     let db = dynamo::start().await;
-    let idem = Idempotency::new(db.store(), Config::default());
+    let idem = Idempotency::new(db.store());
     let inv = invocation("evidence-round-trips").with_identity("invoice:rt:1");
 
     let before = db.requests.count();
@@ -311,10 +314,7 @@ async fn round_trips_with_evidence_are_transactions() {
 #[tokio::test]
 async fn identity_without_uniqueness_table_is_a_typed_error() {
     let db = dynamo::start().await;
-    let idem = Idempotency::new(
-        DynamoDbStore::new(db.client.clone(), &db.table),
-        Config::default(),
-    );
+    let idem = Idempotency::new(DynamoDbStore::new(db.client.clone(), &db.table));
     let inv = invocation("no-uniqueness").with_identity("invoice:none:1");
 
     let err = idem
@@ -336,7 +336,7 @@ async fn identity_without_uniqueness_table_is_a_typed_error() {
 #[tokio::test]
 async fn an_out_of_range_stored_time_is_a_corrupt_record_not_a_panic() {
     let db = dynamo::start().await;
-    let idem = Idempotency::new(db.store(), Config::default());
+    let idem = Idempotency::new(db.store());
     let inv = invocation("extreme-time");
     idem.execute(&inv, |_| ok(1)).await.expect("first");
     db.client
@@ -401,7 +401,7 @@ async fn evidence_written_before_scoping_still_refuses_its_scope_and_only_its_sc
     };
     // Tenant acme's operation took effect before the upgrade; its record is long gone.
     seed_unscoped_evidence(&db, "invoice:o-1", &key(Some("acme"), "o-1"), "COMPLETED").await;
-    let idem = Idempotency::new(db.store(), Config::default());
+    let idem = Idempotency::new(db.store());
 
     let err = idem
         .execute(&claim(Some("acme"), "o-1"), |_| ok(1))
@@ -419,7 +419,7 @@ async fn evidence_written_before_scoping_still_refuses_its_scope_and_only_its_sc
         .await
         .expect("another tenant's operation is its own");
     assert_eq!(*globex.value(), 2);
-    let other_function = Idempotency::new(db.store(), Config::default());
+    let other_function = Idempotency::new(db.store());
     let shipping = OperationScope::new("shipping", "issue-invoice").expect("scope");
     let shipped = Invocation::new(
         OperationKey::derive(&shipping, Some("acme"), "o-1").expect("key"),
@@ -432,10 +432,7 @@ async fn evidence_written_before_scoping_still_refuses_its_scope_and_only_its_sc
         .await
         .expect("another namespace's operation is its own");
 
-    let unchecked = Idempotency::new(
-        db.store().with_unscoped_evidence_check(false),
-        Config::default(),
-    );
+    let unchecked = Idempotency::new(db.store().with_unscoped_evidence_check(false));
     unchecked
         .execute(&claim(Some("acme"), "o-1-new"), |_| ok(4))
         .await
@@ -460,7 +457,7 @@ async fn an_orphan_written_before_scoping_is_adopted_and_settled_where_it_stands
         .send()
         .await
         .expect("seed an orphan");
-    let idem = Idempotency::new(db.store(), Config::default());
+    let idem = Idempotency::new(db.store());
     let inv =
         Invocation::new(key, fingerprint, Duration::from_secs(30)).with_identity("invoice:o-7");
 

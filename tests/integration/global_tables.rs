@@ -119,7 +119,7 @@ fn mrsc(tables: Vec<String>) -> GlobalTable {
 
 /// Runs one operation through `store`; the handler's runs are counted.
 async fn run_once(store: DynamoDbStore, runs: &AtomicUsize) -> Result<u32, Error> {
-    let idem = Idempotency::new(store, Config::default());
+    let idem = Idempotency::new(store);
     idem.execute(&invocation("global", &json!({"amount": 1})), |_| {
         counted(runs, 7_u32)
     })

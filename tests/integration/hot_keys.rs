@@ -29,7 +29,7 @@ const DUPLICATES: usize = 25;
 /// Requests the SDK can send for one write: its attempts.
 const ATTEMPTS: usize = SDK_ATTEMPTS as usize;
 
-type Engine = Idempotency<CachedStore<DynamoDbStore>>;
+type Engine = Idempotency;
 /// A duplicate under way: its environment and its task.
 type Duplicate = (
     usize,
@@ -92,7 +92,7 @@ impl Storm {
                     client_with(dynamo.endpoint.clone(), &faults),
                     &dynamo.table,
                 );
-                let idem = Idempotency::new(CachedStore::new(store, 16 << 20), Config::default())
+                let idem = Idempotency::new(CachedStore::new(store, 16 << 20))
                     .with_single_flight()
                     .with_clock(clock.clone());
                 Arc::new(Environment { idem, faults })
@@ -199,8 +199,8 @@ impl Storm {
 /// execution has been polled: with single flight, and the key's turn held in this engine, it
 /// is then queued for the turn (the first poll reaches the turn's lock and nothing before it
 /// waits).
-fn duplicate<S: Store + 'static>(
-    idem: &Idempotency<S>,
+fn duplicate(
+    idem: &Idempotency,
     inv: &Invocation,
     runs: &Arc<AtomicUsize>,
 ) -> (
@@ -413,7 +413,7 @@ async fn a_duplicate_queued_in_single_flight_replays_from_the_store() {
     let dynamo = dynamo::start_with_clock(clock.clone()).await;
     let faults = FaultInterceptor::new();
     let store = DynamoDbStore::new(client_with(dynamo.endpoint.clone(), &faults), &dynamo.table);
-    let idem = Idempotency::new(store.clone(), Config::default())
+    let idem = Idempotency::new(store.clone())
         .with_single_flight()
         .with_clock(clock.clone());
     let inv = invocation("queued", &serde_json::json!({"order": "o-3"}));
@@ -442,7 +442,7 @@ async fn a_duplicate_queued_in_single_flight_replays_from_the_store() {
         queued.push(task);
     }
     // The leader's claim is live: an engine without single flight is told so at once.
-    let plain = Idempotency::new(store, Config::default()).with_clock(clock.clone());
+    let plain = Idempotency::new(store).with_clock(clock.clone());
     let err = plain
         .execute(&inv, |_| async { Ok::<_, std::io::Error>(Value::Null) })
         .await

@@ -4,11 +4,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::event_door::EventDoor;
 use aws_lambda_events::encodings::Body;
 use aws_lambda_events::event::apigw::{ApiGatewayV2httpRequest, ApiGatewayV2httpResponse};
+use lambda_idempotency::HttpKeys;
 use lambda_idempotency::clock::{Clock, ManualClock};
-use lambda_idempotency::lambda::http::HttpIdempotency;
-use lambda_idempotency::lambda::http_layer::CallerScope;
+use lambda_idempotency::lambda::http::CallerScope;
 use lambda_idempotency::lambda::{LeasePolicy, Operation, sources};
 use lambda_idempotency::store::DynamoDbStore;
 use lambda_idempotency::testing::conformance::start_time;
@@ -69,14 +70,15 @@ fn header<'a>(response: &'a ApiGatewayV2httpResponse, name: &str) -> Option<&'a 
         .and_then(|value| value.to_str().ok())
 }
 
-async fn endpoint() -> (HttpIdempotency<DynamoDbStore>, dynamo::Dynamo) {
+async fn endpoint() -> (EventDoor, dynamo::Dynamo) {
     let db = dynamo::start().await;
-    let idem = Idempotency::new(db.store(), Config::default());
+    let idem = Idempotency::new(db.store());
     (
-        HttpIdempotency::new(
+        EventDoor::new(Operation::new(
             idem,
             OperationScope::new("http-test", "pay").expect("scope"),
-        ),
+            sources::http(),
+        )),
         db,
     )
 }
@@ -160,7 +162,7 @@ async fn the_same_key_with_another_payload_is_422() {
 /// A first request for `key` whose handler has started and waits: its claim is held until
 /// the sender is used (or dropped).
 async fn held_original(
-    http: &HttpIdempotency<DynamoDbStore>,
+    http: &EventDoor,
     key: &str,
 ) -> (
     tokio::task::JoinHandle<ApiGatewayV2httpResponse>,
@@ -326,7 +328,7 @@ async fn a_429_from_the_handler_is_not_stored() {
 
 #[tokio::test]
 async fn a_blank_key_is_no_key_and_a_shared_scope_ignores_the_caller() {
-    let (http, _db) = endpoint().await;
+    let (http, db) = endpoint().await;
     let runs = Arc::new(AtomicUsize::new(0));
     let blank = http
         .handle(request(Some("   "), json!({"amount": 6})), |r, _| {
@@ -336,7 +338,11 @@ async fn a_blank_key_is_no_key_and_a_shared_scope_ignores_the_caller() {
     assert_eq!(blank.status_code, 400);
     assert_eq!(body(&blank)["error"], "missing_idempotency_key");
 
-    let shared = http.clone().with_callers(CallerScope::Shared);
+    let shared = EventDoor::new(Operation::new(
+        Idempotency::new(db.store()),
+        OperationScope::new("http-test", "pay").expect("scope"),
+        HttpKeys::new().with_callers(CallerScope::Shared).policy(),
+    ));
     let alice = shared
         .handle(
             request_from(Some("alice"), Some("k-11"), json!({"amount": 6})),
@@ -362,12 +368,12 @@ async fn a_blank_key_is_no_key_and_a_shared_scope_ignores_the_caller() {
 async fn a_store_failure_is_503_temporarily_unavailable_with_retry_after() {
     let db = dynamo::start().await;
     let store = FaultyStore::new(db.store());
-    let idem = Idempotency::new(store.clone(), Config::default())
-        .with_clock(ManualClock::new(start_time()));
-    let http = HttpIdempotency::new(
+    let idem = Idempotency::new(store.clone()).with_clock(ManualClock::new(start_time()));
+    let http = EventDoor::new(Operation::new(
         idem,
         OperationScope::new("http-test", "pay").expect("scope"),
-    );
+        sources::http(),
+    ));
     let runs = AtomicUsize::new(0);
     // Every try the engine makes before the handler (five) fails.
     for _ in 0..5 {
@@ -400,23 +406,21 @@ async fn a_store_failure_is_503_temporarily_unavailable_with_retry_after() {
 
 /// An endpoint whose leases last `lease` (its requests carry no deadline), on a clock that
 /// stands still.
-async fn endpoint_leasing(
-    lease: Duration,
-) -> (HttpIdempotency<DynamoDbStore>, dynamo::Dynamo, ManualClock) {
+async fn endpoint_leasing(lease: Duration) -> (EventDoor, dynamo::Dynamo, ManualClock) {
     let db = dynamo::start().await;
     let clock = ManualClock::new(start_time());
-    let idem = Idempotency::new(db.store(), Config::default()).with_clock(clock.clone());
+    let idem = Idempotency::new(db.store()).with_clock(clock.clone());
     let operation = Operation::new(
         idem,
         OperationScope::new("http-test", "pay").expect("scope"),
-        sources::http_api(),
+        sources::http(),
     )
     .with_lease_policy(LeasePolicy {
         without_deadline: lease,
         max: lease,
         ..LeasePolicy::default()
     });
-    (HttpIdempotency::from_operation(operation), db, clock)
+    (EventDoor::new(operation), db, clock)
 }
 
 #[tokio::test]

@@ -8,14 +8,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::event_door::EventDoor;
 use aws_lambda_events::encodings::Body as EventBody;
 use aws_lambda_events::event::apigw::{ApiGatewayV2httpRequest, ApiGatewayV2httpResponse};
 use futures_util::FutureExt;
 use http::{Response, StatusCode};
 use lambda_http::{Body, Request};
+use lambda_idempotency::HttpKeys;
+use lambda_idempotency::Operation;
 use lambda_idempotency::failure::{Classifier, FailureClass};
-use lambda_idempotency::lambda::http::HttpIdempotency;
-use lambda_idempotency::lambda::http_layer::{CallerScope, HttpIdempotencyLayer, REPLAYED_HEADER};
+use lambda_idempotency::lambda::http::{CallerScope, HttpIdempotencyLayer, REPLAYED_HEADER};
+use lambda_idempotency::lambda::sources;
 use lambda_idempotency::reconcile::{Reconciliation, Takeover};
 use lambda_idempotency::store::AnyStore;
 use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
@@ -40,7 +43,7 @@ fn scope() -> OperationScope {
 }
 
 fn engine(backend: Backend) -> Idempotency {
-    Idempotency::new(backend.store, Config::default()).with_clock(backend.clock)
+    Idempotency::new(backend.store).with_clock(backend.clock)
 }
 
 /// A REST API (v1) request whose authorizer context is `authorizer`.
@@ -128,7 +131,12 @@ fn layered(
             )
         }
     });
-    let layer = HttpIdempotencyLayer::new(idem, scope()).with_callers(callers);
+    let layer = Operation::new(
+        idem,
+        scope(),
+        HttpKeys::new().with_callers(callers).policy(),
+    )
+    .http_layer();
     (layer.layer(handler), runs)
 }
 
@@ -166,7 +174,11 @@ async fn a_response_the_doors_do_not_store_is_never_retained_whatever_the_classi
         }
         assert_eq!(runs.load(Ordering::SeqCst), 3, "{name}: every retry ran");
 
-        let door = HttpIdempotency::new(idem, scope()).with_callers(CallerScope::Shared);
+        let door = EventDoor::new(Operation::new(
+            idem,
+            scope(),
+            HttpKeys::new().with_callers(CallerScope::Shared).policy(),
+        ));
         let calls = AtomicUsize::new(0);
         for expected in [503, 201] {
             let answer = door
@@ -241,7 +253,7 @@ async fn a_blank_or_null_principal_is_no_caller_on_either_door() {
         );
         assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}");
 
-        let door = HttpIdempotency::new(idem, scope());
+        let door = EventDoor::new(Operation::new(idem, scope(), sources::http()));
         for (case, authorizer) in [
             ("jwt sub \"\"", jwt("")),
             (
@@ -283,8 +295,7 @@ async fn a_corrupt_record_is_an_operators_500_not_a_retry_every_second() {
     for backend in both().await {
         let name = backend.name;
         let store = FaultyStore::new(backend.store);
-        let idem = Idempotency::new(AnyStore::new(store.clone()), Config::default())
-            .with_clock(backend.clock);
+        let idem = Idempotency::new(AnyStore::new(store.clone())).with_clock(backend.clock);
 
         let (service, runs) = layered(idem.clone(), CallerScope::Shared, &[]);
         store.inject(Primitive::Claim, Fault::FailBefore(FaultKind::Corrupt));
@@ -304,7 +315,11 @@ async fn a_corrupt_record_is_an_operators_500_not_a_retry_every_second() {
         );
         assert_eq!(runs.load(Ordering::SeqCst), 0, "{name}");
 
-        let door = HttpIdempotency::new(idem, scope()).with_callers(CallerScope::Shared);
+        let door = EventDoor::new(Operation::new(
+            idem,
+            scope(),
+            HttpKeys::new().with_callers(CallerScope::Shared).policy(),
+        ));
         store.inject(Primitive::Claim, Fault::FailBefore(FaultKind::Corrupt));
         let answer = door
             .handle(v2_event("k-2", Value::Null), |_, _| async {
@@ -342,9 +357,13 @@ async fn a_damaged_stored_response_is_a_500_never_an_empty_success() {
                 Ok::<Response<Body>, Infallible>(Response::new(Body::Empty))
             }
         });
-        let service = HttpIdempotencyLayer::new(idem, scope())
-            .with_callers(CallerScope::Shared)
-            .layer(handler);
+        let service = Operation::new(
+            idem,
+            scope(),
+            HttpKeys::new().with_callers(CallerScope::Shared).policy(),
+        )
+        .http_layer()
+        .layer(handler);
 
         let crashed = AssertUnwindSafe(service.clone().oneshot(v2_request("k-1", Value::Null)))
             .catch_unwind()

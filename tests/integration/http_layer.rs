@@ -9,9 +9,12 @@ use axum::Router;
 use axum::routing::{get, post};
 use http::{HeaderMap, StatusCode};
 use lambda_http::{Body, Request};
+use lambda_idempotency::HttpKeys;
+use lambda_idempotency::Operation;
 use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::lambda::LeasePolicy;
-use lambda_idempotency::lambda::http_layer::{CallerScope, HttpIdempotencyLayer, REPLAYED_HEADER};
+use lambda_idempotency::lambda::http::{CallerScope, HttpIdempotencyLayer, REPLAYED_HEADER};
+use lambda_idempotency::lambda::sources;
 use lambda_idempotency::testing::conformance::start_time;
 use lambda_idempotency::testing::dynamo;
 use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
@@ -107,29 +110,20 @@ fn app(runs: Arc<AtomicUsize>) -> Router {
 }
 
 struct Endpoint {
-    service: lambda_idempotency::lambda::http_layer::HttpIdempotent<
-        Router,
-        lambda_idempotency::store::DynamoDbStore,
-    >,
+    service: lambda_idempotency::lambda::http::HttpIdempotencyService<Router>,
     runs: Arc<AtomicUsize>,
     _db: dynamo::Dynamo,
 }
 
 async fn endpoint(callers: CallerScope) -> Endpoint {
-    endpoint_with(|layer| layer.with_callers(callers)).await
+    endpoint_with(|keys| keys.with_callers(callers)).await
 }
 
-async fn endpoint_with(
-    configure: impl FnOnce(
-        HttpIdempotencyLayer<lambda_idempotency::store::DynamoDbStore>,
-    ) -> HttpIdempotencyLayer<lambda_idempotency::store::DynamoDbStore>,
-) -> Endpoint {
+async fn endpoint_with(configure: impl FnOnce(HttpKeys) -> HttpKeys) -> Endpoint {
     let db = dynamo::start().await;
-    let idem = Idempotency::new(db.store(), Config::default());
-    let layer = configure(HttpIdempotencyLayer::new(
-        idem,
-        OperationScope::new("http-layer", "payments").expect("scope"),
-    ));
+    let idem = Idempotency::new(db.store());
+    let scope = OperationScope::new("http-layer", "payments").expect("scope");
+    let layer = Operation::new(idem, scope, configure(HttpKeys::new()).policy()).http_layer();
     let runs = Arc::new(AtomicUsize::new(0));
     Endpoint {
         service: lambda_runtime::tower::Layer::layer(&layer, app(Arc::clone(&runs))),
@@ -461,8 +455,8 @@ async fn a_response_past_the_item_limit_is_replayed_byte_for_byte() {
 
 #[tokio::test]
 async fn a_principal_read_by_the_application_scopes_keys() {
-    let mut endpoint = endpoint_with(|layer| {
-        layer.with_principal(|request| {
+    let mut endpoint = endpoint_with(|keys| {
+        keys.with_principal(|request| {
             let identity = request.headers().get("x-amzn-oidc-identity")?;
             identity.to_str().ok().map(str::to_owned)
         })
@@ -495,12 +489,13 @@ async fn a_principal_read_by_the_application_scopes_keys() {
 async fn a_store_failure_is_503_temporarily_unavailable_with_retry_after() {
     let db = dynamo::start().await;
     let store = FaultyStore::new(db.store());
-    let idem = Idempotency::new(store.clone(), Config::default())
-        .with_clock(ManualClock::new(start_time()));
-    let layer = HttpIdempotencyLayer::new(
+    let idem = Idempotency::new(store.clone()).with_clock(ManualClock::new(start_time()));
+    let layer = Operation::new(
         idem,
         OperationScope::new("http-layer", "payments").expect("scope"),
-    );
+        sources::http(),
+    )
+    .http_layer();
     let runs = Arc::new(AtomicUsize::new(0));
     let mut service = lambda_runtime::tower::Layer::layer(&layer, app(Arc::clone(&runs)));
     // Every try the engine makes before the handler (five) fails.
@@ -549,17 +544,19 @@ async fn retry_after_is_the_leases_remaining_time_and_never_above_905_s() {
     ] {
         let db = dynamo::start().await;
         let clock = ManualClock::new(start_time());
-        let idem = Idempotency::new(db.store(), Config::default()).with_clock(clock.clone());
+        let idem = Idempotency::new(db.store()).with_clock(clock.clone());
         // The requests carry no Lambda deadline: the lease is `without_deadline`.
-        let layer = HttpIdempotencyLayer::new(
+        let layer = Operation::new(
             idem,
             OperationScope::new("http-layer", "payments").expect("scope"),
+            sources::http(),
         )
         .with_lease_policy(LeasePolicy {
             without_deadline: lease,
             max: lease,
             ..LeasePolicy::default()
-        });
+        })
+        .http_layer();
         let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
         let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
         let gates = Arc::new(std::sync::Mutex::new(Some((started_tx, finish_rx))));

@@ -50,7 +50,7 @@ async fn an_operator_finds_and_resolves_stuck_work() {
     let db = dynamo::start().await;
     // An hour ago, so that leases have long run out by the CLI's clock.
     let clock = ManualClock::new(SystemTime::now() - Duration::from_secs(3600));
-    let idem = Idempotency::new(db.store(), Config::default()).with_clock(clock.clone());
+    let idem = Idempotency::new(db.store()).with_clock(clock.clone());
     let (done, crashed, held) = (
         invocation("done"),
         invocation("crashed"),
@@ -215,7 +215,9 @@ async fn an_operator_resolves_every_held_state_on_a_single_table_layout_and_leav
         .retention(Duration::from_secs(60))
         .build()
         .expect("config");
-    let idem = Idempotency::new(store.clone(), retention).with_clock(clock.clone());
+    let idem = Idempotency::new(store.clone())
+        .with_config(retention)
+        .with_clock(clock.clone());
     let (stuck, orphan) = (
         invocation("stuck").with_identity("invoice:stuck"),
         invocation("orphan").with_identity("invoice:orphan"),

@@ -4,10 +4,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use lambda_idempotency::Operation;
 use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::lambda::{IdempotencyLayer, current};
 use lambda_idempotency::store::{DynamoDbStore, Store};
-use lambda_idempotency::{Config, Error, Idempotency, KeyPolicy, OperationKey, OperationScope};
+use lambda_idempotency::{
+    Config, Error, Idempotency, IdempotencyError, KeyPolicy, OperationKey, OperationScope,
+};
 use lambda_runtime::tower::{Service, ServiceBuilder, ServiceExt};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent, service_fn};
 use serde_json::{Value, json};
@@ -26,13 +29,14 @@ fn scope() -> OperationScope {
     OperationScope::new("layer-test", "charge").expect("scope")
 }
 
-fn layer(store: DynamoDbStore, clock: &ManualClock) -> IdempotencyLayer<Value, DynamoDbStore> {
-    let idem = Idempotency::new(store, Config::default()).with_clock(clock.clone());
-    IdempotencyLayer::new(
+fn layer(store: DynamoDbStore, clock: &ManualClock) -> IdempotencyLayer<Value> {
+    let idem = Idempotency::new(store).with_clock(clock.clone());
+    Operation::new(
         idem,
         scope(),
         KeyPolicy::pointer("/order_id").expect("pointer"),
     )
+    .layer()
 }
 
 fn event(payload: Value, clock: &ManualClock, remaining: Duration) -> LambdaEvent<Value> {
@@ -192,7 +196,9 @@ async fn concurrent_invocations_through_one_service_instance() {
     let duplicates: Vec<_> = (0..2 * ORDERS).map(|i| call(i % ORDERS)).collect();
     for duplicate in duplicates {
         match duplicate.await.expect("join") {
-            Err(Error::AlreadyInProgress { attempt, .. }) => assert_eq!(attempt, 1),
+            Err(IdempotencyError::Idempotency(Error::AlreadyInProgress { attempt, .. })) => {
+                assert_eq!(attempt, 1)
+            }
             other => panic!("a duplicate in flight must be told to wait, got {other:?}"),
         }
     }
@@ -240,7 +246,10 @@ async fn an_event_without_a_key_is_refused_before_the_claim() {
         .await
         .expect_err("no key");
 
-    assert!(matches!(err, Error::MissingKey { .. }), "got {err:?}");
+    assert!(
+        matches!(err, IdempotencyError::Idempotency(Error::MissingKey { .. })),
+        "got {err:?}"
+    );
     assert_eq!(db.requests.count(), before, "nothing sent to the table");
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     let diagnostic = Diagnostic::from(err);

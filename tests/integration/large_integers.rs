@@ -6,15 +6,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::event_door::EventDoor;
 use aws_lambda_events::event::sqs::SqsMessage;
+use lambda_idempotency::Operation;
 use lambda_idempotency::lambda::batch::{BatchProcessor, RecordOutcome};
-use lambda_idempotency::lambda::http::HttpIdempotency;
-use lambda_idempotency::lambda::http_layer::CallerScope;
+use lambda_idempotency::lambda::http::CallerScope;
 use lambda_idempotency::lambda::sources;
 use lambda_idempotency::{
     Config, Error, ExecutionContext, Fingerprint, Idempotency, IdempotencyLayer, Invocation,
     KeyPolicy, OperationKey, OperationScope,
 };
+use lambda_idempotency::{HttpKeys, IdempotencyError};
 use lambda_runtime::tower::{Layer, ServiceExt};
 use lambda_runtime::{Context, LambdaEvent, service_fn};
 use serde_json::{Value, json};
@@ -26,7 +28,7 @@ const FIRST: u64 = (1 << 60) + 1;
 const SECOND: u64 = (1 << 60) + 2;
 
 fn engine(backend: Backend) -> Idempotency {
-    Idempotency::new(backend.store, Config::default()).with_clock(backend.clock)
+    Idempotency::new(backend.store).with_clock(backend.clock)
 }
 
 fn scope() -> OperationScope {
@@ -87,7 +89,9 @@ async fn the_layer_runs_each_of_two_large_ids_and_refuses_a_changed_large_amount
             }
         });
         let policy = KeyPolicy::pointer("/order_id").expect("pointer");
-        let service = IdempotencyLayer::new(engine(backend), scope(), policy).layer(handler);
+        let service = Operation::new(engine(backend), scope(), policy)
+            .layer()
+            .layer(handler);
         let call = |order: u64, amount: u64| {
             let event = LambdaEvent::new(
                 json!({"order_id": order, "amount": amount}),
@@ -118,7 +122,10 @@ async fn the_layer_runs_each_of_two_large_ids_and_refuses_a_changed_large_amount
             .await
             .expect_err("the amount changed above 2^53");
         assert!(
-            matches!(err, Error::PayloadConflict { .. }),
+            matches!(
+                err,
+                IdempotencyError::Idempotency(Error::PayloadConflict { .. })
+            ),
             "{name}: {err:?}"
         );
         assert_eq!(
@@ -133,11 +140,12 @@ async fn the_layer_runs_each_of_two_large_ids_and_refuses_a_changed_large_amount
 async fn a_batch_runs_two_records_whose_ids_differ_above_2_53() {
     for backend in both().await {
         let name = backend.name;
-        let processor: BatchProcessor<SqsMessage> = BatchProcessor::new(
+        let processor: BatchProcessor<SqsMessage> = Operation::new(
             engine(backend),
             scope(),
             sources::sqs(Some("/order_id")).expect("policy"),
-        );
+        )
+        .batch();
         let runs = AtomicUsize::new(0);
         let batch = vec![
             sqs_message("m-1", json!({"order_id": FIRST})),
@@ -182,7 +190,11 @@ async fn the_api_gateway_door_refuses_a_body_whose_amount_differs_above_2_53() {
     }
     for backend in both().await {
         let name = backend.name;
-        let http = HttpIdempotency::new(engine(backend), scope()).with_callers(CallerScope::Shared);
+        let http = EventDoor::new(Operation::new(
+            engine(backend),
+            scope(),
+            HttpKeys::new().with_callers(CallerScope::Shared).policy(),
+        ));
         let pay = |_, _| async {
             let mut response = ApiGatewayV2httpResponse::default();
             response.status_code = 201;

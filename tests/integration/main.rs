@@ -7,6 +7,7 @@ mod cached_store;
 mod claims;
 mod deadlines;
 mod dynamodb_store;
+mod event_door;
 mod global_tables;
 mod hot_keys;
 mod http_contract;

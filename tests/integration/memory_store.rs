@@ -16,7 +16,7 @@ async fn single_flight_does_not_make_a_nested_call_wait_on_itself() {
     use lambda_idempotency::{Config, Error, Idempotency};
 
     let fx = memory_fixture(start_time());
-    let idem = Idempotency::new(fx.store, Config::default()).with_single_flight();
+    let idem = Idempotency::new(fx.store).with_single_flight();
     let inv = lambda_idempotency::testing::conformance::invocation("nested", &serde_json::json!(1));
 
     let outer = tokio::time::timeout(

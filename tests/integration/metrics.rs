@@ -29,7 +29,7 @@ fn invocation(material: &str, intent: u32) -> Invocation {
 /// A worker on `inv` whose handler has started and waits for the returned sender (dropped: it
 /// waits for ever, a crashed worker), then returns `value`.
 async fn held_worker(
-    idem: &Idempotency<DynamoDbStore>,
+    idem: &Idempotency,
     inv: &Invocation,
     value: u32,
 ) -> (
@@ -68,7 +68,7 @@ async fn decisions_and_latencies_come_out_as_embedded_metric_format() {
     let clock = ManualClock::new(start_time());
     let db = dynamo::start_with_clock(clock.clone()).await;
     let engine = |store: DynamoDbStore| {
-        Idempotency::new(store, Config::default())
+        Idempotency::new(store)
             .with_clock(clock.clone())
             .with_observer(MetricsObserver::new())
     };

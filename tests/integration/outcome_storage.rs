@@ -27,7 +27,7 @@ type Item = std::collections::HashMap<String, AttributeValue>;
 
 /// An engine over a fresh table, with faults and a manual clock.
 struct Rig {
-    idem: Idempotency<DynamoDbStore>,
+    idem: Idempotency,
     faults: FaultInterceptor,
     dynamo: Dynamo,
     clock: ManualClock,
@@ -42,7 +42,7 @@ impl Rig {
             DynamoDbStore::new(client_with(dynamo.endpoint.clone(), &faults), &dynamo.table)
                 .with_uniqueness_table(&dynamo.uniqueness_table)
                 .with_outcome_storage(storage);
-        let idem = Idempotency::new(store, Config::default()).with_clock(clock.clone());
+        let idem = Idempotency::new(store).with_clock(clock.clone());
         Self {
             idem,
             faults,
@@ -231,7 +231,14 @@ async fn parts_carry_the_records_ttl_plus_a_margin() {
         assert!(item_size(part) <= 400 * 1024);
         assert!(!part.contains_key("status"), "a part is not a record");
     }
-    let (records, skipped, _) = rig.idem.store().scan_page(None).await.expect("scan");
+    let (records, skipped, _) = rig
+        .idem
+        .store()
+        .downcast_ref::<DynamoDbStore>()
+        .expect("a DynamoDB store")
+        .scan_page(None)
+        .await
+        .expect("scan");
     assert_eq!(
         (records.len(), skipped),
         (1, 0),
@@ -440,14 +447,14 @@ async fn a_small_outcome_stays_inline_beside_a_long_key_and_identity() {
 #[tokio::test]
 async fn a_zombie_lost_fence_reads_no_part_and_cannot_shorten_the_parts_ttl() {
     let rig = Rig::new(OutcomeStorage::default()).await;
-    let short = Idempotency::new(
-        rig.idem.store().clone(),
-        Config::builder()
-            .retention(Duration::from_secs(3600))
-            .build()
-            .expect("config"),
-    )
-    .with_clock(rig.clock.clone());
+    let short = Idempotency::new(rig.idem.store().clone())
+        .with_config(
+            Config::builder()
+                .retention(Duration::from_secs(3600))
+                .build()
+                .expect("config"),
+        )
+        .with_clock(rig.clock.clone());
     let inv = invocation("zombie-ttl", &json!({"amount": 1}));
     let outcome = incompressible(600 * 1024, 8);
     // A zombie with a shorter retention (an older deployment) produces the same bytes as the
@@ -611,7 +618,7 @@ async fn a_cancellation_anywhere_in_a_large_settlement_never_leaves_part_of_an_o
 #[tokio::test]
 async fn a_payload_conflict_with_an_outcome_in_parts_costs_one_request() {
     let db = dynamo::start().await;
-    let idem = Idempotency::new(db.store(), Config::default());
+    let idem = Idempotency::new(db.store());
     let original = invocation("report-1", &json!(1));
     let report = incompressible(200 * 1024, 7);
     idem.execute(&original, |_| async {

@@ -35,7 +35,7 @@ async fn aborting_child() {
     let endpoint = std::env::var("PANIC_STRATEGY_ENDPOINT").expect("run by its parent");
     let table = std::env::var("PANIC_STRATEGY_TABLE").expect("run by its parent");
     let client = aws_sdk_dynamodb::Client::from_conf(config_for(endpoint).build());
-    let idem = Idempotency::new(DynamoDbStore::new(client, table), Config::default());
+    let idem = Idempotency::new(DynamoDbStore::new(client, table));
     let _ = idem
         .execute(&invocation(), |_| async {
             std::process::abort();

@@ -76,7 +76,7 @@ impl Path {
 
 /// One engine over a fresh endpoint, its client's faults and its clock.
 struct Rig {
-    idem: Idempotency<DynamoDbStore>,
+    idem: Idempotency,
     faults: FaultInterceptor,
     clock: ManualClock,
     dynamo: Dynamo,
@@ -95,7 +95,7 @@ impl Rig {
         let store =
             DynamoDbStore::new(client_with(dynamo.endpoint.clone(), &faults), &dynamo.table)
                 .with_uniqueness_table(uniqueness.unwrap_or(&dynamo.uniqueness_table));
-        let idem = Idempotency::new(store, Config::default()).with_clock(clock.clone());
+        let idem = Idempotency::new(store).with_clock(clock.clone());
         Self {
             idem,
             faults,

@@ -186,30 +186,31 @@ fn eventbridge_keys_by_id_or_detail_field() {
     );
 }
 
-fn http_request(key: Option<&str>, request_id: &str, body: &str) -> ApiGatewayV2httpRequest {
+/// An HTTP API event as `lambda_http` reads it (with a JWT caller).
+fn http_request(key: Option<&str>, request_id: &str, body: &str) -> lambda_http::Request {
     let mut headers = json!({"content-type": "application/json", "x-amzn-trace-id": request_id});
     if let Some(key) = key {
         headers["idempotency-key"] = json!(key);
     }
-    parse(
-        json!({"version": "2.0", "routeKey": "POST /payments", "rawPath": "/payments", "rawQueryString": "",
+    let event = json!({"version": "2.0", "routeKey": "POST /payments", "rawPath": "/payments", "rawQueryString": "",
         "headers": headers, "requestContext": {"accountId": "1", "apiId": "a", "domainName": "d", "domainPrefix": "d",
         "http": {"method": "POST", "path": "/payments", "protocol": "HTTP/1.1", "sourceIp": "1.2.3.4", "userAgent": "t"},
-        "requestId": request_id, "routeKey": "POST /payments", "stage": "$default", "time": "t", "timeEpoch": 0},
-        "body": body, "isBase64Encoded": false}),
-    )
+        "requestId": request_id, "routeKey": "POST /payments", "stage": "$default", "time": "t", "timeEpoch": 0,
+        "authorizer": {"jwt": {"claims": {"sub": "customer-1"}, "scopes": null}}},
+        "body": body, "isBase64Encoded": false});
+    lambda_http::request::from_str(&event.to_string()).expect("an HTTP API event")
 }
 
 #[test]
-fn http_api_keys_by_the_idempotency_key_header() {
+fn http_keys_by_the_caller_and_the_idempotency_key_header() {
     assert_stable(
-        &sources::http_api(),
+        &sources::http(),
         &http_request(Some("k-1"), "req-1", r#"{"amount":5}"#),
         &http_request(Some("k-1"), "req-2", r#"{"amount":5}"#),
         &http_request(Some("k-1"), "req-3", r#"{"amount":6}"#),
         &http_request(Some("k-2"), "req-1", r#"{"amount":5}"#),
     );
-    let err = sources::http_api()
+    let err = sources::http()
         .derive(&scope(), &http_request(None, "r", "{}"))
         .expect_err("no header");
     assert!(matches!(err, Error::MissingKey { .. }));

@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use aws_lambda_events::event::sqs::SqsMessage;
+use lambda_idempotency::Operation;
 use lambda_idempotency::lambda::sources;
 use lambda_idempotency::{BatchProcessor, Config, Idempotency, MemoryStore, OperationScope};
 use lambda_runtime::Context;
@@ -46,11 +47,12 @@ async fn an_execution_span_correlates_without_the_payload() {
     let fields = Fields::default();
     let subscriber = Registry::default().with(fields.clone());
     let _guard = tracing::subscriber::set_default(subscriber);
-    let processor: BatchProcessor<SqsMessage, MemoryStore> = BatchProcessor::new(
-        Idempotency::new(MemoryStore::new(), Config::default()),
+    let processor: BatchProcessor<SqsMessage> = Operation::new(
+        Idempotency::new(MemoryStore::new()),
         OperationScope::new("spans-test", "ship").expect("scope"),
         sources::sqs(Some("/order_id")).expect("policy"),
-    );
+    )
+    .batch();
     let message: SqsMessage = serde_json::from_value(json!({
         "messageId": "msg-77", "body": json!({"order_id": "o-1", "card": "4111-secret"}).to_string(),
         "attributes": {}, "messageAttributes": {}

@@ -1,6 +1,6 @@
 //! The `OrderShipped` handler, deployed by template.yaml (`Binary: eventbridge_handler`).
 
-use lambda_idempotency::OperationScope;
+use lambda_idempotency::{Idempotency, OperationScope};
 use lambda_idempotency_functions::shipments::{layer, notify_shipped};
 use lambda_idempotency_functions::{logging, stores_from_env};
 use lambda_runtime::service_fn;
@@ -10,7 +10,10 @@ use lambda_runtime::tower::ServiceBuilder;
 async fn main() -> Result<(), lambda_runtime::Error> {
     logging::init();
     let (store, ledger) = stores_from_env().await?;
-    let layer = layer(store, OperationScope::for_function("notify-shipped")?)?;
+    let layer = layer(
+        Idempotency::new(store),
+        OperationScope::for_function("notify-shipped")?,
+    )?;
     let handler = service_fn(move |event| notify_shipped(ledger.clone(), event));
     lambda_runtime::run(ServiceBuilder::new().layer(layer).service(handler)).await
 }

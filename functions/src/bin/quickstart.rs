@@ -1,7 +1,7 @@
 //! The README's first function: `IDEMPOTENCY_TABLE` names the table; `DYNAMODB_ENDPOINT`,
 //! when set, points at a local server.
 
-use lambda_idempotency::OperationScope;
+use lambda_idempotency::{Idempotency, OperationScope};
 use lambda_idempotency_functions::quickstart::{charge, layer};
 use lambda_idempotency_functions::{logging, primed_store};
 use lambda_runtime::service_fn;
@@ -12,7 +12,10 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     logging::init();
     let store = primed_store().await?;
     // The namespace is AWS_LAMBDA_FUNCTION_NAME.
-    let layer = layer(store, OperationScope::for_function("charge")?)?;
+    let layer = layer(
+        Idempotency::new(store),
+        OperationScope::for_function("charge")?,
+    )?;
     lambda_runtime::run(
         ServiceBuilder::new()
             .layer(layer)

@@ -1,7 +1,7 @@
 //! DynamoDB Streams: the key policy, the batch record (changes of one item, named by its keys'
 //! canonical JSON, run in order) and the partial-batch response.
 
-use aws_lambda_events::event::dynamodb::EventRecord as DynamoDbRecord;
+use aws_lambda_events::event::dynamodb::{Event as DynamoDbEvent, EventRecord as DynamoDbRecord};
 use aws_lambda_events::event::streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse};
 
 use super::{object, to_json};
@@ -22,6 +22,17 @@ pub fn dynamodb_stream() -> KeyPolicy<DynamoDbRecord> {
 }
 
 impl BatchRecord for DynamoDbRecord {
+    type Event = DynamoDbEvent;
+    type Response = DynamoDbEventResponse;
+
+    fn records(event: DynamoDbEvent) -> Vec<Self> {
+        event.records
+    }
+
+    fn response(report: &BatchReport) -> DynamoDbEventResponse {
+        report.dynamodb_response()
+    }
+
     fn item_identifier(&self) -> Option<String> {
         self.change.sequence_number.clone()
     }

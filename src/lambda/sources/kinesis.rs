@@ -1,7 +1,7 @@
 //! Kinesis: the key policy, the batch record (a partition key orders its records) and the
 //! partial-batch response.
 
-use aws_lambda_events::event::kinesis::KinesisEventRecord;
+use aws_lambda_events::event::kinesis::{KinesisEvent, KinesisEventRecord};
 use aws_lambda_events::event::streams::{KinesisBatchItemFailure, KinesisEventResponse};
 
 use super::to_json;
@@ -22,6 +22,17 @@ pub fn kinesis() -> KeyPolicy<KinesisEventRecord> {
 }
 
 impl BatchRecord for KinesisEventRecord {
+    type Event = KinesisEvent;
+    type Response = KinesisEventResponse;
+
+    fn records(event: KinesisEvent) -> Vec<Self> {
+        event.records
+    }
+
+    fn response(report: &BatchReport) -> KinesisEventResponse {
+        report.kinesis_response()
+    }
+
     fn item_identifier(&self) -> Option<String> {
         Some(self.kinesis.sequence_number.clone())
     }

@@ -13,7 +13,7 @@
 //! | SQS ([`sqs_message_id`]) | `messageId` (a republish gets a new id: opt in) | body |
 //! | SNS ([`sns`]) | `MessageId` | message |
 //! | EventBridge ([`eventbridge`], [`eventbridge_detail`]) | `id`, or a `detail` field | detail |
-//! | API Gateway HTTP/REST ([`http_api`], [`rest_api`]) | caller + `Idempotency-Key` header | method, path, query, content type, body |
+//! | HTTP: API Gateway REST/HTTP, Function URLs, ALB ([`http()`]) | caller + `Idempotency-Key` header | method, path, sorted query, content type, body bytes |
 //! | DynamoDB Streams ([`dynamodb_stream`]) | `eventID` | keys and new image |
 //! | Kinesis ([`kinesis`]) | shard sequence number (`eventID`) | data |
 //! | S3 ([`s3`]) | bucket, key, version, sequencer | the same, with size and ETag |
@@ -30,9 +30,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-mod apigw;
 mod dynamodb;
 mod eventbridge;
+mod http;
 mod kinesis;
 mod s3;
 mod sns;
@@ -41,10 +41,9 @@ mod sqs;
 use serde::Serialize;
 use serde_json::Value;
 
-pub(crate) use apigw::http_api_shared as apigw_shared_policy;
-pub use apigw::{IDEMPOTENCY_KEY_HEADER, http_api, rest_api};
 pub use dynamodb::dynamodb_stream;
 pub use eventbridge::{eventbridge, eventbridge_detail};
+pub use http::http;
 pub use kinesis::kinesis;
 pub use s3::s3;
 pub use sns::sns;

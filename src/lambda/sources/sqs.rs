@@ -1,7 +1,7 @@
 //! SQS: the key policies, the batch record (a FIFO message group orders its messages) and the
 //! partial-batch response.
 
-use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsMessage};
+use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
 use serde_json::Value;
 
 use super::body_json;
@@ -41,6 +41,17 @@ pub fn sqs_message_id() -> KeyPolicy<SqsMessage> {
 }
 
 impl BatchRecord for SqsMessage {
+    type Event = SqsEvent;
+    type Response = SqsBatchResponse;
+
+    fn records(event: SqsEvent) -> Vec<Self> {
+        event.records
+    }
+
+    fn response(report: &BatchReport) -> SqsBatchResponse {
+        report.sqs_response()
+    }
+
     fn item_identifier(&self) -> Option<String> {
         self.message_id.clone()
     }

@@ -128,9 +128,9 @@ impl DynamoDbStore {
     ///
     /// ```no_run
     /// # async fn build() -> Result<(), lambda_idempotency::ConfigError> {
-    /// use lambda_idempotency::{Config, DynamoDbStore, Idempotency};
+    /// use lambda_idempotency::{DynamoDbStore, Idempotency};
     ///
-    /// let idem = Idempotency::new(DynamoDbStore::for_lambda()?, Config::default());
+    /// let idem = Idempotency::new(DynamoDbStore::for_lambda()?);
     /// # let _ = idem; Ok(()) }
     /// ```
     ///

@@ -126,7 +126,7 @@ pub(super) struct World<S> {
     pub(super) clock: ManualClock,
     sweep: Sweeper,
     pub(super) store: FaultyStore<S>,
-    workers: Vec<(Idempotency<FaultyStore<S>>, Profile)>,
+    workers: Vec<(Idempotency, Profile)>,
     specs: Vec<Spec>,
     pub(super) shared: Shared,
     retention: Duration,
@@ -172,7 +172,8 @@ impl<S: Store + Clone> World<S> {
                     },
                 };
                 let counted = Arc::clone(&takeovers);
-                let idem = Idempotency::new(store.clone(), config.clone())
+                let idem = Idempotency::new(store.clone())
+                    .with_config(config.clone())
                     .with_clock(Skewed::of(&fixture.clock, worker))
                     .with_recovery(profile.recovery)
                     .with_observer(move |observation: &Observation<'_>| {

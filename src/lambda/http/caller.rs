@@ -40,7 +40,7 @@ pub(crate) fn principal(request: &Request) -> Option<String> {
 /// An HTTP API's (and a Function URL's) caller: JWT `iss` and `sub`, the IAM caller (with its
 /// Cognito identity, when it signs in through an identity pool), or a Lambda authorizer's
 /// `principalId`.
-pub(crate) fn principal_v2(context: &ApiGatewayV2httpRequestContext) -> Option<String> {
+fn principal_v2(context: &ApiGatewayV2httpRequestContext) -> Option<String> {
     let authorizer = context.authorizer.as_ref()?;
     if let Some(jwt) = &authorizer.jwt
         && let Some(sub) = jwt.claims.get("sub").and_then(|sub| present(sub))
@@ -64,7 +64,7 @@ pub(crate) fn principal_v2(context: &ApiGatewayV2httpRequestContext) -> Option<S
 
 /// A REST API's caller: Cognito claims, a Lambda authorizer's `principalId`, the IAM caller
 /// (with its Cognito identity), or the API key id.
-pub(crate) fn principal_v1(context: &ApiGatewayProxyRequestContext) -> Option<String> {
+fn principal_v1(context: &ApiGatewayProxyRequestContext) -> Option<String> {
     let fields = &context.authorizer.fields;
     if let Some(claims) = fields.get("claims")
         && let Some(sub) = claims.get("sub").and_then(text)

@@ -16,32 +16,26 @@
 //! acknowledge it with an error log, so that one record does not stall the shard.
 //!
 //! ```no_run
-//! use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
-//! use lambda_idempotency::lambda::batch::BatchProcessor;
+//! use aws_lambda_events::event::sqs::SqsMessage;
 //! use lambda_idempotency::lambda::sources;
-//! use lambda_idempotency::store::DynamoDbStore;
-//! use lambda_idempotency::{Config, ExecutionContext, Idempotency, OperationScope};
-//! use lambda_runtime::LambdaEvent;
+//! use lambda_idempotency::{ExecutionContext, Idempotency};
 //!
 //! async fn place_order(message: SqsMessage, ctx: ExecutionContext) -> Result<String, lambda_runtime::Error> {
 //!     Ok(format!("placed (attempt {})", ctx.attempt()))
 //! }
 //!
-//! async fn handler(
-//!     processor: &BatchProcessor<SqsMessage>,
-//!     event: LambdaEvent<SqsEvent>,
-//! ) -> Result<SqsBatchResponse, lambda_runtime::Error> {
-//!     let (batch, context) = event.into_parts();
-//!     let report = processor.process(batch.records, &context, place_order).await;
-//!     Ok(report.sqs_response())
+//! #[tokio::main]
+//! async fn main() -> Result<(), lambda_runtime::Error> {
+//!     let idem = Idempotency::from_env().await?;
+//!     let orders = idem.operation("orders", sources::sqs(Some("/order_id"))?)?.batch();
+//!     // A service over `SqsEvent` answering `SqsBatchResponse`; `orders.process(..)` gives
+//!     // the report of each record instead.
+//!     lambda_runtime::run(orders.service(place_order)).await
 //! }
-//! # async fn build() -> Result<BatchProcessor<SqsMessage>, Box<dyn std::error::Error>> {
-//! let idem = Idempotency::new(DynamoDbStore::from_env().await?.into(), Config::default());
-//! Ok(BatchProcessor::new(idem, OperationScope::for_function("orders")?, sources::sqs(Some("/order_id"))?))
-//! # }
 //! ```
 
 use std::collections::HashMap;
+use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, SystemTime};
@@ -52,117 +46,77 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{error, warn};
 
-use super::operation::{LeasePolicy, Operation, deadline_of};
-use crate::engine::Idempotency;
+use serde::Serialize as SerializeResponse;
+
+pub use self::report::{BatchReport, PoisonPolicy, RecordOutcome};
+pub use self::service::BatchService;
+use super::operation::{Operation, deadline_of};
 use crate::error::{BoxError, Error};
 use crate::execution::{ExecutionContext, Invocation, Origin};
 use crate::failure::Panicked;
-use crate::key::{KeyPolicy, OperationScope};
-use crate::store::{AnyStore, Store};
 
-/// A record of a batch event.
-pub trait BatchRecord: Send {
+mod report;
+mod service;
+
+/// A record of a batch event, and the event and partial-batch response of its source.
+pub trait BatchRecord: Send + Sized {
+    /// The batch event Lambda delivers (`SqsEvent`, `KinesisEvent`, `Event` of DynamoDB
+    /// Streams).
+    type Event: Send;
+    /// The partial-batch response Lambda reads (`SqsBatchResponse`, …).
+    type Response: SerializeResponse + Send;
+    /// The event's records, in order.
+    fn records(event: Self::Event) -> Vec<Self>;
+    /// The partial-batch response for `report`: the records Lambda must deliver again.
+    fn response(report: &BatchReport) -> Self::Response;
     /// The identifier Lambda expects in `batchItemFailures`.
     fn item_identifier(&self) -> Option<String>;
     /// Records of one group run in order, one at a time; `None`: independent.
     fn ordering_group(&self) -> Option<String>;
     /// What to do with a record that can never succeed, unless the processor says otherwise
     /// ([`BatchProcessor::with_poison_policy`]): retry it by default.
-    fn default_poison_policy() -> PoisonPolicy
-    where
-        Self: Sized,
-    {
+    fn default_poison_policy() -> PoisonPolicy {
         PoisonPolicy::Retry
     }
 }
 
-/// What a batch does with a record that can never succeed ([`Error::is_permanent`]): a
-/// payload conflict, a retained terminal failure, an oversized outcome, an unreadable event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum PoisonPolicy {
-    /// Report it failed: the source delivers it again until its redrive policy moves it to a
-    /// dead-letter queue. The default for SQS, where a DLQ ends the retries (configure one: a
-    /// FIFO group waits behind a failing message until it moves).
-    Retry,
-    /// Acknowledge it, logged at error level with its key hash and error kind, and reported as
-    /// [`RecordOutcome::Poison`]: the stream moves on instead of retrying the shard or the
-    /// stream from that record until it expires. The default for Kinesis and DynamoDB Streams.
-    Acknowledge,
-}
-
-/// What became of one record.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum RecordOutcome {
-    /// The handler ran and its result was stored.
-    Executed,
-    /// An earlier delivery's result was replayed, or a takeover's reconciler found the effect.
-    AlreadyDone,
-    /// The record failed (handler error, in progress elsewhere, conflict, store error).
-    Failed(Error),
-    /// Not run: an earlier record of its ordering group failed.
-    Skipped,
-    /// Not started: too close to the invocation's deadline
-    /// ([`BatchProcessor::with_deadline_margin`]).
-    NotStarted,
-    /// It can never succeed, and the poison policy acknowledged it ([`PoisonPolicy::Acknowledge`]).
-    Poison(Error),
-}
-
-impl RecordOutcome {
-    /// Whether Lambda must deliver the record again.
-    pub fn is_failure(&self) -> bool {
-        matches!(self, Self::Failed(_) | Self::Skipped | Self::NotStarted)
-    }
-}
-
-/// Every record's identifier and outcome, in the batch's order.
-#[derive(Debug)]
-pub struct BatchReport {
-    /// `(item identifier, outcome)` per record.
-    pub records: Vec<(Option<String>, RecordOutcome)>,
-}
-
-impl BatchReport {
-    /// The identifiers of the records Lambda must deliver again (an unknown identifier is
-    /// reported empty, which makes Lambda retry the whole batch).
-    pub fn failed_identifiers(&self) -> Vec<String> {
-        self.records
-            .iter()
-            .filter(|(_, outcome)| outcome.is_failure())
-            .map(|(id, _)| id.clone().unwrap_or_default())
-            .collect()
-    }
-
-    /// One partial-batch failure entry per record Lambda must deliver again.
-    pub(crate) fn failures<T>(&self, failure: impl Fn(String) -> T) -> Vec<T> {
-        self.failed_identifiers().into_iter().map(failure).collect()
-    }
-}
-
-/// Runs each record of a batch as its own idempotent operation.
-pub struct BatchProcessor<R, S = AnyStore> {
-    operation: Operation<R, S>,
+/// Runs each record of a batch as its own idempotent operation; built from an [`Operation`]
+/// ([`Operation::batch`]).
+pub struct BatchProcessor<R> {
+    operation: Operation<R>,
     concurrency: Option<usize>,
     deadline_margin: Duration,
     poison: Option<PoisonPolicy>,
 }
 
-impl<R: BatchRecord, S: Store> BatchProcessor<R, S> {
+impl<R> fmt::Debug for BatchProcessor<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BatchProcessor")
+            .field("operation", &self.operation)
+            .field("concurrency", &self.concurrency)
+            .field("deadline_margin", &self.deadline_margin)
+            .field("poison", &self.poison)
+            .finish()
+    }
+}
+
+impl<R: BatchRecord> Operation<R> {
+    /// The processor for a batch source (SQS, Kinesis, DynamoDB Streams): each record is its
+    /// own run of this operation.
+    pub fn batch(self) -> BatchProcessor<R> {
+        BatchProcessor::new(self)
+    }
+}
+
+impl<R: BatchRecord> BatchProcessor<R> {
     /// The most records (or ordering groups) run at once by default: a whole batch runs in one
     /// wave up to this size.
     pub const MAX_DEFAULT_CONCURRENCY: usize = 64;
     /// Default time left before the deadline under which no record is started.
     pub const DEFAULT_DEADLINE_MARGIN: Duration = Duration::from_secs(2);
 
-    /// A processor deriving each record's operation from `policy` in `scope`.
-    pub fn new(idem: Idempotency<S>, scope: OperationScope, policy: KeyPolicy<R>) -> Self {
-        Self::from_operation(Operation::new(idem, scope, policy))
-    }
-
     /// A processor running each record as `operation`.
-    pub fn from_operation(operation: Operation<R, S>) -> Self {
+    pub fn new(operation: Operation<R>) -> Self {
         Self {
             operation,
             concurrency: None,
@@ -190,12 +144,6 @@ impl<R: BatchRecord, S: Store> BatchProcessor<R, S> {
     /// the whole batch runs at once, up to [`Self::MAX_DEFAULT_CONCURRENCY`].
     pub fn with_concurrency(mut self, concurrency: usize) -> Self {
         self.concurrency = Some(concurrency.max(1));
-        self
-    }
-
-    /// Overrides the lease policy.
-    pub fn with_lease_policy(mut self, lease: LeasePolicy) -> Self {
-        self.operation.lease = lease;
         self
     }
 

@@ -43,6 +43,12 @@ impl ErrorAnswer {
                 "send an Idempotency-Key header with a unique value per operation",
                 None,
             ),
+            ErrorKind::CallerUnidentified => (
+                401,
+                "caller_unidentified",
+                "idempotency keys are kept per caller: authenticate the request",
+                None,
+            ),
             ErrorKind::InvalidEvent => (
                 400,
                 "invalid_request",
@@ -136,16 +142,6 @@ impl ErrorAnswer {
             code,
             message,
             retry_after,
-        }
-    }
-
-    /// The answer to a request that names no caller where keys are scoped to callers.
-    pub(crate) fn caller_unidentified() -> Self {
-        Self {
-            status: 401,
-            code: "caller_unidentified",
-            message: "idempotency keys are kept per caller: authenticate the request",
-            retry_after: None,
         }
     }
 

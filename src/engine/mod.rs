@@ -1,0 +1,458 @@
+//! The one state machine: claim → (take over → reconcile) → run → complete, release or retain.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use lambda_idempotency::{Fingerprint, Idempotency, Invocation, OperationKey, OperationScope};
+//! use lambda_idempotency::store::MemoryStore;
+//!
+//! let idem = Idempotency::new(MemoryStore::new());
+//! let scope = OperationScope::new("shop", "charge")?;
+//! let key = OperationKey::derive(&scope, None, "order-418")?;
+//! let invocation = Invocation::new(key, Fingerprint::of(&42)?, Duration::from_secs(30));
+//!
+//! let first = idem.execute(&invocation, |_ctx| async { Ok::<_, std::io::Error>(42_u32) }).await?;
+//! let again = idem.execute(&invocation, |_ctx| async { Ok::<_, std::io::Error>(0_u32) }).await?;
+//! assert!(!first.is_replay());
+//! assert!(again.is_replay());
+//! assert_eq!(*again.value(), 42); // the stored outcome, the handler did not run
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use futures_util::FutureExt;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tracing::{Instrument, info_span, warn};
+
+use self::answer::answer_existing;
+use self::give_back::GiveBack;
+pub use self::operator::{Operator, Resolution};
+use self::settle::settle_patience;
+use self::single_flight::SingleFlight;
+use crate::clock::{Clock, SystemClock};
+use crate::config::Config;
+use crate::error::{BoxError, ConfigError, Error};
+use crate::execution::{Execution, ExecutionContext, Invocation, Origin};
+use crate::failure::{Classifier, DefaultClassifier};
+use crate::key::{KeyPolicy, OperationKey, OperationScope};
+use crate::lambda::Operation;
+use crate::observe::{self, Decision, NoObserver, Observation, Observer};
+use crate::reconcile::{BoxFuture, Reconciler, Recovery};
+use crate::record::Record;
+use crate::store::{AnyStore, DynamoDbStore, Guard, Store, Target};
+
+mod answer;
+mod claim;
+mod earlier_key;
+mod give_back;
+mod operator;
+mod reconcile;
+mod retry;
+mod settle;
+mod single_flight;
+
+/// How long an INDETERMINATE record is kept: it waits for an operator.
+const INDETERMINATE_RETENTION: Duration = Duration::from_secs(366 * 24 * 3600);
+/// How long a claim given back by a panicking or cancelled handler still holds, so that what
+/// the handler left in flight lands before a takeover's reconciler looks.
+const GIVE_BACK_GRACE: Duration = Duration::from_secs(5);
+
+/// The idempotency engine over a store; cheap to clone, safe to share across tasks.
+///
+/// The store is erased once, here ([`AnyStore`]): no type a door or a user names carries it.
+#[derive(Clone)]
+pub struct Idempotency {
+    store: AnyStore,
+    clock: Arc<dyn Clock>,
+    config: Config,
+    classifier: Arc<dyn Classifier>,
+    reconciler: Option<Arc<dyn Reconciler>>,
+    recovery: Recovery,
+    observer: Arc<dyn Observer>,
+    single_flight: Option<Arc<SingleFlight>>,
+}
+
+impl fmt::Debug for Idempotency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("store", &self.store)
+            .field("clock", &self.clock)
+            .field("config", &self.config)
+            .field("reconciler", &self.reconciler.is_some())
+            .field("recovery", &self.recovery)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Idempotency {
+    /// An engine over `store` with the default [`Config`] (24 h retention, 6 MiB outcomes),
+    /// reading the system clock; handler errors are classified by the [`DefaultClassifier`],
+    /// and a takeover of a crashed attempt re-runs the handler ([`Recovery::Rerun`]) unless a
+    /// reconciler is set. The store is boxed once ([`AnyStore`]; an `AnyStore` is taken as it
+    /// is).
+    ///
+    /// In a build whose panics abort (`panic = "abort"`), it warns once: a panicking handler's
+    /// claim is then held for its whole lease instead of being given back.
+    ///
+    /// ```
+    /// use lambda_idempotency::Idempotency;
+    /// use lambda_idempotency::store::MemoryStore;
+    ///
+    /// let idem = Idempotency::new(MemoryStore::new()); // DynamoDB: Idempotency::from_env().await?
+    /// # let _ = idem;
+    /// ```
+    pub fn new(store: impl Store) -> Self {
+        give_back::warn_once_if_panics_abort();
+        Self {
+            store: AnyStore::new(store),
+            clock: Arc::new(SystemClock),
+            config: Config::default(),
+            classifier: Arc::new(DefaultClassifier),
+            reconciler: None,
+            recovery: Recovery::default(),
+            observer: Arc::new(NoObserver),
+            single_flight: None,
+        }
+    }
+
+    /// An engine over the DynamoDB tables the environment names
+    /// ([`DynamoDbStore::from_env`]: `IDEMPOTENCY_TABLE`, optionally `UNIQUENESS_TABLE` and
+    /// `DYNAMODB_ENDPOINT`), with the default [`Config`].
+    ///
+    /// # Errors
+    /// [`ConfigError`] when `IDEMPOTENCY_TABLE` is unset.
+    pub async fn from_env() -> Result<Self, ConfigError> {
+        Ok(Self::new(DynamoDbStore::from_env().await?))
+    }
+
+    /// Uses `config` (retention, outcome size limit) instead of the default.
+    pub fn with_config(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The operation `name` of this function, keyed by `policy`: its scope is
+    /// [`OperationScope::for_function`]`(name)` (the function's namespace, the operation's
+    /// name). Every door is built from it (`.layer()`, `.batch()`, `.http_layer()`).
+    ///
+    /// # Errors
+    /// [`ConfigError`] for a name that is empty, too long, or starts with `t=`.
+    pub fn operation<E>(
+        &self,
+        name: &str,
+        policy: KeyPolicy<E>,
+    ) -> Result<Operation<E>, ConfigError> {
+        Ok(Operation::new(
+            self.clone(),
+            OperationScope::for_function(name)?,
+            policy,
+        ))
+    }
+
+    /// Single flight: concurrent callers of one operation key through this engine (and its
+    /// clones) take turns, each waiting at most its lease, so that a copy replays the first
+    /// one's outcome instead of failing with [`Error::AlreadyInProgress`]. For many invocations
+    /// in one process (`lambda_runtime::run_concurrent`, concurrent batches). Callers in other
+    /// processes still meet the store's live lease.
+    pub fn with_single_flight(mut self) -> Self {
+        self.single_flight = Some(Arc::default());
+        self
+    }
+
+    /// Reports every decision and the claim and completion latencies to `observer`
+    /// ([`crate::observe`]).
+    pub fn with_observer(mut self, observer: impl Observer + 'static) -> Self {
+        self.observer = Arc::new(observer);
+        self
+    }
+
+    /// Reads time from `clock` instead (tests inject a [`crate::clock::ManualClock`]).
+    pub fn with_clock(mut self, clock: impl Clock + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Classifies handler errors with `classifier` ([`crate::failure`]).
+    pub fn with_classifier(mut self, classifier: impl Classifier + 'static) -> Self {
+        self.classifier = Arc::new(classifier);
+        self
+    }
+
+    /// Asks `reconciler` before a takeover re-runs a crashed attempt ([`crate::reconcile`]).
+    pub fn with_reconciler(mut self, reconciler: impl Reconciler + 'static) -> Self {
+        self.reconciler = Some(Arc::new(reconciler));
+        self
+    }
+
+    /// What a takeover of a crashed attempt does when no reconciler is set ([`Recovery`]):
+    /// re-run the handler (the default, for handlers safe to repeat) or hold the operation
+    /// INDETERMINATE for an operator.
+    ///
+    /// ```
+    /// use lambda_idempotency::reconcile::Recovery;
+    /// use lambda_idempotency::store::MemoryStore;
+    /// use lambda_idempotency::Idempotency;
+    ///
+    /// // A handler whose effects do not deduplicate: never re-run it blind.
+    /// let idem = Idempotency::new(MemoryStore::new())
+    ///     .with_recovery(Recovery::Indeterminate);
+    /// # let _ = idem;
+    /// ```
+    pub fn with_recovery(mut self, recovery: Recovery) -> Self {
+        self.recovery = recovery;
+        self
+    }
+
+    /// The store, erased ([`AnyStore`] implements [`Store`]).
+    pub fn store(&self) -> &AnyStore {
+        &self.store
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The current time, from the engine's clock.
+    pub fn now(&self) -> SystemTime {
+        self.clock.now()
+    }
+
+    /// Runs `handler` at most once per operation, or answers from the stored record.
+    ///
+    /// - first time: claims the key, runs the handler, stores the serialized result;
+    /// - completed before (same fingerprint): returns the stored result, handler not run;
+    /// - another fingerprint under the key: [`Error::PayloadConflict`];
+    /// - a live claim elsewhere: [`Error::AlreadyInProgress`];
+    /// - a claim whose lease ran out: taken over; the reconciler (if any) is asked, else the
+    ///   recovery policy decides: by default the handler runs as the next attempt;
+    /// - the handler fails: retryable → the claim is released; terminal → the failure is
+    ///   retained and replayed ([`Error::Failed`]); either way the caller gets [`Error::Handler`];
+    /// - the record expired but the business identity's evidence stands:
+    ///   [`Error::KeyExpiredConflict`];
+    /// - the lease was taken over meanwhile: [`Error::LeaseLost`], nothing overwritten.
+    pub async fn execute<T, E, F, Fut>(
+        &self,
+        invocation: &Invocation,
+        handler: F,
+    ) -> Result<Execution<T>, Error>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Into<BoxError>,
+        F: FnOnce(ExecutionContext) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let span = info_span!(
+            "idempotency.execute",
+            operation = invocation.key.operation(),
+            key = invocation.key.short(),
+            request_id = invocation.request_id.as_deref(),
+            message_id = invocation.message_id.as_deref(),
+            attempt = tracing::field::Empty,
+        );
+        let answer = match &self.single_flight {
+            Some(flight) => {
+                let entered = Instant::now();
+                let patience = invocation.lease;
+                flight
+                    .in_turn(&invocation.key, patience, async {
+                        // The lease counts from the invocation's deadline: time spent waiting
+                        // for the turn comes off it.
+                        let mut invocation = invocation.clone();
+                        invocation.lease = invocation.lease.saturating_sub(entered.elapsed());
+                        Box::pin(self.run(&invocation, handler)).await
+                    })
+                    .instrument(span)
+                    .await
+            }
+            // Boxed: the engine's future is deep (claim, retries, SDK requests), and a caller's
+            // own future around it must not hit the compiler's layout depth limit.
+            None => {
+                Box::pin(self.run(invocation, handler))
+                    .instrument(span)
+                    .await
+            }
+        };
+        let operation = invocation.key.operation();
+        for decision in Decision::of(&answer) {
+            self.observer.observe(&Observation::Decision {
+                operation,
+                decision,
+            });
+        }
+        answer
+    }
+
+    fn observe_latency(&self, key: &OperationKey, step: observe::Step, started: Instant) {
+        self.observer.observe(&Observation::Latency {
+            operation: key.operation(),
+            step,
+            elapsed: started.elapsed(),
+        });
+    }
+
+    async fn run<T, E, F, Fut>(
+        &self,
+        invocation: &Invocation,
+        handler: F,
+    ) -> Result<Execution<T>, Error>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Into<BoxError>,
+        F: FnOnce(ExecutionContext) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let now = self.clock.now();
+        let invocation = &*self.under_earlier_key(invocation, now).await?;
+        let key = &invocation.key;
+        let claim = self.new_claim(invocation, now);
+        let deadline = claim.lease.expires_at;
+        // Armed from the first write: a cancellation while claiming gives back what committed.
+        let mut give_back = GiveBack {
+            store: self.store.clone(),
+            clock: Arc::clone(&self.clock),
+            key: key.clone(),
+            token: claim.lease.token.clone(),
+            lease_expires_at: deadline,
+            armed: true,
+        };
+        let claiming = Instant::now();
+        let claimed = self.claim(&claim, invocation, now).await;
+        self.observe_latency(key, observe::Step::Claim, claiming);
+        let held = match claimed {
+            Ok(Step::Run(held)) => {
+                if let Held::TakenOver { .. } = held {
+                    self.observer.observe(&Observation::Decision {
+                        operation: key.operation(),
+                        decision: Decision::Takeover,
+                    });
+                }
+                held
+            }
+            Ok(Step::Answer(existing)) => {
+                give_back.disarm();
+                return answer_existing(*existing, invocation, now);
+            }
+            Err(err) => {
+                give_back.disarm();
+                return Err(err);
+            }
+        };
+        // Every write from here settles the identity the operation recorded at its claim,
+        // whatever this deployment declares.
+        let identity = held.identity(&claim).map(str::to_owned);
+        if identity != claim.identity {
+            warn!(
+                "this deployment declares another business identity than the operation recorded when it was claimed: the recorded one is kept"
+            );
+        }
+        let target = Target {
+            key,
+            identity: identity.as_deref(),
+            guard: Guard::Lease(&claim.lease.token),
+        };
+        let answer = self
+            .run_held(target, invocation, &claim, held, handler)
+            .await;
+        give_back.disarm();
+        match answer {
+            Ok(answer) => answer,
+            Err(panic) => {
+                warn!("the handler panicked: its claim is given back for a reconciled takeover");
+                let _ = self.shorten(target, deadline).await;
+                std::panic::resume_unwind(panic)
+            }
+        }
+    }
+
+    /// Runs the handler (or reconciles) under a held lease; `Err` is the handler's panic.
+    async fn run_held<T, E, F, Fut>(
+        &self,
+        target: Target<'_>,
+        invocation: &Invocation,
+        claim: &Record,
+        held: Held,
+        handler: F,
+    ) -> std::thread::Result<Result<Execution<T>, Error>>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Into<BoxError>,
+        F: FnOnce(ExecutionContext) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let attempt = match held {
+            Held::Fresh => 1,
+            Held::TakenOver { attempt, previous } => {
+                if let Some(answer) = self
+                    .reconcile(target, invocation, claim, attempt, *previous)
+                    .await
+                {
+                    return Ok(answer);
+                }
+                attempt
+            }
+        };
+        tracing::Span::current().record("attempt", attempt);
+        let context = ExecutionContext {
+            key: invocation.key.clone(),
+            attempt,
+        };
+        let ran = AssertUnwindSafe(handler(context)).catch_unwind().await?;
+        Ok(match ran {
+            Ok(value) => {
+                let origin = Origin::Executed { attempt };
+                self.record(target, invocation, claim, value, origin, attempt)
+                    .await
+            }
+            Err(err) => self
+                .fail(
+                    target,
+                    attempt,
+                    err.into(),
+                    settle_patience(invocation, claim, self.clock.now()),
+                )
+                .await
+                .and_then(Err),
+        })
+    }
+}
+
+/// What a claim leads to.
+enum Step {
+    /// The caller holds the lease: run (or reconcile).
+    Run(Held),
+    /// Another record stands: answer from it (replay, retained failure, wait).
+    Answer(Box<Record>),
+}
+
+/// How the caller came to hold the lease.
+enum Held {
+    /// A fresh claim: attempt 1.
+    Fresh,
+    /// A takeover of a crashed attempt (or the adoption of its orphaned evidence).
+    TakenOver { attempt: u32, previous: Box<Record> },
+}
+
+impl Held {
+    /// The business identity (its evidence key) of the operation held: what `claim` wrote for a
+    /// fresh claim, what the crashed attempt's record holds for a takeover.
+    fn identity<'a>(&'a self, claim: &'a Record) -> Option<&'a str> {
+        match self {
+            Self::Fresh => claim.identity.as_deref(),
+            Self::TakenOver { previous, .. } => previous.identity.as_deref(),
+        }
+    }
+}
+
+/// Erases a store future's type: the auto-trait checks of deeply nested SDK futures then
+/// happen once, here, instead of in every caller's crate (where they overflow the default
+/// recursion limit).
+fn erased<'a, T>(future: impl Future<Output = T> + Send + 'a) -> BoxFuture<'a, T> {
+    Box::pin(future)
+}

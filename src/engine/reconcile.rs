@@ -1,0 +1,96 @@
+//! After a takeover: the reconciler, else the recovery policy; holding an operation
+//! INDETERMINATE for an operator.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tracing::warn;
+
+use super::settle::settle_patience;
+use super::{INDETERMINATE_RETENTION, Idempotency};
+use crate::error::Error;
+use crate::execution::{Execution, Invocation, Origin};
+use crate::reconcile::{Reconciliation, Recovery, Takeover};
+use crate::record::{Record, Settlement, Status};
+use crate::store::Target;
+
+impl Idempotency {
+    /// Asks the reconciler about the attempt taken over, or, without one, follows the
+    /// recovery policy. `None`: run the handler.
+    pub(super) async fn reconcile<T: Serialize + DeserializeOwned>(
+        &self,
+        target: Target<'_>,
+        invocation: &Invocation,
+        claim: &Record,
+        attempt: u32,
+        previous: Record,
+    ) -> Option<Result<Execution<T>, Error>> {
+        let Some(reconciler) = self.reconciler.as_ref() else {
+            return match self.recovery {
+                Recovery::Rerun => None,
+                Recovery::Indeterminate => {
+                    warn!(
+                        attempt,
+                        "took over a crashed attempt with no reconciler: held as indeterminate (Recovery::Indeterminate)"
+                    );
+                    Some(self.hold(target, invocation, claim, attempt).await)
+                }
+            };
+        };
+        let key = &invocation.key;
+        let takeover = Takeover {
+            key: key.clone(),
+            attempt,
+            previous,
+        };
+        let answer = match reconciler.reconcile(takeover).await {
+            Ok(Reconciliation::NotApplied) => return None,
+            Ok(Reconciliation::Applied(value)) => match serde_json::from_value::<T>(value) {
+                Ok(value) => {
+                    let origin = Origin::Reconciled { attempt };
+                    self.record(target, invocation, claim, value, origin, attempt)
+                        .await
+                }
+                Err(err) => Err(Error::OutcomeMismatch {
+                    key: key.clone(),
+                    reason: err.to_string(),
+                }),
+            },
+            Ok(Reconciliation::Unknown) => {
+                warn!(
+                    attempt,
+                    "reconciliation unknown: holding the operation as indeterminate"
+                );
+                self.hold(target, invocation, claim, attempt).await
+            }
+            Err(source) => Err(Error::ReconcileFailed {
+                key: key.clone(),
+                source,
+            }),
+        };
+        Some(answer)
+    }
+
+    /// Holds the operation INDETERMINATE for an operator; the caller's answer.
+    pub(super) async fn hold<T>(
+        &self,
+        target: Target<'_>,
+        invocation: &Invocation,
+        claim: &Record,
+        attempt: u32,
+    ) -> Result<Execution<T>, Error> {
+        let now = self.clock.now();
+        let settlement = Settlement {
+            status: Status::Indeterminate,
+            outcome: None,
+            result_ref: None,
+            expires_at: now + INDETERMINATE_RETENTION,
+            completed_at: now,
+            audit: None,
+        };
+        let patience = settle_patience(invocation, claim, now);
+        self.settle(target, attempt, &settlement, patience).await?;
+        Err(Error::Indeterminate {
+            key: invocation.key.clone(),
+        })
+    }
+}

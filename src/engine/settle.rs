@@ -1,0 +1,246 @@
+//! Settling a held claim: the outcome stored, a failure released or retained, a claim given
+//! back; each a fenced write retried with patience.
+
+use std::time::{Instant, SystemTime};
+
+use serde::Serialize;
+use serde_json::value::RawValue;
+use tracing::{debug, warn};
+
+use super::retry::Patience;
+use super::{GIVE_BACK_GRACE, Idempotency, answer};
+use crate::error::{BoxError, Error, StoreError};
+use crate::execution::{Execution, Invocation, Origin};
+use crate::failure::{FailureClass, Release};
+use crate::observe::{self};
+use crate::record::{Record, RetainedFailure, Settlement, Status, epoch_millis};
+use crate::store::{Fence, Guard, Store, Target};
+
+impl Idempotency {
+    /// Records `value` (the handler's, or the reconciler's for it) as the operation's outcome.
+    pub(super) async fn record<T: Serialize>(
+        &self,
+        target: Target<'_>,
+        invocation: &Invocation,
+        claim: &Record,
+        value: T,
+        origin: Origin,
+        attempt: u32,
+    ) -> Result<Execution<T>, Error> {
+        let serialized = serde_json::value::to_raw_value(&value);
+        let raw = self
+            .complete(target, invocation, claim, attempt, serialized)
+            .await?;
+        Ok(Execution { value, raw, origin })
+    }
+
+    /// Stores a result as COMPLETED; one that cannot be stored is retained as FAILED instead
+    /// (the effect happened: it must not run again) and returned as the error.
+    pub(super) async fn complete(
+        &self,
+        target: Target<'_>,
+        invocation: &Invocation,
+        claim: &Record,
+        attempt: u32,
+        serialized: serde_json::Result<Box<RawValue>>,
+    ) -> Result<Box<RawValue>, Error> {
+        let key = target.key;
+        let now = self.clock.now();
+        let patience = settle_patience(invocation, claim, now);
+        let unstorable = match serialized {
+            Ok(raw) => {
+                let settlement = Settlement {
+                    status: Status::Completed,
+                    outcome: Some(raw.get().as_bytes().to_vec()),
+                    result_ref: answer::result_ref(invocation, &raw),
+                    expires_at: now + self.config.retention(),
+                    completed_at: now,
+                    audit: None,
+                };
+                let limit = self.config.max_outcome_bytes();
+                if raw.get().len() <= limit {
+                    let completing = Instant::now();
+                    let settled = self.settle(target, attempt, &settlement, patience).await;
+                    self.observe_latency(key, observe::Step::Completion, completing);
+                    match settled {
+                        Err(Error::Store(StoreError::Rejected { message, .. })) => {
+                            warn!(attempt, "the store rejected the outcome after the effect");
+                            self.retain(target, attempt, "outcome_unstorable", message, patience)
+                                .await?;
+                            return Err(Error::OutcomeTooLarge {
+                                key: key.clone(),
+                                size: raw.get().len(),
+                                limit,
+                            });
+                        }
+                        settled => settled?,
+                    }
+                    debug!(attempt, "completed");
+                    return Ok(raw);
+                }
+                Error::OutcomeTooLarge {
+                    key: key.clone(),
+                    size: raw.get().len(),
+                    limit,
+                }
+            }
+            Err(err) => Error::InvalidEvent {
+                reason: format!("the handler's result does not serialize to JSON: {err}"),
+            },
+        };
+        let kind = match unstorable {
+            Error::OutcomeTooLarge { .. } => "outcome_too_large",
+            _ => "outcome_unserializable",
+        };
+        self.retain(target, attempt, kind, unstorable.to_string(), patience)
+            .await?;
+        Err(unstorable)
+    }
+
+    /// Handles a handler error by its class: release (retryable) or retain (terminal); the
+    /// error for the caller.
+    pub(super) async fn fail(
+        &self,
+        target: Target<'_>,
+        attempt: u32,
+        source: BoxError,
+        patience: Patience,
+    ) -> Result<Error, Error> {
+        let class = match Release::is(&*source) {
+            true => FailureClass::Retryable,
+            false => self.classifier.classify(&*source),
+        };
+        match class {
+            FailureClass::Retryable => {
+                let fence = self
+                    .retrying(patience, || self.store.release(target))
+                    .await?;
+                // Gone already: this release committed before its answer was lost.
+                if let Fence::Lost { current: Some(_) } = fence {
+                    warn!(attempt, "handler failed after its lease was taken over");
+                }
+            }
+            FailureClass::Terminal { kind } => {
+                warn!(attempt, kind, "terminal failure retained");
+                self.retain(target, attempt, &kind, source.to_string(), patience)
+                    .await?;
+            }
+        }
+        Ok(Error::Handler { source })
+    }
+
+    /// Records a terminal failure, replayed to every later caller.
+    pub(super) async fn retain(
+        &self,
+        target: Target<'_>,
+        attempt: u32,
+        kind: &str,
+        message: String,
+        patience: Patience,
+    ) -> Result<(), Error> {
+        let failure = RetainedFailure {
+            kind: kind.to_owned(),
+            message,
+        };
+        let now = self.clock.now();
+        let settlement = Settlement {
+            status: Status::Failed,
+            outcome: Some(failure.to_json().into_bytes()),
+            result_ref: None,
+            expires_at: now + self.config.retention(),
+            completed_at: now,
+            audit: None,
+        };
+        self.settle(target, attempt, &settlement, patience).await
+    }
+
+    /// A fenced settlement, retried while transient; a lost fence is [`Error::LeaseLost`],
+    /// unless the record shows this very settlement (it committed before its answer was lost).
+    pub(super) async fn settle(
+        &self,
+        target: Target<'_>,
+        attempt: u32,
+        settlement: &Settlement,
+        patience: Patience,
+    ) -> Result<(), Error> {
+        let fence = self
+            .retrying(patience, || self.store.settle(target, settlement))
+            .await?;
+        match fence {
+            Fence::Held => Ok(()),
+            Fence::Lost {
+                current: Some(current),
+            } if shows_settlement(&current, target.guard, settlement) => {
+                debug!(
+                    attempt,
+                    "the settlement committed before its answer was lost"
+                );
+                Ok(())
+            }
+            Fence::Lost { current } => {
+                warn!(
+                    attempt,
+                    holder = current.map(|r| r.lease.attempt),
+                    "lease lost before settling"
+                );
+                Err(Error::LeaseLost {
+                    key: target.key.clone(),
+                    attempt,
+                })
+            }
+        }
+    }
+
+    /// Gives a held claim back: its lease runs out after a short grace (for what the handler
+    /// left in flight), never later than it would have.
+    pub(super) async fn shorten(
+        &self,
+        target: Target<'_>,
+        deadline: SystemTime,
+    ) -> Result<Fence, Error> {
+        let until = given_back_until(self.clock.now(), deadline);
+        Ok(self
+            .retrying(Patience::Brief(deadline), || {
+                self.store.shorten(target, until)
+            })
+            .await?)
+    }
+}
+
+/// How long a write after the handler ran (a settlement, a release) is retried: until the
+/// invocation's deadline, or the lease's end when sooner (or when there is no deadline), less
+/// [`retry::SETTLE_MARGIN`], each try cut at the deadline.
+pub(super) fn settle_patience(
+    invocation: &Invocation,
+    claim: &Record,
+    now: SystemTime,
+) -> Patience {
+    let lease_end = claim.lease.expires_at;
+    let end = invocation
+        .deadline
+        .map_or(lease_end, |deadline| deadline.min(lease_end));
+    Patience::until(end, invocation.deadline, now)
+}
+
+/// When a claim given back at `now` (a panic, a cancellation) may be taken over: after
+/// [`GIVE_BACK_GRACE`], for what the handler left in flight, and never later than its lease.
+pub(super) fn given_back_until(now: SystemTime, lease_expires_at: SystemTime) -> SystemTime {
+    (now + GIVE_BACK_GRACE).min(lease_expires_at)
+}
+
+/// Whether `current` is the record as `settlement` left it under `guard`.
+pub(super) fn shows_settlement(
+    current: &Record,
+    guard: Guard<'_>,
+    settlement: &Settlement,
+) -> bool {
+    let same_write = current.status == settlement.status
+        && current.outcome == settlement.outcome
+        && current.completed_at.map(epoch_millis) == Some(epoch_millis(settlement.completed_at));
+    match guard {
+        Guard::Lease(token) | Guard::Expired { token, .. } => {
+            same_write && current.lease.token == token
+        }
+        Guard::Indeterminate => same_write,
+    }
+}

@@ -1,0 +1,69 @@
+//! What a batch answers: each record's outcome, the poison policy that decides the outcome
+//! of a record that can never succeed, and the partial-batch failures.
+
+use crate::error::Error;
+
+/// What a batch does with a record that can never succeed ([`Error::is_permanent`]): a
+/// payload conflict, a retained terminal failure, an oversized outcome, an unreadable event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PoisonPolicy {
+    /// Report it failed: the source delivers it again until its redrive policy moves it to a
+    /// dead-letter queue. The default for SQS, where a DLQ ends the retries (configure one: a
+    /// FIFO group waits behind a failing message until it moves).
+    Retry,
+    /// Acknowledge it, logged at error level with its key hash and error kind, and reported as
+    /// [`RecordOutcome::Poison`]: the stream moves on instead of retrying the shard or the
+    /// stream from that record until it expires. The default for Kinesis and DynamoDB Streams.
+    Acknowledge,
+}
+
+/// What became of one record.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RecordOutcome {
+    /// The handler ran and its result was stored.
+    Executed,
+    /// An earlier delivery's result was replayed, or a takeover's reconciler found the effect.
+    AlreadyDone,
+    /// The record failed (handler error, in progress elsewhere, conflict, store error).
+    Failed(Error),
+    /// Not run: an earlier record of its ordering group failed.
+    Skipped,
+    /// Not started: too close to the invocation's deadline
+    /// ([`BatchProcessor::with_deadline_margin`]).
+    NotStarted,
+    /// It can never succeed, and the poison policy acknowledged it ([`PoisonPolicy::Acknowledge`]).
+    Poison(Error),
+}
+
+impl RecordOutcome {
+    /// Whether Lambda must deliver the record again.
+    pub fn is_failure(&self) -> bool {
+        matches!(self, Self::Failed(_) | Self::Skipped | Self::NotStarted)
+    }
+}
+
+/// Every record's identifier and outcome, in the batch's order.
+#[derive(Debug)]
+pub struct BatchReport {
+    /// `(item identifier, outcome)` per record.
+    pub records: Vec<(Option<String>, RecordOutcome)>,
+}
+
+impl BatchReport {
+    /// The identifiers of the records Lambda must deliver again (an unknown identifier is
+    /// reported empty, which makes Lambda retry the whole batch).
+    pub fn failed_identifiers(&self) -> Vec<String> {
+        self.records
+            .iter()
+            .filter(|(_, outcome)| outcome.is_failure())
+            .map(|(id, _)| id.clone().unwrap_or_default())
+            .collect()
+    }
+
+    /// One partial-batch failure entry per record Lambda must deliver again.
+    pub(crate) fn failures<T>(&self, failure: impl Fn(String) -> T) -> Vec<T> {
+        self.failed_identifiers().into_iter().map(failure).collect()
+    }
+}

@@ -1,0 +1,84 @@
+//! A batch processor as a tower `Service` over its source's event, answering the source's
+//! partial-batch response: `lambda_runtime::run(processor.service(handler))`.
+
+use std::convert::Infallible;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use lambda_runtime::LambdaEvent;
+use lambda_runtime::tower::Service;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::{BatchProcessor, BatchRecord};
+use crate::error::BoxError;
+use crate::execution::ExecutionContext;
+use crate::reconcile::BoxFuture;
+
+/// A batch handler made idempotent per record ([`BatchProcessor::service`]). It never fails:
+/// every record's failure is in the partial-batch response, so that Lambda delivers only those
+/// again.
+pub struct BatchService<R, F> {
+    processor: Arc<BatchProcessor<R>>,
+    handler: F,
+}
+
+impl<R: BatchRecord> BatchProcessor<R> {
+    /// The service that runs `handler` once per record's operation and answers the source's
+    /// partial-batch response ([`BatchRecord::response`]).
+    pub fn service<F>(self, handler: F) -> BatchService<R, F> {
+        BatchService {
+            processor: Arc::new(self),
+            handler,
+        }
+    }
+}
+
+impl<R, F: Clone> Clone for BatchService<R, F> {
+    fn clone(&self) -> Self {
+        Self {
+            processor: Arc::clone(&self.processor),
+            handler: self.handler.clone(),
+        }
+    }
+}
+
+impl<R, F> fmt::Debug for BatchService<R, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BatchService")
+            .field("processor", &self.processor)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R, F, Fut, T, E> Service<LambdaEvent<R::Event>> for BatchService<R, F>
+where
+    R: BatchRecord + 'static,
+    R::Event: 'static,
+    F: Fn(R, ExecutionContext) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<T, E>> + Send,
+    T: Serialize + DeserializeOwned + Send,
+    E: Into<BoxError> + Send,
+{
+    type Response = R::Response;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<R::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, event: LambdaEvent<R::Event>) -> Self::Future {
+        let processor = Arc::clone(&self.processor);
+        let handler = self.handler.clone();
+        Box::pin(async move {
+            let (batch, context) = event.into_parts();
+            let report = processor
+                .process(R::records(batch), &context, handler)
+                .await;
+            Ok(R::response(&report))
+        })
+    }
+}

@@ -1,0 +1,208 @@
+//! The one HTTP key derivation: a [`KeyPolicy`] over `lambda_http` requests. The key is the
+//! caller and the `Idempotency-Key` header; the fingerprint is the method, the path, the query
+//! (sorted by name), the content type and the exact body bytes.
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::header;
+use lambda_http::Request;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use super::caller::{self, CallerScope};
+use crate::error::Error;
+use crate::key::{KeyPolicy, Select};
+
+/// The HTTP header that carries the idempotency key (IETF draft).
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+/// The longest `Idempotency-Key` accepted, in bytes.
+pub const MAX_KEY_BYTES: usize = 255;
+
+/// Reads the caller's principal from a request.
+type PrincipalFn = dyn Fn(&Request) -> Option<String> + Send + Sync;
+
+/// How HTTP requests are keyed: whose keys they are ([`CallerScope`]) and how the caller is
+/// read. Turn it into the [`KeyPolicy`] of an operation with [`HttpKeys::policy`]
+/// ([`crate::lambda::sources::http`] is the default's).
+///
+/// ```
+/// use lambda_idempotency::lambda::http::{CallerScope, HttpKeys};
+///
+/// // ALB with OIDC authentication on the listener: it sets this header itself.
+/// let policy = HttpKeys::new()
+///     .with_principal(|request| request.headers().get("x-amzn-oidc-identity")?.to_str().ok().map(str::to_owned))
+///     .policy();
+/// // A public endpoint whose responses are not private to the caller:
+/// let public = HttpKeys::new().with_callers(CallerScope::PrincipalOrAnonymous).policy();
+/// # let _ = (policy, public);
+/// ```
+#[derive(Clone, Default)]
+pub struct HttpKeys {
+    callers: CallerScope,
+    principal: Option<Arc<PrincipalFn>>,
+}
+
+impl fmt::Debug for HttpKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpKeys")
+            .field("callers", &self.callers)
+            .field("principal", &self.principal.is_some())
+            .finish()
+    }
+}
+
+impl HttpKeys {
+    /// Keys per caller ([`CallerScope::Principal`]), the caller read from the authorizer.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whose operations a key names ([`CallerScope`]).
+    pub fn with_callers(mut self, callers: CallerScope) -> Self {
+        self.callers = callers;
+        self
+    }
+
+    /// Reads the caller's principal with `principal` instead of from the authorizer context:
+    /// for what the built-in reading cannot see (an HTTP API Lambda authorizer's simple
+    /// response, an ALB listener that authenticates with OIDC). Read only what the gateway
+    /// vouches for, never a header the client can set.
+    pub fn with_principal(
+        mut self,
+        principal: impl Fn(&Request) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.principal = Some(Arc::new(principal));
+        self
+    }
+
+    /// The key policy: add a tenant or a business identity with its builder methods.
+    pub fn policy(self) -> KeyPolicy<Request> {
+        KeyPolicy::from_selectors(self, Intent)
+    }
+
+    /// The caller part of the key; `Err` when the request must name a caller and does not.
+    fn caller(&self, request: &Request) -> Result<Option<String>, Error> {
+        let principal = match &self.principal {
+            Some(read) => read(request)
+                .filter(|principal| caller::present(principal).is_some())
+                .map(|principal| json!(["custom", principal]).to_string()),
+            None => caller::principal(request),
+        };
+        match (self.callers, principal) {
+            (CallerScope::Shared, _) => Ok(None),
+            (_, Some(principal)) => Ok(Some(principal)),
+            (CallerScope::PrincipalOrAnonymous, None) => Ok(Some("anonymous".to_owned())),
+            (CallerScope::Principal, None) => Err(Error::CallerUnidentified),
+        }
+    }
+}
+
+impl From<HttpKeys> for KeyPolicy<Request> {
+    fn from(keys: HttpKeys) -> Self {
+        keys.policy()
+    }
+}
+
+/// The key material: the caller and the `Idempotency-Key` (trimmed, 1 to 255 bytes). A
+/// request without the header has none ([`Error::MissingKey`]).
+impl Select<Request> for HttpKeys {
+    fn select(&self, request: &Request) -> Result<Option<Value>, Error> {
+        let key = request
+            .headers()
+            .get(IDEMPOTENCY_KEY_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .map(str::trim)
+            .filter(|value| !value.is_empty());
+        let Some(key) = key else {
+            return Ok(None);
+        };
+        if key.len() > MAX_KEY_BYTES {
+            return Err(Error::InvalidEvent {
+                reason: format!("the Idempotency-Key is over {MAX_KEY_BYTES} bytes"),
+            });
+        }
+        let caller = self.caller(request)?;
+        Ok(Some(json!({"caller": caller, "key": key})))
+    }
+}
+
+/// The intent: method, path, query (sorted by name), content type, and the SHA-256 of the
+/// exact body bytes.
+#[derive(Debug, Clone, Copy)]
+struct Intent;
+
+impl Select<Request> for Intent {
+    fn select(&self, request: &Request) -> Result<Option<Value>, Error> {
+        let content_type = request
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok());
+        Ok(Some(json!({
+            "method": request.method().as_str(),
+            "path": request.uri().path(),
+            "query": query_pairs(request.uri().query()),
+            "content_type": content_type,
+            "body_sha256": hex::encode(Sha256::digest(request.body().as_ref())),
+        })))
+    }
+}
+
+/// A query string's `(name, value)` pairs ordered by name, values of one name in their order:
+/// the same for a retry however the gateway rebuilt the string (REST and ALB requests come
+/// through a hash map).
+fn query_pairs(query: Option<&str>) -> Vec<(&str, &str)> {
+    let mut pairs: Vec<(&str, &str)> = query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
+        .collect();
+    pairs.sort_by(|a, b| a.0.cmp(b.0));
+    pairs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::{Fingerprint, OperationKey, OperationScope};
+
+    fn request() -> Request {
+        http::Request::builder()
+            .method("POST")
+            .uri("https://api.example/payments?b=2&a=1")
+            .header(IDEMPOTENCY_KEY_HEADER, " k-1 ")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(lambda_http::Body::Text(r#"{"amount": 10}"#.into()))
+            .unwrap_or_default()
+    }
+
+    /// Records 0.2's layer wrote are found again: the same key and fingerprint as it derived.
+    #[test]
+    fn keys_and_fingerprints_are_the_ones_0_2_derived() -> Result<(), Error> {
+        let scope = OperationScope::new("shop", "payments").map_err(|err| Error::InvalidEvent {
+            reason: err.to_string(),
+        })?;
+        let policy = HttpKeys::new().with_callers(CallerScope::Shared).policy();
+        let (key, fingerprint) = policy.derive(&scope, &request())?;
+        let before = OperationKey::derive(&scope, None, &json!({"caller": null, "key": "k-1"}))?;
+        let intent = json!({
+            "method": "POST",
+            "path": "/payments",
+            "query": [["a", "1"], ["b", "2"]],
+            "content_type": "application/json",
+            "body_sha256": hex::encode(Sha256::digest(br#"{"amount": 10}"#)),
+        });
+        assert_eq!(key, before);
+        assert_eq!(fingerprint, Fingerprint::of(&intent)?);
+        Ok(())
+    }
+
+    #[test]
+    fn a_request_without_a_principal_is_refused_by_variant() {
+        let scope = OperationScope::new("shop", "payments").ok();
+        let policy = HttpKeys::new().policy();
+        let refused = scope.map(|scope| policy.derive(&scope, &request()));
+        assert!(matches!(refused, Some(Err(Error::CallerUnidentified))));
+    }
+}

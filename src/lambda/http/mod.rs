@@ -1,0 +1,120 @@
+//! The HTTP contract: idempotent endpoints as a tower layer over `lambda_http` requests. It
+//! composes with `lambda_http::run` and with an axum `Router` served by `lambda_http`, so it
+//! covers API Gateway REST (v1) and HTTP (v2) APIs, Function URLs and ALB alike: `lambda_http`
+//! turns each of those events into the one request type, and one key derivation ([`HttpKeys`])
+//! reads it.
+//!
+//! `POST` and `PATCH` requests are keyed by their `Idempotency-Key` header (the IETF draft),
+//! **scoped to the caller** ([`CallerScope`]) and fingerprinted by method, path, sorted query,
+//! content type and exact body bytes; other methods pass through untouched.
+//!
+//! | situation | answer |
+//! |---|---|
+//! | first request | the handler's response; 2xx, 3xx and definitive 4xx are stored for replay |
+//! | 408, 409, 425, 429 or 5xx from the handler | passed through, not stored: the retry runs |
+//! | repeated request, same caller and payload | the first status, every header value (cookies, multi-value headers) and the exact body bytes, plus `Idempotent-Replayed: true` |
+//! | no `Idempotency-Key` header | 400 `missing_idempotency_key` |
+//! | no caller principal ([`CallerScope::Principal`]) | 401 `caller_unidentified` |
+//! | the original is still running | 409 `request_in_progress`, `Retry-After` |
+//! | same key, another method, path, query, content type or body | 422 `idempotency_key_reused` |
+//! | the operation failed terminally before | 409 `operation_previously_failed` |
+//! | the operation was applied but its response is too large to keep | the response, to this caller; 409 `operation_already_applied` to retries |
+//! | the store is unavailable | 503, `Retry-After` |
+//!
+//! The handler can read its [`ExecutionContext`](crate::ExecutionContext) from the request's extensions (axum:
+//! `Extension<ExecutionContext>`), or from [`current`](super::current).
+//!
+//! ```no_run
+//! use axum::{Router, routing::post};
+//! use lambda_idempotency::Idempotency;
+//! use lambda_idempotency::lambda::sources;
+//! use lambda_runtime::tower::ServiceBuilder;
+//!
+//! async fn pay() -> (http::StatusCode, &'static str) {
+//!     (http::StatusCode::CREATED, r#"{"payment":"p-1"}"#)
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), lambda_http::Error> {
+//!     let idem = Idempotency::from_env().await?;
+//!     let payments = idem.operation("payments", sources::http())?.http_layer();
+//!     let app = Router::new().route("/payments", post(pay));
+//!     lambda_http::run(ServiceBuilder::new().layer(payments).service(app)).await
+//! }
+//! ```
+//!
+//! The operation's settings are the door's: a business identity or a tenant read from the
+//! request ([`HttpKeys::policy`] and the [`KeyPolicy`](crate::KeyPolicy) builder), a result
+//! reference and the lease policy ([`Operation`]).
+
+pub(crate) mod answer;
+pub(crate) mod caller;
+mod keys;
+mod service;
+pub(crate) mod stored;
+
+use std::fmt;
+use std::sync::Arc;
+
+use lambda_http::Request;
+use lambda_runtime::tower::Layer;
+
+pub use self::caller::CallerScope;
+pub use self::keys::{HttpKeys, IDEMPOTENCY_KEY_HEADER, MAX_KEY_BYTES};
+pub use self::service::HttpIdempotencyService;
+use super::operation::Operation;
+
+/// The header that marks a replayed response.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
+/// Makes the wrapped HTTP service idempotent for `POST` and `PATCH`; configuration only (one
+/// [`Operation`] over requests, [`Operation::http_layer`]).
+pub struct HttpIdempotencyLayer {
+    operation: Arc<Operation<Request>>,
+}
+
+impl HttpIdempotencyLayer {
+    /// A layer running `operation` for each `POST` and `PATCH` request.
+    pub fn new(operation: Operation<Request>) -> Self {
+        Self {
+            operation: Arc::new(operation),
+        }
+    }
+}
+
+impl Operation<Request> {
+    /// The HTTP layer of this operation, under the contract above.
+    pub fn http_layer(self) -> HttpIdempotencyLayer {
+        HttpIdempotencyLayer::new(self)
+    }
+}
+
+impl From<Operation<Request>> for HttpIdempotencyLayer {
+    fn from(operation: Operation<Request>) -> Self {
+        Self::new(operation)
+    }
+}
+
+impl Clone for HttpIdempotencyLayer {
+    fn clone(&self) -> Self {
+        Self {
+            operation: Arc::clone(&self.operation),
+        }
+    }
+}
+
+impl fmt::Debug for HttpIdempotencyLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpIdempotencyLayer")
+            .field("operation", &self.operation)
+            .finish()
+    }
+}
+
+impl<Svc> Layer<Svc> for HttpIdempotencyLayer {
+    type Service = HttpIdempotencyService<Svc>;
+
+    fn layer(&self, inner: Svc) -> Self::Service {
+        HttpIdempotencyService::new(inner, Arc::clone(&self.operation))
+    }
+}

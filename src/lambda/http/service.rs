@@ -1,0 +1,210 @@
+//! The HTTP service: key the request, claim, call the inner service once, store the response
+//! when it is definitive, answer (replays marked, refusals from the one error table).
+
+use std::fmt;
+use std::sync::{Arc, PoisonError};
+use std::task::{Context, Poll};
+
+use http::{HeaderValue, Method, Response, StatusCode, header};
+use http_body_util::BodyExt;
+use lambda_http::{Body, Request, RequestExt};
+use lambda_runtime::tower::Service;
+use tracing::warn;
+
+use super::REPLAYED_HEADER;
+use super::answer::ErrorAnswer;
+use super::stored::{StoredResponse, body_of, is_definitive};
+use crate::error::{BoxError, Error};
+use crate::failure::Release;
+use crate::lambda::context;
+use crate::lambda::operation::Operation;
+use crate::reconcile::BoxFuture;
+
+/// An HTTP service made idempotent by [`HttpIdempotencyLayer`](super::HttpIdempotencyLayer).
+pub struct HttpIdempotencyService<Svc> {
+    inner: Svc,
+    operation: Arc<Operation<Request>>,
+}
+
+impl<Svc> HttpIdempotencyService<Svc> {
+    pub(super) fn new(inner: Svc, operation: Arc<Operation<Request>>) -> Self {
+        Self { inner, operation }
+    }
+}
+
+impl<Svc: Clone> Clone for HttpIdempotencyService<Svc> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            operation: Arc::clone(&self.operation),
+        }
+    }
+}
+
+impl<Svc> fmt::Debug for HttpIdempotencyService<Svc> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpIdempotencyService")
+            .field("operation", &self.operation)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<Svc, B> Service<Request> for HttpIdempotencyService<Svc>
+where
+    Svc: Service<Request, Response = Response<B>> + Clone + Send + 'static,
+    Svc::Error: Into<BoxError> + Send,
+    Svc::Future: Send,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<Body>;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<Response<Body>, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        // The ready service answers this call; a fresh clone waits for the next one.
+        let fresh = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, fresh);
+        let operation = Arc::clone(&self.operation);
+        Box::pin(async move { handle(&operation, inner, request).await })
+    }
+}
+
+async fn handle<Svc, B>(
+    operation: &Operation<Request>,
+    mut inner: Svc,
+    request: Request,
+) -> Result<Response<Body>, BoxError>
+where
+    Svc: Service<Request, Response = Response<B>> + Send,
+    Svc::Error: Into<BoxError>,
+    Svc::Future: Send,
+    B: http_body::Body + Send,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    if !matches!(*request.method(), Method::POST | Method::PATCH) {
+        let response = inner.call(request).await.map_err(Into::into)?;
+        return collect(response)
+            .await
+            .map(|(parts, bytes)| Response::from_parts(parts, body_of(bytes)));
+    }
+    let invocation = match operation.invocation_in(&request, request.lambda_context_ref()) {
+        Ok(invocation) => invocation,
+        Err(err) => return Ok(error_response(&ErrorAnswer::for_error(&err))),
+    };
+    let applied = Arc::new(std::sync::Mutex::new(None));
+    let result = operation
+        .idem
+        .execute(&invocation, |ctx| {
+            let mut request = request;
+            request.extensions_mut().insert(ctx.clone());
+            let applied = Arc::clone(&applied);
+            context::scope(ctx, async move {
+                let response = inner.call(request).await.map_err(Into::into)?;
+                let (parts, bytes) = collect(response).await?;
+                if is_definitive(parts.status) {
+                    let stored = StoredResponse::new(&parts, &bytes);
+                    // Kept in case the store cannot take it: the client still gets it.
+                    *applied.lock().unwrap_or_else(PoisonError::into_inner) = Some(stored.clone());
+                    Ok(stored)
+                } else {
+                    Err(BoxError::from(Release::new(NotStored(
+                        Response::from_parts(parts, body_of(bytes)),
+                    ))))
+                }
+            })
+        })
+        .await;
+    Ok(match result {
+        Ok(done) => match done.value().response() {
+            Ok(mut response) => {
+                if done.is_replay() {
+                    response
+                        .headers_mut()
+                        .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+                }
+                response
+            }
+            Err(reason) => {
+                let unreadable = Error::StoredOutcomeUnreadable {
+                    key: invocation.key().clone(),
+                    reason,
+                };
+                warn!(
+                    key = invocation.key().short(),
+                    "the stored response does not decode: answered 500, not replayed"
+                );
+                error_response(&ErrorAnswer::for_error(&unreadable))
+            }
+        },
+        Err(err @ Error::OutcomeTooLarge { .. }) => {
+            // Applied, retained as failed so that it never runs again; this caller still gets
+            // the response it produced, later ones a 409.
+            let kept = applied
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            match kept.map(|stored| stored.response()) {
+                Some(Ok(response)) => response,
+                _ => error_response(&ErrorAnswer::for_error(&err)),
+            }
+        }
+        Err(Error::Handler { source }) => match Release::take::<NotStored>(source) {
+            Ok(not_stored) => not_stored.0,
+            Err(source) => error_response(&ErrorAnswer::for_error(&Error::Handler { source })),
+        },
+        Err(err) => error_response(&ErrorAnswer::for_error(&err)),
+    })
+}
+
+/// A response the handler gave that is not stored (408, 409, 425, 429, 5xx): the claim is
+/// released whatever the engine's classifier says ([`Release`]) and the response passed
+/// through.
+#[derive(Debug)]
+struct NotStored(Response<Body>);
+
+impl fmt::Display for NotStored {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the handler answered {}, which is not stored",
+            self.0.status()
+        )
+    }
+}
+
+impl std::error::Error for NotStored {}
+
+/// Reads a response's body to its bytes.
+async fn collect<B>(response: Response<B>) -> Result<(http::response::Parts, Vec<u8>), BoxError>
+where
+    B: http_body::Body,
+    B::Error: Into<BoxError>,
+{
+    let (parts, body) = response.into_parts();
+    let bytes = body.collect().await.map_err(Into::into)?.to_bytes();
+    Ok((parts, bytes.to_vec()))
+}
+
+/// The JSON response for an error answer.
+fn error_response(answer: &ErrorAnswer) -> Response<Body> {
+    let mut response = Response::new(Body::Text(answer.body()));
+    *response.status_mut() =
+        StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Some(seconds) = answer.retry_after_secs()
+        && let Ok(value) = HeaderValue::from_str(&seconds.to_string())
+    {
+        response.headers_mut().insert(header::RETRY_AFTER, value);
+    }
+    response
+}
