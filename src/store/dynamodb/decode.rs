@@ -1,0 +1,65 @@
+//! A record read back from an item: its outcome's part items are read only as far as the
+//! caller needs ([`Parts`]).
+
+use super::DynamoDbStore;
+use super::item::Item;
+use super::outcome;
+use crate::error::StoreError;
+use crate::record::{Record, Settlement};
+
+impl DynamoDbStore {
+    /// The record in `item`; an outcome kept in part items is read as `parts` says.
+    pub(super) async fn decode(
+        &self,
+        item: Option<&Item>,
+        parts: Parts<'_>,
+    ) -> Result<Option<Record>, StoreError> {
+        let Some(item) = item else {
+            return Ok(None);
+        };
+        let (mut record, manifest) = self.names.decode(item)?;
+        if let Some(manifest) = manifest
+            && let Some(refs) = manifest.parts()
+        {
+            match parts {
+                Parts::Known(placement, settlement) if placement.describes(&manifest) => {
+                    record.outcome.clone_from(&settlement.outcome);
+                }
+                parts if parts.reads(&record) => {
+                    let stored = self.read_parts(&record.key, refs).await?;
+                    record.outcome = Some(manifest.restore(stored, &record.key)?);
+                }
+                _ => {}
+            }
+        }
+        Ok(Some(record))
+    }
+}
+
+/// How much of an outcome kept in part items a decoded record needs.
+#[derive(Clone, Copy)]
+pub(super) enum Parts<'a> {
+    /// Read the parts: the record may be answered from (replayed).
+    Read,
+    /// Read the parts only if the record may be replayed to a caller with this fingerprint;
+    /// otherwise leave the outcome out (`None`): the caller's answer is a payload conflict,
+    /// which costs no part read.
+    ReplayableTo(&'a crate::key::Fingerprint),
+    /// Leave the outcome out (`None`): only the record's state matters.
+    Skip,
+    /// The record is compared with this settlement: when its manifest names this placement's
+    /// bytes, its outcome is the settlement's (the digest says so), without a read; otherwise
+    /// it is left out.
+    Known(&'a outcome::Placement, &'a Settlement),
+}
+
+impl Parts<'_> {
+    /// Whether `record`'s outcome parts are read.
+    fn reads(self, record: &Record) -> bool {
+        match self {
+            Self::Read => true,
+            Self::ReplayableTo(fingerprint) => fingerprint.matches(&record.fingerprint),
+            Self::Skip | Self::Known(..) => false,
+        }
+    }
+}

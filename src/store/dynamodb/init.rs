@@ -1,0 +1,218 @@
+//! Building a [`DynamoDbStore`]: its constructors (with a client of the caller's, from the
+//! environment, for a Lambda function), [`prime`](DynamoDbStore::prime) for a function's
+//! init, the `with_*` builders and the accessors.
+
+use std::future::Future;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::Client;
+
+use super::error::map_sdk_error;
+use super::{
+    AttributeNames, DynamoDbStore, OutcomeStorage, TABLE_VAR, UNIQUENESS_TABLE_VAR, client,
+    replication,
+};
+use crate::error::{ConfigError, StoreError};
+use crate::key::OperationKey;
+
+impl DynamoDbStore {
+    /// A store on `table` through `client`, with the default attribute names. A client
+    /// without an operation timeout or an attempt timeout gets the store's
+    /// ([`OPERATION_TIMEOUT`], [`ATTEMPT_TIMEOUT`]): each of the engine's tries
+    /// is bounded, so that one hung request cannot use up the time a settlement has left.
+    ///
+    /// [`OPERATION_TIMEOUT`]: super::OPERATION_TIMEOUT
+    /// [`ATTEMPT_TIMEOUT`]: super::ATTEMPT_TIMEOUT
+    pub fn new(client: Client, table: impl Into<String>) -> Self {
+        let client = client::with_timeouts(client.config()).map_or(client, Client::from_conf);
+        Self {
+            client,
+            table: table.into(),
+            uniqueness_table: None,
+            names: AttributeNames::default(),
+            outcomes: OutcomeStorage::default(),
+            unscoped_evidence: true,
+            accept_eventual: false,
+            verdict: replication::Verdict::default(),
+        }
+    }
+
+    /// A store on the tables named by `IDEMPOTENCY_TABLE` and (if set) `UNIQUENESS_TABLE`, with
+    /// the default AWS configuration (aws-config: the credential chain, profiles, every
+    /// `AWS_*` setting); `DYNAMODB_ENDPOINT`, when set, overrides the endpoint.
+    /// [`Self::for_lambda`] is leaner inside a Lambda function.
+    pub async fn from_env() -> Result<Self, ConfigError> {
+        let table = table_from_env()?;
+        Ok(Self::new(Client::new(&client::from_env().await), table).with_uniqueness_from_env())
+    }
+
+    /// A store for a Lambda function: the tables as [`Self::from_env`] names them, the region
+    /// and the execution role's credentials from the variables Lambda sets (`AWS_REGION`,
+    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`),
+    /// `DYNAMODB_ENDPOINT`, and an HTTPS client that trusts Mozilla's roots compiled into the
+    /// binary (the system's when `SSL_CERT_FILE` or `SSL_CERT_DIR` is set).
+    ///
+    /// It reads no file and calls no credential provider, so a cold start is shorter, and a
+    /// binary that uses it instead of [`Self::from_env`] links none of aws-config's credential
+    /// chain (BENCHMARKS.md has the figures). Other `AWS_*` settings (`AWS_MAX_ATTEMPTS`,
+    /// `AWS_ENDPOINT_URL_DYNAMODB`, profiles) are not read: use [`Self::from_env`] for them.
+    ///
+    /// ```no_run
+    /// # async fn build() -> Result<(), lambda_idempotency::ConfigError> {
+    /// use lambda_idempotency::{DynamoDbStore, Idempotency};
+    ///
+    /// let idem = Idempotency::new(DynamoDbStore::for_lambda()?);
+    /// # let _ = idem; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigError::MissingEnv`] when a table's, the region's or the credentials' variable
+    /// is not set (outside Lambda).
+    pub fn for_lambda() -> Result<Self, ConfigError> {
+        let table = table_from_env()?;
+        Ok(Self::new(Client::from_conf(client::for_lambda()?), table).with_uniqueness_from_env())
+    }
+
+    /// Keeps permanent evidence in the table `UNIQUENESS_TABLE` names, if set.
+    fn with_uniqueness_from_env(self) -> Self {
+        match std::env::var(UNIQUENESS_TABLE_VAR) {
+            Ok(uniqueness) => self.with_uniqueness_table(uniqueness),
+            Err(_) => self,
+        }
+    }
+
+    /// Warms the client and checks the tables during a function's init: one eventually
+    /// consistent `GetItem` of a key no operation uses, so the connection (TCP and TLS), the
+    /// credentials, the endpoint and the SDK's first-use paths are ready before the first event
+    /// instead of delaying it, and, at the same time, [`Self::check_replication`]
+    /// (`DescribeTable` of each table), which refuses a global table that would let two
+    /// Regions claim one key. In Lambda, init runs with a full CPU and, with provisioned
+    /// concurrency, before any request. It finds a missing or forbidden table before an event
+    /// does. It gives up after 2 s, well inside Lambda's 10 s init.
+    ///
+    /// ```no_run
+    /// # async fn init() -> Result<(), Box<dyn std::error::Error>> {
+    /// use lambda_idempotency::DynamoDbStore;
+    ///
+    /// let store = DynamoDbStore::for_lambda()?;
+    /// if let Err(err) = store.prime().await {
+    ///     if !err.is_transient() {
+    ///         return Err(err.into()); // a missing table or permission: fail the init
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`StoreError::TableNotFound`], [`StoreError::UniquenessTableNotFound`],
+    /// [`StoreError::AccessDenied`] (the role needs `dynamodb:DescribeTable` too),
+    /// [`StoreError::Rejected`] (the table's key schema is not the store's),
+    /// [`StoreError::EventuallyConsistentReplicas`], [`StoreError::TransactionsUnsupported`],
+    /// or a transient error ([`StoreError::is_transient`]: throttled, unavailable, or no answer
+    /// within 2 s) that the first event's own requests will retry (a replication check left
+    /// undone by one is done by the next cold start's).
+    pub async fn prime(&self) -> Result<(), StoreError> {
+        let key = OperationKey::from_stored(PRIME_KEY);
+        let read = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(self.names.key(&key)))
+            .projection_expression("#pk")
+            .expression_attribute_names("#pk", &self.names.partition_key)
+            .send();
+        let read = async {
+            read.await
+                .map(drop)
+                .map_err(|err| map_sdk_error("prime", &self.table, err))
+        };
+        let (read, checked) = futures_util::future::join(
+            within(PRIME_TIMEOUT, read),
+            within(PRIME_TIMEOUT, async {
+                self.check_replication().await.map(drop)
+            }),
+        )
+        .await;
+        // A lasting error first: it fails the init; a transient one leaves it to the events.
+        match (read, checked) {
+            (Err(err), _) | (_, Err(err)) if !err.is_transient() => Err(err),
+            (read, checked) => read.and(checked),
+        }
+    }
+
+    /// Keeps permanent evidence of business identities in `table`.
+    pub fn with_uniqueness_table(mut self, table: impl Into<String>) -> Self {
+        self.uniqueness_table = Some(table.into());
+        self.verdict = replication::Verdict::default();
+        self
+    }
+
+    /// Whether a claim that declares a business identity also looks for the evidence versions
+    /// before 0.2 kept under the bare identity (default `true`). Those versions did not scope
+    /// evidence by namespace and tenant ([`IdentityScope`](crate::key::IdentityScope)); with
+    /// the check, such evidence of an operation in the claim's scope still refuses it (one
+    /// more `ConditionCheck` item in the claim's transaction, which needs
+    /// `dynamodb:ConditionCheckItem` on the uniqueness table). Turn it off only on a uniqueness
+    /// table that no version before 0.2 wrote to.
+    pub fn with_unscoped_evidence_check(mut self, check: bool) -> Self {
+        self.unscoped_evidence = check;
+        self
+    }
+
+    /// Renames the attributes (the key and TTL attributes must match the table).
+    pub fn with_attribute_names(mut self, names: AttributeNames) -> Self {
+        self.names = names;
+        self
+    }
+
+    /// Chooses where outcomes are kept: inline in a record up to 1 KB, compressed, then in
+    /// part items beside it by default (see [`OutcomeStorage`]).
+    pub fn with_outcome_storage(mut self, outcomes: OutcomeStorage) -> Self {
+        self.outcomes = outcomes;
+        self
+    }
+
+    /// The SDK client (to reuse its configuration for the handler's own tables).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The idempotency table's name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The uniqueness table's name, if configured.
+    pub fn uniqueness_table(&self) -> Option<&str> {
+        self.uniqueness_table.as_deref()
+    }
+}
+
+/// The key [`DynamoDbStore::prime`] reads: not an operation key (those carry a version and a
+/// hash), so it is never stored.
+const PRIME_KEY: &str = "lambda-idempotency#prime";
+/// How long [`DynamoDbStore::prime`] waits for its read.
+const PRIME_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// `request`'s answer, or [`StoreError::Unavailable`] when it has none within `limit`.
+async fn within(
+    limit: Duration,
+    request: impl Future<Output = Result<(), StoreError>>,
+) -> Result<(), StoreError> {
+    tokio::time::timeout(limit, request)
+        .await
+        .unwrap_or_else(|elapsed| {
+            Err(StoreError::Unavailable {
+                operation: "prime",
+                source: Box::new(elapsed),
+            })
+        })
+}
+
+/// The idempotency table's name, from `IDEMPOTENCY_TABLE`.
+fn table_from_env() -> Result<String, ConfigError> {
+    std::env::var(TABLE_VAR).map_err(|_| ConfigError::MissingEnv {
+        name: TABLE_VAR,
+        hint: "set it to the idempotency table's name (template.yaml outputs it)",
+    })
+}

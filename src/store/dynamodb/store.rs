@@ -1,0 +1,389 @@
+//! The [`Store`] primitives on DynamoDB (the module's table says which request each makes),
+//! and the helpers only they use: the guard and as-seen conditions, the claim's write, and
+//! the reading of claimed and fenced answers.
+
+use std::time::SystemTime;
+
+use super::decode::Parts;
+use super::error::map_sdk_error;
+use super::item::{millis, n, s, secs};
+use super::writes::{Check, Expr, Write};
+use super::{DynamoDbStore, evidence, item};
+use crate::error::StoreError;
+use crate::key::OperationKey;
+use crate::record::{Evidence, Lease, Record, Settlement, Status};
+use crate::store::{Claim, Fence, Guard, Store, Target};
+
+impl DynamoDbStore {
+    /// The record's condition and names/values for a guard.
+    fn guard(&self, guard: Guard<'_>) -> (&'static str, Expr) {
+        let expr = Expr::default().name("#status", &self.names.status);
+        match guard {
+            Guard::Lease(token) => (
+                "#status = :in_progress AND #lease_token = :mine",
+                expr.name("#lease_token", &self.names.lease_token)
+                    .value(":in_progress", s(Status::InProgress.as_str()))
+                    .value(":mine", s(token)),
+            ),
+            Guard::Indeterminate => (
+                "#status = :indeterminate",
+                expr.value(":indeterminate", s(Status::Indeterminate.as_str())),
+            ),
+            Guard::Expired { token, now } => (
+                "#status = :in_progress AND #lease_token = :mine AND #lease_expires_at < :now_ms",
+                expr.name("#lease_token", &self.names.lease_token)
+                    .name("#lease_expires_at", &self.names.lease_expires_at)
+                    .value(":in_progress", s(Status::InProgress.as_str()))
+                    .value(":mine", s(token))
+                    .value(":now_ms", millis(now)),
+            ),
+        }
+    }
+
+    /// The condition that the record is still as an operator saw it (the same status and lease
+    /// token), or, when it saw none, that it is absent or settled and expired.
+    fn as_seen(&self, seen: Option<&Record>, now: SystemTime) -> (&'static str, Expr) {
+        let names = &self.names;
+        let expr = Expr::default().name("#status", &names.status);
+        match seen {
+            Some(seen) if seen.status == Status::InProgress => (
+                "#status = :seen_status AND #lease_token = :seen_token AND #lease_expires_at < :now_ms",
+                expr.name("#lease_token", &names.lease_token)
+                    .name("#lease_expires_at", &names.lease_expires_at)
+                    .value(":seen_status", s(seen.status.as_str()))
+                    .value(":seen_token", s(&seen.lease.token))
+                    .value(":now_ms", millis(now)),
+            ),
+            Some(seen) => (
+                "#status = :seen_status AND #lease_token = :seen_token",
+                expr.name("#lease_token", &names.lease_token)
+                    .value(":seen_status", s(seen.status.as_str()))
+                    .value(":seen_token", s(&seen.lease.token)),
+            ),
+            None => (
+                "attribute_not_exists(#pk) OR (#expires_at < :now_s AND #status IN (:completed, :failed))",
+                expr.name("#pk", &names.partition_key)
+                    .name("#expires_at", &names.expires_at)
+                    .value(":now_s", secs(now))
+                    .value(":completed", s(Status::Completed.as_str()))
+                    .value(":failed", s(Status::Failed.as_str())),
+            ),
+        }
+    }
+
+    /// The claim's `Put` of the record: only where no record stands that counts.
+    fn claim_write(&self, record: &Record, now: SystemTime) -> Result<Write, StoreError> {
+        let names = &self.names;
+        Write::put(
+            &self.table,
+            names.encode(record),
+            "attribute_not_exists(#pk) OR (#expires_at < :now_s AND #status IN (:completed, :failed))",
+            Expr::default()
+                .name("#pk", &names.partition_key)
+                .name("#expires_at", &names.expires_at)
+                .name("#status", &names.status)
+                .value(":now_s", secs(now))
+                .value(":completed", s(Status::Completed.as_str()))
+                .value(":failed", s(Status::Failed.as_str())),
+        )
+    }
+
+    /// Applies a claim's writes (the record first, then the evidence) and reads the answer.
+    async fn claimed(
+        &self,
+        operation: &'static str,
+        record: &Record,
+        writes: Vec<Write>,
+    ) -> Result<Claim, StoreError> {
+        let Some(checks) = self.apply(operation, writes).await? else {
+            return Ok(Claim::Acquired);
+        };
+        if let Some(existing) = checks.first().and_then(Check::failed_item) {
+            // A record of another intent is a payload conflict: its parts are not read.
+            let parts = Parts::ReplayableTo(&record.fingerprint);
+            let existing =
+                self.decode(existing, parts)
+                    .await?
+                    .ok_or_else(|| StoreError::CorruptRecord {
+                        key_short: record.key.short().to_owned(),
+                        reason: "the claim's condition failed but no existing item was returned"
+                            .into(),
+                    })?;
+            return Ok(Claim::Existing(existing));
+        }
+        // The evidence (scoped, then unscoped) that refused the claim.
+        match checks.iter().skip(1).find_map(Check::failed_item) {
+            Some(Some(item)) => Ok(Claim::IdentityTaken(evidence::decode(item)?)),
+            // The evidence an adoption expected is gone (an operator released it meanwhile):
+            // a concurrent change, which the next delivery's fresh claim settles.
+            Some(None) => Err(StoreError::Contention { operation }),
+            None => Err(StoreError::CorruptRecord {
+                key_short: record.key.short().to_owned(),
+                reason: "the claim was cancelled but no condition reported the item that stood"
+                    .into(),
+            }),
+        }
+    }
+
+    /// Applies a fenced write on the record (index 0) and, with an identity, on its evidence.
+    /// A lost fence's record has its outcome read from part items as `parts` says.
+    async fn fenced(
+        &self,
+        operation: &'static str,
+        target: Target<'_>,
+        writes: Vec<Write>,
+        parts: Parts<'_>,
+    ) -> Result<Fence, StoreError> {
+        let Some(checks) = self.apply(operation, writes).await? else {
+            return Ok(Fence::Held);
+        };
+        if let Some(current) = checks.first().and_then(Check::failed_item) {
+            return Ok(Fence::Lost {
+                current: self.decode(current, parts).await?.map(Box::new),
+            });
+        }
+        Err(crate::store::memory::evidence_not_owned(target))
+    }
+}
+
+impl Store for DynamoDbStore {
+    async fn claim(&self, record: &Record, now: SystemTime) -> Result<Claim, StoreError> {
+        self.refused()?;
+        let mut writes = vec![self.claim_write(record, now)?];
+        if let Some(identity) = &record.identity {
+            let uniqueness = self.uniqueness()?;
+            writes.push(evidence::claim_write(uniqueness, record, identity)?);
+            if self.unscoped_evidence {
+                writes.extend(evidence::unscoped_check(uniqueness, identity)?);
+            }
+        }
+        self.claimed("claim", record, writes).await
+    }
+
+    async fn adopt(
+        &self,
+        record: &Record,
+        orphan: &Evidence,
+        now: SystemTime,
+    ) -> Result<Claim, StoreError> {
+        self.refused()?;
+        let writes = vec![
+            self.claim_write(record, now)?,
+            evidence::adopt_write(self.uniqueness()?, orphan)?,
+        ];
+        self.claimed("adopt", record, writes).await
+    }
+
+    async fn take_over(
+        &self,
+        previous: &Record,
+        lease: &Lease,
+        expires_at: SystemTime,
+        now: SystemTime,
+    ) -> Result<Fence, StoreError> {
+        let names = &self.names;
+        let write = Write::update(
+            &self.table,
+            names.key(&previous.key),
+            "SET #lease_token = :token, #attempt = :attempt, #lease_expires_at = :lease_expires_at, #expires_at = :expires_at",
+            "#status = :in_progress AND #lease_token = :previous AND #lease_expires_at < :now_ms",
+            Expr::default()
+                .name("#status", &names.status)
+                .name("#lease_token", &names.lease_token)
+                .name("#attempt", &names.attempt)
+                .name("#lease_expires_at", &names.lease_expires_at)
+                .name("#expires_at", &names.expires_at)
+                .value(":in_progress", s(Status::InProgress.as_str()))
+                .value(":previous", s(&previous.lease.token))
+                .value(":expires_at", secs(expires_at))
+                .value(":now_ms", millis(now))
+                .value(":token", s(&lease.token))
+                .value(":attempt", n(u64::from(lease.attempt)))
+                .value(":lease_expires_at", millis(lease.expires_at)),
+        )?;
+        let target = Target {
+            key: &previous.key,
+            identity: None,
+            guard: Guard::Lease(&previous.lease.token),
+        };
+        // The record that stands may be answered from (replayed): read it whole.
+        self.fenced("take_over", target, vec![write], Parts::Read)
+            .await
+    }
+
+    async fn settle(
+        &self,
+        target: Target<'_>,
+        settlement: &Settlement,
+    ) -> Result<Fence, StoreError> {
+        let names = &self.names;
+        let (condition, expr) = self.guard(target.guard);
+        let mut update =
+            "SET #status = :status, #expires_at = :expires_at, #completed_at = :completed_at"
+                .to_owned();
+        let mut expr = expr
+            .name("#expires_at", &names.expires_at)
+            .name("#completed_at", &names.completed_at)
+            .value(":status", s(settlement.status.as_str()))
+            .value(":expires_at", secs(settlement.expires_at))
+            .value(":completed_at", millis(settlement.completed_at));
+        let placement = self.outcomes.place(names, target, settlement)?;
+        self.put_parts(target.key, &placement, settlement.expires_at)
+            .await?;
+        let mut removed = Vec::new();
+        expr = expr
+            .name("#outcome", &names.outcome)
+            .name("#outcome_format", &names.outcome_format);
+        match placement.inline_bytes(settlement) {
+            Some(inline) => {
+                update.push_str(", #outcome = :outcome");
+                expr = expr.value(":outcome", inline);
+            }
+            None => removed.push("#outcome"),
+        }
+        match placement.manifest() {
+            Some(manifest) => {
+                update.push_str(", #outcome_format = :outcome_format");
+                expr = expr.value(":outcome_format", manifest);
+            }
+            None => removed.push("#outcome_format"),
+        }
+        if let Some(audit) = &settlement.audit {
+            update.push_str(", #audit = :audit");
+            expr = expr
+                .name("#audit", &names.audit)
+                .value(":audit", item::audit_value(audit));
+        }
+        if !removed.is_empty() {
+            update.push_str(" REMOVE ");
+            update.push_str(&removed.join(", "));
+        }
+        let mut writes = vec![Write::update(
+            &self.table,
+            names.key(target.key),
+            &update,
+            condition,
+            expr,
+        )?];
+        if let Some(identity) = target.identity {
+            writes.push(evidence::settle_write(
+                self.uniqueness()?,
+                target,
+                identity,
+                settlement,
+            )?);
+        }
+        // Lost: the caller only needs to know whether the record is its own settlement.
+        self.fenced(
+            "settle",
+            target,
+            writes,
+            Parts::Known(&placement, settlement),
+        )
+        .await
+    }
+
+    async fn shorten(&self, target: Target<'_>, until: SystemTime) -> Result<Fence, StoreError> {
+        let (condition, expr) = self.guard(target.guard);
+        let write = Write::update(
+            &self.table,
+            self.names.key(target.key),
+            "SET #lease_expires_at = :until",
+            condition,
+            expr.name("#lease_expires_at", &self.names.lease_expires_at)
+                .value(":until", millis(until)),
+        )?;
+        let target = Target {
+            identity: None,
+            ..target
+        };
+        self.fenced("shorten", target, vec![write], Parts::Skip)
+            .await
+    }
+
+    async fn release(&self, target: Target<'_>) -> Result<Fence, StoreError> {
+        let (condition, expr) = self.guard(target.guard);
+        let mut writes = vec![Write::delete(
+            &self.table,
+            self.names.key(target.key),
+            condition,
+            expr,
+        )?];
+        if let Some(identity) = target.identity {
+            writes.push(evidence::release_write(
+                self.uniqueness()?,
+                target,
+                identity,
+            )?);
+        }
+        self.fenced("release", target, writes, Parts::Skip).await
+    }
+
+    async fn release_by_operator(
+        &self,
+        seen: Option<&Record>,
+        evidence: Option<&Evidence>,
+        released: &Record,
+        now: SystemTime,
+    ) -> Result<bool, StoreError> {
+        let (condition, expr) = self.as_seen(seen, now);
+        let mut writes = vec![Write::put(
+            &self.table,
+            self.names.encode(released),
+            condition,
+            expr,
+        )?];
+        if let Some(evidence) = evidence {
+            writes.push(evidence::operator_delete_write(
+                self.uniqueness()?,
+                evidence,
+            )?);
+        }
+        Ok(self.apply("release_by_operator", writes).await?.is_none())
+    }
+
+    async fn settle_evidence(
+        &self,
+        seen: &Evidence,
+        settlement: &Settlement,
+        now: SystemTime,
+    ) -> Result<bool, StoreError> {
+        // The record must still be gone: a redelivery that adopted the evidence holds a claim.
+        let (condition, expr) = self.as_seen(None, now);
+        let writes = vec![
+            Write::check(&self.table, self.names.key(&seen.key), condition, expr)?,
+            evidence::operator_settle_write(self.uniqueness()?, seen, settlement)?,
+        ];
+        Ok(self.apply("settle_evidence", writes).await?.is_none())
+    }
+
+    async fn get(&self, key: &OperationKey) -> Result<Option<Record>, StoreError> {
+        let output = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(self.names.key(key)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|err| map_sdk_error("get", &self.table, err))?;
+        self.decode(output.item(), Parts::Read).await
+    }
+
+    async fn evidence(&self, identity: &str) -> Result<Option<Evidence>, StoreError> {
+        let table = self.uniqueness()?;
+        let output = self
+            .client
+            .get_item()
+            .table_name(table)
+            .set_key(Some(evidence::key(identity)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|err| match map_sdk_error("evidence", table, err) {
+                StoreError::TableNotFound { .. } => self.not_found(table),
+                other => other,
+            })?;
+        output.item().map(evidence::decode).transpose()
+    }
+}
