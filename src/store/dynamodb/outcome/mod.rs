@@ -33,19 +33,18 @@
 //! A record without the attribute holds its outcome inline and uncompressed, as records
 //! written before the attribute existed do.
 
-use std::time::{Duration, SystemTime};
+mod manifest;
+mod parts;
 
-use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use std::time::Duration;
+
 use aws_sdk_dynamodb::types::AttributeValue;
-use futures_util::{StreamExt, TryStreamExt, stream};
 use sha2::{Digest, Sha256};
 
-use super::DynamoDbStore;
-use super::error::map_sdk_error;
-use super::item::{AttributeNames, Item, b, corrupt, n, s, secs, value_size};
-use crate::config::{DYNAMODB_ITEM_LIMIT, MAX_OUTCOME_BYTES};
+pub(crate) use self::manifest::{Manifest, PartsRef};
+use super::item::{AttributeNames, b, value_size};
 use crate::error::StoreError;
-use crate::key::{Fingerprint, OperationKey};
+use crate::key::Fingerprint;
 use crate::record::{Lease, Record, Settlement};
 use crate::store::{Guard, Target};
 
@@ -57,6 +56,8 @@ pub const PART_BYTES: usize = 384 * 1024;
 pub const PART_TTL_MARGIN: Duration = Duration::from_secs(3600);
 /// The most part items one outcome may take (stored bytes up to 24 MiB: room for the largest
 /// outcome the engine accepts, [`MAX_OUTCOME_BYTES`], even when it does not compress).
+///
+/// [`MAX_OUTCOME_BYTES`]: crate::config::MAX_OUTCOME_BYTES
 const MAX_PARTS: usize = 64;
 /// zstd's default level: most of the ratio for JSON at a few hundred MB/s.
 const ZSTD_LEVEL: i32 = 3;
@@ -64,14 +65,6 @@ const ZSTD_LEVEL: i32 = 3;
 const PARTS_IN_FLIGHT: usize = 8;
 /// The length of a Lambda request id (a UUID), assumed for the record the store sizes.
 const TYPICAL_REQUEST_ID_BYTES: usize = 36;
-/// The manifest field names.
-const CODEC: &str = "codec";
-const LENGTH: &str = "length";
-const PARTS: &str = "parts";
-const BYTES: &str = "bytes";
-const SHA256: &str = "sha256";
-const CHUNK: &str = "chunk";
-const ZSTD: &str = "zstd";
 
 /// How the DynamoDB store keeps outcomes: inline while the settled record stays small,
 /// compressed, then in part items beside the record (see the module's table in the crate's
@@ -233,115 +226,6 @@ fn sized_record(target: Target<'_>, settlement: &Settlement) -> Record {
     }
 }
 
-/// How a record's stored outcome bytes are to be read: the `outcome_format` attribute.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Manifest {
-    /// The decompressed length, when the stored bytes are zstd-compressed.
-    length: Option<u64>,
-    /// The part items, when the stored bytes are not in the record.
-    parts: Option<PartsRef>,
-}
-
-/// The part items holding an outcome's stored bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct PartsRef {
-    count: u64,
-    bytes: u64,
-    /// The most bytes one part holds: in the parts' name too, so that parts cut to another
-    /// size (another version) never stand in for these.
-    chunk: u64,
-    sha256: String,
-}
-
-impl Manifest {
-    /// The attribute value (a map).
-    pub(crate) fn to_attribute(&self) -> AttributeValue {
-        let mut fields = Item::new();
-        if let Some(length) = self.length {
-            fields.insert(CODEC.into(), s(ZSTD));
-            fields.insert(LENGTH.into(), n(length));
-        }
-        if let Some(parts) = &self.parts {
-            fields.insert(PARTS.into(), n(parts.count));
-            fields.insert(BYTES.into(), n(parts.bytes));
-            fields.insert(CHUNK.into(), n(parts.chunk));
-            fields.insert(SHA256.into(), s(&parts.sha256));
-        }
-        AttributeValue::M(fields)
-    }
-
-    /// The manifest in a stored attribute.
-    pub(crate) fn read(value: &AttributeValue, key: &OperationKey) -> Result<Self, StoreError> {
-        let bad = |reason: &str| corrupt(key.short(), format!("outcome format: {reason}"));
-        let fields = value.as_m().map_err(|_| bad("not a map"))?;
-        let number = |name: &str| -> Result<Option<u64>, StoreError> {
-            fields
-                .get(name)
-                .map(|value| {
-                    value
-                        .as_n()
-                        .ok()
-                        .and_then(|n| n.parse().ok())
-                        .ok_or_else(|| bad(&format!("`{name}` is not a whole number")))
-                })
-                .transpose()
-        };
-        let length = match fields.get(CODEC).map(AttributeValue::as_s) {
-            None => None,
-            Some(Ok(codec)) if codec == ZSTD => {
-                Some(number(LENGTH)?.ok_or_else(|| bad("`length` is missing"))?)
-            }
-            Some(_) => return Err(bad("unknown codec (written by a newer version?)")),
-        };
-        let parts = match number(PARTS)? {
-            None => None,
-            Some(count) => Some(PartsRef {
-                count,
-                bytes: number(BYTES)?.ok_or_else(|| bad("`bytes` is missing"))?,
-                chunk: number(CHUNK)?.ok_or_else(|| bad("`chunk` is missing"))?,
-                sha256: fields
-                    .get(SHA256)
-                    .and_then(|value| value.as_s().ok())
-                    .cloned()
-                    .ok_or_else(|| bad("`sha256` is missing"))?,
-            }),
-        };
-        Ok(Self { length, parts })
-    }
-
-    /// The part items to read, if the stored bytes are not in the record.
-    pub(crate) fn parts(&self) -> Option<&PartsRef> {
-        self.parts.as_ref()
-    }
-
-    /// The outcome from its stored bytes (decompressed if they are compressed).
-    pub(crate) fn restore(
-        &self,
-        stored: Vec<u8>,
-        key: &OperationKey,
-    ) -> Result<Vec<u8>, StoreError> {
-        let Some(length) = self.length else {
-            return Ok(stored);
-        };
-        let length = usize::try_from(length)
-            .ok()
-            .filter(|length| *length <= MAX_OUTCOME_BYTES)
-            .ok_or_else(|| corrupt(key.short(), "outcome length out of range".into()))?;
-        let outcome = zstd::bulk::decompress(&stored, length)
-            .map_err(|err| corrupt(key.short(), format!("outcome does not decompress: {err}")))?;
-        if outcome.len() != length {
-            return Err(corrupt(
-                key.short(),
-                format!(
-                    "outcome decompresses to {} bytes, not {length}",
-                    outcome.len()
-                ),
-            ));
-        }
-        Ok(outcome)
-    }
-}
-
 /// Where a settlement's outcome goes: its stored bytes, and the manifest that says how to read
 /// them (none: inline and uncompressed).
 #[derive(Debug)]
@@ -383,151 +267,5 @@ impl Placement {
     fn parts(&self) -> Option<(&PartsRef, std::slice::Chunks<'_, u8>)> {
         let parts = self.manifest.as_ref()?.parts.as_ref()?;
         Some((parts, self.stored.chunks(PART_BYTES)))
-    }
-}
-
-impl DynamoDbStore {
-    /// Writes the part items of `placement` (if it has any), kept until `record_expires_at`
-    /// plus [`PART_TTL_MARGIN`]. A part's name is its content's digest, so a part already
-    /// standing holds the same bytes: it is only written again to move its TTL later, never
-    /// earlier (a late writer with a shorter retention cannot cut a standing record's parts).
-    pub(crate) async fn put_parts(
-        &self,
-        key: &OperationKey,
-        placement: &Placement,
-        record_expires_at: SystemTime,
-    ) -> Result<(), StoreError> {
-        let Some((parts, chunks)) = placement.parts() else {
-            return Ok(());
-        };
-        let ttl = secs(record_expires_at + PART_TTL_MARGIN);
-        let puts: Vec<_> = chunks
-            .enumerate()
-            .map(|(index, chunk)| {
-                let mut item = self.names.part_key(key, &parts.sha256, parts.chunk, index);
-                item.insert(self.names.outcome.clone(), b(chunk));
-                item.insert(self.names.expires_at.clone(), ttl.clone());
-                self.client
-                    .put_item()
-                    .table_name(&self.table)
-                    .set_item(Some(item))
-                    .condition_expression("attribute_not_exists(#pk) OR #expires_at < :ttl")
-                    .expression_attribute_names("#pk", &self.names.partition_key)
-                    .expression_attribute_names("#expires_at", &self.names.expires_at)
-                    .expression_attribute_values(":ttl", ttl.clone())
-            })
-            .collect();
-        stream::iter(puts)
-            .map(|put| async move {
-                match put.send().await {
-                    Ok(_) => Ok(()),
-                    // The same bytes stand, kept as long or longer.
-                    Err(err)
-                        if err
-                            .as_service_error()
-                            .is_some_and(PutItemError::is_conditional_check_failed_exception) =>
-                    {
-                        Ok(())
-                    }
-                    Err(err) => Err(map_sdk_error("settle", &self.table, err)),
-                }
-            })
-            .buffer_unordered(PARTS_IN_FLIGHT)
-            .try_for_each(|()| async { Ok(()) })
-            .await
-    }
-
-    /// Reads an outcome's part items and checks them against the manifest: the stored bytes,
-    /// whole, or a corrupt-record error. Eventually consistent first, at half the read units: a
-    /// part's name is its content's digest, so a read gives the right bytes or nothing (a part
-    /// written moments ago may not have reached that replica yet); what is missing is read
-    /// again strongly consistent (it was written before the manifest that names it).
-    pub(crate) async fn read_parts(
-        &self,
-        key: &OperationKey,
-        parts: &PartsRef,
-    ) -> Result<Vec<u8>, StoreError> {
-        let count = usize::try_from(parts.count)
-            .ok()
-            .filter(|count| (1..=MAX_PARTS).contains(count))
-            .ok_or_else(|| corrupt(key.short(), "outcome part count out of range".into()))?;
-        let chunk = usize::try_from(parts.chunk)
-            .ok()
-            .filter(|chunk| (1..=DYNAMODB_ITEM_LIMIT).contains(chunk))
-            .ok_or_else(|| corrupt(key.short(), "outcome part size out of range".into()))?;
-        let bytes = usize::try_from(parts.bytes)
-            .ok()
-            .filter(|bytes| bytes.div_ceil(chunk) == count)
-            .ok_or_else(|| corrupt(key.short(), "outcome length out of range".into()))?;
-        let mut chunks = self.get_parts(key, parts, 0..count, false).await?;
-        let missing: Vec<usize> = (0..count)
-            .filter(|index| chunks[*index].is_none())
-            .collect();
-        if !missing.is_empty() {
-            let again = self.get_parts(key, parts, missing.clone(), true).await?;
-            for (index, chunk) in missing.into_iter().zip(again) {
-                chunks[index] = chunk;
-            }
-        }
-        let mut stored = Vec::with_capacity(bytes);
-        for (index, chunk) in chunks.into_iter().enumerate() {
-            let chunk = chunk.ok_or_else(|| {
-                corrupt(
-                    key.short(),
-                    format!("outcome part {} of {count} is missing", index + 1),
-                )
-            })?;
-            stored.extend_from_slice(&chunk);
-        }
-        if stored.len() as u64 != parts.bytes
-            || hex::encode(Sha256::digest(&stored)) != parts.sha256
-        {
-            return Err(corrupt(
-                key.short(),
-                "outcome parts do not match their digest".into(),
-            ));
-        }
-        Ok(stored)
-    }
-
-    /// The stored bytes of the parts at `indexes`, in that order (`None`: no such item).
-    async fn get_parts(
-        &self,
-        key: &OperationKey,
-        parts: &PartsRef,
-        indexes: impl IntoIterator<Item = usize>,
-        consistent: bool,
-    ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        let gets: Vec<_> = indexes
-            .into_iter()
-            .map(|index| {
-                self.client
-                    .get_item()
-                    .table_name(&self.table)
-                    .set_key(Some(self.names.part_key(
-                        key,
-                        &parts.sha256,
-                        parts.chunk,
-                        index,
-                    )))
-                    .consistent_read(consistent)
-            })
-            .collect();
-        let outputs: Vec<_> = stream::iter(gets)
-            .map(|get| get.send())
-            .buffered(PARTS_IN_FLIGHT)
-            .map_err(|err| map_sdk_error("get", &self.table, err))
-            .try_collect()
-            .await?;
-        Ok(outputs
-            .into_iter()
-            .map(|output| {
-                let mut item = output.item?;
-                match item.remove(&self.names.outcome)? {
-                    AttributeValue::B(blob) => Some(blob.into_inner()),
-                    _ => None,
-                }
-            })
-            .collect())
     }
 }
