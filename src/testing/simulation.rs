@@ -27,6 +27,8 @@
 mod actors;
 mod invariants;
 mod ledger;
+mod schedule;
+mod steps;
 mod world;
 
 use std::collections::BTreeMap;
