@@ -35,7 +35,7 @@ use aws_sdk_dynamodb::operation::put_item::PutItemOutput;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsOutput;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemOutput;
 use lambda_idempotency::testing::{dynamo, local, outcomes};
-use lambda_idempotency::{Config, Idempotency, Invocation};
+use lambda_idempotency::{Idempotency, Invocation};
 use serde_json::Value;
 
 use lambda_idempotency::OperationKey;

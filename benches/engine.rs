@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
-use lambda_idempotency::store::{CachedStore, DynamoDbStore, MemoryStore, Store};
-use lambda_idempotency::{Config, Idempotency, Invocation, KeyPolicy, OperationScope};
+use lambda_idempotency::store::{CachedStore, DynamoDbStore, MemoryStore};
+use lambda_idempotency::{Idempotency, Invocation, KeyPolicy, OperationScope};
 use serde_json::{Value, json};
 
 const SAMPLES: usize = 400;

@@ -18,7 +18,6 @@ use std::time::{Duration, SystemTime};
 use lambda_idempotency::clock::ManualClock;
 use lambda_idempotency::key::JsonPointer;
 use lambda_idempotency::reconcile::{Reconciliation, Takeover};
-use lambda_idempotency::store::DynamoDbStore;
 use lambda_idempotency::{
     BoxError, Config, Error, Execution, ExecutionContext, Idempotency, KeyPolicy, OperationScope,
 };

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lambda_idempotency::{Config, Idempotency, Invocation, KeyPolicy, OperationScope};
+use lambda_idempotency::{Idempotency, Invocation, KeyPolicy, OperationScope};
 use serde_json::Value;
 use support::function::{Function, Tables, sample_event};
 

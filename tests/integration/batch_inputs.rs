@@ -13,7 +13,7 @@ use lambda_idempotency::lambda::sources;
 use lambda_idempotency::record::Status;
 use lambda_idempotency::store::{AnyStore, Store};
 use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
-use lambda_idempotency::{Config, Error, ExecutionContext, Idempotency, OperationScope};
+use lambda_idempotency::{Error, ExecutionContext, Idempotency, OperationScope};
 use serde_json::json;
 
 use super::backends::{both, context_with_deadline, sqs_message};

@@ -7,9 +7,7 @@ use lambda_idempotency::store::{CachedStore, DynamoDbStore, MemoryStore, Store};
 use lambda_idempotency::testing::conformance::{Fixture, memory_fixture, start_time};
 use lambda_idempotency::testing::dynamo;
 use lambda_idempotency::testing::outcomes::incompressible;
-use lambda_idempotency::{
-    Config, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope,
-};
+use lambda_idempotency::{Fingerprint, Idempotency, Invocation, OperationKey, OperationScope};
 
 /// 16 MiB, the documented default size.
 const CACHE_BYTES: u64 = 16 * 1024 * 1024;

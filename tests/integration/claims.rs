@@ -11,15 +11,14 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use lambda_idempotency::Operation;
 use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::config::MAX_REQUEST_ID_BYTES;
-use lambda_idempotency::lambda::{IdempotencyLayer, LeasePolicy};
+use lambda_idempotency::lambda::LeasePolicy;
 use lambda_idempotency::record::{Record, Status};
 use lambda_idempotency::store::Store;
 use lambda_idempotency::testing::conformance::{counted, invocation, start_time};
 use lambda_idempotency::testing::dynamo;
 use lambda_idempotency::testing::outcomes::incompressible;
 use lambda_idempotency::{
-    Config, Error, Idempotency, Invocation, KeyPolicy, OperationKey, OperationScope, Origin,
-    StoreError,
+    Error, Idempotency, Invocation, KeyPolicy, OperationKey, OperationScope, Origin, StoreError,
 };
 use lambda_runtime::tower::{Service, ServiceExt};
 use lambda_runtime::{Context, LambdaEvent, service_fn};

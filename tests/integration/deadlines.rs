@@ -11,13 +11,11 @@ use lambda_http::{Body, Request, RequestExt};
 use lambda_idempotency::HttpKeys;
 use lambda_idempotency::Operation;
 use lambda_idempotency::lambda::batch::BatchProcessor;
-use lambda_idempotency::lambda::http::{CallerScope, HttpIdempotencyLayer};
+use lambda_idempotency::lambda::http::CallerScope;
 use lambda_idempotency::lambda::sources;
 use lambda_idempotency::record::Record;
 use lambda_idempotency::store::{AnyStore, Store};
-use lambda_idempotency::{
-    Config, ExecutionContext, Idempotency, IdempotencyLayer, KeyPolicy, LeasePolicy, OperationScope,
-};
+use lambda_idempotency::{ExecutionContext, Idempotency, KeyPolicy, LeasePolicy, OperationScope};
 use lambda_runtime::tower::{Layer, ServiceExt, service_fn};
 use lambda_runtime::{Context, LambdaEvent};
 use serde_json::{Value, json};

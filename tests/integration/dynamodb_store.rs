@@ -7,7 +7,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use lambda_idempotency::clock::ManualClock;
 use lambda_idempotency::store::{AttributeNames, DynamoDbStore, SortKey, Store};
 use lambda_idempotency::{
-    Config, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope, StoreError,
+    Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope, StoreError,
 };
 
 use lambda_idempotency::testing::conformance::{Fixture, start_time};

@@ -19,7 +19,7 @@ use lambda_idempotency::testing::interceptor::{
     Fault, FaultInterceptor, Operation, SDK_ATTEMPTS, client_with,
 };
 use lambda_idempotency::testing::local;
-use lambda_idempotency::{Config, Error, Idempotency, StoreError};
+use lambda_idempotency::{Error, Idempotency, StoreError};
 use serde_json::json;
 
 /// Makes the tables named in `tables` answer `DescribeTable` as global tables.

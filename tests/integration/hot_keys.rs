@@ -18,7 +18,7 @@ use lambda_idempotency::testing::interceptor::{
     Fault, FaultInterceptor, Operation, SDK_ATTEMPTS, client_with,
 };
 use lambda_idempotency::testing::outcomes::compressible;
-use lambda_idempotency::{Config, Error, Idempotency, Invocation, Origin};
+use lambda_idempotency::{Error, Idempotency, Invocation, Origin};
 use serde_json::Value;
 use tokio::sync::oneshot;
 

@@ -11,10 +11,9 @@ use lambda_idempotency::HttpKeys;
 use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::lambda::http::CallerScope;
 use lambda_idempotency::lambda::{LeasePolicy, Operation, sources};
-use lambda_idempotency::store::DynamoDbStore;
 use lambda_idempotency::testing::conformance::start_time;
 use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
-use lambda_idempotency::{Config, ExecutionContext, Idempotency, OperationScope};
+use lambda_idempotency::{ExecutionContext, Idempotency, OperationScope};
 use lambda_runtime::{Context, LambdaEvent};
 use serde_json::{Value, json};
 

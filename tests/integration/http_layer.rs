@@ -13,13 +13,13 @@ use lambda_idempotency::HttpKeys;
 use lambda_idempotency::Operation;
 use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::lambda::LeasePolicy;
-use lambda_idempotency::lambda::http::{CallerScope, HttpIdempotencyLayer, REPLAYED_HEADER};
+use lambda_idempotency::lambda::http::{CallerScope, REPLAYED_HEADER};
 use lambda_idempotency::lambda::sources;
 use lambda_idempotency::testing::conformance::start_time;
 use lambda_idempotency::testing::dynamo;
 use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
 use lambda_idempotency::testing::outcomes::incompressible;
-use lambda_idempotency::{Config, Idempotency, OperationScope};
+use lambda_idempotency::{Idempotency, OperationScope};
 use lambda_runtime::tower::{Service, ServiceExt};
 use serde_json::{Value, json};
 

@@ -9,7 +9,7 @@ use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::lambda::{IdempotencyLayer, current};
 use lambda_idempotency::store::{DynamoDbStore, Store};
 use lambda_idempotency::{
-    Config, Error, Idempotency, IdempotencyError, KeyPolicy, OperationKey, OperationScope,
+    Error, Idempotency, IdempotencyError, KeyPolicy, OperationKey, OperationScope,
 };
 use lambda_runtime::tower::{Service, ServiceBuilder, ServiceExt};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent, service_fn};

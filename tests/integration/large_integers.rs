@@ -13,8 +13,8 @@ use lambda_idempotency::lambda::batch::{BatchProcessor, RecordOutcome};
 use lambda_idempotency::lambda::http::CallerScope;
 use lambda_idempotency::lambda::sources;
 use lambda_idempotency::{
-    Config, Error, ExecutionContext, Fingerprint, Idempotency, IdempotencyLayer, Invocation,
-    KeyPolicy, OperationKey, OperationScope,
+    Error, ExecutionContext, Fingerprint, Idempotency, Invocation, KeyPolicy, OperationKey,
+    OperationScope,
 };
 use lambda_idempotency::{HttpKeys, IdempotencyError};
 use lambda_runtime::tower::{Layer, ServiceExt};

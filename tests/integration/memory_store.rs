@@ -13,7 +13,7 @@ lambda_idempotency::conformance_tests!(fixture());
 async fn single_flight_does_not_make_a_nested_call_wait_on_itself() {
     use std::time::Duration;
 
-    use lambda_idempotency::{Config, Error, Idempotency};
+    use lambda_idempotency::{Error, Idempotency};
 
     let fx = memory_fixture(start_time());
     let idem = Idempotency::new(fx.store).with_single_flight();

@@ -12,8 +12,7 @@ use lambda_idempotency::store::DynamoDbStore;
 use lambda_idempotency::testing::conformance::start_time;
 use lambda_idempotency::testing::dynamo;
 use lambda_idempotency::{
-    BoxError, Config, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope,
-    Origin,
+    BoxError, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope, Origin,
 };
 use serde_json::{Value, json};
 use tokio::sync::oneshot;

@@ -14,9 +14,7 @@ use lambda_idempotency::record::Status;
 use lambda_idempotency::store::{DynamoDbStore, Store};
 use lambda_idempotency::testing::dynamo;
 use lambda_idempotency::testing::local::config_for;
-use lambda_idempotency::{
-    Config, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope,
-};
+use lambda_idempotency::{Fingerprint, Idempotency, Invocation, OperationKey, OperationScope};
 
 /// The lease the aborting handler's claim asks for.
 const LEASE: Duration = Duration::from_secs(120);

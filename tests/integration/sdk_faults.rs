@@ -23,8 +23,8 @@ use lambda_idempotency::testing::interceptor::{
     Fault, FaultInterceptor, Operation, SDK_ATTEMPTS, client_with,
 };
 use lambda_idempotency::{
-    Config, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope, Origin,
-    Resolution, StoreError,
+    Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope, Origin, Resolution,
+    StoreError,
 };
 use serde_json::json;
 

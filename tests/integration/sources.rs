@@ -1,6 +1,5 @@
 //! Event-source key policies: stable across redelivery, sensitive to the business payload.
 
-use aws_lambda_events::event::apigw::ApiGatewayV2httpRequest;
 use aws_lambda_events::event::dynamodb::EventRecord;
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use aws_lambda_events::event::kinesis::KinesisEventRecord;

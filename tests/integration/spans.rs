@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use aws_lambda_events::event::sqs::SqsMessage;
 use lambda_idempotency::Operation;
 use lambda_idempotency::lambda::sources;
-use lambda_idempotency::{BatchProcessor, Config, Idempotency, MemoryStore, OperationScope};
+use lambda_idempotency::{BatchProcessor, Idempotency, MemoryStore, OperationScope};
 use lambda_runtime::Context;
 use serde_json::json;
 use tracing::field::{Field, Visit};

@@ -138,7 +138,8 @@ impl<S: Store + Clone> World<S> {
                     },
                 };
                 let counted = Arc::clone(&takeovers);
-                let idem = Idempotency::new(store.clone()).with_config(config.clone())
+                let idem = Idempotency::new(store.clone())
+                    .with_config(config.clone())
                     .with_clock(Skewed::of(&fixture.clock, worker))
                     .with_recovery(profile.recovery)
                     .with_observer(move |observation: &Observation<'_>| {
