@@ -56,13 +56,7 @@ impl<E: 'static> KeyPolicy<E> {
         K: Serialize + 'static,
         I: Serialize + 'static,
     {
-        Self {
-            key: Arc::new(key),
-            intent: Arc::new(intent),
-            tenant: None,
-            identity: None,
-            identity_scope: IdentityScope::default(),
-        }
+        Self::from_selectors(key, intent)
     }
 
     /// Key material and intent chosen by selectors of your own (a [`Select`] can refuse an
