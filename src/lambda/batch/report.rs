@@ -31,7 +31,7 @@ pub enum RecordOutcome {
     /// Not run: an earlier record of its ordering group failed.
     Skipped,
     /// Not started: too close to the invocation's deadline
-    /// ([`BatchProcessor::with_deadline_margin`]).
+    /// ([`BatchProcessor::with_deadline_margin`](super::BatchProcessor::with_deadline_margin)).
     NotStarted,
     /// It can never succeed, and the poison policy acknowledged it ([`PoisonPolicy::Acknowledge`]).
     Poison(Error),
