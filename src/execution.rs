@@ -5,7 +5,11 @@ use std::time::{Duration, SystemTime};
 use serde_json::value::RawValue;
 
 use crate::config::MAX_REQUEST_ID_BYTES;
+use crate::error::Error;
 use crate::key::{Fingerprint, IdentityScope, JsonPointer, OperationKey};
+
+/// The longest business identity accepted, in bytes.
+pub const MAX_IDENTITY_BYTES: usize = 1024;
 
 /// The longest lease an invocation holds (a year: far past Lambda's 15 minutes).
 pub const MAX_LEASE: Duration = Duration::from_secs(366 * 24 * 3600);
@@ -98,9 +102,22 @@ impl Invocation {
     ///
     /// The identity a claim records is the operation's for its whole life: a later attempt
     /// (after a deploy that adds, changes or removes the identity) settles the recorded one.
-    pub fn with_identity(mut self, identity: impl Into<String>) -> Self {
-        self.identity = Some(identity.into());
-        self
+    ///
+    /// # Errors
+    /// [`Error::InvalidEvent`] for an identity that is blank or over
+    /// [`MAX_IDENTITY_BYTES`] bytes: it is checked here, where the invocation is built, so that
+    /// every way of building one (a key policy, your own code) refuses the same identities.
+    pub fn with_identity(mut self, identity: impl Into<String>) -> Result<Self, Error> {
+        let identity = identity.into();
+        if identity.trim().is_empty() || identity.len() > MAX_IDENTITY_BYTES {
+            return Err(Error::InvalidEvent {
+                reason: format!(
+                    "the business identity must be 1 to {MAX_IDENTITY_BYTES} bytes and not blank"
+                ),
+            });
+        }
+        self.identity = Some(identity);
+        Ok(self)
     }
 
     /// Shares the business identity's evidence more widely than the operation's tenant (see
@@ -215,5 +232,42 @@ impl<T> Execution<T> {
     /// Whether this is a replay of a stored outcome.
     pub fn is_replay(&self) -> bool {
         self.origin == Origin::Replayed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::OperationScope;
+
+    fn invocation() -> Result<Invocation, Error> {
+        let scope = OperationScope::new("shop", "invoice").map_err(|err| Error::InvalidEvent {
+            reason: err.to_string(),
+        })?;
+        let key = OperationKey::derive(&scope, None, "o-1")?;
+        Ok(Invocation::new(
+            key,
+            Fingerprint::of(&1)?,
+            Duration::from_secs(30),
+        ))
+    }
+
+    /// Every way of building an invocation refuses the same identities: here, not only in a
+    /// key policy.
+    #[test]
+    fn an_identity_is_checked_where_the_invocation_is_built() -> Result<(), Error> {
+        for refused in [
+            String::new(),
+            "   ".into(),
+            "i".repeat(MAX_IDENTITY_BYTES + 1),
+        ] {
+            assert!(matches!(
+                invocation()?.with_identity(refused),
+                Err(Error::InvalidEvent { .. })
+            ));
+        }
+        let longest = invocation()?.with_identity("i".repeat(MAX_IDENTITY_BYTES))?;
+        assert_eq!(longest.identity().map(str::len), Some(MAX_IDENTITY_BYTES));
+        Ok(())
     }
 }

@@ -149,6 +149,59 @@ pub struct Settlement {
     pub audit: Option<Audit>,
 }
 
+impl Settlement {
+    /// COMPLETED with the result's exact bytes (and a reference for the evidence), kept for
+    /// `retention` from `now`.
+    pub fn completed(
+        outcome: Vec<u8>,
+        result_ref: Option<String>,
+        now: SystemTime,
+        retention: Duration,
+    ) -> Self {
+        Self::settled(
+            Status::Completed,
+            Some(outcome),
+            result_ref,
+            now,
+            now + retention,
+        )
+    }
+
+    /// FAILED with `failure`, replayed for `retention` from `now`.
+    pub fn failed(failure: &RetainedFailure, now: SystemTime, retention: Duration) -> Self {
+        let outcome = failure.to_json().into_bytes();
+        Self::settled(Status::Failed, Some(outcome), None, now, now + retention)
+    }
+
+    /// INDETERMINATE, kept for `retention` from `now` while it waits for an operator.
+    pub fn indeterminate(now: SystemTime, retention: Duration) -> Self {
+        Self::settled(Status::Indeterminate, None, None, now, now + retention)
+    }
+
+    /// The same settlement, carrying an operator's trace.
+    pub fn with_audit(mut self, audit: Audit) -> Self {
+        self.audit = Some(audit);
+        self
+    }
+
+    fn settled(
+        status: Status,
+        outcome: Option<Vec<u8>>,
+        result_ref: Option<String>,
+        completed_at: SystemTime,
+        expires_at: SystemTime,
+    ) -> Self {
+        Self {
+            status,
+            outcome,
+            result_ref,
+            expires_at,
+            completed_at,
+            audit: None,
+        }
+    }
+}
+
 /// An operator's intervention, kept on the record and the evidence it changed: who, when,
 /// what.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -233,8 +286,9 @@ pub struct Holder<'a> {
 /// A terminal failure as stored and replayed: a stable machine-readable kind and a message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RetainedFailure {
-    /// Stable machine-readable kind, e.g. `outcome_too_large`.
-    pub kind: String,
+    /// Stable machine-readable kind: the engine's own (an outcome it could not keep, an
+    /// operator's release) or a handler's terminal kind, e.g. `card_declined`.
+    pub kind: FailureKind,
     /// Human-readable message, with no payload data.
     pub message: String,
 }
@@ -243,7 +297,7 @@ impl RetainedFailure {
     /// The stored JSON form (`{"kind":…,"message":…}`).
     pub fn to_json(&self) -> String {
         let mut fields = serde_json::Map::new();
-        fields.insert("kind".into(), self.kind.clone().into());
+        fields.insert("kind".into(), self.kind.as_str().into());
         fields.insert("message".into(), self.message.clone().into());
         serde_json::Value::Object(fields).to_string()
     }
@@ -252,6 +306,95 @@ impl RetainedFailure {
 impl fmt::Display for RetainedFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.kind, self.message)
+    }
+}
+
+/// The kind of a retained failure, stored as its name (`outcome_too_large`, `card_declined`):
+/// the engine's own kinds are variants, so that they are matched by variant, never by string.
+///
+/// ```
+/// use lambda_idempotency::record::FailureKind;
+///
+/// assert_eq!(FailureKind::from("outcome_too_large"), FailureKind::OutcomeTooLarge);
+/// assert_eq!(FailureKind::from("card_declined"), FailureKind::Terminal("card_declined".into()));
+/// assert!(FailureKind::OutcomeTooLarge.took_effect());
+/// assert_eq!(FailureKind::Terminal("card_declined".into()), "card_declined");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+#[non_exhaustive]
+pub enum FailureKind {
+    /// The operation ran, but its result is over the outcome limit (`outcome_too_large`).
+    OutcomeTooLarge,
+    /// The operation ran, but the store refused its result (`outcome_unstorable`).
+    OutcomeUnstorable,
+    /// The handler's result does not serialize to JSON (`outcome_unserializable`).
+    OutcomeUnserializable,
+    /// An operator released the operation for the next delivery to run (`released`).
+    Released,
+    /// A handler's terminal failure, of the kind its classifier named. The engine's names
+    /// above are taken: a classifier's kind of the same name reads as the engine's.
+    Terminal(String),
+}
+
+impl FailureKind {
+    /// The stored name.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::OutcomeTooLarge => "outcome_too_large",
+            Self::OutcomeUnstorable => "outcome_unstorable",
+            Self::OutcomeUnserializable => "outcome_unserializable",
+            Self::Released => "released",
+            Self::Terminal(kind) => kind,
+        }
+    }
+
+    /// Whether the operation took effect though its response was not kept (too large, or
+    /// refused by the store): a retry is told it was applied, not that it failed.
+    pub fn took_effect(&self) -> bool {
+        matches!(self, Self::OutcomeTooLarge | Self::OutcomeUnstorable)
+    }
+}
+
+impl From<&str> for FailureKind {
+    fn from(name: &str) -> Self {
+        match name {
+            "outcome_too_large" => Self::OutcomeTooLarge,
+            "outcome_unstorable" => Self::OutcomeUnstorable,
+            "outcome_unserializable" => Self::OutcomeUnserializable,
+            "released" => Self::Released,
+            other => Self::Terminal(other.to_owned()),
+        }
+    }
+}
+
+impl From<String> for FailureKind {
+    fn from(name: String) -> Self {
+        match Self::from(name.as_str()) {
+            Self::Terminal(_) => Self::Terminal(name),
+            engine => engine,
+        }
+    }
+}
+
+impl From<FailureKind> for String {
+    fn from(kind: FailureKind) -> Self {
+        match kind {
+            FailureKind::Terminal(kind) => kind,
+            engine => engine.as_str().to_owned(),
+        }
+    }
+}
+
+impl PartialEq<&str> for FailureKind {
+    fn eq(&self, name: &&str) -> bool {
+        self.as_str() == *name
+    }
+}
+
+impl fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -286,4 +429,32 @@ pub fn retention_expiry(lease_expires_at: SystemTime, retention: Duration) -> Sy
     let rounded_up =
         from_epoch_secs(epoch_secs(lease_expires_at).saturating_add(1)).unwrap_or(lease_expires_at);
     rounded_up + retention
+}
+
+#[cfg(test)]
+mod failure_kind_tests {
+    use super::*;
+
+    /// The stored form is the one 0.2 wrote: a failure reads back as its variant and writes
+    /// the same bytes.
+    #[test]
+    fn a_retained_failure_keeps_its_stored_bytes() -> Result<(), serde_json::Error> {
+        for (stored, kind) in [
+            (
+                r#"{"kind":"outcome_too_large","message":"m"}"#,
+                FailureKind::OutcomeTooLarge,
+            ),
+            (r#"{"kind":"released","message":"m"}"#, FailureKind::Released),
+            (
+                r#"{"kind":"card_declined","message":"m"}"#,
+                FailureKind::Terminal("card_declined".into()),
+            ),
+        ] {
+            let failure: RetainedFailure = serde_json::from_str(stored)?;
+            assert_eq!(failure.kind, kind);
+            assert_eq!(failure.to_json(), stored);
+            assert_eq!(serde_json::to_string(&failure)?, stored);
+        }
+        Ok(())
+    }
 }

@@ -189,7 +189,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 Resolution::Completed(value)
             } else if let Some(kind) = failed {
                 Resolution::Failed(RetainedFailure {
-                    kind,
+                    kind: kind.into(),
                     message: message.unwrap_or_default(),
                 })
             } else if release {

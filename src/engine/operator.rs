@@ -30,13 +30,13 @@ use super::{Idempotency, erased};
 use crate::config::MAX_RESULT_REF_BYTES;
 use crate::error::{ConfigError, Error};
 use crate::key::OperationKey;
-use crate::record::{Audit, Evidence, Record, RetainedFailure, Settlement, Status, epoch_millis};
+use crate::record::{
+    Audit, Evidence, FailureKind, Record, RetainedFailure, Settlement, Status, epoch_millis,
+};
 use crate::store::{Guard, Store, Target};
 
 /// How long an operator's resolution may retry a failing write.
 const OPERATOR_DEADLINE: Duration = Duration::from_secs(10);
-/// The retained failure a released record carries.
-const RELEASED: &str = "released";
 /// How far in the past a released record's retention ends.
 const RELEASED_AGE: Duration = Duration::from_secs(3600);
 
@@ -257,7 +257,8 @@ impl Idempotency {
         audit: Audit,
         now: SystemTime,
     ) -> Result<Settlement, Error> {
-        let (status, outcome) = match resolution {
+        let retention = self.config.retention();
+        let settlement = match resolution {
             Resolution::Completed(value) => {
                 if let Err(err) = serde_json::from_value::<T>(value.clone()) {
                     return Err(Error::OutcomeMismatch {
@@ -265,34 +266,28 @@ impl Idempotency {
                         reason: err.to_string(),
                     });
                 }
-                (Status::Completed, value.to_string())
+                Settlement::completed(value.to_string().into_bytes(), None, now, retention)
             }
-            Resolution::Failed(failure) => (Status::Failed, failure.to_json()),
-            Resolution::Release => (Status::Failed, released_failure().to_json()),
+            Resolution::Failed(failure) => Settlement::failed(&failure, now, retention),
+            Resolution::Release => Settlement::failed(&released_failure(), now, retention),
         };
+        let size = settlement.outcome.as_ref().map_or(0, Vec::len);
         let limit = self.config.max_outcome_bytes();
-        if outcome.len() > limit {
+        if size > limit {
             return Err(Error::OutcomeTooLarge {
                 key: key.clone(),
-                size: outcome.len(),
+                size,
                 limit,
             });
         }
-        Ok(Settlement {
-            status,
-            outcome: Some(outcome.into_bytes()),
-            result_ref: None,
-            expires_at: now + self.config.retention(),
-            completed_at: now,
-            audit: Some(audit),
-        })
+        Ok(settlement.with_audit(audit))
     }
 }
 
 /// The failure a released record keeps.
 fn released_failure() -> RetainedFailure {
     RetainedFailure {
-        kind: RELEASED.into(),
+        kind: FailureKind::Released,
         message: "released by an operator: the effect did not happen; the next delivery runs"
             .into(),
     }

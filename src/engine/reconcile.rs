@@ -10,7 +10,7 @@ use super::{INDETERMINATE_RETENTION, Idempotency};
 use crate::error::Error;
 use crate::execution::{Execution, Invocation, Origin};
 use crate::reconcile::{Reconciliation, Recovery, Takeover};
-use crate::record::{Record, Settlement, Status};
+use crate::record::{Record, Settlement};
 use crate::store::Target;
 
 impl Idempotency {
@@ -79,14 +79,7 @@ impl Idempotency {
         attempt: u32,
     ) -> Result<Execution<T>, Error> {
         let now = self.clock.now();
-        let settlement = Settlement {
-            status: Status::Indeterminate,
-            outcome: None,
-            result_ref: None,
-            expires_at: now + INDETERMINATE_RETENTION,
-            completed_at: now,
-            audit: None,
-        };
+        let settlement = Settlement::indeterminate(now, INDETERMINATE_RETENTION);
         let patience = settle_patience(invocation, claim, now);
         self.settle(target, attempt, &settlement, patience).await?;
         Err(Error::Indeterminate {

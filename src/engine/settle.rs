@@ -13,7 +13,7 @@ use crate::error::{BoxError, Error, StoreError};
 use crate::execution::{Execution, Invocation, Origin};
 use crate::failure::{FailureClass, Release};
 use crate::observe::{self};
-use crate::record::{Record, RetainedFailure, Settlement, Status, epoch_millis};
+use crate::record::{FailureKind, Record, RetainedFailure, Settlement, epoch_millis};
 use crate::store::{Fence, Guard, Store, Target};
 
 impl Idempotency {
@@ -49,14 +49,12 @@ impl Idempotency {
         let patience = settle_patience(invocation, claim, now);
         let unstorable = match serialized {
             Ok(raw) => {
-                let settlement = Settlement {
-                    status: Status::Completed,
-                    outcome: Some(raw.get().as_bytes().to_vec()),
-                    result_ref: answer::result_ref(invocation, &raw),
-                    expires_at: now + self.config.retention(),
-                    completed_at: now,
-                    audit: None,
-                };
+                let settlement = Settlement::completed(
+                    raw.get().as_bytes().to_vec(),
+                    answer::result_ref(invocation, &raw),
+                    now,
+                    self.config.retention(),
+                );
                 let limit = self.config.max_outcome_bytes();
                 if raw.get().len() <= limit {
                     let completing = Instant::now();
@@ -65,8 +63,14 @@ impl Idempotency {
                     match settled {
                         Err(Error::Store(StoreError::Rejected { message, .. })) => {
                             warn!(attempt, "the store rejected the outcome after the effect");
-                            self.retain(target, attempt, "outcome_unstorable", message, patience)
-                                .await?;
+                            self.retain(
+                                target,
+                                attempt,
+                                FailureKind::OutcomeUnstorable,
+                                message,
+                                patience,
+                            )
+                            .await?;
                             return Err(Error::OutcomeTooLarge {
                                 key: key.clone(),
                                 size: raw.get().len(),
@@ -89,8 +93,8 @@ impl Idempotency {
             },
         };
         let kind = match unstorable {
-            Error::OutcomeTooLarge { .. } => "outcome_too_large",
-            _ => "outcome_unserializable",
+            Error::OutcomeTooLarge { .. } => FailureKind::OutcomeTooLarge,
+            _ => FailureKind::OutcomeUnserializable,
         };
         self.retain(target, attempt, kind, unstorable.to_string(), patience)
             .await?;
@@ -121,8 +125,9 @@ impl Idempotency {
                 }
             }
             FailureClass::Terminal { kind } => {
-                warn!(attempt, kind, "terminal failure retained");
-                self.retain(target, attempt, &kind, source.to_string(), patience)
+                warn!(attempt, kind = kind.as_str(), "terminal failure retained");
+                let kind = FailureKind::from(kind);
+                self.retain(target, attempt, kind, source.to_string(), patience)
                     .await?;
             }
         }
@@ -134,23 +139,12 @@ impl Idempotency {
         &self,
         target: Target<'_>,
         attempt: u32,
-        kind: &str,
+        kind: FailureKind,
         message: String,
         patience: Patience,
     ) -> Result<(), Error> {
-        let failure = RetainedFailure {
-            kind: kind.to_owned(),
-            message,
-        };
-        let now = self.clock.now();
-        let settlement = Settlement {
-            status: Status::Failed,
-            outcome: Some(failure.to_json().into_bytes()),
-            result_ref: None,
-            expires_at: now + self.config.retention(),
-            completed_at: now,
-            audit: None,
-        };
+        let failure = RetainedFailure { kind, message };
+        let settlement = Settlement::failed(&failure, self.clock.now(), self.config.retention());
         self.settle(target, attempt, &settlement, patience).await
     }
 

@@ -15,9 +15,6 @@ use crate::execution::Invocation;
 /// Reads a string (a tenant, a business identity) from an event.
 type ReadFn<E> = dyn Fn(&E) -> Option<String> + Send + Sync;
 
-/// Longest accepted business identity, in bytes.
-const MAX_IDENTITY_BYTES: usize = 1024;
-
 /// How to derive the key and the fingerprint from an event of type `E`.
 pub struct KeyPolicy<E> {
     key: Arc<dyn Select<E>>,
@@ -123,13 +120,8 @@ impl<E> KeyPolicy<E> {
         let invocation = Invocation::new(key, fingerprint, lease).with_earlier_key(earlier);
         match self.identity.as_ref().and_then(|identity| identity(event)) {
             None => Ok(invocation),
-            Some(identity) if identity.trim().is_empty() || identity.len() > MAX_IDENTITY_BYTES => {
-                Err(Error::InvalidEvent {
-                    reason: "the business identity must be 1 to 1024 bytes and not blank".into(),
-                })
-            }
             Some(identity) => Ok(invocation
-                .with_identity(identity)
+                .with_identity(identity)?
                 .with_identity_scope(self.identity_scope)),
         }
     }

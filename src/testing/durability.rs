@@ -25,6 +25,7 @@ use super::conformance::{
 fn invoice(material: &str, identity: &str) -> Invocation {
     invocation(material, &json!({"amount": 10}))
         .with_identity(identity)
+        .expect("a valid identity")
         .with_result_ref(JsonPointer::new("/invoice_id").expect("pointer"))
 }
 

@@ -59,6 +59,7 @@ fn retention(seconds: u64) -> Config {
 fn with_identity(material: &str) -> Invocation {
     invocation(material, &json!({"amount": 10}))
         .with_identity(format!("invoice:{material}"))
+        .expect("a valid identity")
         .with_result_ref(JsonPointer::new("/invoice_id").expect("pointer"))
 }
 
@@ -172,7 +173,9 @@ pub async fn orphaned_evidence_is_adopted_and_reconciled<S: Store>(fx: Fixture<S
 pub async fn in_progress_evidence_is_not_acknowledged<S: Store>(fx: Fixture<S>) {
     let (idem, _, _) = engine(fx, Config::default());
     let first = with_identity("edge-4");
-    let other = invocation("edge-4-copy", &json!({"amount": 10})).with_identity("invoice:edge-4");
+    let other = invocation("edge-4-copy", &json!({"amount": 10}))
+        .with_identity("invoice:edge-4")
+        .expect("a valid identity");
     let (holder, resume) = blocked_worker(&idem, &first, Ok("held".into())).await;
 
     let err = idem

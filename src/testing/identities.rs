@@ -33,6 +33,7 @@ fn invoice(namespace: &str, tenant: Option<&str>, order: &str, identity: &str) -
         LEASE,
     )
     .with_identity(identity)
+    .expect("a valid identity")
 }
 
 /// The same operation, without a business identity.

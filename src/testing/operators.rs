@@ -23,6 +23,7 @@ use super::faults::{Fault, FaultKind, FaultyStore, Primitive};
 fn invoice(material: &str) -> Invocation {
     invocation(material, &json!({"amount": 10}))
         .with_identity(format!("invoice:{material}"))
+        .expect("a valid identity")
         .with_result_ref(JsonPointer::new("/invoice_id").expect("pointer"))
 }
 

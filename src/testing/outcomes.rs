@@ -193,6 +193,7 @@ pub async fn outcome_limit_is_the_configured_one<S: Store>(fx: Fixture<S>) {
         let key = OperationKey::derive(&scope, Some(&"t".repeat(256)), material).expect("key");
         Invocation::new(key, Fingerprint::of(&10).expect("fingerprint"), LEASE)
             .with_identity(format!("invoice:{material}:{}", "i".repeat(1000)))
+            .expect("a valid identity")
             .with_request_id("r".repeat(300))
     };
     let runs = AtomicUsize::new(0);
@@ -222,6 +223,7 @@ pub async fn outcome_limit_is_the_configured_one<S: Store>(fx: Fixture<S>) {
 
     let long_ref = invocation("edge-10c", &json!({"amount": 10}))
         .with_identity("invoice:edge-10c")
+        .expect("a valid identity")
         .with_result_ref(
             lambda_idempotency::key::JsonPointer::new("/invoice_id").expect("pointer"),
         );

@@ -291,7 +291,9 @@ async fn round_trips_takeover_three() {
 async fn round_trips_with_evidence_are_transactions() {
     let db = dynamo::start().await;
     let idem = Idempotency::new(db.store());
-    let inv = invocation("evidence-round-trips").with_identity("invoice:rt:1");
+    let inv = invocation("evidence-round-trips")
+        .with_identity("invoice:rt:1")
+        .expect("a valid identity");
 
     let before = db.requests.count();
     idem.execute(&inv, |_| ok(1)).await.expect("first");
@@ -315,7 +317,9 @@ async fn round_trips_with_evidence_are_transactions() {
 async fn identity_without_uniqueness_table_is_a_typed_error() {
     let db = dynamo::start().await;
     let idem = Idempotency::new(DynamoDbStore::new(db.client.clone(), &db.table));
-    let inv = invocation("no-uniqueness").with_identity("invoice:none:1");
+    let inv = invocation("no-uniqueness")
+        .with_identity("invoice:none:1")
+        .expect("a valid identity");
 
     let err = idem
         .execute(&inv, |_| ok(1))
@@ -398,6 +402,7 @@ async fn evidence_written_before_scoping_still_refuses_its_scope_and_only_its_sc
             Duration::from_secs(30),
         )
         .with_identity("invoice:o-1")
+        .expect("a valid identity")
     };
     // Tenant acme's operation took effect before the upgrade; its record is long gone.
     seed_unscoped_evidence(&db, "invoice:o-1", &key(Some("acme"), "o-1"), "COMPLETED").await;
@@ -426,7 +431,8 @@ async fn evidence_written_before_scoping_still_refuses_its_scope_and_only_its_sc
         Fingerprint::of(&"o-1").expect("fingerprint"),
         Duration::from_secs(30),
     )
-    .with_identity("invoice:o-1");
+    .with_identity("invoice:o-1")
+    .expect("a valid identity");
     other_function
         .execute(&shipped, |_| ok(3))
         .await
@@ -458,8 +464,9 @@ async fn an_orphan_written_before_scoping_is_adopted_and_settled_where_it_stands
         .await
         .expect("seed an orphan");
     let idem = Idempotency::new(db.store());
-    let inv =
-        Invocation::new(key, fingerprint, Duration::from_secs(30)).with_identity("invoice:o-7");
+    let inv = Invocation::new(key, fingerprint, Duration::from_secs(30))
+        .with_identity("invoice:o-7")
+        .expect("a valid identity");
 
     let done = idem
         .execute(

@@ -219,8 +219,12 @@ async fn an_operator_resolves_every_held_state_on_a_single_table_layout_and_leav
         .with_config(retention)
         .with_clock(clock.clone());
     let (stuck, orphan) = (
-        invocation("stuck").with_identity("invoice:stuck"),
-        invocation("orphan").with_identity("invoice:orphan"),
+        invocation("stuck")
+            .with_identity("invoice:stuck")
+            .expect("a valid identity"),
+        invocation("orphan")
+            .with_identity("invoice:orphan")
+            .expect("a valid identity"),
     );
     crash_after_claim(&idem, &stuck).await;
     crash_after_claim(&idem, &orphan).await;

@@ -134,11 +134,21 @@ async fn decisions_and_latencies_come_out_as_embedded_metric_format() {
     assert!(matches!(err, Error::LeaseLost { .. }), "got {err:?}");
 
     // key_expired_conflict: another operation with a business identity already settled.
-    idem.execute(&invocation("o-6", 1).with_identity("invoice:6"), |_| ok(6))
-        .await
-        .expect("first execution");
+    idem.execute(
+        &invocation("o-6", 1)
+            .with_identity("invoice:6")
+            .expect("a valid identity"),
+        |_| ok(6),
+    )
+    .await
+    .expect("first execution");
     let err = idem
-        .execute(&invocation("o-7", 1).with_identity("invoice:6"), |_| ok(7))
+        .execute(
+            &invocation("o-7", 1)
+                .with_identity("invoice:6")
+                .expect("a valid identity"),
+            |_| ok(7),
+        )
         .await
         .expect_err("the identity stands");
     assert!(

@@ -387,7 +387,9 @@ async fn a_large_settlement_whose_answer_is_lost_is_the_callers_own() {
         let rig = Rig::new(OutcomeStorage::default()).await;
         let mut inv = invocation("ambiguous", &json!({"amount": 1}));
         let settle = if identity {
-            inv = inv.with_identity("invoice:ambiguous");
+            inv = inv
+                .with_identity("invoice:ambiguous")
+                .expect("a valid identity");
             Operation::TransactWriteItems
         } else {
             Operation::UpdateItem
@@ -427,7 +429,8 @@ async fn a_small_outcome_stays_inline_beside_a_long_key_and_identity() {
         lambda_idempotency::Fingerprint::of(&1).expect("fingerprint"),
         Duration::from_secs(30),
     )
-    .with_identity(format!("invoice:{}", "i".repeat(500)));
+    .with_identity(format!("invoice:{}", "i".repeat(500)))
+    .expect("a valid identity");
     rig.idem
         .execute(&inv, |_| async {
             Ok::<_, std::io::Error>(json!({"id": 1}))

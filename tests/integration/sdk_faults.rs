@@ -188,7 +188,9 @@ fn invocation(material: &str, path: Path) -> Invocation {
     let inv = Invocation::new(key, Fingerprint::of(&material).expect("fingerprint"), LEASE);
     match path {
         Path::Single => inv,
-        Path::Transaction => inv.with_identity(format!("invoice:{material}:1")),
+        Path::Transaction => inv
+            .with_identity(format!("invoice:{material}:1"))
+            .expect("a valid identity"),
     }
 }
 

@@ -24,7 +24,7 @@ pub(crate) struct ErrorAnswer {
 /// A retained failure that is really an applied operation whose response could not be kept.
 fn applied_but_not_kept(err: &Error) -> bool {
     matches!(err, Error::Failed { failure, .. }
-        if matches!(failure.kind.as_str(), "outcome_too_large" | "outcome_unstorable"))
+        if failure.kind.took_effect())
 }
 
 /// Evidence of an operation that failed for good.

@@ -90,9 +90,10 @@ impl<S: Store + Clone> World<S> {
         let invocation = Invocation::new(spec.key.clone(), spec.fingerprint.clone(), LEASE)
             .with_deadline(deadline);
         match (identity, JsonPointer::new("/op")) {
-            (Some(identity), Ok(pointer)) => {
-                invocation.with_identity(identity).with_result_ref(pointer)
-            }
+            (Some(identity), Ok(pointer)) => invocation
+                .with_identity(identity)
+                .expect("a valid identity")
+                .with_result_ref(pointer),
             _ => invocation,
         }
     }
