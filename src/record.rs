@@ -444,7 +444,10 @@ mod failure_kind_tests {
                 r#"{"kind":"outcome_too_large","message":"m"}"#,
                 FailureKind::OutcomeTooLarge,
             ),
-            (r#"{"kind":"released","message":"m"}"#, FailureKind::Released),
+            (
+                r#"{"kind":"released","message":"m"}"#,
+                FailureKind::Released,
+            ),
             (
                 r#"{"kind":"card_declined","message":"m"}"#,
                 FailureKind::Terminal("card_declined".into()),

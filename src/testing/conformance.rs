@@ -27,7 +27,7 @@ const HANG_GUARD: Duration = Duration::from_secs(60);
 /// Deletes expired records as TTL eventually does; returns how many.
 pub type Sweeper = Arc<dyn Fn() -> BoxFuture<'static, usize> + Send + Sync>;
 
-/// A fresh, empty store, the clock its backend reads, and its TTL sweep.
+/// A fresh, empty store, the clock its backend reads, its TTL sweep, and what it can do.
 pub struct Fixture<S> {
     /// The store under test, empty.
     pub store: S,
@@ -35,6 +35,104 @@ pub struct Fixture<S> {
     pub clock: ManualClock,
     /// Deletes the records whose retention ran out, as DynamoDB TTL eventually does.
     pub sweep: Sweeper,
+    /// What the store offers: a case that needs what it lacks passes without running, and says
+    /// so on stderr ([`Capabilities`]).
+    pub capabilities: Capabilities,
+}
+
+impl<S> Fixture<S> {
+    /// A fixture for a store that offers everything the suite checks ([`Capabilities::ALL`]).
+    pub fn new(store: S, clock: ManualClock, sweep: Sweeper) -> Self {
+        Self {
+            store,
+            clock,
+            sweep,
+            capabilities: Capabilities::ALL,
+        }
+    }
+
+    /// The same fixture with its store wrapped by `wrap` (a decorator: a cache, a fault
+    /// injector), keeping its clock, sweep and capabilities.
+    pub fn map_store<T>(self, wrap: impl FnOnce(S) -> T) -> Fixture<T> {
+        Fixture {
+            store: wrap(self.store),
+            clock: self.clock,
+            sweep: self.sweep,
+            capabilities: self.capabilities,
+        }
+    }
+
+    /// The same fixture for a store that offers only `capabilities`.
+    pub fn with_capabilities(mut self, capabilities: Capabilities) -> Self {
+        self.capabilities = capabilities;
+        self
+    }
+
+    /// Whether the store lacks `capability`: a case that needs it then stops before it starts
+    /// (reported on stderr, so that a skipped case is never mistaken for a checked one).
+    pub fn lacks(&self, capability: Capability) -> bool {
+        let lacks = !self.capabilities.has(capability);
+        if lacks {
+            eprintln!("skipped: the store under test does not offer {capability:?}");
+        }
+        lacks
+    }
+}
+
+/// What a store offers beyond the primitives every store must have (claims, takeovers,
+/// fenced settlements, releases, reads), so that a store that has less (a cache, a key-value
+/// store without transactions) can run the suite honestly: the cases that need a capability
+/// it lacks are skipped, and every other case still holds it to the contract. The model is
+/// object_store's `supports_update`.
+///
+/// ```
+/// use lambda_idempotency::testing::conformance::{Capabilities, Capability};
+///
+/// let caps = Capabilities::ALL.without(Capability::Evidence);
+/// assert!(!caps.has(Capability::Evidence));
+/// assert!(caps.has(Capability::LargeOutcomes));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    evidence: bool,
+    large_outcomes: bool,
+}
+
+/// One capability a store may lack ([`Capabilities`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Capability {
+    /// Business identities' permanent evidence, written atomically with the claim and
+    /// settled with the record (a uniqueness table).
+    Evidence,
+    /// Outcomes up to [`MAX_OUTCOME_BYTES`](crate::config::MAX_OUTCOME_BYTES) (16 MiB), kept
+    /// whole whatever the backend's item limit.
+    LargeOutcomes,
+}
+
+impl Capabilities {
+    /// Everything the suite checks: the memory and DynamoDB stores offer it all.
+    pub const ALL: Self = Self {
+        evidence: true,
+        large_outcomes: true,
+    };
+
+    /// The same, without `capability`.
+    pub const fn without(mut self, capability: Capability) -> Self {
+        match capability {
+            Capability::Evidence => self.evidence = false,
+            Capability::LargeOutcomes => self.large_outcomes = false,
+        }
+        self
+    }
+
+    /// Whether `capability` is offered.
+    pub const fn has(&self, capability: Capability) -> bool {
+        match capability {
+            Capability::Evidence => self.evidence,
+            Capability::LargeOutcomes => self.large_outcomes,
+        }
+    }
 }
 
 impl<S: std::fmt::Debug> std::fmt::Debug for Fixture<S> {
@@ -42,6 +140,7 @@ impl<S: std::fmt::Debug> std::fmt::Debug for Fixture<S> {
         f.debug_struct("Fixture")
             .field("store", &self.store)
             .field("clock", &self.clock)
+            .field("capabilities", &self.capabilities)
             .finish_non_exhaustive()
     }
 }
@@ -57,11 +156,7 @@ pub fn memory_fixture(start: SystemTime) -> Fixture<MemoryStore> {
             Box::pin(async move { swept })
         })
     };
-    Fixture {
-        store,
-        clock,
-        sweep,
-    }
+    Fixture::new(store, clock, sweep)
 }
 
 /// Where every case's clock starts.
@@ -622,3 +717,4 @@ pub use super::identities::*;
 pub use super::operators::*;
 pub use super::outages::*;
 pub use super::outcomes::*;
+pub use super::primitives::*;

@@ -1,6 +1,7 @@
 //! Conformance cases beyond TTL: permanent evidence, failure classes, reconciled takeover,
 //! downstream keys, late duplicates. Run against every store with the rest of the suite.
 
+use crate::testing::conformance::Capability;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -53,6 +54,9 @@ fn assert_key_expired_conflict(err: &Error, status: Status, result_ref: Option<&
 
 /// Case: Expired and swept record with evidence is not rerun.
 pub async fn expired_and_swept_record_with_evidence_is_not_rerun<S: Store>(fx: Fixture<S>) {
+    if fx.lacks(Capability::Evidence) {
+        return;
+    }
     let (idem, clock, sweep) = engine(fx, short_retention());
     let inv = invoice("order-20", "invoice:o-20:rev-1");
     let runs = AtomicUsize::new(0);
@@ -87,6 +91,9 @@ fn amount_fingerprint() -> lambda_idempotency::Fingerprint {
 
 /// Case: Expired record with evidence is not rerun.
 pub async fn expired_record_with_evidence_is_not_rerun<S: Store>(fx: Fixture<S>) {
+    if fx.lacks(Capability::Evidence) {
+        return;
+    }
     let (idem, clock, _) = engine(fx, short_retention());
     let inv = invoice("order-21", "invoice:o-21:rev-1");
     let runs = AtomicUsize::new(0);
@@ -106,6 +113,9 @@ pub async fn expired_record_with_evidence_is_not_rerun<S: Store>(fx: Fixture<S>)
 
 /// Case: Identity taken by another key is refused.
 pub async fn identity_taken_by_another_key_is_refused<S: Store>(fx: Fixture<S>) {
+    if fx.lacks(Capability::Evidence) {
+        return;
+    }
     let (idem, _, _) = engine(fx, Config::default());
     let first = invoice("message-a", "invoice:o-22:rev-1");
     let other = invoice("message-b", "invoice:o-22:rev-1");
@@ -137,6 +147,9 @@ pub async fn identity_taken_by_another_key_is_refused<S: Store>(fx: Fixture<S>) 
 
 /// Case: Terminal failure is replayed not rerun.
 pub async fn terminal_failure_is_replayed_not_rerun<S: Store>(fx: Fixture<S>) {
+    if fx.lacks(Capability::Evidence) {
+        return;
+    }
     let (idem, _, _) = engine(fx, Config::default());
     let inv = invoice("order-23", "invoice:o-23:rev-1");
     let runs = AtomicUsize::new(0);
@@ -247,6 +260,9 @@ pub async fn handler_error_type_decides_the_class<S: Store>(fx: Fixture<S>) {
 
 /// Case: Retryable failure releases evidence and reruns.
 pub async fn retryable_failure_releases_evidence_and_reruns<S: Store>(fx: Fixture<S>) {
+    if fx.lacks(Capability::Evidence) {
+        return;
+    }
     let (idem, _, _) = engine(fx, Config::default());
     let inv = invoice("order-26", "invoice:o-26:rev-1");
     let runs = AtomicUsize::new(0);
@@ -351,6 +367,9 @@ async fn after_crashes<S: Store>(
 
 /// Case: Takeover reconciled as applied records without running.
 pub async fn takeover_reconciled_as_applied_records_without_running<S: Store>(fx: Fixture<S>) {
+    if fx.lacks(Capability::Evidence) {
+        return;
+    }
     let inv = invoice("order-27", "invoice:o-27:rev-1");
     let applied = json!({"invoice_id": "inv-provider", "total": 10});
     let (idem, _, script, runs) =
@@ -409,6 +428,9 @@ pub async fn takeover_reconciled_as_not_applied_runs_the_handler<S: Store>(fx: F
 
 /// Case: Takeover reconciled as unknown holds for an operator.
 pub async fn takeover_reconciled_as_unknown_holds_for_an_operator<S: Store>(fx: Fixture<S>) {
+    if fx.lacks(Capability::Evidence) {
+        return;
+    }
     let resolved = invoice("order-29", "invoice:o-29:rev-1");
     let released = invoice("order-30", "invoice:o-30:rev-1");
     let unknown = vec![Ok(Reconciliation::Unknown), Ok(Reconciliation::Unknown)];
@@ -524,6 +546,9 @@ pub async fn failing_reconciler_leaves_the_lease_to_run_out<S: Store>(fx: Fixtur
 
 /// Case: Concurrent claims across both tables have one winner.
 pub async fn concurrent_claims_across_both_tables_have_one_winner<S: Store>(fx: Fixture<S>) {
+    if fx.lacks(Capability::Evidence) {
+        return;
+    }
     let (idem, _, _) = engine(fx, Config::default());
     // Half the callers share one key; the others each bring a key of their own. All declare
     // the same business identity.
@@ -578,6 +603,9 @@ fn claim_record(material: &str, identity: &str, token: &str) -> Record {
 
 /// Case: Cancelled claim reports which condition failed.
 pub async fn cancelled_claim_reports_which_condition_failed<S: Store>(fx: Fixture<S>) {
+    if fx.lacks(Capability::Evidence) {
+        return;
+    }
     let store = fx.store;
     let now = start_time();
     let first = claim_record("order-33", "invoice:o-33", "token-1");

@@ -182,11 +182,7 @@ pub async fn fixture(start: SystemTime) -> Fixture<DynamoDbStore> {
         let dynamo = Arc::clone(&dynamo);
         Box::pin(async move { dynamo.sweep().await })
     });
-    Fixture {
-        store,
-        clock,
-        sweep,
-    }
+    Fixture::new(store, clock, sweep)
 }
 
 /// Our manual clock, as dynoxide's clock.

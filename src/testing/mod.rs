@@ -22,7 +22,9 @@
 //!             Box::pin(async move { swept })
 //!         })
 //!     };
-//!     Fixture { store, clock, sweep }
+//!     Fixture::new(store, clock, sweep)
+//!     // A store that keeps no permanent evidence:
+//!     //   .with_capabilities(Capabilities::ALL.without(Capability::Evidence))
 //! }
 //!
 //! lambda_idempotency::conformance_tests!(fixture());
@@ -40,14 +42,24 @@ pub mod local;
 pub mod operators;
 pub mod outages;
 pub mod outcomes;
+pub mod primitives;
 pub mod simulation;
 
 /// Generates one `#[tokio::test]` per conformance case for a store made by `$make` (an async
-/// expression giving a [`conformance::Fixture`]).
+/// expression giving a [`conformance::Fixture`]): first the store's own primitives
+/// ([`primitives`]), then the engine's cases over the store. A case that needs a capability
+/// the fixture lacks ([`conformance::Capabilities`]) passes without running and says so.
 #[macro_export]
 macro_rules! conformance_tests {
     ($make:expr) => {
         $crate::conformance_tests!(@cases $make;
+            store_claims_a_key_once_and_answers_the_standing_record,
+            store_counts_only_a_settled_expired_record_as_absent,
+            store_takes_over_only_an_expired_lease_from_its_holder,
+            store_fences_settlements_and_releases_on_the_lease,
+            store_shortens_and_releases_the_holders_claim,
+            store_keeps_evidence_with_the_claim,
+            store_keeps_a_large_outcome_whole,
             first_run_executes_and_stores,
             duplicate_replays_without_running,
             payload_conflict_is_refused,

@@ -3,6 +3,7 @@
 //! INDETERMINATE evidence whose record TTL deleted. Each resolution is conditional on what the
 //! operator read and leaves its trace on the record or evidence it writes.
 
+use crate::testing::conformance::Capability;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -65,6 +66,9 @@ fn assert_trace(audit: Option<&Audit>, action: &str) {
 pub async fn a_stuck_claim_is_resolved_by_an_operator_but_never_a_live_one<S: Store>(
     fx: Fixture<S>,
 ) {
+    if fx.lacks(Capability::Evidence) {
+        return;
+    }
     let (idem, clock, _) = engine(fx, Config::default());
     let inv = invoice("stuck-1");
     let crashed = crash_after_claim(&idem, &inv).await;
@@ -108,6 +112,9 @@ pub async fn a_stuck_claim_is_resolved_by_an_operator_but_never_a_live_one<S: St
 pub async fn an_operators_release_leaves_a_trace_and_the_next_delivery_runs<S: Store>(
     fx: Fixture<S>,
 ) {
+    if fx.lacks(Capability::Evidence) {
+        return;
+    }
     let (idem, clock, _) = engine(fx, Config::default());
     let inv = invoice("held-1");
     hold_for_an_operator(&idem, &clock, &inv).await;
@@ -148,6 +155,9 @@ pub async fn an_operators_release_leaves_a_trace_and_the_next_delivery_runs<S: S
 /// operator from the evidence alone: COMPLETED with a result reference and the trace, after
 /// which a redelivery is acknowledged as already done, never run.
 pub async fn orphaned_evidence_is_resolved_by_an_operator<S: Store>(fx: Fixture<S>) {
+    if fx.lacks(Capability::Evidence) {
+        return;
+    }
     let (idem, clock, sweep) = engine(fx, retention(60));
     let inv = invoice("orphan-1");
     crash_after_claim(&idem, &inv).await;
@@ -197,6 +207,9 @@ pub async fn orphaned_evidence_is_resolved_by_an_operator<S: Store>(fx: Fixture<
 pub async fn indeterminate_evidence_without_its_record_is_released_by_an_operator<S: Store>(
     fx: Fixture<S>,
 ) {
+    if fx.lacks(Capability::Evidence) {
+        return;
+    }
     let (idem, clock, sweep) = engine(fx, Config::default());
     let inv = invoice("lost-1");
     hold_for_an_operator(&idem, &clock, &inv).await;
@@ -234,6 +247,9 @@ pub async fn indeterminate_evidence_without_its_record_is_released_by_an_operato
 /// Case: evidence an operator read as orphaned but that a redelivery adopted meanwhile (a live
 /// claim again) is not settled under it: the resolution answers `false`, nothing changes.
 pub async fn an_operator_never_settles_evidence_a_delivery_has_adopted<S: Store>(fx: Fixture<S>) {
+    if fx.lacks(Capability::Evidence) {
+        return;
+    }
     let (idem, clock, sweep) = engine(fx, retention(60));
     let inv = invoice("adopted-1");
     crash_after_claim(&idem, &inv).await;
@@ -275,6 +291,9 @@ pub async fn an_operators_lost_answer_is_recognised_and_a_throttled_one_retried<
 >(
     fx: Fixture<S>,
 ) {
+    if fx.lacks(Capability::Evidence) {
+        return;
+    }
     let store = FaultyStore::new(fx.store);
     let clock = fx.clock;
     let idem = lambda_idempotency::Idempotency::new(store.clone())

@@ -20,11 +20,7 @@ fn cache<S: Store>(idem: &Idempotency) -> &CachedStore<S> {
 }
 
 fn cached<S>(fixture: Fixture<S>) -> Fixture<CachedStore<S>> {
-    Fixture {
-        store: CachedStore::new(fixture.store, CACHE_BYTES),
-        clock: fixture.clock,
-        sweep: fixture.sweep,
-    }
+    fixture.map_store(|store| CachedStore::new(store, CACHE_BYTES))
 }
 
 mod over_memory {

@@ -490,3 +490,18 @@ async fn an_orphan_written_before_scoping_is_adopted_and_settled_where_it_stands
     let scoped = inv.evidence_key().expect("an identity");
     assert_eq!(db.store().evidence(&scoped).await.expect("evidence"), None);
 }
+
+/// A store without a uniqueness table keeps no evidence: it runs the suite with that
+/// capability off, and every other case still holds it to the contract.
+mod without_a_uniqueness_table {
+    use super::*;
+    use lambda_idempotency::testing::conformance::{Capabilities, Capability};
+
+    async fn fixture() -> Fixture<DynamoDbStore> {
+        let base = dynamo::fixture(start_time()).await;
+        let store = DynamoDbStore::new(base.store.client().clone(), base.store.table());
+        Fixture { store, ..base }.with_capabilities(Capabilities::ALL.without(Capability::Evidence))
+    }
+
+    lambda_idempotency::conformance_tests!(fixture());
+}

@@ -27,3 +27,4 @@ mod sdk_faults;
 mod simulation;
 mod sources;
 mod spans;
+mod store_primitives;

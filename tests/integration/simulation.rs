@@ -112,11 +112,8 @@ async fn simulation_keeps_the_invariants_through_the_in_process_cache() {
     let mut total = Stats::default();
     for seed in seeds(200) {
         let fixture = memory_fixture();
-        let cached = lambda_idempotency::testing::conformance::Fixture {
-            store: lambda_idempotency::store::CachedStore::new(fixture.store, 1 << 20),
-            clock: fixture.clock,
-            sweep: fixture.sweep,
-        };
+        let cached =
+            fixture.map_store(|store| lambda_idempotency::store::CachedStore::new(store, 1 << 20));
         match run_seed(cached, seed, Budget::default()).await {
             Ok(stats) => total.absorb(stats),
             Err(violation) => panic!("{violation}"),
