@@ -37,15 +37,14 @@ use self::settle::settle_patience;
 use self::single_flight::SingleFlight;
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
-use crate::error::{BoxError, ConfigError, Error};
+use crate::error::{BoxError, Error};
 use crate::execution::{Execution, ExecutionContext, Invocation, Origin};
 use crate::failure::{Classifier, DefaultClassifier};
-use crate::key::{KeyPolicy, OperationKey, OperationScope};
-use crate::lambda::Operation;
+use crate::key::OperationKey;
 use crate::observe::{self, Decision, NoObserver, Observation, Observer};
 use crate::reconcile::{BoxFuture, Reconciler, Recovery};
 use crate::record::Record;
-use crate::store::{AnyStore, DynamoDbStore, Guard, Store, Target};
+use crate::store::{AnyStore, Guard, Store, Target};
 
 mod answer;
 mod claim;
@@ -121,38 +120,10 @@ impl Idempotency {
         }
     }
 
-    /// An engine over the DynamoDB tables the environment names
-    /// ([`DynamoDbStore::from_env`]: `IDEMPOTENCY_TABLE`, optionally `UNIQUENESS_TABLE` and
-    /// `DYNAMODB_ENDPOINT`), with the default [`Config`].
-    ///
-    /// # Errors
-    /// [`ConfigError`] when `IDEMPOTENCY_TABLE` is unset.
-    pub async fn from_env() -> Result<Self, ConfigError> {
-        Ok(Self::new(DynamoDbStore::from_env().await?))
-    }
-
     /// Uses `config` (retention, outcome size limit) instead of the default.
     pub fn with_config(mut self, config: Config) -> Self {
         self.config = config;
         self
-    }
-
-    /// The operation `name` of this function, keyed by `policy`: its scope is
-    /// [`OperationScope::for_function`]`(name)` (the function's namespace, the operation's
-    /// name). Every door is built from it (`.layer()`, `.batch()`, `.http_layer()`).
-    ///
-    /// # Errors
-    /// [`ConfigError`] for a name that is empty, too long, or starts with `t=`.
-    pub fn operation<E>(
-        &self,
-        name: &str,
-        policy: KeyPolicy<E>,
-    ) -> Result<Operation<E>, ConfigError> {
-        Ok(Operation::new(
-            self.clone(),
-            OperationScope::for_function(name)?,
-            policy,
-        ))
     }
 
     /// Single flight: concurrent callers of one operation key through this engine (and its

@@ -203,7 +203,7 @@ impl Idempotency {
 
 /// How long a write after the handler ran (a settlement, a release) is retried: until the
 /// invocation's deadline, or the lease's end when sooner (or when there is no deadline), less
-/// [`retry::SETTLE_MARGIN`], each try cut at the deadline.
+/// [`SETTLE_MARGIN`](super::retry::SETTLE_MARGIN), each try cut at the deadline.
 pub(super) fn settle_patience(
     invocation: &Invocation,
     claim: &Record,

@@ -32,13 +32,7 @@ impl<E: Serialize + 'static> KeyPolicy<E> {
 
     /// Key material chosen by a selector (a closure, a pointer); intent = the whole event.
     pub fn select(key: impl Select<E> + 'static) -> Self {
-        Self {
-            key: Arc::new(key),
-            intent: Arc::new(WholeEvent),
-            tenant: None,
-            identity: None,
-            identity_scope: IdentityScope::default(),
-        }
+        Self::from_selectors(key, WholeEvent)
     }
 }
 

@@ -2,18 +2,19 @@
 
 use crate::error::Error;
 
-/// The error of an idempotent handler's service ([`IdempotencyService`](super::IdempotencyService),
-/// [`BatchService`](super::batch::BatchService)).
+/// The error of an idempotent handler's service ([`IdempotencyService`](super::IdempotencyService)).
 ///
-/// A handler error comes back as the handler returned it (`Handler`), so that its Lambda
-/// diagnostic is the handler's own: an `errorType` a Step Functions `Retry` or `Catch` matches
-/// survives the layer. The engine's own answers (a duplicate in progress, a payload conflict, a
-/// store outage) are `Idempotency`, reported as `Idempotency.<kind>` ([`crate::ErrorKind`]).
+/// The engine's own answers (a duplicate in progress, a payload conflict, a store outage) are
+/// `Idempotency`, reported to Lambda as `Idempotency.<kind>` ([`crate::ErrorKind`]), so that a
+/// Step Functions `Retry` or `Catch` can tell them from the handler's.
 ///
-/// A handler's error is given back as itself when its type is `lambda_runtime::Error` (any
-/// `Box<dyn Error + Send + Sync>`), the type the engine keeps it as; an error of another type
-/// comes back inside [`Error::Handler`], reported with that type's name as its `errorType`, as
-/// `lambda_runtime` reports an error of a type without a diagnostic of its own.
+/// A handler's error comes back as `Handler`, as the handler returned it, when its type is
+/// `lambda_runtime::Error` (any `Box<dyn Error + Send + Sync>`): the type the engine keeps a
+/// handler's error as, to classify it. An error of another type comes back inside
+/// [`Error::Handler`] (reach it with [`IdempotencyError::downcast_handler`]); its diagnostic's
+/// `errorType` is the type's name, as `lambda_runtime` reports a type without a diagnostic of
+/// its own. A `From<MyError> for Diagnostic` of your own is not applied to it: stable Rust
+/// cannot give a boxed error back as its type without a bound `lambda_runtime::Error` lacks.
 ///
 /// ```
 /// use lambda_idempotency::{Error, IdempotencyError};
@@ -27,7 +28,7 @@ use crate::error::Error;
 #[non_exhaustive]
 pub enum IdempotencyError<E> {
     /// The handler ran and failed with this error (its claim was released or its failure
-    /// retained, as classified).
+    /// retained, as classified), or the wrapped service was not ready.
     #[error("{0}")]
     Handler(E),
     /// The engine answered instead of the handler.
@@ -41,6 +42,18 @@ impl<E> IdempotencyError<E> {
         match self {
             Self::Idempotency(err) => Some(err),
             Self::Handler(_) => None,
+        }
+    }
+
+    /// The handler's error as `T`, when the engine carries one of that type
+    /// ([`Error::Handler`]); `Err(self)` otherwise.
+    pub fn downcast_handler<T: std::error::Error + 'static>(self) -> Result<T, Self> {
+        match self {
+            Self::Idempotency(Error::Handler { source }) => match source.downcast::<T>() {
+                Ok(typed) => Ok(*typed),
+                Err(source) => Err(Self::Idempotency(Error::Handler { source })),
+            },
+            other => Err(other),
         }
     }
 

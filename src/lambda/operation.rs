@@ -24,6 +24,7 @@ use std::time::{Duration, SystemTime};
 use lambda_runtime::Context;
 
 use crate::engine::Idempotency;
+use crate::error::ConfigError;
 use crate::error::Error;
 use crate::execution::Invocation;
 use crate::key::{JsonPointer, KeyPolicy, OperationScope};
@@ -136,6 +137,26 @@ impl<E> Operation<E> {
             Some(pointer) => invocation.with_result_ref(pointer.clone()),
             None => invocation,
         })
+    }
+}
+
+impl Idempotency {
+    /// The operation `name` of this function, keyed by `policy`: its scope is
+    /// [`OperationScope::for_function`]`(name)` (the function's namespace, the operation's
+    /// name). Every door is built from it (`.layer()`, `.batch()`, `.http_layer()`).
+    ///
+    /// # Errors
+    /// [`ConfigError`] for a name that is empty, too long, or starts with `t=`.
+    pub fn operation<E>(
+        &self,
+        name: &str,
+        policy: KeyPolicy<E>,
+    ) -> Result<Operation<E>, ConfigError> {
+        Ok(Operation::new(
+            self.clone(),
+            OperationScope::for_function(name)?,
+            policy,
+        ))
     }
 }
 

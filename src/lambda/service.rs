@@ -1,6 +1,6 @@
 //! The service: derive the operation, claim, call the inner handler once, answer.
 
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -19,8 +19,8 @@ use crate::reconcile::BoxFuture;
 /// A Lambda handler made idempotent by [`IdempotencyLayer`](super::IdempotencyLayer).
 ///
 /// `Clone + Send`, its state shared and thread-safe: it runs under `lambda_runtime::run` and
-/// `run_concurrent` alike. Its error is the handler's own when the handler failed
-/// ([`IdempotencyError::Handler`]), else the engine's.
+/// `run_concurrent` alike. Its error is [`IdempotencyError`]: the handler's own error as it
+/// returned it when its type is `lambda_runtime::Error`, else the engine's.
 pub struct IdempotencyService<Svc, E> {
     pub(crate) inner: Svc,
     pub(crate) operation: Arc<Operation<E>>,
@@ -77,27 +77,20 @@ where
 }
 
 /// The engine's answer as the service's error: a handler's own error given back as it was
-/// returned when its type is the one the engine boxed it from unchanged (`lambda_runtime::Error`
-/// and any `Box<dyn Error + Send + Sync>`), else the engine's [`Error::Handler`] carrying it.
-pub(crate) fn handler_error<H: 'static>(err: Error) -> IdempotencyError<H> {
+/// returned when its type is the box the engine keeps it as (`lambda_runtime::Error`, any
+/// `Box<dyn Error + Send + Sync>`), else the engine's [`Error::Handler`] carrying it.
+fn handler_error<H: 'static>(err: Error) -> IdempotencyError<H> {
     match err {
-        Error::Handler { source } => match recover::<H>(source) {
-            Ok(handler) => IdempotencyError::Handler(handler),
-            Err(source) => IdempotencyError::Idempotency(Error::Handler { source }),
-        },
+        Error::Handler { source } if TypeId::of::<H>() == TypeId::of::<BoxError>() => {
+            let boxed: Box<dyn Any> = Box::new(source);
+            match boxed.downcast::<H>() {
+                Ok(handler) => IdempotencyError::Handler(*handler),
+                // The types were compared above: this arm is never taken.
+                Err(_) => IdempotencyError::Idempotency(Error::InvalidEvent {
+                    reason: "the handler's error could not be given back".into(),
+                }),
+            }
+        }
         other => IdempotencyError::Idempotency(other),
-    }
-}
-
-/// `source` as the handler's error type `H`, when `H` is the box itself.
-fn recover<H: 'static>(source: BoxError) -> Result<H, BoxError> {
-    let boxed: Box<dyn Any> = Box::new(source);
-    match boxed.downcast::<H>() {
-        Ok(handler) => Ok(*handler),
-        Err(boxed) => match boxed.downcast::<BoxError>() {
-            Ok(source) => Err(*source),
-            // The box holds the `BoxError` it was made from: this arm is never taken.
-            Err(_) => Err(BoxError::from("the handler failed")),
-        },
     }
 }

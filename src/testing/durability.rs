@@ -1,7 +1,6 @@
 //! Conformance cases beyond TTL: permanent evidence, failure classes, reconciled takeover,
 //! downstream keys, late duplicates. Run against every store with the rest of the suite.
 
-use crate::testing::conformance::Capability;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,8 +16,8 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use super::conformance::{
-    Fixture, LEASE, counted, crash_after_run, engine, evidence_key, invocation, operator, race,
-    start_time, stored,
+    Capability, Fixture, LEASE, counted, crash_after_run, engine, evidence_key, invocation,
+    operator, race, start_time, stored,
 };
 
 /// An invoice operation: it keeps permanent evidence under `identity`, with the invoice id as

@@ -3,7 +3,6 @@
 //! values checked before they are stored. Each case wraps the fixture's store in a
 //! [`FaultyStore`] where it needs a fault, so these cases need a `Clone` store.
 
-use crate::testing::conformance::Capability;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -17,8 +16,8 @@ use lambda_idempotency::{BoxError, Config, Error, Idempotency, Invocation, Origi
 use serde_json::{Value, json};
 
 use super::conformance::{
-    Fixture, LEASE, blocked_worker, counted, crash_after_claim, crash_after_run, engine,
-    evidence_key, invocation, operator, stalled_worker, stored,
+    Capability, Fixture, LEASE, blocked_worker, counted, crash_after_claim, crash_after_run,
+    engine, evidence_key, invocation, operator, stalled_worker, stored,
 };
 use super::faults::{Fault, FaultKind, FaultyStore, Primitive};
 

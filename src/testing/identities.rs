@@ -2,7 +2,6 @@
 //! in two tenants or two functions, identities shared across tenants by choice, and deploys
 //! that add, change or remove an operation's identity while one of its attempts is in flight.
 
-use crate::testing::conformance::Capability;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -14,7 +13,7 @@ use lambda_idempotency::{
 };
 use serde_json::{Value, json};
 
-use super::conformance::{Fixture, LEASE, counted, crash_after_claim, engine, stored};
+use super::conformance::{Capability, Fixture, LEASE, counted, crash_after_claim, engine, stored};
 
 /// Retention short enough to pass in a case.
 fn an_hour() -> Config {

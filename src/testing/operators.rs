@@ -3,7 +3,6 @@
 //! INDETERMINATE evidence whose record TTL deleted. Each resolution is conditional on what the
 //! operator read and leaves its trace on the record or evidence it writes.
 
-use crate::testing::conformance::Capability;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -16,8 +15,8 @@ use lambda_idempotency::{BoxError, Config, Error, Invocation, Origin, Resolution
 use serde_json::{Value, json};
 
 use super::conformance::{
-    Fixture, LEASE, counted, crash_after_claim, engine, invocation, operator, stalled_worker,
-    stored,
+    Capability, Fixture, LEASE, counted, crash_after_claim, engine, invocation, operator,
+    stalled_worker, stored,
 };
 use super::faults::{Fault, FaultKind, FaultyStore, Primitive};
 

@@ -2,12 +2,11 @@
 //! them (inline, compressed, in parts past DynamoDB's item limit), through their retention,
 //! fenced against a zombie, and limited only by the configured size.
 
-use crate::testing::conformance::Capability;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lambda_idempotency::config::DEFAULT_MAX_OUTCOME_BYTES;
-use lambda_idempotency::record::Status;
+use lambda_idempotency::record::{FailureKind, Status};
 use lambda_idempotency::store::Store;
 use lambda_idempotency::{
     Config, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope, Origin,
@@ -15,7 +14,7 @@ use lambda_idempotency::{
 use serde_json::json;
 
 use super::conformance::{
-    Fixture, LEASE, blocked_worker, counted, engine, evidence_key, invocation, stored,
+    Capability, Fixture, LEASE, blocked_worker, counted, engine, evidence_key, invocation, stored,
 };
 
 /// A string of `len` characters that compresses poorly (pseudo-random base64 characters:
@@ -55,7 +54,7 @@ async fn redelivery_meets_the_retained_failure(
         .await
         .expect_err("retained");
     assert!(
-        matches!(&err, Error::Failed { failure, .. } if failure.kind == "outcome_too_large"),
+        matches!(&err, Error::Failed { failure, .. } if failure.kind == FailureKind::OutcomeTooLarge),
         "got {err:?}"
     );
     assert_eq!(runs.load(Ordering::SeqCst), before, "not run again");

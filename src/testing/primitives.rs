@@ -89,12 +89,12 @@ pub async fn store_claims_a_key_once_and_answers_the_standing_record<S: Store>(f
     assert_eq!(record.fingerprint, first.fingerprint);
 }
 
-/// Case: only a settled record whose retention ran out counts as absent; an IN_PROGRESS
-/// record never does, however old.
+/// Case: only a settled record whose retention ran out counts as absent; an IN_PROGRESS or
+/// INDETERMINATE record never does, however old.
 pub async fn store_counts_only_a_settled_expired_record_as_absent<S: Store>(fx: Fixture<S>) {
     let now = fx.clock.now();
-    let (held, settled) = (key("p-2a"), key("p-2b"));
-    for key in [&held, &settled] {
+    let (held, settled, waiting) = (key("p-2a"), key("p-2b"), key("p-2c"));
+    for key in [&held, &settled, &waiting] {
         let claim = claim_of(key, "token-a", now, None);
         assert_eq!(
             fx.store.claim(&claim, now).await.expect("claim"),
@@ -110,6 +110,13 @@ pub async fn store_counts_only_a_settled_expired_record_as_absent<S: Store>(fx: 
         .await
         .expect("settle");
     assert_eq!(fence, Fence::Held);
+    let indeterminate = Settlement::indeterminate(now, RETENTION);
+    let fence = fx
+        .store
+        .settle(under(&waiting, "token-a", None), &indeterminate)
+        .await
+        .expect("settle");
+    assert_eq!(fence, Fence::Held);
 
     let later = now + LEASE + RETENTION + Duration::from_secs(10);
     fx.clock.set(later);
@@ -121,6 +128,15 @@ pub async fn store_counts_only_a_settled_expired_record_as_absent<S: Store>(fx: 
     {
         Claim::Existing(standing) => assert_eq!(standing.status, Status::InProgress),
         other => panic!("an IN_PROGRESS record never expires into a claim, got {other:?}"),
+    }
+    match fx
+        .store
+        .claim(&claim_of(&waiting, "token-b", later, None), later)
+        .await
+        .expect("claim")
+    {
+        Claim::Existing(standing) => assert_eq!(standing.status, Status::Indeterminate),
+        other => panic!("an INDETERMINATE record waits for an operator, got {other:?}"),
     }
     assert_eq!(
         fx.store

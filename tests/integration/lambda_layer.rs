@@ -255,3 +255,57 @@ async fn an_event_without_a_key_is_refused_before_the_claim() {
     let diagnostic = Diagnostic::from(err);
     assert_eq!(diagnostic.error_type, "Idempotency.MissingKey");
 }
+
+/// The layer's error tells the engine's answers from the handler's, and gives a
+/// `lambda_runtime::Error` handler its own error back; an error of another type is reached by
+/// its type, and Lambda reports it under that type's name.
+#[tokio::test]
+async fn a_handlers_own_error_comes_back_through_the_layer() {
+    let db = dynamo::start().await;
+    let clock = whole_second_clock();
+    let declined = service_fn(|_: LambdaEvent<Value>| async {
+        Err::<Value, lambda_runtime::Error>("the card was declined".into())
+    });
+    let err = layer(db.store(), &clock)
+        .wrap(declined)
+        .oneshot(event(
+            json!({"order_id": "o-boxed"}),
+            &clock,
+            Duration::from_secs(10),
+        ))
+        .await
+        .expect_err("the handler failed");
+    match &err {
+        IdempotencyError::Handler(source) => {
+            assert_eq!(source.to_string(), "the card was declined")
+        }
+        other => panic!("the handler's own error, got {other:?}"),
+    }
+    assert_eq!(Diagnostic::from(err).error_message, "the card was declined");
+
+    let typed = || {
+        let handler = service_fn(|_: LambdaEvent<Value>| async {
+            Err::<Value, std::io::Error>(std::io::Error::other("the ledger is read-only"))
+        });
+        let event = event(
+            json!({"order_id": "o-typed"}),
+            &clock,
+            Duration::from_secs(10),
+        );
+        layer(db.store(), &clock).wrap(handler).oneshot(event)
+    };
+    let err = typed().await.expect_err("the handler failed");
+    assert_eq!(
+        Diagnostic::from(err),
+        Diagnostic {
+            error_type: "std::io::error::Error".into(),
+            error_message: "the ledger is read-only".into(),
+        }
+    );
+    // Retryable by default: released, so the retry runs (and fails) again.
+    let err = typed().await.expect_err("the handler failed again");
+    let io = err
+        .downcast_handler::<std::io::Error>()
+        .expect("reached by its type");
+    assert_eq!(io.to_string(), "the ledger is read-only");
+}

@@ -46,8 +46,6 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{error, warn};
 
-use serde::Serialize as SerializeResponse;
-
 pub use self::report::{BatchReport, PoisonPolicy, RecordOutcome};
 pub use self::service::BatchService;
 use super::operation::{Operation, deadline_of};
@@ -64,7 +62,7 @@ pub trait BatchRecord: Send + Sized {
     /// Streams).
     type Event: Send;
     /// The partial-batch response Lambda reads (`SqsBatchResponse`, …).
-    type Response: SerializeResponse + Send;
+    type Response: Serialize + Send;
     /// The event's records, in order.
     fn records(event: Self::Event) -> Vec<Self>;
     /// The partial-batch response for `report`: the records Lambda must deliver again.

@@ -14,7 +14,7 @@ use super::world::{Deploy, LEASE, World, error_name};
 use crate::clock::Clock;
 use crate::error::Error;
 use crate::execution::Execution;
-use crate::record::{Record, Status};
+use crate::record::{FailureKind, Record, Status};
 use crate::store::Store;
 
 /// How many deliveries the final sweep makes per operation before calling it stuck.
@@ -286,9 +286,11 @@ impl<S: Store + Clone> World<S> {
                 "operation {op}: the caller was told it took effect ({}), but the downstream shows none",
                 error_name(err)
             )),
-            Err(Error::Failed { failure, .. }) if failure.kind == "released" => Some(format!(
-                "operation {op}: an operator released it, yet it was answered as a retained failure"
-            )),
+            Err(Error::Failed { failure, .. }) if failure.kind == FailureKind::Released => {
+                Some(format!(
+                    "operation {op}: an operator released it, yet it was answered as a retained failure"
+                ))
+            }
             Err(err) if judged.gave_up_early(err) => Some(format!(
                 "operation {op}: the settlement gave up ({}) though its outage ended well before the deadline",
                 error_name(err)
