@@ -221,7 +221,7 @@ fn table_from_env() -> Result<String, ConfigError> {
 impl Idempotency {
     /// An engine over the DynamoDB tables the environment names
     /// ([`DynamoDbStore::from_env`]: `IDEMPOTENCY_TABLE`, optionally `UNIQUENESS_TABLE` and
-    /// `DYNAMODB_ENDPOINT`), with the default [`Config`].
+    /// `DYNAMODB_ENDPOINT`), with the default [`Config`](crate::Config).
     ///
     /// # Errors
     /// [`ConfigError`] when `IDEMPOTENCY_TABLE` is unset.
