@@ -1,5 +1,7 @@
-//! A store chosen at run time: [`AnyStore`] holds any [`Store`] behind one type, so that the
-//! store leaves the types users name (`BatchProcessor<SqsMessage>`, `Idempotency`).
+//! The erased store: [`AnyStore`] holds any [`Store`] behind one type. The engine holds its
+//! store as one ([`Idempotency::new`](crate::Idempotency::new) erases it once), so that no type
+//! a user names carries a store parameter; decorators ([`CachedStore<S>`](super::CachedStore))
+//! stay generic, and erase with the store they wrap.
 
 use std::any::Any;
 use std::fmt;
@@ -12,15 +14,16 @@ use crate::key::OperationKey;
 use crate::reconcile::BoxFuture;
 use crate::record::{Evidence, Lease, Record, Settlement};
 
-/// Any store, chosen at run time; cheap to clone. Every front door's store type defaults to it.
+/// Any store, erased; cheap to clone. What the engine holds ([`Idempotency::store`](crate::Idempotency::store)).
 ///
 /// ```
 /// use lambda_idempotency::store::{AnyStore, MemoryStore};
 /// use lambda_idempotency::Idempotency;
 ///
-/// // e.g. DynamoDB in Lambda, memory in a handler's own tests:
+/// // A store chosen at run time (DynamoDB in Lambda, memory in a handler's own tests):
 /// let store = AnyStore::new(MemoryStore::new());
-/// let idem: Idempotency = Idempotency::new(store);
+/// let idem = Idempotency::new(store); // taken as it is, not boxed again
+/// assert!(idem.store().downcast_ref::<MemoryStore>().is_some());
 /// ```
 #[derive(Clone)]
 pub struct AnyStore(Arc<dyn DynStore>);

@@ -24,8 +24,8 @@
 //! when it shows the caller's own token in the state the caller was writing, the write had
 //! committed and only its answer was lost (an ambiguous write retried by the SDK).
 //!
-//! Backends: [`MemoryStore`] (in-process) and [`DynamoDbStore`]; [`AnyStore`] holds either (or
-//! a store of your own) behind one type chosen at run time.
+//! Backends: [`MemoryStore`] (in-process) and [`DynamoDbStore`]. [`AnyStore`], the erased
+//! store the engine holds, holds either (or a store of your own) behind one type.
 
 mod any;
 mod cached;
