@@ -129,6 +129,7 @@ impl Ours {
             request_id: Some("c0ffee00-1234-4abc-9def-0123456789ab".into()),
             identity: None,
             audit: None,
+            steps: Vec::new(),
         };
         let settled = Record {
             status: Status::Completed,

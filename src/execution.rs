@@ -1,10 +1,12 @@
 //! What goes into an idempotent execution and what comes out of it.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use serde_json::value::RawValue;
 
 use crate::config::MAX_REQUEST_ID_BYTES;
+use crate::effects::{NoCheck, Step, StepLedger};
 use crate::error::Error;
 use crate::key::{Fingerprint, IdentityScope, JsonPointer, OperationKey};
 
@@ -158,14 +160,28 @@ impl Invocation {
     }
 }
 
-/// What the handler knows about the execution it runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What the handler knows about the execution it runs, and where it runs its steps
+/// ([`crate::effects`]).
+#[derive(Debug, Clone)]
 pub struct ExecutionContext {
     pub(crate) key: OperationKey,
     pub(crate) attempt: u32,
+    pub(crate) steps: Arc<StepLedger>,
 }
 
 impl ExecutionContext {
+    /// The step `name`: a recovery point whose intent and result the operation's record keeps
+    /// ([`crate::effects`]). Names are unique within the operation and run in the same order
+    /// on every attempt.
+    pub fn step(&self, name: impl Into<String>) -> Step<'_> {
+        Step {
+            context: self,
+            name: name.into(),
+            repeat_safe: false,
+            check: NoCheck,
+        }
+    }
+
     /// The operation key.
     pub fn key(&self) -> &OperationKey {
         &self.key

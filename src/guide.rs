@@ -10,6 +10,9 @@ pub mod protocol {}
 #[doc = include_str!("../docs/guide/retention_and_failures.md")]
 pub mod retention_and_failures {}
 
+#[doc = include_str!("../docs/guide/effects.md")]
+pub mod effects {}
+
 #[doc = include_str!("../docs/guide/operations.md")]
 pub mod operations {}
 

@@ -121,6 +121,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod effects;
 pub mod engine;
 pub mod error;
 pub mod execution;

@@ -11,8 +11,10 @@
 //!   resolves it ([`Idempotency::resolve`](crate::Idempotency::resolve)).
 //!
 //! A reconciler that fails itself leaves the lease to run out, so that the next delivery asks
-//! again. Without a reconciler, the operation's [`Recovery`] policy decides: re-run the handler
-//! (the default) or hold the operation for an operator. Closures implement the trait:
+//! again. Without a reconciler, the operation's [`Recovery`] policy decides: hold the
+//! operation for an operator (the default), or re-run a handler declared safe to repeat. A
+//! crashed attempt that recorded steps ([`crate::effects`]) is decided by its steps instead.
+//! Closures implement the trait:
 //!
 //! ```
 //! use lambda_idempotency::reconcile::{Reconciliation, Takeover};
@@ -47,23 +49,34 @@ pub enum Reconciliation {
     Unknown,
 }
 
-/// What a takeover does when no reconciler is set: the operation's declared recovery policy
-/// ([`Idempotency::with_recovery`](crate::Idempotency::with_recovery)). A reconciler, when set,
-/// always decides instead.
+/// What a takeover of a crashed attempt does when the attempt recorded no step (steps, when
+/// recorded, always decide: [`crate::effects`]) and no reconciler is set: the operation's
+/// declared recovery policy ([`Idempotency::with_recovery`](crate::Idempotency::with_recovery)).
+/// A reconciler, when set, decides instead.
+///
+/// | policy | no step recorded | an uncertain step without a check |
+/// |---|---|---|
+/// | [`Recovery::Indeterminate`] (default) | INDETERMINATE for an operator | INDETERMINATE |
+/// | [`Recovery::Steps`] | the handler runs again (it did nothing yet) | INDETERMINATE |
+/// | [`Recovery::Rerun`] | the handler runs again | the step runs again |
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Recovery {
-    /// Run the whole handler again, as attempt n + 1: for handlers that are safe to repeat
-    /// (every effect behind a downstream key the provider deduplicates,
-    /// [`ExecutionContext::downstream_key`](crate::ExecutionContext::downstream_key)). The
-    /// default today; a crashed attempt that had acted then acts twice unless its effects
-    /// deduplicate.
-    #[default]
-    Rerun,
-    /// Never re-run blind: hold the operation INDETERMINATE for an operator
+    /// Never re-run blind (the default): hold the operation INDETERMINATE for an operator
     /// ([`Idempotency::resolve`](crate::Idempotency::resolve)), every caller meanwhile getting
-    /// [`Error::Indeterminate`](crate::Error::Indeterminate).
+    /// [`Error::Indeterminate`](crate::Error::Indeterminate). A crashed attempt that had acted
+    /// is not repeated.
+    #[default]
     Indeterminate,
+    /// Every effect of the handler is a step ([`crate::effects`]): an attempt that recorded no
+    /// intent did nothing, so the handler runs again; recorded steps replay and an uncertain
+    /// one is decided by its check.
+    Steps,
+    /// The whole handler is safe to repeat (every effect behind a downstream key the provider
+    /// deduplicates, [`ExecutionContext::downstream_key`](crate::ExecutionContext::downstream_key)):
+    /// a takeover runs it again as attempt n + 1, an uncertain step included; recorded steps
+    /// still replay.
+    Rerun,
 }
 
 /// A takeover about to happen: the operation, the new attempt, and the crashed attempt's record.

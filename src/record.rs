@@ -109,6 +109,38 @@ pub struct Record {
     pub identity: Option<String>,
     /// The operator's trace, when an operator resolved the operation.
     pub audit: Option<Audit>,
+    /// The recovery points the operation recorded, in the order it ran them
+    /// ([`crate::effects`]): empty for a handler that runs no step.
+    pub steps: Vec<StepRecord>,
+}
+
+/// One recovery point of an operation ([`crate::effects`]): its intent, recorded before its
+/// effect, and its result, recorded after.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepRecord {
+    /// The step's name, unique within the operation.
+    pub name: String,
+    /// The attempt that recorded its intent.
+    pub attempt: u32,
+    /// The exact bytes of the step's serialized result, once recorded. `None`: the intent
+    /// stands without a result, so the step's effect is uncertain.
+    pub result: Option<Vec<u8>>,
+}
+
+impl StepRecord {
+    /// A step's intent, recorded by `attempt` before its effect.
+    pub fn intent(name: impl Into<String>, attempt: u32) -> Self {
+        Self {
+            name: name.into(),
+            attempt,
+            result: None,
+        }
+    }
+
+    /// Whether its result is recorded.
+    pub fn is_done(&self) -> bool {
+        self.result.is_some()
+    }
 }
 
 impl Record {
@@ -147,6 +179,9 @@ pub struct Settlement {
     pub completed_at: SystemTime,
     /// The operator's trace, when an operator settles it (kept on the record and its evidence).
     pub audit: Option<Audit>,
+    /// The operation's steps as the settlement leaves them, when they changed since they were
+    /// last written (a step's result merged into the settlement); `None` keeps them as stored.
+    pub steps: Option<Vec<StepRecord>>,
 }
 
 impl Settlement {
@@ -184,6 +219,12 @@ impl Settlement {
         self
     }
 
+    /// The same settlement, writing the operation's steps as `steps` (`None`: as stored).
+    pub fn with_steps(mut self, steps: Option<Vec<StepRecord>>) -> Self {
+        self.steps = steps;
+        self
+    }
+
     fn settled(
         status: Status,
         outcome: Option<Vec<u8>>,
@@ -198,6 +239,7 @@ impl Settlement {
             expires_at,
             completed_at,
             audit: None,
+            steps: None,
         }
     }
 }

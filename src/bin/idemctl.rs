@@ -26,7 +26,9 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
-use lambda_idempotency::record::{Audit, Evidence, Record, RetainedFailure, Status, epoch_millis};
+use lambda_idempotency::record::{
+    Audit, Evidence, Record, RetainedFailure, Status, StepRecord, epoch_millis,
+};
 use lambda_idempotency::store::{
     AttributeNames, DynamoDbStore, ENDPOINT_VAR, ScanCursor, SortKey, Store, TABLE_VAR,
     UNIQUENESS_TABLE_VAR,
@@ -265,6 +267,7 @@ fn layout(tables: &Tables) -> Result<AttributeNames, BoxError> {
             "request_id" => &mut names.request_id,
             "identity" => &mut names.identity,
             "audit" => &mut names.audit,
+            "steps" => &mut names.steps,
             other => {
                 return Err(format!("--attribute: no field `{other}` (see AttributeNames)").into());
             }
@@ -312,6 +315,18 @@ fn record_json(record: &Record) -> Value {
         "request_id": record.request_id,
         "identity": record.identity,
         "audit": record.audit.as_ref().map(audit_json),
+        "steps": record.steps.iter().map(step_json).collect::<Vec<_>>(),
+    })
+}
+
+/// A step as an operator sees it: whether its result is recorded, and its size (an uncertain
+/// step, `done: false`, is what to check downstream before resolving).
+fn step_json(step: &StepRecord) -> Value {
+    json!({
+        "name": step.name,
+        "attempt": step.attempt,
+        "done": step.is_done(),
+        "result_bytes": step.result.as_ref().map(Vec::len),
     })
 }
 

@@ -188,6 +188,7 @@ impl Idempotency {
             request_id: invocation.request_id.clone(),
             identity: invocation.evidence_key(),
             audit: None,
+            steps: Vec::new(),
         }
     }
 }

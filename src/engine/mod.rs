@@ -28,7 +28,7 @@ use std::time::{Duration, Instant, SystemTime};
 use futures_util::FutureExt;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tracing::{Instrument, info_span, warn};
+use tracing::{Instrument, info, info_span, warn};
 
 use self::answer::answer_existing;
 use self::give_back::GiveBack;
@@ -37,6 +37,7 @@ use self::settle::settle_patience;
 use self::single_flight::SingleFlight;
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
+use crate::effects::{Halt, StepLedger};
 use crate::error::{BoxError, Error};
 use crate::execution::{Execution, ExecutionContext, Invocation, Origin};
 use crate::failure::{Classifier, DefaultClassifier};
@@ -52,7 +53,7 @@ mod earlier_key;
 mod give_back;
 mod operator;
 mod reconcile;
-mod retry;
+pub(crate) mod retry;
 mod settle;
 mod single_flight;
 
@@ -92,8 +93,9 @@ impl fmt::Debug for Idempotency {
 impl Idempotency {
     /// An engine over `store` with the default [`Config`] (24 h retention, 6 MiB outcomes),
     /// reading the system clock; handler errors are classified by the [`DefaultClassifier`],
-    /// and a takeover of a crashed attempt re-runs the handler ([`Recovery::Rerun`]) unless a
-    /// reconciler is set. The store is boxed once ([`AnyStore`]; an `AnyStore` is taken as it
+    /// and a takeover of a crashed attempt that recorded no step holds the operation for an
+    /// operator ([`Recovery::Indeterminate`]) unless a reconciler is set or another
+    /// [`Recovery`] is declared. The store is boxed once ([`AnyStore`]; an `AnyStore` is taken as it
     /// is).
     ///
     /// In a build whose panics abort (`panic = "abort"`), it warns once: a panicking handler's
@@ -161,18 +163,19 @@ impl Idempotency {
         self
     }
 
-    /// What a takeover of a crashed attempt does when no reconciler is set ([`Recovery`]):
-    /// re-run the handler (the default, for handlers safe to repeat) or hold the operation
-    /// INDETERMINATE for an operator.
+    /// What a takeover of a crashed attempt that recorded no step does when no reconciler is
+    /// set ([`Recovery`]): hold the operation INDETERMINATE for an operator (the default),
+    /// re-run a handler whose every effect is a step ([`Recovery::Steps`]), or re-run a
+    /// handler declared safe to repeat ([`Recovery::Rerun`]).
     ///
     /// ```
     /// use lambda_idempotency::reconcile::Recovery;
     /// use lambda_idempotency::store::MemoryStore;
     /// use lambda_idempotency::Idempotency;
     ///
-    /// // A handler whose effects do not deduplicate: never re-run it blind.
+    /// // Every effect is behind a key the provider deduplicates: re-running is safe.
     /// let idem = Idempotency::new(MemoryStore::new())
-    ///     .with_recovery(Recovery::Indeterminate);
+    ///     .with_recovery(Recovery::Rerun);
     /// # let _ = idem;
     /// ```
     pub fn with_recovery(mut self, recovery: Recovery) -> Self {
@@ -201,8 +204,9 @@ impl Idempotency {
     /// - completed before (same fingerprint): returns the stored result, handler not run;
     /// - another fingerprint under the key: [`Error::PayloadConflict`];
     /// - a live claim elsewhere: [`Error::AlreadyInProgress`];
-    /// - a claim whose lease ran out: taken over; the reconciler (if any) is asked, else the
-    ///   recovery policy decides: by default the handler runs as the next attempt;
+    /// - a claim whose lease ran out: taken over; its recorded steps replay
+    ///   ([`crate::effects`]); without steps the reconciler (if any) is asked, else the
+    ///   recovery policy decides: by default the operation is held INDETERMINATE;
     /// - the handler fails: retryable → the claim is released; terminal → the failure is
     ///   retained and replayed ([`Error::Failed`]); either way the caller gets [`Error::Handler`];
     /// - the record expired but the business identity's evidence stands:
@@ -357,40 +361,98 @@ impl Idempotency {
         F: FnOnce(ExecutionContext) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let attempt = match held {
-            Held::Fresh => 1,
-            Held::TakenOver { attempt, previous } => {
+        let (attempt, recorded) = match held {
+            Held::Fresh => (1, Vec::new()),
+            Held::TakenOver { attempt, previous } if previous.steps.is_empty() => {
                 if let Some(answer) = self
                     .reconcile(target, invocation, claim, attempt, *previous)
                     .await
                 {
                     return Ok(answer);
                 }
-                attempt
+                (attempt, Vec::new())
+            }
+            // The crashed attempt's recorded steps decide, as the handler runs them again.
+            Held::TakenOver { attempt, previous } => {
+                info!(
+                    attempt,
+                    steps = previous.steps.len(),
+                    "took over a crashed attempt: its recorded steps replay"
+                );
+                (attempt, previous.steps)
             }
         };
         tracing::Span::current().record("attempt", attempt);
+        let steps = Arc::new(StepLedger::new(
+            self.clone(),
+            invocation.key.clone(),
+            claim.lease.token.clone(),
+            attempt,
+            claim.lease.expires_at,
+            recorded,
+            self.recovery == Recovery::Rerun,
+        ));
         let context = ExecutionContext {
             key: invocation.key.clone(),
             attempt,
+            steps: Arc::clone(&steps),
         };
-        let ran = AssertUnwindSafe(handler(context)).catch_unwind().await?;
+        let ran = match AssertUnwindSafe(handler(context)).catch_unwind().await {
+            Ok(ran) => ran,
+            Err(panic) => {
+                // What the steps came to is kept for the takeover.
+                steps.flush().await;
+                return Err(panic);
+            }
+        };
+        let patience = settle_patience(invocation, claim, self.clock.now());
+        if let Some(halt) = steps.take_halt() {
+            return Ok(self
+                .halted(target, invocation, claim, attempt, halt, &steps)
+                .await);
+        }
         Ok(match ran {
             Ok(value) => {
                 let origin = Origin::Executed { attempt };
-                self.record(target, invocation, claim, value, origin, attempt)
+                self.record(target, invocation, claim, value, origin, steps.pending())
                     .await
             }
             Err(err) => self
-                .fail(
-                    target,
-                    attempt,
-                    err.into(),
-                    settle_patience(invocation, claim, self.clock.now()),
-                )
+                .fail(target, attempt, err.into(), patience, Some(&steps))
                 .await
                 .and_then(Err),
         })
+    }
+
+    /// Acts on an attempt that stopped at a step; the caller's answer.
+    async fn halted<T>(
+        &self,
+        target: Target<'_>,
+        invocation: &Invocation,
+        claim: &Record,
+        attempt: u32,
+        halt: Halt,
+        steps: &StepLedger,
+    ) -> Result<Execution<T>, Error> {
+        match halt {
+            Halt::Hold(err) => {
+                self.hold(target, invocation, claim, attempt, steps.pending())
+                    .await?;
+                Err(err)
+            }
+            Halt::GiveBack(err) => {
+                steps.give_back().await;
+                Err(err)
+            }
+            Halt::Lost(err) => Err(err),
+            Halt::Retain(kind, err) => {
+                let patience = settle_patience(invocation, claim, self.clock.now());
+                let message = err.to_string();
+                self.retain(target, attempt, kind, message, patience, steps.pending())
+                    .await?;
+                Err(err)
+            }
+        }
     }
 }
 

@@ -305,6 +305,7 @@ fn released(record: &Record, audit: Audit, now: SystemTime) -> Record {
         completed_at: Some(now),
         identity: None,
         audit: Some(audit),
+        steps: Vec::new(),
         ..record.clone()
     }
 }
@@ -327,6 +328,7 @@ fn orphan_record(evidence: &Evidence) -> Record {
         request_id: None,
         identity: Some(evidence.identity.clone()),
         audit: None,
+        steps: Vec::new(),
     }
 }
 

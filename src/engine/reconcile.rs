@@ -10,7 +10,7 @@ use super::{INDETERMINATE_RETENTION, Idempotency};
 use crate::error::Error;
 use crate::execution::{Execution, Invocation, Origin};
 use crate::reconcile::{Reconciliation, Recovery, Takeover};
-use crate::record::{Record, Settlement};
+use crate::record::{Record, Settlement, StepRecord};
 use crate::store::Target;
 
 impl Idempotency {
@@ -26,13 +26,14 @@ impl Idempotency {
     ) -> Option<Result<Execution<T>, Error>> {
         let Some(reconciler) = self.reconciler.as_ref() else {
             return match self.recovery {
-                Recovery::Rerun => None,
+                Recovery::Rerun | Recovery::Steps => None,
                 Recovery::Indeterminate => {
                     warn!(
                         attempt,
-                        "took over a crashed attempt with no reconciler: held as indeterminate (Recovery::Indeterminate)"
+                        "took over a crashed attempt with no reconciler and no step record: held as indeterminate (Recovery::Indeterminate)"
                     );
-                    Some(self.hold(target, invocation, claim, attempt).await)
+                    let held = self.hold(target, invocation, claim, attempt, None).await;
+                    Some(held.and_then(|()| Err(self.indeterminate(invocation))))
                 }
             };
         };
@@ -47,7 +48,7 @@ impl Idempotency {
             Ok(Reconciliation::Applied(value)) => match serde_json::from_value::<T>(value) {
                 Ok(value) => {
                     let origin = Origin::Reconciled { attempt };
-                    self.record(target, invocation, claim, value, origin, attempt)
+                    self.record(target, invocation, claim, value, origin, None)
                         .await
                 }
                 Err(err) => Err(Error::OutcomeMismatch {
@@ -60,7 +61,9 @@ impl Idempotency {
                     attempt,
                     "reconciliation unknown: holding the operation as indeterminate"
                 );
-                self.hold(target, invocation, claim, attempt).await
+                self.hold(target, invocation, claim, attempt, None)
+                    .await
+                    .and_then(|()| Err(self.indeterminate(invocation)))
             }
             Err(source) => Err(Error::ReconcileFailed {
                 key: key.clone(),
@@ -70,20 +73,25 @@ impl Idempotency {
         Some(answer)
     }
 
-    /// Holds the operation INDETERMINATE for an operator; the caller's answer.
-    pub(super) async fn hold<T>(
+    /// Holds the operation INDETERMINATE for an operator (with its steps, when they changed).
+    pub(super) async fn hold(
         &self,
         target: Target<'_>,
         invocation: &Invocation,
         claim: &Record,
         attempt: u32,
-    ) -> Result<Execution<T>, Error> {
+        steps: Option<Vec<StepRecord>>,
+    ) -> Result<(), Error> {
         let now = self.clock.now();
-        let settlement = Settlement::indeterminate(now, INDETERMINATE_RETENTION);
+        let settlement = Settlement::indeterminate(now, INDETERMINATE_RETENTION).with_steps(steps);
         let patience = settle_patience(invocation, claim, now);
-        self.settle(target, attempt, &settlement, patience).await?;
-        Err(Error::Indeterminate {
+        self.settle(target, attempt, &settlement, patience).await
+    }
+
+    /// What a caller of an operation held INDETERMINATE gets.
+    fn indeterminate(&self, invocation: &Invocation) -> Error {
+        Error::Indeterminate {
             key: invocation.key.clone(),
-        })
+        }
     }
 }

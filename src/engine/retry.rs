@@ -35,7 +35,7 @@ pub(super) const MAX_PATIENCE: Duration = Duration::from_secs(15 * 60);
 
 /// How long a failing write is retried.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Patience {
+pub(crate) enum Patience {
     /// A few tries ([`BRIEF_TRIES`]), none starting after the time given.
     Brief(SystemTime),
     /// Every try that can start before `until`: the effect may have happened. With a `cut`
@@ -64,7 +64,7 @@ impl Idempotency {
     /// Sends `write` until it answers, fails for good, or patience runs out. Every try sends
     /// the same write (the same lease token), so that one which committed before its answer
     /// was lost is recognised by the next try's failed condition.
-    pub(super) async fn retrying<'a, T, Fut>(
+    pub(crate) async fn retrying<'a, T, Fut>(
         &'a self,
         patience: Patience,
         write: impl Fn() -> Fut,

@@ -9,11 +9,12 @@ use tracing::{debug, warn};
 
 use super::retry::Patience;
 use super::{GIVE_BACK_GRACE, Idempotency, answer};
+use crate::effects::StepLedger;
 use crate::error::{BoxError, Error, StoreError};
 use crate::execution::{Execution, Invocation, Origin};
 use crate::failure::{FailureClass, Release};
 use crate::observe::{self};
-use crate::record::{FailureKind, Record, RetainedFailure, Settlement, epoch_millis};
+use crate::record::{FailureKind, Record, RetainedFailure, Settlement, StepRecord, epoch_millis};
 use crate::store::{Fence, Guard, Store, Target};
 
 impl Idempotency {
@@ -25,17 +26,22 @@ impl Idempotency {
         claim: &Record,
         value: T,
         origin: Origin,
-        attempt: u32,
+        steps: Option<Vec<StepRecord>>,
     ) -> Result<Execution<T>, Error> {
+        let attempt = match origin {
+            Origin::Executed { attempt } | Origin::Reconciled { attempt } => attempt,
+            Origin::Replayed => claim.lease.attempt,
+        };
         let serialized = serde_json::value::to_raw_value(&value);
         let raw = self
-            .complete(target, invocation, claim, attempt, serialized)
+            .complete(target, invocation, claim, attempt, serialized, steps)
             .await?;
         Ok(Execution { value, raw, origin })
     }
 
-    /// Stores a result as COMPLETED; one that cannot be stored is retained as FAILED instead
-    /// (the effect happened: it must not run again) and returned as the error.
+    /// Stores a result as COMPLETED (with the steps, when they changed); one that cannot be
+    /// stored is retained as FAILED instead (the effect happened: it must not run again) and
+    /// returned as the error.
     pub(super) async fn complete(
         &self,
         target: Target<'_>,
@@ -43,6 +49,7 @@ impl Idempotency {
         claim: &Record,
         attempt: u32,
         serialized: serde_json::Result<Box<RawValue>>,
+        steps: Option<Vec<StepRecord>>,
     ) -> Result<Box<RawValue>, Error> {
         let key = target.key;
         let now = self.clock.now();
@@ -54,7 +61,8 @@ impl Idempotency {
                     answer::result_ref(invocation, &raw),
                     now,
                     self.config.retention(),
-                );
+                )
+                .with_steps(steps.clone());
                 let limit = self.config.max_outcome_bytes();
                 if raw.get().len() <= limit {
                     let completing = Instant::now();
@@ -69,6 +77,7 @@ impl Idempotency {
                                 FailureKind::OutcomeUnstorable,
                                 message,
                                 patience,
+                                steps,
                             )
                             .await?;
                             return Err(Error::OutcomeTooLarge {
@@ -96,25 +105,40 @@ impl Idempotency {
             Error::OutcomeTooLarge { .. } => FailureKind::OutcomeTooLarge,
             _ => FailureKind::OutcomeUnserializable,
         };
-        self.retain(target, attempt, kind, unstorable.to_string(), patience)
-            .await?;
+        self.retain(
+            target,
+            attempt,
+            kind,
+            unstorable.to_string(),
+            patience,
+            steps,
+        )
+        .await?;
         Err(unstorable)
     }
 
     /// Handles a handler error by its class: release (retryable) or retain (terminal); the
-    /// error for the caller.
+    /// error for the caller. An operation that recorded steps is never released (its steps
+    /// would be lost with its record): its claim is given back, for the next delivery to take
+    /// over and replay them.
     pub(super) async fn fail(
         &self,
         target: Target<'_>,
         attempt: u32,
         source: BoxError,
         patience: Patience,
+        steps: Option<&StepLedger>,
     ) -> Result<Error, Error> {
         let class = match Release::is(&*source) {
             true => FailureClass::Retryable,
             false => self.classifier.classify(&*source),
         };
         match class {
+            FailureClass::Retryable if steps.is_some_and(StepLedger::has_steps) => {
+                if let Some(steps) = steps {
+                    steps.give_back().await;
+                }
+            }
             FailureClass::Retryable => {
                 let fence = self
                     .retrying(patience, || self.store.release(target))
@@ -127,7 +151,8 @@ impl Idempotency {
             FailureClass::Terminal { kind } => {
                 warn!(attempt, kind = kind.as_str(), "terminal failure retained");
                 let kind = FailureKind::from(kind);
-                self.retain(target, attempt, kind, source.to_string(), patience)
+                let steps = steps.and_then(StepLedger::pending);
+                self.retain(target, attempt, kind, source.to_string(), patience, steps)
                     .await?;
             }
         }
@@ -142,9 +167,11 @@ impl Idempotency {
         kind: FailureKind,
         message: String,
         patience: Patience,
+        steps: Option<Vec<StepRecord>>,
     ) -> Result<(), Error> {
         let failure = RetainedFailure { kind, message };
-        let settlement = Settlement::failed(&failure, self.clock.now(), self.config.retention());
+        let settlement = Settlement::failed(&failure, self.clock.now(), self.config.retention())
+            .with_steps(steps);
         self.settle(target, attempt, &settlement, patience).await
     }
 

@@ -33,6 +33,8 @@ pub enum ErrorKind {
     StoredOutcomeUnreadable,
     /// [`Error::OutcomeMismatch`].
     OutcomeMismatch,
+    /// [`Error::StepMismatch`].
+    StepMismatch,
     /// [`Error::Store`].
     Store,
     /// [`Error::Handler`].
@@ -57,6 +59,7 @@ impl ErrorKind {
             Self::Failed => "Failed",
             Self::StoredOutcomeUnreadable => "StoredOutcomeUnreadable",
             Self::OutcomeMismatch => "OutcomeMismatch",
+            Self::StepMismatch => "StepMismatch",
             Self::Store => "Store",
             Self::Handler => "Handler",
         }
@@ -80,6 +83,7 @@ impl ErrorKind {
             | Self::ReconcileFailed
             | Self::LeaseLost
             | Self::OutcomeMismatch
+            | Self::StepMismatch
             | Self::Store
             | Self::Handler => false,
         }
@@ -118,6 +122,7 @@ impl Error {
             Self::Failed { .. } => ErrorKind::Failed,
             Self::StoredOutcomeUnreadable { .. } => ErrorKind::StoredOutcomeUnreadable,
             Self::OutcomeMismatch { .. } => ErrorKind::OutcomeMismatch,
+            Self::StepMismatch { .. } => ErrorKind::StepMismatch,
             Self::Store(_) => ErrorKind::Store,
             Self::Handler { .. } => ErrorKind::Handler,
         }

@@ -161,6 +161,24 @@ pub enum Error {
         reason: String,
     },
 
+    /// The handler's steps ([`crate::effects`]) are not the ones its operation recorded: a
+    /// step name used twice, or steps in another order than an earlier attempt ran them (a
+    /// deploy that changed the handler). The operation is held INDETERMINATE for an operator,
+    /// never answered from another step's result.
+    #[error(
+        "operation {} ran step `{step}` where {}; the operation is held for an operator: check its recorded steps, then resolve it",
+        key.short(),
+        match expected { Some(expected) => format!("its record has step `{expected}`"), None => "that step already ran in this attempt".to_owned() }
+    )]
+    StepMismatch {
+        /// The operation key.
+        key: OperationKey,
+        /// The step the handler ran.
+        step: String,
+        /// The step the record has at that position; `None`: the name was used twice.
+        expected: Option<String>,
+    },
+
     /// The idempotency store failed.
     #[error(transparent)]
     Store(#[from] StoreError),

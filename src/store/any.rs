@@ -12,7 +12,7 @@ use super::{Claim, DynamoDbStore, Fence, MemoryStore, Store, Target};
 use crate::error::StoreError;
 use crate::key::OperationKey;
 use crate::reconcile::BoxFuture;
-use crate::record::{Evidence, Lease, Record, Settlement};
+use crate::record::{Evidence, Lease, Record, Settlement, StepRecord};
 
 /// Any store, erased; cheap to clone. What the engine holds ([`Idempotency::store`](crate::Idempotency::store)).
 ///
@@ -104,6 +104,11 @@ trait DynStore: Send + Sync + fmt::Debug + 'static {
         settlement: &'a Settlement,
     ) -> BoxFuture<'a, Result<Fence, StoreError>>;
     fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>>;
+    fn record_steps<'a>(
+        &'a self,
+        target: Target<'a>,
+        steps: &'a [StepRecord],
+    ) -> BoxFuture<'a, Result<Fence, StoreError>>;
     fn release_by_operator<'a>(
         &'a self,
         seen: Option<&'a Record>,
@@ -177,6 +182,14 @@ impl<S: Store> DynStore for S {
 
     fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>> {
         Box::pin(Store::release(self, target))
+    }
+
+    fn record_steps<'a>(
+        &'a self,
+        target: Target<'a>,
+        steps: &'a [StepRecord],
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(Store::record_steps(self, target, steps))
     }
 
     fn release_by_operator<'a>(
@@ -257,6 +270,14 @@ impl Store for AnyStore {
 
     async fn release(&self, target: Target<'_>) -> Result<Fence, StoreError> {
         self.0.release(target).await
+    }
+
+    async fn record_steps(
+        &self,
+        target: Target<'_>,
+        steps: &[StepRecord],
+    ) -> Result<Fence, StoreError> {
+        self.0.record_steps(target, steps).await
     }
 
     async fn release_by_operator(

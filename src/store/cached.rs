@@ -11,7 +11,7 @@ use quick_cache::{DefaultHashBuilder, OptionsBuilder, Weighter};
 use super::{Claim, Fence, Guard, Store, Target};
 use crate::error::StoreError;
 use crate::key::OperationKey;
-use crate::record::{Evidence, Lease, Record, Settlement};
+use crate::record::{Evidence, Lease, Record, Settlement, StepRecord};
 
 /// Room a cached record takes besides its outcome and key, in bytes.
 const RECORD_OVERHEAD: u64 = 256;
@@ -220,7 +220,26 @@ impl<S: Store> Store for CachedStore<S> {
             settled.outcome.clone_from(&settlement.outcome);
             settled.expires_at = settlement.expires_at;
             settled.completed_at = Some(settlement.completed_at);
+            if let Some(steps) = &settlement.steps {
+                settled.steps.clone_from(steps);
+            }
             self.remember(&settled);
+        }
+        Ok(fence)
+    }
+
+    async fn record_steps(
+        &self,
+        target: Target<'_>,
+        steps: &[StepRecord],
+    ) -> Result<Fence, StoreError> {
+        let fence = self.inner.record_steps(target, steps).await?;
+        if let (Fence::Held, Guard::Lease(token)) = (&fence, target.guard)
+            && let Some(claim) = self.pending.get(token)
+        {
+            let mut claim = (*claim).clone();
+            claim.steps = steps.to_vec();
+            self.pending.insert(token.to_owned(), Arc::new(claim));
         }
         Ok(fence)
     }

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use crate::error::StoreError;
 use crate::key::OperationKey;
-use crate::record::{Evidence, Lease, Record, Settlement, Status, epoch_millis};
+use crate::record::{Evidence, Lease, Record, Settlement, Status, StepRecord, epoch_millis};
 use crate::store::{Claim, Fence, Store, Target};
 
 /// Records in maps behind one mutex; clones share them.
@@ -175,6 +175,9 @@ impl Store for MemoryStore {
                 record.outcome.clone_from(&settlement.outcome);
                 record.expires_at = settlement.expires_at;
                 record.completed_at = Some(settlement.completed_at);
+                if let Some(steps) = &settlement.steps {
+                    record.steps.clone_from(steps);
+                }
             }
             if let Some(record) = tables.records.get_mut(target.key)
                 && settlement.audit.is_some()
@@ -202,6 +205,23 @@ impl Store for MemoryStore {
         self.fenced(target, |tables| {
             if let Some(record) = tables.records.get_mut(target.key) {
                 record.lease.expires_at = until;
+            }
+        })
+    }
+
+    async fn record_steps(
+        &self,
+        target: Target<'_>,
+        steps: &[StepRecord],
+    ) -> Result<Fence, StoreError> {
+        // The record alone, as on DynamoDB.
+        let target = Target {
+            identity: None,
+            ..target
+        };
+        self.fenced(target, |tables| {
+            if let Some(record) = tables.records.get_mut(target.key) {
+                record.steps = steps.to_vec();
             }
         })
     }

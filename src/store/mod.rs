@@ -16,7 +16,8 @@
 //! - [`Store::take_over`] replaces the lease of an IN_PROGRESS record whose lease ran out
 //!   (millisecond resolution), conditioned on the expired holder's token (of two takers, one
 //!   wins), and moves its retention past the new lease.
-//! - [`Store::settle`], [`Store::release`] and [`Store::shorten`] are fenced by a [`Guard`]:
+//! - [`Store::settle`], [`Store::release`], [`Store::shorten`] and [`Store::record_steps`] are
+//!   fenced by a [`Guard`]:
 //!   the caller's lease, or (for an operator's resolution) the INDETERMINATE status. With an
 //!   identity, settle and release update or delete the evidence in the same transaction.
 //!
@@ -49,7 +50,7 @@ pub use memory::MemoryStore;
 
 use crate::error::StoreError;
 use crate::key::OperationKey;
-use crate::record::{Evidence, Lease, Record, Settlement, Status};
+use crate::record::{Evidence, Lease, Record, Settlement, Status, StepRecord};
 
 /// The answer to a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -171,6 +172,24 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         target: Target<'_>,
         settlement: &Settlement,
     ) -> impl Future<Output = Result<Fence, StoreError>> + Send;
+
+    /// Writes the target record's steps as `steps` ([`crate::effects`]), fenced by the target's
+    /// guard (the record alone: the evidence is not touched). A store that does not keep steps
+    /// answers [`StoreError::Rejected`], as this default does; the engine then halts a handler
+    /// at its first step (a plain step, before its effect).
+    fn record_steps(
+        &self,
+        target: Target<'_>,
+        steps: &[StepRecord],
+    ) -> impl Future<Output = Result<Fence, StoreError>> + Send {
+        let _ = (target, steps);
+        async {
+            Err(StoreError::Rejected {
+                operation: "record_steps",
+                message: "this store does not record steps".into(),
+            })
+        }
+    }
 
     /// Deletes the target record (and its evidence) so that a retry executes afresh.
     fn release(&self, target: Target<'_>)

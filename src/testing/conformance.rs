@@ -172,6 +172,13 @@ pub fn engine<S: Store>(fx: Fixture<S>, config: Config) -> (Idempotency, ManualC
     (idem, fx.clock, fx.sweep)
 }
 
+/// An engine as [`engine`] builds it, for a handler declared safe to repeat
+/// ([`Recovery::Rerun`]): a takeover of a crashed attempt runs it again.
+pub fn rerunning<S: Store>(fx: Fixture<S>, config: Config) -> (Idempotency, ManualClock, Sweeper) {
+    let (idem, clock, sweep) = engine(fx, config);
+    (idem.with_recovery(Recovery::Rerun), clock, sweep)
+}
+
 /// An invocation of operation `material` with intent `intent` and the suite's lease.
 pub fn invocation(material: &str, intent: &serde_json::Value) -> Invocation {
     let scope = OperationScope::new("conformance", "op").expect("scope");
@@ -554,7 +561,7 @@ async fn zombie_after_takeover(
 
 /// Case: Zombie completion is fenced.
 pub async fn zombie_completion_is_fenced<S: Store>(fx: Fixture<S>) {
-    let (idem, clock, _) = engine(fx, Config::default());
+    let (idem, clock, _) = rerunning(fx, Config::default());
     let inv = invocation("order-9", &serde_json::json!({"amount": 10}));
     let (zombie, resume) = zombie_after_takeover(&idem, &clock, &inv, Ok("zombie".into())).await;
 
@@ -603,7 +610,7 @@ pub async fn blocked_worker(
 
 /// Case: Zombie cannot complete over a live takeover.
 pub async fn zombie_cannot_complete_over_a_live_takeover<S: Store>(fx: Fixture<S>) {
-    let (idem, clock, _) = engine(fx, Config::default());
+    let (idem, clock, _) = rerunning(fx, Config::default());
     let inv = invocation("order-15", &serde_json::json!({"amount": 10}));
     let (zombie, resume_zombie) = blocked_worker(&idem, &inv, Ok("zombie".into())).await;
     clock.advance(LEASE + Duration::from_secs(1));
@@ -638,7 +645,7 @@ pub async fn zombie_cannot_complete_over_a_live_takeover<S: Store>(fx: Fixture<S
 
 /// Case: Zombie release is fenced.
 pub async fn zombie_release_is_fenced<S: Store>(fx: Fixture<S>) {
-    let (idem, clock, _) = engine(fx, Config::default());
+    let (idem, clock, _) = rerunning(fx, Config::default());
     let inv = invocation("order-10", &serde_json::json!({"amount": 10}));
     let (zombie, resume) = zombie_after_takeover(
         &idem,
@@ -718,3 +725,4 @@ pub use super::operators::*;
 pub use super::outages::*;
 pub use super::outcomes::*;
 pub use super::primitives::*;
+pub use super::steps::*;

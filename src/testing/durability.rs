@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 
 use super::conformance::{
     Capability, Fixture, LEASE, counted, crash_after_run, engine, evidence_key, invocation,
-    operator, race, start_time, stored,
+    operator, race, rerunning, start_time, stored,
 };
 
 /// An invoice operation: it keeps permanent evidence under `identity`, with the invoice id as
@@ -597,6 +597,7 @@ fn claim_record(material: &str, identity: &str, token: &str) -> Record {
         request_id: None,
         identity: Some(identity.into()),
         audit: None,
+        steps: Vec::new(),
     }
 }
 
@@ -655,7 +656,7 @@ pub async fn cancelled_claim_reports_which_condition_failed<S: Store>(fx: Fixtur
 
 /// Case: Downstream key is the same on every attempt.
 pub async fn downstream_key_is_the_same_on_every_attempt<S: Store>(fx: Fixture<S>) {
-    let (idem, clock, _) = engine(fx, Config::default());
+    let (idem, clock, _) = rerunning(fx, Config::default());
     let inv = invocation("order-36", &json!({"amount": 10}));
     let (seen_tx, seen_rx) = oneshot::channel();
     let crashed = tokio::spawn({

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use super::conformance::{
     Capability, Fixture, LEASE, blocked_worker, counted, crash_after_claim, crash_after_run,
-    engine, evidence_key, invocation, operator, stalled_worker, stored,
+    engine, evidence_key, invocation, operator, rerunning, stalled_worker, stored,
 };
 use super::faults::{Fault, FaultKind, FaultyStore, Primitive};
 
@@ -67,7 +67,7 @@ fn with_identity(material: &str) -> Invocation {
 /// live lease instead of claiming afresh (defect: retention longer than the first lease but
 /// shorter than the taker's let it run in parallel).
 pub async fn takeover_extends_retention_past_its_lease<S: Store>(fx: Fixture<S>) {
-    let (idem, clock, sweep) = engine(fx, retention(45));
+    let (idem, clock, sweep) = rerunning(fx, retention(45));
     let inv = invocation("edge-1", &json!({"amount": 10}));
     crash_after_claim(&idem, &inv).await;
     clock.advance(LEASE + Duration::from_secs(1));
@@ -477,7 +477,7 @@ pub async fn panicking_handler_gives_the_claim_back<S: Store>(fx: Fixture<S>) {
 /// Case: a cancelled execution (its future dropped: a timeout, an aborted task) gives its claim
 /// back instead of holding it for the rest of the lease.
 pub async fn cancelled_execution_gives_the_claim_back<S: Store>(fx: Fixture<S>) {
-    let (idem, clock, _) = engine(fx, Config::default());
+    let (idem, clock, _) = rerunning(fx, Config::default());
     let inv = invocation("edge-9", &json!({"amount": 10}));
     let worker = stalled_worker(&idem, &inv).await;
     worker.abort();

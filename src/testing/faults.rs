@@ -26,7 +26,7 @@ use tokio::sync::Notify;
 use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::key::OperationKey;
-use crate::record::{Evidence, Lease, Record, Settlement};
+use crate::record::{Evidence, Lease, Record, Settlement, StepRecord};
 use crate::store::{Claim, Fence, Store, Target};
 
 /// A store primitive, as faults name it.
@@ -45,6 +45,8 @@ pub enum Primitive {
     Settle,
     /// [`Store::release`].
     Release,
+    /// [`Store::record_steps`].
+    RecordSteps,
     /// [`Store::get`].
     Get,
     /// [`Store::evidence`].
@@ -55,13 +57,14 @@ pub enum Primitive {
 
 impl Primitive {
     /// Every primitive.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::Claim,
         Self::Adopt,
         Self::TakeOver,
         Self::Shorten,
         Self::Settle,
         Self::Release,
+        Self::RecordSteps,
         Self::Get,
         Self::Evidence,
         Self::Operator,
@@ -76,6 +79,7 @@ impl Primitive {
             Self::Shorten => "shorten",
             Self::Settle => "settle",
             Self::Release => "release",
+            Self::RecordSteps => "record_steps",
             Self::Get => "get",
             Self::Evidence => "evidence",
             Self::Operator => "operator",
@@ -383,6 +387,18 @@ impl<S: Store + Clone> Store for FaultyStore<S> {
     async fn release(&self, target: Target<'_>) -> Result<Fence, StoreError> {
         self.around(Primitive::Release, self.inner.release(target))
             .await
+    }
+
+    async fn record_steps(
+        &self,
+        target: Target<'_>,
+        steps: &[StepRecord],
+    ) -> Result<Fence, StoreError> {
+        self.around(
+            Primitive::RecordSteps,
+            self.inner.record_steps(target, steps),
+        )
+        .await
     }
 
     async fn release_by_operator(

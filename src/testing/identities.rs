@@ -13,7 +13,9 @@ use lambda_idempotency::{
 };
 use serde_json::{Value, json};
 
-use super::conformance::{Capability, Fixture, LEASE, counted, crash_after_claim, engine, stored};
+use super::conformance::{
+    Capability, Fixture, LEASE, counted, crash_after_claim, engine, rerunning, stored,
+};
 
 /// Retention short enough to pass in a case.
 fn an_hour() -> Config {
@@ -164,7 +166,7 @@ pub async fn a_deploy_that_adds_an_identity_completes_the_operation_as_claimed<S
     if fx.lacks(Capability::Evidence) {
         return;
     }
-    let (idem, clock, _) = engine(fx, an_hour());
+    let (idem, clock, _) = rerunning(fx, an_hour());
     let with = invoice("billing", None, "o-add", "invoice:o-add");
     let before = without_identity(&with);
     crash_after_claim(&idem, &before).await;
@@ -199,7 +201,7 @@ pub async fn a_deploy_that_removes_an_identity_settles_its_evidence<S: Store>(fx
     if fx.lacks(Capability::Evidence) {
         return;
     }
-    let (idem, clock, _) = engine(fx, an_hour());
+    let (idem, clock, _) = rerunning(fx, an_hour());
     let with = invoice("billing", None, "o-remove", "invoice:o-remove");
     crash_after_claim(&idem, &with).await;
     clock.advance(LEASE + Duration::from_secs(1));
@@ -224,7 +226,7 @@ pub async fn a_deploy_that_changes_an_identity_keeps_the_recorded_one<S: Store>(
     if fx.lacks(Capability::Evidence) {
         return;
     }
-    let (idem, clock, _) = engine(fx, an_hour());
+    let (idem, clock, _) = rerunning(fx, an_hour());
     let old = invoice("billing", None, "o-change", "invoice:o-change");
     let new = invoice("billing", None, "o-change", "invoice:rev-2:o-change");
     crash_after_claim(&idem, &old).await;

@@ -44,6 +44,7 @@ pub mod outages;
 pub mod outcomes;
 pub mod primitives;
 pub mod simulation;
+pub mod steps;
 
 /// Generates one `#[tokio::test]` per conformance case for a store made by `$make` (an async
 /// expression giving a [`conformance::Fixture`]): first the store's own primitives
@@ -116,7 +117,16 @@ macro_rules! conformance_tests {
             orphaned_evidence_is_resolved_by_an_operator,
             indeterminate_evidence_without_its_record_is_released_by_an_operator,
             an_operator_never_settles_evidence_a_delivery_has_adopted,
-            an_operators_lost_answer_is_recognised_and_a_throttled_one_retried
+            an_operators_lost_answer_is_recognised_and_a_throttled_one_retried,
+            a_recorded_step_replays_and_a_check_settles_an_uncertain_one,
+            an_uncertain_step_without_a_check_holds_the_operation,
+            a_check_decides_an_uncertain_step,
+            a_repeat_safe_step_runs_again_with_its_key,
+            steps_in_another_order_or_a_reused_name_are_refused,
+            a_retryable_failure_after_a_step_gives_the_claim_back,
+            a_step_that_did_not_apply_is_withdrawn,
+            a_panic_after_a_step_keeps_its_result,
+            a_takeover_without_steps_is_held_unless_declared
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use super::conformance::{
     Capability, Fixture, LEASE, counted, crash_after_claim, engine, invocation, operator,
-    stalled_worker, stored,
+    rerunning, stalled_worker, stored,
 };
 use super::faults::{Fault, FaultKind, FaultyStore, Primitive};
 
@@ -249,7 +249,7 @@ pub async fn an_operator_never_settles_evidence_a_delivery_has_adopted<S: Store>
     if fx.lacks(Capability::Evidence) {
         return;
     }
-    let (idem, clock, sweep) = engine(fx, retention(60));
+    let (idem, clock, sweep) = rerunning(fx, retention(60));
     let inv = invoice("adopted-1");
     crash_after_claim(&idem, &inv).await;
     clock.advance(LEASE + Duration::from_secs(120));

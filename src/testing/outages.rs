@@ -130,7 +130,9 @@ pub async fn an_outage_past_the_deadline_leaves_the_claim_to_recovery<S: Store +
 ) {
     let store = FaultyStore::new(fx.store);
     let clock = fx.clock;
-    let idem = Idempotency::new(store.clone()).with_clock(clock.clone());
+    let idem = Idempotency::new(store.clone())
+        .with_clock(clock.clone())
+        .with_recovery(Recovery::Rerun);
     let reconciled = idem.clone().with_reconciler(|_: Takeover| async {
         Ok::<_, BoxError>(Reconciliation::Applied(
             json!({"charged": true, "attempt": 1}),

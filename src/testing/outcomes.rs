@@ -14,7 +14,8 @@ use lambda_idempotency::{
 use serde_json::json;
 
 use super::conformance::{
-    Capability, Fixture, LEASE, blocked_worker, counted, engine, evidence_key, invocation, stored,
+    Capability, Fixture, LEASE, blocked_worker, counted, engine, evidence_key, invocation,
+    rerunning, stored,
 };
 
 /// A string of `len` characters that compresses poorly (pseudo-random base64 characters:
@@ -159,7 +160,7 @@ pub async fn a_zombie_cannot_change_a_large_outcome<S: Store>(fx: Fixture<S>) {
     if fx.lacks(Capability::LargeOutcomes) {
         return;
     }
-    let (idem, clock, _) = engine(fx, Config::default());
+    let (idem, clock, _) = rerunning(fx, Config::default());
     let inv = invocation("large-zombie", &json!({"amount": 10}));
     let zombie_outcome = incompressible(700 * 1024, 1);
     let owner_outcome = incompressible(600 * 1024, 2);

@@ -42,6 +42,7 @@ fn claim_of(key: &OperationKey, token: &str, now: SystemTime, identity: Option<S
         request_id: None,
         identity,
         audit: None,
+        steps: Vec::new(),
     }
 }
 

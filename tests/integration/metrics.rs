@@ -70,6 +70,7 @@ async fn decisions_and_latencies_come_out_as_embedded_metric_format() {
         Idempotency::new(store)
             .with_clock(clock.clone())
             .with_observer(MetricsObserver::new())
+            .with_recovery(Recovery::Rerun)
     };
     let idem = engine(db.store());
     let reconciling = engine(db.store()).with_reconciler(|_: Takeover| async {

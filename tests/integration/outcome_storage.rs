@@ -458,6 +458,7 @@ async fn a_zombie_lost_fence_reads_no_part_and_cannot_shorten_the_parts_ttl() {
                 .expect("config"),
         )
         .with_clock(rig.clock.clone());
+    let rerun = rig.idem.clone().with_recovery(Recovery::Rerun);
     let inv = invocation("zombie-ttl", &json!({"amount": 1}));
     let outcome = incompressible(600 * 1024, 8);
     // A zombie with a shorter retention (an older deployment) produces the same bytes as the
@@ -466,7 +467,7 @@ async fn a_zombie_lost_fence_reads_no_part_and_cannot_shorten_the_parts_ttl() {
         lambda_idempotency::testing::conformance::blocked_worker(&short, &inv, Ok(outcome.clone()))
             .await;
     rig.clock.advance(Duration::from_secs(31));
-    rig.idem
+    rerun
         .execute(&inv, |_| async { Ok::<_, std::io::Error>(outcome.clone()) })
         .await
         .expect("the owner completes");

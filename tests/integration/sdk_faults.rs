@@ -14,7 +14,7 @@ const GIVE_BACK_GRACE: Duration = Duration::from_secs(5);
 use lambda_idempotency::BoxError;
 use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::failure::Terminal;
-use lambda_idempotency::reconcile::{Reconciliation, Takeover};
+use lambda_idempotency::reconcile::{Reconciliation, Recovery, Takeover};
 use lambda_idempotency::record::{Evidence, Record, Status};
 use lambda_idempotency::store::{DynamoDbStore, Store};
 use lambda_idempotency::testing::conformance::{counted, crash_after_claim, operator, start_time};
@@ -95,7 +95,10 @@ impl Rig {
         let store =
             DynamoDbStore::new(client_with(dynamo.endpoint.clone(), &faults), &dynamo.table)
                 .with_uniqueness_table(uniqueness.unwrap_or(&dynamo.uniqueness_table));
-        let idem = Idempotency::new(store).with_clock(clock.clone());
+        // Handlers safe to repeat, as the takeover cases here assume.
+        let idem = Idempotency::new(store)
+            .with_clock(clock.clone())
+            .with_recovery(Recovery::Rerun);
         Self {
             idem,
             faults,

@@ -1,6 +1,7 @@
 //! The README's first function: `IDEMPOTENCY_TABLE` names the table; `DYNAMODB_ENDPOINT`,
 //! when set, points at a local server.
 
+use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::{Idempotency, OperationScope};
 use lambda_idempotency_functions::quickstart::{charge, layer};
 use lambda_idempotency_functions::{logging, primed_store};
@@ -12,8 +13,9 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     logging::init();
     let store = primed_store().await?;
     // The namespace is AWS_LAMBDA_FUNCTION_NAME.
+    // The charge passes its downstream key to the provider: safe to repeat after a crash.
     let layer = layer(
-        Idempotency::new(store),
+        Idempotency::new(store).with_recovery(Recovery::Rerun),
         OperationScope::for_function("charge")?,
     )?;
     lambda_runtime::run(

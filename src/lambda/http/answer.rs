@@ -94,7 +94,7 @@ impl ErrorAnswer {
                 "an operation with the same business identity has not settled; retry later",
                 unavailable,
             ),
-            ErrorKind::Indeterminate => (
+            ErrorKind::Indeterminate | ErrorKind::StepMismatch => (
                 409,
                 "operation_indeterminate",
                 "the outcome of this operation is being checked; do not retry it with a new key",

@@ -7,6 +7,7 @@ use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::outcome::Manifest;
+use super::steps::{read_steps, steps_value};
 use crate::error::StoreError;
 use crate::key::{Fingerprint, OperationKey};
 use crate::record::{
@@ -52,6 +53,8 @@ pub struct AttributeNames {
     /// An operator's trace (M: `by`, `at` in epoch milliseconds, `action`, `reason`), when an
     /// operator resolved the operation.
     pub audit: String,
+    /// The operation's steps (L of M, see [`crate::effects`]), once it records one.
+    pub steps: String,
 }
 
 /// A sort key for single-table designs. The operation key stays in the partition key, so
@@ -84,6 +87,7 @@ impl Default for AttributeNames {
             request_id: "request_id".into(),
             identity: "identity".into(),
             audit: "audit".into(),
+            steps: "steps".into(),
         }
     }
 }
@@ -150,6 +154,9 @@ impl AttributeNames {
         if let Some(audit) = &record.audit {
             item.insert(self.audit.clone(), audit_value(audit));
         }
+        if !record.steps.is_empty() {
+            item.insert(self.steps.clone(), steps_value(&record.steps));
+        }
         item
     }
 
@@ -193,6 +200,10 @@ impl AttributeNames {
             + record.audit.as_ref().map_or(0, |audit| {
                 self.audit.len() + value_size(&audit_value(audit))
             })
+            + match record.steps.is_empty() {
+                true => 0,
+                false => self.steps.len() + value_size(&steps_value(&record.steps)),
+            }
     }
 
     /// The record in `item`, and the manifest of its outcome's part items when the outcome is
@@ -241,6 +252,11 @@ impl AttributeNames {
             request_id: decoder.optional(&self.request_id, |value| value.as_s().ok().cloned())?,
             identity: decoder.optional(&self.identity, |value| value.as_s().ok().cloned())?,
             audit: decoder.optional(&self.audit, read_audit)?,
+            steps: item
+                .get(&self.steps)
+                .map(|steps| read_steps(steps, &key))
+                .transpose()?
+                .unwrap_or_default(),
             key,
         };
         Ok((record, pending))
@@ -319,9 +335,9 @@ impl Decoder<'_> {
     }
 }
 
-/// The size DynamoDB counts for an attribute value of the kinds the store writes (S, B, N, M):
-/// strings and binaries by length, numbers by digits, a map 3 bytes plus, per entry, its name,
-/// its value and one byte.
+/// The size DynamoDB counts for an attribute value of the kinds the store writes (S, B, N, M,
+/// L): strings and binaries by length, numbers by digits, a map 3 bytes plus, per entry, its
+/// name, its value and one byte; a list 3 bytes plus, per element, its value and one byte.
 pub(crate) fn value_size(value: &AttributeValue) -> usize {
     match value {
         AttributeValue::S(text) => text.len(),
@@ -331,6 +347,12 @@ pub(crate) fn value_size(value: &AttributeValue) -> usize {
             3 + fields
                 .iter()
                 .map(|(name, value)| name.len() + value_size(value) + 1)
+                .sum::<usize>()
+        }
+        AttributeValue::L(values) => {
+            3 + values
+                .iter()
+                .map(|value| value_size(value) + 1)
                 .sum::<usize>()
         }
         _ => 0,
@@ -439,6 +461,7 @@ mod tests {
             request_id: None,
             identity: None,
             audit: None,
+            steps: Vec::new(),
         };
         let settled = Record {
             status: Status::Completed,
@@ -452,6 +475,14 @@ mod tests {
                 action: "completed from INDETERMINATE".into(),
                 reason: Some("checked the ledger".into()),
             }),
+            steps: vec![
+                crate::record::StepRecord {
+                    name: "charge".into(),
+                    attempt: 1,
+                    result: Some(vec![b'y'; 2000]),
+                },
+                crate::record::StepRecord::intent("email", 2),
+            ],
             ..claim.clone()
         };
         let single_table = AttributeNames {

@@ -9,6 +9,7 @@
 //! | settle | `UpdateItem` (+ evidence `Update` in one transaction) | `status = IN_PROGRESS AND lease_token = :mine` |
 //! | release | `DeleteItem` (+ evidence `Delete` in one transaction) | same |
 //! | shorten | `UpdateItem`: lease expiry | same |
+//! | record_steps | `UpdateItem`: the step list | same |
 //! | get, evidence | `GetItem`, strongly consistent | — |
 //!
 //! Every conditional write asks for `ReturnValuesOnConditionCheckFailure=ALL_OLD`: a duplicate
@@ -44,6 +45,7 @@ mod item;
 mod outcome;
 mod replication;
 mod scan;
+mod steps;
 mod store;
 mod table;
 mod writes;

@@ -7,11 +7,12 @@ use std::time::SystemTime;
 use super::decode::Parts;
 use super::error::map_sdk_error;
 use super::item::{millis, n, s, secs};
+use super::steps::steps_value;
 use super::writes::{Check, Expr, Write};
 use super::{DynamoDbStore, evidence, item};
 use crate::error::StoreError;
 use crate::key::OperationKey;
-use crate::record::{Evidence, Lease, Record, Settlement, Status};
+use crate::record::{Evidence, Lease, Record, Settlement, Status, StepRecord};
 use crate::store::{Claim, Fence, Guard, Store, Target};
 
 impl DynamoDbStore {
@@ -248,6 +249,12 @@ impl Store for DynamoDbStore {
             }
             None => removed.push("#outcome_format"),
         }
+        if let Some(steps) = &settlement.steps {
+            update.push_str(", #steps = :steps");
+            expr = expr
+                .name("#steps", &names.steps)
+                .value(":steps", steps_value(steps));
+        }
         if let Some(audit) = &settlement.audit {
             update.push_str(", #audit = :audit");
             expr = expr
@@ -298,6 +305,28 @@ impl Store for DynamoDbStore {
             ..target
         };
         self.fenced("shorten", target, vec![write], Parts::Skip)
+            .await
+    }
+
+    async fn record_steps(
+        &self,
+        target: Target<'_>,
+        steps: &[StepRecord],
+    ) -> Result<Fence, StoreError> {
+        let (condition, expr) = self.guard(target.guard);
+        let write = Write::update(
+            &self.table,
+            self.names.key(target.key),
+            "SET #steps = :steps",
+            condition,
+            expr.name("#steps", &self.names.steps)
+                .value(":steps", steps_value(steps)),
+        )?;
+        let target = Target {
+            identity: None,
+            ..target
+        };
+        self.fenced("record_steps", target, vec![write], Parts::Skip)
             .await
     }
 

@@ -223,6 +223,7 @@ fn sized_record(target: Target<'_>, settlement: &Settlement) -> Record {
         request_id: Some("r".repeat(TYPICAL_REQUEST_ID_BYTES)),
         identity: target.identity.map(str::to_owned),
         audit: settlement.audit.clone(),
+        steps: Vec::new(),
     }
 }
 

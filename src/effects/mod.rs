@@ -1,0 +1,72 @@
+//! Effects inside the protocol: recovery points (steps) that the ledger records, so that a
+//! takeover of a crashed attempt knows what it did.
+//!
+//! A handler runs its effects as named steps from its [`ExecutionContext`]. Each step records
+//! its *intent* (fenced on the lease) before its effect and its *result* after; the result is
+//! written with the next step's intent, or with the settlement. On a later attempt of the same
+//! operation (a takeover after a crash, a timeout, a retryable failure):
+//!
+//! - a step with a recorded result returns it without running (its exact bytes, decoded);
+//! - a step with an intent and no result is *uncertain*: its check decides
+//!   ([`Checked::Applied`] records the result, [`Checked::NotApplied`] runs the effect,
+//!   [`Checked::Unknown`] holds the operation INDETERMINATE for an operator); without a check
+//!   the operation is held INDETERMINATE, never re-run blind;
+//! - a step declared [repeat-safe](Step::repeat_safe) (its downstream key makes the provider
+//!   deduplicate) runs again with the same key;
+//! - a handler that recorded no intent has done nothing yet: under
+//!   [`Recovery::Steps`](crate::reconcile::Recovery::Steps) it simply runs again.
+//!
+//! Step names are deterministic: a name used twice in one attempt, or steps in another order
+//! than the record holds, is [`Error::StepMismatch`](crate::Error::StepMismatch) and the
+//! operation is held for an operator.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use lambda_idempotency::effects::Checked;
+//! use lambda_idempotency::reconcile::Recovery;
+//! use lambda_idempotency::store::MemoryStore;
+//! use lambda_idempotency::{BoxError, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope};
+//!
+//! // Every effect of this handler is a step: an attempt that recorded none did nothing.
+//! let idem = Idempotency::new(MemoryStore::new()).with_recovery(Recovery::Steps);
+//! let key = OperationKey::derive(&OperationScope::new("shop", "checkout")?, None, "order-418")?;
+//! let invocation = Invocation::new(key, Fingerprint::of(&"order-418")?, Duration::from_secs(30));
+//!
+//! let receipt = idem
+//!     .execute(&invocation, |ctx| async move {
+//!         // The payment provider deduplicates on the key: safe to run again.
+//!         let charge: String = ctx
+//!             .step("charge")
+//!             .repeat_safe()
+//!             .run(|key| async move { Ok::<_, BoxError>(format!("ch_{}", &key[..8])) })
+//!             .await?;
+//!         // An e-mail is not: after a crash its check asks the provider what happened.
+//!         let mail: String = ctx
+//!             .step("email")
+//!             .checked_by(|_key| async { Ok::<_, BoxError>(Checked::NotApplied) })
+//!             .run(|_key| async { Ok::<_, BoxError>("msg-1".to_owned()) })
+//!             .await?;
+//!         Ok::<_, BoxError>(format!("{charge} {mail}"))
+//!     })
+//!     .await?;
+//! assert!(receipt.value().ends_with("msg-1"));
+//! # Ok(()) }
+//! ```
+//!
+//! [`ExecutionContext`]: crate::ExecutionContext
+
+mod ledger;
+mod step;
+
+pub(crate) use self::ledger::{Halt, StepLedger};
+pub use self::step::{Checked, NoCheck, NotApplied, Step, StepCheck, StepError};
+
+/// The most bytes an operation's step results may take together (serialized, before
+/// compression): they live in the operation's record, inside DynamoDB's 400 KB item limit. A
+/// step whose result would pass it has run, so the operation is retained as FAILED
+/// (`outcome_too_large`); record a reference (an id) instead of a large result.
+pub const MAX_STEP_RESULTS_BYTES: usize = 256 * 1024;
+
+/// The longest step name accepted, in bytes.
+pub const MAX_STEP_NAME_BYTES: usize = 255;

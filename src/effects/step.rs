@@ -1,0 +1,171 @@
+//! The step a handler runs: its name, whether it may run again, its check, its effect.
+
+use std::future::{Future, Ready};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::{BoxError, ErrorKind};
+use crate::execution::ExecutionContext;
+
+/// What a step's check found downstream about an uncertain step (one whose intent was
+/// recorded by a crashed attempt, with no result).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Checked<T> {
+    /// The effect exists; this is its result, recorded as the step's.
+    Applied(T),
+    /// The effect does not exist; the step runs (with the same downstream key).
+    NotApplied,
+    /// It cannot be established; the operation is held INDETERMINATE for an operator.
+    Unknown,
+}
+
+/// A step's check: asked, with the step's downstream key, what became of an uncertain step.
+/// Closures `FnOnce(String) -> impl Future<Output = Result<Checked<T>, BoxError>>` implement
+/// it; [`NoCheck`] is the absence of one.
+pub trait StepCheck<T> {
+    /// The check's future.
+    type Future: Future<Output = Result<Checked<T>, BoxError>>;
+
+    /// The check for the step whose downstream key is `downstream_key`; `None`: no check.
+    fn check(self, downstream_key: String) -> Option<Self::Future>;
+}
+
+impl<T, F, Fut> StepCheck<T> for F
+where
+    F: FnOnce(String) -> Fut,
+    Fut: Future<Output = Result<Checked<T>, BoxError>>,
+{
+    type Future = Fut;
+
+    fn check(self, downstream_key: String) -> Option<Fut> {
+        Some(self(downstream_key))
+    }
+}
+
+/// A step without a check: uncertain, it holds the operation for an operator.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoCheck;
+
+impl<T> StepCheck<T> for NoCheck {
+    type Future = Ready<Result<Checked<T>, BoxError>>;
+
+    fn check(self, _: String) -> Option<Self::Future> {
+        None
+    }
+}
+
+/// An effect's error that says the effect did not happen (a provider's 4xx, a connection
+/// refused before sending): the step's intent is withdrawn, so a later attempt runs the step
+/// again instead of treating it as uncertain.
+///
+/// ```
+/// use lambda_idempotency::effects::NotApplied;
+///
+/// let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+/// let err: Result<(), NotApplied> = Err(NotApplied::new(refused));
+/// assert!(err.is_err());
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NotApplied(pub BoxError);
+
+impl NotApplied {
+    /// Wraps the effect's error.
+    pub fn new(source: impl Into<BoxError>) -> Self {
+        Self(source.into())
+    }
+}
+
+/// Why a step did not return a result.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StepError {
+    /// The step's effect failed with `source`. The step stays *uncertain* (a later attempt asks
+    /// its check), unless the error is a [`NotApplied`].
+    #[error("step `{step}` failed: {source}")]
+    Effect {
+        /// The step's name.
+        step: String,
+        /// The effect's error.
+        source: BoxError,
+    },
+    /// The operation stopped at this step: the engine answers the caller itself (with an error
+    /// of this kind), whatever the handler returns next. Return this error.
+    #[error(
+        "the operation stopped at step `{step}` ({}): the engine answers the caller",
+        kind.name()
+    )]
+    Stopped {
+        /// The step's name.
+        step: String,
+        /// The kind of the error the caller gets.
+        kind: ErrorKind,
+    },
+    /// The step cannot run: its name is blank or too long, or another step is still running
+    /// (steps run one after the other, so that their order is the same on every attempt).
+    #[error("step `{step}` cannot run: {reason}")]
+    Invalid {
+        /// The step's name.
+        step: String,
+        /// Why.
+        reason: &'static str,
+    },
+}
+
+/// A named step, built by [`ExecutionContext::step`] and run by [`Step::run`].
+#[must_use = "a step does nothing until it is run"]
+#[derive(Debug)]
+pub struct Step<'a, C = NoCheck> {
+    pub(crate) context: &'a ExecutionContext,
+    pub(crate) name: String,
+    pub(crate) repeat_safe: bool,
+    pub(crate) check: C,
+}
+
+impl<'a> Step<'a, NoCheck> {
+    /// Asks `check` about this step when an earlier attempt recorded its intent but no result:
+    /// [`Checked::Applied`] records the result found, [`Checked::NotApplied`] runs the effect,
+    /// [`Checked::Unknown`] (or an error) leaves it to an operator (or the next delivery).
+    pub fn checked_by<C>(self, check: C) -> Step<'a, C> {
+        Step {
+            context: self.context,
+            name: self.name,
+            repeat_safe: self.repeat_safe,
+            check,
+        }
+    }
+}
+
+impl<C> Step<'_, C> {
+    /// Declares the step safe to run again: its effect passes its downstream key (the one
+    /// [`Step::run`] gives it) to a provider that deduplicates on it, such as a payment API's
+    /// `Idempotency-Key`. An uncertain repeat-safe step runs again instead of being checked.
+    pub fn repeat_safe(mut self) -> Self {
+        self.repeat_safe = true;
+        self
+    }
+
+    /// Runs the step: returns its recorded result if an earlier attempt recorded one, else
+    /// records its intent, runs `effect` with the step's downstream key (the same on every
+    /// attempt) and records its result.
+    ///
+    /// # Errors
+    /// [`StepError::Effect`] with the effect's own error; [`StepError::Stopped`] when the
+    /// operation cannot go on (the step is uncertain and unchecked, the lease was lost, the
+    /// steps changed order): return it, the engine answers the caller;
+    /// [`StepError::Invalid`] for a bad name or overlapping steps.
+    pub async fn run<T, E, F, Fut>(self, effect: F) -> Result<T, StepError>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Into<BoxError>,
+        F: FnOnce(String) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        C: StepCheck<T>,
+    {
+        let ledger = std::sync::Arc::clone(&self.context.steps);
+        ledger
+            .run(self.name, self.repeat_safe, self.check, effect)
+            .await
+    }
+}

@@ -1,0 +1,153 @@
+//! An operation's steps as one list attribute of its record ([`crate::effects`]).
+//!
+//! | step field | meaning |
+//! |---|---|
+//! | `name` (S) | the step's name |
+//! | `attempt` (N) | the attempt that recorded its intent |
+//! | `result` (B) | the serialized result, once recorded (absent: the intent alone) |
+//! | `codec` (S) | `zstd` when `result` holds compressed bytes |
+//! | `length` (N) | the result's length after decompression, when compressed |
+//!
+//! The whole list is written by each fenced step write: only the lease holder writes it, and
+//! DynamoDB bills a write by the item's size, not the update's.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use super::item::{b, corrupt, n, s};
+use crate::error::StoreError;
+use crate::key::OperationKey;
+use crate::record::StepRecord;
+
+/// Results longer than this are compressed when that makes them shorter.
+const COMPRESS_OVER: usize = 1024;
+/// zstd's default level, as for outcomes.
+const ZSTD_LEVEL: i32 = 3;
+/// The one codec written.
+const ZSTD: &str = "zstd";
+
+/// The list attribute of `steps`.
+pub(crate) fn steps_value(steps: &[StepRecord]) -> AttributeValue {
+    AttributeValue::L(steps.iter().map(step_value).collect())
+}
+
+fn step_value(step: &StepRecord) -> AttributeValue {
+    let mut fields = HashMap::from([
+        ("name".to_owned(), s(&step.name)),
+        ("attempt".to_owned(), n(u64::from(step.attempt))),
+    ]);
+    if let Some(result) = &step.result {
+        let compressed = (result.len() > COMPRESS_OVER)
+            .then(|| zstd::bulk::compress(result, ZSTD_LEVEL).ok())
+            .flatten()
+            .filter(|compressed| compressed.len() < result.len());
+        match compressed {
+            Some(compressed) => {
+                fields.insert("result".to_owned(), b(&compressed));
+                fields.insert("codec".to_owned(), s(ZSTD));
+                fields.insert("length".to_owned(), n(result.len() as u64));
+            }
+            None => {
+                fields.insert("result".to_owned(), b(result));
+            }
+        }
+    }
+    AttributeValue::M(fields)
+}
+
+/// The steps in the list attribute `value` of `key`'s record.
+pub(crate) fn read_steps(
+    value: &AttributeValue,
+    key: &OperationKey,
+) -> Result<Vec<StepRecord>, StoreError> {
+    let bad = |reason: &str| corrupt(key.short(), format!("a step record {reason}"));
+    let list = value.as_l().map_err(|_| bad("list is not a list"))?;
+    list.iter()
+        .map(|value| {
+            let fields = value.as_m().map_err(|_| bad("is not a map"))?;
+            let name = fields
+                .get("name")
+                .and_then(|name| name.as_s().ok())
+                .ok_or_else(|| bad("has no name"))?;
+            let attempt = fields
+                .get("attempt")
+                .and_then(|attempt| attempt.as_n().ok())
+                .and_then(|attempt| attempt.parse().ok())
+                .ok_or_else(|| bad("has no attempt"))?;
+            let stored = fields
+                .get("result")
+                .map(|result| result.as_b().map(|blob| blob.as_ref().to_vec()))
+                .transpose()
+                .map_err(|_| bad("result is not binary"))?;
+            let result = match (stored, fields.get("codec")) {
+                (Some(stored), Some(codec)) => {
+                    if codec.as_s().map(String::as_str) != Ok(ZSTD) {
+                        return Err(bad("names an unknown codec"));
+                    }
+                    let length = fields
+                        .get("length")
+                        .and_then(|length| length.as_n().ok())
+                        .and_then(|length| length.parse::<usize>().ok())
+                        .ok_or_else(|| bad("has no length"))?;
+                    let restored = zstd::bulk::decompress(&stored, length)
+                        .map_err(|_| bad("result does not decompress"))?;
+                    if restored.len() != length {
+                        return Err(bad("result has another length than recorded"));
+                    }
+                    Some(restored)
+                }
+                (stored, None) => stored,
+                (None, Some(_)) => return Err(bad("names a codec but has no result")),
+            };
+            Ok(StepRecord {
+                name: name.clone(),
+                attempt,
+                result,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A step list reads back as written, a large result compressed and restored exactly.
+    #[test]
+    fn steps_read_back_as_written() -> Result<(), StoreError> {
+        let key = OperationKey::from_stored("shop.charge#abc");
+        let large = br#"{"lines":""#.repeat(400);
+        let steps = vec![
+            StepRecord {
+                name: "charge".into(),
+                attempt: 1,
+                result: Some(br#"{"id":"ch_1"}"#.to_vec()),
+            },
+            StepRecord {
+                name: "receipt".into(),
+                attempt: 2,
+                result: Some(large.clone()),
+            },
+            StepRecord::intent("email", 2),
+        ];
+        let value = steps_value(&steps);
+        let stored = value.as_l().map_err(|_| bad_value())?;
+        let receipt = stored[1].as_m().map_err(|_| bad_value())?;
+        assert_eq!(receipt.get("codec"), Some(&s(ZSTD)));
+        assert!(
+            receipt["result"]
+                .as_b()
+                .map_err(|_| bad_value())?
+                .as_ref()
+                .len()
+                < large.len()
+        );
+        assert_eq!(read_steps(&value, &key)?, steps);
+        Ok(())
+    }
+
+    fn bad_value() -> StoreError {
+        corrupt("test", "not the attribute written".into())
+    }
+}
