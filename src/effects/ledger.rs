@@ -334,7 +334,13 @@ impl StepLedger {
                 self.lock().dirty = false;
                 Ok(())
             }
-            Err(halt) => Err(self.halt(&mut self.lock(), name, halt)),
+            Err(halt) => {
+                // The effect will not run: the intent is withdrawn from what is written next
+                // (it may have committed with its answer lost; the give-back overwrites it).
+                let mut state = self.lock();
+                state.steps.pop();
+                Err(self.halt(&mut state, name, halt))
+            }
         }
     }
 

@@ -126,7 +126,8 @@ macro_rules! conformance_tests {
             a_retryable_failure_after_a_step_gives_the_claim_back,
             a_step_that_did_not_apply_is_withdrawn,
             a_panic_after_a_step_keeps_its_result,
-            a_takeover_without_steps_is_held_unless_declared
+            a_takeover_without_steps_is_held_unless_declared,
+            a_failing_step_write_never_runs_the_effect_blind
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

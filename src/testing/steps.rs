@@ -20,6 +20,7 @@ use lambda_idempotency::{
 use tokio::sync::oneshot;
 
 use super::conformance::{Fixture, LEASE, crash_after_run, engine, invocation, stored};
+use super::faults::{Fault, FaultKind, FaultyStore, Primitive};
 
 /// How often each step's effect ran, over every attempt.
 #[derive(Debug, Default)]
@@ -505,4 +506,73 @@ pub async fn a_takeover_without_steps_is_held_unless_declared<S: Store>(fx: Fixt
         .await
         .expect("no intent recorded: nothing happened, it runs");
     assert_eq!(done.origin(), Origin::Executed { attempt: 2 });
+}
+
+/// Case: a step write that fails, before it applies or after (its answer lost), never runs the
+/// effect blind: one lost answer is retried transparently; a write that keeps failing stops
+/// the attempt before the effect, gives the claim back without the intent, and the next
+/// delivery runs the step once.
+pub async fn a_failing_step_write_never_runs_the_effect_blind<S: Store + Clone>(fx: Fixture<S>) {
+    let store = FaultyStore::new(fx.store);
+    let clock = fx.clock;
+    let idem = Idempotency::new(store.clone())
+        .with_clock(clock.clone())
+        .with_recovery(Recovery::Steps);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let send = |ctx: ExecutionContext| {
+        let runs = Arc::clone(&runs);
+        async move {
+            ctx.step("email")
+                .run(|_key| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, BoxError>(String::from("msg"))
+                })
+                .await
+        }
+    };
+
+    let inv = invocation("steps-lost-answer", &serde_json::json!({"order": 14}));
+    store.inject(
+        Primitive::RecordSteps,
+        Fault::FailAfter(FaultKind::Unavailable),
+    );
+    idem.execute(&inv, send)
+        .await
+        .expect("one lost answer is retried");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    for (case, fault) in [
+        ("before", Fault::FailBefore(FaultKind::Unavailable)),
+        ("after", Fault::FailAfter(FaultKind::Unavailable)),
+    ] {
+        runs.store(0, Ordering::SeqCst);
+        let inv = invocation(
+            &format!("steps-failing-{case}"),
+            &serde_json::json!({"order": 15}),
+        );
+        for _ in 0..5 {
+            store.inject(Primitive::RecordSteps, fault);
+        }
+        let err = idem
+            .execute(&inv, send)
+            .await
+            .expect_err("the intent is not recorded");
+        assert!(matches!(err, Error::Store(_)), "{case}: {err:?}");
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            0,
+            "{case}: the effect did not run"
+        );
+        let record = stored(&idem, inv.key(), "given back").await;
+        assert!(record.steps.is_empty(), "{case}: the intent is withdrawn");
+        clock.advance(Duration::from_millis(2));
+        assert!(
+            record.lease_is_takeable(clock.now()),
+            "{case}: given back at once"
+        );
+        idem.execute(&inv, send)
+            .await
+            .expect("the next delivery runs the step");
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{case}: one effect");
+    }
 }
