@@ -9,14 +9,18 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{debug, warn};
 
+use aws_sdk_dynamodb::types::TransactWriteItem;
+use sha2::{Digest, Sha256};
+
 use super::step::{Checked, NotApplied, StepCheck, StepError};
+use super::transaction::Transaction;
 use super::{MAX_STEP_NAME_BYTES, MAX_STEP_RESULTS_BYTES};
 use crate::Idempotency;
 use crate::engine::retry::Patience;
-use crate::error::{BoxError, Error};
+use crate::error::{BoxError, Error, StoreError};
 use crate::key::OperationKey;
 use crate::record::{FailureKind, StepRecord};
-use crate::store::{Fence, Guard, Store, Target};
+use crate::store::{Commit, Committed, Fence, Guard, Store, Target};
 
 /// Why an attempt stopped at a step, and what the engine does about it.
 #[derive(Debug)]
@@ -71,6 +75,11 @@ struct State {
     in_flight: bool,
     /// Why the attempt stopped, once it has.
     halt: Option<Halt>,
+    /// Whether a commit's outcome is unknown: the record's steps are then as the store has
+    /// them (the commit applied or not), and nothing may overwrite them.
+    frozen: bool,
+    /// How many commits this attempt sent: each gets its own request token.
+    commits: u32,
 }
 
 /// Where a step stands when it starts.
@@ -140,7 +149,7 @@ impl StepLedger {
     /// The steps to write with the next write, when they changed since the last one.
     pub(crate) fn pending(&self) -> Option<Vec<StepRecord>> {
         let state = self.lock();
-        state.dirty.then(|| state.steps.clone())
+        (state.dirty && !state.frozen).then(|| state.steps.clone())
     }
 
     /// Whether the record holds (or is about to hold) a step: the operation is then never
@@ -151,6 +160,7 @@ impl StepLedger {
 
     /// Writes the pending steps, if any; `false` when the lease is lost or the store failed.
     pub(crate) async fn flush(&self) -> bool {
+        // Frozen: nothing to write (`pending` is `None`); the record stands as the store has it.
         let Some(steps) = self.pending() else {
             return true;
         };
@@ -319,6 +329,117 @@ impl StepLedger {
         }
     }
 
+    /// Runs transactional step `name` (see [`Step::transact`](super::Step::transact)).
+    pub(crate) async fn transact<T, E, F, Fut>(
+        &self,
+        name: String,
+        build: F,
+    ) -> Result<T, StepError>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Into<BoxError>,
+        F: FnOnce(String) -> Fut,
+        Fut: Future<Output = Result<Transaction<T>, E>>,
+    {
+        match self.standing::<T>(&name)? {
+            Standing::Done(value) => return Ok(value),
+            Standing::New => {}
+            // A transactional step records no intent alone: this intent is of a plain step of
+            // the same name (a deploy changed the step), whose effect is uncertain.
+            Standing::Uncertain => {
+                let held = Halt::Hold(Error::Indeterminate {
+                    key: self.key.clone(),
+                });
+                return Err(self.halt(&mut self.lock(), &name, held));
+            }
+        }
+        self.set_in_flight(true);
+        let built = build(self.key.downstream(&name)).await;
+        self.set_in_flight(false);
+        let transaction = built.map_err(|source| StepError::Effect {
+            step: name.clone(),
+            source: source.into(),
+        })?;
+        let rejected = |message: String| StepError::Rejected {
+            step: name.clone(),
+            message,
+        };
+        let bytes = serde_json::to_vec(&transaction.value).map_err(|err| {
+            rejected(format!(
+                "the step's result does not serialize to JSON: {err}"
+            ))
+        })?;
+        let (steps, token) = {
+            let mut state = self.lock();
+            let limit = MAX_STEP_RESULTS_BYTES.min(self.idem.config().max_outcome_bytes());
+            if recorded_bytes(&state.steps) + bytes.len() > limit {
+                return Err(rejected(format!(
+                    "the step results would take more than {limit} bytes: keep a reference instead"
+                )));
+            }
+            let mut steps = state.steps.clone();
+            steps.push(StepRecord {
+                name: name.clone(),
+                attempt: self.attempt,
+                result: Some(bytes),
+            });
+            state.commits += 1;
+            (steps, commit_token(&self.token, state.commits))
+        };
+        let committed = match transaction.writes.is_empty() {
+            // Nothing of the handler's: the step's record alone, on any store.
+            true => self.write(&steps).await.map(|()| Committed::Applied),
+            false => self.commit(&steps, &transaction.writes, &token).await,
+        };
+        let mut state = self.lock();
+        match committed {
+            Ok(Committed::Applied) => {
+                state.steps = steps;
+                state.dirty = false;
+                state.cursor += 1;
+                Ok(transaction.value)
+            }
+            Ok(Committed::Refused { write }) => Err(StepError::Refused { step: name, write }),
+            Ok(Committed::LeaseLost { .. }) => {
+                let lost = Halt::Lost(Error::LeaseLost {
+                    key: self.key.clone(),
+                    attempt: self.attempt,
+                });
+                Err(self.halt(&mut state, &name, lost))
+            }
+            Err(Halt::GiveBack(Error::Store(StoreError::Rejected { message, .. }))) => {
+                Err(rejected(message))
+            }
+            Err(halt) => {
+                // Committed or not, the store alone knows: keep its steps as they are.
+                state.frozen = true;
+                Err(self.halt(&mut state, &name, halt))
+            }
+        }
+    }
+
+    /// One commit of `steps` with the handler's `writes`, retried briefly under one token.
+    async fn commit(
+        &self,
+        steps: &[StepRecord],
+        writes: &[TransactWriteItem],
+        token: &str,
+    ) -> Result<Committed, Halt> {
+        let store = self.idem.store();
+        let target = self.target();
+        let commit = Commit {
+            steps,
+            writes,
+            token,
+        };
+        self.idem
+            .retrying(Patience::Brief(self.lease_expires_at), || {
+                store.commit_steps(target, commit)
+            })
+            .await
+            .map_err(|err| Halt::GiveBack(err.into()))
+    }
+
     /// Records a new step's intent, with whatever result is pending.
     async fn record_intent(&self, name: &str) -> Result<(), StepError> {
         let steps = {
@@ -422,11 +543,7 @@ impl StepLedger {
             }
         };
         let limit = MAX_STEP_RESULTS_BYTES.min(self.idem.config().max_outcome_bytes());
-        let recorded: usize = state
-            .steps
-            .iter()
-            .filter_map(|step| step.result.as_ref().map(Vec::len))
-            .sum();
+        let recorded = recorded_bytes(&state.steps);
         if recorded + bytes.len() > limit {
             let too_large = Error::OutcomeTooLarge {
                 key: self.key.clone(),
@@ -441,4 +558,19 @@ impl StepLedger {
         state.cursor += 1;
         Ok(value)
     }
+}
+
+/// The bytes the recorded step results take.
+fn recorded_bytes(steps: &[StepRecord]) -> usize {
+    steps
+        .iter()
+        .filter_map(|step| step.result.as_ref().map(Vec::len))
+        .sum()
+}
+
+/// The request token of an attempt's `n`th commit: the same on every try of that commit,
+/// another for the next (32 hex characters, within DynamoDB's 36).
+fn commit_token(lease_token: &str, n: u32) -> String {
+    let digest = Sha256::digest(format!("{lease_token}#commit#{n}").as_bytes());
+    hex::encode(&digest[..16])
 }

@@ -16,6 +16,9 @@
 //! - a handler that recorded no intent has done nothing yet: under
 //!   [`Recovery::Steps`](crate::reconcile::Recovery::Steps) it simply runs again.
 //!
+//! A *transactional* step ([`Step::transact`]) commits the handler's own DynamoDB writes with
+//! its record in one transaction ([`Transaction`]): never uncertain, no check needed.
+//!
 //! Step names are deterministic: a name used twice in one attempt, or steps in another order
 //! than the record holds, is [`Error::StepMismatch`](crate::Error::StepMismatch) and the
 //! operation is held for an operator.
@@ -58,9 +61,11 @@
 
 mod ledger;
 mod step;
+mod transaction;
 
 pub(crate) use self::ledger::{Halt, StepLedger};
 pub use self::step::{Checked, NoCheck, NotApplied, Step, StepCheck, StepError};
+pub use self::transaction::Transaction;
 
 /// The most bytes an operation's step results may take together (serialized, before
 /// compression): they live in the operation's record, inside DynamoDB's 400 KB item limit. A

@@ -102,6 +102,26 @@ pub enum StepError {
         /// The kind of the error the caller gets.
         kind: ErrorKind,
     },
+    /// A transactional step's transaction was refused: the condition of the handler's write at
+    /// index `write` ([`Transaction::writes`](super::Transaction::writes)) failed. Nothing was
+    /// committed and the step is not recorded: the handler may read again and run it again.
+    #[error("step `{step}`: the condition of write {write} failed; nothing was committed")]
+    Refused {
+        /// The step's name.
+        step: String,
+        /// The index of the write whose condition failed.
+        write: usize,
+    },
+    /// A transactional step's transaction cannot be sent as built (over DynamoDB's 100
+    /// actions or 4 MB, two actions on one item, an invalid expression, a store that does not
+    /// commit DynamoDB writes): nothing was committed.
+    #[error("step `{step}`: the transaction was not sent: {message}")]
+    Rejected {
+        /// The step's name.
+        step: String,
+        /// What DynamoDB's limits (or the store) refuse.
+        message: String,
+    },
     /// The step cannot run: its name is blank or too long, or another step is still running
     /// (steps run one after the other, so that their order is the same on every attempt).
     #[error("step `{step}` cannot run: {reason}")]
@@ -134,6 +154,32 @@ impl<'a> Step<'a, NoCheck> {
             repeat_safe: self.repeat_safe,
             check,
         }
+    }
+}
+
+impl Step<'_, NoCheck> {
+    /// Runs a transactional step: `build` (given the step's downstream key) reads what it
+    /// needs and returns the step's result with the handler's own DynamoDB writes
+    /// ([`Transaction`](super::Transaction)); they commit in one `TransactWriteItems` with the
+    /// step's record, fenced on the lease, or not at all. No intent is recorded first, so the
+    /// step is never uncertain: a later attempt finds its result (the writes committed, once)
+    /// or nothing (they did not). `build` must have no effect of its own. A commit whose
+    /// answer was lost is re-sent with the same request token, which DynamoDB answers as the
+    /// first for ten minutes.
+    ///
+    /// # Errors
+    /// [`StepError::Refused`] when a write's condition fails, [`StepError::Rejected`] when the
+    /// transaction cannot be sent; [`StepError::Effect`] with `build`'s own error;
+    /// [`StepError::Stopped`] as for [`Step::run`].
+    pub async fn transact<T, E, F, Fut>(self, build: F) -> Result<T, StepError>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Into<BoxError>,
+        F: FnOnce(String) -> Fut,
+        Fut: Future<Output = Result<super::Transaction<T>, E>>,
+    {
+        let ledger = std::sync::Arc::clone(&self.context.steps);
+        ledger.transact(self.name, build).await
     }
 }
 

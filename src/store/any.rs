@@ -8,7 +8,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use super::{Claim, DynamoDbStore, Fence, MemoryStore, Store, Target};
+use super::{Claim, Commit, Committed, DynamoDbStore, Fence, MemoryStore, Store, Target};
 use crate::error::StoreError;
 use crate::key::OperationKey;
 use crate::reconcile::BoxFuture;
@@ -109,6 +109,11 @@ trait DynStore: Send + Sync + fmt::Debug + 'static {
         target: Target<'a>,
         steps: &'a [StepRecord],
     ) -> BoxFuture<'a, Result<Fence, StoreError>>;
+    fn commit_steps<'a>(
+        &'a self,
+        target: Target<'a>,
+        commit: Commit<'a>,
+    ) -> BoxFuture<'a, Result<Committed, StoreError>>;
     fn release_by_operator<'a>(
         &'a self,
         seen: Option<&'a Record>,
@@ -190,6 +195,14 @@ impl<S: Store> DynStore for S {
         steps: &'a [StepRecord],
     ) -> BoxFuture<'a, Result<Fence, StoreError>> {
         Box::pin(Store::record_steps(self, target, steps))
+    }
+
+    fn commit_steps<'a>(
+        &'a self,
+        target: Target<'a>,
+        commit: Commit<'a>,
+    ) -> BoxFuture<'a, Result<Committed, StoreError>> {
+        Box::pin(Store::commit_steps(self, target, commit))
     }
 
     fn release_by_operator<'a>(
@@ -278,6 +291,14 @@ impl Store for AnyStore {
         steps: &[StepRecord],
     ) -> Result<Fence, StoreError> {
         self.0.record_steps(target, steps).await
+    }
+
+    async fn commit_steps(
+        &self,
+        target: Target<'_>,
+        commit: Commit<'_>,
+    ) -> Result<Committed, StoreError> {
+        self.0.commit_steps(target, commit).await
     }
 
     async fn release_by_operator(

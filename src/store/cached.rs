@@ -8,7 +8,7 @@ use std::time::SystemTime;
 use quick_cache::sync::{Cache, DefaultLifecycle};
 use quick_cache::{DefaultHashBuilder, OptionsBuilder, Weighter};
 
-use super::{Claim, Fence, Guard, Store, Target};
+use super::{Claim, Commit, Committed, Fence, Guard, Store, Target};
 use crate::error::StoreError;
 use crate::key::OperationKey;
 use crate::record::{Evidence, Lease, Record, Settlement, StepRecord};
@@ -242,6 +242,22 @@ impl<S: Store> Store for CachedStore<S> {
             self.pending.insert(token.to_owned(), Arc::new(claim));
         }
         Ok(fence)
+    }
+
+    async fn commit_steps(
+        &self,
+        target: Target<'_>,
+        commit: Commit<'_>,
+    ) -> Result<Committed, StoreError> {
+        let committed = self.inner.commit_steps(target, commit).await?;
+        if let (Committed::Applied, Guard::Lease(token)) = (&committed, target.guard)
+            && let Some(claim) = self.pending.get(token)
+        {
+            let mut claim = (*claim).clone();
+            claim.steps = commit.steps.to_vec();
+            self.pending.insert(token.to_owned(), Arc::new(claim));
+        }
+        Ok(committed)
     }
 
     async fn release(&self, target: Target<'_>) -> Result<Fence, StoreError> {

@@ -48,6 +48,8 @@ pub use dynamodb::{
 };
 pub use memory::MemoryStore;
 
+use aws_sdk_dynamodb::types::TransactWriteItem;
+
 use crate::error::StoreError;
 use crate::key::OperationKey;
 use crate::record::{Evidence, Lease, Record, Settlement, Status, StepRecord};
@@ -75,6 +77,36 @@ pub enum Fence {
         /// record may leave the outcome out (`None`) when the caller only needs its state
         /// ([`DynamoDbStore`] after a settlement, a shortening or a release).
         current: Option<Box<Record>>,
+    },
+}
+
+/// A transactional step to commit ([`Store::commit_steps`]): the record's steps, with the
+/// handler's own DynamoDB writes, all or nothing.
+#[derive(Debug, Clone, Copy)]
+pub struct Commit<'a> {
+    /// The record's steps as they are once the transaction commits.
+    pub steps: &'a [StepRecord],
+    /// The handler's writes (Put, Update, Delete, ConditionCheck on any table), in its order.
+    pub writes: &'a [TransactWriteItem],
+    /// The request token (1 to 36 characters) that makes a re-sent commit idempotent: the same
+    /// on every try of this commit, another for another commit.
+    pub token: &'a str,
+}
+
+/// The answer to a transactional commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Committed {
+    /// Committed: the steps and every write.
+    Applied,
+    /// The guard no longer holds; nothing was written. `current` as for [`Fence::Lost`].
+    LeaseLost {
+        /// The record as it stands, if any (its outcome may be left out).
+        current: Option<Box<Record>>,
+    },
+    /// The condition of the handler's write at this index failed; nothing was written.
+    Refused {
+        /// The index in [`Commit::writes`].
+        write: usize,
     },
 }
 
@@ -187,6 +219,24 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
             Err(StoreError::Rejected {
                 operation: "record_steps",
                 message: "this store does not record steps".into(),
+            })
+        }
+    }
+
+    /// Commits `commit.steps` on the target record (fenced by its guard) together with the
+    /// handler's own writes, in one transaction ([`crate::effects`]). A store that cannot
+    /// answers [`StoreError::Rejected`], as this default does: only the DynamoDB store commits
+    /// DynamoDB writes.
+    fn commit_steps(
+        &self,
+        target: Target<'_>,
+        commit: Commit<'_>,
+    ) -> impl Future<Output = Result<Committed, StoreError>> + Send {
+        let _ = (target, commit);
+        async {
+            Err(StoreError::Rejected {
+                operation: "commit_steps",
+                message: "this store cannot commit DynamoDB writes: a transactional step needs the DynamoDB store".into(),
             })
         }
     }

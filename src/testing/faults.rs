@@ -27,7 +27,7 @@ use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::key::OperationKey;
 use crate::record::{Evidence, Lease, Record, Settlement, StepRecord};
-use crate::store::{Claim, Fence, Store, Target};
+use crate::store::{Claim, Commit, Committed, Fence, Store, Target};
 
 /// A store primitive, as faults name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -47,6 +47,8 @@ pub enum Primitive {
     Release,
     /// [`Store::record_steps`].
     RecordSteps,
+    /// [`Store::commit_steps`].
+    CommitSteps,
     /// [`Store::get`].
     Get,
     /// [`Store::evidence`].
@@ -57,7 +59,7 @@ pub enum Primitive {
 
 impl Primitive {
     /// Every primitive.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::Claim,
         Self::Adopt,
         Self::TakeOver,
@@ -65,6 +67,7 @@ impl Primitive {
         Self::Settle,
         Self::Release,
         Self::RecordSteps,
+        Self::CommitSteps,
         Self::Get,
         Self::Evidence,
         Self::Operator,
@@ -80,6 +83,7 @@ impl Primitive {
             Self::Settle => "settle",
             Self::Release => "release",
             Self::RecordSteps => "record_steps",
+            Self::CommitSteps => "commit_steps",
             Self::Get => "get",
             Self::Evidence => "evidence",
             Self::Operator => "operator",
@@ -397,6 +401,18 @@ impl<S: Store + Clone> Store for FaultyStore<S> {
         self.around(
             Primitive::RecordSteps,
             self.inner.record_steps(target, steps),
+        )
+        .await
+    }
+
+    async fn commit_steps(
+        &self,
+        target: Target<'_>,
+        commit: Commit<'_>,
+    ) -> Result<Committed, StoreError> {
+        self.around(
+            Primitive::CommitSteps,
+            self.inner.commit_steps(target, commit),
         )
         .await
     }

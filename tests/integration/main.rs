@@ -28,3 +28,4 @@ mod simulation;
 mod sources;
 mod spans;
 mod store_primitives;
+mod transactions;

@@ -51,7 +51,11 @@ where
         Some("TransactionConflictException" | "ReplicatedWriteConflictException") => {
             StoreError::Contention { operation }
         }
-        Some("ValidationException" | "SerializationException") => StoreError::Rejected {
+        Some(
+            "ValidationException"
+            | "SerializationException"
+            | "IdempotentParameterMismatchException",
+        ) => StoreError::Rejected {
             operation,
             message: err.message().unwrap_or("no message").to_owned(),
         },

@@ -10,6 +10,7 @@
 //! | release | `DeleteItem` (+ evidence `Delete` in one transaction) | same |
 //! | shorten | `UpdateItem`: lease expiry | same |
 //! | record_steps | `UpdateItem`: the step list | same |
+//! | commit_steps | `TransactWriteItems`: the step list `Update` and the handler's own writes, with a `ClientRequestToken` | same |
 //! | get, evidence | `GetItem`, strongly consistent | — |
 //!
 //! Every conditional write asks for `ReturnValuesOnConditionCheckFailure=ALL_OLD`: a duplicate
@@ -37,6 +38,7 @@
 //! ```
 
 mod client;
+mod commit;
 mod decode;
 mod error;
 mod evidence;

@@ -13,11 +13,11 @@ use super::{DynamoDbStore, evidence, item};
 use crate::error::StoreError;
 use crate::key::OperationKey;
 use crate::record::{Evidence, Lease, Record, Settlement, Status, StepRecord};
-use crate::store::{Claim, Fence, Guard, Store, Target};
+use crate::store::{Claim, Commit, Committed, Fence, Guard, Store, Target};
 
 impl DynamoDbStore {
     /// The record's condition and names/values for a guard.
-    fn guard(&self, guard: Guard<'_>) -> (&'static str, Expr) {
+    pub(crate) fn guard(&self, guard: Guard<'_>) -> (&'static str, Expr) {
         let expr = Expr::default().name("#status", &self.names.status);
         match guard {
             Guard::Lease(token) => (
@@ -328,6 +328,14 @@ impl Store for DynamoDbStore {
         };
         self.fenced("record_steps", target, vec![write], Parts::Skip)
             .await
+    }
+
+    async fn commit_steps(
+        &self,
+        target: Target<'_>,
+        commit: Commit<'_>,
+    ) -> Result<Committed, StoreError> {
+        self.commit(target, commit).await
     }
 
     async fn release(&self, target: Target<'_>) -> Result<Fence, StoreError> {

@@ -59,6 +59,8 @@ pub(crate) enum Write {
     Delete(Delete),
     /// A condition on an item that the transaction does not write (only inside one).
     Check(ConditionCheck),
+    /// A handler's own write, as it built it (only inside a transaction).
+    Item(Box<TransactWriteItem>),
 }
 
 impl Write {
@@ -146,6 +148,7 @@ impl Write {
             Self::Update(update) => &update.table_name,
             Self::Delete(delete) => &delete.table_name,
             Self::Check(check) => &check.table_name,
+            Self::Item(item) => item_table(item).unwrap_or_default(),
         }
     }
 
@@ -155,7 +158,28 @@ impl Write {
             Self::Update(update) => TransactWriteItem::builder().update(update).build(),
             Self::Delete(delete) => TransactWriteItem::builder().delete(delete).build(),
             Self::Check(check) => TransactWriteItem::builder().condition_check(check).build(),
+            Self::Item(item) => *item,
         }
+    }
+}
+
+/// The table a handler's transactional write names, if it names one action.
+pub(crate) fn item_table(item: &TransactWriteItem) -> Option<&str> {
+    match item {
+        TransactWriteItem { put: Some(put), .. } => Some(&put.table_name),
+        TransactWriteItem {
+            update: Some(update),
+            ..
+        } => Some(&update.table_name),
+        TransactWriteItem {
+            delete: Some(delete),
+            ..
+        } => Some(&delete.table_name),
+        TransactWriteItem {
+            condition_check: Some(check),
+            ..
+        } => Some(&check.table_name),
+        _ => None,
     }
 }
 
@@ -196,6 +220,17 @@ impl DynamoDbStore {
                 Err(err) => Err(err),
             };
         }
+        self.transact(operation, writes, None).await
+    }
+
+    /// Applies `writes` as one `TransactWriteItems`, idempotent under `token` when given (a
+    /// re-sent commit within DynamoDB's ten minutes answers as the first did).
+    pub(crate) async fn transact(
+        &self,
+        operation: &'static str,
+        writes: Vec<Write>,
+        token: Option<&str>,
+    ) -> Result<Option<Vec<Check>>, StoreError> {
         let tables: Vec<String> = writes
             .iter()
             .map(|write| write.table().to_owned())
@@ -206,6 +241,7 @@ impl DynamoDbStore {
             .set_transact_items(Some(
                 writes.into_iter().map(Write::into_transact_item).collect(),
             ))
+            .set_client_request_token(token.map(str::to_owned))
             .send()
             .await;
         let err = match result {
@@ -255,8 +291,9 @@ impl DynamoDbStore {
     ) -> Result<Option<Option<Item>>, StoreError> {
         let client = &self.client;
         match write {
-            // A lone check writes nothing: never sent alone.
-            Write::Check(_) => Err(StoreError::Rejected {
+            // A lone check writes nothing, and a handler's write goes with its step: never
+            // sent alone.
+            Write::Check(_) | Write::Item(_) => Err(StoreError::Rejected {
                 operation,
                 message: "a condition check is only sent inside a transaction".into(),
             }),

@@ -1,0 +1,479 @@
+//! Transactional steps on the embedded DynamoDB server: the handler's own writes (an order
+//! put, an optimistic stock update) commit with the step's record or not at all, across
+//! crashes, lost answers, fences and DynamoDB's limits.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime};
+
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, Put,
+    ScalarAttributeType, Update,
+};
+use lambda_idempotency::clock::ManualClock;
+use lambda_idempotency::effects::{StepError, Transaction};
+use lambda_idempotency::reconcile::Recovery;
+use lambda_idempotency::record::Status;
+use lambda_idempotency::store::{MemoryStore, Store};
+use lambda_idempotency::testing::conformance::invocation;
+use lambda_idempotency::testing::dynamo::{self, Dynamo};
+use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
+use lambda_idempotency::{BoxError, Error, ExecutionContext, Idempotency};
+use tokio::sync::oneshot;
+
+/// The shop's own tables beside the ledger: orders, and stock with a version.
+struct Shop {
+    db: Dynamo,
+    orders: String,
+    stock: String,
+    clock: ManualClock,
+}
+
+impl Shop {
+    async fn open() -> Self {
+        let clock = ManualClock::new(SystemTime::now());
+        let db = dynamo::start_with_clock(clock.clone()).await;
+        let orders = lambda_idempotency::testing::local::unique_table_name("orders");
+        let stock = lambda_idempotency::testing::local::unique_table_name("stock");
+        for table in [&orders, &stock] {
+            db.client
+                .create_table()
+                .table_name(table)
+                .billing_mode(BillingMode::PayPerRequest)
+                .attribute_definitions(
+                    AttributeDefinition::builder()
+                        .attribute_name("pk")
+                        .attribute_type(ScalarAttributeType::S)
+                        .build()
+                        .expect("definition"),
+                )
+                .key_schema(
+                    KeySchemaElement::builder()
+                        .attribute_name("pk")
+                        .key_type(KeyType::Hash)
+                        .build()
+                        .expect("key"),
+                )
+                .send()
+                .await
+                .expect("create a shop table");
+        }
+        db.client
+            .put_item()
+            .table_name(&stock)
+            .item("pk", AttributeValue::S("sku-7".into()))
+            .item("version", AttributeValue::N("1".into()))
+            .item("reserved", AttributeValue::N("0".into()))
+            .send()
+            .await
+            .expect("seed the stock");
+        Self {
+            db,
+            orders,
+            stock,
+            clock,
+        }
+    }
+
+    fn engine(&self, store: impl Store) -> Idempotency {
+        Idempotency::new(store)
+            .with_clock(self.clock.clone())
+            .with_recovery(Recovery::Steps)
+    }
+
+    /// The order put and the stock update, conditioned on the stock's version `seen`.
+    fn place(&self, order: &str, seen: u64) -> Transaction<String> {
+        let put = Put::builder()
+            .table_name(&self.orders)
+            .item("pk", AttributeValue::S(order.into()))
+            .condition_expression("attribute_not_exists(pk)")
+            .build()
+            .expect("put");
+        let update = Update::builder()
+            .table_name(&self.stock)
+            .key("pk", AttributeValue::S("sku-7".into()))
+            .update_expression("SET version = :next ADD reserved :one")
+            .condition_expression("version = :seen")
+            .expression_attribute_values(":seen", AttributeValue::N(seen.to_string()))
+            .expression_attribute_values(":next", AttributeValue::N((seen + 1).to_string()))
+            .expression_attribute_values(":one", AttributeValue::N("1".into()))
+            .build()
+            .expect("update");
+        Transaction::new(format!("placed {order}"))
+            .put(put)
+            .update(update)
+    }
+
+    async fn reserved(&self) -> u64 {
+        self.stock_item("reserved").await
+    }
+
+    /// A number of the stock item.
+    async fn stock_item(&self, attribute: &str) -> u64 {
+        let item = self
+            .db
+            .client
+            .get_item()
+            .table_name(&self.stock)
+            .key("pk", AttributeValue::S("sku-7".into()))
+            .consistent_read(true)
+            .send()
+            .await
+            .expect("get stock");
+        item.item()
+            .and_then(|item| item.get(attribute))
+            .and_then(|n| n.as_n().ok())
+            .and_then(|n| n.parse().ok())
+            .expect("a number")
+    }
+
+    async fn has_order(&self, order: &str) -> bool {
+        self.db
+            .client
+            .get_item()
+            .table_name(&self.orders)
+            .key("pk", AttributeValue::S(order.into()))
+            .consistent_read(true)
+            .send()
+            .await
+            .expect("get order")
+            .item()
+            .is_some()
+    }
+}
+
+/// The handler: one transactional step placing `order` against the stock's version as read.
+async fn place(
+    shop: &Shop,
+    ctx: ExecutionContext,
+    order: &str,
+    builds: &AtomicUsize,
+) -> Result<String, StepError> {
+    ctx.step("place")
+        .transact(|_key| async {
+            builds.fetch_add(1, Ordering::SeqCst);
+            let seen = shop.stock_item("version").await;
+            Ok::<_, BoxError>(shop.place(order, seen))
+        })
+        .await
+}
+
+#[tokio::test]
+async fn the_writes_commit_with_the_step_and_a_takeover_replays_them_once() {
+    let shop = Arc::new(Shop::open().await);
+    let idem = shop.engine(shop.db.store());
+    let inv = invocation("tx-crash", &serde_json::json!({"order": "o-1"}));
+    let builds = Arc::new(AtomicUsize::new(0));
+    // Crash right after the transactional commit, before the settlement.
+    let (committed_tx, committed_rx) = oneshot::channel();
+    let worker = tokio::spawn({
+        let (idem, inv, shop, builds) = (
+            idem.clone(),
+            inv.clone(),
+            Arc::clone(&shop),
+            Arc::clone(&builds),
+        );
+        async move {
+            idem.execute(&inv, |ctx| async move {
+                place(&shop, ctx, "o-1", &builds).await?;
+                let _ = committed_tx.send(());
+                std::future::pending::<Result<String, BoxError>>().await
+            })
+            .await
+        }
+    });
+    committed_rx.await.expect("committed");
+    drop(worker);
+    assert!(shop.has_order("o-1").await);
+    assert_eq!(shop.reserved().await, 1);
+    let record = idem
+        .store()
+        .get(inv.key())
+        .await
+        .expect("get")
+        .expect("record");
+    assert_eq!(record.steps.len(), 1);
+    assert_eq!(
+        record.steps[0].result.as_deref(),
+        Some(&br#""placed o-1""#[..])
+    );
+
+    shop.clock.advance(Duration::from_secs(31));
+    let done = idem
+        .execute(&inv, |ctx| {
+            let (shop, builds) = (Arc::clone(&shop), Arc::clone(&builds));
+            async move {
+                place(&shop, ctx, "o-1", &builds)
+                    .await
+                    .map_err(BoxError::from)
+            }
+        })
+        .await
+        .expect("the takeover replays the step");
+    assert_eq!(done.value(), "placed o-1");
+    assert_eq!(
+        builds.load(Ordering::SeqCst),
+        1,
+        "the transaction was built once"
+    );
+    assert_eq!(shop.reserved().await, 1, "reserved once");
+}
+
+#[tokio::test]
+async fn a_failed_condition_commits_nothing_and_names_the_write() {
+    let shop = Shop::open().await;
+    let idem = shop.engine(shop.db.store());
+    let inv = invocation("tx-refused", &serde_json::json!({"order": "o-2"}));
+    let shop = &shop;
+    let err = idem
+        .execute(&inv, |ctx| async move {
+            let refused = ctx
+                .step("place")
+                .transact(|_key| async { Ok::<_, BoxError>(shop.place("o-2", 7)) })
+                .await
+                .expect_err("the stock's version is 1, not 7");
+            assert!(
+                matches!(&refused, StepError::Refused { write: 1, .. }),
+                "the second write's condition: {refused:?}"
+            );
+            // Read again and run the step again, under the same name: nothing was recorded.
+            ctx.step("place")
+                .transact(|_key| async { Ok::<_, BoxError>(shop.place("o-2", 1)) })
+                .await
+        })
+        .await;
+    assert_eq!(err.expect("the second try commits").value(), "placed o-2");
+    assert!(shop.has_order("o-2").await);
+    assert_eq!(shop.reserved().await, 1);
+}
+
+#[tokio::test]
+async fn a_zombie_commits_nothing_over_a_takeover() {
+    let shop = Arc::new(Shop::open().await);
+    let idem = shop.engine(shop.db.store());
+    let inv = invocation("tx-zombie", &serde_json::json!({"order": "o-3"}));
+    let (started_tx, started_rx) = oneshot::channel();
+    let (resume_tx, resume_rx) = oneshot::channel::<()>();
+    let zombie = tokio::spawn({
+        let (idem, inv, shop) = (idem.clone(), inv.clone(), Arc::clone(&shop));
+        async move {
+            idem.execute(&inv, |ctx| async move {
+                let _ = started_tx.send(());
+                let _ = resume_rx.await;
+                ctx.step("place")
+                    .transact(|_key| async { Ok::<_, BoxError>(shop.place("o-3", 1)) })
+                    .await
+            })
+            .await
+        }
+    });
+    started_rx.await.expect("started");
+    shop.clock.advance(Duration::from_secs(31));
+    let owner = idem
+        .execute(&inv, |_ctx| async {
+            Ok::<_, BoxError>(String::from("owner"))
+        })
+        .await
+        .expect("the takeover completes");
+    assert_eq!(owner.value(), "owner");
+    let _ = resume_tx.send(());
+    let err = zombie.await.expect("join").expect_err("fenced");
+    assert!(
+        matches!(err, Error::LeaseLost { attempt: 1, .. }),
+        "got {err:?}"
+    );
+    assert!(
+        !shop.has_order("o-3").await,
+        "the zombie's writes did not commit"
+    );
+    assert_eq!(shop.reserved().await, 0);
+}
+
+#[tokio::test]
+async fn a_lost_answer_is_recognised_by_its_request_token() {
+    let shop = Shop::open().await;
+    let faulty = FaultyStore::new(shop.db.store());
+    let idem = shop.engine(faulty.clone());
+    let builds = AtomicUsize::new(0);
+
+    // Committed, its answer lost once: re-sent under the same token, answered as committed.
+    let inv = invocation("tx-lost-once", &serde_json::json!({"order": "o-4"}));
+    faulty.inject(
+        Primitive::CommitSteps,
+        Fault::FailAfter(FaultKind::Unavailable),
+    );
+    let done = idem
+        .execute(&inv, |ctx| async {
+            place(&shop, ctx, "o-4", &builds).await
+        })
+        .await
+        .expect("the re-sent commit is recognised");
+    assert_eq!(done.value(), "placed o-4");
+    assert_eq!(
+        shop.reserved().await,
+        1,
+        "committed once, not refused on the re-send"
+    );
+
+    // Committed, every answer lost: the attempt stops without overwriting the steps, and the
+    // next delivery finds the step committed.
+    let inv = invocation("tx-lost-always", &serde_json::json!({"order": "o-5"}));
+    for _ in 0..5 {
+        faulty.inject(
+            Primitive::CommitSteps,
+            Fault::FailAfter(FaultKind::Unavailable),
+        );
+    }
+    let err = idem
+        .execute(&inv, |ctx| async {
+            place(&shop, ctx, "o-5", &builds).await
+        })
+        .await
+        .expect_err("no answer");
+    assert!(matches!(err, Error::Store(_)), "got {err:?}");
+    let record = idem
+        .store()
+        .get(inv.key())
+        .await
+        .expect("get")
+        .expect("record");
+    assert_eq!(record.status, Status::InProgress);
+    assert_eq!(record.steps.len(), 1, "the commit's steps stand");
+    shop.clock.advance(Duration::from_millis(2));
+    let builds_before = builds.load(Ordering::SeqCst);
+    idem.execute(&inv, |ctx| async {
+        place(&shop, ctx, "o-5", &builds).await
+    })
+    .await
+    .expect("replayed");
+    assert_eq!(
+        builds.load(Ordering::SeqCst),
+        builds_before,
+        "not built again"
+    );
+    assert_eq!(shop.reserved().await, 2, "o-4 and o-5, each once");
+
+    // Never applied: the next delivery commits it, once.
+    let inv = invocation("tx-failed", &serde_json::json!({"order": "o-6"}));
+    for _ in 0..5 {
+        faulty.inject(
+            Primitive::CommitSteps,
+            Fault::FailBefore(FaultKind::Unavailable),
+        );
+    }
+    idem.execute(&inv, |ctx| async {
+        place(&shop, ctx, "o-6", &builds).await
+    })
+    .await
+    .expect_err("no commit");
+    assert!(!shop.has_order("o-6").await);
+    shop.clock.advance(Duration::from_millis(2));
+    idem.execute(&inv, |ctx| async {
+        place(&shop, ctx, "o-6", &builds).await
+    })
+    .await
+    .expect("committed on the next delivery");
+    assert_eq!(shop.reserved().await, 3);
+}
+
+#[tokio::test]
+async fn dynamodbs_limits_are_refused_before_sending() {
+    let shop = Shop::open().await;
+    let idem = shop.engine(shop.db.store());
+    let put = |n: usize| {
+        Put::builder()
+            .table_name(&shop.orders)
+            .item("pk", AttributeValue::S(format!("bulk-{n}")))
+            .build()
+            .expect("put")
+    };
+    let too_many = (0..100).fold(Transaction::new(0_u32), |tx, n| tx.put(put(n)));
+    let same_item = shop.place("o-7", 1).update(
+        Update::builder()
+            .table_name(&shop.stock)
+            .key("pk", AttributeValue::S("sku-7".into()))
+            .update_expression("SET note = :n")
+            .expression_attribute_values(":n", AttributeValue::S("x".into()))
+            .build()
+            .expect("update"),
+    );
+    let same_item = Transaction::new(0_u32)
+        .write(same_item.writes()[1].clone())
+        .write(same_item.writes()[2].clone());
+    let huge = Transaction::new(0_u32).put(
+        Put::builder()
+            .table_name(&shop.orders)
+            .item("pk", AttributeValue::S("huge".into()))
+            .item("blob", AttributeValue::S("x".repeat(4 * 1024 * 1024)))
+            .build()
+            .expect("put"),
+    );
+    for (case, transaction) in [
+        ("too many", too_many),
+        ("one item twice", same_item),
+        ("over 4 MB", huge),
+    ] {
+        let inv = invocation(&format!("tx-limits-{case}"), &serde_json::json!({}));
+        let before = shop.db.requests.count();
+        let err = idem
+            .execute(&inv, |ctx| {
+                let transaction = transaction.clone();
+                async move {
+                    ctx.step("bulk")
+                        .transact(|_key| async move { Ok::<_, BoxError>(transaction) })
+                        .await
+                }
+            })
+            .await
+            .expect_err(case);
+        let Error::Handler { source } = &err else {
+            panic!("{case}: {err:?}");
+        };
+        assert!(
+            matches!(
+                source.downcast_ref::<StepError>(),
+                Some(StepError::Rejected { .. })
+            ),
+            "{case}: {source}"
+        );
+        let sent = shop.db.requests.since(before);
+        assert!(
+            !sent.iter().any(|request| request == "TransactWriteItems"),
+            "{case}: refused before sending, sent {sent:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_memory_store_refuses_dynamodb_writes_but_keeps_a_step_without_any() {
+    let idem = Idempotency::new(MemoryStore::new());
+    let inv = invocation("tx-memory", &serde_json::json!({}));
+    let done = idem
+        .execute(&inv, |ctx| async move {
+            let refused = ctx
+                .step("order")
+                .transact(|_key| async {
+                    let put = Put::builder()
+                        .table_name("orders")
+                        .item("pk", AttributeValue::S("o-8".into()))
+                        .build()?;
+                    Ok::<_, BoxError>(Transaction::new(1_u32).put(put))
+                })
+                .await
+                .expect_err("no DynamoDB behind the memory store");
+            assert!(matches!(refused, StepError::Rejected { .. }), "{refused:?}");
+            ctx.step("order")
+                .transact(|_key| async { Ok::<_, BoxError>(Transaction::new(2_u32)) })
+                .await
+        })
+        .await
+        .expect("a transactional step without writes is a recorded step");
+    assert_eq!(*done.value(), 2);
+    let record = idem
+        .store()
+        .get(inv.key())
+        .await
+        .expect("get")
+        .expect("record");
+    assert_eq!(record.steps.len(), 1);
+}
