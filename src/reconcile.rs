@@ -49,16 +49,16 @@ pub enum Reconciliation {
     Unknown,
 }
 
-/// What a takeover of a crashed attempt does when the attempt recorded no step (steps, when
-/// recorded, always decide: [`crate::effects`]) and no reconciler is set: the operation's
-/// declared recovery policy ([`Idempotency::with_recovery`](crate::Idempotency::with_recovery)).
-/// A reconciler, when set, decides instead.
+/// What a takeover of a crashed attempt does: the operation's declared recovery policy
+/// ([`Idempotency::with_recovery`](crate::Idempotency::with_recovery)). Under `Steps` and
+/// `Rerun` the steps the attempt recorded decide ([`crate::effects`]); otherwise, and when it
+/// recorded none, a reconciler decides when one is set.
 ///
-/// | policy | no step recorded | an uncertain step without a check |
-/// |---|---|---|
-/// | [`Recovery::Indeterminate`] (default) | INDETERMINATE for an operator | INDETERMINATE |
-/// | [`Recovery::Steps`] | the handler runs again (it did nothing yet) | INDETERMINATE |
-/// | [`Recovery::Rerun`] | the handler runs again | the step runs again |
+/// | policy | no step recorded | steps recorded | an uncertain step without a check |
+/// |---|---|---|---|
+/// | [`Recovery::Indeterminate`] (default) | INDETERMINATE for an operator | INDETERMINATE | INDETERMINATE |
+/// | [`Recovery::Steps`] | the handler runs again (it did nothing yet) | the steps replay | INDETERMINATE |
+/// | [`Recovery::Rerun`] | the handler runs again | the steps replay | the step runs again |
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Recovery {
@@ -68,9 +68,9 @@ pub enum Recovery {
     /// is not repeated.
     #[default]
     Indeterminate,
-    /// Every effect of the handler is a step ([`crate::effects`]): an attempt that recorded no
-    /// intent did nothing, so the handler runs again; recorded steps replay and an uncertain
-    /// one is decided by its check.
+    /// Every effect of the handler is a step ([`crate::effects`]): its recorded steps decide a
+    /// takeover (results replay, an uncertain step is decided by its check), and an attempt
+    /// that recorded no intent did nothing, so the handler runs again.
     Steps,
     /// The whole handler is safe to repeat (every effect behind a downstream key the provider
     /// deduplicates, [`ExecutionContext::downstream_key`](crate::ExecutionContext::downstream_key)):

@@ -12,9 +12,13 @@ use tracing::{debug, warn};
 use aws_sdk_dynamodb::types::TransactWriteItem;
 use sha2::{Digest, Sha256};
 
+use super::outbox::event_id;
 use super::step::{Checked, NotApplied, StepCheck, StepError};
 use super::transaction::Transaction;
-use super::{MAX_STEP_NAME_BYTES, MAX_STEP_RESULTS_BYTES};
+use super::{MAX_STEP_NAME_BYTES, MAX_STEP_RESULTS_BYTES, MAX_STEPS};
+
+/// What a step's fields (`name`, `attempt`, `result` and the list's framing) add in the record.
+const STEP_OVERHEAD_BYTES: usize = 32;
 use crate::Idempotency;
 use crate::engine::retry::Patience;
 use crate::error::{BoxError, Error, StoreError};
@@ -71,8 +75,10 @@ struct State {
     dirty: bool,
     /// The position of the next step this attempt runs.
     cursor: usize,
-    /// Whether a step's effect or check is running.
+    /// Whether a step is running (from its start to its end, however it ends).
     in_flight: bool,
+    /// Whether the handler has returned: no step runs after.
+    closed: bool,
     /// Why the attempt stopped, once it has.
     halt: Option<Halt>,
     /// Whether a commit's outcome is unknown: the record's steps are then as the store has
@@ -80,6 +86,26 @@ struct State {
     frozen: bool,
     /// How many commits this attempt sent: each gets its own request token.
     commits: u32,
+}
+
+/// Marks a step as running for as long as it lives: dropped when the step ends, its future
+/// dropped included, so that a cancelled step never leaves the ledger thinking one runs.
+struct Flight<'a>(&'a StepLedger);
+
+impl Drop for Flight<'_> {
+    fn drop(&mut self) {
+        self.0.lock().in_flight = false;
+    }
+}
+
+/// How a write of the steps fared.
+enum Flushed {
+    /// Written (or nothing to write).
+    Written,
+    /// The store failed: what it holds is an earlier, safe prefix.
+    Failed,
+    /// The lease is another's.
+    Lost,
 }
 
 /// Where a step stands when it starts.
@@ -152,32 +178,49 @@ impl StepLedger {
         (state.dirty && !state.frozen).then(|| state.steps.clone())
     }
 
-    /// Whether the record holds (or is about to hold) a step: the operation is then never
-    /// released to run afresh, only given back, so that the steps replay.
-    pub(crate) fn has_steps(&self) -> bool {
-        !self.lock().steps.is_empty()
+    /// Whether the store may hold a step of this operation that matters (an intent whose
+    /// effect may have run, a result, a commit whose outcome is unknown): it is then never
+    /// released to run afresh (the steps would go with the record), only given back, so that
+    /// they replay. The ledger takes a step only once its write succeeded, so its list is what
+    /// the store holds, withdrawn intents aside.
+    pub(crate) fn has_recorded(&self) -> bool {
+        let state = self.lock();
+        state.frozen || !state.steps.is_empty()
     }
 
-    /// Writes the pending steps, if any; `false` when the lease is lost or the store failed.
-    pub(crate) async fn flush(&self) -> bool {
+    /// Ends the attempt's steps: the handler has returned (or panicked), and a step started
+    /// after (from a task it spawned) is refused.
+    pub(crate) fn close(&self) {
+        self.lock().closed = true;
+    }
+
+    /// Writes the pending steps, if any.
+    async fn flush(&self) -> Flushed {
         // Frozen: nothing to write (`pending` is `None`); the record stands as the store has it.
         let Some(steps) = self.pending() else {
-            return true;
+            return Flushed::Written;
         };
         match self.write(&steps).await {
             Ok(()) => {
                 self.lock().dirty = false;
-                true
+                Flushed::Written
             }
-            Err(_) => false,
+            Err(Halt::Lost(_)) => Flushed::Lost,
+            Err(_) => Flushed::Failed,
         }
     }
 
+    /// Writes the pending steps before a panic unwinds past the engine (best effort).
+    pub(crate) async fn save(&self) {
+        let _ = self.flush().await;
+    }
+
     /// Gives the claim back for the next delivery to take over now and replay the steps: the
-    /// pending steps written first, then the lease cut to now. Best effort: a lease lost or a
-    /// store failing leaves the lease to run out (the steps not written are then uncertain).
+    /// pending steps written first, then the lease cut to now. A failed write of the steps
+    /// still cuts the lease (what the store holds is an earlier prefix: the steps it lacks come
+    /// back uncertain); a lost lease is left alone.
     pub(crate) async fn give_back(&self) {
-        if !self.flush().await {
+        if let Flushed::Lost = self.flush().await {
             return;
         }
         let store = self.idem.store();
@@ -247,7 +290,7 @@ impl StepLedger {
         F: FnOnce(String) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let standing = self.standing::<T>(&name)?;
+        let (standing, _flight) = self.begin::<T>(&name)?;
         let downstream = self.key.downstream(&name);
         match standing {
             Standing::Done(value) => return Ok(value),
@@ -266,14 +309,17 @@ impl StepLedger {
                 ),
             },
         }
-        self.set_in_flight(true);
         let ran = effect(downstream).await;
-        self.set_in_flight(false);
         self.settle(&name, ran.map_err(Into::into))
     }
 
-    /// Where step `name` stands, refusing overlap, a reused name and another order.
-    fn standing<T: DeserializeOwned>(&self, name: &str) -> Result<Standing<T>, StepError> {
+    /// Starts step `name`: where it stands, refusing overlap, a step after the handler
+    /// returned or past the lease, a reused name and another order. The step runs while the
+    /// returned [`Flight`] lives.
+    fn begin<T: DeserializeOwned>(
+        &self,
+        name: &str,
+    ) -> Result<(Standing<T>, Flight<'_>), StepError> {
         let invalid = |reason| StepError::Invalid {
             step: name.to_owned(),
             reason,
@@ -288,10 +334,23 @@ impl StepLedger {
                 kind: halt.error().kind(),
             });
         }
+        if state.closed {
+            return Err(invalid(
+                "the handler has returned: a step runs inside the handler's own future",
+            ));
+        }
         if state.in_flight {
             return Err(invalid(
                 "another step is still running: run steps one after the other",
             ));
+        }
+        // Past its lease the claim may be taken over: no effect starts then.
+        if self.idem.now() >= self.lease_expires_at {
+            let lost = Halt::Lost(Error::LeaseLost {
+                key: self.key.clone(),
+                attempt: self.attempt,
+            });
+            return Err(self.halt(&mut state, name, lost));
         }
         let cursor = state.cursor;
         let mismatch = |expected: Option<String>| {
@@ -304,29 +363,36 @@ impl StepLedger {
         if state.steps[..cursor].iter().any(|step| step.name == name) {
             return Err(self.halt(&mut state, name, mismatch(None)));
         }
-        let Some(recorded) = state.steps.get(cursor) else {
-            return Ok(Standing::New);
-        };
-        if recorded.name != name {
-            let expected = Some(recorded.name.clone());
-            return Err(self.halt(&mut state, name, mismatch(expected)));
-        }
-        let Some(bytes) = &recorded.result else {
-            return Ok(Standing::Uncertain);
-        };
-        match serde_json::from_slice(bytes) {
-            Ok(value) => {
-                state.cursor += 1;
-                Ok(Standing::Done(value))
+        let standing = match state.steps.get(cursor) {
+            None if state.steps.len() >= MAX_STEPS => {
+                return Err(invalid("an operation records at most 100 steps"));
             }
-            Err(err) => {
-                let unreadable = Error::StoredOutcomeUnreadable {
-                    key: self.key.clone(),
-                    reason: format!("the recorded result of a step: {err}"),
-                };
-                Err(self.halt(&mut state, name, Halt::Hold(unreadable)))
+            None => Standing::New,
+            Some(recorded) if recorded.name != name => {
+                let expected = Some(recorded.name.clone());
+                return Err(self.halt(&mut state, name, mismatch(expected)));
             }
-        }
+            Some(StepRecord {
+                result: Some(bytes),
+                ..
+            }) => match serde_json::from_slice(bytes) {
+                Ok(value) => {
+                    state.cursor += 1;
+                    Standing::Done(value)
+                }
+                Err(err) => {
+                    let unreadable = Error::StoredOutcomeUnreadable {
+                        key: self.key.clone(),
+                        reason: format!("the recorded result of a step: {err}"),
+                    };
+                    return Err(self.halt(&mut state, name, Halt::Hold(unreadable)));
+                }
+            },
+            Some(_) => Standing::Uncertain,
+        };
+        state.in_flight = true;
+        drop(state);
+        Ok((standing, Flight(self)))
     }
 
     /// Runs transactional step `name` (see [`Step::transact`](super::Step::transact)).
@@ -341,7 +407,8 @@ impl StepLedger {
         F: FnOnce(String) -> Fut,
         Fut: Future<Output = Result<Transaction<T>, E>>,
     {
-        match self.standing::<T>(&name)? {
+        let (standing, _flight) = self.begin::<T>(&name)?;
+        match standing {
             Standing::Done(value) => return Ok(value),
             Standing::New => {}
             // A transactional step records no intent alone: this intent is of a plain step of
@@ -353,9 +420,7 @@ impl StepLedger {
                 return Err(self.halt(&mut self.lock(), &name, held));
             }
         }
-        self.set_in_flight(true);
         let built = build(self.key.downstream(&name)).await;
-        self.set_in_flight(false);
         let transaction = built.map_err(|source| StepError::Effect {
             step: name.clone(),
             source: source.into(),
@@ -372,7 +437,7 @@ impl StepLedger {
         let (steps, token) = {
             let mut state = self.lock();
             let limit = MAX_STEP_RESULTS_BYTES.min(self.idem.config().max_outcome_bytes());
-            if recorded_bytes(&state.steps) + bytes.len() > limit {
+            if recorded_bytes(&state.steps) + step_bytes(&name, &bytes) > limit {
                 return Err(rejected(format!(
                     "the step results would take more than {limit} bytes: keep a reference instead"
                 )));
@@ -386,10 +451,13 @@ impl StepLedger {
             state.commits += 1;
             (steps, commit_token(&self.token, state.commits))
         };
-        let committed = match transaction.writes.is_empty() {
+        let writes = self
+            .with_events(&name, &transaction)
+            .map_err(|err| rejected(err.to_string()))?;
+        let committed = match writes.is_empty() {
             // Nothing of the handler's: the step's record alone, on any store.
             true => self.write(&steps).await.map(|()| Committed::Applied),
-            false => self.commit(&steps, &transaction.writes, &token).await,
+            false => self.commit(&steps, &writes, &token).await,
         };
         let mut state = self.lock();
         match committed {
@@ -418,6 +486,33 @@ impl StepLedger {
         }
     }
 
+    /// The handler's writes, then its outbox events' items (each under its event id).
+    fn with_events<T>(
+        &self,
+        step: &str,
+        transaction: &Transaction<T>,
+    ) -> Result<Vec<TransactWriteItem>, Error> {
+        let mut writes = transaction.writes.clone();
+        let now = self.idem.now();
+        for (index, (outbox, event)) in transaction.events.iter().enumerate() {
+            if transaction.events[..index]
+                .iter()
+                .any(|(_, earlier)| earlier.name() == event.name())
+            {
+                return Err(Error::InvalidEvent {
+                    reason: format!(
+                        "the step publishes two events named `{}`: an event's name names its id",
+                        event.name()
+                    ),
+                });
+            }
+            let id = event_id(&self.key, step, event.name());
+            let put = outbox.put(&self.key, &id, event, now)?;
+            writes.push(TransactWriteItem::builder().put(put).build());
+        }
+        Ok(writes)
+    }
+
     /// One commit of `steps` with the handler's `writes`, retried briefly under one token.
     async fn commit(
         &self,
@@ -440,28 +535,20 @@ impl StepLedger {
             .map_err(|err| Halt::GiveBack(err.into()))
     }
 
-    /// Records a new step's intent, with whatever result is pending.
+    /// Records a new step's intent, with whatever result is pending. The ledger takes the
+    /// intent only once it is written: a step whose future is dropped meanwhile left nothing
+    /// behind in the ledger (the store may hold the intent: a later attempt checks it).
     async fn record_intent(&self, name: &str) -> Result<(), StepError> {
-        let steps = {
-            let mut state = self.lock();
-            state
-                .steps
-                .push(StepRecord::intent(name.to_owned(), self.attempt));
-            state.dirty = true;
-            state.steps.clone()
-        };
+        let mut steps = self.lock().steps.clone();
+        steps.push(StepRecord::intent(name.to_owned(), self.attempt));
         match self.write(&steps).await {
             Ok(()) => {
-                self.lock().dirty = false;
+                let mut state = self.lock();
+                state.steps = steps;
+                state.dirty = false;
                 Ok(())
             }
-            Err(halt) => {
-                // The effect will not run: the intent is withdrawn from what is written next
-                // (it may have committed with its answer lost; the give-back overwrites it).
-                let mut state = self.lock();
-                state.steps.pop();
-                Err(self.halt(&mut state, name, halt))
-            }
+            Err(halt) => Err(self.halt(&mut self.lock(), name, halt)),
         }
     }
 
@@ -486,9 +573,7 @@ impl StepLedger {
             });
             return Err(self.halt(&mut self.lock(), name, held));
         };
-        self.set_in_flight(true);
         let checked = checking.await;
-        self.set_in_flight(false);
         match checked {
             Ok(Checked::NotApplied) => Ok(None),
             Ok(Checked::Applied(value)) => self.settle::<T>(name, Ok(value)).map(Some),
@@ -508,10 +593,6 @@ impl StepLedger {
         }
     }
 
-    fn set_in_flight(&self, in_flight: bool) {
-        self.lock().in_flight = in_flight;
-    }
-
     /// Records what the step at the cursor came to: its result (written with the next write),
     /// or its failure (uncertain, or withdrawn when [`NotApplied`]).
     fn settle<T: Serialize>(&self, name: &str, ran: Result<T, BoxError>) -> Result<T, StepError> {
@@ -520,8 +601,10 @@ impl StepLedger {
         let value = match ran {
             Ok(value) => value,
             Err(source) => {
-                if source.is::<NotApplied>() {
-                    state.steps.remove(cursor);
+                // Withdrawn only when no later step was recorded after it (an earlier attempt
+                // that went on): positions never shift under a recorded step.
+                if source.is::<NotApplied>() && cursor + 1 == state.steps.len() {
+                    state.steps.pop();
                     state.dirty = true;
                 } else {
                     state.cursor += 1;
@@ -543,11 +626,11 @@ impl StepLedger {
             }
         };
         let limit = MAX_STEP_RESULTS_BYTES.min(self.idem.config().max_outcome_bytes());
-        let recorded = recorded_bytes(&state.steps);
-        if recorded + bytes.len() > limit {
+        let recorded = recorded_bytes(&state.steps) - step_bytes(name, &[]);
+        if recorded + step_bytes(name, &bytes) > limit {
             let too_large = Error::OutcomeTooLarge {
                 key: self.key.clone(),
-                size: recorded + bytes.len(),
+                size: recorded + step_bytes(name, &bytes),
                 limit,
             };
             let halt = Halt::Retain(FailureKind::OutcomeTooLarge, too_large);
@@ -560,12 +643,17 @@ impl StepLedger {
     }
 }
 
-/// The bytes the recorded step results take.
+/// What the steps take in the record, as the budget counts it.
 fn recorded_bytes(steps: &[StepRecord]) -> usize {
     steps
         .iter()
-        .filter_map(|step| step.result.as_ref().map(Vec::len))
+        .map(|step| step_bytes(&step.name, step.result.as_deref().unwrap_or_default()))
         .sum()
+}
+
+/// What one step takes in the record: its name, its result and its fields' overhead.
+fn step_bytes(name: &str, result: &[u8]) -> usize {
+    name.len() + result.len() + STEP_OVERHEAD_BYTES
 }
 
 /// The request token of an attempt's `n`th commit: the same on every try of that commit,

@@ -4,7 +4,10 @@
 //! A handler runs its effects as named steps from its [`ExecutionContext`]. Each step records
 //! its *intent* (fenced on the lease) before its effect and its *result* after; the result is
 //! written with the next step's intent, or with the settlement. On a later attempt of the same
-//! operation (a takeover after a crash, a timeout, a retryable failure):
+//! operation (a takeover after a crash, a timeout, a retryable failure) of a handler that
+//! declares its effects to be its steps
+//! ([`Recovery::Steps`](crate::reconcile::Recovery::Steps); under the default a takeover is
+//! held for an operator, steps kept):
 //!
 //! - a step with a recorded result returns it without running (its exact bytes, decoded);
 //! - a step with an intent and no result is *uncertain*: its check decides
@@ -17,7 +20,10 @@
 //!   [`Recovery::Steps`](crate::reconcile::Recovery::Steps) it simply runs again.
 //!
 //! A *transactional* step ([`Step::transact`]) commits the handler's own DynamoDB writes with
-//! its record in one transaction ([`Transaction`]): never uncertain, no check needed.
+//! its record in one transaction ([`Transaction`]): never uncertain, no check needed. It may
+//! also publish follow-on events through a transactional [`Outbox`]: their items commit in the
+//! same transaction, each under an [`event_id`] that is the same on every attempt, and a relay
+//! publishes each at least once.
 //!
 //! Step names are deterministic: a name used twice in one attempt, or steps in another order
 //! than the record holds, is [`Error::StepMismatch`](crate::Error::StepMismatch) and the
@@ -60,18 +66,26 @@
 //! [`ExecutionContext`]: crate::ExecutionContext
 
 mod ledger;
+mod outbox;
 mod step;
 mod transaction;
 
 pub(crate) use self::ledger::{Halt, StepLedger};
+pub use self::outbox::{
+    Destination, OUTBOX_RETENTION, Outbox, OutboxEvent, OutboxRecord, event_id,
+};
 pub use self::step::{Checked, NoCheck, NotApplied, Step, StepCheck, StepError};
 pub use self::transaction::Transaction;
 
-/// The most bytes an operation's step results may take together (serialized, before
-/// compression): they live in the operation's record, inside DynamoDB's 400 KB item limit. A
-/// step whose result would pass it has run, so the operation is retained as FAILED
-/// (`outcome_too_large`); record a reference (an id) instead of a large result.
+/// The most bytes an operation's steps may take together in its record (names and serialized
+/// results, before compression, plus a few bytes each): they live in the record, inside
+/// DynamoDB's 400 KB item limit beside an inline outcome of at most 64 KB. A step whose result
+/// would pass it has run, so the operation is retained as FAILED (`outcome_too_large`); record
+/// a reference (an id) instead of a large result.
 pub const MAX_STEP_RESULTS_BYTES: usize = 256 * 1024;
+
+/// The most steps one operation records.
+pub const MAX_STEPS: usize = 100;
 
 /// The longest step name accepted, in bytes.
 pub const MAX_STEP_NAME_BYTES: usize = 255;

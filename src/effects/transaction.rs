@@ -2,6 +2,8 @@
 
 use aws_sdk_dynamodb::types::{ConditionCheck, Delete, Put, TransactWriteItem, Update};
 
+use super::outbox::{Outbox, OutboxEvent};
+
 /// What a transactional step ([`Step::transact`](super::Step::transact)) produces: its result,
 /// and the writes committed in one `TransactWriteItems` with the step's record, fenced on the
 /// lease, all or nothing. Conditions (an optimistic version check, `attribute_not_exists`) are
@@ -36,6 +38,7 @@ use aws_sdk_dynamodb::types::{ConditionCheck, Delete, Put, TransactWriteItem, Up
 pub struct Transaction<T> {
     pub(crate) value: T,
     pub(crate) writes: Vec<TransactWriteItem>,
+    pub(crate) events: Vec<(Outbox, OutboxEvent)>,
 }
 
 impl<T> Transaction<T> {
@@ -44,6 +47,7 @@ impl<T> Transaction<T> {
         Self {
             value,
             writes: Vec::new(),
+            events: Vec::new(),
         }
     }
 
@@ -70,6 +74,14 @@ impl<T> Transaction<T> {
     /// Adds a write as the SDK builds it.
     pub fn write(mut self, write: TransactWriteItem) -> Self {
         self.writes.push(write);
+        self
+    }
+
+    /// Publishes `event` through `outbox`: its item is written in the same transaction (after
+    /// the writes), under an id derived from the operation key, the step and the event's name
+    /// ([`event_id`](super::event_id)), and a relay publishes it at least once.
+    pub fn publish(mut self, outbox: &Outbox, event: OutboxEvent) -> Self {
+        self.events.push((outbox.clone(), event));
         self
     }
 

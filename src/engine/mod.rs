@@ -363,23 +363,26 @@ impl Idempotency {
     {
         let (attempt, recorded) = match held {
             Held::Fresh => (1, Vec::new()),
-            Held::TakenOver { attempt, previous } if previous.steps.is_empty() => {
-                if let Some(answer) = self
+            Held::TakenOver { attempt, previous } => {
+                let recorded = previous.steps.clone();
+                // The crashed attempt's steps decide when the handler declares its effects to
+                // be its steps (or safe to repeat); otherwise a reconciler or an operator does,
+                // and recorded results still replay if the handler runs.
+                let steps_decide = !recorded.is_empty()
+                    && matches!(self.recovery, Recovery::Steps | Recovery::Rerun);
+                if steps_decide {
+                    info!(
+                        attempt,
+                        steps = recorded.len(),
+                        "took over a crashed attempt: its recorded steps replay"
+                    );
+                } else if let Some(answer) = self
                     .reconcile(target, invocation, claim, attempt, *previous)
                     .await
                 {
                     return Ok(answer);
                 }
-                (attempt, Vec::new())
-            }
-            // The crashed attempt's recorded steps decide, as the handler runs them again.
-            Held::TakenOver { attempt, previous } => {
-                info!(
-                    attempt,
-                    steps = previous.steps.len(),
-                    "took over a crashed attempt: its recorded steps replay"
-                );
-                (attempt, previous.steps)
+                (attempt, recorded)
             }
         };
         tracing::Span::current().record("attempt", attempt);
@@ -397,11 +400,21 @@ impl Idempotency {
             attempt,
             steps: Arc::clone(&steps),
         };
-        let ran = match AssertUnwindSafe(handler(context)).catch_unwind().await {
+        let ran = AssertUnwindSafe(handler(context)).catch_unwind().await;
+        steps.close();
+        let ran = match ran {
             Ok(ran) => ran,
             Err(panic) => {
-                // What the steps came to is kept for the takeover.
-                steps.flush().await;
+                // A stop is acted on (a handler that unwrapped its StepError), else what the
+                // steps came to is kept for the takeover.
+                match steps.take_halt() {
+                    Some(halt) => {
+                        let _ = self
+                            .halted::<T>(target, invocation, claim, attempt, halt, &steps)
+                            .await;
+                    }
+                    None => steps.save().await,
+                }
                 return Err(panic);
             }
         };
@@ -438,6 +451,13 @@ impl Idempotency {
             Halt::Hold(err) => {
                 self.hold(target, invocation, claim, attempt, steps.pending())
                     .await?;
+                Err(err)
+            }
+            // Nothing of the operation's steps is in the store: nothing happened, it is
+            // released for the next delivery to run afresh.
+            Halt::GiveBack(err) if !steps.has_recorded() => {
+                let patience = settle_patience(invocation, claim, self.clock.now());
+                self.release_claim(target, attempt, patience).await?;
                 Err(err)
             }
             Halt::GiveBack(err) => {

@@ -134,20 +134,12 @@ impl Idempotency {
             false => self.classifier.classify(&*source),
         };
         match class {
-            FailureClass::Retryable if steps.is_some_and(StepLedger::has_steps) => {
+            FailureClass::Retryable if steps.is_some_and(StepLedger::has_recorded) => {
                 if let Some(steps) = steps {
                     steps.give_back().await;
                 }
             }
-            FailureClass::Retryable => {
-                let fence = self
-                    .retrying(patience, || self.store.release(target))
-                    .await?;
-                // Gone already: this release committed before its answer was lost.
-                if let Fence::Lost { current: Some(_) } = fence {
-                    warn!(attempt, "handler failed after its lease was taken over");
-                }
-            }
+            FailureClass::Retryable => self.release_claim(target, attempt, patience).await?,
             FailureClass::Terminal { kind } => {
                 warn!(attempt, kind = kind.as_str(), "terminal failure retained");
                 let kind = FailureKind::from(kind);
@@ -157,6 +149,23 @@ impl Idempotency {
             }
         }
         Ok(Error::Handler { source })
+    }
+
+    /// Releases a held claim (and its evidence) so that the next delivery runs afresh.
+    pub(super) async fn release_claim(
+        &self,
+        target: Target<'_>,
+        attempt: u32,
+        patience: Patience,
+    ) -> Result<(), Error> {
+        let fence = self
+            .retrying(patience, || self.store.release(target))
+            .await?;
+        // Gone already: this release committed before its answer was lost.
+        if let Fence::Lost { current: Some(_) } = fence {
+            warn!(attempt, "handler failed after its lease was taken over");
+        }
+        Ok(())
     }
 
     /// Records a terminal failure, replayed to every later caller.

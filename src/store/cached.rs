@@ -61,14 +61,19 @@ impl<S: std::fmt::Debug> std::fmt::Debug for CachedStore<S> {
     }
 }
 
-/// Weighs a record by its outcome, its key and a fixed overhead.
+/// Weighs a record by its outcome, its steps, its key and a fixed overhead.
 #[derive(Debug, Clone, Copy)]
 struct ByBytes;
 
 impl Weighter<OperationKey, Arc<Record>> for ByBytes {
     fn weight(&self, key: &OperationKey, record: &Arc<Record>) -> u64 {
         let outcome = record.outcome.as_ref().map_or(0, Vec::len);
-        u64::try_from(outcome + key.as_str().len())
+        let steps: usize = record
+            .steps
+            .iter()
+            .map(|step| step.name.len() + step.result.as_ref().map_or(0, Vec::len))
+            .sum();
+        u64::try_from(outcome + steps + key.as_str().len())
             .unwrap_or(u64::MAX)
             .saturating_add(RECORD_OVERHEAD)
     }
@@ -193,6 +198,7 @@ impl<S: Store> Store for CachedStore<S> {
         if let Some(mut claim) = self.pending.get(&lease.token).map(|claim| (*claim).clone()) {
             // The record taken over: the previous one's creation, the new lease.
             claim.lease = lease.clone();
+            claim.steps.clone_from(&previous.steps);
             claim.created_at = previous.created_at;
             claim.request_id.clone_from(&previous.request_id);
             claim.identity.clone_from(&previous.identity);

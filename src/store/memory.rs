@@ -152,7 +152,9 @@ impl Store for MemoryStore {
         let mut tables = self.lock();
         match tables.records.get_mut(&previous.key) {
             Some(record)
-                if record.lease.token == previous.lease.token && record.lease_is_takeable(now) =>
+                if record.lease.token == previous.lease.token
+                    && record.lease_is_takeable(now)
+                    && record.steps.len() == previous.steps.len() =>
             {
                 record.lease = lease.clone();
                 record.expires_at = expires_at;

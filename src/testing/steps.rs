@@ -22,6 +22,18 @@ use tokio::sync::oneshot;
 use super::conformance::{Fixture, LEASE, crash_after_run, engine, invocation, stored};
 use super::faults::{Fault, FaultKind, FaultyStore, Primitive};
 
+/// An engine for handlers whose every effect is a step ([`Recovery::Steps`]).
+fn with_steps<S: Store>(
+    fx: Fixture<S>,
+) -> (
+    Idempotency,
+    lambda_idempotency::clock::ManualClock,
+    super::conformance::Sweeper,
+) {
+    let (idem, clock, sweep) = engine(fx, Config::default());
+    (idem.with_recovery(Recovery::Steps), clock, sweep)
+}
+
 /// How often each step's effect ran, over every attempt.
 #[derive(Debug, Default)]
 struct Effects {
@@ -170,7 +182,7 @@ async fn crash_while_emailing(
 pub async fn a_recorded_step_replays_and_a_check_settles_an_uncertain_one<S: Store>(
     fx: Fixture<S>,
 ) {
-    let (idem, clock, _) = engine(fx, Config::default());
+    let (idem, clock, _) = with_steps(fx);
     let inv = invocation("steps-applied", &serde_json::json!({"order": 1}));
     let effects = Arc::new(Effects::default());
     crash_while_emailing(&idem, &inv, &effects, false).await;
@@ -238,7 +250,7 @@ pub async fn an_uncertain_step_without_a_check_holds_the_operation<S: Store>(fx:
 /// downstream key); one that cannot tell holds the operation; one that fails gives the claim
 /// back for the next delivery to ask again.
 pub async fn a_check_decides_an_uncertain_step<S: Store>(fx: Fixture<S>) {
-    let (idem, clock, _) = engine(fx, Config::default());
+    let (idem, clock, _) = with_steps(fx);
     let effects = Arc::new(Effects::default());
 
     let inv = invocation("steps-not-applied", &serde_json::json!({"order": 3}));
@@ -295,7 +307,7 @@ pub async fn a_check_decides_an_uncertain_step<S: Store>(fx: Fixture<S>) {
 
 /// Case: an uncertain repeat-safe step runs again, with the same downstream key.
 pub async fn a_repeat_safe_step_runs_again_with_its_key<S: Store>(fx: Fixture<S>) {
-    let (idem, clock, _) = engine(fx, Config::default());
+    let (idem, clock, _) = with_steps(fx);
     let inv = invocation("steps-repeat-safe", &serde_json::json!({"order": 6}));
     let effects = Arc::new(Effects::default());
     crash_while_emailing(&idem, &inv, &effects, true).await;
@@ -315,7 +327,7 @@ pub async fn a_repeat_safe_step_runs_again_with_its_key<S: Store>(fx: Fixture<S>
 /// attempt, is [`Error::StepMismatch`] and the operation is held, never answered from another
 /// step's result.
 pub async fn steps_in_another_order_or_a_reused_name_are_refused<S: Store>(fx: Fixture<S>) {
-    let (idem, clock, _) = engine(fx, Config::default());
+    let (idem, clock, _) = with_steps(fx);
     let inv = invocation("steps-order", &serde_json::json!({"order": 7}));
     let effects = Arc::new(Effects::default());
     crash_while_emailing(&idem, &inv, &effects, false).await;
@@ -376,7 +388,7 @@ pub async fn steps_in_another_order_or_a_reused_name_are_refused<S: Store>(fx: F
 /// Case: a retryable failure after a step never releases the record (its steps would go with
 /// it): the claim is given back, and the next delivery replays the step.
 pub async fn a_retryable_failure_after_a_step_gives_the_claim_back<S: Store>(fx: Fixture<S>) {
-    let (idem, clock, _) = engine(fx, Config::default());
+    let (idem, clock, _) = with_steps(fx);
     let inv = invocation("steps-retryable", &serde_json::json!({"order": 9}));
     let effects = Arc::new(Effects::default());
     let err = idem
@@ -414,7 +426,7 @@ pub async fn a_retryable_failure_after_a_step_gives_the_claim_back<S: Store>(fx:
 /// Case: a step whose effect says it did not apply ([`NotApplied`]) is withdrawn: with no other
 /// step, a retryable failure releases the operation and the next delivery runs afresh.
 pub async fn a_step_that_did_not_apply_is_withdrawn<S: Store>(fx: Fixture<S>) {
-    let (idem, _, _) = engine(fx, Config::default());
+    let (idem, _, _) = with_steps(fx);
     let inv = invocation("steps-withdrawn", &serde_json::json!({"order": 10}));
     let err = idem
         .execute(&inv, |ctx| async move {
@@ -446,7 +458,7 @@ pub async fn a_step_that_did_not_apply_is_withdrawn<S: Store>(fx: Fixture<S>) {
 
 /// Case: a handler that panics after a step keeps the step's result for the takeover.
 pub async fn a_panic_after_a_step_keeps_its_result<S: Store>(fx: Fixture<S>) {
-    let (idem, clock, _) = engine(fx, Config::default());
+    let (idem, clock, _) = with_steps(fx);
     let inv = invocation("steps-panic", &serde_json::json!({"order": 11}));
     let effects = Arc::new(Effects::default());
     let panicked = tokio::spawn({
@@ -475,8 +487,10 @@ pub async fn a_panic_after_a_step_keeps_its_result<S: Store>(fx: Fixture<S>) {
     assert_eq!((effects.charges(), effects.emails()), (1, 1));
 }
 
-/// Case: the default recovery never re-runs a handler that recorded no step (it may have
-/// acted outside any step); [`Recovery::Steps`] declares that it did not, so it runs again.
+/// Case: the default recovery never re-runs a handler blind, whether it recorded no step or
+/// some (it may have acted outside them): the operation is held with its steps for an
+/// operator. [`Recovery::Steps`] declares that its effects are its steps, so one that recorded
+/// none runs again.
 pub async fn a_takeover_without_steps_is_held_unless_declared<S: Store>(fx: Fixture<S>) {
     let (idem, clock, _) = engine(fx, Config::default());
     let runs = Arc::new(AtomicUsize::new(0));
@@ -492,6 +506,24 @@ pub async fn a_takeover_without_steps_is_held_unless_declared<S: Store>(fx: Fixt
         .expect_err("held by default");
     assert!(matches!(err, Error::Indeterminate { .. }), "got {err:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1, "never re-run blind");
+
+    let inv = invocation(
+        "steps-default-with-steps",
+        &serde_json::json!({"order": 16}),
+    );
+    let effects = Arc::new(Effects::default());
+    crash_while_emailing(&idem, &inv, &effects, true).await;
+    clock.advance(LEASE + Duration::from_secs(1));
+    let err = checkout(&idem, &inv, &effects, Email::RepeatSafe)
+        .await
+        .expect_err("held by default, steps or not");
+    assert!(matches!(err, Error::Indeterminate { .. }), "got {err:?}");
+    assert_eq!((effects.charges(), effects.emails()), (1, 1));
+    let record = stored(&idem, inv.key(), "held").await;
+    assert_eq!(
+        (record.status, record.steps.len()),
+        (Status::Indeterminate, 2)
+    );
 
     let steps = idem.clone().with_recovery(Recovery::Steps);
     let inv = invocation("steps-declared", &serde_json::json!({"order": 13}));
@@ -510,8 +542,8 @@ pub async fn a_takeover_without_steps_is_held_unless_declared<S: Store>(fx: Fixt
 
 /// Case: a step write that fails, before it applies or after (its answer lost), never runs the
 /// effect blind: one lost answer is retried transparently; a write that keeps failing stops
-/// the attempt before the effect, gives the claim back without the intent, and the next
-/// delivery runs the step once.
+/// the attempt before the effect, and with nothing else recorded the operation is released
+/// (the intent with it): the next delivery runs the step once.
 pub async fn a_failing_step_write_never_runs_the_effect_blind<S: Store + Clone>(fx: Fixture<S>) {
     let store = FaultyStore::new(fx.store);
     let clock = fx.clock;
@@ -563,16 +595,65 @@ pub async fn a_failing_step_write_never_runs_the_effect_blind<S: Store + Clone>(
             0,
             "{case}: the effect did not run"
         );
-        let record = stored(&idem, inv.key(), "given back").await;
-        assert!(record.steps.is_empty(), "{case}: the intent is withdrawn");
-        clock.advance(Duration::from_millis(2));
         assert!(
-            record.lease_is_takeable(clock.now()),
-            "{case}: given back at once"
+            idem.store().get(inv.key()).await.expect("get").is_none(),
+            "{case}: nothing happened, so the operation is released"
         );
-        idem.execute(&inv, send)
+        let done = idem
+            .execute(&inv, send)
             .await
             .expect("the next delivery runs the step");
+        assert_eq!(done.origin(), Origin::Executed { attempt: 1 });
         assert_eq!(runs.load(Ordering::SeqCst), 1, "{case}: one effect");
     }
+}
+
+/// Case: a takeover starts from the steps the record holds when it commits: an expired
+/// holder that records a step after the taker read the record fails the takeover, so the
+/// taker never runs that step as new.
+pub async fn a_step_recorded_after_the_takers_read_fails_the_takeover<S: Store>(fx: Fixture<S>) {
+    let (idem, clock, _) = with_steps(fx);
+    let inv = invocation("steps-late-intent", &serde_json::json!({"order": 17}));
+    let read = crash_after_run(&idem, &inv, &Arc::default()).await;
+    assert!(read.steps.is_empty());
+    // The expired holder is still running: it records an intent after the taker's read.
+    let target = lambda_idempotency::store::Target {
+        key: inv.key(),
+        identity: None,
+        guard: lambda_idempotency::store::Guard::Lease(&read.lease.token),
+    };
+    let late = [StepRecord::intent("email", 1)];
+    let fence = idem
+        .store()
+        .record_steps(target, &late)
+        .await
+        .expect("write");
+    assert_eq!(fence, lambda_idempotency::store::Fence::Held);
+    clock.advance(LEASE + Duration::from_secs(1));
+    let lease = lambda_idempotency::record::Lease {
+        token: "taker".into(),
+        attempt: 2,
+        expires_at: clock.now() + LEASE,
+    };
+    let expires_at = clock.now() + Duration::from_secs(3600);
+    let stale = idem
+        .store()
+        .take_over(&read, &lease, expires_at, clock.now())
+        .await
+        .expect("take over");
+    assert!(
+        matches!(stale, lambda_idempotency::store::Fence::Lost { .. }),
+        "a takeover from a stale read fails: {stale:?}"
+    );
+    let fresh = stored(&idem, inv.key(), "record").await;
+    let taken = idem
+        .store()
+        .take_over(&fresh, &lease, expires_at, clock.now())
+        .await
+        .expect("take over");
+    assert_eq!(
+        taken,
+        lambda_idempotency::store::Fence::Held,
+        "from a fresh read"
+    );
 }

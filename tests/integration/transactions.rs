@@ -11,7 +11,9 @@ use aws_sdk_dynamodb::types::{
     ScalarAttributeType, Update,
 };
 use lambda_idempotency::clock::ManualClock;
-use lambda_idempotency::effects::{StepError, Transaction};
+use lambda_idempotency::effects::{
+    Destination, Outbox, OutboxEvent, StepError, Transaction, event_id,
+};
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::record::Status;
 use lambda_idempotency::store::{MemoryStore, Store};
@@ -26,6 +28,7 @@ struct Shop {
     db: Dynamo,
     orders: String,
     stock: String,
+    outbox: String,
     clock: ManualClock,
 }
 
@@ -35,7 +38,8 @@ impl Shop {
         let db = dynamo::start_with_clock(clock.clone()).await;
         let orders = lambda_idempotency::testing::local::unique_table_name("orders");
         let stock = lambda_idempotency::testing::local::unique_table_name("stock");
-        for table in [&orders, &stock] {
+        let outbox = lambda_idempotency::testing::local::unique_table_name("outbox");
+        for table in [&orders, &stock, &outbox] {
             db.client
                 .create_table()
                 .table_name(table)
@@ -71,6 +75,7 @@ impl Shop {
             db,
             orders,
             stock,
+            outbox,
             clock,
         }
     }
@@ -476,4 +481,141 @@ async fn the_memory_store_refuses_dynamodb_writes_but_keeps_a_step_without_any()
         .expect("get")
         .expect("record");
     assert_eq!(record.steps.len(), 1);
+}
+
+/// The outbox items, by event id.
+async fn outbox_items(shop: &Shop) -> Vec<std::collections::HashMap<String, AttributeValue>> {
+    let mut items = shop
+        .db
+        .client
+        .scan()
+        .table_name(&shop.outbox)
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("scan the outbox")
+        .items()
+        .to_vec();
+    items.sort_by_key(|item| item.get("pk").and_then(|pk| pk.as_s().ok()).cloned());
+    items
+}
+
+#[tokio::test]
+async fn outbox_events_commit_with_the_step_under_ids_stable_across_attempts() {
+    let shop = Arc::new(Shop::open().await);
+    let idem = shop.engine(shop.db.store());
+    let outbox = Outbox::new(&shop.outbox);
+    let inv = invocation("tx-outbox", &serde_json::json!({"order": "o-9"}));
+    let placed = |shop: &Shop, outbox: &Outbox| -> Result<Transaction<String>, BoxError> {
+        let sqs = Destination::Sqs {
+            queue_url: "http://127.0.0.1/000000000000/orders".into(),
+        };
+        let bus = Destination::EventBridge {
+            bus: "shop".into(),
+            source: "shop.orders".into(),
+            detail_type: "OrderPlaced".into(),
+        };
+        Ok(shop
+            .place("o-9", 1)
+            .publish(
+                outbox,
+                OutboxEvent::new("order-placed", sqs, &serde_json::json!({"order": "o-9"}))?,
+            )
+            .publish(
+                outbox,
+                OutboxEvent::new("analytics", bus, &serde_json::json!({"n": 1}))?,
+            ))
+    };
+    // Crash after the commit: the events are in the outbox with the order.
+    let (committed_tx, committed_rx) = oneshot::channel();
+    let worker = tokio::spawn({
+        let (idem, inv, shop, outbox) =
+            (idem.clone(), inv.clone(), Arc::clone(&shop), outbox.clone());
+        async move {
+            idem.execute(&inv, |ctx| async move {
+                ctx.step("place")
+                    .transact(|_key| async { placed(&shop, &outbox) })
+                    .await?;
+                let _ = committed_tx.send(());
+                std::future::pending::<Result<String, BoxError>>().await
+            })
+            .await
+        }
+    });
+    committed_rx.await.expect("committed");
+    drop(worker);
+    let items = outbox_items(&shop).await;
+    assert_eq!(items.len(), 2);
+    let mut ids: Vec<String> = items
+        .iter()
+        .map(|item| item["pk"].as_s().expect("id").clone())
+        .collect();
+    let mut expected = vec![
+        event_id(inv.key(), "place", "order-placed"),
+        event_id(inv.key(), "place", "analytics"),
+    ];
+    ids.sort();
+    expected.sort();
+    assert_eq!(
+        ids, expected,
+        "ids derived from the operation, the step and the name"
+    );
+    let order = items
+        .iter()
+        .find(|item| item["event"].as_s().ok().map(String::as_str) == Some("order-placed"))
+        .expect("the order event");
+    assert_eq!(order["destination"].as_s().map(String::as_str), Ok("sqs"));
+    assert_eq!(
+        order["payload"].as_s().map(String::as_str),
+        Ok(r#"{"order":"o-9"}"#)
+    );
+    assert!(order.contains_key("expires_at"), "the outbox's TTL");
+
+    shop.clock.advance(Duration::from_secs(31));
+    let done = idem
+        .execute(&inv, |ctx| {
+            let (shop, outbox) = (Arc::clone(&shop), outbox.clone());
+            async move {
+                ctx.step("place")
+                    .transact(|_key| async { placed(&shop, &outbox) })
+                    .await
+            }
+        })
+        .await
+        .expect("replayed");
+    assert_eq!(done.value(), "placed o-9");
+    assert_eq!(outbox_items(&shop).await, items, "no event written twice");
+
+    let inv = invocation("tx-outbox-twice", &serde_json::json!({"order": "o-10"}));
+    let err = idem
+        .execute(&inv, |ctx| {
+            let outbox = outbox.clone();
+            async move {
+                ctx.step("publish")
+                    .transact(|_key| async move {
+                        let sns = Destination::Sns {
+                            topic_arn: "arn:aws:sns:us-east-1:000000000000:orders".into(),
+                        };
+                        let event = OutboxEvent::new("placed", sns, &1)?;
+                        Ok::<_, BoxError>(
+                            Transaction::new(0_u32)
+                                .publish(&outbox, event.clone())
+                                .publish(&outbox, event),
+                        )
+                    })
+                    .await
+            }
+        })
+        .await
+        .expect_err("two events of one name");
+    let Error::Handler { source } = &err else {
+        panic!("{err:?}");
+    };
+    assert!(
+        matches!(
+            source.downcast_ref::<StepError>(),
+            Some(StepError::Rejected { .. })
+        ),
+        "{source}"
+    );
 }

@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::item::{b, corrupt, n, s};
+use crate::effects::MAX_STEP_RESULTS_BYTES;
 use crate::error::StoreError;
 use crate::key::OperationKey;
 use crate::record::StepRecord;
@@ -89,7 +90,8 @@ pub(crate) fn read_steps(
                         .get("length")
                         .and_then(|length| length.as_n().ok())
                         .and_then(|length| length.parse::<usize>().ok())
-                        .ok_or_else(|| bad("has no length"))?;
+                        .filter(|length| *length <= MAX_STEP_RESULTS_BYTES)
+                        .ok_or_else(|| bad("has no length, or one past the steps' budget"))?;
                     let restored = zstd::bulk::decompress(&stored, length)
                         .map_err(|_| bad("result does not decompress"))?;
                     if restored.len() != length {

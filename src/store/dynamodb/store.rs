@@ -183,12 +183,23 @@ impl Store for DynamoDbStore {
         now: SystemTime,
     ) -> Result<Fence, StoreError> {
         let names = &self.names;
+        // The steps as the taker read them: a late write of the expired holder (a new step's
+        // intent) between that read and this takeover fails it, so that the taker never starts
+        // from steps older than the record's.
+        let steps_as_read = match previous.steps.len() {
+            0 => "(attribute_not_exists(#steps) OR size(#steps) = :steps_read)",
+            _ => "size(#steps) = :steps_read",
+        };
         let write = Write::update(
             &self.table,
             names.key(&previous.key),
             "SET #lease_token = :token, #attempt = :attempt, #lease_expires_at = :lease_expires_at, #expires_at = :expires_at",
-            "#status = :in_progress AND #lease_token = :previous AND #lease_expires_at < :now_ms",
+            &format!(
+                "#status = :in_progress AND #lease_token = :previous AND #lease_expires_at < :now_ms AND {steps_as_read}"
+            ),
             Expr::default()
+                .name("#steps", &names.steps)
+                .value(":steps_read", n(previous.steps.len() as u64))
                 .name("#status", &names.status)
                 .name("#lease_token", &names.lease_token)
                 .name("#attempt", &names.attempt)
