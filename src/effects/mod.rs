@@ -67,6 +67,9 @@
 
 mod ledger;
 mod outbox;
+#[cfg(feature = "relay")]
+#[cfg_attr(docsrs, doc(cfg(feature = "relay")))]
+pub mod relay;
 mod step;
 mod transaction;
 

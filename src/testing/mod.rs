@@ -39,6 +39,7 @@ pub mod faults;
 pub mod identities;
 pub mod interceptor;
 pub mod local;
+pub mod moto;
 pub mod operators;
 pub mod outages;
 pub mod outcomes;

@@ -23,6 +23,8 @@ mod memory_store;
 mod metrics;
 mod outcome_storage;
 mod panic_strategy;
+#[cfg(feature = "relay")]
+mod relay;
 mod sdk_faults;
 mod simulation;
 mod sources;

@@ -1,0 +1,548 @@
+//! The outbox relay end to end, from real parts: a transactional step commits outbox items on
+//! the embedded DynamoDB server; its DynamoDB Stream is read as an event source mapping reads
+//! it (DescribeStream, GetShardIterator, GetRecords); the relay publishes through the AWS SDK
+//! to moto's EventBridge, SNS and SQS on loopback; consumers read the messages back.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime};
+
+use aws_lambda_events::event::dynamodb::Event as DynamoDbEvent;
+use aws_lambda_events::event::sqs::SqsMessage;
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+    StreamSpecification, StreamViewType,
+};
+use aws_sdk_dynamodbstreams::types::{AttributeValue as StreamValue, ShardIteratorType};
+use lambda_idempotency::clock::ManualClock;
+use lambda_idempotency::effects::relay::{Publisher, relay, relay_record};
+use lambda_idempotency::effects::{Destination, Outbox, OutboxEvent, Transaction, event_id};
+use lambda_idempotency::lambda::sources;
+use lambda_idempotency::reconcile::Recovery;
+use lambda_idempotency::testing::conformance::invocation;
+use lambda_idempotency::testing::dynamo::{self, Dynamo};
+use lambda_idempotency::testing::faults::{Fault, FaultyStore, Primitive};
+use lambda_idempotency::testing::local::unique_table_name;
+use lambda_idempotency::testing::moto::{self, Moto};
+use lambda_idempotency::{BoxError, ExecutionContext, Idempotency, OperationScope};
+use lambda_runtime::tower::{Service, ServiceExt};
+use lambda_runtime::{Context, LambdaEvent};
+use serde_json::{Value, json};
+
+/// The writer's tables and the destinations on moto, with a queue behind each.
+struct Rig {
+    db: Dynamo,
+    outbox: Outbox,
+    moto: Moto,
+    sqs: aws_sdk_sqs::Client,
+    /// The queue the SQS destination sends to.
+    orders_queue: String,
+    /// The queue subscribed (raw) to the SNS topic.
+    topic_queue: String,
+    topic_arn: String,
+    /// The queue an EventBridge rule on the bus targets.
+    bus_queue: String,
+    clock: ManualClock,
+}
+
+impl Rig {
+    async fn open() -> Self {
+        let clock = ManualClock::new(SystemTime::now());
+        let db = dynamo::start_with_clock(clock.clone()).await;
+        let outbox = unique_table_name("outbox");
+        db.client
+            .create_table()
+            .table_name(&outbox)
+            .billing_mode(BillingMode::PayPerRequest)
+            .attribute_definitions(
+                AttributeDefinition::builder()
+                    .attribute_name("pk")
+                    .attribute_type(ScalarAttributeType::S)
+                    .build()
+                    .expect("definition"),
+            )
+            .key_schema(
+                KeySchemaElement::builder()
+                    .attribute_name("pk")
+                    .key_type(KeyType::Hash)
+                    .build()
+                    .expect("key"),
+            )
+            .stream_specification(
+                StreamSpecification::builder()
+                    .stream_enabled(true)
+                    .stream_view_type(StreamViewType::NewImage)
+                    .build()
+                    .expect("stream"),
+            )
+            .send()
+            .await
+            .expect("create the outbox table");
+        let moto = moto::start().await.expect("moto's server");
+        let config = moto.sdk_config();
+        let sqs = aws_sdk_sqs::Client::new(&config);
+        let queue = |name: String| {
+            let sqs = sqs.clone();
+            async move {
+                let url = sqs
+                    .create_queue()
+                    .queue_name(name)
+                    .send()
+                    .await
+                    .expect("queue")
+                    .queue_url()
+                    .expect("url")
+                    .to_owned();
+                let arn = sqs
+                    .get_queue_attributes()
+                    .queue_url(&url)
+                    .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+                    .send()
+                    .await
+                    .expect("attributes")
+                    .attributes()
+                    .and_then(|attributes| {
+                        attributes.get(&aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+                    })
+                    .expect("arn")
+                    .clone();
+                (url, arn)
+            }
+        };
+        let (orders_queue, _) = queue(unique_table_name("orders")).await;
+        let (topic_queue, topic_queue_arn) = queue(unique_table_name("topic-feed")).await;
+        let (bus_queue, bus_queue_arn) = queue(unique_table_name("bus-feed")).await;
+        let sns = aws_sdk_sns::Client::new(&config);
+        let topic_arn = sns
+            .create_topic()
+            .name(unique_table_name("orders"))
+            .send()
+            .await
+            .expect("topic")
+            .topic_arn()
+            .expect("arn")
+            .to_owned();
+        sns.subscribe()
+            .topic_arn(&topic_arn)
+            .protocol("sqs")
+            .endpoint(topic_queue_arn)
+            .attributes("RawMessageDelivery", "true")
+            .send()
+            .await
+            .expect("subscribe");
+        let events = aws_sdk_eventbridge::Client::new(&config);
+        events
+            .create_event_bus()
+            .name("shop")
+            .send()
+            .await
+            .expect("bus");
+        let rule = unique_table_name("rule");
+        events
+            .put_rule()
+            .name(&rule)
+            .event_bus_name("shop")
+            .event_pattern(json!({"source": ["shop.orders"]}).to_string())
+            .send()
+            .await
+            .expect("rule");
+        events
+            .put_targets()
+            .rule(&rule)
+            .event_bus_name("shop")
+            .targets(
+                aws_sdk_eventbridge::types::Target::builder()
+                    .id("feed")
+                    .arn(bus_queue_arn)
+                    .build()
+                    .expect("target"),
+            )
+            .send()
+            .await
+            .expect("targets");
+        Self {
+            db,
+            outbox: Outbox::new(outbox),
+            moto,
+            sqs,
+            orders_queue,
+            topic_queue,
+            topic_arn,
+            bus_queue,
+            clock,
+        }
+    }
+
+    fn publisher(&self) -> Publisher {
+        Publisher::from_conf(&self.moto.sdk_config())
+    }
+
+    /// Commits operation `order`'s step with one event to each destination.
+    async fn place(&self, order: &str) {
+        let idem = Idempotency::new(self.db.store()).with_recovery(Recovery::Steps);
+        let inv = invocation(&format!("relay-{order}"), &json!({"order": order}));
+        let destinations = [
+            Destination::Sqs {
+                queue_url: self.orders_queue.clone(),
+            },
+            Destination::Sns {
+                topic_arn: self.topic_arn.clone(),
+            },
+            Destination::EventBridge {
+                bus: "shop".into(),
+                source: "shop.orders".into(),
+                detail_type: "OrderPlaced".into(),
+            },
+        ];
+        idem.execute(&inv, |ctx: ExecutionContext| async move {
+            ctx.step("place")
+                .transact(|_key| async move {
+                    let mut placed = Transaction::new(order.to_owned());
+                    for (n, destination) in destinations.into_iter().enumerate() {
+                        let event = OutboxEvent::new(
+                            format!("placed-{n}"),
+                            destination,
+                            &json!({"order": order}),
+                        )?;
+                        placed = placed.publish(&self.outbox, event);
+                    }
+                    Ok::<_, BoxError>(placed)
+                })
+                .await
+        })
+        .await
+        .expect("placed");
+        let expected = event_id(inv.key(), "place", "placed-0");
+        assert_eq!(expected.len(), 64);
+    }
+
+    /// Every record the outbox table's stream holds, as a Lambda event (what an event source
+    /// mapping delivers).
+    async fn stream_batch(&self) -> DynamoDbEvent {
+        let streams = aws_sdk_dynamodbstreams::Client::from_conf(
+            aws_sdk_dynamodbstreams::Config::builder()
+                .behavior_version(aws_sdk_dynamodbstreams::config::BehaviorVersion::latest())
+                .region(aws_sdk_dynamodbstreams::config::Region::new("us-east-1"))
+                .endpoint_url(&self.db.endpoint)
+                .credentials_provider(aws_sdk_dynamodbstreams::config::Credentials::new(
+                    "test", "test", None, None, "static",
+                ))
+                .build(),
+        );
+        let listed = streams
+            .list_streams()
+            .table_name(self.outbox.table())
+            .send()
+            .await
+            .expect("list streams");
+        let arn = listed.streams()[0].stream_arn().expect("arn").to_owned();
+        let described = streams
+            .describe_stream()
+            .stream_arn(&arn)
+            .send()
+            .await
+            .expect("describe");
+        let mut records = Vec::new();
+        for shard in described
+            .stream_description()
+            .map(|description| description.shards())
+            .unwrap_or_default()
+        {
+            let mut iterator = streams
+                .get_shard_iterator()
+                .stream_arn(&arn)
+                .shard_id(shard.shard_id().expect("shard"))
+                .shard_iterator_type(ShardIteratorType::TrimHorizon)
+                .send()
+                .await
+                .expect("iterator")
+                .shard_iterator()
+                .map(str::to_owned);
+            while let Some(current) = iterator {
+                let page = streams
+                    .get_records()
+                    .shard_iterator(current)
+                    .send()
+                    .await
+                    .expect("records");
+                if page.records().is_empty() {
+                    break;
+                }
+                for record in page.records() {
+                    let change = record.dynamodb().expect("change");
+                    records.push(json!({
+                        "eventID": record.event_id(),
+                        "eventName": record.event_name().map(|name| name.as_str()),
+                        "eventSource": "aws:dynamodb",
+                        "eventVersion": "1.1",
+                        "awsRegion": "us-east-1",
+                        "eventSourceARN": arn,
+                        "dynamodb": {
+                            "Keys": image(change.keys()),
+                            "NewImage": image(change.new_image()),
+                            "SequenceNumber": change.sequence_number(),
+                            "SizeBytes": change.size_bytes(),
+                            "StreamViewType": "NEW_IMAGE",
+                        },
+                    }));
+                }
+                iterator = page.next_shard_iterator().map(str::to_owned);
+            }
+        }
+        serde_json::from_value(json!({"Records": records})).expect("a DynamoDB Streams event")
+    }
+
+    /// Receives and deletes what `queue` holds.
+    async fn drain(&self, queue: &str) -> Vec<aws_sdk_sqs::types::Message> {
+        let mut all = Vec::new();
+        loop {
+            let received = self
+                .sqs
+                .receive_message()
+                .queue_url(queue)
+                .max_number_of_messages(10)
+                .message_attribute_names("All")
+                .send()
+                .await
+                .expect("receive");
+            let messages = received.messages().to_vec();
+            if messages.is_empty() {
+                return all;
+            }
+            for message in &messages {
+                self.sqs
+                    .delete_message()
+                    .queue_url(queue)
+                    .receipt_handle(message.receipt_handle().expect("handle"))
+                    .send()
+                    .await
+                    .expect("delete");
+            }
+            all.extend(messages);
+        }
+    }
+
+    fn relay_engine(&self, store: impl lambda_idempotency::store::Store) -> Idempotency {
+        Idempotency::new(store).with_clock(self.clock.clone())
+    }
+}
+
+/// A stream image as the Lambda event's DynamoDB JSON.
+fn image(image: Option<&HashMap<String, StreamValue>>) -> Value {
+    Value::Object(
+        image
+            .into_iter()
+            .flatten()
+            .map(|(name, value)| (name.clone(), attribute(value)))
+            .collect(),
+    )
+}
+
+fn attribute(value: &StreamValue) -> Value {
+    match value {
+        StreamValue::S(text) => json!({"S": text}),
+        StreamValue::N(number) => json!({"N": number}),
+        StreamValue::Bool(flag) => json!({"BOOL": flag}),
+        StreamValue::Null(_) => json!({"NULL": true}),
+        StreamValue::M(fields) => json!({"M": image(Some(fields))}),
+        StreamValue::L(values) => json!({"L": values.iter().map(attribute).collect::<Vec<_>>()}),
+        other => panic!("an attribute the outbox does not write: {other:?}"),
+    }
+}
+
+fn scope() -> OperationScope {
+    OperationScope::new("relay", "outbox-relay").expect("scope")
+}
+
+/// The event ids in `messages`' bodies (the envelope), for the EventBridge feed under
+/// `detail`.
+fn event_ids(messages: &[aws_sdk_sqs::types::Message], under_detail: bool) -> Vec<String> {
+    let mut ids: Vec<String> = messages
+        .iter()
+        .map(|message| {
+            let body: Value = serde_json::from_str(message.body().expect("body")).expect("json");
+            let envelope = if under_detail { &body["detail"] } else { &body };
+            assert_eq!(envelope["payload"]["order"].as_str().map(str::len), Some(3));
+            envelope["event_id"].as_str().expect("event id").to_owned()
+        })
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[tokio::test]
+async fn the_relay_publishes_every_committed_event_once_to_each_destination() {
+    let rig = Rig::open().await;
+    rig.place("o-1").await;
+    let batch = rig.stream_batch().await;
+    assert_eq!(batch.records.len(), 3, "one stream record per outbox item");
+
+    let mut service = relay(rig.relay_engine(rig.db.store()), scope(), rig.publisher());
+    let answer = service
+        .ready()
+        .await
+        .expect("ready")
+        .call(LambdaEvent::new(batch.clone(), Context::default()))
+        .await
+        .expect("infallible");
+    assert!(answer.batch_item_failures.is_empty(), "{answer:?}");
+
+    let orders = rig.drain(&rig.orders_queue).await;
+    let topic = rig.drain(&rig.topic_queue).await;
+    let bus = rig.drain(&rig.bus_queue).await;
+    assert_eq!((orders.len(), topic.len(), bus.len()), (1, 1, 1));
+    let ids: Vec<String> = [
+        event_ids(&orders, false),
+        event_ids(&topic, false),
+        event_ids(&bus, true),
+    ]
+    .concat();
+    let distinct: std::collections::BTreeSet<_> = ids.iter().collect();
+    assert_eq!(distinct.len(), 3, "one id per event");
+    let attribute = orders[0]
+        .message_attributes()
+        .and_then(|attributes| attributes.get(sources::SQS_KEY_ATTRIBUTE))
+        .and_then(|value| value.string_value());
+    assert_eq!(
+        attribute,
+        Some(ids[0].as_str()),
+        "the SQS door's key attribute"
+    );
+
+    // The stream delivers the batch again: the relay's ledger replays, nothing is republished.
+    let again = service
+        .ready()
+        .await
+        .expect("ready")
+        .call(LambdaEvent::new(batch, Context::default()))
+        .await
+        .expect("infallible");
+    assert!(again.batch_item_failures.is_empty());
+    for queue in [&rig.orders_queue, &rig.topic_queue, &rig.bus_queue] {
+        assert!(rig.drain(queue).await.is_empty(), "not published twice");
+    }
+}
+
+#[tokio::test]
+async fn an_event_published_before_the_relay_recorded_it_is_republished_under_its_id_and_consumed_once()
+ {
+    let rig = Rig::open().await;
+    rig.place("o-2").await;
+    let batch = rig.stream_batch().await;
+    // A relay that publishes, then dies before its ledger records it: its settlement is held
+    // and the invocation dropped.
+    let faulty = FaultyStore::new(rig.db.store());
+    for _ in 0..3 {
+        faulty.inject(Primitive::Settle, Fault::Hold);
+    }
+    let mut crashed = relay(rig.relay_engine(faulty.clone()), scope(), rig.publisher());
+    let call = crashed.call(LambdaEvent::new(batch.clone(), Context::default()));
+    let running = tokio::spawn(call);
+    faulty.held().await;
+    running.abort();
+    let _ = running.await;
+    faulty.clear();
+
+    // The stream retries the batch after the relay's lease: a takeover publishes again.
+    rig.clock.advance(Duration::from_secs(61));
+    let mut service = relay(rig.relay_engine(rig.db.store()), scope(), rig.publisher());
+    let answer = service
+        .ready()
+        .await
+        .expect("ready")
+        .call(LambdaEvent::new(batch, Context::default()))
+        .await
+        .expect("infallible");
+    assert!(answer.batch_item_failures.is_empty(), "{answer:?}");
+    let orders = rig.drain(&rig.orders_queue).await;
+    assert_eq!(orders.len(), 2, "published twice: at least once");
+    let ids = event_ids(&orders, false);
+    assert_eq!(ids[0], ids[1], "under the same event id");
+
+    // A consumer behind the crate's SQS door deduplicates on it: one effect.
+    let consumer = lambda_idempotency::Operation::new(
+        Idempotency::new(rig.db.store()),
+        OperationScope::new("consumer", "orders").expect("scope"),
+        sources::sqs(None).expect("policy"),
+    );
+    let effects = Arc::new(AtomicUsize::new(0));
+    let messages: Vec<SqsMessage> = orders.iter().map(lambda_message).collect();
+    let report = consumer
+        .batch()
+        .process(messages, &Context::default(), |_message, _ctx| {
+            let effects = Arc::clone(&effects);
+            async move {
+                effects.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, BoxError>(())
+            }
+        })
+        .await;
+    assert!(report.sqs_response().batch_item_failures.is_empty());
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "one effect per event");
+}
+
+#[tokio::test]
+async fn a_failed_publish_is_reported_so_the_stream_retries_it() {
+    let rig = Rig::open().await;
+    rig.place("o-3").await;
+    let batch = rig.stream_batch().await;
+    let sqs_record = batch
+        .records
+        .iter()
+        .find(|record| {
+            lambda_idempotency::effects::relay::inserted(record)
+                .is_some_and(|event| matches!(event.destination, Destination::Sqs { .. }))
+        })
+        .expect("the SQS event")
+        .clone();
+    // The queue is gone: the publish fails, the record is reported.
+    rig.sqs
+        .delete_queue()
+        .queue_url(&rig.orders_queue)
+        .send()
+        .await
+        .expect("delete queue");
+    assert!(relay_record(&rig.publisher(), &sqs_record).await.is_err());
+    let mut service = relay(rig.relay_engine(rig.db.store()), scope(), rig.publisher());
+    let mut event = DynamoDbEvent::default();
+    event.records = vec![sqs_record.clone()];
+    let answer = service
+        .ready()
+        .await
+        .expect("ready")
+        .call(LambdaEvent::new(event, Context::default()))
+        .await
+        .expect("infallible");
+    let reported: Vec<Option<String>> = answer
+        .batch_item_failures
+        .iter()
+        .map(|failure| failure.item_identifier.clone())
+        .collect();
+    assert_eq!(
+        reported,
+        vec![sqs_record.change.sequence_number],
+        "the failed record's sequence number: the stream retries from it"
+    );
+}
+
+/// An SQS message as the Lambda event delivers it.
+fn lambda_message(message: &aws_sdk_sqs::types::Message) -> SqsMessage {
+    let attributes: HashMap<String, Value> = message
+        .message_attributes()
+        .into_iter()
+        .flatten()
+        .map(|(name, value)| {
+            (
+                name.clone(),
+                json!({"stringValue": value.string_value(), "dataType": value.data_type()}),
+            )
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "messageId": message.message_id(),
+        "body": message.body(),
+        "messageAttributes": attributes,
+    }))
+    .expect("an SQS message")
+}
