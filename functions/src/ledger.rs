@@ -38,6 +38,11 @@ impl Ledger {
         &self.table
     }
 
+    /// The client it writes with.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// Creates the table (local runs).
     pub async fn create(&self) -> Result<(), aws_sdk_dynamodb::Error> {
         self.client

@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod checkout;
 pub mod ledger;
 pub mod logging;
 pub mod orders;

@@ -180,6 +180,60 @@ async fn eventbridge_handler_keeps_permanent_evidence() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkout_places_the_order_with_its_event_and_mails_once() {
+    let tables = Tables::create("e2e-checkout").await;
+    // An outbox table (a `pk` table, as the ledger's); the relay is not run here.
+    let outbox = lambda_idempotency_functions::ledger::Ledger::new(
+        tables.ledger.client().clone(),
+        lambda_idempotency::testing::local::unique_table_name("e2e-checkout-outbox"),
+    );
+    outbox.create().await.expect("outbox table");
+    let function = Function::spawn_with(
+        env!("CARGO_BIN_EXE_checkout"),
+        "checkout",
+        &tables,
+        &[
+            ("OUTBOX_TABLE", outbox.table()),
+            (
+                "ORDER_EVENTS_QUEUE_URL",
+                "http://127.0.0.1/000000000000/order-events",
+            ),
+        ],
+    )
+    .await;
+    let event = sample_event("checkout");
+    let first = function.api.invoke(event.clone()).await.expect("answered");
+    let second = function.api.invoke(event).await.expect("answered");
+    function.stop().await;
+
+    assert_eq!(first["order"], "order#o-1");
+    assert_eq!(second, first, "the duplicate gets the stored answer");
+    assert_eq!(
+        tables.ledger.count("email#o-1").await.expect("read"),
+        1,
+        "mailed once"
+    );
+    let (records, _, _) = tables.store.scan_page(None).await.expect("scan");
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].status, Status::Completed);
+    let steps: Vec<&str> = records[0]
+        .steps
+        .iter()
+        .map(|step| step.name.as_str())
+        .collect();
+    assert_eq!(steps, ["place-order", "email"]);
+    let events = tables
+        .ledger
+        .client()
+        .scan()
+        .table_name(outbox.table())
+        .send()
+        .await
+        .expect("scan the outbox");
+    assert_eq!(events.items().len(), 1, "one order-placed event");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_table_fails_the_init() {
     let tables = Tables::create("e2e-missing").await;
     let function = Function::spawn_capturing(

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
@@ -287,6 +288,7 @@ impl StepLedger {
         T: Serialize + DeserializeOwned,
         E: Into<BoxError>,
         C: StepCheck<T>,
+        C::Future: Send,
         F: FnOnce(String) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
@@ -562,8 +564,14 @@ impl StepLedger {
     where
         T: Serialize,
         C: StepCheck<T>,
+        C::Future: Send,
     {
-        let Some(checking) = check.check(downstream) else {
+        // Boxed: the check's future type is a projection of `C`, which the compiler cannot
+        // prove `Send` through once it sits in the handler's future.
+        let checking: Option<Pin<Box<dyn Future<Output = _> + Send + '_>>> = check
+            .check(downstream)
+            .map(|checking| Box::pin(checking) as Pin<Box<dyn Future<Output = _> + Send>>);
+        let Some(checking) = checking else {
             warn!(
                 attempt = self.attempt,
                 "an uncertain step has no check: the operation is held for an operator"

@@ -75,6 +75,13 @@ impl Publisher {
         }
     }
 
+    /// A publisher configured from the environment (the SDK's default chain: in Lambda, the
+    /// function's region and role).
+    pub async fn from_env() -> Self {
+        let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+        Self::from_conf(&config)
+    }
+
     /// A publisher whose three clients share `config` (region, credentials, endpoint).
     pub fn from_conf(config: &aws_config::SdkConfig) -> Self {
         Self::new(

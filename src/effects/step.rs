@@ -22,7 +22,7 @@ pub enum Checked<T> {
 
 /// A step's check: asked, with the step's downstream key, what became of an uncertain step.
 /// Closures `FnOnce(String) -> impl Future<Output = Result<Checked<T>, BoxError>>` implement
-/// it; [`NoCheck`] is the absence of one.
+/// it (their future `Send`, as a Lambda handler's is); [`NoCheck`] is the absence of one.
 pub trait StepCheck<T> {
     /// The check's future.
     type Future: Future<Output = Result<Checked<T>, BoxError>>;
@@ -208,6 +208,7 @@ impl<C> Step<'_, C> {
         F: FnOnce(String) -> Fut,
         Fut: Future<Output = Result<T, E>>,
         C: StepCheck<T>,
+        C::Future: Send,
     {
         let ledger = std::sync::Arc::clone(&self.context.steps);
         ledger

@@ -13,13 +13,14 @@ use tokio::process::{Child, Command};
 use super::runtime_api::RuntimeApi;
 
 /// The sample event kept in `events/` for `trigger` (`sqs`, `http_api`, `eventbridge`,
-/// `direct`): the same file `cargo lambda invoke --data-file` sends.
+/// `direct`, `checkout`): the same file `cargo lambda invoke --data-file` sends.
 pub fn sample_event(trigger: &str) -> Value {
     let text = match trigger {
         "sqs" => include_str!("../../events/sqs.json"),
         "http_api" => include_str!("../../events/http_api.json"),
         "eventbridge" => include_str!("../../events/eventbridge.json"),
         "direct" => include_str!("../../events/direct.json"),
+        "checkout" => include_str!("../../events/checkout.json"),
         _ => panic!("no sample event for {trigger}"),
     };
     serde_json::from_str(text).expect("the sample event is JSON")

@@ -1,0 +1,118 @@
+//! A checkout that uses every kind of effect (binary `checkout`): a transactional step that
+//! writes the order into the ledger table together with its `order-placed` outbox event, then
+//! an e-mail step whose send can be uncertain and is checked before it is ever sent again.
+//!
+//! The engine declares `Recovery::Steps`: every effect of this handler is a step, so a
+//! takeover after a crash replays the order (never placed twice) and asks the e-mail's check.
+
+use aws_sdk_dynamodb::types::{AttributeValue, Put};
+use lambda_idempotency::effects::{Checked, Destination, Outbox, OutboxEvent, Transaction};
+use lambda_idempotency::lambda::{IdempotencyLayer, current};
+use lambda_idempotency::reconcile::Recovery;
+use lambda_idempotency::{BoxError, Idempotency, KeyPolicy, Operation, OperationScope};
+use lambda_runtime::LambdaEvent;
+use serde_json::{Value, json};
+
+use crate::ledger::Ledger;
+
+/// The environment variable naming the outbox table.
+pub const OUTBOX_TABLE_VAR: &str = "OUTBOX_TABLE";
+/// The environment variable naming the queue the `order-placed` events go to.
+pub const ORDER_EVENTS_QUEUE_VAR: &str = "ORDER_EVENTS_QUEUE_URL";
+
+/// Where the checkout writes: the ledger (orders and e-mails), the outbox, the events' queue.
+#[derive(Debug, Clone)]
+pub struct Checkout {
+    /// The ledger table: `order#<id>` items and `email#<id>` counters.
+    pub ledger: Ledger,
+    /// The outbox table.
+    pub outbox: Outbox,
+    /// The queue URL the `order-placed` events are published to.
+    pub events_queue: String,
+}
+
+impl Checkout {
+    /// From `OUTBOX_TABLE` and `ORDER_EVENTS_QUEUE_URL`.
+    ///
+    /// # Errors
+    /// When either is not set.
+    pub fn from_env(ledger: Ledger) -> Result<Self, String> {
+        let var = |name: &str| std::env::var(name).map_err(|_| format!("set {name}"));
+        Ok(Self {
+            ledger,
+            outbox: Outbox::new(var(OUTBOX_TABLE_VAR)?),
+            events_queue: var(ORDER_EVENTS_QUEUE_VAR)?,
+        })
+    }
+
+    /// The business operation: place the order (with its event), then e-mail the customer.
+    ///
+    /// # Errors
+    /// When the event has no `order_id`, or a step fails (a `StepError::Stopped` lets the
+    /// engine answer).
+    pub async fn checkout(self, event: LambdaEvent<Value>) -> Result<Value, BoxError> {
+        let order = event.payload["order_id"]
+            .as_str()
+            .ok_or("the event has no order_id")?
+            .to_owned();
+        let total = event.payload["total"].clone();
+        let ctx = current().ok_or("not inside an idempotent handler")?;
+        let placed: String = ctx
+            .step("place-order")
+            .transact(|_key| {
+                let (checkout, order) = (self.clone(), order.clone());
+                async move { checkout.place(&order, total) }
+            })
+            .await?;
+        let (check, send) = (self.ledger.clone(), self.ledger.clone());
+        let (checked, sent) = (format!("email#{order}"), format!("email#{order}"));
+        let mail: String = ctx
+            .step("email")
+            // The mail provider keeps what it sent: if a crash left the send uncertain, look.
+            .checked_by(move |key: String| async move {
+                Ok::<_, BoxError>(match check.count(&checked).await? {
+                    0 => Checked::NotApplied,
+                    _ => Checked::Applied(format!("mail-{}", &key[..12])),
+                })
+            })
+            .run(move |key| async move {
+                send.apply(&sent, &key).await?;
+                Ok::<_, BoxError>(format!("mail-{}", &key[..12]))
+            })
+            .await?;
+        Ok(json!({"order": placed, "mail": mail, "attempt": ctx.attempt()}))
+    }
+
+    /// The order's item (written only if absent) and its `order-placed` event, in one
+    /// transaction with the step's record.
+    fn place(&self, order: &str, total: Value) -> Result<Transaction<String>, BoxError> {
+        let put = Put::builder()
+            .table_name(self.ledger.table())
+            .item("pk", AttributeValue::S(format!("order#{order}")))
+            .item("total", AttributeValue::N(total.to_string()))
+            .condition_expression("attribute_not_exists(pk)")
+            .build()?;
+        let placed = OutboxEvent::new(
+            "order-placed",
+            Destination::Sqs {
+                queue_url: self.events_queue.clone(),
+            },
+            &json!({"order_id": order, "total": total}),
+        )?;
+        Ok(Transaction::new(format!("order#{order}"))
+            .put(put)
+            .publish(&self.outbox, placed))
+    }
+}
+
+/// The idempotency layer: keyed by `order_id`, every effect a step (`Recovery::Steps`).
+///
+/// # Errors
+/// Never with these constants; the builders check their input.
+pub fn layer(
+    idem: Idempotency,
+    scope: OperationScope,
+) -> Result<IdempotencyLayer<Value>, lambda_runtime::Error> {
+    let idem = idem.with_recovery(Recovery::Steps);
+    Ok(Operation::new(idem, scope, KeyPolicy::pointer("/order_id")?).layer())
+}
