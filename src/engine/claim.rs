@@ -110,6 +110,7 @@ impl Idempotency {
         Ok(Step::Run(Held::TakenOver {
             attempt: lease.attempt,
             previous: Box::new(existing),
+            adopted: false,
         }))
     }
 
@@ -167,6 +168,7 @@ impl Idempotency {
         Ok(Step::Run(Held::TakenOver {
             attempt: 2,
             previous: Box::new(orphaned_record(&record, &orphan)),
+            adopted: true,
         }))
     }
 

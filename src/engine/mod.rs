@@ -363,13 +363,22 @@ impl Idempotency {
     {
         let (attempt, recorded) = match held {
             Held::Fresh => (1, Vec::new()),
-            Held::TakenOver { attempt, previous } => {
+            Held::TakenOver {
+                attempt,
+                previous,
+                adopted,
+            } => {
                 let recorded = previous.steps.clone();
                 // The crashed attempt's steps decide when the handler declares its effects to
                 // be its steps (or safe to repeat); otherwise a reconciler or an operator does,
-                // and recorded results still replay if the handler runs.
-                let steps_decide = !recorded.is_empty()
-                    && matches!(self.recovery, Recovery::Steps | Recovery::Rerun);
+                // and recorded results still replay if the handler runs. An adopted orphan's
+                // steps went with its record: nothing says they were none.
+                let recovery = match (adopted, self.recovery) {
+                    (true, Recovery::Steps) => Recovery::Indeterminate,
+                    (_, recovery) => recovery,
+                };
+                let steps_decide =
+                    !recorded.is_empty() && matches!(recovery, Recovery::Steps | Recovery::Rerun);
                 if steps_decide {
                     info!(
                         attempt,
@@ -377,7 +386,7 @@ impl Idempotency {
                         "took over a crashed attempt: its recorded steps replay"
                     );
                 } else if let Some(answer) = self
-                    .reconcile(target, invocation, claim, attempt, *previous)
+                    .reconcile(target, invocation, claim, attempt, *previous, recovery)
                     .await
                 {
                     return Ok(answer);
@@ -488,8 +497,13 @@ enum Step {
 enum Held {
     /// A fresh claim: attempt 1.
     Fresh,
-    /// A takeover of a crashed attempt (or the adoption of its orphaned evidence).
-    TakenOver { attempt: u32, previous: Box<Record> },
+    /// A takeover of a crashed attempt (or, `adopted`, of its orphaned evidence: its record,
+    /// and whatever steps it held, deleted by TTL).
+    TakenOver {
+        attempt: u32,
+        previous: Box<Record>,
+        adopted: bool,
+    },
 }
 
 impl Held {

@@ -15,7 +15,8 @@ use crate::store::Target;
 
 impl Idempotency {
     /// Asks the reconciler about the attempt taken over, or, without one, follows the
-    /// recovery policy. `None`: run the handler.
+    /// recovery policy `recovery` (the engine's, or, for an adopted orphan whose steps TTL
+    /// deleted, never `Steps`). `None`: run the handler.
     pub(super) async fn reconcile<T: Serialize + DeserializeOwned>(
         &self,
         target: Target<'_>,
@@ -23,9 +24,10 @@ impl Idempotency {
         claim: &Record,
         attempt: u32,
         previous: Record,
+        recovery: Recovery,
     ) -> Option<Result<Execution<T>, Error>> {
         let Some(reconciler) = self.reconciler.as_ref() else {
-            return match self.recovery {
+            return match recovery {
                 Recovery::Rerun | Recovery::Steps => None,
                 Recovery::Indeterminate => {
                     warn!(

@@ -129,7 +129,8 @@ macro_rules! conformance_tests {
             a_panic_after_a_step_keeps_its_result,
             a_takeover_without_steps_is_held_unless_declared,
             a_failing_step_write_never_runs_the_effect_blind,
-            a_step_recorded_after_the_takers_read_fails_the_takeover
+            a_step_recorded_after_the_takers_read_fails_the_takeover,
+            an_adopted_orphan_is_held_even_when_its_effects_are_steps
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

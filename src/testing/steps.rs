@@ -657,3 +657,35 @@ pub async fn a_step_recorded_after_the_takers_read_fails_the_takeover<S: Store>(
         "from a fresh read"
     );
 }
+
+/// Case: an operation whose record TTL deleted while it was IN_PROGRESS (its steps with it)
+/// is adopted from its evidence, and even under [`Recovery::Steps`] it is held, never re-run:
+/// the record that said which steps ran is gone, which is not the same as no step.
+pub async fn an_adopted_orphan_is_held_even_when_its_effects_are_steps<S: Store>(fx: Fixture<S>) {
+    if fx.lacks(super::conformance::Capability::Evidence) {
+        return;
+    }
+    let config = Config::builder()
+        .retention(Duration::from_secs(60))
+        .build()
+        .expect("config");
+    let (idem, clock, sweep) = engine(fx, config);
+    let idem = idem.with_recovery(Recovery::Steps);
+    let inv = invocation("steps-orphan", &serde_json::json!({"order": 18}))
+        .with_identity("invoice:steps-orphan")
+        .expect("identity");
+    let effects = Arc::new(Effects::default());
+    crash_while_emailing(&idem, &inv, &effects, false).await;
+    clock.advance(LEASE + Duration::from_secs(120));
+    assert!(sweep().await >= 1, "TTL deleted the record, steps and all");
+
+    let err = checkout(&idem, &inv, &effects, Email::Unchecked)
+        .await
+        .expect_err("held");
+    assert!(matches!(err, Error::Indeterminate { .. }), "got {err:?}");
+    assert_eq!(
+        (effects.charges(), effects.emails()),
+        (1, 1),
+        "nothing ran again"
+    );
+}

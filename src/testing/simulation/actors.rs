@@ -10,7 +10,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::ledger::{Ledger, Profile};
 use crate::clock::{Clock, ManualClock};
+use crate::effects::Checked;
 use crate::error::BoxError;
+use crate::execution::ExecutionContext;
 use crate::failure::Terminal;
 use crate::key::OperationKey;
 use crate::reconcile::{Reconciliation, Takeover};
@@ -141,8 +143,17 @@ pub(super) struct Run {
 }
 
 /// The simulated handler: every run is counted (and judged) when it starts, whatever happens
-/// to it afterwards.
-pub(super) async fn handler(run: Run, attempt: u32) -> Result<Value, BoxError> {
+/// to it afterwards. A stepped operation's handler keeps its effect in a step.
+pub(super) async fn handler(run: Run, ctx: ExecutionContext) -> Result<Value, BoxError> {
+    match run.profile.stepped {
+        true => stepped(run, ctx).await,
+        false => plain(run, ctx.attempt()).await,
+    }
+}
+
+/// The handler whose effect is a bare call: only the recovery policy or a reconciler stands
+/// between a crashed attempt and a second effect.
+async fn plain(run: Run, attempt: u32) -> Result<Value, BoxError> {
     let Run {
         shared,
         op,
@@ -216,6 +227,104 @@ pub(super) async fn handler(run: Run, attempt: u32) -> Result<Value, BoxError> {
             Ok(result)
         }
     }
+}
+
+/// The handler whose effect is the step `effect`, checked against the downstream truth (or
+/// answering Unknown, or failing, as the delivery says), then a step `note` without effect
+/// (whose intent write records the effect's result).
+async fn stepped(run: Run, ctx: ExecutionContext) -> Result<Value, BoxError> {
+    let Run {
+        shared,
+        op,
+        profile,
+        behaviour,
+        after_effect,
+        parked,
+        resume,
+    } = run;
+    let attempt = ctx.attempt();
+    {
+        let mut downstream = lock(&shared);
+        if let Err(blind) = downstream.ledger.start_run(op, attempt, profile) {
+            downstream.violations.push(blind);
+        }
+    }
+    let park = || async {
+        let _ = parked.send(());
+        std::future::pending::<()>().await;
+    };
+    let mut resume = Some(resume);
+    let mut suspend = || {
+        let resume = resume.take();
+        let parked = parked.clone();
+        async move {
+            let _ = parked.send(());
+            let resumed = match resume {
+                Some(resume) => resume.await.is_ok(),
+                None => false,
+            };
+            if !resumed {
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    match behaviour {
+        Behaviour::RetryableFailure => {
+            lock(&shared).ledger.failed_before_effect(op);
+            return Err(std::io::Error::other("downstream timed out").into());
+        }
+        Behaviour::TerminalFailure => {
+            return Err(Terminal::new(
+                "declined",
+                std::io::Error::other("the downstream declined"),
+            )
+            .into());
+        }
+        Behaviour::CrashBeforeEffect => park().await,
+        Behaviour::SuspendBeforeEffect => suspend().await,
+        _ => {}
+    }
+    let declared_rerun = profile.recovery == crate::reconcile::Recovery::Rerun;
+    let check = {
+        let shared = Arc::clone(&shared);
+        move |_key: String| {
+            let downstream = lock(&shared);
+            let checked = match downstream.answer {
+                Answer::Fails => Err("the downstream could not be asked".into()),
+                Answer::Unknown => Ok(Checked::Unknown),
+                Answer::Truthful if downstream.ledger.effects(op) > 0 => {
+                    Ok(Checked::Applied(json!({"op": op, "checked": true})))
+                }
+                Answer::Truthful => Ok(Checked::NotApplied),
+            };
+            std::future::ready(checked)
+        }
+    };
+    let effect_shared = Arc::clone(&shared);
+    ctx.step("effect")
+        .checked_by(check)
+        .run(move |_key| async move {
+            lock(&effect_shared)
+                .ledger
+                .stepped_effect(op, declared_rerun);
+            after_effect();
+            Ok::<_, BoxError>(json!({"op": op, "applied": true}))
+        })
+        .await?;
+    match behaviour {
+        // The effect's result is not written yet: the step comes back uncertain.
+        Behaviour::CrashAfterEffect | Behaviour::CancelAfterEffect => park().await,
+        Behaviour::PanicAfterEffect => std::panic::panic_any(SimulatedPanic),
+        _ => {}
+    }
+    ctx.step("note")
+        .repeat_safe()
+        .run(|_key| async { Ok::<_, BoxError>(json!("noted")) })
+        .await?;
+    if behaviour == Behaviour::SuspendAfterEffect {
+        suspend().await;
+    }
+    Ok(json!({"op": op, "attempt": attempt}))
 }
 
 /// The payload of the simulation's own panics, kept out of the test output.

@@ -14,6 +14,9 @@ pub(super) struct Profile {
     pub(super) reconciler: bool,
     /// What it does without one.
     pub(super) recovery: Recovery,
+    /// Whether the handler keeps its effect in a step ([`crate::effects`]): its runs are then
+    /// not judged (a re-run replays the step), its step's effects are.
+    pub(super) stepped: bool,
 }
 
 /// How the latest run of an operation's life ended, as far as a re-run cares.
@@ -109,6 +112,8 @@ impl Ledger {
                 account.excused += 1;
                 Ok(())
             }
+            // A stepped handler runs again by design: its effect is a step, counted apart.
+            Previous::Open if profile.stepped => Ok(()),
             Previous::Open
                 if attempt > 1 && !profile.reconciler && profile.recovery == Recovery::Rerun =>
             {
@@ -136,6 +141,17 @@ impl Ledger {
     /// A reconciler answered `NotApplied` for the takeover of `op` about to run.
     pub(super) fn not_applied(&mut self, op: usize) {
         self.accounts[op].not_applied = true;
+    }
+
+    /// `op`'s step applied its effect once more; a worker that declared the whole handler safe
+    /// to repeat ([`Recovery::Rerun`]) may run an uncertain step again, and that repeat is
+    /// excused (no other may).
+    pub(super) fn stepped_effect(&mut self, op: usize, declared_rerun: bool) {
+        if self.accounts[op].effects > 0 && declared_rerun {
+            self.accounts[op].declared += 1;
+            self.declared_reruns += 1;
+        }
+        self.effect(op);
     }
 
     /// `op`'s effect happened once more.
@@ -166,11 +182,36 @@ mod tests {
     const RECONCILED: Profile = Profile {
         reconciler: true,
         recovery: Recovery::Rerun,
+        stepped: false,
     };
     const RERUN: Profile = Profile {
         reconciler: false,
         recovery: Recovery::Rerun,
+        stepped: false,
     };
+    const STEPPED: Profile = Profile {
+        reconciler: false,
+        recovery: Recovery::Steps,
+        stepped: true,
+    };
+
+    /// A stepped handler's runs are free; its step's second effect is not, unless declared.
+    #[test]
+    fn a_stepped_handler_is_judged_by_its_steps_effects() {
+        let mut ledger = Ledger::new(1);
+        ledger.start_run(0, 1, STEPPED).expect("first run");
+        ledger.stepped_effect(0, false);
+        ledger
+            .start_run(0, 2, STEPPED)
+            .expect("a re-run replays the step");
+        ledger.check(0).expect("one effect");
+        ledger.stepped_effect(0, false);
+        assert!(ledger.check(0).is_err(), "the step ran twice, undeclared");
+        let mut ledger = Ledger::new(1);
+        ledger.stepped_effect(0, true);
+        ledger.stepped_effect(0, true);
+        ledger.check(0).expect("a declared re-run of the step");
+    }
 
     #[test]
     fn a_blind_rerun_is_caught_and_each_excuse_excuses_one() {

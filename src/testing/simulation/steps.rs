@@ -142,7 +142,10 @@ impl<S: Store + Clone> World<S> {
             .or_default() += 1;
         let (parked_tx, mut parked_rx) = mpsc::unbounded_channel();
         let (resume_tx, resume_rx) = oneshot::channel();
-        let (idem, profile) = self.workers[worker].clone();
+        let (idem, profile) = match self.specs[op].stepped {
+            true => self.stepped[worker].clone(),
+            false => self.workers[worker].clone(),
+        };
         let outage_end = Arc::new(std::sync::Mutex::new(None));
         let after_effect: Box<dyn FnOnce() + Send> = match outage {
             Some(length) => {
@@ -174,7 +177,7 @@ impl<S: Store + Clone> World<S> {
         let store = self.store.clone();
         let deadline = self.clock.now() + LEASE - DEADLINE_MARGIN;
         let mut task = tokio::spawn(async move {
-            let execution = idem.execute(&invocation, move |ctx| handler(run, ctx.attempt()));
+            let execution = idem.execute(&invocation, move |ctx| handler(run, ctx));
             match store.cancellable(execution).await {
                 Some(answer) => Delivered::Answered(answer),
                 None => Delivered::Cancelled,

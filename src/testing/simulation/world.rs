@@ -81,6 +81,8 @@ pub enum Action {
 
 /// An operation as its deliveries name it.
 pub(super) struct Spec {
+    /// Whether its handler keeps its effect in a step (one operation in three).
+    pub(super) stepped: bool,
     pub(super) key: OperationKey,
     pub(super) fingerprint: Fingerprint,
     pub(super) identity: Option<String>,
@@ -93,6 +95,8 @@ pub(super) struct World<S> {
     pub(super) sweep: Sweeper,
     pub(super) store: FaultyStore<S>,
     pub(super) workers: Vec<(Idempotency, Profile)>,
+    /// The same workers' engines for the operations whose handler keeps its effect in a step.
+    pub(super) stepped: Vec<(Idempotency, Profile)>,
     pub(super) specs: Vec<Spec>,
     pub(super) shared: Shared,
     pub(super) retention: Duration,
@@ -128,6 +132,7 @@ impl<S: Store + Clone> World<S> {
         }));
         let store = FaultyStore::new(fixture.store);
         let takeovers = Arc::new(AtomicU64::new(0));
+        let mut stepped = Vec::new();
         let workers = (0..WORKERS)
             .map(|worker| {
                 let profile = Profile {
@@ -136,6 +141,14 @@ impl<S: Store + Clone> World<S> {
                         true => Recovery::Rerun,
                         false => Recovery::Indeterminate,
                     },
+                    stepped: false,
+                };
+                // For stepped handlers each worker declares one of the three policies.
+                let stepped_profile = Profile {
+                    recovery: [Recovery::Steps, Recovery::Rerun, Recovery::Indeterminate]
+                        [rng.usize(..3)],
+                    stepped: true,
+                    ..profile
                 };
                 let counted = Arc::clone(&takeovers);
                 let idem = Idempotency::new(store.clone())
@@ -155,14 +168,20 @@ impl<S: Store + Clone> World<S> {
                     true => idem.with_reconciler(reconciler(Arc::clone(&shared))),
                     false => idem,
                 };
+                stepped.push((
+                    idem.clone().with_recovery(stepped_profile.recovery),
+                    stepped_profile,
+                ));
                 (idem, profile)
             })
             .collect::<Vec<_>>();
         let operations = specs.len();
         let profiles: Vec<String> = workers
             .iter()
+            .chain(&stepped)
             .map(|(_, profile)| format!("{profile:?}"))
             .collect();
+        let stepped_ops: Vec<usize> = (0..specs.len()).filter(|op| specs[*op].stepped).collect();
         Self {
             rng,
             seed,
@@ -170,6 +189,7 @@ impl<S: Store + Clone> World<S> {
             sweep: fixture.sweep,
             store,
             workers,
+            stepped,
             specs,
             shared,
             retention,
@@ -179,7 +199,7 @@ impl<S: Store + Clone> World<S> {
             completed_seen: vec![None; operations],
             touched: vec![false; operations],
             trace: vec![format!(
-                "retention {retention:?}, lease {LEASE:?}, workers {profiles:?}"
+                "retention {retention:?}, lease {LEASE:?}, workers {profiles:?}, stepped operations {stepped_ops:?}"
             )],
             stats: Stats {
                 seeds: 1,
@@ -234,6 +254,7 @@ fn operations(rng: &mut fastrand::Rng, seed: u64, count: usize) -> Vec<Spec> {
         };
         let identity = rng.bool().then(|| format!("sim:{seed}:invoice:{}", op / 2));
         specs.push(Spec {
+            stepped: rng.u32(..3) == 0,
             key,
             fingerprint,
             identity,

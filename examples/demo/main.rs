@@ -1,6 +1,8 @@
 //! At-least-once delivery, simulated: duplicates, a changed payload, a concurrent race, crashes
-//! before and after the effect, and a redelivery after retention, against a DynamoDB-compatible
-//! server (embedded, or `DYNAMODB_ENDPOINT`).
+//! before and after the effect, a redelivery after retention, and effects inside the protocol
+//! (a crash between two steps, an uncertain e-mail checked, an order and its outbox event
+//! committed together and consumed once), against a DynamoDB-compatible server (embedded, or
+//! `DYNAMODB_ENDPOINT`).
 //!
 //! Each "charge" handler appends to a ledger standing in for the payment provider. However the
 //! events arrive, the ledger must hold exactly one charge per distinct order.
@@ -9,7 +11,8 @@
 //! cargo run --example demo
 //! ```
 
-#[path = "../src/testing/local.rs"]
+mod effects;
+#[path = "../../src/testing/local.rs"]
 mod local_dynamodb;
 
 use std::sync::{Arc, Mutex};
@@ -177,7 +180,15 @@ impl Demo {
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_idempotency::BoxError> {
-    let store = local_dynamodb::local_store("demo").await?;
+    let endpoint = local_dynamodb::endpoint().await?;
+    let client =
+        aws_sdk_dynamodb::Client::from_conf(local_dynamodb::config_for(endpoint.clone()).build());
+    let store = lambda_idempotency::DynamoDbStore::new(
+        client.clone(),
+        local_dynamodb::unique_table_name("demo-idempotency"),
+    )
+    .with_uniqueness_table(local_dynamodb::unique_table_name("demo-uniqueness"));
+    store.create_table().await?;
     println!(
         "tables `{}` and `{}` ready\n",
         store.table(),
@@ -262,6 +273,16 @@ async fn main() -> Result<(), lambda_idempotency::BoxError> {
     demo.deliver(invoice, "o-6 redelivered after retention")
         .await?;
 
+    demo.delivery = effects::run(
+        &demo.idem,
+        &demo.clock,
+        &ledger,
+        &client,
+        &endpoint,
+        demo.delivery,
+    )
+    .await?;
+
     let effects = ledger.orders();
     let mut distinct = effects.clone();
     distinct.sort();
@@ -273,7 +294,7 @@ async fn main() -> Result<(), lambda_idempotency::BoxError> {
         effects,
         distinct.len()
     );
-    if effects.len() != distinct.len() || distinct.len() != 6 {
+    if effects.len() != distinct.len() || distinct.len() != 7 {
         return Err("an order was charged more than once, or not at all".into());
     }
     println!("one charge per order: OK");
