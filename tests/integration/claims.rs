@@ -346,5 +346,5 @@ fn the_demo_prints_what_the_readme_quotes() {
         "the demo ends with its check"
     );
     let summary = printed[printed.len() - 2];
-    assert!(summary.starts_with("17 deliveries, 6 charges"), "{summary}");
+    assert!(summary.starts_with("22 deliveries, 7 charges"), "{summary}");
 }
