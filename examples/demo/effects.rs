@@ -191,6 +191,7 @@ pub async fn run(
     let consumed = AtomicUsize::new(0);
     let consumer = OperationScope::new("demo", "on-order-placed")?;
     for (copy, event_id) in events.iter().chain(events.iter()).enumerate() {
+        // The id names the execution (its first claim's time): it differs from run to run.
         let key = OperationKey::derive(&consumer, None, event_id)?;
         let invocation = Invocation::new(key, Fingerprint::of(event_id)?, super::LEASE);
         let answer = idem
@@ -206,7 +207,7 @@ pub async fn run(
         };
         println!(
             "delivery {delivery:>2}  {:<34} -> {how}",
-            format!("event {}… copy {}", &event_id[..8], copy + 1)
+            format!("order-placed event, copy {}", copy + 1)
         );
     }
     if events.len() != 1 || consumed.load(Ordering::SeqCst) != 1 {

@@ -56,6 +56,9 @@ impl Checkout {
             .ok_or("the event has no order_id")?
             .to_owned();
         let total = event.payload["total"].clone();
+        if !total.is_number() {
+            return Err("the event has no numeric total".into());
+        }
         let ctx = current().ok_or("not inside an idempotent handler")?;
         let placed: String = ctx
             .step("place-order")

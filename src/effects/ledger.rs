@@ -65,6 +65,9 @@ pub(crate) struct StepLedger {
     /// [`Recovery::Rerun`](crate::reconcile::Recovery::Rerun): the whole handler is safe to
     /// repeat, so an uncertain step runs again too.
     rerun_uncertain: bool,
+    /// When the operation's execution was first claimed (the same on every attempt of it,
+    /// another for a new execution of the key): it names the outbox events' ids.
+    created_at: SystemTime,
     state: Mutex<State>,
 }
 
@@ -132,7 +135,8 @@ impl fmt::Debug for StepLedger {
 }
 
 impl StepLedger {
-    /// The ledger of `attempt` under lease `token`, starting from the steps the record holds.
+    /// The ledger of `attempt` under lease `token`, starting from the steps the record holds,
+    /// of the execution first claimed at `created_at`.
     pub(crate) fn new(
         idem: Idempotency,
         key: OperationKey,
@@ -140,15 +144,16 @@ impl StepLedger {
         attempt: u32,
         lease_expires_at: SystemTime,
         recorded: Vec<StepRecord>,
-        rerun_uncertain: bool,
+        created_at: SystemTime,
     ) -> Self {
         Self {
+            rerun_uncertain: idem.recovery() == crate::reconcile::Recovery::Rerun,
             idem,
             key,
             token,
             attempt,
             lease_expires_at,
-            rerun_uncertain,
+            created_at,
             state: Mutex::new(State {
                 steps: recorded,
                 ..State::default()
@@ -481,8 +486,21 @@ impl StepLedger {
                 Err(rejected(message))
             }
             Err(halt) => {
-                // Committed or not, the store alone knows: keep its steps as they are.
-                state.frozen = true;
+                // A commit whose every try failed may have applied (an answer lost): the
+                // store alone knows, so its steps are kept as they are. A refusal before
+                // anything applied (no permission, no table) and a step without writes (its
+                // record written alone) leave nothing unknown.
+                let refused = matches!(
+                    &halt,
+                    Halt::GiveBack(Error::Store(
+                        StoreError::AccessDenied { .. }
+                            | StoreError::TableNotFound { .. }
+                            | StoreError::UniquenessTableNotFound { .. }
+                    ))
+                );
+                if !writes.is_empty() && !refused {
+                    state.frozen = true;
+                }
                 Err(self.halt(&mut state, &name, halt))
             }
         }
@@ -508,7 +526,7 @@ impl StepLedger {
                     ),
                 });
             }
-            let id = event_id(&self.key, step, event.name());
+            let id = event_id(&self.key, self.created_at, step, event.name());
             let put = outbox.put(&self.key, &id, event, now)?;
             writes.push(TransactWriteItem::builder().put(put).build());
         }

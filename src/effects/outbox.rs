@@ -1,8 +1,8 @@
 //! A transactional outbox: follow-on events written as items in the same transaction as a
 //! step's record and the handler's own writes, for a relay to publish at least once.
 //!
-//! Each event's id is derived from the operation key, the step and the event's name: the same
-//! on every attempt, so a republished event (the relay crashed after publishing, before its
+//! Each event's id is derived from the operation key, the execution (when it was first
+//! claimed), the step and the event's name: the same on every attempt, so a republished event (the relay crashed after publishing, before its
 //! ledger recorded it) reaches consumers under the same id, and they deduplicate on it.
 //!
 //! | outbox item attribute | meaning |
@@ -193,9 +193,16 @@ impl Outbox {
     }
 }
 
-/// The id of event `name` of step `step` of operation `key`: the same on every attempt.
-pub fn event_id(key: &OperationKey, step: &str, name: &str) -> String {
-    key.downstream(&format!("{step}#event={name}"))
+/// The id of event `name` of step `step` of the execution of operation `key` first claimed at
+/// `created_at` ([`Record::created_at`](crate::record::Record::created_at), kept by every
+/// takeover): the same on every attempt of that execution, another for a later execution of
+/// the same key (after its record expired, or an operator released it), so that a new
+/// execution's event is never taken for the old one.
+pub fn event_id(key: &OperationKey, created_at: SystemTime, step: &str, name: &str) -> String {
+    key.downstream(&format!(
+        "{step}#event={name}#execution={}",
+        epoch_millis(created_at)
+    ))
 }
 
 /// An outbox event as its item stands, read from the outbox table's stream.

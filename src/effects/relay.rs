@@ -11,7 +11,7 @@
 //! | destination | request | the event id travels as |
 //! |---|---|---|
 //! | EventBridge | `PutEvents` (`Source`, `DetailType`, the bus) | `detail.event_id` |
-//! | SNS | `Publish` (`MessageGroupId` and `MessageDeduplicationId` on a `.fifo` topic) | the `idempotency-key` message attribute, `event_id` in the body |
+//! | SNS | `Publish` (`MessageGroupId` and `MessageDeduplicationId` on a `.fifo` topic) | `event_id` in the body; the `idempotency-key` message attribute (an SQS subscriber sees it with raw message delivery) |
 //! | SQS | `SendMessage` (the same on a `.fifo` queue) | the same |
 //!
 //! A consumer behind the crate's SQS door keys by the `idempotency-key` attribute by default
@@ -34,7 +34,7 @@ use std::fmt;
 
 use aws_lambda_events::event::dynamodb::EventRecord as DynamoDbRecord;
 use serde::{Deserialize, Serialize};
-use tracing::warn;
+use tracing::error;
 
 use super::outbox::{Destination, OutboxRecord};
 use crate::error::BoxError;
@@ -160,7 +160,8 @@ impl Publisher {
     }
 }
 
-/// What the relay did with one stream record.
+/// What the relay did with one stream record (an inserted item that is no outbox event is an
+/// error, never skipped).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "relayed", rename_all = "snake_case")]
 pub enum Relayed {
@@ -169,8 +170,7 @@ pub enum Relayed {
         /// The event id.
         event_id: String,
     },
-    /// The record is not a new outbox item (a TTL deletion, a modification, another item):
-    /// nothing to publish.
+    /// The record is no insertion (a TTL deletion, a modification): nothing to publish.
     Skipped,
 }
 
@@ -204,7 +204,12 @@ pub async fn relay_record(
 ) -> Result<Relayed, BoxError> {
     let Some(event) = inserted(record) else {
         if record.event_name == "INSERT" {
-            warn!("a stream record inserts an item that is not an outbox event: skipped");
+            // Never acknowledged unpublished: it is reported, retried, and (in the example
+            // stack) sent to the dead-letter queue after its retries.
+            error!(
+                "a stream record inserts an item that is not an outbox event (or a stream without new images): not published"
+            );
+            return Err("an inserted outbox item could not be read: check the table's stream (NEW_IMAGE) and the item".into());
         }
         return Ok(Relayed::Skipped);
     };

@@ -78,8 +78,8 @@ impl<T> Transaction<T> {
     }
 
     /// Publishes `event` through `outbox`: its item is written in the same transaction (after
-    /// the writes), under an id derived from the operation key, the step and the event's name
-    /// ([`event_id`](super::event_id)), and a relay publishes it at least once.
+    /// the writes), under an id derived from the operation key, its execution, the step and
+    /// the event's name ([`event_id`](super::event_id)), and a relay publishes it at least once.
     pub fn publish(mut self, outbox: &Outbox, event: OutboxEvent) -> Self {
         self.events.push((outbox.clone(), event));
         self

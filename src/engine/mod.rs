@@ -188,6 +188,11 @@ impl Idempotency {
         &self.store
     }
 
+    /// The recovery policy ([`Idempotency::with_recovery`]).
+    pub(crate) fn recovery(&self) -> Recovery {
+        self.recovery
+    }
+
     /// The configuration.
     pub fn config(&self) -> &Config {
         &self.config
@@ -361,14 +366,15 @@ impl Idempotency {
         F: FnOnce(ExecutionContext) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let (attempt, recorded) = match held {
-            Held::Fresh => (1, Vec::new()),
+        let (attempt, recorded, created_at) = match held {
+            Held::Fresh => (1, Vec::new(), claim.created_at),
             Held::TakenOver {
                 attempt,
                 previous,
                 adopted,
             } => {
                 let recorded = previous.steps.clone();
+                let created_at = previous.created_at;
                 // The crashed attempt's steps decide when the handler declares its effects to
                 // be its steps (or safe to repeat); otherwise a reconciler or an operator does,
                 // and recorded results still replay if the handler runs. An adopted orphan's
@@ -391,7 +397,7 @@ impl Idempotency {
                 {
                     return Ok(answer);
                 }
-                (attempt, recorded)
+                (attempt, recorded, created_at)
             }
         };
         tracing::Span::current().record("attempt", attempt);
@@ -402,7 +408,7 @@ impl Idempotency {
             attempt,
             claim.lease.expires_at,
             recorded,
-            self.recovery == Recovery::Rerun,
+            created_at,
         ));
         let context = ExecutionContext {
             key: invocation.key.clone(),

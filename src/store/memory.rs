@@ -154,7 +154,7 @@ impl Store for MemoryStore {
             Some(record)
                 if record.lease.token == previous.lease.token
                     && record.lease_is_takeable(now)
-                    && record.steps.len() == previous.steps.len() =>
+                    && record.steps == previous.steps =>
             {
                 record.lease = lease.clone();
                 record.expires_at = expires_at;

@@ -15,8 +15,8 @@
 //!   absent and the evidence still the orphan's.
 //! - [`Store::take_over`] replaces the lease of an IN_PROGRESS record whose lease ran out
 //!   (millisecond resolution), conditioned on the expired holder's token (of two takers, one
-//!   wins) and on the record holding as many steps as the taker read (a step the expired
-//!   holder recorded meanwhile fails the takeover), and moves its retention past the new lease.
+//!   wins) and on the record holding the steps the taker read (any step write of the expired
+//!   holder meanwhile fails the takeover), and moves its retention past the new lease.
 //! - [`Store::settle`], [`Store::release`], [`Store::shorten`] and [`Store::record_steps`] are
 //!   fenced by a [`Guard`]:
 //!   the caller's lease, or (for an operator's resolution) the INDETERMINATE status. With an
@@ -178,7 +178,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// Gives `previous`'s record the new `lease` and the retention `expires_at` if it is still
     /// IN_PROGRESS under `previous.lease.token`, that lease has run out at `now`, and it holds
-    /// as many steps as `previous` (none when the attribute is absent).
+    /// the very steps `previous` holds (none when the attribute is absent).
     fn take_over(
         &self,
         previous: &Record,

@@ -645,6 +645,24 @@ pub async fn a_step_recorded_after_the_takers_read_fails_the_takeover<S: Store>(
         matches!(stale, lambda_idempotency::store::Fence::Lost { .. }),
         "a takeover from a stale read fails: {stale:?}"
     );
+    // A rewrite of the same length (an intent withdrawn, another recorded) fails it too.
+    let fresh = stored(&idem, inv.key(), "record").await;
+    let rewritten = [StepRecord::intent("sms", 1)];
+    let fence = idem
+        .store()
+        .record_steps(target, &rewritten)
+        .await
+        .expect("write");
+    assert_eq!(fence, lambda_idempotency::store::Fence::Held);
+    let stale = idem
+        .store()
+        .take_over(&fresh, &lease, expires_at, clock.now())
+        .await
+        .expect("take over");
+    assert!(
+        matches!(stale, lambda_idempotency::store::Fence::Lost { .. }),
+        "the same number of steps, other steps: {stale:?}"
+    );
     let fresh = stored(&idem, inv.key(), "record").await;
     let taken = idem
         .store()

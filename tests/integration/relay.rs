@@ -20,6 +20,7 @@ use lambda_idempotency::effects::relay::{Publisher, relay, relay_record};
 use lambda_idempotency::effects::{Destination, Outbox, OutboxEvent, Transaction, event_id};
 use lambda_idempotency::lambda::sources;
 use lambda_idempotency::reconcile::Recovery;
+use lambda_idempotency::store::Store;
 use lambda_idempotency::testing::conformance::invocation;
 use lambda_idempotency::testing::dynamo::{self, Dynamo};
 use lambda_idempotency::testing::faults::{Fault, FaultyStore, Primitive};
@@ -213,7 +214,13 @@ impl Rig {
         })
         .await
         .expect("placed");
-        let expected = event_id(inv.key(), "place", "placed-0");
+        let record = idem
+            .store()
+            .get(inv.key())
+            .await
+            .expect("get")
+            .expect("record");
+        let expected = event_id(inv.key(), record.created_at, "place", "placed-0");
         assert_eq!(expected.len(), 64);
     }
 
@@ -524,6 +531,30 @@ async fn a_failed_publish_is_reported_so_the_stream_retries_it() {
         vec![sqs_record.change.sequence_number],
         "the failed record's sequence number: the stream retries from it"
     );
+
+    // An inserted item that is no outbox event is reported too, never acknowledged unread.
+    let foreign: DynamoDbEvent = serde_json::from_value(json!({"Records": [{
+        "eventID": "foreign-1",
+        "eventName": "INSERT",
+        "eventSource": "aws:dynamodb",
+        "eventVersion": "1.1",
+        "awsRegion": "us-east-1",
+        "dynamodb": {
+            "Keys": {"pk": {"S": "not-an-event"}},
+            "NewImage": {"pk": {"S": "not-an-event"}},
+            "SequenceNumber": "900",
+            "SizeBytes": 10,
+        },
+    }]}))
+    .expect("an event");
+    let answer = service
+        .ready()
+        .await
+        .expect("ready")
+        .call(LambdaEvent::new(foreign, Context::default()))
+        .await
+        .expect("infallible");
+    assert_eq!(answer.batch_item_failures.len(), 1, "reported, not skipped");
 }
 
 /// An SQS message as the Lambda event delivers it.

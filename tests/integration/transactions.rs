@@ -550,9 +550,16 @@ async fn outbox_events_commit_with_the_step_under_ids_stable_across_attempts() {
         .iter()
         .map(|item| item["pk"].as_s().expect("id").clone())
         .collect();
+    let created_at = idem
+        .store()
+        .get(inv.key())
+        .await
+        .expect("get")
+        .expect("record")
+        .created_at;
     let mut expected = vec![
-        event_id(inv.key(), "place", "order-placed"),
-        event_id(inv.key(), "place", "analytics"),
+        event_id(inv.key(), created_at, "place", "order-placed"),
+        event_id(inv.key(), created_at, "place", "analytics"),
     ];
     ids.sort();
     expected.sort();
@@ -585,6 +592,35 @@ async fn outbox_events_commit_with_the_step_under_ids_stable_across_attempts() {
         .expect("replayed");
     assert_eq!(done.value(), "placed o-9");
     assert_eq!(outbox_items(&shop).await, items, "no event written twice");
+
+    // A later execution of the key (its record's retention over) publishes its own events,
+    // under other ids: they are new items for the stream, never taken for the first ones.
+    shop.clock.advance(Duration::from_secs(25 * 3600));
+    let later = idem
+        .execute(&inv, |ctx| {
+            let outbox = outbox.clone();
+            async move {
+                ctx.step("place")
+                    .transact(|_key| async move {
+                        let sqs = Destination::Sqs {
+                            queue_url: "http://127.0.0.1/000000000000/orders".into(),
+                        };
+                        let event = OutboxEvent::new("order-placed", sqs, &serde_json::json!({}))?;
+                        Ok::<_, BoxError>(
+                            Transaction::new(String::from("again")).publish(&outbox, event),
+                        )
+                    })
+                    .await
+            }
+        })
+        .await
+        .expect("a new execution");
+    assert_eq!(later.value(), "again");
+    assert_eq!(
+        outbox_items(&shop).await.len(),
+        3,
+        "its event is a new item"
+    );
 
     let inv = invocation("tx-outbox-twice", &serde_json::json!({"order": "o-10"}));
     let err = idem

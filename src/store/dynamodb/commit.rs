@@ -24,7 +24,8 @@ impl DynamoDbStore {
         commit: Commit<'_>,
     ) -> Result<Committed, StoreError> {
         let record_key = self.names.key(target.key);
-        self.check_limits(&record_key, commit.writes)?;
+        let steps = steps_value(commit.steps);
+        self.check_limits(&record_key, commit.writes, value_size(&steps))?;
         let (condition, expr) = self.guard(target.guard);
         let mut writes = vec![Write::update(
             &self.table,
@@ -32,7 +33,7 @@ impl DynamoDbStore {
             "SET #steps = :steps",
             condition,
             expr.name("#steps", &self.names.steps)
-                .value(":steps", steps_value(commit.steps)),
+                .value(":steps", steps),
         )?];
         writes.extend(
             commit
@@ -64,12 +65,13 @@ impl DynamoDbStore {
     }
 
     /// Refuses, before sending, a transaction DynamoDB would refuse: more than 100 actions,
-    /// more than 4 MB, two actions on one item (among the keys the writes name, and the
+    /// more than 4 MB (the step list's `steps_bytes` included), two actions on one item (among the keys the writes name, and the
     /// operation's own record), an action that names no table or several kinds.
     fn check_limits(
         &self,
         record_key: &Item,
         writes: &[TransactWriteItem],
+        steps_bytes: usize,
     ) -> Result<(), StoreError> {
         let rejected = |message: String| StoreError::Rejected {
             operation: "commit_steps",
@@ -77,12 +79,12 @@ impl DynamoDbStore {
         };
         if writes.len() + 1 > MAX_TRANSACTION_ACTIONS {
             return Err(rejected(format!(
-                "a transactional step holds {} writes and its record's; DynamoDB takes at most {MAX_TRANSACTION_ACTIONS} actions in one transaction",
+                "a transactional step holds {} writes and outbox events, and its record's; DynamoDB takes at most {MAX_TRANSACTION_ACTIONS} actions in one transaction",
                 writes.len()
             )));
         }
         let mut items: Vec<(&str, &Item)> = vec![(self.table.as_str(), record_key)];
-        let mut bytes = 0;
+        let mut bytes = steps_bytes;
         for (index, write) in writes.iter().enumerate() {
             let kinds = [
                 write.put.is_some(),

@@ -51,11 +51,9 @@ where
         Some("TransactionConflictException" | "ReplicatedWriteConflictException") => {
             StoreError::Contention { operation }
         }
-        Some(
-            "ValidationException"
-            | "SerializationException"
-            | "IdempotentParameterMismatchException",
-        ) => StoreError::Rejected {
+        // IdempotentParameterMismatchException falls through to Unavailable: a request under
+        // the token was accepted, so the outcome is unknown, never "not applied".
+        Some("ValidationException" | "SerializationException") => StoreError::Rejected {
             operation,
             message: err.message().unwrap_or("no message").to_owned(),
         },

@@ -183,12 +183,15 @@ impl Store for DynamoDbStore {
         now: SystemTime,
     ) -> Result<Fence, StoreError> {
         let names = &self.names;
-        // The steps as the taker read them: a late write of the expired holder (a new step's
-        // intent) between that read and this takeover fails it, so that the taker never starts
-        // from steps older than the record's.
-        let steps_as_read = match previous.steps.len() {
-            0 => "(attribute_not_exists(#steps) OR size(#steps) = :steps_read)",
-            _ => "size(#steps) = :steps_read",
+        // The steps as the taker read them: a late write of the expired holder (an intent, a
+        // result, a commit, a withdrawal: any change of the list) between that read and this
+        // takeover fails it, so that the taker never starts from steps older than the record's.
+        let (steps_as_read, steps_read) = match previous.steps.is_empty() {
+            true => (
+                "(attribute_not_exists(#steps) OR size(#steps) = :steps_read)",
+                n(0),
+            ),
+            false => ("#steps = :steps_read", steps_value(&previous.steps)),
         };
         let write = Write::update(
             &self.table,
@@ -199,7 +202,7 @@ impl Store for DynamoDbStore {
             ),
             Expr::default()
                 .name("#steps", &names.steps)
-                .value(":steps_read", n(previous.steps.len() as u64))
+                .value(":steps_read", steps_read)
                 .name("#status", &names.status)
                 .name("#lease_token", &names.lease_token)
                 .name("#attempt", &names.attempt)

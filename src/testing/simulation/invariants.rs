@@ -1,7 +1,7 @@
 //! DESIGN's invariants, checked after every step: the ledger's account of every run, and, on
 //! the store as it stands, that a live lease is never overwritten nor deleted by anyone but
-//! its holder, a recorded outcome is never lost or changed within retention, and a record and
-//! its evidence tell one story. Every answer a caller got is checked against the downstream
+//! its holder, a recorded outcome (or step result) is never lost or changed within retention,
+//! and a record and its evidence tell one story. Every answer a caller got is checked against the downstream
 //! truth, and at the end of a run every operation must reach a settled answer.
 
 use std::time::{Duration, SystemTime};
@@ -57,7 +57,8 @@ impl<S: Store + Clone> World<S> {
             let broken = counted
                 .err()
                 .or_else(|| self.lease_overwritten(op, record.as_ref(), now))
-                .or_else(|| self.outcome_lost(op, record.as_ref(), now));
+                .or_else(|| self.outcome_lost(op, record.as_ref(), now))
+                .or_else(|| self.step_result_changed(op, record.as_ref()));
             let broken = match broken {
                 Some(broken) => Some(broken),
                 None => self.evidence_disagrees(op, record.as_ref(), now).await,
@@ -71,6 +72,34 @@ impl<S: Store + Clone> World<S> {
             self.last_seen[op] = record;
         }
         Ok(())
+    }
+
+    /// A step's recorded result lost or changed within the record's life (the same record:
+    /// the same creation, no operator's release): a replay would then return another result
+    /// than the step's effect produced, or run the step again.
+    fn step_result_changed(&self, op: usize, record: Option<&Record>) -> Option<String> {
+        let (Some(before), Some(now)) = (self.last_seen[op].as_ref(), record) else {
+            return None;
+        };
+        if before.created_at != now.created_at || now.audit.is_some() {
+            return None;
+        }
+        before
+            .steps
+            .iter()
+            .enumerate()
+            .filter(|(_, step)| step.result.is_some())
+            .find(|(index, step)| {
+                now.steps
+                    .get(*index)
+                    .is_none_or(|later| later.name != step.name || later.result != step.result)
+            })
+            .map(|(_, step)| {
+                format!(
+                    "operation {op}: the recorded result of step `{}` was lost or changed",
+                    step.name
+                )
+            })
     }
 
     pub(super) fn violation(&self, step: usize, invariant: String) -> Violation {
