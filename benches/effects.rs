@@ -13,18 +13,18 @@
 //! cargo bench --bench effects --features testing,relay
 //! ```
 
+#[path = "../tests/common/streams.rs"]
+mod streams;
+
 use std::time::{Duration, Instant};
 
 use aws_lambda_events::event::dynamodb::Event as DynamoDbEvent;
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, Put,
-    ScalarAttributeType, StreamSpecification, StreamViewType,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, Put};
 use lambda_idempotency::effects::relay::{Publisher, relay};
 use lambda_idempotency::effects::{Destination, Outbox, OutboxEvent, Transaction};
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::testing::dynamo::{self, Dynamo};
-use lambda_idempotency::testing::local::unique_table_name;
+use lambda_idempotency::testing::local::{create_key_table, unique_table_name};
 use lambda_idempotency::{
     BoxError, ExecutionContext, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope,
 };
@@ -116,36 +116,6 @@ fn scope_of(handler: Handler) -> Result<OperationScope, BoxError> {
     Ok(OperationScope::new("bench", name)?)
 }
 
-async fn create_table(db: &Dynamo, table: &str, streamed: bool) -> Result<(), BoxError> {
-    let mut create = db
-        .client
-        .create_table()
-        .table_name(table)
-        .billing_mode(BillingMode::PayPerRequest)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name("pk")
-                .attribute_type(ScalarAttributeType::S)
-                .build()?,
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name("pk")
-                .key_type(KeyType::Hash)
-                .build()?,
-        );
-    if streamed {
-        create = create.stream_specification(
-            StreamSpecification::builder()
-                .stream_enabled(true)
-                .stream_view_type(StreamViewType::NewImage)
-                .build()?,
-        );
-    }
-    create.send().await?;
-    Ok(())
-}
-
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
     samples[samples.len() / 2]
@@ -160,8 +130,8 @@ async fn main() -> Result<(), BoxError> {
     let db = dynamo::start().await;
     let orders = unique_table_name("bench-orders");
     let outbox = unique_table_name("bench-outbox");
-    create_table(&db, &orders, false).await?;
-    create_table(&db, &outbox, true).await?;
+    create_key_table(&db.client, &orders, false).await?;
+    create_key_table(&db.client, &outbox, true).await?;
     let idem = Idempotency::new(db.store()).with_recovery(Recovery::Steps);
     let rig = Rig {
         db,
@@ -252,7 +222,7 @@ async fn main() -> Result<(), BoxError> {
         .unwrap_or_default()
         .to_owned();
     let publisher_outbox = Outbox::new(unique_table_name("bench-relay-outbox"));
-    create_table(&rig.db, publisher_outbox.table(), true).await?;
+    create_key_table(&rig.db.client, publisher_outbox.table(), true).await?;
     for n in 0..RELAYED_EVENTS {
         let scope = OperationScope::new("bench", "relayed")?;
         let key = OperationKey::derive(&scope, None, &format!("e-{n}"))?;
@@ -273,7 +243,7 @@ async fn main() -> Result<(), BoxError> {
             })
             .await?;
     }
-    let records = stream(&rig.db.endpoint, publisher_outbox.table()).await?;
+    let records = streams::stream_records(&rig.db.endpoint, publisher_outbox.table()).await?;
     let mut service = relay(
         Idempotency::new(rig.db.store()),
         OperationScope::new("bench", "relay")?,
@@ -297,83 +267,4 @@ async fn main() -> Result<(), BoxError> {
         relayed as f64 / elapsed.as_secs_f64()
     );
     Ok(())
-}
-
-/// The stream's records as the Lambda event's JSON.
-async fn stream(endpoint: &str, table: &str) -> Result<Vec<serde_json::Value>, BoxError> {
-    use aws_sdk_dynamodbstreams::config::{BehaviorVersion, Credentials, Region};
-    use aws_sdk_dynamodbstreams::types::{AttributeValue as StreamValue, ShardIteratorType};
-    let streams = aws_sdk_dynamodbstreams::Client::from_conf(
-        aws_sdk_dynamodbstreams::Config::builder()
-            .behavior_version(BehaviorVersion::latest())
-            .region(Region::new("us-east-1"))
-            .endpoint_url(endpoint)
-            .credentials_provider(Credentials::new("test", "test", None, None, "static"))
-            .build(),
-    );
-    let image = |image: Option<&std::collections::HashMap<String, StreamValue>>| {
-        serde_json::Value::Object(
-            image
-                .into_iter()
-                .flatten()
-                .filter_map(|(name, value)| {
-                    let value = match value {
-                        StreamValue::S(text) => json!({"S": text}),
-                        StreamValue::N(number) => json!({"N": number}),
-                        _ => return None,
-                    };
-                    Some((name.clone(), value))
-                })
-                .collect(),
-        )
-    };
-    let listed = streams.list_streams().table_name(table).send().await?;
-    let arn = listed
-        .streams()
-        .first()
-        .and_then(|stream| stream.stream_arn())
-        .ok_or("no stream")?
-        .to_owned();
-    let described = streams.describe_stream().stream_arn(&arn).send().await?;
-    let mut records = Vec::new();
-    for shard in described
-        .stream_description()
-        .map(|description| description.shards())
-        .unwrap_or_default()
-    {
-        let mut iterator = streams
-            .get_shard_iterator()
-            .stream_arn(&arn)
-            .shard_id(shard.shard_id().unwrap_or_default())
-            .shard_iterator_type(ShardIteratorType::TrimHorizon)
-            .send()
-            .await?
-            .shard_iterator()
-            .map(str::to_owned);
-        while let Some(current) = iterator {
-            let page = streams.get_records().shard_iterator(current).send().await?;
-            if page.records().is_empty() {
-                break;
-            }
-            for record in page.records() {
-                let change = record.dynamodb().ok_or("no change")?;
-                records.push(json!({
-                    "eventID": record.event_id(),
-                    "eventName": record.event_name().map(|name| name.as_str()),
-                    "eventSource": "aws:dynamodb",
-                    "eventVersion": "1.1",
-                    "awsRegion": "us-east-1",
-                    "eventSourceARN": arn,
-                    "dynamodb": {
-                        "Keys": image(change.keys()),
-                        "NewImage": image(change.new_image()),
-                        "SequenceNumber": change.sequence_number(),
-                        "SizeBytes": change.size_bytes(),
-                    },
-                }));
-            }
-            iterator = page.next_shard_iterator().map(str::to_owned);
-        }
-    }
-    Ok(records)
 }

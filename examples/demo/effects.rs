@@ -7,10 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, Put,
-    ScalarAttributeType, StreamSpecification, StreamViewType,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, Put};
 use lambda_idempotency::clock::ManualClock;
 use lambda_idempotency::effects::{Checked, Destination, Outbox, OutboxEvent, Transaction};
 use lambda_idempotency::reconcile::Recovery;
@@ -147,8 +144,8 @@ pub async fn run(
         super::local_dynamodb::unique_table_name("demo-orders"),
         super::local_dynamodb::unique_table_name("demo-outbox"),
     );
-    create_table(client, &orders, false).await?;
-    create_table(client, &outbox, true).await?;
+    super::local_dynamodb::create_key_table(client, &orders, false).await?;
+    super::local_dynamodb::create_key_table(client, &outbox, true).await?;
     let outbox = Outbox::new(outbox);
     let key = OperationKey::derive(&OperationScope::new("demo", "place-order")?, None, "o-8")?;
     let invocation = Invocation::new(key, Fingerprint::of(&"o-8")?, super::LEASE);
@@ -187,7 +184,15 @@ pub async fn run(
         placed.raw_json()
     );
     // The outbox's stream, read as an event source mapping reads it, delivered twice.
-    let events = stream_event_ids(endpoint, outbox.table()).await?;
+    let events: Vec<String> = super::streams::stream_records(endpoint, outbox.table())
+        .await?
+        .iter()
+        .filter_map(|record| {
+            record["dynamodb"]["NewImage"]["pk"]["S"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
     let consumed = AtomicUsize::new(0);
     let consumer = OperationScope::new("demo", "on-order-placed")?;
     for (copy, event_id) in events.iter().chain(events.iter()).enumerate() {
@@ -214,94 +219,4 @@ pub async fn run(
         return Err("the order-placed event was not consumed exactly once".into());
     }
     Ok(delivery)
-}
-
-/// A `pk` table, with a stream of new images when `streamed`.
-async fn create_table(
-    client: &aws_sdk_dynamodb::Client,
-    table: &str,
-    streamed: bool,
-) -> Result<(), BoxError> {
-    let mut create = client
-        .create_table()
-        .table_name(table)
-        .billing_mode(BillingMode::PayPerRequest)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name("pk")
-                .attribute_type(ScalarAttributeType::S)
-                .build()?,
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name("pk")
-                .key_type(KeyType::Hash)
-                .build()?,
-        );
-    if streamed {
-        create = create.stream_specification(
-            StreamSpecification::builder()
-                .stream_enabled(true)
-                .stream_view_type(StreamViewType::NewImage)
-                .build()?,
-        );
-    }
-    create.send().await?;
-    Ok(())
-}
-
-/// The event ids the outbox table's stream holds.
-async fn stream_event_ids(endpoint: &str, table: &str) -> Result<Vec<String>, BoxError> {
-    use aws_sdk_dynamodbstreams::config::{BehaviorVersion, Credentials, Region};
-    use aws_sdk_dynamodbstreams::types::ShardIteratorType;
-    let streams = aws_sdk_dynamodbstreams::Client::from_conf(
-        aws_sdk_dynamodbstreams::Config::builder()
-            .behavior_version(BehaviorVersion::latest())
-            .region(Region::new("us-east-1"))
-            .endpoint_url(endpoint)
-            .credentials_provider(Credentials::new("test", "test", None, None, "static"))
-            .build(),
-    );
-    let listed = streams.list_streams().table_name(table).send().await?;
-    let arn = listed
-        .streams()
-        .first()
-        .and_then(|stream| stream.stream_arn())
-        .ok_or("the outbox has no stream")?
-        .to_owned();
-    let described = streams.describe_stream().stream_arn(&arn).send().await?;
-    let mut ids = Vec::new();
-    for shard in described
-        .stream_description()
-        .map(|description| description.shards())
-        .unwrap_or_default()
-    {
-        let Some(shard_id) = shard.shard_id() else {
-            continue;
-        };
-        let iterator = streams
-            .get_shard_iterator()
-            .stream_arn(&arn)
-            .shard_id(shard_id)
-            .shard_iterator_type(ShardIteratorType::TrimHorizon)
-            .send()
-            .await?;
-        let Some(iterator) = iterator.shard_iterator() else {
-            continue;
-        };
-        let page = streams
-            .get_records()
-            .shard_iterator(iterator)
-            .send()
-            .await?;
-        for record in page.records() {
-            let id = record
-                .dynamodb()
-                .and_then(|change| change.new_image())
-                .and_then(|image| image.get("pk"))
-                .and_then(|pk| pk.as_s().ok());
-            ids.extend(id.cloned());
-        }
-    }
-    Ok(ids)
 }

@@ -14,6 +14,8 @@
 mod effects;
 #[path = "../../src/testing/local.rs"]
 mod local_dynamodb;
+#[path = "../../tests/common/streams.rs"]
+mod streams;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};

@@ -68,6 +68,45 @@ fn credentials() -> Credentials {
     }
 }
 
+/// Creates `table` with a `pk` string key (on demand), and a stream of new images when
+/// `streamed`: the shape of the examples' ledgers and outboxes.
+pub async fn create_key_table(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    streamed: bool,
+) -> Result<(), lambda_idempotency::BoxError> {
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+        StreamSpecification, StreamViewType,
+    };
+    let mut create = client
+        .create_table()
+        .table_name(table)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("pk")
+                .attribute_type(ScalarAttributeType::S)
+                .build()?,
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("pk")
+                .key_type(KeyType::Hash)
+                .build()?,
+        );
+    if streamed {
+        create = create.stream_specification(
+            StreamSpecification::builder()
+                .stream_enabled(true)
+                .stream_view_type(StreamViewType::NewImage)
+                .build()?,
+        );
+    }
+    create.send().await?;
+    Ok(())
+}
+
 /// A table name unique across processes, so runs can share one endpoint.
 pub fn unique_table_name(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};

@@ -576,6 +576,7 @@ pub async fn a_failing_step_write_never_runs_the_effect_blind<S: Store + Clone>(
     for (case, fault) in [
         ("before", Fault::FailBefore(FaultKind::Unavailable)),
         ("after", Fault::FailAfter(FaultKind::Unavailable)),
+        ("throttled", Fault::FailBefore(FaultKind::Throttled)),
     ] {
         runs.store(0, Ordering::SeqCst);
         let inv = invocation(
@@ -706,4 +707,57 @@ pub async fn an_adopted_orphan_is_held_even_when_its_effects_are_steps<S: Store>
         (1, 1),
         "nothing ran again"
     );
+}
+
+/// Case: a task cancelled right after its step's intent committed (the effect never ran):
+/// the claim is given back, the intent stands, and the next delivery's check finds nothing
+/// and runs the step once.
+pub async fn a_task_cancelled_after_its_intent_leaves_the_step_to_its_check<S: Store + Clone>(
+    fx: Fixture<S>,
+) {
+    let store = FaultyStore::new(fx.store);
+    let clock = fx.clock;
+    let idem = Idempotency::new(store.clone())
+        .with_clock(clock.clone())
+        .with_recovery(Recovery::Steps);
+    let inv = invocation("steps-cancelled", &serde_json::json!({"order": 19}));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let send = |ctx: ExecutionContext| {
+        let (runs, checked) = (Arc::clone(&runs), Arc::clone(&runs));
+        async move {
+            ctx.step("email")
+                .checked_by(move |_key: String| {
+                    let found = checked.load(Ordering::SeqCst) > 0;
+                    async move {
+                        Ok::<_, BoxError>(match found {
+                            true => Checked::Applied(String::from("msg")),
+                            false => Checked::NotApplied,
+                        })
+                    }
+                })
+                .run(|_key| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, BoxError>(String::from("msg"))
+                })
+                .await
+        }
+    };
+    store.inject(Primitive::RecordSteps, Fault::CancelAfter);
+    let cancelled = store.cancellable(idem.execute(&inv, send)).await;
+    assert!(cancelled.is_none(), "the task was cancelled");
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the effect never ran");
+    let record = stored(&idem, inv.key(), "given back").await;
+    assert_eq!(
+        record.steps,
+        [StepRecord::intent("email", 1)],
+        "the intent committed"
+    );
+
+    clock.advance(super::conformance::LEASE + Duration::from_secs(1));
+    let done = idem
+        .execute(&inv, send)
+        .await
+        .expect("the check finds nothing: it runs");
+    assert_eq!(done.origin(), Origin::Executed { attempt: 2 });
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "one effect");
 }

@@ -30,4 +30,7 @@ mod simulation;
 mod sources;
 mod spans;
 mod store_primitives;
+#[cfg(feature = "relay")]
+#[path = "../common/streams.rs"]
+mod streams;
 mod transactions;

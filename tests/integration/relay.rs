@@ -10,11 +10,6 @@ use std::time::{Duration, SystemTime};
 
 use aws_lambda_events::event::dynamodb::Event as DynamoDbEvent;
 use aws_lambda_events::event::sqs::SqsMessage;
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
-    StreamSpecification, StreamViewType,
-};
-use aws_sdk_dynamodbstreams::types::{AttributeValue as StreamValue, ShardIteratorType};
 use lambda_idempotency::clock::ManualClock;
 use lambda_idempotency::effects::relay::{Publisher, relay, relay_record};
 use lambda_idempotency::effects::{Destination, Outbox, OutboxEvent, Transaction, event_id};
@@ -52,32 +47,7 @@ impl Rig {
         let clock = ManualClock::new(SystemTime::now());
         let db = dynamo::start_with_clock(clock.clone()).await;
         let outbox = unique_table_name("outbox");
-        db.client
-            .create_table()
-            .table_name(&outbox)
-            .billing_mode(BillingMode::PayPerRequest)
-            .attribute_definitions(
-                AttributeDefinition::builder()
-                    .attribute_name("pk")
-                    .attribute_type(ScalarAttributeType::S)
-                    .build()
-                    .expect("definition"),
-            )
-            .key_schema(
-                KeySchemaElement::builder()
-                    .attribute_name("pk")
-                    .key_type(KeyType::Hash)
-                    .build()
-                    .expect("key"),
-            )
-            .stream_specification(
-                StreamSpecification::builder()
-                    .stream_enabled(true)
-                    .stream_view_type(StreamViewType::NewImage)
-                    .build()
-                    .expect("stream"),
-            )
-            .send()
+        lambda_idempotency::testing::local::create_key_table(&db.client, &outbox, true)
             .await
             .expect("create the outbox table");
         let moto = moto::start().await.expect("moto's server");
@@ -227,76 +197,9 @@ impl Rig {
     /// Every record the outbox table's stream holds, as a Lambda event (what an event source
     /// mapping delivers).
     async fn stream_batch(&self) -> DynamoDbEvent {
-        let streams = aws_sdk_dynamodbstreams::Client::from_conf(
-            aws_sdk_dynamodbstreams::Config::builder()
-                .behavior_version(aws_sdk_dynamodbstreams::config::BehaviorVersion::latest())
-                .region(aws_sdk_dynamodbstreams::config::Region::new("us-east-1"))
-                .endpoint_url(&self.db.endpoint)
-                .credentials_provider(aws_sdk_dynamodbstreams::config::Credentials::new(
-                    "test", "test", None, None, "static",
-                ))
-                .build(),
-        );
-        let listed = streams
-            .list_streams()
-            .table_name(self.outbox.table())
-            .send()
+        let records = crate::streams::stream_records(&self.db.endpoint, self.outbox.table())
             .await
-            .expect("list streams");
-        let arn = listed.streams()[0].stream_arn().expect("arn").to_owned();
-        let described = streams
-            .describe_stream()
-            .stream_arn(&arn)
-            .send()
-            .await
-            .expect("describe");
-        let mut records = Vec::new();
-        for shard in described
-            .stream_description()
-            .map(|description| description.shards())
-            .unwrap_or_default()
-        {
-            let mut iterator = streams
-                .get_shard_iterator()
-                .stream_arn(&arn)
-                .shard_id(shard.shard_id().expect("shard"))
-                .shard_iterator_type(ShardIteratorType::TrimHorizon)
-                .send()
-                .await
-                .expect("iterator")
-                .shard_iterator()
-                .map(str::to_owned);
-            while let Some(current) = iterator {
-                let page = streams
-                    .get_records()
-                    .shard_iterator(current)
-                    .send()
-                    .await
-                    .expect("records");
-                if page.records().is_empty() {
-                    break;
-                }
-                for record in page.records() {
-                    let change = record.dynamodb().expect("change");
-                    records.push(json!({
-                        "eventID": record.event_id(),
-                        "eventName": record.event_name().map(|name| name.as_str()),
-                        "eventSource": "aws:dynamodb",
-                        "eventVersion": "1.1",
-                        "awsRegion": "us-east-1",
-                        "eventSourceARN": arn,
-                        "dynamodb": {
-                            "Keys": image(change.keys()),
-                            "NewImage": image(change.new_image()),
-                            "SequenceNumber": change.sequence_number(),
-                            "SizeBytes": change.size_bytes(),
-                            "StreamViewType": "NEW_IMAGE",
-                        },
-                    }));
-                }
-                iterator = page.next_shard_iterator().map(str::to_owned);
-            }
-        }
+            .expect("the outbox's stream");
         serde_json::from_value(json!({"Records": records})).expect("a DynamoDB Streams event")
     }
 
@@ -332,29 +235,6 @@ impl Rig {
 
     fn relay_engine(&self, store: impl lambda_idempotency::store::Store) -> Idempotency {
         Idempotency::new(store).with_clock(self.clock.clone())
-    }
-}
-
-/// A stream image as the Lambda event's DynamoDB JSON.
-fn image(image: Option<&HashMap<String, StreamValue>>) -> Value {
-    Value::Object(
-        image
-            .into_iter()
-            .flatten()
-            .map(|(name, value)| (name.clone(), attribute(value)))
-            .collect(),
-    )
-}
-
-fn attribute(value: &StreamValue) -> Value {
-    match value {
-        StreamValue::S(text) => json!({"S": text}),
-        StreamValue::N(number) => json!({"N": number}),
-        StreamValue::Bool(flag) => json!({"BOOL": flag}),
-        StreamValue::Null(_) => json!({"NULL": true}),
-        StreamValue::M(fields) => json!({"M": image(Some(fields))}),
-        StreamValue::L(values) => json!({"L": values.iter().map(attribute).collect::<Vec<_>>()}),
-        other => panic!("an attribute the outbox does not write: {other:?}"),
     }
 }
 

@@ -6,10 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, Put,
-    ScalarAttributeType, Update,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, Put, Update};
 use lambda_idempotency::clock::ManualClock;
 use lambda_idempotency::effects::{
     Destination, Outbox, OutboxEvent, StepError, Transaction, event_id,
@@ -40,25 +37,7 @@ impl Shop {
         let stock = lambda_idempotency::testing::local::unique_table_name("stock");
         let outbox = lambda_idempotency::testing::local::unique_table_name("outbox");
         for table in [&orders, &stock, &outbox] {
-            db.client
-                .create_table()
-                .table_name(table)
-                .billing_mode(BillingMode::PayPerRequest)
-                .attribute_definitions(
-                    AttributeDefinition::builder()
-                        .attribute_name("pk")
-                        .attribute_type(ScalarAttributeType::S)
-                        .build()
-                        .expect("definition"),
-                )
-                .key_schema(
-                    KeySchemaElement::builder()
-                        .attribute_name("pk")
-                        .key_type(KeyType::Hash)
-                        .build()
-                        .expect("key"),
-                )
-                .send()
+            lambda_idempotency::testing::local::create_key_table(&db.client, table, false)
                 .await
                 .expect("create a shop table");
         }

@@ -151,6 +151,14 @@ pub(super) async fn handler(run: Run, ctx: ExecutionContext) -> Result<Value, Bo
     }
 }
 
+/// Counts a run of `op` in the contract's ledger as it starts; a blind re-run is a violation.
+fn count_run(shared: &Shared, op: usize, attempt: u32, profile: Profile) {
+    let mut downstream = lock(shared);
+    if let Err(blind) = downstream.ledger.start_run(op, attempt, profile) {
+        downstream.violations.push(blind);
+    }
+}
+
 /// The handler whose effect is a bare call: only the recovery policy or a reconciler stands
 /// between a crashed attempt and a second effect.
 async fn plain(run: Run, attempt: u32) -> Result<Value, BoxError> {
@@ -163,12 +171,7 @@ async fn plain(run: Run, attempt: u32) -> Result<Value, BoxError> {
         parked,
         resume,
     } = run;
-    {
-        let mut downstream = lock(&shared);
-        if let Err(blind) = downstream.ledger.start_run(op, attempt, profile) {
-            downstream.violations.push(blind);
-        }
-    }
+    count_run(&shared, op, attempt, profile);
     let effect = || {
         lock(&shared).ledger.effect(op);
         after_effect();
@@ -243,12 +246,7 @@ async fn stepped(run: Run, ctx: ExecutionContext) -> Result<Value, BoxError> {
         resume,
     } = run;
     let attempt = ctx.attempt();
-    {
-        let mut downstream = lock(&shared);
-        if let Err(blind) = downstream.ledger.start_run(op, attempt, profile) {
-            downstream.violations.push(blind);
-        }
-    }
+    count_run(&shared, op, attempt, profile);
     let park = || async {
         let _ = parked.send(());
         std::future::pending::<()>().await;
