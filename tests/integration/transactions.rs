@@ -410,16 +410,7 @@ async fn dynamodbs_limits_are_refused_before_sending() {
             })
             .await
             .expect_err(case);
-        let Error::Handler { source } = &err else {
-            panic!("{case}: {err:?}");
-        };
-        assert!(
-            matches!(
-                source.downcast_ref::<StepError>(),
-                Some(StepError::Rejected { .. })
-            ),
-            "{case}: {source}"
-        );
+        assert_rejected(&err, case);
         let sent = shop.db.requests.since(before);
         assert!(
             !sent.iter().any(|request| request == "TransactWriteItems"),
@@ -623,14 +614,19 @@ async fn outbox_events_commit_with_the_step_under_ids_stable_across_attempts() {
         })
         .await
         .expect_err("two events of one name");
-    let Error::Handler { source } = &err else {
-        panic!("{err:?}");
+    assert_rejected(&err, "two events of one name");
+}
+
+/// `err` is the handler's `StepError::Rejected`: nothing was sent.
+fn assert_rejected(err: &Error, case: &str) {
+    let Error::Handler { source } = err else {
+        panic!("{case}: {err:?}");
     };
     assert!(
         matches!(
             source.downcast_ref::<StepError>(),
             Some(StepError::Rejected { .. })
         ),
-        "{source}"
+        "{case}: {source}"
     );
 }
