@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::value::RawValue;
 
 use crate::config::MAX_REQUEST_ID_BYTES;
-use crate::effects::{NoCheck, Step, StepLedger};
+use crate::effects::{NoCheck, Step, StepError, StepLedger, Transaction};
 use crate::error::Error;
 use crate::key::{Fingerprint, IdentityScope, JsonPointer, OperationKey};
 
@@ -180,6 +180,47 @@ impl ExecutionContext {
             repeat_safe: false,
             check: NoCheck,
         }
+    }
+
+    /// Commits `writes` (the handler's own DynamoDB writes and outbox events,
+    /// [`Transaction::new(())`](Transaction::new)) with the operation's completion: the record
+    /// turns COMPLETED with the handler's result in the same `TransactWriteItems`, fenced on the
+    /// lease, or nothing is written. Exactly once for local state, in one round trip with the
+    /// settlement, and never uncertain: a takeover finds the operation COMPLETED (the writes
+    /// committed) or still claimed (they did not). Call it once or more before the handler
+    /// returns its result; the events' ids take the step `""` ([`crate::effects::event_id`]).
+    ///
+    /// When a write's condition fails, nothing commits and the handler's result is not
+    /// stored: the operation fails with [`StepError::Refused`] as the handler's error,
+    /// classified as any (retryable by default: the next delivery runs the handler again). A
+    /// transaction DynamoDB would refuse (or a store that does not commit DynamoDB writes) is
+    /// a terminal failure ([`StepError::Rejected`], kind `completion_rejected`).
+    ///
+    /// ```no_run
+    /// # async fn demo(idem: lambda_idempotency::Idempotency, invocation: lambda_idempotency::Invocation) -> Result<(), Box<dyn std::error::Error>> {
+    /// use aws_sdk_dynamodb::types::{AttributeValue, Put};
+    /// use lambda_idempotency::BoxError;
+    /// use lambda_idempotency::effects::Transaction;
+    ///
+    /// let placed = idem
+    ///     .execute(&invocation, |ctx| async move {
+    ///         let order = Put::builder()
+    ///             .table_name("orders")
+    ///             .item("pk", AttributeValue::S("order-418".into()))
+    ///             .build()?;
+    ///         ctx.complete_with(Transaction::new(()).put(order))?;
+    ///         Ok::<_, BoxError>("order-418 placed".to_owned())
+    ///     })
+    ///     .await?;
+    /// assert_eq!(placed.value(), "order-418 placed");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`StepError::Rejected`] for two events of one name; [`StepError::Stopped`] once the
+    /// operation stopped at a step; [`StepError::Invalid`] after the handler returned.
+    pub fn complete_with(&self, writes: Transaction<()>) -> Result<(), StepError> {
+        self.steps.complete_with(writes)
     }
 
     /// The operation key.

@@ -13,13 +13,16 @@ use tracing::{debug, warn};
 use aws_sdk_dynamodb::types::TransactWriteItem;
 use sha2::{Digest, Sha256};
 
-use super::outbox::event_id;
+use super::outbox::{Outbox, OutboxEvent, event_id};
 use super::step::{Checked, NotApplied, StepCheck, StepError};
 use super::transaction::Transaction;
 use super::{MAX_STEP_NAME_BYTES, MAX_STEP_RESULTS_BYTES, MAX_STEPS};
 
 /// What a step's fields (`name`, `attempt`, `result` and the list's framing) add in the record.
 const STEP_OVERHEAD_BYTES: usize = 32;
+
+/// How errors name the completion when its writes are refused.
+pub(crate) const COMPLETION: &str = "(completion)";
 use crate::Idempotency;
 use crate::engine::retry::Patience;
 use crate::error::{BoxError, Error, StoreError};
@@ -90,6 +93,10 @@ struct State {
     frozen: bool,
     /// How many commits this attempt sent: each gets its own request token.
     commits: u32,
+    /// The handler's writes (its outbox events' items last) to commit with the completion.
+    completion: Vec<TransactWriteItem>,
+    /// The names of the events the completion publishes.
+    completion_events: Vec<String>,
 }
 
 /// Marks a step as running for as long as it lives: dropped when the step ends, its future
@@ -513,24 +520,71 @@ impl StepLedger {
         transaction: &Transaction<T>,
     ) -> Result<Vec<TransactWriteItem>, Error> {
         let mut writes = transaction.writes.clone();
+        writes.extend(self.event_puts(step, &transaction.events, &mut Vec::new())?);
+        Ok(writes)
+    }
+
+    /// The items of `events` published at `step` (each under its event id), refusing a name
+    /// among `published` (which gains theirs).
+    fn event_puts(
+        &self,
+        step: &str,
+        events: &[(Outbox, OutboxEvent)],
+        published: &mut Vec<String>,
+    ) -> Result<Vec<TransactWriteItem>, Error> {
         let now = self.idem.now();
-        for (index, (outbox, event)) in transaction.events.iter().enumerate() {
-            if transaction.events[..index]
-                .iter()
-                .any(|(_, earlier)| earlier.name() == event.name())
-            {
+        let mut puts = Vec::with_capacity(events.len());
+        for (outbox, event) in events {
+            if published.iter().any(|name| name == event.name()) {
                 return Err(Error::InvalidEvent {
                     reason: format!(
-                        "the step publishes two events named `{}`: an event's name names its id",
+                        "two events named `{}` are published together: an event's name names its id",
                         event.name()
                     ),
                 });
             }
             let id = event_id(&self.key, self.created_at, step, event.name());
             let put = outbox.put(&self.key, &id, event, now)?;
-            writes.push(TransactWriteItem::builder().put(put).build());
+            puts.push(TransactWriteItem::builder().put(put).build());
+            published.push(event.name().to_owned());
         }
-        Ok(writes)
+        Ok(puts)
+    }
+
+    /// Adds `transaction`'s writes and events to those committed with the completion (see
+    /// [`ExecutionContext::complete_with`](crate::ExecutionContext::complete_with)).
+    pub(crate) fn complete_with(&self, transaction: Transaction<()>) -> Result<(), StepError> {
+        let mut state = self.lock();
+        if let Some(halt) = &state.halt {
+            return Err(StepError::Stopped {
+                step: COMPLETION.to_owned(),
+                kind: halt.error().kind(),
+            });
+        }
+        if state.closed {
+            return Err(StepError::Invalid {
+                step: COMPLETION.to_owned(),
+                reason: "the handler has returned: writes join the completion from inside the handler's own future",
+            });
+        }
+        let mut published = state.completion_events.clone();
+        let puts = self
+            .event_puts("", &transaction.events, &mut published)
+            .map_err(|err| StepError::Rejected {
+                step: COMPLETION.to_owned(),
+                message: err.to_string(),
+            })?;
+        state.completion.extend(transaction.writes);
+        state.completion.extend(puts);
+        state.completion_events = published;
+        Ok(())
+    }
+
+    /// The writes to commit with the completion, and the request token of that commit (the
+    /// same on every try); `None` when there are none.
+    pub(crate) fn take_completion(&self) -> Option<(Vec<TransactWriteItem>, String)> {
+        let writes = std::mem::take(&mut self.lock().completion);
+        (!writes.is_empty()).then(|| (writes, completion_token(&self.token)))
     }
 
     /// One commit of `steps` with the handler's `writes`, retried briefly under one token.
@@ -680,6 +734,12 @@ fn recorded_bytes(steps: &[StepRecord]) -> usize {
 /// What one step takes in the record: its name, its result and its fields' overhead.
 fn step_bytes(name: &str, result: &[u8]) -> usize {
     name.len() + result.len() + STEP_OVERHEAD_BYTES
+}
+
+/// The request token of an attempt's completion with writes (see [`commit_token`]).
+fn completion_token(lease_token: &str) -> String {
+    let digest = Sha256::digest(format!("{lease_token}#completion").as_bytes());
+    hex::encode(&digest[..16])
 }
 
 /// The request token of an attempt's `n`th commit: the same on every try of that commit,

@@ -73,7 +73,7 @@ pub mod relay;
 mod step;
 mod transaction;
 
-pub(crate) use self::ledger::{Halt, StepLedger};
+pub(crate) use self::ledger::{COMPLETION, Halt, StepLedger};
 pub use self::outbox::{
     Destination, OUTBOX_RETENTION, Outbox, OutboxEvent, OutboxRecord, event_id,
 };

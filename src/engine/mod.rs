@@ -33,7 +33,7 @@ use tracing::{Instrument, info, info_span, warn};
 use self::answer::answer_existing;
 use self::give_back::GiveBack;
 pub use self::operator::{Operator, Resolution};
-use self::settle::settle_patience;
+use self::settle::{Completion, settle_patience};
 use self::single_flight::SingleFlight;
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
@@ -442,8 +442,22 @@ impl Idempotency {
         Ok(match ran {
             Ok(value) => {
                 let origin = Origin::Executed { attempt };
-                self.record(target, invocation, claim, value, origin, steps.pending())
+                let completion = Completion {
+                    steps: steps.pending(),
+                    writes: steps.take_completion(),
+                };
+                match self
+                    .record(target, invocation, claim, value, origin, completion)
                     .await
+                {
+                    // The completion's writes did not commit: the claim stands, and the
+                    // operation fails as the handler would have.
+                    Err(Error::Handler { source }) => self
+                        .fail(target, attempt, source, patience, Some(&steps))
+                        .await
+                        .and_then(Err),
+                    recorded => recorded,
+                }
             }
             Err(err) => self
                 .fail(target, attempt, err.into(), patience, Some(&steps))

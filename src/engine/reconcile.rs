@@ -5,7 +5,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::warn;
 
-use super::settle::settle_patience;
+use super::settle::{Completion, settle_patience};
 use super::{INDETERMINATE_RETENTION, Idempotency};
 use crate::error::Error;
 use crate::execution::{Execution, Invocation, Origin};
@@ -50,8 +50,15 @@ impl Idempotency {
             Ok(Reconciliation::Applied(value)) => match serde_json::from_value::<T>(value) {
                 Ok(value) => {
                     let origin = Origin::Reconciled { attempt };
-                    self.record(target, invocation, claim, value, origin, None)
-                        .await
+                    self.record(
+                        target,
+                        invocation,
+                        claim,
+                        value,
+                        origin,
+                        Completion::default(),
+                    )
+                    .await
                 }
                 Err(err) => Err(Error::OutcomeMismatch {
                     key: key.clone(),

@@ -9,13 +9,15 @@ use tracing::{debug, warn};
 
 use super::retry::Patience;
 use super::{GIVE_BACK_GRACE, Idempotency, answer};
-use crate::effects::StepLedger;
+use aws_sdk_dynamodb::types::TransactWriteItem;
+
+use crate::effects::{COMPLETION, StepError, StepLedger};
 use crate::error::{BoxError, Error, StoreError};
 use crate::execution::{Execution, Invocation, Origin};
-use crate::failure::{FailureClass, Release};
+use crate::failure::{FailureClass, Release, Terminal};
 use crate::observe::{self};
 use crate::record::{FailureKind, Record, RetainedFailure, Settlement, StepRecord, epoch_millis};
-use crate::store::{Fence, Guard, Store, Target};
+use crate::store::{Committed, Fence, Guard, Store, Target};
 
 impl Idempotency {
     /// Records `value` (the handler's, or the reconciler's for it) as the operation's outcome.
@@ -26,7 +28,7 @@ impl Idempotency {
         claim: &Record,
         value: T,
         origin: Origin,
-        steps: Option<Vec<StepRecord>>,
+        completion: Completion,
     ) -> Result<Execution<T>, Error> {
         let attempt = match origin {
             Origin::Executed { attempt } | Origin::Reconciled { attempt } => attempt,
@@ -34,14 +36,16 @@ impl Idempotency {
         };
         let serialized = serde_json::value::to_raw_value(&value);
         let raw = self
-            .complete(target, invocation, claim, attempt, serialized, steps)
+            .complete(target, invocation, claim, attempt, serialized, completion)
             .await?;
         Ok(Execution { value, raw, origin })
     }
 
-    /// Stores a result as COMPLETED (with the steps, when they changed); one that cannot be
-    /// stored is retained as FAILED instead (the effect happened: it must not run again) and
-    /// returned as the error.
+    /// Stores a result as COMPLETED (with the steps, when they changed, and the handler's
+    /// writes); one that cannot be stored is retained as FAILED instead (the effect happened:
+    /// it must not run again) and returned as the error. Writes that did not commit (a
+    /// condition failed, DynamoDB refused the transaction) leave the claim as it was and come
+    /// back as [`Error::Handler`], for the caller to fail the operation with.
     pub(super) async fn complete(
         &self,
         target: Target<'_>,
@@ -49,8 +53,9 @@ impl Idempotency {
         claim: &Record,
         attempt: u32,
         serialized: serde_json::Result<Box<RawValue>>,
-        steps: Option<Vec<StepRecord>>,
+        completion: Completion,
     ) -> Result<Box<RawValue>, Error> {
+        let Completion { steps, writes } = completion;
         let key = target.key;
         let now = self.clock.now();
         let patience = settle_patience(invocation, claim, now);
@@ -66,8 +71,37 @@ impl Idempotency {
                 let limit = self.config.max_outcome_bytes();
                 if raw.get().len() <= limit {
                     let completing = Instant::now();
-                    let settled = self.settle(target, attempt, &settlement, patience).await;
+                    let settled = match &writes {
+                        None => self.settle(target, attempt, &settlement, patience).await,
+                        Some((writes, token)) => {
+                            self.settle_committing(
+                                target,
+                                attempt,
+                                &settlement,
+                                writes,
+                                token,
+                                patience,
+                            )
+                            .await
+                        }
+                    };
                     self.observe_latency(key, observe::Step::Completion, completing);
+                    let settled = match (settled, writes.is_some()) {
+                        (Err(Error::Store(StoreError::Rejected { message, .. })), true) => {
+                            warn!(
+                                attempt,
+                                "the completion's writes were refused before sending"
+                            );
+                            let rejected = StepError::Rejected {
+                                step: COMPLETION.to_owned(),
+                                message,
+                            };
+                            return Err(Error::Handler {
+                                source: Box::new(Terminal::new("completion_rejected", rejected)),
+                            });
+                        }
+                        (settled, _) => settled,
+                    };
                     match settled {
                         Err(Error::Store(StoreError::Rejected { message, .. })) => {
                             warn!(attempt, "the store rejected the outcome after the effect");
@@ -198,16 +232,62 @@ impl Idempotency {
             .await?;
         match fence {
             Fence::Held => Ok(()),
-            Fence::Lost {
-                current: Some(current),
-            } if shows_settlement(&current, target.guard, settlement) => {
+            Fence::Lost { current } => self.lost_settling(target, attempt, settlement, current),
+        }
+    }
+
+    /// A fenced settlement with the handler's `writes`, in one transaction retried under
+    /// `token` while transient: as [`Self::settle`]; a write whose condition failed (nothing
+    /// committed) is [`Error::Handler`] with [`StepError::Refused`].
+    async fn settle_committing(
+        &self,
+        target: Target<'_>,
+        attempt: u32,
+        settlement: &Settlement,
+        writes: &[TransactWriteItem],
+        token: &str,
+        patience: Patience,
+    ) -> Result<(), Error> {
+        let committed = self
+            .retrying(patience, || {
+                self.store.settle_with(target, settlement, writes, token)
+            })
+            .await?;
+        match committed {
+            Committed::Applied => Ok(()),
+            Committed::Refused { write } => {
+                debug!(attempt, write, "a write of the completion was refused");
+                Err(Error::Handler {
+                    source: Box::new(StepError::Refused {
+                        step: COMPLETION.to_owned(),
+                        write,
+                    }),
+                })
+            }
+            Committed::LeaseLost { current } => {
+                self.lost_settling(target, attempt, settlement, current)
+            }
+        }
+    }
+
+    /// A settlement's failed fence: the caller's own settlement when `current` shows it (it
+    /// committed before its answer was lost), else [`Error::LeaseLost`].
+    fn lost_settling(
+        &self,
+        target: Target<'_>,
+        attempt: u32,
+        settlement: &Settlement,
+        current: Option<Box<Record>>,
+    ) -> Result<(), Error> {
+        match current {
+            Some(current) if shows_settlement(&current, target.guard, settlement) => {
                 debug!(
                     attempt,
                     "the settlement committed before its answer was lost"
                 );
                 Ok(())
             }
-            Fence::Lost { current } => {
+            current => {
                 warn!(
                     attempt,
                     holder = current.map(|r| r.lease.attempt),
@@ -235,6 +315,15 @@ impl Idempotency {
             })
             .await?)
     }
+}
+
+/// What a completion writes besides the outcome.
+#[derive(Debug, Default)]
+pub(super) struct Completion {
+    /// The steps, when they changed since the last write.
+    pub(super) steps: Option<Vec<StepRecord>>,
+    /// The handler's own writes, committed with it under this request token.
+    pub(super) writes: Option<(Vec<TransactWriteItem>, String)>,
 }
 
 /// How long a write after the handler ran (a settlement, a release) is retried: until the

@@ -8,6 +8,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use aws_sdk_dynamodb::types::TransactWriteItem;
+
 use super::{Claim, Commit, Committed, DynamoDbStore, Fence, MemoryStore, Store, Target};
 use crate::error::StoreError;
 use crate::key::OperationKey;
@@ -114,6 +116,13 @@ trait DynStore: Send + Sync + fmt::Debug + 'static {
         target: Target<'a>,
         commit: Commit<'a>,
     ) -> BoxFuture<'a, Result<Committed, StoreError>>;
+    fn settle_with<'a>(
+        &'a self,
+        target: Target<'a>,
+        settlement: &'a Settlement,
+        writes: &'a [TransactWriteItem],
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<Committed, StoreError>>;
     fn release_by_operator<'a>(
         &'a self,
         seen: Option<&'a Record>,
@@ -203,6 +212,16 @@ impl<S: Store> DynStore for S {
         commit: Commit<'a>,
     ) -> BoxFuture<'a, Result<Committed, StoreError>> {
         Box::pin(Store::commit_steps(self, target, commit))
+    }
+
+    fn settle_with<'a>(
+        &'a self,
+        target: Target<'a>,
+        settlement: &'a Settlement,
+        writes: &'a [TransactWriteItem],
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<Committed, StoreError>> {
+        Box::pin(Store::settle_with(self, target, settlement, writes, token))
     }
 
     fn release_by_operator<'a>(
@@ -299,6 +318,16 @@ impl Store for AnyStore {
         commit: Commit<'_>,
     ) -> Result<Committed, StoreError> {
         self.0.commit_steps(target, commit).await
+    }
+
+    async fn settle_with(
+        &self,
+        target: Target<'_>,
+        settlement: &Settlement,
+        writes: &[TransactWriteItem],
+        token: &str,
+    ) -> Result<Committed, StoreError> {
+        self.0.settle_with(target, settlement, writes, token).await
     }
 
     async fn release_by_operator(

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
+use aws_sdk_dynamodb::types::TransactWriteItem;
 use quick_cache::sync::{Cache, DefaultLifecycle};
 use quick_cache::{DefaultHashBuilder, OptionsBuilder, Weighter};
 
@@ -139,6 +140,24 @@ impl<S> CachedStore<S> {
                 .insert(record.key.clone(), Arc::new(record.clone()));
         }
     }
+
+    /// Remembers the claim held under the target's lease as `settlement` left it.
+    fn remember_settled(&self, target: Target<'_>, settlement: &Settlement) {
+        let Guard::Lease(token) = target.guard else {
+            return;
+        };
+        if let Some((_, claim)) = self.pending.remove(token) {
+            let mut settled = (*claim).clone();
+            settled.status = settlement.status;
+            settled.outcome.clone_from(&settlement.outcome);
+            settled.expires_at = settlement.expires_at;
+            settled.completed_at = Some(settlement.completed_at);
+            if let Some(steps) = &settlement.steps {
+                settled.steps.clone_from(steps);
+            }
+            self.remember(&settled);
+        }
+    }
 }
 
 impl<S: Store> Store for CachedStore<S> {
@@ -218,20 +237,28 @@ impl<S: Store> Store for CachedStore<S> {
     ) -> Result<Fence, StoreError> {
         self.settled.remove(target.key);
         let fence = self.inner.settle(target, settlement).await?;
-        if let (Fence::Held, Guard::Lease(token)) = (&fence, target.guard)
-            && let Some((_, claim)) = self.pending.remove(token)
-        {
-            let mut settled = (*claim).clone();
-            settled.status = settlement.status;
-            settled.outcome.clone_from(&settlement.outcome);
-            settled.expires_at = settlement.expires_at;
-            settled.completed_at = Some(settlement.completed_at);
-            if let Some(steps) = &settlement.steps {
-                settled.steps.clone_from(steps);
-            }
-            self.remember(&settled);
+        if let Fence::Held = fence {
+            self.remember_settled(target, settlement);
         }
         Ok(fence)
+    }
+
+    async fn settle_with(
+        &self,
+        target: Target<'_>,
+        settlement: &Settlement,
+        writes: &[TransactWriteItem],
+        token: &str,
+    ) -> Result<Committed, StoreError> {
+        self.settled.remove(target.key);
+        let committed = self
+            .inner
+            .settle_with(target, settlement, writes, token)
+            .await?;
+        if let Committed::Applied = committed {
+            self.remember_settled(target, settlement);
+        }
+        Ok(committed)
     }
 
     async fn record_steps(

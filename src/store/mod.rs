@@ -17,8 +17,8 @@
 //!   (millisecond resolution), conditioned on the expired holder's token (of two takers, one
 //!   wins) and on the record holding the steps the taker read (any step write of the expired
 //!   holder meanwhile fails the takeover), and moves its retention past the new lease.
-//! - [`Store::settle`], [`Store::release`], [`Store::shorten`] and [`Store::record_steps`] are
-//!   fenced by a [`Guard`]:
+//! - [`Store::settle`], [`Store::settle_with`], [`Store::release`], [`Store::shorten`],
+//!   [`Store::record_steps`] and [`Store::commit_steps`] are fenced by a [`Guard`]:
 //!   the caller's lease, or (for an operator's resolution) the INDETERMINATE status. With an
 //!   identity, settle and release update or delete the evidence in the same transaction.
 //!
@@ -97,7 +97,7 @@ pub struct Commit<'a> {
 /// The answer to a transactional commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Committed {
-    /// Committed: the steps and every write.
+    /// Committed: the steps (or the settlement) and every write.
     Applied,
     /// The guard no longer holds; nothing was written. `current` as for [`Fence::Lost`].
     LeaseLost {
@@ -106,7 +106,7 @@ pub enum Committed {
     },
     /// The condition of the handler's write at this index failed; nothing was written.
     Refused {
-        /// The index in [`Commit::writes`].
+        /// The index in [`Commit::writes`] (or in the writes of [`Store::settle_with`]).
         write: usize,
     },
 }
@@ -239,6 +239,37 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
             Err(StoreError::Rejected {
                 operation: "commit_steps",
                 message: "this store cannot commit DynamoDB writes: a transactional step needs the DynamoDB store".into(),
+            })
+        }
+    }
+
+    /// [`Store::settle`] together with the handler's own DynamoDB `writes`, in one
+    /// transaction sent under request `token` (1 to 36 characters, the same on every try of
+    /// this settlement): the settlement and every write commit, or nothing does
+    /// ([`ExecutionContext::complete_with`](crate::ExecutionContext::complete_with)). The answer
+    /// is as for [`Store::commit_steps`]: [`Committed::Refused`] names the write (an index in
+    /// `writes`) whose condition failed. Without writes this is [`Store::settle`], as this
+    /// default does; with writes, a store that cannot commit DynamoDB writes answers
+    /// [`StoreError::Rejected`], as this default does.
+    fn settle_with(
+        &self,
+        target: Target<'_>,
+        settlement: &Settlement,
+        writes: &[TransactWriteItem],
+        token: &str,
+    ) -> impl Future<Output = Result<Committed, StoreError>> + Send {
+        let _ = token;
+        let empty = writes.is_empty();
+        async move {
+            if !empty {
+                return Err(StoreError::Rejected {
+                    operation: "settle",
+                    message: "this store cannot commit DynamoDB writes: writes committed with the completion need the DynamoDB store".into(),
+                });
+            }
+            Ok(match self.settle(target, settlement).await? {
+                Fence::Held => Committed::Applied,
+                Fence::Lost { current } => Committed::LeaseLost { current },
             })
         }
     }

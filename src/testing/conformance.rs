@@ -38,6 +38,21 @@ pub struct Fixture<S> {
     /// What the store offers: a case that needs what it lacks passes without running, and says
     /// so on stderr ([`Capabilities`]).
     pub capabilities: Capabilities,
+    /// Tables of the handler's own beside the store's, where its transactional effects land
+    /// (the DynamoDB fixture's): the simulation then runs transactional handlers too.
+    pub effect_tables: Option<EffectTables>,
+}
+
+/// A handler's own DynamoDB tables beside the ledger's, on the store's endpoint: a `local`
+/// table its transactions write, and an `outbox` for its events (both `pk`-keyed).
+#[derive(Debug, Clone)]
+pub struct EffectTables {
+    /// A client of the endpoint.
+    pub client: aws_sdk_dynamodb::Client,
+    /// The handler's own state.
+    pub local: String,
+    /// The transactional outbox.
+    pub outbox: String,
 }
 
 impl<S> Fixture<S> {
@@ -48,7 +63,14 @@ impl<S> Fixture<S> {
             clock,
             sweep,
             capabilities: Capabilities::ALL,
+            effect_tables: None,
         }
+    }
+
+    /// The same fixture with the handler's own tables (see [`Fixture::effect_tables`]).
+    pub fn with_effect_tables(mut self, tables: EffectTables) -> Self {
+        self.effect_tables = Some(tables);
+        self
     }
 
     /// The same fixture with its store wrapped by `wrap` (a decorator: a cache, a fault
@@ -59,6 +81,7 @@ impl<S> Fixture<S> {
             clock: self.clock,
             sweep: self.sweep,
             capabilities: self.capabilities,
+            effect_tables: self.effect_tables,
         }
     }
 

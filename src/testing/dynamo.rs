@@ -13,7 +13,7 @@ use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::record::epoch_secs;
 use lambda_idempotency::store::DynamoDbStore;
 use lambda_idempotency::store::ENDPOINT_VAR;
-use lambda_idempotency::testing::conformance::{Fixture, Sweeper};
+use lambda_idempotency::testing::conformance::{EffectTables, Fixture, Sweeper};
 
 use super::local;
 
@@ -173,16 +173,27 @@ pub async fn start_with_clock(clock: ManualClock) -> Dynamo {
     dynamo
 }
 
-/// An empty DynamoDB store on fresh tables whose clock (the server's too) starts at `start`.
+/// An empty DynamoDB store on fresh tables whose clock (the server's too) starts at `start`,
+/// with fresh tables of the handler's own beside it ([`EffectTables`]).
 pub async fn fixture(start: SystemTime) -> Fixture<DynamoDbStore> {
     let clock = ManualClock::new(start);
     let dynamo = Arc::new(start_with_clock(clock.clone()).await);
     let store = dynamo.store();
+    let tables = EffectTables {
+        client: dynamo.client.clone(),
+        local: local::unique_table_name("local"),
+        outbox: local::unique_table_name("outbox"),
+    };
+    for table in [&tables.local, &tables.outbox] {
+        local::create_key_table(&tables.client, table, false)
+            .await
+            .expect("create a table of the handler's");
+    }
     let sweep: Sweeper = Arc::new(move || {
         let dynamo = Arc::clone(&dynamo);
         Box::pin(async move { dynamo.sweep().await })
     });
-    Fixture::new(store, clock, sweep)
+    Fixture::new(store, clock, sweep).with_effect_tables(tables)
 }
 
 /// Our manual clock, as dynoxide's clock.

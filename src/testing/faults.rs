@@ -21,6 +21,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
+use aws_sdk_dynamodb::types::TransactWriteItem;
 use tokio::sync::Notify;
 
 use crate::clock::Clock;
@@ -41,7 +42,7 @@ pub enum Primitive {
     TakeOver,
     /// [`Store::shorten`].
     Shorten,
-    /// [`Store::settle`].
+    /// [`Store::settle`] and [`Store::settle_with`].
     Settle,
     /// [`Store::release`].
     Release,
@@ -386,6 +387,20 @@ impl<S: Store + Clone> Store for FaultyStore<S> {
     ) -> Result<Fence, StoreError> {
         self.around(Primitive::Settle, self.inner.settle(target, settlement))
             .await
+    }
+
+    async fn settle_with(
+        &self,
+        target: Target<'_>,
+        settlement: &Settlement,
+        writes: &[TransactWriteItem],
+        token: &str,
+    ) -> Result<Committed, StoreError> {
+        self.around(
+            Primitive::Settle,
+            self.inner.settle_with(target, settlement, writes, token),
+        )
+        .await
     }
 
     async fn release(&self, target: Target<'_>) -> Result<Fence, StoreError> {

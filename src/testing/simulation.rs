@@ -29,6 +29,7 @@ mod invariants;
 mod ledger;
 mod schedule;
 mod steps;
+mod transactional;
 mod world;
 
 use std::collections::BTreeMap;
@@ -84,6 +85,10 @@ pub struct Stats {
     pub declared_reruns: u64,
     /// Store outages started after an effect.
     pub outages: u64,
+    /// What transactional operations committed, as their tables show at the end of each
+    /// seed: `reservations` (a transactional step's write), `events` (its outbox event),
+    /// `completions` (a write carried by the settlement).
+    pub transactions: BTreeMap<String, u64>,
 }
 
 impl Stats {
@@ -120,6 +125,9 @@ impl Stats {
         self.takeovers += other.takeovers;
         self.declared_reruns += other.declared_reruns;
         self.outages += other.outages;
+        for (name, count) in other.transactions {
+            *self.transactions.entry(name).or_default() += count;
+        }
     }
 }
 
@@ -143,6 +151,9 @@ impl fmt::Display for Stats {
         }
         for (name, count) in &self.reconciles {
             writeln!(f, "  reconciler {name}: {count}")?;
+        }
+        for (name, count) in &self.transactions {
+            writeln!(f, "  transactional {name}: {count}")?;
         }
         for (name, count) in &self.faults {
             writeln!(f, "  fault {name}: {count}")?;
@@ -194,6 +205,7 @@ pub async fn run_seed<S: Store + Clone>(
         world.check(step).await?;
     }
     world.settle_everything(budget.steps).await?;
+    world.count_transactions().await;
     Ok(world.stats())
 }
 

@@ -5,6 +5,7 @@ mod batch;
 mod batch_inputs;
 mod cached_store;
 mod claims;
+mod completion_writes;
 mod deadlines;
 mod dynamodb_store;
 mod event_door;

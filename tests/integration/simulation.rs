@@ -105,6 +105,14 @@ async fn simulation_keeps_the_invariants_on_the_dynamodb_store() {
     }
     eprintln!("DynamoDB store: {total}");
     assert_explored(&total);
+    if std::env::var("SIM_SEED").is_err() {
+        for committed in ["reservations", "events", "completions"] {
+            assert!(
+                total.transactions.get(committed) > Some(&0),
+                "no transactional {committed}: {total}"
+            );
+        }
+    }
 }
 
 #[tokio::test]

@@ -21,16 +21,16 @@ use lambda_idempotency::{BoxError, Error, ExecutionContext, Idempotency};
 use tokio::sync::oneshot;
 
 /// The shop's own tables beside the ledger: orders, and stock with a version.
-struct Shop {
-    db: Dynamo,
-    orders: String,
-    stock: String,
-    outbox: String,
-    clock: ManualClock,
+pub(crate) struct Shop {
+    pub(crate) db: Dynamo,
+    pub(crate) orders: String,
+    pub(crate) stock: String,
+    pub(crate) outbox: String,
+    pub(crate) clock: ManualClock,
 }
 
 impl Shop {
-    async fn open() -> Self {
+    pub(crate) async fn open() -> Self {
         let clock = ManualClock::new(SystemTime::now());
         let db = dynamo::start_with_clock(clock.clone()).await;
         let orders = lambda_idempotency::testing::local::unique_table_name("orders");
@@ -59,14 +59,14 @@ impl Shop {
         }
     }
 
-    fn engine(&self, store: impl Store) -> Idempotency {
+    pub(crate) fn engine(&self, store: impl Store) -> Idempotency {
         Idempotency::new(store)
             .with_clock(self.clock.clone())
             .with_recovery(Recovery::Steps)
     }
 
     /// The order put and the stock update, conditioned on the stock's version `seen`.
-    fn place(&self, order: &str, seen: u64) -> Transaction<String> {
+    pub(crate) fn place(&self, order: &str, seen: u64) -> Transaction<String> {
         let put = Put::builder()
             .table_name(&self.orders)
             .item("pk", AttributeValue::S(order.into()))
@@ -88,12 +88,12 @@ impl Shop {
             .update(update)
     }
 
-    async fn reserved(&self) -> u64 {
+    pub(crate) async fn reserved(&self) -> u64 {
         self.stock_item("reserved").await
     }
 
     /// A number of the stock item.
-    async fn stock_item(&self, attribute: &str) -> u64 {
+    pub(crate) async fn stock_item(&self, attribute: &str) -> u64 {
         let item = self
             .db
             .client
@@ -111,7 +111,7 @@ impl Shop {
             .expect("a number")
     }
 
-    async fn has_order(&self, order: &str) -> bool {
+    pub(crate) async fn has_order(&self, order: &str) -> bool {
         self.db
             .client
             .get_item()
@@ -454,7 +454,9 @@ async fn the_memory_store_refuses_dynamodb_writes_but_keeps_a_step_without_any()
 }
 
 /// The outbox items, by event id.
-async fn outbox_items(shop: &Shop) -> Vec<std::collections::HashMap<String, AttributeValue>> {
+pub(crate) async fn outbox_items(
+    shop: &Shop,
+) -> Vec<std::collections::HashMap<String, AttributeValue>> {
     let mut items = shop
         .db
         .client
@@ -618,7 +620,7 @@ async fn outbox_events_commit_with_the_step_under_ids_stable_across_attempts() {
 }
 
 /// `err` is the handler's `StepError::Rejected`: nothing was sent.
-fn assert_rejected(err: &Error, case: &str) {
+pub(crate) fn assert_rejected(err: &Error, case: &str) {
     let Error::Handler { source } = err else {
         panic!("{case}: {err:?}");
     };

@@ -1,5 +1,6 @@
-//! A transactional step: the record's steps and the handler's own writes in one
-//! `TransactWriteItems`, checked against DynamoDB's limits before it is sent.
+//! A transactional step or settlement: the record's steps (or its settlement) and the
+//! handler's own writes in one `TransactWriteItems`, checked against DynamoDB's limits before
+//! it is sent.
 
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 
@@ -9,6 +10,7 @@ use super::item::{Item, value_size};
 use super::steps::steps_value;
 use super::writes::{Check, Write, item_table};
 use crate::error::StoreError;
+use crate::record::Settlement;
 use crate::store::{Commit, Committed, Target};
 
 /// The most actions one `TransactWriteItems` holds.
@@ -24,67 +26,128 @@ impl DynamoDbStore {
         commit: Commit<'_>,
     ) -> Result<Committed, StoreError> {
         let record_key = self.names.key(target.key);
-        let steps = steps_value(commit.steps);
-        self.check_limits(&record_key, commit.writes, value_size(&steps))?;
         let (condition, expr) = self.guard(target.guard);
-        let mut writes = vec![Write::update(
+        let own = Write::update(
             &self.table,
             record_key,
             "SET #steps = :steps",
             condition,
             expr.name("#steps", &self.names.steps)
-                .value(":steps", steps),
-        )?];
-        writes.extend(
-            commit
-                .writes
-                .iter()
-                .map(|write| Write::Item(Box::new(write.clone()))),
-        );
-        let Some(checks) = self
-            .transact("commit_steps", writes, Some(commit.token))
-            .await?
-        else {
-            return Ok(Committed::Applied);
+                .value(":steps", steps_value(commit.steps)),
+        )?;
+        let answer = self
+            .transact_with(
+                "commit_steps",
+                target,
+                vec![own.into_transact_item()],
+                commit.writes,
+                commit.token,
+            )
+            .await?;
+        match answer {
+            Answer::Lost(current) => Ok(Committed::LeaseLost {
+                current: self
+                    .decode(current.as_ref(), Parts::Skip)
+                    .await?
+                    .map(Box::new),
+            }),
+            Answer::Committed(committed) => Ok(committed),
+        }
+    }
+
+    /// [`Store::settle_with`](crate::store::Store::settle_with) on DynamoDB: the settlement's
+    /// writes (the record's, the evidence's), then the handler's.
+    pub(crate) async fn settle_committing(
+        &self,
+        target: Target<'_>,
+        settlement: &Settlement,
+        writes: &[TransactWriteItem],
+        token: &str,
+    ) -> Result<Committed, StoreError> {
+        let (own, placement) = self.settlement_writes(target, settlement).await?;
+        let own = own.into_iter().map(Write::into_transact_item).collect();
+        let answer = self
+            .transact_with("settle", target, own, writes, token)
+            .await?;
+        match answer {
+            Answer::Lost(current) => Ok(Committed::LeaseLost {
+                current: self
+                    .decode(current.as_ref(), Parts::Known(&placement, settlement))
+                    .await?
+                    .map(Box::new),
+            }),
+            Answer::Committed(committed) => Ok(committed),
+        }
+    }
+
+    /// One transaction of the crate's `own` writes (the record's first) and the handler's
+    /// `writes`, checked against DynamoDB's limits and sent under `token`.
+    async fn transact_with(
+        &self,
+        operation: &'static str,
+        target: Target<'_>,
+        own: Vec<TransactWriteItem>,
+        writes: &[TransactWriteItem],
+        token: &str,
+    ) -> Result<Answer, StoreError> {
+        self.check_limits(operation, &own, writes)?;
+        let owned = own.len();
+        let all = own
+            .into_iter()
+            .chain(writes.iter().cloned())
+            .map(|write| Write::Item(Box::new(write)))
+            .collect();
+        let Some(checks) = self.transact(operation, all, Some(token)).await? else {
+            return Ok(Answer::Committed(Committed::Applied));
         };
         if let Some(current) = checks.first().and_then(Check::failed_item) {
-            return Ok(Committed::LeaseLost {
-                current: self.decode(current, Parts::Skip).await?.map(Box::new),
-            });
+            return Ok(Answer::Lost(current.cloned()));
+        }
+        if checks[..owned.min(checks.len())]
+            .iter()
+            .any(|check| check.failed_item().is_some())
+        {
+            return Err(crate::store::memory::evidence_not_owned(target));
         }
         match checks
             .iter()
-            .skip(1)
+            .skip(owned)
             .position(|check| check.failed_item().is_some())
         {
-            Some(write) => Ok(Committed::Refused { write }),
-            None => Err(StoreError::Contention {
-                operation: "commit_steps",
-            }),
+            Some(write) => Ok(Answer::Committed(Committed::Refused { write })),
+            None => Err(StoreError::Contention { operation }),
         }
     }
 
     /// Refuses, before sending, a transaction DynamoDB would refuse: more than 100 actions,
-    /// more than 4 MB (the step list's `steps_bytes` included), two actions on one item (among the keys the writes name, and the
-    /// operation's own record), an action that names no table or several kinds.
+    /// more than 4 MB, two actions on one item (among the keys the writes name, and the
+    /// crate's `own` writes'), a handler's write that names no table or several kinds.
     fn check_limits(
         &self,
-        record_key: &Item,
+        operation: &'static str,
+        own: &[TransactWriteItem],
         writes: &[TransactWriteItem],
-        steps_bytes: usize,
     ) -> Result<(), StoreError> {
-        let rejected = |message: String| StoreError::Rejected {
-            operation: "commit_steps",
-            message,
-        };
-        if writes.len() + 1 > MAX_TRANSACTION_ACTIONS {
+        let rejected = |message: String| StoreError::Rejected { operation, message };
+        if own.len() + writes.len() > MAX_TRANSACTION_ACTIONS {
             return Err(rejected(format!(
-                "a transactional step holds {} writes and outbox events, and its record's; DynamoDB takes at most {MAX_TRANSACTION_ACTIONS} actions in one transaction",
-                writes.len()
+                "the handler's {} writes and outbox events, with the operation's own {}, pass the {MAX_TRANSACTION_ACTIONS} actions DynamoDB takes in one transaction",
+                writes.len(),
+                own.len()
             )));
         }
-        let mut items: Vec<(&str, &Item)> = vec![(self.table.as_str(), record_key)];
-        let mut bytes = steps_bytes;
+        let record_key = own
+            .first()
+            .and_then(|write| write.update.as_ref())
+            .map(|update| &update.key);
+        let mut items: Vec<(&str, &Item)> = Vec::new();
+        let mut bytes = 0;
+        for write in own {
+            bytes += write_size(write);
+            if let (Some(table), Some(key)) = (item_table(write), own_key(write)) {
+                items.push((table, key));
+            }
+        }
         for (index, write) in writes.iter().enumerate() {
             let kinds = [
                 write.put.is_some(),
@@ -100,8 +163,7 @@ impl DynamoDbStore {
                 )));
             };
             bytes += write_size(write);
-            let key = key_of(write, table, &self.table, record_key);
-            if let Some(key) = key {
+            if let Some(key) = key_of(write, table, &self.table, record_key) {
                 if items
                     .iter()
                     .any(|(seen, item)| *seen == table && *item == key)
@@ -115,11 +177,29 @@ impl DynamoDbStore {
         }
         if bytes > MAX_TRANSACTION_BYTES {
             return Err(rejected(format!(
-                "a transactional step's writes take about {bytes} bytes; DynamoDB takes at most {MAX_TRANSACTION_BYTES} in one transaction"
+                "the transaction takes about {bytes} bytes; DynamoDB takes at most {MAX_TRANSACTION_BYTES} in one transaction"
             )));
         }
         Ok(())
     }
+}
+
+/// What a transaction of the crate's own writes and the handler's came to.
+enum Answer {
+    /// Committed, or refused by a handler's write.
+    Committed(Committed),
+    /// The record's fence failed: the record as it stands (if any).
+    Lost(Option<Item>),
+}
+
+/// The key of one of the crate's own writes (an update's or a put's: the evidence).
+fn own_key(write: &TransactWriteItem) -> Option<&Item> {
+    write
+        .update
+        .as_ref()
+        .map(|update| &update.key)
+        .or_else(|| write.delete.as_ref().map(|delete| &delete.key))
+        .or_else(|| write.condition_check.as_ref().map(|check| &check.key))
 }
 
 /// The key a write names: an update's, delete's or check's key; a put's item when it targets
@@ -129,7 +209,7 @@ fn key_of<'a>(
     write: &'a TransactWriteItem,
     table: &str,
     record_table: &str,
-    record_key: &'a Item,
+    record_key: Option<&'a Item>,
 ) -> Option<&'a Item> {
     if let Some(update) = &write.update {
         return Some(&update.key);
@@ -141,6 +221,7 @@ fn key_of<'a>(
         return Some(&check.key);
     }
     let put = write.put.as_ref()?;
+    let record_key = record_key?;
     let is_record = table == record_table
         && record_key
             .iter()

@@ -11,6 +11,7 @@
 //! | shorten | `UpdateItem`: lease expiry | same |
 //! | record_steps | `UpdateItem`: the step list | same |
 //! | commit_steps | `TransactWriteItems`: the step list `Update` and the handler's own writes, with a `ClientRequestToken` | same |
+//! | settle_with | `TransactWriteItems`: settle's writes and the handler's own, with a `ClientRequestToken` | same |
 //! | get, evidence | `GetItem`, strongly consistent | — |
 //!
 //! Every conditional write asks for `ReturnValuesOnConditionCheckFailure=ALL_OLD`: a duplicate

@@ -4,9 +4,12 @@
 
 use std::time::SystemTime;
 
+use aws_sdk_dynamodb::types::TransactWriteItem;
+
 use super::decode::Parts;
 use super::error::map_sdk_error;
 use super::item::{millis, n, s, secs};
+use super::outcome::Placement;
 use super::steps::steps_value;
 use super::writes::{Check, Expr, Write};
 use super::{DynamoDbStore, evidence, item};
@@ -145,6 +148,79 @@ impl DynamoDbStore {
         }
         Err(crate::store::memory::evidence_not_owned(target))
     }
+
+    /// The writes of a settlement (the record's update, then the evidence's), once its
+    /// outcome's parts (if any) are written; and where its outcome went.
+    pub(super) async fn settlement_writes(
+        &self,
+        target: Target<'_>,
+        settlement: &Settlement,
+    ) -> Result<(Vec<Write>, Placement), StoreError> {
+        let names = &self.names;
+        let (condition, expr) = self.guard(target.guard);
+        let mut update =
+            "SET #status = :status, #expires_at = :expires_at, #completed_at = :completed_at"
+                .to_owned();
+        let mut expr = expr
+            .name("#expires_at", &names.expires_at)
+            .name("#completed_at", &names.completed_at)
+            .value(":status", s(settlement.status.as_str()))
+            .value(":expires_at", secs(settlement.expires_at))
+            .value(":completed_at", millis(settlement.completed_at));
+        let placement = self.outcomes.place(names, target, settlement)?;
+        self.put_parts(target.key, &placement, settlement.expires_at)
+            .await?;
+        let mut removed = Vec::new();
+        expr = expr
+            .name("#outcome", &names.outcome)
+            .name("#outcome_format", &names.outcome_format);
+        match placement.inline_bytes(settlement) {
+            Some(inline) => {
+                update.push_str(", #outcome = :outcome");
+                expr = expr.value(":outcome", inline);
+            }
+            None => removed.push("#outcome"),
+        }
+        match placement.manifest() {
+            Some(manifest) => {
+                update.push_str(", #outcome_format = :outcome_format");
+                expr = expr.value(":outcome_format", manifest);
+            }
+            None => removed.push("#outcome_format"),
+        }
+        if let Some(steps) = &settlement.steps {
+            update.push_str(", #steps = :steps");
+            expr = expr
+                .name("#steps", &names.steps)
+                .value(":steps", steps_value(steps));
+        }
+        if let Some(audit) = &settlement.audit {
+            update.push_str(", #audit = :audit");
+            expr = expr
+                .name("#audit", &names.audit)
+                .value(":audit", item::audit_value(audit));
+        }
+        if !removed.is_empty() {
+            update.push_str(" REMOVE ");
+            update.push_str(&removed.join(", "));
+        }
+        let mut writes = vec![Write::update(
+            &self.table,
+            names.key(target.key),
+            &update,
+            condition,
+            expr,
+        )?];
+        if let Some(identity) = target.identity {
+            writes.push(evidence::settle_write(
+                self.uniqueness()?,
+                target,
+                identity,
+                settlement,
+            )?);
+        }
+        Ok((writes, placement))
+    }
 }
 
 impl Store for DynamoDbStore {
@@ -231,69 +307,7 @@ impl Store for DynamoDbStore {
         target: Target<'_>,
         settlement: &Settlement,
     ) -> Result<Fence, StoreError> {
-        let names = &self.names;
-        let (condition, expr) = self.guard(target.guard);
-        let mut update =
-            "SET #status = :status, #expires_at = :expires_at, #completed_at = :completed_at"
-                .to_owned();
-        let mut expr = expr
-            .name("#expires_at", &names.expires_at)
-            .name("#completed_at", &names.completed_at)
-            .value(":status", s(settlement.status.as_str()))
-            .value(":expires_at", secs(settlement.expires_at))
-            .value(":completed_at", millis(settlement.completed_at));
-        let placement = self.outcomes.place(names, target, settlement)?;
-        self.put_parts(target.key, &placement, settlement.expires_at)
-            .await?;
-        let mut removed = Vec::new();
-        expr = expr
-            .name("#outcome", &names.outcome)
-            .name("#outcome_format", &names.outcome_format);
-        match placement.inline_bytes(settlement) {
-            Some(inline) => {
-                update.push_str(", #outcome = :outcome");
-                expr = expr.value(":outcome", inline);
-            }
-            None => removed.push("#outcome"),
-        }
-        match placement.manifest() {
-            Some(manifest) => {
-                update.push_str(", #outcome_format = :outcome_format");
-                expr = expr.value(":outcome_format", manifest);
-            }
-            None => removed.push("#outcome_format"),
-        }
-        if let Some(steps) = &settlement.steps {
-            update.push_str(", #steps = :steps");
-            expr = expr
-                .name("#steps", &names.steps)
-                .value(":steps", steps_value(steps));
-        }
-        if let Some(audit) = &settlement.audit {
-            update.push_str(", #audit = :audit");
-            expr = expr
-                .name("#audit", &names.audit)
-                .value(":audit", item::audit_value(audit));
-        }
-        if !removed.is_empty() {
-            update.push_str(" REMOVE ");
-            update.push_str(&removed.join(", "));
-        }
-        let mut writes = vec![Write::update(
-            &self.table,
-            names.key(target.key),
-            &update,
-            condition,
-            expr,
-        )?];
-        if let Some(identity) = target.identity {
-            writes.push(evidence::settle_write(
-                self.uniqueness()?,
-                target,
-                identity,
-                settlement,
-            )?);
-        }
+        let (writes, placement) = self.settlement_writes(target, settlement).await?;
         // Lost: the caller only needs to know whether the record is its own settlement.
         self.fenced(
             "settle",
@@ -302,6 +316,17 @@ impl Store for DynamoDbStore {
             Parts::Known(&placement, settlement),
         )
         .await
+    }
+
+    async fn settle_with(
+        &self,
+        target: Target<'_>,
+        settlement: &Settlement,
+        writes: &[TransactWriteItem],
+        token: &str,
+    ) -> Result<Committed, StoreError> {
+        self.settle_committing(target, settlement, writes, token)
+            .await
     }
 
     async fn shorten(&self, target: Target<'_>, until: SystemTime) -> Result<Fence, StoreError> {

@@ -152,7 +152,7 @@ impl Write {
         }
     }
 
-    fn into_transact_item(self) -> TransactWriteItem {
+    pub(super) fn into_transact_item(self) -> TransactWriteItem {
         match self {
             Self::Put(put) => TransactWriteItem::builder().put(put).build(),
             Self::Update(update) => TransactWriteItem::builder().update(update).build(),

@@ -16,6 +16,7 @@ use crate::execution::ExecutionContext;
 use crate::failure::Terminal;
 use crate::key::OperationKey;
 use crate::reconcile::{Reconciliation, Takeover};
+use crate::testing::conformance::EffectTables;
 
 /// The largest clock skew between workers (within the lease margin).
 pub(super) const MAX_SKEW: Duration = Duration::from_secs(2);
@@ -134,6 +135,10 @@ impl Clock for Skewed {
 pub(super) struct Run {
     pub(super) shared: Shared,
     pub(super) op: usize,
+    /// The operation's life, as the ledger counts them.
+    pub(super) life: u32,
+    /// The handler's own tables, for a transactional operation.
+    pub(super) tables: Option<Arc<EffectTables>>,
     pub(super) profile: Profile,
     pub(super) behaviour: Behaviour,
     /// Called right after the effect (starts an outage of the store).
@@ -145,14 +150,15 @@ pub(super) struct Run {
 /// The simulated handler: every run is counted (and judged) when it starts, whatever happens
 /// to it afterwards. A stepped operation's handler keeps its effect in a step.
 pub(super) async fn handler(run: Run, ctx: ExecutionContext) -> Result<Value, BoxError> {
-    match run.profile.stepped {
-        true => stepped(run, ctx).await,
-        false => plain(run, ctx.attempt()).await,
+    match (run.tables.clone(), run.profile.stepped) {
+        (Some(tables), _) => super::transactional::transactional(run, ctx, tables).await,
+        (None, true) => stepped(run, ctx).await,
+        (None, false) => plain(run, ctx.attempt()).await,
     }
 }
 
 /// Counts a run of `op` in the contract's ledger as it starts; a blind re-run is a violation.
-fn count_run(shared: &Shared, op: usize, attempt: u32, profile: Profile) {
+pub(super) fn count_run(shared: &Shared, op: usize, attempt: u32, profile: Profile) {
     let mut downstream = lock(shared);
     if let Err(blind) = downstream.ledger.start_run(op, attempt, profile) {
         downstream.violations.push(blind);
@@ -170,6 +176,7 @@ async fn plain(run: Run, attempt: u32) -> Result<Value, BoxError> {
         after_effect,
         parked,
         resume,
+        ..
     } = run;
     count_run(&shared, op, attempt, profile);
     let effect = || {
@@ -244,6 +251,7 @@ async fn stepped(run: Run, ctx: ExecutionContext) -> Result<Value, BoxError> {
         after_effect,
         parked,
         resume,
+        ..
     } = run;
     let attempt = ctx.attempt();
     count_run(&shared, op, attempt, profile);
@@ -326,7 +334,7 @@ async fn stepped(run: Run, ctx: ExecutionContext) -> Result<Value, BoxError> {
 }
 
 /// The payload of the simulation's own panics, kept out of the test output.
-struct SimulatedPanic;
+pub(super) struct SimulatedPanic;
 
 pub(super) fn silence_simulated_panics() {
     static ONCE: std::sync::Once = std::sync::Once::new();

@@ -43,6 +43,9 @@ impl<S: Store + Clone> World<S> {
         if let Some(blind) = lock(&self.shared).violations.first().cloned() {
             return Err(self.violation(step, blind));
         }
+        if let Some(disagrees) = self.transaction_disagrees().await {
+            return Err(self.violation(step, disagrees));
+        }
         let now = self.clock.now();
         for op in 0..self.specs.len() {
             self.stats.checks += 1;

@@ -61,6 +61,8 @@ pub(super) struct Ledger {
     accounts: Vec<Account>,
     /// Effects per operation over all its lives.
     ever: Vec<u32>,
+    /// Each operation's current life: 0, then one more per new life.
+    lives: Vec<u32>,
     /// Re-runs the workers' declared [`Recovery::Rerun`] excused, over the whole run.
     pub(super) declared_reruns: u64,
 }
@@ -70,6 +72,7 @@ impl Ledger {
         Self {
             accounts: vec![Account::new(); operations],
             ever: vec![0; operations],
+            lives: vec![0; operations],
             declared_reruns: 0,
         }
     }
@@ -89,6 +92,20 @@ impl Ledger {
     /// design its next run is a first run.
     pub(super) fn new_life(&mut self, op: usize) {
         self.accounts[op] = Account::new();
+        self.lives[op] += 1;
+    }
+
+    /// `op`'s current life (0 for the first).
+    pub(super) fn life(&self, op: usize) -> u32 {
+        self.lives[op]
+    }
+
+    /// The downstream shows `effects` of `op` in its current life (a transactional effect is
+    /// counted where it commits, in the handler's own table, not by the handler).
+    pub(super) fn observed_effects(&mut self, op: usize, effects: u32) {
+        let account = &mut self.accounts[op];
+        self.ever[op] += effects.saturating_sub(account.effects);
+        account.effects = effects;
     }
 
     /// A run of `op` starts as `attempt` on a worker of `profile`; `Err` names a blind re-run.

@@ -63,7 +63,7 @@ impl<S: Store + Clone> World<S> {
     }
 
     fn fault(&mut self) -> Option<(Primitive, Fault)> {
-        if self.rng.u32(..100) >= 25 {
+        if self.rng.u32(..100) >= 30 {
             return None;
         }
         let writes = [
@@ -71,6 +71,8 @@ impl<S: Store + Clone> World<S> {
             Primitive::TakeOver,
             Primitive::Settle,
             Primitive::Release,
+            Primitive::RecordSteps,
+            Primitive::CommitSteps,
         ];
         let primitive = writes[self.rng.usize(..writes.len())];
         let fault = match self.rng.u32(..7) {

@@ -142,10 +142,16 @@ impl<S: Store + Clone> World<S> {
             .or_default() += 1;
         let (parked_tx, mut parked_rx) = mpsc::unbounded_channel();
         let (resume_tx, resume_rx) = oneshot::channel();
-        let (idem, profile) = match self.specs[op].stepped {
-            true => self.stepped[worker].clone(),
-            false => self.workers[worker].clone(),
+        let spec = &self.specs[op];
+        let (idem, profile) = match (spec.transactional, spec.stepped) {
+            (true, _) => self.transactional[worker].clone(),
+            (false, true) => self.stepped[worker].clone(),
+            (false, false) => self.workers[worker].clone(),
         };
+        let tables = self.tables.clone().filter(|_| spec.transactional);
+        // The reconciler and the steps' checks read the ledger: it is told what the handler's
+        // tables show first.
+        self.observe_transactions().await;
         let outage_end = Arc::new(std::sync::Mutex::new(None));
         let after_effect: Box<dyn FnOnce() + Send> = match outage {
             Some(length) => {
@@ -168,6 +174,8 @@ impl<S: Store + Clone> World<S> {
         let run = Run {
             shared: Arc::clone(&self.shared),
             op,
+            life: lock(&self.shared).ledger.life(op),
+            tables,
             profile,
             behaviour,
             after_effect,
@@ -261,6 +269,7 @@ impl<S: Store + Clone> World<S> {
             Err(err) => format!("answered {}", error_name(err)),
         };
         self.note(line);
+        self.observe_transactions().await;
         if let Some(untruthful) = self.untruthful(judged, &answer).await {
             self.pending_violation.get_or_insert(untruthful);
         }
@@ -268,6 +277,7 @@ impl<S: Store + Clone> World<S> {
     }
 
     pub(super) async fn resolve_indeterminate(&mut self) {
+        self.observe_transactions().await;
         for op in 0..self.specs.len() {
             let key = self.specs[op].key.clone();
             let Ok(Some(record)) = self.store.inner().get(&key).await else {

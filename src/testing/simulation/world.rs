@@ -17,7 +17,7 @@ use super::actors::{
 use super::ledger::{Ledger, Profile};
 use super::steps::{Delivered, Parked};
 use super::{Budget, Stats};
-use crate::clock::ManualClock;
+use crate::clock::{Clock, ManualClock};
 use crate::config::Config;
 use crate::engine::Idempotency;
 use crate::error::Error;
@@ -26,7 +26,7 @@ use crate::observe::{Decision, Observation};
 use crate::reconcile::Recovery;
 use crate::record::Record;
 use crate::store::Store;
-use crate::testing::conformance::{Fixture, Sweeper};
+use crate::testing::conformance::{EffectTables, Fixture, Sweeper};
 use crate::testing::faults::{Fault, FaultyStore, Primitive};
 
 /// The lease every delivery asks for.
@@ -83,6 +83,9 @@ pub enum Action {
 pub(super) struct Spec {
     /// Whether its handler keeps its effect in a step (one operation in three).
     pub(super) stepped: bool,
+    /// Whether its handler's effects are transactional (a stepped operation in two, when the
+    /// handler has tables of its own).
+    pub(super) transactional: bool,
     pub(super) key: OperationKey,
     pub(super) fingerprint: Fingerprint,
     pub(super) identity: Option<String>,
@@ -97,6 +100,13 @@ pub(super) struct World<S> {
     pub(super) workers: Vec<(Idempotency, Profile)>,
     /// The same workers' engines for the operations whose handler keeps its effect in a step.
     pub(super) stepped: Vec<(Idempotency, Profile)>,
+    /// The same for transactional operations: as `stepped`, but none declares the handler
+    /// safe to repeat (its transactions are not).
+    pub(super) transactional: Vec<(Idempotency, Profile)>,
+    /// The handler's own tables, when it has some.
+    pub(super) tables: Option<Arc<EffectTables>>,
+    /// When the run started, on the world's clock.
+    pub(super) started: std::time::SystemTime,
     pub(super) specs: Vec<Spec>,
     pub(super) shared: Shared,
     pub(super) retention: Duration,
@@ -122,7 +132,8 @@ impl<S: Store + Clone> World<S> {
             .retention(retention)
             .build()
             .unwrap_or_default();
-        let specs = operations(&mut rng, seed, budget.operations);
+        let tables = fixture.effect_tables.clone().map(Arc::new);
+        let specs = operations(&mut rng, seed, budget.operations, tables.is_some());
         let shared = Arc::new(std::sync::Mutex::new(Downstream {
             ledger: Ledger::new(specs.len()),
             keys: specs.iter().map(|spec| spec.key.clone()).collect(),
@@ -133,6 +144,7 @@ impl<S: Store + Clone> World<S> {
         let store = FaultyStore::new(fixture.store);
         let takeovers = Arc::new(AtomicU64::new(0));
         let mut stepped = Vec::new();
+        let mut transactional = Vec::new();
         let workers = (0..WORKERS)
             .map(|worker| {
                 let profile = Profile {
@@ -168,6 +180,17 @@ impl<S: Store + Clone> World<S> {
                     true => idem.with_reconciler(reconciler(Arc::clone(&shared))),
                     false => idem,
                 };
+                let transactional_profile = Profile {
+                    recovery: match stepped_profile.recovery {
+                        Recovery::Rerun => Recovery::Steps,
+                        recovery => recovery,
+                    },
+                    ..stepped_profile
+                };
+                transactional.push((
+                    idem.clone().with_recovery(transactional_profile.recovery),
+                    transactional_profile,
+                ));
                 stepped.push((
                     idem.clone().with_recovery(stepped_profile.recovery),
                     stepped_profile,
@@ -182,6 +205,10 @@ impl<S: Store + Clone> World<S> {
             .map(|(_, profile)| format!("{profile:?}"))
             .collect();
         let stepped_ops: Vec<usize> = (0..specs.len()).filter(|op| specs[*op].stepped).collect();
+        let transactional_ops: Vec<usize> = (0..specs.len())
+            .filter(|op| specs[*op].transactional)
+            .collect();
+        let started = fixture.clock.now();
         Self {
             rng,
             seed,
@@ -190,6 +217,9 @@ impl<S: Store + Clone> World<S> {
             store,
             workers,
             stepped,
+            transactional,
+            tables,
+            started,
             specs,
             shared,
             retention,
@@ -199,7 +229,7 @@ impl<S: Store + Clone> World<S> {
             completed_seen: vec![None; operations],
             touched: vec![false; operations],
             trace: vec![format!(
-                "retention {retention:?}, lease {LEASE:?}, workers {profiles:?}, stepped operations {stepped_ops:?}"
+                "retention {retention:?}, lease {LEASE:?}, workers {profiles:?}, stepped operations {stepped_ops:?} (transactional {transactional_ops:?})"
             )],
             stats: Stats {
                 seeds: 1,
@@ -240,7 +270,7 @@ impl<S: Store + Clone> World<S> {
 /// The operations one seed shares: key material past 2^53 (ids that RFC 8785 alone would make
 /// one key), operations 0 and 2 in tenant `t0` and operation 1 in `t1`, and, for those that
 /// declare one, the same identity string in both tenants.
-fn operations(rng: &mut fastrand::Rng, seed: u64, count: usize) -> Vec<Spec> {
+fn operations(rng: &mut fastrand::Rng, seed: u64, count: usize, transactions: bool) -> Vec<Spec> {
     let scope = OperationScope::new("simulation", "op").ok();
     let mut specs = Vec::new();
     for op in 0..count {
@@ -253,8 +283,10 @@ fn operations(rng: &mut fastrand::Rng, seed: u64, count: usize) -> Vec<Spec> {
             continue;
         };
         let identity = rng.bool().then(|| format!("sim:{seed}:invoice:{}", op / 2));
+        let stepped = rng.u32(..3) == 0;
         specs.push(Spec {
-            stepped: rng.u32(..3) == 0,
+            stepped,
+            transactional: stepped && transactions && rng.bool(),
             key,
             fingerprint,
             identity,

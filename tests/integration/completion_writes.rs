@@ -1,0 +1,399 @@
+//! Writes committed with the completion (`ExecutionContext::complete_with`) on the embedded
+//! DynamoDB server: the handler's own writes and outbox events commit in one
+//! `TransactWriteItems` with the record turning COMPLETED, or nothing does — across refused
+//! conditions, lost answers, fences, identities, DynamoDB's limits and the memory store.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::{AttributeValue, Put};
+use lambda_idempotency::effects::{
+    Destination, Outbox, OutboxEvent, StepError, Transaction, event_id,
+};
+use lambda_idempotency::record::Status;
+use lambda_idempotency::store::{MemoryStore, Store};
+use lambda_idempotency::testing::conformance::{evidence_key, invocation};
+use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
+use lambda_idempotency::{BoxError, Error, ExecutionContext, Idempotency, Origin};
+use tokio::sync::oneshot;
+
+use super::transactions::{Shop, outbox_items};
+
+/// The order put and the stock update of [`Shop::place`], as writes of the completion.
+fn placing(shop: &Shop, order: &str, seen: u64) -> Transaction<()> {
+    shop.place(order, seen)
+        .writes()
+        .iter()
+        .fold(Transaction::new(()), |tx, write| tx.write(write.clone()))
+}
+
+/// The handler: reads the stock's version, then places `order` with its completion.
+async fn place(
+    shop: &Shop,
+    ctx: ExecutionContext,
+    order: &str,
+    runs: &AtomicUsize,
+) -> Result<String, BoxError> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    let seen = shop.stock_item("version").await;
+    ctx.complete_with(placing(shop, order, seen))?;
+    Ok(format!("placed {order}"))
+}
+
+/// The handler's refusal: the completion's write at `index` failed its condition.
+fn is_refused(err: &Error, index: usize) -> bool {
+    let Error::Handler { source } = err else {
+        return false;
+    };
+    matches!(
+        source.downcast_ref::<StepError>(),
+        Some(StepError::Refused { write, .. }) if *write == index
+    )
+}
+
+#[tokio::test]
+async fn the_writes_commit_with_the_completion_in_its_one_request() {
+    let shop = Shop::open().await;
+    let idem = shop.engine(shop.db.store());
+    let inv = invocation("done-with", &serde_json::json!({"order": "c-1"}));
+    let runs = AtomicUsize::new(0);
+    let before = shop.db.requests.count();
+    let done = idem
+        .execute(&inv, |ctx| place(&shop, ctx, "c-1", &runs))
+        .await
+        .expect("completed");
+    assert_eq!(done.value(), "placed c-1");
+    let sent = shop.db.requests.since(before);
+    // The claim, the handler's own read of the stock, and the completion: no extra trip.
+    assert_eq!(sent, ["PutItem", "GetItem", "TransactWriteItems"]);
+    assert!(shop.has_order("c-1").await);
+    assert_eq!(shop.reserved().await, 1);
+    let record = idem
+        .store()
+        .get(inv.key())
+        .await
+        .expect("get")
+        .expect("record");
+    assert_eq!(record.status, Status::Completed);
+    assert_eq!(record.outcome.as_deref(), Some(&br#""placed c-1""#[..]));
+
+    let again = idem
+        .execute(&inv, |ctx| place(&shop, ctx, "c-1", &runs))
+        .await
+        .expect("replayed");
+    assert_eq!(again.origin(), Origin::Replayed);
+    assert_eq!(again.value(), "placed c-1");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
+    assert_eq!(shop.reserved().await, 1, "reserved once");
+}
+
+#[tokio::test]
+async fn a_refused_condition_commits_nothing_and_the_next_delivery_runs_again() {
+    let shop = Shop::open().await;
+    let idem = shop.engine(shop.db.store());
+    let inv = invocation("done-refused", &serde_json::json!({"order": "c-2"}));
+    let shop = &shop;
+    let err = idem
+        .execute(&inv, |ctx| async move {
+            // A stale read: the stock's version is 1, not 7.
+            ctx.complete_with(placing(shop, "c-2", 7))?;
+            Ok::<_, BoxError>("placed c-2".to_owned())
+        })
+        .await
+        .expect_err("refused");
+    assert!(is_refused(&err, 1), "the stock update's condition: {err:?}");
+    assert!(!shop.has_order("c-2").await, "nothing committed");
+    assert_eq!(
+        idem.store().get(inv.key()).await.expect("get"),
+        None,
+        "released (retryable by default): the result was not stored"
+    );
+
+    let runs = AtomicUsize::new(0);
+    let done = idem
+        .execute(&inv, |ctx| place(shop, ctx, "c-2", &runs))
+        .await
+        .expect("the next delivery reads again and commits");
+    assert_eq!(done.origin(), Origin::Executed { attempt: 1 });
+    assert_eq!(shop.reserved().await, 1);
+}
+
+#[tokio::test]
+async fn a_lost_answer_is_recognised_and_commits_once() {
+    let shop = Shop::open().await;
+    let faulty = FaultyStore::new(shop.db.store());
+    let idem = shop.engine(faulty.clone());
+    let inv = invocation("done-lost", &serde_json::json!({"order": "c-3"}));
+    for _ in 0..3 {
+        faulty.inject(Primitive::Settle, Fault::FailAfter(FaultKind::Unavailable));
+    }
+    let runs = AtomicUsize::new(0);
+    let done = idem
+        .execute(&inv, |ctx| place(&shop, ctx, "c-3", &runs))
+        .await
+        .expect("the re-sent completion is recognised");
+    assert_eq!(done.value(), "placed c-3");
+    assert_eq!(shop.reserved().await, 1, "committed once");
+    let record = idem
+        .store()
+        .get(inv.key())
+        .await
+        .expect("get")
+        .expect("record");
+    assert_eq!(record.status, Status::Completed);
+
+    // Never applied, every try failing before it: the claim stands, nothing committed, and
+    // the next delivery (after the lease) runs the handler and commits once.
+    let inv = invocation("done-unsent", &serde_json::json!({"order": "c-4"}));
+    faulty.inject(Primitive::Settle, Fault::FailBefore(FaultKind::Unavailable));
+    let ran = idem
+        .execute(&inv, |ctx| async {
+            let done = place(&shop, ctx, "c-4", &runs).await;
+            // The settlement fails past the deadline: no try is left.
+            shop.clock.advance(Duration::from_secs(31));
+            done
+        })
+        .await;
+    assert!(matches!(ran, Err(Error::Store(_))), "got {ran:?}");
+    assert!(!shop.has_order("c-4").await);
+    let done = idem
+        .execute(&inv, |ctx| place(&shop, ctx, "c-4", &runs))
+        .await
+        .expect("taken over: nothing was committed, the handler's effects are its completion");
+    assert_eq!(done.origin(), Origin::Executed { attempt: 2 });
+    assert_eq!(shop.reserved().await, 2, "c-3 and c-4, each once");
+}
+
+#[tokio::test]
+async fn a_zombie_commits_nothing_over_a_takeover() {
+    let shop = Arc::new(Shop::open().await);
+    let idem = shop.engine(shop.db.store());
+    let inv = invocation("done-zombie", &serde_json::json!({"order": "c-5"}));
+    let (started_tx, started_rx) = oneshot::channel();
+    let (resume_tx, resume_rx) = oneshot::channel::<()>();
+    let zombie = tokio::spawn({
+        let (idem, inv, shop) = (idem.clone(), inv.clone(), Arc::clone(&shop));
+        async move {
+            idem.execute(&inv, |ctx| async move {
+                let _ = started_tx.send(());
+                let _ = resume_rx.await;
+                ctx.complete_with(placing(&shop, "c-5", 1))?;
+                Ok::<_, BoxError>("zombie".to_owned())
+            })
+            .await
+        }
+    });
+    started_rx.await.expect("started");
+    shop.clock.advance(Duration::from_secs(31));
+    let owner = idem
+        .execute(&inv, |_ctx| async {
+            Ok::<_, BoxError>(String::from("owner"))
+        })
+        .await
+        .expect("the takeover completes");
+    assert_eq!(owner.value(), "owner");
+    let _ = resume_tx.send(());
+    let err = zombie.await.expect("join").expect_err("fenced");
+    assert!(
+        matches!(err, Error::LeaseLost { attempt: 1, .. }),
+        "got {err:?}"
+    );
+    assert!(
+        !shop.has_order("c-5").await,
+        "the zombie's writes did not commit"
+    );
+    assert_eq!(shop.reserved().await, 0);
+}
+
+#[tokio::test]
+async fn events_and_evidence_commit_with_the_completion() {
+    let shop = Shop::open().await;
+    let idem = shop.engine(shop.db.store());
+    let outbox = Outbox::new(&shop.outbox);
+    let inv = invocation("done-events", &serde_json::json!({"order": "c-6"}))
+        .with_identity("order:c-6")
+        .expect("identity");
+    let (shop, outbox) = (&shop, &outbox);
+    let done = idem
+        .execute(&inv, |ctx| async move {
+            let sqs = Destination::Sqs {
+                queue_url: "http://127.0.0.1/000000000000/orders".into(),
+            };
+            let event = OutboxEvent::new("placed", sqs, &serde_json::json!({"order": "c-6"}))?;
+            ctx.complete_with(placing(shop, "c-6", 1).publish(outbox, event.clone()))?;
+            let refused = ctx
+                .complete_with(Transaction::new(()).publish(outbox, event))
+                .expect_err("a second event of one name");
+            assert!(matches!(refused, StepError::Rejected { .. }), "{refused:?}");
+            Ok::<_, BoxError>("placed c-6".to_owned())
+        })
+        .await
+        .expect("completed");
+    assert_eq!(done.value(), "placed c-6");
+    let record = idem
+        .store()
+        .get(inv.key())
+        .await
+        .expect("get")
+        .expect("record");
+    let items = outbox_items(shop).await;
+    assert_eq!(items.len(), 1);
+    assert_eq!(
+        items[0]["pk"].as_s().map(String::as_str),
+        Ok(event_id(inv.key(), record.created_at, "", "placed").as_str()),
+        "the completion's events take the step \"\""
+    );
+    let evidence = idem
+        .store()
+        .evidence(&evidence_key("order:c-6"))
+        .await
+        .expect("evidence")
+        .expect("kept");
+    assert_eq!(
+        evidence.status,
+        Status::Completed,
+        "settled in the same transaction"
+    );
+    assert!(shop.has_order("c-6").await);
+}
+
+#[tokio::test]
+async fn a_transaction_dynamodb_would_refuse_is_a_retained_failure() {
+    let shop = Shop::open().await;
+    let idem = shop.engine(shop.db.store());
+    let inv = invocation("done-too-many", &serde_json::json!({}));
+    let put = |n: usize| {
+        Put::builder()
+            .table_name(&shop.orders)
+            .item("pk", AttributeValue::S(format!("bulk-{n}")))
+            .build()
+            .expect("put")
+    };
+    let before = shop.db.requests.count();
+    let err = idem
+        .execute(&inv, |ctx| async move {
+            // 100 writes and the record's own update: 101 actions.
+            ctx.complete_with((0..100).fold(Transaction::new(()), |tx, n| tx.put(put(n))))?;
+            Ok::<_, BoxError>(0_u32)
+        })
+        .await
+        .expect_err("refused before sending");
+    assert_terminal_rejection(&err);
+    assert!(
+        !shop
+            .db
+            .requests
+            .since(before)
+            .iter()
+            .any(|request| request == "TransactWriteItems"),
+        "nothing sent"
+    );
+    let record = idem
+        .store()
+        .get(inv.key())
+        .await
+        .expect("get")
+        .expect("record");
+    assert_eq!(
+        record.status,
+        Status::Failed,
+        "retained: it would fail again"
+    );
+    assert!(!shop.has_order("bulk-0").await);
+}
+
+#[tokio::test]
+async fn the_memory_store_retains_a_completion_with_writes_and_completes_one_without() {
+    let idem = Idempotency::new(MemoryStore::new());
+    let inv = invocation("done-memory", &serde_json::json!({}));
+    let err = idem
+        .execute(&inv, |ctx| async move {
+            let put = Put::builder()
+                .table_name("orders")
+                .item("pk", AttributeValue::S("c-7".into()))
+                .build()?;
+            ctx.complete_with(Transaction::new(()).put(put))?;
+            Ok::<_, BoxError>(1_u32)
+        })
+        .await
+        .expect_err("no DynamoDB behind the memory store");
+    assert_terminal_rejection(&err);
+    let replay = idem
+        .execute(&inv, |_ctx| async { Ok::<_, BoxError>(2_u32) })
+        .await
+        .expect_err("the failure is replayed");
+    assert!(matches!(replay, Error::Failed { .. }), "got {replay:?}");
+
+    let inv = invocation("done-memory-empty", &serde_json::json!({}));
+    let done = idem
+        .execute(&inv, |ctx| async move {
+            ctx.complete_with(Transaction::new(()))?;
+            Ok::<_, BoxError>(3_u32)
+        })
+        .await
+        .expect("no writes: a plain completion");
+    assert_eq!(*done.value(), 3);
+}
+
+#[tokio::test]
+async fn writes_join_the_completion_only_from_inside_the_handler() {
+    let idem = Idempotency::new(MemoryStore::new());
+    let inv = invocation("done-late", &serde_json::json!({}));
+    let (ctx_tx, ctx_rx) = oneshot::channel();
+    idem.execute(&inv, |ctx| async move {
+        let _ = ctx_tx.send(ctx.clone());
+        Ok::<_, BoxError>(0_u32)
+    })
+    .await
+    .expect("completed");
+    let late = ctx_rx
+        .await
+        .expect("the context")
+        .complete_with(Transaction::new(()))
+        .expect_err("the handler has returned");
+    assert!(matches!(late, StepError::Invalid { .. }), "{late:?}");
+}
+
+/// `err` is the handler's terminal `StepError::Rejected` (kind `completion_rejected`).
+fn assert_terminal_rejection(err: &Error) {
+    let Error::Handler { source } = err else {
+        panic!("got {err:?}");
+    };
+    let terminal = source
+        .downcast_ref::<lambda_idempotency::failure::Terminal>()
+        .expect("terminal");
+    assert_eq!(terminal.kind(), "completion_rejected");
+    let rejected =
+        std::error::Error::source(terminal).and_then(|source| source.downcast_ref::<StepError>());
+    assert!(
+        matches!(rejected, Some(StepError::Rejected { .. })),
+        "{source}"
+    );
+}
+
+#[tokio::test]
+async fn the_cache_remembers_a_completion_with_writes() {
+    let shop = Shop::open().await;
+    let idem = shop.engine(lambda_idempotency::store::CachedStore::new(
+        shop.db.store(),
+        8 << 20,
+    ));
+    let inv = invocation("done-cached", &serde_json::json!({"order": "c-8"}));
+    let runs = AtomicUsize::new(0);
+    idem.execute(&inv, |ctx| place(&shop, ctx, "c-8", &runs))
+        .await
+        .expect("completed");
+    let before = shop.db.requests.count();
+    let again = idem
+        .execute(&inv, |ctx| place(&shop, ctx, "c-8", &runs))
+        .await
+        .expect("replayed");
+    assert_eq!(again.origin(), Origin::Replayed);
+    assert_eq!(
+        shop.db.requests.since(before),
+        Vec::<String>::new(),
+        "served from the cache"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
