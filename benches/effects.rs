@@ -3,7 +3,8 @@
 //!
 //! - requests per operation for a handler without steps, with 1, 2 and 3 steps (each step's
 //!   result merged into the next write), the unmerged count for comparison, and a
-//!   transactional step (an order put and an outbox event with the step's record);
+//!   transactional step (an order put and an outbox event with the step's record), and the same
+//!   writes carried by the completion instead (a transactional settlement against a plain one);
 //! - the record's size once settled, which sets the write units of every write and of each
 //!   duplicate's failed claim;
 //! - latency medians (interleaved sample by sample) of the same handlers;
@@ -41,6 +42,7 @@ enum Handler {
     Plain,
     Steps(usize),
     Transactional,
+    Completion,
 }
 
 impl Handler {
@@ -49,6 +51,7 @@ impl Handler {
             Self::Plain => "no step".into(),
             Self::Steps(n) => format!("{n} step{}", if n == 1 { "" } else { "s" }),
             Self::Transactional => "1 transactional step (order + outbox event)".into(),
+            Self::Completion => "the same writes carried by the completion".into(),
         }
     }
 }
@@ -81,33 +84,43 @@ impl Rig {
                     Handler::Transactional => {
                         let placed: String = ctx
                             .step("place")
-                            .transact(|_key| async move {
-                                let put = Put::builder()
-                                    .table_name(&orders)
-                                    .item("pk", AttributeValue::S(format!("o-{n}")))
-                                    .condition_expression("attribute_not_exists(pk)")
-                                    .build()?;
-                                let event = OutboxEvent::new(
-                                    "order-placed",
-                                    Destination::Sqs {
-                                        queue_url: "http://127.0.0.1/000000000000/orders".into(),
-                                    },
-                                    &json!({"order_id": n}),
-                                )?;
-                                Ok::<_, BoxError>(
-                                    Transaction::new(format!("o-{n}"))
-                                        .put(put)
-                                        .publish(&outbox, event),
-                                )
-                            })
+                            .transact(|_key| async move { place(&orders, &outbox, n) })
                             .await?;
                         Ok(json!({"id": placed}))
+                    }
+                    Handler::Completion => {
+                        let placed = place(&orders, &outbox, n)?;
+                        let writes = placed
+                            .writes()
+                            .iter()
+                            .fold(Transaction::new(()), |tx, write| tx.write(write.clone()));
+                        ctx.complete_with(writes)?;
+                        Ok(json!({"id": format!("o-{n}")}))
                     }
                 }
             })
             .await?;
         Ok(())
     }
+}
+
+/// Order `n`'s put and its outbox event's item, as a transaction's writes.
+fn place(orders: &str, outbox: &Outbox, n: usize) -> Result<Transaction<String>, BoxError> {
+    let put = Put::builder()
+        .table_name(orders)
+        .item("pk", AttributeValue::S(format!("o-{n}")))
+        .condition_expression("attribute_not_exists(pk)")
+        .build()?;
+    let event = OutboxEvent::new(
+        "order-placed",
+        Destination::Sqs {
+            queue_url: "http://127.0.0.1/000000000000/orders".into(),
+        },
+        &json!({"order_id": n}),
+    )?;
+    Ok(Transaction::new(format!("o-{n}"))
+        .put(put)
+        .publish(outbox, event))
 }
 
 /// Each handler's operations in a scope of their own.
@@ -145,6 +158,7 @@ async fn main() -> Result<(), BoxError> {
         Handler::Steps(2),
         Handler::Steps(3),
         Handler::Transactional,
+        Handler::Completion,
     ];
 
     println!("requests per operation (first execution), and the settled record's size");
@@ -156,6 +170,7 @@ async fn main() -> Result<(), BoxError> {
             Handler::Steps(n) => format!(" (unmerged: {})", 2 + 2 * n),
             // A transaction bills 2 write units per KB of each item it writes.
             Handler::Transactional => " (the transaction: 3 items, 6 write units)".to_owned(),
+            Handler::Completion => " (the completion: 3 items, 6 write units)".to_owned(),
             Handler::Plain => String::new(),
         };
         let key = OperationKey::derive(

@@ -185,16 +185,21 @@ impl ExecutionContext {
     /// Commits `writes` (the handler's own DynamoDB writes and outbox events,
     /// [`Transaction::new(())`](Transaction::new)) with the operation's completion: the record
     /// turns COMPLETED with the handler's result in the same `TransactWriteItems`, fenced on the
-    /// lease, or nothing is written. Exactly once for local state, in one round trip with the
-    /// settlement, and never uncertain: a takeover finds the operation COMPLETED (the writes
-    /// committed) or still claimed (they did not). Call it once or more before the handler
-    /// returns its result; the events' ids take the step `""` ([`crate::effects::event_id`]).
+    /// lease, or nothing is written. Exactly once for local state, in the completion's own
+    /// request (a large outcome's part items are written before it, as without writes), and
+    /// never uncertain: a takeover finds the operation COMPLETED (the writes committed) or still
+    /// claimed (they did not). Call it once or more before the handler returns its result; the
+    /// events' ids take the step `""` ([`crate::effects::event_id`]).
     ///
     /// When a write's condition fails, nothing commits and the handler's result is not
-    /// stored: the operation fails with [`StepError::Refused`] as the handler's error,
-    /// classified as any (retryable by default: the next delivery runs the handler again). A
-    /// transaction DynamoDB would refuse (or a store that does not commit DynamoDB writes) is
-    /// a terminal failure ([`StepError::Rejected`], kind `completion_rejected`).
+    /// stored: the operation fails with [`StepError::Refused`] as the handler's error
+    /// (`write` indexes every write queued, each call's writes then its events' items),
+    /// classified as any. Retryable (the default), the claim is released for the next delivery
+    /// to run the handler again, or, when the handler recorded steps, given back for a
+    /// takeover (which the recovery policy decides, [`crate::effects`]). Writes that cannot be
+    /// sent (over DynamoDB's limits, or a store that does not commit DynamoDB writes, such as
+    /// the memory store) are retained as a failure of kind `completion_rejected`, whatever the
+    /// classifier says: the same handler would send them again.
     ///
     /// ```no_run
     /// # async fn demo(idem: lambda_idempotency::Idempotency, invocation: lambda_idempotency::Invocation) -> Result<(), Box<dyn std::error::Error>> {

@@ -93,7 +93,8 @@ struct State {
     frozen: bool,
     /// How many commits this attempt sent: each gets its own request token.
     commits: u32,
-    /// The handler's writes (its outbox events' items last) to commit with the completion.
+    /// The handler's writes to commit with the completion (each call's writes, then its outbox
+    /// events' items).
     completion: Vec<TransactWriteItem>,
     /// The names of the events the completion publishes.
     completion_events: Vec<String>,
@@ -482,6 +483,7 @@ impl StepLedger {
                 Ok(transaction.value)
             }
             Ok(Committed::Refused { write }) => Err(StepError::Refused { step: name, write }),
+            Ok(Committed::Invalid { message }) => Err(rejected(message)),
             Ok(Committed::LeaseLost { .. }) => {
                 let lost = Halt::Lost(Error::LeaseLost {
                     key: self.key.clone(),

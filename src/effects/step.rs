@@ -105,6 +105,8 @@ pub enum StepError {
     /// A transactional step's transaction was refused: the condition of the handler's write at
     /// index `write` ([`Transaction::writes`](super::Transaction::writes)) failed. Nothing was
     /// committed and the step is not recorded: the handler may read again and run it again.
+    /// For the completion's writes (step `(completion)`,
+    /// [`ExecutionContext::complete_with`]), `write` indexes every write queued.
     #[error("step `{step}`: the condition of write {write} failed; nothing was committed")]
     Refused {
         /// The step's name.

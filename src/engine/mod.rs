@@ -443,21 +443,10 @@ impl Idempotency {
             Ok(value) => {
                 let origin = Origin::Executed { attempt };
                 let completion = Completion {
-                    steps: steps.pending(),
-                    writes: steps.take_completion(),
+                    steps: Some(&steps),
                 };
-                match self
-                    .record(target, invocation, claim, value, origin, completion)
+                self.record(target, invocation, claim, value, origin, completion)
                     .await
-                {
-                    // The completion's writes did not commit: the claim stands, and the
-                    // operation fails as the handler would have.
-                    Err(Error::Handler { source }) => self
-                        .fail(target, attempt, source, patience, Some(&steps))
-                        .await
-                        .and_then(Err),
-                    recorded => recorded,
-                }
             }
             Err(err) => self
                 .fail(target, attempt, err.into(), patience, Some(&steps))

@@ -28,7 +28,7 @@ impl Idempotency {
         claim: &Record,
         value: T,
         origin: Origin,
-        completion: Completion,
+        completion: Completion<'_>,
     ) -> Result<Execution<T>, Error> {
         let attempt = match origin {
             Origin::Executed { attempt } | Origin::Reconciled { attempt } => attempt,
@@ -43,9 +43,9 @@ impl Idempotency {
 
     /// Stores a result as COMPLETED (with the steps, when they changed, and the handler's
     /// writes); one that cannot be stored is retained as FAILED instead (the effect happened:
-    /// it must not run again) and returned as the error. Writes that did not commit (a
-    /// condition failed, DynamoDB refused the transaction) leave the claim as it was and come
-    /// back as [`Error::Handler`], for the caller to fail the operation with.
+    /// it must not run again) and returned as the error. Writes that did not commit fail the
+    /// operation: a failed condition as the handler's error would, writes that cannot be sent
+    /// as a retained failure.
     pub(super) async fn complete(
         &self,
         target: Target<'_>,
@@ -53,9 +53,10 @@ impl Idempotency {
         claim: &Record,
         attempt: u32,
         serialized: serde_json::Result<Box<RawValue>>,
-        completion: Completion,
+        completion: Completion<'_>,
     ) -> Result<Box<RawValue>, Error> {
-        let Completion { steps, writes } = completion;
+        let steps = completion.steps.and_then(StepLedger::pending);
+        let writes = completion.steps.and_then(StepLedger::take_completion);
         let key = target.key;
         let now = self.clock.now();
         let patience = settle_patience(invocation, claim, now);
@@ -74,34 +75,32 @@ impl Idempotency {
                     let settled = match &writes {
                         None => self.settle(target, attempt, &settlement, patience).await,
                         Some((writes, token)) => {
-                            self.settle_committing(
-                                target,
-                                attempt,
-                                &settlement,
-                                writes,
-                                token,
-                                patience,
-                            )
-                            .await
+                            let committed = self
+                                .settle_committing(
+                                    target,
+                                    attempt,
+                                    &settlement,
+                                    writes,
+                                    token,
+                                    patience,
+                                )
+                                .await;
+                            match committed {
+                                Ok(Some(refusal)) => {
+                                    let failed = RefusedCompletion {
+                                        attempt,
+                                        patience,
+                                        steps: completion.steps,
+                                        pending: steps,
+                                    };
+                                    return Err(self.refused(target, refusal, failed).await);
+                                }
+                                Ok(None) => Ok(()),
+                                Err(err) => Err(err),
+                            }
                         }
                     };
                     self.observe_latency(key, observe::Step::Completion, completing);
-                    let settled = match (settled, writes.is_some()) {
-                        (Err(Error::Store(StoreError::Rejected { message, .. })), true) => {
-                            warn!(
-                                attempt,
-                                "the completion's writes were refused before sending"
-                            );
-                            let rejected = StepError::Rejected {
-                                step: COMPLETION.to_owned(),
-                                message,
-                            };
-                            return Err(Error::Handler {
-                                source: Box::new(Terminal::new("completion_rejected", rejected)),
-                            });
-                        }
-                        (settled, _) => settled,
-                    };
                     match settled {
                         Err(Error::Store(StoreError::Rejected { message, .. })) => {
                             warn!(attempt, "the store rejected the outcome after the effect");
@@ -237,8 +236,9 @@ impl Idempotency {
     }
 
     /// A fenced settlement with the handler's `writes`, in one transaction retried under
-    /// `token` while transient: as [`Self::settle`]; a write whose condition failed (nothing
-    /// committed) is [`Error::Handler`] with [`StepError::Refused`].
+    /// `token` while transient: as [`Self::settle`]; `Some` when the writes did not commit
+    /// and nothing was written: [`StepError::Refused`] (a write's condition failed) or
+    /// [`StepError::Rejected`] (they cannot be sent).
     async fn settle_committing(
         &self,
         target: Target<'_>,
@@ -247,26 +247,75 @@ impl Idempotency {
         writes: &[TransactWriteItem],
         token: &str,
         patience: Patience,
-    ) -> Result<(), Error> {
+    ) -> Result<Option<StepError>, Error> {
         let committed = self
             .retrying(patience, || {
                 self.store.settle_with(target, settlement, writes, token)
             })
             .await?;
         match committed {
-            Committed::Applied => Ok(()),
+            Committed::Applied => Ok(None),
             Committed::Refused { write } => {
                 debug!(attempt, write, "a write of the completion was refused");
-                Err(Error::Handler {
-                    source: Box::new(StepError::Refused {
-                        step: COMPLETION.to_owned(),
-                        write,
-                    }),
-                })
+                Ok(Some(StepError::Refused {
+                    step: COMPLETION.to_owned(),
+                    write,
+                }))
             }
-            Committed::LeaseLost { current } => {
-                self.lost_settling(target, attempt, settlement, current)
-            }
+            Committed::Invalid { message } => Ok(Some(StepError::Rejected {
+                step: COMPLETION.to_owned(),
+                message,
+            })),
+            Committed::LeaseLost { current } => self
+                .lost_settling(target, attempt, settlement, current)
+                .map(|()| None),
+        }
+    }
+
+    /// Fails an operation whose completion's writes did not commit (nothing was written): a
+    /// failed condition by its class, as the handler's own error; writes that cannot be sent
+    /// are retained (`completion_rejected`): the same handler would send them again. The
+    /// caller's error.
+    async fn refused(
+        &self,
+        target: Target<'_>,
+        refusal: StepError,
+        failed: RefusedCompletion<'_>,
+    ) -> Error {
+        let RefusedCompletion {
+            attempt,
+            patience,
+            steps,
+            pending,
+        } = failed;
+        if let StepError::Refused { .. } = refusal {
+            return match self
+                .fail(target, attempt, Box::new(refusal), patience, steps)
+                .await
+            {
+                Ok(err) | Err(err) => err,
+            };
+        }
+        warn!(
+            attempt,
+            "the completion's writes cannot be sent: the operation is retained as failed"
+        );
+        let kind = FailureKind::from(COMPLETION_REJECTED);
+        let retained = self
+            .retain(
+                target,
+                attempt,
+                kind,
+                refusal.to_string(),
+                patience,
+                pending,
+            )
+            .await;
+        match retained {
+            Ok(()) => Error::Handler {
+                source: Box::new(Terminal::new(COMPLETION_REJECTED, refusal)),
+            },
+            Err(err) => err,
         }
     }
 
@@ -317,14 +366,25 @@ impl Idempotency {
     }
 }
 
-/// What a completion writes besides the outcome.
-#[derive(Debug, Default)]
-pub(super) struct Completion {
-    /// The steps, when they changed since the last write.
-    pub(super) steps: Option<Vec<StepRecord>>,
-    /// The handler's own writes, committed with it under this request token.
-    pub(super) writes: Option<(Vec<TransactWriteItem>, String)>,
+/// What a completion writes besides the outcome: the attempt's steps (when they changed since
+/// the last write) and the handler's own writes queued by
+/// [`ExecutionContext::complete_with`](crate::ExecutionContext::complete_with), if it ran a
+/// handler.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Completion<'a> {
+    pub(super) steps: Option<&'a StepLedger>,
 }
+
+/// What failing a refused completion needs.
+struct RefusedCompletion<'a> {
+    attempt: u32,
+    patience: Patience,
+    steps: Option<&'a StepLedger>,
+    pending: Option<Vec<StepRecord>>,
+}
+
+/// The failure kind of a completion whose writes cannot be sent.
+const COMPLETION_REJECTED: &str = "completion_rejected";
 
 /// How long a write after the handler ran (a settlement, a release) is retried: until the
 /// invocation's deadline, or the lease's end when sooner (or when there is no deadline), less

@@ -96,6 +96,7 @@ pub struct Commit<'a> {
 
 /// The answer to a transactional commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Committed {
     /// Committed: the steps (or the settlement) and every write.
     Applied,
@@ -108,6 +109,13 @@ pub enum Committed {
     Refused {
         /// The index in [`Commit::writes`] (or in the writes of [`Store::settle_with`]).
         write: usize,
+    },
+    /// The handler's writes cannot be sent as built (over DynamoDB's 100 actions or 4 MB, two
+    /// actions on one item, a write of no single kind, a store that does not commit DynamoDB
+    /// writes); nothing was written, or sent.
+    Invalid {
+        /// What is wrong with them, for the operator.
+        message: String,
     },
 }
 
@@ -227,7 +235,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// Commits `commit.steps` on the target record (fenced by its guard) together with the
     /// handler's own writes, in one transaction ([`crate::effects`]). A store that cannot
-    /// answers [`StoreError::Rejected`], as this default does: only the DynamoDB store commits
+    /// answers [`Committed::Invalid`], as this default does: only the DynamoDB store commits
     /// DynamoDB writes.
     fn commit_steps(
         &self,
@@ -236,8 +244,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ) -> impl Future<Output = Result<Committed, StoreError>> + Send {
         let _ = (target, commit);
         async {
-            Err(StoreError::Rejected {
-                operation: "commit_steps",
+            Ok(Committed::Invalid {
                 message: "this store cannot commit DynamoDB writes: a transactional step needs the DynamoDB store".into(),
             })
         }
@@ -248,9 +255,10 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// this settlement): the settlement and every write commit, or nothing does
     /// ([`ExecutionContext::complete_with`](crate::ExecutionContext::complete_with)). The answer
     /// is as for [`Store::commit_steps`]: [`Committed::Refused`] names the write (an index in
-    /// `writes`) whose condition failed. Without writes this is [`Store::settle`], as this
-    /// default does; with writes, a store that cannot commit DynamoDB writes answers
-    /// [`StoreError::Rejected`], as this default does.
+    /// `writes`) whose condition failed, [`Committed::Invalid`] refuses writes that cannot be
+    /// sent. The engine calls it only with writes (else [`Store::settle`]); this default
+    /// settles when there are none and answers [`Committed::Invalid`] when there are: only the
+    /// DynamoDB store commits DynamoDB writes.
     fn settle_with(
         &self,
         target: Target<'_>,
@@ -262,8 +270,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         let empty = writes.is_empty();
         async move {
             if !empty {
-                return Err(StoreError::Rejected {
-                    operation: "settle",
+                return Ok(Committed::Invalid {
                     message: "this store cannot commit DynamoDB writes: writes committed with the completion need the DynamoDB store".into(),
                 });
             }

@@ -397,3 +397,120 @@ async fn the_cache_remembers_a_completion_with_writes() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// A classifier that calls every failure retryable, `Terminal` or not.
+struct AlwaysRetry;
+
+impl lambda_idempotency::failure::Classifier for AlwaysRetry {
+    fn classify(
+        &self,
+        _: &(dyn std::error::Error + 'static),
+    ) -> lambda_idempotency::failure::FailureClass {
+        lambda_idempotency::failure::FailureClass::Retryable
+    }
+}
+
+#[tokio::test]
+async fn writes_that_cannot_be_sent_are_retained_whatever_the_classifier_says() {
+    let idem = Idempotency::new(MemoryStore::new()).with_classifier(AlwaysRetry);
+    let inv = invocation("done-classified", &serde_json::json!({}));
+    let runs = AtomicUsize::new(0);
+    let handler = |ctx: ExecutionContext| {
+        let runs = &runs;
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let put = Put::builder()
+                .table_name("orders")
+                .item("pk", AttributeValue::S("c-9".into()))
+                .build()?;
+            ctx.complete_with(Transaction::new(()).put(put))?;
+            Ok::<_, BoxError>(1_u32)
+        }
+    };
+    let err = idem
+        .execute(&inv, handler)
+        .await
+        .expect_err("cannot be sent");
+    assert_terminal_rejection(&err);
+    let replay = idem.execute(&inv, handler).await.expect_err("replayed");
+    let Error::Failed { failure, .. } = replay else {
+        panic!("got {replay:?}");
+    };
+    assert_eq!(failure.kind.as_str(), "completion_rejected");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "never run again");
+}
+
+#[tokio::test]
+async fn a_refused_completion_after_a_step_gives_the_claim_back_and_the_step_replays() {
+    let shop = Shop::open().await;
+    let idem = shop.engine(shop.db.store());
+    let inv = invocation("done-after-step", &serde_json::json!({"order": "c-10"}));
+    let charges = AtomicUsize::new(0);
+    let handler = |seen: u64| {
+        let (shop, charges) = (&shop, &charges);
+        move |ctx: ExecutionContext| async move {
+            let charge: String = ctx
+                .step("charge")
+                .run(|key| async move {
+                    charges.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, BoxError>(key[..8].to_owned())
+                })
+                .await?;
+            ctx.complete_with(placing(shop, "c-10", seen))?;
+            Ok::<_, BoxError>(charge)
+        }
+    };
+    let err = idem
+        .execute(&inv, handler(7))
+        .await
+        .expect_err("a stale version");
+    assert!(is_refused(&err, 1), "got {err:?}");
+    let record = idem
+        .store()
+        .get(inv.key())
+        .await
+        .expect("get")
+        .expect("given back, not released: the step is kept");
+    assert_eq!(record.status, Status::InProgress);
+    assert_eq!(record.steps.len(), 1);
+    assert!(!shop.has_order("c-10").await);
+
+    shop.clock.advance(Duration::from_millis(2));
+    let done = idem
+        .execute(&inv, handler(1))
+        .await
+        .expect("taken over: the step replays, the completion commits");
+    assert_eq!(done.origin(), Origin::Executed { attempt: 2 });
+    assert_eq!(charges.load(Ordering::SeqCst), 1, "charged once");
+    assert_eq!(shop.reserved().await, 1);
+}
+
+#[tokio::test]
+async fn a_large_outcome_in_parts_commits_with_the_writes() {
+    let shop = Shop::open().await;
+    let idem = shop.engine(shop.db.store());
+    let inv = invocation("done-large", &serde_json::json!({"order": "c-11"}));
+    let report = lambda_idempotency::testing::outcomes::incompressible(200 * 1024, 11);
+    let done = idem
+        .execute(&inv, |ctx| {
+            let (shop, report) = (&shop, report.clone());
+            async move {
+                ctx.complete_with(placing(shop, "c-11", 1))?;
+                Ok::<_, BoxError>(report)
+            }
+        })
+        .await
+        .expect("completed");
+    assert_eq!(done.value().len(), report.len());
+    assert!(shop.has_order("c-11").await);
+    let again = idem
+        .execute(&inv, |_ctx| async { Ok::<_, BoxError>(String::new()) })
+        .await
+        .expect("replayed");
+    assert_eq!(again.origin(), Origin::Replayed);
+    assert_eq!(
+        *again.value(),
+        report,
+        "the outcome read back from its parts"
+    );
+}

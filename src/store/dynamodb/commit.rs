@@ -35,14 +35,12 @@ impl DynamoDbStore {
             expr.name("#steps", &self.names.steps)
                 .value(":steps", steps_value(commit.steps)),
         )?;
+        let own = vec![own.into_transact_item()];
+        if let Err(message) = self.check_limits(&own, commit.writes) {
+            return Ok(Committed::Invalid { message });
+        }
         let answer = self
-            .transact_with(
-                "commit_steps",
-                target,
-                vec![own.into_transact_item()],
-                commit.writes,
-                commit.token,
-            )
+            .transact_with("commit_steps", target, own, commit.writes, commit.token)
             .await?;
         match answer {
             Answer::Lost(current) => Ok(Committed::LeaseLost {
@@ -64,8 +62,14 @@ impl DynamoDbStore {
         writes: &[TransactWriteItem],
         token: &str,
     ) -> Result<Committed, StoreError> {
-        let (own, placement) = self.settlement_writes(target, settlement).await?;
-        let own = own.into_iter().map(Write::into_transact_item).collect();
+        let (own, placement) = self.settlement_writes(target, settlement)?;
+        let own: Vec<TransactWriteItem> = own.into_iter().map(Write::into_transact_item).collect();
+        // Refused before anything is written: no part item is left behind for nothing.
+        if let Err(message) = self.check_limits(&own, writes) {
+            return Ok(Committed::Invalid { message });
+        }
+        self.put_parts(target.key, &placement, settlement.expires_at)
+            .await?;
         let answer = self
             .transact_with("settle", target, own, writes, token)
             .await?;
@@ -81,7 +85,7 @@ impl DynamoDbStore {
     }
 
     /// One transaction of the crate's `own` writes (the record's first) and the handler's
-    /// `writes`, checked against DynamoDB's limits and sent under `token`.
+    /// `writes` (checked against DynamoDB's limits already), sent under `token`.
     async fn transact_with(
         &self,
         operation: &'static str,
@@ -90,7 +94,6 @@ impl DynamoDbStore {
         writes: &[TransactWriteItem],
         token: &str,
     ) -> Result<Answer, StoreError> {
-        self.check_limits(operation, &own, writes)?;
         let owned = own.len();
         let all = own
             .into_iter()
@@ -121,20 +124,19 @@ impl DynamoDbStore {
 
     /// Refuses, before sending, a transaction DynamoDB would refuse: more than 100 actions,
     /// more than 4 MB, two actions on one item (among the keys the writes name, and the
-    /// crate's `own` writes'), a handler's write that names no table or several kinds.
+    /// crate's `own` writes'), a handler's write that names no table or several kinds. `Err`
+    /// says what, for the operator.
     fn check_limits(
         &self,
-        operation: &'static str,
         own: &[TransactWriteItem],
         writes: &[TransactWriteItem],
-    ) -> Result<(), StoreError> {
-        let rejected = |message: String| StoreError::Rejected { operation, message };
+    ) -> Result<(), String> {
         if own.len() + writes.len() > MAX_TRANSACTION_ACTIONS {
-            return Err(rejected(format!(
+            return Err(format!(
                 "the handler's {} writes and outbox events, with the operation's own {}, pass the {MAX_TRANSACTION_ACTIONS} actions DynamoDB takes in one transaction",
                 writes.len(),
                 own.len()
-            )));
+            ));
         }
         let record_key = own
             .first()
@@ -158,9 +160,9 @@ impl DynamoDbStore {
             let table =
                 item_table(write).filter(|_| kinds.iter().filter(|kind| **kind).count() == 1);
             let Some(table) = table else {
-                return Err(rejected(format!(
+                return Err(format!(
                     "write {index} must be exactly one Put, Update, Delete or ConditionCheck"
-                )));
+                ));
             };
             bytes += write_size(write);
             if let Some(key) = key_of(write, table, &self.table, record_key) {
@@ -168,17 +170,17 @@ impl DynamoDbStore {
                     .iter()
                     .any(|(seen, item)| *seen == table && *item == key)
                 {
-                    return Err(rejected(format!(
+                    return Err(format!(
                         "write {index} acts on an item another action of the transaction acts on (or the operation's own record); DynamoDB allows one action per item"
-                    )));
+                    ));
                 }
                 items.push((table, key));
             }
         }
         if bytes > MAX_TRANSACTION_BYTES {
-            return Err(rejected(format!(
+            return Err(format!(
                 "the transaction takes about {bytes} bytes; DynamoDB takes at most {MAX_TRANSACTION_BYTES} in one transaction"
-            )));
+            ));
         }
         Ok(())
     }
@@ -192,7 +194,8 @@ enum Answer {
     Lost(Option<Item>),
 }
 
-/// The key of one of the crate's own writes (an update's or a put's: the evidence).
+/// The key of one of the crate's own writes (an update's, a delete's or a check's; a put's
+/// key is not known here).
 fn own_key(write: &TransactWriteItem) -> Option<&Item> {
     write
         .update

@@ -149,9 +149,9 @@ impl DynamoDbStore {
         Err(crate::store::memory::evidence_not_owned(target))
     }
 
-    /// The writes of a settlement (the record's update, then the evidence's), once its
-    /// outcome's parts (if any) are written; and where its outcome went.
-    pub(super) async fn settlement_writes(
+    /// The writes of a settlement (the record's update, then the evidence's), and where its
+    /// outcome goes: its parts (if any) are to be written first ([`Self::put_parts`]).
+    pub(super) fn settlement_writes(
         &self,
         target: Target<'_>,
         settlement: &Settlement,
@@ -168,8 +168,6 @@ impl DynamoDbStore {
             .value(":expires_at", secs(settlement.expires_at))
             .value(":completed_at", millis(settlement.completed_at));
         let placement = self.outcomes.place(names, target, settlement)?;
-        self.put_parts(target.key, &placement, settlement.expires_at)
-            .await?;
         let mut removed = Vec::new();
         expr = expr
             .name("#outcome", &names.outcome)
@@ -307,7 +305,9 @@ impl Store for DynamoDbStore {
         target: Target<'_>,
         settlement: &Settlement,
     ) -> Result<Fence, StoreError> {
-        let (writes, placement) = self.settlement_writes(target, settlement).await?;
+        let (writes, placement) = self.settlement_writes(target, settlement)?;
+        self.put_parts(target.key, &placement, settlement.expires_at)
+            .await?;
         // Lost: the caller only needs to know whether the record is its own settlement.
         self.fenced(
             "settle",
