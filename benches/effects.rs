@@ -84,12 +84,14 @@ impl Rig {
                     Handler::Transactional => {
                         let placed: String = ctx
                             .step("place")
-                            .transact(|_key| async move { place(&orders, &outbox, n) })
+                            .transact(
+                                |_key| async move { place(&orders, &outbox, &format!("o-{n}")) },
+                            )
                             .await?;
                         Ok(json!({"id": placed}))
                     }
                     Handler::Completion => {
-                        let placed = place(&orders, &outbox, n)?;
+                        let placed = place(&orders, &outbox, &format!("c-{n}"))?;
                         let writes = placed
                             .writes()
                             .iter()
@@ -104,11 +106,11 @@ impl Rig {
     }
 }
 
-/// Order `n`'s put and its outbox event's item, as a transaction's writes.
-fn place(orders: &str, outbox: &Outbox, n: usize) -> Result<Transaction<String>, BoxError> {
+/// Order `order`'s put and its outbox event's item, as a transaction's writes.
+fn place(orders: &str, outbox: &Outbox, order: &str) -> Result<Transaction<String>, BoxError> {
     let put = Put::builder()
         .table_name(orders)
-        .item("pk", AttributeValue::S(format!("o-{n}")))
+        .item("pk", AttributeValue::S(order.to_owned()))
         .condition_expression("attribute_not_exists(pk)")
         .build()?;
     let event = OutboxEvent::new(
@@ -116,9 +118,9 @@ fn place(orders: &str, outbox: &Outbox, n: usize) -> Result<Transaction<String>,
         Destination::Sqs {
             queue_url: "http://127.0.0.1/000000000000/orders".into(),
         },
-        &json!({"order_id": n}),
+        &json!({"order_id": order}),
     )?;
-    Ok(Transaction::new(format!("o-{n}"))
+    Ok(Transaction::new(order.to_owned())
         .put(put)
         .publish(outbox, event))
 }

@@ -18,3 +18,9 @@ pub mod operations {}
 
 #[doc = include_str!("../docs/guide/scale.md")]
 pub mod scale {}
+
+#[doc = include_str!("../docs/guide/troubleshooting.md")]
+pub mod troubleshooting {}
+
+#[doc = include_str!("../docs/guide/powertools.md")]
+pub mod powertools {}

@@ -141,6 +141,23 @@ impl StepRecord {
     pub fn is_done(&self) -> bool {
         self.result.is_some()
     }
+
+    /// The step list's mark on a record that an adoption re-created (its crashed attempt's
+    /// record, and whatever steps it held, deleted by TTL while its evidence stood): no step
+    /// of that attempt is known, so no later takeover may read the list as "nothing happened".
+    /// Its name is empty, which no step's name can be.
+    pub fn steps_lost() -> Self {
+        Self {
+            name: String::new(),
+            attempt: 1,
+            result: None,
+        }
+    }
+
+    /// Whether this is the mark of [`StepRecord::steps_lost`].
+    pub fn marks_steps_lost(&self) -> bool {
+        self.name.is_empty()
+    }
 }
 
 impl Record {

@@ -30,8 +30,8 @@ use lambda_idempotency::record::{
     Audit, Evidence, Record, RetainedFailure, Status, StepRecord, epoch_millis,
 };
 use lambda_idempotency::store::{
-    AttributeNames, DynamoDbStore, ENDPOINT_VAR, ScanCursor, SortKey, Store, TABLE_VAR,
-    UNIQUENESS_TABLE_VAR,
+    AttributeNames, DynamoDbStore, ScanCursor, SortKey, Store, TABLE_VAR, UNIQUENESS_TABLE_VAR,
+    configured_endpoint,
 };
 use lambda_idempotency::{BoxError, Config, Idempotency, OperationKey, Operator, Resolution};
 use serde_json::{Value, json};
@@ -225,7 +225,7 @@ async fn store(tables: &Tables) -> Result<DynamoDbStore, BoxError> {
         .clone()
         .ok_or("no table: pass --table or set IDEMPOTENCY_TABLE")?;
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
-    if let Ok(endpoint) = std::env::var(ENDPOINT_VAR) {
+    if let Some(endpoint) = configured_endpoint() {
         loader = loader.endpoint_url(endpoint);
     }
     let client = aws_sdk_dynamodb::Client::new(&loader.load().await);
@@ -322,6 +322,9 @@ fn record_json(record: &Record) -> Value {
 /// A step as an operator sees it: whether its result is recorded, and its size (an uncertain
 /// step, `done: false`, is what to check downstream before resolving).
 fn step_json(step: &StepRecord) -> Value {
+    if step.marks_steps_lost() {
+        return json!({"lost": "the record was re-created from its evidence after TTL deleted it: the crashed attempt's steps are unknown"});
+    }
     json!({
         "name": step.name,
         "attempt": step.attempt,

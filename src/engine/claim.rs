@@ -10,7 +10,7 @@ use super::settle::settle_patience;
 use super::{Held, Idempotency, Step, answer, erased};
 use crate::error::Error;
 use crate::execution::Invocation;
-use crate::record::{Evidence, Lease, Record, Status, retention_expiry};
+use crate::record::{Evidence, Lease, Record, Status, StepRecord, retention_expiry};
 use crate::store::{Claim, Fence, Guard, Store, Target};
 
 impl Idempotency {
@@ -127,13 +127,16 @@ impl Idempotency {
         if !invocation.fingerprint.matches(&orphan.fingerprint) {
             return Err(Error::PayloadConflict { key: key.clone() });
         }
-        // The orphan's evidence is the operation's, under whatever key it was written.
+        // The orphan's evidence is the operation's, under whatever key it was written. Its
+        // steps went with its record: the re-created record says so, for every later takeover
+        // (this one may stop before it settles anything).
         let record = Record {
             lease: Lease {
                 attempt: 2,
                 ..claim.lease.clone()
             },
             identity: Some(orphan.identity.clone()),
+            steps: vec![StepRecord::steps_lost()],
             ..claim.clone()
         };
         let adopted = match self

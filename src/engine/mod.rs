@@ -44,7 +44,7 @@ use crate::failure::{Classifier, DefaultClassifier};
 use crate::key::OperationKey;
 use crate::observe::{self, Decision, NoObserver, Observation, Observer};
 use crate::reconcile::{BoxFuture, Reconciler, Recovery};
-use crate::record::Record;
+use crate::record::{Record, StepRecord};
 use crate::store::{AnyStore, Guard, Store, Target};
 
 mod answer;
@@ -373,12 +373,20 @@ impl Idempotency {
                 previous,
                 adopted,
             } => {
-                let recorded = previous.steps.clone();
+                // An adopted orphan's steps went with its record: nothing says they were none,
+                // now (this adoption) or on any later takeover of the record it re-created.
+                let lost = previous.steps.iter().any(StepRecord::marks_steps_lost);
+                let adopted = adopted || lost;
+                let recorded: Vec<StepRecord> = previous
+                    .steps
+                    .iter()
+                    .filter(|step| !step.marks_steps_lost())
+                    .cloned()
+                    .collect();
                 let created_at = previous.created_at;
                 // The crashed attempt's steps decide when the handler declares its effects to
                 // be its steps (or safe to repeat); otherwise a reconciler or an operator does,
-                // and recorded results still replay if the handler runs. An adopted orphan's
-                // steps went with its record: nothing says they were none.
+                // and recorded results still replay if the handler runs.
                 let recovery = match (adopted, self.recovery) {
                     (true, Recovery::Steps) => Recovery::Indeterminate,
                     (_, recovery) => recovery,

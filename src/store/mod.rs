@@ -44,8 +44,8 @@ pub use cached::CachedStore;
 pub(crate) use dynamodb::value_size;
 pub use dynamodb::{
     ATTEMPT_TIMEOUT, AttributeNames, DynamoDbStore, ENDPOINT_VAR, OPERATION_TIMEOUT,
-    OutcomeStorage, PART_BYTES, PART_TTL_MARGIN, Replication, ScanCursor, SortKey, TABLE_VAR,
-    UNIQUENESS_TABLE_VAR,
+    OutcomeStorage, PART_BYTES, PART_TTL_MARGIN, Replication, SDK_ENDPOINT_VAR, ScanCursor,
+    SortKey, TABLE_VAR, UNIQUENESS_TABLE_VAR, configured_endpoint,
 };
 pub use memory::MemoryStore;
 

@@ -12,7 +12,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::record::epoch_secs;
 use lambda_idempotency::store::DynamoDbStore;
-use lambda_idempotency::store::ENDPOINT_VAR;
+use lambda_idempotency::store::configured_endpoint;
 use lambda_idempotency::testing::conformance::{EffectTables, Fixture, Sweeper};
 
 use super::local;
@@ -144,9 +144,9 @@ pub async fn start() -> Dynamo {
 /// Starts (or connects to) the endpoint and creates fresh tables. The embedded server reads
 /// `clock` too, so that its TTL sweep agrees with the engine about what has expired.
 pub async fn start_with_clock(clock: ManualClock) -> Dynamo {
-    let (endpoint, db) = match std::env::var(ENDPOINT_VAR) {
-        Ok(endpoint) => (endpoint, None),
-        Err(_) => {
+    let (endpoint, db) = match configured_endpoint() {
+        Some(endpoint) => (endpoint, None),
+        None => {
             let db = dynoxide::Database::memory_with_clock(Arc::new(SharedClock(clock.clone())))
                 .expect("embedded database");
             (local::serve(db.clone()).await.expect("serve"), Some(db))

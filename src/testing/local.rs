@@ -6,7 +6,7 @@
 #![allow(dead_code)]
 
 use aws_sdk_dynamodb::config::{BehaviorVersion, Builder, Credentials, Region};
-use lambda_idempotency::store::{DynamoDbStore, ENDPOINT_VAR};
+use lambda_idempotency::store::{DynamoDbStore, configured_endpoint};
 
 /// An SDK configuration aimed at the endpoint; add interceptors, then `build()`.
 pub async fn sdk_config() -> Result<Builder, lambda_idempotency::BoxError> {
@@ -15,9 +15,9 @@ pub async fn sdk_config() -> Result<Builder, lambda_idempotency::BoxError> {
 
 /// The endpoint URL: `DYNAMODB_ENDPOINT` when set, else an embedded server started now.
 pub async fn endpoint() -> Result<String, lambda_idempotency::BoxError> {
-    Ok(match std::env::var(ENDPOINT_VAR) {
-        Ok(endpoint) => endpoint,
-        Err(_) => serve(dynoxide::Database::memory()?).await?,
+    Ok(match configured_endpoint() {
+        Some(endpoint) => endpoint,
+        None => serve(dynoxide::Database::memory()?).await?,
     })
 }
 

@@ -131,6 +131,7 @@ macro_rules! conformance_tests {
             a_failing_step_write_never_runs_the_effect_blind,
             a_step_recorded_after_the_takers_read_fails_the_takeover,
             an_adopted_orphan_is_held_even_when_its_effects_are_steps,
+            an_adopted_record_stays_held_after_its_adoption_stopped,
             a_task_cancelled_after_its_intent_leaves_the_step_to_its_check
         );
     };

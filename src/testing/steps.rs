@@ -709,6 +709,60 @@ pub async fn an_adopted_orphan_is_held_even_when_its_effects_are_steps<S: Store>
     );
 }
 
+/// Case: the adoption of an orphan whose record TTL deleted (its steps with it) stops before
+/// it holds the operation (its task cancelled): the record it re-created says its steps are
+/// lost, so the next takeover holds the operation too, instead of reading "no step" as
+/// "nothing happened" and running every step again. The simulation's seed 917 found it.
+pub async fn an_adopted_record_stays_held_after_its_adoption_stopped<S: Store + Clone>(
+    fx: Fixture<S>,
+) {
+    if fx.lacks(super::conformance::Capability::Evidence) {
+        return;
+    }
+    let store = FaultyStore::new(fx.store);
+    let (clock, sweep) = (fx.clock, fx.sweep);
+    let config = Config::builder()
+        .retention(Duration::from_secs(60))
+        .build()
+        .expect("config");
+    let idem = Idempotency::new(store.clone())
+        .with_config(config)
+        .with_clock(clock.clone())
+        .with_recovery(Recovery::Steps);
+    let inv = invocation("steps-orphan-stopped", &serde_json::json!({"order": 20}))
+        .with_identity("invoice:steps-orphan-stopped")
+        .expect("identity");
+    let effects = Arc::new(Effects::default());
+    crash_while_emailing(&idem, &inv, &effects, false).await;
+    clock.advance(LEASE + Duration::from_secs(120));
+    assert!(sweep().await >= 1, "TTL deleted the record, steps and all");
+
+    // The adoption re-creates the record, then its hold is cancelled before it is written.
+    store.inject(Primitive::Settle, Fault::CancelBefore);
+    let stopped = store
+        .cancellable(checkout(&idem, &inv, &effects, Email::Unchecked))
+        .await;
+    assert!(stopped.is_none(), "the adoption's task was cancelled");
+    let record = stored(&idem, inv.key(), "re-created by the adoption").await;
+    assert_eq!(record.status, Status::InProgress);
+    assert_eq!(
+        record.steps,
+        [StepRecord::steps_lost()],
+        "marked: steps unknown"
+    );
+
+    clock.advance(LEASE + Duration::from_secs(1));
+    let err = checkout(&idem, &inv, &effects, Email::Unchecked)
+        .await
+        .expect_err("held");
+    assert!(matches!(err, Error::Indeterminate { .. }), "got {err:?}");
+    assert_eq!(
+        (effects.charges(), effects.emails()),
+        (1, 1),
+        "nothing ran again"
+    );
+}
+
 /// Case: a task cancelled right after its step's intent committed (the effect never ran):
 /// the claim is given back, the intent stands, and the next delivery's check finds nothing
 /// and runs the step once.

@@ -1,11 +1,12 @@
 //! The SDK configurations the store's constructors build.
 //!
 //! - [`from_env`](super::DynamoDbStore::from_env): the SDK's default configuration
-//!   (aws-config: the credential chain, profiles, every `AWS_*` setting), with
-//!   `DYNAMODB_ENDPOINT`.
+//!   (aws-config: the credential chain, profiles, every `AWS_*` setting), with the endpoint the
+//!   environment names ([`configured_endpoint`](super::configured_endpoint):
+//!   `DYNAMODB_ENDPOINT`, else the SDKs' `AWS_ENDPOINT_URL_DYNAMODB` or `AWS_ENDPOINT_URL`).
 //! - [`for_lambda`](super::DynamoDbStore::for_lambda): only what a Lambda execution
 //!   environment gives: the region and the execution role's credentials from the variables
-//!   Lambda sets, and `DYNAMODB_ENDPOINT`. A binary that never calls aws-config links none of
+//!   Lambda sets, and the same endpoint variables. A binary that never calls aws-config links none of
 //!   its credential chain (profiles, SSO, STS, IMDS, ECS).
 //!
 //! `for_lambda` also chooses the HTTPS client's trusted roots. The SDK's default client reads
@@ -17,8 +18,8 @@
 //! |---|---|
 //! | the region's, in the `aws` partition | Amazon Trust Services' (Amazon Root CA 1–4, Starfield Services Root G2), which sign every AWS endpoint there |
 //! | the region's, in another partition (China, GovCloud, ISO, EU sovereign) or unknown | all of Mozilla's |
-//! | `DYNAMODB_ENDPOINT` over `https` | all of Mozilla's |
-//! | `DYNAMODB_ENDPOINT` over `http` (a local server) | none: no TLS is spoken |
+//! | a configured endpoint (`DYNAMODB_ENDPOINT`, `AWS_ENDPOINT_URL_DYNAMODB`) over `https` | all of Mozilla's |
+//! | a configured endpoint over `http` (a local server) | none: no TLS is spoken |
 //! | any, with `SSL_CERT_FILE` or `SSL_CERT_DIR` set | the system's (the SDK's default) |
 
 use std::time::Duration;
@@ -32,7 +33,7 @@ use aws_smithy_http_client::tls::{Provider, TlsContext, TrustStore};
 use aws_smithy_http_client::{Builder, ConnectorBuilder};
 use base64::Engine;
 
-use super::ENDPOINT_VAR;
+use super::configured_endpoint;
 use crate::error::ConfigError;
 
 /// The variables with which a deployment names its own trusted certificates.
@@ -71,10 +72,11 @@ pub(super) fn with_timeouts(config: &aws_sdk_dynamodb::Config) -> Option<aws_sdk
     Some(config.to_builder().timeout_config(timeouts.build()).build())
 }
 
-/// The SDK's default configuration, with `DYNAMODB_ENDPOINT`.
+/// The SDK's default configuration, with the endpoint the environment names
+/// ([`configured_endpoint`]).
 pub(super) async fn from_env() -> SdkConfig {
     let mut loader = aws_config::defaults(BehaviorVersion::latest());
-    if let Ok(endpoint) = std::env::var(ENDPOINT_VAR) {
+    if let Some(endpoint) = configured_endpoint() {
         loader = loader.endpoint_url(endpoint);
     }
     loader.load().await
@@ -97,7 +99,7 @@ pub(super) fn for_lambda() -> Result<aws_sdk_dynamodb::Config, ConfigError> {
     let config = aws_sdk_dynamodb::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .credentials_provider(credentials);
-    let endpoint = std::env::var(ENDPOINT_VAR).ok();
+    let endpoint = configured_endpoint();
     let region = var("AWS_REGION")?;
     let own_certs = CERT_VARS.iter().any(|var| std::env::var_os(var).is_some());
     let roots = (!own_certs).then(|| trusted_roots(endpoint.as_deref(), &region));

@@ -71,6 +71,100 @@ pub const TABLE_VAR: &str = "IDEMPOTENCY_TABLE";
 pub const UNIQUENESS_TABLE_VAR: &str = "UNIQUENESS_TABLE";
 /// The environment variable that, when set, points the client at a DynamoDB-compatible endpoint.
 pub const ENDPOINT_VAR: &str = "DYNAMODB_ENDPOINT";
+/// The AWS SDKs' own variable for DynamoDB's endpoint, honoured beside [`ENDPOINT_VAR`].
+pub const SDK_ENDPOINT_VAR: &str = "AWS_ENDPOINT_URL_DYNAMODB";
+/// The AWS SDKs' variable for every service's endpoint.
+const SDK_GLOBAL_ENDPOINT_VAR: &str = "AWS_ENDPOINT_URL";
+/// The AWS SDKs' switch that ignores the two endpoint variables above.
+const SDK_IGNORE_ENDPOINTS_VAR: &str = "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS";
+
+/// The DynamoDB endpoint the environment names, for every client the crate builds (the
+/// store's constructors, `idemctl`, the tests): [`ENDPOINT_VAR`] when set, else the SDKs'
+/// [`SDK_ENDPOINT_VAR`], else `AWS_ENDPOINT_URL` (those two ignored, as the SDKs ignore them,
+/// when `AWS_IGNORE_CONFIGURED_ENDPOINT_URLS` is `true`); `None`: the Region's endpoint.
+///
+/// ```
+/// // Nothing set in this process: the Region's endpoint.
+/// # if std::env::var_os("DYNAMODB_ENDPOINT").is_none() && std::env::var_os("AWS_ENDPOINT_URL_DYNAMODB").is_none() && std::env::var_os("AWS_ENDPOINT_URL").is_none() {
+/// assert_eq!(lambda_idempotency::store::configured_endpoint(), None);
+/// # }
+/// ```
+pub fn configured_endpoint() -> Option<String> {
+    endpoint_from(|name| std::env::var(name).ok())
+}
+
+/// [`configured_endpoint`] from the variables `var` reads.
+fn endpoint_from(var: impl Fn(&str) -> Option<String>) -> Option<String> {
+    let set = |name: &str| var(name).filter(|value| !value.trim().is_empty());
+    if let Some(endpoint) = set(ENDPOINT_VAR) {
+        return Some(endpoint);
+    }
+    let ignored =
+        var(SDK_IGNORE_ENDPOINTS_VAR).is_some_and(|value| value.eq_ignore_ascii_case("true"));
+    if ignored {
+        return None;
+    }
+    set(SDK_ENDPOINT_VAR).or_else(|| set(SDK_GLOBAL_ENDPOINT_VAR))
+}
+
+#[cfg(test)]
+mod endpoint_tests {
+    use std::collections::HashMap;
+
+    use super::endpoint_from;
+
+    fn endpoint(vars: &[(&str, &str)]) -> Option<String> {
+        let vars: HashMap<&str, &str> = vars.iter().copied().collect();
+        endpoint_from(|name| vars.get(name).map(|value| (*value).to_owned()))
+    }
+
+    #[test]
+    fn the_crates_variable_then_the_sdks_service_variable_then_the_global_one() {
+        assert_eq!(endpoint(&[]), None);
+        assert_eq!(
+            endpoint(&[("AWS_ENDPOINT_URL", "http://global")]).as_deref(),
+            Some("http://global")
+        );
+        assert_eq!(
+            endpoint(&[
+                ("AWS_ENDPOINT_URL", "http://global"),
+                ("AWS_ENDPOINT_URL_DYNAMODB", "http://service")
+            ])
+            .as_deref(),
+            Some("http://service")
+        );
+        assert_eq!(
+            endpoint(&[
+                ("AWS_ENDPOINT_URL_DYNAMODB", "http://service"),
+                ("DYNAMODB_ENDPOINT", "http://crate")
+            ])
+            .as_deref(),
+            Some("http://crate")
+        );
+        assert_eq!(
+            endpoint(&[
+                ("DYNAMODB_ENDPOINT", " "),
+                ("AWS_ENDPOINT_URL_DYNAMODB", "http://service")
+            ])
+            .as_deref(),
+            Some("http://service"),
+            "a blank variable is unset"
+        );
+    }
+
+    #[test]
+    fn the_sdks_switch_ignores_its_own_variables_only() {
+        let ignored = ("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "true");
+        assert_eq!(
+            endpoint(&[ignored, ("AWS_ENDPOINT_URL_DYNAMODB", "http://service")]),
+            None
+        );
+        assert_eq!(
+            endpoint(&[ignored, ("DYNAMODB_ENDPOINT", "http://crate")]).as_deref(),
+            Some("http://crate")
+        );
+    }
+}
 
 /// Records in a DynamoDB table (`pk` string key, TTL on `expires_at` by default), and optional
 /// permanent evidence in a uniqueness table (`pk` string key, no TTL).
