@@ -16,6 +16,7 @@ pub mod orders;
 pub mod payments;
 pub mod quickstart;
 pub mod shipments;
+pub mod stuck_check;
 
 use lambda_idempotency::store::DynamoDbStore;
 

@@ -6,7 +6,7 @@
 //! `--attribute FIELD=NAME` (renamed attributes, as `AttributeNames`).
 //!
 //! ```text
-//! idemctl tables create
+//! idemctl tables create [--unprotected] [--kms-key KEY]
 //! idemctl get --key 'orders#place#v1#…'        idemctl get --identity 'orders#id=invoice:o-418'
 //! idemctl stuck --older-than 10m [--json]
 //! idemctl resolve (--key … | --identity …) --retention 24h
@@ -30,8 +30,8 @@ use lambda_idempotency::record::{
     Audit, Evidence, Record, RetainedFailure, Status, StepRecord, epoch_millis,
 };
 use lambda_idempotency::store::{
-    AttributeNames, DynamoDbStore, ScanCursor, SortKey, Store, TABLE_VAR, UNIQUENESS_TABLE_VAR,
-    configured_endpoint,
+    AttributeNames, DynamoDbStore, ScanCursor, SortKey, Store, TABLE_VAR, TableProtection,
+    UNIQUENESS_TABLE_VAR, dynamodb_config, stuck_since,
 };
 use lambda_idempotency::{BoxError, Config, Idempotency, OperationKey, Operator, Resolution};
 use serde_json::{Value, json};
@@ -146,8 +146,16 @@ enum Command {
 #[derive(Subcommand)]
 enum TablesCommand {
     /// Create the idempotency table (TTL on expires_at) and the uniqueness table, as
-    /// template.yaml deploys them: for local work.
-    Create,
+    /// template.yaml deploys them: protected from deletion, with point-in-time recovery.
+    Create {
+        /// No deletion protection and no point-in-time recovery: for a local server (which
+        /// keeps no backups) or a throwaway table.
+        #[arg(long)]
+        unprotected: bool,
+        /// Encrypt both tables with this customer-managed KMS key (ARN, id or alias).
+        #[arg(long, value_name = "KEY")]
+        kms_key: Option<String>,
+    },
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -165,8 +173,19 @@ async fn main() -> ExitCode {
 async fn run(cli: Cli) -> Result<(), BoxError> {
     let store = store(&cli.tables).await?;
     match cli.command {
-        Command::Tables(TablesCommand::Create) => {
-            store.create_table().await?;
+        Command::Tables(TablesCommand::Create {
+            unprotected,
+            kms_key,
+        }) => {
+            let protection = match unprotected {
+                true => TableProtection::none(),
+                false => TableProtection::production(),
+            };
+            let protection = match kms_key {
+                Some(key) => protection.with_kms_key(key),
+                None => protection,
+            };
+            store.create_tables(&protection).await?;
             println!("created {}", store.table());
         }
         Command::Get { key, identity } => get(&store, key, identity).await?,
@@ -224,11 +243,10 @@ async fn store(tables: &Tables) -> Result<DynamoDbStore, BoxError> {
         .table
         .clone()
         .ok_or("no table: pass --table or set IDEMPOTENCY_TABLE")?;
-    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
-    if let Some(endpoint) = configured_endpoint() {
-        loader = loader.endpoint_url(endpoint);
-    }
-    let client = aws_sdk_dynamodb::Client::new(&loader.load().await);
+    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .load()
+        .await;
+    let client = aws_sdk_dynamodb::Client::from_conf(dynamodb_config(&sdk));
     let store = DynamoDbStore::new(client, table).with_attribute_names(layout(tables)?);
     Ok(match &tables.uniqueness_table {
         Some(uniqueness) => store.with_uniqueness_table(uniqueness),
@@ -315,7 +333,13 @@ fn record_json(record: &Record) -> Value {
         "request_id": record.request_id,
         "identity": record.identity,
         "audit": record.audit.as_ref().map(audit_json),
-        "steps": record.steps.iter().map(step_json).collect::<Vec<_>>(),
+        // The mark of an adoption matters only while the record is unsettled.
+        "steps": record
+            .steps
+            .iter()
+            .filter(|step| !(step.marks_steps_lost() && record.status.is_settled()))
+            .map(step_json)
+            .collect::<Vec<_>>(),
     })
 }
 
@@ -380,24 +404,12 @@ async fn scan_all(store: &DynamoDbStore) -> Result<Vec<Record>, BoxError> {
 
 async fn stuck(store: &DynamoDbStore, older_than: Duration, json: bool) -> Result<(), BoxError> {
     let now = SystemTime::now();
-    let old_enough = |since: SystemTime| {
-        since
-            .checked_add(older_than)
-            .is_some_and(|limit| limit < now)
-    };
-    let stuck: Vec<Record> = scan_all(store)
-        .await?
-        .into_iter()
-        .filter(|record| since(record).is_some_and(old_enough))
-        .collect();
-    let orphans = match store.uniqueness_table() {
-        Some(_) => orphaned_evidence(store, now).await?,
-        None => Vec::new(),
-    };
-    let orphans: Vec<Evidence> = orphans
-        .into_iter()
-        .filter(|evidence| old_enough(evidence.created_at))
-        .collect();
+    let found = store.find_stuck(now, older_than, u32::MAX).await?;
+    if found.skipped > 0 {
+        eprintln!("skipped {} items that do not decode", found.skipped);
+    }
+    eprintln!("read {} scan pages", found.pages);
+    let (stuck, orphans) = (found.records, found.orphans);
     if json {
         for record in &stuck {
             println!("{}", record_json(record));
@@ -421,7 +433,7 @@ async fn stuck(store: &DynamoDbStore, older_than: Duration, json: bool) -> Resul
             record.status.as_str(),
             record.key.operation(),
             record.lease.attempt,
-            since(record).map(age).unwrap_or_default(),
+            stuck_since(record).map(age).unwrap_or_default(),
             record.key.as_str()
         );
     }
@@ -442,40 +454,6 @@ async fn stuck(store: &DynamoDbStore, older_than: Duration, json: bool) -> Resul
 /// Unsettled evidence (IN_PROGRESS, INDETERMINATE) whose record is gone or settled and
 /// expired: only an operator (`resolve --identity`) or a redelivery moves it on. One scan of
 /// the uniqueness table, and one read per unsettled evidence.
-async fn orphaned_evidence(
-    store: &DynamoDbStore,
-    now: SystemTime,
-) -> Result<Vec<Evidence>, BoxError> {
-    let mut orphans = Vec::new();
-    let mut cursor: Option<ScanCursor> = None;
-    loop {
-        let (unsettled, skipped, next) = store.scan_unsettled_evidence(cursor.take()).await?;
-        if skipped > 0 {
-            eprintln!("skipped {skipped} evidence items that do not decode");
-        }
-        for evidence in unsettled {
-            let record = store.get(&evidence.key).await?;
-            if record.is_none_or(|record| record.counts_as_absent(now)) {
-                orphans.push(evidence);
-            }
-        }
-        if !next.has_more() {
-            return Ok(orphans);
-        }
-        cursor = Some(next);
-    }
-}
-
-/// Since when a record is stuck: an IN_PROGRESS one since its lease ran out, an INDETERMINATE
-/// one since it became so; `None` for the others.
-fn since(record: &Record) -> Option<SystemTime> {
-    match record.status {
-        Status::InProgress => Some(record.lease.expires_at),
-        Status::Indeterminate => Some(record.completed_at.unwrap_or(record.created_at)),
-        _ => None,
-    }
-}
-
 /// What an operator resolves.
 enum Held {
     /// A record, by its operation key.

@@ -400,7 +400,17 @@ impl Idempotency {
                         "took over a crashed attempt: its recorded steps replay"
                     );
                 } else if let Some(answer) = self
-                    .reconcile(target, invocation, claim, attempt, *previous, recovery)
+                    .reconcile(
+                        target,
+                        invocation,
+                        claim,
+                        attempt,
+                        Record {
+                            steps: recorded.clone(),
+                            ..*previous
+                        },
+                        recovery,
+                    )
                     .await
                 {
                     return Ok(answer);

@@ -45,7 +45,8 @@ pub(crate) use dynamodb::value_size;
 pub use dynamodb::{
     ATTEMPT_TIMEOUT, AttributeNames, DynamoDbStore, ENDPOINT_VAR, OPERATION_TIMEOUT,
     OutcomeStorage, PART_BYTES, PART_TTL_MARGIN, Replication, SDK_ENDPOINT_VAR, ScanCursor,
-    SortKey, TABLE_VAR, UNIQUENESS_TABLE_VAR, configured_endpoint,
+    SortKey, Stuck, StuckCounts, TABLE_VAR, TableProtection, UNIQUENESS_TABLE_VAR,
+    configured_endpoint, dynamodb_config, stuck_since,
 };
 pub use memory::MemoryStore;
 

@@ -184,10 +184,13 @@ async fn an_operator_finds_and_resolves_stuck_work() {
             &format!("{fresh}-u"),
             "tables",
             "create",
+            "--unprotected",
         ],
     ));
     let described = db.client.describe_table().table_name(&fresh).send().await;
     assert!(described.is_ok(), "the table exists");
+    let deleted = db.client.delete_table().table_name(&fresh).send().await;
+    assert!(deleted.is_ok(), "unprotected: it can be deleted");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -352,4 +355,63 @@ async fn an_operator_resolves_every_held_state_on_a_single_table_layout_and_leav
         "a file that is not JSON is refused"
     );
     let _ = std::fs::remove_file(unchecked);
+}
+
+/// `tables create` against moto's DynamoDB (the embedded server keeps no backups): both tables
+/// protected from deletion, with point-in-time recovery, as template.yaml deploys them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_create_protects_both_tables_as_the_template_does() {
+    let moto = lambda_idempotency::testing::moto::start()
+        .await
+        .expect("moto's server");
+    let client = aws_sdk_dynamodb::Client::new(&moto.sdk_config());
+    let table = lambda_idempotency::testing::local::unique_table_name("cli-protected");
+    let uniqueness = format!("{table}-u");
+    let created = Command::new(env!("CARGO_BIN_EXE_idemctl"))
+        .args(["--table", &table, "--uniqueness-table", &uniqueness])
+        .args(["tables", "create"])
+        .env("DYNAMODB_ENDPOINT", &moto.endpoint)
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .output()
+        .expect("idemctl runs");
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    for name in [&table, &uniqueness] {
+        let described = client
+            .describe_table()
+            .table_name(name)
+            .send()
+            .await
+            .expect("described");
+        assert_eq!(
+            described
+                .table()
+                .and_then(|t| t.deletion_protection_enabled()),
+            Some(true),
+            "{name}: protected from deletion"
+        );
+        let backups = client
+            .describe_continuous_backups()
+            .table_name(name)
+            .send()
+            .await
+            .expect("backups described");
+        let recovery = backups
+            .continuous_backups_description()
+            .and_then(|d| d.point_in_time_recovery_description())
+            .and_then(|p| p.point_in_time_recovery_status().cloned());
+        assert_eq!(
+            recovery,
+            Some(aws_sdk_dynamodb::types::PointInTimeRecoveryStatus::Enabled),
+            "{name}: point-in-time recovery"
+        );
+        let deleted = client.delete_table().table_name(name).send().await;
+        assert!(deleted.is_err(), "{name}: a delete is refused");
+    }
 }

@@ -1,9 +1,9 @@
 //! The SDK configurations the store's constructors build.
 //!
 //! - [`from_env`](super::DynamoDbStore::from_env): the SDK's default configuration
-//!   (aws-config: the credential chain, profiles, every `AWS_*` setting), with the endpoint the
-//!   environment names ([`configured_endpoint`](super::configured_endpoint):
-//!   `DYNAMODB_ENDPOINT`, else the SDKs' `AWS_ENDPOINT_URL_DYNAMODB` or `AWS_ENDPOINT_URL`).
+//!   (aws-config: the credential chain, profiles, every `AWS_*` setting, the SDKs' endpoint
+//!   variables `AWS_ENDPOINT_URL_DYNAMODB` and `AWS_ENDPOINT_URL` among them), with
+//!   `DYNAMODB_ENDPOINT` over all of them.
 //! - [`for_lambda`](super::DynamoDbStore::for_lambda): only what a Lambda execution
 //!   environment gives: the region and the execution role's credentials from the variables
 //!   Lambda sets, and the same endpoint variables. A binary that never calls aws-config links none of
@@ -18,7 +18,7 @@
 //! |---|---|
 //! | the region's, in the `aws` partition | Amazon Trust Services' (Amazon Root CA 1–4, Starfield Services Root G2), which sign every AWS endpoint there |
 //! | the region's, in another partition (China, GovCloud, ISO, EU sovereign) or unknown | all of Mozilla's |
-//! | a configured endpoint (`DYNAMODB_ENDPOINT`, `AWS_ENDPOINT_URL_DYNAMODB`) over `https` | all of Mozilla's |
+//! | a configured endpoint (`DYNAMODB_ENDPOINT`, `AWS_ENDPOINT_URL_DYNAMODB`, `AWS_ENDPOINT_URL`) over `https` | all of Mozilla's |
 //! | a configured endpoint over `http` (a local server) | none: no TLS is spoken |
 //! | any, with `SSL_CERT_FILE` or `SSL_CERT_DIR` set | the system's (the SDK's default) |
 
@@ -33,7 +33,7 @@ use aws_smithy_http_client::tls::{Provider, TlsContext, TrustStore};
 use aws_smithy_http_client::{Builder, ConnectorBuilder};
 use base64::Engine;
 
-use super::configured_endpoint;
+use super::{ENDPOINT_VAR, configured_endpoint};
 use crate::error::ConfigError;
 
 /// The variables with which a deployment names its own trusted certificates.
@@ -72,14 +72,33 @@ pub(super) fn with_timeouts(config: &aws_sdk_dynamodb::Config) -> Option<aws_sdk
     Some(config.to_builder().timeout_config(timeouts.build()).build())
 }
 
-/// The SDK's default configuration, with the endpoint the environment names
-/// ([`configured_endpoint`]).
-pub(super) async fn from_env() -> SdkConfig {
-    let mut loader = aws_config::defaults(BehaviorVersion::latest());
-    if let Some(endpoint) = configured_endpoint() {
-        loader = loader.endpoint_url(endpoint);
+/// A DynamoDB client's configuration from the SDK's defaults (aws-config reads
+/// `AWS_ENDPOINT_URL_DYNAMODB`, `AWS_ENDPOINT_URL`, profiles and the ignore switch itself),
+/// with `DYNAMODB_ENDPOINT` over all of them: set on the client's own configuration, which the
+/// SDK's service-specific settings do not override.
+pub(super) async fn from_env() -> aws_sdk_dynamodb::Config {
+    dynamodb_config(&aws_config::defaults(BehaviorVersion::latest()).load().await)
+}
+
+/// `sdk`'s DynamoDB client configuration, with `DYNAMODB_ENDPOINT` over whatever endpoint it
+/// names (the SDK's service settings, `AWS_ENDPOINT_URL_DYNAMODB`, do not override a client's
+/// own): what [`DynamoDbStore::from_env`](super::DynamoDbStore::from_env) and `idemctl` use.
+///
+/// ```no_run
+/// # async fn demo() {
+/// let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+/// let client = aws_sdk_dynamodb::Client::from_conf(lambda_idempotency::store::dynamodb_config(&sdk));
+/// # let _ = client; }
+/// ```
+pub fn dynamodb_config(sdk: &SdkConfig) -> aws_sdk_dynamodb::Config {
+    let config = aws_sdk_dynamodb::config::Builder::from(sdk);
+    match std::env::var(ENDPOINT_VAR)
+        .ok()
+        .filter(|endpoint| !endpoint.trim().is_empty())
+    {
+        Some(endpoint) => config.endpoint_url(endpoint).build(),
+        None => config.build(),
     }
-    loader.load().await
 }
 
 /// The configuration from a Lambda execution environment's variables.

@@ -40,23 +40,27 @@ impl DynamoDbStore {
 
     /// A store on the tables named by `IDEMPOTENCY_TABLE` and (if set) `UNIQUENESS_TABLE`, with
     /// the default AWS configuration (aws-config: the credential chain, profiles, every
-    /// `AWS_*` setting); `DYNAMODB_ENDPOINT`, when set, overrides the endpoint.
+    /// `AWS_*` setting, `AWS_ENDPOINT_URL_DYNAMODB` among them); `DYNAMODB_ENDPOINT`, when set,
+    /// overrides the endpoint.
     /// [`Self::for_lambda`] is leaner inside a Lambda function.
     pub async fn from_env() -> Result<Self, ConfigError> {
         let table = table_from_env()?;
-        Ok(Self::new(Client::new(&client::from_env().await), table).with_uniqueness_from_env())
+        Ok(
+            Self::new(Client::from_conf(client::from_env().await), table)
+                .with_uniqueness_from_env(),
+        )
     }
 
     /// A store for a Lambda function: the tables as [`Self::from_env`] names them, the region
     /// and the execution role's credentials from the variables Lambda sets (`AWS_REGION`,
-    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`),
-    /// `DYNAMODB_ENDPOINT`, and an HTTPS client that trusts Mozilla's roots compiled into the
+    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`), the endpoint
+    /// [`configured_endpoint`](crate::store::configured_endpoint) names, and an HTTPS client that trusts Mozilla's roots compiled into the
     /// binary (the system's when `SSL_CERT_FILE` or `SSL_CERT_DIR` is set).
     ///
     /// It reads no file and calls no credential provider, so a cold start is shorter, and a
     /// binary that uses it instead of [`Self::from_env`] links none of aws-config's credential
     /// chain (BENCHMARKS.md has the figures). Other `AWS_*` settings (`AWS_MAX_ATTEMPTS`,
-    /// `AWS_ENDPOINT_URL_DYNAMODB`, profiles) are not read: use [`Self::from_env`] for them.
+    /// profiles) are not read: use [`Self::from_env`] for them.
     ///
     /// ```no_run
     /// # async fn build() -> Result<(), lambda_idempotency::ConfigError> {

@@ -50,18 +50,21 @@ mod replication;
 mod scan;
 mod steps;
 mod store;
+mod stuck;
 mod table;
 mod writes;
 
 use aws_sdk_dynamodb::Client;
 
-pub use client::{ATTEMPT_TIMEOUT, OPERATION_TIMEOUT};
+pub use client::{ATTEMPT_TIMEOUT, OPERATION_TIMEOUT, dynamodb_config};
 #[cfg(feature = "testing")]
 pub(crate) use item::value_size;
 pub use item::{AttributeNames, SortKey};
 pub use outcome::{OutcomeStorage, PART_BYTES, PART_TTL_MARGIN};
 pub use replication::Replication;
 pub use scan::ScanCursor;
+pub use stuck::{Stuck, StuckCounts, stuck_since};
+pub use table::TableProtection;
 
 use crate::error::StoreError;
 
@@ -78,10 +81,12 @@ const SDK_GLOBAL_ENDPOINT_VAR: &str = "AWS_ENDPOINT_URL";
 /// The AWS SDKs' switch that ignores the two endpoint variables above.
 const SDK_IGNORE_ENDPOINTS_VAR: &str = "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS";
 
-/// The DynamoDB endpoint the environment names, for every client the crate builds (the
-/// store's constructors, `idemctl`, the tests): [`ENDPOINT_VAR`] when set, else the SDKs'
-/// [`SDK_ENDPOINT_VAR`], else `AWS_ENDPOINT_URL` (those two ignored, as the SDKs ignore them,
-/// when `AWS_IGNORE_CONFIGURED_ENDPOINT_URLS` is `true`); `None`: the Region's endpoint.
+/// The DynamoDB endpoint the environment names, for the clients the crate builds without
+/// aws-config ([`DynamoDbStore::for_lambda`], the tests' embedded-server fixtures):
+/// [`ENDPOINT_VAR`] when set, else the SDKs' [`SDK_ENDPOINT_VAR`], else `AWS_ENDPOINT_URL`
+/// (those two ignored, as the SDKs ignore them, when `AWS_IGNORE_CONFIGURED_ENDPOINT_URLS` is
+/// `true`); `None`: the Region's endpoint. With aws-config ([`dynamodb_config`]), the SDK reads
+/// its own variables and profiles, and [`ENDPOINT_VAR`] overrides them the same way.
 ///
 /// ```
 /// // Nothing set in this process: the Region's endpoint.

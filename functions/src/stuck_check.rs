@@ -1,0 +1,101 @@
+//! The scheduled stuck check: what waits for an operator or a takeover (IN_PROGRESS records past
+//! their lease, INDETERMINATE records, orphaned evidence) and how long the oldest has waited
+//! (the reconciliation age), emitted as CloudWatch Embedded Metric Format gauges that the stack's
+//! alarms watch. Bounded: at most `STUCK_MAX_PAGES` scan pages per run
+//! ([`DynamoDbStore::find_stuck`], which says what that costs).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lambda_idempotency::store::{DynamoDbStore, StuckCounts};
+use serde_json::{Value, json};
+
+/// The CloudWatch namespace of the gauges.
+pub const NAMESPACE: &str = "LambdaIdempotency";
+/// How long past its lease a record counts as stuck (seconds; default 300).
+pub const OLDER_THAN_VAR: &str = "STUCK_OLDER_THAN_SECONDS";
+/// The most scan pages one run reads (default 100: up to 100 MB of table).
+pub const MAX_PAGES_VAR: &str = "STUCK_MAX_PAGES";
+
+/// What a run reads, from the function's environment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// How long past its lease (or since it became INDETERMINATE) a record counts.
+    pub older_than: Duration,
+    /// The most scan pages one run reads.
+    pub max_pages: u32,
+}
+
+impl Settings {
+    /// From [`OLDER_THAN_VAR`] and [`MAX_PAGES_VAR`], with their defaults.
+    ///
+    /// # Errors
+    /// When one is set but is not a positive whole number.
+    pub fn from_env() -> Result<Self, lambda_runtime::Error> {
+        let read = |name: &str, default: u64| -> Result<u64, lambda_runtime::Error> {
+            match std::env::var(name) {
+                Err(_) => Ok(default),
+                Ok(value) => value
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| format!("{name} must be a positive whole number").into()),
+            }
+        };
+        Ok(Self {
+            older_than: Duration::from_secs(read(OLDER_THAN_VAR, 300)?),
+            max_pages: u32::try_from(read(MAX_PAGES_VAR, 100)?).unwrap_or(u32::MAX),
+        })
+    }
+}
+
+/// One run at `now`: the EMF document to print (one line of the function's log, which CloudWatch
+/// turns into the gauges), also returned as the invocation's response.
+///
+/// # Errors
+/// The store's, when a read fails.
+pub async fn run(
+    store: &DynamoDbStore,
+    settings: Settings,
+    function: &str,
+    now: SystemTime,
+) -> Result<Value, lambda_runtime::Error> {
+    let stuck = store
+        .find_stuck(now, settings.older_than, settings.max_pages)
+        .await?;
+    Ok(emf_document(
+        function,
+        stuck.counts(now),
+        stuck.complete,
+        now,
+    ))
+}
+
+/// The gauges as one Embedded Metric Format document, dimension `Function`.
+pub fn emf_document(function: &str, counts: StuckCounts, complete: bool, now: SystemTime) -> Value {
+    let millis = now
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis());
+    json!({
+        "_aws": {
+            "Timestamp": millis,
+            "CloudWatchMetrics": [{
+                "Namespace": NAMESPACE,
+                "Dimensions": [["Function"]],
+                "Metrics": [
+                    {"Name": "StuckInProgress", "Unit": "Count"},
+                    {"Name": "Indeterminate", "Unit": "Count"},
+                    {"Name": "OrphanedEvidence", "Unit": "Count"},
+                    {"Name": "ReconciliationAge", "Unit": "Seconds"},
+                    {"Name": "StuckCheckIncomplete", "Unit": "Count"}
+                ]
+            }]
+        },
+        "Function": function,
+        "StuckInProgress": counts.in_progress,
+        "Indeterminate": counts.indeterminate,
+        "OrphanedEvidence": counts.orphaned_evidence,
+        "ReconciliationAge": counts.oldest.as_secs(),
+        "StuckCheckIncomplete": u8::from(!complete),
+    })
+}

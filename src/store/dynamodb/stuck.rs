@@ -1,0 +1,164 @@
+//! Finding what waits for an operator or a takeover: IN_PROGRESS records past their lease,
+//! INDETERMINATE records, and unsettled evidence whose record is gone, with bounded,
+//! paginated reads (`idemctl stuck`, the scheduled stuck check).
+
+use std::time::{Duration, SystemTime};
+
+use super::DynamoDbStore;
+use super::scan::ScanCursor;
+use crate::error::StoreError;
+use crate::record::{Evidence, Record, Status};
+use crate::store::Store;
+
+/// What [`DynamoDbStore::find_stuck`] found.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct Stuck {
+    /// IN_PROGRESS records past their lease and INDETERMINATE records, stuck longer than asked.
+    pub records: Vec<Record>,
+    /// Unsettled evidence (IN_PROGRESS, INDETERMINATE) whose record is gone or settled and
+    /// expired, older than asked: an orphan, for an operator (`idemctl resolve --identity`).
+    pub orphans: Vec<Evidence>,
+    /// Pages read (each `Scan` page of either table).
+    pub pages: u32,
+    /// Items that did not decode, skipped.
+    pub skipped: usize,
+    /// Whether every page was read (`false`: the page budget ran out first; the figures are
+    /// a lower bound).
+    pub complete: bool,
+}
+
+/// A [`Stuck`]'s figures, as a scheduled check reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StuckCounts {
+    /// IN_PROGRESS records past their lease.
+    pub in_progress: u64,
+    /// INDETERMINATE records.
+    pub indeterminate: u64,
+    /// Orphaned unsettled evidence.
+    pub orphaned_evidence: u64,
+    /// How long the oldest of them has waited (the reconciliation age); zero when none.
+    pub oldest: Duration,
+}
+
+impl Stuck {
+    /// The figures at `now`.
+    pub fn counts(&self, now: SystemTime) -> StuckCounts {
+        let count = |status: Status| {
+            self.records
+                .iter()
+                .filter(|record| record.status == status)
+                .count() as u64
+        };
+        let waited = |since: SystemTime| now.duration_since(since).unwrap_or_default();
+        let oldest = self
+            .records
+            .iter()
+            .filter_map(stuck_since)
+            .chain(self.orphans.iter().map(|evidence| evidence.created_at))
+            .map(waited)
+            .max()
+            .unwrap_or_default();
+        StuckCounts {
+            in_progress: count(Status::InProgress),
+            indeterminate: count(Status::Indeterminate),
+            orphaned_evidence: self.orphans.len() as u64,
+            oldest,
+        }
+    }
+}
+
+/// Since when a record waits: an IN_PROGRESS one since its lease ran out, an INDETERMINATE one
+/// since it became so (its settlement's time, else its claim's); `None` for the others.
+pub fn stuck_since(record: &Record) -> Option<SystemTime> {
+    match record.status {
+        Status::InProgress => Some(record.lease.expires_at),
+        Status::Indeterminate => Some(record.completed_at.unwrap_or(record.created_at)),
+        _ => None,
+    }
+}
+
+impl DynamoDbStore {
+    /// What waits at `now` for longer than `older_than`: IN_PROGRESS records past their lease,
+    /// INDETERMINATE records, and (with a uniqueness table) unsettled evidence whose record is
+    /// gone. Reads at most `max_pages` `Scan` pages in all (each up to 1 MB; eventually
+    /// consistent), then one `GetItem` per unsettled evidence; `Stuck::complete` says whether
+    /// it read everything.
+    ///
+    /// Cost: a `Scan` page bills one read unit per 8 KB read (eventually consistent), whatever
+    /// the filter keeps, so a check of a table of `n` bytes costs about `n / 8 KB` read units,
+    /// plus one per unsettled evidence.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: lambda_idempotency::store::DynamoDbStore) -> Result<(), lambda_idempotency::StoreError> {
+    /// use std::time::{Duration, SystemTime};
+    ///
+    /// let now = SystemTime::now();
+    /// let stuck = store.find_stuck(now, Duration::from_secs(300), 100).await?;
+    /// let counts = stuck.counts(now);
+    /// println!("{} in progress, {} indeterminate, oldest {:?}", counts.in_progress, counts.indeterminate, counts.oldest);
+    /// # Ok(()) }
+    /// ```
+    pub async fn find_stuck(
+        &self,
+        now: SystemTime,
+        older_than: Duration,
+        max_pages: u32,
+    ) -> Result<Stuck, StoreError> {
+        let old_enough = |since: SystemTime| {
+            since
+                .checked_add(older_than)
+                .is_some_and(|limit| limit < now)
+        };
+        let mut found = Stuck {
+            complete: true,
+            ..Stuck::default()
+        };
+        let mut cursor: Option<ScanCursor> = None;
+        loop {
+            if found.pages >= max_pages {
+                found.complete = false;
+                return Ok(found);
+            }
+            let (records, skipped, next) = self.scan_page(cursor.take()).await?;
+            found.pages += 1;
+            found.skipped += skipped;
+            found.records.extend(
+                records
+                    .into_iter()
+                    .filter(|record| stuck_since(record).is_some_and(old_enough)),
+            );
+            if !next.has_more() {
+                break;
+            }
+            cursor = Some(next);
+        }
+        if self.uniqueness_table().is_none() {
+            return Ok(found);
+        }
+        let mut cursor: Option<ScanCursor> = None;
+        loop {
+            if found.pages >= max_pages {
+                found.complete = false;
+                return Ok(found);
+            }
+            let (unsettled, skipped, next) = self.scan_unsettled_evidence(cursor.take()).await?;
+            found.pages += 1;
+            found.skipped += skipped;
+            for evidence in unsettled {
+                if !old_enough(evidence.created_at) {
+                    continue;
+                }
+                let record = self.get(&evidence.key).await?;
+                if record.is_none_or(|record| record.counts_as_absent(now)) {
+                    found.orphans.push(evidence);
+                }
+            }
+            if !next.has_more() {
+                return Ok(found);
+            }
+            cursor = Some(next);
+        }
+    }
+}
