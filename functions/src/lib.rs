@@ -12,6 +12,7 @@
 pub mod checkout;
 pub mod ledger;
 pub mod logging;
+pub mod metrics;
 pub mod orders;
 pub mod payments;
 pub mod quickstart;

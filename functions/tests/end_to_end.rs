@@ -26,13 +26,33 @@ fn failures(answer: &Value) -> Vec<&str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quickstart_replays_the_first_answer() {
     let tables = Tables::create("e2e-quickstart").await;
-    let function = Function::spawn(env!("CARGO_BIN_EXE_quickstart"), "quickstart", &tables).await;
+    let function =
+        Function::spawn_capturing(env!("CARGO_BIN_EXE_quickstart"), "quickstart", &tables, &[])
+            .await;
     let event = sample_event("direct");
 
     let first = function.api.invoke(event.clone()).await.expect("answered");
     let (settled, _, _) = tables.store.scan_page(None).await.expect("scan");
     let second = function.api.invoke(event).await.expect("answered");
-    function.stop().await;
+    let output = function.stop_capturing().await;
+
+    // One EMF document per invocation: the first execution, then the replay.
+    let documents: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .filter(|line: &serde_json::Value| line.get("_aws").is_some())
+        .collect();
+    assert_eq!(documents.len(), 2, "one metrics document per invocation");
+    assert_eq!(documents[0]["idempotency.first_execution"], 1);
+    assert_eq!(documents[1]["idempotency.replay"], 1);
+    for document in &documents {
+        assert_eq!(document["function"], "quickstart");
+        assert_eq!(document["operation"], "charge");
+        assert_eq!(
+            document["_aws"]["CloudWatchMetrics"][0]["Namespace"],
+            lambda_idempotency_functions::metrics::NAMESPACE
+        );
+    }
 
     assert_eq!(first["charged"], "o-1");
     assert_eq!(second, first, "the duplicate gets the stored answer");

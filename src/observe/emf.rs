@@ -15,7 +15,8 @@
 //!     .init()?;
 //! let idem: Idempotency = Idempotency::new(DynamoDbStore::from_env().await?)
 //!     .with_observer(MetricsObserver::new());
-//! // ... after each invocation (or use the crate's lambda::handler::run, which does it):
+//! // ... after each invocation (the dependency comes without its `lambda` feature, whose
+//! // lambda::handler::run would do it):
 //! metrics.flush(std::io::stdout())?;
 //! # Ok(()) }
 //! ```

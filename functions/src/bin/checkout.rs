@@ -3,7 +3,8 @@
 
 use lambda_idempotency::{Idempotency, OperationScope};
 use lambda_idempotency_functions::checkout::{Checkout, layer};
-use lambda_idempotency_functions::{logging, stores_from_env};
+use lambda_idempotency_functions::metrics::Flushed;
+use lambda_idempotency_functions::{logging, metrics, stores_from_env};
 use lambda_runtime::service_fn;
 use lambda_runtime::tower::ServiceBuilder;
 
@@ -12,10 +13,12 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     logging::init();
     let (store, ledger) = stores_from_env().await?;
     let checkout = Checkout::from_env(ledger)?;
+    let (collector, observer) = metrics::init()?;
     let layer = layer(
-        Idempotency::new(store),
+        Idempotency::new(store).with_observer(observer),
         OperationScope::for_function("checkout")?,
     )?;
     let handler = service_fn(move |event| checkout.clone().checkout(event));
-    lambda_runtime::run(ServiceBuilder::new().layer(layer).service(handler)).await
+    let service = ServiceBuilder::new().layer(layer).service(handler);
+    lambda_runtime::run(Flushed::new(collector, service)).await
 }

@@ -1,8 +1,9 @@
 //! The `OrderShipped` handler, deployed by template.yaml (`Binary: eventbridge_handler`).
 
 use lambda_idempotency::{Idempotency, OperationScope};
+use lambda_idempotency_functions::metrics::Flushed;
 use lambda_idempotency_functions::shipments::{layer, notify_shipped};
-use lambda_idempotency_functions::{logging, stores_from_env};
+use lambda_idempotency_functions::{logging, metrics, stores_from_env};
 use lambda_runtime::service_fn;
 use lambda_runtime::tower::ServiceBuilder;
 
@@ -10,10 +11,12 @@ use lambda_runtime::tower::ServiceBuilder;
 async fn main() -> Result<(), lambda_runtime::Error> {
     logging::init();
     let (store, ledger) = stores_from_env().await?;
+    let (collector, observer) = metrics::init()?;
     let layer = layer(
-        Idempotency::new(store),
+        Idempotency::new(store).with_observer(observer),
         OperationScope::for_function("notify-shipped")?,
     )?;
     let handler = service_fn(move |event| notify_shipped(ledger.clone(), event));
-    lambda_runtime::run(ServiceBuilder::new().layer(layer).service(handler)).await
+    let service = ServiceBuilder::new().layer(layer).service(handler);
+    lambda_runtime::run(Flushed::new(collector, service)).await
 }

@@ -3,7 +3,8 @@
 
 use lambda_idempotency::effects::relay::{Publisher, RELAY_OPERATION, relay};
 use lambda_idempotency::{Idempotency, OperationScope};
-use lambda_idempotency_functions::{logging, primed_store};
+use lambda_idempotency_functions::metrics::Flushed;
+use lambda_idempotency_functions::{logging, metrics, primed_store};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), lambda_runtime::Error> {
@@ -11,5 +12,11 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let store = primed_store().await?;
     let publisher = Publisher::from_env().await;
     let scope = OperationScope::for_function(RELAY_OPERATION)?;
-    lambda_runtime::run(relay(Idempotency::new(store), scope, publisher)).await
+    let (collector, observer) = metrics::init()?;
+    let relay = relay(
+        Idempotency::new(store).with_observer(observer),
+        scope,
+        publisher,
+    );
+    lambda_runtime::run(Flushed::new(collector, relay)).await
 }

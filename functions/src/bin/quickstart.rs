@@ -3,8 +3,9 @@
 
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::{Idempotency, OperationScope};
+use lambda_idempotency_functions::metrics::Flushed;
 use lambda_idempotency_functions::quickstart::{charge, layer};
-use lambda_idempotency_functions::{logging, primed_store};
+use lambda_idempotency_functions::{logging, metrics, primed_store};
 use lambda_runtime::service_fn;
 use lambda_runtime::tower::ServiceBuilder;
 
@@ -12,16 +13,17 @@ use lambda_runtime::tower::ServiceBuilder;
 async fn main() -> Result<(), lambda_runtime::Error> {
     logging::init();
     let store = primed_store().await?;
+    let (collector, observer) = metrics::init()?;
     // The namespace is AWS_LAMBDA_FUNCTION_NAME.
     // The charge passes its downstream key to the provider: safe to repeat after a crash.
     let layer = layer(
-        Idempotency::new(store).with_recovery(Recovery::Rerun),
+        Idempotency::new(store)
+            .with_observer(observer)
+            .with_recovery(Recovery::Rerun),
         OperationScope::for_function("charge")?,
     )?;
-    lambda_runtime::run(
-        ServiceBuilder::new()
-            .layer(layer)
-            .service(service_fn(charge)),
-    )
-    .await
+    let service = ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(charge));
+    lambda_runtime::run(Flushed::new(collector, service)).await
 }

@@ -161,6 +161,12 @@ impl Function {
             .expect("the function exits")
     }
 
+    /// Stops a process spawned by [`Self::spawn_capturing`]: what it wrote until then.
+    pub async fn stop_capturing(mut self) -> std::process::Output {
+        self.process.start_kill().expect("stop the function");
+        self.output().await
+    }
+
     /// Stops the process.
     pub async fn stop(mut self) {
         self.process.kill().await.expect("stop the function");
