@@ -58,12 +58,23 @@ where
     fn call(&mut self, request: Request) -> Self::Future {
         let (collector, answered) = (self.collector, self.inner.call(request));
         Box::pin(async move {
-            let answer = answered.await;
-            // A metrics document that cannot be written is lost, never the invocation's answer.
-            if let Err(err) = collector.flush(std::io::stdout()) {
-                tracing::warn!(error = %err, "the metrics document was not written");
-            }
-            answer
+            // Flushed when the invocation ends, however it ends: answered, failed, or a
+            // handler's panic unwinding through here.
+            let _flush = FlushOnDrop(collector);
+            answered.await
         })
+    }
+}
+
+/// Writes the collector's document when dropped.
+struct FlushOnDrop(&'static Collector);
+
+impl Drop for FlushOnDrop {
+    fn drop(&mut self) {
+        // One locked write: no other log line lands inside the document. A document that
+        // cannot be written is lost, never the invocation's answer.
+        if let Err(err) = self.0.flush(std::io::stdout().lock()) {
+            tracing::warn!(error = %err, "the metrics document was not written");
+        }
     }
 }

@@ -1,8 +1,9 @@
 //! CloudWatch Embedded Metric Format (feature `emf`): [`MetricsObserver`] records every
 //! decision as a counter and every latency as a histogram in milliseconds, through the
 //! `metrics` facade, with the operation always a dimension. `metrics_cloudwatch_embedded`
-//! (re-exported) is the recorder that writes them as EMF: its Lambda integration flushes one
-//! JSON document per invocation to stdout, where CloudWatch picks it up.
+//! (re-exported, without its `lambda` feature) is the recorder that writes them as EMF: flush
+//! it after each invocation (one JSON document per operation) to stdout, where CloudWatch
+//! picks it up.
 //!
 //! ```no_run
 //! use lambda_idempotency::observe::emf::{MetricsObserver, metrics_cloudwatch_embedded};

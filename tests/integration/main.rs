@@ -24,6 +24,7 @@ mod memory_store;
 mod metrics;
 mod outcome_storage;
 mod panic_strategy;
+mod readme_links;
 #[cfg(feature = "relay")]
 mod relay;
 mod sdk_faults;
@@ -31,6 +32,7 @@ mod simulation;
 mod sources;
 mod spans;
 mod store_primitives;
+mod stored_formats;
 #[cfg(feature = "relay")]
 #[path = "../common/streams.rs"]
 mod streams;

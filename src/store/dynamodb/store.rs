@@ -221,6 +221,35 @@ impl DynamoDbStore {
     }
 }
 
+impl DynamoDbStore {
+    /// The record of `key` (a consistent read), its outcome's parts read as `parts` says.
+    async fn get_with(
+        &self,
+        key: &OperationKey,
+        parts: Parts<'_>,
+    ) -> Result<Option<Record>, StoreError> {
+        let output = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(self.names.key(key)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|err| map_sdk_error("get", &self.table, err))?;
+        self.decode(output.item(), parts).await
+    }
+
+    /// [`Store::get`] without reading the outcome's part items (a record whose outcome is in
+    /// parts comes back with `outcome: None`): what its status and times say, at one request.
+    pub(crate) async fn get_without_parts(
+        &self,
+        key: &OperationKey,
+    ) -> Result<Option<Record>, StoreError> {
+        self.get_with(key, Parts::Skip).await
+    }
+}
+
 impl Store for DynamoDbStore {
     async fn claim(&self, record: &Record, now: SystemTime) -> Result<Claim, StoreError> {
         self.refused()?;
@@ -434,16 +463,7 @@ impl Store for DynamoDbStore {
     }
 
     async fn get(&self, key: &OperationKey) -> Result<Option<Record>, StoreError> {
-        let output = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(self.names.key(key)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|err| map_sdk_error("get", &self.table, err))?;
-        self.decode(output.item(), Parts::Read).await
+        self.get_with(key, Parts::Read).await
     }
 
     async fn evidence(&self, identity: &str) -> Result<Option<Evidence>, StoreError> {

@@ -8,7 +8,6 @@ use super::DynamoDbStore;
 use super::scan::ScanCursor;
 use crate::error::StoreError;
 use crate::record::{Evidence, Record, Status};
-use crate::store::Store;
 
 /// What [`DynamoDbStore::find_stuck`] found.
 #[derive(Debug, Clone, Default)]
@@ -83,8 +82,9 @@ impl DynamoDbStore {
     /// What waits at `now` for longer than `older_than`: IN_PROGRESS records past their lease,
     /// INDETERMINATE records, and (with a uniqueness table) unsettled evidence whose record is
     /// gone. Reads at most `max_pages` `Scan` pages in all (each up to 1 MB; eventually
-    /// consistent), then one `GetItem` per unsettled evidence; `Stuck::complete` says whether
-    /// it read everything.
+    /// consistent), then one `GetItem` per unsettled evidence older than `older_than` (its
+    /// record, without the outcome's parts); `Stuck::complete` says whether it read every
+    /// page. A record that does not decode is skipped and counted.
     ///
     /// Cost: a `Scan` page bills one read unit per 8 KB read (eventually consistent), whatever
     /// the filter keeps, so a check of a table of `n` bytes costs about `n / 8 KB` read units,
@@ -150,9 +150,18 @@ impl DynamoDbStore {
                 if !old_enough(evidence.created_at) {
                     continue;
                 }
-                let record = self.get(&evidence.key).await?;
-                if record.is_none_or(|record| record.counts_as_absent(now)) {
-                    found.orphans.push(evidence);
+                // A record that does not decode is counted, not a reason to stop the check.
+                match self.get_without_parts(&evidence.key).await {
+                    Ok(record)
+                        if record
+                            .as_ref()
+                            .is_none_or(|record| record.counts_as_absent(now)) =>
+                    {
+                        found.orphans.push(evidence);
+                    }
+                    Ok(_) => {}
+                    Err(StoreError::CorruptRecord { .. }) => found.skipped += 1,
+                    Err(err) => return Err(err),
                 }
             }
             if !next.has_more() {

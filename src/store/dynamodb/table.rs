@@ -33,7 +33,7 @@ impl TableProtection {
     }
 
     /// As `template.yaml` deploys them: deletion protection and point-in-time recovery on
-    /// both tables. Losing the idempotency table forgets every operation in flight and within
+    /// both tables (encryption: DynamoDB's default, unless [`Self::with_kms_key`]). Losing the idempotency table forgets every operation in flight and within
     /// retention (each runs again on its next delivery); losing the uniqueness table forgets
     /// what ran for good.
     pub fn production() -> Self {
@@ -147,22 +147,17 @@ impl DynamoDbStore {
                 operation: "create_table",
                 source: Box::new(err),
             })?;
-        if protection.point_in_time_recovery {
-            let recovery = PointInTimeRecoverySpecification::builder()
-                .point_in_time_recovery_enabled(true)
-                .build()
-                .map_err(|err| rejected(err.to_string()))?;
-            self.client
-                .update_continuous_backups()
-                .table_name(table)
-                .point_in_time_recovery_specification(recovery)
-                .send()
-                .await
-                .map_err(|err| map_sdk_error("update_continuous_backups", table, err))?;
+        if let Some(ttl) = ttl {
+            self.enable_ttl(table, ttl).await?;
         }
-        let Some(ttl) = ttl else {
-            return Ok(());
-        };
+        if protection.point_in_time_recovery {
+            self.enable_point_in_time_recovery(table).await?;
+        }
+        Ok(())
+    }
+
+    /// TTL on `ttl`, the retention attribute.
+    async fn enable_ttl(&self, table: &str, ttl: &str) -> Result<(), StoreError> {
         let ttl = TimeToLiveSpecification::builder()
             .enabled(true)
             .attribute_name(ttl)
@@ -176,6 +171,38 @@ impl DynamoDbStore {
             .await
             .map_err(|err| map_sdk_error("update_time_to_live", table, err))?;
         Ok(())
+    }
+
+    /// Point-in-time recovery, retried while DynamoDB still sets up a new table's backups
+    /// (`ContinuousBackupsUnavailableException`, for a while after creation).
+    async fn enable_point_in_time_recovery(&self, table: &str) -> Result<(), StoreError> {
+        let recovery = PointInTimeRecoverySpecification::builder()
+            .point_in_time_recovery_enabled(true)
+            .build()
+            .map_err(|err| rejected(err.to_string()))?;
+        let started = std::time::Instant::now();
+        let mut pause = Duration::from_secs(1);
+        loop {
+            let sent = self
+                .client
+                .update_continuous_backups()
+                .table_name(table)
+                .point_in_time_recovery_specification(recovery.clone())
+                .send()
+                .await;
+            let err = match sent {
+                Ok(_) => return Ok(()),
+                Err(err) => err,
+            };
+            let not_yet = err
+                .as_service_error()
+                .is_some_and(|service| service.is_continuous_backups_unavailable_exception());
+            if !not_yet || started.elapsed() >= ACTIVE_WAIT {
+                return Err(map_sdk_error("update_continuous_backups", table, err));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(15));
+        }
     }
 }
 

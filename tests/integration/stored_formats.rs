@@ -1,0 +1,237 @@
+//! The storage-format policy, checked: today's code reads every record an earlier version
+//! wrote (each version's attributes only, written here with the raw SDK as that version wrote
+//! them), and a record of a handler that uses nothing new is written with no attribute an
+//! earlier version does not know, so that a rolling deploy's older readers read it too.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::AttributeValue;
+use lambda_idempotency::store::Store;
+use lambda_idempotency::testing::conformance::invocation;
+use lambda_idempotency::testing::dynamo;
+use lambda_idempotency::{BoxError, Error, Idempotency, Invocation, Origin};
+
+/// The attributes each version writes on a settled record (with a business identity, an
+/// operator's trace, steps where the version has them), by default name.
+const V0_1: &[&str] = &[
+    "pk",
+    "status",
+    "fingerprint",
+    "lease_token",
+    "attempt",
+    "lease_expires_at_ms",
+    "expires_at",
+    "created_at",
+    "outcome",
+    "completed_at",
+    "request_id",
+    "identity",
+];
+/// 0.2 and 0.3 add the outcome's format (compressed, or in parts) and an operator's trace.
+const V0_3_ADDED: &[&str] = &["outcome_format", "audit"];
+
+fn millis(at: SystemTime) -> AttributeValue {
+    let ms = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    AttributeValue::N(ms.to_string())
+}
+
+fn secs(at: SystemTime) -> AttributeValue {
+    let s = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    AttributeValue::N(s.to_string())
+}
+
+/// A record as 0.1 wrote it: the attributes of [`V0_1`], the outcome inline and uncompressed.
+fn record_0_1(
+    inv: &Invocation,
+    status: &str,
+    outcome: Option<&[u8]>,
+    lease_expires_at: SystemTime,
+) -> HashMap<String, AttributeValue> {
+    let now = SystemTime::now();
+    let mut item = HashMap::from([
+        ("pk".to_owned(), AttributeValue::S(inv.key().to_string())),
+        ("status".to_owned(), AttributeValue::S(status.to_owned())),
+        (
+            "fingerprint".to_owned(),
+            AttributeValue::S(inv.fingerprint().as_str().to_owned()),
+        ),
+        (
+            "lease_token".to_owned(),
+            AttributeValue::S("0.1-token".to_owned()),
+        ),
+        ("attempt".to_owned(), AttributeValue::N("1".to_owned())),
+        ("lease_expires_at_ms".to_owned(), millis(lease_expires_at)),
+        (
+            "expires_at".to_owned(),
+            secs(now + Duration::from_secs(3600)),
+        ),
+        (
+            "created_at".to_owned(),
+            millis(now - Duration::from_secs(120)),
+        ),
+        (
+            "request_id".to_owned(),
+            AttributeValue::S("req-0.1".to_owned()),
+        ),
+    ]);
+    if let Some(outcome) = outcome {
+        item.insert(
+            "outcome".to_owned(),
+            AttributeValue::B(Blob::new(outcome.to_vec())),
+        );
+        item.insert(
+            "completed_at".to_owned(),
+            millis(now - Duration::from_secs(60)),
+        );
+    }
+    item
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_an_earlier_version_wrote_are_read_by_todays_code() {
+    let db = dynamo::start().await;
+    let idem = Idempotency::new(db.store());
+    let put = |item: HashMap<String, AttributeValue>| {
+        db.client
+            .put_item()
+            .table_name(&db.table)
+            .set_item(Some(item))
+            .send()
+    };
+
+    // COMPLETED by 0.1: replayed byte for byte, the handler not run.
+    let completed = invocation("format-0.1-completed", &serde_json::json!({"order": 1}));
+    let outcome = br#"{"charged":"o-1","amount":1200}"#;
+    put(record_0_1(
+        &completed,
+        "COMPLETED",
+        Some(outcome),
+        SystemTime::now() - Duration::from_secs(90),
+    ))
+    .await
+    .expect("a 0.1 record");
+    let replayed = idem
+        .execute(&completed, |_ctx| async {
+            Ok::<_, BoxError>(serde_json::json!("ran again"))
+        })
+        .await
+        .expect("replayed");
+    assert_eq!(replayed.origin(), Origin::Replayed);
+    assert_eq!(replayed.raw_json().get().as_bytes(), outcome);
+
+    // IN_PROGRESS by 0.1, its lease run out: taken over (held for an operator by default).
+    let crashed = invocation("format-0.1-crashed", &serde_json::json!({"order": 2}));
+    put(record_0_1(
+        &crashed,
+        "IN_PROGRESS",
+        None,
+        SystemTime::now() - Duration::from_secs(60),
+    ))
+    .await
+    .expect("a 0.1 record");
+    let held = idem
+        .execute(&crashed, |_ctx| async {
+            Ok::<_, BoxError>(serde_json::json!("ran again"))
+        })
+        .await
+        .expect_err("held: the crashed attempt may have acted");
+    assert!(matches!(held, Error::Indeterminate { .. }), "got {held:?}");
+    let record = idem
+        .store()
+        .get(crashed.key())
+        .await
+        .expect("read")
+        .expect("kept");
+    assert_eq!(record.lease.attempt, 2, "taken over from 0.1's attempt 1");
+
+    // A 0.1 record whose intent differs: refused, not replayed.
+    let other = invocation("format-0.1-completed", &serde_json::json!({"order": 99}));
+    let conflict = idem
+        .execute(&other, |_ctx| async {
+            Ok::<_, BoxError>(serde_json::json!("ran"))
+        })
+        .await
+        .expect_err("another intent");
+    assert!(
+        matches!(conflict, Error::PayloadConflict { .. }),
+        "got {conflict:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_uses_nothing_new_writes_only_what_earlier_readers_know() {
+    let db = dynamo::start().await;
+    let idem = Idempotency::new(db.store());
+    let inv = invocation("format-today", &serde_json::json!({"order": 3}))
+        .with_identity("invoice:format-today")
+        .expect("identity");
+    idem.execute(&inv, |_ctx| async {
+        Ok::<_, BoxError>(serde_json::json!({"charged": "o-3"}))
+    })
+    .await
+    .expect("completed");
+    let item = db
+        .client
+        .get_item()
+        .table_name(&db.table)
+        .key("pk", AttributeValue::S(inv.key().to_string()))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("read")
+        .item
+        .expect("the record");
+    let written: BTreeSet<&str> = item.keys().map(String::as_str).collect();
+    let known: BTreeSet<&str> = V0_1.iter().chain(V0_3_ADDED).copied().collect();
+    let unknown: Vec<&&str> = written.difference(&known).collect();
+    assert!(
+        unknown.is_empty(),
+        "a record without steps carries attributes 0.3 does not know: {unknown:?}"
+    );
+    let small: BTreeSet<&str> = V0_1.iter().copied().collect();
+    assert!(
+        written.is_subset(&small),
+        "a small outcome is written as 0.1 wrote it (inline, no format attribute): {written:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rolling_deploy_setting_keeps_outcomes_as_0_1_reads_them() {
+    use lambda_idempotency::store::OutcomeStorage;
+
+    let db = dynamo::start().await;
+    let storage = OutcomeStorage::default()
+        .inline_up_to(OutcomeStorage::MAX_INLINE_ITEM_BYTES)
+        .compression(false);
+    let idem = Idempotency::new(db.store().with_outcome_storage(storage));
+    let inv = invocation("format-legacy-outcome", &serde_json::json!({"order": 4}));
+    let report = "x".repeat(20 * 1024);
+    let done = idem
+        .execute(&inv, |_ctx| async {
+            Ok::<_, BoxError>(serde_json::json!({ "report": report }))
+        })
+        .await
+        .expect("completed");
+    let item = db
+        .client
+        .get_item()
+        .table_name(&db.table)
+        .key("pk", AttributeValue::S(inv.key().to_string()))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("read")
+        .item
+        .expect("the record");
+    assert!(
+        !item.contains_key("outcome_format"),
+        "inline and uncompressed: no format attribute"
+    );
+    assert_eq!(
+        item["outcome"].as_b().map(|blob| blob.as_ref()),
+        Ok(done.raw_json().get().as_bytes()),
+        "the outcome's JSON bytes, as 0.1 wrote and reads them"
+    );
+}
