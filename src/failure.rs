@@ -185,6 +185,7 @@ impl Release {
     }
 
     /// The `T` a [`Release`] wraps, or `error` as it was.
+    #[cfg(feature = "http")]
     pub(crate) fn take<T: StdError + 'static>(error: BoxError) -> Result<T, BoxError> {
         let released = error.downcast::<Self>()?;
         released

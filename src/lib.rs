@@ -151,6 +151,8 @@ pub use error::{BoxError, ConfigError, Error, ErrorKind, StoreError};
 pub use execution::{Execution, ExecutionContext, Invocation, Origin};
 pub use key::{Fingerprint, KeyPolicy, OperationKey, OperationScope};
 pub use lambda::batch::{BatchProcessor, PoisonPolicy};
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub use lambda::http::{CallerScope, HttpIdempotencyLayer, HttpKeys};
 pub use lambda::{IdempotencyError, IdempotencyLayer, LeasePolicy, Operation};
 pub use store::{AnyStore, DynamoDbStore, MemoryStore};

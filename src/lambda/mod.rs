@@ -24,6 +24,8 @@ pub mod batch;
 mod context;
 mod diagnostic;
 mod error;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 mod layer;
 mod operation;

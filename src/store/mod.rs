@@ -40,13 +40,15 @@ use std::time::SystemTime;
 
 pub use any::AnyStore;
 pub use cached::CachedStore;
+#[cfg(feature = "from-env")]
+pub use dynamodb::dynamodb_config;
 #[cfg(feature = "testing")]
 pub(crate) use dynamodb::value_size;
 pub use dynamodb::{
     ATTEMPT_TIMEOUT, AttributeNames, DynamoDbStore, ENDPOINT_VAR, OPERATION_TIMEOUT,
     OutcomeStorage, PART_BYTES, PART_TTL_MARGIN, Replication, SDK_ENDPOINT_VAR, ScanCursor,
     SortKey, Stuck, StuckCounts, TABLE_VAR, TableProtection, UNIQUENESS_TABLE_VAR,
-    configured_endpoint, dynamodb_config, stuck_since,
+    configured_endpoint, stuck_since,
 };
 pub use memory::MemoryStore;
 

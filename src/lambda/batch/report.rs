@@ -63,6 +63,7 @@ impl BatchReport {
     }
 
     /// One partial-batch failure entry per record Lambda must deliver again.
+    #[cfg(any(feature = "sqs", feature = "kinesis", feature = "dynamodb"))]
     pub(crate) fn failures<T>(&self, failure: impl Fn(String) -> T) -> Vec<T> {
         self.failed_identifiers().into_iter().map(failure).collect()
     }

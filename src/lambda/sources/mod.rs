@@ -30,39 +30,61 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#[cfg(feature = "dynamodb")]
 mod dynamodb;
+#[cfg(feature = "eventbridge")]
 mod eventbridge;
+#[cfg(feature = "http")]
 mod http;
+#[cfg(feature = "kinesis")]
 mod kinesis;
+#[cfg(feature = "s3")]
 mod s3;
+#[cfg(feature = "sns")]
 mod sns;
+#[cfg(feature = "sqs")]
 mod sqs;
 
-use serde::Serialize;
-use serde_json::Value;
-
+#[cfg(feature = "dynamodb")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
 pub use dynamodb::dynamodb_stream;
+#[cfg(feature = "eventbridge")]
+#[cfg_attr(docsrs, doc(cfg(feature = "eventbridge")))]
 pub use eventbridge::{eventbridge, eventbridge_detail};
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub use http::http;
+#[cfg(feature = "kinesis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kinesis")))]
 pub use kinesis::kinesis;
+#[cfg(feature = "s3")]
+#[cfg_attr(docsrs, doc(cfg(feature = "s3")))]
 pub use s3::s3;
+#[cfg(feature = "sns")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sns")))]
 pub use sns::sns;
+#[cfg(feature = "sqs")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqs")))]
 pub use sqs::{SQS_KEY_ATTRIBUTE, sqs, sqs_message_id};
 
 /// A message body as JSON: parsed when it is JSON, else the string itself.
-pub(crate) fn body_json(body: Option<&str>) -> Value {
+#[cfg(any(feature = "sns", feature = "sqs"))]
+pub(crate) fn body_json(body: Option<&str>) -> serde_json::Value {
     match body {
-        Some(body) => serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_owned())),
-        None => Value::Null,
+        Some(body) => serde_json::from_str(body)
+            .unwrap_or_else(|_| serde_json::Value::String(body.to_owned())),
+        None => serde_json::Value::Null,
     }
 }
 
-pub(crate) fn to_json<T: Serialize>(value: &T) -> Option<Value> {
+#[cfg(any(feature = "dynamodb", feature = "eventbridge", feature = "kinesis"))]
+pub(crate) fn to_json<T: serde::Serialize>(value: &T) -> Option<serde_json::Value> {
     serde_json::to_value(value).ok()
 }
 
-pub(crate) fn object<const N: usize>(fields: [(&str, Value); N]) -> Value {
-    Value::Object(
+#[cfg(feature = "dynamodb")]
+pub(crate) fn object<const N: usize>(fields: [(&str, serde_json::Value); N]) -> serde_json::Value {
+    serde_json::Value::Object(
         fields
             .into_iter()
             .map(|(name, value)| (name.to_owned(), value))

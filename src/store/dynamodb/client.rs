@@ -24,7 +24,9 @@
 
 use std::time::Duration;
 
-use aws_config::{BehaviorVersion, SdkConfig};
+#[cfg(feature = "from-env")]
+use aws_config::SdkConfig;
+use aws_sdk_dynamodb::config::BehaviorVersion;
 use aws_sdk_dynamodb::config::timeout::TimeoutConfig;
 use aws_sdk_dynamodb::config::{Credentials, Region, SharedHttpClient};
 use aws_smithy_http_client::proxy::ProxyConfig;
@@ -33,7 +35,9 @@ use aws_smithy_http_client::tls::{Provider, TlsContext, TrustStore};
 use aws_smithy_http_client::{Builder, ConnectorBuilder};
 use base64::Engine;
 
-use super::{ENDPOINT_VAR, configured_endpoint};
+#[cfg(feature = "from-env")]
+use super::ENDPOINT_VAR;
+use super::configured_endpoint;
 use crate::error::ConfigError;
 
 /// The variables with which a deployment names its own trusted certificates.
@@ -76,6 +80,7 @@ pub(super) fn with_timeouts(config: &aws_sdk_dynamodb::Config) -> Option<aws_sdk
 /// `AWS_ENDPOINT_URL_DYNAMODB`, `AWS_ENDPOINT_URL`, profiles and the ignore switch itself),
 /// with `DYNAMODB_ENDPOINT` over all of them: set on the client's own configuration, which the
 /// SDK's service-specific settings do not override.
+#[cfg(feature = "from-env")]
 pub(super) async fn from_env() -> aws_sdk_dynamodb::Config {
     dynamodb_config(&aws_config::defaults(BehaviorVersion::latest()).load().await)
 }
@@ -90,6 +95,8 @@ pub(super) async fn from_env() -> aws_sdk_dynamodb::Config {
 /// let client = aws_sdk_dynamodb::Client::from_conf(lambda_idempotency::store::dynamodb_config(&sdk));
 /// # let _ = client; }
 /// ```
+#[cfg(feature = "from-env")]
+#[cfg_attr(docsrs, doc(cfg(feature = "from-env")))]
 pub fn dynamodb_config(sdk: &SdkConfig) -> aws_sdk_dynamodb::Config {
     let config = aws_sdk_dynamodb::config::Builder::from(sdk);
     match std::env::var(ENDPOINT_VAR)
@@ -275,7 +282,7 @@ mod tests {
         use super::{ATTEMPT_TIMEOUT, OPERATION_TIMEOUT, with_timeouts};
 
         let bare = aws_sdk_dynamodb::Config::builder()
-            .behavior_version(aws_config::BehaviorVersion::latest())
+            .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
             .build();
         let bounded = with_timeouts(&bare).expect("timeouts added");
         let timeouts = bounded.timeout_config().expect("timeouts");
@@ -285,7 +292,7 @@ mod tests {
         assert!(with_timeouts(&bounded).is_none(), "set once");
 
         let own = aws_sdk_dynamodb::Config::builder()
-            .behavior_version(aws_config::BehaviorVersion::latest())
+            .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
             .timeout_config(
                 TimeoutConfig::builder()
                     .operation_timeout(Duration::from_secs(9))

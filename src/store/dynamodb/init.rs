@@ -43,6 +43,8 @@ impl DynamoDbStore {
     /// `AWS_*` setting, `AWS_ENDPOINT_URL_DYNAMODB` among them); `DYNAMODB_ENDPOINT`, when set,
     /// overrides the endpoint.
     /// [`Self::for_lambda`] is leaner inside a Lambda function.
+    #[cfg(feature = "from-env")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "from-env")))]
     pub async fn from_env() -> Result<Self, ConfigError> {
         let table = table_from_env()?;
         Ok(
@@ -229,6 +231,8 @@ impl Idempotency {
     ///
     /// # Errors
     /// [`ConfigError`] when `IDEMPOTENCY_TABLE` is unset.
+    #[cfg(feature = "from-env")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "from-env")))]
     pub async fn from_env() -> Result<Self, ConfigError> {
         Ok(Self::new(DynamoDbStore::from_env().await?))
     }

@@ -56,7 +56,9 @@ mod writes;
 
 use aws_sdk_dynamodb::Client;
 
-pub use client::{ATTEMPT_TIMEOUT, OPERATION_TIMEOUT, dynamodb_config};
+#[cfg(feature = "from-env")]
+pub use client::dynamodb_config;
+pub use client::{ATTEMPT_TIMEOUT, OPERATION_TIMEOUT};
 #[cfg(feature = "testing")]
 pub(crate) use item::value_size;
 pub use item::{AttributeNames, SortKey};
