@@ -1,6 +1,6 @@
 //! The functions' tables on a local DynamoDB-compatible server, for `cargo lambda watch`: an
-//! embedded server on 127.0.0.1:8000 (`--port` to change it) with the idempotency, uniqueness
-//! and ledger tables created, serving until Ctrl-C. It prints the environment the functions
+//! embedded server on 127.0.0.1:8000 (`--port` to change it) with the idempotency, uniqueness,
+//! ledger and outbox tables created, serving until Ctrl-C. It prints the environment the functions
 //! need.
 //!
 //! ```sh
@@ -25,13 +25,18 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let store = DynamoDbStore::new(client.clone(), "local-idempotency")
         .with_uniqueness_table("local-uniqueness");
     store.create_table().await?;
-    let ledger = Ledger::new(client, "local-ledger");
+    let ledger = Ledger::new(client.clone(), "local-ledger");
     ledger.create().await?;
+    // The checkout's outbox (its events are written there; nothing relays them locally).
+    local::create_key_table(&client, "local-outbox", true).await?;
 
     println!("tables ready on {endpoint}; in the shell that runs `cargo lambda watch`:\n");
     println!("export DYNAMODB_ENDPOINT={endpoint}");
     println!(
         "export IDEMPOTENCY_TABLE=local-idempotency UNIQUENESS_TABLE=local-uniqueness LEDGER_TABLE=local-ledger"
+    );
+    println!(
+        "export OUTBOX_TABLE=local-outbox ORDER_EVENTS_QUEUE_URL=http://127.0.0.1/000000000000/order-events"
     );
     println!("export AWS_REGION=us-east-1 AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test");
     println!("\nserving until Ctrl-C (the tables live in memory)");

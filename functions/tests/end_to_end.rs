@@ -226,10 +226,10 @@ async fn checkout_places_the_order_with_its_event_and_mails_once() {
     let second = function.api.invoke(event).await.expect("answered");
     function.stop().await;
 
-    assert_eq!(first["order"], "order#o-1");
+    assert_eq!(first["order"], "order#c-1");
     assert_eq!(second, first, "the duplicate gets the stored answer");
     assert_eq!(
-        tables.ledger.count("email#o-1").await.expect("read"),
+        tables.ledger.count("email#c-1").await.expect("read"),
         1,
         "mailed once"
     );

@@ -119,6 +119,7 @@ impl<S> Fixture<S> {
 pub struct Capabilities {
     evidence: bool,
     large_outcomes: bool,
+    request_tokens: bool,
 }
 
 /// One capability a store may lack ([`Capabilities`]).
@@ -131,6 +132,11 @@ pub enum Capability {
     /// Outcomes up to [`MAX_OUTCOME_BYTES`](crate::config::MAX_OUTCOME_BYTES) (16 MiB), kept
     /// whole whatever the backend's item limit.
     LargeOutcomes,
+    /// A `TransactWriteItems` re-sent under its `ClientRequestToken` (the SDK's retry of a
+    /// transaction whose answer was lost) is answered as committed and not applied again, as
+    /// DynamoDB does for ten minutes. A transaction's unconditioned writes (a handler's own
+    /// effects) rely on it; moto's server ignores the token.
+    RequestTokens,
 }
 
 impl Capabilities {
@@ -138,6 +144,7 @@ impl Capabilities {
     pub const ALL: Self = Self {
         evidence: true,
         large_outcomes: true,
+        request_tokens: true,
     };
 
     /// The same, without `capability`.
@@ -145,6 +152,7 @@ impl Capabilities {
         match capability {
             Capability::Evidence => self.evidence = false,
             Capability::LargeOutcomes => self.large_outcomes = false,
+            Capability::RequestTokens => self.request_tokens = false,
         }
         self
     }
@@ -154,6 +162,7 @@ impl Capabilities {
         match capability {
             Capability::Evidence => self.evidence,
             Capability::LargeOutcomes => self.large_outcomes,
+            Capability::RequestTokens => self.request_tokens,
         }
     }
 }

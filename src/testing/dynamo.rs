@@ -13,7 +13,9 @@ use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::record::epoch_secs;
 use lambda_idempotency::store::DynamoDbStore;
 use lambda_idempotency::store::configured_endpoint;
-use lambda_idempotency::testing::conformance::{EffectTables, Fixture, Sweeper};
+use lambda_idempotency::testing::conformance::{
+    Capabilities, Capability, EffectTables, Fixture, Sweeper,
+};
 
 use super::local;
 
@@ -75,6 +77,8 @@ pub struct Dynamo {
     pub requests: RequestLog,
     /// The endpoint URL, for other processes.
     pub endpoint: String,
+    /// What the endpoint offers: everything embedded; another endpoint is probed.
+    pub capabilities: Capabilities,
     /// The embedded database (None with `DYNAMODB_ENDPOINT`).
     db: Option<dynoxide::Database>,
     clock: ManualClock,
@@ -98,34 +102,73 @@ impl Dynamo {
     }
 
     /// Deletes the records expired by the shared clock, as DynamoDB TTL eventually does:
-    /// dynoxide's `sweep_ttl`, or a scan and delete on another endpoint.
+    /// dynoxide's `sweep_ttl` (every table), or on another endpoint [`sweep_table`] of the
+    /// idempotency table.
     pub async fn sweep(&self) -> usize {
-        if let Some(db) = &self.db {
-            return db.sweep_ttl().expect("sweep_ttl");
+        match &self.db {
+            Some(db) => db.sweep_ttl().expect("sweep_ttl"),
+            None => sweep_table(&self.client, &self.table, "expires_at", self.clock.now()).await,
         }
-        let now = epoch_secs(self.clock.now());
-        let items = self
-            .client
-            .scan()
-            .table_name(&self.table)
-            .filter_expression("expires_at < :now")
-            .expression_attribute_values(":now", AttributeValue::N(now.to_string()))
+    }
+
+    /// Whether the endpoint lacks `capability`, said on stderr when it does (so that a skipped
+    /// case is never mistaken for a checked one).
+    pub fn lacks(&self, capability: Capability) -> bool {
+        let lacks = !self.capabilities.has(capability);
+        if lacks {
+            eprintln!("skipped: {} does not offer {capability:?}", self.endpoint);
+        }
+        lacks
+    }
+}
+
+/// Deletes the items of `table` whose `ttl_attribute` (epoch seconds) is before `now`, as
+/// DynamoDB TTL eventually does, for an endpoint that has no sweep of its own: a scan, then
+/// a delete by the table's key. Returns how many it deleted.
+pub async fn sweep_table(
+    client: &Client,
+    table: &str,
+    ttl_attribute: &str,
+    now: SystemTime,
+) -> usize {
+    let keys: Vec<String> = client
+        .describe_table()
+        .table_name(table)
+        .send()
+        .await
+        .expect("describe the swept table")
+        .table
+        .and_then(|description| description.key_schema)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|element| element.attribute_name)
+        .collect();
+    let expired: Vec<_> = client
+        .scan()
+        .table_name(table)
+        .filter_expression("#ttl < :now")
+        .expression_attribute_names("#ttl", ttl_attribute)
+        .expression_attribute_values(":now", AttributeValue::N(epoch_secs(now).to_string()))
+        .into_paginator()
+        .items()
+        .send()
+        .collect::<Result<_, _>>()
+        .await
+        .expect("scan for expired items");
+    for item in &expired {
+        let key = keys
+            .iter()
+            .filter_map(|name| Some((name.clone(), item.get(name)?.clone())))
+            .collect();
+        client
+            .delete_item()
+            .table_name(table)
+            .set_key(Some(key))
             .send()
             .await
-            .expect("scan")
-            .items
-            .unwrap_or_default();
-        for item in &items {
-            self.client
-                .delete_item()
-                .table_name(&self.table)
-                .key("pk", item["pk"].clone())
-                .send()
-                .await
-                .expect("delete expired item");
-        }
-        items.len()
+            .expect("delete an expired item");
     }
+    expired.len()
 }
 
 /// The size DynamoDB bills for `item` (a write unit per started KB, a strongly consistent
@@ -160,17 +203,58 @@ pub async fn start_with_clock(clock: ManualClock) -> Dynamo {
     );
     let table = local::unique_table_name("idempotency");
     let uniqueness_table = local::unique_table_name("uniqueness");
+    let capabilities = match db {
+        Some(_) => Capabilities::ALL,
+        None => probe(&endpoint, &uniqueness_table).await,
+    };
     let dynamo = Dynamo {
         client,
         table,
         uniqueness_table,
         requests,
         endpoint,
+        capabilities,
         db,
         clock,
     };
     dynamo.store().create_table().await.expect("create tables");
     dynamo
+}
+
+/// What another endpoint offers, found by trying it on a scratch table named `scratch`
+/// (created and deleted here, on a client of its own so that no request log counts it):
+/// a conditional transaction sent twice under one `ClientRequestToken` must be answered as
+/// committed the second time ([`Capability::RequestTokens`]).
+async fn probe(endpoint: &str, scratch: &str) -> Capabilities {
+    let client = Client::from_conf(local::config_for(endpoint.to_owned()).build());
+    let scratch = format!("{scratch}-probe");
+    local::create_key_table(&client, &scratch, false)
+        .await
+        .expect("create the probe's table");
+    let put = aws_sdk_dynamodb::types::Put::builder()
+        .table_name(&scratch)
+        .item("pk", AttributeValue::S("probe".into()))
+        .condition_expression("attribute_not_exists(pk)")
+        .build()
+        .expect("the probe's put");
+    let send = || {
+        client
+            .transact_write_items()
+            .transact_items(
+                aws_sdk_dynamodb::types::TransactWriteItem::builder()
+                    .put(put.clone())
+                    .build(),
+            )
+            .client_request_token("lambda-idempotency-probe")
+            .send()
+    };
+    send().await.expect("the probe's first transaction");
+    let replayed = send().await.is_ok();
+    let _ = client.delete_table().table_name(&scratch).send().await;
+    match replayed {
+        true => Capabilities::ALL,
+        false => Capabilities::ALL.without(Capability::RequestTokens),
+    }
 }
 
 /// An empty DynamoDB store on fresh tables whose clock (the server's too) starts at `start`,
@@ -179,6 +263,7 @@ pub async fn fixture(start: SystemTime) -> Fixture<DynamoDbStore> {
     let clock = ManualClock::new(start);
     let dynamo = Arc::new(start_with_clock(clock.clone()).await);
     let store = dynamo.store();
+    let capabilities = dynamo.capabilities;
     let tables = EffectTables {
         client: dynamo.client.clone(),
         local: local::unique_table_name("local"),
@@ -193,7 +278,19 @@ pub async fn fixture(start: SystemTime) -> Fixture<DynamoDbStore> {
         let dynamo = Arc::clone(&dynamo);
         Box::pin(async move { dynamo.sweep().await })
     });
-    Fixture::new(store, clock, sweep).with_effect_tables(tables)
+    let fixture = Fixture::new(store, clock, sweep).with_capabilities(capabilities);
+    // A handler's own writes re-sent after a lost answer would be applied twice where the
+    // token is ignored: the simulation's transactional handlers then do not run.
+    match capabilities.has(Capability::RequestTokens) {
+        true => fixture.with_effect_tables(tables),
+        false => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                eprintln!("no transactional handlers: the endpoint ignores ClientRequestToken");
+            });
+            fixture
+        }
+    }
 }
 
 /// Our manual clock, as dynoxide's clock.

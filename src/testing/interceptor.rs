@@ -495,6 +495,10 @@ impl Intercept for FaultInterceptor {
         *response.status_mut() = status.into();
         let headers = response.headers_mut();
         headers.remove("x-amz-crc32");
+        // The SDK reads an error's type from this header before the body's `__type`: the
+        // server's own (moto sends it; `ConditionalCheckFailedException` for a retry that met
+        // the committed write) would turn the injected answer back into the server's error.
+        headers.remove("x-amzn-errortype");
         headers.insert("content-type", "application/x-amz-json-1.0");
         headers.insert("content-length", body.len().to_string());
         *response.body_mut() = body.into();

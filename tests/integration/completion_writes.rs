@@ -13,7 +13,7 @@ use lambda_idempotency::effects::{
 };
 use lambda_idempotency::record::Status;
 use lambda_idempotency::store::{MemoryStore, Store};
-use lambda_idempotency::testing::conformance::{evidence_key, invocation};
+use lambda_idempotency::testing::conformance::{evidence_key, invocation, stored};
 use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
 use lambda_idempotency::{BoxError, Error, ExecutionContext, Idempotency, Origin};
 use tokio::sync::oneshot;
@@ -69,12 +69,7 @@ async fn the_writes_commit_with_the_completion_in_its_one_request() {
     assert_eq!(sent, ["PutItem", "GetItem", "TransactWriteItems"]);
     assert!(shop.has_order("c-1").await);
     assert_eq!(shop.reserved().await, 1);
-    let record = idem
-        .store()
-        .get(inv.key())
-        .await
-        .expect("get")
-        .expect("record");
+    let record = stored(&idem, inv.key(), "record").await;
     assert_eq!(record.status, Status::Completed);
     assert_eq!(record.outcome.as_deref(), Some(&br#""placed c-1""#[..]));
 
@@ -135,12 +130,7 @@ async fn a_lost_answer_is_recognised_and_commits_once() {
         .expect("the re-sent completion is recognised");
     assert_eq!(done.value(), "placed c-3");
     assert_eq!(shop.reserved().await, 1, "committed once");
-    let record = idem
-        .store()
-        .get(inv.key())
-        .await
-        .expect("get")
-        .expect("record");
+    let record = stored(&idem, inv.key(), "record").await;
     assert_eq!(record.status, Status::Completed);
 
     // Never applied, every try failing before it: the claim stands, nothing committed, and
@@ -231,12 +221,7 @@ async fn events_and_evidence_commit_with_the_completion() {
         .await
         .expect("completed");
     assert_eq!(done.value(), "placed c-6");
-    let record = idem
-        .store()
-        .get(inv.key())
-        .await
-        .expect("get")
-        .expect("record");
+    let record = stored(&idem, inv.key(), "record").await;
     let items = outbox_items(shop).await;
     assert_eq!(items.len(), 1);
     assert_eq!(
@@ -289,12 +274,7 @@ async fn a_transaction_dynamodb_would_refuse_is_a_retained_failure() {
             .any(|request| request == "TransactWriteItems"),
         "nothing sent"
     );
-    let record = idem
-        .store()
-        .get(inv.key())
-        .await
-        .expect("get")
-        .expect("record");
+    let record = stored(&idem, inv.key(), "record").await;
     assert_eq!(
         record.status,
         Status::Failed,
@@ -465,12 +445,12 @@ async fn a_refused_completion_after_a_step_gives_the_claim_back_and_the_step_rep
         .await
         .expect_err("a stale version");
     assert!(is_refused(&err, 1), "got {err:?}");
-    let record = idem
-        .store()
-        .get(inv.key())
-        .await
-        .expect("get")
-        .expect("given back, not released: the step is kept");
+    let record = stored(
+        &idem,
+        inv.key(),
+        "given back, not released: the step is kept",
+    )
+    .await;
     assert_eq!(record.status, Status::InProgress);
     assert_eq!(record.steps.len(), 1);
     assert!(!shop.has_order("c-10").await);

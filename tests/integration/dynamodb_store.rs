@@ -35,8 +35,11 @@ fn single_table_names() -> AttributeNames {
 /// The whole conformance suite again on a single-table layout (a sort key naming the record
 /// kind, the TTL attribute renamed): every write's key and condition as that layout builds them.
 mod single_table {
+    use std::sync::Arc;
+
+    use lambda_idempotency::clock::Clock;
     use lambda_idempotency::store::DynamoDbStore;
-    use lambda_idempotency::testing::conformance::{Fixture, start_time};
+    use lambda_idempotency::testing::conformance::{Fixture, Sweeper, start_time};
     use lambda_idempotency::testing::dynamo;
     use lambda_idempotency::testing::local::unique_table_name;
 
@@ -45,9 +48,25 @@ mod single_table {
         let names = super::single_table_names();
         let store = DynamoDbStore::new(base.store.client().clone(), unique_table_name("single"))
             .with_uniqueness_table(unique_table_name("single-uniqueness"))
-            .with_attribute_names(names);
+            .with_attribute_names(names.clone());
         store.create_table().await.expect("single-table tables");
-        Fixture { store, ..base }
+        // The embedded server's sweep covers every table; another endpoint's covers only the
+        // base table, so this one is swept too, under its own TTL attribute.
+        let client = store.client().clone();
+        let (table, ttl) = (store.table().to_owned(), names.expires_at);
+        let (clock, base_sweep) = (base.clock.clone(), base.sweep.clone());
+        let sweep: Sweeper = Arc::new(move || {
+            let (client, table, ttl) = (client.clone(), table.clone(), ttl.clone());
+            let (now, base_sweep) = (clock.now(), base_sweep.clone());
+            Box::pin(async move {
+                base_sweep().await + dynamo::sweep_table(&client, &table, &ttl, now).await
+            })
+        });
+        Fixture {
+            store,
+            sweep,
+            ..base
+        }
     }
 
     lambda_idempotency::conformance_tests!(fixture());

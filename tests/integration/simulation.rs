@@ -91,21 +91,20 @@ async fn simulation_keeps_the_invariants_on_the_memory_store() {
 #[tokio::test]
 async fn simulation_keeps_the_invariants_on_the_dynamodb_store() {
     let mut total = Stats::default();
+    // Without the handler's own tables (an endpoint that ignores request tokens) there are
+    // no transactional handlers to count.
+    let mut transactional = true;
     for seed in seeds(40) {
-        match run_seed(
-            dynamo::fixture(sim_start_time()).await,
-            seed,
-            Budget::default(),
-        )
-        .await
-        {
+        let fixture = dynamo::fixture(sim_start_time()).await;
+        transactional &= fixture.effect_tables.is_some();
+        match run_seed(fixture, seed, Budget::default()).await {
             Ok(stats) => total.absorb(stats),
             Err(violation) => panic!("{violation}"),
         }
     }
     eprintln!("DynamoDB store: {total}");
     assert_explored(&total);
-    if std::env::var("SIM_SEED").is_err() {
+    if transactional && std::env::var("SIM_SEED").is_err() {
         for committed in ["reservations", "events", "completions"] {
             assert!(
                 total.transactions.get(committed) > Some(&0),

@@ -8,8 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
-use lambda_idempotency::store::Store;
-use lambda_idempotency::testing::conformance::invocation;
+use lambda_idempotency::testing::conformance::{invocation, stored};
 use lambda_idempotency::testing::dynamo;
 use lambda_idempotency::{BoxError, Error, Idempotency, Invocation, Origin};
 
@@ -31,6 +30,20 @@ const V0_1: &[&str] = &[
 ];
 /// 0.2 and 0.3 add the outcome's format (compressed, or in parts) and an operator's trace.
 const V0_3_ADDED: &[&str] = &["outcome_format", "audit"];
+
+/// `inv`'s record as the table holds it, attribute by attribute.
+async fn raw_record(db: &dynamo::Dynamo, inv: &Invocation) -> HashMap<String, AttributeValue> {
+    db.client
+        .get_item()
+        .table_name(&db.table)
+        .key("pk", AttributeValue::S(inv.key().to_string()))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("read")
+        .item
+        .expect("the record")
+}
 
 fn millis(at: SystemTime) -> AttributeValue {
     let ms = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
@@ -138,12 +151,7 @@ async fn records_an_earlier_version_wrote_are_read_by_todays_code() {
         .await
         .expect_err("held: the crashed attempt may have acted");
     assert!(matches!(held, Error::Indeterminate { .. }), "got {held:?}");
-    let record = idem
-        .store()
-        .get(crashed.key())
-        .await
-        .expect("read")
-        .expect("kept");
+    let record = stored(&idem, crashed.key(), "kept").await;
     assert_eq!(record.lease.attempt, 2, "taken over from 0.1's attempt 1");
 
     // A 0.1 record whose intent differs: refused, not replayed.
@@ -172,17 +180,7 @@ async fn a_handler_that_uses_nothing_new_writes_only_what_earlier_readers_know()
     })
     .await
     .expect("completed");
-    let item = db
-        .client
-        .get_item()
-        .table_name(&db.table)
-        .key("pk", AttributeValue::S(inv.key().to_string()))
-        .consistent_read(true)
-        .send()
-        .await
-        .expect("read")
-        .item
-        .expect("the record");
+    let item = raw_record(&db, &inv).await;
     let written: BTreeSet<&str> = item.keys().map(String::as_str).collect();
     let known: BTreeSet<&str> = V0_1.iter().chain(V0_3_ADDED).copied().collect();
     let unknown: Vec<&&str> = written.difference(&known).collect();
@@ -214,17 +212,7 @@ async fn the_rolling_deploy_setting_keeps_outcomes_as_0_1_reads_them() {
         })
         .await
         .expect("completed");
-    let item = db
-        .client
-        .get_item()
-        .table_name(&db.table)
-        .key("pk", AttributeValue::S(inv.key().to_string()))
-        .consistent_read(true)
-        .send()
-        .await
-        .expect("read")
-        .item
-        .expect("the record");
+    let item = raw_record(&db, &inv).await;
     assert!(
         !item.contains_key("outcome_format"),
         "inline and uncompressed: no format attribute"
