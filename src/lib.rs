@@ -129,6 +129,8 @@ pub mod failure;
 pub mod guide;
 pub mod key;
 pub mod lambda;
+#[cfg(test)]
+mod model;
 pub mod observe;
 pub mod reconcile;
 pub mod record;

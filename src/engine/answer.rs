@@ -32,7 +32,7 @@ pub(super) fn result_ref(invocation: &Invocation, raw: &RawValue) -> Option<Stri
 
 /// The answer for a business identity whose evidence stands and whose record is gone or
 /// expired (an adoption of this operation's own orphaned claim is handled before).
-pub(super) fn identity_taken(invocation: &Invocation, evidence: crate::record::Evidence) -> Error {
+pub(crate) fn identity_taken(invocation: &Invocation, evidence: crate::record::Evidence) -> Error {
     let key = &invocation.key;
     if evidence.key == *key && !invocation.fingerprint.matches(&evidence.fingerprint) {
         return Error::PayloadConflict { key: key.clone() };
@@ -68,7 +68,7 @@ pub(super) fn decode_outcome<T: DeserializeOwned>(
 }
 
 /// The answer for a key held by a live record of the same intent: replay or wait.
-pub(super) fn answer_existing<T: DeserializeOwned>(
+pub(crate) fn answer_existing<T: DeserializeOwned>(
     existing: Record,
     invocation: &Invocation,
     now: SystemTime,

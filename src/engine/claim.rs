@@ -3,15 +3,16 @@
 
 use std::time::{Duration, SystemTime};
 
-use tracing::{debug, warn};
+use tracing::warn;
 
+use super::decide::{self, Claimed, TookOver};
 use super::retry::Patience;
 use super::settle::settle_patience;
 use super::{Held, Idempotency, Step, answer, erased};
 use crate::error::Error;
 use crate::execution::Invocation;
-use crate::record::{Evidence, Lease, Record, Status, StepRecord, retention_expiry};
-use crate::store::{Claim, Fence, Guard, Store, Target};
+use crate::record::{Evidence, Record};
+use crate::store::{Claim, Guard, Store, Target};
 
 impl Idempotency {
     /// Claims the key: a fresh claim, a takeover of an expired lease, or the adoption of this
@@ -46,33 +47,18 @@ impl Idempotency {
                 return Err(err.into());
             }
         };
-        let existing = match claimed {
-            Claim::Acquired => return Ok(Step::Run(Held::Fresh)),
-            Claim::Existing(existing) if is_own_claim(&existing, claim) => {
-                debug!("the claim committed before its answer was lost");
-                return Ok(Step::Run(Held::Fresh));
-            }
-            Claim::Existing(existing) => existing,
-            Claim::IdentityTaken(evidence)
-                if evidence.key == *key && evidence.status == Status::InProgress =>
-            {
-                return self.adopt(claim, invocation, evidence, now).await;
-            }
-            Claim::IdentityTaken(evidence) => {
+        let existing = match decide::claimed(claimed, claim, now) {
+            Claimed::Run => return Ok(Step::Run(Held::Fresh)),
+            Claimed::Adopt(evidence) => return self.adopt(claim, invocation, evidence, now).await,
+            Claimed::IdentityTaken(evidence) => {
                 return Err(answer::identity_taken(invocation, evidence));
             }
+            Claimed::PayloadConflict => return Err(Error::PayloadConflict { key: key.clone() }),
+            Claimed::Answer(existing) => return Ok(Step::Answer(Box::new(existing))),
+            Claimed::TakeOver(existing) => existing,
         };
-        if !invocation.fingerprint.matches(&existing.fingerprint) {
-            return Err(Error::PayloadConflict { key: key.clone() });
-        }
-        if !existing.lease_is_takeable(now) {
-            return Ok(Step::Answer(Box::new(existing)));
-        }
-        let lease = Lease {
-            attempt: existing.lease.attempt.saturating_add(1),
-            ..claim.lease.clone()
-        };
-        let expires_at = retention_expiry(lease.expires_at, self.config.retention());
+        let (lease, expires_at) =
+            decide::takeover(&existing, &claim.lease, self.config.retention());
         let fence = match self
             .retrying(Patience::Brief(deadline), || {
                 self.store.take_over(&existing, &lease, expires_at, now)
@@ -88,17 +74,10 @@ impl Idempotency {
                 return Err(err.into());
             }
         };
-        match fence {
-            Fence::Held => {}
-            Fence::Lost {
-                current: Some(current),
-            } if current.status == Status::InProgress && holds(&current.lease, &lease) => {
-                debug!("the takeover committed before its answer was lost");
-            }
-            Fence::Lost {
-                current: Some(current),
-            } => return Ok(Step::Answer(current)),
-            Fence::Lost { current: None } => {
+        match decide::took_over(fence, &lease) {
+            TookOver::Held => {}
+            TookOver::Answer(current) => return Ok(Step::Answer(current)),
+            TookOver::InProgress => {
                 return Err(Error::AlreadyInProgress {
                     key: key.clone(),
                     attempt: lease.attempt,
@@ -130,15 +109,7 @@ impl Idempotency {
         // The orphan's evidence is the operation's, under whatever key it was written. Its
         // steps went with its record: the re-created record says so, for every later takeover
         // (this one may stop before it settles anything).
-        let record = Record {
-            lease: Lease {
-                attempt: 2,
-                ..claim.lease.clone()
-            },
-            identity: Some(orphan.identity.clone()),
-            steps: vec![StepRecord::steps_lost()],
-            ..claim.clone()
-        };
+        let record = decide::adoption(claim, &orphan);
         let adopted = match self
             .retrying(Patience::Brief(claim.lease.expires_at), || {
                 self.store.adopt(&record, &orphan, now)
@@ -159,7 +130,7 @@ impl Idempotency {
         };
         match adopted {
             Claim::Acquired => {}
-            Claim::Existing(existing) if is_own_claim(&existing, &record) => {}
+            Claim::Existing(existing) if decide::is_own_claim(&existing, &record) => {}
             Claim::Existing(existing) => {
                 return Ok(Step::Answer(Box::new(existing)));
             }
@@ -170,57 +141,13 @@ impl Idempotency {
         warn!("adopted a crashed attempt whose record had expired");
         Ok(Step::Run(Held::TakenOver {
             attempt: 2,
-            previous: Box::new(orphaned_record(&record, &orphan)),
+            previous: Box::new(decide::orphaned_record(&record, &orphan)),
             adopted: true,
         }))
     }
 
     pub(super) fn new_claim(&self, invocation: &Invocation, now: SystemTime) -> Record {
-        let lease_expires_at = now + invocation.lease;
-        Record {
-            key: invocation.key.clone(),
-            status: Status::InProgress,
-            fingerprint: invocation.fingerprint.clone(),
-            lease: Lease {
-                token: uuid::Uuid::new_v4().to_string(),
-                attempt: 1,
-                expires_at: lease_expires_at,
-            },
-            expires_at: retention_expiry(lease_expires_at, self.config.retention()),
-            outcome: None,
-            created_at: now,
-            completed_at: None,
-            request_id: invocation.request_id.clone(),
-            identity: invocation.evidence_key(),
-            audit: None,
-            steps: Vec::new(),
-        }
-    }
-}
-
-/// Whether `existing` is the caller's own `claim`: it committed before its answer was lost and
-/// the SDK's retry found it standing.
-pub(super) fn is_own_claim(existing: &Record, claim: &Record) -> bool {
-    existing.status == Status::InProgress && holds(&existing.lease, &claim.lease)
-}
-
-/// Whether `stored` is `mine` as a store gives it back: the same random token and attempt
-/// (times come back at the store's resolution, milliseconds on DynamoDB).
-pub(super) fn holds(stored: &Lease, mine: &Lease) -> bool {
-    stored.token == mine.token && stored.attempt == mine.attempt
-}
-
-/// The crashed attempt of an orphaned evidence, as the reconciler sees it.
-pub(super) fn orphaned_record(adopted: &Record, orphan: &Evidence) -> Record {
-    Record {
-        lease: Lease {
-            token: String::new(),
-            attempt: 1,
-            expires_at: orphan.created_at,
-        },
-        expires_at: orphan.created_at,
-        created_at: orphan.created_at,
-        request_id: None,
-        ..adopted.clone()
+        let token = uuid::Uuid::new_v4().to_string();
+        decide::claim_record(invocation, token, now, self.config.retention())
     }
 }

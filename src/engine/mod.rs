@@ -31,6 +31,7 @@ use serde::de::DeserializeOwned;
 use tracing::{Instrument, info, info_span, warn};
 
 use self::answer::answer_existing;
+use self::decide::Recover;
 use self::give_back::GiveBack;
 pub use self::operator::{Operator, Resolution};
 use self::settle::{Completion, settle_patience};
@@ -47,18 +48,19 @@ use crate::reconcile::{BoxFuture, Reconciler, Recovery};
 use crate::record::{Record, StepRecord};
 use crate::store::{AnyStore, Guard, Store, Target};
 
-mod answer;
+pub(crate) mod answer;
 mod claim;
+pub(crate) mod decide;
 mod earlier_key;
 mod give_back;
 mod operator;
 mod reconcile;
 pub(crate) mod retry;
-mod settle;
+pub(crate) mod settle;
 mod single_flight;
 
 /// How long an INDETERMINATE record is kept: it waits for an operator.
-const INDETERMINATE_RETENTION: Duration = Duration::from_secs(366 * 24 * 3600);
+pub(crate) const INDETERMINATE_RETENTION: Duration = Duration::from_secs(366 * 24 * 3600);
 /// How long a claim given back by a panicking or cancelled handler still holds, so that what
 /// the handler left in flight lands before a takeover's reconciler looks.
 const GIVE_BACK_GRACE: Duration = Duration::from_secs(5);
@@ -387,13 +389,13 @@ impl Idempotency {
                 // The crashed attempt's steps decide when the handler declares its effects to
                 // be its steps (or safe to repeat); otherwise a reconciler or an operator does,
                 // and recorded results still replay if the handler runs.
-                let recovery = match (adopted, self.recovery) {
-                    (true, Recovery::Steps) => Recovery::Indeterminate,
-                    (_, recovery) => recovery,
-                };
-                let steps_decide =
-                    !recorded.is_empty() && matches!(recovery, Recovery::Steps | Recovery::Rerun);
-                if steps_decide {
+                let recover = decide::recover(
+                    self.recovery,
+                    adopted,
+                    !recorded.is_empty(),
+                    self.reconciler.is_some(),
+                );
+                if recover == Recover::Steps {
                     info!(
                         attempt,
                         steps = recorded.len(),
@@ -409,7 +411,7 @@ impl Idempotency {
                             steps: recorded.clone(),
                             ..*previous
                         },
-                        recovery,
+                        recover,
                     )
                     .await
                 {
@@ -537,10 +539,11 @@ impl Held {
     /// The business identity (its evidence key) of the operation held: what `claim` wrote for a
     /// fresh claim, what the crashed attempt's record holds for a takeover.
     fn identity<'a>(&'a self, claim: &'a Record) -> Option<&'a str> {
-        match self {
-            Self::Fresh => claim.identity.as_deref(),
-            Self::TakenOver { previous, .. } => previous.identity.as_deref(),
-        }
+        let previous = match self {
+            Self::Fresh => None,
+            Self::TakenOver { previous, .. } => Some(&**previous),
+        };
+        decide::settled_identity(claim, previous)
     }
 }
 

@@ -5,18 +5,18 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::warn;
 
+use super::decide::Recover;
 use super::settle::{Completion, settle_patience};
 use super::{INDETERMINATE_RETENTION, Idempotency};
 use crate::error::Error;
 use crate::execution::{Execution, Invocation, Origin};
-use crate::reconcile::{Reconciliation, Recovery, Takeover};
+use crate::reconcile::{Reconciliation, Takeover};
 use crate::record::{Record, Settlement, StepRecord};
 use crate::store::Target;
 
 impl Idempotency {
-    /// Asks the reconciler about the attempt taken over, or, without one, follows the
-    /// recovery policy `recovery` (the engine's, or, for an adopted orphan whose steps TTL
-    /// deleted, never `Steps`). `None`: run the handler.
+    /// Recovers a takeover as `recover` says ([`super::decide::recover`]): asks the reconciler, or
+    /// holds the operation for an operator. `None`: run the handler.
     pub(super) async fn reconcile<T: Serialize + DeserializeOwned>(
         &self,
         target: Target<'_>,
@@ -24,12 +24,16 @@ impl Idempotency {
         claim: &Record,
         attempt: u32,
         previous: Record,
-        recovery: Recovery,
+        recover: Recover,
     ) -> Option<Result<Execution<T>, Error>> {
-        let Some(reconciler) = self.reconciler.as_ref() else {
-            return match recovery {
-                Recovery::Rerun | Recovery::Steps => None,
-                Recovery::Indeterminate => {
+        let Some(reconciler) = self
+            .reconciler
+            .as_ref()
+            .filter(|_| recover == Recover::Reconcile)
+        else {
+            return match recover {
+                Recover::Steps | Recover::Rerun | Recover::Reconcile => None,
+                Recover::Hold => {
                     warn!(
                         attempt,
                         "took over a crashed attempt with no reconciler and no step record: held as indeterminate (Recovery::Indeterminate)"

@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 
 use tracing::warn;
 
-use super::{Idempotency, erased};
+use super::{Idempotency, decide, erased};
 use crate::error::StoreError;
 
 /// Tries of a write made before the handler runs, the first included.
@@ -49,6 +49,14 @@ pub(crate) enum Patience {
 }
 
 impl Patience {
+    /// The time no try may start at or after, and the most tries.
+    pub(crate) fn limits(self) -> (SystemTime, u32) {
+        match self {
+            Self::Brief(until) => (until, BRIEF_TRIES),
+            Self::Until { until, .. } => (until, u32::MAX),
+        }
+    }
+
     /// Retries until `end` (at most [`MAX_PATIENCE`] from `now`) less [`SETTLE_MARGIN`],
     /// tries cut at `deadline` when there is one.
     pub(super) fn until(end: SystemTime, deadline: Option<SystemTime>, now: SystemTime) -> Self {
@@ -72,9 +80,10 @@ impl Idempotency {
     where
         Fut: Future<Output = Result<T, StoreError>> + Send + 'a,
     {
-        let (until, cut, max_tries) = match patience {
-            Patience::Brief(until) => (until, None, BRIEF_TRIES),
-            Patience::Until { until, cut } => (until, cut, u32::MAX),
+        let (until, max_tries) = patience.limits();
+        let cut = match patience {
+            Patience::Brief(_) => None,
+            Patience::Until { cut, .. } => cut,
         };
         let mut ceiling = FIRST_BACKOFF;
         let mut tries = 1;
@@ -88,10 +97,10 @@ impl Idempotency {
                 None => attempt.await,
             };
             match answer {
-                Err(err) if err.is_transient() && tries < max_tries => {
+                Err(err) if err.is_transient() => {
                     let pause = self.clock.jitter(ceiling);
-                    if self.clock.now() + pause >= until {
-                        warn!(tries, error = %err, "store write failed; out of time to retry");
+                    if !decide::try_again(tries, max_tries, self.clock.now(), pause, until) {
+                        warn!(tries, error = %err, "store write failed; out of tries or time");
                         return Err(err);
                     }
                     warn!(tries, error = %err, "store write failed; retrying");

@@ -8,7 +8,7 @@ use serde_json::value::RawValue;
 use tracing::{debug, warn};
 
 use super::retry::Patience;
-use super::{GIVE_BACK_GRACE, Idempotency, answer};
+use super::{GIVE_BACK_GRACE, Idempotency, answer, decide};
 use aws_sdk_dynamodb::types::TransactWriteItem;
 
 use crate::effects::{COMPLETION, StepError, StepLedger};
@@ -16,8 +16,8 @@ use crate::error::{BoxError, Error, StoreError};
 use crate::execution::{Execution, Invocation, Origin};
 use crate::failure::{FailureClass, Release, Terminal};
 use crate::observe::{self};
-use crate::record::{FailureKind, Record, RetainedFailure, Settlement, StepRecord, epoch_millis};
-use crate::store::{Committed, Fence, Guard, Store, Target};
+use crate::record::{FailureKind, Record, RetainedFailure, Settlement, StepRecord};
+use crate::store::{Committed, Fence, Store, Target};
 
 impl Idempotency {
     /// Records `value` (the handler's, or the reconciler's for it) as the operation's outcome.
@@ -329,7 +329,7 @@ impl Idempotency {
         current: Option<Box<Record>>,
     ) -> Result<(), Error> {
         match current {
-            Some(current) if shows_settlement(&current, target.guard, settlement) => {
+            Some(current) if decide::shows_settlement(&current, target.guard, settlement) => {
                 debug!(
                     attempt,
                     "the settlement committed before its answer was lost"
@@ -389,7 +389,7 @@ const COMPLETION_REJECTED: &str = "completion_rejected";
 /// How long a write after the handler ran (a settlement, a release) is retried: until the
 /// invocation's deadline, or the lease's end when sooner (or when there is no deadline), less
 /// [`SETTLE_MARGIN`](super::retry::SETTLE_MARGIN), each try cut at the deadline.
-pub(super) fn settle_patience(
+pub(crate) fn settle_patience(
     invocation: &Invocation,
     claim: &Record,
     now: SystemTime,
@@ -405,21 +405,4 @@ pub(super) fn settle_patience(
 /// [`GIVE_BACK_GRACE`], for what the handler left in flight, and never later than its lease.
 pub(super) fn given_back_until(now: SystemTime, lease_expires_at: SystemTime) -> SystemTime {
     (now + GIVE_BACK_GRACE).min(lease_expires_at)
-}
-
-/// Whether `current` is the record as `settlement` left it under `guard`.
-pub(super) fn shows_settlement(
-    current: &Record,
-    guard: Guard<'_>,
-    settlement: &Settlement,
-) -> bool {
-    let same_write = current.status == settlement.status
-        && current.outcome == settlement.outcome
-        && current.completed_at.map(epoch_millis) == Some(epoch_millis(settlement.completed_at));
-    match guard {
-        Guard::Lease(token) | Guard::Expired { token, .. } => {
-            same_write && current.lease.token == token
-        }
-        Guard::Indeterminate => same_write,
-    }
 }

@@ -89,6 +89,35 @@ impl MemoryStore {
     }
 }
 
+/// The model checker's view (src/model): a store built from a state, and read back into one.
+#[cfg(test)]
+impl MemoryStore {
+    /// A store holding `records` and `evidence` (keyed by identity).
+    pub(crate) fn holding(records: Vec<Record>, evidence: Vec<(String, Evidence)>) -> Self {
+        let tables = Tables {
+            records: records.into_iter().map(|r| (r.key.clone(), r)).collect(),
+            evidence: evidence.into_iter().collect(),
+        };
+        Self {
+            tables: Arc::new(Mutex::new(tables)),
+        }
+    }
+
+    /// What it holds: records and evidence, each sorted by key.
+    pub(crate) fn contents(&self) -> (Vec<Record>, Vec<(String, Evidence)>) {
+        let tables = self.lock();
+        let mut records: Vec<Record> = tables.records.values().cloned().collect();
+        records.sort_by(|a, b| a.key.as_str().cmp(b.key.as_str()));
+        let mut evidence: Vec<(String, Evidence)> = tables
+            .evidence
+            .iter()
+            .map(|(k, e)| (k.clone(), e.clone()))
+            .collect();
+        evidence.sort_by(|a, b| a.0.cmp(&b.0));
+        (records, evidence)
+    }
+}
+
 impl Store for MemoryStore {
     async fn claim(&self, record: &Record, now: SystemTime) -> Result<Claim, StoreError> {
         let mut tables = self.lock();

@@ -1,0 +1,248 @@
+//! The engine's decisions, as pure functions of the record, the clock and the store's answer:
+//! what a claim's answer means, what a takeover writes and what its fenced answer means,
+//! whether a failed fence shows the caller's own settlement, how a takeover recovers, which
+//! business identity an attempt settles, and whether a failing write is tried again.
+//!
+//! The engine acts on these and nothing else, so that the protocol's model checker
+//! (`src/model`, in the crate's tests) checks the decisions that run, not a copy of them.
+
+use std::time::{Duration, SystemTime};
+
+use crate::execution::Invocation;
+use crate::reconcile::Recovery;
+use crate::record::{
+    Evidence, Lease, Record, Settlement, Status, StepRecord, epoch_millis, retention_expiry,
+};
+use crate::store::{Claim, Fence, Guard};
+
+/// The record a fresh claim of `invocation` writes at `now` under the random `token`: attempt
+/// 1, a lease of the invocation's, and a retention expiry that outlives it.
+pub(crate) fn claim_record(
+    invocation: &Invocation,
+    token: String,
+    now: SystemTime,
+    retention: Duration,
+) -> Record {
+    let lease_expires_at = now + invocation.lease;
+    Record {
+        key: invocation.key.clone(),
+        status: Status::InProgress,
+        fingerprint: invocation.fingerprint.clone(),
+        lease: Lease {
+            token,
+            attempt: 1,
+            expires_at: lease_expires_at,
+        },
+        expires_at: retention_expiry(lease_expires_at, retention),
+        outcome: None,
+        created_at: now,
+        completed_at: None,
+        request_id: invocation.request_id.clone(),
+        identity: invocation.evidence_key(),
+        audit: None,
+        steps: Vec::new(),
+    }
+}
+
+/// What a claim's answer means for the caller.
+#[derive(Debug)]
+pub(crate) enum Claimed {
+    /// The caller holds a fresh lease (its claim committed, perhaps with its answer lost).
+    Run,
+    /// The operation's own evidence stands IN_PROGRESS without its record (TTL deleted it):
+    /// re-create the record as a takeover.
+    Adopt(Evidence),
+    /// A business identity's evidence refuses the claim.
+    IdentityTaken(Evidence),
+    /// The record stands for another intent.
+    PayloadConflict,
+    /// The record stands and is not to be taken over: answer from it.
+    Answer(Record),
+    /// The record's lease ran out: take it over.
+    TakeOver(Record),
+}
+
+/// What the answer `claimed` to the caller's `claim` (which carries its intent's fingerprint)
+/// means at `now`.
+pub(crate) fn claimed(claimed: Claim, claim: &Record, now: SystemTime) -> Claimed {
+    let existing = match claimed {
+        Claim::Acquired => return Claimed::Run,
+        Claim::Existing(existing) if is_own_claim(&existing, claim) => return Claimed::Run,
+        Claim::Existing(existing) => existing,
+        Claim::IdentityTaken(evidence)
+            if evidence.key == claim.key && evidence.status == Status::InProgress =>
+        {
+            return Claimed::Adopt(evidence);
+        }
+        Claim::IdentityTaken(evidence) => return Claimed::IdentityTaken(evidence),
+    };
+    if !claim.fingerprint.matches(&existing.fingerprint) {
+        return Claimed::PayloadConflict;
+    }
+    match existing.lease_is_takeable(now) {
+        true => Claimed::TakeOver(existing),
+        false => Claimed::Answer(existing),
+    }
+}
+
+/// Whether `existing` is the caller's own `claim`: it committed before its answer was lost and
+/// the retry found it standing.
+pub(crate) fn is_own_claim(existing: &Record, claim: &Record) -> bool {
+    existing.status == Status::InProgress && holds(&existing.lease, &claim.lease)
+}
+
+/// Whether `stored` is `mine` as a store gives it back: the same random token and attempt
+/// (times come back at the store's resolution, milliseconds on DynamoDB).
+pub(crate) fn holds(stored: &Lease, mine: &Lease) -> bool {
+    stored.token == mine.token && stored.attempt == mine.attempt
+}
+
+/// The record an adoption of `orphan` (the operation's own evidence, IN_PROGRESS, whose
+/// record TTL deleted) re-creates from the caller's `claim`: attempt 2, the orphan's identity,
+/// and a mark that the crashed attempt's steps are lost (for every later takeover).
+pub(crate) fn adoption(claim: &Record, orphan: &Evidence) -> Record {
+    Record {
+        lease: Lease {
+            attempt: 2,
+            ..claim.lease.clone()
+        },
+        identity: Some(orphan.identity.clone()),
+        steps: vec![StepRecord::steps_lost()],
+        ..claim.clone()
+    }
+}
+
+/// The crashed attempt of an orphaned evidence, as the reconciler sees it.
+pub(crate) fn orphaned_record(adopted: &Record, orphan: &Evidence) -> Record {
+    Record {
+        lease: Lease {
+            token: String::new(),
+            attempt: 1,
+            expires_at: orphan.created_at,
+        },
+        expires_at: orphan.created_at,
+        created_at: orphan.created_at,
+        request_id: None,
+        ..adopted.clone()
+    }
+}
+
+/// What a takeover of `existing` writes: the caller's new lease (`fresh`, with the next
+/// attempt number) and a retention expiry that outlives it, so that TTL never deletes a
+/// record whose lease is live.
+pub(crate) fn takeover(
+    existing: &Record,
+    fresh: &Lease,
+    retention: Duration,
+) -> (Lease, SystemTime) {
+    let lease = Lease {
+        attempt: existing.lease.attempt.saturating_add(1),
+        ..fresh.clone()
+    };
+    let expires_at = retention_expiry(lease.expires_at, retention);
+    (lease, expires_at)
+}
+
+/// What a takeover's fenced answer means.
+#[derive(Debug)]
+pub(crate) enum TookOver {
+    /// The caller holds `lease` (its takeover committed, perhaps with its answer lost).
+    Held,
+    /// Another write came first: answer from the record as it stands.
+    Answer(Box<Record>),
+    /// Another write came first and the record is gone: another caller is at work.
+    InProgress,
+}
+
+/// What the fenced answer `fence` to a takeover that wrote `lease` means.
+pub(crate) fn took_over(fence: Fence, lease: &Lease) -> TookOver {
+    match fence {
+        Fence::Held => TookOver::Held,
+        Fence::Lost {
+            current: Some(current),
+        } if current.status == Status::InProgress && holds(&current.lease, lease) => TookOver::Held,
+        Fence::Lost {
+            current: Some(current),
+        } => TookOver::Answer(current),
+        Fence::Lost { current: None } => TookOver::InProgress,
+    }
+}
+
+/// Whether `current` (the record a failed fence returned) is the record as `settlement` left
+/// it under `guard`: the caller's own settlement, committed before its answer was lost.
+pub(crate) fn shows_settlement(
+    current: &Record,
+    guard: Guard<'_>,
+    settlement: &Settlement,
+) -> bool {
+    let same_write = current.status == settlement.status
+        && current.outcome == settlement.outcome
+        && current.completed_at.map(epoch_millis) == Some(epoch_millis(settlement.completed_at));
+    match guard {
+        Guard::Lease(token) | Guard::Expired { token, .. } => {
+            same_write && current.lease.token == token
+        }
+        Guard::Indeterminate => same_write,
+    }
+}
+
+/// How a takeover of an attempt that may have acted goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Recover {
+    /// The crashed attempt's recorded steps decide: run the handler, whose recorded steps replay.
+    Steps,
+    /// Ask the reconciler.
+    Reconcile,
+    /// Re-run the handler (declared safe to repeat).
+    Rerun,
+    /// Hold the operation INDETERMINATE for an operator.
+    Hold,
+}
+
+/// How a takeover recovers, under the engine's `recovery` policy: `adopted` when the record
+/// was re-created from orphaned evidence (its steps went with TTL), `recorded` when the
+/// crashed attempt left step records, `reconciler` when one is set.
+pub(crate) fn recover(
+    recovery: Recovery,
+    adopted: bool,
+    recorded: bool,
+    reconciler: bool,
+) -> Recover {
+    // An adopted orphan's steps are lost: nothing says they were none.
+    let recovery = match (adopted, recovery) {
+        (true, Recovery::Steps) => Recovery::Indeterminate,
+        (_, recovery) => recovery,
+    };
+    if recorded && matches!(recovery, Recovery::Steps | Recovery::Rerun) {
+        return Recover::Steps;
+    }
+    if reconciler {
+        return Recover::Reconcile;
+    }
+    match recovery {
+        Recovery::Rerun | Recovery::Steps => Recover::Rerun,
+        Recovery::Indeterminate => Recover::Hold,
+    }
+}
+
+/// The business identity an attempt settles: the one its operation recorded when it was
+/// claimed (`previous`, the crashed attempt's record, for a takeover), whatever this
+/// deployment declares.
+pub(crate) fn settled_identity<'a>(
+    claim: &'a Record,
+    previous: Option<&'a Record>,
+) -> Option<&'a str> {
+    previous.unwrap_or(claim).identity.as_deref()
+}
+
+/// Whether a write that failed for a transient reason is tried again after `pause`: while
+/// tries remain (`tries` made of `max_tries`) and the next one starts before `until`.
+pub(crate) fn try_again(
+    tries: u32,
+    max_tries: u32,
+    now: SystemTime,
+    pause: Duration,
+    until: SystemTime,
+) -> bool {
+    tries < max_tries && now + pause < until
+}

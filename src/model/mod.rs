@@ -1,0 +1,224 @@
+//! The protocol, checked exhaustively at small sizes with [stateright]: every interleaving of
+//! a few workers (Lambda invocations of the same operation, or of two), a store whose
+//! conditional writes are atomic and whose answers can be lost after they commit, an outage,
+//! crashes, Lambda's deadline, clocks that run ahead by a bounded skew, and TTL deleting
+//! expired records at any time after they expire.
+//!
+//! The model checks the code that runs: its store is the crate's [`MemoryStore`] (the same
+//! semantics as the DynamoDB store, held to it by the conformance suite), and every decision
+//! a worker takes is the engine's own ([`crate::engine::decide`], the engine's answers and its
+//! settlement patience). What the model adds is only the environment and the invariants of the
+//! design: at most one effect per operation (counting every handler run), a live lease never
+//! overwritten, a recorded outcome never lost or changed within its retention, no lease
+//! without an end, and truthful answers.
+//!
+//! [`Revert`] puts back, in the model, a historical defect's decision; the tests show the
+//! checker finds each one with a counterexample. `MODEL_BOUNDS=large` runs the larger bounds.
+
+mod bounds;
+mod properties;
+mod state;
+mod step;
+mod tests;
+
+use std::time::{Duration, SystemTime};
+
+use stateright::{Model, Property};
+
+pub(crate) use self::bounds::{Bounds, Revert, Spec};
+use self::state::{Pc, State, Worker};
+use crate::execution::Invocation;
+use crate::key::{Fingerprint, OperationKey, OperationScope};
+use crate::reconcile::Recovery;
+
+/// The model's epoch: tick 0.
+const EPOCH_SECS: u64 = 1_800_000_000;
+
+/// The time of tick `tick`.
+fn at(tick: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(EPOCH_SECS + tick)
+}
+
+/// The tick of `time` (whole seconds; times before the epoch are tick 0).
+fn tick(time: SystemTime) -> u64 {
+    crate::record::epoch_secs(time).saturating_sub(EPOCH_SECS)
+}
+
+/// The protocol under `bounds`, with the engine's recovery policy `recovery`, and perhaps a
+/// historical defect put back.
+#[derive(Debug, Clone)]
+pub(crate) struct Protocol {
+    pub(crate) bounds: Bounds,
+    pub(crate) recovery: Recovery,
+    pub(crate) revert: Option<Revert>,
+}
+
+/// What the environment or a worker does next.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum Action {
+    /// True time moves on a tick.
+    Tick,
+    /// The store stops answering, or answers again.
+    Down,
+    Up,
+    /// TTL deletes the expired record of operation `op`.
+    Sweep(usize),
+    /// Worker `w` takes its next step and gets the store's answer.
+    Step(usize),
+    /// Worker `w`'s write commits and its answer is lost.
+    Lose(usize),
+    /// Worker `w`'s handler fails (retryably) instead of acting.
+    Fail(usize),
+    /// Worker `w`'s process dies.
+    Crash(usize),
+}
+
+impl Protocol {
+    /// The key of operation `op`.
+    fn key(&self, op: usize) -> OperationKey {
+        let scope = OperationScope::new("model", "op").unwrap_or_else(|_| unreachable!());
+        OperationKey::derive(&scope, None, &format!("op-{op}")).unwrap_or_else(|_| unreachable!())
+    }
+
+    /// The invocation worker `w` handles, started at `started` on its clock.
+    fn invocation(&self, worker: &Worker, started: u64) -> Invocation {
+        let fingerprint = Fingerprint::of(&worker.op).unwrap_or_else(|_| unreachable!());
+        let invocation = Invocation::new(
+            self.key(worker.op),
+            fingerprint,
+            Duration::from_secs(self.bounds.lease),
+        )
+        .with_deadline(at(started + self.bounds.lease));
+        match worker.identity {
+            true => invocation
+                .with_identity(format!("order-{}", worker.op))
+                .unwrap_or_else(|_| unreachable!()),
+            false => invocation,
+        }
+    }
+
+    fn retention(&self) -> Duration {
+        Duration::from_secs(self.bounds.retention)
+    }
+}
+
+impl Model for Protocol {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        let ops = self.bounds.ops();
+        vec![State {
+            now: 0,
+            records: Vec::new(),
+            evidence: Vec::new(),
+            down: false,
+            outages: self.bounds.outages,
+            losses: self.bounds.losses,
+            crashes: self.bounds.crashes,
+            workers: self
+                .bounds
+                .workers
+                .iter()
+                .map(|spec| Worker {
+                    op: spec.op,
+                    skew: spec.skew,
+                    identity: spec.identity,
+                    pc: Pc::Ready,
+                })
+                .collect(),
+            effects: vec![0; ops],
+            excused: vec![0; ops],
+            forgotten: vec![false; ops],
+            first_outcome: vec![None; ops],
+            broken: Vec::new(),
+        }]
+    }
+
+    fn actions(&self, state: &State, actions: &mut Vec<Action>) {
+        if state.now < self.bounds.max_time {
+            actions.push(Action::Tick);
+        }
+        if !state.down && state.outages > 0 {
+            actions.push(Action::Down);
+        }
+        if state.down {
+            actions.push(Action::Up);
+        }
+        for op in 0..self.bounds.ops() {
+            let key = self.key(op);
+            if state
+                .record(&key)
+                .is_some_and(|r| r.is_expired(at(state.now)))
+            {
+                actions.push(Action::Sweep(op));
+            }
+        }
+        for (w, worker) in state.workers.iter().enumerate() {
+            if self.can_step(state, worker) {
+                actions.push(Action::Step(w));
+                if state.losses > 0 && self.writes(state, worker) {
+                    actions.push(Action::Lose(w));
+                }
+            }
+            if matches!(worker.pc, Pc::Running(_)) {
+                actions.push(Action::Fail(w));
+            }
+            let alive = !matches!(worker.pc, Pc::Ready | Pc::Done(_) | Pc::Dead);
+            if alive && state.crashes > 0 {
+                actions.push(Action::Crash(w));
+            }
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut state = last.clone();
+        match action {
+            Action::Tick => state.now += 1,
+            Action::Down => {
+                state.down = true;
+                state.outages -= 1;
+            }
+            Action::Up => state.down = false,
+            Action::Sweep(op) => {
+                // TTL is the environment: it deletes an expired item, whatever its status.
+                let key = self.key(op);
+                let now = at(state.now);
+                if let Some(swept) = state.record(&key).filter(|r| r.is_expired(now))
+                    && !swept.status.is_settled()
+                    && swept.identity.is_none()
+                {
+                    state.forgotten[op] = true;
+                }
+                state.records.retain(|r| r.key != key || !r.is_expired(now));
+                self.check_overwrite(&mut state, last, &key, None);
+            }
+            Action::Step(w) => self.step(&mut state, w, false),
+            Action::Lose(w) => {
+                state.losses -= 1;
+                self.step(&mut state, w, true);
+            }
+            Action::Fail(w) => self.fail(&mut state, w),
+            Action::Crash(w) => {
+                state.crashes -= 1;
+                state.workers[w].pc = Pc::Dead;
+            }
+        }
+        self.track_outcomes(&mut state);
+        Some(state)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        properties::all()
+    }
+}
+
+/// A store's future, which the memory store completes without waiting.
+fn ready<F: std::future::Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+    match future.as_mut().poll(&mut context) {
+        std::task::Poll::Ready(output) => output,
+        std::task::Poll::Pending => unreachable!("the memory store never waits"),
+    }
+}

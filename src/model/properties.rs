@@ -1,0 +1,148 @@
+//! The design's invariants, as the checker's properties, and the bookkeeping transitions do
+//! for them.
+
+use stateright::Property;
+
+use super::state::{Answer, State};
+use super::{Protocol, tick};
+use crate::key::OperationKey;
+use crate::record::Status;
+
+/// At most one effect per operation, counting every handler run that acted (a re-run of a
+/// handler declared safe to repeat is excused only after its predecessor died unsettled).
+pub(crate) const ONE_EFFECT: &str = "at most one effect per operation";
+/// A write (or TTL) never replaces or deletes a record under a lease that is live on every
+/// clock.
+pub(crate) const LIVE_LEASE: &str = "a live lease is never overwritten";
+/// An outcome once recorded stays, unchanged, while its retention lasts on every clock.
+pub(crate) const OUTCOME_KEPT: &str =
+    "a recorded outcome is never lost or changed within retention";
+/// No IN_PROGRESS record holds a lease longer than an invocation (so a takeover always comes).
+pub(crate) const WAY_FORWARD: &str = "every lease ends";
+/// Each answer is what the store shows when it is given.
+pub(crate) const TRUTHFUL: &str = "every answer is truthful";
+/// Reachability, so that a passing check is not vacuous.
+pub(crate) const COMPLETES: &str = "an operation completes";
+pub(crate) const TAKES_OVER: &str = "a crashed attempt is taken over";
+
+/// Every property the checker checks.
+pub(super) fn all() -> Vec<Property<Protocol>> {
+    vec![
+        Property::always(ONE_EFFECT, |_, s: &State| {
+            s.effects
+                .iter()
+                .zip(&s.excused)
+                .all(|(effects, excused)| effects.saturating_sub(*excused) <= 1)
+        }),
+        Property::always(LIVE_LEASE, |_, s: &State| !s.broken.contains(&LIVE_LEASE)),
+        Property::always(OUTCOME_KEPT, |_, s: &State| {
+            !s.broken.contains(&OUTCOME_KEPT)
+        }),
+        Property::always(WAY_FORWARD, |m: &Protocol, s: &State| {
+            s.records.iter().all(|record| {
+                record.status != Status::InProgress
+                    || tick(record.lease.expires_at) <= s.now + m.bounds.lease + m.bounds.max_skew()
+            })
+        }),
+        Property::always(TRUTHFUL, |_, s: &State| !s.broken.contains(&TRUTHFUL)),
+        Property::sometimes(COMPLETES, |_, s: &State| {
+            s.records
+                .iter()
+                .any(|record| record.status == Status::Completed)
+        }),
+        Property::sometimes(TAKES_OVER, |_, s: &State| {
+            s.records.iter().any(|record| record.lease.attempt > 1)
+        }),
+    ]
+}
+
+impl Protocol {
+    /// Notes a write (by the holder of `writer`'s token; `None`: TTL) that replaced or deleted
+    /// the record of `key` while another's lease on it was live on every clock.
+    pub(super) fn check_overwrite(
+        &self,
+        state: &mut State,
+        before: &State,
+        key: &OperationKey,
+        writer: Option<&str>,
+    ) {
+        let Some(old) = before.record(key) else {
+            return;
+        };
+        let live = old.status == Status::InProgress
+            && tick(old.lease.expires_at) > before.now + self.bounds.max_skew();
+        if !live || writer == Some(old.lease.token.as_str()) {
+            return;
+        }
+        let replaced = state.record(key).is_none_or(|new| {
+            new.status != Status::InProgress || new.lease.token != old.lease.token
+        });
+        if replaced {
+            state.broken.push(LIVE_LEASE);
+        }
+    }
+
+    /// Notes an answer worker `w` gave that the store, as it stands, contradicts.
+    pub(super) fn check_answer(&self, state: &mut State, w: usize, answer: &Answer) {
+        let key = self.key(state.workers[w].op);
+        let own = format!("w{w}");
+        let record = state.record(&key);
+        let first = state.first_outcome[state.workers[w].op]
+            .as_ref()
+            .map(|(outcome, _)| outcome);
+        let truthful = match answer {
+            Answer::Executed(outcome) => record.is_some_and(|r| {
+                r.status == Status::Completed && r.outcome.as_ref() == Some(outcome)
+            }),
+            Answer::Replayed(outcome) => {
+                first.is_none_or(|first| first == outcome)
+                    && record.is_some_and(|r| r.outcome.as_ref() == Some(outcome))
+            }
+            // Or the record is gone (released, or deleted by TTL, while a takeover was sent):
+            // the engine's "in progress, retry now" (`retry_after` zero) then holds too.
+            Answer::InProgress => {
+                record.is_none_or(|r| r.status == Status::InProgress && r.lease.token != own)
+            }
+            Answer::LeaseLost => record.is_none_or(|r| r.lease.token != own),
+            Answer::Indeterminate => {
+                record.is_some_and(|r| r.status == Status::Indeterminate)
+                    || state
+                        .evidence
+                        .iter()
+                        .any(|(_, e)| e.key == key && e.status == Status::Indeterminate)
+            }
+            Answer::Unavailable | Answer::Released | Answer::Refused(_) => true,
+        };
+        if !truthful {
+            state.broken.push(TRUTHFUL);
+        }
+    }
+
+    /// Keeps each operation's first recorded outcome, and notes one lost or changed while its
+    /// retention lasts on every clock.
+    pub(super) fn track_outcomes(&self, state: &mut State) {
+        for op in 0..self.bounds.ops() {
+            let key = self.key(op);
+            let record = state.record(&key).cloned();
+            match &state.first_outcome[op] {
+                None => {
+                    if let Some(record) = record.filter(|r| r.status == Status::Completed) {
+                        state.first_outcome[op] = Some((
+                            record.outcome.clone().unwrap_or_default(),
+                            tick(record.expires_at),
+                        ));
+                    }
+                }
+                Some((outcome, until)) => {
+                    let within = state.now + self.bounds.max_skew() <= *until;
+                    let kept = record.is_some_and(|r| {
+                        r.status == Status::Completed && r.outcome.as_ref() == Some(outcome)
+                    });
+                    if within && !kept {
+                        state.broken.push(OUTCOME_KEPT);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,443 @@
+//! A worker's steps: each one store request (or none), and the engine's decision on its answer.
+
+use std::time::Duration;
+
+use super::state::{Answer, Held, Pc, State, Worker};
+use super::{Protocol, Revert, at, ready, tick};
+use crate::engine::INDETERMINATE_RETENTION;
+use crate::engine::answer::{answer_existing, identity_taken};
+use crate::engine::decide::{self, Claimed, Recover, TookOver};
+use crate::engine::settle::settle_patience;
+use crate::error::Error;
+use crate::record::{Record, Settlement, Status};
+use crate::store::{Claim, Fence, Guard, Store, Target};
+
+/// How long before its deadline a worker stops retrying a settlement (the design's margin).
+const SETTLE_MARGIN: u64 = 1;
+
+impl Protocol {
+    /// Whether worker `w` has a step to take now.
+    pub(super) fn can_step(&self, state: &State, worker: &Worker) -> bool {
+        if self.past_deadline(state, worker) {
+            return true;
+        }
+        match &worker.pc {
+            Pc::Ready => true,
+            Pc::Done(_) | Pc::Dead => false,
+            Pc::Settling { not_before, .. } => state.now + worker.skew >= *not_before,
+            Pc::ResendClaim { .. } | Pc::TakingOver { .. } | Pc::Running(_) => true,
+        }
+    }
+
+    /// Whether worker `w`'s next step writes to the store (so that its answer can be lost).
+    pub(super) fn writes(&self, state: &State, worker: &Worker) -> bool {
+        !state.down
+            && matches!(
+                worker.pc,
+                Pc::Ready | Pc::ResendClaim { .. } | Pc::TakingOver { .. } | Pc::Settling { .. }
+            )
+    }
+
+    /// Worker `w`'s next step; with `lose`, its write commits and the answer is lost.
+    pub(super) fn step(&self, state: &mut State, w: usize, lose: bool) {
+        let worker = state.workers[w].clone();
+        let clock = state.now + worker.skew;
+        let pc = worker.pc.clone();
+        if self.past_deadline(state, &worker) {
+            // Lambda ends the invocation at its deadline, wherever it is.
+            state.workers[w].pc = Pc::Dead;
+            return;
+        }
+        let next = match pc {
+            Pc::Ready => self.claim(state, w, clock, None, lose),
+            Pc::ResendClaim { claim, started } => {
+                self.claim(state, w, clock, Some((claim, started)), lose)
+            }
+            Pc::TakingOver {
+                claim,
+                started,
+                existing,
+                lease,
+                expires_at,
+            } => {
+                if state.down {
+                    return;
+                }
+                let before = state.clone();
+                let store = state.store();
+                let fence = ready(store.take_over(&existing, &lease, at(expires_at), at(clock)));
+                state.absorb(&store);
+                self.check_overwrite(state, &before, &existing.key, Some(&lease.token));
+                if lose {
+                    return;
+                }
+                let Ok(fence) = fence else {
+                    state.workers[w].pc = Pc::Done(Answer::Unavailable);
+                    return;
+                };
+                match decide::took_over(fence, &lease) {
+                    TookOver::Held => {
+                        let claim = Box::new(Record {
+                            lease: lease.clone(),
+                            ..*claim
+                        });
+                        self.recover(state, w, claim, started, existing, false)
+                    }
+                    TookOver::Answer(current) => {
+                        Pc::Done(self.answer_from(state, w, *current, clock))
+                    }
+                    TookOver::InProgress => Pc::Done(Answer::InProgress),
+                }
+            }
+            Pc::Running(held) => {
+                // The handler acts and succeeds: one effect.
+                let op = worker.op;
+                state.effects[op] += 1;
+                if held.excused {
+                    state.excused[op] += 1;
+                }
+                let outcome = format!("{w}").into_bytes();
+                let settlement = Settlement::completed(outcome, None, at(clock), self.retention());
+                Pc::Settling {
+                    held,
+                    settlement: Some(Box::new(settlement)),
+                    tries: 1,
+                    not_before: clock,
+                }
+            }
+            Pc::Settling {
+                held,
+                settlement,
+                tries,
+                not_before,
+            } => self.settle(state, w, clock, held, settlement, tries, not_before, lose),
+            Pc::Done(_) | Pc::Dead => return,
+        };
+        if let Pc::Done(answer) = &next {
+            self.check_answer(state, w, answer);
+        }
+        state.workers[w].pc = next;
+    }
+
+    /// The handler fails retryably: the claim is released (nothing acted).
+    pub(super) fn fail(&self, state: &mut State, w: usize) {
+        let clock = state.now + state.workers[w].skew;
+        if let Pc::Running(held) = state.workers[w].pc.clone() {
+            state.workers[w].pc = Pc::Settling {
+                held,
+                settlement: None,
+                tries: 1,
+                not_before: clock,
+            };
+        }
+    }
+
+    /// A claim (or its re-sending, `resend`) and what its answer means.
+    fn claim(
+        &self,
+        state: &mut State,
+        w: usize,
+        clock: u64,
+        resend: Option<(Box<Record>, u64)>,
+        lose: bool,
+    ) -> Pc {
+        let worker = state.workers[w].clone();
+        let resending = resend.is_some();
+        let (claim, started) = match resend {
+            Some(resent) => resent,
+            None => {
+                let invocation = self.invocation(&worker, clock);
+                let token = format!("w{w}");
+                let claim = decide::claim_record(&invocation, token, at(clock), self.retention());
+                (Box::new(claim), clock)
+            }
+        };
+        if state.down {
+            // The claim's tries fail before anything commits: the caller's redelivery retries.
+            return match resending {
+                false => Pc::Done(Answer::Unavailable),
+                true => Pc::ResendClaim { claim, started },
+            };
+        }
+        if self.revert == Some(Revert::InProgressExpires)
+            && let Some(stale) = state.record(&claim.key)
+            && stale.is_expired(at(clock))
+        {
+            // The old condition: any record past its retention counted as absent.
+            state.records.retain(|record| record.key != claim.key);
+        }
+        let before = state.clone();
+        let store = state.store();
+        let claimed = ready(store.claim(&claim, at(clock)));
+        state.absorb(&store);
+        self.check_overwrite(state, &before, &claim.key, Some(&claim.lease.token));
+        if lose {
+            return Pc::ResendClaim { claim, started };
+        }
+        let claimed = match claimed {
+            Ok(claimed) => claimed,
+            Err(err) => return Pc::Done(Answer::Refused(err.to_string())),
+        };
+        let verdict = match (self.revert, claimed) {
+            (Some(Revert::OwnClaimUnrecognised), Claim::Existing(existing)) => {
+                Claimed::Answer(existing)
+            }
+            (_, claimed) => decide::claimed(claimed, &claim, at(clock)),
+        };
+        let invocation = self.invocation(&worker, started);
+        match verdict {
+            Claimed::Run => {
+                // A fresh claim after the last outcome's retention ended, or after TTL deleted
+                // an unsettled record without an identity, starts a new operation (the
+                // design's: only evidence outlives retention).
+                let op = worker.op;
+                let expired = state.first_outcome[op]
+                    .as_ref()
+                    .is_some_and(|(_, until)| *until < clock);
+                if expired {
+                    state.first_outcome[op] = None;
+                }
+                let excused = std::mem::take(&mut state.forgotten[op]) || expired;
+                Pc::Running(Held {
+                    claim,
+                    started,
+                    previous: None,
+                    excused,
+                })
+            }
+            Claimed::TakeOver(existing) => {
+                let (lease, expires_at) = match self.revert {
+                    Some(Revert::TakeoverKeepsRetention) => {
+                        let (lease, _) =
+                            decide::takeover(&existing, &claim.lease, self.retention());
+                        (lease, existing.expires_at)
+                    }
+                    _ => decide::takeover(&existing, &claim.lease, self.retention()),
+                };
+                Pc::TakingOver {
+                    claim,
+                    started,
+                    existing: Box::new(existing),
+                    lease,
+                    expires_at: tick(expires_at),
+                }
+            }
+            Claimed::Adopt(orphan) => {
+                let record = decide::adoption(&claim, &orphan);
+                let store = state.store();
+                let before = state.clone();
+                let adopted = ready(store.adopt(&record, &orphan, at(clock)));
+                state.absorb(&store);
+                self.check_overwrite(state, &before, &record.key, Some(&record.lease.token));
+                match adopted {
+                    Ok(Claim::Acquired) => {
+                        let previous = decide::orphaned_record(&record, &orphan);
+                        self.recover(
+                            state,
+                            w,
+                            Box::new(record),
+                            started,
+                            Box::new(previous),
+                            true,
+                        )
+                    }
+                    Ok(Claim::Existing(existing)) => {
+                        Pc::Done(self.answer_from(state, w, existing, clock))
+                    }
+                    Ok(Claim::IdentityTaken(evidence)) => {
+                        Pc::Done(refusal(identity_taken(&invocation, evidence)))
+                    }
+                    Err(err) => Pc::Done(Answer::Refused(err.to_string())),
+                }
+            }
+            Claimed::IdentityTaken(evidence) => {
+                Pc::Done(refusal(identity_taken(&invocation, evidence)))
+            }
+            Claimed::PayloadConflict => Pc::Done(Answer::Refused("payload conflict".into())),
+            Claimed::Answer(existing) => Pc::Done(self.answer_from(state, w, existing, clock)),
+        }
+    }
+
+    /// After a takeover (or an adoption) is held: the engine's recovery decision.
+    fn recover(
+        &self,
+        state: &State,
+        w: usize,
+        claim: Box<Record>,
+        started: u64,
+        previous: Box<Record>,
+        adopted: bool,
+    ) -> Pc {
+        let recorded = previous.steps.iter().any(|step| !step.marks_steps_lost());
+        let lost = previous.steps.iter().any(|step| step.marks_steps_lost());
+        let held = Held {
+            excused: self.excused(state, w, &previous),
+            claim,
+            started,
+            previous: Some(previous),
+        };
+        match decide::recover(self.recovery, adopted || lost, recorded, false) {
+            Recover::Steps | Recover::Rerun | Recover::Reconcile => Pc::Running(held),
+            Recover::Hold => {
+                let clock = state.now + state.workers[w].skew;
+                let settlement = Settlement::indeterminate(at(clock), INDETERMINATE_RETENTION);
+                Pc::Settling {
+                    held,
+                    settlement: Some(Box::new(settlement)),
+                    tries: 1,
+                    not_before: clock,
+                }
+            }
+        }
+    }
+
+    /// Whether a re-run after taking over `previous` is excused: its holder died (or gave up
+    /// with no time left) without settling, and the handler is declared safe to repeat.
+    fn excused(&self, state: &State, w: usize, previous: &Record) -> bool {
+        let holder = state
+            .workers
+            .iter()
+            .enumerate()
+            .find(|(other, _)| *other != w && previous.lease.token == format!("w{other}"));
+        match holder {
+            None => true,
+            Some((_, holder)) => match &holder.pc {
+                Pc::Dead | Pc::Done(Answer::Unavailable) => true,
+                _ => self.past_deadline(state, holder),
+            },
+        }
+    }
+
+    /// A settlement's (or, `settlement` `None`, a release's) try.
+    #[allow(clippy::too_many_arguments)]
+    fn settle(
+        &self,
+        state: &mut State,
+        w: usize,
+        clock: u64,
+        held: Held,
+        settlement: Option<Box<Settlement>>,
+        tries: u32,
+        not_before: u64,
+        lose: bool,
+    ) -> Pc {
+        let worker = state.workers[w].clone();
+        let invocation = self.invocation(&worker, held.started);
+        if state.down {
+            let patience = settle_patience(&invocation, &held.claim, at(clock));
+            let (until, max_tries) = patience.limits();
+            let max_tries = match self.revert {
+                Some(Revert::SettleGivesUpEarly) => 2,
+                _ => max_tries,
+            };
+            if decide::try_again(tries, max_tries, at(clock), Duration::from_secs(1), until) {
+                return Pc::Settling {
+                    held,
+                    settlement,
+                    tries: tries + 1,
+                    not_before: clock.max(not_before) + 1,
+                };
+            }
+            let deadline = held.started + self.bounds.lease;
+            let patience_left = clock + 1 < deadline.saturating_sub(SETTLE_MARGIN);
+            return Pc::Done(match patience_left {
+                true => Answer::Refused("gave up with time left".into()),
+                false => Answer::Unavailable,
+            });
+        }
+        let identity = match self.revert {
+            Some(Revert::IdentityFromDeployment) => invocation.evidence_key(),
+            _ => decide::settled_identity(&held.claim, held.previous.as_deref()).map(str::to_owned),
+        };
+        let guard = Guard::Lease(&held.claim.lease.token);
+        let target = Target {
+            key: &held.claim.key,
+            identity: identity.as_deref(),
+            guard,
+        };
+        let before = state.clone();
+        let store = state.store();
+        let answer = match &settlement {
+            Some(settlement) => ready(store.settle(target, settlement)),
+            None => ready(store.release(target)),
+        };
+        state.absorb(&store);
+        self.check_overwrite(
+            state,
+            &before,
+            &held.claim.key,
+            Some(&held.claim.lease.token),
+        );
+        if lose {
+            return Pc::Settling {
+                held,
+                settlement,
+                tries,
+                not_before,
+            };
+        }
+        let fence = match answer {
+            Ok(fence) => fence,
+            Err(err) => return Pc::Done(Answer::Refused(err.to_string())),
+        };
+        let Some(settlement) = settlement else {
+            return Pc::Done(match fence {
+                Fence::Held | Fence::Lost { current: None } => Answer::Released,
+                Fence::Lost { current: Some(_) } => Answer::LeaseLost,
+            });
+        };
+        let own = match fence {
+            Fence::Held => true,
+            Fence::Lost {
+                current: Some(current),
+            } => {
+                self.revert != Some(Revert::OwnSettlementUnrecognised)
+                    && decide::shows_settlement(&current, guard, &settlement)
+            }
+            Fence::Lost { current: None } => false,
+        };
+        Pc::Done(match (own, settlement.status) {
+            (false, _) => Answer::LeaseLost,
+            (true, Status::Indeterminate) => Answer::Indeterminate,
+            (true, _) => Answer::Executed(settlement.outcome.clone().unwrap_or_default()),
+        })
+    }
+
+    /// The engine's answer from a record that stands.
+    fn answer_from(&self, state: &State, w: usize, existing: Record, clock: u64) -> Answer {
+        let invocation = self.invocation(&state.workers[w], clock);
+        match answer_existing::<serde_json::Value>(existing, &invocation, at(clock)) {
+            Ok(execution) => Answer::Replayed(execution.raw_json().get().as_bytes().to_vec()),
+            Err(err) => refusal(err),
+        }
+    }
+
+    /// Whether `worker`'s invocation has reached its deadline on its own clock.
+    pub(super) fn past_deadline(&self, state: &State, worker: &Worker) -> bool {
+        started(&worker.pc)
+            .is_some_and(|started| state.now + worker.skew >= started + self.bounds.lease)
+    }
+}
+
+/// The start of the invocation a worker is in, once it has one.
+fn started(pc: &Pc) -> Option<u64> {
+    match pc {
+        Pc::Ready | Pc::Done(_) | Pc::Dead => None,
+        Pc::ResendClaim { started, .. } | Pc::TakingOver { started, .. } => Some(*started),
+        Pc::Running(held) | Pc::Settling { held, .. } => Some(held.started),
+    }
+}
+
+/// A refusal's answer.
+fn refusal(err: Error) -> Answer {
+    match err {
+        Error::AlreadyInProgress { .. } => Answer::InProgress,
+        Error::Indeterminate { .. } => Answer::Indeterminate,
+        Error::LeaseLost { .. } => Answer::LeaseLost,
+        other => {
+            let debug = format!("{other:?}");
+            let variant = debug.split([' ', '{', '(']).next().unwrap_or_default();
+            Answer::Refused(variant.to_owned())
+        }
+    }
+}
