@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # The local loop with the real emulator, end to end: the functions' tables on a local server
-# (examples/local_stack), `cargo lambda watch` serving every function as Lambda's Runtime API
-# would, and `cargo lambda invoke` sending each committed sample event twice. The duplicate
-# must get the first answer (HTTP: the stored response, marked replayed), and `idemctl stats`
-# must show each operation recorded once, COMPLETED. Run by .ci/run; by hand it needs
+# (examples/local_stack), moto's SQS for the outbox relay to publish to, `cargo lambda watch`
+# serving every function as Lambda's Runtime API would, and `cargo lambda invoke` sending each
+# committed sample event twice (functions/events: direct, SQS, EventBridge, the HTTP API
+# through axum, the checkout, a DynamoDB Streams record for the relay) and the stuck check's
+# schedule event once. The duplicate must get the first answer (HTTP: the stored response,
+# marked replayed), the relayed event must reach the queue once, the stuck check must find
+# nothing stuck, and `idemctl stats` must show each operation recorded once, COMPLETED. Run by .ci/run; by hand it needs
 # cargo-lambda (`pip install cargo-lambda`, or the venv scripts/sam-build.sh installs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/lambda-idempotency/target}"
 sam_venv="${SAM_VENV:-$HOME/.cache/lambda-idempotency/venv-sam}"
+moto_venv="${MOTO_VENV:-$HOME/.cache/lambda-idempotency/venv-moto}"
 export PATH="$sam_venv/bin:$PATH"
 db_port="${LOCAL_LOOP_DB_PORT:-18000}"
 invoke_port="${LOCAL_LOOP_INVOKE_PORT:-19000}"
@@ -38,6 +42,25 @@ export DYNAMODB_ENDPOINT="http://127.0.0.1:$db_port"
 export IDEMPOTENCY_TABLE=local-idempotency UNIQUENESS_TABLE=local-uniqueness LEDGER_TABLE=local-ledger
 export OUTBOX_TABLE=local-outbox ORDER_EVENTS_QUEUE_URL=http://127.0.0.1/000000000000/order-events
 export AWS_REGION=us-east-1 AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test
+
+# moto's SQS, for the outbox relay to publish the checkout's event to (and for us to read back).
+if [ ! -x "$moto_venv/bin/moto_server" ]; then
+  python3 -m venv "$moto_venv"
+  "$moto_venv/bin/pip" install --quiet "moto[server]"
+fi
+# functions/events/dynamodb_stream.json names the queue on this port.
+moto_port=18001
+"$moto_venv/bin/moto_server" -p "$moto_port" > "$work/moto.log" 2>&1 &
+pids+=($!)
+export AWS_ENDPOINT_URL_SQS="http://127.0.0.1:$moto_port"
+sqs() {
+  "$moto_venv/bin/python" -c "import boto3; q = boto3.client('sqs', endpoint_url='$AWS_ENDPOINT_URL_SQS', region_name='us-east-1', aws_access_key_id='test', aws_secret_access_key='test'); $1"
+}
+for _ in $(seq 100); do
+  sqs "q.create_queue(QueueName='order-events')" 2>/dev/null && break
+  sleep 0.2
+done
+sqs "q.get_queue_url(QueueName='order-events')" > /dev/null || { cat "$work/moto.log" >&2; exit 1; }
 
 echo "== cargo lambda watch on port $invoke_port"
 cargo lambda watch -p lambda-idempotency-functions --invoke-port "$invoke_port" --ignore-changes \
@@ -77,6 +100,8 @@ check_twice sqs_orders sqs
 check_twice eventbridge_handler eventbridge
 check_twice api_payments http_api
 check_twice checkout checkout
+check_twice outbox_relay dynamodb_stream
+invoke stuck_check schedule > "$work/stuck.json"
 
 python3 - "$work" <<'PY'
 import json, sys
@@ -84,7 +109,7 @@ work = sys.argv[1]
 def answers(function):
     with open(f"{work}/{function}.answers") as lines:
         return [json.loads(line) for line in lines if line.strip()]
-for function in ["quickstart", "sqs_orders", "eventbridge_handler", "checkout"]:
+for function in ["quickstart", "sqs_orders", "eventbridge_handler", "checkout", "outbox_relay"]:
     first, second = answers(function)
     assert first == second, f"{function}: the duplicate was answered {second}, not {first}"
 first, second = answers("api_payments")
@@ -92,8 +117,17 @@ assert first["statusCode"] == second["statusCode"] and first["body"] == second["
 headers = {name.lower(): value for name, value in second.get("headers", {}).items()}
 assert headers.get("idempotent-replayed") == "true", f"the retried payment is not marked replayed: {second}"
 assert answers("sqs_orders")[0] == {"batchItemFailures": []}, answers("sqs_orders")
+assert answers("outbox_relay")[0] == {"batchItemFailures": []}, answers("outbox_relay")
 print("every duplicate got the first answer")
+with open(f"{work}/stuck.json") as stuck:
+    gauges = json.load(stuck)
+for gauge in ["StuckInProgress", "Indeterminate", "OrphanedEvidence", "StuckCheckIncomplete"]:
+    assert gauges[gauge] == 0, f"the stuck check reports {gauge} = {gauges[gauge]}: {gauges}"
+print("the stuck check finds nothing stuck")
 PY
+
+echo "== the relayed event, published once"
+sqs "m = q.receive_message(QueueUrl=q.get_queue_url(QueueName='order-events')['QueueUrl'], MaxNumberOfMessages=10, WaitTimeSeconds=1).get('Messages', []); print(len(m)); assert len(m) == 1, m; assert '6d1f0c3a' in m[0]['Body'], m"
 
 echo "== the ledger: each operation once"
 "$CARGO_TARGET_DIR/debug/idemctl" stats --json | tee "$work/stats.json"
@@ -101,8 +135,9 @@ python3 - "$work/stats.json" <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))
 assert all(row["status"] == "COMPLETED" for row in rows), f"not all completed: {rows}"
-# quickstart 1, sqs_orders 2 (two messages), eventbridge_handler 1, api_payments 1, checkout 1
+# quickstart 1, sqs_orders 2 (two messages), eventbridge_handler 1, api_payments 1,
+# checkout 1, outbox_relay 1
 total = sum(row["count"] for row in rows)
-assert total == 6, f"{total} records for 6 operations sent twice each: {rows}"
+assert total == 7, f"{total} records for 7 operations sent twice each: {rows}"
 print(f"{total} operations, each recorded once and COMPLETED")
 PY

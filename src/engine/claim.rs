@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::decide::{self, Claimed, TookOver};
 use super::retry::Patience;
@@ -12,7 +12,7 @@ use super::{Held, Idempotency, Step, answer, erased};
 use crate::error::Error;
 use crate::execution::Invocation;
 use crate::record::{Evidence, Record};
-use crate::store::{Claim, Guard, Store, Target};
+use crate::store::{Claim, Fence, Guard, Store, Target};
 
 impl Idempotency {
     /// Claims the key: a fresh claim, a takeover of an expired lease, or the adoption of this
@@ -47,6 +47,11 @@ impl Idempotency {
                 return Err(err.into());
             }
         };
+        if let Claim::Existing(existing) = &claimed
+            && decide::is_own_claim(existing, claim)
+        {
+            debug!("the claim committed before its answer was lost");
+        }
         let existing = match decide::claimed(claimed, claim, now) {
             Claimed::Run => return Ok(Step::Run(Held::Fresh)),
             Claimed::Adopt(evidence) => return self.adopt(claim, invocation, evidence, now).await,
@@ -74,6 +79,13 @@ impl Idempotency {
                 return Err(err.into());
             }
         };
+        if let Fence::Lost {
+            current: Some(current),
+        } = &fence
+            && decide::holds(&current.lease, &lease)
+        {
+            debug!("the takeover committed before its answer was lost");
+        }
         match decide::took_over(fence, &lease) {
             TookOver::Held => {}
             TookOver::Answer(current) => return Ok(Step::Answer(current)),

@@ -32,8 +32,9 @@ impl Idempotency {
             .filter(|_| recover == Recover::Reconcile)
         else {
             return match recover {
-                Recover::Steps | Recover::Rerun | Recover::Reconcile => None,
-                Recover::Hold => {
+                Recover::Steps | Recover::Rerun => None,
+                // (`Reconcile` comes only with a reconciler; without one, hold.)
+                Recover::Hold | Recover::Reconcile => {
                     warn!(
                         attempt,
                         "took over a crashed attempt with no reconciler and no step record: held as indeterminate (Recovery::Indeterminate)"

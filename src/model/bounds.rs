@@ -40,7 +40,8 @@ impl Bounds {
         self.workers.iter().map(|spec| spec.skew).max().unwrap_or(0)
     }
 
-    /// Two deliveries of one operation, one clock a tick ahead: what CI checks.
+    /// Two deliveries of one operation, one clock a tick ahead, one deployment declaring a
+    /// business identity and one not (a deploy that adds it): what CI checks.
     pub(crate) fn small() -> Self {
         Self {
             workers: vec![
@@ -52,7 +53,7 @@ impl Bounds {
                 Spec {
                     op: 0,
                     skew: 1,
-                    identity: false,
+                    identity: true,
                 },
             ],
             max_time: 9,

@@ -130,6 +130,8 @@ impl Model for Protocol {
             effects: vec![0; ops],
             excused: vec![0; ops],
             forgotten: vec![false; ops],
+            evidence_writer: vec![None; ops],
+            ups: Vec::new(),
             first_outcome: vec![None; ops],
             broken: Vec::new(),
         }]
@@ -179,14 +181,18 @@ impl Model for Protocol {
                 state.down = true;
                 state.outages -= 1;
             }
-            Action::Up => state.down = false,
+            Action::Up => {
+                state.down = false;
+                state.ups.push(state.now);
+            }
             Action::Sweep(op) => {
                 // TTL is the environment: it deletes an expired item, whatever its status.
                 let key = self.key(op);
                 let now = at(state.now);
+                // An unsettled record gone: a claim that declares the identity finds the
+                // evidence (and adopts it); one that does not starts a new operation.
                 if let Some(swept) = state.record(&key).filter(|r| r.is_expired(now))
                     && !swept.status.is_settled()
-                    && swept.identity.is_none()
                 {
                     state.forgotten[op] = true;
                 }

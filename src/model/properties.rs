@@ -70,7 +70,7 @@ impl Protocol {
             return;
         };
         let live = old.status == Status::InProgress
-            && tick(old.lease.expires_at) > before.now + self.bounds.max_skew();
+            && tick(old.lease.expires_at) >= before.now + self.bounds.max_skew();
         if !live || writer == Some(old.lease.token.as_str()) {
             return;
         }
@@ -111,7 +111,9 @@ impl Protocol {
                         .iter()
                         .any(|(_, e)| e.key == key && e.status == Status::Indeterminate)
             }
-            Answer::Unavailable | Answer::Released | Answer::Refused(_) => true,
+            Answer::Unavailable | Answer::GaveUp { .. } | Answer::Released | Answer::Refused(_) => {
+                true
+            }
         };
         if !truthful {
             state.broken.push(TRUTHFUL);

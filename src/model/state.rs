@@ -26,10 +26,14 @@ pub(crate) struct State {
     /// declared safe to repeat, re-run after its predecessor died without settling).
     pub(crate) effects: Vec<u8>,
     pub(crate) excused: Vec<u8>,
-    /// Per operation: TTL deleted an unsettled record of an operation without a business
-    /// identity, so the next claim is fresh (the design's accepted case: only evidence
-    /// outlives retention). The next run is excused.
+    /// Per operation: TTL deleted an unsettled record, so a claim that does not declare the
+    /// operation's business identity is fresh (the design's accepted case: only evidence
+    /// outlives retention, and only for a claim that names it). The next run is excused.
     pub(crate) forgotten: Vec<bool>,
+    /// Per operation: the worker whose claim wrote the business identity's evidence.
+    pub(crate) evidence_writer: Vec<Option<usize>>,
+    /// The ticks at which an outage ended.
+    pub(crate) ups: Vec<u64>,
     /// Per operation: the first outcome recorded, and the tick its retention ends.
     pub(crate) first_outcome: Vec<Option<(Vec<u8>, u64)>>,
     /// What a transition saw that breaks an invariant (checked by the properties).
@@ -137,8 +141,11 @@ pub(crate) enum Answer {
     Indeterminate,
     /// Its lease was taken before it settled.
     LeaseLost,
-    /// The store failed; the caller retries.
+    /// The store failed before anything committed; the caller retries.
     Unavailable,
+    /// A settlement (or release) gave up on an outage at true tick `at`; its patience, by the
+    /// design (the deadline less a margin), lasted until true tick `until`.
+    GaveUp { at: u64, until: u64 },
     /// A retryable handler failure: released for a retry.
     Released,
     /// Any other refusal (a payload conflict, an identity taken, a store refusal).

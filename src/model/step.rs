@@ -179,7 +179,9 @@ impl Protocol {
             Err(err) => return Pc::Done(Answer::Refused(err.to_string())),
         };
         let verdict = match (self.revert, claimed) {
-            (Some(Revert::OwnClaimUnrecognised), Claim::Existing(existing)) => {
+            (Some(Revert::OwnClaimUnrecognised), Claim::Existing(existing))
+                if decide::is_own_claim(&existing, &claim) =>
+            {
                 Claimed::Answer(existing)
             }
             (_, claimed) => decide::claimed(claimed, &claim, at(clock)),
@@ -197,7 +199,23 @@ impl Protocol {
                 if expired {
                     state.first_outcome[op] = None;
                 }
-                let excused = std::mem::take(&mut state.forgotten[op]) || expired;
+                // Never past COMPLETED evidence that the claim declares: that is the design's
+                // KeyExpiredConflict. A deployment that no longer declares the identity cannot
+                // find the evidence (it is keyed by the identity): past retention its delivery
+                // is a new operation, as the seeded simulation judges it too.
+                let evidence_done = claim.identity.as_ref().is_some_and(|identity| {
+                    state
+                        .evidence
+                        .iter()
+                        .any(|(id, e)| id == identity && e.status == Status::Completed)
+                });
+                let excused =
+                    (std::mem::take(&mut state.forgotten[op]) || expired) && !evidence_done;
+                if let Some(identity) = &claim.identity
+                    && state.evidence.iter().any(|(id, _)| id == identity)
+                {
+                    state.evidence_writer[op] = Some(w);
+                }
                 Pc::Running(Held {
                     claim,
                     started,
@@ -294,17 +312,26 @@ impl Protocol {
     /// Whether a re-run after taking over `previous` is excused: its holder died (or gave up
     /// with no time left) without settling, and the handler is declared safe to repeat.
     fn excused(&self, state: &State, w: usize, previous: &Record) -> bool {
-        let holder = state
-            .workers
-            .iter()
-            .enumerate()
-            .find(|(other, _)| *other != w && previous.lease.token == format!("w{other}"));
-        match holder {
-            None => true,
-            Some((_, holder)) => match &holder.pc {
-                Pc::Dead | Pc::Done(Answer::Unavailable) => true,
-                _ => self.past_deadline(state, holder),
-            },
+        // An adopted orphan's crashed attempt is the one whose claim wrote the evidence.
+        let holder = match previous.lease.token.is_empty() {
+            true => state.evidence_writer[state.workers[w].op],
+            false => {
+                (0..state.workers.len()).find(|other| previous.lease.token == format!("w{other}"))
+            }
+        };
+        let Some(holder) = holder
+            .filter(|holder| *holder != w)
+            .map(|h| &state.workers[h])
+        else {
+            return false;
+        };
+        match &holder.pc {
+            Pc::Dead => true,
+            // Excused only if the store stayed down for as long as its patience lasted.
+            Pc::Done(Answer::GaveUp { at, until }) => {
+                !state.ups.iter().any(|up| at < up && up < until)
+            }
+            _ => self.past_deadline(state, holder),
         }
     }
 
@@ -339,10 +366,10 @@ impl Protocol {
                 };
             }
             let deadline = held.started + self.bounds.lease;
-            let patience_left = clock + 1 < deadline.saturating_sub(SETTLE_MARGIN);
-            return Pc::Done(match patience_left {
-                true => Answer::Refused("gave up with time left".into()),
-                false => Answer::Unavailable,
+            let until = deadline.saturating_sub(SETTLE_MARGIN + worker.skew);
+            return Pc::Done(Answer::GaveUp {
+                at: state.now,
+                until,
             });
         }
         let identity = match self.revert {
