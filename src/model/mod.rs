@@ -129,7 +129,7 @@ impl Model for Protocol {
                 .collect(),
             effects: vec![0; ops],
             excused: vec![0; ops],
-            forgotten: vec![false; ops],
+            afresh: vec![false; ops],
             evidence_writer: vec![None; ops],
             ups: Vec::new(),
             first_outcome: vec![None; ops],
@@ -194,7 +194,7 @@ impl Model for Protocol {
                 if let Some(swept) = state.record(&key).filter(|r| r.is_expired(now))
                     && !swept.status.is_settled()
                 {
-                    state.forgotten[op] = true;
+                    state.afresh[op] = true;
                 }
                 state.records.retain(|r| r.key != key || !r.is_expired(now));
                 self.check_overwrite(&mut state, last, &key, None);

@@ -26,10 +26,12 @@ pub(crate) struct State {
     /// declared safe to repeat, re-run after its predecessor died without settling).
     pub(crate) effects: Vec<u8>,
     pub(crate) excused: Vec<u8>,
-    /// Per operation: TTL deleted an unsettled record, so a claim that does not declare the
-    /// operation's business identity is fresh (the design's accepted case: only evidence
-    /// outlives retention, and only for a claim that names it). The next run is excused.
-    pub(crate) forgotten: Vec<bool>,
+    /// Per operation: the next run starts afresh and is excused. TTL deleted an unsettled
+    /// record, so a claim that does not declare the operation's business identity is fresh
+    /// (the design's accepted case: only evidence outlives retention, and only for a claim
+    /// that names it); or a handler's retryable failure released the claim (the next
+    /// delivery re-executes, as the seeded simulation's ledger excuses it too).
+    pub(crate) afresh: Vec<bool>,
     /// Per operation: the worker whose claim wrote the business identity's evidence.
     pub(crate) evidence_writer: Vec<Option<usize>>,
     /// The ticks at which an outage ended.

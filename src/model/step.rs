@@ -209,8 +209,7 @@ impl Protocol {
                         .iter()
                         .any(|(id, e)| id == identity && e.status == Status::Completed)
                 });
-                let excused =
-                    (std::mem::take(&mut state.forgotten[op]) || expired) && !evidence_done;
+                let excused = (std::mem::take(&mut state.afresh[op]) || expired) && !evidence_done;
                 if let Some(identity) = &claim.identity
                     && state.evidence.iter().any(|(id, _)| id == identity)
                 {
@@ -409,7 +408,10 @@ impl Protocol {
         };
         let Some(settlement) = settlement else {
             return Pc::Done(match fence {
-                Fence::Held | Fence::Lost { current: None } => Answer::Released,
+                Fence::Held | Fence::Lost { current: None } => {
+                    state.afresh[worker.op] = true;
+                    Answer::Released
+                }
                 Fence::Lost { current: Some(_) } => Answer::LeaseLost,
             });
         };

@@ -49,10 +49,13 @@ fn finds(revert: Revert, bounds: Bounds, recovery: Recovery, property: &'static 
         recovery,
         revert: None,
     });
-    assert!(
-        fixed.discovery(property).is_none(),
-        "the code as it is breaks \"{property}\" at these bounds"
-    );
+    if let Some(path) = fixed.discovery(property) {
+        panic!(
+            "the code as it is breaks \"{property}\" at these bounds: {:?}\nthen: {:?}",
+            path.clone().into_actions(),
+            path.last_state()
+        );
+    }
     let checker = explore(Protocol {
         bounds,
         recovery,
