@@ -24,6 +24,7 @@ const STEP_OVERHEAD_BYTES: usize = 32;
 /// How errors name the completion when its writes are refused.
 pub(crate) const COMPLETION: &str = "(completion)";
 use crate::Idempotency;
+use crate::engine::decide::{self, StepStanding};
 use crate::engine::retry::Patience;
 use crate::error::{BoxError, Error, StoreError};
 use crate::key::OperationKey;
@@ -65,9 +66,9 @@ pub(crate) struct StepLedger {
     attempt: u32,
     /// When the lease runs out: a step write is not retried past it.
     lease_expires_at: SystemTime,
-    /// [`Recovery::Rerun`](crate::reconcile::Recovery::Rerun): the whole handler is safe to
-    /// repeat, so an uncertain step runs again too.
-    rerun_uncertain: bool,
+    /// The engine's recovery policy: under [`Recovery::Rerun`](crate::reconcile::Recovery::Rerun)
+    /// the whole handler is safe to repeat, so an uncertain step runs again too.
+    recovery: crate::reconcile::Recovery,
     /// When the operation's execution was first claimed (the same on every attempt of it,
     /// another for a new execution of the key): it names the outbox events' ids.
     created_at: SystemTime,
@@ -155,7 +156,7 @@ impl StepLedger {
         created_at: SystemTime,
     ) -> Self {
         Self {
-            rerun_uncertain: idem.recovery() == crate::reconcile::Recovery::Rerun,
+            recovery: idem.recovery(),
             idem,
             key,
             token,
@@ -310,7 +311,7 @@ impl StepLedger {
         match standing {
             Standing::Done(value) => return Ok(value),
             Standing::New => self.record_intent(&name).await?,
-            Standing::Uncertain if repeat_safe || self.rerun_uncertain => {
+            Standing::Uncertain if decide::rerun_uncertain(repeat_safe, self.recovery) => {
                 debug!(
                     attempt = self.attempt,
                     "an uncertain repeat-safe step runs again"
@@ -375,22 +376,16 @@ impl StepLedger {
                 expected,
             })
         };
-        if state.steps[..cursor].iter().any(|step| step.name == name) {
-            return Err(self.halt(&mut state, name, mismatch(None)));
-        }
-        let standing = match state.steps.get(cursor) {
-            None if state.steps.len() >= MAX_STEPS => {
-                return Err(invalid("an operation records at most 100 steps"));
-            }
-            None => Standing::New,
-            Some(recorded) if recorded.name != name => {
-                let expected = Some(recorded.name.clone());
+        let standing = match decide::step_standing(&state.steps, cursor, name) {
+            StepStanding::Mismatch(expected) => {
+                let expected = expected.map(str::to_owned);
                 return Err(self.halt(&mut state, name, mismatch(expected)));
             }
-            Some(StepRecord {
-                result: Some(bytes),
-                ..
-            }) => match serde_json::from_slice(bytes) {
+            StepStanding::New if state.steps.len() >= MAX_STEPS => {
+                return Err(invalid("an operation records at most 100 steps"));
+            }
+            StepStanding::New => Standing::New,
+            StepStanding::Done(bytes) => match serde_json::from_slice(bytes) {
                 Ok(value) => {
                     state.cursor += 1;
                     Standing::Done(value)
@@ -403,7 +398,7 @@ impl StepLedger {
                     return Err(self.halt(&mut state, name, Halt::Hold(unreadable)));
                 }
             },
-            Some(_) => Standing::Uncertain,
+            StepStanding::Uncertain => Standing::Uncertain,
         };
         state.in_flight = true;
         drop(state);

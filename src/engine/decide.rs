@@ -246,3 +246,48 @@ pub(crate) fn try_again(
 ) -> bool {
     tries < max_tries && now + pause < until
 }
+
+/// Where a step named `name` stands when it starts at `cursor` in the operation's recorded
+/// `steps` (which earlier steps of this attempt passed).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum StepStanding<'a> {
+    /// Its result is recorded: these bytes are returned without running it.
+    Done(&'a [u8]),
+    /// An earlier attempt recorded its intent and no result: its effect is uncertain.
+    Uncertain,
+    /// Not recorded: its intent is written, then it runs.
+    New,
+    /// Another order than recorded (`Some`: the name recorded at the cursor), or a name used
+    /// twice (`None`).
+    Mismatch(Option<&'a str>),
+}
+
+/// Where step `name` stands at `cursor` in `steps`.
+pub(crate) fn step_standing<'a>(
+    steps: &'a [StepRecord],
+    cursor: usize,
+    name: &str,
+) -> StepStanding<'a> {
+    if steps[..cursor.min(steps.len())]
+        .iter()
+        .any(|step| step.name == name)
+    {
+        return StepStanding::Mismatch(None);
+    }
+    match steps.get(cursor) {
+        None => StepStanding::New,
+        Some(recorded) if recorded.name != name => StepStanding::Mismatch(Some(&recorded.name)),
+        Some(StepRecord {
+            result: Some(bytes),
+            ..
+        }) => StepStanding::Done(bytes),
+        Some(_) => StepStanding::Uncertain,
+    }
+}
+
+/// Whether an uncertain step runs again: only one declared repeat-safe (its downstream key
+/// makes the provider deduplicate), or under [`Recovery::Rerun`] (every effect declared safe to
+/// repeat); otherwise its check decides, and without one the operation is held.
+pub(crate) fn rerun_uncertain(repeat_safe: bool, recovery: Recovery) -> bool {
+    repeat_safe || recovery == Recovery::Rerun
+}

@@ -19,6 +19,9 @@ pub(crate) struct Bounds {
     pub(crate) lease: u64,
     /// A settled record's retention, in ticks.
     pub(crate) retention: u64,
+    /// Whether the handler keeps its effect in one step (intent, effect, result merged into
+    /// the settlement), as `ExecutionContext::step` runs it.
+    pub(crate) stepped: bool,
     /// How many outages, answers lost after commit, and crashes may happen.
     pub(crate) outages: u8,
     pub(crate) losses: u8,
@@ -40,6 +43,14 @@ impl Bounds {
         self.workers.iter().map(|spec| spec.skew).max().unwrap_or(0)
     }
 
+    /// The same, with the handler's effect in a step.
+    pub(crate) fn stepped() -> Self {
+        Self {
+            stepped: true,
+            ..Self::small()
+        }
+    }
+
     /// Two deliveries of one operation, one clock a tick ahead, one deployment declaring a
     /// business identity and one not (a deploy that adds it): what CI checks.
     pub(crate) fn small() -> Self {
@@ -56,6 +67,7 @@ impl Bounds {
                     identity: true,
                 },
             ],
+            stepped: false,
             max_time: 9,
             lease: 3,
             retention: 2,
@@ -86,6 +98,7 @@ impl Bounds {
                     identity: true,
                 },
             ],
+            stepped: false,
             max_time: 12,
             lease: 3,
             retention: 2,
@@ -114,4 +127,6 @@ pub(crate) enum Revert {
     /// An attempt settled the identity its deployment declares instead of the one its
     /// operation recorded when it was claimed.
     IdentityFromDeployment,
+    /// A takeover ran a recorded uncertain step (intent, no result) again without a check.
+    UncertainStepRerun,
 }

@@ -2,7 +2,8 @@
 //! a few workers (Lambda invocations of the same operation, or of two), a store whose
 //! conditional writes are atomic and whose answers can be lost after they commit, an outage,
 //! crashes, Lambda's deadline, clocks that run ahead by a bounded skew, and TTL deleting
-//! expired records at any time after they expire.
+//! expired records at any time after they expire; the handler acts directly, or keeps its
+//! effect in a step (its intent recorded before, its result with the settlement).
 //!
 //! The model checks the code that runs: its store is the crate's [`MemoryStore`] (the same
 //! semantics as the DynamoDB store, held to it by the conformance suite), and every decision
@@ -163,7 +164,9 @@ impl Model for Protocol {
                     actions.push(Action::Lose(w));
                 }
             }
-            if matches!(worker.pc, Pc::Running(_)) {
+            // A handler fails before its step's intent (a stepped one after it gives its claim
+            // back, which the model leaves out).
+            if matches!(&worker.pc, Pc::Running(held) if held.phase == state::Phase::Start) {
                 actions.push(Action::Fail(w));
             }
             let alive = !matches!(worker.pc, Pc::Ready | Pc::Done(_) | Pc::Dead);

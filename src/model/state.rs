@@ -3,7 +3,7 @@
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
-use crate::record::{Evidence, Lease, Record, Settlement};
+use crate::record::{Evidence, Lease, Record, Settlement, StepRecord};
 use crate::store::MemoryStore;
 
 /// Everything the checker explores. Hashed and compared by its `Debug` form, which is
@@ -128,6 +128,20 @@ pub(crate) struct Held {
     pub(crate) previous: Option<Box<Record>>,
     /// A re-run of a handler declared safe to repeat after its predecessor died.
     pub(crate) excused: bool,
+    /// A stepped handler: the steps the operation recorded so far, and where its one step is.
+    pub(crate) steps: Vec<StepRecord>,
+    pub(crate) phase: Phase,
+}
+
+/// Where a stepped handler's one step is (an unstepped handler acts at `Start`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Not started.
+    Start,
+    /// Its intent is recorded (or it runs again): the effect is next.
+    Intended,
+    /// Its effect happened: its result goes with the settlement.
+    Acted,
 }
 
 /// What a worker answered its caller.

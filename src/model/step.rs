@@ -2,15 +2,18 @@
 
 use std::time::Duration;
 
-use super::state::{Answer, Held, Pc, State, Worker};
+use super::state::{Answer, Held, Pc, Phase, State, Worker};
 use super::{Protocol, Revert, at, ready, tick};
 use crate::engine::INDETERMINATE_RETENTION;
 use crate::engine::answer::{answer_existing, identity_taken};
-use crate::engine::decide::{self, Claimed, Recover, TookOver};
+use crate::engine::decide::{self, Claimed, Recover, StepStanding, TookOver};
 use crate::engine::settle::settle_patience;
 use crate::error::Error;
-use crate::record::{Record, Settlement, Status};
+use crate::record::{Record, Settlement, Status, StepRecord};
 use crate::store::{Claim, Fence, Guard, Store, Target};
+
+/// The stepped handler's one step.
+const STEP: &str = "charge";
 
 /// How long before its deadline a worker stops retrying a settlement (the design's margin).
 const SETTLE_MARGIN: u64 = 1;
@@ -89,6 +92,25 @@ impl Protocol {
                     TookOver::InProgress => Pc::Done(Answer::InProgress),
                 }
             }
+            Pc::Running(held) if self.bounds.stepped && held.phase != Phase::Acted => {
+                self.stepped(state, w, clock, held, lose)
+            }
+            Pc::Running(held) if self.bounds.stepped => {
+                // The step's result goes with the settlement.
+                let outcome = format!("{w}").into_bytes();
+                let mut steps = held.steps.clone();
+                if let Some(step) = steps.last_mut() {
+                    step.result = Some(outcome.clone());
+                }
+                let settlement = Settlement::completed(outcome, None, at(clock), self.retention())
+                    .with_steps(Some(steps));
+                Pc::Settling {
+                    held,
+                    settlement: Some(Box::new(settlement)),
+                    tries: 1,
+                    not_before: clock,
+                }
+            }
             Pc::Running(held) => {
                 // The handler acts and succeeds: one effect.
                 let op = worker.op;
@@ -117,6 +139,85 @@ impl Protocol {
             self.check_answer(state, w, answer);
         }
         state.workers[w].pc = next;
+    }
+
+    /// A stepped handler's step before its effect is settled: where it stands, its intent,
+    /// its effect.
+    fn stepped(&self, state: &mut State, w: usize, clock: u64, mut held: Held, lose: bool) -> Pc {
+        let op = state.workers[w].op;
+        if held.phase == Phase::Intended {
+            state.effects[op] += 1;
+            if held.excused {
+                state.excused[op] += 1;
+            }
+            held.phase = Phase::Acted;
+            return Pc::Running(held);
+        }
+        match decide::step_standing(&held.steps, 0, STEP) {
+            StepStanding::Done(bytes) => {
+                // Recorded: returned without running, and the handler completes with it.
+                let outcome = bytes.to_vec();
+                let settlement = Settlement::completed(outcome, None, at(clock), self.retention());
+                Pc::Settling {
+                    held,
+                    settlement: Some(Box::new(settlement)),
+                    tries: 1,
+                    not_before: clock,
+                }
+            }
+            StepStanding::Uncertain => {
+                let again = match self.revert {
+                    Some(Revert::UncertainStepRerun) => true,
+                    _ => decide::rerun_uncertain(false, self.recovery),
+                };
+                if again {
+                    held.phase = Phase::Intended;
+                    return Pc::Running(held);
+                }
+                // No check: the operation is held for an operator.
+                let settlement = Settlement::indeterminate(at(clock), INDETERMINATE_RETENTION);
+                Pc::Settling {
+                    held,
+                    settlement: Some(Box::new(settlement)),
+                    tries: 1,
+                    not_before: clock,
+                }
+            }
+            StepStanding::New => {
+                if state.down {
+                    return Pc::Running(held);
+                }
+                let intent = vec![StepRecord::intent(STEP, held.claim.lease.attempt)];
+                let target = Target {
+                    key: &held.claim.key,
+                    identity: None,
+                    guard: Guard::Lease(&held.claim.lease.token),
+                };
+                let before = state.clone();
+                let store = state.store();
+                let written = ready(store.record_steps(target, &intent));
+                state.absorb(&store);
+                self.check_overwrite(
+                    state,
+                    &before,
+                    &held.claim.key,
+                    Some(&held.claim.lease.token),
+                );
+                if lose {
+                    return Pc::Running(held);
+                }
+                match written {
+                    Ok(Fence::Held) => {
+                        held.steps = intent;
+                        held.phase = Phase::Intended;
+                        Pc::Running(held)
+                    }
+                    Ok(Fence::Lost { .. }) => Pc::Done(Answer::LeaseLost),
+                    Err(err) => Pc::Done(Answer::Refused(err.to_string())),
+                }
+            }
+            StepStanding::Mismatch(_) => Pc::Done(Answer::Refused("step mismatch".into())),
+        }
     }
 
     /// The handler fails retryably: the claim is released (nothing acted).
@@ -220,6 +321,8 @@ impl Protocol {
                     started,
                     previous: None,
                     excused,
+                    steps: Vec::new(),
+                    phase: Phase::Start,
                 })
             }
             Claimed::TakeOver(existing) => {
@@ -287,13 +390,23 @@ impl Protocol {
     ) -> Pc {
         let recorded = previous.steps.iter().any(|step| !step.marks_steps_lost());
         let lost = previous.steps.iter().any(|step| step.marks_steps_lost());
+        let recover = decide::recover(self.recovery, adopted || lost, recorded, false);
+        let steps = previous
+            .steps
+            .iter()
+            .filter(|step| !step.marks_steps_lost())
+            .cloned()
+            .collect();
         let held = Held {
-            excused: self.excused(state, w, &previous),
+            // Only a handler declared safe to repeat may run its effect again.
+            excused: recover == Recover::Rerun && self.excused(state, w, &previous),
             claim,
             started,
             previous: Some(previous),
+            steps,
+            phase: Phase::Start,
         };
-        match decide::recover(self.recovery, adopted || lost, recorded, false) {
+        match recover {
             Recover::Steps | Recover::Rerun | Recover::Reconcile => Pc::Running(held),
             Recover::Hold => {
                 let clock = state.now + state.workers[w].skew;

@@ -174,3 +174,35 @@ fn an_identity_taken_from_the_deployment_is_found() {
         ONE_EFFECT,
     );
 }
+
+#[test]
+fn the_stepped_protocol_keeps_every_invariant_in_every_reachable_state() {
+    let bounds = match std::env::var("MODEL_BOUNDS").as_deref() {
+        Ok("large") => Bounds {
+            stepped: true,
+            ..Bounds::large()
+        },
+        _ => Bounds::stepped(),
+    };
+    let protocol = Protocol {
+        bounds,
+        recovery: Recovery::Steps,
+        revert: None,
+    };
+    explore(protocol).assert_properties();
+}
+
+#[test]
+fn an_uncertain_step_run_again_without_a_check_is_found() {
+    let bounds = Bounds {
+        outages: 0,
+        losses: 0,
+        ..Bounds::stepped()
+    };
+    finds(
+        Revert::UncertainStepRerun,
+        bounds,
+        Recovery::Steps,
+        ONE_EFFECT,
+    );
+}
