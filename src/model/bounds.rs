@@ -28,6 +28,13 @@ pub(crate) struct Bounds {
     pub(crate) crashes: u8,
 }
 
+impl Spec {
+    /// A worker of operation `op`, its clock `skew` ticks ahead, declaring an identity or not.
+    pub(crate) const fn of(op: usize, skew: u64, identity: bool) -> Self {
+        Self { op, skew, identity }
+    }
+}
+
 impl Bounds {
     /// How many operations the workers are delivered.
     pub(crate) fn ops(&self) -> usize {
@@ -55,18 +62,7 @@ impl Bounds {
     /// business identity and one not (a deploy that adds it): what CI checks.
     pub(crate) fn small() -> Self {
         Self {
-            workers: vec![
-                Spec {
-                    op: 0,
-                    skew: 0,
-                    identity: false,
-                },
-                Spec {
-                    op: 0,
-                    skew: 1,
-                    identity: true,
-                },
-            ],
+            workers: vec![Spec::of(0, 0, false), Spec::of(0, 1, true)],
             stepped: false,
             max_time: 9,
             lease: 3,
@@ -82,21 +78,9 @@ impl Bounds {
     pub(crate) fn large() -> Self {
         Self {
             workers: vec![
-                Spec {
-                    op: 0,
-                    skew: 0,
-                    identity: false,
-                },
-                Spec {
-                    op: 0,
-                    skew: 1,
-                    identity: true,
-                },
-                Spec {
-                    op: 0,
-                    skew: 0,
-                    identity: true,
-                },
+                Spec::of(0, 0, false),
+                Spec::of(0, 1, true),
+                Spec::of(0, 0, true),
             ],
             stepped: false,
             max_time: 12,

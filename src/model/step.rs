@@ -9,8 +9,9 @@ use crate::engine::answer::{answer_existing, identity_taken};
 use crate::engine::decide::{self, Claimed, Recover, StepStanding, TookOver};
 use crate::engine::settle::settle_patience;
 use crate::error::Error;
+use crate::key::OperationKey;
 use crate::record::{Record, Settlement, Status, StepRecord};
-use crate::store::{Claim, Fence, Guard, Store, Target};
+use crate::store::{Claim, Fence, Guard, MemoryStore, Store, Target};
 
 /// The stepped handler's one step.
 const STEP: &str = "charge";
@@ -66,11 +67,9 @@ impl Protocol {
                 if state.down {
                     return;
                 }
-                let before = state.clone();
-                let store = state.store();
-                let fence = ready(store.take_over(&existing, &lease, at(expires_at), at(clock)));
-                state.absorb(&store);
-                self.check_overwrite(state, &before, &existing.key, Some(&lease.token));
+                let fence = self.write(state, &existing.key, &lease.token, |store| {
+                    ready(store.take_over(&existing, &lease, at(expires_at), at(clock)))
+                });
                 if lose {
                     return;
                 }
@@ -193,16 +192,10 @@ impl Protocol {
                     identity: None,
                     guard: Guard::Lease(&held.claim.lease.token),
                 };
-                let before = state.clone();
-                let store = state.store();
-                let written = ready(store.record_steps(target, &intent));
-                state.absorb(&store);
-                self.check_overwrite(
-                    state,
-                    &before,
-                    &held.claim.key,
-                    Some(&held.claim.lease.token),
-                );
+                let written =
+                    self.write(state, &held.claim.key, &held.claim.lease.token, |store| {
+                        ready(store.record_steps(target, &intent))
+                    });
                 if lose {
                     return Pc::Running(held);
                 }
@@ -267,11 +260,9 @@ impl Protocol {
             // The old condition: any record past its retention counted as absent.
             state.records.retain(|record| record.key != claim.key);
         }
-        let before = state.clone();
-        let store = state.store();
-        let claimed = ready(store.claim(&claim, at(clock)));
-        state.absorb(&store);
-        self.check_overwrite(state, &before, &claim.key, Some(&claim.lease.token));
+        let claimed = self.write(state, &claim.key, &claim.lease.token, |store| {
+            ready(store.claim(&claim, at(clock)))
+        });
         if lose {
             return Pc::ResendClaim { claim, started };
         }
@@ -344,11 +335,9 @@ impl Protocol {
             }
             Claimed::Adopt(orphan) => {
                 let record = decide::adoption(&claim, &orphan);
-                let store = state.store();
-                let before = state.clone();
-                let adopted = ready(store.adopt(&record, &orphan, at(clock)));
-                state.absorb(&store);
-                self.check_overwrite(state, &before, &record.key, Some(&record.lease.token));
+                let adopted = self.write(state, &record.key, &record.lease.token, |store| {
+                    ready(store.adopt(&record, &orphan, at(clock)))
+                });
                 match adopted {
                     Ok(Claim::Acquired) => {
                         let previous = decide::orphaned_record(&record, &orphan);
@@ -494,19 +483,16 @@ impl Protocol {
             identity: identity.as_deref(),
             guard,
         };
-        let before = state.clone();
-        let store = state.store();
-        let answer = match &settlement {
-            Some(settlement) => ready(store.settle(target, settlement)),
-            None => ready(store.release(target)),
-        };
-        state.absorb(&store);
-        self.check_overwrite(
-            state,
-            &before,
-            &held.claim.key,
-            Some(&held.claim.lease.token),
-        );
+        let answer =
+            self.write(
+                state,
+                &held.claim.key,
+                &held.claim.lease.token,
+                |store| match &settlement {
+                    Some(settlement) => ready(store.settle(target, settlement)),
+                    None => ready(store.release(target)),
+                },
+            );
         if lose {
             return Pc::Settling {
                 held,
@@ -552,6 +538,23 @@ impl Protocol {
             Ok(execution) => Answer::Replayed(execution.raw_json().get().as_bytes().to_vec()),
             Err(err) => refusal(err),
         }
+    }
+
+    /// Sends one of a worker's writes (under its lease `token`) to the store as `state` holds
+    /// it, takes the tables back, and notes a live lease the write overwrote.
+    fn write<T>(
+        &self,
+        state: &mut State,
+        key: &OperationKey,
+        token: &str,
+        send: impl FnOnce(&MemoryStore) -> T,
+    ) -> T {
+        let before = state.clone();
+        let store = state.store();
+        let answer = send(&store);
+        state.absorb(&store);
+        self.check_overwrite(state, &before, key, Some(token));
+        answer
     }
 
     /// Whether `worker`'s invocation has reached its deadline on its own clock.

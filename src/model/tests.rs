@@ -72,13 +72,6 @@ fn finds(revert: Revert, bounds: Bounds, recovery: Recovery, property: &'static 
     eprintln!("  then: {last:?}");
 }
 
-fn workers(specs: &[(usize, u64, bool)]) -> Vec<Spec> {
-    specs
-        .iter()
-        .map(|&(op, skew, identity)| Spec { op, skew, identity })
-        .collect()
-}
-
 #[test]
 fn a_takeover_that_kept_the_old_retention_is_found() {
     let bounds = Bounds {
@@ -160,7 +153,11 @@ fn a_settlement_that_gave_up_with_its_deadline_ahead_is_found() {
 #[test]
 fn an_identity_taken_from_the_deployment_is_found() {
     let bounds = Bounds {
-        workers: workers(&[(0, 0, false), (0, 0, true), (0, 0, true)]),
+        workers: vec![
+            Spec::of(0, 0, false),
+            Spec::of(0, 0, true),
+            Spec::of(0, 0, true),
+        ],
         max_time: 9,
         outages: 0,
         losses: 0,
