@@ -205,7 +205,7 @@ pub async fn start_with_clock(clock: ManualClock) -> Dynamo {
     let uniqueness_table = local::unique_table_name("uniqueness");
     let capabilities = match db {
         Some(_) => Capabilities::ALL,
-        None => probe(&endpoint, &uniqueness_table).await,
+        None => probed(&endpoint, &uniqueness_table).await,
     };
     let dynamo = Dynamo {
         client,
@@ -219,6 +219,26 @@ pub async fn start_with_clock(clock: ManualClock) -> Dynamo {
     };
     dynamo.store().create_table().await.expect("create tables");
     dynamo
+}
+
+/// What another endpoint offers: probed once per endpoint and process ([`probe`]).
+async fn probed(endpoint: &str, scratch: &str) -> Capabilities {
+    static PROBED: Mutex<Vec<(String, Capabilities)>> = Mutex::new(Vec::new());
+    let known = |probed: &[(String, Capabilities)]| {
+        probed
+            .iter()
+            .find(|(probed, _)| probed == endpoint)
+            .map(|(_, capabilities)| *capabilities)
+    };
+    if let Some(capabilities) = known(&PROBED.lock().unwrap_or_else(PoisonError::into_inner)) {
+        return capabilities;
+    }
+    let capabilities = probe(endpoint, scratch).await;
+    PROBED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push((endpoint.to_owned(), capabilities));
+    capabilities
 }
 
 /// What another endpoint offers, found by trying it on a scratch table named `scratch`
