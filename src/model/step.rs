@@ -103,12 +103,7 @@ impl Protocol {
                 }
                 let settlement = Settlement::completed(outcome, None, at(clock), self.retention())
                     .with_steps(Some(steps));
-                Pc::Settling {
-                    held,
-                    settlement: Some(Box::new(settlement)),
-                    tries: 1,
-                    not_before: clock,
-                }
+                settling(held, Some(settlement), clock)
             }
             Pc::Running(held) => {
                 // The handler acts and succeeds: one effect.
@@ -119,12 +114,7 @@ impl Protocol {
                 }
                 let outcome = format!("{w}").into_bytes();
                 let settlement = Settlement::completed(outcome, None, at(clock), self.retention());
-                Pc::Settling {
-                    held,
-                    settlement: Some(Box::new(settlement)),
-                    tries: 1,
-                    not_before: clock,
-                }
+                settling(held, Some(settlement), clock)
             }
             Pc::Settling {
                 held,
@@ -157,12 +147,7 @@ impl Protocol {
                 // Recorded: returned without running, and the handler completes with it.
                 let outcome = bytes.to_vec();
                 let settlement = Settlement::completed(outcome, None, at(clock), self.retention());
-                Pc::Settling {
-                    held,
-                    settlement: Some(Box::new(settlement)),
-                    tries: 1,
-                    not_before: clock,
-                }
+                settling(held, Some(settlement), clock)
             }
             StepStanding::Uncertain => {
                 let again = match self.revert {
@@ -175,12 +160,7 @@ impl Protocol {
                 }
                 // No check: the operation is held for an operator.
                 let settlement = Settlement::indeterminate(at(clock), INDETERMINATE_RETENTION);
-                Pc::Settling {
-                    held,
-                    settlement: Some(Box::new(settlement)),
-                    tries: 1,
-                    not_before: clock,
-                }
+                settling(held, Some(settlement), clock)
             }
             StepStanding::New => {
                 if state.down {
@@ -217,12 +197,7 @@ impl Protocol {
     pub(super) fn fail(&self, state: &mut State, w: usize) {
         let clock = state.now + state.workers[w].skew;
         if let Pc::Running(held) = state.workers[w].pc.clone() {
-            state.workers[w].pc = Pc::Settling {
-                held,
-                settlement: None,
-                tries: 1,
-                not_before: clock,
-            };
+            state.workers[w].pc = settling(held, None, clock);
         }
     }
 
@@ -400,12 +375,7 @@ impl Protocol {
             Recover::Hold => {
                 let clock = state.now + state.workers[w].skew;
                 let settlement = Settlement::indeterminate(at(clock), INDETERMINATE_RETENTION);
-                Pc::Settling {
-                    held,
-                    settlement: Some(Box::new(settlement)),
-                    tries: 1,
-                    not_before: clock,
-                }
+                settling(held, Some(settlement), clock)
             }
         }
     }
@@ -561,6 +531,16 @@ impl Protocol {
     pub(super) fn past_deadline(&self, state: &State, worker: &Worker) -> bool {
         started(&worker.pc)
             .is_some_and(|started| state.now + worker.skew >= started + self.bounds.lease)
+    }
+}
+
+/// A settlement's (or, `None`, a release's) first try, at `clock` on the worker's clock.
+fn settling(held: Held, settlement: Option<Settlement>, clock: u64) -> Pc {
+    Pc::Settling {
+        held,
+        settlement: settlement.map(Box::new),
+        tries: 1,
+        not_before: clock,
     }
 }
 
