@@ -62,6 +62,7 @@ impl fmt::Display for Status {
 
 /// The current claim on a record: who holds it, which attempt, until when.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(test, derive(Hash))]
 pub struct Lease {
     /// Random token of the claim's owner: completion is fenced on it.
     pub token: String,
@@ -85,6 +86,7 @@ impl Lease {
 
 /// One operation's record in the idempotency table.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(test, derive(Hash))]
 pub struct Record {
     /// The operation key.
     pub key: OperationKey,
@@ -117,6 +119,7 @@ pub struct Record {
 /// One recovery point of an operation ([`crate::effects`]): its intent, recorded before its
 /// effect, and its result, recorded after.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(test, derive(Hash))]
 pub struct StepRecord {
     /// The step's name, unique within the operation.
     pub name: String,
@@ -183,6 +186,7 @@ impl Record {
 
 /// How a record leaves IN_PROGRESS (or, resolved by an operator, INDETERMINATE).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(test, derive(Hash))]
 pub struct Settlement {
     /// COMPLETED, FAILED or INDETERMINATE.
     pub status: Status,
@@ -264,6 +268,7 @@ impl Settlement {
 /// An operator's intervention, kept on the record and the evidence it changed: who, when,
 /// what.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(test, derive(Hash))]
 pub struct Audit {
     /// Who: the operator's name or role, as given (`idemctl --by`).
     pub by: String,
@@ -279,6 +284,7 @@ pub struct Audit {
 ///
 /// It outlives the idempotency record (no TTL) and holds no response body.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(test, derive(Hash))]
 pub struct Evidence {
     /// The business identity under its scope, which is the evidence's key in the uniqueness
     /// table, e.g. `billing#t=acme#id=invoice:order-418:rev-2`

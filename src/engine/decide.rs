@@ -1,7 +1,8 @@
 //! The engine's decisions, as pure functions of the record, the clock and the store's answer:
 //! what a claim's answer means, what a takeover writes and what its fenced answer means,
 //! whether a failed fence shows the caller's own settlement, how a takeover recovers, which
-//! business identity an attempt settles, and whether a failing write is tried again.
+//! business identity an attempt settles, whether a failing write is tried again, and until
+//! when a claim given back still holds.
 //!
 //! The engine acts on these and nothing else, so that the protocol's model checker
 //! (`src/model`, in the crate's tests) checks the decisions that run, not a copy of them.
@@ -290,4 +291,14 @@ pub(crate) fn step_standing<'a>(
 /// repeat); otherwise its check decides, and without one the operation is held.
 pub(crate) fn rerun_uncertain(repeat_safe: bool, recovery: Recovery) -> bool {
     repeat_safe || recovery == Recovery::Rerun
+}
+
+/// Until when a claim given back at `now` (its handler panicked, or its task was cancelled)
+/// still holds: a `grace` for what the handler left in flight, never later than its lease.
+pub(crate) fn given_back_until(
+    now: SystemTime,
+    lease_expires_at: SystemTime,
+    grace: Duration,
+) -> SystemTime {
+    (now + grace).min(lease_expires_at)
 }

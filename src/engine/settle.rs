@@ -404,5 +404,5 @@ pub(crate) fn settle_patience(
 /// When a claim given back at `now` (a panic, a cancellation) may be taken over: after
 /// [`GIVE_BACK_GRACE`], for what the handler left in flight, and never later than its lease.
 pub(super) fn given_back_until(now: SystemTime, lease_expires_at: SystemTime) -> SystemTime {
-    (now + GIVE_BACK_GRACE).min(lease_expires_at)
+    decide::given_back_until(now, lease_expires_at, GIVE_BACK_GRACE)
 }

@@ -19,13 +19,36 @@ pub(crate) struct Bounds {
     pub(crate) lease: u64,
     /// A settled record's retention, in ticks.
     pub(crate) retention: u64,
-    /// Whether the handler keeps its effect in one step (intent, effect, result merged into
-    /// the settlement), as `ExecutionContext::step` runs it.
-    pub(crate) stepped: bool,
+    /// How the handler makes its effect.
+    pub(crate) handler: Handler,
+    /// Whether every operation declares the same business identity (two keys for one order:
+    /// a client that retried under a new idempotency key), or each its own.
+    pub(crate) shared_identity: bool,
     /// How many outages, answers lost after commit, and crashes may happen.
     pub(crate) outages: u8,
     pub(crate) losses: u8,
     pub(crate) crashes: u8,
+    /// How many invocations may be cancelled (or their handlers panic, unwinding) while they
+    /// hold their lease, and how many handler runs may fail terminally.
+    pub(crate) cancels: u8,
+    pub(crate) declines: u8,
+    /// How many times the outbox relay may publish an event again (it died after publishing,
+    /// before its stream's checkpoint moved on).
+    pub(crate) republishes: u8,
+}
+
+/// How the model's handler makes its effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Handler {
+    /// It acts directly, then settles.
+    Direct,
+    /// It keeps its effect in one step (intent, effect, result merged into the settlement),
+    /// as `ExecutionContext::step` runs it.
+    Stepped,
+    /// Its effect is a DynamoDB write with an outbox event, committed with the settlement in
+    /// one transaction, as `ExecutionContext::complete_with` commits them; a relay publishes
+    /// the event to a consumer that deduplicates on its id.
+    Transactional,
 }
 
 impl Spec {
@@ -53,7 +76,40 @@ impl Bounds {
     /// The same, with the handler's effect in a step.
     pub(crate) fn stepped() -> Self {
         Self {
-            stepped: true,
+            handler: Handler::Stepped,
+            ..Self::small()
+        }
+    }
+
+    /// Two operations (two keys, each delivered once, one clock a tick ahead) that declare
+    /// one business identity: the uniqueness table lets one of them act.
+    pub(crate) fn two_operations() -> Self {
+        Self {
+            workers: vec![Spec::of(0, 0, true), Spec::of(1, 1, true)],
+            shared_identity: true,
+            ..Self::small()
+        }
+    }
+
+    /// The same without the outage, where the invocation that would crash is cancelled (or
+    /// its handler panics) and gives its claim back, and a handler run may fail terminally
+    /// (its failure retained).
+    pub(crate) fn giving_back() -> Self {
+        Self {
+            outages: 0,
+            crashes: 0,
+            cancels: 1,
+            declines: 1,
+            ..Self::small()
+        }
+    }
+
+    /// The same, with the handler's effect and its outbox event committed with its settlement,
+    /// and a relay that may publish an event twice.
+    pub(crate) fn transactional() -> Self {
+        Self {
+            handler: Handler::Transactional,
+            republishes: 1,
             ..Self::small()
         }
     }
@@ -63,18 +119,22 @@ impl Bounds {
     pub(crate) fn small() -> Self {
         Self {
             workers: vec![Spec::of(0, 0, false), Spec::of(0, 1, true)],
-            stepped: false,
+            handler: Handler::Direct,
+            shared_identity: false,
             max_time: 9,
             lease: 3,
             retention: 2,
             outages: 1,
             losses: 1,
             crashes: 1,
+            cancels: 0,
+            declines: 0,
+            republishes: 0,
         }
     }
 
-    /// Three deliveries of one operation, one of them from a deployment that declares a
-    /// business identity; more time, and two of each fault.
+    /// Three deliveries of one operation, two of them from deployments that declare a
+    /// business identity, with the small bounds' faults and a tick more time.
     pub(crate) fn large() -> Self {
         Self {
             workers: vec![
@@ -82,13 +142,8 @@ impl Bounds {
                 Spec::of(0, 1, true),
                 Spec::of(0, 0, true),
             ],
-            stepped: false,
-            max_time: 12,
-            lease: 3,
-            retention: 2,
-            outages: 1,
-            losses: 2,
-            crashes: 2,
+            max_time: 10,
+            ..Self::small()
         }
     }
 }
@@ -113,4 +168,16 @@ pub(crate) enum Revert {
     IdentityFromDeployment,
     /// A takeover ran a recorded uncertain step (intent, no result) again without a check.
     UncertainStepRerun,
+    /// The handler's writes were sent beside its settlement, not in its fenced transaction:
+    /// they commit whether or not the lease still holds.
+    UnfencedTransaction,
+    /// A claim wrote its record but not its business identity's evidence: a second key for
+    /// the same order ran too.
+    IdentityNotClaimed,
+    /// A give-back's shortening was not fenced on the cancelled attempt's token: sent late,
+    /// it shortened the lease of the attempt that had taken over since.
+    GiveBackUnfenced,
+    /// An outbox event's id came from the key and step alone, not the execution: a later
+    /// execution's event (after the first one's retention) was taken for the first one's.
+    EventIdWithoutExecution,
 }

@@ -2,21 +2,30 @@
 //! a few workers (Lambda invocations of the same operation, or of two), a store whose
 //! conditional writes are atomic and whose answers can be lost after they commit, an outage,
 //! crashes, Lambda's deadline, clocks that run ahead by a bounded skew, and TTL deleting
-//! expired records at any time after they expire; the handler acts directly, or keeps its
-//! effect in a step (its intent recorded before, its result with the settlement).
+//! expired records at any time after they expire; the handler acts directly, keeps its
+//! effect in a step (its intent recorded before, its result with the settlement), or commits
+//! it as a DynamoDB write with an outbox event in its settlement's transaction, which a relay
+//! publishes, at least once, to a consumer that deduplicates on the event's id.
 //!
 //! The model checks the code that runs: its store is the crate's [`MemoryStore`] (the same
 //! semantics as the DynamoDB store, held to it by the conformance suite), and every decision
 //! a worker takes is the engine's own ([`crate::engine::decide`], the engine's answers and its
-//! settlement patience). What the model adds is only the environment and the invariants of the
-//! design: at most one effect per operation (counting every handler run), a live lease never
-//! overwritten, a recorded outcome never lost or changed within its retention, no lease
-//! without an end, and truthful answers.
+//! settlement patience). What the model adds is the environment and the invariants of the
+//! design: at most one effect per operation (counting every handler run) and per business
+//! identity, a live lease never overwritten, a recorded outcome never lost or changed within
+//! its retention, no lease without an end, truthful answers, and every committed outbox event
+//! acted on once by its consumer. A transactional handler's DynamoDB write and outbox event
+//! are the model's own tables, written in the same transition as the fenced settlement they
+//! commit with, as `TransactWriteItems` commits all of its actions or none; what the
+//! transaction itself can answer besides (a handler's condition refused, writes that cannot
+//! be sent) is left to the integration suite.
 //!
 //! [`Revert`] puts back, in the model, a historical defect's decision; the tests show the
 //! checker finds each one with a counterexample. `MODEL_BOUNDS=large` runs the larger bounds.
 
 mod bounds;
+mod give_back;
+mod outbox;
 mod properties;
 mod state;
 mod step;
@@ -26,7 +35,7 @@ use std::time::{Duration, SystemTime};
 
 use stateright::{Model, Property};
 
-pub(crate) use self::bounds::{Bounds, Revert, Spec};
+pub(crate) use self::bounds::{Bounds, Handler, Revert, Spec};
 use self::state::{Pc, State, Worker};
 use crate::execution::Invocation;
 use crate::key::{Fingerprint, OperationKey, OperationScope};
@@ -52,6 +61,10 @@ pub(crate) struct Protocol {
     pub(crate) bounds: Bounds,
     pub(crate) recovery: Recovery,
     pub(crate) revert: Option<Revert>,
+    /// Per operation: its key, and its invocation without and with the business identity,
+    /// derived once (their hashes would otherwise dominate the time a state takes).
+    keys: Vec<OperationKey>,
+    invocations: Vec<[Invocation; 2]>,
 }
 
 /// What the environment or a worker does next.
@@ -68,33 +81,68 @@ pub(crate) enum Action {
     Step(usize),
     /// Worker `w`'s write commits and its answer is lost.
     Lose(usize),
-    /// Worker `w`'s handler fails (retryably) instead of acting.
+    /// Worker `w`'s handler fails retryably instead of acting (its claim is released).
     Fail(usize),
+    /// Worker `w`'s handler fails terminally instead of acting (the failure is retained).
+    Decline(usize),
     /// Worker `w`'s process dies.
     Crash(usize),
+    /// Worker `w`'s invocation is cancelled, or its handler panics (unwinding), while it
+    /// holds its lease: it gives its claim back.
+    Cancel(usize),
+    /// The outbox relay publishes event `e` (again, if it was published before).
+    Publish(usize),
 }
 
 impl Protocol {
+    /// The protocol under `bounds` with `recovery`, and `revert` put back.
+    pub(crate) fn new(bounds: Bounds, recovery: Recovery, revert: Option<Revert>) -> Self {
+        let scope = OperationScope::new("model", "op").unwrap_or_else(|_| unreachable!());
+        let keys: Vec<OperationKey> = (0..bounds.ops())
+            .map(|op| {
+                OperationKey::derive(&scope, None, &format!("op-{op}"))
+                    .unwrap_or_else(|_| unreachable!())
+            })
+            .collect();
+        let mut protocol = Self {
+            bounds,
+            recovery,
+            revert,
+            keys,
+            invocations: Vec::new(),
+        };
+        protocol.invocations = (0..protocol.keys.len())
+            .map(|op| {
+                let fingerprint = Fingerprint::of(&op).unwrap_or_else(|_| unreachable!());
+                let lease = Duration::from_secs(protocol.bounds.lease);
+                let plain = Invocation::new(protocol.keys[op].clone(), fingerprint, lease);
+                let declared = plain
+                    .clone()
+                    .with_identity(protocol.identity(op))
+                    .unwrap_or_else(|_| unreachable!());
+                [plain, declared]
+            })
+            .collect();
+        protocol
+    }
+
     /// The key of operation `op`.
     fn key(&self, op: usize) -> OperationKey {
-        let scope = OperationScope::new("model", "op").unwrap_or_else(|_| unreachable!());
-        OperationKey::derive(&scope, None, &format!("op-{op}")).unwrap_or_else(|_| unreachable!())
+        self.keys[op].clone()
     }
 
     /// The invocation worker `w` handles, started at `started` on its clock.
     fn invocation(&self, worker: &Worker, started: u64) -> Invocation {
-        let fingerprint = Fingerprint::of(&worker.op).unwrap_or_else(|_| unreachable!());
-        let invocation = Invocation::new(
-            self.key(worker.op),
-            fingerprint,
-            Duration::from_secs(self.bounds.lease),
-        )
-        .with_deadline(at(started + self.bounds.lease));
-        match worker.identity {
-            true => invocation
-                .with_identity(format!("order-{}", worker.op))
-                .unwrap_or_else(|_| unreachable!()),
-            false => invocation,
+        self.invocations[worker.op][usize::from(worker.identity)]
+            .clone()
+            .with_deadline(at(started + self.bounds.lease))
+    }
+
+    /// The business identity operation `op` declares (where its worker's deployment does).
+    fn identity(&self, op: usize) -> String {
+        match self.bounds.shared_identity {
+            true => "order".to_owned(),
+            false => format!("order-{op}"),
         }
     }
 
@@ -117,6 +165,8 @@ impl Model for Protocol {
             outages: self.bounds.outages,
             losses: self.bounds.losses,
             crashes: self.bounds.crashes,
+            cancels: self.bounds.cancels,
+            declines: self.bounds.declines,
             workers: self
                 .bounds
                 .workers
@@ -125,20 +175,27 @@ impl Model for Protocol {
                     op: spec.op,
                     skew: spec.skew,
                     identity: spec.identity,
+                    acted: false,
                     pc: Pc::Ready,
                 })
                 .collect(),
             effects: vec![0; ops],
             excused: vec![0; ops],
             afresh: vec![false; ops],
-            evidence_writer: vec![None; ops],
+            fresh_excuse: vec![false; ops],
             ups: Vec::new(),
             first_outcome: vec![None; ops],
+            outbox: Vec::new(),
+            consumed: Vec::new(),
+            republishes: self.bounds.republishes,
             broken: Vec::new(),
         }]
     }
 
     fn actions(&self, state: &State, actions: &mut Vec<Action>) {
+        if self.breaks_an_invariant(state) {
+            return;
+        }
         if state.now < self.bounds.max_time {
             actions.push(Action::Tick);
         }
@@ -157,6 +214,11 @@ impl Model for Protocol {
                 actions.push(Action::Sweep(op));
             }
         }
+        for (e, event) in state.outbox.iter().enumerate() {
+            if !event.published || state.republishes > 0 {
+                actions.push(Action::Publish(e));
+            }
+        }
         for (w, worker) in state.workers.iter().enumerate() {
             if self.can_step(state, worker) {
                 actions.push(Action::Step(w));
@@ -164,14 +226,23 @@ impl Model for Protocol {
                     actions.push(Action::Lose(w));
                 }
             }
-            // A handler fails before its step's intent (a stepped one after it gives its claim
-            // back, which the model leaves out).
-            if matches!(&worker.pc, Pc::Running(held) if held.phase == state::Phase::Start) {
+            // A handler fails before it acts, and before any step is recorded (after one, the
+            // engine holds or replays instead of releasing, which the model leaves out).
+            let starting =
+                |held: &state::Held| held.phase == state::Phase::Start && held.steps.is_empty();
+            if matches!(&worker.pc, Pc::Running(held) if starting(held)) {
                 actions.push(Action::Fail(w));
+                if state.declines > 0 {
+                    actions.push(Action::Decline(w));
+                }
             }
             let alive = !matches!(worker.pc, Pc::Ready | Pc::Done(_) | Pc::Dead);
             if alive && state.crashes > 0 {
                 actions.push(Action::Crash(w));
+            }
+            let holding = matches!(worker.pc, Pc::Running(_) | Pc::Settling { .. });
+            if holding && state.cancels > 0 {
+                actions.push(Action::Cancel(w));
             }
         }
     }
@@ -197,7 +268,7 @@ impl Model for Protocol {
                 if let Some(swept) = state.record(&key).filter(|r| r.is_expired(now))
                     && !swept.status.is_settled()
                 {
-                    state.afresh[op] = true;
+                    state.afresh[op] |= self.acted_unsettled(&state, op, None);
                 }
                 state.records.retain(|r| r.key != key || !r.is_expired(now));
                 self.check_overwrite(&mut state, last, &key, None);
@@ -208,10 +279,19 @@ impl Model for Protocol {
                 self.step(&mut state, w, true);
             }
             Action::Fail(w) => self.fail(&mut state, w),
+            Action::Decline(w) => {
+                state.declines -= 1;
+                self.decline(&mut state, w);
+            }
             Action::Crash(w) => {
                 state.crashes -= 1;
                 state.workers[w].pc = Pc::Dead;
             }
+            Action::Cancel(w) => {
+                state.cancels -= 1;
+                self.cancel(&mut state, w);
+            }
+            Action::Publish(e) => self.publish(&mut state, e),
         }
         self.track_outcomes(&mut state);
         Some(state)

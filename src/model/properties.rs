@@ -1,18 +1,23 @@
 //! The design's invariants, as the checker's properties, and the bookkeeping transitions do
 //! for them.
 
-use stateright::Property;
+use stateright::{Expectation, Property};
 
-use super::state::{Answer, State};
-use super::{Protocol, tick};
+use super::state::{Answer, Outcome, State};
+use super::{Handler, Protocol, tick};
 use crate::key::OperationKey;
 use crate::record::Status;
 
 /// At most one effect per operation, counting every handler run that acted (a re-run of a
-/// handler declared safe to repeat is excused only after its predecessor died unsettled).
+/// handler declared safe to repeat is excused only after its predecessor died unsettled; a
+/// transactional handler's effect counts when its transaction commits, and only a new
+/// execution after the last outcome's retention is excused).
 pub(crate) const ONE_EFFECT: &str = "at most one effect per operation";
-/// A write (or TTL) never replaces or deletes a record under a lease that is live on every
-/// clock.
+/// Where every delivery declares one business identity for all operations, at most one effect
+/// among them all.
+pub(crate) const ONE_PER_IDENTITY: &str = "at most one effect per business identity";
+/// A write (or TTL) never replaces, deletes or shortens a record under another's lease that is
+/// live on every clock.
 pub(crate) const LIVE_LEASE: &str = "a live lease is never overwritten";
 /// An outcome once recorded stays, unchanged, while its retention lasts on every clock.
 pub(crate) const OUTCOME_KEPT: &str =
@@ -21,9 +26,14 @@ pub(crate) const OUTCOME_KEPT: &str =
 pub(crate) const WAY_FORWARD: &str = "every lease ends";
 /// Each answer is what the store shows when it is given.
 pub(crate) const TRUTHFUL: &str = "every answer is truthful";
+/// Every event committed to the outbox is acted on by its consumer exactly once: the relay
+/// publishes it (perhaps again), and the consumer, deduplicating on its id, never takes it for
+/// another.
+pub(crate) const EVENT_ONCE: &str = "every committed event takes effect once";
 /// Reachability, so that a passing check is not vacuous.
 pub(crate) const COMPLETES: &str = "an operation completes";
 pub(crate) const TAKES_OVER: &str = "a crashed attempt is taken over";
+pub(crate) const DELIVERS: &str = "a transactional handler's event reaches its consumer";
 
 /// Every property the checker checks.
 pub(super) fn all() -> Vec<Property<Protocol>> {
@@ -33,6 +43,12 @@ pub(super) fn all() -> Vec<Property<Protocol>> {
                 .iter()
                 .zip(&s.excused)
                 .all(|(effects, excused)| effects.saturating_sub(*excused) <= 1)
+        }),
+        Property::always(ONE_PER_IDENTITY, |m: &Protocol, s: &State| {
+            let effects: u8 = s.effects.iter().sum();
+            let excused: u8 = s.excused.iter().sum();
+            let declared = m.bounds.workers.iter().all(|spec| spec.identity);
+            !(m.bounds.shared_identity && declared) || effects.saturating_sub(excused) <= 1
         }),
         Property::always(LIVE_LEASE, |_, s: &State| !s.broken.contains(&LIVE_LEASE)),
         Property::always(OUTCOME_KEPT, |_, s: &State| {
@@ -45,6 +61,7 @@ pub(super) fn all() -> Vec<Property<Protocol>> {
             })
         }),
         Property::always(TRUTHFUL, |_, s: &State| !s.broken.contains(&TRUTHFUL)),
+        Property::always(EVENT_ONCE, |_, s: &State| !s.broken.contains(&EVENT_ONCE)),
         Property::sometimes(COMPLETES, |_, s: &State| {
             s.records
                 .iter()
@@ -53,12 +70,23 @@ pub(super) fn all() -> Vec<Property<Protocol>> {
         Property::sometimes(TAKES_OVER, |_, s: &State| {
             s.records.iter().any(|record| record.lease.attempt > 1)
         }),
+        Property::sometimes(DELIVERS, |m: &Protocol, s: &State| {
+            m.bounds.handler != Handler::Transactional || !s.consumed.is_empty()
+        }),
     ]
 }
 
 impl Protocol {
-    /// Notes a write (by the holder of `writer`'s token; `None`: TTL) that replaced or deleted
-    /// the record of `key` while another's lease on it was live on every clock.
+    /// Whether `state` breaks an invariant. The checker goes no further from such a state, so
+    /// that a counterexample's trace ends where its invariant first broke.
+    pub(super) fn breaks_an_invariant(&self, state: &State) -> bool {
+        all().iter().any(|property| {
+            property.expectation == Expectation::Always && !(property.condition)(self, state)
+        })
+    }
+
+    /// Notes a write (by the holder of `writer`'s token; `None`: TTL) that replaced, deleted or
+    /// shortened the record of `key` while another's lease on it was live on every clock.
     pub(super) fn check_overwrite(
         &self,
         state: &mut State,
@@ -75,7 +103,9 @@ impl Protocol {
             return;
         }
         let replaced = state.record(key).is_none_or(|new| {
-            new.status != Status::InProgress || new.lease.token != old.lease.token
+            new.status != Status::InProgress
+                || new.lease.token != old.lease.token
+                || new.lease.expires_at < old.lease.expires_at
         });
         if replaced {
             state.broken.push(LIVE_LEASE);
@@ -87,22 +117,27 @@ impl Protocol {
         let key = self.key(state.workers[w].op);
         let own = format!("w{w}");
         let record = state.record(&key);
-        let first = state.first_outcome[state.workers[w].op]
-            .as_ref()
-            .map(|(outcome, _)| outcome);
+        let first = state.first_outcome[state.workers[w].op].as_ref();
         let truthful = match answer {
             Answer::Executed(outcome) => record.is_some_and(|r| {
                 r.status == Status::Completed && r.outcome.as_ref() == Some(outcome)
             }),
             Answer::Replayed(outcome) => {
-                first.is_none_or(|first| first == outcome)
-                    && record.is_some_and(|r| r.outcome.as_ref() == Some(outcome))
+                first.is_none_or(|first| first.bytes == *outcome)
+                    && record.is_some_and(|r| {
+                        r.status == Status::Completed && r.outcome.as_ref() == Some(outcome)
+                    })
             }
-            // Or the record is gone (released, or deleted by TTL, while a takeover was sent):
-            // the engine's "in progress, retry now" (`retry_after` zero) then holds too.
+            Answer::Failed(failure) => {
+                first.is_none_or(|first| first.bytes == *failure)
+                    && record.is_some_and(|r| {
+                        r.status == Status::Failed && r.outcome.as_ref() == Some(failure)
+                    })
+            }
             Answer::InProgress => {
-                record.is_none_or(|r| r.status == Status::InProgress && r.lease.token != own)
+                record.is_some_and(|r| r.status == Status::InProgress && r.lease.token != own)
             }
+            Answer::RetryNow => record.is_none(),
             Answer::LeaseLost => record.is_none_or(|r| r.lease.token != own),
             Answer::Indeterminate => {
                 record.is_some_and(|r| r.status == Status::Indeterminate)
@@ -128,18 +163,19 @@ impl Protocol {
             let record = state.record(&key).cloned();
             match &state.first_outcome[op] {
                 None => {
-                    if let Some(record) = record.filter(|r| r.status == Status::Completed) {
-                        state.first_outcome[op] = Some((
-                            record.outcome.clone().unwrap_or_default(),
-                            tick(record.expires_at),
-                        ));
+                    if let Some(record) =
+                        record.filter(|r| matches!(r.status, Status::Completed | Status::Failed))
+                    {
+                        state.first_outcome[op] = Some(Outcome {
+                            status: record.status,
+                            bytes: record.outcome.clone().unwrap_or_default(),
+                            until: tick(record.expires_at),
+                        });
                     }
                 }
-                Some((outcome, until)) => {
-                    let within = state.now + self.bounds.max_skew() <= *until;
-                    let kept = record.is_some_and(|r| {
-                        r.status == Status::Completed && r.outcome.as_ref() == Some(outcome)
-                    });
+                Some(first) => {
+                    let within = state.now + self.bounds.max_skew() <= first.until;
+                    let kept = record.is_some_and(|r| first.held_by(&r));
                     if within && !kept {
                         state.broken.push(OUTCOME_KEPT);
                     }

@@ -1,14 +1,13 @@
 //! The model's state: the store's tables, the true clock, the workers and what they did.
 
 use std::fmt;
-use std::hash::{Hash, Hasher};
 
-use crate::record::{Evidence, Lease, Record, Settlement, StepRecord};
+use crate::record::{Evidence, Lease, Record, Settlement, Status, StepRecord};
 use crate::store::MemoryStore;
 
-/// Everything the checker explores. Hashed and compared by its `Debug` form, which is
-/// deterministic (the store's contents are sorted) and covers every field.
-#[derive(Clone, Debug)]
+/// Everything the checker explores (the store's contents are sorted, so that one state has
+/// one form).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct State {
     /// True time, in ticks (seconds) from the model's start.
     pub(crate) now: u64,
@@ -17,29 +16,68 @@ pub(crate) struct State {
     pub(crate) evidence: Vec<(String, Evidence)>,
     /// The store answers nothing (an outage) while set.
     pub(crate) down: bool,
-    /// What the environment may still do: outages, answers lost after commit, crashes.
+    /// What the environment may still do: outages, answers lost after commit, crashes,
+    /// cancellations, terminal handler failures.
     pub(crate) outages: u8,
     pub(crate) losses: u8,
     pub(crate) crashes: u8,
+    pub(crate) cancels: u8,
+    pub(crate) declines: u8,
     pub(crate) workers: Vec<Worker>,
-    /// Per operation: every handler run that acted, and those a crash excuses (a handler
-    /// declared safe to repeat, re-run after its predecessor died without settling).
+    /// Per operation: every handler run that acted, and those excused (a new execution's
+    /// first, and a re-run of a handler declared safe to repeat after an attempt that acted
+    /// ended without settling).
     pub(crate) effects: Vec<u8>,
     pub(crate) excused: Vec<u8>,
-    /// Per operation: the next run starts afresh and is excused. TTL deleted an unsettled
-    /// record, so a claim that does not declare the operation's business identity is fresh
-    /// (the design's accepted case: only evidence outlives retention, and only for a claim
-    /// that names it); or a handler's retryable failure released the claim (the next
-    /// delivery re-executes, as the seeded simulation's ledger excuses it too).
+    /// Per operation: the next fresh claim starts an execution whose first effect is
+    /// excused, because an attempt that acted ended unsettled and its record is gone: TTL
+    /// deleted it (a claim that does not declare the operation's business identity is then
+    /// fresh: the design's accepted case, only evidence outlives retention), or a re-run's
+    /// retryable failure released it.
     pub(crate) afresh: Vec<bool>,
-    /// Per operation: the worker whose claim wrote the business identity's evidence.
-    pub(crate) evidence_writer: Vec<Option<usize>>,
+    /// Per operation: a new execution (after one of those, or after the last outcome's
+    /// retention) has not acted yet; its first effect, whichever attempt makes it, is
+    /// excused.
+    pub(crate) fresh_excuse: Vec<bool>,
     /// The ticks at which an outage ended.
     pub(crate) ups: Vec<u64>,
-    /// Per operation: the first outcome recorded, and the tick its retention ends.
-    pub(crate) first_outcome: Vec<Option<(Vec<u8>, u64)>>,
+    /// Per operation: the first outcome recorded (completed, or a retained failure), and the
+    /// tick its retention ends.
+    pub(crate) first_outcome: Vec<Option<Outcome>>,
+    /// The outbox table's events, committed with their operation's effect, in order.
+    pub(crate) outbox: Vec<Event>,
+    /// The event ids the outbox's consumer has acted on (it deduplicates on them), and how
+    /// many times the relay may still publish an event again.
+    pub(crate) consumed: Vec<String>,
+    pub(crate) republishes: u8,
     /// What a transition saw that breaks an invariant (checked by the properties).
     pub(crate) broken: Vec<&'static str>,
+}
+
+/// A settled record's outcome.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Outcome {
+    /// COMPLETED, or FAILED (a retained failure).
+    pub(crate) status: Status,
+    pub(crate) bytes: Vec<u8>,
+    /// The tick its retention ends.
+    pub(crate) until: u64,
+}
+
+impl Outcome {
+    /// Whether `record` holds this outcome.
+    pub(crate) fn held_by(&self, record: &Record) -> bool {
+        record.status == self.status && record.outcome.as_ref() == Some(&self.bytes)
+    }
+}
+
+/// An event in the outbox.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Event {
+    /// Its id, which its consumer deduplicates on.
+    pub(crate) id: String,
+    /// Whether the relay has published it.
+    pub(crate) published: bool,
 }
 
 impl State {
@@ -61,22 +99,8 @@ impl State {
     }
 }
 
-impl Hash for State {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        format!("{self:?}").hash(state);
-    }
-}
-
-impl PartialEq for State {
-    fn eq(&self, other: &Self) -> bool {
-        format!("{self:?}") == format!("{other:?}")
-    }
-}
-
-impl Eq for State {}
-
 /// One Lambda invocation handling one delivery of an operation.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Worker {
     /// The operation it was delivered.
     pub(crate) op: usize,
@@ -84,11 +108,13 @@ pub(crate) struct Worker {
     pub(crate) skew: u64,
     /// Whether its deployment declares a business identity.
     pub(crate) identity: bool,
+    /// Whether its handler acted (so that a re-run after it died is excused).
+    pub(crate) acted: bool,
     pub(crate) pc: Pc,
 }
 
 /// Where a worker is.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Pc {
     /// Delivered, not started.
     Ready,
@@ -112,6 +138,9 @@ pub(crate) enum Pc {
         /// No try before this tick on the worker's clock (a back-off).
         not_before: u64,
     },
+    /// Cancelled while it held `held`'s lease: its give-back (the lease shortened to tick
+    /// `until`) is still to be sent, from a task that runs whenever the sandbox next does.
+    GivingBack { held: Held, until: u64 },
     /// Answered.
     Done(Answer),
     /// Crashed, or killed at its deadline.
@@ -119,14 +148,15 @@ pub(crate) enum Pc {
 }
 
 /// A lease the worker holds.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Held {
     pub(crate) claim: Box<Record>,
     /// The tick (on the worker's clock) the invocation started: its deadline is a lease later.
     pub(crate) started: u64,
     /// The crashed attempt's record, for a takeover.
     pub(crate) previous: Option<Box<Record>>,
-    /// A re-run of a handler declared safe to repeat after its predecessor died.
+    /// A re-run of a handler declared safe to repeat after an attempt that acted ended
+    /// without settling.
     pub(crate) excused: bool,
     /// A stepped handler: the steps the operation recorded so far, and where its one step is.
     pub(crate) steps: Vec<StepRecord>,
@@ -134,7 +164,7 @@ pub(crate) struct Held {
 }
 
 /// Where a stepped handler's one step is (an unstepped handler acts at `Start`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Phase {
     /// Not started.
     Start,
@@ -145,14 +175,19 @@ pub(crate) enum Phase {
 }
 
 /// What a worker answered its caller.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Answer {
     /// Ran and recorded this outcome.
     Executed(Vec<u8>),
     /// Replayed this stored outcome.
     Replayed(Vec<u8>),
+    /// Failed terminally: this retained failure, recorded (or replayed).
+    Failed(Vec<u8>),
     /// Another attempt holds a live lease.
     InProgress,
+    /// The record a takeover was sent for is gone (released, or deleted by TTL): the engine's
+    /// "in progress" with no wait, so that the caller's retry claims afresh.
+    RetryNow,
     /// Held for an operator.
     Indeterminate,
     /// Its lease was taken before it settled.

@@ -3,14 +3,14 @@
 use std::time::Duration;
 
 use super::state::{Answer, Held, Pc, Phase, State, Worker};
-use super::{Protocol, Revert, at, ready, tick};
+use super::{Handler, Protocol, Revert, at, ready, tick};
 use crate::engine::INDETERMINATE_RETENTION;
 use crate::engine::answer::{answer_existing, identity_taken};
 use crate::engine::decide::{self, Claimed, Recover, StepStanding, TookOver};
 use crate::engine::settle::settle_patience;
 use crate::error::Error;
 use crate::key::OperationKey;
-use crate::record::{Record, Settlement, Status, StepRecord};
+use crate::record::{FailureKind, Record, RetainedFailure, Settlement, Status, StepRecord};
 use crate::store::{Claim, Fence, Guard, MemoryStore, Store, Target};
 
 /// The stepped handler's one step.
@@ -29,7 +29,10 @@ impl Protocol {
             Pc::Ready => true,
             Pc::Done(_) | Pc::Dead => false,
             Pc::Settling { not_before, .. } => state.now + worker.skew >= *not_before,
-            Pc::ResendClaim { .. } | Pc::TakingOver { .. } | Pc::Running(_) => true,
+            Pc::ResendClaim { .. }
+            | Pc::TakingOver { .. }
+            | Pc::Running(_)
+            | Pc::GivingBack { .. } => true,
         }
     }
 
@@ -47,6 +50,7 @@ impl Protocol {
         let worker = state.workers[w].clone();
         let clock = state.now + worker.skew;
         let pc = worker.pc.clone();
+        let stepped = self.bounds.handler == Handler::Stepped;
         if self.past_deadline(state, &worker) {
             // Lambda ends the invocation at its deadline, wherever it is.
             state.workers[w].pc = Pc::Dead;
@@ -88,13 +92,13 @@ impl Protocol {
                     TookOver::Answer(current) => {
                         Pc::Done(self.answer_from(state, w, *current, clock))
                     }
-                    TookOver::InProgress => Pc::Done(Answer::InProgress),
+                    TookOver::InProgress => Pc::Done(Answer::RetryNow),
                 }
             }
-            Pc::Running(held) if self.bounds.stepped && held.phase != Phase::Acted => {
+            Pc::Running(held) if stepped && held.phase != Phase::Acted => {
                 self.stepped(state, w, clock, held, lose)
             }
-            Pc::Running(held) if self.bounds.stepped => {
+            Pc::Running(held) if stepped => {
                 // The step's result goes with the settlement.
                 let outcome = format!("{w}").into_bytes();
                 let mut steps = held.steps.clone();
@@ -105,13 +109,15 @@ impl Protocol {
                     .with_steps(Some(steps));
                 settling(held, Some(settlement), clock)
             }
+            Pc::Running(held) if self.bounds.handler == Handler::Transactional => {
+                // The handler's write and event go with its settlement, in one transaction.
+                let outcome = format!("{w}").into_bytes();
+                let settlement = Settlement::completed(outcome, None, at(clock), self.retention());
+                settling(held, Some(settlement), clock)
+            }
             Pc::Running(held) => {
                 // The handler acts and succeeds: one effect.
-                let op = worker.op;
-                state.effects[op] += 1;
-                if held.excused {
-                    state.excused[op] += 1;
-                }
+                self.act(state, w, &held);
                 let outcome = format!("{w}").into_bytes();
                 let settlement = Settlement::completed(outcome, None, at(clock), self.retention());
                 settling(held, Some(settlement), clock)
@@ -122,6 +128,7 @@ impl Protocol {
                 tries,
                 not_before,
             } => self.settle(state, w, clock, held, settlement, tries, not_before, lose),
+            Pc::GivingBack { held, until } => self.give_back(state, &held, until),
             Pc::Done(_) | Pc::Dead => return,
         };
         if let Pc::Done(answer) = &next {
@@ -133,12 +140,8 @@ impl Protocol {
     /// A stepped handler's step before its effect is settled: where it stands, its intent,
     /// its effect.
     fn stepped(&self, state: &mut State, w: usize, clock: u64, mut held: Held, lose: bool) -> Pc {
-        let op = state.workers[w].op;
         if held.phase == Phase::Intended {
-            state.effects[op] += 1;
-            if held.excused {
-                state.excused[op] += 1;
-            }
+            self.act(state, w, &held);
             held.phase = Phase::Acted;
             return Pc::Running(held);
         }
@@ -201,6 +204,20 @@ impl Protocol {
         }
     }
 
+    /// The handler fails terminally (its classifier's terminal class): the failure is
+    /// retained, and replayed to every later delivery within retention.
+    pub(super) fn decline(&self, state: &mut State, w: usize) {
+        let clock = state.now + state.workers[w].skew;
+        if let Pc::Running(held) = state.workers[w].pc.clone() {
+            let failure = RetainedFailure {
+                kind: FailureKind::Terminal("declined".into()),
+                message: "the card was declined".into(),
+            };
+            let settlement = Settlement::failed(&failure, at(clock), self.retention());
+            state.workers[w].pc = settling(held, Some(settlement), clock);
+        }
+    }
+
     /// A claim (or its re-sending, `resend`) and what its answer means.
     fn claim(
         &self,
@@ -217,7 +234,11 @@ impl Protocol {
             None => {
                 let invocation = self.invocation(&worker, clock);
                 let token = format!("w{w}");
-                let claim = decide::claim_record(&invocation, token, at(clock), self.retention());
+                let mut claim =
+                    decide::claim_record(&invocation, token, at(clock), self.retention());
+                if self.revert == Some(Revert::IdentityNotClaimed) {
+                    claim.identity = None;
+                }
                 (Box::new(claim), clock)
             }
         };
@@ -262,7 +283,12 @@ impl Protocol {
                 let op = worker.op;
                 let expired = state.first_outcome[op]
                     .as_ref()
-                    .is_some_and(|(_, until)| *until < clock);
+                    .is_some_and(|first| first.until < clock);
+                // Excused only after an outcome that had an effect, not a retained failure.
+                let effected = expired
+                    && state.first_outcome[op]
+                        .as_ref()
+                        .is_some_and(|first| first.status == Status::Completed);
                 if expired {
                     state.first_outcome[op] = None;
                 }
@@ -276,17 +302,13 @@ impl Protocol {
                         .iter()
                         .any(|(id, e)| id == identity && e.status == Status::Completed)
                 });
-                let excused = (std::mem::take(&mut state.afresh[op]) || expired) && !evidence_done;
-                if let Some(identity) = &claim.identity
-                    && state.evidence.iter().any(|(id, _)| id == identity)
-                {
-                    state.evidence_writer[op] = Some(w);
-                }
+                let fresh = (std::mem::take(&mut state.afresh[op]) || effected) && !evidence_done;
+                state.fresh_excuse[op] |= fresh;
                 Pc::Running(Held {
                     claim,
                     started,
                     previous: None,
-                    excused,
+                    excused: false,
                     steps: Vec::new(),
                     phase: Phase::Start,
                 })
@@ -363,7 +385,8 @@ impl Protocol {
             .collect();
         let held = Held {
             // Only a handler declared safe to repeat may run its effect again.
-            excused: recover == Recover::Rerun && self.excused(state, w, &previous),
+            excused: recover == Recover::Rerun
+                && self.acted_unsettled(state, state.workers[w].op, Some(w)),
             claim,
             started,
             previous: Some(previous),
@@ -380,30 +403,33 @@ impl Protocol {
         }
     }
 
-    /// Whether a re-run after taking over `previous` is excused: its holder died (or gave up
-    /// with no time left) without settling, and the handler is declared safe to repeat.
-    fn excused(&self, state: &State, w: usize, previous: &Record) -> bool {
-        // An adopted orphan's crashed attempt is the one whose claim wrote the evidence.
-        let holder = match previous.lease.token.is_empty() {
-            true => state.evidence_writer[state.workers[w].op],
-            false => {
-                (0..state.workers.len()).find(|other| previous.lease.token == format!("w{other}"))
-            }
-        };
-        let Some(holder) = holder
-            .filter(|holder| *holder != w)
-            .map(|h| &state.workers[h])
-        else {
-            return false;
-        };
-        match &holder.pc {
-            Pc::Dead => true,
-            // Excused only if the store stayed down for as long as its patience lasted.
-            Pc::Done(Answer::GaveUp { at, until }) => {
-                !state.ups.iter().any(|up| at < up && up < until)
-            }
-            _ => self.past_deadline(state, holder),
+    /// Worker `w` acts: one effect of its operation, excused if it is its execution's first
+    /// after an excused start, or a re-run excused when it took over.
+    fn act(&self, state: &mut State, w: usize, held: &Held) {
+        let op = state.workers[w].op;
+        state.effects[op] += 1;
+        state.workers[w].acted = true;
+        if std::mem::take(&mut state.fresh_excuse[op]) || held.excused {
+            state.excused[op] += 1;
         }
+    }
+
+    /// Whether an attempt of operation `op` (other than worker `except`'s) acted and has ended
+    /// without settling: it died, was cancelled, or gave up with no time left.
+    pub(super) fn acted_unsettled(&self, state: &State, op: usize, except: Option<usize>) -> bool {
+        state.workers.iter().enumerate().any(|(other, holder)| {
+            Some(other) != except
+                && holder.op == op
+                && holder.acted
+                && match &holder.pc {
+                    Pc::Dead | Pc::GivingBack { .. } => true,
+                    // Excused only if the store stayed down for as long as its patience lasted.
+                    Pc::Done(Answer::GaveUp { at, until }) => {
+                        !state.ups.iter().any(|up| at < up && up < until)
+                    }
+                    _ => self.past_deadline(state, holder),
+                }
+        })
     }
 
     /// A settlement's (or, `settlement` `None`, a release's) try.
@@ -463,6 +489,17 @@ impl Protocol {
                     None => ready(store.release(target)),
                 },
             );
+        let carries_writes = self.bounds.handler == Handler::Transactional
+            && settlement
+                .as_ref()
+                .is_some_and(|s| s.status == Status::Completed);
+        // The transaction commits the handler's writes with the settlement, or neither: they
+        // committed if its fence held (whether or not the answer is then lost). Sent beside
+        // it, they commit on every try.
+        let applied = matches!(answer, Ok(Fence::Held));
+        if carries_writes && (applied || self.revert == Some(Revert::UnfencedTransaction)) {
+            self.committed(state, w, &held);
+        }
         if lose {
             return Pc::Settling {
                 held,
@@ -478,7 +515,7 @@ impl Protocol {
         let Some(settlement) = settlement else {
             return Pc::Done(match fence {
                 Fence::Held | Fence::Lost { current: None } => {
-                    state.afresh[worker.op] = true;
+                    state.afresh[worker.op] |= self.acted_unsettled(state, worker.op, Some(w));
                     Answer::Released
                 }
                 Fence::Lost { current: Some(_) } => Answer::LeaseLost,
@@ -497,6 +534,9 @@ impl Protocol {
         Pc::Done(match (own, settlement.status) {
             (false, _) => Answer::LeaseLost,
             (true, Status::Indeterminate) => Answer::Indeterminate,
+            (true, Status::Failed) => {
+                Answer::Failed(settlement.outcome.clone().unwrap_or_default())
+            }
             (true, _) => Answer::Executed(settlement.outcome.clone().unwrap_or_default()),
         })
     }
@@ -512,7 +552,7 @@ impl Protocol {
 
     /// Sends one of a worker's writes (under its lease `token`) to the store as `state` holds
     /// it, takes the tables back, and notes a live lease the write overwrote.
-    fn write<T>(
+    pub(super) fn write<T>(
         &self,
         state: &mut State,
         key: &OperationKey,
@@ -550,6 +590,9 @@ fn started(pc: &Pc) -> Option<u64> {
         Pc::Ready | Pc::Done(_) | Pc::Dead => None,
         Pc::ResendClaim { started, .. } | Pc::TakingOver { started, .. } => Some(*started),
         Pc::Running(held) | Pc::Settling { held, .. } => Some(held.started),
+        // The invocation has answered; its give-back's task runs whenever its sandbox does
+        // (after a freeze, perhaps long after the deadline).
+        Pc::GivingBack { .. } => None,
     }
 }
 
@@ -559,6 +602,7 @@ fn refusal(err: Error) -> Answer {
         Error::AlreadyInProgress { .. } => Answer::InProgress,
         Error::Indeterminate { .. } => Answer::Indeterminate,
         Error::LeaseLost { .. } => Answer::LeaseLost,
+        Error::Failed { failure, .. } => Answer::Failed(failure.to_json().into_bytes()),
         other => {
             let debug = format!("{other:?}");
             let variant = debug.split([' ', '{', '(']).next().unwrap_or_default();

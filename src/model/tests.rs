@@ -3,14 +3,17 @@
 
 use std::time::Instant;
 
-use stateright::{Checker, Model};
+use stateright::{Checker, Expectation, Model};
 
-use super::properties::{LIVE_LEASE, ONE_EFFECT, TRUTHFUL};
-use super::{Bounds, Protocol, Revert, Spec};
+use super::properties::{
+    EVENT_ONCE, LIVE_LEASE, ONE_EFFECT, ONE_PER_IDENTITY, TAKES_OVER, TRUTHFUL,
+};
+use super::{Bounds, Handler, Protocol, Revert, Spec};
 use crate::reconcile::Recovery;
 
-/// Explores every state `protocol` reaches (breadth first, so a counterexample is shortest)
-/// and reports its size.
+/// Explores every state `protocol` reaches, breadth first on two threads, and reports its
+/// size. A counterexample is one of the traces that reach a broken invariant, ending where it
+/// first broke (the model goes no further from there), not always the shortest.
 fn explore(protocol: Protocol) -> impl Checker<Protocol> {
     let label = format!("{:?}, {:?}", protocol.recovery, protocol.revert);
     let started = Instant::now();
@@ -32,11 +35,7 @@ fn the_protocol_keeps_every_invariant_in_every_reachable_state() {
         _ => Bounds::small(),
     };
     for recovery in [Recovery::Indeterminate, Recovery::Rerun] {
-        let protocol = Protocol {
-            bounds: bounds.clone(),
-            recovery,
-            revert: None,
-        };
+        let protocol = Protocol::new(bounds.clone(), recovery, None);
         explore(protocol).assert_properties();
     }
 }
@@ -44,11 +43,7 @@ fn the_protocol_keeps_every_invariant_in_every_reachable_state() {
 /// Puts `revert` back and expects the checker to break `property`, printing the trace; the
 /// code as it is, at the same bounds, keeps it.
 fn finds(revert: Revert, bounds: Bounds, recovery: Recovery, property: &'static str) {
-    let fixed = explore(Protocol {
-        bounds: bounds.clone(),
-        recovery,
-        revert: None,
-    });
+    let fixed = explore(Protocol::new(bounds.clone(), recovery, None));
     if let Some(path) = fixed.discovery(property) {
         panic!(
             "the code as it is breaks \"{property}\" at these bounds: {:?}\nthen: {:?}",
@@ -56,11 +51,7 @@ fn finds(revert: Revert, bounds: Bounds, recovery: Recovery, property: &'static 
             path.last_state()
         );
     }
-    let checker = explore(Protocol {
-        bounds,
-        recovery,
-        revert: Some(revert),
-    });
+    let checker = explore(Protocol::new(bounds, recovery, Some(revert)));
     let Some(path) = checker.discovery(property) else {
         panic!("{revert:?} was not found: no state breaks \"{property}\"");
     };
@@ -173,19 +164,48 @@ fn an_identity_taken_from_the_deployment_is_found() {
 }
 
 #[test]
+fn two_operations_of_one_business_identity_act_once() {
+    let protocol = Protocol::new(Bounds::two_operations(), Recovery::Rerun, None);
+    let properties = protocol.properties();
+    let checker = explore(protocol);
+    // Each operation is delivered once: nothing takes a crashed attempt over.
+    for property in properties {
+        match property.expectation {
+            Expectation::Sometimes if property.name == TAKES_OVER => {}
+            Expectation::Sometimes => {
+                checker.assert_any_discovery(property.name);
+            }
+            _ => checker.assert_no_discovery(property.name),
+        }
+    }
+}
+
+#[test]
+fn a_claim_that_skipped_its_identity_is_found() {
+    let bounds = Bounds {
+        outages: 0,
+        losses: 0,
+        crashes: 0,
+        ..Bounds::two_operations()
+    };
+    finds(
+        Revert::IdentityNotClaimed,
+        bounds,
+        Recovery::Rerun,
+        ONE_PER_IDENTITY,
+    );
+}
+
+#[test]
 fn the_stepped_protocol_keeps_every_invariant_in_every_reachable_state() {
     let bounds = match std::env::var("MODEL_BOUNDS").as_deref() {
         Ok("large") => Bounds {
-            stepped: true,
+            handler: Handler::Stepped,
             ..Bounds::large()
         },
         _ => Bounds::stepped(),
     };
-    let protocol = Protocol {
-        bounds,
-        recovery: Recovery::Steps,
-        revert: None,
-    };
+    let protocol = Protocol::new(bounds, Recovery::Steps, None);
     explore(protocol).assert_properties();
 }
 
@@ -201,5 +221,76 @@ fn an_uncertain_step_run_again_without_a_check_is_found() {
         bounds,
         Recovery::Steps,
         ONE_EFFECT,
+    );
+}
+
+#[test]
+fn the_transactional_protocol_keeps_every_invariant_in_every_reachable_state() {
+    let bounds = match std::env::var("MODEL_BOUNDS").as_deref() {
+        Ok("large") => Bounds {
+            handler: Handler::Transactional,
+            ..Bounds::large()
+        },
+        _ => Bounds::transactional(),
+    };
+    // Re-running the handler is safe: its writes commit only with its settlement.
+    let protocol = Protocol::new(bounds, Recovery::Rerun, None);
+    explore(protocol).assert_properties();
+}
+
+#[test]
+fn writes_sent_beside_the_fenced_settlement_are_found() {
+    let bounds = Bounds {
+        outages: 0,
+        republishes: 0,
+        ..Bounds::transactional()
+    };
+    finds(
+        Revert::UnfencedTransaction,
+        bounds,
+        Recovery::Rerun,
+        ONE_EFFECT,
+    );
+}
+
+#[test]
+fn an_event_id_without_its_execution_is_found() {
+    let bounds = Bounds {
+        workers: vec![Spec::of(0, 0, false), Spec::of(0, 0, false)],
+        outages: 0,
+        losses: 0,
+        crashes: 0,
+        republishes: 0,
+        ..Bounds::transactional()
+    };
+    finds(
+        Revert::EventIdWithoutExecution,
+        bounds,
+        Recovery::Rerun,
+        EVENT_ONCE,
+    );
+}
+
+#[test]
+fn give_backs_and_retained_failures_keep_every_invariant_in_every_reachable_state() {
+    for recovery in [Recovery::Indeterminate, Recovery::Rerun] {
+        let protocol = Protocol::new(Bounds::giving_back(), recovery, None);
+        explore(protocol).assert_properties();
+    }
+}
+
+#[test]
+fn a_give_back_not_fenced_on_its_token_is_found() {
+    let bounds = Bounds {
+        outages: 0,
+        losses: 0,
+        declines: 0,
+        ..Bounds::giving_back()
+    };
+    finds(
+        Revert::GiveBackUnfenced,
+        bounds,
+        Recovery::Rerun,
+        LIVE_LEASE,
     );
 }

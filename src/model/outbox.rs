@@ -1,0 +1,61 @@
+//! A transactional handler's effect and outbox event, committed with its settlement, and the
+//! relay that publishes the event to a consumer deduplicating on its id.
+
+use super::properties::EVENT_ONCE;
+use super::state::{Event, Held, State};
+use super::{Protocol, Revert};
+use crate::effects::{COMPLETION, event_id};
+
+/// The name of the event the transactional handler adds to its outbox.
+const EVENT: &str = "placed";
+
+impl Protocol {
+    /// Worker `w`'s settlement committed, and with it its handler's DynamoDB write (one
+    /// effect) and outbox event.
+    pub(super) fn committed(&self, state: &mut State, w: usize, held: &Held) {
+        let op = state.workers[w].op;
+        // A crashed attempt's writes never committed, so no re-run is excused: only a new
+        // execution's first commit is.
+        state.effects[op] += 1;
+        state.workers[w].acted = true;
+        if std::mem::take(&mut state.fresh_excuse[op]) {
+            state.excused[op] += 1;
+        }
+        // The execution, as the engine names its events: its first claim's time, which a
+        // takeover or an adoption keeps.
+        let created_at = held
+            .previous
+            .as_ref()
+            .map_or(held.claim.created_at, |previous| previous.created_at);
+        let key = &held.claim.key;
+        let id = match self.revert {
+            Some(Revert::EventIdWithoutExecution) => {
+                key.downstream(&format!("{COMPLETION}#event={EVENT}"))
+            }
+            _ => event_id(key, created_at, COMPLETION, EVENT),
+        };
+        state.outbox.push(Event {
+            id,
+            published: false,
+        });
+    }
+
+    /// The relay publishes outbox event `e`; its consumer acts on an id it has not seen, and
+    /// drops one it has. A first publication whose id the consumer has seen is a committed
+    /// event that never takes effect.
+    pub(super) fn publish(&self, state: &mut State, e: usize) {
+        let event = &mut state.outbox[e];
+        let first = !event.published;
+        event.published = true;
+        let id = event.id.clone();
+        if !first {
+            state.republishes -= 1;
+        }
+        let seen = state.consumed.contains(&id);
+        match (first, seen) {
+            (true, true) => state.broken.push(EVENT_ONCE),
+            (true, false) => state.consumed.push(id),
+            (false, _) => {}
+        }
+    }
+}
