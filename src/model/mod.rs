@@ -175,7 +175,7 @@ impl Model for Protocol {
                     op: spec.op,
                     skew: spec.skew,
                     identity: spec.identity,
-                    acted: false,
+                    unrecorded: false,
                     pc: Pc::Ready,
                 })
                 .collect(),

@@ -17,7 +17,6 @@ impl Protocol {
         // A crashed attempt's writes never committed, so no re-run is excused: only a new
         // execution's first commit is.
         state.effects[op] += 1;
-        state.workers[w].acted = true;
         if std::mem::take(&mut state.fresh_excuse[op]) {
             state.excused[op] += 1;
         }

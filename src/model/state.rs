@@ -108,8 +108,9 @@ pub(crate) struct Worker {
     pub(crate) skew: u64,
     /// Whether its deployment declares a business identity.
     pub(crate) identity: bool,
-    /// Whether its handler acted (so that a re-run after it died is excused).
-    pub(crate) acted: bool,
+    /// Whether its handler acted and no settlement of it has committed (so that a re-run
+    /// after it ended is excused).
+    pub(crate) unrecorded: bool,
     pub(crate) pc: Pc,
 }
 

@@ -408,19 +408,20 @@ impl Protocol {
     fn act(&self, state: &mut State, w: usize, held: &Held) {
         let op = state.workers[w].op;
         state.effects[op] += 1;
-        state.workers[w].acted = true;
+        state.workers[w].unrecorded = true;
         if std::mem::take(&mut state.fresh_excuse[op]) || held.excused {
             state.excused[op] += 1;
         }
     }
 
     /// Whether an attempt of operation `op` (other than worker `except`'s) acted and has ended
-    /// without settling: it died, was cancelled, or gave up with no time left.
+    /// without its settlement committing: it died, was cancelled, or gave up with no time
+    /// left.
     pub(super) fn acted_unsettled(&self, state: &State, op: usize, except: Option<usize>) -> bool {
         state.workers.iter().enumerate().any(|(other, holder)| {
             Some(other) != except
                 && holder.op == op
-                && holder.acted
+                && holder.unrecorded
                 && match &holder.pc {
                     Pc::Dead | Pc::GivingBack { .. } => true,
                     // Excused only if the store stayed down for as long as its patience lasted.
@@ -489,6 +490,9 @@ impl Protocol {
                     None => ready(store.release(target)),
                 },
             );
+        if settlement.is_some() && matches!(answer, Ok(Fence::Held)) {
+            state.workers[w].unrecorded = false;
+        }
         let carries_writes = self.bounds.handler == Handler::Transactional
             && settlement
                 .as_ref()
