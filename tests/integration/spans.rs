@@ -9,10 +9,29 @@ use lambda_idempotency::lambda::sources;
 use lambda_idempotency::{BatchProcessor, Idempotency, MemoryStore, OperationScope};
 use lambda_runtime::Context;
 use serde_json::json;
+use tracing::Dispatch;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context as LayerContext, SubscriberExt};
 use tracing_subscriber::{Layer, Registry};
+
+/// Installs `subscriber` as this thread's default so that callsites first reached on *other*
+/// test threads still ask it.
+///
+/// tracing-core evaluates a newly registered callsite against the registering thread's default
+/// whenever exactly one dispatcher is alive, and caches the answer for every thread. The other
+/// tests of this binary run the engine on threads without a subscriber, so a span they reach
+/// first while this test's subscriber is the only dispatcher is cached as `never`, and this
+/// test sees no span. With a second dispatcher alive, registration asks every live dispatcher,
+/// this one included.
+fn set_default_for_every_callsite(
+    subscriber: impl tracing::Subscriber + Send + Sync + 'static,
+) -> (Dispatch, tracing::subscriber::DefaultGuard) {
+    let second = Dispatch::new(tracing::subscriber::NoSubscriber::default());
+    let guard = tracing::subscriber::set_default(subscriber);
+    tracing::callsite::rebuild_interest_cache();
+    (second, guard)
+}
 
 /// Every field recorded on `idempotency.execute` spans, as text.
 #[derive(Clone, Default)]
@@ -42,11 +61,8 @@ impl<S: tracing::Subscriber> Layer<S> for Fields {
     }
 }
 
-#[tokio::test]
-async fn an_execution_span_correlates_without_the_payload() {
-    let fields = Fields::default();
-    let subscriber = Registry::default().with(fields.clone());
-    let _guard = tracing::subscriber::set_default(subscriber);
+/// Ships one order through a batch processor of its own, as a function's handler would.
+async fn ship(message_id: &str, request_id: &str) {
     let processor: BatchProcessor<SqsMessage> = Operation::new(
         Idempotency::new(MemoryStore::new()),
         OperationScope::new("spans-test", "ship").expect("scope"),
@@ -54,18 +70,36 @@ async fn an_execution_span_correlates_without_the_payload() {
     )
     .batch();
     let message: SqsMessage = serde_json::from_value(json!({
-        "messageId": "msg-77", "body": json!({"order_id": "o-1", "card": "4111-secret"}).to_string(),
+        "messageId": message_id, "body": json!({"order_id": "o-1", "card": "4111-secret"}).to_string(),
         "attributes": {}, "messageAttributes": {}
     }))
     .expect("message");
     let mut context = Context::default();
-    context.request_id = "req-9".into();
-
+    context.request_id = request_id.into();
     processor
         .process(vec![message], &context, |_, _| async {
             Ok::<_, std::io::Error>(String::from("shipped"))
         })
         .await;
+}
+
+#[tokio::test]
+async fn an_execution_span_correlates_without_the_payload() {
+    let fields = Fields::default();
+    let subscriber = Registry::default().with(fields.clone());
+    let _default = set_default_for_every_callsite(subscriber);
+    // Another thread with no subscriber reaches the span's callsite first, as the other tests
+    // of this binary may: the span must still reach this thread's subscriber.
+    std::thread::spawn(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime")
+            .block_on(ship("msg-other", "req-other"));
+    })
+    .join()
+    .expect("the other thread ships");
+
+    ship("msg-77", "req-9").await;
 
     let fields = fields.0.lock().expect("lock").clone();
     let value = |name: &str| {
