@@ -39,7 +39,7 @@ use lambda_idempotency::{Idempotency, Invocation};
 use serde_json::Value;
 
 use lambda_idempotency::OperationKey;
-use lambda_idempotency::key::Fingerprint;
+use lambda_idempotency::key::{Fingerprint, KeyRule};
 use lambda_idempotency::record::{Lease, Record, Status};
 use lambda_idempotency::store::AttributeNames;
 
@@ -116,7 +116,7 @@ impl Ours {
                 "a".repeat(64)
             )),
             status: Status::InProgress,
-            fingerprint: Fingerprint::from_stored("b".repeat(64)),
+            fingerprint: Fingerprint::from_stored_under("b".repeat(64), KeyRule::CURRENT),
             lease: Lease {
                 token: "6f1c2a9e-3b7d-4c1e-9a8f-0d2e4b6c8a10".into(),
                 attempt: 1,
@@ -130,6 +130,7 @@ impl Ours {
             identity: None,
             audit: None,
             steps: Vec::new(),
+            steps_version: 0,
         };
         let settled = Record {
             status: Status::Completed,

@@ -1,7 +1,7 @@
 //! Engine settings: retention and the outcome size limit, validated once.
 //!
 //! ```
-//! use std::time::Duration;
+//! use std::time::{Duration, SystemTime};
 //! use lambda_idempotency::Config;
 //!
 //! let config = Config::builder().retention(Duration::from_secs(3 * 24 * 3600)).build()?;
@@ -9,7 +9,7 @@
 //! # Ok::<(), lambda_idempotency::ConfigError>(())
 //! ```
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::error::ConfigError;
 
@@ -27,13 +27,16 @@ pub const DEFAULT_MAX_OUTCOME_BYTES: usize = 6 * 1024 * 1024;
 pub const MAX_RESULT_REF_BYTES: usize = 1024;
 /// The longest request id kept in a record, in bytes (longer ones are cut).
 pub const MAX_REQUEST_ID_BYTES: usize = 256;
+/// The longest failure message kept in a record, in bytes (a longer handler error text is cut,
+/// so that it cannot crowd the record past DynamoDB's item limit).
+pub const MAX_FAILURE_MESSAGE_BYTES: usize = 1024;
 
 /// Validated engine settings; build them with [`Config::builder`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     retention: Duration,
     max_outcome_bytes: usize,
-    earlier_keys: bool,
+    rfc8785_records_before: Option<SystemTime>,
 }
 
 impl Config {
@@ -58,10 +61,20 @@ impl Config {
         self.max_outcome_bytes
     }
 
-    /// Whether an operation whose key material holds an integer past ±2^53 is first looked up
-    /// under the key versions before 0.2 derived for it ([`ConfigBuilder::earlier_keys`]).
+    /// The instant before which records that name no [`KeyRule`](crate::key::KeyRule) are read
+    /// as 0.1 may have written them ([`ConfigBuilder::rfc8785_records_before`]); `None` (the
+    /// default): never.
+    pub fn rfc8785_records_before(&self) -> Option<SystemTime> {
+        self.rfc8785_records_before
+    }
+
+    /// Whether the 0.1 compatibility rule is on.
+    #[deprecated(
+        since = "0.5.0",
+        note = "the 0.1 compatibility rule is off by default and names a cut-over: use `rfc8785_records_before`"
+    )]
     pub fn earlier_keys(&self) -> bool {
-        self.earlier_keys
+        self.rfc8785_records_before.is_some()
     }
 }
 
@@ -70,7 +83,7 @@ impl Default for Config {
         Self {
             retention: Self::DEFAULT_RETENTION,
             max_outcome_bytes: DEFAULT_MAX_OUTCOME_BYTES,
-            earlier_keys: true,
+            rfc8785_records_before: None,
         }
     }
 }
@@ -96,14 +109,47 @@ impl ConfigBuilder {
         self
     }
 
-    /// Whether an operation whose key material holds an integer past ±2^53 (whose key 0.2
-    /// derives otherwise than 0.1 did) is first looked up under the key 0.1 derived, and
-    /// continued there when a record of its intent stands (default `true`: one more `GetItem`
-    /// for such keys only). A record 0.1 wrote cannot tell two ids it keyed alike apart, so for
-    /// as long as such records live, a second id is answered as the first was, as 0.1 did.
-    /// Turn it off once one retention has passed since no 0.1 instance writes.
+    /// Reads records that name no [`KeyRule`](crate::key::KeyRule) and were created before
+    /// `cutover` as 0.1 may have written them: 0.1 read every integer as a double, so an
+    /// operation whose key material holds an integer past ±2^53 is first looked up under the key
+    /// 0.1 derived (one more `GetItem`, for such keys only) and continued there, and such a
+    /// record's fingerprint also matches the digest 0.1 derived for the same intent.
+    ///
+    /// Off by default. Turn it on only when records 0.1 wrote may still live (one retention after
+    /// the last 0.1 instance stopped), and name the instant the last 0.1 instance stopped
+    /// writing: records 0.2 to 0.4 wrote after it, and every record 0.5 on writes (marked
+    /// [`KeyRule::ExactIntegers`](crate::key::KeyRule::ExactIntegers)), are never read under the
+    /// old rule, so two ids that differ above 2^53 stay two operations. A record 0.1 wrote
+    /// cannot tell two ids it keyed alike apart: while it lives, a second such id is answered as
+    /// 0.1 answered it. In a rolling deploy straight from 0.1, name the instant the deploy
+    /// ends (records 0.1 writes meanwhile are read under its rule; 0.5's own never are).
+    ///
+    /// ```
+    /// use std::time::{Duration, SystemTime};
+    /// use lambda_idempotency::Config;
+    ///
+    /// // The last 0.1 instance stopped writing at 2026-11-30T12:00:00Z.
+    /// let cutover = SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_040_000);
+    /// let config = Config::builder().rfc8785_records_before(cutover).build()?;
+    /// assert_eq!(config.rfc8785_records_before(), Some(cutover));
+    /// assert_eq!(Config::default().rfc8785_records_before(), None);
+    /// # Ok::<(), lambda_idempotency::ConfigError>(())
+    /// ```
+    pub fn rfc8785_records_before(mut self, cutover: SystemTime) -> Self {
+        self.config.rfc8785_records_before = Some(cutover);
+        self
+    }
+
+    /// `false` turns the 0.1 compatibility rule off; `true` leaves the setting as it is (the rule
+    /// now needs a cut-over instant).
+    #[deprecated(
+        since = "0.5.0",
+        note = "off by default now; to read 0.1's records, name when 0.1 stopped writing with `rfc8785_records_before`"
+    )]
     pub fn earlier_keys(mut self, look_up: bool) -> Self {
-        self.config.earlier_keys = look_up;
+        if !look_up {
+            self.config.rfc8785_records_before = None;
+        }
         self
     }
 

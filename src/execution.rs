@@ -79,13 +79,10 @@ impl Invocation {
     /// [`MAX_REQUEST_ID_BYTES`], so that it cannot crowd
     /// the outcome out of the item).
     pub fn with_request_id(mut self, request_id: impl Into<String>) -> Self {
-        let mut request_id = request_id.into();
-        let mut end = request_id.len().min(MAX_REQUEST_ID_BYTES);
-        while !request_id.is_char_boundary(end) {
-            end -= 1;
-        }
-        request_id.truncate(end);
-        self.request_id = Some(request_id);
+        self.request_id = Some(crate::record::cut_to(
+            request_id.into(),
+            MAX_REQUEST_ID_BYTES,
+        ));
         self
     }
 

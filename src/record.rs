@@ -114,6 +114,10 @@ pub struct Record {
     /// The recovery points the operation recorded, in the order it ran them
     /// ([`crate::effects`]): empty for a handler that runs no step.
     pub steps: Vec<StepRecord>,
+    /// How many times the step list was written, as the store keeps it beside the list (0: never,
+    /// or only by versions before 0.5, which kept no count). A takeover is conditioned on it,
+    /// never on the list's encoded bytes, which another build may encode otherwise.
+    pub steps_version: u64,
 }
 
 /// One recovery point of an operation ([`crate::effects`]): its intent, recorded before its
@@ -356,6 +360,16 @@ pub struct RetainedFailure {
     pub kind: FailureKind,
     /// Human-readable message, with no payload data.
     pub message: String,
+}
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+pub(crate) fn cut_to(mut text: String, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text
 }
 
 impl RetainedFailure {

@@ -34,7 +34,11 @@ pub(super) fn result_ref(invocation: &Invocation, raw: &RawValue) -> Option<Stri
 /// expired (an adoption of this operation's own orphaned claim is handled before).
 pub(crate) fn identity_taken(invocation: &Invocation, evidence: crate::record::Evidence) -> Error {
     let key = &invocation.key;
-    if evidence.key == *key && !invocation.fingerprint.matches(&evidence.fingerprint) {
+    if evidence.key == *key
+        && !invocation
+            .fingerprint
+            .names(&evidence.fingerprint, evidence.created_at)
+    {
         return Error::PayloadConflict { key: key.clone() };
     }
     if evidence.key == *key && evidence.status == Status::Indeterminate {
@@ -74,7 +78,10 @@ pub(crate) fn answer_existing<T: DeserializeOwned>(
     now: SystemTime,
 ) -> Result<Execution<T>, Error> {
     let key = invocation.key.clone();
-    if !invocation.fingerprint.matches(&existing.fingerprint) {
+    if !invocation
+        .fingerprint
+        .names(&existing.fingerprint, existing.created_at)
+    {
         return Err(Error::PayloadConflict { key });
     }
     let unreadable = |reason: String| Error::StoredOutcomeUnreadable {

@@ -115,7 +115,10 @@ impl Idempotency {
         now: SystemTime,
     ) -> Result<Step, Error> {
         let key = &invocation.key;
-        if !invocation.fingerprint.matches(&orphan.fingerprint) {
+        if !invocation
+            .fingerprint
+            .names(&orphan.fingerprint, orphan.created_at)
+        {
             return Err(Error::PayloadConflict { key: key.clone() });
         }
         // The orphan's evidence is the operation's, under whatever key it was written. Its

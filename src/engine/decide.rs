@@ -42,6 +42,7 @@ pub(crate) fn claim_record(
         identity: invocation.evidence_key(),
         audit: None,
         steps: Vec::new(),
+        steps_version: 0,
     }
 }
 
@@ -77,7 +78,10 @@ pub(crate) fn claimed(claimed: Claim, claim: &Record, now: SystemTime) -> Claime
         }
         Claim::IdentityTaken(evidence) => return Claimed::IdentityTaken(evidence),
     };
-    if !claim.fingerprint.matches(&existing.fingerprint) {
+    if !claim
+        .fingerprint
+        .names(&existing.fingerprint, existing.created_at)
+    {
         return Claimed::PayloadConflict;
     }
     match existing.lease_is_takeable(now) {
@@ -109,6 +113,7 @@ pub(crate) fn adoption(claim: &Record, orphan: &Evidence) -> Record {
         },
         identity: Some(orphan.identity.clone()),
         steps: vec![StepRecord::steps_lost()],
+        steps_version: 1,
         ..claim.clone()
     }
 }

@@ -1,14 +1,18 @@
-//! Operations that a version before 0.2 recorded under another key: those versions read every
-//! integer of the key material as a double, so a key whose material holds an integer past
-//! ±2^53 is derived otherwise now. Before claiming such a key, the engine reads the record
-//! under the earlier key once: when one stands there for this very intent (its fingerprint
-//! matches, as written then), the operation goes on under it (a replay, a wait, a takeover),
-//! instead of running again under the new key. A record of another intent there is another
-//! operation that collided under the old rule, and is left alone. (One of the same intent
-//! cannot be told apart from it: a record 0.1 wrote does not keep its key material, so for as
-//! long as such records live a colliding id is answered as 0.1 answered it. The lookup costs a
-//! `GetItem` for such keys only; `ConfigBuilder::earlier_keys(false)` ends it once one
-//! retention has passed since the upgrade.)
+//! The 0.1 compatibility rule, where the deployer turns it on
+//! ([`ConfigBuilder::rfc8785_records_before`](crate::config::ConfigBuilder::rfc8785_records_before)):
+//! 0.1 read every integer as a double, so an operation whose key material or intent holds an
+//! integer past ±2^53 was keyed and fingerprinted otherwise then. It applies only to records
+//! that name no [`KeyRule`](crate::key::KeyRule) and were created before the cut-over: every
+//! record this version writes names its rule, so a record written under today's rule never
+//! answers for another input.
+//!
+//! Before claiming such a key, the engine reads the record under the key 0.1 derived once:
+//! when one 0.1 may have written stands there for this very intent (its fingerprint matches,
+//! as written then), the operation goes on under it (a replay, a wait, a takeover), instead of
+//! running again under the new key. A record of another intent there is another operation that
+//! collided under the old rule, and is left alone. (One of the same intent cannot be told apart
+//! from it: a record 0.1 wrote does not keep its key material, so for as long as such records
+//! live a colliding id is answered as 0.1 answered it.)
 
 use std::borrow::Cow;
 use std::time::SystemTime;
@@ -21,32 +25,40 @@ use crate::execution::Invocation;
 use crate::store::Store;
 
 impl Idempotency {
-    /// `invocation`, under the earlier key when an operation of its intent is recorded there.
+    /// `invocation` as the compatibility rule reads it: unchanged when the rule is off, else
+    /// reading 0.1's digest for records before the cut-over, and under the earlier key when 0.1
+    /// recorded an operation of its intent there.
     pub(super) async fn under_earlier_key<'a>(
         &self,
         invocation: &'a Invocation,
         now: SystemTime,
     ) -> Result<Cow<'a, Invocation>, Error> {
-        let Some(earlier) = invocation
-            .earlier_key
-            .as_ref()
-            .filter(|_| self.config.earlier_keys())
-        else {
+        let Some(cutover) = self.config.rfc8785_records_before() else {
             return Ok(Cow::Borrowed(invocation));
         };
-        let Some(record) = erased(self.store.get(earlier)).await? else {
+        if invocation.earlier_key.is_none() && !invocation.fingerprint.has_rfc8785_digest() {
             return Ok(Cow::Borrowed(invocation));
+        }
+        let mut read = invocation.clone();
+        read.fingerprint = read.fingerprint.with_rfc8785_records_before(Some(cutover));
+        let Some(earlier) = read.earlier_key.take() else {
+            return Ok(Cow::Owned(read));
         };
-        if record.counts_as_absent(now) || !invocation.fingerprint.matches(&record.fingerprint) {
-            return Ok(Cow::Borrowed(invocation));
+        let Some(record) = erased(self.store.get(&earlier)).await? else {
+            return Ok(Cow::Owned(read));
+        };
+        let fingerprint = &read.fingerprint;
+        if record.counts_as_absent(now)
+            || !fingerprint.reads_as_rfc8785(&record.fingerprint, record.created_at)
+            || !fingerprint.names(&record.fingerprint, record.created_at)
+        {
+            return Ok(Cow::Owned(read));
         }
         info!(
             key = earlier.short(),
-            "an earlier version recorded this operation under its key: continuing it there"
+            "0.1 recorded this operation under its key: continuing it there"
         );
-        let mut continued = invocation.clone();
-        continued.key = earlier.clone();
-        continued.earlier_key = None;
-        Ok(Cow::Owned(continued))
+        read.key = earlier;
+        Ok(Cow::Owned(read))
     }
 }

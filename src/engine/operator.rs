@@ -329,6 +329,7 @@ fn orphan_record(evidence: &Evidence) -> Record {
         identity: Some(evidence.identity.clone()),
         audit: None,
         steps: Vec::new(),
+        steps_version: 0,
     }
 }
 

@@ -11,6 +11,7 @@ use super::retry::Patience;
 use super::{GIVE_BACK_GRACE, Idempotency, answer, decide};
 use aws_sdk_dynamodb::types::TransactWriteItem;
 
+use crate::config::MAX_FAILURE_MESSAGE_BYTES;
 use crate::effects::{COMPLETION, StepError, StepLedger};
 use crate::error::{BoxError, Error, StoreError};
 use crate::execution::{Execution, Invocation, Origin};
@@ -211,7 +212,11 @@ impl Idempotency {
         patience: Patience,
         steps: Option<Vec<StepRecord>>,
     ) -> Result<(), Error> {
-        let failure = RetainedFailure { kind, message };
+        // A handler's error text can be any length: only its start is kept.
+        let failure = RetainedFailure {
+            kind,
+            message: crate::record::cut_to(message, MAX_FAILURE_MESSAGE_BYTES),
+        };
         let settlement = Settlement::failed(&failure, self.clock.now(), self.config.retention())
             .with_steps(steps);
         self.settle(target, attempt, &settlement, patience).await

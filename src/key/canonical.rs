@@ -41,7 +41,14 @@ pub(super) fn rfc8785(value: &Value) -> Result<Vec<u8>, Error> {
 fn write(value: &Value, out: &mut Canonical) -> Result<(), Error> {
     match value {
         Value::Number(number) if number.is_i64() || number.is_u64() => {
-            let exact = number.to_string();
+            // Written from the integer, not from `Number`'s text: with serde_json's
+            // `arbitrary_precision` a number keeps the digits it was read with (`-0`), and one
+            // build's canonical form must be every build's.
+            let exact = match (number.as_u64(), number.as_i64()) {
+                (Some(unsigned), _) => unsigned.to_string(),
+                (None, Some(signed)) => signed.to_string(),
+                (None, None) => number.to_string(),
+            };
             if !within_doubles_integers(number) {
                 out.differs_from_rfc8785 |= rfc8785(value)? != exact.as_bytes();
             }
@@ -131,6 +138,36 @@ mod tests {
             let canonical = canonicalize(&value).expect("canonical");
             assert_eq!(String::from_utf8(canonical.bytes).expect("UTF-8"), written);
             assert!(canonical.differs_from_rfc8785, "{written}");
+        }
+    }
+
+    /// The same text gives the same bytes whether or not the user's build enables serde_json's
+    /// `arbitrary_precision` (which keeps a number's text as read): CI runs this test both ways.
+    #[test]
+    fn every_build_writes_the_same_bytes() {
+        for (text, written) in [
+            ("[-0,0,-0.0]", "[0,0,0]"),
+            (
+                "[9007199254740992,9007199254740993]",
+                "[9007199254740992,9007199254740993]",
+            ),
+            (
+                "[-9007199254740993,1152921504606847001]",
+                "[-9007199254740993,1152921504606847001]",
+            ),
+            (
+                "[18446744073709551615,-9223372036854775808]",
+                "[18446744073709551615,-9223372036854775808]",
+            ),
+            ("[1.0,1e2,1E-7,2.50]", "[1,100,1e-7,2.5]"),
+            ("[18446744073709551616]", "[18446744073709552000]"),
+        ] {
+            let canonical = canonicalize(&parse(text)).expect("canonical");
+            assert_eq!(
+                String::from_utf8(canonical.bytes).expect("UTF-8"),
+                written,
+                "{text}"
+            );
         }
     }
 }

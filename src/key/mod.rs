@@ -30,9 +30,11 @@
 mod canonical;
 mod identity;
 mod policy;
+mod rule;
 mod select;
 
 use std::fmt;
+use std::time::SystemTime;
 
 use serde::Serialize;
 use serde_json::Value;
@@ -41,6 +43,7 @@ use sha2::{Digest, Sha256};
 pub use identity::IdentityScope;
 pub(crate) use identity::Scoped;
 pub use policy::KeyPolicy;
+pub use rule::KeyRule;
 pub use select::{JsonPointer, Select, WholeEvent};
 
 use crate::error::{ConfigError, Error};
@@ -239,17 +242,21 @@ impl fmt::Display for OperationKey {
     }
 }
 
-/// The SHA-256 (hex) of the canonical JSON of a request's intent.
+/// The SHA-256 (hex) of the canonical JSON of a request's intent, and the [`KeyRule`] that
+/// derived it.
 ///
-/// Two fingerprints are equal when their digests are. A fingerprint whose intent holds an
-/// integer that no double represents exactly also keeps the digest versions before 0.2 wrote
-/// for it (RFC 8785 alone, which rounds such integers), so that a record written before the
-/// upgrade still [`matches`](Self::matches) its redelivery instead of being refused as a
-/// payload conflict.
+/// Two fingerprints are equal when their digests are. One derived here is of
+/// [`KeyRule::CURRENT`]; one read back from a store is of the rule its record names.
 #[derive(Debug, Clone, Eq)]
 pub struct Fingerprint {
     digest: String,
-    before_exact_integers: Option<String>,
+    rule: KeyRule,
+    /// What the 0.1 rule (RFC 8785 alone) derived for the same intent, when that was another
+    /// digest (the intent holds an integer past ±2^53).
+    rfc8785_digest: Option<String>,
+    /// The instant before which a record that names no rule may have been written by 0.1, when
+    /// the engine reads such records under the compatibility rule (`None`: it does not).
+    rfc8785_records_before: Option<SystemTime>,
 }
 
 impl Fingerprint {
@@ -262,21 +269,30 @@ impl Fingerprint {
     /// [`Self::of`] for an intent that is JSON already (no copy made).
     pub(crate) fn of_value(intent: &Value) -> Result<Self, Error> {
         let canonical = canonical::canonicalize(intent)?;
-        let before_exact_integers = match canonical.differs_from_rfc8785 {
+        let rfc8785_digest = match canonical.differs_from_rfc8785 {
             true => Some(sha256_hex(&canonical::rfc8785(intent)?)),
             false => None,
         };
         Ok(Self {
             digest: sha256_hex(&canonical.bytes),
-            before_exact_integers,
+            rule: KeyRule::CURRENT,
+            rfc8785_digest,
+            rfc8785_records_before: None,
         })
     }
 
-    /// Wraps a fingerprint read back from a store, unchecked.
+    /// Wraps a fingerprint read back from a store whose record names no rule, unchecked.
     pub fn from_stored(hex: impl Into<String>) -> Self {
+        Self::from_stored_under(hex, KeyRule::Unstated)
+    }
+
+    /// Wraps a fingerprint read back from a store, with the rule its record names, unchecked.
+    pub fn from_stored_under(hex: impl Into<String>, rule: KeyRule) -> Self {
         Self {
             digest: hex.into(),
-            before_exact_integers: None,
+            rule,
+            rfc8785_digest: None,
+            rfc8785_records_before: None,
         }
     }
 
@@ -285,11 +301,46 @@ impl Fingerprint {
         &self.digest
     }
 
-    /// Whether a `stored` fingerprint names this intent: the same digest, or the digest
-    /// versions before 0.2 wrote for it.
+    /// The rule that derived the fingerprint (and its record's key).
+    pub fn rule(&self) -> KeyRule {
+        self.rule
+    }
+
+    /// Whether a `stored` fingerprint names this intent: the same digest.
     pub fn matches(&self, stored: &Fingerprint) -> bool {
         stored.digest == self.digest
-            || self.before_exact_integers.as_deref() == Some(stored.digest.as_str())
+    }
+
+    /// The same fingerprint, reading records that name no rule and were created before
+    /// `records_before` as 0.1 may have written them (`None`: never).
+    pub(crate) fn with_rfc8785_records_before(
+        mut self,
+        records_before: Option<SystemTime>,
+    ) -> Self {
+        self.rfc8785_records_before = records_before;
+        self
+    }
+
+    /// Whether the 0.1 rule derived another digest for this intent.
+    pub(crate) fn has_rfc8785_digest(&self) -> bool {
+        self.rfc8785_digest.is_some()
+    }
+
+    /// Whether a record stored with `stored`, created at `created_at`, may have been written by
+    /// 0.1 under the compatibility rule: it names no rule and predates the cut-over.
+    pub(crate) fn reads_as_rfc8785(&self, stored: &Fingerprint, created_at: SystemTime) -> bool {
+        stored.rule == KeyRule::Unstated
+            && self
+                .rfc8785_records_before
+                .is_some_and(|before| created_at < before)
+    }
+
+    /// Whether the record stored with `stored` at `created_at` is of this intent: the same
+    /// digest, or, for a record the compatibility rule reads as 0.1's, the digest 0.1 derived.
+    pub(crate) fn names(&self, stored: &Fingerprint, created_at: SystemTime) -> bool {
+        self.matches(stored)
+            || (self.reads_as_rfc8785(stored, created_at)
+                && self.rfc8785_digest.as_deref() == Some(stored.digest.as_str()))
     }
 }
 

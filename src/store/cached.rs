@@ -218,6 +218,7 @@ impl<S: Store> Store for CachedStore<S> {
             // The record taken over: the previous one's creation, the new lease.
             claim.lease = lease.clone();
             claim.steps.clone_from(&previous.steps);
+            claim.steps_version = previous.steps_version;
             claim.created_at = previous.created_at;
             claim.request_id.clone_from(&previous.request_id);
             claim.identity.clone_from(&previous.identity);

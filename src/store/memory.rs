@@ -183,6 +183,7 @@ impl Store for MemoryStore {
             Some(record)
                 if record.lease.token == previous.lease.token
                     && record.lease_is_takeable(now)
+                    && record.steps_version == previous.steps_version
                     && record.steps == previous.steps =>
             {
                 record.lease = lease.clone();
@@ -208,6 +209,7 @@ impl Store for MemoryStore {
                 record.completed_at = Some(settlement.completed_at);
                 if let Some(steps) = &settlement.steps {
                     record.steps.clone_from(steps);
+                    record.steps_version += 1;
                 }
             }
             if let Some(record) = tables.records.get_mut(target.key)
@@ -253,6 +255,7 @@ impl Store for MemoryStore {
         self.fenced(target, |tables| {
             if let Some(record) = tables.records.get_mut(target.key) {
                 record.steps = steps.to_vec();
+                record.steps_version += 1;
             }
         })
     }

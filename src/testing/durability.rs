@@ -598,6 +598,7 @@ fn claim_record(material: &str, identity: &str, token: &str) -> Record {
         identity: Some(identity.into()),
         audit: None,
         steps: Vec::new(),
+        steps_version: 0,
     }
 }
 

@@ -43,6 +43,7 @@ fn claim_of(key: &OperationKey, token: &str, now: SystemTime, identity: Option<S
         identity,
         audit: None,
         steps: Vec::new(),
+        steps_version: 0,
     }
 }
 

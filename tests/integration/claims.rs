@@ -348,3 +348,37 @@ fn the_demo_prints_what_the_readme_quotes() {
     let summary = printed[printed.len() - 2];
     assert!(summary.starts_with("22 deliveries, 7 charges"), "{summary}");
 }
+
+#[tokio::test]
+async fn a_terminal_failures_long_message_is_kept_cut_to_its_limit() {
+    use lambda_idempotency::config::MAX_FAILURE_MESSAGE_BYTES;
+    use lambda_idempotency::failure::Terminal;
+
+    for backend in super::backends::both().await {
+        let name = backend.name;
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let inv = invocation("long-failure", &json!({"order": "o-long"}));
+        // Two-byte characters, so that the limit falls inside one.
+        let message = "é".repeat(100_000);
+        let failing = message.clone();
+        idem.execute(&inv, |_| async move {
+            Err::<u32, _>(Terminal::new("card_declined", failing))
+        })
+        .await
+        .expect_err("the handler failed");
+        let replayed = idem
+            .execute(&inv, |_| async { Ok::<_, std::io::Error>(1_u32) })
+            .await
+            .expect_err("the failure is replayed");
+        let Error::Failed { failure, .. } = replayed else {
+            panic!("{name}: expected the retained failure, got {replayed:?}");
+        };
+        assert!(
+            failure.message.len() <= MAX_FAILURE_MESSAGE_BYTES
+                && failure.message.len() > MAX_FAILURE_MESSAGE_BYTES - 2,
+            "{name}: {} bytes kept",
+            failure.message.len()
+        );
+        assert!(message.contains(&failure.message), "{name}: its start");
+    }
+}

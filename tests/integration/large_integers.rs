@@ -4,14 +4,15 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::event_door::EventDoor;
 use aws_lambda_events::event::sqs::SqsMessage;
-use lambda_idempotency::Operation;
 use lambda_idempotency::lambda::batch::{BatchProcessor, RecordOutcome};
 use lambda_idempotency::lambda::http::CallerScope;
 use lambda_idempotency::lambda::sources;
+use lambda_idempotency::testing::conformance::start_time;
+use lambda_idempotency::{Config, Operation};
 use lambda_idempotency::{
     Error, ExecutionContext, Fingerprint, Idempotency, Invocation, KeyPolicy, OperationKey,
     OperationScope,
@@ -61,18 +62,28 @@ fn ids_and_amounts_that_differ_above_2_53_are_told_apart() {
 }
 
 #[test]
-fn a_fingerprint_written_before_exact_integers_still_matches_its_intent() {
+fn a_fingerprint_matches_its_exact_digest_only() {
     let intent = json!({"order": "o-1", "amount": FIRST});
-    // What versions before 0.2 stored for it: RFC 8785 read the amount as the double 2^60
-    // (and wrote it `1152921504606847000`), as the document with that double still is.
+    // What 0.1 stored for it: RFC 8785 read the amount as the double 2^60 (and wrote it
+    // `1152921504606847000`), as the document with that double still is.
     let before =
         Fingerprint::of(&json!({"order": "o-1", "amount": (1_u64 << 60) as f64})).expect("fp");
     let now = Fingerprint::of(&intent).expect("fp");
     assert_ne!(now, before);
-    assert!(now.matches(&Fingerprint::from_stored(before.as_str())));
+    assert!(now.matches(&Fingerprint::from_stored(now.as_str())));
+    // Only the engine, for a record the compatibility rule reads as 0.1's, reads 0.1's digest.
+    assert!(!now.matches(&Fingerprint::from_stored(before.as_str())));
     assert!(!before.matches(&Fingerprint::from_stored(now.as_str())));
-    let unrelated = Fingerprint::of(&json!({"order": "o-1", "amount": 5})).expect("fp");
-    assert!(!now.matches(&Fingerprint::from_stored(unrelated.as_str())));
+}
+
+/// The engine on `backend`, reading records that name no rule and were created before
+/// `cutover` as 0.1 wrote them.
+fn compatible_engine(backend: Backend, cutover: SystemTime) -> Idempotency {
+    let config = Config::builder()
+        .rfc8785_records_before(cutover)
+        .build()
+        .expect("config");
+    engine(backend).with_config(config)
 }
 
 #[tokio::test]
@@ -213,39 +224,102 @@ async fn the_api_gateway_door_refuses_a_body_whose_amount_differs_above_2_53() {
     }
 }
 
+/// A redelivery, after the upgrade, of an operation 0.1 recorded under `key` (the record names
+/// no rule, its fingerprint is the digest 0.1 derived), on an engine with `config`: what it
+/// answers, and how often the handler ran.
+async fn redelivery_of_a_0_1_record(
+    backend: Backend,
+    cutover: Option<SystemTime>,
+) -> (Result<Value, Error>, usize) {
+    let idem = match cutover {
+        Some(cutover) => compatible_engine(backend, cutover),
+        None => engine(backend),
+    };
+    let key = OperationKey::derive(&scope(), None, "o-legacy").expect("key");
+    let rounded = Fingerprint::of(&json!({"order": "o-legacy", "amount": (1_u64 << 60) as f64}))
+        .expect("fingerprint");
+    let lease = Duration::from_secs(30);
+    let before = Invocation::new(
+        key.clone(),
+        Fingerprint::from_stored(rounded.as_str()),
+        lease,
+    );
+    let runs = AtomicUsize::new(0);
+    let charge = |_| async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, std::io::Error>(json!("charged"))
+    };
+    let first = idem.execute(&before, charge).await.expect("0.1's delivery");
+    assert_eq!(first.value(), &json!("charged"));
+    let intent = json!({"order": "o-legacy", "amount": FIRST});
+    let after = Invocation::new(key, Fingerprint::of(&intent).expect("fingerprint"), lease);
+    let again = idem
+        .execute(&after, charge)
+        .await
+        .map(|execution| execution.value().clone());
+    (again, runs.load(Ordering::SeqCst))
+}
+
 #[tokio::test]
-async fn a_record_stored_before_exact_integers_replays_to_its_redelivery() {
+async fn a_0_1_record_replays_to_its_redelivery_only_under_the_compatibility_rule() {
     for backend in both().await {
         let name = backend.name;
-        let idem = engine(backend);
-        let key = OperationKey::derive(&scope(), None, "o-legacy").expect("key");
-        let intent = json!({"order": "o-legacy", "amount": FIRST});
-        // The record as a version before 0.2 wrote it: the digest of the document with the
-        // amount read as the double 2^60.
-        let rounded =
-            Fingerprint::of(&json!({"order": "o-legacy", "amount": (1_u64 << 60) as f64}))
-                .expect("fingerprint");
+        let (answer, runs) = redelivery_of_a_0_1_record(backend, Some(SystemTime::now())).await;
+        assert_eq!(
+            answer.expect("no payload conflict"),
+            json!("charged"),
+            "{name}"
+        );
+        assert_eq!(runs, 1, "{name}: replayed, not run again");
+    }
+    // Off (the default), or for a record created after the cut-over: 0.1's digest is another
+    // intent's, refused, never run.
+    for cutover in [None, Some(start_time() - Duration::from_secs(1))] {
+        for backend in both().await {
+            let name = backend.name;
+            let (answer, runs) = redelivery_of_a_0_1_record(backend, cutover).await;
+            assert!(
+                matches!(answer, Err(Error::PayloadConflict { .. })),
+                "{name}, {cutover:?}: {answer:?}"
+            );
+            assert_eq!(runs, 1, "{name}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_record_of_this_version_never_reads_as_0_1s_even_before_the_cutover() {
+    for backend in both().await {
+        let name = backend.name;
+        let idem = compatible_engine(backend, SystemTime::now());
+        let key = OperationKey::derive(&scope(), None, "o-marked").expect("key");
         let lease = Duration::from_secs(30);
-        let before = Invocation::new(
+        // The anchor 1152921504606847000: RFC 8785 writes it as it is, and its neighbour alike.
+        let anchor = Invocation::new(
             key.clone(),
-            Fingerprint::from_stored(rounded.as_str()),
+            Fingerprint::of(&json!({"amount": 1_152_921_504_606_847_000_u64})).expect("fp"),
             lease,
         );
-        idem.execute(&before, |_| async {
-            Ok::<_, std::io::Error>(json!("charged once"))
+        idem.execute(&anchor, |_| async {
+            Ok::<_, std::io::Error>(json!("charged"))
         })
         .await
-        .expect("first delivery, before the upgrade");
-
-        let after = Invocation::new(key, Fingerprint::of(&intent).expect("fingerprint"), lease);
-        let again = idem
-            .execute(&after, |_| async {
-                Ok::<_, std::io::Error>(json!("charged twice"))
+        .expect("the anchor's charge");
+        let neighbour = Invocation::new(
+            key,
+            Fingerprint::of(&json!({"amount": 1_152_921_504_606_847_001_u64})).expect("fp"),
+            lease,
+        );
+        let err = idem
+            .execute(&neighbour, |_| async {
+                Ok::<_, std::io::Error>(json!("again"))
             })
             .await
-            .expect("the redelivery after the upgrade is no payload conflict");
-        assert!(again.is_replay(), "{name}");
-        assert_eq!(again.value(), &json!("charged once"), "{name}");
+            .expect_err("another amount");
+        assert!(
+            matches!(err, Error::PayloadConflict { .. }),
+            "{name}: {err:?}"
+        );
     }
 }
 
@@ -253,7 +327,7 @@ async fn a_record_stored_before_exact_integers_replays_to_its_redelivery() {
 async fn an_operation_recorded_under_its_key_before_exact_integers_is_continued_there() {
     for backend in both().await {
         let name = backend.name;
-        let idem = engine(backend);
+        let idem = compatible_engine(backend, SystemTime::now());
         let policy = KeyPolicy::<Value>::pointer("/order_id")
             .expect("pointer")
             .with_intent(lambda_idempotency::key::JsonPointer::new("/amount").expect("pointer"));
@@ -261,9 +335,15 @@ async fn an_operation_recorded_under_its_key_before_exact_integers_is_continued_
         // the document with the id read as the double 2^60 (as the same document with that
         // double still derives them).
         let rounded = json!({"order_id": (1_u64 << 60) as f64, "amount": 10});
-        let before = policy
+        let derived = policy
             .invocation(&scope(), &rounded, Duration::from_secs(30))
             .expect("invocation");
+        // As 0.1 wrote it: no rule marker.
+        let before = Invocation::new(
+            derived.key().clone(),
+            Fingerprint::from_stored(derived.fingerprint().as_str()),
+            Duration::from_secs(30),
+        );
         idem.execute(&before, |_| async {
             Ok::<_, std::io::Error>(json!("charged o-1 once"))
         })

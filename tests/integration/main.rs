@@ -9,6 +9,7 @@ mod completion_writes;
 mod deadlines;
 mod dynamodb_store;
 mod event_door;
+mod exact_ids;
 mod global_tables;
 mod hot_keys;
 mod http_contract;

@@ -30,6 +30,9 @@ const V0_1: &[&str] = &[
 ];
 /// 0.2 and 0.3 add the outcome's format (compressed, or in parts) and an operator's trace.
 const V0_3_ADDED: &[&str] = &["outcome_format", "audit"];
+/// 0.5 marks every record with the rule that derived its key and fingerprint: an attribute
+/// every earlier reader ignores (they read attributes by name).
+const V0_5_MARKER: &str = "key_rule";
 
 /// `inv`'s record as the table holds it, attribute by attribute.
 async fn raw_record(db: &dynamo::Dynamo, inv: &Invocation) -> HashMap<String, AttributeValue> {
@@ -134,6 +137,31 @@ async fn records_an_earlier_version_wrote_are_read_by_todays_code() {
     assert_eq!(replayed.origin(), Origin::Replayed);
     assert_eq!(replayed.raw_json().get().as_bytes(), outcome);
 
+    // COMPLETED by a later version: another rule marker and an attribute this one does not
+    // know are read past, as earlier readers read past 0.5's marker.
+    let later = invocation("format-later-completed", &serde_json::json!({"order": 4}));
+    let mut item = record_0_1(
+        &later,
+        "COMPLETED",
+        Some(outcome),
+        SystemTime::now() - Duration::from_secs(90),
+    );
+    item.insert("key_rule".to_owned(), AttributeValue::N("3".into()));
+    item.insert("later_field".to_owned(), AttributeValue::S("x".into()));
+    put(item).await.expect("a later version's record");
+    let replayed = idem
+        .execute(&later, |_ctx| async {
+            Ok::<_, BoxError>(serde_json::json!("ran again"))
+        })
+        .await
+        .expect("replayed");
+    assert_eq!(replayed.raw_json().get().as_bytes(), outcome);
+    let record = stored(&idem, later.key(), "kept").await;
+    assert_eq!(
+        record.fingerprint.rule(),
+        lambda_idempotency::key::KeyRule::Other(3)
+    );
+
     // IN_PROGRESS by 0.1, its lease run out: taken over (held for an operator by default).
     let crashed = invocation("format-0.1-crashed", &serde_json::json!({"order": 2}));
     put(record_0_1(
@@ -181,17 +209,28 @@ async fn a_handler_that_uses_nothing_new_writes_only_what_earlier_readers_know()
     .await
     .expect("completed");
     let item = raw_record(&db, &inv).await;
+    assert_eq!(
+        item.get(V0_5_MARKER),
+        Some(&AttributeValue::N("2".into())),
+        "the record names the exact-integers rule"
+    );
     let written: BTreeSet<&str> = item.keys().map(String::as_str).collect();
-    let known: BTreeSet<&str> = V0_1.iter().chain(V0_3_ADDED).copied().collect();
+    let known: BTreeSet<&str> = V0_1
+        .iter()
+        .chain(V0_3_ADDED)
+        .chain([&V0_5_MARKER])
+        .copied()
+        .collect();
     let unknown: Vec<&&str> = written.difference(&known).collect();
     assert!(
         unknown.is_empty(),
         "a record without steps carries attributes 0.3 does not know: {unknown:?}"
     );
-    let small: BTreeSet<&str> = V0_1.iter().copied().collect();
+    let small: BTreeSet<&str> = V0_1.iter().chain([&V0_5_MARKER]).copied().collect();
     assert!(
         written.is_subset(&small),
-        "a small outcome is written as 0.1 wrote it (inline, no format attribute): {written:?}"
+        "a small outcome is written as 0.1 wrote it (inline, no format attribute), with the \
+         rule marker: {written:?}"
     );
 }
 
@@ -222,4 +261,119 @@ async fn the_rolling_deploy_setting_keeps_outcomes_as_0_1_reads_them() {
         Ok(done.raw_json().get().as_bytes()),
         "the outcome's JSON bytes, as 0.1 wrote and reads them"
     );
+}
+
+/// A step as another build may have encoded it: `result` stored as `encoding` says.
+fn step_item(name: &str, result: Option<&[u8]>, encoding: &str) -> AttributeValue {
+    let mut fields = HashMap::from([
+        ("name".to_owned(), AttributeValue::S(name.to_owned())),
+        ("attempt".to_owned(), AttributeValue::N("1".to_owned())),
+    ]);
+    if let Some(result) = result {
+        let stored = match encoding {
+            // Another zstd level than today's (3): other bytes for the same result.
+            "zstd-19" => {
+                fields.insert("codec".to_owned(), AttributeValue::S("zstd".to_owned()));
+                fields.insert(
+                    "length".to_owned(),
+                    AttributeValue::N(result.len().to_string()),
+                );
+                zstd::bulk::compress(result, 19).expect("compressed")
+            }
+            // Uncompressed although today's code would compress it (a build without zstd).
+            _ => result.to_vec(),
+        };
+        fields.insert("result".to_owned(), AttributeValue::B(Blob::new(stored)));
+    }
+    // A field a later build added: read past.
+    fields.insert(
+        "note".to_owned(),
+        AttributeValue::S("a later field".to_owned()),
+    );
+    AttributeValue::M(fields)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_attempt_whose_steps_another_build_encoded_is_taken_over() {
+    use lambda_idempotency::reconcile::Recovery;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let db = dynamo::start().await;
+    let idem = Idempotency::new(db.store()).with_recovery(Recovery::Steps);
+    // The charge's recorded result: a JSON string long enough that today's code compresses it.
+    let receipt = "r-".repeat(1500);
+    let large = serde_json::to_vec(&receipt).expect("JSON");
+    for (case, encoding, steps_version) in [
+        ("uncompressed", "plain", None),
+        ("zstd-19", "zstd-19", None),
+        ("counted", "zstd-19", Some("4")),
+    ] {
+        let inv = invocation(
+            &format!("format-steps-{case}"),
+            &serde_json::json!({"order": case}),
+        );
+        let mut item = record_0_1(
+            &inv,
+            "IN_PROGRESS",
+            None,
+            SystemTime::now() - Duration::from_secs(60),
+        );
+        item.insert(
+            "steps".to_owned(),
+            AttributeValue::L(vec![
+                step_item("charge", Some(&large), encoding),
+                step_item("email", None, encoding),
+            ]),
+        );
+        if let Some(version) = steps_version {
+            item.insert(
+                "steps_version".to_owned(),
+                AttributeValue::N(version.to_owned()),
+            );
+        }
+        db.client
+            .put_item()
+            .table_name(&db.table)
+            .set_item(Some(item))
+            .send()
+            .await
+            .expect("a crashed attempt's record");
+
+        let charges = AtomicUsize::new(0);
+        let emails = AtomicUsize::new(0);
+        let (charges, emails) = (&charges, &emails);
+        let done = idem
+            .execute(&inv, |ctx| async move {
+                let receipt: String = ctx
+                    .step("charge")
+                    .run(|_key| async move {
+                        charges.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, BoxError>(String::new())
+                    })
+                    .await?;
+                ctx.step("email")
+                    .repeat_safe()
+                    .run(|_key| async move {
+                        emails.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, BoxError>(())
+                    })
+                    .await?;
+                Ok::<_, BoxError>(receipt)
+            })
+            .await
+            .unwrap_or_else(|err| panic!("{case}: taken over and finished: {err:?}"));
+        assert_eq!(
+            charges.load(Ordering::SeqCst),
+            0,
+            "{case}: the charge replayed"
+        );
+        assert_eq!(
+            emails.load(Ordering::SeqCst),
+            1,
+            "{case}: the pending step ran"
+        );
+        assert_eq!(done.value(), &receipt, "{case}");
+        let record = stored(&idem, inv.key(), "kept").await;
+        assert_eq!(record.lease.attempt, 2, "{case}: attempt 2 took over");
+    }
 }

@@ -7,7 +7,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 use super::DynamoDbStore;
 use super::decode::Parts;
 use super::item::{Item, value_size};
-use super::steps::steps_value;
+use super::steps::{STEPS_VERSION_BUMP, bump_steps_version, steps_value};
 use super::writes::{Check, Write, item_table};
 use crate::error::StoreError;
 use crate::record::Settlement;
@@ -30,9 +30,9 @@ impl DynamoDbStore {
         let own = Write::update(
             &self.table,
             record_key,
-            "SET #steps = :steps",
+            &format!("SET #steps = :steps, {STEPS_VERSION_BUMP}"),
             condition,
-            expr.name("#steps", &self.names.steps)
+            bump_steps_version(expr.name("#steps", &self.names.steps), &self.names)
                 .value(":steps", steps_value(commit.steps)),
         )?;
         let own = vec![own.into_transact_item()];

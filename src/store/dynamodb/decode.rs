@@ -58,7 +58,9 @@ impl Parts<'_> {
     fn reads(self, record: &Record) -> bool {
         match self {
             Self::Read => true,
-            Self::ReplayableTo(fingerprint) => fingerprint.matches(&record.fingerprint),
+            Self::ReplayableTo(fingerprint) => {
+                fingerprint.names(&record.fingerprint, record.created_at)
+            }
             Self::Skip | Self::Known(..) => false,
         }
     }

@@ -1,6 +1,6 @@
 //! The uniqueness table: permanent evidence of business identities, one item each, no TTL.
 
-use super::item::{Decoder, Item, audit_value, corrupt, millis, read_audit, read_s, s};
+use super::item::{Decoder, Item, audit_value, corrupt, millis, n, read_audit, read_s, s};
 use super::writes::{Expr, Write};
 use crate::error::StoreError;
 use crate::key::{Fingerprint, OperationKey, Scoped};
@@ -11,6 +11,7 @@ use crate::store::Target;
 const IDENTITY: &str = "pk";
 const OPERATION_KEY: &str = "operation_key";
 const FINGERPRINT: &str = "fingerprint";
+const KEY_RULE: &str = "key_rule";
 const STATUS: &str = "status";
 const RESULT_REF: &str = "result_ref";
 const CREATED_AT: &str = "created_at";
@@ -27,6 +28,9 @@ fn encode(evidence: &Evidence) -> Item {
     let mut item = key(&evidence.identity);
     item.insert(OPERATION_KEY.to_owned(), s(evidence.key.as_str()));
     item.insert(FINGERPRINT.to_owned(), s(evidence.fingerprint.as_str()));
+    if let Some(rule) = evidence.fingerprint.rule().stored() {
+        item.insert(KEY_RULE.to_owned(), n(u64::from(rule)));
+    }
     item.insert(STATUS.to_owned(), s(evidence.status.as_str()));
     item.insert(CREATED_AT.to_owned(), millis(evidence.created_at));
     if let Some(result_ref) = &evidence.result_ref {
@@ -52,7 +56,10 @@ pub(crate) fn decode(item: &Item) -> Result<Evidence, StoreError> {
         .ok_or_else(|| corrupt(key.short(), format!("unknown evidence status `{status}`")))?;
     Ok(Evidence {
         identity: decoder.s(IDENTITY)?.to_owned(),
-        fingerprint: Fingerprint::from_stored(decoder.s(FINGERPRINT)?),
+        fingerprint: Fingerprint::from_stored_under(
+            decoder.s(FINGERPRINT)?,
+            decoder.key_rule(KEY_RULE)?,
+        ),
         status,
         result_ref: decoder.optional(RESULT_REF, |value| value.as_s().ok().cloned())?,
         created_at: decoder.millis(CREATED_AT)?,

@@ -9,7 +9,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use super::outcome::Manifest;
 use super::steps::{read_steps, steps_value};
 use crate::error::StoreError;
-use crate::key::{Fingerprint, OperationKey};
+use crate::key::{Fingerprint, KeyRule, OperationKey};
 use crate::record::{
     Audit, Lease, Record, Status, epoch_millis, epoch_secs, from_epoch_millis, from_epoch_secs,
 };
@@ -29,6 +29,9 @@ pub struct AttributeNames {
     pub status: String,
     /// Fingerprint (S).
     pub fingerprint: String,
+    /// The [`KeyRule`] that derived the key and fingerprint (N), absent on records versions
+    /// before 0.5 wrote.
+    pub key_rule: String,
     /// Lease token (S).
     pub lease_token: String,
     /// Attempt (N).
@@ -55,6 +58,8 @@ pub struct AttributeNames {
     pub audit: String,
     /// The operation's steps (L of M, see [`crate::effects`]), once it records one.
     pub steps: String,
+    /// How many times the step list was written (N): what a takeover is conditioned on.
+    pub steps_version: String,
 }
 
 /// A sort key for single-table designs. The operation key stays in the partition key, so
@@ -76,6 +81,7 @@ impl Default for AttributeNames {
             sort_key: None,
             status: "status".into(),
             fingerprint: "fingerprint".into(),
+            key_rule: "key_rule".into(),
             lease_token: "lease_token".into(),
             attempt: "attempt".into(),
             lease_expires_at: "lease_expires_at_ms".into(),
@@ -88,6 +94,7 @@ impl Default for AttributeNames {
             identity: "identity".into(),
             audit: "audit".into(),
             steps: "steps".into(),
+            steps_version: "steps_version".into(),
         }
     }
 }
@@ -128,6 +135,9 @@ impl AttributeNames {
         let mut item = self.key(&record.key);
         item.insert(self.status.clone(), s(record.status.as_str()));
         item.insert(self.fingerprint.clone(), s(record.fingerprint.as_str()));
+        if let Some(rule) = record.fingerprint.rule().stored() {
+            item.insert(self.key_rule.clone(), n(u64::from(rule)));
+        }
         item.insert(self.lease_token.clone(), s(&record.lease.token));
         item.insert(self.attempt.clone(), n(u64::from(record.lease.attempt)));
         item.insert(
@@ -157,6 +167,9 @@ impl AttributeNames {
         if !record.steps.is_empty() {
             item.insert(self.steps.clone(), steps_value(&record.steps));
         }
+        if record.steps_version > 0 {
+            item.insert(self.steps_version.clone(), n(record.steps_version));
+        }
         item
     }
 
@@ -174,6 +187,11 @@ impl AttributeNames {
                 .map_or(0, |sort| text(&sort.attribute, &sort.value));
         key + text(&self.status, record.status.as_str())
             + text(&self.fingerprint, record.fingerprint.as_str())
+            + record
+                .fingerprint
+                .rule()
+                .stored()
+                .map_or(0, |rule| number(&self.key_rule, u64::from(rule)))
             + text(&self.lease_token, &record.lease.token)
             + number(&self.attempt, u64::from(record.lease.attempt))
             + number(
@@ -203,6 +221,10 @@ impl AttributeNames {
             + match record.steps.is_empty() {
                 true => 0,
                 false => self.steps.len() + value_size(&steps_value(&record.steps)),
+            }
+            + match record.steps_version {
+                0 => 0,
+                version => number(&self.steps_version, version),
             }
     }
 
@@ -239,7 +261,10 @@ impl AttributeNames {
         }
         let record = Record {
             status,
-            fingerprint: Fingerprint::from_stored(decoder.s(&self.fingerprint)?),
+            fingerprint: Fingerprint::from_stored_under(
+                decoder.s(&self.fingerprint)?,
+                decoder.key_rule(&self.key_rule)?,
+            ),
             lease: Lease {
                 token: decoder.s(&self.lease_token)?.to_owned(),
                 attempt,
@@ -257,6 +282,10 @@ impl AttributeNames {
                 .map(|steps| read_steps(steps, &key))
                 .transpose()?
                 .unwrap_or_default(),
+            steps_version: match item.contains_key(&self.steps_version) {
+                true => decoder.n(&self.steps_version)?,
+                false => 0,
+            },
             key,
         };
         Ok((record, pending))
@@ -285,6 +314,16 @@ impl Decoder<'_> {
                     format!("`{attribute}` is missing or not a whole number"),
                 )
             })
+    }
+
+    /// The [`KeyRule`] a record names (absent: [`KeyRule::Unstated`]).
+    pub(crate) fn key_rule(&self, attribute: &str) -> Result<KeyRule, StoreError> {
+        if !self.item.contains_key(attribute) {
+            return Ok(KeyRule::Unstated);
+        }
+        let rule = u32::try_from(self.n(attribute)?)
+            .map_err(|_| corrupt(self.key.short(), format!("`{attribute}` out of range")))?;
+        Ok(KeyRule::from_stored(Some(rule)))
     }
 
     /// A time stored as epoch milliseconds.
@@ -462,6 +501,7 @@ mod tests {
             identity: None,
             audit: None,
             steps: Vec::new(),
+            steps_version: 0,
         };
         let settled = Record {
             status: Status::Completed,

@@ -9,17 +9,22 @@
 //! | `length` (N) | the result's length after decompression, when compressed |
 //!
 //! The whole list is written by each fenced step write: only the lease holder writes it, and
-//! DynamoDB bills a write by the item's size, not the update's.
+//! DynamoDB bills a write by the item's size, not the update's. Each write also counts itself in
+//! the record's `steps_version` (N): a takeover is conditioned on that count, the list's
+//! length and each pending step's attempt, never on the list's bytes (another build, another
+//! zstd, a new step field would encode the same steps otherwise, and the takeover would never
+//! succeed).
 
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use super::item::{b, corrupt, n, s};
+use super::item::{AttributeNames, b, corrupt, n, s};
+use super::writes::Expr;
 use crate::effects::MAX_STEP_RESULTS_BYTES;
 use crate::error::StoreError;
 use crate::key::OperationKey;
-use crate::record::StepRecord;
+use crate::record::{Record, StepRecord};
 
 /// Results longer than this are compressed when that makes them shorter.
 const COMPRESS_OVER: usize = 1024;
@@ -27,6 +32,65 @@ const COMPRESS_OVER: usize = 1024;
 const ZSTD_LEVEL: i32 = 3;
 /// The one codec written.
 const ZSTD: &str = "zstd";
+
+/// Pending steps (an intent without a result) a takeover's condition names one by one, at most:
+/// DynamoDB caps an expression at 4 KB. Past it the list's write count and length still hold.
+const PENDING_CHECKED: usize = 32;
+
+/// The update clause that counts one more write of the step list (with [`bump_steps_version`]).
+pub(crate) const STEPS_VERSION_BUMP: &str =
+    "#steps_version = if_not_exists(#steps_version, :steps_version_zero) + :steps_version_one";
+
+/// The names and values [`STEPS_VERSION_BUMP`] uses.
+pub(crate) fn bump_steps_version(expr: Expr, names: &AttributeNames) -> Expr {
+    expr.name("#steps_version", &names.steps_version)
+        .value(":steps_version_zero", n(0))
+        .value(":steps_version_one", n(1))
+}
+
+/// The condition that `previous`'s step list stands as it was read, and its names and values:
+/// the same write count (none, for a list a version before 0.5 wrote), the same length, and
+/// each pending step still pending under the same attempt (which also catches a version before
+/// 0.5 recording a result during a rolling deploy, as it does not count its writes).
+pub(crate) fn steps_as_read(previous: &Record, names: &AttributeNames) -> (String, Expr) {
+    let mut expr = Expr::default()
+        .name("#steps", &names.steps)
+        .name("#steps_version", &names.steps_version)
+        .value(":steps_count", n(previous.steps.len() as u64));
+    let mut condition = match previous.steps_version {
+        0 => "attribute_not_exists(#steps_version)".to_owned(),
+        version => {
+            expr = expr.value(":steps_version", n(version));
+            "#steps_version = :steps_version".to_owned()
+        }
+    };
+    condition.push_str(match previous.steps.is_empty() {
+        true => " AND (attribute_not_exists(#steps) OR size(#steps) = :steps_count)",
+        false => " AND size(#steps) = :steps_count",
+    });
+    let pending = previous
+        .steps
+        .iter()
+        .enumerate()
+        .filter(|(_, step)| step.result.is_none())
+        .take(PENDING_CHECKED);
+    for (index, step) in pending {
+        condition.push_str(&format!(
+            " AND #steps[{index}].#step_attempt = :step_attempt_{index} \
+             AND attribute_not_exists(#steps[{index}].#step_result)"
+        ));
+        expr = expr.value(
+            &format!(":step_attempt_{index}"),
+            n(u64::from(step.attempt)),
+        );
+    }
+    if previous.steps.iter().any(|step| step.result.is_none()) {
+        expr = expr
+            .name("#step_attempt", "attempt")
+            .name("#step_result", "result");
+    }
+    (condition, expr)
+}
 
 /// The list attribute of `steps`.
 pub(crate) fn steps_value(steps: &[StepRecord]) -> AttributeValue {

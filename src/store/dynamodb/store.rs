@@ -10,7 +10,7 @@ use super::decode::Parts;
 use super::error::map_sdk_error;
 use super::item::{millis, n, s, secs};
 use super::outcome::Placement;
-use super::steps::steps_value;
+use super::steps::{STEPS_VERSION_BUMP, bump_steps_version, steps_as_read, steps_value};
 use super::writes::{Check, Expr, Write};
 use super::{DynamoDbStore, evidence, item};
 use crate::error::StoreError;
@@ -187,9 +187,9 @@ impl DynamoDbStore {
             None => removed.push("#outcome_format"),
         }
         if let Some(steps) = &settlement.steps {
-            update.push_str(", #steps = :steps");
-            expr = expr
-                .name("#steps", &names.steps)
+            update.push_str(", #steps = :steps, ");
+            update.push_str(STEPS_VERSION_BUMP);
+            expr = bump_steps_version(expr.name("#steps", &names.steps), names)
                 .value(":steps", steps_value(steps));
         }
         if let Some(audit) = &settlement.audit {
@@ -289,13 +289,10 @@ impl Store for DynamoDbStore {
         // The steps as the taker read them: a late write of the expired holder (an intent, a
         // result, a commit, a withdrawal: any change of the list) between that read and this
         // takeover fails it, so that the taker never starts from steps older than the record's.
-        let (steps_as_read, steps_read) = match previous.steps.is_empty() {
-            true => (
-                "(attribute_not_exists(#steps) OR size(#steps) = :steps_read)",
-                n(0),
-            ),
-            false => ("#steps = :steps_read", steps_value(&previous.steps)),
-        };
+        // Conditioned on what writers store for that purpose (the list's write count, its
+        // length, each pending step's attempt), never on the list's bytes, which another build
+        // encodes otherwise.
+        let (steps_as_read, steps_expr) = steps_as_read(previous, names);
         let write = Write::update(
             &self.table,
             names.key(&previous.key),
@@ -303,9 +300,7 @@ impl Store for DynamoDbStore {
             &format!(
                 "#status = :in_progress AND #lease_token = :previous AND #lease_expires_at < :now_ms AND {steps_as_read}"
             ),
-            Expr::default()
-                .name("#steps", &names.steps)
-                .value(":steps_read", steps_read)
+            steps_expr
                 .name("#status", &names.status)
                 .name("#lease_token", &names.lease_token)
                 .name("#attempt", &names.attempt)
@@ -385,9 +380,9 @@ impl Store for DynamoDbStore {
         let write = Write::update(
             &self.table,
             self.names.key(target.key),
-            "SET #steps = :steps",
+            &format!("SET #steps = :steps, {STEPS_VERSION_BUMP}"),
             condition,
-            expr.name("#steps", &self.names.steps)
+            bump_steps_version(expr.name("#steps", &self.names.steps), &self.names)
                 .value(":steps", steps_value(steps)),
         )?;
         let target = Target {

@@ -224,6 +224,7 @@ fn sized_record(target: Target<'_>, settlement: &Settlement) -> Record {
         identity: target.identity.map(str::to_owned),
         audit: settlement.audit.clone(),
         steps: Vec::new(),
+        steps_version: 0,
     }
 }
 
