@@ -257,7 +257,15 @@ impl Idempotency {
             .retrying(patience, || {
                 self.store.settle_with(target, settlement, writes, token)
             })
-            .await?;
+            .await;
+        let committed = match committed {
+            // DynamoDB refused the transaction as invalid (an item over 400 KB, a table that
+            // refuses transactions, two actions on one item it alone can tell): nothing in it
+            // committed, the record included. Said so, never as an outcome that could not be
+            // kept after its effect.
+            Err(StoreError::Rejected { message, .. }) => Committed::Invalid { message },
+            committed => committed?,
+        };
         match committed {
             Committed::Applied => Ok(None),
             Committed::Refused { write } => {

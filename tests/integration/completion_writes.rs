@@ -494,3 +494,45 @@ async fn a_large_outcome_in_parts_commits_with_the_writes() {
         "the outcome read back from its parts"
     );
 }
+
+#[tokio::test]
+async fn a_transaction_dynamodb_refuses_is_retained_as_rejected_never_as_applied() {
+    let shop = Shop::open().await;
+    let idem = shop.engine(shop.db.store());
+    let inv = invocation(
+        "done-refused-by-dynamodb",
+        &serde_json::json!({"order": "c-big"}),
+    );
+    let runs = AtomicUsize::new(0);
+    // One item over DynamoDB's 400 KB: within the transaction's 4 MB, so only DynamoDB refuses.
+    let handler = |ctx: ExecutionContext| {
+        let (runs, orders) = (&runs, shop.orders.clone());
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let put = Put::builder()
+                .table_name(orders)
+                .item("pk", AttributeValue::S("c-big".into()))
+                .item("lines", AttributeValue::S("x".repeat(450 * 1024)))
+                .build()?;
+            ctx.complete_with(Transaction::new(()).put(put))?;
+            Ok::<_, BoxError>(1_u32)
+        }
+    };
+    let err = idem
+        .execute(&inv, handler)
+        .await
+        .expect_err("DynamoDB refuses the item");
+    assert_terminal_rejection(&err);
+    assert!(
+        !shop.has_order("c-big").await,
+        "nothing it carried committed"
+    );
+    let record = stored(&idem, inv.key(), "retained").await;
+    assert_eq!(record.status, Status::Failed);
+    let replay = idem.execute(&inv, handler).await.expect_err("replayed");
+    let Error::Failed { failure, .. } = replay else {
+        panic!("got {replay:?}");
+    };
+    assert_eq!(failure.kind.as_str(), "completion_rejected");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "not run again blind");
+}
