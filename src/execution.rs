@@ -175,6 +175,7 @@ impl ExecutionContext {
             context: self,
             name: name.into(),
             repeat_safe: false,
+            effect_timeout: None,
             check: NoCheck,
         }
     }

@@ -4,7 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -99,6 +99,10 @@ struct State {
     completion: Vec<TransactWriteItem>,
     /// The names of the events the completion publishes.
     completion_events: Vec<String>,
+    /// Until when the effect of a step that ended without a result may still land downstream
+    /// (its start plus its declared effect timeout, else the lease's end): a give-back keeps
+    /// the claim until then.
+    may_land_until: Option<SystemTime>,
 }
 
 /// Marks a step as running for as long as it lives: dropped when the step ends, its future
@@ -230,17 +234,27 @@ impl StepLedger {
         let _ = self.flush().await;
     }
 
-    /// Gives the claim back for the next delivery to take over now and replay the steps: the
-    /// pending steps written first, then the lease cut to now. A failed write of the steps
-    /// still cuts the lease (what the store holds is an earlier prefix: the steps it lacks come
-    /// back uncertain); a lost lease is left alone.
+    /// Gives the claim back for the next delivery to take over and replay the steps: the
+    /// pending steps written first, then the lease cut to now, or to when the effect of a step
+    /// that ended without a result can have landed (the next attempt's check must see it). A
+    /// failed write of the steps still cuts the lease (what the store holds is an earlier
+    /// prefix: the steps it lacks come back uncertain); a lost lease is left alone.
     pub(crate) async fn give_back(&self) {
         if let Flushed::Lost = self.flush().await {
             return;
         }
         let store = self.idem.store();
         let target = self.target();
+        let may_land_until = self.lock().may_land_until;
         let now = self.idem.now();
+        let now = may_land_until.map_or(now, |lands_by| lands_by.max(now));
+        if now >= self.lease_expires_at {
+            debug!(
+                attempt = self.attempt,
+                "a step's effect may land until the lease's end: the claim is kept"
+            );
+            return;
+        }
         let given_back = self
             .idem
             .retrying(Patience::Brief(self.lease_expires_at), || {
@@ -295,6 +309,7 @@ impl StepLedger {
         &self,
         name: String,
         repeat_safe: bool,
+        effect_timeout: Option<Duration>,
         check: C,
         effect: F,
     ) -> Result<T, StepError>
@@ -325,8 +340,11 @@ impl StepLedger {
                 ),
             },
         }
+        let lands_by = effect_timeout.map_or(self.lease_expires_at, |timeout| {
+            (self.idem.now() + timeout).min(self.lease_expires_at)
+        });
         let ran = effect(downstream).await;
-        self.settle(&name, ran.map_err(Into::into))
+        self.settle(&name, ran.map_err(Into::into), lands_by)
     }
 
     /// Starts step `name`: where it stands, refusing overlap, a step after the handler
@@ -653,7 +671,9 @@ impl StepLedger {
         let checked = checking.await;
         match checked {
             Ok(Checked::NotApplied) => Ok(None),
-            Ok(Checked::Applied(value)) => self.settle::<T>(name, Ok(value)).map(Some),
+            Ok(Checked::Applied(value)) => self
+                .settle::<T>(name, Ok(value), self.lease_expires_at)
+                .map(Some),
             Ok(Checked::Unknown) => {
                 let held = Halt::Hold(Error::Indeterminate {
                     key: self.key.clone(),
@@ -672,7 +692,12 @@ impl StepLedger {
 
     /// Records what the step at the cursor came to: its result (written with the next write),
     /// or its failure (uncertain, or withdrawn when [`NotApplied`]).
-    fn settle<T: Serialize>(&self, name: &str, ran: Result<T, BoxError>) -> Result<T, StepError> {
+    fn settle<T: Serialize>(
+        &self,
+        name: &str,
+        ran: Result<T, BoxError>,
+        lands_by: SystemTime,
+    ) -> Result<T, StepError> {
         let mut state = self.lock();
         let cursor = state.cursor;
         let value = match ran {
@@ -684,7 +709,9 @@ impl StepLedger {
                     state.steps.pop();
                     state.dirty = true;
                 } else {
+                    // Uncertain: what the effect sent may still land.
                     state.cursor += 1;
+                    state.may_land_until = state.may_land_until.max(Some(lands_by));
                 }
                 return Err(StepError::Effect {
                     step: name.to_owned(),

@@ -142,6 +142,7 @@ pub struct Step<'a, C = NoCheck> {
     pub(crate) context: &'a ExecutionContext,
     pub(crate) name: String,
     pub(crate) repeat_safe: bool,
+    pub(crate) effect_timeout: Option<std::time::Duration>,
     pub(crate) check: C,
 }
 
@@ -154,6 +155,7 @@ impl<'a> Step<'a, NoCheck> {
             context: self.context,
             name: self.name,
             repeat_safe: self.repeat_safe,
+            effect_timeout: self.effect_timeout,
             check,
         }
     }
@@ -194,6 +196,27 @@ impl<C> Step<'_, C> {
         self
     }
 
+    /// Declares how long the step's effect can take to land after it starts: the longest a
+    /// request it sends can still take effect downstream (its client's timeout, with retries).
+    /// When the effect ends without a result (an error, a timeout) and the attempt then gives its
+    /// claim back, the claim is not taken over before that time has passed since the effect
+    /// began, so that the next attempt's check sees an effect that lands late. Without one the
+    /// claim is kept until its lease runs out (the invocation's remaining time bounds the effect).
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn charge(ctx: lambda_idempotency::ExecutionContext) -> Result<String, lambda_idempotency::effects::StepError> {
+    /// ctx.step("charge")
+    ///     .effect_timeout(Duration::from_secs(10))
+    ///     .run(|key| async move { Ok::<_, std::io::Error>(format!("charged under {key}")) })
+    ///     .await
+    /// # }
+    /// ```
+    pub fn effect_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.effect_timeout = Some(timeout);
+        self
+    }
+
     /// Runs the step: returns its recorded result if an earlier attempt recorded one, else
     /// records its intent, runs `effect` with the step's downstream key (the same on every
     /// attempt) and records its result.
@@ -214,7 +237,13 @@ impl<C> Step<'_, C> {
     {
         let ledger = std::sync::Arc::clone(&self.context.steps);
         ledger
-            .run(self.name, self.repeat_safe, self.check, effect)
+            .run(
+                self.name,
+                self.repeat_safe,
+                self.effect_timeout,
+                self.check,
+                effect,
+            )
             .await
     }
 }

@@ -20,6 +20,7 @@ mod idemctl;
 mod keys;
 mod lambda_layer;
 mod large_integers;
+mod late_effects;
 mod memory_store;
 #[cfg(feature = "emf")]
 mod metrics;

@@ -1,0 +1,111 @@
+//! A step's effect that lands after the step gave up on it: a claim given back after such a
+//! step is not taken over before the effect can have landed (its declared effect timeout, else
+//! the lease), so the next attempt's check sees it and the effect runs once. On both stores,
+//! with an injected clock.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lambda_idempotency::clock::{Clock, ManualClock};
+use lambda_idempotency::effects::Checked;
+use lambda_idempotency::reconcile::Recovery;
+use lambda_idempotency::testing::conformance::invocation;
+use lambda_idempotency::{BoxError, Error, ExecutionContext, Idempotency, Invocation};
+
+use super::backends::both;
+
+/// A payment provider whose charge lands `delay` after it was sent, whatever the caller saw.
+#[derive(Default)]
+struct Provider {
+    /// When each charge sent lands, by the injected clock.
+    sent: std::sync::Mutex<Vec<std::time::SystemTime>>,
+    /// How many charges were sent.
+    sends: AtomicUsize,
+}
+
+impl Provider {
+    /// How many charges have landed by `clock`'s now.
+    fn landed(&self, clock: &ManualClock) -> usize {
+        let now = clock.now();
+        let sent = self.sent.lock().expect("charges");
+        sent.iter().filter(|lands| **lands <= now).count()
+    }
+}
+
+/// One attempt: the charge (declared to land within `timeout`, if any) times out on our side
+/// while the provider lands it 4 s later; the handler gives up with a retryable error.
+async fn attempt(
+    idem: &Idempotency,
+    inv: &Invocation,
+    provider: &Arc<Provider>,
+    clock: &ManualClock,
+    timeout: Option<Duration>,
+) -> Result<String, Error> {
+    idem.execute(inv, |ctx: ExecutionContext| {
+        let (provider, clock) = (Arc::clone(provider), clock.clone());
+        async move {
+            let checked = Arc::clone(&provider);
+            let check_clock = clock.clone();
+            let mut step = ctx.step("charge");
+            if let Some(timeout) = timeout {
+                step = step.effect_timeout(timeout);
+            }
+            let charged = step
+                .checked_by(move |_key: String| async move {
+                    Ok::<_, BoxError>(match checked.landed(&check_clock) {
+                        0 => Checked::NotApplied,
+                        _ => Checked::Applied(String::from("ch_1")),
+                    })
+                })
+                .run(|_key| async move {
+                    provider.sends.fetch_add(1, Ordering::SeqCst);
+                    let lands = clock.now() + Duration::from_secs(4);
+                    provider.sent.lock().expect("charges").push(lands);
+                    Err::<String, BoxError>("the provider timed out".into())
+                })
+                .await?;
+            Ok::<_, BoxError>(charged)
+        }
+    })
+    .await
+    .map(|execution| execution.value().clone())
+}
+
+#[tokio::test]
+async fn an_effect_that_lands_inside_its_declared_timeout_runs_once() {
+    for timeout in [Some(Duration::from_secs(10)), None] {
+        for backend in both().await {
+            let name = format!("{} (effect timeout {timeout:?})", backend.name);
+            let clock = backend.clock.clone();
+            let idem = Idempotency::new(backend.store)
+                .with_clock(backend.clock)
+                .with_recovery(Recovery::Steps);
+            let inv = invocation("late-charge", &serde_json::json!({"order": "o-late"}));
+            let provider = Arc::new(Provider::default());
+
+            let first = attempt(&idem, &inv, &provider, &clock, timeout).await;
+            assert!(first.is_err(), "{name}: the first attempt gave up");
+            // An immediate redelivery: the charge has not landed yet, and must not be re-sent.
+            clock.advance(Duration::from_secs(1));
+            let early = attempt(&idem, &inv, &provider, &clock, timeout).await;
+            assert!(
+                matches!(early, Err(Error::AlreadyInProgress { .. })),
+                "{name}: the claim is kept while the charge may land: {early:?}"
+            );
+            // The charge lands at 4 s; past the declared 10 s (or the whole lease) the next
+            // delivery takes over, and its check finds it.
+            clock.advance(Duration::from_secs(match timeout {
+                Some(_) => 10,
+                None => 120,
+            }));
+            let later = attempt(&idem, &inv, &provider, &clock, timeout).await;
+            assert_eq!(later.expect("taken over, checked"), "ch_1", "{name}");
+            assert_eq!(
+                provider.sends.load(Ordering::SeqCst),
+                1,
+                "{name}: charged once"
+            );
+        }
+    }
+}
