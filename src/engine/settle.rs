@@ -62,6 +62,11 @@ impl Idempotency {
         let now = self.clock.now();
         let patience = settle_patience(invocation, claim, now);
         let unstorable = match serialized {
+            Ok(raw) if nesting_depth(raw.get()) >= MAX_READABLE_DEPTH => Error::InvalidEvent {
+                reason: format!(
+                    "the handler's result nests {MAX_READABLE_DEPTH} levels or deeper, which JSON readers refuse: it could never be replayed"
+                ),
+            },
             Ok(raw) => {
                 let settlement = Settlement::completed(
                     raw.get().as_bytes().to_vec(),
@@ -139,16 +144,24 @@ impl Idempotency {
             Error::OutcomeTooLarge { .. } => FailureKind::OutcomeTooLarge,
             _ => FailureKind::OutcomeUnserializable,
         };
-        self.retain(
-            target,
-            attempt,
-            kind,
-            unstorable.to_string(),
-            patience,
-            steps,
-        )
-        .await?;
-        Err(unstorable)
+        let message = match &unstorable {
+            Error::InvalidEvent { reason } => reason.clone(),
+            other => other.to_string(),
+        };
+        self.retain(target, attempt, kind, message.clone(), patience, steps)
+            .await?;
+        match unstorable {
+            // The effect happened and its result cannot be kept: the caller is told what every
+            // later caller is (the retained failure), never that its event was invalid.
+            Error::InvalidEvent { .. } => Err(Error::Failed {
+                key: key.clone(),
+                failure: RetainedFailure {
+                    kind: FailureKind::OutcomeUnserializable,
+                    message: crate::record::cut_to(message, MAX_FAILURE_MESSAGE_BYTES),
+                },
+            }),
+            unstorable => Err(unstorable),
+        }
     }
 
     /// Handles a handler error by its class: release (retryable) or retain (terminal); the
@@ -418,4 +431,50 @@ pub(crate) fn settle_patience(
 /// [`GIVE_BACK_GRACE`], for what the handler left in flight, and never later than its lease.
 pub(super) fn given_back_until(now: SystemTime, lease_expires_at: SystemTime) -> SystemTime {
     decide::given_back_until(now, lease_expires_at, GIVE_BACK_GRACE)
+}
+
+/// The nesting depth serde_json refuses to read (its recursion limit): a result that deep is
+/// written but could never be replayed, so it is refused before it is written.
+const MAX_READABLE_DEPTH: usize = 128;
+
+/// How deep arrays and objects nest in the JSON text `json`.
+fn nesting_depth(json: &str) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0_usize, 0, false, false);
+    for byte in json.bytes() {
+        match (in_string, escaped, byte) {
+            (true, true, _) => escaped = false,
+            (true, false, b'\\') => escaped = true,
+            (true, false, b'"') => in_string = false,
+            (true, false, _) => {}
+            (false, _, b'"') => in_string = true,
+            (false, _, b'[' | b'{') => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            (false, _, b']' | b'}') => depth = depth.saturating_sub(1),
+            (false, _, _) => {}
+        }
+    }
+    deepest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MAX_READABLE_DEPTH, nesting_depth};
+
+    fn nested(depth: usize) -> String {
+        format!("{}{}", "[".repeat(depth), "]".repeat(depth))
+    }
+
+    #[test]
+    fn the_depth_refused_is_the_depth_serde_json_cannot_read() {
+        assert_eq!(nesting_depth(r#"{"a":["[{\"",{"b":1}]}"#), 3);
+        assert_eq!(nesting_depth("1"), 0);
+        let readable = nested(MAX_READABLE_DEPTH - 1);
+        assert_eq!(nesting_depth(&readable), MAX_READABLE_DEPTH - 1);
+        assert!(serde_json::from_str::<serde_json::Value>(&readable).is_ok());
+        let unreadable = nested(MAX_READABLE_DEPTH);
+        assert_eq!(nesting_depth(&unreadable), MAX_READABLE_DEPTH);
+        assert!(serde_json::from_str::<serde_json::Value>(&unreadable).is_err());
+    }
 }

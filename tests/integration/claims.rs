@@ -382,3 +382,38 @@ async fn a_terminal_failures_long_message_is_kept_cut_to_its_limit() {
         assert!(message.contains(&failure.message), "{name}: its start");
     }
 }
+
+#[tokio::test]
+async fn a_result_no_reader_could_replay_is_retained_as_unserializable_once() {
+    use lambda_idempotency::record::FailureKind;
+
+    // 200 levels deep: written as JSON, but past the 128 levels serde_json reads back.
+    let mut deep = json!(1);
+    for _ in 0..200 {
+        deep = json!([deep]);
+    }
+    for backend in super::backends::both().await {
+        let name = backend.name;
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let inv = invocation("deep-result", &json!({"order": "o-deep"}));
+        let runs = AtomicUsize::new(0);
+        let handler = |_| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let deep = deep.clone();
+            async move { Ok::<_, std::io::Error>(deep) }
+        };
+        let first = idem.execute(&inv, handler).await.expect_err("not kept");
+        let again = idem.execute(&inv, handler).await.expect_err("replayed");
+        for err in [first, again] {
+            let Error::Failed { failure, .. } = err else {
+                panic!("{name}: the retained failure, not an invalid event: {err:?}");
+            };
+            assert_eq!(failure.kind, FailureKind::OutcomeUnserializable, "{name}");
+        }
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "{name}: the effect is not run again"
+        );
+    }
+}
