@@ -343,8 +343,23 @@ impl StepLedger {
         let lands_by = effect_timeout.map_or(self.lease_expires_at, |timeout| {
             (self.idem.now() + timeout).min(self.lease_expires_at)
         });
-        let ran = effect(downstream).await;
-        self.settle(&name, ran.map_err(Into::into), lands_by)
+        // From its start the effect may land: a step cancelled mid-effect (a timeout around
+        // it) leaves the mark, which a result recorded lifts.
+        let before = {
+            let mut state = self.lock();
+            let before = state.may_land_until;
+            state.may_land_until = before.max(Some(lands_by));
+            before
+        };
+        let ran: Result<T, BoxError> = effect(downstream).await.map_err(Into::into);
+        // A result, or the effect's word that it did nothing: nothing left to land.
+        if ran
+            .as_ref()
+            .map_or_else(|err| err.is::<NotApplied>(), |_| true)
+        {
+            self.lock().may_land_until = before;
+        }
+        self.settle(&name, ran, lands_by)
     }
 
     /// Starts step `name`: where it stands, refusing overlap, a step after the handler

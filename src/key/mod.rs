@@ -281,7 +281,9 @@ impl Fingerprint {
         })
     }
 
-    /// Wraps a fingerprint read back from a store whose record names no rule, unchecked.
+    /// Wraps a fingerprint read back from a store whose record names no rule, unchecked (a
+    /// record a version before 0.5 wrote). A store keeps the rule with the digest and reads it
+    /// back with [`Self::from_stored_under`]; the conformance suite checks that it does.
     pub fn from_stored(hex: impl Into<String>) -> Self {
         Self::from_stored_under(hex, KeyRule::Unstated)
     }

@@ -154,6 +154,7 @@ impl<S> CachedStore<S> {
             settled.completed_at = Some(settlement.completed_at);
             if let Some(steps) = &settlement.steps {
                 settled.steps.clone_from(steps);
+                settled.steps_version += 1;
             }
             self.remember(&settled);
         }
@@ -273,6 +274,7 @@ impl<S: Store> Store for CachedStore<S> {
         {
             let mut claim = (*claim).clone();
             claim.steps = steps.to_vec();
+            claim.steps_version += 1;
             self.pending.insert(token.to_owned(), Arc::new(claim));
         }
         Ok(fence)
@@ -289,6 +291,7 @@ impl<S: Store> Store for CachedStore<S> {
         {
             let mut claim = (*claim).clone();
             claim.steps = commit.steps.to_vec();
+            claim.steps_version += 1;
             self.pending.insert(token.to_owned(), Arc::new(claim));
         }
         Ok(committed)

@@ -260,6 +260,11 @@ pub async fn first_run_executes_and_stores<S: Store>(fx: Fixture<S>) {
     assert_eq!(record.outcome.as_deref(), Some(br#""created""#.as_slice()));
     assert_eq!(record.lease.attempt, 1);
     assert!(record.completed_at.is_some());
+    assert_eq!(
+        record.fingerprint.rule(),
+        crate::key::KeyRule::CURRENT,
+        "the record keeps the rule that derived its key (read it back with Fingerprint::from_stored_under)"
+    );
 }
 
 /// Case: Duplicate replays without running.

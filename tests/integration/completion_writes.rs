@@ -41,6 +41,17 @@ async fn place(
     Ok(format!("placed {order}"))
 }
 
+/// A handler that completes with `put` alone, counted in `runs`.
+async fn completing_with(
+    ctx: ExecutionContext,
+    runs: &AtomicUsize,
+    put: Put,
+) -> Result<u32, BoxError> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    ctx.complete_with(Transaction::new(()).put(put))?;
+    Ok(1)
+}
+
 /// The handler's refusal: the completion's write at `index` failed its condition.
 fn is_refused(err: &Error, index: usize) -> bool {
     let Error::Handler { source } = err else {
@@ -395,18 +406,12 @@ async fn writes_that_cannot_be_sent_are_retained_whatever_the_classifier_says() 
     let idem = Idempotency::new(MemoryStore::new()).with_classifier(AlwaysRetry);
     let inv = invocation("done-classified", &serde_json::json!({}));
     let runs = AtomicUsize::new(0);
-    let handler = |ctx: ExecutionContext| {
-        let runs = &runs;
-        async move {
-            runs.fetch_add(1, Ordering::SeqCst);
-            let put = Put::builder()
-                .table_name("orders")
-                .item("pk", AttributeValue::S("c-9".into()))
-                .build()?;
-            ctx.complete_with(Transaction::new(()).put(put))?;
-            Ok::<_, BoxError>(1_u32)
-        }
-    };
+    let put = Put::builder()
+        .table_name("orders")
+        .item("pk", AttributeValue::S("c-9".into()))
+        .build()
+        .expect("put");
+    let handler = |ctx| completing_with(ctx, &runs, put.clone());
     let err = idem
         .execute(&inv, handler)
         .await
@@ -505,19 +510,13 @@ async fn a_transaction_dynamodb_refuses_is_retained_as_rejected_never_as_applied
     );
     let runs = AtomicUsize::new(0);
     // One item over DynamoDB's 400 KB: within the transaction's 4 MB, so only DynamoDB refuses.
-    let handler = |ctx: ExecutionContext| {
-        let (runs, orders) = (&runs, shop.orders.clone());
-        async move {
-            runs.fetch_add(1, Ordering::SeqCst);
-            let put = Put::builder()
-                .table_name(orders)
-                .item("pk", AttributeValue::S("c-big".into()))
-                .item("lines", AttributeValue::S("x".repeat(450 * 1024)))
-                .build()?;
-            ctx.complete_with(Transaction::new(()).put(put))?;
-            Ok::<_, BoxError>(1_u32)
-        }
-    };
+    let put = Put::builder()
+        .table_name(&shop.orders)
+        .item("pk", AttributeValue::S("c-big".into()))
+        .item("lines", AttributeValue::S("x".repeat(450 * 1024)))
+        .build()
+        .expect("put");
+    let handler = |ctx| completing_with(ctx, &runs, put.clone());
     let err = idem
         .execute(&inv, handler)
         .await

@@ -1,28 +1,18 @@
 //! Integers past 2^53 (snowflake ids, u64 sequence numbers, DynamoDB `N` values) in keys and
-//! intents, through every door that parses JSON, on both stores: two ids that differ above 2^53
-//! are two operations, two amounts that differ there are a payload conflict.
+//! intents, and records 0.1 wrote for them: two ids that differ above 2^53 are two operations,
+//! two amounts that differ there are a payload conflict (through every door: `exact_ids`), and
+//! 0.1's rule reads only the records 0.1 may have written, where the deployer turns it on.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
-use crate::event_door::EventDoor;
-use aws_lambda_events::event::sqs::SqsMessage;
-use lambda_idempotency::lambda::batch::{BatchProcessor, RecordOutcome};
-use lambda_idempotency::lambda::http::CallerScope;
-use lambda_idempotency::lambda::sources;
 use lambda_idempotency::testing::conformance::start_time;
-use lambda_idempotency::{Config, Operation};
 use lambda_idempotency::{
-    Error, ExecutionContext, Fingerprint, Idempotency, Invocation, KeyPolicy, OperationKey,
-    OperationScope,
+    Config, Error, Fingerprint, Idempotency, Invocation, KeyPolicy, OperationKey, OperationScope,
 };
-use lambda_idempotency::{HttpKeys, IdempotencyError};
-use lambda_runtime::tower::{Layer, ServiceExt};
-use lambda_runtime::{Context, LambdaEvent, service_fn};
 use serde_json::{Value, json};
 
-use super::backends::{Backend, both, sqs_message};
+use super::backends::{Backend, both};
 
 /// Two ids that RFC 8785 alone writes alike: both round to the double 2^60.
 const FIRST: u64 = (1 << 60) + 1;
@@ -84,144 +74,6 @@ fn compatible_engine(backend: Backend, cutover: SystemTime) -> Idempotency {
         .build()
         .expect("config");
     engine(backend).with_config(config)
-}
-
-#[tokio::test]
-async fn the_layer_runs_each_of_two_large_ids_and_refuses_a_changed_large_amount() {
-    for backend in both().await {
-        let name = backend.name;
-        let runs = Arc::new(AtomicUsize::new(0));
-        let counted = Arc::clone(&runs);
-        let handler = service_fn(move |event: LambdaEvent<Value>| {
-            let runs = Arc::clone(&counted);
-            async move {
-                runs.fetch_add(1, Ordering::SeqCst);
-                Ok::<_, lambda_runtime::Error>(json!({"charged": event.payload["order_id"]}))
-            }
-        });
-        let policy = KeyPolicy::pointer("/order_id").expect("pointer");
-        let service = Operation::new(engine(backend), scope(), policy)
-            .layer()
-            .layer(handler);
-        let call = |order: u64, amount: u64| {
-            let event = LambdaEvent::new(
-                json!({"order_id": order, "amount": amount}),
-                Context::default(),
-            );
-            service.clone().oneshot(event)
-        };
-
-        let first = call(FIRST, 10).await.expect("first order");
-        let second = call(SECOND, 10).await.expect("second order");
-        assert_eq!(
-            runs.load(Ordering::SeqCst),
-            2,
-            "{name}: two orders, two charges"
-        );
-        assert_eq!(first["charged"], json!(FIRST), "{name}");
-        assert_eq!(
-            second["charged"],
-            json!(SECOND),
-            "{name}: its own answer, not the first's"
-        );
-
-        let third = (1 << 60) + 3;
-        call(third, FIRST)
-            .await
-            .expect("a third order, for a large amount");
-        let err = call(third, SECOND)
-            .await
-            .expect_err("the amount changed above 2^53");
-        assert!(
-            matches!(
-                err,
-                IdempotencyError::Idempotency(Error::PayloadConflict { .. })
-            ),
-            "{name}: {err:?}"
-        );
-        assert_eq!(
-            runs.load(Ordering::SeqCst),
-            3,
-            "{name}: the conflict did not run"
-        );
-    }
-}
-
-#[tokio::test]
-async fn a_batch_runs_two_records_whose_ids_differ_above_2_53() {
-    for backend in both().await {
-        let name = backend.name;
-        let processor: BatchProcessor<SqsMessage> = Operation::new(
-            engine(backend),
-            scope(),
-            sources::sqs(Some("/order_id")).expect("policy"),
-        )
-        .batch();
-        let runs = AtomicUsize::new(0);
-        let batch = vec![
-            sqs_message("m-1", json!({"order_id": FIRST})),
-            sqs_message("m-2", json!({"order_id": SECOND})),
-        ];
-        let report = processor
-            .process(batch, &Context::default(), |_, _: ExecutionContext| async {
-                runs.fetch_add(1, Ordering::SeqCst);
-                Ok::<_, std::io::Error>(String::from("placed"))
-            })
-            .await;
-        assert_eq!(runs.load(Ordering::SeqCst), 2, "{name}");
-        assert!(
-            report
-                .records
-                .iter()
-                .all(|(_, outcome)| matches!(outcome, RecordOutcome::Executed)),
-            "{name}: {:?}",
-            report.records
-        );
-    }
-}
-
-#[tokio::test]
-async fn the_api_gateway_door_refuses_a_body_whose_amount_differs_above_2_53() {
-    use aws_lambda_events::event::apigw::{ApiGatewayV2httpRequest, ApiGatewayV2httpResponse};
-
-    fn request(amount: u64) -> LambdaEvent<ApiGatewayV2httpRequest> {
-        let request = serde_json::from_value(json!({
-            "version": "2.0", "routeKey": "POST /payments", "rawPath": "/payments",
-            "rawQueryString": "", "isBase64Encoded": false,
-            "headers": {"content-type": "application/json", "idempotency-key": "k-1"},
-            "requestContext": {"accountId": "1", "apiId": "a", "domainName": "d",
-                "domainPrefix": "d", "http": {"method": "POST", "path": "/payments",
-                "protocol": "HTTP/1.1", "sourceIp": "1.2.3.4", "userAgent": "t"},
-                "requestId": "r", "routeKey": "POST /payments", "stage": "$default",
-                "time": "t", "timeEpoch": 0},
-            "body": json!({"amount": amount}).to_string(),
-        }))
-        .expect("request");
-        LambdaEvent::new(request, Context::default())
-    }
-    for backend in both().await {
-        let name = backend.name;
-        let http = EventDoor::new(Operation::new(
-            engine(backend),
-            scope(),
-            HttpKeys::new().with_callers(CallerScope::Shared).policy(),
-        ));
-        let pay = |_, _| async {
-            let mut response = ApiGatewayV2httpResponse::default();
-            response.status_code = 201;
-            Ok::<_, std::io::Error>(response)
-        };
-        assert_eq!(
-            http.handle(request(FIRST), pay).await.status_code,
-            201,
-            "{name}"
-        );
-        assert_eq!(
-            http.handle(request(SECOND), pay).await.status_code,
-            422,
-            "{name}: another amount under the same key"
-        );
-    }
 }
 
 /// A redelivery, after the upgrade, of an operation 0.1 recorded under `key` (the record names

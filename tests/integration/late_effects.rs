@@ -109,3 +109,65 @@ async fn an_effect_that_lands_inside_its_declared_timeout_runs_once() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_step_cancelled_mid_effect_keeps_the_claim_until_its_effect_can_have_landed() {
+    for backend in both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        let idem = Idempotency::new(backend.store)
+            .with_clock(backend.clock)
+            .with_recovery(Recovery::Steps);
+        let inv = invocation("cancelled-charge", &serde_json::json!({"order": "o-cut"}));
+        let provider = Arc::new(Provider::default());
+        let sender = Arc::clone(&provider);
+        let sent_at = clock.clone();
+        // The handler gives up on the charge (a timeout around it drops the step mid-effect)
+        // and fails retryably; the provider lands the charge 4 s later.
+        let first = idem
+            .execute(&inv, |ctx: ExecutionContext| async move {
+                let charging = ctx
+                    .step("charge")
+                    .effect_timeout(Duration::from_secs(10))
+                    .run(|_key| async move {
+                        sender.sends.fetch_add(1, Ordering::SeqCst);
+                        let lands = sent_at.now() + Duration::from_secs(4);
+                        sender.sent.lock().expect("charges").push(lands);
+                        std::future::pending::<Result<String, BoxError>>().await
+                    });
+                let given_up = tokio::time::timeout(Duration::from_millis(10), charging).await;
+                assert!(given_up.is_err(), "the charge never answers");
+                Err::<String, BoxError>("the charge timed out".into())
+            })
+            .await;
+        assert!(first.is_err(), "{name}");
+        clock.advance(Duration::from_secs(1));
+        let early = attempt(
+            &idem,
+            &inv,
+            &provider,
+            &clock,
+            Some(Duration::from_secs(10)),
+        )
+        .await;
+        assert!(
+            matches!(early, Err(Error::AlreadyInProgress { .. })),
+            "{name}: kept while the charge may land: {early:?}"
+        );
+        clock.advance(Duration::from_secs(10));
+        let later = attempt(
+            &idem,
+            &inv,
+            &provider,
+            &clock,
+            Some(Duration::from_secs(10)),
+        )
+        .await;
+        assert_eq!(later.expect("taken over, checked"), "ch_1", "{name}");
+        assert_eq!(
+            provider.sends.load(Ordering::SeqCst),
+            1,
+            "{name}: charged once"
+        );
+    }
+}

@@ -50,7 +50,7 @@ pub(crate) fn bump_steps_version(expr: Expr, names: &AttributeNames) -> Expr {
 
 /// The condition that `previous`'s step list stands as it was read, and its names and values:
 /// the same write count (none, for a list a version before 0.5 wrote), the same length, and
-/// each pending step still pending under the same attempt (which also catches a version before
+/// each pending step still pending under the same name and attempt (which also catches a version before
 /// 0.5 recording a result during a rolling deploy, as it does not count its writes).
 pub(crate) fn steps_as_read(previous: &Record, names: &AttributeNames) -> (String, Expr) {
     let mut expr = Expr::default()
@@ -68,24 +68,30 @@ pub(crate) fn steps_as_read(previous: &Record, names: &AttributeNames) -> (Strin
         true => " AND (attribute_not_exists(#steps) OR size(#steps) = :steps_count)",
         false => " AND size(#steps) = :steps_count",
     });
+    // The latest pending steps first: the ones a late write is likeliest to change.
     let pending = previous
         .steps
         .iter()
         .enumerate()
+        .rev()
         .filter(|(_, step)| step.result.is_none())
         .take(PENDING_CHECKED);
     for (index, step) in pending {
         condition.push_str(&format!(
-            " AND #steps[{index}].#step_attempt = :step_attempt_{index} \
+            " AND #steps[{index}].#step_name = :step_name_{index} \
+             AND #steps[{index}].#step_attempt = :step_attempt_{index} \
              AND attribute_not_exists(#steps[{index}].#step_result)"
         ));
-        expr = expr.value(
-            &format!(":step_attempt_{index}"),
-            n(u64::from(step.attempt)),
-        );
+        expr = expr
+            .value(&format!(":step_name_{index}"), s(&step.name))
+            .value(
+                &format!(":step_attempt_{index}"),
+                n(u64::from(step.attempt)),
+            );
     }
     if previous.steps.iter().any(|step| step.result.is_none()) {
         expr = expr
+            .name("#step_name", "name")
             .name("#step_attempt", "attempt")
             .name("#step_result", "result");
     }
