@@ -122,10 +122,12 @@ async fn a_step_cancelled_mid_effect_keeps_the_claim_until_its_effect_can_have_l
         let provider = Arc::new(Provider::default());
         let sender = Arc::clone(&provider);
         let sent_at = clock.clone();
-        // The handler gives up on the charge (a timeout around it drops the step mid-effect)
-        // and fails retryably; the provider lands the charge 4 s later.
+        // The handler gives up on the charge once it is sent (as a timeout around it would:
+        // the step is dropped mid-effect) and fails retryably; the provider lands the charge
+        // 4 s later.
         let first = idem
             .execute(&inv, |ctx: ExecutionContext| async move {
+                let (sent_tx, sent_rx) = tokio::sync::oneshot::channel::<()>();
                 let charging = ctx
                     .step("charge")
                     .effect_timeout(Duration::from_secs(10))
@@ -133,10 +135,13 @@ async fn a_step_cancelled_mid_effect_keeps_the_claim_until_its_effect_can_have_l
                         sender.sends.fetch_add(1, Ordering::SeqCst);
                         let lands = sent_at.now() + Duration::from_secs(4);
                         sender.sent.lock().expect("charges").push(lands);
+                        let _ = sent_tx.send(());
                         std::future::pending::<Result<String, BoxError>>().await
                     });
-                let given_up = tokio::time::timeout(Duration::from_millis(10), charging).await;
-                assert!(given_up.is_err(), "the charge never answers");
+                tokio::select! {
+                    charged = charging => panic!("the charge never answers: {charged:?}"),
+                    sent = sent_rx => sent.expect("the charge was sent"),
+                }
                 Err::<String, BoxError>("the charge timed out".into())
             })
             .await;
