@@ -146,28 +146,23 @@ async fn a_step_cancelled_mid_effect_keeps_the_claim_until_its_effect_can_have_l
             })
             .await;
         assert!(first.is_err(), "{name}");
+        let redelivery = || {
+            attempt(
+                &idem,
+                &inv,
+                &provider,
+                &clock,
+                Some(Duration::from_secs(10)),
+            )
+        };
         clock.advance(Duration::from_secs(1));
-        let early = attempt(
-            &idem,
-            &inv,
-            &provider,
-            &clock,
-            Some(Duration::from_secs(10)),
-        )
-        .await;
+        let early = redelivery().await;
         assert!(
             matches!(early, Err(Error::AlreadyInProgress { .. })),
             "{name}: kept while the charge may land: {early:?}"
         );
         clock.advance(Duration::from_secs(10));
-        let later = attempt(
-            &idem,
-            &inv,
-            &provider,
-            &clock,
-            Some(Duration::from_secs(10)),
-        )
-        .await;
+        let later = redelivery().await;
         assert_eq!(later.expect("taken over, checked"), "ch_1", "{name}");
         assert_eq!(
             provider.sends.load(Ordering::SeqCst),
