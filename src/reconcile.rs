@@ -10,10 +10,13 @@
 //!   caller gets [`Error::Indeterminate`](crate::Error::Indeterminate) until an operator
 //!   resolves it ([`Idempotency::resolve`](crate::Idempotency::resolve)).
 //!
-//! A reconciler that fails itself leaves the lease to run out, so that the next delivery asks
+//! A reconciler that fails itself gives the claim back at once, so that the next delivery asks
 //! again. Without a reconciler, the operation's [`Recovery`] policy decides: hold the
 //! operation for an operator (the default), or re-run a handler declared safe to repeat. A
-//! crashed attempt that recorded steps ([`crate::effects`]) is decided by its steps instead.
+//! crashed attempt that recorded steps ([`crate::effects`]) is decided by its steps where the
+//! policy says so, and an attempt that gave its claim back knowingly (its handler's retryable
+//! failure after steps) always is: it is continued, not reconciled (the protocol guide's
+//! "Recovery" table has every case).
 //! Closures implement the trait:
 //!
 //! ```
@@ -52,7 +55,8 @@ pub enum Reconciliation {
 /// What a takeover of a crashed attempt does: the operation's declared recovery policy
 /// ([`Idempotency::with_recovery`](crate::Idempotency::with_recovery)). Under `Steps` and
 /// `Rerun` the steps the attempt recorded decide ([`crate::effects`]); otherwise, and when it
-/// recorded none, a reconciler decides when one is set.
+/// recorded none, a reconciler decides when one is set. (An attempt that gave its claim back
+/// after its handler's retryable failure did not crash: its steps decide under every policy.)
 ///
 /// | policy | no step recorded | steps recorded | an uncertain step without a check |
 /// |---|---|---|---|
@@ -62,10 +66,12 @@ pub enum Reconciliation {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Recovery {
-    /// Never re-run blind (the default): hold the operation INDETERMINATE for an operator
+    /// Never re-run blind (the default): a crashed attempt's takeover, and a refused
+    /// completion, hold the operation INDETERMINATE for an operator
     /// ([`Idempotency::resolve`](crate::Idempotency::resolve)), every caller meanwhile getting
     /// [`Error::Indeterminate`](crate::Error::Indeterminate). A crashed attempt that had acted
-    /// is not repeated.
+    /// is not repeated; a handler's own retryable failure is retried, as it asked (after
+    /// steps, its steps replay).
     #[default]
     Indeterminate,
     /// Every effect of the handler is a step ([`crate::effects`]): its recorded steps decide a

@@ -165,7 +165,35 @@ impl StepRecord {
     pub fn marks_steps_lost(&self) -> bool {
         self.name.is_empty()
     }
+
+    /// The step list's last entry when `attempt` gave its claim back knowingly (its handler
+    /// returned a retryable failure, or the engine stopped it at a step): the steps before it
+    /// are all that attempt did through steps, so the next delivery replays them and checks
+    /// the uncertain ones, under every recovery policy. A crash writes no such mark: its
+    /// takeover is decided by the recovery policy. Its name is one space, which no step's name
+    /// can be (a step's name is not blank).
+    pub fn given_back(attempt: u32) -> Self {
+        Self {
+            name: String::from(GIVEN_BACK),
+            attempt,
+            result: None,
+        }
+    }
+
+    /// Whether this is a mark of [`StepRecord::given_back`].
+    pub fn marks_given_back(&self) -> bool {
+        self.name == GIVEN_BACK && self.result.is_none()
+    }
+
+    /// Whether this entry is a mark ([`StepRecord::steps_lost`], [`StepRecord::given_back`]),
+    /// not a step.
+    pub fn is_mark(&self) -> bool {
+        self.marks_steps_lost() || self.marks_given_back()
+    }
 }
+
+/// The name of the [`StepRecord::given_back`] mark.
+const GIVEN_BACK: &str = " ";
 
 impl Record {
     /// Whether retention has run out at `now` (second resolution, as stored). TTL deletes such a

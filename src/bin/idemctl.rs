@@ -333,11 +333,11 @@ fn record_json(record: &Record) -> Value {
         "request_id": record.request_id,
         "identity": record.identity,
         "audit": record.audit.as_ref().map(audit_json),
-        // The mark of an adoption matters only while the record is unsettled.
+        // The marks (an adoption's, a give-back's) matter only while the record is unsettled.
         "steps": record
             .steps
             .iter()
-            .filter(|step| !(step.marks_steps_lost() && record.status.is_settled()))
+            .filter(|step| !(step.is_mark() && record.status.is_settled()))
             .map(step_json)
             .collect::<Vec<_>>(),
     })
@@ -348,6 +348,9 @@ fn record_json(record: &Record) -> Value {
 fn step_json(step: &StepRecord) -> Value {
     if step.marks_steps_lost() {
         return json!({"lost": "the record was re-created from its evidence after TTL deleted it: the crashed attempt's steps are unknown"});
+    }
+    if step.marks_given_back() {
+        return json!({"given_back_by_attempt": step.attempt});
     }
     json!({
         "name": step.name,
@@ -529,7 +532,8 @@ fn what_it_writes(held: &Held, found: &Found, resolution: &Resolution) -> String
                 })
                 .unwrap_or_default();
             format!(
-                "release it: the record is kept as FAILED `released`, already expired, with this trace, so that the next delivery runs the operation again{evidence}"
+                "release it: the record is kept as FAILED `released`, already expired, with this trace, so that the next delivery runs the operation again{evidence}{}",
+                steps_run_again(&found.steps)
             )
         }
         (Held::Evidence(_), Resolution::Completed(value)) => {
@@ -555,9 +559,34 @@ fn what_it_writes(held: &Held, found: &Found, resolution: &Resolution) -> String
     }
 }
 
+/// What a release says of the steps it clears: the next execution runs each again as new.
+fn steps_run_again(steps: &[(String, bool)]) -> String {
+    if steps.is_empty() {
+        return String::new();
+    }
+    let named = |done: bool| {
+        let names: Vec<&str> = steps
+            .iter()
+            .filter(|(_, is_done)| *is_done == done)
+            .map(|(name, _)| name.as_str())
+            .collect();
+        match names.is_empty() {
+            true => "none".to_owned(),
+            false => names.join(", "),
+        }
+    };
+    format!(
+        "; the steps it recorded are cleared and run again as new (done: {}; uncertain: {}): a transactional one commits its writes again, and every outbox event it or the completion publishes gets a new event id, which a consumer deduplicating on ids takes for a new event",
+        named(true),
+        named(false)
+    )
+}
+
 /// What an operator is about to resolve, as found.
 struct Found {
     summary: String,
+    /// The record's steps (marks left out), each with whether its result is recorded.
+    steps: Vec<(String, bool)>,
     /// The evidence a release deletes: the record's identity, when its evidence is its own.
     evidence: Option<String>,
     /// What the write will be conditional on, to tell whether it changed.
@@ -596,6 +625,12 @@ async fn describe(store: &DynamoDbStore, held: &Held) -> Result<Found, BoxError>
                     record.status,
                     record.lease.attempt
                 ),
+                steps: record
+                    .steps
+                    .iter()
+                    .filter(|step| !step.is_mark())
+                    .map(|step| (step.name.clone(), step.is_done()))
+                    .collect(),
                 evidence,
                 state: format!(
                     "{} {} {}",
@@ -614,6 +649,7 @@ async fn describe(store: &DynamoDbStore, held: &Held) -> Result<Found, BoxError>
                     evidence.status,
                     evidence.key.as_str()
                 ),
+                steps: Vec::new(),
                 evidence: Some(identity.clone()),
                 state: format!(
                     "{} {} {}",

@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 use super::outbox::{Outbox, OutboxEvent, event_id};
 use super::step::{Checked, NotApplied, StepCheck, StepError};
 use super::transaction::Transaction;
-use super::{MAX_STEP_NAME_BYTES, MAX_STEP_RESULTS_BYTES, MAX_STEPS};
+use super::{COMPLETION_EVENTS, MAX_STEP_NAME_BYTES, MAX_STEP_RESULTS_BYTES, MAX_STEPS};
 
 /// What a step's fields (`name`, `attempt`, `result` and the list's framing) add in the record.
 const STEP_OVERHEAD_BYTES: usize = 32;
@@ -24,11 +24,13 @@ const STEP_OVERHEAD_BYTES: usize = 32;
 /// How errors name the completion when its writes are refused.
 pub(crate) const COMPLETION: &str = "(completion)";
 use crate::Idempotency;
+use crate::engine::LandsBy;
 use crate::engine::decide::{self, StepStanding};
 use crate::engine::retry::Patience;
 use crate::error::{BoxError, Error, StoreError};
+use crate::execution::Invocation;
 use crate::key::OperationKey;
-use crate::record::{FailureKind, StepRecord};
+use crate::record::{FailureKind, Record, StepRecord};
 use crate::store::{Commit, Committed, Fence, Guard, Store, Target};
 
 /// Why an attempt stopped at a step, and what the engine does about it.
@@ -66,12 +68,19 @@ pub(crate) struct StepLedger {
     attempt: u32,
     /// When the lease runs out: a step write is not retried past it.
     lease_expires_at: SystemTime,
+    /// The invocation's deadline, if it has one: a write carrying a step's result is retried
+    /// until shortly before it.
+    deadline: Option<SystemTime>,
     /// The engine's recovery policy: under [`Recovery::Rerun`](crate::reconcile::Recovery::Rerun)
     /// the whole handler is safe to repeat, so an uncertain step runs again too.
     recovery: crate::reconcile::Recovery,
     /// When the operation's execution was first claimed (the same on every attempt of it,
     /// another for a new execution of the key): it names the outbox events' ids.
     created_at: SystemTime,
+    /// Until when the effect of a step that ended without a result may still land downstream
+    /// (its start plus its declared effect timeout, else the lease's end): no give-back, panic
+    /// or cancellation lets a takeover in before then.
+    lands_by: LandsBy,
     state: Mutex<State>,
 }
 
@@ -81,6 +90,10 @@ struct State {
     steps: Vec<StepRecord>,
     /// Whether `steps` differ from what the store holds (a result not yet written).
     dirty: bool,
+    /// Whether `steps` hold a result the store lacks: its effect happened, so the write that
+    /// carries it is as patient as a settlement (a few-second outage must not turn a known
+    /// result into an uncertain step).
+    unsaved_result: bool,
     /// The position of the next step this attempt runs.
     cursor: usize,
     /// Whether a step is running (from its start to its end, however it ends).
@@ -99,10 +112,6 @@ struct State {
     completion: Vec<TransactWriteItem>,
     /// The names of the events the completion publishes.
     completion_events: Vec<String>,
-    /// Until when the effect of a step that ended without a result may still land downstream
-    /// (its start plus its declared effect timeout, else the lease's end): a give-back keeps
-    /// the claim until then.
-    may_land_until: Option<SystemTime>,
 }
 
 /// Marks a step as running for as long as it lives: dropped when the step ends, its future
@@ -148,25 +157,27 @@ impl fmt::Debug for StepLedger {
 }
 
 impl StepLedger {
-    /// The ledger of `attempt` under lease `token`, starting from the steps the record holds,
-    /// of the execution first claimed at `created_at`.
+    /// The ledger of `attempt` of `invocation` under the lease of `claim`, starting from the
+    /// steps the record holds, of the execution first claimed at `created_at`.
     pub(crate) fn new(
         idem: Idempotency,
-        key: OperationKey,
-        token: String,
+        invocation: &Invocation,
+        claim: &Record,
         attempt: u32,
-        lease_expires_at: SystemTime,
         recorded: Vec<StepRecord>,
         created_at: SystemTime,
+        lands_by: LandsBy,
     ) -> Self {
         Self {
             recovery: idem.recovery(),
             idem,
-            key,
-            token,
+            key: invocation.key.clone(),
+            token: claim.lease.token.clone(),
             attempt,
-            lease_expires_at,
+            lease_expires_at: claim.lease.expires_at,
+            deadline: invocation.deadline,
             created_at,
+            lands_by,
             state: Mutex::new(State {
                 steps: recorded,
                 ..State::default()
@@ -213,6 +224,38 @@ impl StepLedger {
         self.lock().closed = true;
     }
 
+    /// Writes the steps with this attempt's [`StepRecord::given_back`] mark after them: the
+    /// next delivery continues from them whatever the recovery policy. A list whose commit's
+    /// outcome is unknown (frozen) is left as the store has it, unmarked, and a list with a
+    /// step still running (from a task the handler spawned: its intent may be in flight) is
+    /// written unmarked: their takeovers are decided as a crash's.
+    async fn mark_given_back(&self) -> Flushed {
+        if self.lock().in_flight {
+            return self.flush().await;
+        }
+        let marked = {
+            let state = self.lock();
+            (!state.frozen).then(|| {
+                let mut steps = state.steps.clone();
+                steps.push(StepRecord::given_back(self.attempt));
+                steps
+            })
+        };
+        let Some(marked) = marked else {
+            return Flushed::Written;
+        };
+        match self.write(&marked).await {
+            Ok(()) => {
+                let mut state = self.lock();
+                state.dirty = false;
+                state.unsaved_result = false;
+                Flushed::Written
+            }
+            Err(Halt::Lost(_)) => Flushed::Lost,
+            Err(_) => Flushed::Failed,
+        }
+    }
+
     /// Writes the pending steps, if any.
     async fn flush(&self) -> Flushed {
         // Frozen: nothing to write (`pending` is `None`); the record stands as the store has it.
@@ -221,7 +264,9 @@ impl StepLedger {
         };
         match self.write(&steps).await {
             Ok(()) => {
-                self.lock().dirty = false;
+                let mut state = self.lock();
+                state.dirty = false;
+                state.unsaved_result = false;
                 Flushed::Written
             }
             Err(Halt::Lost(_)) => Flushed::Lost,
@@ -240,14 +285,16 @@ impl StepLedger {
     /// failed write of the steps still cuts the lease (what the store holds is an earlier
     /// prefix: the steps it lacks come back uncertain); a lost lease is left alone.
     pub(crate) async fn give_back(&self) {
-        if let Flushed::Lost = self.flush().await {
+        if let Flushed::Lost = self.mark_given_back().await {
             return;
         }
         let store = self.idem.store();
         let target = self.target();
-        let may_land_until = self.lock().may_land_until;
         let now = self.idem.now();
-        let now = may_land_until.map_or(now, |lands_by| lands_by.max(now));
+        let now = self
+            .lands_by
+            .get()
+            .map_or(now, |lands_by| lands_by.max(now));
         if now >= self.lease_expires_at {
             debug!(
                 attempt = self.attempt,
@@ -255,11 +302,14 @@ impl StepLedger {
             );
             return;
         }
+        // No retry starts once the caller's answer is due (a patient step write before may
+        // have used the time up).
+        let answer_due = self.deadline.map_or(self.lease_expires_at, |deadline| {
+            Patience::answer_due(deadline).min(self.lease_expires_at)
+        });
         let given_back = self
             .idem
-            .retrying(Patience::Brief(self.lease_expires_at), || {
-                store.shorten(target, now)
-            })
+            .retrying(Patience::Brief(answer_due), || store.shorten(target, now))
             .await;
         if given_back.is_err() {
             warn!(
@@ -284,15 +334,22 @@ impl StepLedger {
         }
     }
 
-    /// One fenced write of `steps`, retried briefly.
+    /// How long a step write is retried: briefly (a redelivery loses nothing), unless it
+    /// carries a result the store lacks, which gets a settlement's patience.
+    fn patience(&self) -> Patience {
+        match self.lock().unsaved_result {
+            true => Patience::settling(self.lease_expires_at, self.deadline, self.idem.now()),
+            false => Patience::Brief(self.lease_expires_at),
+        }
+    }
+
+    /// One fenced write of `steps` (see [`StepLedger::patience`]).
     async fn write(&self, steps: &[StepRecord]) -> Result<(), Halt> {
         let store = self.idem.store();
         let target = self.target();
         let written = self
             .idem
-            .retrying(Patience::Brief(self.lease_expires_at), || {
-                store.record_steps(target, steps)
-            })
+            .retrying(self.patience(), || store.record_steps(target, steps))
             .await;
         match written {
             Ok(Fence::Held) => Ok(()),
@@ -345,19 +402,15 @@ impl StepLedger {
         });
         // From its start the effect may land: a step cancelled mid-effect (a timeout around
         // it) leaves the mark, which a result recorded lifts.
-        let before = {
-            let mut state = self.lock();
-            let before = state.may_land_until;
-            state.may_land_until = before.max(Some(lands_by));
-            before
-        };
+        let before = self.lands_by.get();
+        self.lands_by.set(before.max(Some(lands_by)));
         let ran: Result<T, BoxError> = effect(downstream).await.map_err(Into::into);
         // A result, or the effect's word that it did nothing: nothing left to land.
         if ran
             .as_ref()
             .map_or_else(|err| err.is::<NotApplied>(), |_| true)
         {
-            self.lock().may_land_until = before;
+            self.lands_by.set(before);
         }
         self.settle(&name, ran, lands_by)
     }
@@ -507,6 +560,7 @@ impl StepLedger {
             Ok(Committed::Applied) => {
                 state.steps = steps;
                 state.dirty = false;
+                state.unsaved_result = false;
                 state.cursor += 1;
                 Ok(transaction.value)
             }
@@ -599,7 +653,7 @@ impl StepLedger {
         }
         let mut published = state.completion_events.clone();
         let puts = self
-            .event_puts("", &transaction.events, &mut published)
+            .event_puts(COMPLETION_EVENTS, &transaction.events, &mut published)
             .map_err(|err| StepError::Rejected {
                 step: COMPLETION.to_owned(),
                 message: err.to_string(),
@@ -617,7 +671,8 @@ impl StepLedger {
         (!writes.is_empty()).then(|| (writes, completion_token(&self.token)))
     }
 
-    /// One commit of `steps` with the handler's `writes`, retried briefly under one token.
+    /// One commit of `steps` with the handler's `writes`, retried under one token (see
+    /// [`StepLedger::patience`]).
     async fn commit(
         &self,
         steps: &[StepRecord],
@@ -632,9 +687,7 @@ impl StepLedger {
             token,
         };
         self.idem
-            .retrying(Patience::Brief(self.lease_expires_at), || {
-                store.commit_steps(target, commit)
-            })
+            .retrying(self.patience(), || store.commit_steps(target, commit))
             .await
             .map_err(|err| Halt::GiveBack(err.into()))
     }
@@ -650,6 +703,7 @@ impl StepLedger {
                 let mut state = self.lock();
                 state.steps = steps;
                 state.dirty = false;
+                state.unsaved_result = false;
                 Ok(())
             }
             Err(halt) => Err(self.halt(&mut self.lock(), name, halt)),
@@ -726,7 +780,7 @@ impl StepLedger {
                 } else {
                     // Uncertain: what the effect sent may still land.
                     state.cursor += 1;
-                    state.may_land_until = state.may_land_until.max(Some(lands_by));
+                    self.lands_by.set(self.lands_by.get().max(Some(lands_by)));
                 }
                 return Err(StepError::Effect {
                     step: name.to_owned(),
@@ -757,6 +811,7 @@ impl StepLedger {
         }
         state.steps[cursor].result = Some(bytes);
         state.dirty = true;
+        state.unsaved_result = true;
         state.cursor += 1;
         Ok(value)
     }

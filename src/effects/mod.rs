@@ -74,6 +74,9 @@ mod step;
 mod transaction;
 
 pub(crate) use self::ledger::{COMPLETION, Halt, StepLedger};
+
+/// The step the completion's outbox events name in their ids ([`event_id`]): none.
+pub(crate) const COMPLETION_EVENTS: &str = "";
 pub use self::outbox::{
     Destination, OUTBOX_RETENTION, Outbox, OutboxEvent, OutboxRecord, event_id,
 };

@@ -205,21 +205,61 @@ pub(crate) enum Recover {
     Hold,
 }
 
+/// What a takeover inherits from the step list of the attempt it takes over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Inherited {
+    /// The recorded steps, marks left out: they replay.
+    pub(crate) steps: Vec<StepRecord>,
+    /// The list carries an adoption's mark: the crashed attempt's steps went with TTL.
+    pub(crate) lost: bool,
+    /// The attempt taken over gave its claim back knowingly (its own mark ends the list): the
+    /// steps are all it did through steps.
+    pub(crate) given_back: bool,
+}
+
+/// What a takeover of `previous` inherits. A give-back's mark counts only when the attempt
+/// taken over wrote it: a later attempt that crashed before writing its own steps left the
+/// mark of the one before.
+pub(crate) fn inherited(previous: &Record) -> Inherited {
+    let given_back = previous
+        .steps
+        .last()
+        .is_some_and(|last| last.marks_given_back() && last.attempt == previous.lease.attempt);
+    Inherited {
+        steps: previous
+            .steps
+            .iter()
+            .filter(|step| !step.is_mark())
+            .cloned()
+            .collect(),
+        lost: previous.steps.iter().any(StepRecord::marks_steps_lost),
+        given_back,
+    }
+}
+
 /// How a takeover recovers, under the engine's `recovery` policy: `adopted` when the record
-/// was re-created from orphaned evidence (its steps went with TTL), `recorded` when the
-/// crashed attempt left step records, `reconciler` when one is set.
+/// was re-created from orphaned evidence (its steps went with TTL), from what it `inherited`,
+/// `reconciler` when one is set.
+///
+/// An attempt that gave its claim back knowingly with steps recorded (its handler's own
+/// retryable failure, a stop at a step) is continued from its steps under every policy: they
+/// replay, the uncertain ones are checked. A crashed attempt's steps decide only where the
+/// handler declares its effects to be its steps, or safe to repeat.
 pub(crate) fn recover(
     recovery: Recovery,
     adopted: bool,
-    recorded: bool,
+    inherited: &Inherited,
     reconciler: bool,
 ) -> Recover {
     // An adopted orphan's steps are lost: nothing says they were none.
-    let recovery = match (adopted, recovery) {
+    let lost = adopted || inherited.lost;
+    let recovery = match (lost, recovery) {
         (true, Recovery::Steps) => Recovery::Indeterminate,
         (_, recovery) => recovery,
     };
-    if recorded && matches!(recovery, Recovery::Steps | Recovery::Rerun) {
+    let recorded = !inherited.steps.is_empty();
+    let continued = inherited.given_back && !lost;
+    if recorded && (continued || matches!(recovery, Recovery::Steps | Recovery::Rerun)) {
         return Recover::Steps;
     }
     if reconciler {
@@ -228,6 +268,53 @@ pub(crate) fn recover(
     match recovery {
         Recovery::Rerun | Recovery::Steps => Recover::Rerun,
         Recovery::Indeterminate => Recover::Hold,
+    }
+}
+
+/// What failed an attempt that held its lease to the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// The handler returned an error (or an HTTP door's 5xx it does not store).
+    Handler,
+    /// A condition of the writes the handler queued for its completion failed: nothing of
+    /// the completion committed, but the handler's effects outside it may have happened.
+    CompletionRefused,
+}
+
+/// What an attempt does after a `failure` of `class`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AfterFailure {
+    /// Delete the claim: the next delivery runs afresh.
+    Release,
+    /// Keep the steps, marked as given back, and cut the lease: the next delivery replays
+    /// them and checks the uncertain ones, whatever the recovery policy.
+    GiveBack,
+    /// Keep the failure of this kind, answered to every later caller.
+    Retain(String),
+    /// Hold the operation INDETERMINATE for an operator.
+    Hold,
+}
+
+/// What an attempt does after a `failure` of `class`, under `recovery`, `recorded` when the
+/// store may hold a step of it. The handler's own retryable error is released, as the handler
+/// asked, or given back with its steps (never deleted with the record). A refused completion
+/// follows a handler that returned, so its effects outside the completion happened: it is
+/// released or given back only where they are declared to be steps or safe to repeat; under
+/// [`Recovery::Indeterminate`] it is held, never run again blind.
+pub(crate) fn after_failure(
+    failure: Failure,
+    class: &crate::failure::FailureClass,
+    recovery: Recovery,
+    recorded: bool,
+) -> AfterFailure {
+    use crate::failure::FailureClass;
+    match class {
+        FailureClass::Terminal { kind } => AfterFailure::Retain(kind.clone()),
+        _ if failure == Failure::CompletionRefused && recovery == Recovery::Indeterminate => {
+            AfterFailure::Hold
+        }
+        _ if recorded => AfterFailure::GiveBack,
+        _ => AfterFailure::Release,
     }
 }
 
@@ -298,12 +385,53 @@ pub(crate) fn rerun_uncertain(repeat_safe: bool, recovery: Recovery) -> bool {
     repeat_safe || recovery == Recovery::Rerun
 }
 
+/// How long a caller waits for its key's turn under single flight: the lease, and never past
+/// the invocation's `deadline` less [`SETTLE_MARGIN`](super::retry::SETTLE_MARGIN): a waiter
+/// that gives up still has to meet the store's answer (`AlreadyInProgress`) and reply before
+/// Lambda ends the invocation.
+pub(crate) fn single_flight_patience(
+    lease: Duration,
+    deadline: Option<SystemTime>,
+    now: SystemTime,
+) -> Duration {
+    deadline.map_or(lease, |deadline| {
+        let left = deadline.duration_since(now).unwrap_or_default();
+        left.saturating_sub(super::retry::SETTLE_MARGIN).min(lease)
+    })
+}
+
 /// Until when a claim given back at `now` (its handler panicked, or its task was cancelled)
-/// still holds: a `grace` for what the handler left in flight, never later than its lease.
+/// still holds: a `grace` for what the handler left in flight, and until a step's effect can
+/// have landed (`lands_by`), never later than its lease.
 pub(crate) fn given_back_until(
     now: SystemTime,
     lease_expires_at: SystemTime,
     grace: Duration,
+    lands_by: Option<SystemTime>,
 ) -> SystemTime {
-    (now + grace).min(lease_expires_at)
+    (now + grace)
+        .max(lands_by.unwrap_or(now))
+        .min(lease_expires_at)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_single_flight_waiter_gives_up_before_the_deadline() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let lease = Duration::from_secs(65); // 60 s left plus the 5 s skew
+        let deadline = Some(now + Duration::from_secs(60));
+        assert_eq!(
+            single_flight_patience(lease, deadline, now),
+            Duration::from_secs(59),
+            "the deadline less the margin, not the lease"
+        );
+        assert_eq!(single_flight_patience(lease, None, now), lease);
+        let past = Some(now - Duration::from_secs(1));
+        assert_eq!(single_flight_patience(lease, past, now), Duration::ZERO);
+        let far = Some(now + Duration::from_secs(600));
+        assert_eq!(single_flight_patience(lease, far, now), lease);
+    }
 }

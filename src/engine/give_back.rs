@@ -1,7 +1,7 @@
 //! A held claim given back when the task running it is cancelled, and what a build that
 //! aborts on panic gives instead.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
 use tracing::warn;
@@ -9,6 +9,25 @@ use tracing::warn;
 use crate::clock::Clock;
 use crate::key::OperationKey;
 use crate::store::{AnyStore, Fence, Guard, Store, Target};
+
+/// Until when an effect a step started may still land downstream (its start plus its declared
+/// effect timeout, else the lease's end), shared by the attempt's ledger, which moves it, and
+/// every way the claim is given back (a give-back after a failure, a panic, a cancellation),
+/// none of which lets a takeover in before then.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LandsBy(Arc<Mutex<Option<SystemTime>>>);
+
+impl LandsBy {
+    /// The instant, if an effect may still land.
+    pub(crate) fn get(&self) -> Option<SystemTime> {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sets the instant (`None`: nothing left to land).
+    pub(crate) fn set(&self, lands_by: Option<SystemTime>) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = lands_by;
+    }
+}
 
 /// Armed while an execution may hold its lease. Dropped armed (the execution's future was
 /// cancelled: a timeout, a dropped request, an aborted task), it shortens the lease to a short
@@ -20,6 +39,7 @@ pub(super) struct GiveBack {
     pub(super) key: OperationKey,
     pub(super) token: String,
     pub(super) lease_expires_at: SystemTime,
+    pub(super) lands_by: LandsBy,
     pub(super) armed: bool,
 }
 
@@ -40,7 +60,11 @@ impl Drop for GiveBack {
             return;
         };
         let store = self.store.clone();
-        let until = super::settle::given_back_until(self.clock.now(), self.lease_expires_at);
+        let until = super::settle::given_back_until(
+            self.clock.now(),
+            self.lease_expires_at,
+            self.lands_by.get(),
+        );
         let key = self.key.clone();
         let token = std::mem::take(&mut self.token);
         runtime.spawn(async move {

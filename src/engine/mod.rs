@@ -33,6 +33,7 @@ use tracing::{Instrument, info, info_span, warn};
 use self::answer::answer_existing;
 use self::decide::Recover;
 use self::give_back::GiveBack;
+pub(crate) use self::give_back::LandsBy;
 pub use self::operator::{Operator, Resolution};
 use self::settle::{Completion, settle_patience};
 use self::single_flight::SingleFlight;
@@ -45,7 +46,7 @@ use crate::failure::{Classifier, DefaultClassifier};
 use crate::key::OperationKey;
 use crate::observe::{self, Decision, NoObserver, Observation, Observer};
 use crate::reconcile::{BoxFuture, Reconciler, Recovery};
-use crate::record::{Record, StepRecord};
+use crate::record::Record;
 use crate::store::{AnyStore, Guard, Store, Target};
 
 pub(crate) mod answer;
@@ -131,7 +132,8 @@ impl Idempotency {
     }
 
     /// Single flight: concurrent callers of one operation key through this engine (and its
-    /// clones) take turns, each waiting at most its lease, so that a copy replays the first
+    /// clones) take turns, each waiting at most its lease (and never past 1 s before its
+    /// invocation's deadline), so that a copy replays the first
     /// one's outcome instead of failing with [`Error::AlreadyInProgress`]. For many invocations
     /// in one process (`lambda_runtime::run_concurrent`, concurrent batches). Callers in other
     /// processes still meet the store's live lease.
@@ -241,7 +243,11 @@ impl Idempotency {
         let answer = match &self.single_flight {
             Some(flight) => {
                 let entered = Instant::now();
-                let patience = invocation.lease;
+                let patience = decide::single_flight_patience(
+                    invocation.lease,
+                    invocation.deadline,
+                    self.clock.now(),
+                );
                 flight
                     .in_turn(&invocation.key, patience, async {
                         // The lease counts from the invocation's deadline: time spent waiting
@@ -296,12 +302,14 @@ impl Idempotency {
         let claim = self.new_claim(invocation, now);
         let deadline = claim.lease.expires_at;
         // Armed from the first write: a cancellation while claiming gives back what committed.
+        let lands_by = LandsBy::default();
         let mut give_back = GiveBack {
             store: self.store.clone(),
             clock: Arc::clone(&self.clock),
             key: key.clone(),
             token: claim.lease.token.clone(),
             lease_expires_at: deadline,
+            lands_by: lands_by.clone(),
             armed: true,
         };
         let claiming = Instant::now();
@@ -340,14 +348,14 @@ impl Idempotency {
             guard: Guard::Lease(&claim.lease.token),
         };
         let answer = self
-            .run_held(target, invocation, &claim, held, handler)
+            .run_held(target, invocation, &claim, held, &lands_by, handler)
             .await;
         give_back.disarm();
         match answer {
             Ok(answer) => answer,
             Err(panic) => {
                 warn!("the handler panicked: its claim is given back for a reconciled takeover");
-                let _ = self.shorten(target, deadline).await;
+                let _ = self.shorten(target, deadline, lands_by.get()).await;
                 std::panic::resume_unwind(panic)
             }
         }
@@ -360,6 +368,7 @@ impl Idempotency {
         invocation: &Invocation,
         claim: &Record,
         held: Held,
+        lands_by: &LandsBy,
         handler: F,
     ) -> std::thread::Result<Result<Execution<T>, Error>>
     where
@@ -377,29 +386,26 @@ impl Idempotency {
             } => {
                 // An adopted orphan's steps went with its record: nothing says they were none,
                 // now (this adoption) or on any later takeover of the record it re-created.
-                let lost = previous.steps.iter().any(StepRecord::marks_steps_lost);
-                let adopted = adopted || lost;
-                let recorded: Vec<StepRecord> = previous
-                    .steps
-                    .iter()
-                    .filter(|step| !step.marks_steps_lost())
-                    .cloned()
-                    .collect();
+                let inherited = decide::inherited(&previous);
                 let created_at = previous.created_at;
-                // The crashed attempt's steps decide when the handler declares its effects to
-                // be its steps (or safe to repeat); otherwise a reconciler or an operator does,
-                // and recorded results still replay if the handler runs.
+                // The steps of an attempt that gave its claim back, or of a crashed one whose
+                // handler declares its effects to be its steps (or safe to repeat), decide;
+                // otherwise a reconciler or an operator does, and recorded results still
+                // replay if the handler runs.
                 let recover = decide::recover(
                     self.recovery,
                     adopted,
-                    !recorded.is_empty(),
+                    &inherited,
                     self.reconciler.is_some(),
                 );
+                let given_back = inherited.given_back;
+                let recorded = inherited.steps;
                 if recover == Recover::Steps {
                     info!(
                         attempt,
                         steps = recorded.len(),
-                        "took over a crashed attempt: its recorded steps replay"
+                        given_back,
+                        "took over an earlier attempt: its recorded steps replay"
                     );
                 } else if let Some(answer) = self
                     .reconcile(
@@ -423,12 +429,12 @@ impl Idempotency {
         tracing::Span::current().record("attempt", attempt);
         let steps = Arc::new(StepLedger::new(
             self.clone(),
-            invocation.key.clone(),
-            claim.lease.token.clone(),
+            invocation,
+            claim,
             attempt,
-            claim.lease.expires_at,
             recorded,
             created_at,
+            lands_by.clone(),
         ));
         let context = ExecutionContext {
             key: invocation.key.clone(),
@@ -442,13 +448,16 @@ impl Idempotency {
             Err(panic) => {
                 // A stop is acted on (a handler that unwrapped its StepError), else what the
                 // steps came to is kept for the takeover.
+                // A stop that gives the claim back is not acted on: a panic is no knowing
+                // give-back, so the steps are saved unmarked and the claim is given back as
+                // a crash's.
                 match steps.take_halt() {
+                    Some(Halt::GiveBack(_)) | None => steps.save().await,
                     Some(halt) => {
                         let _ = self
                             .halted::<T>(target, invocation, claim, attempt, halt, &steps)
                             .await;
                     }
-                    None => steps.save().await,
                 }
                 return Err(panic);
             }

@@ -79,10 +79,16 @@ impl Idempotency {
                     .await
                     .and_then(|()| Err(self.indeterminate(invocation)))
             }
-            Err(source) => Err(Error::ReconcileFailed {
-                key: key.clone(),
-                source,
-            }),
+            Err(source) => {
+                // As after a failed step check: the claim is given back at once, so that the
+                // next delivery asks again instead of waiting out a whole lease (a reconciler
+                // only reads, so nothing of this attempt can still land).
+                self.give_back_now(target, claim).await;
+                Err(Error::ReconcileFailed {
+                    key: key.clone(),
+                    source,
+                })
+            }
         };
         Some(answer)
     }

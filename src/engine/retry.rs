@@ -29,6 +29,10 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// How long before the invocation's deadline a settlement stops retrying: the answer still
 /// has to reach the caller.
 pub(super) const SETTLE_MARGIN: Duration = Duration::from_secs(1);
+/// How long before the invocation's deadline a try still in flight is abandoned: the
+/// caller's answer (and the runtime's reply to Lambda) still has to be written, which it
+/// cannot be once Lambda ends the invocation at the deadline itself.
+pub(super) const ANSWER_MARGIN: Duration = Duration::from_millis(250);
 /// The longest a write after the handler is retried, whatever the lease (an engine-door
 /// caller's may be long): Lambda's longest invocation.
 pub(super) const MAX_PATIENCE: Duration = Duration::from_secs(15 * 60);
@@ -39,9 +43,9 @@ pub(crate) enum Patience {
     /// A few tries ([`BRIEF_TRIES`]), none starting after the time given.
     Brief(SystemTime),
     /// Every try that can start before `until`: the effect may have happened. With a `cut`
-    /// (the invocation's deadline), a try still in flight then is abandoned, so that the caller
-    /// is answered before the invocation ends (an abandoned write may still commit: the next
-    /// delivery finds it).
+    /// (shortly before the invocation's deadline), a try still in flight then is abandoned, so
+    /// that the caller is answered before the invocation ends (an abandoned write may still
+    /// commit: the next delivery finds it).
     Until {
         until: SystemTime,
         cut: Option<SystemTime>,
@@ -58,13 +62,31 @@ impl Patience {
     }
 
     /// Retries until `end` (at most [`MAX_PATIENCE`] from `now`) less [`SETTLE_MARGIN`],
-    /// tries cut at `deadline` when there is one.
+    /// tries cut [`ANSWER_MARGIN`] before `deadline` when there is one.
     pub(super) fn until(end: SystemTime, deadline: Option<SystemTime>, now: SystemTime) -> Self {
         let end = end.min(now + MAX_PATIENCE);
         Self::Until {
             until: end.checked_sub(SETTLE_MARGIN).unwrap_or(end),
-            cut: deadline,
+            cut: deadline.map(|deadline| deadline.checked_sub(ANSWER_MARGIN).unwrap_or(deadline)),
         }
+    }
+
+    /// When the caller's answer is due before `deadline`: no retry starts after it.
+    pub(crate) fn answer_due(deadline: SystemTime) -> SystemTime {
+        deadline.checked_sub(SETTLE_MARGIN).unwrap_or(deadline)
+    }
+
+    /// The patience of a write after an effect happened (a settlement, a release after the
+    /// handler, a step's result): until the invocation's `deadline`, or the lease's end when
+    /// sooner (or when there is no deadline), less [`SETTLE_MARGIN`], each try cut
+    /// [`ANSWER_MARGIN`] before the deadline.
+    pub(crate) fn settling(
+        lease_end: SystemTime,
+        deadline: Option<SystemTime>,
+        now: SystemTime,
+    ) -> Self {
+        let end = deadline.map_or(lease_end, |deadline| deadline.min(lease_end));
+        Self::until(end, deadline, now)
     }
 }
 
@@ -89,7 +111,14 @@ impl Idempotency {
         let mut tries = 1;
         loop {
             let attempt = erased(write());
-            let left = cut.and_then(|cut| cut.duration_since(self.clock.now()).ok());
+            // A try that starts past the cut (its first) still ends by the deadline itself;
+            // past the deadline (a caller's own, or a test's clock) tries are not cut.
+            let left = cut.and_then(|cut| {
+                let now = self.clock.now();
+                cut.duration_since(now)
+                    .or_else(|_| (cut + ANSWER_MARGIN).duration_since(now))
+                    .ok()
+            });
             let answer = match left {
                 Some(left) => tokio::time::timeout(left, attempt)
                     .await
@@ -119,5 +148,39 @@ fn cut_off() -> StoreError {
     StoreError::Unavailable {
         operation: "write",
         source: "no answer before the invocation's deadline".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_settlement_stops_trying_and_abandons_its_try_before_the_deadline() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let deadline = now + Duration::from_secs(10);
+        let lease_end = now + Duration::from_secs(15);
+        let Patience::Until { until, cut } = Patience::settling(lease_end, Some(deadline), now)
+        else {
+            panic!("a settlement is patient");
+        };
+        assert_eq!(until, deadline - SETTLE_MARGIN, "no try starts after this");
+        assert_eq!(
+            cut,
+            Some(deadline - ANSWER_MARGIN),
+            "a try in flight is abandoned before Lambda ends the invocation"
+        );
+        assert!(until < deadline && cut < Some(deadline));
+    }
+
+    #[test]
+    fn without_a_deadline_a_settlement_lasts_the_lease_and_is_never_cut() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let lease_end = now + Duration::from_secs(65);
+        let Patience::Until { until, cut } = Patience::settling(lease_end, None, now) else {
+            panic!("a settlement is patient");
+        };
+        assert_eq!(until, lease_end - SETTLE_MARGIN);
+        assert_eq!(cut, None);
     }
 }

@@ -7,8 +7,9 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use tracing::{debug, warn};
 
+use super::decide::{AfterFailure, Failure};
 use super::retry::Patience;
-use super::{GIVE_BACK_GRACE, Idempotency, answer, decide};
+use super::{GIVE_BACK_GRACE, INDETERMINATE_RETENTION, Idempotency, answer, decide};
 use aws_sdk_dynamodb::types::TransactWriteItem;
 
 use crate::config::MAX_FAILURE_MESSAGE_BYTES;
@@ -176,26 +177,67 @@ impl Idempotency {
         patience: Patience,
         steps: Option<&StepLedger>,
     ) -> Result<Error, Error> {
-        let class = match Release::is(&*source) {
-            true => FailureClass::Retryable,
-            false => self.classifier.classify(&*source),
-        };
-        match class {
-            FailureClass::Retryable if steps.is_some_and(StepLedger::has_recorded) => {
+        self.failed(Failure::Handler, target, attempt, source, patience, steps)
+            .await
+    }
+
+    /// Acts on a `failure` by the decision table ([`decide::after_failure`]); the error for
+    /// the caller.
+    async fn failed(
+        &self,
+        failure: Failure,
+        target: Target<'_>,
+        attempt: u32,
+        source: BoxError,
+        patience: Patience,
+        steps: Option<&StepLedger>,
+    ) -> Result<Error, Error> {
+        let class = self.failure_class(&*source);
+        let recorded = steps.is_some_and(StepLedger::has_recorded);
+        match decide::after_failure(failure, &class, self.recovery, recorded) {
+            AfterFailure::GiveBack => {
                 if let Some(steps) = steps {
                     steps.give_back().await;
                 }
             }
-            FailureClass::Retryable => self.release_claim(target, attempt, patience).await?,
-            FailureClass::Terminal { kind } => {
+            AfterFailure::Release => self.release_claim(target, attempt, patience).await?,
+            AfterFailure::Retain(kind) => {
                 warn!(attempt, kind = kind.as_str(), "terminal failure retained");
                 let kind = FailureKind::from(kind);
                 let steps = steps.and_then(StepLedger::pending);
                 self.retain(target, attempt, kind, source.to_string(), patience, steps)
                     .await?;
             }
+            AfterFailure::Hold => {
+                warn!(
+                    attempt,
+                    "the completion was refused after a handler whose effects are not declared repeatable: held for an operator"
+                );
+                let pending = steps.and_then(StepLedger::pending);
+                let settlement =
+                    Settlement::indeterminate(self.clock.now(), INDETERMINATE_RETENTION)
+                        .with_steps(pending);
+                self.settle(target, attempt, &settlement, patience).await?;
+                return Ok(Error::Indeterminate {
+                    key: target.key.clone(),
+                });
+            }
         }
         Ok(Error::Handler { source })
+    }
+
+    /// The class of a handler's error: retryable when it asks for a release ([`Release`]),
+    /// else the classifier's.
+    pub(crate) fn failure_class(&self, error: &(dyn std::error::Error + 'static)) -> FailureClass {
+        match Release::is(error) {
+            true => FailureClass::Retryable,
+            false => self.classifier.classify(error),
+        }
+    }
+
+    /// Whether a handler's error is retained as a terminal failure.
+    pub(crate) fn is_terminal(&self, error: &(dyn std::error::Error + 'static)) -> bool {
+        matches!(self.failure_class(error), FailureClass::Terminal { .. })
     }
 
     /// Releases a held claim (and its evidence) so that the next delivery runs afresh.
@@ -315,8 +357,9 @@ impl Idempotency {
             pending,
         } = failed;
         if let StepError::Refused { .. } = refusal {
+            let failure = Failure::CompletionRefused;
             return match self
-                .fail(target, attempt, Box::new(refusal), patience, steps)
+                .failed(failure, target, attempt, Box::new(refusal), patience, steps)
                 .await
             {
                 Ok(err) | Err(err) => err,
@@ -377,18 +420,39 @@ impl Idempotency {
     }
 
     /// Gives a held claim back: its lease runs out after a short grace (for what the handler
-    /// left in flight), never later than it would have.
+    /// left in flight), or when a step's effect can have landed (`lands_by`), never later than
+    /// it would have.
     pub(super) async fn shorten(
         &self,
         target: Target<'_>,
         deadline: SystemTime,
+        lands_by: Option<SystemTime>,
     ) -> Result<Fence, Error> {
-        let until = given_back_until(self.clock.now(), deadline);
+        let until = given_back_until(self.clock.now(), deadline, lands_by);
         Ok(self
             .retrying(Patience::Brief(deadline), || {
                 self.store.shorten(target, until)
             })
             .await?)
+    }
+}
+
+impl Idempotency {
+    /// Gives a held claim back at once (its lease cut to now), retried briefly: the next
+    /// delivery takes over without waiting. A failed give-back leaves the lease to run out.
+    pub(super) async fn give_back_now(&self, target: Target<'_>, claim: &Record) {
+        let now = self.clock.now();
+        let given_back = self
+            .retrying(Patience::Brief(claim.lease.expires_at), || {
+                self.store.shorten(target, now)
+            })
+            .await;
+        if given_back.is_err() {
+            warn!(
+                attempt = claim.lease.attempt,
+                "the claim could not be given back: its lease runs out"
+            );
+        }
     }
 }
 
@@ -412,25 +476,25 @@ struct RefusedCompletion<'a> {
 /// The failure kind of a completion whose writes cannot be sent.
 const COMPLETION_REJECTED: &str = "completion_rejected";
 
-/// How long a write after the handler ran (a settlement, a release) is retried: until the
-/// invocation's deadline, or the lease's end when sooner (or when there is no deadline), less
-/// [`SETTLE_MARGIN`](super::retry::SETTLE_MARGIN), each try cut at the deadline.
+/// How long a write after the handler ran (a settlement, a release) is retried (see
+/// [`Patience::settling`]).
 pub(crate) fn settle_patience(
     invocation: &Invocation,
     claim: &Record,
     now: SystemTime,
 ) -> Patience {
-    let lease_end = claim.lease.expires_at;
-    let end = invocation
-        .deadline
-        .map_or(lease_end, |deadline| deadline.min(lease_end));
-    Patience::until(end, invocation.deadline, now)
+    Patience::settling(claim.lease.expires_at, invocation.deadline, now)
 }
 
 /// When a claim given back at `now` (a panic, a cancellation) may be taken over: after
-/// [`GIVE_BACK_GRACE`], for what the handler left in flight, and never later than its lease.
-pub(super) fn given_back_until(now: SystemTime, lease_expires_at: SystemTime) -> SystemTime {
-    decide::given_back_until(now, lease_expires_at, GIVE_BACK_GRACE)
+/// [`GIVE_BACK_GRACE`], for what the handler left in flight, and not before a step's effect
+/// can have landed (`lands_by`), never later than its lease.
+pub(super) fn given_back_until(
+    now: SystemTime,
+    lease_expires_at: SystemTime,
+    lands_by: Option<SystemTime>,
+) -> SystemTime {
+    decide::given_back_until(now, lease_expires_at, GIVE_BACK_GRACE, lands_by)
 }
 
 /// The nesting depth serde_json refuses to read (its recursion limit): a result that deep is

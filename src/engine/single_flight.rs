@@ -11,8 +11,9 @@ use tokio::sync::{Mutex as TurnLock, OwnedMutexGuard};
 use crate::key::OperationKey;
 
 tokio::task_local! {
-    /// The key whose turn the running task holds: a nested call for it must not wait on itself.
-    static HOLDING: OperationKey;
+    /// The keys whose turns the running task holds, outermost first: a nested call for any of
+    /// them (A inside A, or A inside B inside A) must not wait on itself.
+    static HOLDING: Vec<OperationKey>;
 }
 
 /// One turn lock per key in flight, with the number of callers running or waiting on it; a
@@ -42,13 +43,15 @@ impl SingleFlight {
         patience: Duration,
         run: impl Future<Output = T>,
     ) -> T {
-        if HOLDING.try_with(|held| held == key).unwrap_or(false) {
+        let mut held = HOLDING.try_with(Clone::clone).unwrap_or_default();
+        if held.contains(key) {
             return run.await;
         }
         let mut turn = self.join(key);
         let lock = turn.lock();
         turn.guard = tokio::time::timeout(patience, lock.lock_owned()).await.ok();
-        HOLDING.scope(key.clone(), run).await
+        held.push(key.clone());
+        HOLDING.scope(held, run).await
     }
 
     fn join(&self, key: &OperationKey) -> Turn<'_> {
@@ -90,5 +93,42 @@ impl Drop for Turn<'_> {
                 turns.remove(&self.key);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(material: &str) -> OperationKey {
+        let scope = crate::key::OperationScope::new("flight", "op").expect("scope");
+        OperationKey::derive(&scope, None, material).expect("key")
+    }
+
+    /// A patience no test waits out: a call that waits on its own turn hangs the test.
+    const FOREVER: Duration = Duration::from_secs(24 * 3600);
+
+    #[tokio::test]
+    async fn a_call_nested_under_its_own_turn_runs_at_once_however_deep() {
+        let flight = SingleFlight::default();
+        let (a, b) = (key("a"), key("b"));
+        let nested = flight.in_turn(&a, FOREVER, async {
+            flight
+                .in_turn(&b, FOREVER, async {
+                    flight
+                        .in_turn(&a, FOREVER, async { "A inside B inside A" })
+                        .await
+                })
+                .await
+        });
+        // A guard against a hang, not a timing: the nested call never waits.
+        let ran = tokio::time::timeout(Duration::from_secs(30), nested)
+            .await
+            .expect("A inside B inside A waited on its own turn");
+        assert_eq!(ran, "A inside B inside A");
+        assert!(
+            flight.turns.lock().expect("turns").is_empty(),
+            "every turn left"
+        );
     }
 }

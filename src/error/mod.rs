@@ -214,6 +214,22 @@ impl Error {
     pub fn already_took_effect(&self) -> bool {
         matches!(self, Self::KeyExpiredConflict { evidence, .. } if evidence.status == crate::record::Status::Completed)
     }
+
+    /// Whether the operation took effect but its result could not be kept (over the outcome
+    /// limit, refused by the store, not JSON): it is retained FAILED and never runs again while
+    /// that record lives. A consumer acknowledges the message (and alarms on it) rather than
+    /// letting it reach a dead-letter queue, whose late redrive, once the record expired, would
+    /// run it again.
+    pub fn applied_but_not_kept(&self) -> bool {
+        use crate::record::FailureKind;
+        match self {
+            Self::OutcomeTooLarge { .. } => true,
+            Self::Failed { failure, .. } => {
+                failure.kind.took_effect() || failure.kind == FailureKind::OutcomeUnserializable
+            }
+            _ => false,
+        }
+    }
 }
 
 /// A failure of the idempotency store, mapped from the backend's own errors.
@@ -314,6 +330,17 @@ pub enum StoreError {
         "table `{table}` has multi-Region strong consistency, which accepts no transactions, but business identities are written in transactions; remove the uniqueness table from this store (UNIQUENESS_TABLE), or keep identities on single-Region tables"
     )]
     TransactionsUnsupported {
+        /// The table.
+        table: String,
+    },
+
+    /// The idempotency table has multi-Region strong consistency, which refuses
+    /// `TransactWriteItems`, and the store was declared to serve operations that write in
+    /// transactions ([`DynamoDbStore::with_transactional_writes`](crate::DynamoDbStore::with_transactional_writes)).
+    #[error(
+        "table `{table}` has multi-Region strong consistency, which accepts no transactions, but this store's operations use transactional steps, complete_with or an outbox; run them on a single-Region table in the same account and Region, or use plain steps"
+    )]
+    TransactionalWritesUnsupported {
         /// The table.
         table: String,
     },

@@ -28,6 +28,7 @@ impl Protocol {
             at(clock),
             held.claim.lease.expires_at,
             Duration::from_secs(GRACE),
+            None,
         );
         state.workers[w].pc = Pc::GivingBack {
             held,

@@ -4,7 +4,7 @@
 use super::properties::EVENT_ONCE;
 use super::state::{Event, Held, State};
 use super::{Protocol, Revert};
-use crate::effects::{COMPLETION, event_id};
+use crate::effects::{COMPLETION, COMPLETION_EVENTS, event_id};
 
 /// The name of the event the transactional handler adds to its outbox.
 const EVENT: &str = "placed";
@@ -31,7 +31,7 @@ impl Protocol {
             Some(Revert::EventIdWithoutExecution) => {
                 key.downstream(&format!("{COMPLETION}#event={EVENT}"))
             }
-            _ => event_id(key, created_at, COMPLETION, EVENT),
+            _ => event_id(key, created_at, COMPLETION_EVENTS, EVENT),
         };
         state.outbox.push(Event {
             id,

@@ -374,15 +374,9 @@ impl Protocol {
         previous: Box<Record>,
         adopted: bool,
     ) -> Pc {
-        let recorded = previous.steps.iter().any(|step| !step.marks_steps_lost());
-        let lost = previous.steps.iter().any(|step| step.marks_steps_lost());
-        let recover = decide::recover(self.recovery, adopted || lost, recorded, false);
-        let steps = previous
-            .steps
-            .iter()
-            .filter(|step| !step.marks_steps_lost())
-            .cloned()
-            .collect();
+        let inherited = decide::inherited(&previous);
+        let recover = decide::recover(self.recovery, adopted, &inherited, false);
+        let steps = inherited.steps;
         let held = Held {
             // Only a handler declared safe to repeat may run its effect again.
             excused: recover == Recover::Rerun

@@ -174,6 +174,7 @@ impl StoreError {
             Self::Rejected { .. } => "rejected",
             Self::EventuallyConsistentReplicas { .. } => "eventually_consistent_replicas",
             Self::TransactionsUnsupported { .. } => "transactions_unsupported",
+            Self::TransactionalWritesUnsupported { .. } => "transactional_writes_unsupported",
             Self::EvidenceNotOwned { .. } => "evidence_not_owned",
             Self::CorruptRecord { .. } => "corrupt_record",
         }

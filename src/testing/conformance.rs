@@ -762,4 +762,5 @@ pub use super::operators::*;
 pub use super::outages::*;
 pub use super::outcomes::*;
 pub use super::primitives::*;
+pub use super::recovery::*;
 pub use super::steps::*;

@@ -44,6 +44,7 @@ pub mod operators;
 pub mod outages;
 pub mod outcomes;
 pub mod primitives;
+pub mod recovery;
 pub mod simulation;
 pub mod steps;
 
@@ -84,7 +85,7 @@ macro_rules! conformance_tests {
             takeover_reconciled_as_applied_records_without_running,
             takeover_reconciled_as_not_applied_runs_the_handler,
             takeover_reconciled_as_unknown_holds_for_an_operator,
-            failing_reconciler_leaves_the_lease_to_run_out,
+            a_failing_reconciler_gives_the_claim_back,
             concurrent_claims_across_both_tables_have_one_winner,
             cancelled_claim_reports_which_condition_failed,
             downstream_key_is_the_same_on_every_attempt,
@@ -112,6 +113,7 @@ macro_rules! conformance_tests {
             a_deploy_that_removes_an_identity_settles_its_evidence,
             a_deploy_that_changes_an_identity_keeps_the_recorded_one,
             a_settlement_outlasts_an_outage_of_seconds,
+            a_step_result_outlasts_an_outage_of_seconds,
             an_outage_past_the_deadline_leaves_the_claim_to_recovery,
             a_stuck_claim_is_resolved_by_an_operator_but_never_a_live_one,
             an_operators_release_leaves_a_trace_and_the_next_delivery_runs,
@@ -132,7 +134,9 @@ macro_rules! conformance_tests {
             a_step_recorded_after_the_takers_read_fails_the_takeover,
             an_adopted_orphan_is_held_even_when_its_effects_are_steps,
             an_adopted_record_stays_held_after_its_adoption_stopped,
-            a_task_cancelled_after_its_intent_leaves_the_step_to_its_check
+            a_task_cancelled_after_its_intent_leaves_the_step_to_its_check,
+            the_recovery_table_holds_in_every_cell,
+            a_give_backs_mark_is_the_attempts_own
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

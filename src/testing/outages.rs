@@ -195,3 +195,67 @@ pub async fn an_outage_past_the_deadline_leaves_the_claim_to_recovery<S: Store +
         store.clear();
     }
 }
+
+/// Case: an outage of 5 seconds on the steps' writes starts right after a step's effect: the
+/// write that carries its result (the next step's intent) is retried as patiently as a
+/// settlement, so the result is kept, the next step runs, and a redelivery replays the
+/// operation. Under the default recovery a brief retry would have given the claim back with
+/// the step uncertain, and its redelivery held for an operator an operation whose effect is
+/// known.
+pub async fn a_step_result_outlasts_an_outage_of_seconds<S: Store + Clone>(fx: Fixture<S>) {
+    let store = FaultyStore::new(fx.store);
+    let clock = fx.clock;
+    let idem = Idempotency::new(store.clone()).with_clock(clock.clone());
+    let inv = with_deadline("step-outage", &clock);
+    let (charges, shipments) = (&AtomicUsize::new(0), &AtomicUsize::new(0));
+    let outage = Duration::from_secs(5);
+    let (faults, time) = (&store, &clock);
+    let ran = idem
+        .execute(&inv, |ctx| async move {
+            let charge = ctx
+                .step("charge")
+                .run(|_| async {
+                    charges.fetch_add(1, Ordering::SeqCst);
+                    faults.outage(
+                        &[Primitive::RecordSteps, Primitive::Shorten],
+                        FaultKind::Throttled,
+                        time.now() + outage,
+                        time.clone(),
+                    );
+                    Ok::<_, BoxError>(json!("ch_1"))
+                })
+                .await?;
+            let shipment = ctx
+                .step("ship")
+                .run(|_| async {
+                    shipments.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, BoxError>(json!("sh_1"))
+                })
+                .await?;
+            Ok::<_, BoxError>(json!({"charge": charge, "shipment": shipment}))
+        })
+        .await
+        .expect("the charge's result outlasts the outage");
+    assert_eq!(ran.origin(), Origin::Executed { attempt: 1 });
+    assert_eq!(
+        store.calls().get(&Primitive::RecordSteps).copied(),
+        Some(settlement_tries(outage) + 1),
+        "the charge's result retried through the outage, then the shipment's intent"
+    );
+    let record = stored(&idem, inv.key(), "settled").await;
+    assert_eq!(record.status, Status::Completed);
+    let results: Vec<_> = record
+        .steps
+        .iter()
+        .map(|step| step.result.is_some())
+        .collect();
+    assert_eq!(results, [true, true], "both steps' results kept");
+
+    let again = idem
+        .execute(&inv, |_| async { Ok::<_, BoxError>(json!("again")) })
+        .await
+        .expect("replayed");
+    assert!(again.is_replay());
+    assert_eq!(charges.load(Ordering::SeqCst), 1, "one charge");
+    assert_eq!(shipments.load(Ordering::SeqCst), 1, "one shipment");
+}

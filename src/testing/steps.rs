@@ -404,8 +404,9 @@ pub async fn a_retryable_failure_after_a_step_gives_the_claim_back<S: Store>(fx:
     assert!(matches!(err, Error::Handler { .. }), "got {err:?}");
     let record = stored(&idem, inv.key(), "kept, with its step").await;
     assert_eq!(record.status, Status::InProgress);
-    assert_eq!(record.steps.len(), 1);
+    assert_eq!(record.steps.len(), 2, "the step, then the give-back's mark");
     assert!(record.steps[0].is_done(), "the charge's result was written");
+    assert_eq!(record.steps[1], StepRecord::given_back(1));
 
     clock.advance(Duration::from_millis(2));
     let done = idem

@@ -545,3 +545,45 @@ fn failed_evidence_is_permanent_in_progress_evidence_is_not() {
     );
     assert!(conflict(Status::Completed).already_took_effect());
 }
+
+/// A record whose effect happened but whose result is over the outcome limit is acknowledged
+/// (with its error log), never left to a DLQ whose late redrive would run it again: on SQS,
+/// whose poison policy retries, on its first delivery and on a redelivery alike.
+#[tokio::test]
+async fn a_record_applied_but_not_kept_is_acknowledged_not_sent_to_the_dlq() {
+    let db = dynamo::start().await;
+    let config = lambda_idempotency::Config::builder()
+        .max_outcome_bytes(64)
+        .build()
+        .expect("config");
+    let idem = Idempotency::new(db.store()).with_config(config);
+    let scope = OperationScope::new("batch-test", "unkept").expect("scope");
+    let processor = Operation::new(
+        idem,
+        scope,
+        sources::sqs(Some("/order_id")).expect("policy"),
+    )
+    .batch();
+    let runs = AtomicUsize::new(0);
+    let oversized = |_: SqsMessage, _: ExecutionContext| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        async { Ok::<_, std::io::Error>("x".repeat(1024)) }
+    };
+    let batch = || vec![message("m-1", "q", None, json!({"order_id": "o-big"}))];
+
+    for delivery in ["first", "redelivery"] {
+        let report = processor
+            .process(batch(), &Context::default(), oversized)
+            .await;
+        assert!(
+            matches!(&report.records[0].1, RecordOutcome::AppliedNotKept(err) if err.applied_but_not_kept()),
+            "{delivery}: {:?}",
+            report.records
+        );
+        assert!(
+            report.failed_identifiers().is_empty(),
+            "{delivery}: acknowledged, not retried into the DLQ"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the effect happened once");
+}

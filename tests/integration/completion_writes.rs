@@ -11,6 +11,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, Put};
 use lambda_idempotency::effects::{
     Destination, Outbox, OutboxEvent, StepError, Transaction, event_id,
 };
+use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::record::Status;
 use lambda_idempotency::store::{MemoryStore, Store};
 use lambda_idempotency::testing::conformance::{evidence_key, invocation, stored};
@@ -123,6 +124,66 @@ async fn a_refused_condition_commits_nothing_and_the_next_delivery_runs_again() 
         .expect("the next delivery reads again and commits");
     assert_eq!(done.origin(), Origin::Executed { attempt: 1 });
     assert_eq!(shop.reserved().await, 1);
+}
+
+/// The recovery table's cells for a refused completion without steps: released where the
+/// handler's effects are declared to be its steps or safe to repeat, held for an operator
+/// under the default (its effects outside the completion may have happened: never re-run
+/// blind).
+#[tokio::test]
+async fn a_refused_completion_without_steps_is_re_run_only_where_declared() {
+    let shop = Shop::open().await;
+    let shop = &shop;
+    for (case, recovery) in [
+        ("default", Recovery::Indeterminate),
+        ("steps", Recovery::Steps),
+        ("rerun", Recovery::Rerun),
+    ] {
+        let idem = shop.engine(shop.db.store()).with_recovery(recovery);
+        let order = format!("c-refused-{case}");
+        let inv = invocation(&order, &serde_json::json!({"order": order}));
+        let runs = AtomicUsize::new(0);
+        let stale = |ctx: ExecutionContext| {
+            let (order, runs) = (order.clone(), &runs);
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                ctx.complete_with(placing(shop, &order, 7))?;
+                Ok::<_, BoxError>(order)
+            }
+        };
+        let err = idem.execute(&inv, stale).await.expect_err("refused");
+        let left = idem.store().get(inv.key()).await.expect("get");
+        let next = idem
+            .execute(&inv, |ctx| place(shop, ctx, &order, &runs))
+            .await;
+        if recovery == Recovery::Indeterminate {
+            assert!(
+                matches!(err, Error::Indeterminate { .. }),
+                "{case}: {err:?}"
+            );
+            assert_eq!(
+                left.map(|record| record.status),
+                Some(Status::Indeterminate)
+            );
+            assert!(
+                matches!(next, Err(Error::Indeterminate { .. })),
+                "{case}: {next:?}"
+            );
+            assert_eq!(runs.load(Ordering::SeqCst), 1, "{case}: never re-run blind");
+            assert!(!shop.has_order(&order).await);
+        } else {
+            assert!(is_refused(&err, 1), "{case}: {err:?}");
+            assert_eq!(left, None, "{case}: released");
+            let done = next.unwrap_or_else(|err| panic!("{case}: {err:?}"));
+            assert_eq!(done.origin(), Origin::Executed { attempt: 1 }, "{case}");
+            assert_eq!(
+                runs.load(Ordering::SeqCst),
+                2,
+                "{case}: run again, as declared"
+            );
+            assert!(shop.has_order(&order).await);
+        }
+    }
 }
 
 #[tokio::test]
@@ -457,7 +518,8 @@ async fn a_refused_completion_after_a_step_gives_the_claim_back_and_the_step_rep
     )
     .await;
     assert_eq!(record.status, Status::InProgress);
-    assert_eq!(record.steps.len(), 1);
+    assert_eq!(record.steps.len(), 2, "the step, then the give-back's mark");
+    assert!(record.steps[1].marks_given_back());
     assert!(!shop.has_order("c-10").await);
 
     shop.clock.advance(Duration::from_millis(2));
@@ -468,6 +530,52 @@ async fn a_refused_completion_after_a_step_gives_the_claim_back_and_the_step_rep
     assert_eq!(done.origin(), Origin::Executed { attempt: 2 });
     assert_eq!(charges.load(Ordering::SeqCst), 1, "charged once");
     assert_eq!(shop.reserved().await, 1);
+}
+
+/// The same refusal under the default recovery: the handler returned, so whatever it did
+/// outside its steps and its completion happened; the operation is held for an operator with
+/// its step kept, never given back to run again.
+#[tokio::test]
+async fn a_refused_completion_after_a_step_is_held_under_the_default() {
+    let shop = Shop::open().await;
+    let idem = shop
+        .engine(shop.db.store())
+        .with_recovery(Recovery::Indeterminate);
+    let inv = invocation(
+        "done-after-step-held",
+        &serde_json::json!({"order": "c-12"}),
+    );
+    let runs = AtomicUsize::new(0);
+    let handler = |ctx: ExecutionContext| {
+        let (shop, runs) = (&shop, &runs);
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let charge: String = ctx
+                .step("charge")
+                .run(|_| async { Ok::<_, BoxError>("ch_12".to_owned()) })
+                .await?;
+            ctx.complete_with(placing(shop, "c-12", 7))?;
+            Ok::<_, BoxError>(charge)
+        }
+    };
+    let err = idem
+        .execute(&inv, handler)
+        .await
+        .expect_err("a stale version");
+    assert!(matches!(err, Error::Indeterminate { .. }), "got {err:?}");
+    let record = stored(&idem, inv.key(), "held").await;
+    assert_eq!(record.status, Status::Indeterminate);
+    assert!(record.steps[0].is_done(), "the charge's result is kept");
+    assert!(!record.steps.iter().any(|step| step.marks_given_back()));
+
+    shop.clock.advance(Duration::from_secs(60));
+    let again = idem.execute(&inv, handler).await.expect_err("still held");
+    assert!(
+        matches!(again, Error::Indeterminate { .. }),
+        "got {again:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "never run again blind");
+    assert!(!shop.has_order("c-12").await);
 }
 
 #[tokio::test]

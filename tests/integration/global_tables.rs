@@ -293,3 +293,90 @@ async fn a_role_without_describe_table_fails_the_init_and_a_throttled_check_does
         .await
         .expect("checked once the throttling ends");
 }
+
+/// A table with multi-Region strong consistency refuses `TransactWriteItems`: a store declared
+/// to serve operations that write in transactions is refused at init; undeclared, it is
+/// accepted, and each transactional write is refused before it is sent (a transactional step
+/// answers `StepError::Rejected`, a completion's writes are retained `completion_rejected`),
+/// while plain operations run.
+#[tokio::test]
+async fn transactional_writes_on_a_strongly_consistent_table_are_refused_before_any_effect() {
+    use aws_sdk_dynamodb::types::{AttributeValue, Put};
+    use lambda_idempotency::effects::{StepError, Transaction};
+
+    let dynamo = dynamo::start().await;
+    let tables = vec![dynamo.table.clone()];
+    let (declared, _) = store_with(&dynamo, Some(mrsc(tables.clone())), false).await;
+    let err = declared
+        .with_transactional_writes()
+        .prime()
+        .await
+        .expect_err("refused at init");
+    assert!(
+        matches!(&err, StoreError::TransactionalWritesUnsupported { table } if *table == dynamo.table),
+        "got {err:?}"
+    );
+    assert!(!err.is_transient(), "a lasting error: it fails the init");
+
+    let (undeclared, faults) = store_with(&dynamo, Some(mrsc(tables)), false).await;
+    undeclared
+        .prime()
+        .await
+        .expect("accepted: plain operations run");
+    let idem = Idempotency::new(undeclared.clone());
+    let put = || {
+        Put::builder()
+            .table_name(&dynamo.table)
+            .item("pk", AttributeValue::S("order-mrsc".into()))
+            .build()
+            .expect("put")
+    };
+    let stepped = idem
+        .execute(
+            &invocation("mrsc-step", &json!({"order": 1})),
+            |ctx| async move {
+                let refused = ctx
+                    .step("place")
+                    .transact(|_| async { Ok::<_, std::io::Error>(Transaction::new(1).put(put())) })
+                    .await;
+                assert!(
+                    matches!(refused, Err(StepError::Rejected { .. })),
+                    "{refused:?}"
+                );
+                Ok::<_, std::io::Error>(0_u32)
+            },
+        )
+        .await
+        .expect("the handler went on without the refused step");
+    assert_eq!(*stepped.value(), 0);
+
+    let inv = invocation("mrsc-completion", &json!({"order": 2}));
+    let err = idem
+        .execute(&inv, |ctx| async move {
+            ctx.complete_with(Transaction::new(()).put(put()))?;
+            Ok::<_, lambda_idempotency::BoxError>(1_u32)
+        })
+        .await
+        .expect_err("the completion's writes are refused");
+    assert!(matches!(err, Error::Handler { .. }), "got {err:?}");
+    let replay = idem
+        .execute(&inv, |_| async { Ok::<_, std::io::Error>(2_u32) })
+        .await
+        .expect_err("retained");
+    let Error::Failed { failure, .. } = replay else {
+        panic!("got {replay:?}");
+    };
+    assert_eq!(failure.kind.as_str(), "completion_rejected");
+    assert_eq!(
+        faults.requests(Operation::TransactWriteItems),
+        0,
+        "nothing was sent in a transaction"
+    );
+    let runs = AtomicUsize::new(0);
+    assert_eq!(
+        run_once(undeclared, &runs)
+            .await
+            .expect("a plain operation runs"),
+        7
+    );
+}

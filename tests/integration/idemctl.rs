@@ -415,3 +415,59 @@ async fn tables_create_protects_both_tables_as_the_template_does() {
         assert!(deleted.is_err(), "{name}: a delete is refused");
     }
 }
+
+/// A release clears the record's steps: `resolve --release` names the steps the next
+/// execution runs again as new (done and uncertain), and says that transactional ones commit
+/// again and outbox events get new ids, before it asks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_names_the_steps_it_runs_again() {
+    let db = dynamo::start().await;
+    let clock = ManualClock::new(SystemTime::now() - Duration::from_secs(3600));
+    let idem = Idempotency::new(db.store()).with_clock(clock.clone());
+    let held = invocation("stepped");
+    let charge_then_ship = |ctx: lambda_idempotency::ExecutionContext| async move {
+        ctx.step("charge")
+            .run(|_| async { Ok::<_, BoxError>(String::from("ch_1")) })
+            .await?;
+        ctx.step("ship")
+            .effect_timeout(Duration::from_secs(1))
+            .run(|_| async { Err::<String, _>(std::io::Error::other("no answer")) })
+            .await?;
+        Ok::<_, BoxError>(json!("shipped"))
+    };
+    idem.execute(&held, charge_then_ship)
+        .await
+        .expect_err("the shipment's answer was lost: given back");
+    clock.advance(Duration::from_secs(2));
+    let err = idem
+        .execute(&held, charge_then_ship)
+        .await
+        .expect_err("the uncertain shipment has no check");
+    assert!(matches!(err, Error::Indeterminate { .. }), "{err:?}");
+
+    let key = held.key().as_str().to_owned();
+    let released = idemctl(
+        &db,
+        &[
+            "resolve",
+            "--key",
+            &key,
+            "--retention",
+            "24h",
+            "--release",
+            "--by",
+            "carol",
+            "--yes",
+        ],
+    );
+    stdout(&released);
+    let said = String::from_utf8_lossy(&released.stderr);
+    assert!(
+        said.contains("run again as new (done: charge; uncertain: ship)"),
+        "it names the steps it runs again: {said}"
+    );
+    assert!(
+        said.contains("new event id"),
+        "and what consumers see: {said}"
+    );
+}

@@ -21,6 +21,7 @@ mod keys;
 mod lambda_layer;
 mod large_integers;
 mod late_effects;
+mod lost_commits;
 mod memory_store;
 #[cfg(feature = "emf")]
 mod metrics;

@@ -11,9 +11,12 @@
 //! still in progress, failed or indeterminate is reported failed. A batch close to its deadline
 //! starts no new record ([`BatchProcessor::with_deadline_margin`]): those are reported failed
 //! and come back, rather than being cut off mid-effect. A record that can never succeed (a
-//! payload conflict, a retained failure, an oversized outcome, an unreadable event) follows the
-//! [`PoisonPolicy`]: SQS retries it until its DLQ takes it; Kinesis and DynamoDB Streams
-//! acknowledge it with an error log, so that one record does not stall the shard.
+//! payload conflict, a retained failure, an unreadable event) follows the [`PoisonPolicy`]: SQS
+//! retries it until its DLQ takes it; Kinesis and DynamoDB Streams acknowledge it with an error
+//! log, so that one record does not stall the shard. A record that took effect but whose result
+//! could not be kept ([`Error::applied_but_not_kept`]: an oversized or unstorable result) is
+//! acknowledged on every source, logged at error level ([`RecordOutcome::AppliedNotKept`]): in
+//! a DLQ, a redrive after its retained failure expired would run it again.
 //!
 //! ```no_run
 //! use aws_lambda_events::event::sqs::SqsMessage;
@@ -313,6 +316,14 @@ impl<R: BatchRecord> BatchProcessor<R> {
                     "record already took effect (permanent evidence); acknowledged"
                 );
                 RecordOutcome::AlreadyDone
+            }
+            Err(err) if err.applied_but_not_kept() => {
+                error!(
+                    key = invocation.key().short(),
+                    kind = err.kind().name(),
+                    "record took effect but its result could not be kept: acknowledged, never run again"
+                );
+                RecordOutcome::AppliedNotKept(err)
             }
             Err(err) => self.failed(Some(invocation), err),
         }

@@ -4,7 +4,8 @@
 use crate::error::Error;
 
 /// What a batch does with a record that can never succeed ([`Error::is_permanent`]): a
-/// payload conflict, a retained terminal failure, an oversized outcome, an unreadable event.
+/// payload conflict, a retained terminal failure, an unreadable event. (A record that took
+/// effect but whose result was not kept is always acknowledged: [`RecordOutcome::AppliedNotKept`].)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PoisonPolicy {
@@ -35,6 +36,10 @@ pub enum RecordOutcome {
     NotStarted,
     /// It can never succeed, and the poison policy acknowledged it ([`PoisonPolicy::Acknowledge`]).
     Poison(Error),
+    /// It took effect but its result could not be kept ([`Error::applied_but_not_kept`]):
+    /// acknowledged whatever the poison policy, and logged at error level (alarm on it), so
+    /// that no redrive runs it again once its retained failure expires.
+    AppliedNotKept(Error),
 }
 
 impl RecordOutcome {

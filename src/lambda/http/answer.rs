@@ -100,12 +100,7 @@ impl ErrorAnswer {
                 "the outcome of this operation is being checked; do not retry it with a new key",
                 None,
             ),
-            ErrorKind::Failed => (
-                409,
-                "operation_previously_failed",
-                "this operation failed and will not be run again; send a new Idempotency-Key for a new attempt",
-                None,
-            ),
+            ErrorKind::Failed => return Self::failed_for_good(),
             ErrorKind::Store if err.is_permanent() => (
                 500,
                 "stored_record_corrupt",
@@ -142,6 +137,18 @@ impl ErrorAnswer {
             code,
             message,
             retry_after,
+        }
+    }
+
+    /// The answer to an operation that failed for good (retained FAILED): the same to the
+    /// caller whose attempt failed and to every retry, so that no client is told to retry
+    /// what will be answered as failed.
+    pub(crate) fn failed_for_good() -> Self {
+        Self {
+            status: 409,
+            code: "operation_previously_failed",
+            message: "this operation failed and will not be run again; send a new Idempotency-Key for a new attempt",
+            retry_after: None,
         }
     }
 

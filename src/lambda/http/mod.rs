@@ -17,7 +17,7 @@
 //! | no caller principal ([`CallerScope::Principal`]) | 401 `caller_unidentified` |
 //! | the original is still running | 409 `request_in_progress`, `Retry-After` |
 //! | same key, another method, path, query, content type or body | 422 `idempotency_key_reused` |
-//! | the operation failed terminally before | 409 `operation_previously_failed` |
+//! | the handler failed terminally (now or before) | 409 `operation_previously_failed`, to this caller and every retry |
 //! | the operation was applied but its response is too large to keep | the response, to this caller; 409 `operation_already_applied` to retries |
 //! | the store is unavailable | 503, `Retry-After` |
 //!

@@ -157,6 +157,10 @@ where
         }
         Err(Error::Handler { source }) => match Release::take::<NotStored>(source) {
             Ok(not_stored) => not_stored.0,
+            // Retained as a terminal failure: answered as every retry will be.
+            Err(source) if operation.idem.is_terminal(&*source) => {
+                error_response(&ErrorAnswer::failed_for_good())
+            }
             Err(source) => error_response(&ErrorAnswer::for_error(&Error::Handler { source })),
         },
         Err(err) => error_response(&ErrorAnswer::for_error(&err)),

@@ -6,12 +6,12 @@ use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 
 use super::DynamoDbStore;
 use super::decode::Parts;
-use super::item::{Item, value_size};
+use super::item::{Item, n, s, value_size};
 use super::steps::{STEPS_VERSION_BUMP, bump_steps_version, steps_value};
 use super::writes::{Check, Write, item_table};
 use crate::error::StoreError;
-use crate::record::Settlement;
-use crate::store::{Commit, Committed, Target};
+use crate::record::{Record, Settlement, Status, StepRecord};
+use crate::store::{Commit, Committed, Guard, Target};
 
 /// The most actions one `TransactWriteItems` holds.
 pub(crate) const MAX_TRANSACTION_ACTIONS: usize = 100;
@@ -25,13 +25,32 @@ impl DynamoDbStore {
         target: Target<'_>,
         commit: Commit<'_>,
     ) -> Result<Committed, StoreError> {
+        if let Some(refused) = self.refuse_transactions() {
+            return Ok(refused);
+        }
         let record_key = self.names.key(target.key);
-        let (condition, expr) = self.guard(target.guard);
+        let (guard, expr) = self.guard(target.guard);
+        // The step this commit adds is not in the list yet: a re-send after the first one
+        // applied (an endpoint without token replay, or past DynamoDB's ten minutes) fails here
+        // instead of applying the handler's writes twice, and is recognised below.
+        let (condition, expr) = match commit.steps.split_last() {
+            Some((adding, before)) => (
+                format!(
+                    "{guard} AND NOT (#steps[{at}].#step_name = :adding_name AND #steps[{at}].#step_attempt = :adding_attempt)",
+                    at = before.len()
+                ),
+                expr.name("#step_name", "name")
+                    .name("#step_attempt", "attempt")
+                    .value(":adding_name", s(&adding.name))
+                    .value(":adding_attempt", n(u64::from(adding.attempt))),
+            ),
+            None => (guard.to_owned(), expr),
+        };
         let own = Write::update(
             &self.table,
             record_key,
             &format!("SET #steps = :steps, {STEPS_VERSION_BUMP}"),
-            condition,
+            &condition,
             bump_steps_version(expr.name("#steps", &self.names.steps), &self.names)
                 .value(":steps", steps_value(commit.steps)),
         )?;
@@ -43,12 +62,19 @@ impl DynamoDbStore {
             .transact_with("commit_steps", target, own, commit.writes, commit.token)
             .await?;
         match answer {
-            Answer::Lost(current) => Ok(Committed::LeaseLost {
-                current: self
-                    .decode(current.as_ref(), Parts::Skip)
-                    .await?
-                    .map(Box::new),
-            }),
+            Answer::Lost(current) => {
+                let current = self.decode(current.as_ref(), Parts::Skip).await?;
+                match current {
+                    // This very commit applied before its answer was lost: the record holds
+                    // the lease and the step as committed.
+                    Some(current) if shows_commit(&current, target, commit.steps) => {
+                        Ok(Committed::Applied)
+                    }
+                    current => Ok(Committed::LeaseLost {
+                        current: current.map(Box::new),
+                    }),
+                }
+            }
             Answer::Committed(committed) => Ok(committed),
         }
     }
@@ -62,6 +88,9 @@ impl DynamoDbStore {
         writes: &[TransactWriteItem],
         token: &str,
     ) -> Result<Committed, StoreError> {
+        if let Some(refused) = self.refuse_transactions() {
+            return Ok(refused);
+        }
         let (own, placement) = self.settlement_writes(target, settlement)?;
         let own: Vec<TransactWriteItem> = own.into_iter().map(Write::into_transact_item).collect();
         // Refused before anything is written: no part item is left behind for nothing.
@@ -86,6 +115,19 @@ impl DynamoDbStore {
 
     /// One transaction of the crate's `own` writes (the record's first) and the handler's
     /// `writes` (checked against DynamoDB's limits already), sent under `token`.
+    /// The answer to a transaction on a table a check found strongly consistent across
+    /// Regions, which refuses transactions: refused before anything is sent or written.
+    fn refuse_transactions(&self) -> Option<Committed> {
+        self.strongly_consistent_table().map(|table| {
+            let refusal = StoreError::TransactionalWritesUnsupported {
+                table: table.to_owned(),
+            };
+            Committed::Invalid {
+                message: refusal.to_string(),
+            }
+        })
+    }
+
     async fn transact_with(
         &self,
         operation: &'static str,
@@ -266,4 +308,19 @@ fn write_size(write: &TransactWriteItem) -> usize {
             + values(check.expression_attribute_values.as_ref())
             + check.condition_expression.len()
     })
+}
+
+/// Whether `current` (the record a failed commit's condition returned) is the record as the
+/// commit of `steps` under `target`'s lease left it: the same lease, and the step it adds
+/// recorded at its place with its result.
+fn shows_commit(current: &Record, target: Target<'_>, steps: &[StepRecord]) -> bool {
+    let Guard::Lease(token) = target.guard else {
+        return false;
+    };
+    let Some(adding) = steps.last() else {
+        return false;
+    };
+    current.status == Status::InProgress
+        && current.lease.token == token
+        && current.steps.get(steps.len() - 1) == Some(adding)
 }

@@ -34,7 +34,9 @@ impl DynamoDbStore {
             outcomes: OutcomeStorage::default(),
             unscoped_evidence: true,
             accept_eventual: false,
+            transactional_writes: false,
             verdict: replication::Verdict::default(),
+            strong: replication::Strong::default(),
         }
     }
 
@@ -115,7 +117,7 @@ impl DynamoDbStore {
     /// [`StoreError::AccessDenied`] (the role needs `dynamodb:DescribeTable` too),
     /// [`StoreError::Rejected`] (the table's key schema is not the store's),
     /// [`StoreError::EventuallyConsistentReplicas`], [`StoreError::TransactionsUnsupported`],
-    /// or a transient error ([`StoreError::is_transient`]: throttled, unavailable, or no answer
+    /// [`StoreError::TransactionalWritesUnsupported`], or a transient error ([`StoreError::is_transient`]: throttled, unavailable, or no answer
     /// within 2 s) that the first event's own requests will retry (a replication check left
     /// undone by one is done by the next cold start's).
     pub async fn prime(&self) -> Result<(), StoreError> {

@@ -5,12 +5,12 @@
 //! |---|---|---|
 //! | claim | `PutItem` (`TransactWriteItems` with the evidence `Put`, condition `attribute_not_exists(pk)`) | `attribute_not_exists(pk) OR (expires_at < :now_s AND status IN (COMPLETED, FAILED))` |
 //! | adopt | `TransactWriteItems`: the record `Put` and an evidence `Update` conditioned on the orphan | same as claim |
-//! | take_over | `UpdateItem`: new token, attempt, lease, retention | `status = IN_PROGRESS AND lease_token = :previous AND lease_expires_at_ms < :now_ms` |
+//! | take_over | `UpdateItem`: new token, attempt, lease, retention | `status = IN_PROGRESS AND lease_token = :previous AND lease_expires_at_ms < :now_ms`, and the step list as read |
 //! | settle | `UpdateItem` (+ evidence `Update` in one transaction) | `status = IN_PROGRESS AND lease_token = :mine` |
 //! | release | `DeleteItem` (+ evidence `Delete` in one transaction) | same |
 //! | shorten | `UpdateItem`: lease expiry | same |
 //! | record_steps | `UpdateItem`: the step list | same |
-//! | commit_steps | `TransactWriteItems`: the step list `Update` and the handler's own writes, with a `ClientRequestToken` | same |
+//! | commit_steps | `TransactWriteItems`: the step list `Update` and the handler's own writes, with a `ClientRequestToken` | same, and the step it adds not in the list yet |
 //! | settle_with | `TransactWriteItems`: settle's writes and the handler's own, with a `ClientRequestToken` | same |
 //! | get, evidence | `GetItem`, strongly consistent | — |
 //!
@@ -184,7 +184,9 @@ pub struct DynamoDbStore {
     outcomes: OutcomeStorage,
     unscoped_evidence: bool,
     accept_eventual: bool,
+    transactional_writes: bool,
     verdict: replication::Verdict,
+    strong: replication::Strong,
 }
 
 impl DynamoDbStore {

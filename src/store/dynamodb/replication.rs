@@ -67,6 +67,7 @@ impl Replication {
 pub(crate) enum Refusal {
     Eventual { table: String, regions: Vec<String> },
     NoTransactions { table: String },
+    NoTransactionalWrites { table: String },
 }
 
 impl Refusal {
@@ -79,6 +80,9 @@ impl Refusal {
             Self::NoTransactions { table } => StoreError::TransactionsUnsupported {
                 table: table.clone(),
             },
+            Self::NoTransactionalWrites { table } => StoreError::TransactionalWritesUnsupported {
+                table: table.clone(),
+            },
         }
     }
 }
@@ -86,6 +90,10 @@ impl Refusal {
 /// A refusal found by a check, shared by a store and its clones (a builder that changes what
 /// the check depends on starts a fresh one): unset until a check refuses.
 pub(crate) type Verdict = Arc<OnceLock<Refusal>>;
+
+/// The idempotency table, once a check found it has multi-Region strong consistency, shared by
+/// a store and its clones: its transactional writes are then refused before they are sent.
+pub(crate) type Strong = Arc<OnceLock<String>>;
 
 impl DynamoDbStore {
     /// Accepts global tables with multi-Region eventual consistency (MREC), which
@@ -99,12 +107,34 @@ impl DynamoDbStore {
         self
     }
 
+    /// Declares that this store's operations write in transactions (transactional steps,
+    /// [`ExecutionContext::complete_with`](crate::ExecutionContext::complete_with), an outbox):
+    /// [`Self::check_replication`] (and so [`Self::prime`], at init) then refuses an
+    /// idempotency table with multi-Region strong consistency, which accepts no
+    /// `TransactWriteItems`, with [`StoreError::TransactionalWritesUnsupported`]. Undeclared,
+    /// such a table is accepted, and once a check has found it each transactional write is
+    /// refused before it is sent, before any of its effects: a transactional step answers
+    /// [`StepError::Rejected`](crate::effects::StepError::Rejected), a completion is retained
+    /// as `completion_rejected`.
+    pub fn with_transactional_writes(mut self) -> Self {
+        self.transactional_writes = true;
+        self.verdict = Verdict::default();
+        self
+    }
+
+    /// `Some(table)` when a check found the idempotency table strongly consistent across
+    /// Regions: transactional writes are refused there.
+    pub(crate) fn strongly_consistent_table(&self) -> Option<&str> {
+        self.strong.get().map(String::as_str)
+    }
+
     /// Reads the tables' replication (`DescribeTable`, IAM `dynamodb:DescribeTable`) and
     /// refuses what would let two Regions claim one key: a global table with multi-Region
     /// eventual consistency (unless [`Self::accept_eventually_consistent_replicas`]), and a
     /// uniqueness table beside a table with multi-Region strong consistency, which accepts no
-    /// transactions. After a refusal, every claim of this store (and its clones) fails with the
-    /// same error. [`Self::prime`] runs it. Returns the idempotency table's replication.
+    /// transactions, and such a table where the store's operations write in transactions
+    /// ([`Self::with_transactional_writes`]). After a refusal, every claim of this store (and
+    /// its clones) fails with the same error. [`Self::prime`] runs it. Returns the idempotency table's replication.
     ///
     /// Global tables of the legacy version 2017.11.29 are not described by `DescribeTable` and
     /// pass as single-Region tables.
@@ -123,7 +153,7 @@ impl DynamoDbStore {
     ///
     /// # Errors
     /// [`StoreError::EventuallyConsistentReplicas`], [`StoreError::TransactionsUnsupported`],
-    /// or the `DescribeTable` request's own error (a missing table, access denied, throttled).
+    /// [`StoreError::TransactionalWritesUnsupported`], or the `DescribeTable` request's own error (a missing table, access denied, throttled).
     pub async fn check_replication(&self) -> Result<Replication, StoreError> {
         let describe_uniqueness = async {
             match &self.uniqueness_table {
@@ -134,6 +164,10 @@ impl DynamoDbStore {
         let (replication, uniqueness) =
             future::join(self.replication_of(&self.table), describe_uniqueness).await;
         let (replication, uniqueness) = (replication?, uniqueness?);
+        if let Replication::Strong { .. } = replication {
+            // A table's consistency mode cannot change.
+            let _ = self.strong.set(self.table.clone());
+        }
         match self.refusal(&replication, uniqueness.as_ref()) {
             Some(refusal) => {
                 // Kept for every later claim: a global table's consistency mode cannot change.
@@ -176,6 +210,11 @@ impl DynamoDbStore {
             (Some(table), Some(_)) => Some(Refusal::NoTransactions {
                 table: table.clone(),
             }),
+            _ if self.transactional_writes && matches!(replication, Replication::Strong { .. }) => {
+                Some(Refusal::NoTransactionalWrites {
+                    table: self.table.clone(),
+                })
+            }
             _ => None,
         }
     }

@@ -1,0 +1,88 @@
+//! A transactional step's commit whose answers were all lost, re-sent by the engine as a new
+//! request that DynamoDB cannot answer from its `ClientRequestToken` (an endpoint without
+//! token replay, or a re-send past DynamoDB's ten minutes; here every request gets a fresh
+//! token): the step's record, not the token, shows that the commit applied.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use aws_sdk_dynamodb::config::interceptors::BeforeSerializationInterceptorContextMut;
+use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
+use aws_sdk_dynamodb::error::BoxError;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsInput;
+use lambda_idempotency::store::DynamoDbStore;
+use lambda_idempotency::testing::conformance::invocation;
+use lambda_idempotency::testing::interceptor::{Fault, FaultInterceptor, Operation, SDK_ATTEMPTS};
+use lambda_idempotency::testing::local;
+use lambda_idempotency::{ExecutionContext, Origin};
+
+use super::transactions::Shop;
+
+/// Gives every `TransactWriteItems` operation a token of its own, as if the endpoint kept none.
+#[derive(Debug, Default)]
+struct FreshTokens(AtomicUsize);
+
+impl Intercept for FreshTokens {
+    fn name(&self) -> &'static str {
+        "FreshTokens"
+    }
+
+    fn modify_before_serialization(
+        &self,
+        context: &mut BeforeSerializationInterceptorContextMut<'_>,
+        _: &RuntimeComponents,
+        _: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        if let Some(input) = context
+            .input_mut()
+            .downcast_mut::<TransactWriteItemsInput>()
+        {
+            let sent = self.0.fetch_add(1, Ordering::SeqCst);
+            input.client_request_token = Some(format!("fresh-token-{sent}"));
+        }
+        Ok(())
+    }
+}
+
+/// The handler: one transactional step placing `order` against the stock's version as read.
+async fn place(shop: &Shop, ctx: ExecutionContext, order: &str) -> Result<String, BoxError> {
+    Ok(ctx
+        .step("place")
+        .transact(|_key| async {
+            let seen = shop.stock_item("version").await;
+            Ok::<_, BoxError>(shop.place(order, seen))
+        })
+        .await?)
+}
+
+#[tokio::test]
+async fn a_lost_commit_is_recognised_from_the_record_without_token_replay() {
+    let shop = Shop::open().await;
+    let faults = FaultInterceptor::new();
+    let config = local::config_for(shop.db.endpoint.clone())
+        .interceptor(faults.clone())
+        .interceptor(FreshTokens::default());
+    let client = aws_sdk_dynamodb::Client::from_conf(config.build());
+    let idem = shop.engine(DynamoDbStore::new(client, &shop.db.table));
+    let inv = invocation("tx-no-token", &serde_json::json!({"order": "o-40"}));
+    // Every SDK attempt of the first commit applies once and loses its answer: the engine
+    // sends it again, under a token DynamoDB has not seen.
+    faults.inject_times(
+        Operation::TransactWriteItems,
+        Fault::DropResponse,
+        SDK_ATTEMPTS as usize,
+    );
+
+    let done = idem
+        .execute(&inv, |ctx| place(&shop, ctx, "o-40"))
+        .await
+        .expect("the commit is recognised, not refused");
+
+    assert_eq!(done.origin(), Origin::Executed { attempt: 1 });
+    assert_eq!(done.value(), "placed o-40");
+    assert!(
+        faults.requests(Operation::TransactWriteItems) > SDK_ATTEMPTS as usize,
+        "the engine re-sent the commit as a new request"
+    );
+    assert_eq!(shop.reserved().await, 1, "the stock reserved once");
+    assert!(shop.has_order("o-40").await);
+}
