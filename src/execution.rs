@@ -16,6 +16,11 @@ pub const MAX_IDENTITY_BYTES: usize = 1024;
 /// The longest lease an invocation holds (a year: far past Lambda's 15 minutes).
 pub const MAX_LEASE: Duration = Duration::from_secs(366 * 24 * 3600);
 
+/// How far apart the clocks of two invocations may run, unless the lease policy says
+/// otherwise: the margin a lease keeps past the deadline, and a step's effect past its
+/// declared timeout.
+pub(crate) const CLOCK_SKEW: Duration = Duration::from_secs(5);
+
 /// One request for an idempotent execution.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Invocation {
@@ -25,6 +30,9 @@ pub struct Invocation {
     pub(crate) fingerprint: Fingerprint,
     pub(crate) lease: Duration,
     pub(crate) deadline: Option<SystemTime>,
+    /// How far apart two invocations' clocks may run (the lease policy's skew): a claim given
+    /// back after a step keeps it until the step's effect can have landed on every clock.
+    pub(crate) clock_skew: Duration,
     pub(crate) request_id: Option<String>,
     pub(crate) message_id: Option<String>,
     pub(crate) identity: Option<String>,
@@ -43,6 +51,7 @@ impl Invocation {
             fingerprint,
             lease: lease.min(MAX_LEASE),
             deadline: None,
+            clock_skew: CLOCK_SKEW,
             request_id: None,
             message_id: None,
             identity: None,
@@ -65,6 +74,13 @@ impl Invocation {
     /// there.
     pub(crate) fn with_earlier_key(mut self, earlier: Option<OperationKey>) -> Self {
         self.earlier_key = earlier;
+        self
+    }
+
+    /// The same invocation where two invocations' clocks may run `skew` apart (the lease
+    /// policy's).
+    pub(crate) fn with_clock_skew(mut self, skew: Duration) -> Self {
+        self.clock_skew = skew;
         self
     }
 

@@ -71,6 +71,9 @@ pub(crate) struct StepLedger {
     /// The invocation's deadline, if it has one: a write carrying a step's result is retried
     /// until shortly before it.
     deadline: Option<SystemTime>,
+    /// How far apart two invocations' clocks may run: an effect may land until its start plus
+    /// its declared timeout, on the clock of whoever takes over.
+    clock_skew: Duration,
     /// The engine's recovery policy: under [`Recovery::Rerun`](crate::reconcile::Recovery::Rerun)
     /// the whole handler is safe to repeat, so an uncertain step runs again too.
     recovery: crate::reconcile::Recovery,
@@ -176,6 +179,7 @@ impl StepLedger {
             attempt,
             lease_expires_at: claim.lease.expires_at,
             deadline: invocation.deadline,
+            clock_skew: invocation.clock_skew,
             created_at,
             lands_by,
             state: Mutex::new(State {
@@ -241,28 +245,25 @@ impl StepLedger {
                 steps
             })
         };
-        let Some(marked) = marked else {
-            return Flushed::Written;
-        };
-        match self.write(&marked).await {
-            Ok(()) => {
-                let mut state = self.lock();
-                state.dirty = false;
-                state.unsaved_result = false;
-                Flushed::Written
-            }
-            Err(Halt::Lost(_)) => Flushed::Lost,
-            Err(_) => Flushed::Failed,
+        match marked {
+            Some(marked) => self.write_whole(&marked).await,
+            None => Flushed::Written,
         }
     }
 
     /// Writes the pending steps, if any.
     async fn flush(&self) -> Flushed {
         // Frozen: nothing to write (`pending` is `None`); the record stands as the store has it.
-        let Some(steps) = self.pending() else {
-            return Flushed::Written;
-        };
-        match self.write(&steps).await {
+        match self.pending() {
+            Some(steps) => self.write_whole(&steps).await,
+            None => Flushed::Written,
+        }
+    }
+
+    /// Writes `steps`, every step of the ledger among them: once written, nothing of the
+    /// ledger is left unsaved.
+    async fn write_whole(&self, steps: &[StepRecord]) -> Flushed {
+        match self.write(steps).await {
             Ok(()) => {
                 let mut state = self.lock();
                 state.dirty = false;
@@ -290,12 +291,13 @@ impl StepLedger {
         }
         let store = self.idem.store();
         let target = self.target();
-        let now = self.idem.now();
-        let now = self
-            .lands_by
-            .get()
-            .map_or(now, |lands_by| lands_by.max(now));
-        if now >= self.lease_expires_at {
+        let until = decide::given_back_until(
+            self.idem.now(),
+            self.lease_expires_at,
+            Duration::ZERO,
+            self.lands_by.get(),
+        );
+        if until >= self.lease_expires_at {
             debug!(
                 attempt = self.attempt,
                 "a step's effect may land until the lease's end: the claim is kept"
@@ -309,7 +311,7 @@ impl StepLedger {
         });
         let given_back = self
             .idem
-            .retrying(Patience::Brief(answer_due), || store.shorten(target, now))
+            .retrying(Patience::Brief(answer_due), || store.shorten(target, until))
             .await;
         if given_back.is_err() {
             warn!(
@@ -397,8 +399,9 @@ impl StepLedger {
                 ),
             },
         }
+        // On every clock: a takeover's clock may run ahead of this one by the skew.
         let lands_by = effect_timeout.map_or(self.lease_expires_at, |timeout| {
-            (self.idem.now() + timeout).min(self.lease_expires_at)
+            (self.idem.now() + timeout + self.clock_skew).min(self.lease_expires_at)
         });
         // From its start the effect may land: a step cancelled mid-effect (a timeout around
         // it) leaves the mark, which a result recorded lifts.

@@ -200,7 +200,8 @@ impl<C> Step<'_, C> {
     /// request it sends can still take effect downstream (its client's timeout, with retries).
     /// When the effect ends without a result (an error, a timeout) and the attempt then gives its
     /// claim back, the claim is not taken over before that time has passed since the effect
-    /// began, so that the next attempt's check sees an effect that lands late. Without one the
+    /// began, plus the lease policy's clock skew (the next attempt's clock may run ahead), so
+    /// that the next attempt's check sees an effect that lands late. Without one the
     /// claim is kept until its lease runs out (the invocation's remaining time bounds the effect).
     ///
     /// ```no_run

@@ -124,7 +124,10 @@ impl<E> Operation<E> {
         let now = self.idem.now();
         let deadline = context.and_then(|context| deadline_of(context, now));
         let lease = self.lease.lease(deadline, now);
-        let invocation = self.policy.invocation(&self.scope, payload, lease)?;
+        let invocation = self
+            .policy
+            .invocation(&self.scope, payload, lease)?
+            .with_clock_skew(self.lease.skew);
         let invocation = match context {
             Some(context) => invocation.with_request_id(context.request_id.clone()),
             None => invocation,
@@ -183,7 +186,7 @@ pub struct LeasePolicy {
 impl Default for LeasePolicy {
     fn default() -> Self {
         Self {
-            skew: Duration::from_secs(5),
+            skew: crate::execution::CLOCK_SKEW,
             max: Duration::from_secs(15 * 60 + 5),
             without_deadline: Duration::from_secs(60),
         }

@@ -32,6 +32,14 @@ pub(crate) struct Bounds {
     /// hold their lease, and how many handler runs may fail terminally.
     pub(crate) cancels: u8,
     pub(crate) declines: u8,
+    /// How many completions may be refused: the condition of the writes the handler queued
+    /// with its settlement fails, after its other effects happened.
+    pub(crate) refusals: u8,
+    /// A stepped handler's step: whether it has a check that reads the downstream truth (its
+    /// effect landed or not), and whether its effect is sent and lands later, within the
+    /// step's declared effect timeout (so that the step can time out with it in flight).
+    pub(crate) checked: bool,
+    pub(crate) late: bool,
     /// How many times the outbox relay may publish an event again (it died after publishing,
     /// before its stream's checkpoint moved on).
     pub(crate) republishes: u8,
@@ -104,6 +112,35 @@ impl Bounds {
         }
     }
 
+    /// One operation's stepped handler whose step has a check and whose effect lands late,
+    /// within the step's effect timeout; a handler may fail retryably after its step (its
+    /// claim given back with its steps) or be cancelled; no outage, lost answer or crash.
+    pub(crate) fn late_effects() -> Self {
+        Self {
+            handler: Handler::Stepped,
+            checked: true,
+            late: true,
+            max_time: 7,
+            outages: 0,
+            losses: 0,
+            crashes: 0,
+            cancels: 1,
+            ..Self::small()
+        }
+    }
+
+    /// A handler that acts directly and whose completion's writes may be refused, after its
+    /// effect happened; no outage, lost answer or crash.
+    pub(crate) fn refused_completions() -> Self {
+        Self {
+            refusals: 1,
+            outages: 0,
+            losses: 0,
+            crashes: 0,
+            ..Self::small()
+        }
+    }
+
     /// The same, with the handler's effect and its outbox event committed with its settlement,
     /// and a relay that may publish an event twice.
     pub(crate) fn transactional() -> Self {
@@ -129,6 +166,9 @@ impl Bounds {
             crashes: 1,
             cancels: 0,
             declines: 0,
+            refusals: 0,
+            checked: false,
+            late: false,
             republishes: 0,
         }
     }
@@ -177,6 +217,18 @@ pub(crate) enum Revert {
     /// A give-back's shortening was not fenced on the cancelled attempt's token: sent late,
     /// it shortened the lease of the attempt that had taken over since.
     GiveBackUnfenced,
+    /// A give-back after a step whose effect was in flight cut the lease to now (or to the
+    /// cancellation's grace) instead of keeping it until the effect can have landed: the next
+    /// attempt's check heard NotApplied before the effect landed and ran it again.
+    GiveBackWithoutGrace,
+    /// A takeover of an attempt that gave its claim back knowingly (its handler's retryable
+    /// failure after its steps) was held INDETERMINATE under the default recovery, instead of
+    /// replaying the done steps and checking the uncertain ones: an operator paged for nothing.
+    GivenBackHeld,
+    /// A completion whose writes' condition failed was released under the default recovery:
+    /// the next delivery ran the handler, whose effects outside the completion had happened,
+    /// again.
+    RefusedCompletionReleased,
     /// An outbox event's id came from the key and step alone, not the execution: a later
     /// execution's event (after the first one's retention) was taken for the first one's.
     EventIdWithoutExecution,

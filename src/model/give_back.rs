@@ -24,11 +24,15 @@ impl Protocol {
             Pc::Running(held) | Pc::Settling { held, .. } => held,
             _ => return,
         };
+        let lands_by = match self.revert {
+            Some(Revert::GiveBackWithoutGrace) => None,
+            _ => held.lands_by.map(at),
+        };
         let until = decide::given_back_until(
             at(clock),
             held.claim.lease.expires_at,
             Duration::from_secs(GRACE),
-            None,
+            lands_by,
         );
         state.workers[w].pc = Pc::GivingBack {
             held,

@@ -5,7 +5,13 @@
 //! expired records at any time after they expire; the handler acts directly, keeps its
 //! effect in a step (its intent recorded before, its result with the settlement), or commits
 //! it as a DynamoDB write with an outbox event in its settlement's transaction, which a relay
-//! publishes, at least once, to a consumer that deduplicates on the event's id.
+//! publishes, at least once, to a consumer that deduplicates on the event's id. A stepped
+//! handler's effect may also land late (within the step's declared timeout, after the step
+//! timed out), its step has a check that reads the downstream truth, and the handler may fail
+//! retryably after its step (its claim given back with its steps and the attempt's mark); a
+//! direct handler's completion may be refused after its effect (its writes' condition failed).
+//! What the engine does then is its decision table (`decide::after_failure`,
+//! `decide::recover`, `decide::given_back_until`).
 //!
 //! The model checks the code that runs: its store is the crate's [`MemoryStore`] (the same
 //! semantics as the DynamoDB store, held to it by the conformance suite), and every decision
@@ -17,8 +23,9 @@
 //! acted on once by its consumer. A transactional handler's DynamoDB write and outbox event
 //! are the model's own tables, written in the same transition as the fenced settlement they
 //! commit with, as `TransactWriteItems` commits all of its actions or none; what the
-//! transaction itself can answer besides (a handler's condition refused, writes that cannot
-//! be sent) is left to the integration suite.
+//! transaction itself can answer besides a refused condition (writes that cannot be sent) is
+//! left to the integration suite. A knowing give-back is continued, never held for an
+//! operator, is a property too.
 //!
 //! [`Revert`] puts back, in the model, a historical defect's decision; the tests show the
 //! checker finds each one with a counterexample. `MODEL_BOUNDS=large` runs the larger bounds.
@@ -81,8 +88,13 @@ pub(crate) enum Action {
     Step(usize),
     /// Worker `w`'s write commits and its answer is lost.
     Lose(usize),
-    /// Worker `w`'s handler fails retryably instead of acting (its claim is released).
+    /// Worker `w`'s handler fails retryably: before it acts (its claim is released), or after
+    /// its step (its claim is given back with its steps).
     Fail(usize),
+    /// Worker `w`'s completion is refused: the condition of the writes it queued fails.
+    Refuse(usize),
+    /// Step effect `f`, on its way downstream, lands.
+    Land(usize),
     /// Worker `w`'s handler fails terminally instead of acting (the failure is retained).
     Decline(usize),
     /// Worker `w`'s process dies.
@@ -167,6 +179,8 @@ impl Model for Protocol {
             crashes: self.bounds.crashes,
             cancels: self.bounds.cancels,
             declines: self.bounds.declines,
+            refusals: self.bounds.refusals,
+            flights: Vec::new(),
             workers: self
                 .bounds
                 .workers
@@ -214,6 +228,11 @@ impl Model for Protocol {
                 actions.push(Action::Sweep(op));
             }
         }
+        for (f, flight) in state.flights.iter().enumerate() {
+            if !flight.landed {
+                actions.push(Action::Land(f));
+            }
+        }
         for (e, event) in state.outbox.iter().enumerate() {
             if !event.published || state.republishes > 0 {
                 actions.push(Action::Publish(e));
@@ -226,8 +245,9 @@ impl Model for Protocol {
                     actions.push(Action::Lose(w));
                 }
             }
-            // A handler fails before it acts, and before any step is recorded (after one, the
-            // engine holds or replays instead of releasing, which the model leaves out).
+            // A handler fails before it acts, and before any step is recorded; a stepped one
+            // whose step has ended (done, or timed out with its effect in flight) fails
+            // retryably after it too.
             let starting =
                 |held: &state::Held| held.phase == state::Phase::Start && held.steps.is_empty();
             if matches!(&worker.pc, Pc::Running(held) if starting(held)) {
@@ -235,6 +255,17 @@ impl Model for Protocol {
                 if state.declines > 0 {
                     actions.push(Action::Decline(w));
                 }
+            }
+            let after_step =
+                |held: &state::Held| self.bounds.late && matches!(held.phase, state::Phase::Acted);
+            if matches!(&worker.pc, Pc::Running(held) if after_step(held)) {
+                actions.push(Action::Fail(w));
+            }
+            if state.refusals > 0
+                && !state.down
+                && matches!(&worker.pc, Pc::Settling { settlement: Some(s), .. } if s.status == crate::record::Status::Completed)
+            {
+                actions.push(Action::Refuse(w));
             }
             let alive = !matches!(worker.pc, Pc::Ready | Pc::Done(_) | Pc::Dead);
             if alive && state.crashes > 0 {
@@ -250,7 +281,15 @@ impl Model for Protocol {
     fn next_state(&self, last: &State, action: Action) -> Option<State> {
         let mut state = last.clone();
         match action {
-            Action::Tick => state.now += 1,
+            Action::Tick => {
+                state.now += 1;
+                // An effect not landed by its timeout never lands.
+                let now = state.now;
+                state.flights.retain(|flight| {
+                    (flight.landed && flight.sender.is_some())
+                        || (!flight.landed && flight.until > now)
+                });
+            }
             Action::Down => {
                 state.down = true;
                 state.outages -= 1;
@@ -279,6 +318,11 @@ impl Model for Protocol {
                 self.step(&mut state, w, true);
             }
             Action::Fail(w) => self.fail(&mut state, w),
+            Action::Refuse(w) => {
+                state.refusals -= 1;
+                self.refuse(&mut state, w);
+            }
+            Action::Land(f) => self.land(&mut state, f),
             Action::Decline(w) => {
                 state.declines -= 1;
                 self.decline(&mut state, w);

@@ -3,7 +3,7 @@
 
 use stateright::{Expectation, Property};
 
-use super::state::{Answer, Outcome, State};
+use super::state::{Answer, Held, Outcome, State};
 use super::{Handler, Protocol, tick};
 use crate::key::OperationKey;
 use crate::record::Status;
@@ -30,6 +30,10 @@ pub(crate) const TRUTHFUL: &str = "every answer is truthful";
 /// publishes it (perhaps again), and the consumer, deduplicating on its id, never takes it for
 /// another.
 pub(crate) const EVENT_ONCE: &str = "every committed event takes effect once";
+/// An operation is held INDETERMINATE for an operator only where nothing else can decide:
+/// the takeover of an attempt that gave its claim back knowingly (its handler's retryable
+/// failure after its steps) replays the done steps and checks the uncertain ones.
+pub(crate) const CONTINUED: &str = "a knowing give-back is continued, never held";
 /// Reachability, so that a passing check is not vacuous.
 pub(crate) const COMPLETES: &str = "an operation completes";
 pub(crate) const TAKES_OVER: &str = "a crashed attempt is taken over";
@@ -62,6 +66,7 @@ pub(super) fn all() -> Vec<Property<Protocol>> {
         }),
         Property::always(TRUTHFUL, |_, s: &State| !s.broken.contains(&TRUTHFUL)),
         Property::always(EVENT_ONCE, |_, s: &State| !s.broken.contains(&EVENT_ONCE)),
+        Property::always(CONTINUED, |_, s: &State| !s.broken.contains(&CONTINUED)),
         Property::sometimes(COMPLETES, |_, s: &State| {
             s.records
                 .iter()
@@ -152,6 +157,26 @@ impl Protocol {
         };
         if !truthful {
             state.broken.push(TRUTHFUL);
+        }
+    }
+
+    /// Notes a hold (an INDETERMINATE settlement by the attempt `held`) of an operation whose
+    /// taken-over attempt gave its claim back knowingly, with every step done or checkable.
+    pub(super) fn check_hold(&self, state: &mut State, held: &Held) {
+        let Some(previous) = held.previous.as_deref() else {
+            return;
+        };
+        let knowing = previous
+            .steps
+            .last()
+            .is_some_and(|last| last.marks_given_back() && last.attempt == previous.lease.attempt);
+        let decidable = previous
+            .steps
+            .iter()
+            .filter(|step| !step.is_mark())
+            .all(|step| step.result.is_some() || self.bounds.checked);
+        if knowing && decidable {
+            state.broken.push(CONTINUED);
         }
     }
 

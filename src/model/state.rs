@@ -23,7 +23,12 @@ pub(crate) struct State {
     pub(crate) crashes: u8,
     pub(crate) cancels: u8,
     pub(crate) declines: u8,
+    /// How many completions may still be refused (their writes' condition fails).
+    pub(crate) refusals: u8,
     pub(crate) workers: Vec<Worker>,
+    /// Step effects sent downstream that may still land (until their timeout), or landed
+    /// before their sender heard of it.
+    pub(crate) flights: Vec<Flight>,
     /// Per operation: every handler run that acted, and those excused (a new execution's
     /// first, and a re-run of a handler declared safe to repeat after an attempt that acted
     /// ended without settling).
@@ -52,6 +57,21 @@ pub(crate) struct State {
     pub(crate) republishes: u8,
     /// What a transition saw that breaks an invariant (checked by the properties).
     pub(crate) broken: Vec<&'static str>,
+}
+
+/// A step's effect on its way downstream: it lands at any tick before `until` (true time:
+/// its start plus the step's declared effect timeout, and no later than its sender's lease),
+/// or never.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Flight {
+    /// The worker waiting for its answer (`None` once it stopped waiting: the step timed out,
+    /// or the worker ended).
+    pub(crate) sender: Option<usize>,
+    pub(crate) op: usize,
+    pub(crate) until: u64,
+    /// Whether its landing is excused (as [`Held::excused`], or a new execution's first).
+    pub(crate) excused: bool,
+    pub(crate) landed: bool,
 }
 
 /// A settled record's outcome.
@@ -142,6 +162,9 @@ pub(crate) enum Pc {
     /// Cancelled while it held `held`'s lease: its give-back (the lease shortened to tick
     /// `until`) is still to be sent, from a task that runs whenever the sandbox next does.
     GivingBack { held: Held, until: u64 },
+    /// Its handler failed retryably after its step: the steps, marked as given back, are
+    /// written, then the lease is cut (as the step ledger's give-back does).
+    GivingBackSteps { held: Held },
     /// Answered.
     Done(Answer),
     /// Crashed, or killed at its deadline.
@@ -162,6 +185,9 @@ pub(crate) struct Held {
     /// A stepped handler: the steps the operation recorded so far, and where its one step is.
     pub(crate) steps: Vec<StepRecord>,
     pub(crate) phase: Phase,
+    /// Until when (its clock's tick) an effect its step sent may still land: the step's start
+    /// plus its declared effect timeout, never past the lease (`None`: nothing in flight).
+    pub(crate) lands_by: Option<u64>,
 }
 
 /// Where a stepped handler's one step is (an unstepped handler acts at `Start`).
@@ -171,6 +197,8 @@ pub(crate) enum Phase {
     Start,
     /// Its intent is recorded (or it runs again): the effect is next.
     Intended,
+    /// Its effect is on its way downstream (a late effect): its answer is awaited.
+    Sent,
     /// Its effect happened: its result goes with the settlement.
     Acted,
 }

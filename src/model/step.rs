@@ -2,14 +2,17 @@
 
 use std::time::Duration;
 
-use super::state::{Answer, Held, Pc, Phase, State, Worker};
+use super::state::{Answer, Flight, Held, Pc, Phase, State, Worker};
 use super::{Handler, Protocol, Revert, at, ready, tick};
 use crate::engine::INDETERMINATE_RETENTION;
 use crate::engine::answer::{answer_existing, identity_taken};
-use crate::engine::decide::{self, Claimed, Recover, StepStanding, TookOver};
+use crate::engine::decide::{
+    self, AfterFailure, Claimed, Failure, Recover, StepStanding, TookOver,
+};
 use crate::engine::settle::settle_patience;
 use crate::error::Error;
 use crate::key::OperationKey;
+use crate::reconcile::Recovery;
 use crate::record::{FailureKind, Record, RetainedFailure, Settlement, Status, StepRecord};
 use crate::store::{Claim, Fence, Guard, MemoryStore, Store, Target};
 
@@ -18,6 +21,10 @@ const STEP: &str = "charge";
 
 /// How long before its deadline a worker stops retrying a settlement (the design's margin).
 const SETTLE_MARGIN: u64 = 1;
+
+/// A late step's declared effect timeout, in ticks: its effect lands before its start plus
+/// this, or never.
+const EFFECT_TIMEOUT: u64 = 2;
 
 impl Protocol {
     /// Whether worker `w` has a step to take now.
@@ -32,7 +39,8 @@ impl Protocol {
             Pc::ResendClaim { .. }
             | Pc::TakingOver { .. }
             | Pc::Running(_)
-            | Pc::GivingBack { .. } => true,
+            | Pc::GivingBack { .. }
+            | Pc::GivingBackSteps { .. } => true,
         }
     }
 
@@ -129,6 +137,7 @@ impl Protocol {
                 not_before,
             } => self.settle(state, w, clock, held, settlement, tries, not_before, lose),
             Pc::GivingBack { held, until } => self.give_back(state, &held, until),
+            Pc::GivingBackSteps { held } => self.give_back_steps(state, clock, held),
             Pc::Done(_) | Pc::Dead => return,
         };
         if let Pc::Done(answer) = &next {
@@ -140,10 +149,15 @@ impl Protocol {
     /// A stepped handler's step before its effect is settled: where it stands, its intent,
     /// its effect.
     fn stepped(&self, state: &mut State, w: usize, clock: u64, mut held: Held, lose: bool) -> Pc {
-        if held.phase == Phase::Intended {
-            self.act(state, w, &held);
-            held.phase = Phase::Acted;
-            return Pc::Running(held);
+        match held.phase {
+            Phase::Intended if self.bounds.late => return self.send(state, w, clock, held),
+            Phase::Intended => {
+                self.act(state, w, &held);
+                held.phase = Phase::Acted;
+                return Pc::Running(held);
+            }
+            Phase::Sent => return self.answered(state, w, clock, held),
+            Phase::Start | Phase::Acted => {}
         }
         match decide::step_standing(&held.steps, 0, STEP) {
             StepStanding::Done(bytes) => {
@@ -158,8 +172,27 @@ impl Protocol {
                     _ => decide::rerun_uncertain(false, self.recovery),
                 };
                 if again {
+                    // Under `Recovery::Rerun` every effect is declared safe to repeat.
+                    held.excused |= self.recovery == Recovery::Rerun;
                     held.phase = Phase::Intended;
                     return Pc::Running(held);
+                }
+                if self.bounds.checked {
+                    // The step's check reads the downstream truth: applied, its result is the
+                    // step's; not applied, the step runs.
+                    let op = state.workers[w].op;
+                    if state.effects[op] == 0 {
+                        held.phase = Phase::Intended;
+                        return Pc::Running(held);
+                    }
+                    let outcome = format!("checked-{w}").into_bytes();
+                    if let Some(step) = held.steps.last_mut() {
+                        step.result = Some(outcome.clone());
+                    }
+                    let settlement =
+                        Settlement::completed(outcome, None, at(clock), self.retention())
+                            .with_steps(Some(held.steps.clone()));
+                    return settling(held, Some(settlement), clock);
                 }
                 // No check: the operation is held for an operator.
                 let settlement = Settlement::indeterminate(at(clock), INDETERMINATE_RETENTION);
@@ -196,12 +229,154 @@ impl Protocol {
         }
     }
 
-    /// The handler fails retryably: the claim is released (nothing acted).
+    /// The handler fails retryably: before it acted, the claim is released; after its step,
+    /// the claim is given back with its steps (the engine's decision table).
     pub(super) fn fail(&self, state: &mut State, w: usize) {
         let clock = state.now + state.workers[w].skew;
-        if let Pc::Running(held) = state.workers[w].pc.clone() {
-            state.workers[w].pc = settling(held, None, clock);
+        if let Pc::Running(mut held) = state.workers[w].pc.clone() {
+            if held.phase == Phase::Acted
+                && let Some(step) = held.steps.last_mut()
+            {
+                // The step's result is the ledger's, written with the give-back.
+                step.result = Some(format!("{w}").into_bytes());
+            }
+            state.workers[w].pc = self.after_failure(held, Failure::Handler, self.recovery, clock);
         }
+    }
+
+    /// Worker `w`'s completion is refused (its writes' condition failed): nothing of it
+    /// committed, and its handler's effects outside it happened.
+    pub(super) fn refuse(&self, state: &mut State, w: usize) {
+        let clock = state.now + state.workers[w].skew;
+        if let Pc::Settling { held, .. } = state.workers[w].pc.clone() {
+            let recovery = match self.revert {
+                Some(Revert::RefusedCompletionReleased) => Recovery::Rerun,
+                _ => self.recovery,
+            };
+            let next = self.after_failure(held, Failure::CompletionRefused, recovery, clock);
+            if matches!(
+                next,
+                Pc::Settling {
+                    settlement: None,
+                    ..
+                }
+            ) && self.recovery == Recovery::Rerun
+            {
+                // Released: a handler declared safe to repeat runs again, excused.
+                state.afresh[state.workers[w].op] = true;
+            }
+            state.workers[w].pc = next;
+        }
+    }
+
+    /// What the engine does after a retryable `failure` of the attempt `held` (the decision
+    /// table): released, given back with its steps, or held.
+    fn after_failure(&self, held: Held, failure: Failure, recovery: Recovery, clock: u64) -> Pc {
+        let retryable = crate::failure::FailureClass::Retryable;
+        let recorded = !held.steps.is_empty();
+        match decide::after_failure(failure, &retryable, recovery, recorded) {
+            AfterFailure::Release => settling(held, None, clock),
+            AfterFailure::GiveBack => Pc::GivingBackSteps { held },
+            AfterFailure::Hold | AfterFailure::Retain(_) => {
+                let settlement = Settlement::indeterminate(at(clock), INDETERMINATE_RETENTION);
+                settling(held, Some(settlement), clock)
+            }
+        }
+    }
+
+    /// A late step's effect is sent: it lands downstream within the step's effect timeout, or
+    /// never.
+    fn send(&self, state: &mut State, w: usize, clock: u64, mut held: Held) -> Pc {
+        let op = state.workers[w].op;
+        let excused = std::mem::take(&mut state.fresh_excuse[op]) || held.excused;
+        state.workers[w].unrecorded = true;
+        // It lands before its timeout, and before its invocation's lease ends (the lease's
+        // margin past the deadline): the protocol's assumption for every effect, a crashed
+        // invocation's too.
+        let lease_end = tick(held.claim.lease.expires_at).saturating_sub(state.workers[w].skew);
+        state.flights.push(Flight {
+            sender: Some(w),
+            op,
+            until: (state.now + EFFECT_TIMEOUT).min(lease_end),
+            excused,
+            landed: false,
+        });
+        held.lands_by = Some((clock + EFFECT_TIMEOUT).min(tick(held.claim.lease.expires_at)));
+        held.phase = Phase::Sent;
+        Pc::Running(held)
+    }
+
+    /// A late step's effect answers: its result, if it landed; otherwise the step times out,
+    /// uncertain, and the handler fails retryably (its effect may still land).
+    fn answered(&self, state: &mut State, w: usize, clock: u64, mut held: Held) -> Pc {
+        let flight = state.flights.iter().position(|f| f.sender == Some(w));
+        match flight {
+            Some(f) if state.flights[f].landed => {
+                state.flights.remove(f);
+                held.phase = Phase::Acted;
+                held.lands_by = None;
+                Pc::Running(held)
+            }
+            _ => {
+                if let Some(f) = flight {
+                    state.flights[f].sender = None;
+                }
+                self.after_failure(held, Failure::Handler, self.recovery, clock)
+            }
+        }
+    }
+
+    /// Step effect `f` lands downstream: one effect of its operation.
+    pub(super) fn land(&self, state: &mut State, f: usize) {
+        let flight = state.flights[f].clone();
+        state.effects[flight.op] += 1;
+        state.excused[flight.op] += u8::from(flight.excused);
+        let awaited = flight.sender.is_some_and(
+            |s| matches!(&state.workers[s].pc, Pc::Running(held) if held.phase == Phase::Sent),
+        );
+        match awaited {
+            true => state.flights[f].landed = true,
+            false => {
+                state.flights.remove(f);
+            }
+        }
+    }
+
+    /// The step ledger's give-back: the steps written with the attempt's mark, fenced, then
+    /// the lease cut to when the step's effect can have landed (kept if that is its end). In
+    /// an outage both fail, and the claim waits out its lease.
+    fn give_back_steps(&self, state: &mut State, clock: u64, held: Held) -> Pc {
+        if state.down {
+            return Pc::Done(Answer::Released);
+        }
+        let token = held.claim.lease.token.clone();
+        let target = Target {
+            key: &held.claim.key,
+            identity: None,
+            guard: Guard::Lease(&token),
+        };
+        let mut marked = held.steps.clone();
+        marked.push(StepRecord::given_back(held.claim.lease.attempt));
+        let written = self.write(state, &held.claim.key, &token, |store| {
+            ready(store.record_steps(target, &marked))
+        });
+        match written {
+            Ok(Fence::Held) => {}
+            Ok(Fence::Lost { .. }) => return Pc::Done(Answer::LeaseLost),
+            Err(err) => return Pc::Done(Answer::Refused(err.to_string())),
+        }
+        let lands_by = match self.revert {
+            Some(Revert::GiveBackWithoutGrace) => None,
+            _ => held.lands_by.map(at),
+        };
+        let lease_end = held.claim.lease.expires_at;
+        let until = decide::given_back_until(at(clock), lease_end, Duration::ZERO, lands_by);
+        if until < lease_end {
+            let _ = self.write(state, &held.claim.key, &token, |store| {
+                ready(store.shorten(target, until))
+            });
+        }
+        Pc::Done(Answer::Released)
     }
 
     /// The handler fails terminally (its classifier's terminal class): the failure is
@@ -311,6 +486,7 @@ impl Protocol {
                     excused: false,
                     steps: Vec::new(),
                     phase: Phase::Start,
+                    lands_by: None,
                 })
             }
             Claimed::TakeOver(existing) => {
@@ -374,7 +550,11 @@ impl Protocol {
         previous: Box<Record>,
         adopted: bool,
     ) -> Pc {
-        let inherited = decide::inherited(&previous);
+        let mut inherited = decide::inherited(&previous);
+        if self.revert == Some(Revert::GivenBackHeld) {
+            // 0.4: a knowing give-back's mark was not read.
+            inherited.given_back = false;
+        }
         let recover = decide::recover(self.recovery, adopted, &inherited, false);
         let steps = inherited.steps;
         let held = Held {
@@ -386,6 +566,7 @@ impl Protocol {
             previous: Some(previous),
             steps,
             phase: Phase::Start,
+            lands_by: None,
         };
         match recover {
             Recover::Steps | Recover::Rerun | Recover::Reconcile => Pc::Running(held),
@@ -417,7 +598,9 @@ impl Protocol {
                 && holder.op == op
                 && holder.unrecorded
                 && match &holder.pc {
-                    Pc::Dead | Pc::GivingBack { .. } => true,
+                    // Its claim given back or released: its effect, if any, is recorded by
+                    // no settlement (at most in the steps of a record TTL may delete).
+                    Pc::Dead | Pc::GivingBack { .. } | Pc::Done(Answer::Released) => true,
                     // Excused only if the store stayed down for as long as its patience lasted.
                     Pc::Done(Answer::GaveUp { at, until }) => {
                         !state.ups.iter().any(|up| at < up && up < until)
@@ -529,6 +712,9 @@ impl Protocol {
             }
             Fence::Lost { current: None } => false,
         };
+        if own && settlement.status == Status::Indeterminate {
+            self.check_hold(state, &held);
+        }
         Pc::Done(match (own, settlement.status) {
             (false, _) => Answer::LeaseLost,
             (true, Status::Indeterminate) => Answer::Indeterminate,
@@ -587,7 +773,9 @@ fn started(pc: &Pc) -> Option<u64> {
     match pc {
         Pc::Ready | Pc::Done(_) | Pc::Dead => None,
         Pc::ResendClaim { started, .. } | Pc::TakingOver { started, .. } => Some(*started),
-        Pc::Running(held) | Pc::Settling { held, .. } => Some(held.started),
+        Pc::Running(held) | Pc::Settling { held, .. } | Pc::GivingBackSteps { held } => {
+            Some(held.started)
+        }
         // The invocation has answered; its give-back's task runs whenever its sandbox does
         // (after a freeze, perhaps long after the deadline).
         Pc::GivingBack { .. } => None,

@@ -6,7 +6,7 @@ use std::time::Instant;
 use stateright::{Checker, Expectation, Model};
 
 use super::properties::{
-    EVENT_ONCE, LIVE_LEASE, ONE_EFFECT, ONE_PER_IDENTITY, TAKES_OVER, TRUTHFUL,
+    CONTINUED, EVENT_ONCE, LIVE_LEASE, ONE_EFFECT, ONE_PER_IDENTITY, TAKES_OVER, TRUTHFUL,
 };
 use super::{Bounds, Handler, Protocol, Revert, Spec};
 use crate::reconcile::Recovery;
@@ -322,5 +322,55 @@ fn a_give_back_not_fenced_on_its_token_is_found() {
         bounds,
         Recovery::Rerun,
         LIVE_LEASE,
+    );
+}
+
+#[test]
+fn late_step_effects_and_refused_completions_keep_every_invariant_in_every_reachable_state() {
+    for recovery in [Recovery::Indeterminate, Recovery::Steps, Recovery::Rerun] {
+        let protocol = Protocol::new(Bounds::late_effects(), recovery, None);
+        explore(protocol).assert_properties();
+    }
+    for recovery in [Recovery::Indeterminate, Recovery::Rerun] {
+        let protocol = Protocol::new(Bounds::refused_completions(), recovery, None);
+        explore(protocol).assert_properties();
+    }
+}
+
+#[test]
+fn a_give_back_that_does_not_wait_for_a_late_effect_is_found() {
+    let bounds = Bounds {
+        cancels: 0,
+        ..Bounds::late_effects()
+    };
+    finds(
+        Revert::GiveBackWithoutGrace,
+        bounds,
+        Recovery::Indeterminate,
+        ONE_EFFECT,
+    );
+}
+
+#[test]
+fn a_knowing_give_back_held_for_an_operator_is_found() {
+    let bounds = Bounds {
+        cancels: 0,
+        ..Bounds::late_effects()
+    };
+    finds(
+        Revert::GivenBackHeld,
+        bounds,
+        Recovery::Indeterminate,
+        CONTINUED,
+    );
+}
+
+#[test]
+fn a_refused_completion_released_under_the_default_recovery_is_found() {
+    finds(
+        Revert::RefusedCompletionReleased,
+        Bounds::refused_completions(),
+        Recovery::Indeterminate,
+        ONE_EFFECT,
     );
 }

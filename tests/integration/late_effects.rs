@@ -16,15 +16,31 @@ use lambda_idempotency::{BoxError, Error, ExecutionContext, Idempotency, Invocat
 use super::backends::both;
 
 /// A payment provider whose charge lands `delay` after it was sent, whatever the caller saw.
-#[derive(Default)]
 struct Provider {
     /// When each charge sent lands, by the injected clock.
     sent: std::sync::Mutex<Vec<std::time::SystemTime>>,
     /// How many charges were sent.
     sends: AtomicUsize,
+    /// How long after it is sent a charge lands.
+    delay: Duration,
+}
+
+impl Default for Provider {
+    fn default() -> Self {
+        Self::landing_after(Duration::from_secs(4))
+    }
 }
 
 impl Provider {
+    /// A provider whose charges land `delay` after they are sent.
+    fn landing_after(delay: Duration) -> Self {
+        Self {
+            sent: std::sync::Mutex::default(),
+            sends: AtomicUsize::new(0),
+            delay,
+        }
+    }
+
     /// How many charges have landed by `clock`'s now.
     fn landed(&self, clock: &ManualClock) -> usize {
         let now = clock.now();
@@ -34,7 +50,7 @@ impl Provider {
 }
 
 /// One attempt: the charge (declared to land within `timeout`, if any) times out on our side
-/// while the provider lands it 4 s later; the handler gives up with a retryable error.
+/// while the provider lands it later; the handler gives up with a retryable error.
 async fn attempt(
     idem: &Idempotency,
     inv: &Invocation,
@@ -60,7 +76,7 @@ async fn attempt(
                 })
                 .run(|_key| async move {
                     provider.sends.fetch_add(1, Ordering::SeqCst);
-                    let lands = clock.now() + Duration::from_secs(4);
+                    let lands = clock.now() + provider.delay;
                     provider.sent.lock().expect("charges").push(lands);
                     Err::<String, BoxError>("the provider timed out".into())
                 })
@@ -93,10 +109,10 @@ async fn an_effect_that_lands_inside_its_declared_timeout_runs_once() {
                 matches!(early, Err(Error::AlreadyInProgress { .. })),
                 "{name}: the claim is kept while the charge may land: {early:?}"
             );
-            // The charge lands at 4 s; past the declared 10 s (or the whole lease) the next
-            // delivery takes over, and its check finds it.
+            // The charge lands at 4 s; past the declared 10 s and the clocks' 5 s skew (or the
+            // whole lease) the next delivery takes over, and its check finds it.
             clock.advance(Duration::from_secs(match timeout {
-                Some(_) => 10,
+                Some(_) => 15,
                 None => 120,
             }));
             let later = attempt(&idem, &inv, &provider, &clock, timeout).await;
@@ -161,8 +177,58 @@ async fn a_step_cancelled_mid_effect_keeps_the_claim_until_its_effect_can_have_l
             matches!(early, Err(Error::AlreadyInProgress { .. })),
             "{name}: kept while the charge may land: {early:?}"
         );
-        clock.advance(Duration::from_secs(10));
+        // Past the declared 10 s and the clocks' 5 s skew.
+        clock.advance(Duration::from_secs(15));
         let later = redelivery().await;
+        assert_eq!(later.expect("taken over, checked"), "ch_1", "{name}");
+        assert_eq!(
+            provider.sends.load(Ordering::SeqCst),
+            1,
+            "{name}: charged once"
+        );
+    }
+}
+
+/// A clock that runs `ahead` of another (another Lambda environment's, within the lease
+/// policy's skew).
+#[derive(Debug)]
+struct Ahead(ManualClock, Duration);
+
+impl Clock for Ahead {
+    fn now(&self) -> std::time::SystemTime {
+        self.0.now() + self.1
+    }
+}
+
+#[tokio::test]
+async fn a_redelivery_whose_clock_runs_ahead_waits_for_the_late_effect_too() {
+    for backend in both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        let idem = Idempotency::new(backend.store.clone())
+            .with_clock(backend.clock.clone())
+            .with_recovery(Recovery::Steps);
+        // Another environment's clock, 4 s ahead (within the default 5 s skew).
+        let ahead = Idempotency::new(backend.store)
+            .with_clock(Ahead(clock.clone(), Duration::from_secs(4)))
+            .with_recovery(Recovery::Steps);
+        let inv = invocation("skewed-charge", &serde_json::json!({"order": "o-skew"}));
+        // The charge lands 9 s after it is sent, inside its declared 10 s.
+        let provider = Arc::new(Provider::landing_after(Duration::from_secs(9)));
+        let timeout = Some(Duration::from_secs(10));
+
+        let first = attempt(&idem, &inv, &provider, &clock, timeout).await;
+        assert!(first.is_err(), "{name}: the first attempt gave up");
+        // 7 s later by the true clock (11 s on the redelivery's, past the declared 10 s): the
+        // charge has not landed yet, and a check now would hear NotApplied.
+        clock.advance(Duration::from_secs(7));
+        let early = attempt(&ahead, &inv, &provider, &clock, timeout).await;
+        assert!(
+            matches!(early, Err(Error::AlreadyInProgress { .. })),
+            "{name}: a clock 4 s ahead still waits for the declared 10 s: {early:?}"
+        );
+        clock.advance(Duration::from_secs(9));
+        let later = attempt(&ahead, &inv, &provider, &clock, timeout).await;
         assert_eq!(later.expect("taken over, checked"), "ch_1", "{name}");
         assert_eq!(
             provider.sends.load(Ordering::SeqCst),
