@@ -104,7 +104,10 @@ pub struct Record {
     pub created_at: SystemTime,
     /// When the operation reached COMPLETED or FAILED.
     pub completed_at: Option<SystemTime>,
-    /// The request id of the invocation that claimed it, for correlation.
+    /// The request id of the invocation that first claimed it, for correlation. A takeover
+    /// keeps it: the record then names the attempt whose logs explain why it was taken over
+    /// (a crash, a timeout); the taking-over invocation's own request id is on its span
+    /// (`idempotency.execute`, with its attempt number).
     pub request_id: Option<String>,
     /// The business identity whose permanent [`Evidence`] this operation keeps, if declared:
     /// the evidence's key, recorded at the claim and kept for the operation's whole life.

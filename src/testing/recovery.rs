@@ -243,11 +243,11 @@ pub async fn the_recovery_table_holds_in_every_cell<S: Store>(fx: Fixture<S>) {
                 }
             }
 
-            // Past the ship step's declared effect timeout (a give-back's grace), and past
-            // the lease for a crash.
+            // Past the ship step's declared effect timeout and the clocks' skew (a
+            // give-back's grace), and past the lease for a crash.
             let wait = match ending {
                 Ending::CrashAfterAStep | Ending::CrashBeforeSteps => LEASE,
-                _ => SHIP_TIMEOUT,
+                _ => SHIP_TIMEOUT + crate::execution::CLOCK_SKEW,
             };
             clock.advance(wait + Duration::from_millis(1));
             let answer = idem

@@ -1,6 +1,6 @@
 //! Claims the documentation makes, one test each: the default lease caps, request ids cut to
-//! their limit, an altered outcome part, single flight's patience, and the demo's output as the
-//! README quotes it.
+//! their limit, an altered outcome part, a compressed outcome decompressed only when it is
+//! answered from, single flight's patience, and the demo's output as the README quotes it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,7 +16,7 @@ use lambda_idempotency::record::{Record, Status};
 use lambda_idempotency::store::Store;
 use lambda_idempotency::testing::conformance::{counted, invocation, start_time};
 use lambda_idempotency::testing::dynamo;
-use lambda_idempotency::testing::outcomes::incompressible;
+use lambda_idempotency::testing::outcomes::{compressible, incompressible};
 use lambda_idempotency::{
     Error, Idempotency, Invocation, KeyPolicy, OperationKey, OperationScope, Origin, StoreError,
 };
@@ -209,6 +209,69 @@ async fn an_altered_outcome_part_is_a_corrupt_record_never_a_replay() {
         Ok(Status::Completed.as_str()),
         "left for an operator"
     );
+}
+
+#[tokio::test]
+async fn a_compressed_outcome_is_decompressed_only_when_it_is_answered() {
+    let clock = ManualClock::new(start_time());
+    let db = dynamo::start_with_clock(clock.clone()).await;
+    let idem = Idempotency::new(db.store()).with_clock(clock.clone());
+    let inv = invocation("compressed-inline", &json!({"amount": 1}));
+    let runs = AtomicUsize::new(0);
+    // 16 KB of repetitive JSON: compressed, and kept in the record.
+    idem.execute(&inv, |_| counted(&runs, compressible(16 * 1024)))
+        .await
+        .expect("stored");
+    let key = AttributeValue::S(inv.key().as_str().to_owned());
+    let mut item = db
+        .client
+        .get_item()
+        .table_name(&db.table)
+        .key("pk", key.clone())
+        .send()
+        .await
+        .expect("get the record item")
+        .item
+        .expect("the record stands");
+    let format = item.get("outcome_format").and_then(|f| f.as_m().ok());
+    assert!(
+        format.is_some_and(|f| f.contains_key("length") && !f.contains_key("parts")),
+        "compressed, inline: {format:?}"
+    );
+    // Bytes that do not decompress, under the same manifest.
+    item.insert(
+        "outcome".into(),
+        AttributeValue::B(Blob::new(vec![0xff; 64])),
+    );
+    db.client
+        .put_item()
+        .table_name(&db.table)
+        .set_item(Some(item))
+        .send()
+        .await
+        .expect("alter the outcome");
+
+    // Another intent under the key: a payload conflict, whatever the stored outcome holds.
+    let other = invocation("compressed-inline", &json!({"amount": 2}));
+    let conflict = idem
+        .execute(&other, |_| counted(&runs, String::from("other")))
+        .await
+        .expect_err("another intent");
+    assert!(
+        matches!(conflict, Error::PayloadConflict { .. }),
+        "the outcome is never decompressed for a conflict: {conflict:?}"
+    );
+    // A duplicate, which is answered from it, meets the corrupt bytes and replays nothing.
+    let replay = idem
+        .execute(&inv, |_| counted(&runs, String::from("again")))
+        .await
+        .expect_err("no replay of bytes that do not decompress");
+    assert!(
+        matches!(&replay, Error::Store(StoreError::CorruptRecord { reason, .. })
+            if reason.contains("decompress")),
+        "{replay:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "never run again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

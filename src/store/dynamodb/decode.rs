@@ -1,14 +1,15 @@
-//! A record read back from an item: its outcome's part items are read only as far as the
-//! caller needs ([`Parts`]).
+//! A record read back from an item: its outcome, when stored compressed or in part items, is
+//! read and decompressed only as far as the caller needs ([`Parts`]).
 
 use super::DynamoDbStore;
-use super::item::Item;
+use super::item::{Deferred, Item};
 use super::outcome;
 use crate::error::StoreError;
 use crate::record::{Record, Settlement};
 
 impl DynamoDbStore {
-    /// The record in `item`; an outcome kept in part items is read as `parts` says.
+    /// The record in `item`; an outcome stored compressed or in part items is restored (read,
+    /// decompressed) as `parts` says.
     pub(super) async fn decode(
         &self,
         item: Option<&Item>,
@@ -17,20 +18,25 @@ impl DynamoDbStore {
         let Some(item) = item else {
             return Ok(None);
         };
-        let (mut record, manifest) = self.names.decode(item)?;
-        if let Some(manifest) = manifest
-            && let Some(refs) = manifest.parts()
-        {
-            match parts {
-                Parts::Known(placement, settlement) if placement.describes(&manifest) => {
-                    record.outcome.clone_from(&settlement.outcome);
-                }
-                parts if parts.reads(&record) => {
-                    let stored = self.read_parts(&record.key, refs).await?;
-                    record.outcome = Some(manifest.restore(stored, &record.key)?);
-                }
-                _ => {}
+        let (mut record, deferred) = self.names.decode(item)?;
+        let Some(deferred) = deferred else {
+            return Ok(Some(record));
+        };
+        match parts {
+            Parts::Known(placement, settlement) if placement.describes(deferred.manifest()) => {
+                record.outcome.clone_from(&settlement.outcome);
             }
+            parts if parts.reads(&record) => {
+                let (manifest, stored) = match deferred {
+                    Deferred::Inline { manifest, stored } => (manifest, stored),
+                    Deferred::Parts { manifest, refs } => {
+                        let stored = self.read_parts(&record.key, &refs).await?;
+                        (manifest, stored)
+                    }
+                };
+                record.outcome = Some(manifest.restore(stored, &record.key)?);
+            }
+            _ => {}
         }
         Ok(Some(record))
     }
@@ -45,7 +51,8 @@ pub(super) enum Parts<'a> {
     /// otherwise leave the outcome out (`None`): the caller's answer is a payload conflict,
     /// which costs no part read.
     ReplayableTo(&'a crate::key::Fingerprint),
-    /// Leave the outcome out (`None`): only the record's state matters.
+    /// Leave a stored-as-is outcome in, any other out (`None`): only the record's state
+    /// matters.
     Skip,
     /// The record is compared with this settlement: when its manifest names this placement's
     /// bytes, its outcome is the settlement's (the digest says so), without a read; otherwise

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use super::outcome::Manifest;
+use super::outcome::{Manifest, PartsRef};
 use super::steps::{read_steps, steps_value};
 use crate::error::StoreError;
 use crate::key::{Fingerprint, KeyRule, OperationKey};
@@ -228,10 +228,11 @@ impl AttributeNames {
             }
     }
 
-    /// The record in `item`, and the manifest of its outcome's part items when the outcome is
-    /// kept beside it (the record's `outcome` is then `None` until they are read). An inline
-    /// compressed outcome comes back decompressed.
-    pub(crate) fn decode(&self, item: &Item) -> Result<(Record, Option<Manifest>), StoreError> {
+    /// The record in `item`, and its outcome when it is not stored as it is (compressed inline,
+    /// or kept in part items): the record's `outcome` is then `None` until the caller that
+    /// answers from it restores it ([`Deferred`]), so that a record only looked at (a failed
+    /// claim of another intent, an operator's count) costs no decompression.
+    pub(crate) fn decode(&self, item: &Item) -> Result<(Record, Option<Deferred>), StoreError> {
         let key = OperationKey::from_stored(
             read_s(item, &self.partition_key).map_err(|reason| corrupt("?", reason))?,
         );
@@ -250,14 +251,15 @@ impl AttributeNames {
         })?;
         let mut pending = None;
         if let Some(manifest) = manifest {
-            if manifest.parts().is_some() {
-                pending = Some(manifest);
-            } else {
-                let stored = outcome.ok_or_else(|| {
-                    corrupt(key.short(), "a compressed outcome is missing".into())
-                })?;
-                outcome = Some(manifest.restore(stored, &key)?);
-            }
+            pending = Some(match manifest.parts().cloned() {
+                Some(refs) => Deferred::Parts { manifest, refs },
+                None => Deferred::Inline {
+                    stored: outcome.take().ok_or_else(|| {
+                        corrupt(key.short(), "a compressed outcome is missing".into())
+                    })?,
+                    manifest,
+                },
+            });
         }
         let record = Record {
             status,
@@ -289,6 +291,24 @@ impl AttributeNames {
             key,
         };
         Ok((record, pending))
+    }
+}
+
+/// A decoded record's outcome as stored, and the manifest that says how to restore it.
+#[derive(Debug)]
+pub(crate) enum Deferred {
+    /// Compressed, in the record.
+    Inline { manifest: Manifest, stored: Vec<u8> },
+    /// In the part items the manifest names (`refs`).
+    Parts { manifest: Manifest, refs: PartsRef },
+}
+
+impl Deferred {
+    /// How the outcome was stored.
+    pub(crate) fn manifest(&self) -> &Manifest {
+        match self {
+            Self::Inline { manifest, .. } | Self::Parts { manifest, .. } => manifest,
+        }
     }
 }
 

@@ -240,8 +240,9 @@ impl DynamoDbStore {
         self.decode(output.item(), parts).await
     }
 
-    /// [`Store::get`] without reading the outcome's part items (a record whose outcome is in
-    /// parts comes back with `outcome: None`): what its status and times say, at one request.
+    /// [`Store::get`] without restoring the outcome (a record whose outcome is compressed or in
+    /// parts comes back with `outcome: None`): what its status and times say, at one request,
+    /// with no decompression.
     pub(crate) async fn get_without_parts(
         &self,
         key: &OperationKey,
