@@ -24,11 +24,11 @@ fn explore(protocol: Protocol) -> impl Checker<Protocol> {
     )
 }
 
-/// Checks every property of `protocol`: breadth first at CI's bounds; depth first at the
-/// larger ones (`MODEL_BOUNDS=large`), whose breadth-first frontier outgrows this machine's
-/// 24 GB, while depth first keeps one path per thread and a fingerprint per state.
+/// Checks every property of `protocol`: breadth first at the quick and small bounds; depth
+/// first at the larger ones (`MODEL_BOUNDS=large`), whose breadth-first frontier outgrows this
+/// machine's 24 GB, while depth first keeps one path per thread and a fingerprint per state.
 fn check(protocol: Protocol) {
-    if !large() {
+    if scale() != Scale::Large {
         explore(protocol).assert_properties();
         return;
     }
@@ -53,17 +53,46 @@ fn report<C: Checker<Protocol>>(label: &str, started: Instant, checker: C) -> C 
     checker
 }
 
-/// Whether `MODEL_BOUNDS=large` asks for the larger bounds.
-fn large() -> bool {
-    std::env::var("MODEL_BOUNDS").as_deref() == Ok("large")
+/// How large a world the whole-protocol checks explore.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scale {
+    /// The default (`cargo test`): the small bounds with less time, a minute in all.
+    Quick,
+    /// `MODEL_BOUNDS=small`: CI's exhaustive step (scripts/exhaustive-checks.sh).
+    Small,
+    /// `MODEL_BOUNDS=large`: three workers, depth first (not finished on this machine).
+    Large,
+}
+
+/// The scale `MODEL_BOUNDS` asks for.
+fn scale() -> Scale {
+    match std::env::var("MODEL_BOUNDS").as_deref() {
+        Ok("large") => Scale::Large,
+        Ok("small") => Scale::Small,
+        _ => Scale::Quick,
+    }
+}
+
+/// True time at the quick scale: two ticks less than the small bounds' nine, so that an
+/// invocation's whole life, a takeover and the retention after it still fit.
+const QUICK_TIME: u64 = 6;
+
+/// `bounds` at the scale asked for (the larger bounds are `large`; a revert's bounds stay
+/// its own there).
+fn scaled(bounds: Bounds, large: Bounds) -> Bounds {
+    match scale() {
+        Scale::Quick => Bounds {
+            max_time: QUICK_TIME,
+            ..bounds
+        },
+        Scale::Small => bounds,
+        Scale::Large => large,
+    }
 }
 
 #[test]
 fn the_protocol_keeps_every_invariant_in_every_reachable_state() {
-    let bounds = match large() {
-        true => Bounds::large(),
-        false => Bounds::small(),
-    };
+    let bounds = scaled(Bounds::small(), Bounds::large());
     for recovery in [Recovery::Indeterminate, Recovery::Rerun] {
         check(Protocol::new(bounds.clone(), recovery, None));
     }
@@ -184,6 +213,14 @@ fn an_identity_taken_from_the_deployment_is_found() {
         crashes: 1,
         ..Bounds::small()
     };
+    // Three workers need a tick more than the quick scale gives to find it.
+    let bounds = match scale() {
+        Scale::Quick => Bounds {
+            max_time: QUICK_TIME + 1,
+            ..bounds
+        },
+        _ => bounds,
+    };
     finds(
         Revert::IdentityFromDeployment,
         bounds,
@@ -194,7 +231,8 @@ fn an_identity_taken_from_the_deployment_is_found() {
 
 #[test]
 fn two_operations_of_one_business_identity_act_once() {
-    let protocol = Protocol::new(Bounds::two_operations(), Recovery::Rerun, None);
+    let bounds = scaled(Bounds::two_operations(), Bounds::two_operations());
+    let protocol = Protocol::new(bounds, Recovery::Rerun, None);
     let properties = protocol.properties();
     let checker = explore(protocol);
     // Each operation is delivered once: nothing takes a crashed attempt over.
@@ -227,13 +265,11 @@ fn a_claim_that_skipped_its_identity_is_found() {
 
 #[test]
 fn the_stepped_protocol_keeps_every_invariant_in_every_reachable_state() {
-    let bounds = match large() {
-        true => Bounds {
-            handler: Handler::Stepped,
-            ..Bounds::large()
-        },
-        false => Bounds::stepped(),
+    let large = Bounds {
+        handler: Handler::Stepped,
+        ..Bounds::large()
     };
+    let bounds = scaled(Bounds::stepped(), large);
     let protocol = Protocol::new(bounds, Recovery::Steps, None);
     check(protocol);
 }
@@ -255,14 +291,12 @@ fn an_uncertain_step_run_again_without_a_check_is_found() {
 
 #[test]
 fn the_transactional_protocol_keeps_every_invariant_in_every_reachable_state() {
-    let bounds = match large() {
-        true => Bounds {
-            handler: Handler::Transactional,
-            republishes: 1,
-            ..Bounds::large()
-        },
-        false => Bounds::transactional(),
+    let large = Bounds {
+        handler: Handler::Transactional,
+        republishes: 1,
+        ..Bounds::large()
     };
+    let bounds = scaled(Bounds::transactional(), large);
     // Re-running the handler is safe: its writes commit only with its settlement.
     let protocol = Protocol::new(bounds, Recovery::Rerun, None);
     check(protocol);
@@ -275,6 +309,7 @@ fn writes_sent_beside_the_fenced_settlement_are_found() {
         republishes: 0,
         ..Bounds::transactional()
     };
+    let bounds = scaled(bounds.clone(), bounds);
     finds(
         Revert::UnfencedTransaction,
         bounds,
@@ -303,8 +338,9 @@ fn an_event_id_without_its_execution_is_found() {
 
 #[test]
 fn give_backs_and_retained_failures_keep_every_invariant_in_every_reachable_state() {
+    let bounds = scaled(Bounds::giving_back(), Bounds::giving_back());
     for recovery in [Recovery::Indeterminate, Recovery::Rerun] {
-        let protocol = Protocol::new(Bounds::giving_back(), recovery, None);
+        let protocol = Protocol::new(bounds.clone(), recovery, None);
         explore(protocol).assert_properties();
     }
 }
