@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-memory_seeds="${SIM_MEMORY_SEEDS:-5000}"
+memory_seeds="${SIM_MEMORY_SEEDS:-3000}"
 dynamodb_seeds="${SIM_DYNAMODB_SEEDS:-100}"
 
 echo "== the model check at CI's bounds (MODEL_BOUNDS=small)"
