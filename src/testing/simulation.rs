@@ -3,8 +3,13 @@
 //! retention; worker clocks skewed within the lease margin; TTL sweeps at random moments;
 //! ambiguous and failing writes, and store outages of 1, 5 and 30 s after an effect; workers
 //! with a reconciler (answering each way) and workers without one, each with its declared
-//! recovery policy; key material past 2^53, tenants sharing identity strings, deploys that
-//! add, change or remove an identity between attempts; an operator resolving what is held.
+//! recovery policy; ids past 2^53 at the double-rounding anchors and their neighbours (two
+//! operations of one seed that RFC 8785 alone would make one key), the 0.1 compatibility rule
+//! on for half the seeds, and deliveries of a key with a neighbouring amount; tenants sharing
+//! identity strings, deploys that add, change or remove an identity between attempts; step
+//! lists rewritten as another build encodes them; step effects whose answer times out and that
+//! land seconds later (the handler then failing or cancelled); handlers failing after a done
+//! step; completions refused by their condition; an operator resolving what is held.
 //!
 //! The simulation judges by the contract, not by the code under test: its ledger counts every
 //! run of a handler (crashed, killed or failed ones too) and excuses a re-run only by the
@@ -12,7 +17,10 @@
 //! worker's declared [`Recovery::Rerun`](crate::reconcile::Recovery::Rerun); every answer is
 //! checked against the downstream truth (a replay against the recorded outcome, a value
 //! against its operation) and a settlement that gave up with its deadline still ahead is a
-//! broken contract. DESIGN's invariants are checked after every step; a broken one reports its
+//! broken contract. Where the protocol guide's decision table names the path, the answer is
+//! checked against the table: a knowing give-back after a done step is replayed, a refused
+//! completion without steps is held under the default, an attempt whose step list another
+//! build encoded is taken over. DESIGN's invariants are checked after every step; a broken one reports its
 //! seed, and [`run_seed`] with that seed replays the same run.
 //!
 //! ```no_run
@@ -25,6 +33,7 @@
 //! ```
 
 mod actors;
+mod formats;
 mod invariants;
 mod ledger;
 mod schedule;
@@ -38,7 +47,8 @@ use std::fmt;
 use crate::store::{MemoryStore, Store};
 use crate::testing::conformance::{Fixture, start_time};
 
-pub use actors::{Answer, Behaviour};
+pub use actors::{AfterTimeout, Answer, Behaviour};
+pub use formats::Encoding;
 use world::World;
 pub use world::{Action, Deploy};
 
@@ -89,6 +99,25 @@ pub struct Stats {
     /// seed: `reservations` (a transactional step's write), `events` (its outbox event),
     /// `completions` (a write carried by the settlement).
     pub transactions: BTreeMap<String, u64>,
+    /// Seeds run with the 0.1 compatibility rule on (a cut-over after every record of the run).
+    pub compatible_seeds: u64,
+    /// Deliveries, under the 0.1 compatibility rule, of an id whose 0.1 key is another
+    /// operation's (its anchor's) while that operation's record stood.
+    pub anchors: u64,
+    /// Deliveries of a key with a neighbouring amount refused as payload conflicts.
+    pub changed_amounts: u64,
+    /// Step lists of IN_PROGRESS records rewritten as another build encodes them.
+    pub re_encoded: u64,
+    /// Takeovers of an attempt whose step list another build encoded.
+    pub re_encoded_takeovers: u64,
+    /// Step effects whose answer timed out that landed downstream later.
+    pub late_effects: u64,
+    /// Deliveries answered `AlreadyInProgress` while a given-back step's effect was in flight.
+    pub graces: u64,
+    /// First takeovers of a knowing give-back after a done step that replayed its steps.
+    pub give_backs_replayed: u64,
+    /// Completions refused by their condition without steps, held or released.
+    pub refused_completions: u64,
 }
 
 impl Stats {
@@ -128,6 +157,15 @@ impl Stats {
         for (name, count) in other.transactions {
             *self.transactions.entry(name).or_default() += count;
         }
+        self.compatible_seeds += other.compatible_seeds;
+        self.anchors += other.anchors;
+        self.changed_amounts += other.changed_amounts;
+        self.re_encoded += other.re_encoded;
+        self.re_encoded_takeovers += other.re_encoded_takeovers;
+        self.late_effects += other.late_effects;
+        self.graces += other.graces;
+        self.give_backs_replayed += other.give_backs_replayed;
+        self.refused_completions += other.refused_completions;
     }
 }
 
@@ -142,6 +180,21 @@ impl fmt::Display for Stats {
             f,
             "  takeovers {}, declared re-runs {}, outages {}",
             self.takeovers, self.declared_reruns, self.outages
+        )?;
+        writeln!(
+            f,
+            "  0.1 rule on {} seeds, anchors met {}, changed amounts refused {}",
+            self.compatible_seeds, self.anchors, self.changed_amounts
+        )?;
+        writeln!(
+            f,
+            "  re-encoded step lists {} (taken over {}), late effects {} (graces kept {}), give-backs replayed {}, refused completions {}",
+            self.re_encoded,
+            self.re_encoded_takeovers,
+            self.late_effects,
+            self.graces,
+            self.give_backs_replayed,
+            self.refused_completions
         )?;
         for (name, count) in &self.behaviours {
             writeln!(f, "  handler {name}: {count}")?;

@@ -16,8 +16,10 @@ fn seeds(default: u64) -> Vec<u64> {
 }
 
 /// That the run explored what it claims to: every handler behaviour, every fault kind, every
-/// reconciler answer, every deploy, takeovers, declared re-runs and outages. A simulation
-/// that checks invariants on paths it never walks proves nothing.
+/// reconciler answer, every deploy, takeovers, declared re-runs and outages; ids at the
+/// rounding anchors met under the 0.1 rule and neighbouring amounts refused; late effects
+/// landed with a give-back's grace kept; knowing give-backs replayed. A simulation that checks
+/// invariants on paths it never walks proves nothing.
 fn assert_explored(total: &Stats) {
     if std::env::var("SIM_SEED").is_ok() {
         return; // one seed cannot walk every path
@@ -33,6 +35,9 @@ fn assert_explored(total: &Stats) {
         "CancelAfterEffect",
         "SuspendBeforeEffect",
         "SuspendAfterEffect",
+        "LateEffectThenFails",
+        "LateEffectThenCancelled",
+        "FailAfterStep",
     ] {
         assert!(
             total.behaviours.get(behaviour) > Some(&0),
@@ -73,6 +78,40 @@ fn assert_explored(total: &Stats) {
     assert!(total.takeovers > 0, "no takeover: {total}");
     assert!(total.declared_reruns > 0, "no declared re-run: {total}");
     assert!(total.outages > 0, "no outage: {total}");
+    assert!(total.compatible_seeds > 0, "the 0.1 rule never on: {total}");
+    assert!(
+        total.anchors > 0,
+        "no anchor's record met under the 0.1 rule: {total}"
+    );
+    assert!(
+        total.changed_amounts > 0,
+        "no neighbouring amount refused: {total}"
+    );
+    assert!(total.late_effects > 0, "no late effect landed: {total}");
+    assert!(total.graces > 0, "no give-back's grace kept: {total}");
+    assert!(
+        total.give_backs_replayed > 0,
+        "no give-back replayed: {total}"
+    );
+}
+
+/// What only a store that keeps DynamoDB items explores: step lists another build encoded,
+/// taken over; completions refused by their condition (the handler's own tables).
+fn assert_explored_on_dynamodb(total: &Stats, transactional: bool) {
+    if std::env::var("SIM_SEED").is_ok() {
+        return;
+    }
+    assert!(total.re_encoded > 0, "no step list re-encoded: {total}");
+    assert!(
+        total.re_encoded_takeovers > 0,
+        "no re-encoded step list taken over: {total}"
+    );
+    if transactional {
+        assert!(
+            total.behaviours.get("RefusedCompletion") > Some(&0) && total.refused_completions > 0,
+            "no completion refused: {total}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -104,6 +143,7 @@ async fn simulation_keeps_the_invariants_on_the_dynamodb_store() {
     }
     eprintln!("DynamoDB store: {total}");
     assert_explored(&total);
+    assert_explored_on_dynamodb(&total, transactional);
     if transactional && std::env::var("SIM_SEED").is_err() {
         for committed in ["reservations", "events", "completions"] {
             assert!(

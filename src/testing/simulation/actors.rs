@@ -1,5 +1,6 @@
 //! The simulation's actors: the handler each delivery runs, the reconciler, the skewed worker
-//! clocks, and the downstream system they share.
+//! clocks, and the downstream system they share (where an effect sent and not answered lands
+//! once the clock passes its instant).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -11,6 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::ledger::{Ledger, Profile};
 use crate::clock::{Clock, ManualClock};
 use crate::effects::Checked;
+use crate::effects::Transaction;
 use crate::error::BoxError;
 use crate::execution::ExecutionContext;
 use crate::failure::Terminal;
@@ -22,6 +24,10 @@ use crate::testing::conformance::EffectTables;
 pub(super) const MAX_SKEW: Duration = Duration::from_secs(2);
 /// The report one operation in three returns: past the inline limit, in one part.
 const LARGE_OUTCOME_BYTES: usize = 24 * 1024;
+/// The receipt the step of one operation in three returns: long enough for the DynamoDB store
+/// to compress it in the step list (past 1 KB), so that another build's encoding of it (another
+/// zstd level, uncompressed) is other bytes.
+const RECEIPT_REPEATS: usize = 1500;
 
 /// What a simulated handler does when it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +50,34 @@ pub enum Behaviour {
     SuspendBeforeEffect,
     /// Waits after the effect until a later step resumes it (killed past its deadline).
     SuspendAfterEffect,
+    /// (A stepped operation's.) The step's effect is sent and its answer times out: it lands
+    /// downstream `lands_after` seconds after it was sent, within the step's declared effect
+    /// timeout (`timeout` seconds, or none declared: within the lease). Then the handler fails
+    /// retryably, or its task is cancelled while the effect is in flight.
+    LateEffect {
+        /// The step's declared effect timeout, in seconds (`None`: none declared).
+        timeout: Option<u64>,
+        /// When the effect lands after it was sent, in seconds.
+        lands_after: u64,
+        /// What the handler does once the effect was sent.
+        then: AfterTimeout,
+    },
+    /// (A stepped operation's.) Fails retryably after its step's effect, the step's result
+    /// recorded: a knowing give-back, whose steps the next delivery replays.
+    FailAfterStep,
+    /// (An operation without steps, where the handler has tables of its own.) Applies the
+    /// effect, then returns with a completion write whose condition fails: the completion is
+    /// refused after an effect outside it.
+    RefusedCompletion,
+}
+
+/// What a handler whose step's effect timed out does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterTimeout {
+    /// Returns the step's error: a retryable failure after a step (a give-back).
+    Fails,
+    /// Its task is cancelled while the effect is in flight.
+    Cancelled,
 }
 
 impl Behaviour {
@@ -59,6 +93,14 @@ impl Behaviour {
         (Self::SuspendBeforeEffect, 10),
         (Self::SuspendAfterEffect, 12),
     ];
+
+    /// The behaviour's name in the run's figures (a late effect by what follows it).
+    pub fn name(&self) -> String {
+        match self {
+            Self::LateEffect { then, .. } => format!("LateEffectThen{then:?}"),
+            other => format!("{other:?}"),
+        }
+    }
 }
 
 /// What the reconciler answers on a takeover.
@@ -72,8 +114,8 @@ pub enum Answer {
     Fails,
 }
 
-/// What the actors share: the ledger of effects and runs, what the reconciler is told to
-/// answer, and what went wrong inside a handler (checked after the step).
+/// What the actors share: the ledger of effects and runs, the effects in flight, what the
+/// reconciler is told to answer, and what went wrong inside a handler (checked after the step).
 #[derive(Debug)]
 pub(super) struct Downstream {
     pub(super) ledger: Ledger,
@@ -82,12 +124,82 @@ pub(super) struct Downstream {
     pub(super) violations: Vec<String>,
     /// Reconciler answers given, by name.
     pub(super) reconciles: BTreeMap<String, u64>,
+    /// The world's clock: an effect in flight lands once it passes the effect's instant.
+    clock: ManualClock,
+    /// Step effects sent whose answer timed out, not landed yet.
+    in_flight: Vec<Landing>,
+    /// Effects that landed late, over the run.
+    pub(super) landed: u64,
+    /// A handler that failed retryably after its step's effect (its result recorded), as
+    /// `(op, attempt)`: taken by the delivery that ran it.
+    pub(super) failed_after_step: Option<(usize, u32)>,
+    /// A handler of `op` that returned with a completion its condition refuses: taken by the
+    /// delivery that ran it.
+    pub(super) refused_completion: Option<usize>,
+}
+
+/// A step's effect sent and not answered: it lands downstream once the clock passes `at`.
+#[derive(Debug, Clone, Copy)]
+struct Landing {
+    op: usize,
+    at: SystemTime,
+    /// Whether the worker that sent it declared the whole handler safe to repeat.
+    declared_rerun: bool,
+}
+
+impl Downstream {
+    pub(super) fn new(ledger: Ledger, keys: Vec<OperationKey>, clock: ManualClock) -> Self {
+        Self {
+            ledger,
+            keys,
+            answer: Answer::Truthful,
+            violations: Vec::new(),
+            reconciles: BTreeMap::new(),
+            clock,
+            in_flight: Vec::new(),
+            landed: 0,
+            failed_after_step: None,
+            refused_completion: None,
+        }
+    }
+
+    /// Lands every effect in flight whose instant the clock has passed.
+    fn land(&mut self) {
+        let now = self.clock.now();
+        let (due, later): (Vec<Landing>, Vec<Landing>) = std::mem::take(&mut self.in_flight)
+            .into_iter()
+            .partition(|landing| landing.at <= now);
+        self.in_flight = later;
+        for landing in due {
+            self.ledger
+                .stepped_effect(landing.op, landing.declared_rerun);
+            self.landed += 1;
+        }
+    }
+
+    /// `op`'s step sends its effect, whose answer times out: it lands `after` from now.
+    fn send_late(&mut self, op: usize, after: Duration, declared_rerun: bool) {
+        let at = self.clock.now() + after;
+        self.in_flight.push(Landing {
+            op,
+            at,
+            declared_rerun,
+        });
+    }
+
+    /// Whether an effect of `op` is in flight.
+    pub(super) fn in_flight(&self, op: usize) -> bool {
+        self.in_flight.iter().any(|landing| landing.op == op)
+    }
 }
 
 pub(super) type Shared = Arc<Mutex<Downstream>>;
 
+/// The downstream as it stands now: every effect whose instant the clock passed has landed.
 pub(super) fn lock(shared: &Shared) -> MutexGuard<'_, Downstream> {
-    shared.lock().unwrap_or_else(PoisonError::into_inner)
+    let mut downstream = shared.lock().unwrap_or_else(PoisonError::into_inner);
+    downstream.land();
+    downstream
 }
 
 /// A worker's clock: the world's, skewed.
@@ -137,7 +249,9 @@ pub(super) struct Run {
     pub(super) op: usize,
     /// The operation's life, as the ledger counts them.
     pub(super) life: u32,
-    /// The handler's own tables, for a transactional operation.
+    /// Whether the operation's effects are transactional.
+    pub(super) transactional: bool,
+    /// The handler's own tables, when it has some.
     pub(super) tables: Option<Arc<EffectTables>>,
     pub(super) profile: Profile,
     pub(super) behaviour: Behaviour,
@@ -151,9 +265,11 @@ pub(super) struct Run {
 /// to it afterwards. A stepped operation's handler keeps its effect in a step.
 pub(super) async fn handler(run: Run, ctx: ExecutionContext) -> Result<Value, BoxError> {
     match (run.tables.clone(), run.profile.stepped) {
-        (Some(tables), _) => super::transactional::transactional(run, ctx, tables).await,
-        (None, true) => stepped(run, ctx).await,
-        (None, false) => plain(run, ctx.attempt()).await,
+        (Some(tables), _) if run.transactional => {
+            super::transactional::transactional(run, ctx, tables).await
+        }
+        (_, true) => stepped(run, ctx).await,
+        (_, false) => plain(run, ctx).await,
     }
 }
 
@@ -167,10 +283,13 @@ pub(super) fn count_run(shared: &Shared, op: usize, attempt: u32, profile: Profi
 
 /// The handler whose effect is a bare call: only the recovery policy or a reconciler stands
 /// between a crashed attempt and a second effect.
-async fn plain(run: Run, attempt: u32) -> Result<Value, BoxError> {
+async fn plain(run: Run, ctx: ExecutionContext) -> Result<Value, BoxError> {
+    let attempt = ctx.attempt();
     let Run {
         shared,
         op,
+        life,
+        tables,
         profile,
         behaviour,
         after_effect,
@@ -207,6 +326,24 @@ async fn plain(run: Run, attempt: u32) -> Result<Value, BoxError> {
         Behaviour::TerminalFailure => {
             Err(Terminal::new("declined", std::io::Error::other("the downstream declined")).into())
         }
+        // The effect, then a completion its condition refuses (on the handler's own table).
+        Behaviour::RefusedCompletion if tables.is_some() => {
+            effect();
+            if let Some(tables) = tables {
+                let mut downstream = lock(&shared);
+                downstream.ledger.completion_refused(op, profile);
+                downstream.refused_completion = Some(op);
+                drop(downstream);
+                let write = super::transactional::refused_write(&tables, op, life)?;
+                ctx.complete_with(Transaction::new(()).update(write))?;
+            }
+            Ok(result)
+        }
+        // Drawn for other operations only: without tables, or with steps, it completes.
+        Behaviour::RefusedCompletion | Behaviour::LateEffect { .. } | Behaviour::FailAfterStep => {
+            effect();
+            Ok(result)
+        }
         Behaviour::CrashBeforeEffect => {
             park().await;
             Ok(result)
@@ -241,7 +378,8 @@ async fn plain(run: Run, attempt: u32) -> Result<Value, BoxError> {
 
 /// The handler whose effect is the step `effect`, checked against the downstream truth (or
 /// answering Unknown, or failing, as the delivery says), then a step `note` without effect
-/// (whose intent write records the effect's result).
+/// (whose intent write records the effect's result). One operation in three returns a receipt
+/// from its step long enough to be compressed in the step list.
 async fn stepped(run: Run, ctx: ExecutionContext) -> Result<Value, BoxError> {
     let Run {
         shared,
@@ -306,21 +444,54 @@ async fn stepped(run: Run, ctx: ExecutionContext) -> Result<Value, BoxError> {
             std::future::ready(checked)
         }
     };
+    let late = match behaviour {
+        Behaviour::LateEffect {
+            timeout,
+            lands_after,
+            then,
+        } => Some((timeout, Duration::from_secs(lands_after), then)),
+        _ => None,
+    };
     let effect_shared = Arc::clone(&shared);
-    ctx.step("effect")
-        .checked_by(check)
-        .run(move |_key| async move {
-            lock(&effect_shared)
-                .ledger
-                .stepped_effect(op, declared_rerun);
+    let in_flight = parked.clone();
+    let step = ctx.step("effect").checked_by(check);
+    let step = match late.and_then(|(timeout, ..)| timeout) {
+        Some(timeout) => step.effect_timeout(Duration::from_secs(timeout)),
+        None => step,
+    };
+    step.run(move |_key| async move {
+        if let Some((_, lands_after, then)) = late {
+            // Sent; its answer never comes: it lands later, downstream.
+            lock(&effect_shared).send_late(op, lands_after, declared_rerun);
             after_effect();
-            Ok::<_, BoxError>(json!({"op": op, "applied": true}))
-        })
-        .await?;
+            if then == AfterTimeout::Cancelled {
+                // The world cancels the task while the effect is in flight.
+                let _ = in_flight.send(());
+                std::future::pending::<()>().await;
+            }
+            return Err::<Value, BoxError>(
+                std::io::Error::other("the downstream's answer timed out").into(),
+            );
+        }
+        lock(&effect_shared)
+            .ledger
+            .stepped_effect(op, declared_rerun);
+        after_effect();
+        match op.is_multiple_of(3) {
+            true => Ok(json!({"op": op, "applied": true, "receipt": "r-".repeat(RECEIPT_REPEATS)})),
+            false => Ok(json!({"op": op, "applied": true})),
+        }
+    })
+    .await?;
     match behaviour {
         // The effect's result is not written yet: the step comes back uncertain.
         Behaviour::CrashAfterEffect | Behaviour::CancelAfterEffect => park().await,
         Behaviour::PanicAfterEffect => std::panic::panic_any(SimulatedPanic),
+        // The handler's own retryable failure after a done step.
+        Behaviour::FailAfterStep => {
+            lock(&shared).failed_after_step = Some((op, attempt));
+            return Err(std::io::Error::other("the downstream timed out after the step").into());
+        }
         _ => {}
     }
     ctx.step("note")

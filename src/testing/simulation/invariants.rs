@@ -287,7 +287,10 @@ impl<S: Store + Clone> World<S> {
                 match done.origin() {
                     crate::Origin::Executed { .. } => matches!(
                         judged.behaviour,
-                        Behaviour::TerminalFailure | Behaviour::RetryableFailure
+                        Behaviour::TerminalFailure
+                            | Behaviour::RetryableFailure
+                            | Behaviour::FailAfterStep
+                            | Behaviour::RefusedCompletion
                     )
                     .then(|| format!("operation {op}: a failed handler was answered as executed")),
                     // A replay may outlive the record's life (a cache, a clock behind): an

@@ -3,7 +3,8 @@
 //! says which re-runs the contract excuses. A re-run is excused only by the previous run's
 //! retryable failure (it failed before any effect), an operator's release, a reconciler's
 //! `NotApplied` for this very takeover, or the worker's declared recovery policy
-//! ([`Recovery::Rerun`], a takeover without a reconciler). Anything else is a blind re-run.
+//! ([`Recovery::Rerun`]: a takeover without a reconciler, or a release after a refused
+//! completion). Anything else is a blind re-run.
 
 use crate::reconcile::Recovery;
 
@@ -29,6 +30,9 @@ enum Previous {
     Released,
     /// It may have acted: crashed, killed, cancelled, panicked, suspended, or it returned.
     Open,
+    /// It acted and its completion was refused, on a worker that declared the handler safe to
+    /// repeat: released by that declaration, the next run is a declared re-run.
+    Declared,
 }
 
 /// One operation's account in its current life.
@@ -125,6 +129,11 @@ impl Ledger {
                 account.excused += 1;
                 Ok(())
             }
+            Previous::Declared => {
+                account.declared += 1;
+                self.declared_reruns += 1;
+                Ok(())
+            }
             Previous::Open if not_applied => {
                 account.excused += 1;
                 Ok(())
@@ -148,6 +157,16 @@ impl Ledger {
     /// The run of `op` failed before any effect: the next run is excused.
     pub(super) fn failed_before_effect(&mut self, op: usize) {
         self.accounts[op].previous = Previous::Released;
+    }
+
+    /// `op`'s handler applied its effect and returned a completion its condition refuses. A
+    /// worker that declared the handler safe to repeat ([`Recovery::Rerun`]) releases it, and
+    /// the run that follows (a first attempt again) is a declared re-run; under any other
+    /// policy the operation is held, and nothing excuses a re-run.
+    pub(super) fn completion_refused(&mut self, op: usize, profile: Profile) {
+        if profile.recovery == Recovery::Rerun {
+            self.accounts[op].previous = Previous::Declared;
+        }
     }
 
     /// An operator released `op` (its effect truly absent): the next run is excused.
@@ -269,6 +288,34 @@ mod tests {
         assert!(
             ledger.start_run(0, 1, RERUN).is_err(),
             "attempt 1 is no takeover"
+        );
+    }
+
+    /// A refused completion excuses the fresh run after it only where the worker declared the
+    /// handler safe to repeat.
+    #[test]
+    fn a_refused_completion_excuses_a_rerun_only_where_declared() {
+        let mut ledger = Ledger::new(1);
+        ledger.start_run(0, 1, RERUN).expect("first run");
+        ledger.effect(0);
+        ledger.completion_refused(0, RERUN);
+        ledger
+            .start_run(0, 1, RERUN)
+            .expect("released by the declaration");
+        ledger.effect(0);
+        ledger.check(0).expect("a declared re-run's second effect");
+
+        let held = Profile {
+            recovery: Recovery::Indeterminate,
+            ..RERUN
+        };
+        let mut ledger = Ledger::new(1);
+        ledger.start_run(0, 1, held).expect("first run");
+        ledger.effect(0);
+        ledger.completion_refused(0, held);
+        assert!(
+            ledger.start_run(0, 1, held).is_err(),
+            "held under the default: a fresh run is blind"
         );
     }
 }

@@ -1,24 +1,31 @@
 //! Playing a step: a delivery of an operation to a worker (its invocation, a new life when
 //! nothing remembers the operation, the handler run on a task, parked when it crashes or
 //! suspends), a resumption of a suspended handler, a clock jump, a TTL sweep, an operator's
-//! resolution of what is INDETERMINATE; and what each caller was answered, noted and judged.
+//! resolution of what is INDETERMINATE, a step list rewritten as another build encodes it, a
+//! delivery with a neighbouring amount; and what each caller was answered, noted and judged:
+//! against the downstream truth, and, for the paths the decision table names, against the
+//! table (a knowing give-back after a done step replays, a refused completion without steps is
+//! held under the default, a re-encoded step list is taken over).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use super::actors::{Behaviour, Run, Skewed, handler, lock};
+use super::actors::{AfterTimeout, Behaviour, MAX_SKEW, Run, Skewed, handler, lock};
 use super::invariants::Judged;
-use super::world::{Action, Deploy, LEASE, World, error_name};
+use super::ledger::Profile;
+use super::world::{Action, Deploy, LEASE, Planned, World, error_name};
 use crate::clock::Clock;
 use crate::engine::{Operator, Resolution};
-use crate::error::Error;
-use crate::execution::{Execution, Invocation};
+use crate::error::{BoxError, Error};
+use crate::execution::{Execution, Invocation, Origin};
 use crate::key::JsonPointer;
-use crate::record::{Status, epoch_secs};
+use crate::reconcile::Recovery;
+use crate::record::{Status, StepRecord, epoch_secs};
 use crate::store::Store;
 use crate::testing::faults::{FaultKind, Primitive};
 
@@ -37,6 +44,27 @@ pub(super) struct Parked {
 pub(super) enum Delivered {
     Answered(Result<Execution<Value>, Error>),
     Cancelled,
+}
+
+/// What a delivery is watched for, from the record as the last check saw it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Watch {
+    /// It is the first to meet an attempt that gave its claim back knowingly after a done
+    /// step (that attempt's number).
+    given_back: Option<u32>,
+    /// It meets an attempt whose step list another build encoded, with its lease run out on
+    /// every worker's clock.
+    re_encoded: bool,
+}
+
+/// What a delivery's judgement needs besides its answer.
+struct Delivery {
+    op: usize,
+    behaviour: Behaviour,
+    profile: Profile,
+    watch: Watch,
+    /// No fault fired and no outage began: every write it made was answered.
+    clean: bool,
 }
 
 impl<S: Store + Clone> World<S> {
@@ -62,6 +90,17 @@ impl<S: Store + Clone> World<S> {
                 *self.stats.deploys.entry(format!("{deploy:?}")).or_default() += 1;
                 self.deliver(op, worker, behaviour, outage, deploy).await;
                 self.store.clear();
+                // A step's effect may be in flight: its operation again at once, and again
+                // 7 s later (past a cancellation's 5 s grace, inside a 10 s declared timeout,
+                // before the latest effects land).
+                if let Behaviour::LateEffect { .. } = behaviour {
+                    self.planned = [
+                        Planned::Deliver(op),
+                        Planned::Advance(Duration::from_secs(7)),
+                        Planned::Deliver(op),
+                    ]
+                    .into();
+                }
             }
             Action::Resume(index) => self.resume(index).await,
             Action::Advance(by) => self.clock.advance(by),
@@ -70,6 +109,8 @@ impl<S: Store + Clone> World<S> {
                 self.note(format!("swept {swept}"));
             }
             Action::Resolve => self.resolve_indeterminate().await,
+            Action::ReEncode(encoding) => self.re_encode(encoding).await,
+            Action::ChangedAmount(op) => self.changed_amount(op).await,
         }
     }
 
@@ -88,6 +129,7 @@ impl<S: Store + Clone> World<S> {
             ),
         };
         let invocation = Invocation::new(spec.key.clone(), spec.fingerprint.clone(), LEASE)
+            .with_earlier_key(spec.earlier.clone())
             .with_deadline(deadline);
         match (identity, JsonPointer::new("/op")) {
             (Some(identity), Ok(pointer)) => invocation
@@ -128,6 +170,8 @@ impl<S: Store + Clone> World<S> {
         deploy: Deploy,
     ) -> Option<Result<Execution<Value>, Error>> {
         self.touched[op] = true;
+        let watch = self.watch(op);
+        let faults_before = self.faults_fired();
         let worker_clock = Skewed::of(&self.clock, worker);
         let deadline_on_worker = worker_clock.now() + LEASE - DEADLINE_MARGIN;
         let invocation = self.invocation(op, deploy, deadline_on_worker);
@@ -135,11 +179,7 @@ impl<S: Store + Clone> World<S> {
             lock(&self.shared).ledger.new_life(op);
         }
         self.stats.deliveries += 1;
-        *self
-            .stats
-            .behaviours
-            .entry(format!("{behaviour:?}"))
-            .or_default() += 1;
+        *self.stats.behaviours.entry(behaviour.name()).or_default() += 1;
         let (parked_tx, mut parked_rx) = mpsc::unbounded_channel();
         let (resume_tx, resume_rx) = oneshot::channel();
         let spec = &self.specs[op];
@@ -148,7 +188,7 @@ impl<S: Store + Clone> World<S> {
             (false, true) => self.stepped[worker].clone(),
             (false, false) => self.workers[worker].clone(),
         };
-        let tables = self.tables.clone().filter(|_| spec.transactional);
+        let (transactional, tables) = (spec.transactional, self.tables.clone());
         // The reconciler and the steps' checks read the ledger: it is told what the handler's
         // tables show first.
         self.observe_transactions().await;
@@ -175,6 +215,7 @@ impl<S: Store + Clone> World<S> {
             shared: Arc::clone(&self.shared),
             op,
             life: lock(&self.shared).ledger.life(op),
+            transactional,
             tables,
             profile,
             behaviour,
@@ -191,7 +232,7 @@ impl<S: Store + Clone> World<S> {
                 None => Delivered::Cancelled,
             }
         });
-        tokio::select! {
+        let answer = tokio::select! {
             joined = &mut task => {
                 let outage_end = *outage_end.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 let judged = Judged { op, behaviour, deadline, outage_end };
@@ -199,7 +240,8 @@ impl<S: Store + Clone> World<S> {
             }
             Some(()) = parked_rx.recv() => {
                 match behaviour {
-                    Behaviour::CancelAfterEffect => {
+                    Behaviour::CancelAfterEffect
+                    | Behaviour::LateEffect { then: AfterTimeout::Cancelled, .. } => {
                         task.abort();
                         let _ = task.await;
                         self.note("cancelled after the effect".into());
@@ -214,6 +256,216 @@ impl<S: Store + Clone> World<S> {
                     }
                 }
                 None
+            }
+        };
+        let clean = outage.is_none() && self.faults_fired() == faults_before;
+        let delivery = Delivery {
+            op,
+            behaviour,
+            profile,
+            watch,
+            clean,
+        };
+        self.judge_delivery(delivery, answer.as_ref()).await;
+        answer
+    }
+
+    /// Faults fired so far in the run.
+    fn faults_fired(&self) -> u64 {
+        self.store.fired().values().sum()
+    }
+
+    /// What a delivery of `op` is watched for, from the record as the last check saw it (a
+    /// watched attempt no longer standing is forgotten), and, under the 0.1 rule, whether it
+    /// meets its anchor's record.
+    fn watch(&mut self, op: usize) -> Watch {
+        let now = self.clock.now();
+        let standing = self.last_seen[op]
+            .as_ref()
+            .filter(|record| record.status == Status::InProgress);
+        let meets = |token: &str| standing.is_some_and(|record| record.lease.token == token);
+        let mut watch = Watch::default();
+        match &self.given_back[op] {
+            Some((token, attempt)) if meets(token) => watch.given_back = Some(*attempt),
+            Some(_) => self.given_back[op] = None,
+            None => {}
+        }
+        match &self.re_encoded[op] {
+            Some(token) if meets(token) => {
+                watch.re_encoded = standing.is_some_and(|record| {
+                    record.lease.expires_at + MAX_SKEW + Duration::from_secs(1) < now
+                });
+            }
+            Some(_) => self.re_encoded[op] = None,
+            None => {}
+        }
+        // Under the 0.1 rule, an id whose 0.1 key is its anchor's, while the anchor's record
+        // (written by today's code) stands: the path that once merged them.
+        let anchor = self.specs[op].anchor;
+        if self.compatible
+            && anchor.is_some_and(|anchor| {
+                self.last_seen[anchor]
+                    .as_ref()
+                    .is_some_and(|record| !record.counts_as_absent(now))
+            })
+        {
+            self.stats.anchors += 1;
+        }
+        watch
+    }
+
+    /// Judges a delivery by the decision table, where its path is one the table names: the
+    /// first delivery to meet a knowing give-back after a done step replays its steps (never
+    /// held INDETERMINATE, never handed to the reconciler); a refused completion without steps
+    /// is held under the default, never released for a blind re-run; an attempt whose step
+    /// list another build encoded is taken over once its lease ran out. Notes the knowing
+    /// give-backs to watch, and counts the paths walked.
+    async fn judge_delivery(
+        &mut self,
+        delivery: Delivery,
+        answer: Option<&Result<Execution<Value>, Error>>,
+    ) {
+        let Delivery {
+            op,
+            behaviour,
+            profile,
+            watch,
+            clean,
+        } = delivery;
+        let (failed_after_step, refused_completion, in_flight) = {
+            let mut downstream = lock(&self.shared);
+            (
+                downstream.failed_after_step.take(),
+                downstream.refused_completion.take(),
+                downstream.in_flight(op),
+            )
+        };
+        if in_flight && matches!(answer, Some(Err(Error::AlreadyInProgress { .. }))) {
+            self.stats.graces += 1;
+        }
+        if let Some(attempt) = watch.given_back {
+            // The first takeover of a transactional operation (attempt 2) has its completion
+            // refused by design: held under the default, as the table says.
+            let refused_by_design = self.specs[op].transactional && attempt == 1;
+            let broken = match answer {
+                Some(Err(Error::Indeterminate { .. })) if !refused_by_design => {
+                    Some("held it INDETERMINATE")
+                }
+                Some(Ok(done)) if matches!(done.origin(), Origin::Reconciled { .. }) => {
+                    Some("handed it to the reconciler")
+                }
+                Some(Ok(done)) if matches!(done.origin(), Origin::Executed { .. }) => {
+                    self.stats.give_backs_replayed += 1;
+                    self.given_back[op] = None;
+                    None
+                }
+                _ => None,
+            };
+            if let Some(broken) = broken {
+                self.pending_violation.get_or_insert(format!(
+                    "operation {op}: attempt {attempt} gave its claim back after a done step (its handler's retryable failure), yet the next delivery {broken} instead of replaying its steps"
+                ));
+            }
+        }
+        if watch.re_encoded && clean {
+            let key = self.specs[op].key.clone();
+            let after = self.store.inner().get(&key).await.ok().flatten();
+            let tracked = self.re_encoded[op].clone();
+            match after {
+                Some(after) if Some(&after.lease.token) != tracked.as_ref() => {
+                    self.stats.re_encoded_takeovers += 1;
+                    self.re_encoded[op] = None;
+                }
+                Some(_) if matches!(answer, Some(Err(Error::AlreadyInProgress { .. }))) => {
+                    self.pending_violation.get_or_insert(format!(
+                        "operation {op}: its step list, encoded as another build encodes it, is never taken over: its lease ran out on every worker's clock, yet the delivery answered AlreadyInProgress"
+                    ));
+                }
+                _ => {}
+            }
+        }
+        if let Some((noted, attempt)) = failed_after_step
+            && noted == op
+            && clean
+            && matches!(answer, Some(Err(Error::Handler { .. })))
+        {
+            // An adopted record's steps are lost (its crashed attempt's went with TTL): the
+            // table leaves its takeovers to the reconciler or an operator, given back or not.
+            let key = self.specs[op].key.clone();
+            let after = self.store.inner().get(&key).await.ok().flatten();
+            if let Some(after) = after.filter(|after| {
+                after.status == Status::InProgress
+                    && after.lease.attempt == attempt
+                    && !after.steps.iter().any(StepRecord::marks_steps_lost)
+            }) {
+                self.given_back[op] = Some((after.lease.token, attempt));
+            }
+        }
+        if refused_completion == Some(op) && behaviour == Behaviour::RefusedCompletion {
+            match answer {
+                Some(Err(Error::Indeterminate { .. })) => self.stats.refused_completions += 1,
+                Some(Err(Error::Handler { .. })) => {
+                    self.stats.refused_completions += 1;
+                    if clean && profile.recovery == Recovery::Indeterminate {
+                        self.pending_violation.get_or_insert(format!(
+                            "operation {op}: its completion was refused after an effect outside it, without steps, under the default recovery: released for a blind re-run instead of held"
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// A delivery of `op`'s key with a neighbouring amount (equal to its own above 2^53 only)
+    /// while its record stands: it must be refused as a payload conflict, its handler never run.
+    pub(super) async fn changed_amount(&mut self, op: usize) {
+        let spec = &self.specs[op];
+        let Some(fingerprint) = spec.neighbouring_amount.clone() else {
+            self.note(format!("op {op} has no neighbouring amount"));
+            return;
+        };
+        let now = self.clock.now();
+        let stands = self.last_seen[op].as_ref().is_some_and(|record| {
+            !record.counts_as_absent(now + MAX_SKEW + Duration::from_secs(1))
+        });
+        if !stands {
+            self.note(format!("op {op}: no record to conflict with"));
+            return;
+        }
+        let idem = match (spec.transactional, spec.stepped) {
+            (true, _) => self.transactional[0].0.clone(),
+            (false, true) => self.stepped[0].0.clone(),
+            (false, false) => self.workers[0].0.clone(),
+        };
+        let invocation = Invocation::new(spec.key.clone(), fingerprint, LEASE)
+            .with_earlier_key(spec.earlier.clone())
+            .with_deadline(now + LEASE - DEADLINE_MARGIN);
+        let ran = Arc::new(AtomicBool::new(false));
+        let running = Arc::clone(&ran);
+        let answer = idem
+            .execute(&invocation, move |_ctx| async move {
+                running.store(true, Ordering::SeqCst);
+                Ok::<_, BoxError>(json!({"op": op, "changed": true}))
+            })
+            .await;
+        let answered = match &answer {
+            Ok(done) => format!("{:?}", done.origin()),
+            Err(err) => error_name(err),
+        };
+        self.note(format!("answered {answered}"));
+        match answer {
+            Err(Error::PayloadConflict { .. }) if !ran.load(Ordering::SeqCst) => {
+                self.stats.changed_amounts += 1;
+            }
+            _ => {
+                let ran = match ran.load(Ordering::SeqCst) {
+                    true => ", and its handler ran",
+                    false => "",
+                };
+                self.pending_violation.get_or_insert(format!(
+                    "operation {op}: a delivery of its key with a neighbouring amount (equal to its own above 2^53 only) was answered {answered} instead of a payload conflict{ran}"
+                ));
             }
         }
     }

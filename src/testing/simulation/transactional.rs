@@ -59,6 +59,22 @@ fn add(
         .build()?)
 }
 
+/// A completion write its condition always refuses (the item of `op`'s life never holds the
+/// attribute it names), for a handler without steps whose completion is refused.
+pub(super) fn refused_write(
+    tables: &EffectTables,
+    op: usize,
+    life: u32,
+) -> Result<Update, BoxError> {
+    add(
+        tables,
+        op,
+        life,
+        "refused",
+        Some("attribute_exists(never_written)"),
+    )
+}
+
 /// An outbox event of `op`'s life; `completion` for the completion's.
 fn event(op: usize, life: u32, completion: bool) -> Result<OutboxEvent, BoxError> {
     let name = if completion { "completed" } else { "reserved" };
@@ -144,6 +160,11 @@ pub(super) async fn transactional(
         .await?;
     after_effect();
     match behaviour {
+        // The handler's own retryable failure after a done step: given back, the step kept.
+        Behaviour::FailAfterStep => {
+            lock(&shared).failed_after_step = Some((op, attempt));
+            return Err(std::io::Error::other("the downstream timed out after the step").into());
+        }
         Behaviour::CrashAfterEffect => park().await,
         Behaviour::CancelAfterEffect if attempt == 1 => park().await,
         Behaviour::PanicAfterEffect => std::panic::panic_any(SimulatedPanic),

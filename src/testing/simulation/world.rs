@@ -1,19 +1,22 @@
-//! The simulated world: operations (64-bit ids, tenants sharing identity strings), workers
-//! with their skew and recovery profile, and the steps' vocabulary: deliveries (with deploys
-//! that change an identity, faults and outages), resumptions, clock jumps, TTL sweeps,
-//! operators. Its next step is chosen in schedule.rs, played in steps.rs and judged in
-//! invariants.rs.
+//! The simulated world: operations (64-bit ids at the double-rounding anchors and their
+//! neighbours, tenants sharing identity strings), workers with their skew and recovery
+//! profile (the 0.1 compatibility rule on for half the seeds), and the steps' vocabulary:
+//! deliveries (with deploys that change an identity, faults and outages), resumptions, clock
+//! jumps, TTL sweeps, operators, step lists rewritten as another build encodes them, and
+//! deliveries of a key with a neighbouring amount. Its next step is chosen in schedule.rs,
+//! played in steps.rs and judged in invariants.rs.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use super::actors::{
     Answer, Behaviour, Downstream, Shared, Skewed, lock, reconciler, silence_simulated_panics,
 };
+use super::formats::Encoding;
 use super::ledger::{Ledger, Profile};
 use super::steps::{Delivered, Parked};
 use super::{Budget, Stats};
@@ -35,6 +38,29 @@ pub(super) const LEASE: Duration = Duration::from_secs(30);
 const RETENTIONS: [u64; 5] = [5, 20, 45, 90, 3600];
 /// Workers, each with its clock skew and recovery profile.
 const WORKERS: usize = 3;
+/// Integers that RFC 8785 alone writes alike (each rounds to one double past 2^53), the
+/// anchor first where the family has one: the integer whose exact digits are the digits RFC
+/// 8785 prints for that double, so that its key (and digest) is the one 0.1 derived for every
+/// member. Each tenant's operations take their ids from one family, the first two its anchor
+/// and a neighbour.
+pub(super) const FAMILIES: [&[i128]; 6] = [
+    &[9_007_199_254_740_992, 9_007_199_254_740_993],
+    &[
+        1_152_921_504_606_847_000,
+        1_152_921_504_606_847_001,
+        1_152_921_504_606_846_999,
+        1 << 60,
+    ],
+    &[-9_007_199_254_740_992, -9_007_199_254_740_993],
+    &[-1_152_921_504_606_847_000, -1_152_921_504_606_847_001],
+    // No anchor: 2^64 prints as 18446744073709552000, 2^63 as 9223372036854776000.
+    &[18_446_744_073_709_551_000, 18_446_744_073_709_551_615],
+    &[-9_223_372_036_854_775_808, -9_223_372_036_854_775_807],
+];
+/// How long after the run's start the 0.1 compatibility rule's cut-over lies, when a seed
+/// turns the rule on: every record of the run is created before it, so only the rule each
+/// record names keeps today's records out of it.
+const CUT_OVER_AFTER: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// What a deploy did to the operation's business identity before this delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +103,22 @@ pub enum Action {
     Sweep,
     /// An operator resolves every INDETERMINATE operation from the downstream truth.
     Resolve,
+    /// The step list of an IN_PROGRESS record is rewritten as another build encodes it (the
+    /// same steps, other bytes: another zstd level, uncompressed, a field today's build does
+    /// not write). On a store that keeps records decoded (the memory store) nothing changes.
+    ReEncode(Encoding),
+    /// A delivery of `op`'s key with a neighbouring amount (an intent equal to its own above
+    /// 2^53 only), while its record stands: a payload conflict, never a replay or a run.
+    ChangedAmount(usize),
+}
+
+/// A step planned next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Planned {
+    /// A delivery of this operation (the rest drawn when it comes).
+    Deliver(usize),
+    /// The clock moves on.
+    Advance(Duration),
 }
 
 /// An operation as its deliveries name it.
@@ -86,8 +128,17 @@ pub(super) struct Spec {
     /// Whether its handler's effects are transactional (a stepped operation in two, when the
     /// handler has tables of its own).
     pub(super) transactional: bool,
+    /// Its id: the key material, and the intent (`{"id": id}`).
+    pub(super) id: i128,
     pub(super) key: OperationKey,
+    /// The key 0.1 derived for its id, when that was another: the key of the family's anchor.
+    pub(super) earlier: Option<OperationKey>,
+    /// The operation whose key is `earlier`, when one of the seed's has it.
+    pub(super) anchor: Option<usize>,
     pub(super) fingerprint: Fingerprint,
+    /// The fingerprint of a neighbouring amount (another member of its id's family, equal to
+    /// its own above 2^53 only), when it has one.
+    pub(super) neighbouring_amount: Option<Fingerprint>,
     pub(super) identity: Option<String>,
 }
 
@@ -117,6 +168,18 @@ pub(super) struct World<S> {
     /// The operations this step delivered, resumed or resolved: only they may see a live
     /// lease disappear (given back by its own holder).
     pub(super) touched: Vec<bool>,
+    /// Whether the seed turns the 0.1 compatibility rule on.
+    pub(super) compatible: bool,
+    /// Per operation: the lease token and attempt of an attempt that gave its claim back
+    /// knowingly after a done step (its handler's own retryable failure), until a delivery
+    /// meets it.
+    pub(super) given_back: Vec<Option<(String, u32)>>,
+    /// Per operation: the lease token of the attempt whose step list was rewritten as another
+    /// build encodes it, until a delivery takes it over.
+    pub(super) re_encoded: Vec<Option<String>>,
+    /// Steps planned next (after a delivery left a step's effect in flight: its operation
+    /// delivered again at once, or once the clock passed a give-back's short grace).
+    pub(super) planned: std::collections::VecDeque<Planned>,
     pub(super) trace: Vec<String>,
     pub(super) stats: Stats,
     takeovers: Arc<AtomicU64>,
@@ -128,19 +191,19 @@ impl<S: Store + Clone> World<S> {
         silence_simulated_panics();
         let mut rng = fastrand::Rng::with_seed(seed);
         let retention = Duration::from_secs(RETENTIONS[rng.usize(..RETENTIONS.len())]);
-        let config = Config::builder()
-            .retention(retention)
-            .build()
-            .unwrap_or_default();
+        let compatible = rng.bool();
+        let mut config = Config::builder().retention(retention);
+        if compatible {
+            config = config.rfc8785_records_before(fixture.clock.now() + CUT_OVER_AFTER);
+        }
+        let config = config.build().unwrap_or_default();
         let tables = fixture.effect_tables.clone().map(Arc::new);
         let specs = operations(&mut rng, seed, budget.operations, tables.is_some());
-        let shared = Arc::new(std::sync::Mutex::new(Downstream {
-            ledger: Ledger::new(specs.len()),
-            keys: specs.iter().map(|spec| spec.key.clone()).collect(),
-            answer: Answer::Truthful,
-            violations: Vec::new(),
-            reconciles: Default::default(),
-        }));
+        let shared = Arc::new(std::sync::Mutex::new(Downstream::new(
+            Ledger::new(specs.len()),
+            specs.iter().map(|spec| spec.key.clone()).collect(),
+            fixture.clock.clone(),
+        )));
         let store = FaultyStore::new(fixture.store);
         let takeovers = Arc::new(AtomicU64::new(0));
         let mut stepped = Vec::new();
@@ -209,6 +272,7 @@ impl<S: Store + Clone> World<S> {
             .filter(|op| specs[*op].transactional)
             .collect();
         let started = fixture.clock.now();
+        let ids: Vec<String> = specs.iter().map(|spec| spec.id.to_string()).collect();
         Self {
             rng,
             seed,
@@ -228,11 +292,17 @@ impl<S: Store + Clone> World<S> {
             last_seen: vec![None; operations],
             completed_seen: vec![None; operations],
             touched: vec![false; operations],
+            compatible,
+            given_back: vec![None; operations],
+            re_encoded: vec![None; operations],
+            planned: std::collections::VecDeque::new(),
             trace: vec![format!(
-                "retention {retention:?}, lease {LEASE:?}, workers {profiles:?}, stepped operations {stepped_ops:?} (transactional {transactional_ops:?})"
+                "retention {retention:?}, lease {LEASE:?}, workers {profiles:?}, stepped operations {stepped_ops:?} (transactional {transactional_ops:?}), ids {ids:?}, 0.1 rule {}",
+                if compatible { "on" } else { "off" }
             )],
             stats: Stats {
                 seeds: 1,
+                compatible_seeds: u64::from(compatible),
                 ..Stats::default()
             },
             takeovers,
@@ -251,6 +321,7 @@ impl<S: Store + Clone> World<S> {
         let downstream = lock(&self.shared);
         self.stats.reconciles = downstream.reconciles.clone();
         self.stats.declared_reruns = downstream.ledger.declared_reruns;
+        self.stats.late_effects = downstream.landed;
         drop(downstream);
         self.stats.takeovers = self.takeovers.load(Ordering::Relaxed);
         for parked in self.suspended.drain(..) {
@@ -267,19 +338,42 @@ impl<S: Store + Clone> World<S> {
     }
 }
 
-/// The operations one seed shares: key material past 2^53 (ids that RFC 8785 alone would make
-/// one key), operations 0 and 2 in tenant `t0` and operation 1 in `t1`, and, for those that
-/// declare one, the same identity string in both tenants.
+/// The operations one seed shares: ids past 2^53 that RFC 8785 alone would make one key
+/// (operations 0 and 2 in tenant `t0` take an anchor and its neighbour, in either order;
+/// operation 1 in `t1` takes an id of another family), and, for those that declare one, the
+/// same identity string in both tenants.
 fn operations(rng: &mut fastrand::Rng, seed: u64, count: usize, transactions: bool) -> Vec<Spec> {
     let scope = OperationScope::new("simulation", "op").ok();
+    // Each tenant's ids: its family's anchor (or first member) and a neighbour, in either
+    // order, then the family's other members.
+    let families: Vec<Vec<i128>> = (0..2)
+        .map(|_| {
+            let mut members = FAMILIES[rng.usize(..FAMILIES.len())].to_vec();
+            let first = members.remove(0);
+            let second = members.remove(rng.usize(..members.len()));
+            let mut ids = match rng.bool() {
+                true => vec![first, second],
+                false => vec![second, first],
+            };
+            ids.extend(members);
+            ids
+        })
+        .collect();
     let mut specs = Vec::new();
     for op in 0..count {
-        let material = json!((1_u64 << 60) + op as u64);
+        let family = &families[op % 2];
+        let index = op / 2;
+        // Past the family: ids of their own, still past 2^53.
+        let id = family.get(index).copied().unwrap_or((1 << 62) + op as i128);
+        let neighbour = match index {
+            0 | 1 => family.get(1 - index).copied(),
+            _ => None,
+        };
         let tenant = format!("t{}", op % 2);
-        let key = scope
+        let keys = scope
             .as_ref()
-            .and_then(|scope| OperationKey::derive(scope, Some(&tenant), &material).ok());
-        let (Some(key), Ok(fingerprint)) = (key, Fingerprint::of(&json!({"op": op}))) else {
+            .and_then(|scope| OperationKey::with_earlier(scope, Some(&tenant), &integer(id)).ok());
+        let (Some((key, earlier)), Ok(fingerprint)) = (keys, Fingerprint::of(&intent(id))) else {
             continue;
         };
         let identity = rng.bool().then(|| format!("sim:{seed}:invoice:{}", op / 2));
@@ -287,12 +381,35 @@ fn operations(rng: &mut fastrand::Rng, seed: u64, count: usize, transactions: bo
         specs.push(Spec {
             stepped,
             transactional: stepped && transactions && rng.bool(),
+            id,
             key,
+            earlier,
+            anchor: None,
             fingerprint,
+            neighbouring_amount: neighbour.and_then(|amount| Fingerprint::of(&intent(amount)).ok()),
             identity,
         });
     }
+    for op in 0..specs.len() {
+        specs[op].anchor = specs[op]
+            .earlier
+            .as_ref()
+            .and_then(|earlier| specs.iter().position(|spec| spec.key == *earlier));
+    }
     specs
+}
+
+/// An integer as JSON (`serde_json` holds it as an `i64` or a `u64`, exactly).
+pub(super) fn integer(id: i128) -> Value {
+    match u64::try_from(id) {
+        Ok(unsigned) => json!(unsigned),
+        Err(_) => i64::try_from(id).map_or(Value::Null, |signed| json!(signed)),
+    }
+}
+
+/// The intent of the operation of `id` (or of a delivery naming it as its amount).
+pub(super) fn intent(id: i128) -> Value {
+    json!({ "id": integer(id) })
 }
 
 /// An error's variant name, for the trace.
@@ -303,4 +420,38 @@ pub(super) fn error_name(err: &Error) -> String {
         .next()
         .unwrap_or_default()
         .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{FAMILIES, integer};
+    use crate::key::{OperationKey, OperationScope};
+
+    /// Every family is one key under RFC 8785 alone and one key per member under today's rule:
+    /// an anchor's key is the one 0.1 derived for each of its neighbours.
+    #[test]
+    fn each_family_is_one_key_under_rfc_8785_and_many_under_todays_rule() {
+        let scope = OperationScope::new("simulation", "op").expect("scope");
+        for (index, family) in FAMILIES.iter().enumerate() {
+            let keys: Vec<(OperationKey, Option<OperationKey>)> = family
+                .iter()
+                .map(|id| {
+                    OperationKey::with_earlier(&scope, Some("t0"), &integer(*id)).expect("a key")
+                })
+                .collect();
+            for (a, (key, _)) in keys.iter().enumerate() {
+                for (other, _) in &keys[a + 1..] {
+                    assert_ne!(key, other, "family {index}: two ids, two keys");
+                }
+            }
+            let anchored = index < 4;
+            assert_eq!(keys[0].1.is_none(), anchored, "family {index}'s anchor");
+            let rfc8785 = |(key, earlier): &(OperationKey, Option<OperationKey>)| {
+                earlier.clone().unwrap_or_else(|| key.clone())
+            };
+            for member in &keys[1..] {
+                assert_eq!(rfc8785(member), rfc8785(&keys[0]), "family {index}");
+            }
+        }
+    }
 }
