@@ -108,14 +108,27 @@ impl Checkout {
     }
 }
 
-/// The idempotency layer: keyed by `order_id`, every effect a step (`Recovery::Steps`).
+/// The idempotency layer of the checkout, primed: keyed by `order_id`, every effect a step
+/// (`Recovery::Steps`), declared to write in transactions (its transactional step, its outbox
+/// event), so a table that accepts no transactions fails the init
+/// ([`Operation::prime`]) instead of the first order.
 ///
 /// # Errors
-/// Never with these constants; the builders check their input.
-pub fn layer(
+/// When the store's tables refuse transactional writes, or cannot be checked for a lasting
+/// reason; a transient error is left to the first event's retries.
+pub async fn layer(
     idem: Idempotency,
     scope: OperationScope,
 ) -> Result<IdempotencyLayer<Value>, lambda_runtime::Error> {
     let idem = idem.with_recovery(Recovery::Steps);
-    Ok(Operation::new(idem, scope, KeyPolicy::pointer("/order_id")?).layer())
+    let operation =
+        Operation::new(idem, scope, KeyPolicy::pointer("/order_id")?).with_transactional_writes();
+    if let Err(err) = operation.prime().await {
+        if !err.is_transient() {
+            tracing::error!(error = %err, "the operation cannot run on this store: the init fails");
+            return Err(err.to_string().into());
+        }
+        tracing::warn!(error = %err, "checking the store failed; the first event will retry");
+    }
+    Ok(operation.layer())
 }

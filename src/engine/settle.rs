@@ -235,7 +235,8 @@ impl Idempotency {
         }
     }
 
-    /// Whether a handler's error is retained as a terminal failure.
+    /// Whether a handler's error is retained as a terminal failure (the HTTP door's status).
+    #[cfg(feature = "http")]
     pub(crate) fn is_terminal(&self, error: &(dyn std::error::Error + 'static)) -> bool {
         matches!(self.failure_class(error), FailureClass::Terminal { .. })
     }

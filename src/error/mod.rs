@@ -335,10 +335,11 @@ pub enum StoreError {
     },
 
     /// The idempotency table has multi-Region strong consistency, which refuses
-    /// `TransactWriteItems`, and the store was declared to serve operations that write in
-    /// transactions ([`DynamoDbStore::with_transactional_writes`](crate::DynamoDbStore::with_transactional_writes)).
+    /// `TransactWriteItems`, and the operation declares that it writes in transactions
+    /// ([`Operation::with_transactional_writes`](crate::lambda::Operation::with_transactional_writes)),
+    /// or a transactional write was refused there before it was sent.
     #[error(
-        "table `{table}` has multi-Region strong consistency, which accepts no transactions, but this store's operations use transactional steps, complete_with or an outbox; run them on a single-Region table in the same account and Region, or use plain steps"
+        "table `{table}` has multi-Region strong consistency, which accepts no transactions, but this operation uses transactional steps, complete_with or an outbox; run it on a single-Region table in the same account and Region, or use plain steps"
     )]
     TransactionalWritesUnsupported {
         /// The table.

@@ -37,6 +37,7 @@ pub struct Operation<E> {
     pub(crate) policy: KeyPolicy<E>,
     pub(crate) lease: LeasePolicy,
     pub(crate) result_ref: Option<JsonPointer>,
+    pub(crate) transactional_writes: bool,
 }
 
 impl<E> Clone for Operation<E> {
@@ -47,6 +48,7 @@ impl<E> Clone for Operation<E> {
             policy: self.policy.clone(),
             lease: self.lease,
             result_ref: self.result_ref.clone(),
+            transactional_writes: self.transactional_writes,
         }
     }
 }
@@ -58,6 +60,7 @@ impl<E> fmt::Debug for Operation<E> {
             .field("policy", &self.policy)
             .field("lease", &self.lease)
             .field("result_ref", &self.result_ref)
+            .field("transactional_writes", &self.transactional_writes)
             .finish_non_exhaustive()
     }
 }
@@ -71,6 +74,7 @@ impl<E> Operation<E> {
             policy,
             lease: LeasePolicy::default(),
             result_ref: None,
+            transactional_writes: false,
         }
     }
 
@@ -85,6 +89,57 @@ impl<E> Operation<E> {
     pub fn with_result_ref(mut self, pointer: JsonPointer) -> Self {
         self.result_ref = Some(pointer);
         self
+    }
+
+    /// Declares that this operation's handler writes in transactions (transactional steps,
+    /// [`ExecutionContext::complete_with`](crate::ExecutionContext::complete_with), an
+    /// outbox): [`Self::prime`] then refuses, at init, a store whose tables refuse them (a
+    /// DynamoDB idempotency table with multi-Region strong consistency accepts no
+    /// `TransactWriteItems`). Undeclared, the operation starts there, and each transactional
+    /// write is refused before it is sent, before any of its effects, once a check has found
+    /// the table so: a transactional step answers
+    /// [`StepError::Rejected`](crate::effects::StepError::Rejected), a completion is retained
+    /// as `completion_rejected`. Transactional writes must stay in the idempotency table's
+    /// account and Region: one transaction cannot span two.
+    pub fn with_transactional_writes(mut self) -> Self {
+        self.transactional_writes = true;
+        self
+    }
+
+    /// Whether the operation declares transactional writes ([`Self::with_transactional_writes`]).
+    pub fn transactional_writes(&self) -> bool {
+        self.transactional_writes
+    }
+
+    /// Checks at init that this operation can run on its engine's store: with
+    /// [`Self::with_transactional_writes`], that the store's tables accept transactional
+    /// writes ([`Store::check_transactional_writes`](crate::store::Store::check_transactional_writes));
+    /// otherwise it asks nothing. Call it beside the store's own start-up check
+    /// ([`DynamoDbStore::prime`](crate::DynamoDbStore::prime)) and fail the init on a lasting error.
+    ///
+    /// ```no_run
+    /// # async fn init() -> Result<(), Box<dyn std::error::Error>> {
+    /// use lambda_idempotency::lambda::sources;
+    /// use lambda_idempotency::{DynamoDbStore, Idempotency};
+    ///
+    /// let store = DynamoDbStore::for_lambda()?;
+    /// store.prime().await?;
+    /// let checkout = Idempotency::new(store)
+    ///     .operation("checkout", sources::sqs(Some("/order_id"))?)?
+    ///     .with_transactional_writes();
+    /// checkout.prime().await?; // refused on a table that accepts no transactions
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`StoreError::TransactionalWritesUnsupported`](crate::StoreError::TransactionalWritesUnsupported),
+    /// or the check's own error (the DynamoDB store's `DescribeTable`: a missing table, access
+    /// denied, throttled).
+    pub async fn prime(&self) -> Result<(), crate::StoreError> {
+        if !self.transactional_writes {
+            return Ok(());
+        }
+        crate::store::Store::check_transactional_writes(self.idem.store()).await
     }
 
     /// The engine.

@@ -144,6 +144,7 @@ trait DynStore: Send + Sync + fmt::Debug + 'static {
         &'a self,
         identity: &'a str,
     ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>>;
+    fn check_transactional_writes(&self) -> BoxFuture<'_, Result<(), StoreError>>;
 }
 
 impl<S: Store> DynStore for S {
@@ -258,6 +259,10 @@ impl<S: Store> DynStore for S {
     ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>> {
         Box::pin(Store::evidence(self, identity))
     }
+
+    fn check_transactional_writes(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(Store::check_transactional_writes(self))
+    }
 }
 
 impl Store for AnyStore {
@@ -357,5 +362,9 @@ impl Store for AnyStore {
 
     async fn evidence(&self, identity: &str) -> Result<Option<Evidence>, StoreError> {
         self.0.evidence(identity).await
+    }
+
+    async fn check_transactional_writes(&self) -> Result<(), StoreError> {
+        self.0.check_transactional_writes().await
     }
 }

@@ -334,4 +334,8 @@ impl<S: Store> Store for CachedStore<S> {
     async fn evidence(&self, identity: &str) -> Result<Option<Evidence>, StoreError> {
         self.inner.evidence(identity).await
     }
+
+    async fn check_transactional_writes(&self) -> Result<(), StoreError> {
+        self.inner.check_transactional_writes().await
+    }
 }

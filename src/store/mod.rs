@@ -326,6 +326,17 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         identity: &str,
     ) -> impl Future<Output = Result<Option<Evidence>, StoreError>> + Send;
 
+    /// `Err` when this store's tables refuse the handler's own transactional writes
+    /// (transactional steps, [`ExecutionContext::complete_with`](crate::ExecutionContext::complete_with),
+    /// an outbox), found by asking them: the DynamoDB store's idempotency table refuses them
+    /// when it has multi-Region strong consistency, which accepts no `TransactWriteItems`
+    /// ([`StoreError::TransactionalWritesUnsupported`]). [`Operation::prime`](crate::lambda::Operation::prime)
+    /// asks it at init for an operation that declares such writes. This default accepts: a store
+    /// that cannot commit DynamoDB writes refuses them at each write instead.
+    fn check_transactional_writes(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async { Ok(()) }
+    }
+
     /// This store behind the one erased type the engine holds ([`AnyStore::new`]): boxed
     /// once. Leave it as it is; [`AnyStore`] itself answers `self`, so that erasing twice
     /// boxes nothing more.

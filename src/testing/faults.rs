@@ -463,4 +463,8 @@ impl<S: Store + Clone> Store for FaultyStore<S> {
         self.around(Primitive::Evidence, self.inner.evidence(identity))
             .await
     }
+
+    async fn check_transactional_writes(&self) -> Result<(), StoreError> {
+        self.inner.check_transactional_writes().await
+    }
 }

@@ -294,19 +294,33 @@ async fn a_role_without_describe_table_fails_the_init_and_a_throttled_check_does
         .expect("checked once the throttling ends");
 }
 
-/// A table with multi-Region strong consistency refuses `TransactWriteItems`: a store declared
-/// to serve operations that write in transactions is refused at init; undeclared, it is
-/// accepted, and each transactional write is refused before it is sent (a transactional step
-/// answers `StepError::Rejected`, a completion's writes are retained `completion_rejected`),
-/// while plain operations run.
+/// A table with multi-Region strong consistency refuses `TransactWriteItems`: an operation
+/// declared to write in transactions is refused at init (by its `prime`, which reuses the
+/// store's check); the store and undeclared operations are accepted, and each transactional
+/// write is refused before it is sent (a transactional step answers `StepError::Rejected`, a
+/// completion's writes are retained `completion_rejected`), while plain operations run.
 #[tokio::test]
 async fn transactional_writes_on_a_strongly_consistent_table_are_refused_before_any_effect() {
     use aws_sdk_dynamodb::types::{AttributeValue, Put};
     use lambda_idempotency::effects::{StepError, Transaction};
+    use lambda_idempotency::key::{KeyPolicy, OperationScope};
+    use lambda_idempotency::lambda::Operation as Declared;
 
     let dynamo = dynamo::start().await;
-    let tables = vec![dynamo.table.clone()];
-    let (declared, _) = store_with(&dynamo, Some(mrsc(tables.clone())), false).await;
+    let (undeclared, faults) =
+        store_with(&dynamo, Some(mrsc(vec![dynamo.table.clone()])), false).await;
+    undeclared
+        .prime()
+        .await
+        .expect("accepted: plain operations run");
+    let idem = Idempotency::new(undeclared.clone());
+    let scope = OperationScope::new("shop", "checkout").expect("scope");
+    let policy = KeyPolicy::<serde_json::Value>::pointer("/order").expect("pointer");
+    let declared = Declared::new(idem.clone(), scope.clone(), policy.clone());
+    declared
+        .prime()
+        .await
+        .expect("an operation that declares nothing asks nothing");
     let err = declared
         .with_transactional_writes()
         .prime()
@@ -317,13 +331,22 @@ async fn transactional_writes_on_a_strongly_consistent_table_are_refused_before_
         "got {err:?}"
     );
     assert!(!err.is_transient(), "a lasting error: it fails the init");
+    assert_eq!(
+        faults.requests(Operation::DescribeTable),
+        1,
+        "the operation's check reused the store's: no second round trip at init"
+    );
 
-    let (undeclared, faults) = store_with(&dynamo, Some(mrsc(tables)), false).await;
-    undeclared
+    // On a single-Region table, the declared operation starts, checking the table itself when
+    // the store was not primed.
+    let (single, faults) = store_with(&dynamo, None, false).await;
+    Declared::new(Idempotency::new(single), scope, policy)
+        .with_transactional_writes()
         .prime()
         .await
-        .expect("accepted: plain operations run");
-    let idem = Idempotency::new(undeclared.clone());
+        .expect("a single-Region table accepts transactions");
+    assert_eq!(faults.requests(Operation::DescribeTable), 1);
+
     let put = || {
         Put::builder()
             .table_name(&dynamo.table)

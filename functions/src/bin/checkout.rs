@@ -17,7 +17,8 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let layer = layer(
         Idempotency::new(store).with_observer(observer),
         OperationScope::for_function("checkout")?,
-    )?;
+    )
+    .await?;
     let handler = service_fn(move |event| checkout.clone().checkout(event));
     let service = ServiceBuilder::new().layer(layer).service(handler);
     lambda_runtime::run(Flushed::new(collector, service)).await

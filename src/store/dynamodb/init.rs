@@ -14,7 +14,7 @@ use super::{
 };
 use crate::engine::Idempotency;
 use crate::error::{ConfigError, StoreError};
-use crate::key::OperationKey;
+use crate::key::{FUNCTION_NAME_VAR, OperationKey};
 
 impl DynamoDbStore {
     /// A store on `table` through `client`, with the default attribute names. A client
@@ -34,7 +34,7 @@ impl DynamoDbStore {
             outcomes: OutcomeStorage::default(),
             unscoped_evidence: true,
             accept_eventual: false,
-            transactional_writes: false,
+            prime_namespace: None,
             verdict: replication::Verdict::default(),
             strong: replication::Strong::default(),
         }
@@ -91,7 +91,8 @@ impl DynamoDbStore {
     }
 
     /// Warms the client and checks the tables during a function's init: one eventually
-    /// consistent `GetItem` of a key no operation uses, so the connection (TCP and TLS), the
+    /// consistent `GetItem` of a key no operation uses, inside the function's namespace (so a
+    /// policy that scopes item actions to it allows the read: [`Self::with_prime_namespace`]), so the connection (TCP and TLS), the
     /// credentials, the endpoint and the SDK's first-use paths are ready before the first event
     /// instead of delaying it, and, at the same time, [`Self::check_replication`]
     /// (`DescribeTable` of each table), which refuses a global table that would let two
@@ -117,11 +118,11 @@ impl DynamoDbStore {
     /// [`StoreError::AccessDenied`] (the role needs `dynamodb:DescribeTable` too),
     /// [`StoreError::Rejected`] (the table's key schema is not the store's),
     /// [`StoreError::EventuallyConsistentReplicas`], [`StoreError::TransactionsUnsupported`],
-    /// [`StoreError::TransactionalWritesUnsupported`], or a transient error ([`StoreError::is_transient`]: throttled, unavailable, or no answer
+    /// or a transient error ([`StoreError::is_transient`]: throttled, unavailable, or no answer
     /// within 2 s) that the first event's own requests will retry (a replication check left
     /// undone by one is done by the next cold start's).
     pub async fn prime(&self) -> Result<(), StoreError> {
-        let key = OperationKey::from_stored(PRIME_KEY);
+        let key = OperationKey::from_stored(prime_key(self.prime_namespace.as_deref()));
         let read = self
             .client
             .get_item()
@@ -147,6 +148,16 @@ impl DynamoDbStore {
             (Err(err), _) | (_, Err(err)) if !err.is_transient() => Err(err),
             (read, checked) => read.and(checked),
         }
+    }
+
+    /// The namespace whose key [`Self::prime`] reads, when the function's operations are not in
+    /// its own ([`OperationScope::new`](crate::key::OperationScope::new) with a namespace of yours): a least-privilege policy
+    /// that scopes item actions by `dynamodb:LeadingKeys` to `<namespace>#*` lets prime read
+    /// there. By default, the function's name (`AWS_LAMBDA_FUNCTION_NAME`), the namespace of
+    /// [`OperationScope::for_function`](crate::key::OperationScope::for_function).
+    pub fn with_prime_namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.prime_namespace = Some(namespace.into());
+        self
     }
 
     /// Keeps permanent evidence of business identities in `table`.
@@ -197,9 +208,21 @@ impl DynamoDbStore {
     }
 }
 
-/// The key [`DynamoDbStore::prime`] reads: not an operation key (those carry a version and a
-/// hash), so it is never stored.
+/// The key [`DynamoDbStore::prime`] reads, after the namespace: not an operation key (those
+/// carry a version and a hash), so it is never stored.
 const PRIME_KEY: &str = "lambda-idempotency#prime";
+
+/// The key [`DynamoDbStore::prime`] reads: inside `namespace`, else inside the function's
+/// (`AWS_LAMBDA_FUNCTION_NAME`, the namespace of [`OperationScope::for_function`](crate::key::OperationScope::for_function)), where a
+/// least-privilege policy lets the function read (`dynamodb:LeadingKeys` `<namespace>#*`);
+/// the bare key only outside Lambda, with no namespace given.
+fn prime_key(namespace: Option<&str>) -> String {
+    let from_env = std::env::var(FUNCTION_NAME_VAR).ok();
+    match namespace.or(from_env.as_deref()) {
+        Some(namespace) if !namespace.is_empty() => format!("{namespace}#{PRIME_KEY}"),
+        _ => PRIME_KEY.to_owned(),
+    }
+}
 /// How long [`DynamoDbStore::prime`] waits for its read.
 const PRIME_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -237,5 +260,19 @@ impl Idempotency {
     #[cfg_attr(docsrs, doc(cfg(feature = "from-env")))]
     pub async fn from_env() -> Result<Self, ConfigError> {
         Ok(Self::new(DynamoDbStore::from_env().await?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prime_reads_inside_the_namespace_a_least_privilege_policy_allows() {
+        // The leading key `<namespace>#…` is what `dynamodb:LeadingKeys` `<namespace>#*` allows.
+        assert_eq!(
+            prime_key(Some("orders-fn")),
+            "orders-fn#lambda-idempotency#prime"
+        );
     }
 }

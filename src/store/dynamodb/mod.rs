@@ -184,7 +184,7 @@ pub struct DynamoDbStore {
     outcomes: OutcomeStorage,
     unscoped_evidence: bool,
     accept_eventual: bool,
-    transactional_writes: bool,
+    prime_namespace: Option<String>,
     verdict: replication::Verdict,
     strong: replication::Strong,
 }

@@ -67,7 +67,6 @@ impl Replication {
 pub(crate) enum Refusal {
     Eventual { table: String, regions: Vec<String> },
     NoTransactions { table: String },
-    NoTransactionalWrites { table: String },
 }
 
 impl Refusal {
@@ -80,9 +79,6 @@ impl Refusal {
             Self::NoTransactions { table } => StoreError::TransactionsUnsupported {
                 table: table.clone(),
             },
-            Self::NoTransactionalWrites { table } => StoreError::TransactionalWritesUnsupported {
-                table: table.clone(),
-            },
         }
     }
 }
@@ -91,9 +87,10 @@ impl Refusal {
 /// the check depends on starts a fresh one): unset until a check refuses.
 pub(crate) type Verdict = Arc<OnceLock<Refusal>>;
 
-/// The idempotency table, once a check found it has multi-Region strong consistency, shared by
-/// a store and its clones: its transactional writes are then refused before they are sent.
-pub(crate) type Strong = Arc<OnceLock<String>>;
+/// Once a check has described the idempotency table: `Some(table)` when it has multi-Region
+/// strong consistency (its transactional writes are then refused before they are sent), `None`
+/// when it has not. Shared by a store and its clones.
+pub(crate) type Strong = Arc<OnceLock<Option<String>>>;
 
 impl DynamoDbStore {
     /// Accepts global tables with multi-Region eventual consistency (MREC), which
@@ -107,33 +104,25 @@ impl DynamoDbStore {
         self
     }
 
-    /// Declares that this store's operations write in transactions (transactional steps,
-    /// [`ExecutionContext::complete_with`](crate::ExecutionContext::complete_with), an outbox):
-    /// [`Self::check_replication`] (and so [`Self::prime`], at init) then refuses an
-    /// idempotency table with multi-Region strong consistency, which accepts no
-    /// `TransactWriteItems`, with [`StoreError::TransactionalWritesUnsupported`]. Undeclared,
-    /// such a table is accepted, and once a check has found it each transactional write is
-    /// refused before it is sent, before any of its effects: a transactional step answers
-    /// [`StepError::Rejected`](crate::effects::StepError::Rejected), a completion is retained
-    /// as `completion_rejected`.
-    pub fn with_transactional_writes(mut self) -> Self {
-        self.transactional_writes = true;
-        self.verdict = Verdict::default();
-        self
+    /// Whether a check has described the idempotency table's replication.
+    pub(crate) fn described(&self) -> bool {
+        self.strong.get().is_some()
     }
 
     /// `Some(table)` when a check found the idempotency table strongly consistent across
-    /// Regions: transactional writes are refused there.
+    /// Regions: transactional writes are refused there, before they are sent.
     pub(crate) fn strongly_consistent_table(&self) -> Option<&str> {
-        self.strong.get().map(String::as_str)
+        self.strong.get().and_then(Option::as_deref)
     }
 
     /// Reads the tables' replication (`DescribeTable`, IAM `dynamodb:DescribeTable`) and
     /// refuses what would let two Regions claim one key: a global table with multi-Region
     /// eventual consistency (unless [`Self::accept_eventually_consistent_replicas`]), and a
     /// uniqueness table beside a table with multi-Region strong consistency, which accepts no
-    /// transactions, and such a table where the store's operations write in transactions
-    /// ([`Self::with_transactional_writes`]). After a refusal, every claim of this store (and
+    /// transactions. (An operation that writes in transactions is refused on a table with
+    /// multi-Region strong consistency by [`Operation::prime`](crate::lambda::Operation::prime),
+    /// which asks [`Store::check_transactional_writes`](crate::store::Store::check_transactional_writes);
+    /// other operations run there.) After a refusal, every claim of this store (and
     /// its clones) fails with the same error. [`Self::prime`] runs it. Returns the idempotency table's replication.
     ///
     /// Global tables of the legacy version 2017.11.29 are not described by `DescribeTable` and
@@ -153,7 +142,7 @@ impl DynamoDbStore {
     ///
     /// # Errors
     /// [`StoreError::EventuallyConsistentReplicas`], [`StoreError::TransactionsUnsupported`],
-    /// [`StoreError::TransactionalWritesUnsupported`], or the `DescribeTable` request's own error (a missing table, access denied, throttled).
+    /// or the `DescribeTable` request's own error (a missing table, access denied, throttled).
     pub async fn check_replication(&self) -> Result<Replication, StoreError> {
         let describe_uniqueness = async {
             match &self.uniqueness_table {
@@ -164,10 +153,9 @@ impl DynamoDbStore {
         let (replication, uniqueness) =
             future::join(self.replication_of(&self.table), describe_uniqueness).await;
         let (replication, uniqueness) = (replication?, uniqueness?);
-        if let Replication::Strong { .. } = replication {
-            // A table's consistency mode cannot change.
-            let _ = self.strong.set(self.table.clone());
-        }
+        // A table's consistency mode cannot change.
+        let strong = matches!(replication, Replication::Strong { .. });
+        let _ = self.strong.set(strong.then(|| self.table.clone()));
         match self.refusal(&replication, uniqueness.as_ref()) {
             Some(refusal) => {
                 // Kept for every later claim: a global table's consistency mode cannot change.
@@ -206,17 +194,10 @@ impl DynamoDbStore {
                 _ => {}
             }
         }
-        match (strong, &self.uniqueness_table) {
-            (Some(table), Some(_)) => Some(Refusal::NoTransactions {
-                table: table.clone(),
-            }),
-            _ if self.transactional_writes && matches!(replication, Replication::Strong { .. }) => {
-                Some(Refusal::NoTransactionalWrites {
-                    table: self.table.clone(),
-                })
-            }
-            _ => None,
-        }
+        let table = strong.filter(|_| self.uniqueness_table.is_some())?;
+        Some(Refusal::NoTransactions {
+            table: table.clone(),
+        })
     }
 
     /// The replication of `table`.

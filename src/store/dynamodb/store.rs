@@ -478,4 +478,18 @@ impl Store for DynamoDbStore {
             })?;
         output.item().map(evidence::decode).transpose()
     }
+
+    /// Checks the tables' replication unless a check (`prime`'s) already described the
+    /// idempotency table: a table's consistency mode cannot change.
+    async fn check_transactional_writes(&self) -> Result<(), StoreError> {
+        if !self.described() {
+            self.check_replication().await?;
+        }
+        match self.strongly_consistent_table() {
+            Some(table) => Err(StoreError::TransactionalWritesUnsupported {
+                table: table.to_owned(),
+            }),
+            None => Ok(()),
+        }
+    }
 }
