@@ -6,10 +6,14 @@
 #[allow(dead_code)]
 mod support;
 
+use std::time::{Duration, SystemTime};
+
+use lambda_idempotency::clock::ManualClock;
 use lambda_idempotency::key::IdentityScope;
 use lambda_idempotency::record::Status;
 use lambda_idempotency::store::Store;
-use lambda_idempotency::{OperationKey, OperationScope};
+use lambda_idempotency::testing::conformance::crash_after_claim;
+use lambda_idempotency::{Idempotency, KeyPolicy, Operation, OperationKey, OperationScope};
 use serde_json::{Value, json};
 
 use support::function::{Function, Tables, sample_event};
@@ -25,7 +29,9 @@ fn failures(answer: &Value) -> Vec<&str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quickstart_replays_the_first_answer() {
-    let tables = Tables::create("e2e-quickstart").await;
+    let tables = Tables::create("e2e-quickstart")
+        .await
+        .recorded("e2e-quickstart");
     let function =
         Function::spawn_capturing(env!("CARGO_BIN_EXE_quickstart"), "quickstart", &tables, &[])
             .await;
@@ -70,7 +76,7 @@ async fn quickstart_replays_the_first_answer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqs_orders_acknowledges_a_redelivered_batch() {
-    let tables = Tables::create("e2e-orders").await;
+    let tables = Tables::create("e2e-orders").await.recorded("e2e-orders");
     let function = Function::spawn(env!("CARGO_BIN_EXE_sqs_orders"), "sqs-orders", &tables).await;
     let batch = sample_event("sqs");
     let mut republished = batch.clone();
@@ -112,7 +118,9 @@ async fn sqs_orders_acknowledges_a_redelivered_batch() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_payments_replays_a_retried_request() {
-    let tables = Tables::create("e2e-payments").await;
+    let tables = Tables::create("e2e-payments")
+        .await
+        .recorded("e2e-payments");
     let function = Function::spawn(env!("CARGO_BIN_EXE_api_payments"), "payments", &tables).await;
     let request = sample_event("http_api");
     let mut changed = request.clone();
@@ -142,11 +150,14 @@ async fn api_payments_replays_a_retried_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eventbridge_handler_keeps_permanent_evidence() {
-    let tables = Tables::create("e2e-shipments").await;
-    let function = Function::spawn(
+    let tables = Tables::create("e2e-shipments")
+        .await
+        .recorded("e2e-shipments");
+    let function = Function::spawn_with(
         env!("CARGO_BIN_EXE_eventbridge_handler"),
         "shipments",
         &tables,
+        &[tables.uniqueness_env()],
     )
     .await;
     let event = sample_event("eventbridge");
@@ -201,7 +212,9 @@ async fn eventbridge_handler_keeps_permanent_evidence() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkout_places_the_order_with_its_event_and_mails_once() {
-    let tables = Tables::create("e2e-checkout").await;
+    let tables = Tables::create("e2e-checkout")
+        .await
+        .recorded("e2e-checkout");
     // An outbox table (a `pk` table, as the ledger's); the relay is not run here.
     let outbox = lambda_idempotency_functions::ledger::Ledger::new(
         tables.ledger.client().clone(),
@@ -253,9 +266,46 @@ async fn checkout_places_the_order_with_its_event_and_mails_once() {
     assert_eq!(events.items().len(), 1, "one order-placed event");
 }
 
+/// A claim whose attempt crashed an hour ago: the binary takes it over (a conditional update
+/// fenced on the crashed lease) and, declared `Recovery::Rerun` (its charge carries the same
+/// provider key on every attempt), runs it again as attempt 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quickstart_takes_over_a_crashed_claim() {
+    let tables = Tables::create("e2e-takeover")
+        .await
+        .recorded("e2e-takeover");
+    let event = sample_event("direct");
+    let hour_ago = ManualClock::new(SystemTime::now() - Duration::from_secs(3600));
+    let idem = Idempotency::new(tables.store.clone()).with_clock(hour_ago);
+    let charge = Operation::new(
+        idem.clone(),
+        OperationScope::new("quickstart", "charge").expect("scope"),
+        KeyPolicy::pointer("/order_id").expect("pointer"),
+    );
+    let invocation = charge
+        .invocation(&event, &lambda_runtime::Context::default())
+        .expect("the binary's invocation");
+    crash_after_claim(&idem, &invocation).await;
+
+    let function = Function::spawn(env!("CARGO_BIN_EXE_quickstart"), "quickstart", &tables).await;
+    let answer = function.api.invoke(event).await;
+    function.stop().await;
+
+    let answer = answer.expect("run again");
+    assert_eq!(answer["charged"], "o-1");
+    let record = tables
+        .store
+        .get(invocation.key())
+        .await
+        .expect("read")
+        .expect("kept");
+    assert_eq!(record.status, Status::Completed);
+    assert_eq!(record.lease.attempt, 2, "taken over by the binary");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_table_fails_the_init() {
-    let tables = Tables::create("e2e-missing").await;
+    let tables = Tables::create("e2e-missing").await.recorded("e2e-missing");
     let function = Function::spawn_capturing(
         env!("CARGO_BIN_EXE_quickstart"),
         "quickstart",

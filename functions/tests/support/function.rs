@@ -1,6 +1,7 @@
 //! A function binary run as Lambda runs it: a fresh process polling a local Runtime API, its
 //! tables on a local DynamoDB-compatible server (`DYNAMODB_ENDPOINT`, else an embedded one).
 
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Instant;
 
@@ -10,6 +11,7 @@ use lambda_idempotency_functions::ledger::Ledger;
 use serde_json::Value;
 use tokio::process::{Child, Command};
 
+use super::recorder;
 use super::runtime_api::RuntimeApi;
 
 /// The sample event kept in `events/` for `trigger` (`sqs`, `http_api`, `eventbridge`,
@@ -34,6 +36,8 @@ pub struct Tables {
     pub store: DynamoDbStore,
     /// The ledger of the functions' effects.
     pub ledger: Ledger,
+    /// Where the requests of the functions spawned on these tables are recorded, if anywhere.
+    pub recording: Option<PathBuf>,
 }
 
 impl Tables {
@@ -54,7 +58,21 @@ impl Tables {
             endpoint,
             store,
             ledger,
+            recording: None,
         }
+    }
+
+    /// The variable naming the uniqueness table, for a function that keeps evidence.
+    pub fn uniqueness_env(&self) -> (&'static str, &str) {
+        let table = self.store.uniqueness_table().expect("created with one");
+        ("UNIQUENESS_TABLE", table)
+    }
+
+    /// Records every request of the functions spawned on these tables, in the recording `name`
+    /// ([`recorder`]): what `scripts/iam-check.sh` evaluates against template.yaml.
+    pub fn recorded(mut self, name: &str) -> Self {
+        self.recording = Some(recorder::fresh_file(name));
+        self
     }
 }
 
@@ -68,7 +86,9 @@ pub struct Function {
 }
 
 impl Function {
-    /// Spawns `binary` with Lambda's environment, its tables from `tables`.
+    /// Spawns `binary` with Lambda's environment, its tables from `tables` as template.yaml's
+    /// `Globals` name them (`IDEMPOTENCY_TABLE`, `LEDGER_TABLE`; a function that keeps evidence
+    /// is given `UNIQUENESS_TABLE` too, as an override: [`Tables::uniqueness_env`]).
     pub async fn spawn(binary: &str, name: &str, tables: &Tables) -> Self {
         Self::spawn_with(binary, name, tables, &[]).await
     }
@@ -116,7 +136,10 @@ impl Function {
                 "AWS_SECRET_ACCESS_KEY",
                 env_or("AWS_SECRET_ACCESS_KEY", "test"),
             )
-            .env("DYNAMODB_ENDPOINT", &tables.endpoint)
+            .env(
+                "DYNAMODB_ENDPOINT",
+                endpoint_for(binary, name, tables, overrides).await,
+            )
             .env("IDEMPOTENCY_TABLE", tables.store.table())
             .env("LEDGER_TABLE", tables.ledger.table())
             .stdin(Stdio::null())
@@ -128,9 +151,6 @@ impl Function {
             .kill_on_drop(true);
         if capture {
             command.stderr(Stdio::piped());
-        }
-        if let Some(uniqueness) = tables.store.uniqueness_table() {
-            command.env("UNIQUENESS_TABLE", uniqueness);
         }
         command.envs(overrides.iter().copied());
         let spawned = Instant::now();
@@ -171,6 +191,36 @@ impl Function {
     pub async fn stop(mut self) {
         self.process.kill().await.expect("stop the function");
     }
+}
+
+/// The endpoint the function `name` (of `binary`) is given: a recording proxy in front of the
+/// tables' when they are recorded.
+async fn endpoint_for(
+    binary: &str,
+    name: &str,
+    tables: &Tables,
+    overrides: &[(&str, &str)],
+) -> String {
+    let Some(recording) = &tables.recording else {
+        return tables.endpoint.clone();
+    };
+    let mut env = serde_json::Map::new();
+    env.insert("IDEMPOTENCY_TABLE".into(), tables.store.table().into());
+    env.insert("LEDGER_TABLE".into(), tables.ledger.table().into());
+    for (variable, value) in overrides {
+        if variable.ends_with("_TABLE") {
+            env.insert((*variable).into(), (*value).into());
+        }
+    }
+    let binary = Path::new(binary)
+        .file_name()
+        .and_then(|file| file.to_str())
+        .expect("a binary's file name");
+    let mut function = serde_json::Map::new();
+    function.insert("binary".into(), binary.into());
+    function.insert("function_name".into(), name.into());
+    function.insert("env".into(), Value::Object(env));
+    recorder::start(&tables.endpoint, recording, function).await
 }
 
 /// This process's `name`, else `default`: a real endpoint gets real credentials.
