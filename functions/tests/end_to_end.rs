@@ -266,6 +266,30 @@ async fn checkout_places_the_order_with_its_event_and_mails_once() {
     assert_eq!(events.items().len(), 1, "one order-placed event");
 }
 
+/// A message the handler fails on (an `order_id` that is no string) comes back in
+/// `batchItemFailures`, its claim released (deleted) so that the queue's retry runs afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_orders_releases_a_failed_message_for_its_retry() {
+    let tables = Tables::create("e2e-release").await.recorded("e2e-release");
+    let function = Function::spawn(env!("CARGO_BIN_EXE_sqs_orders"), "sqs-orders", &tables).await;
+    let mut batch = sample_event("sqs");
+    batch["Records"][0]["body"] = json!(r#"{"order_id":42,"amount":100}"#);
+    let failed_id = batch["Records"][0]["messageId"].clone();
+
+    let answer = function.api.invoke(batch).await.expect("answered");
+    function.stop().await;
+
+    assert_eq!(failures(&answer), [failed_id.as_str().expect("an id")]);
+    let (records, _, _) = tables.store.scan_page(None).await.expect("scan");
+    assert!(
+        records
+            .iter()
+            .all(|record| record.status == Status::Completed),
+        "the failed message's claim was released, the others completed: {records:?}"
+    );
+    assert_eq!(records.len(), 1, "only the other message's record is kept");
+}
+
 /// A claim whose attempt crashed an hour ago: the binary takes it over (a conditional update
 /// fenced on the crashed lease) and, declared `Recovery::Rerun` (its charge carries the same
 /// provider key on every attempt), runs it again as attempt 2.
