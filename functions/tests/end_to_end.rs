@@ -327,6 +327,71 @@ async fn quickstart_takes_over_a_crashed_claim() {
     assert_eq!(record.lease.attempt, 2, "taken over by the binary");
 }
 
+/// The scheduled stuck check, as its schedule invokes it: it counts a claim crashed an hour
+/// ago, and an orphaned evidence (its record gone), reading only the records' summaries (no
+/// outcome: the requests are recorded for the IAM check, whose policy allows no more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stuck_check_counts_a_crashed_claim_and_an_orphan() {
+    let tables = Tables::create("e2e-stuck").await.recorded("e2e-stuck");
+    let hour_ago = ManualClock::new(SystemTime::now() - Duration::from_secs(3600));
+    let idem = Idempotency::new(tables.store.clone()).with_clock(hour_ago);
+    let scope = || OperationScope::new("shipments", "notice").expect("scope");
+    let crashed = Operation::new(
+        idem.clone(),
+        scope(),
+        KeyPolicy::pointer("/order_id").expect("pointer"),
+    );
+    let invocation = crashed
+        .invocation(
+            &json!({"order_id": "o-1"}),
+            &lambda_runtime::Context::default(),
+        )
+        .expect("invocation");
+    crash_after_claim(&idem, &invocation).await;
+    let orphaned = Operation::new(
+        idem.clone(),
+        scope(),
+        KeyPolicy::pointer("/order_id")
+            .expect("pointer")
+            .with_identity(|event: &serde_json::Value| {
+                Some(format!("notice:{}", event["order_id"]))
+            }),
+    )
+    .invocation(
+        &json!({"order_id": "o-2"}),
+        &lambda_runtime::Context::default(),
+    )
+    .expect("invocation");
+    crash_after_claim(&idem, &orphaned).await;
+    // TTL deleted the orphan's record; its evidence stays IN_PROGRESS.
+    tables
+        .store
+        .client()
+        .delete_item()
+        .table_name(tables.store.table())
+        .key(
+            "pk",
+            aws_sdk_dynamodb::types::AttributeValue::S(orphaned.key().as_str().into()),
+        )
+        .send()
+        .await
+        .expect("delete the record");
+
+    let function = Function::spawn_with(
+        env!("CARGO_BIN_EXE_stuck_check"),
+        "stuck-check",
+        &tables,
+        &[tables.uniqueness_env()],
+    )
+    .await;
+    let document = function.api.invoke(json!({})).await.expect("answered");
+    function.stop().await;
+
+    assert_eq!(document["StuckInProgress"], 1, "{document}");
+    assert_eq!(document["OrphanedEvidence"], 1, "{document}");
+    assert_eq!(document["StuckCheckIncomplete"], 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_table_fails_the_init() {
     let tables = Tables::create("e2e-missing").await.recorded("e2e-missing");

@@ -228,6 +228,44 @@ impl AttributeNames {
             }
     }
 
+    /// The attributes of a record's summary: its key, status, fingerprint, lease and times,
+    /// enough to decode it (with no outcome, steps or audit). The stuck check reads only these,
+    /// and template.yaml limits its role to them (`dynamodb:Attributes`).
+    pub(crate) fn summary(&self) -> Vec<&str> {
+        let mut names = vec![
+            self.partition_key.as_str(),
+            &self.status,
+            &self.fingerprint,
+            &self.key_rule,
+            &self.lease_token,
+            &self.attempt,
+            &self.lease_expires_at,
+            &self.expires_at,
+            &self.created_at,
+            &self.completed_at,
+        ];
+        if let Some(sort) = &self.sort_key {
+            names.push(&sort.attribute);
+        }
+        names
+    }
+
+    /// The projection of a record's [`Self::summary`]: the expression and its names
+    /// (`#s0`, `#s1`, …).
+    pub(crate) fn summary_projection(&self) -> (String, HashMap<String, String>) {
+        let summary = self.summary();
+        let expression = (0..summary.len())
+            .map(|index| format!("#s{index}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let names = summary
+            .into_iter()
+            .enumerate()
+            .map(|(index, name)| (format!("#s{index}"), name.to_owned()))
+            .collect();
+        (expression, names)
+    }
+
     /// The record in `item`, and its outcome when it is not stored as it is (compressed inline,
     /// or kept in part items): the record's `outcome` is then `None` until the caller that
     /// answers from it restores it ([`Deferred`]), so that a record only looked at (a failed

@@ -6,7 +6,7 @@ use super::error::map_sdk_error;
 use super::item::Item;
 use crate::error::StoreError;
 use crate::record::{Evidence, Record, Status};
-use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::types::{AttributeValue, Select};
 
 /// Where a scan goes on: `None` before the first page and after the last.
 #[derive(Debug, Clone, Default)]
@@ -40,11 +40,39 @@ impl DynamoDbStore {
         &self,
         cursor: Option<ScanCursor>,
     ) -> Result<(Vec<Record>, usize, ScanCursor), StoreError> {
+        self.scan_records(cursor, false).await
+    }
+
+    /// [`Self::scan_page`] of the records' summaries only ([`AttributeNames::summary`](super::AttributeNames):
+    /// no outcome, steps or audit is read, `Select` `SPECIFIC_ATTRIBUTES`): what the stuck check
+    /// reads, all its role may read.
+    pub(crate) async fn scan_summaries(
+        &self,
+        cursor: Option<ScanCursor>,
+    ) -> Result<(Vec<Record>, usize, ScanCursor), StoreError> {
+        self.scan_records(cursor, true).await
+    }
+
+    /// One page of records, all their attributes or (`summaries`) only their summaries'.
+    async fn scan_records(
+        &self,
+        cursor: Option<ScanCursor>,
+        summaries: bool,
+    ) -> Result<(Vec<Record>, usize, ScanCursor), StoreError> {
         let mut scan = self
             .client
             .scan()
             .table_name(&self.table)
             .set_exclusive_start_key(cursor.and_then(|cursor| cursor.0));
+        if summaries {
+            let (projection, names) = self.names.summary_projection();
+            scan = scan
+                .select(Select::SpecificAttributes)
+                .projection_expression(projection);
+            for (placeholder, name) in names {
+                scan = scan.expression_attribute_names(placeholder, name);
+            }
+        }
         // Records only: outcome parts have no status.
         scan = scan
             .filter_expression("attribute_exists(#status)")

@@ -240,14 +240,26 @@ impl DynamoDbStore {
         self.decode(output.item(), parts).await
     }
 
-    /// [`Store::get`] without restoring the outcome (a record whose outcome is compressed or in
-    /// parts comes back with `outcome: None`): what its status and times say, at one request,
-    /// with no decompression.
-    pub(crate) async fn get_without_parts(
+    /// The record of `key` as its summary ([`AttributeNames::summary`](super::AttributeNames)):
+    /// what its status, lease and times say, with no outcome, steps or audit read (a
+    /// `GetItem` projected to those attributes, strongly consistent).
+    pub(crate) async fn get_summary(
         &self,
         key: &OperationKey,
     ) -> Result<Option<Record>, StoreError> {
-        self.get_with(key, Parts::Skip).await
+        let (projection, names) = self.names.summary_projection();
+        let output = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(self.names.key(key)))
+            .consistent_read(true)
+            .projection_expression(projection)
+            .set_expression_attribute_names(Some(names))
+            .send()
+            .await
+            .map_err(|err| map_sdk_error("get", &self.table, err))?;
+        self.decode(output.item(), Parts::Skip).await
     }
 }
 

@@ -121,7 +121,7 @@ impl DynamoDbStore {
                 found.complete = false;
                 return Ok(found);
             }
-            let (records, skipped, next) = self.scan_page(cursor.take()).await?;
+            let (records, skipped, next) = self.scan_summaries(cursor.take()).await?;
             found.pages += 1;
             found.skipped += skipped;
             found.records.extend(
@@ -151,7 +151,7 @@ impl DynamoDbStore {
                     continue;
                 }
                 // A record that does not decode is counted, not a reason to stop the check.
-                match self.get_without_parts(&evidence.key).await {
+                match self.get_summary(&evidence.key).await {
                     Ok(record)
                         if record
                             .as_ref()
