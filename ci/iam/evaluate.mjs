@@ -22,7 +22,7 @@ import { authorizationsOf } from './derive.mjs'
 import { DeriveError } from './dynamodb.mjs'
 import { ExpressionError } from './expressions.mjs'
 import { InputError, namingHints, readDenySet, readRecordings } from './inputs.mjs'
-import { printTable, shortResource, VERDICTS } from './report.mjs'
+import { conclude, printTable, shortResource, VERDICTS } from './report.mjs'
 import { SimulateError, simulate } from './simulate.mjs'
 import { functionOf, resolveStacks, StackError } from './stack.mjs'
 
@@ -98,7 +98,7 @@ export function judge(mode, rows) {
   return { failures, errors }
 }
 
-function printDenySet(rows, out) {
+export function printDenySet(rows, out) {
   const entries = byItem(rows).map(([item, group]) => {
     const got = group.some((row) => row.verdict === 'ERROR') ? 'ERROR' : group.some(isDenied) ? 'denied' : 'ALLOWED'
     const expected = item.entry.expected_today === 'allowed' ? 'allowed today' : 'denied'
@@ -147,15 +147,7 @@ export async function runCheck({ mode, template = DEFAULT_TEMPLATE, python, para
     out('')
     out(unseen.length ? `not covered by these requests: ${unseen.map(([logical, fn]) => `${logical} (${fn.binary})`).join(', ')}` : 'every function of the template is covered')
   }
-  const { failures, errors } = judge(mode === 'deny-set' ? 'denied' : mode, rows)
-  const count = (test) => rows.filter(test).length
-  out('')
-  for (const problem of [...errors, ...failures]) out(`${problem.verdict === 'ERROR' ? 'error' : 'FAIL'}: ${problem.where}: ${problem.message}`)
-  out(
-    `iam-check ${mode}: ${rows.length} authorizations of ${items.length} requests: ${count((row) => row.verdict === 'allowed')} allowed, ` +
-      `${count(isDenied)} denied, ${errors.length} errors; ${failures.length} not as expected`
-  )
-  return { exitCode: errors.length ? 2 : failures.length ? 1 : 0, failures, errors, rows }
+  return conclude('iam-check', mode, rows, items.length, judge(mode === 'deny-set' ? 'denied' : mode, rows), out)
 }
 
 async function main() {

@@ -20,6 +20,22 @@ export function printTable(rows, columns, out = console.log) {
   for (const cell of cells) out(line(cell))
 }
 
+/**
+ * Prints the problems and the summary line of a run (`label`: which check, `mode`: allowed,
+ * denied or deny-set) and returns its exit code and findings: 2 on an error, 1 on a verdict
+ * not as expected, else 0.
+ */
+export function conclude(label, mode, rows, requests, { failures, errors }, out = console.log) {
+  const count = (test) => rows.filter(test).length
+  out('')
+  for (const problem of [...errors, ...failures]) out(`${problem.verdict === 'ERROR' ? 'error' : 'FAIL'}: ${problem.where}: ${problem.message}`)
+  out(
+    `${label} ${mode}: ${rows.length} authorizations of ${requests} requests: ${count((row) => row.verdict === 'allowed')} allowed, ` +
+      `${count((row) => row.verdict.startsWith('DENIED'))} denied, ${errors.length} errors; ${failures.length} not as expected`
+  )
+  return { exitCode: errors.length ? 2 : failures.length ? 1 : 0, failures, errors, rows }
+}
+
 export const VERDICTS = {
   Allowed: 'allowed',
   ImplicitlyDenied: 'DENIED',

@@ -2,20 +2,23 @@
 // The self-test: the check must FAIL on deliberately broken copies of the template. A copy
 // with a policy narrowed must fail the allowed check on the requests (the narrowed permission
 // is one they need); a copy with a policy widened must fail the deny set. Each case also names
-// the failure it must produce, so that a copy failing for another reason proves nothing.
+// the failure it must produce, so that a copy failing for another reason proves nothing. The
+// README's example policy gets the same treatment (readme-mutate.mjs, readme-check.mjs).
 //
 //   node selftest.mjs --python PY [--template FILE] [--deny-set FILE] PATH...
 // PATH: the recorded requests (as for evaluate.mjs --expect allowed). Exit 0 when every broken
 // copy was caught, 1 otherwise.
 
 import { spawnSync } from 'node:child_process'
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
 
 import { DEFAULT_TEMPLATE, runCheck } from './evaluate.mjs'
+import { DEFAULT_README, runReadmeCheck } from './readme-check.mjs'
+import { mutateReadme } from './readme-mutate.mjs'
 
 const HERE = dirname(fileURLToPath(import.meta.url))
 
@@ -35,6 +38,24 @@ const CASES = [
   {
     name: 'own-keys policy widened (QuickstartOwnKeysPolicy with dynamodb:LeadingKeys "*")',
     mutation: ['widen-leading-keys', 'QuickstartOwnKeysPolicy'],
+    check: 'deny-set',
+    caught: (failure) => failure.entry === "quickstart reads another function's record"
+  },
+  {
+    name: "README policy narrowed (without dynamodb:UpdateItem)",
+    readme: 'drop-update-item',
+    check: 'allowed',
+    caught: (failure) => failure.action === 'dynamodb:UpdateItem'
+  },
+  {
+    name: 'README policy without its Null guards',
+    readme: 'drop-null-guard',
+    check: 'deny-set',
+    caught: (failure) => failure.entry === 'quickstart reads its own record without dynamodb:LeadingKeys'
+  },
+  {
+    name: 'README policy widened (dynamodb:LeadingKeys "*")',
+    readme: 'widen-leading-keys',
     check: 'deny-set',
     caught: (failure) => failure.entry === "quickstart reads another function's record"
   }
@@ -63,19 +84,19 @@ async function main() {
   let missed = 0
   try {
     for (const [index, testCase] of CASES.entries()) {
-      const broken = join(work, `broken-${index}.json`)
+      const broken = join(work, `broken-${index}.${testCase.readme ? 'md' : 'json'}`)
       const lines = []
       let verdict
       try {
-        mutate(values.python, values.template, testCase.mutation, broken)
-        const result = await runCheck({
-          mode: testCase.check,
-          template: broken,
-          python: values.python,
-          paths: positionals,
-          denySet: values['deny-set'],
-          out: (line) => lines.push(line)
-        })
+        const common = { mode: testCase.check, python: values.python, paths: positionals, out: (line) => lines.push(line) }
+        let result
+        if (testCase.readme) {
+          writeFileSync(broken, mutateReadme(readFileSync(DEFAULT_README, 'utf8'), testCase.readme))
+          result = await runReadmeCheck({ ...common, readme: broken, template: values.template, denySet: join(HERE, 'readme-deny.json') })
+        } else {
+          mutate(values.python, values.template, testCase.mutation, broken)
+          result = await runCheck({ ...common, template: broken, denySet: values['deny-set'] })
+        }
         const expected = result.failures.filter(testCase.caught)
         verdict =
           result.exitCode === 1 && expected.length
@@ -96,7 +117,7 @@ async function main() {
   } finally {
     rmSync(work, { recursive: true, force: true })
   }
-  console.log(`self-test: ${CASES.length - missed} of ${CASES.length} broken templates caught`)
+  console.log(`self-test: ${CASES.length - missed} of ${CASES.length} broken copies caught`)
   return missed ? 1 : 0
 }
 
