@@ -132,9 +132,12 @@ impl<E> Operation<E> {
     /// ```
     ///
     /// # Errors
-    /// [`StoreError::TransactionalWritesUnsupported`](crate::StoreError::TransactionalWritesUnsupported),
-    /// or the check's own error (the DynamoDB store's `DescribeTable`: a missing table, access
-    /// denied, throttled).
+    /// [`StoreError::TransactionalWritesUnsupported`](crate::StoreError::TransactionalWritesUnsupported);
+    /// when the store was not primed, what its replication check refuses
+    /// ([`StoreError::EventuallyConsistentReplicas`](crate::StoreError::EventuallyConsistentReplicas),
+    /// [`StoreError::TransactionsUnsupported`](crate::StoreError::TransactionsUnsupported)); or the
+    /// check's own error (the DynamoDB store's `DescribeTable`, bounded by the client's
+    /// operation timeout: a missing table, access denied, throttled, unavailable).
     pub async fn prime(&self) -> Result<(), crate::StoreError> {
         if !self.transactional_writes {
             return Ok(());
