@@ -392,6 +392,109 @@ async fn the_stuck_check_counts_a_crashed_claim_and_an_orphan() {
     assert_eq!(document["StuckCheckIncomplete"], 0);
 }
 
+/// The checkout's event through the outbox to its queue: the checkout commits it to the
+/// outbox table; the relay, invoked with that item as the table's stream delivers it, publishes
+/// it to moto's SQS once, however often the stream delivers the batch. Both binaries' DynamoDB
+/// and SQS requests are recorded for the IAM check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_relay_publishes_the_checkouts_event_once() {
+    let tables = Tables::create("e2e-relay").await.recorded("e2e-relay");
+    let outbox = lambda_idempotency_functions::ledger::Ledger::new(
+        tables.ledger.client().clone(),
+        lambda_idempotency::testing::local::unique_table_name("e2e-relay-outbox"),
+    );
+    outbox.create().await.expect("outbox table");
+    let moto = lambda_idempotency::testing::moto::start()
+        .await
+        .expect("moto's server");
+    let sqs = aws_sdk_sqs::Client::new(&moto.sdk_config());
+    let queue = sqs
+        .create_queue()
+        .queue_name("order-events")
+        .send()
+        .await
+        .expect("a queue")
+        .queue_url()
+        .expect("its URL")
+        .to_owned();
+
+    let checkout = Function::spawn_with(
+        env!("CARGO_BIN_EXE_checkout"),
+        "checkout",
+        &tables,
+        &[
+            ("OUTBOX_TABLE", outbox.table()),
+            ("ORDER_EVENTS_QUEUE_URL", queue.as_str()),
+        ],
+    )
+    .await;
+    checkout
+        .api
+        .invoke(sample_event("checkout"))
+        .await
+        .expect("ordered");
+    checkout.stop().await;
+    let batch = stream_batch_of(&tables, outbox.table()).await;
+
+    let relay = Function::spawn_with(
+        env!("CARGO_BIN_EXE_outbox_relay"),
+        "outbox-relay",
+        &tables,
+        &[("AWS_ENDPOINT_URL_SQS", moto.endpoint.as_str())],
+    )
+    .await;
+    let first = relay.api.invoke(batch.clone()).await.expect("answered");
+    let again = relay.api.invoke(batch).await.expect("answered");
+    relay.stop().await;
+
+    assert_eq!(failures(&first), Vec::<&str>::new());
+    assert_eq!(failures(&again), Vec::<&str>::new());
+    let received = sqs
+        .receive_message()
+        .queue_url(&queue)
+        .max_number_of_messages(10)
+        .send()
+        .await
+        .expect("receive");
+    assert_eq!(
+        received.messages().len(),
+        1,
+        "published once over two deliveries"
+    );
+}
+
+/// The outbox's one item as its stream's INSERT record, in the sample stream event.
+async fn stream_batch_of(tables: &Tables, outbox: &str) -> serde_json::Value {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let scanned = tables
+        .ledger
+        .client()
+        .scan()
+        .table_name(outbox)
+        .send()
+        .await
+        .expect("scan the outbox");
+    let [item] = scanned.items() else {
+        panic!("one outbox event: {:?}", scanned.items());
+    };
+    let image: serde_json::Map<String, serde_json::Value> = item
+        .iter()
+        .map(|(name, value)| {
+            let value = match value {
+                AttributeValue::S(text) => json!({ "S": text }),
+                AttributeValue::N(number) => json!({ "N": number }),
+                other => panic!("an outbox item holds strings and numbers: {other:?}"),
+            };
+            (name.clone(), value)
+        })
+        .collect();
+    let mut batch = sample_event("dynamodb_stream");
+    let record = &mut batch["Records"][0]["dynamodb"];
+    record["Keys"] = json!({ "pk": image["pk"] });
+    record["NewImage"] = serde_json::Value::Object(image);
+    batch
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_table_fails_the_init() {
     let tables = Tables::create("e2e-missing").await.recorded("e2e-missing");

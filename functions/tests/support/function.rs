@@ -15,7 +15,7 @@ use super::recorder;
 use super::runtime_api::RuntimeApi;
 
 /// The sample event kept in `events/` for `trigger` (`sqs`, `http_api`, `eventbridge`,
-/// `direct`, `checkout`): the same file `cargo lambda invoke --data-file` sends.
+/// `direct`, `checkout`, `dynamodb_stream`): the same file `cargo lambda invoke --data-file` sends.
 pub fn sample_event(trigger: &str) -> Value {
     let text = match trigger {
         "sqs" => include_str!("../../events/sqs.json"),
@@ -23,6 +23,7 @@ pub fn sample_event(trigger: &str) -> Value {
         "eventbridge" => include_str!("../../events/eventbridge.json"),
         "direct" => include_str!("../../events/direct.json"),
         "checkout" => include_str!("../../events/checkout.json"),
+        "dynamodb_stream" => include_str!("../../events/dynamodb_stream.json"),
         _ => panic!("no sample event for {trigger}"),
     };
     serde_json::from_str(text).expect("the sample event is JSON")
@@ -138,7 +139,7 @@ impl Function {
             )
             .env(
                 "DYNAMODB_ENDPOINT",
-                endpoint_for(binary, name, tables, overrides).await,
+                endpoint_for(&tables.endpoint, binary, name, tables, overrides).await,
             )
             .env("IDEMPOTENCY_TABLE", tables.store.table())
             .env("LEDGER_TABLE", tables.ledger.table())
@@ -152,7 +153,14 @@ impl Function {
         if capture {
             command.stderr(Stdio::piped());
         }
-        command.envs(overrides.iter().copied());
+        for (variable, value) in overrides {
+            // Another service's endpoint (`AWS_ENDPOINT_URL_SQS`): recorded as DynamoDB's is.
+            let value = match variable.starts_with("AWS_ENDPOINT_URL") {
+                true => endpoint_for(value, binary, name, tables, overrides).await,
+                false => (*value).to_owned(),
+            };
+            command.env(variable, value);
+        }
         let spawned = Instant::now();
         let process = command.spawn().expect("start the function binary");
         Self {
@@ -193,22 +201,24 @@ impl Function {
     }
 }
 
-/// The endpoint the function `name` (of `binary`) is given: a recording proxy in front of the
-/// tables' when they are recorded.
+/// The endpoint the function `name` (of `binary`) is given for `upstream`: a recording proxy
+/// in front of it when the tables are recorded, else `upstream` itself.
 async fn endpoint_for(
+    upstream: &str,
     binary: &str,
     name: &str,
     tables: &Tables,
     overrides: &[(&str, &str)],
 ) -> String {
     let Some(recording) = &tables.recording else {
-        return tables.endpoint.clone();
+        return upstream.to_owned();
     };
     let mut env = serde_json::Map::new();
     env.insert("IDEMPOTENCY_TABLE".into(), tables.store.table().into());
     env.insert("LEDGER_TABLE".into(), tables.ledger.table().into());
     for (variable, value) in overrides {
-        if variable.ends_with("_TABLE") {
+        // The resources the function names: what the IAM check maps to the template's.
+        if variable.ends_with("_TABLE") || variable.ends_with("_QUEUE_URL") {
             env.insert((*variable).into(), (*value).into());
         }
     }
@@ -220,7 +230,7 @@ async fn endpoint_for(
     function.insert("binary".into(), binary.into());
     function.insert("function_name".into(), name.into());
     function.insert("env".into(), Value::Object(env));
-    recorder::start(&tables.endpoint, recording, function).await
+    recorder::start(upstream, recording, function).await
 }
 
 /// This process's `name`, else `default`: a real endpoint gets real credentials.

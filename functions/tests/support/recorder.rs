@@ -111,6 +111,8 @@ impl Proxy {
         let service = match target.as_deref().and_then(|target| target.split_once('.')) {
             Some(("DynamoDB_20120810", _)) => "dynamodb",
             Some(("DynamoDBStreams_20120810", _)) => "dynamodbstreams",
+            Some(("AmazonSQS", _)) => "sqs",
+            Some(("AWSEvents", _)) => "events",
             _ => "unknown",
         };
         let body: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
