@@ -201,6 +201,20 @@ impl Function {
     }
 }
 
+/// A client of the tables' endpoint that records its requests as the function `name` (of
+/// `binary`, with `overrides` of its environment) sends them: for driving a function's own
+/// layer in-process through paths its binary takes only under faults (a panic, a large
+/// outcome), so that the IAM check sees those request kinds too.
+pub async fn recorded_client(
+    binary: &str,
+    name: &str,
+    tables: &Tables,
+    overrides: &[(&str, &str)],
+) -> aws_sdk_dynamodb::Client {
+    let endpoint = endpoint_for(&tables.endpoint, binary, name, tables, overrides).await;
+    aws_sdk_dynamodb::Client::from_conf(local::config_for(endpoint).build())
+}
+
 /// The endpoint the function `name` (of `binary`) is given for `upstream`: a recording proxy
 /// in front of it when the tables are recorded, else `upstream` itself.
 async fn endpoint_for(
