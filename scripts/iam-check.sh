@@ -27,14 +27,7 @@ if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null
 fi
 venv="${IAM_VENV:-$HOME/.cache/lambda-idempotency/venv-iam}"
-want="$(sha256sum "$iam/requirements.txt" | cut -d' ' -f1)"
-if [ "$(cat "$venv/.requirements.sha256" 2>/dev/null)" != "$want" ]; then
-  rm -rf "$venv"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check --require-hashes --only-binary :all: \
-    --no-deps -r "$iam/requirements.txt"
-  echo "$want" > "$venv/.requirements.sha256"
-fi
+scripts/python-venv.sh "$venv" "$iam/requirements.txt"
 export IAM_PYTHON="$venv/bin/python"
 lock="$(sha256sum "$iam/package-lock.json" | cut -d' ' -f1)"
 if [ "$(cat "$iam/node_modules/.iam-check-lock.sha256" 2>/dev/null)" != "$lock" ]; then

@@ -7,7 +7,7 @@
 # schedule event once. The duplicate must get the first answer (HTTP: the stored response,
 # marked replayed), the relayed event must reach the queue once, the stuck check must find
 # nothing stuck, and `idemctl stats` must show each operation recorded once, COMPLETED. Run by .ci/run; by hand it needs
-# cargo-lambda (`pip install cargo-lambda`, or the venv scripts/sam-build.sh installs).
+# cargo-lambda (the pinned venv scripts/sam-build.sh installs in $SAM_VENV: ci/python/sam).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,10 +44,7 @@ export OUTBOX_TABLE=local-outbox ORDER_EVENTS_QUEUE_URL=http://127.0.0.1/0000000
 export AWS_REGION=us-east-1 AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test
 
 # moto's SQS, for the outbox relay to publish the checkout's event to (and for us to read back).
-if [ ! -x "$moto_venv/bin/moto_server" ]; then
-  python3 -m venv "$moto_venv"
-  "$moto_venv/bin/pip" install --quiet "moto[server]"
-fi
+scripts/python-venv.sh "$moto_venv" ci/python/moto/requirements.txt
 # functions/events/dynamodb_stream.json names the queue on this port.
 moto_port=18001
 "$moto_venv/bin/moto_server" -p "$moto_port" > "$work/moto.log" 2>&1 &

@@ -17,10 +17,7 @@ cd "$(dirname "$0")/.."
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/lambda-idempotency/target}"
 venv="${MOTO_VENV:-$HOME/.cache/lambda-idempotency/venv-moto}"
-if [ ! -x "$venv/bin/moto_server" ]; then
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet "moto[server]"
-fi
+scripts/python-venv.sh "$venv" ci/python/moto/requirements.txt
 port="$("$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 log="$(mktemp)"
 "$venv/bin/python" scripts/moto_locked.py "$port" > "$log" 2>&1 &

@@ -5,19 +5,15 @@
 # AWS::Serverless::Function in the template produced an arm64 `bootstrap`.
 #
 # Installs what it needs on first use: a Python venv with cargo-lambda, zig and the SAM CLI
-# (about two minutes, no compiling) and the aarch64-unknown-linux-gnu standard library.
-# A first run compiles the AWS SDK for arm64 in release (about 6 minutes on 2 cores); keep
-# CARGO_TARGET_DIR warm (then it takes seconds to a few minutes). No Docker and no AWS
-# account are needed.
+# (pinned with hashes, ci/python/sam; about two minutes, no compiling) and the
+# aarch64-unknown-linux-gnu standard library. A first run compiles the AWS SDK for arm64 in
+# release (about 6 minutes on 2 cores); keep CARGO_TARGET_DIR warm (then it takes seconds to a
+# few minutes). No Docker and no AWS account are needed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 venv="${SAM_VENV:-$HOME/.cache/lambda-idempotency/venv-sam}"
-if [ ! -x "$venv/bin/sam" ] || [ ! -x "$venv/bin/cargo-lambda" ]; then
-  echo "== installing cargo-lambda, zig and the SAM CLI into $venv"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet cargo-lambda ziglang aws-sam-cli
-fi
+scripts/python-venv.sh "$venv" ci/python/sam/requirements.txt
 export PATH="$venv/bin:$PATH"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/lambda-idempotency/target}"
 export SAM_CLI_TELEMETRY=0
