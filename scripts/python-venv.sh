@@ -13,6 +13,11 @@ venv=$1
 requirements=$2
 want="$(sha256sum "$requirements" | cut -d' ' -f1)"
 [ "$(cat "$venv/.requirements.sha256" 2>/dev/null)" != "$want" ] || exit 0
+# The locks hold CPython 3.11's wheels (ci/python/lock.sh).
+python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || {
+  echo "python3 is $(python3 --version 2>&1): $requirements pins CPython 3.11 wheels (re-lock with ci/python/lock.sh under another)" >&2
+  exit 1
+}
 echo "== installing $requirements (pinned, with hashes) into $venv"
 rm -rf "$venv"
 python3 -m venv "$venv"

@@ -417,6 +417,12 @@ async fn the_outbox_relay_publishes_the_checkouts_event_once() {
         .queue_url()
         .expect("its URL")
         .to_owned();
+    // A server given by MOTO_ENDPOINT may hold an earlier run's messages.
+    sqs.purge_queue()
+        .queue_url(&queue)
+        .send()
+        .await
+        .expect("purge");
 
     let checkout = Function::spawn_with(
         env!("CARGO_BIN_EXE_checkout"),
@@ -460,6 +466,17 @@ async fn the_outbox_relay_publishes_the_checkouts_event_once() {
         received.messages().len(),
         1,
         "published once over two deliveries"
+    );
+    let recorded =
+        std::fs::read_to_string(support::recorder::recordings_dir().join("e2e-relay.jsonl"))
+            .expect("the recording");
+    assert_eq!(
+        recorded
+            .lines()
+            .filter(|line| line.contains("AmazonSQS.SendMessage"))
+            .count(),
+        1,
+        "the publish went through the recording proxy"
     );
 }
 

@@ -7,25 +7,41 @@
 #[allow(dead_code)]
 mod support;
 
+use std::time::{Duration, SystemTime};
+
+use lambda_idempotency::lambda::IdempotencyLayer;
 use lambda_idempotency::record::Status;
 use lambda_idempotency::store::Store;
-use lambda_idempotency::{DynamoDbStore, Idempotency, KeyPolicy, Operation, OperationScope};
+use lambda_idempotency::{
+    DynamoDbStore, Idempotency, Invocation, KeyPolicy, Operation, OperationScope,
+};
 use lambda_runtime::tower::{Layer, Service, ServiceExt, service_fn};
 use lambda_runtime::{Context, LambdaEvent};
 use serde_json::{Value, json};
 
 use support::function::{Tables, recorded_client};
 
-/// The quickstart's own layer over a store whose requests are recorded as the quickstart's.
-async fn quickstart_over(tables: &Tables) -> (DynamoDbStore, Operation<Value>) {
+/// The quickstart's own layer (`quickstart::layer`) over a store whose requests are recorded
+/// as the quickstart's, and the invocation the layer derives for `event` (to read its record).
+async fn quickstart_over(
+    tables: &Tables,
+    event: &LambdaEvent<Value>,
+) -> (DynamoDbStore, IdempotencyLayer<Value>, Invocation) {
     let client = recorded_client("quickstart", "quickstart", tables, &[]).await;
     let store = DynamoDbStore::new(client, tables.store.table());
-    let operation = Operation::new(
-        Idempotency::new(store.clone()),
-        OperationScope::new("quickstart", "charge").expect("scope"),
+    let idem = Idempotency::new(store.clone());
+    let scope = OperationScope::new("quickstart", "charge").expect("scope");
+    let layer = lambda_idempotency_functions::quickstart::layer(idem.clone(), scope.clone())
+        .expect("the quickstart's layer");
+    // The quickstart keys by `/order_id` (its layer's policy): the same invocation.
+    let invocation = Operation::new(
+        idem,
+        scope,
         KeyPolicy::pointer("/order_id").expect("pointer"),
-    );
-    (store, operation)
+    )
+    .invocation(&event.payload, &event.context)
+    .expect("invocation");
+    (store, layer, invocation)
 }
 
 fn event(order: &str) -> LambdaEvent<Value> {
@@ -40,29 +56,39 @@ fn event(order: &str) -> LambdaEvent<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_handlers_give_back_is_recorded() {
     let tables = Tables::create("kinds-panic").await.recorded("kinds-panic");
-    let (store, operation) = quickstart_over(&tables).await;
-    let layered = lambda_idempotency_functions::quickstart::layer(
-        operation.engine().clone(),
-        operation.scope().clone(),
-    )
-    .expect("layer");
-    let mut service = layered.layer(service_fn(|_: LambdaEvent<Value>| async {
+    let (store, layer, invocation) = quickstart_over(&tables, &event("o-panic")).await;
+    let mut service = layer.layer(service_fn(|_: LambdaEvent<Value>| async {
         panic!("a handler bug");
         #[allow(unreachable_code)]
         Ok::<Value, lambda_runtime::Error>(Value::Null)
     }));
-    let invocation = operation
-        .invocation(&event("o-panic").payload, &Context::default())
-        .expect("invocation");
     let call = service.ready().await.expect("ready").call(event("o-panic"));
     let panicked = tokio::spawn(call).await;
-
     assert!(panicked.expect_err("the panic goes on").is_panic());
-    let record = store
-        .get(invocation.key())
+
+    // The give-back runs in a task of its own: wait (bounded) until the lease is shortened
+    // below the claim's (60 s without a deadline) to the give-back's few seconds.
+    let given_back = async {
+        loop {
+            let record = store
+                .get(invocation.key())
+                .await
+                .expect("read")
+                .expect("kept");
+            let left = record
+                .lease
+                .expires_at
+                .duration_since(SystemTime::now())
+                .unwrap_or_default();
+            if left < Duration::from_secs(30) {
+                return record;
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    let record = tokio::time::timeout(Duration::from_secs(10), given_back)
         .await
-        .expect("read")
-        .expect("kept");
+        .expect("the claim was given back");
     assert_eq!(record.status, Status::InProgress, "given back, not settled");
 }
 
@@ -71,7 +97,7 @@ async fn a_panicking_handlers_give_back_is_recorded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outcome_kept_in_parts_is_recorded() {
     let tables = Tables::create("kinds-parts").await.recorded("kinds-parts");
-    let (_, operation) = quickstart_over(&tables).await;
+    let (_, layer, _) = quickstart_over(&tables, &event("o-large")).await;
     // 600 KB of noise over 64 symbols (xorshift): still about 450 KB once compressed, more
     // than a record holds.
     const SYMBOLS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -85,12 +111,10 @@ async fn an_outcome_kept_in_parts_is_recorded() {
         })
         .collect();
     let answer = json!({"charged": "o-large", "receipt": noise});
-    let mut service = operation
-        .layer()
-        .layer(service_fn(move |_: LambdaEvent<Value>| {
-            let answer = answer.clone();
-            async move { Ok::<Value, lambda_runtime::Error>(answer) }
-        }));
+    let mut service = layer.layer(service_fn(move |_: LambdaEvent<Value>| {
+        let answer = answer.clone();
+        async move { Ok::<Value, lambda_runtime::Error>(answer) }
+    }));
 
     let first = service
         .ready()

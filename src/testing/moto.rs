@@ -2,9 +2,11 @@
 //! for the relay's tests to publish to and read back from. No hand-written fake of an AWS API.
 //!
 //! `MOTO_ENDPOINT`, when set, names a running server. Otherwise `moto_server` is found on the
-//! `PATH`, or in the virtual environment `~/.cache/lambda-idempotency/venv-moto` (created with
-//! `pip install "moto[server]"` on first use, about two minutes), and started on a free port
-//! for as long as the returned [`Moto`] lives.
+//! `PATH`, or in the virtual environment `~/.cache/lambda-idempotency/venv-moto` (created on
+//! first use, about two minutes: in the repository, with the version CI pins, by
+//! `scripts/python-venv.sh` from `ci/python/moto/requirements.txt`; elsewhere with
+//! `pip install "moto[server]"`), and started on a free port for as long as the returned
+//! [`Moto`] lives.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -123,10 +125,20 @@ fn find_or_install() -> Result<PathBuf, String> {
             .ok_or_else(|| format!("{} {args:?} failed: {status}", program.display()))
     };
     let venv_arg = venv.to_string_lossy().into_owned();
-    run("python3".as_ref(), &["-m", "venv", &venv_arg])?;
-    run(
-        &venv.join("bin/pip"),
-        &["install", "--quiet", "moto[server]"],
-    )?;
+    let repository = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let (install, pinned) = (
+        repository.join("scripts/python-venv.sh"),
+        repository.join("ci/python/moto/requirements.txt"),
+    );
+    if install.is_file() && pinned.is_file() {
+        let (install, pinned) = (install.to_string_lossy(), pinned.to_string_lossy());
+        run("bash".as_ref(), &[&install, &venv_arg, &pinned])?;
+    } else {
+        run("python3".as_ref(), &["-m", "venv", &venv_arg])?;
+        run(
+            &venv.join("bin/pip"),
+            &["install", "--quiet", "moto[server]"],
+        )?;
+    }
     Ok(server)
 }
