@@ -2,8 +2,8 @@
 # The IAM check (issue 28): every request the function binaries send must be allowed by the
 # policies template.yaml gives them, every request of the deny set must be refused, and the
 # check must catch a deliberately narrowed and a deliberately widened copy of the template.
-# The same for README.md's example policy, on the store's requests (the idempotency and
-# uniqueness tables).
+# The same for the example policy of the guide's deploy page (docs/guide/deploy.md), on the
+# store's requests (the idempotency and uniqueness tables).
 # No Rust build: it reads recordings (JSON lines) and the template. ci/iam/README.md explains
 # each part.
 #
@@ -69,9 +69,9 @@ step "every recorded request is allowed (${requests[*]})" \
 step "the defect issue 28 names: a prime read outside the function's namespace is refused" \
   node "$iam/evaluate.mjs" --expect denied "$iam/fixtures/prime-defect.jsonl"
 step "the deny set is refused" node "$iam/evaluate.mjs" --deny-set "$iam/deny.json"
-step "README.md's example policy allows the store's requests (${requests[*]})" \
+step "docs/guide/deploy.md's example policy allows the store's requests (${requests[*]})" \
   node "$iam/readme-check.mjs" --expect allowed "${requests[@]}"
-step "README.md's example policy refuses its deny set" node "$iam/readme-check.mjs" --deny-set "$iam/readme-deny.json"
+step "docs/guide/deploy.md's example policy refuses its deny set" node "$iam/readme-check.mjs" --deny-set "$iam/readme-deny.json"
 step "self-test: broken copies of the template are caught" node "$iam/selftest.mjs" "${requests[@]}"
 
 echo

@@ -24,3 +24,12 @@ pub mod troubleshooting {}
 
 #[doc = include_str!("../docs/guide/powertools.md")]
 pub mod powertools {}
+
+#[doc = include_str!("../docs/guide/configuration.md")]
+pub mod configuration {}
+
+#[doc = include_str!("../docs/guide/deploy.md")]
+pub mod deploy {}
+
+#[doc = include_str!("../docs/guide/local_development.md")]
+pub mod local_development {}

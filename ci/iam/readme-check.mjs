@@ -1,11 +1,12 @@
 #!/usr/bin/env node
-// Evaluates requests against the README's example policy (README.md, "Scope the item actions
-// to the function's own keys"), as each function's single identity policy, its placeholders
-// replaced per recording (readme-policy.mjs, readme-scope.mjs).
+// Evaluates requests against the example policy of the guide's deploy page (docs/guide/deploy.md,
+// "Scope the item actions to the function's own keys"), as each function's single identity
+// policy, its placeholders replaced per recording (readme-policy.mjs, readme-scope.mjs).
 //
 //   node readme-check.mjs [options] --expect allowed PATH...   the store's requests are allowed
 //   node readme-check.mjs [options] --deny-set readme-deny.json  every entry is refused
-// Options: --readme FILE (default: the repository's README.md), --template FILE, --python FILE
+// Options: --readme FILE (the page holding the policy; default: docs/guide/deploy.md), --template
+// FILE, --python FILE
 // (as evaluate.mjs).
 //
 // Only authorizations on the idempotency and uniqueness tables are evaluated, by the functions
@@ -13,7 +14,7 @@
 // tables of which none is evaluated, or a deny entry out of scope, is an error.
 // Exit status: 0 as expected, 1 a verdict not as expected, 2 an error.
 
-import { dirname, resolve } from 'node:path'
+import { resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
 
@@ -22,14 +23,14 @@ import { DeriveError } from './dynamodb.mjs'
 import { DEFAULT_TEMPLATE, judge, printDenySet } from './evaluate.mjs'
 import { ExpressionError } from './expressions.mjs'
 import { InputError, namingHints, readDenySet, readRecordings } from './inputs.mjs'
-import { policyFor, ReadmeError, readReadmePolicy } from './readme-policy.mjs'
+import { POLICY_PAGE, policyFor, ReadmeError, readReadmePolicy } from './readme-policy.mjs'
 import { IDENTITY_PREFIXES, OTHER_POLICIES, STORE_TABLES } from './readme-scope.mjs'
 import { conclude, printTable, shortResource, VERDICTS } from './report.mjs'
 import { SimulateError, simulate } from './simulate.mjs'
 import { functionOf, resolveStacks, StackError } from './stack.mjs'
 
-const HERE = dirname(fileURLToPath(import.meta.url))
-export const DEFAULT_README = resolve(HERE, '..', '..', 'README.md')
+/** The page whose example policy is checked (docs/guide/deploy.md; the name is from when it was README.md). */
+export const DEFAULT_README = POLICY_PAGE
 const KNOWN_ERRORS = [DeriveError, ExpressionError, SimulateError, StackError, ReadmeError]
 
 /** The stack's store tables: {IdempotencyTable: arn, UniquenessTable: arn}. */
@@ -87,7 +88,7 @@ async function evaluateGroup(stack, members, readmePolicy) {
         functionName: request.function_name,
         identityPrefix: IDENTITY_PREFIXES[request.binary]
       })
-      readmeFn = { ...fn, policies: [{ name: 'README.md', document }], permission_boundaries: [] }
+      readmeFn = { ...fn, policies: [{ name: 'guide-deploy.md', document }], permission_boundaries: [] }
     } catch (err) {
       if (!(err instanceof ReadmeError)) throw err
       rows.push({ ...base, action: '?', resource: '?', verdict: 'ERROR', detail: err.message })
@@ -118,7 +119,7 @@ async function evaluateGroup(stack, members, readmePolicy) {
   return { rows, counts }
 }
 
-/** Runs one check; returns {exitCode, failures, errors, rows}. Input, README and template errors throw. */
+/** Runs one check; returns {exitCode, failures, errors, rows}. Input, policy page and template errors throw. */
 export async function runReadmeCheck({ mode, readme = DEFAULT_README, template = DEFAULT_TEMPLATE, python, paths = [], denySet, out = console.log }) {
   const readmePolicy = readReadmePolicy(readme)
   const items =
@@ -142,7 +143,7 @@ export async function runReadmeCheck({ mode, readme = DEFAULT_README, template =
     )
     if (counts.store && !counts.evaluated) scopeErrors.push({ where: group, verdict: 'ERROR', message: `${counts.store} requests on the store's tables, none evaluated` })
     if (mode === 'deny-set' && counts.evaluated !== members.length) {
-      scopeErrors.push({ where: group, verdict: 'ERROR', message: `${members.length - counts.evaluated} deny entries are out of the README policy's scope (they prove nothing)` })
+      scopeErrors.push({ where: group, verdict: 'ERROR', message: `${members.length - counts.evaluated} deny entries are out of the example policy's scope (they prove nothing)` })
     }
   }
   printTable(rows, [

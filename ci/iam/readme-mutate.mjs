@@ -1,5 +1,5 @@
-// Deliberately broken copies of the README's example policy, for the self-test (as mutate.py
-// for the template): the README's text with its policy block changed. A mutation that finds
+// Deliberately broken copies of the example policy (docs/guide/deploy.md), for the self-test (as
+// mutate.py for the template): the page's text with its policy block changed. A mutation that finds
 // nothing to change is an error: the self-test would prove nothing.
 
 import { extractReadmePolicy, replaceReadmePolicy } from './readme-policy.mjs'
@@ -33,10 +33,10 @@ const MUTATIONS = {
   }
 }
 
-/** The README's `text` with `mutation` applied to its policy. */
+/** The policy page's `text` with `mutation` applied to its policy. */
 export function mutateReadme(text, mutation) {
   const { policy } = extractReadmePolicy(text)
   const changed = policy.Statement.filter((statement) => MUTATIONS[mutation](statement)).length
-  if (!changed) throw new Error(`readme-mutate: ${mutation} changed nothing in the README policy`)
+  if (!changed) throw new Error(`readme-mutate: ${mutation} changed nothing in the example policy`)
   return replaceReadmePolicy(text, policy)
 }

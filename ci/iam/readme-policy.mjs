@@ -1,18 +1,25 @@
-// The example identity policy of the repository's README.md: the ```json block right after
-// the paragraph "Scope the item actions to the function's own keys", and that policy for one
-// function of one stack (its placeholders replaced). Anything unexpected is an error.
+// The example identity policy of the guide's deploy page (docs/guide/deploy.md, the crate docs'
+// `guide::deploy`; it was in README.md until the README was shortened, hence the files' readme-
+// names): the ```json block right after the paragraph "Scope the item actions to the
+// function's own keys", and that policy for one function of one stack (its placeholders
+// replaced). Anything unexpected is an error.
 
 import { readFileSync } from 'node:fs'
+import { dirname, resolve } from 'node:path'
+import { fileURLToPath } from 'node:url'
 
 import { STORE_TABLES } from './readme-scope.mjs'
 
 export class ReadmeError extends Error {}
 
+/** Where the example policy lives: the guide's deploy page. */
+export const POLICY_PAGE = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..', 'docs', 'guide', 'deploy.md')
+
 const ANCHOR = "Scope the item actions to the function's own keys"
 const PLACEHOLDERS = /\b(REGION|ACCOUNT|FUNCTION_NAME|IDENTITY_PREFIX)\b/
 
 /** {policy, start, end}: the parsed block, and where its JSON text lies in `text`. */
-export function extractReadmePolicy(text, where = 'README.md') {
+export function extractReadmePolicy(text, where = 'docs/guide/deploy.md') {
   // The anchor's words, however the paragraph is wrapped.
   const anchor = new RegExp(ANCHOR.split(' ').map((word) => word.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')).join('\\s+'), 'g')
   const found = [...text.matchAll(anchor)]
@@ -43,7 +50,7 @@ export function readReadmePolicy(path) {
   return extractReadmePolicy(readFileSync(path, 'utf8'), path).policy
 }
 
-/** `text` with the README policy block replaced by `policy` (for the self-test's copies). */
+/** `text` with the example policy block replaced by `policy` (for the self-test's copies). */
 export function replaceReadmePolicy(text, policy) {
   const { start, end } = extractReadmePolicy(text)
   return text.slice(0, start) + JSON.stringify(policy, null, 2) + text.slice(end)
@@ -68,7 +75,7 @@ export function policyFor(policy, { region, account, tables, functionName, ident
     }
     if (Array.isArray(value)) {
       const kept = value.flatMap((inner) => substitute(inner, where))
-      if (value.length && !kept.length) throw new ReadmeError(`README policy ${where}: no value left without IDENTITY_PREFIX`)
+      if (value.length && !kept.length) throw new ReadmeError(`example policy ${where}: no value left without IDENTITY_PREFIX`)
       return [kept]
     }
     if (value && typeof value === 'object') {
@@ -79,10 +86,10 @@ export function policyFor(policy, { region, account, tables, functionName, ident
   const statements = policy.Statement.map((statement, index) => {
     const where = `Statement[${index}]`
     const unknown = Object.keys(statement).filter((key) => !KNOWN_KEYS.includes(key))
-    if (unknown.length) throw new ReadmeError(`README policy ${where}: ${unknown.join(', ')} is not modelled here`)
+    if (unknown.length) throw new ReadmeError(`example policy ${where}: ${unknown.join(', ')} is not modelled here`)
     for (const resource of list(statement.Resource)) {
-      if (!(resource in arns)) throw new ReadmeError(`README policy ${where}: Resource ${resource} is neither of ${Object.keys(arns).join(', ')}`)
-      if (!arns[resource]) throw new ReadmeError(`README policy ${where}: the stack has no table for ${resource}`)
+      if (!(resource in arns)) throw new ReadmeError(`example policy ${where}: Resource ${resource} is neither of ${Object.keys(arns).join(', ')}`)
+      if (!arns[resource]) throw new ReadmeError(`example policy ${where}: the stack has no table for ${resource}`)
     }
     const resource = Array.isArray(statement.Resource) ? statement.Resource.map((arn) => arns[arn]) : arns[statement.Resource]
     const [rest] = substitute({ ...statement, Resource: undefined }, where)
@@ -90,6 +97,6 @@ export function policyFor(policy, { region, account, tables, functionName, ident
   })
   const result = { ...policy, Statement: statements }
   const left = JSON.stringify(result).match(PLACEHOLDERS)
-  if (left) throw new ReadmeError(`README policy: the placeholder ${left[1]} is left after substitution`)
+  if (left) throw new ReadmeError(`example policy: the placeholder ${left[1]} is left after substitution`)
   return result
 }

@@ -1,7 +1,7 @@
-// What the README's example policy (README.md, "Scope the item actions to the function's own
+// What the example policy (docs/guide/deploy.md, "Scope the item actions to the function's own
 // keys") is for, in the example stack: the one place readme-check.mjs reads it from.
 
-// The tables the policy covers, by logical id in template.yaml (the README's
+// The tables the policy covers, by logical id in template.yaml (the policy's
 // `table/idempotency` and `table/idempotency-uniqueness`). An authorization on any other
 // table (the ledger, the outbox), queue or bus is outside the policy: counted, not evaluated.
 export const STORE_TABLES = {

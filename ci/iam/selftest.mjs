@@ -3,7 +3,7 @@
 // with a policy narrowed must fail the allowed check on the requests (the narrowed permission
 // is one they need); a copy with a policy widened must fail the deny set. Each case also names
 // the failure it must produce, so that a copy failing for another reason proves nothing. The
-// README's example policy gets the same treatment (readme-mutate.mjs, readme-check.mjs).
+// deploy page's example policy gets the same treatment (readme-mutate.mjs, readme-check.mjs).
 //
 //   node selftest.mjs --python PY [--template FILE] [--deny-set FILE] PATH...
 // PATH: the recorded requests (as for evaluate.mjs --expect allowed). Exit 0 when every broken
@@ -42,19 +42,19 @@ const CASES = [
     caught: (failure) => failure.entry === "quickstart reads another function's record"
   },
   {
-    name: "README policy narrowed (without dynamodb:UpdateItem)",
+    name: "example policy narrowed (without dynamodb:UpdateItem)",
     readme: 'drop-update-item',
     check: 'allowed',
     caught: (failure) => failure.action === 'dynamodb:UpdateItem'
   },
   {
-    name: 'README policy without its Null guards',
+    name: 'example policy without its Null guards',
     readme: 'drop-null-guard',
     check: 'deny-set',
     caught: (failure) => failure.entry === 'quickstart reads its own record without dynamodb:LeadingKeys'
   },
   {
-    name: 'README policy widened (dynamodb:LeadingKeys "*")',
+    name: 'example policy widened (dynamodb:LeadingKeys "*")',
     readme: 'widen-leading-keys',
     check: 'deny-set',
     caught: (failure) => failure.entry === "quickstart reads another function's record"

@@ -8,12 +8,12 @@ import { extractReadmePolicy, policyFor, ReadmeError } from '../readme-policy.mj
 const tables = { IdempotencyTable: 'arn:aws:dynamodb:us-east-1:123456789012:table/i', UniquenessTable: 'arn:aws:dynamodb:us-east-1:123456789012:table/u' }
 const stack = { region: 'us-east-1', account: '123456789012', tables }
 
-test("README.md's policy block is found and parses", () => {
+test("the deploy page's policy block is found and parses", () => {
   const { policy } = extractReadmePolicy(readFileSync(DEFAULT_README, 'utf8'))
   assert.ok(policy.Statement.length > 0)
 })
 
-test('a README without the paragraph, or with a block that does not parse, is an error', () => {
+test('a page without the paragraph, or with a block that does not parse, is an error', () => {
   assert.throws(() => extractReadmePolicy('# nothing here\n'), ReadmeError)
   const paragraph = "Scope the item actions to the function's\nown keys.\n\n"
   assert.throws(() => extractReadmePolicy(`${paragraph}Another paragraph.\n\n\`\`\`json\n{}\n\`\`\`\n`), ReadmeError)
