@@ -1,7 +1,7 @@
 //! The payment endpoint, deployed by template.yaml (`Binary: api_payments`).
 
+use lambda_idempotency::observe::emf::Flushed;
 use lambda_idempotency::{CallerScope, Idempotency, OperationScope};
-use lambda_idempotency_functions::metrics::Flushed;
 use lambda_idempotency_functions::payments::payments;
 use lambda_idempotency_functions::{logging, metrics, stores_from_env};
 

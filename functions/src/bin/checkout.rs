@@ -1,9 +1,9 @@
 //! The checkout, deployed by template.yaml (`Binary: checkout`): steps, a transactional
 //! effect and an outbox event in one handler.
 
+use lambda_idempotency::observe::emf::Flushed;
 use lambda_idempotency::{Idempotency, OperationScope};
 use lambda_idempotency_functions::checkout::{Checkout, layer};
-use lambda_idempotency_functions::metrics::Flushed;
 use lambda_idempotency_functions::{logging, metrics, stores_from_env};
 use lambda_runtime::service_fn;
 use lambda_runtime::tower::ServiceBuilder;

@@ -1,7 +1,7 @@
 //! The `OrderShipped` handler, deployed by template.yaml (`Binary: eventbridge_handler`).
 
+use lambda_idempotency::observe::emf::Flushed;
 use lambda_idempotency::{Idempotency, OperationScope};
-use lambda_idempotency_functions::metrics::Flushed;
 use lambda_idempotency_functions::shipments::{layer, notify_shipped};
 use lambda_idempotency_functions::{logging, metrics, stores_from_env};
 use lambda_runtime::service_fn;

@@ -2,8 +2,8 @@
 //! stream in, every committed event published once (at least) under its event id.
 
 use lambda_idempotency::effects::relay::{Publisher, RELAY_OPERATION, relay};
+use lambda_idempotency::observe::emf::Flushed;
 use lambda_idempotency::{Idempotency, OperationScope};
-use lambda_idempotency_functions::metrics::Flushed;
 use lambda_idempotency_functions::{logging, metrics, primed_store};
 
 #[tokio::main(flavor = "current_thread")]

@@ -1,9 +1,9 @@
 //! The README's first function: `IDEMPOTENCY_TABLE` names the table; `DYNAMODB_ENDPOINT`,
 //! when set, points at a local server.
 
+use lambda_idempotency::observe::emf::Flushed;
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::{Idempotency, OperationScope};
-use lambda_idempotency_functions::metrics::Flushed;
 use lambda_idempotency_functions::quickstart::{charge, layer};
 use lambda_idempotency_functions::{logging, metrics, primed_store};
 use lambda_runtime::service_fn;

@@ -1,7 +1,7 @@
 //! The SQS order consumer, deployed by template.yaml (`Binary: sqs_orders`).
 
+use lambda_idempotency::observe::emf::Flushed;
 use lambda_idempotency::{Idempotency, OperationScope};
-use lambda_idempotency_functions::metrics::Flushed;
 use lambda_idempotency_functions::orders::orders;
 use lambda_idempotency_functions::{logging, metrics, stores_from_env};
 

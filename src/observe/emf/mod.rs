@@ -16,8 +16,8 @@
 //!     .init()?;
 //! let idem: Idempotency = Idempotency::new(DynamoDbStore::from_env().await?)
 //!     .with_observer(MetricsObserver::new());
-//! // ... after each invocation (the dependency comes without its `lambda` feature, whose
-//! // lambda::handler::run would do it):
+//! // ... after each invocation ([`Flushed`] does it for a service: the dependency comes
+//! // without its `lambda` feature, whose lambda::handler::run would):
 //! metrics.flush(std::io::stdout())?;
 //! # Ok(()) }
 //! ```
@@ -28,6 +28,9 @@
 //! | `idempotency.claim_latency`, `idempotency.completion_latency` | Milliseconds | `operation` (+ yours) |
 
 pub use metrics_cloudwatch_embedded;
+
+mod flush;
+pub use flush::{FlushLayer, Flushed, Sink};
 
 use super::{Observation, Observer, Step};
 
