@@ -2,6 +2,7 @@
 //! and the helpers only they use: the guard and as-seen conditions, the claim's write, and
 //! the reading of claimed and fenced answers.
 
+use std::collections::HashMap;
 use std::time::SystemTime;
 
 use aws_sdk_dynamodb::types::TransactWriteItem;
@@ -222,18 +223,23 @@ impl DynamoDbStore {
 }
 
 impl DynamoDbStore {
-    /// The record of `key` (a consistent read), its outcome's parts read as `parts` says.
+    /// The record of `key` (a consistent read), its outcome's parts read as `parts` says, all
+    /// its attributes or only those `projection` names (an expression and its names).
     async fn get_with(
         &self,
         key: &OperationKey,
         parts: Parts<'_>,
+        projection: Option<(String, HashMap<String, String>)>,
     ) -> Result<Option<Record>, StoreError> {
+        let (projection, names) = projection.unzip();
         let output = self
             .client
             .get_item()
             .table_name(&self.table)
             .set_key(Some(self.names.key(key)))
             .consistent_read(true)
+            .set_projection_expression(projection)
+            .set_expression_attribute_names(names)
             .send()
             .await
             .map_err(|err| map_sdk_error("get", &self.table, err))?;
@@ -247,19 +253,8 @@ impl DynamoDbStore {
         &self,
         key: &OperationKey,
     ) -> Result<Option<Record>, StoreError> {
-        let (projection, names) = self.names.summary_projection();
-        let output = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(self.names.key(key)))
-            .consistent_read(true)
-            .projection_expression(projection)
-            .set_expression_attribute_names(Some(names))
-            .send()
-            .await
-            .map_err(|err| map_sdk_error("get", &self.table, err))?;
-        self.decode(output.item(), Parts::Skip).await
+        let projection = self.names.summary_projection();
+        self.get_with(key, Parts::Skip, Some(projection)).await
     }
 }
 
@@ -471,7 +466,7 @@ impl Store for DynamoDbStore {
     }
 
     async fn get(&self, key: &OperationKey) -> Result<Option<Record>, StoreError> {
-        self.get_with(key, Parts::Read).await
+        self.get_with(key, Parts::Read, None).await
     }
 
     async fn evidence(&self, identity: &str) -> Result<Option<Evidence>, StoreError> {
