@@ -22,7 +22,7 @@ import { authorizationsOf } from './derive.mjs'
 import { DeriveError } from './dynamodb.mjs'
 import { ExpressionError } from './expressions.mjs'
 import { InputError, namingHints, readDenySet, readRecordings } from './inputs.mjs'
-import { conclude, printTable, shortResource, VERDICTS } from './report.mjs'
+import { conclude, printTable, printVerdicts, shortResource, VERDICTS } from './report.mjs'
 import { SimulateError, simulate } from './simulate.mjs'
 import { functionOf, resolveStacks, StackError } from './stack.mjs'
 
@@ -131,14 +131,7 @@ export async function runCheck({ mode, template = DEFAULT_TEMPLATE, python, para
     for (const warning of stacks[index].warnings) out(`warning: ${hintsList[index].label}: ${warning}`)
     rows.push(...(await evaluateItems(stacks[index], members)))
   }
-  printTable(rows, [
-    { key: 'verdict', title: 'VERDICT' },
-    { key: 'function', title: 'FUNCTION' },
-    { key: 'action', title: 'ACTION' },
-    { key: 'resource', title: 'RESOURCE', width: 48 },
-    { key: 'detail', title: 'REQUEST', width: 96 },
-    { key: 'where', title: 'FROM', width: 60 }
-  ], out)
+  printVerdicts(rows, out)
   if (mode === 'deny-set') printDenySet(rows, out)
   if (mode === 'allowed') {
     // What no request exercised was not checked: say so (a function the recordings never ran).

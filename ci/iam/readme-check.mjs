@@ -25,7 +25,7 @@ import { ExpressionError } from './expressions.mjs'
 import { InputError, namingHints, readDenySet, readRecordings } from './inputs.mjs'
 import { POLICY_PAGE, policyFor, ReadmeError, readReadmePolicy } from './readme-policy.mjs'
 import { IDENTITY_PREFIXES, OTHER_POLICIES, STORE_TABLES } from './readme-scope.mjs'
-import { conclude, printTable, shortResource, VERDICTS } from './report.mjs'
+import { conclude, printVerdicts, shortResource, VERDICTS } from './report.mjs'
 import { SimulateError, simulate } from './simulate.mjs'
 import { functionOf, resolveStacks, StackError } from './stack.mjs'
 
@@ -146,14 +146,7 @@ export async function runReadmeCheck({ mode, readme = DEFAULT_README, template =
       scopeErrors.push({ where: group, verdict: 'ERROR', message: `${members.length - counts.evaluated} deny entries are out of the example policy's scope (they prove nothing)` })
     }
   }
-  printTable(rows, [
-    { key: 'verdict', title: 'VERDICT' },
-    { key: 'function', title: 'FUNCTION' },
-    { key: 'action', title: 'ACTION' },
-    { key: 'resource', title: 'RESOURCE', width: 48 },
-    { key: 'detail', title: 'REQUEST', width: 96 },
-    { key: 'where', title: 'FROM', width: 60 }
-  ], out)
+  printVerdicts(rows, out)
   if (mode === 'deny-set') printDenySet(rows, out)
   out('')
   for (const line of lines) out(line)

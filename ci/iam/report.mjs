@@ -36,6 +36,18 @@ export function conclude(label, mode, rows, requests, { failures, errors }, out 
   return { exitCode: errors.length ? 2 : failures.length ? 1 : 0, failures, errors, rows }
 }
 
+/** Prints one row per authorization: its verdict, function, action, resource, request, origin. */
+export function printVerdicts(rows, out = console.log) {
+  printTable(rows, [
+    { key: 'verdict', title: 'VERDICT' },
+    { key: 'function', title: 'FUNCTION' },
+    { key: 'action', title: 'ACTION' },
+    { key: 'resource', title: 'RESOURCE', width: 48 },
+    { key: 'detail', title: 'REQUEST', width: 96 },
+    { key: 'where', title: 'FROM', width: 60 }
+  ], out)
+}
+
 export const VERDICTS = {
   Allowed: 'allowed',
   ImplicitlyDenied: 'DENIED',
