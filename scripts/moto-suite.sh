@@ -4,10 +4,9 @@
 # concurrent requests can interleave; scripts/moto_locked.py serialises its requests so that
 # each write is atomic, as DynamoDB's are.
 #
-# What cannot run there skips itself and says so on stderr ("skipped: ... does not offer
-# RequestTokens"): moto ignores a transaction's ClientRequestToken, so a re-sent transaction
-# is applied again instead of being answered as committed. The case that checks that replay
-# skips, and the DynamoDB simulation runs without its transactional handlers. Expired records
+# What runs smaller there: moto ignores a transaction's ClientRequestToken (the endpoint is
+# probed for it), so a re-sent transaction is applied again instead of being answered as
+# committed, and the DynamoDB simulation runs without its transactional handlers. Expired records
 # are deleted by the suite's own sweep (a scan and delete on the test's clock), since moto
 # has no TTL deletion.
 #

@@ -91,21 +91,33 @@ impl<S> Fixture<S> {
         self
     }
 
-    /// Whether the store lacks `capability`: a case that needs it then stops before it starts
-    /// (reported on stderr, so that a skipped case is never mistaken for a checked one).
-    pub fn lacks(&self, capability: Capability) -> bool {
-        let lacks = !self.capabilities.has(capability);
-        if lacks {
-            eprintln!("skipped: the store under test does not offer {capability:?}");
-        }
-        lacks
+    /// Whether the store offers `capability`: a case that checks more where it does.
+    pub fn offers(&self, capability: Capability) -> bool {
+        self.capabilities.has(capability)
+    }
+
+    /// Stops a case that needs `capability` on a store that lacks it, as a failure: a set-up
+    /// that lacks one declares it in [`conformance_tests!`](crate::conformance_tests)'s
+    /// `without [..]`, which reports the cases that need it as ignored, never as passed.
+    ///
+    /// # Panics
+    ///
+    /// When the store lacks `capability`.
+    pub fn require(&self, capability: Capability) {
+        assert!(
+            self.offers(capability),
+            "the store under test does not offer {capability:?}: declare it in \
+             conformance_tests!(fixture(), without [{capability:?}]), which reports the cases \
+             that need it as ignored"
+        );
     }
 }
 
 /// What a store offers beyond the primitives every store must have (claims, takeovers,
 /// fenced settlements, releases, reads), so that a store that has less (a cache, a key-value
 /// store without transactions) can run the suite honestly: the cases that need a capability
-/// it lacks are skipped, and every other case still holds it to the contract. The model is
+/// it lacks are reported ignored (`conformance_tests!(fixture(), without [..])`), and every
+/// other case still holds it to the contract. The model is
 /// object_store's `supports_update`.
 ///
 /// ```

@@ -53,9 +53,7 @@ fn assert_key_expired_conflict(err: &Error, status: Status, result_ref: Option<&
 
 /// Case: Expired and swept record with evidence is not rerun.
 pub async fn expired_and_swept_record_with_evidence_is_not_rerun<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    fx.require(Capability::Evidence);
     let (idem, clock, sweep) = engine(fx, short_retention());
     let inv = invoice("order-20", "invoice:o-20:rev-1");
     let runs = AtomicUsize::new(0);
@@ -90,9 +88,7 @@ fn amount_fingerprint() -> lambda_idempotency::Fingerprint {
 
 /// Case: Expired record with evidence is not rerun.
 pub async fn expired_record_with_evidence_is_not_rerun<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    fx.require(Capability::Evidence);
     let (idem, clock, _) = engine(fx, short_retention());
     let inv = invoice("order-21", "invoice:o-21:rev-1");
     let runs = AtomicUsize::new(0);
@@ -112,9 +108,7 @@ pub async fn expired_record_with_evidence_is_not_rerun<S: Store>(fx: Fixture<S>)
 
 /// Case: Identity taken by another key is refused.
 pub async fn identity_taken_by_another_key_is_refused<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    fx.require(Capability::Evidence);
     let (idem, _, _) = engine(fx, Config::default());
     let first = invoice("message-a", "invoice:o-22:rev-1");
     let other = invoice("message-b", "invoice:o-22:rev-1");
@@ -146,9 +140,7 @@ pub async fn identity_taken_by_another_key_is_refused<S: Store>(fx: Fixture<S>) 
 
 /// Case: Terminal failure is replayed not rerun.
 pub async fn terminal_failure_is_replayed_not_rerun<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    fx.require(Capability::Evidence);
     let (idem, _, _) = engine(fx, Config::default());
     let inv = invoice("order-23", "invoice:o-23:rev-1");
     let runs = AtomicUsize::new(0);
@@ -259,9 +251,7 @@ pub async fn handler_error_type_decides_the_class<S: Store>(fx: Fixture<S>) {
 
 /// Case: Retryable failure releases evidence and reruns.
 pub async fn retryable_failure_releases_evidence_and_reruns<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    fx.require(Capability::Evidence);
     let (idem, _, _) = engine(fx, Config::default());
     let inv = invoice("order-26", "invoice:o-26:rev-1");
     let runs = AtomicUsize::new(0);
@@ -366,9 +356,7 @@ async fn after_crashes<S: Store>(
 
 /// Case: Takeover reconciled as applied records without running.
 pub async fn takeover_reconciled_as_applied_records_without_running<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    fx.require(Capability::Evidence);
     let inv = invoice("order-27", "invoice:o-27:rev-1");
     let applied = json!({"invoice_id": "inv-provider", "total": 10});
     let (idem, _, script, runs) =
@@ -427,9 +415,7 @@ pub async fn takeover_reconciled_as_not_applied_runs_the_handler<S: Store>(fx: F
 
 /// Case: Takeover reconciled as unknown holds for an operator.
 pub async fn takeover_reconciled_as_unknown_holds_for_an_operator<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    fx.require(Capability::Evidence);
     let resolved = invoice("order-29", "invoice:o-29:rev-1");
     let released = invoice("order-30", "invoice:o-30:rev-1");
     let unknown = vec![Ok(Reconciliation::Unknown), Ok(Reconciliation::Unknown)];
@@ -545,9 +531,7 @@ pub async fn a_failing_reconciler_gives_the_claim_back<S: Store>(fx: Fixture<S>)
 
 /// Case: Concurrent claims across both tables have one winner.
 pub async fn concurrent_claims_across_both_tables_have_one_winner<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    fx.require(Capability::Evidence);
     let (idem, _, _) = engine(fx, Config::default());
     // Half the callers share one key; the others each bring a key of their own. All declare
     // the same business identity.
@@ -604,9 +588,7 @@ fn claim_record(material: &str, identity: &str, token: &str) -> Record {
 
 /// Case: Cancelled claim reports which condition failed.
 pub async fn cancelled_claim_reports_which_condition_failed<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    fx.require(Capability::Evidence);
     let store = fx.store;
     let now = start_time();
     let first = claim_record("order-33", "invoice:o-33", "token-1");

@@ -110,16 +110,6 @@ impl Dynamo {
             None => sweep_table(&self.client, &self.table, "expires_at", self.clock.now()).await,
         }
     }
-
-    /// Whether the endpoint lacks `capability`, said on stderr when it does (so that a skipped
-    /// case is never mistaken for a checked one).
-    pub fn lacks(&self, capability: Capability) -> bool {
-        let lacks = !self.capabilities.has(capability);
-        if lacks {
-            eprintln!("skipped: {} does not offer {capability:?}", self.endpoint);
-        }
-        lacks
-    }
 }
 
 /// Deletes the items of `table` whose `ttl_attribute` (epoch seconds) is before `now`, as

@@ -126,9 +126,7 @@ pub async fn stale_in_progress_is_reconciled_not_rerun<S: Store>(fx: Fixture<S>)
 /// evidence is neither acknowledged as done nor left without a way forward; the redelivery
 /// adopts it as a takeover and the reconciler decides.
 pub async fn orphaned_evidence_is_adopted_and_reconciled<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    fx.require(Capability::Evidence);
     let (idem, clock, sweep) = engine(fx, retention(60));
     let not_applied = idem
         .clone()
@@ -174,9 +172,7 @@ pub async fn orphaned_evidence_is_adopted_and_reconciled<S: Store>(fx: Fixture<S
 /// Case: evidence of another operation that is still IN_PROGRESS is not a reason to
 /// acknowledge: the error says so ([`Error::already_took_effect`] is false).
 pub async fn in_progress_evidence_is_not_acknowledged<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    fx.require(Capability::Evidence);
     let (idem, _, _) = engine(fx, Config::default());
     let first = with_identity("edge-4");
     let other = invocation("edge-4-copy", &json!({"amount": 10}))
@@ -290,9 +286,7 @@ pub async fn failed_completion_is_retried_then_reconciled<S: Store + Clone>(fx: 
 /// Case: every write that commits and loses its answer (the SDK or the engine sends it again)
 /// is recognised as the caller's own: one execution, the truthful answer, a consistent record.
 pub async fn ambiguous_writes_are_the_callers_own<S: Store + Clone>(fx: Fixture<S>) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    fx.require(Capability::Evidence);
     let (idem, store, clock, _) = faulty_engine(fx, Config::default());
     // Off the millisecond: what a store gives back must still be recognised as the caller's.
     clock.advance(Duration::from_nanos(123_456));

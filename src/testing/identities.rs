@@ -76,9 +76,7 @@ async fn issue(idem: &Idempotency, inv: &Invocation, runs: &AtomicUsize) -> Valu
 /// operations: each runs once, each keeps its own evidence, and once their records have
 /// expired each redelivery is refused by its own evidence, never by another's.
 pub async fn identities_are_scoped_by_tenant_and_namespace<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    fx.require(Capability::Evidence);
     let (idem, clock, sweep) = engine(fx, an_hour());
     let operations = [
         invoice("billing", Some("acme"), "o-1", "invoice:o-1"),
@@ -122,9 +120,7 @@ pub async fn identities_are_scoped_by_tenant_and_namespace<S: Store>(fx: Fixture
 /// the second tenant is then refused, and its refusal never names or reveals the first
 /// tenant's operation.
 pub async fn a_shared_identity_never_reveals_another_tenants_operation<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    fx.require(Capability::Evidence);
     let (idem, _, _) = engine(fx, an_hour());
     for (case, scope) in [
         ("namespace", IdentityScope::Namespace),
@@ -163,9 +159,7 @@ pub async fn a_shared_identity_never_reveals_another_tenants_operation<S: Store>
 pub async fn a_deploy_that_adds_an_identity_completes_the_operation_as_claimed<S: Store>(
     fx: Fixture<S>,
 ) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    fx.require(Capability::Evidence);
     let (idem, clock, _) = rerunning(fx, an_hour());
     let with = invoice("billing", None, "o-add", "invoice:o-add");
     let before = without_identity(&with);
@@ -198,9 +192,7 @@ pub async fn a_deploy_that_adds_an_identity_completes_the_operation_as_claimed<S
 /// Case: a deploy removes `with_identity` while an attempt with one is in flight. The takeover
 /// settles the recorded identity's evidence too: nothing stays IN_PROGRESS for good.
 pub async fn a_deploy_that_removes_an_identity_settles_its_evidence<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    fx.require(Capability::Evidence);
     let (idem, clock, _) = rerunning(fx, an_hour());
     let with = invoice("billing", None, "o-remove", "invoice:o-remove");
     crash_after_claim(&idem, &with).await;
@@ -223,9 +215,7 @@ pub async fn a_deploy_that_removes_an_identity_settles_its_evidence<S: Store>(fx
 /// settles the recorded identity and claims no evidence under the new one. A retryable failure
 /// of the takeover releases the recorded evidence, so that the retry runs.
 pub async fn a_deploy_that_changes_an_identity_keeps_the_recorded_one<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    fx.require(Capability::Evidence);
     let (idem, clock, _) = rerunning(fx, an_hour());
     let old = invoice("billing", None, "o-change", "invoice:o-change");
     let new = invoice("billing", None, "o-change", "invoice:rev-2:o-change");

@@ -27,6 +27,15 @@ fn invoice(material: &str) -> Invocation {
         .with_result_ref(JsonPointer::new("/invoice_id").expect("pointer"))
 }
 
+/// [`invoice`] where the store keeps evidence, else the same operation without an identity:
+/// what an operator resolves on the record holds either way.
+fn invoice_for<S>(fx: &Fixture<S>, material: &str) -> Invocation {
+    match fx.offers(Capability::Evidence) {
+        true => invoice(material),
+        false => invocation(material, &json!({"amount": 10})),
+    }
+}
+
 fn retention(seconds: u64) -> Config {
     Config::builder()
         .retention(Duration::from_secs(seconds))
@@ -61,15 +70,12 @@ fn assert_trace(audit: Option<&Audit>, action: &str) {
 
 /// Case: a crashed claim that no delivery takes over is resolved by an operator once its lease
 /// has run out (never while it lives), as COMPLETED with the operator's result and trace on the
-/// record and its evidence; the next delivery replays it.
+/// record and its evidence (where the store keeps evidence); the next delivery replays it.
 pub async fn a_stuck_claim_is_resolved_by_an_operator_but_never_a_live_one<S: Store>(
     fx: Fixture<S>,
 ) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    let inv = invoice_for(&fx, "stuck-1");
     let (idem, clock, _) = engine(fx, Config::default());
-    let inv = invoice("stuck-1");
     let crashed = crash_after_claim(&idem, &inv).await;
     let found = json!({"invoice_id": "inv-found", "total": 10});
 
@@ -89,11 +95,12 @@ pub async fn a_stuck_claim_is_resolved_by_an_operator_but_never_a_live_one<S: St
     let record = stored(&idem, inv.key(), "record").await;
     assert_eq!(record.status, Status::Completed);
     assert_trace(record.audit.as_ref(), "completed from IN_PROGRESS");
-    let identity = inv.evidence_key().expect("identity");
-    let evidence = idem.store().evidence(&identity).await.expect("evidence");
-    let evidence = evidence.expect("stands");
-    assert_eq!(evidence.status, Status::Completed);
-    assert_trace(evidence.audit.as_ref(), "completed from IN_PROGRESS");
+    if let Some(identity) = inv.evidence_key() {
+        let evidence = idem.store().evidence(&identity).await.expect("evidence");
+        let evidence = evidence.expect("stands");
+        assert_eq!(evidence.status, Status::Completed);
+        assert_trace(evidence.audit.as_ref(), "completed from IN_PROGRESS");
+    }
 
     let runs = AtomicUsize::new(0);
     let replay = idem
@@ -111,11 +118,8 @@ pub async fn a_stuck_claim_is_resolved_by_an_operator_but_never_a_live_one<S: St
 pub async fn an_operators_release_leaves_a_trace_and_the_next_delivery_runs<S: Store>(
     fx: Fixture<S>,
 ) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    let inv = invoice_for(&fx, "held-1");
     let (idem, clock, _) = engine(fx, Config::default());
-    let inv = invoice("held-1");
     hold_for_an_operator(&idem, &clock, &inv).await;
 
     let released = idem
@@ -130,11 +134,13 @@ pub async fn an_operators_release_leaves_a_trace_and_the_next_delivery_runs<S: S
         "expired: claimable at once"
     );
     assert_trace(record.audit.as_ref(), "released from INDETERMINATE");
-    let identity = inv.evidence_key().expect("identity");
-    assert_eq!(
-        idem.store().evidence(&identity).await.expect("evidence"),
-        None
-    );
+    if let Some(identity) = inv.evidence_key() {
+        assert_eq!(
+            idem.store().evidence(&identity).await.expect("evidence"),
+            None,
+            "the release deletes the evidence"
+        );
+    }
     let again = idem
         .resolve::<Value>(inv.key(), Resolution::Release, &operator())
         .await
@@ -154,9 +160,7 @@ pub async fn an_operators_release_leaves_a_trace_and_the_next_delivery_runs<S: S
 /// operator from the evidence alone: COMPLETED with a result reference and the trace, after
 /// which a redelivery is acknowledged as already done, never run.
 pub async fn orphaned_evidence_is_resolved_by_an_operator<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    fx.require(Capability::Evidence);
     let (idem, clock, sweep) = engine(fx, retention(60));
     let inv = invoice("orphan-1");
     crash_after_claim(&idem, &inv).await;
@@ -206,9 +210,7 @@ pub async fn orphaned_evidence_is_resolved_by_an_operator<S: Store>(fx: Fixture<
 pub async fn indeterminate_evidence_without_its_record_is_released_by_an_operator<S: Store>(
     fx: Fixture<S>,
 ) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    fx.require(Capability::Evidence);
     let (idem, clock, sweep) = engine(fx, Config::default());
     let inv = invoice("lost-1");
     hold_for_an_operator(&idem, &clock, &inv).await;
@@ -246,9 +248,7 @@ pub async fn indeterminate_evidence_without_its_record_is_released_by_an_operato
 /// Case: evidence an operator read as orphaned but that a redelivery adopted meanwhile (a live
 /// claim again) is not settled under it: the resolution answers `false`, nothing changes.
 pub async fn an_operator_never_settles_evidence_a_delivery_has_adopted<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    fx.require(Capability::Evidence);
     let (idem, clock, sweep) = rerunning(fx, retention(60));
     let inv = invoice("adopted-1");
     crash_after_claim(&idem, &inv).await;
@@ -290,9 +290,7 @@ pub async fn an_operators_lost_answer_is_recognised_and_a_throttled_one_retried<
 >(
     fx: Fixture<S>,
 ) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    fx.require(Capability::Evidence);
     let store = FaultyStore::new(fx.store);
     let clock = fx.clock;
     let idem = lambda_idempotency::Idempotency::new(store.clone())

@@ -68,9 +68,7 @@ const SIZES: [usize; 5] = [100, 4 * 1024, 100 * 1024, 500 * 1024, 1536 * 1024];
 /// Case: outcomes of 100 B to 1.5 MB, compressible or not, replay byte for byte without
 /// running the handler, and the store gives back exactly the bytes the first caller got.
 pub async fn outcomes_of_every_size_replay_byte_for_byte<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(Capability::LargeOutcomes) {
-        return;
-    }
+    fx.require(Capability::LargeOutcomes);
     let (idem, _, _) = engine(fx, Config::default());
     let runs = AtomicUsize::new(0);
     let mut cases = Vec::new();
@@ -116,9 +114,7 @@ pub async fn outcomes_of_every_size_replay_byte_for_byte<S: Store>(fx: Fixture<S
 /// Case: an outcome kept past the item limit is replayed whole until its record's retention
 /// runs out, TTL sweeps included (its parts outlive the record); then the key is new again.
 pub async fn a_large_outcome_lasts_its_whole_retention<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(Capability::LargeOutcomes) {
-        return;
-    }
+    fx.require(Capability::LargeOutcomes);
     let retention = Duration::from_secs(3600);
     let config = Config::builder()
         .retention(retention)
@@ -157,9 +153,7 @@ pub async fn a_large_outcome_lasts_its_whole_retention<S: Store>(fx: Fixture<S>)
 /// Case: a zombie that settles a large outcome after a takeover settled another is fenced,
 /// and every replay gives the owner's bytes, whole.
 pub async fn a_zombie_cannot_change_a_large_outcome<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(Capability::LargeOutcomes) {
-        return;
-    }
+    fx.require(Capability::LargeOutcomes);
     let (idem, clock, _) = rerunning(fx, Config::default());
     let inv = invocation("large-zombie", &json!({"amount": 10}));
     let zombie_outcome = incompressible(700 * 1024, 1);
@@ -192,9 +186,7 @@ pub async fn a_zombie_cannot_change_a_large_outcome<S: Store>(fx: Fixture<S>) {
 /// replayed, one over the limit is retained as FAILED before any write, identically on every
 /// store; an oversized result reference is left out of the evidence.
 pub async fn outcome_limit_is_the_configured_one<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    fx.require(Capability::Evidence);
     let limit = 512 * 1024;
     let config = Config::builder()
         .max_outcome_bytes(limit)
@@ -260,9 +252,7 @@ pub async fn outcome_limit_is_the_configured_one<S: Store>(fx: Fixture<S>) {
 /// Case: the default limit admits any result a Lambda function can return (6 MiB), and one
 /// byte more is retained, not run again.
 pub async fn default_limit_is_lambdas_response_limit<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(Capability::LargeOutcomes) {
-        return;
-    }
+    fx.require(Capability::LargeOutcomes);
     let (idem, _, _) = engine(fx, Config::default());
     let runs = AtomicUsize::new(0);
     let largest = invocation("default-largest", &json!({"amount": 10}));

@@ -308,9 +308,7 @@ pub async fn store_shortens_and_releases_the_holders_claim<S: Store>(fx: Fixture
 /// writes nothing; the settlement moves the evidence with the record, and a release of a
 /// retryable failure deletes it.
 pub async fn store_keeps_evidence_with_the_claim<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(Capability::Evidence) {
-        return;
-    }
+    fx.require(Capability::Evidence);
     let now = fx.clock.now();
     let identity = invocation("p-6", &serde_json::json!(0))
         .with_identity("invoice:p-6")
@@ -374,9 +372,7 @@ pub async fn store_keeps_evidence_with_the_claim<S: Store>(fx: Fixture<S>) {
 /// Case (capability: large outcomes): an outcome of 1 MiB, past DynamoDB's item limit and
 /// incompressible, is kept whole and read back byte for byte.
 pub async fn store_keeps_a_large_outcome_whole<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(Capability::LargeOutcomes) {
-        return;
-    }
+    fx.require(Capability::LargeOutcomes);
     let now = fx.clock.now();
     let key = key("p-7");
     let claim = claim_of(&key, "token-a", now, None);

@@ -682,9 +682,7 @@ pub async fn a_step_recorded_after_the_takers_read_fails_the_takeover<S: Store>(
 /// is adopted from its evidence, and even under [`Recovery::Steps`] it is held, never re-run:
 /// the record that said which steps ran is gone, which is not the same as no step.
 pub async fn an_adopted_orphan_is_held_even_when_its_effects_are_steps<S: Store>(fx: Fixture<S>) {
-    if fx.lacks(super::conformance::Capability::Evidence) {
-        return;
-    }
+    fx.require(super::conformance::Capability::Evidence);
     let config = Config::builder()
         .retention(Duration::from_secs(60))
         .build()
@@ -717,9 +715,7 @@ pub async fn an_adopted_orphan_is_held_even_when_its_effects_are_steps<S: Store>
 pub async fn an_adopted_record_stays_held_after_its_adoption_stopped<S: Store + Clone>(
     fx: Fixture<S>,
 ) {
-    if fx.lacks(super::conformance::Capability::Evidence) {
-        return;
-    }
+    fx.require(super::conformance::Capability::Evidence);
     let store = FaultyStore::new(fx.store);
     let (clock, sweep) = (fx.clock, fx.sweep);
     let config = Config::builder()
