@@ -27,6 +27,8 @@ mod memory_store;
 mod metrics;
 mod outcome_storage;
 mod panic_strategy;
+mod raw_fixtures;
+
 mod readme_links;
 #[cfg(feature = "relay")]
 mod relay;
