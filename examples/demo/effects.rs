@@ -96,7 +96,7 @@ pub async fn run(
     let key = OperationKey::derive(&scope, None, "o-7")?;
     let invocation = Invocation::new(key, Fingerprint::of(&order)?, super::LEASE);
 
-    println!("-- o-7: a checkout in two steps; the worker crashes while e-mailing");
+    say!("-- o-7: a checkout in two steps; the worker crashes while e-mailing");
     let (crashed_tx, crashed_rx) = tokio::sync::oneshot::channel();
     let worker = tokio::spawn({
         let (steps, invocation, charges, mailer, order) = (
@@ -117,7 +117,7 @@ pub async fn run(
     crashed_rx.await?;
     drop(worker);
     delivery += 1;
-    println!(
+    say!(
         "delivery {delivery:>2}  {:<34} -> (no answer)",
         "worker charges, crashes mid-e-mail"
     );
@@ -128,7 +128,7 @@ pub async fn run(
         })
         .await?;
     delivery += 1;
-    println!(
+    say!(
         "delivery {delivery:>2}  {:<34} -> EXECUTED {} (charge replayed, e-mail checked)",
         "o-7 redelivered after the lease",
         done.raw_json()
@@ -137,7 +137,7 @@ pub async fn run(
         return Err("the e-mail was sent more than once".into());
     }
 
-    println!(
+    say!(
         "-- o-8: an order and its order-placed event, in one transaction; the stream delivers the event twice"
     );
     let (orders, outbox) = (
@@ -178,7 +178,7 @@ pub async fn run(
         })
         .await?;
     delivery += 1;
-    println!(
+    say!(
         "delivery {delivery:>2}  {:<34} -> EXECUTED {}",
         "o-8 placed with its event",
         placed.raw_json()
@@ -210,7 +210,7 @@ pub async fn run(
             true => "replayed (handler not run)",
             false => "EXECUTED",
         };
-        println!(
+        say!(
             "delivery {delivery:>2}  {:<34} -> {how}",
             format!("order-placed event, copy {}", copy + 1)
         );

@@ -11,11 +11,23 @@
 //! cargo run --example demo
 //! ```
 
+/// `println!`, and the line kept in the demo's transcript (which the README check reads).
+macro_rules! say {
+    ($($line:tt)*) => {{
+        let line = format!($($line)*);
+        println!("{line}");
+        crate::transcript::keep(&line);
+    }};
+}
+
 mod effects;
 #[path = "../../src/testing/local.rs"]
 mod local_dynamodb;
+#[cfg(test)]
+mod readme;
 #[path = "../../tests/common/streams.rs"]
 mod streams;
+mod transcript;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -137,7 +149,7 @@ impl Demo {
         } else {
             "worker claims, then crashes"
         };
-        println!("delivery {:>2}  {:<34} -> (no answer)", self.delivery, what);
+        say!("delivery {:>2}  {:<34} -> (no answer)", self.delivery, what);
         Ok(())
     }
 
@@ -176,12 +188,17 @@ impl Demo {
             ),
             Err(other) => format!("error: {other}"),
         };
-        println!("delivery {:>2}  {note:<34} -> {answer}", self.delivery);
+        say!("delivery {:>2}  {note:<34} -> {answer}", self.delivery);
     }
 }
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_idempotency::BoxError> {
+    run().await
+}
+
+/// The whole demo: every delivery's answer said, then the ledger's check.
+async fn run() -> Result<(), lambda_idempotency::BoxError> {
     let endpoint = local_dynamodb::endpoint().await?;
     let client =
         aws_sdk_dynamodb::Client::from_conf(local_dynamodb::config_for(endpoint.clone()).build());
@@ -191,7 +208,7 @@ async fn main() -> Result<(), lambda_idempotency::BoxError> {
     )
     .with_uniqueness_table(local_dynamodb::unique_table_name("demo-uniqueness"));
     store.create_table().await?;
-    println!(
+    say!(
         "tables `{}` and `{}` ready\n",
         store.table(),
         store.uniqueness_table().unwrap_or("-")
@@ -221,7 +238,7 @@ async fn main() -> Result<(), lambda_idempotency::BoxError> {
     };
     let order = |id: &str, amount: u32| json!({"order_id": id, "amount": amount});
 
-    println!("-- duplicates, as SQS, SNS and EventBridge deliver them");
+    say!("-- duplicates, as SQS, SNS and EventBridge deliver them");
     demo.deliver(order("o-1", 100), "o-1 first delivery")
         .await?;
     demo.deliver(order("o-2", 250), "o-2 first delivery")
@@ -231,7 +248,7 @@ async fn main() -> Result<(), lambda_idempotency::BoxError> {
     demo.deliver(order("o-1", 999), "o-1 same key, changed amount")
         .await?;
 
-    println!("-- a race: four copies of o-3 arrive at once on four workers");
+    say!("-- a race: four copies of o-3 arrive at once on four workers");
     let invocation = demo
         .policy
         .invocation(&demo.scope, &order("o-3", 40), LEASE)?;
@@ -252,7 +269,7 @@ async fn main() -> Result<(), lambda_idempotency::BoxError> {
         demo.report("o-3 concurrent copy", &result);
     }
 
-    println!("-- o-4: a crash before the charge; the takeover asks the provider, then re-runs");
+    say!("-- o-4: a crash before the charge; the takeover asks the provider, then re-runs");
     demo.crash(order("o-4", 75), false).await?;
     demo.deliver(order("o-4", 75), "o-4 redelivered at once")
         .await?;
@@ -260,7 +277,7 @@ async fn main() -> Result<(), lambda_idempotency::BoxError> {
     demo.deliver(order("o-4", 75), "o-4 redelivered after the lease")
         .await?;
 
-    println!("-- o-5: a crash after the charge; the takeover finds it and records it");
+    say!("-- o-5: a crash after the charge; the takeover finds it and records it");
     demo.crash(order("o-5", 60), true).await?;
     demo.clock.advance(LEASE + Duration::from_secs(1));
     demo.deliver(order("o-5", 60), "o-5 redelivered after the lease")
@@ -268,7 +285,7 @@ async fn main() -> Result<(), lambda_idempotency::BoxError> {
     demo.deliver(order("o-5", 60), "o-5 redelivered again")
         .await?;
 
-    println!("-- o-6: an invoice with permanent evidence, redelivered after retention");
+    say!("-- o-6: an invoice with permanent evidence, redelivered after retention");
     let invoice = json!({"order_id": "o-6", "amount": 500, "invoice_rev": 1});
     demo.deliver(invoice.clone(), "o-6 first delivery").await?;
     demo.clock.advance(RETENTION + Duration::from_secs(60));
@@ -289,7 +306,7 @@ async fn main() -> Result<(), lambda_idempotency::BoxError> {
     let mut distinct = effects.clone();
     distinct.sort();
     distinct.dedup();
-    println!(
+    say!(
         "\n{} deliveries, {} charges {:?}, {} distinct orders",
         demo.delivery,
         effects.len(),
@@ -299,6 +316,6 @@ async fn main() -> Result<(), lambda_idempotency::BoxError> {
     if effects.len() != distinct.len() || distinct.len() != 7 {
         return Err("an order was charged more than once, or not at all".into());
     }
-    println!("one charge per order: OK");
+    say!("one charge per order: OK");
     Ok(())
 }

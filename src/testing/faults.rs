@@ -12,6 +12,9 @@
 //! // The next completion commits, then its caller sees the store as unavailable.
 //! store.inject(Primitive::Settle, Fault::FailAfter(FaultKind::Unavailable));
 //! assert_eq!(store.pending(), 1);
+//! // A queued fault that never fires fails the test when the store's last clone is dropped;
+//! // a test that no longer expects it clears it.
+//! store.clear();
 //! # }
 //! ```
 
@@ -150,6 +153,20 @@ struct Plan {
     outages: Vec<Outage>,
     fired: BTreeMap<(Primitive, Fault), u64>,
     calls: BTreeMap<Primitive, u64>,
+}
+
+/// A queued fault that never fired is a case that did not check what it meant to: the last
+/// clone of the store fails the case (unless it is failing already). A case that no longer
+/// expects a fault it queued says so with [`FaultyStore::clear`].
+impl Drop for Plan {
+    fn drop(&mut self) {
+        let unfired: Vec<_> = self.queued.iter().filter(|(_, q)| !q.is_empty()).collect();
+        assert!(
+            unfired.is_empty() || std::thread::panicking(),
+            "injected faults that never fired: {unfired:?}; show each fault fire, or clear() \
+             the ones the case no longer expects"
+        );
+    }
 }
 
 /// Every call of some primitives fails before it applies until a time on a clock.
@@ -466,5 +483,28 @@ impl<S: Store + Clone> Store for FaultyStore<S> {
 
     async fn check_transactional_writes(&self) -> Result<(), StoreError> {
         self.inner.check_transactional_writes().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Fault, FaultyStore, Primitive};
+    use crate::store::MemoryStore;
+
+    #[test]
+    #[should_panic(expected = "injected faults that never fired")]
+    fn a_fault_that_never_fires_fails_the_case() {
+        let store = FaultyStore::new(MemoryStore::new());
+        let clone = store.clone();
+        store.inject(Primitive::Settle, Fault::Hold);
+        drop(store);
+        drop(clone); // the last clone checks
+    }
+
+    #[test]
+    fn a_fault_the_case_no_longer_expects_is_cleared() {
+        let store = FaultyStore::new(MemoryStore::new());
+        store.inject(Primitive::Settle, Fault::Hold);
+        store.clear();
     }
 }

@@ -28,6 +28,9 @@
 //! faults.inject_times(Operation::PutItem, Fault::Throttle, 3);
 //! assert_eq!(faults.pending(), 4);
 //! assert_eq!(faults.fired(Operation::PutItem, Fault::Throttle), 0);
+//! // A queued fault that never fires fails the test when the interceptor's last clone is
+//! // dropped; a test that no longer expects it clears it.
+//! faults.clear();
 //! ```
 //!
 //! With a client on a local endpoint (see [`client_with`]), the store's requests go through it.
@@ -276,6 +279,25 @@ struct State {
     armed: HashMap<usize, Armed>,
 }
 
+/// A queued fault that never fired is a case that did not check what it meant to: the last
+/// clone of the interceptor fails the case (unless it is failing already). A case that no
+/// longer expects a fault it queued says so with [`FaultInterceptor::clear`].
+impl Drop for State {
+    fn drop(&mut self) {
+        let unfired: Vec<_> = self
+            .queued
+            .iter()
+            .filter(|(_, queue)| queue.iter().any(|planned| planned.fault.is_some()))
+            .map(|(operation, queue)| (operation, queue.len()))
+            .collect();
+        assert!(
+            unfired.is_empty() || std::thread::panicking(),
+            "injected faults that never fired: {unfired:?}; show each fault fire, or clear() \
+             the ones the case no longer expects"
+        );
+    }
+}
+
 impl State {
     /// The next planned entry for `operation`, consumed.
     fn next(&mut self, operation: Operation) -> Option<Fault> {
@@ -312,6 +334,9 @@ impl FaultInterceptor {
     /// let faults = FaultInterceptor::new();
     /// faults.inject(Operation::TransactWriteItems, Fault::TransactionConflict);
     /// assert_eq!(faults.pending_for(Operation::TransactWriteItems), 1);
+    /// // A queued fault that never fires fails the test when the interceptor is dropped:
+    /// // a test that no longer expects it clears it.
+    /// faults.clear();
     /// ```
     pub fn inject(&self, operation: Operation, fault: Fault) {
         self.inject_times(operation, fault, 1);
@@ -326,6 +351,7 @@ impl FaultInterceptor {
     /// // Outlasts the SDK's own retries of one request: the store sees the throttle.
     /// faults.inject_times(Operation::UpdateItem, Fault::Throttle, SDK_ATTEMPTS as usize);
     /// assert_eq!(faults.pending(), 3);
+    /// # faults.clear();
     /// ```
     pub fn inject_times(&self, operation: Operation, fault: Fault, times: usize) {
         self.plan(operation, Some(fault), times);
@@ -341,6 +367,7 @@ impl FaultInterceptor {
     /// faults.pass(Operation::TransactWriteItems, 1);
     /// faults.inject(Operation::TransactWriteItems, Fault::DropResponse);
     /// assert_eq!(faults.pending(), 1); // passes are not faults
+    /// # faults.clear();
     /// ```
     pub fn pass(&self, operation: Operation, times: usize) {
         self.plan(operation, None, times);
@@ -549,4 +576,22 @@ pub fn client_with(endpoint: String, faults: &FaultInterceptor) -> Client {
             .retry_partition(RetryPartition::new(partition))
             .build(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Fault, FaultInterceptor, Operation};
+
+    #[test]
+    #[should_panic(expected = "injected faults that never fired")]
+    fn a_fault_that_never_fires_fails_the_case() {
+        let faults = FaultInterceptor::new();
+        faults.inject(Operation::UpdateItem, Fault::Throttle);
+    }
+
+    #[test]
+    fn passes_are_not_faults() {
+        let faults = FaultInterceptor::new();
+        faults.pass(Operation::UpdateItem, 2);
+    }
 }

@@ -17,6 +17,8 @@ use lambda_runtime::Context;
 use serde_json::json;
 use tokio::sync::watch;
 
+use lambda_idempotency::clock::ManualClock;
+use lambda_idempotency::testing::conformance::start_time;
 use lambda_idempotency::testing::dynamo;
 
 use super::backends::context_with_deadline;
@@ -34,9 +36,12 @@ fn message(id: &str, queue: &str, group: Option<&str>, body: serde_json::Value) 
     .expect("message")
 }
 
+/// A batch processor on the embedded server, its clock (the engine's and the server's) at
+/// [`start_time`]: deadlines are set against it, never against the wall clock.
 async fn processor() -> BatchProcessor<SqsMessage> {
-    let db = dynamo::start().await;
-    let idem = Idempotency::new(db.store());
+    let clock = ManualClock::new(start_time());
+    let db = dynamo::start_with_clock(clock.clone()).await;
+    let idem = Idempotency::new(db.store()).with_clock(clock);
     let scope = OperationScope::new("batch-test", "orders").expect("scope");
     Operation::new(
         idem,
@@ -304,7 +309,7 @@ async fn a_batch_close_to_its_deadline_starts_no_new_record() {
         message("m-1", "orders", None, json!({"order_id": "o-late-1"})),
         message("m-2", "orders", None, json!({"order_id": "o-late-2"})),
     ];
-    let context = context_with_deadline(std::time::SystemTime::now() + Duration::from_secs(1));
+    let context = context_with_deadline(start_time() + Duration::from_secs(1));
 
     let report = processor
         .process(batch, &context, |m, ctx| orders.place(m, ctx))
@@ -340,7 +345,7 @@ async fn a_deadline_already_past_at_the_start_is_an_emulators_and_ignored() {
         None,
         json!({"order_id": "o-emulated"}),
     )];
-    let context = context_with_deadline(std::time::SystemTime::now() - Duration::from_secs(1));
+    let context = context_with_deadline(start_time() - Duration::from_secs(1));
 
     let report = processor
         .process(batch, &context, |m, ctx| orders.place(m, ctx))

@@ -100,8 +100,29 @@ fn app(runs: Arc<AtomicUsize>) -> Router {
             async move { format!("listed {}", runs.fetch_add(1, Ordering::SeqCst)) }
         }
     };
+    let answers = {
+        let runs = Arc::clone(&runs);
+        move |body: String| {
+            let runs = Arc::clone(&runs);
+            async move {
+                // The first run answers the status the body names; every later run 201.
+                let status = match runs.fetch_add(1, Ordering::SeqCst) {
+                    0 => body.trim().parse().expect("a status in the body"),
+                    _ => 201,
+                };
+                (
+                    StatusCode::from_u16(status).expect("a status"),
+                    format!("answered {status}"),
+                )
+            }
+        }
+    };
     Router::new()
-        .route("/payments", post(payments).get(listed))
+        .route(
+            "/payments",
+            post(payments.clone()).patch(payments).get(listed),
+        )
+        .route("/answers", post(answers))
         .route("/limited", post(limited))
         .route("/binary", post(binary))
         .route("/large", post(large))
@@ -617,4 +638,87 @@ async fn retry_after_is_the_leases_remaining_time_and_never_above_905_s() {
         let original = original.await.expect("join").expect("answer");
         assert_eq!(original.status(), StatusCode::CREATED);
     }
+}
+
+#[tokio::test]
+async fn a_patch_is_keyed_like_a_post() {
+    let mut endpoint = endpoint(CallerScope::Principal).await;
+    let request = || v2("PATCH", "/payments", Some("k-patch"), Some("alice"), "{}");
+
+    let first = endpoint.send(request()).await;
+    let replay = endpoint.send(request()).await;
+
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert_eq!(values(&replay, REPLAYED_HEADER), ["true"]);
+    assert_eq!(body_bytes(&replay), body_bytes(&first));
+    assert_eq!(endpoint.runs(), 1, "the PATCH ran once");
+}
+
+#[tokio::test]
+async fn statuses_that_ask_for_a_retry_are_not_stored_and_the_others_are() {
+    for (status, stored) in [
+        (408, false),
+        (409, false),
+        (425, false),
+        (429, false),
+        (500, false),
+        (503, false),
+        (200, true),
+        (302, true),
+        (400, true),
+        (404, true),
+        (422, true),
+    ] {
+        let mut endpoint = endpoint(CallerScope::Principal).await;
+        let request = || {
+            v2(
+                "POST",
+                "/answers",
+                Some("k-status"),
+                Some("alice"),
+                &status.to_string(),
+            )
+        };
+
+        let first = endpoint.send(request()).await;
+        let again = endpoint.send(request()).await;
+
+        assert_eq!(first.status().as_u16(), status);
+        match stored {
+            true => {
+                assert_eq!(again.status().as_u16(), status, "{status} replayed");
+                assert_eq!(values(&again, REPLAYED_HEADER), ["true"], "{status}");
+                assert_eq!(endpoint.runs(), 1, "{status}: stored, not run again");
+            }
+            false => {
+                assert_eq!(
+                    again.status(),
+                    StatusCode::CREATED,
+                    "{status}: the retry ran"
+                );
+                assert_eq!(endpoint.runs(), 2, "{status}: not stored");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_same_body_under_another_content_type_is_another_request() {
+    let mut endpoint = endpoint(CallerScope::Principal).await;
+    let request = |content_type: &str| {
+        let mut request = v2("POST", "/payments", Some("k-ct"), Some("alice"), "{}");
+        request.headers_mut().insert(
+            "content-type",
+            content_type.parse().expect("a header value"),
+        );
+        request
+    };
+
+    let first = endpoint.send(request("application/json")).await;
+    let other = endpoint.send(request("text/plain")).await;
+
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(error_code(&other), "idempotency_key_reused");
+    assert_eq!(endpoint.runs(), 1);
 }

@@ -8,7 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
-use lambda_idempotency::testing::conformance::{invocation, stored};
+use lambda_idempotency::clock::ManualClock;
+use lambda_idempotency::testing::conformance::{invocation, start_time, stored};
 use lambda_idempotency::testing::dynamo;
 use lambda_idempotency::{BoxError, Error, Idempotency, Invocation, Origin};
 
@@ -65,7 +66,7 @@ fn record_0_1(
     outcome: Option<&[u8]>,
     lease_expires_at: SystemTime,
 ) -> HashMap<String, AttributeValue> {
-    let now = SystemTime::now();
+    let now = start_time();
     let mut item = HashMap::from([
         ("pk".to_owned(), AttributeValue::S(inv.key().to_string())),
         ("status".to_owned(), AttributeValue::S(status.to_owned())),
@@ -107,8 +108,9 @@ fn record_0_1(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_an_earlier_version_wrote_are_read_by_todays_code() {
-    let db = dynamo::start().await;
-    let idem = Idempotency::new(db.store());
+    let clock = ManualClock::new(start_time());
+    let db = dynamo::start_with_clock(clock.clone()).await;
+    let idem = Idempotency::new(db.store()).with_clock(clock);
     let put = |item: HashMap<String, AttributeValue>| {
         db.client
             .put_item()
@@ -124,7 +126,7 @@ async fn records_an_earlier_version_wrote_are_read_by_todays_code() {
         &completed,
         "COMPLETED",
         Some(outcome),
-        SystemTime::now() - Duration::from_secs(90),
+        start_time() - Duration::from_secs(90),
     ))
     .await
     .expect("a 0.1 record");
@@ -144,7 +146,7 @@ async fn records_an_earlier_version_wrote_are_read_by_todays_code() {
         &later,
         "COMPLETED",
         Some(outcome),
-        SystemTime::now() - Duration::from_secs(90),
+        start_time() - Duration::from_secs(90),
     );
     item.insert("key_rule".to_owned(), AttributeValue::N("3".into()));
     item.insert("later_field".to_owned(), AttributeValue::S("x".into()));
@@ -168,7 +170,7 @@ async fn records_an_earlier_version_wrote_are_read_by_todays_code() {
         &crashed,
         "IN_PROGRESS",
         None,
-        SystemTime::now() - Duration::from_secs(60),
+        start_time() - Duration::from_secs(60),
     ))
     .await
     .expect("a 0.1 record");
@@ -198,8 +200,9 @@ async fn records_an_earlier_version_wrote_are_read_by_todays_code() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_that_uses_nothing_new_writes_only_what_earlier_readers_know() {
-    let db = dynamo::start().await;
-    let idem = Idempotency::new(db.store());
+    let clock = ManualClock::new(start_time());
+    let db = dynamo::start_with_clock(clock.clone()).await;
+    let idem = Idempotency::new(db.store()).with_clock(clock);
     let inv = invocation("format-today", &serde_json::json!({"order": 3}))
         .with_identity("invoice:format-today")
         .expect("identity");
@@ -238,11 +241,12 @@ async fn a_handler_that_uses_nothing_new_writes_only_what_earlier_readers_know()
 async fn the_rolling_deploy_setting_keeps_outcomes_as_0_1_reads_them() {
     use lambda_idempotency::store::OutcomeStorage;
 
-    let db = dynamo::start().await;
+    let clock = ManualClock::new(start_time());
+    let db = dynamo::start_with_clock(clock.clone()).await;
     let storage = OutcomeStorage::default()
         .inline_up_to(OutcomeStorage::MAX_INLINE_ITEM_BYTES)
         .compression(false);
-    let idem = Idempotency::new(db.store().with_outcome_storage(storage));
+    let idem = Idempotency::new(db.store().with_outcome_storage(storage)).with_clock(clock);
     let inv = invocation("format-legacy-outcome", &serde_json::json!({"order": 4}));
     let report = "x".repeat(20 * 1024);
     let done = idem
@@ -298,8 +302,11 @@ async fn a_crashed_attempt_whose_steps_another_build_encoded_is_taken_over() {
     use lambda_idempotency::reconcile::Recovery;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    let db = dynamo::start().await;
-    let idem = Idempotency::new(db.store()).with_recovery(Recovery::Steps);
+    let clock = ManualClock::new(start_time());
+    let db = dynamo::start_with_clock(clock.clone()).await;
+    let idem = Idempotency::new(db.store())
+        .with_clock(clock)
+        .with_recovery(Recovery::Steps);
     // The charge's recorded result: a JSON string long enough that today's code compresses it.
     let receipt = "r-".repeat(1500);
     let large = serde_json::to_vec(&receipt).expect("JSON");
@@ -316,7 +323,7 @@ async fn a_crashed_attempt_whose_steps_another_build_encoded_is_taken_over() {
             &inv,
             "IN_PROGRESS",
             None,
-            SystemTime::now() - Duration::from_secs(60),
+            start_time() - Duration::from_secs(60),
         );
         item.insert(
             "steps".to_owned(),
