@@ -11,6 +11,7 @@ memory_seeds="${SIM_MEMORY_SEEDS:-3000}"
 dynamodb_seeds="${SIM_DYNAMODB_SEEDS:-100}"
 
 echo "== the model check at CI's bounds (MODEL_BOUNDS=small)"
+started=$SECONDS
 log="$(mktemp)"
 # Each check prints its size; a found revert prints its trace, kept in the log.
 if ! MODEL_BOUNDS=small cargo test --profile checks --all-features -p lambda-idempotency --lib model -- --nocapture \
@@ -19,11 +20,17 @@ if ! MODEL_BOUNDS=small cargo test --profile checks --all-features -p lambda-ide
   exit 1
 fi
 grep -E '^(model \(|test result)' "$log"
+echo "the model check: $((SECONDS - started)) s, its build included"
 
 echo "== the seeded simulation: $memory_seeds seeds on the memory store"
+started=$SECONDS
 SIM_SEEDS="$memory_seeds" cargo test --all-features -p lambda-idempotency --test integration \
   simulation::simulation_keeps_the_invariants_on_the_memory_store
 
+echo "the memory store's seeds: $((SECONDS - started)) s"
+
 echo "== the seeded simulation: $dynamodb_seeds seeds on the DynamoDB store"
+started=$SECONDS
 SIM_SEEDS="$dynamodb_seeds" cargo test --all-features -p lambda-idempotency --test integration \
   simulation::simulation_keeps_the_invariants_on_the_dynamodb_store
+echo "the DynamoDB store's seeds: $((SECONDS - started)) s"

@@ -78,6 +78,11 @@ write_one() {
     git -C "$repo" worktree add --detach "$worktree" "$full" >/dev/null
     made=yes
   fi
+  # The old code exactly as committed: a reused worktree with changes is refused.
+  if [[ -n "$(git -C "$worktree" status --porcelain --untracked-files=no)" ]]; then
+    echo "$worktree has changes: not the release's own code" >&2
+    exit 1
+  fi
   example="$worktree/examples/write_record_fixtures.rs"
   dump="$worktree/examples/dump.rs"
   partial="$out.tmp"
@@ -87,7 +92,8 @@ write_one() {
   cp "$fixtures/writers/dump.rs" "$dump"
   (
     cd "$worktree"
-    cargo run --quiet --example write_record_fixtures -p lambda-idempotency --features testing
+    # --locked: the release's own dependency versions, as its Cargo.lock names them.
+    cargo run --quiet --locked --example write_record_fixtures -p lambda-idempotency --features testing
   ) >"$partial"
   # A fixture is one JSON document of the version it says it is.
   jq -e --arg v "$version" '.version | startswith($v)' "$partial" >/dev/null

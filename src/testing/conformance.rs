@@ -35,8 +35,8 @@ pub struct Fixture<S> {
     pub clock: ManualClock,
     /// Deletes the records whose retention ran out, as DynamoDB TTL eventually does.
     pub sweep: Sweeper,
-    /// What the store offers: a case that needs what it lacks passes without running, and says
-    /// so on stderr ([`Capabilities`]).
+    /// What the store offers ([`Capabilities`]): a set-up that lacks something declares it in
+    /// `conformance_tests!(.., without [..])`, and the cases that need it are reported ignored.
     pub capabilities: Capabilities,
     /// Tables of the handler's own beside the store's, where its transactional effects land
     /// (the DynamoDB fixture's): the simulation then runs transactional handlers too.

@@ -1,8 +1,8 @@
 //! Conformance cases on the store's own primitives, without the engine: what a store of your
 //! own must answer to each conditional write ([`Store`]'s contract), so that a defect shows as
 //! the primitive that broke it rather than as an engine case that fails further on. Cases that
-//! need a capability a store may lack ([`Capabilities`](super::conformance::Capabilities)) say
-//! so and pass without running.
+//! need a capability a store may lack ([`Capabilities`](super::conformance::Capabilities)) are
+//! reported ignored on a set-up that declares the lack (`conformance_tests!(.., without [..])`).
 
 use std::time::{Duration, SystemTime};
 
