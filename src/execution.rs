@@ -242,6 +242,36 @@ impl ExecutionContext {
         self.steps.complete_with(writes)
     }
 
+    /// Declares the result the handler is about to return a refusal: the application turned
+    /// the request down (a validation error, an HTTP 4xx) and nothing took effect. The result
+    /// is stored and replayed under the operation key like any other, but it never settles the
+    /// business identity's permanent evidence: the evidence is deleted with the settlement, so
+    /// that a corrected request (another key, the same identity) may still run. Only a stored
+    /// success holds an identity. The HTTP door declares every 4xx response it stores a
+    /// refusal.
+    ///
+    /// A refusal that recorded a step or queued writes with the completion
+    /// ([`Self::complete_with`]) may have taken effect: its identity is settled as usual.
+    ///
+    /// ```no_run
+    /// # async fn demo(idem: lambda_idempotency::Idempotency, invocation: lambda_idempotency::Invocation) -> Result<(), Box<dyn std::error::Error>> {
+    /// let answer = idem
+    ///     .execute(&invocation, |ctx| async move {
+    ///         let amount_valid = false;
+    ///         if !amount_valid {
+    ///             ctx.refuse();
+    ///             return Ok::<_, std::io::Error>(serde_json::json!({"refused": "amount"}));
+    ///         }
+    ///         Ok(serde_json::json!({"invoice": "i-1"}))
+    ///     })
+    ///     .await?;
+    /// # let _ = answer;
+    /// # Ok(()) }
+    /// ```
+    pub fn refuse(&self) {
+        self.steps.refuse();
+    }
+
     /// The operation key.
     pub fn key(&self) -> &OperationKey {
         &self.key

@@ -238,6 +238,11 @@ pub struct Settlement {
     /// The operation's steps as the settlement leaves them, when they changed since they were
     /// last written (a step's result merged into the settlement); `None` keeps them as stored.
     pub steps: Option<Vec<StepRecord>>,
+    /// Whether the business identity's evidence is deleted instead of settled: a refusal (the
+    /// application refused the request and nothing took effect) replays under its key but
+    /// holds no identity, so that another operation may still claim it
+    /// ([`ExecutionContext::refuse`](crate::ExecutionContext::refuse)).
+    pub releases_identity: bool,
 }
 
 impl Settlement {
@@ -281,6 +286,13 @@ impl Settlement {
         self
     }
 
+    /// The same settlement, deleting the business identity's evidence instead of settling it
+    /// when `releases` ([`Settlement::releases_identity`]).
+    pub fn releasing_identity(mut self, releases: bool) -> Self {
+        self.releases_identity = releases;
+        self
+    }
+
     fn settled(
         status: Status,
         outcome: Option<Vec<u8>>,
@@ -296,6 +308,7 @@ impl Settlement {
             completed_at,
             audit: None,
             steps: None,
+            releases_identity: false,
         }
     }
 }

@@ -115,6 +115,8 @@ struct State {
     completion: Vec<TransactWriteItem>,
     /// The names of the events the completion publishes.
     completion_events: Vec<String>,
+    /// Whether the handler declared its result a refusal ([`ExecutionContext::refuse`]).
+    refused: bool,
 }
 
 /// Marks a step as running for as long as it lives: dropped when the step ends, its future
@@ -220,6 +222,19 @@ impl StepLedger {
     pub(crate) fn has_recorded(&self) -> bool {
         let state = self.lock();
         state.frozen || !state.steps.is_empty()
+    }
+
+    /// Declares the attempt's result a refusal ([`ExecutionContext::refuse`]).
+    pub(crate) fn refuse(&self) {
+        self.lock().refused = true;
+    }
+
+    /// Whether the attempt's result is a refusal that took no effect: declared one, with no
+    /// step recorded and no write queued with the completion. Its settlement then releases the
+    /// business identity instead of settling it.
+    pub(crate) fn refused_without_effect(&self) -> bool {
+        let state = self.lock();
+        state.refused && !state.frozen && state.steps.is_empty() && state.completion.is_empty()
     }
 
     /// Ends the attempt's steps: the handler has returned (or panicked), and a step started

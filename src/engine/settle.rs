@@ -57,6 +57,9 @@ impl Idempotency {
         serialized: serde_json::Result<Box<RawValue>>,
         completion: Completion<'_>,
     ) -> Result<Box<RawValue>, Error> {
+        let refusal = completion
+            .steps
+            .is_some_and(StepLedger::refused_without_effect);
         let steps = completion.steps.and_then(StepLedger::pending);
         let writes = completion.steps.and_then(StepLedger::take_completion);
         let key = target.key;
@@ -75,7 +78,8 @@ impl Idempotency {
                     now,
                     self.config.retention(),
                 )
-                .with_steps(steps.clone());
+                .with_steps(steps.clone())
+                .releasing_identity(refusal);
                 let limit = self.config.max_outcome_bytes();
                 if raw.get().len() <= limit {
                     let completing = Instant::now();

@@ -217,7 +217,11 @@ impl Store for MemoryStore {
             {
                 record.audit.clone_from(&settlement.audit);
             }
-            if let Some(evidence) = target
+            if settlement.releases_identity {
+                if let Some(identity) = target.identity {
+                    tables.evidence.remove(identity);
+                }
+            } else if let Some(evidence) = target
                 .identity
                 .and_then(|identity| tables.evidence.get_mut(identity))
             {

@@ -206,7 +206,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         until: SystemTime,
     ) -> impl Future<Output = Result<Fence, StoreError>> + Send;
 
-    /// Moves the target record to `settlement.status` with its outcome (and its evidence too).
+    /// Moves the target record to `settlement.status` with its outcome (and its evidence too:
+    /// settled alike, or deleted when the settlement [releases the identity](Settlement::releases_identity)).
     /// Outcomes up to [`Config::max_outcome_bytes`](crate::Config::max_outcome_bytes) come
     /// here, whatever the backend's item limit: a store keeps a large one its own way (the
     /// DynamoDB store compresses it and keeps it in part items, [`OutcomeStorage`]) and never

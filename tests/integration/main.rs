@@ -13,6 +13,7 @@ mod exact_ids;
 mod global_tables;
 mod hot_keys;
 mod http_contract;
+mod http_identities;
 mod http_inputs;
 mod http_layer;
 #[cfg(feature = "cli")]
@@ -30,6 +31,7 @@ mod panic_strategy;
 mod raw_fixtures;
 
 mod readme_links;
+mod refusals;
 #[cfg(feature = "relay")]
 mod relay;
 mod sdk_faults;

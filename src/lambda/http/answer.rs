@@ -27,6 +27,13 @@ fn applied_but_not_kept(err: &Error) -> bool {
         if failure.kind.took_effect())
 }
 
+/// Evidence of another operation (another `Idempotency-Key`, or another caller's) that holds
+/// the request's business identity: its status and result are that operation's, not this
+/// caller's to learn.
+fn another_operations(err: &Error) -> bool {
+    matches!(err, Error::KeyExpiredConflict { key, evidence } if evidence.key != *key)
+}
+
 /// Evidence of an operation that failed for good.
 fn settled_as_failed(err: &Error) -> bool {
     matches!(err, Error::KeyExpiredConflict { evidence, .. } if evidence.status == Status::Failed)
@@ -68,6 +75,12 @@ impl ErrorAnswer {
                 422,
                 "idempotency_key_reused",
                 "this Idempotency-Key was used with a different request; use a new key for a new operation",
+                None,
+            ),
+            ErrorKind::KeyExpiredConflict if another_operations(err) => (
+                409,
+                "business_identity_taken",
+                "another request's operation holds this business identity, and it runs at most once; do not send it again under a new Idempotency-Key",
                 None,
             ),
             ErrorKind::KeyExpiredConflict if err.already_took_effect() => (

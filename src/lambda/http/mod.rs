@@ -12,6 +12,8 @@
 //! |---|---|
 //! | first request | the handler's response; 2xx, 3xx and definitive 4xx are stored for replay |
 //! | 408, 409, 425, 429 or 5xx from the handler | passed through, not stored: the retry runs |
+//! | another 4xx from the handler (a refusal) | stored and replayed to this key, but it holds no business identity: a corrected request under a new key may run |
+//! | the business identity is held by another request's operation | 409 `business_identity_taken`, whatever that operation's state (nothing about it is revealed) |
 //! | repeated request, same caller and payload | the first status, every header value (cookies, multi-value headers) and the exact body bytes, plus `Idempotent-Replayed: true` |
 //! | no `Idempotency-Key` header | 400 `missing_idempotency_key` |
 //! | no caller principal ([`CallerScope::Principal`]) | 401 `caller_unidentified` |
@@ -46,6 +48,16 @@
 //! The operation's settings are the door's: a business identity or a tenant read from the
 //! request ([`HttpKeys::policy`] and the [`KeyPolicy`](crate::KeyPolicy) builder), a result
 //! reference and the lease policy ([`Operation`]).
+//!
+//! **Whose business identity.** A key is the caller's; a business identity is the function's
+//! (its namespace and tenant, [`IdentityScope::Tenant`](crate::key::IdentityScope::Tenant)): it names
+//! a business effect (`invoice:o-1`) whoever asks for it. So that no caller can hold another's
+//! identity by sending a request the application turns down, only a stored success holds one:
+//! a 4xx the handler answers is replayed to its key but settles no evidence
+//! ([`ExecutionContext::refuse`](crate::ExecutionContext::refuse)). A caller that meets an
+//! identity another request holds learns only that (`business_identity_taken`), never that
+//! operation's state or result. Read the identity from what the application has authorised
+//! the caller to act on (the order the caller owns), not from a field any caller may set.
 
 pub(crate) mod answer;
 pub(crate) mod caller;

@@ -105,10 +105,15 @@ where
             let mut request = request;
             request.extensions_mut().insert(ctx.clone());
             let applied = Arc::clone(&applied);
-            context::scope(ctx, async move {
+            context::scope(ctx.clone(), async move {
                 let response = inner.call(request).await.map_err(Into::into)?;
                 let (parts, bytes) = collect(response).await?;
                 if is_definitive(parts.status) {
+                    if parts.status.is_client_error() {
+                        // The application refused the request: replayed to this key, but it
+                        // holds no business identity.
+                        ctx.refuse();
+                    }
                     let stored = StoredResponse::new(&parts, &bytes);
                     // Kept in case the store cannot take it: the client still gets it.
                     *applied.lock().unwrap_or_else(PoisonError::into_inner) = Some(stored.clone());

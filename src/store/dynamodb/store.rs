@@ -211,12 +211,11 @@ impl DynamoDbStore {
             expr,
         )?];
         if let Some(identity) = target.identity {
-            writes.push(evidence::settle_write(
-                self.uniqueness()?,
-                target,
-                identity,
-                settlement,
-            )?);
+            let uniqueness = self.uniqueness()?;
+            writes.push(match settlement.releases_identity {
+                true => evidence::release_write(uniqueness, target, identity)?,
+                false => evidence::settle_write(uniqueness, target, identity, settlement)?,
+            });
         }
         Ok((writes, placement))
     }

@@ -1,0 +1,106 @@
+//! `ExecutionContext::refuse` on both stores: a refusal that took no effect is replayed under
+//! its key and deletes its identity's evidence; one that recorded a step settles it as usual.
+
+use std::time::Duration;
+
+use lambda_idempotency::key::{Fingerprint, OperationKey};
+use lambda_idempotency::reconcile::Recovery;
+use lambda_idempotency::record::Status;
+use lambda_idempotency::store::Store;
+use lambda_idempotency::{BoxError, Error, Idempotency, Invocation, OperationScope};
+use serde_json::{Value, json};
+
+use crate::backends::both;
+
+fn invocation(key: &str, identity: &str) -> Invocation {
+    let scope = OperationScope::new("refusals", "orders").expect("scope");
+    let key = OperationKey::derive(&scope, None, &json!(key)).expect("key");
+    let fingerprint = Fingerprint::of(&json!({"order": identity})).expect("fingerprint");
+    Invocation::new(key, fingerprint, Duration::from_secs(60))
+        .with_identity(identity)
+        .expect("identity")
+}
+
+#[tokio::test]
+async fn a_refusal_without_effect_replays_and_releases_its_identity() {
+    for backend in both().await {
+        let name = backend.name;
+        let store = backend.store.clone();
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let refused = invocation("k-1", "order:o-1");
+
+        let first = idem
+            .execute(&refused, |ctx| async move {
+                ctx.refuse();
+                Ok::<_, BoxError>(json!({"refused": "amount"}))
+            })
+            .await
+            .expect("the refusal is stored");
+        let evidence_key = refused.evidence_key().expect("an identity");
+        assert_eq!(
+            store.evidence(&evidence_key).await.expect("read"),
+            None,
+            "{name}: the refusal settled no evidence"
+        );
+        let replay = idem
+            .execute(&refused, |_| async {
+                Ok::<Value, BoxError>(json!("must not run"))
+            })
+            .await
+            .expect("replayed");
+        assert!(replay.is_replay(), "{name}");
+        assert_eq!(replay.value(), first.value(), "{name}");
+
+        let corrected = idem
+            .execute(&invocation("k-2", "order:o-1"), |_| async {
+                Ok::<_, BoxError>(json!({"invoice": "i-1"}))
+            })
+            .await
+            .expect("the identity is free");
+        assert!(!corrected.is_replay(), "{name}");
+        let evidence = store.evidence(&evidence_key).await.expect("read");
+        assert_eq!(
+            evidence.map(|evidence| evidence.status),
+            Some(Status::Completed),
+            "{name}: the success holds the identity"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_refusal_after_a_recorded_step_keeps_its_identity() {
+    for backend in both().await {
+        let name = backend.name;
+        let store = backend.store.clone();
+        let idem = Idempotency::new(backend.store)
+            .with_clock(backend.clock)
+            .with_recovery(Recovery::Steps);
+        let refused = invocation("k-1", "order:o-2");
+
+        idem.execute(&refused, |ctx| async move {
+            ctx.step("reserve")
+                .run(|_key| async { Ok::<_, BoxError>(json!("reserved")) })
+                .await?;
+            ctx.refuse();
+            Ok::<_, BoxError>(json!({"refused": "after reserving"}))
+        })
+        .await
+        .expect("stored");
+        let evidence_key = refused.evidence_key().expect("an identity");
+        let evidence = store.evidence(&evidence_key).await.expect("read");
+        assert_eq!(
+            evidence.map(|evidence| evidence.status),
+            Some(Status::Completed),
+            "{name}: a step may have taken effect: the identity is held"
+        );
+        let other = idem
+            .execute(&invocation("k-2", "order:o-2"), |_| async {
+                Ok::<Value, BoxError>(json!("must not run"))
+            })
+            .await;
+        assert!(
+            matches!(other, Err(Error::KeyExpiredConflict { .. })),
+            "{name}: {other:?}"
+        );
+    }
+}
