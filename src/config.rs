@@ -30,6 +30,9 @@ pub const MAX_REQUEST_ID_BYTES: usize = 256;
 /// The longest failure message kept in a record, in bytes (a longer handler error text is cut,
 /// so that it cannot crowd the record past DynamoDB's item limit).
 pub const MAX_FAILURE_MESSAGE_BYTES: usize = 1024;
+/// The longest failure kind kept in a record, in bytes (a classifier's or an operator's longer
+/// kind is cut).
+pub const MAX_FAILURE_KIND_BYTES: usize = 128;
 
 /// Validated engine settings; build them with [`Config::builder`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +40,7 @@ pub struct Config {
     retention: Duration,
     max_outcome_bytes: usize,
     rfc8785_records_before: Option<SystemTime>,
+    keyed_by_0_4_before: Option<SystemTime>,
 }
 
 impl Config {
@@ -68,6 +72,13 @@ impl Config {
         self.rfc8785_records_before
     }
 
+    /// The instant before which a record (or evidence) kept under the key 0.4 derived without
+    /// Lambda's tenant answers a tenanted invocation of the same intent
+    /// ([`ConfigBuilder::keyed_by_0_4_before`]); `None` (the default): never.
+    pub fn keyed_by_0_4_before(&self) -> Option<SystemTime> {
+        self.keyed_by_0_4_before
+    }
+
     /// Whether the 0.1 compatibility rule is on.
     #[deprecated(
         since = "0.5.0",
@@ -84,6 +95,7 @@ impl Default for Config {
             retention: Self::DEFAULT_RETENTION,
             max_outcome_bytes: DEFAULT_MAX_OUTCOME_BYTES,
             rfc8785_records_before: None,
+            keyed_by_0_4_before: None,
         }
     }
 }
@@ -106,6 +118,40 @@ impl ConfigBuilder {
     /// [`DEFAULT_MAX_OUTCOME_BYTES`]).
     pub fn max_outcome_bytes(mut self, bytes: usize) -> Self {
         self.config.max_outcome_bytes = bytes;
+        self
+    }
+
+    /// Answers a tenanted invocation from the record (or evidence) 0.4 kept for the same event
+    /// before `cutover`, when Lambda's tenant isolation mode gives the function its tenants:
+    /// 0.4 never read that tenant and keyed every tenant's operations alike, 0.5 keys each
+    /// under its tenant. Without the rule, a redelivery that spans the upgrade runs again.
+    ///
+    /// With it, a tenanted invocation whose new key holds no live record first reads under the
+    /// key 0.4 derived (one or two more `GetItem`s, for functions that get a tenant from Lambda
+    /// only). A record or evidence created before `cutover`, of the same intent, answers by its
+    /// state alone, never with its result (0.4 did not record whose it was): applied or failed
+    /// ([`Error::KeyExpiredConflict`](crate::Error::KeyExpiredConflict), which a batch door
+    /// acknowledges when it took effect), still running, or held
+    /// ([`Error::Indeterminate`](crate::Error::Indeterminate)). While such records live, a
+    /// second tenant's operation of the very same intent is answered alike, instead of running;
+    /// one of another intent is never affected.
+    ///
+    /// Off by default. Turn it on for a function in tenant isolation mode that ran 0.4, naming
+    /// the instant its last 0.4 instance stopped writing (in a rolling deploy, when the deploy
+    /// ends), and turn it off one retention later.
+    ///
+    /// ```
+    /// use std::time::{Duration, SystemTime};
+    /// use lambda_idempotency::Config;
+    ///
+    /// // The deploy that replaced the last 0.4 instance ended at 2026-12-01T09:00:00Z.
+    /// let cutover = SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_115_600);
+    /// let config = Config::builder().keyed_by_0_4_before(cutover).build()?;
+    /// assert_eq!(config.keyed_by_0_4_before(), Some(cutover));
+    /// # Ok::<(), lambda_idempotency::ConfigError>(())
+    /// ```
+    pub fn keyed_by_0_4_before(mut self, cutover: SystemTime) -> Self {
+        self.config.keyed_by_0_4_before = Some(cutover);
         self
     }
 

@@ -27,6 +27,9 @@ pub struct Invocation {
     pub(crate) key: OperationKey,
     /// The key versions before 0.2 derived for this operation, when it was another.
     pub(crate) earlier_key: Option<OperationKey>,
+    /// The key 0.4 derived for this operation, when the tenant Lambda's context gave (which
+    /// 0.4 never read) changed it.
+    pub(crate) key_by_0_4: Option<OperationKey>,
     pub(crate) fingerprint: Fingerprint,
     pub(crate) lease: Duration,
     pub(crate) deadline: Option<SystemTime>,
@@ -48,6 +51,7 @@ impl Invocation {
         Self {
             key,
             earlier_key: None,
+            key_by_0_4: None,
             fingerprint,
             lease: lease.min(MAX_LEASE),
             deadline: None,
@@ -74,6 +78,14 @@ impl Invocation {
     /// there.
     pub(crate) fn with_earlier_key(mut self, earlier: Option<OperationKey>) -> Self {
         self.earlier_key = earlier;
+        self
+    }
+
+    /// The key 0.4 derived for the same event, when Lambda's tenant changed it: an operation
+    /// 0.4 recorded there before the cut-over is answered without running again
+    /// ([`ConfigBuilder::keyed_by_0_4_before`](crate::config::ConfigBuilder::keyed_by_0_4_before)).
+    pub(crate) fn with_key_by_0_4(mut self, key: Option<OperationKey>) -> Self {
+        self.key_by_0_4 = key;
         self
     }
 
@@ -119,15 +131,18 @@ impl Invocation {
     /// (after a deploy that adds, changes or removes the identity) settles the recorded one.
     ///
     /// # Errors
-    /// [`Error::InvalidEvent`] for an identity that is blank or over
+    /// [`Error::InvalidEvent`] for an identity that is blank, holds a control character or is over
     /// [`MAX_IDENTITY_BYTES`] bytes: it is checked here, where the invocation is built, so that
     /// every way of building one (a key policy, your own code) refuses the same identities.
     pub fn with_identity(mut self, identity: impl Into<String>) -> Result<Self, Error> {
         let identity = identity.into();
-        if identity.trim().is_empty() || identity.len() > MAX_IDENTITY_BYTES {
+        if identity.trim().is_empty()
+            || identity.len() > MAX_IDENTITY_BYTES
+            || identity.chars().any(char::is_control)
+        {
             return Err(Error::InvalidEvent {
                 reason: format!(
-                    "the business identity must be 1 to {MAX_IDENTITY_BYTES} bytes and not blank"
+                    "the business identity must be 1 to {MAX_IDENTITY_BYTES} bytes, not blank, with no control character"
                 ),
             });
         }

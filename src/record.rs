@@ -318,7 +318,8 @@ impl Settlement {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(test, derive(Hash))]
 pub struct Audit {
-    /// Who: the operator's name or role, as given (`idemctl --by`).
+    /// Who: `idemctl` records the caller's ARN as STS `GetCallerIdentity` names it, or
+    /// `unverified:NAME` (`--operator NAME`) when STS does not answer.
     pub by: String,
     /// When.
     pub at: SystemTime,
@@ -417,6 +418,23 @@ pub(crate) fn cut_to(mut text: String, max: usize) -> String {
 }
 
 impl RetainedFailure {
+    /// The failure as a record keeps it: its kind cut to
+    /// [`MAX_FAILURE_KIND_BYTES`](crate::config::MAX_FAILURE_KIND_BYTES) and its message to
+    /// [`MAX_FAILURE_MESSAGE_BYTES`](crate::config::MAX_FAILURE_MESSAGE_BYTES), at character
+    /// boundaries: a handler's or an operator's text of any length cannot grow the record.
+    pub(crate) fn bounded(self) -> Self {
+        let kind = match self.kind {
+            FailureKind::Terminal(kind) => {
+                FailureKind::Terminal(cut_to(kind, crate::config::MAX_FAILURE_KIND_BYTES))
+            }
+            engine => engine,
+        };
+        Self {
+            kind,
+            message: cut_to(self.message, crate::config::MAX_FAILURE_MESSAGE_BYTES),
+        }
+    }
+
     /// The stored JSON form (`{"kind":…,"message":…}`).
     pub fn to_json(&self) -> String {
         let mut fields = serde_json::Map::new();
@@ -573,6 +591,26 @@ pub fn retention_expiry(lease_expires_at: SystemTime, retention: Duration) -> Sy
 #[cfg(test)]
 mod failure_kind_tests {
     use super::*;
+
+    /// A classifier's or an operator's kind and message of any length are kept cut, at
+    /// character boundaries; the engine's kinds are kept whole.
+    #[test]
+    fn a_retained_failure_is_bounded_in_kind_and_message() {
+        let huge = RetainedFailure {
+            kind: FailureKind::Terminal("é".repeat(300_000)),
+            message: "ü".repeat(1_000_000),
+        }
+        .bounded();
+        let kind = String::from(huge.kind.clone());
+        assert!(kind.len() <= crate::config::MAX_FAILURE_KIND_BYTES && !kind.is_empty());
+        assert!(huge.message.len() <= crate::config::MAX_FAILURE_MESSAGE_BYTES);
+        assert!(huge.message.len() > crate::config::MAX_FAILURE_MESSAGE_BYTES - 2);
+        let engine = RetainedFailure {
+            kind: FailureKind::OutcomeTooLarge,
+            message: "m".into(),
+        };
+        assert_eq!(engine.clone().bounded(), engine);
+    }
 
     /// The stored form is the one 0.2 wrote: a failure reads back as its variant and writes
     /// the same bytes.

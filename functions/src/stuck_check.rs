@@ -2,7 +2,9 @@
 //! their lease, INDETERMINATE records, orphaned evidence) and how long the oldest has waited
 //! (the reconciliation age), emitted as CloudWatch Embedded Metric Format gauges that the stack's
 //! alarms watch. Bounded: at most `STUCK_MAX_PAGES` scan pages per run
-//! ([`DynamoDbStore::find_stuck`], which says what that costs).
+//! ([`DynamoDbStore::find_stuck`], which says what that costs), each read as the records'
+//! summaries only (a projection: no outcome, manifest or step list is read or decompressed),
+//! so its memory follows the summaries, not what the records hold.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

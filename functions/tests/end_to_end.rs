@@ -74,6 +74,49 @@ async fn quickstart_replays_the_first_answer() {
     );
 }
 
+/// Lambda's tenant isolation mode, through the Runtime API header it sends: two tenants with
+/// the same order are two operations, each keyed under its tenant; a tenant's repeat replays
+/// its own answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quickstart_keys_each_tenant_apart() {
+    let tables = Tables::create("e2e-tenants").await;
+    let function = Function::spawn(env!("CARGO_BIN_EXE_quickstart"), "quickstart", &tables).await;
+    let event = sample_event("direct");
+
+    let acme = function
+        .api
+        .invoke_as_tenant("acme", event.clone())
+        .await
+        .expect("answered");
+    let globex = function
+        .api
+        .invoke_as_tenant("globex", event.clone())
+        .await
+        .expect("answered");
+    let acme_again = function
+        .api
+        .invoke_as_tenant("acme", event)
+        .await
+        .expect("answered");
+
+    assert_eq!(acme_again, acme, "acme's repeat replays acme's answer");
+    assert_ne!(
+        acme["provider_key"], globex["provider_key"],
+        "globex's order is its own operation"
+    );
+    let (records, _, _) = tables.store.scan_page(None).await.expect("scan");
+    let mut tenants: Vec<_> = records
+        .iter()
+        .map(|record| record.key.tenant().map(str::to_owned))
+        .collect();
+    tenants.sort();
+    assert_eq!(
+        tenants,
+        [Some("acme".to_owned()), Some("globex".to_owned())],
+        "one record per tenant, keyed under it"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqs_orders_acknowledges_a_redelivered_batch() {
     let tables = Tables::create("e2e-orders").await.recorded("e2e-orders");
@@ -122,9 +165,21 @@ async fn api_payments_replays_a_retried_request() {
         .await
         .recorded("e2e-payments");
     let function = Function::spawn(env!("CARGO_BIN_EXE_api_payments"), "payments", &tables).await;
+    // Signed by an IAM principal, as the template's API (AWS_IAM) passes every request on.
     let request = sample_event("http_api");
+    assert!(request["requestContext"]["authorizer"]["iam"]["userArn"].is_string());
     let mut changed = request.clone();
     changed["body"] = json!(r#"{"amount":9999,"currency":"EUR"}"#);
+    // The same key from another principal: its own operation, never the first caller's replay.
+    let mut other_caller = request.clone();
+    other_caller["requestContext"]["authorizer"]["iam"]["userArn"] =
+        json!("arn:aws:sts::123456789012:assumed-role/payments-client/another-service");
+    // A route deployed without the authorizer: nobody to scope the key to.
+    let mut anonymous = request.clone();
+    anonymous["requestContext"]
+        .as_object_mut()
+        .expect("a request context")
+        .remove("authorizer");
 
     let first = function
         .api
@@ -133,6 +188,8 @@ async fn api_payments_replays_a_retried_request() {
         .expect("answered");
     let retry = function.api.invoke(request).await.expect("answered");
     let conflict = function.api.invoke(changed).await.expect("answered");
+    let other = function.api.invoke(other_caller).await.expect("answered");
+    let refused = function.api.invoke(anonymous).await.expect("answered");
     function.stop().await;
 
     assert_eq!(first["statusCode"], 201);
@@ -143,6 +200,16 @@ async fn api_payments_replays_a_retried_request() {
     );
     assert_eq!(retry["headers"]["idempotent-replayed"], "true");
     assert_eq!(conflict["statusCode"], 422);
+    assert_eq!(other["statusCode"], 201);
+    assert!(
+        other["headers"].get("idempotent-replayed").is_none(),
+        "not the first caller's replay"
+    );
+    assert_ne!(other["body"], first["body"], "another payment");
+    assert_eq!(refused["statusCode"], 401);
+    let refusal: Value =
+        serde_json::from_str(refused["body"].as_str().expect("a body")).expect("JSON");
+    assert_eq!(refusal["error"], "caller_unidentified");
     let body: Value = serde_json::from_str(first["body"].as_str().expect("a body")).expect("JSON");
     let payment = format!("payment#{}", body["payment_id"].as_str().expect("an id"));
     assert_eq!(tables.ledger.count(&payment).await.expect("ledger"), 1);

@@ -10,16 +10,34 @@
 //! idemctl get --key 'orders#place#v1#…'        idemctl get --identity 'orders#id=invoice:o-418'
 //! idemctl stuck --older-than 10m [--json]
 //! idemctl resolve (--key … | --identity …) --retention 24h
-//!         (--completed result.json | --failed KIND --message TEXT | --release) [--by WHO] [--reason WHY] [--yes]
+//!         (--completed result.json | --failed KIND --message TEXT | --release) [--reason WHY]
+//!         [--operator NAME] [--yes]
 //! idemctl stats [--json]
 //! ```
 //!
 //! `resolve` works on every state the engine leaves to an operator: an INDETERMINATE record, an
 //! IN_PROGRESS record whose lease ran out (stuck), and evidence whose record is gone that still
-//! says IN_PROGRESS or INDETERMINATE. It says what it found and what it will write (including
-//! the evidence a release deletes) and asks before writing; the write is conditional on what it
-//! read, and leaves who, when and what on the record or evidence.
+//! says IN_PROGRESS or INDETERMINATE. It says what it found and exactly what it will write (the
+//! status, the outcome's bytes, the retention, the trace, the evidence a release deletes) and
+//! asks before writing; the write is conditional on what it read, and leaves who, when and what
+//! on the record or evidence. Who is the caller as AWS identifies it (STS `GetCallerIdentity`:
+//! see [`caller`]); when AWS cannot say, nothing is written unless `--operator NAME` is passed,
+//! recorded as `unverified:NAME`.
+//!
+//! Safe to point at a table someone else can write: `stuck` and `stats` read only the records'
+//! summaries (a projection: no outcome or step is read or decompressed), every decompression is
+//! bounded, and everything printed from a table is escaped ([`show`]: no control character,
+//! ANSI escape or bidirectional override reaches the terminal as it is).
 
+// The binary stays at src/bin/idemctl.rs (as the layout names it); its modules beside it.
+#[path = "idemctl/audit_trail.rs"]
+mod audit_trail;
+#[path = "idemctl/caller.rs"]
+mod caller;
+#[path = "idemctl/show.rs"]
+mod show;
+
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
@@ -27,7 +45,7 @@ use std::time::{Duration, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
 use lambda_idempotency::record::{
-    Audit, Evidence, Record, RetainedFailure, Status, StepRecord, epoch_millis,
+    Audit, Evidence, Record, RetainedFailure, Settlement, Status, StepRecord, epoch_millis,
 };
 use lambda_idempotency::store::{
     AttributeNames, DynamoDbStore, ScanCursor, SortKey, Store, TABLE_VAR, TableProtection,
@@ -35,6 +53,16 @@ use lambda_idempotency::store::{
 };
 use lambda_idempotency::{BoxError, Config, Idempotency, OperationKey, Operator, Resolution};
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use self::audit_trail::{Entry, Trail};
+use self::caller::Caller;
+
+/// The longest reason kept with a trace, in bytes (a longer one is refused, not cut: the
+/// confirmation shows exactly what is written).
+const MAX_REASON_BYTES: usize = 1024;
+/// How much of an outcome the confirmation shows (its length and digest stand for the rest).
+const SHOWN_OUTCOME_CHARS: usize = 4096;
 
 #[derive(Parser)]
 #[command(
@@ -125,15 +153,23 @@ enum Command {
         /// The deployment's retention (e.g. 24h, 5d): how long the resolved outcome is kept.
         #[arg(long, value_parser = humantime::parse_duration)]
         retention: Duration,
-        /// Who resolves, kept with the trace (default: $USER).
-        #[arg(long, env = "USER")]
+        /// Who resolves, only if AWS cannot say (STS GetCallerIdentity fails): recorded as
+        /// `unverified:NAME`. When AWS answers, the trace names the caller's ARN.
+        #[arg(long, value_name = "NAME")]
+        operator: Option<String>,
+        /// Gone: the trace names the caller as AWS identifies it (see --operator).
+        #[arg(long, hide = true)]
         by: Option<String>,
-        /// Why, kept with the trace.
+        /// Why, kept with the trace (at most 1024 bytes).
         #[arg(long)]
         reason: Option<String>,
         /// Do not ask for confirmation.
         #[arg(long)]
         yes: bool,
+        /// Resolve without appending to the audit trail (kept in the uniqueness table, under
+        /// keys that start with `#audit#`): only for a store without a uniqueness table.
+        #[arg(long)]
+        without_audit_trail: bool,
     },
     /// Count records by status and operation.
     Stats {
@@ -164,14 +200,15 @@ async fn main() -> ExitCode {
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("idemctl: {err}");
+            // An error may quote what a table holds (a key, a reason).
+            eprintln!("idemctl: {}", show::text(&err.to_string()));
             ExitCode::FAILURE
         }
     }
 }
 
 async fn run(cli: Cli) -> Result<(), BoxError> {
-    let store = store(&cli.tables).await?;
+    let (store, sdk) = store(&cli.tables).await?;
     match cli.command {
         Command::Tables(TablesCommand::Create {
             unprotected,
@@ -198,10 +235,37 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             message,
             release,
             retention,
+            operator,
             by,
             reason,
             yes,
+            without_audit_trail,
         } => {
+            if by.is_some() {
+                return Err(
+                    "--by is gone: the trace names the caller as AWS identifies it (STS \
+                     GetCallerIdentity); pass --operator NAME only if AWS cannot say"
+                        .into(),
+                );
+            }
+            // What an operator types is kept in the table: no control or invisible character.
+            let typed = [
+                ("--operator", &operator),
+                ("--reason", &reason),
+                ("--failed", &failed),
+                ("--message", &message),
+            ];
+            for (what, text) in typed {
+                if let Some(text) = text {
+                    show::typed(what, text)?;
+                }
+            }
+            if reason
+                .as_ref()
+                .is_some_and(|reason| reason.len() > MAX_REASON_BYTES)
+            {
+                return Err(format!("--reason takes at most {MAX_REASON_BYTES} bytes").into());
+            }
             let resolution = if let Some(path) = completed {
                 let text = std::fs::read(&path)
                     .map_err(|err| format!("cannot read {}: {err}", path.display()))?;
@@ -220,10 +284,17 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                     "say --completed FILE, --failed KIND --message TEXT or --release".into(),
                 );
             };
-            let by = by.ok_or("say who resolves: --by NAME (or set USER)")?;
-            let operator = match reason {
-                Some(reason) => Operator::new(by)?.with_reason(reason),
-                None => Operator::new(by)?,
+            let caller = caller::identify(&sdk, operator.as_deref()).await?;
+            if let Caller::Unverified { sts_error, .. } = &caller {
+                eprintln!(
+                    "AWS cannot say who you are (STS GetCallerIdentity: {}): the trace records {}",
+                    show::text(sts_error),
+                    show::text(caller.recorded())
+                );
+            }
+            let operator = match &reason {
+                Some(reason) => Operator::new(caller.recorded())?.with_reason(reason),
+                None => Operator::new(caller.recorded())?,
             };
             let config = Config::builder().retention(retention).build()?;
             let target = match (key, identity) {
@@ -231,14 +302,41 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 (None, Some(identity)) => Held::Evidence(identity),
                 (None, None) => return Err("pass --key or --identity".into()),
             };
-            resolve(store, config, target, resolution, &operator, yes).await?;
+            let trace = Trace {
+                by: caller.recorded().to_owned(),
+                reason,
+                retention,
+            };
+            let audit = match (store.uniqueness_table(), without_audit_trail) {
+                (Some(_), true) => {
+                    return Err("--without-audit-trail is for a store without a uniqueness table: this one keeps the trail".into());
+                }
+                (Some(table), false) => Some(table.to_owned()),
+                (None, true) => None,
+                (None, false) => {
+                    return Err("no uniqueness table for the audit trail: pass --uniqueness-table (or set UNIQUENESS_TABLE), or --without-audit-trail for a store without one".into());
+                }
+            };
+            let client = store.client().clone();
+            let trail = audit.as_deref().map(|table| Trail {
+                client: &client,
+                table,
+            });
+            let decision = Decision {
+                operator: &operator,
+                trace: &trace,
+                trail,
+                yes,
+            };
+            resolve(store, config, target, resolution, decision).await?;
         }
         Command::Stats { json } => stats(&store, json).await?,
     }
     Ok(())
 }
 
-async fn store(tables: &Tables) -> Result<DynamoDbStore, BoxError> {
+/// The store, and the SDK configuration it was built from (for STS).
+async fn store(tables: &Tables) -> Result<(DynamoDbStore, aws_config::SdkConfig), BoxError> {
     let table = tables
         .table
         .clone()
@@ -248,10 +346,11 @@ async fn store(tables: &Tables) -> Result<DynamoDbStore, BoxError> {
         .await;
     let client = aws_sdk_dynamodb::Client::from_conf(dynamodb_config(&sdk));
     let store = DynamoDbStore::new(client, table).with_attribute_names(layout(tables)?);
-    Ok(match &tables.uniqueness_table {
+    let store = match &tables.uniqueness_table {
         Some(uniqueness) => store.with_uniqueness_table(uniqueness),
         None => store,
-    })
+    };
+    Ok((store, sdk))
 }
 
 /// The table's layout from `--sort-key` and `--attribute`.
@@ -312,7 +411,7 @@ async fn get(
         (None, None) => return Err("pass --key or --identity".into()),
     };
     match shown {
-        Some(shown) => println!("{}", serde_json::to_string_pretty(&shown)?),
+        Some(shown) => println!("{}", show::json_pretty(&shown)),
         None => return Err("not found".into()),
     }
     Ok(())
@@ -382,18 +481,18 @@ fn audit_json(audit: &Audit) -> Value {
     })
 }
 
-/// Every record of the table, page by page, with progress on stderr for long scans.
-async fn scan_all(store: &DynamoDbStore) -> Result<Vec<Record>, BoxError> {
+/// Every record's summary (key, status, lease, times: no outcome or step is read), page by
+/// page, with progress on stderr for long scans.
+async fn scan_summaries(store: &DynamoDbStore) -> Result<Vec<Record>, BoxError> {
     let mut all = Vec::new();
     let mut cursor: Option<ScanCursor> = None;
     let mut pages = 0;
+    let mut skipped_all = 0;
     loop {
-        let (records, skipped, next) = store.scan_page(cursor.take()).await?;
+        let (records, skipped, next) = store.scan_summary_page(cursor.take()).await?;
         pages += 1;
         all.extend(records);
-        if skipped > 0 {
-            eprintln!("skipped {skipped} items that are not idempotency records");
-        }
+        skipped_all += skipped;
         if !next.has_more() {
             break;
         }
@@ -401,6 +500,9 @@ async fn scan_all(store: &DynamoDbStore) -> Result<Vec<Record>, BoxError> {
             eprintln!("scanned {pages} pages, {} records…", all.len());
         }
         cursor = Some(next);
+    }
+    if skipped_all > 0 {
+        eprintln!("skipped {skipped_all} items that do not decode as idempotency records");
     }
     Ok(all)
 }
@@ -415,10 +517,10 @@ async fn stuck(store: &DynamoDbStore, older_than: Duration, json: bool) -> Resul
     let (stuck, orphans) = (found.records, found.orphans);
     if json {
         for record in &stuck {
-            println!("{}", record_json(record));
+            println!("{}", show::json(&record_json(record)));
         }
         for evidence in &orphans {
-            println!("{}", evidence_json(evidence));
+            println!("{}", show::json(&evidence_json(evidence)));
         }
         return Ok(());
     }
@@ -434,29 +536,26 @@ async fn stuck(store: &DynamoDbStore, older_than: Duration, json: bool) -> Resul
         println!(
             "{:<14} {:<24} {:>7}  {:<13}  {}",
             record.status.as_str(),
-            record.key.operation(),
+            show::text(record.key.operation()),
             record.lease.attempt,
             stuck_since(record).map(age).unwrap_or_default(),
-            record.key.as_str()
+            show::text(record.key.as_str())
         );
     }
     for evidence in &orphans {
         println!(
             "{:<14} {:<24} {:>7}  {:<13}  {} (evidence; its record is gone: resolve --identity)",
             evidence.status.as_str(),
-            evidence.key.operation(),
+            show::text(evidence.key.operation()),
             "-",
             age(evidence.created_at),
-            evidence.identity
+            show::text(&evidence.identity)
         );
     }
     println!("{} stuck", stuck.len() + orphans.len());
     Ok(())
 }
 
-/// Unsettled evidence (IN_PROGRESS, INDETERMINATE) whose record is gone or settled and
-/// expired: only an operator (`resolve --identity`) or a redelivery moves it on. One scan of
-/// the uniqueness table, and one read per unsettled evidence.
 /// What an operator resolves.
 enum Held {
     /// A record, by its operation key.
@@ -465,18 +564,46 @@ enum Held {
     Evidence(String),
 }
 
+/// The trace a resolution leaves, as the confirmation shows it.
+struct Trace {
+    /// Who, as recorded.
+    by: String,
+    /// Why, if given.
+    reason: Option<String>,
+    /// How long a COMPLETED or FAILED outcome is kept.
+    retention: Duration,
+}
+
+/// Who resolves, why, where the trail is kept, and whether to ask.
+struct Decision<'a> {
+    operator: &'a Operator,
+    trace: &'a Trace,
+    trail: Option<Trail<'a>>,
+    yes: bool,
+}
+
 async fn resolve(
     store: DynamoDbStore,
     config: Config,
     held: Held,
     resolution: Resolution,
-    operator: &Operator,
-    yes: bool,
+    decision: Decision<'_>,
 ) -> Result<(), BoxError> {
+    let Decision {
+        operator,
+        trace,
+        trail,
+        yes,
+    } = decision;
     let found = describe(&store, &held).await?;
     let change = what_it_writes(&held, &found, &resolution);
-    eprintln!("{}", found.summary);
-    eprintln!("will: {change}");
+    eprintln!("{}", show::text(&found.summary));
+    eprintln!("will: {}", show::text(&change));
+    eprintln!("it writes, if nothing changes before the write:");
+    let writes = exact_writes(&held, &found, &resolution, trace);
+    for line in &writes {
+        eprintln!("  {line}");
+    }
     if !yes {
         eprint!("go ahead? [y/N] ");
         std::io::stderr().flush()?;
@@ -491,6 +618,24 @@ async fn resolve(
             return Err("it changed while you decided: nothing changed; look again".into());
         }
     }
+    // The attempt is on the trail before anything is written: every resolution has its entry.
+    let attempt = match &trail {
+        Some(trail) => {
+            let (target_kind, target) = match &held {
+                Held::Record(key) => ("record", key.as_str()),
+                Held::Evidence(identity) => ("evidence", identity.as_str()),
+            };
+            let entry = Entry {
+                target_kind,
+                target,
+                by: &trace.by,
+                reason: trace.reason.as_deref(),
+                writes: &writes,
+            };
+            Some(trail.attempt(&entry, SystemTime::now()).await?)
+        }
+        None => None,
+    };
     let idem = Idempotency::new(store).with_config(config);
     let resolved = match &held {
         Held::Record(key) => idem.resolve::<Value>(key, resolution, operator).await?,
@@ -499,14 +644,111 @@ async fn resolve(
                 .await?
         }
     };
+    if let (Some(trail), Some(attempt)) = (&trail, &attempt)
+        && let Err(err) = trail.result(attempt, resolved, SystemTime::now()).await
+    {
+        eprintln!("{}", show::text(&err.to_string()));
+    }
     if !resolved {
         return Err(
             "not resolved: it is not held for an operator (a live lease, settled, gone, or changed since it was read); nothing changed"
                 .into(),
         );
     }
-    println!("resolved: {change}");
+    println!("resolved: {}", show::text(&change));
     Ok(())
+}
+
+/// Exactly what a resolution writes, one field a line, every value from a table or a file
+/// escaped ([`show`]): the status, the outcome's bytes (the first
+/// [`SHOWN_OUTCOME_CHARS`] characters, its length and SHA-256), the retention, and the trace.
+fn exact_writes(held: &Held, found: &Found, resolution: &Resolution, trace: &Trace) -> Vec<String> {
+    let mut lines = Vec::new();
+    match held {
+        Held::Record(key) => lines.push(format!("record     {}", show::text(key.as_str()))),
+        Held::Evidence(identity) => {
+            lines.push(format!("evidence   {}", show::text(identity)));
+        }
+    }
+    let kept = format!(
+        "kept       {} from the write",
+        humantime::format_duration(trace.retention)
+    );
+    match (held, resolution) {
+        (Held::Record(_), Resolution::Completed(value)) => {
+            lines.push("status     COMPLETED".into());
+            lines.push(outcome_line(&value.to_string().into_bytes()));
+            lines.push(kept);
+        }
+        (Held::Record(_), Resolution::Failed(failure)) => {
+            // The bytes the engine stores for a retained failure.
+            let settled = Settlement::failed(failure, SystemTime::now(), trace.retention);
+            lines.push("status     FAILED".into());
+            lines.push(outcome_line(settled.outcome.as_deref().unwrap_or_default()));
+            lines.push(kept);
+        }
+        (Held::Record(_), Resolution::Release) => {
+            lines.push("status     FAILED, kind `released` (the next delivery runs again)".into());
+            lines.push("kept       already expired (an hour before the write)".into());
+            lines.push("steps      cleared".into());
+            if let Some(identity) = &found.evidence {
+                lines.push(format!("deletes    the evidence {}", show::text(identity)));
+            }
+        }
+        (Held::Evidence(_), Resolution::Completed(value)) => {
+            lines.push("status     COMPLETED".into());
+            let reference = match value {
+                Value::String(text) => text.clone(),
+                other => other.to_string(),
+            };
+            lines.push(match reference.len() <= 1024 {
+                true => format!("result_ref {}", show::json(&Value::String(reference))),
+                false => "result_ref none (over 1024 bytes: not kept)".into(),
+            });
+        }
+        (Held::Evidence(_), Resolution::Failed(_)) => lines.push("status     FAILED".into()),
+        (Held::Evidence(_), Resolution::Release) => {
+            lines.push("deletes    this evidence".into());
+            lines.push(format!(
+                "record     {} FAILED, kind `released`, already expired",
+                show::text(found.operation.as_str())
+            ));
+        }
+    }
+    let action = match resolution {
+        Resolution::Completed(_) => "completed",
+        Resolution::Failed(_) => "failed",
+        Resolution::Release => "released",
+    };
+    lines.push(format!("trace by   {}", show::text(&trace.by)));
+    lines.push(format!("trace what {action} from {}", found.status));
+    lines.push(format!(
+        "trace why  {}",
+        trace
+            .reason
+            .as_deref()
+            .map_or(Cow::Borrowed("(none)"), show::text)
+    ));
+    lines.push("trace at   the time of the write".into());
+    lines
+}
+
+/// An outcome's exact bytes as the confirmation shows them.
+fn outcome_line(bytes: &[u8]) -> String {
+    let digest = hex::encode(Sha256::digest(bytes));
+    let text = match serde_json::from_slice::<Value>(bytes) {
+        Ok(value) => show::json(&value),
+        Err(_) => show::text(&String::from_utf8_lossy(bytes)).into_owned(),
+    };
+    let shown: String = text.chars().take(SHOWN_OUTCOME_CHARS).collect();
+    let cut = match shown.len() < text.len() {
+        true => " … (cut here: the length and digest are the whole outcome's)",
+        false => "",
+    };
+    format!(
+        "outcome    {} bytes, sha256 {digest}: {shown}{cut}",
+        bytes.len()
+    )
 }
 
 /// What a resolution writes, said from what was found.
@@ -585,6 +827,10 @@ fn steps_run_again(steps: &[(String, bool)]) -> String {
 /// What an operator is about to resolve, as found.
 struct Found {
     summary: String,
+    /// The state it is resolved from (the trace's `… from STATUS`).
+    status: Status,
+    /// The operation key.
+    operation: OperationKey,
     /// The record's steps (marks left out), each with whether its result is recorded.
     steps: Vec<(String, bool)>,
     /// The evidence a release deletes: the record's identity, when its evidence is its own.
@@ -625,6 +871,8 @@ async fn describe(store: &DynamoDbStore, held: &Held) -> Result<Found, BoxError>
                     record.status,
                     record.lease.attempt
                 ),
+                status: record.status,
+                operation: key.clone(),
                 steps: record
                     .steps
                     .iter()
@@ -649,6 +897,8 @@ async fn describe(store: &DynamoDbStore, held: &Held) -> Result<Found, BoxError>
                     evidence.status,
                     evidence.key.as_str()
                 ),
+                status: evidence.status,
+                operation: evidence.key.clone(),
                 steps: Vec::new(),
                 evidence: Some(identity.clone()),
                 state: format!(
@@ -679,7 +929,7 @@ fn shape(value: &Value) -> String {
 
 async fn stats(store: &DynamoDbStore, json: bool) -> Result<(), BoxError> {
     let mut counts: BTreeMap<(String, &'static str), u64> = BTreeMap::new();
-    for record in scan_all(store).await? {
+    for record in scan_summaries(store).await? {
         *counts
             .entry((record.key.operation().to_owned(), record.status.as_str()))
             .or_default() += 1;
@@ -691,12 +941,12 @@ async fn stats(store: &DynamoDbStore, json: bool) -> Result<(), BoxError> {
                 json!({"operation": operation, "status": status, "count": count})
             })
             .collect();
-        println!("{}", Value::Array(rows));
+        println!("{}", show::json(&Value::Array(rows)));
         return Ok(());
     }
     println!("{:<24} {:<14} {:>8}", "OPERATION", "STATUS", "COUNT");
     for ((operation, status), count) in &counts {
-        println!("{operation:<24} {status:<14} {count:>8}");
+        println!("{:<24} {status:<14} {count:>8}", show::text(operation));
     }
     Ok(())
 }

@@ -54,6 +54,7 @@ mod claim;
 pub(crate) mod decide;
 mod earlier_key;
 mod give_back;
+mod keyed_by_0_4;
 mod operator;
 mod reconcile;
 pub(crate) mod retry;
@@ -298,6 +299,7 @@ impl Idempotency {
     {
         let now = self.clock.now();
         let invocation = &*self.under_earlier_key(invocation, now).await?;
+        self.check_keyed_by_0_4(invocation, now).await?;
         let key = &invocation.key;
         let claim = self.new_claim(invocation, now);
         let deadline = claim.lease.expires_at;

@@ -268,7 +268,7 @@ impl Idempotency {
                 }
                 Settlement::completed(value.to_string().into_bytes(), None, now, retention)
             }
-            Resolution::Failed(failure) => Settlement::failed(&failure, now, retention),
+            Resolution::Failed(failure) => Settlement::failed(&failure.bounded(), now, retention),
             Resolution::Release => Settlement::failed(&released_failure(), now, retention),
         };
         let size = settlement.outcome.as_ref().map_or(0, Vec::len);

@@ -272,11 +272,9 @@ impl Idempotency {
         patience: Patience,
         steps: Option<Vec<StepRecord>>,
     ) -> Result<(), Error> {
-        // A handler's error text can be any length: only its start is kept.
-        let failure = RetainedFailure {
-            kind,
-            message: crate::record::cut_to(message, MAX_FAILURE_MESSAGE_BYTES),
-        };
+        // A handler's error text (and its classifier's kind) can be any length: only its
+        // start is kept.
+        let failure = RetainedFailure { kind, message }.bounded();
         let settlement = Settlement::failed(&failure, self.clock.now(), self.config.retention())
             .with_steps(steps);
         self.settle(target, attempt, &settlement, patience).await

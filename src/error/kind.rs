@@ -23,6 +23,8 @@ pub enum ErrorKind {
     MissingKey,
     /// [`Error::CallerUnidentified`].
     CallerUnidentified,
+    /// [`Error::TenantMissing`].
+    TenantMissing,
     /// [`Error::InvalidEvent`].
     InvalidEvent,
     /// [`Error::OutcomeTooLarge`].
@@ -54,6 +56,7 @@ impl ErrorKind {
             Self::LeaseLost => "LeaseLost",
             Self::MissingKey => "MissingKey",
             Self::CallerUnidentified => "CallerUnidentified",
+            Self::TenantMissing => "TenantMissing",
             Self::InvalidEvent => "InvalidEvent",
             Self::OutcomeTooLarge => "OutcomeTooLarge",
             Self::Failed => "Failed",
@@ -73,6 +76,7 @@ impl ErrorKind {
             Self::PayloadConflict
             | Self::MissingKey
             | Self::CallerUnidentified
+            | Self::TenantMissing
             | Self::InvalidEvent
             | Self::OutcomeTooLarge
             | Self::Failed
@@ -117,6 +121,7 @@ impl Error {
             Self::LeaseLost { .. } => ErrorKind::LeaseLost,
             Self::MissingKey { .. } => ErrorKind::MissingKey,
             Self::CallerUnidentified => ErrorKind::CallerUnidentified,
+            Self::TenantMissing { .. } => ErrorKind::TenantMissing,
             Self::InvalidEvent { .. } => ErrorKind::InvalidEvent,
             Self::OutcomeTooLarge { .. } => ErrorKind::OutcomeTooLarge,
             Self::Failed { .. } => ErrorKind::Failed,

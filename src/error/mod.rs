@@ -105,6 +105,17 @@ pub enum Error {
     )]
     CallerUnidentified,
 
+    /// The key policy reads a tenant from each event ([`KeyPolicy::with_tenant`](crate::KeyPolicy::with_tenant)),
+    /// Lambda's context gave none, and this event names none: keyed without one it would share
+    /// the untenanted scope with every other such event. Nothing was written.
+    #[error(
+        "the event for operation `{operation}` names no tenant: send the tenant, or key tenant-less events with KeyPolicy::with_optional_tenant"
+    )]
+    TenantMissing {
+        /// The operation name.
+        operation: String,
+    },
+
     /// The event could not be read.
     #[error("invalid event: {reason}")]
     InvalidEvent {

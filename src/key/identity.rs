@@ -10,7 +10,14 @@
 //! |---|---|
 //! | [`IdentityScope::Tenant`] (default), with a tenant | `{namespace}#t={tenant}#id={identity}` |
 //! | [`IdentityScope::Tenant`], without one; [`IdentityScope::Namespace`] | `{namespace}#id={identity}` |
-//! | [`IdentityScope::Global`] | `{identity}` (as versions before 0.2 kept every identity) |
+//! | [`IdentityScope::Global`], an identity without `#` | `{identity}` (as versions before 0.2 kept every identity) |
+//! | [`IdentityScope::Global`], an identity with `#` | `#g#{identity}` |
+//!
+//! The three forms never meet: a bare identity holds no `#`, a scoped key starts with its
+//! (non-empty) namespace, an encoded global one with `#`. So a global identity spelled like a
+//! scoped key (`billing#t=acme#id=invoice:o-1`) is not acme's evidence. Versions 0.2 to 0.4
+//! kept a global identity with `#` bare: the DynamoDB store's claim still finds such evidence
+//! there (unless it is the scoped evidence the key spells, which is another operation's).
 //!
 //! ```
 //! use lambda_idempotency::key::{IdentityScope, OperationKey, OperationScope};
@@ -48,6 +55,7 @@ impl IdentityScope {
     /// The evidence key of `identity` for an operation of `key` (see the module's table).
     pub fn evidence_key(self, identity: &str, key: &OperationKey) -> String {
         match (self, key.tenant()) {
+            (Self::Global, _) if identity.contains('#') => format!("{GLOBAL_MARK}{identity}"),
             (Self::Global, _) => identity.to_owned(),
             (Self::Tenant, Some(tenant)) => {
                 format!("{}#t={tenant}#id={identity}", key.namespace())
@@ -55,6 +63,15 @@ impl IdentityScope {
             (Self::Tenant | Self::Namespace, _) => format!("{}#id={identity}", key.namespace()),
         }
     }
+}
+
+/// What starts the evidence key of a global identity that holds a `#`.
+pub(crate) const GLOBAL_MARK: &str = "#g#";
+
+/// The key under which versions 0.2 to 0.4 kept the evidence of the global identity that
+/// `evidence_key` encodes, when it is another: the identity itself.
+pub(crate) fn global_before_0_5(evidence_key: &str) -> Option<&str> {
+    evidence_key.strip_prefix(GLOBAL_MARK)
 }
 
 /// An evidence key in a scoped form, read back: the namespace, the tenant (if the scope has
@@ -116,5 +133,19 @@ mod tests {
         }
         let bare = IdentityScope::Global.evidence_key("invoice:o-1", &plain);
         assert_eq!(Scoped::parse(&bare), None);
+    }
+
+    #[test]
+    fn a_global_identity_spelled_like_a_scoped_key_is_not_that_key() {
+        let scope = OperationScope::new("billing", "op").expect("scope");
+        let acme = OperationKey::derive(&scope, Some("acme"), "m").expect("key");
+        let scoped = IdentityScope::Tenant.evidence_key("invoice:o-1", &acme);
+        let squatter = IdentityScope::Global.evidence_key(&scoped, &acme);
+        assert_ne!(squatter, scoped);
+        assert_eq!(Scoped::parse(&squatter), None);
+        assert_eq!(super::global_before_0_5(&squatter), Some(scoped.as_str()));
+        let plain = IdentityScope::Global.evidence_key("invoice:o-1", &acme);
+        assert_eq!(plain, "invoice:o-1");
+        assert_eq!(super::global_before_0_5(&plain), None);
     }
 }

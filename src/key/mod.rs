@@ -41,7 +41,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 pub use identity::IdentityScope;
-pub(crate) use identity::Scoped;
+pub(crate) use identity::{Scoped, global_before_0_5};
 pub use policy::KeyPolicy;
 pub use rule::KeyRule;
 pub use select::{JsonPointer, Select, WholeEvent};
@@ -129,10 +129,14 @@ impl OperationScope {
 }
 
 fn check_component(field: &'static str, value: &str) -> Result<(), ConfigError> {
-    if value.is_empty() || value.contains('#') || value.len() > MAX_COMPONENT_BYTES {
+    if value.is_empty()
+        || value.contains('#')
+        || value.len() > MAX_COMPONENT_BYTES
+        || value.chars().any(char::is_control)
+    {
         return Err(ConfigError::InvalidScope {
             field,
-            reason: "must be 1 to 256 bytes long and contain no '#'",
+            reason: "must be 1 to 256 bytes long and contain no '#' and no control character",
         });
     }
     Ok(())
@@ -174,7 +178,7 @@ impl OperationKey {
     ) -> Result<(Self, Option<Self>), Error> {
         if let Some(tenant) = tenant {
             check_component("tenant", tenant).map_err(|_| Error::InvalidEvent {
-                reason: "the tenant must be 1 to 256 bytes long and contain no '#'".into(),
+                reason: "the tenant must be 1 to 256 bytes long and contain no '#' and no control character".into(),
             })?;
         }
         if is_empty_material(material) {

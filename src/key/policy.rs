@@ -20,8 +20,24 @@ pub struct KeyPolicy<E> {
     key: Arc<dyn Select<E>>,
     intent: Arc<dyn Select<E>>,
     tenant: Option<Arc<ReadFn<E>>>,
+    /// Whether an event whose tenant selector answers `None` is keyed without a tenant.
+    tenant_optional: bool,
     identity: Option<Arc<ReadFn<E>>>,
     identity_scope: IdentityScope,
+    /// The key material 0.4 selected, where this policy selects another (an SQS policy scoped
+    /// by its producer).
+    key_as_0_4: Option<Arc<dyn Select<E>>>,
+}
+
+/// What [`KeyPolicy`] derived for one event.
+pub(crate) struct Derived {
+    pub(crate) key: OperationKey,
+    /// The key versions before 0.2 derived, when it was another.
+    pub(crate) earlier: Option<OperationKey>,
+    /// The key 0.4 derived for the event, when it is another: 0.4 never read Lambda's tenant
+    /// nor an SQS producer.
+    pub(crate) key_by_0_4: Option<OperationKey>,
+    pub(crate) fingerprint: Fingerprint,
 }
 
 impl<E: Serialize + 'static> KeyPolicy<E> {
@@ -58,9 +74,19 @@ impl<E: 'static> KeyPolicy<E> {
             key: Arc::new(key),
             intent: Arc::new(intent),
             tenant: None,
+            tenant_optional: false,
             identity: None,
             identity_scope: IdentityScope::default(),
+            key_as_0_4: None,
         }
+    }
+
+    /// The same policy, naming the key material 0.4 selected for an event where this one
+    /// selects another: the engine answers a redelivery that 0.4 recorded there
+    /// ([`ConfigBuilder::keyed_by_0_4_before`](crate::config::ConfigBuilder::keyed_by_0_4_before)).
+    pub(crate) fn with_key_as_0_4(mut self, key: impl Select<E> + 'static) -> Self {
+        self.key_as_0_4 = Some(Arc::new(key));
+        self
     }
 
     /// Chooses the intent projection used for the fingerprint (default: the whole event).
@@ -69,12 +95,40 @@ impl<E: 'static> KeyPolicy<E> {
         self
     }
 
-    /// Puts each operation under the tenant this closure reads from the event.
+    /// Puts each operation under the tenant this closure reads from the event. An event for
+    /// which it answers `None` is refused ([`Error::TenantMissing`]): it would otherwise share
+    /// the untenanted scope with every other such event. When Lambda's tenant isolation mode
+    /// gives the invocation a tenant, that tenant scopes the operation instead, on every door
+    /// (Lambda isolates it; an event cannot forge it).
     pub fn with_tenant(
         mut self,
         tenant: impl Fn(&E) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
         self.tenant = Some(Arc::new(tenant));
+        self.tenant_optional = false;
+        self
+    }
+
+    /// As [`Self::with_tenant`], but an event for which the closure answers `None` is keyed in
+    /// the untenanted scope (shared by every such event) instead of refused: for functions
+    /// that serve tenants and the platform alike.
+    ///
+    /// ```
+    /// use lambda_idempotency::KeyPolicy;
+    /// use serde_json::Value;
+    ///
+    /// let policy = KeyPolicy::<Value>::pointer("/order_id")?.with_optional_tenant(|event| {
+    ///     event["tenant"].as_str().map(str::to_owned)
+    /// });
+    /// # let _ = policy;
+    /// # Ok::<(), lambda_idempotency::ConfigError>(())
+    /// ```
+    pub fn with_optional_tenant(
+        mut self,
+        tenant: impl Fn(&E) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.tenant = Some(Arc::new(tenant));
+        self.tenant_optional = true;
         self
     }
 
@@ -110,8 +164,23 @@ impl<E> KeyPolicy<E> {
         event: &E,
         lease: Duration,
     ) -> Result<Invocation, Error> {
-        let (key, earlier, fingerprint) = self.derive_with_earlier(scope, event)?;
-        let invocation = Invocation::new(key, fingerprint, lease).with_earlier_key(earlier);
+        self.invocation_for_tenant(scope, event, lease, None)
+    }
+
+    /// [`Self::invocation`] under the tenant Lambda's tenant isolation mode gave the
+    /// invocation, if it gave one: that tenant scopes the key (and the identity's evidence)
+    /// instead of the policy's.
+    pub(crate) fn invocation_for_tenant(
+        &self,
+        scope: &OperationScope,
+        event: &E,
+        lease: Duration,
+        context_tenant: Option<&str>,
+    ) -> Result<Invocation, Error> {
+        let derived = self.derive_for_tenant(scope, event, context_tenant)?;
+        let invocation = Invocation::new(derived.key, derived.fingerprint, lease)
+            .with_earlier_key(derived.earlier)
+            .with_key_by_0_4(derived.key_by_0_4);
         match self.identity.as_ref().and_then(|identity| identity(event)) {
             None => Ok(invocation),
             Some(identity) => Ok(invocation
@@ -124,29 +193,75 @@ impl<E> KeyPolicy<E> {
     ///
     /// # Errors
     /// [`Error::MissingKey`] when the key material is absent or empty; [`Error::InvalidEvent`]
-    /// when the event cannot be serialized or the tenant is malformed.
+    /// when the event cannot be serialized or the tenant is malformed;
+    /// [`Error::TenantMissing`] when the tenant selector finds none and tenants are not
+    /// optional ([`Self::with_optional_tenant`]).
     pub fn derive(
         &self,
         scope: &OperationScope,
         event: &E,
     ) -> Result<(OperationKey, Fingerprint), Error> {
-        let (key, _, fingerprint) = self.derive_with_earlier(scope, event)?;
-        Ok((key, fingerprint))
+        let derived = self.derive_for_tenant(scope, event, None)?;
+        Ok((derived.key, derived.fingerprint))
     }
 
-    /// [`Self::derive`], with the key versions before 0.2 derived when it was another.
-    fn derive_with_earlier(
+    /// The tenant the policy reads from `event`: `Ok(None)` when it reads none (no selector,
+    /// or an optional tenant absent).
+    fn policy_tenant(&self, scope: &OperationScope, event: &E) -> Result<Option<String>, Error> {
+        let Some(select) = &self.tenant else {
+            return Ok(None);
+        };
+        match select(event) {
+            Some(tenant) => Ok(Some(tenant)),
+            None if self.tenant_optional => Ok(None),
+            None => Err(Error::TenantMissing {
+                operation: scope.operation.clone(),
+            }),
+        }
+    }
+
+    /// [`Self::derive`] under Lambda's tenant when the context gives one, with the earlier
+    /// keys a compatibility rule may look under.
+    pub(crate) fn derive_for_tenant(
         &self,
         scope: &OperationScope,
         event: &E,
-    ) -> Result<(OperationKey, Option<OperationKey>, Fingerprint), Error> {
+        context_tenant: Option<&str>,
+    ) -> Result<Derived, Error> {
         let material = self.key.select(event)?.ok_or_else(|| Error::MissingKey {
             operation: scope.operation.clone(),
         })?;
-        let tenant = self.tenant.as_ref().and_then(|tenant| tenant(event));
-        let (key, earlier) = OperationKey::with_earlier(scope, tenant.as_deref(), &material)?;
         let intent = self.intent.select(event)?.unwrap_or(Value::Null);
-        Ok((key, earlier, Fingerprint::of_value(&intent)?))
+        let fingerprint = Fingerprint::of_value(&intent)?;
+        let (tenant, tenant_by_0_4) = match context_tenant {
+            // 0.4 ignored Lambda's tenant: an event the policy cannot key without it had none.
+            Some(tenant) => (
+                Some(tenant.to_owned()),
+                self.policy_tenant(scope, event).ok(),
+            ),
+            None => {
+                let tenant = self.policy_tenant(scope, event)?;
+                (tenant.clone(), Some(tenant))
+            }
+        };
+        let (key, earlier) = OperationKey::with_earlier(scope, tenant.as_deref(), &material)?;
+        let material_by_0_4 = match &self.key_as_0_4 {
+            Some(select) => select.select(event).ok().flatten(),
+            None => Some(material),
+        };
+        let key_by_0_4 = tenant_by_0_4
+            .zip(material_by_0_4)
+            .and_then(|(tenant, material)| {
+                OperationKey::with_earlier(scope, tenant.as_deref(), &material).ok()
+            })
+            .map(|(by_0_4, _)| by_0_4)
+            .filter(|by_0_4| *by_0_4 != key);
+        Ok(Derived {
+            key,
+            earlier,
+            key_by_0_4,
+            fingerprint,
+        })
     }
 }
 
@@ -156,8 +271,10 @@ impl<E> Clone for KeyPolicy<E> {
             key: Arc::clone(&self.key),
             intent: Arc::clone(&self.intent),
             tenant: self.tenant.clone(),
+            tenant_optional: self.tenant_optional,
             identity: self.identity.clone(),
             identity_scope: self.identity_scope,
+            key_as_0_4: self.key_as_0_4.clone(),
         }
     }
 }
@@ -166,6 +283,7 @@ impl<E> fmt::Debug for KeyPolicy<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyPolicy")
             .field("tenant", &self.tenant.is_some())
+            .field("tenant_optional", &self.tenant_optional)
             .field("identity", &self.identity.is_some())
             .field("identity_scope", &self.identity_scope)
             .finish_non_exhaustive()

@@ -182,9 +182,12 @@ impl<E> Operation<E> {
         let now = self.idem.now();
         let deadline = context.and_then(|context| deadline_of(context, now));
         let lease = self.lease.lease(deadline, now);
+        // Lambda's tenant isolation mode names the invocation's tenant in its context: it
+        // scopes the operation on every door, whatever the event says.
+        let tenant = context.and_then(|context| context.tenant_id.as_deref());
         let invocation = self
             .policy
-            .invocation(&self.scope, payload, lease)?
+            .invocation_for_tenant(&self.scope, payload, lease, tenant)?
             .with_clock_skew(self.lease.skew);
         let invocation = match context {
             Some(context) => invocation.with_request_id(context.request_id.clone()),

@@ -464,3 +464,48 @@ async fn retry_after_is_the_leases_remaining_time_and_never_above_905_s() {
         assert_eq!(runs.load(Ordering::SeqCst), 0);
     }
 }
+
+#[tokio::test]
+async fn a_replayed_event_response_carries_no_cookie_of_the_first() {
+    let (http, _db) = endpoint().await;
+    let runs = AtomicUsize::new(0);
+    let with_cookie = |request| {
+        let runs = &runs;
+        async move {
+            let mut answer = pay(runs, 201, request).await?;
+            answer.headers.append(
+                "set-cookie",
+                "session=ev3nt-c00kie; Secure".parse().expect("cookie"),
+            );
+            answer
+                .headers
+                .append("x-request-trace", "t-1".parse().expect("header"));
+            Ok::<_, std::io::Error>(answer)
+        }
+    };
+
+    let first = http
+        .handle(request(Some("k-cookie"), json!({"amount": 5})), |r, _| {
+            with_cookie(r)
+        })
+        .await;
+    let again = http
+        .handle(request(Some("k-cookie"), json!({"amount": 5})), |r, _| {
+            with_cookie(r)
+        })
+        .await;
+
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        header(&first, "set-cookie"),
+        Some("session=ev3nt-c00kie; Secure")
+    );
+    assert_eq!(header(&again, "idempotent-replayed"), Some("true"));
+    assert_eq!(
+        header(&again, "set-cookie"),
+        None,
+        "withheld from the replay"
+    );
+    assert_eq!(header(&again, "x-request-trace"), Some("t-1"));
+    assert_eq!(body(&again), body(&first));
+}

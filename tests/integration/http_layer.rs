@@ -13,7 +13,7 @@ use lambda_idempotency::HttpKeys;
 use lambda_idempotency::Operation;
 use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::lambda::LeasePolicy;
-use lambda_idempotency::lambda::http::{CallerScope, REPLAYED_HEADER};
+use lambda_idempotency::lambda::http::{CallerScope, REPLAYED_HEADER, StoreHeaders};
 use lambda_idempotency::lambda::sources;
 use lambda_idempotency::testing::conformance::start_time;
 use lambda_idempotency::testing::dynamo;
@@ -248,7 +248,7 @@ fn values(response: &http::Response<Body>, name: &str) -> Vec<String> {
 }
 
 #[tokio::test]
-async fn a_replay_keeps_status_every_header_value_and_the_body() {
+async fn a_replay_keeps_status_every_stored_header_value_and_the_body() {
     let mut endpoint = endpoint(CallerScope::Principal).await;
     let request = || {
         v2(
@@ -267,9 +267,11 @@ async fn a_replay_keeps_status_every_header_value_and_the_body() {
     assert_eq!(first.status(), StatusCode::CREATED);
     assert_eq!(replay.status(), StatusCode::CREATED);
     assert_eq!(
-        values(&replay, "set-cookie"),
+        values(&first, "set-cookie"),
         ["session=a; Path=/", "theme=dark"]
     );
+    // Cookies are withheld from storage, so from the replay (WITHHELD_HEADERS).
+    assert!(values(&replay, "set-cookie").is_empty());
     assert_eq!(values(&replay, "x-trace"), ["one", "two"]);
     assert_eq!(body_bytes(&replay), body_bytes(&first), "the same bytes");
     assert_eq!(values(&replay, REPLAYED_HEADER), ["true"]);
@@ -721,4 +723,281 @@ async fn the_same_body_under_another_content_type_is_another_request() {
     assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(error_code(&other), "idempotency_key_reused");
     assert_eq!(endpoint.runs(), 1);
+}
+
+/// The endpoint `/payments` (a cookie, a session token, another header) on `store`, its
+/// response opting `opt_in` in.
+fn cookie_endpoint(
+    store: lambda_idempotency::store::AnyStore,
+    clock: ManualClock,
+    opt_in: Option<StoreHeaders>,
+) -> (
+    lambda_idempotency::lambda::http::HttpIdempotencyService<Router>,
+    Arc<AtomicUsize>,
+) {
+    let idem = Idempotency::new(store).with_clock(clock);
+    let scope = OperationScope::new("http-layer", "sessions").expect("scope");
+    let layer = Operation::new(idem, scope, HttpKeys::new().policy()).http_layer();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let sessions = move || {
+        let runs = Arc::clone(&counted);
+        let opt_in = opt_in.clone();
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let mut response = http::Response::new(Body::Text(r#"{"session":"created"}"#.into()));
+            *response.status_mut() = StatusCode::CREATED;
+            let headers = response.headers_mut();
+            headers.append(
+                "set-cookie",
+                "session=c00k1e-v4lue; Path=/; HttpOnly"
+                    .parse()
+                    .expect("cookie"),
+            );
+            headers.append(
+                "x-amz-security-token",
+                "t0k3n-v4lue".parse().expect("token"),
+            );
+            headers.append("x-trace", "kept".parse().expect("header"));
+            if let Some(opt_in) = opt_in {
+                response.extensions_mut().insert(opt_in);
+            }
+            response
+        }
+    };
+    let router = Router::new().route("/payments", post(sessions));
+    (lambda_runtime::tower::Layer::layer(&layer, router), runs)
+}
+
+async fn call(
+    service: &mut lambda_idempotency::lambda::http::HttpIdempotencyService<Router>,
+    request: Request,
+) -> http::Response<Body> {
+    service
+        .ready()
+        .await
+        .expect("ready")
+        .call(request)
+        .await
+        .expect("answer")
+}
+
+/// The record of the request as the store reads it back, its outcome as text.
+async fn stored_outcome(store: &lambda_idempotency::store::AnyStore, request: &Request) -> String {
+    use lambda_idempotency::store::Store;
+    let scope = OperationScope::new("http-layer", "sessions").expect("scope");
+    let (key, _) = HttpKeys::new()
+        .policy()
+        .derive(&scope, request)
+        .expect("a key");
+    let record = store.get(&key).await.expect("read").expect("a record");
+    String::from_utf8(record.outcome.expect("an outcome")).expect("JSON text")
+}
+
+#[tokio::test]
+async fn a_cookie_reaches_the_first_caller_only_and_is_never_stored() {
+    for backend in super::backends::both().await {
+        let name = backend.name;
+        let (mut service, runs) = cookie_endpoint(backend.store.clone(), backend.clock, None);
+        let request = || v2("POST", "/payments", Some("k-cookie"), Some("alice"), "{}");
+
+        let first = call(&mut service, request()).await;
+        let replay = call(&mut service, request()).await;
+        let outcome = stored_outcome(&backend.store, &request()).await;
+
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}: ran once");
+        assert_eq!(
+            values(&first, "set-cookie"),
+            ["session=c00k1e-v4lue; Path=/; HttpOnly"],
+            "{name}: the first caller gets its cookie"
+        );
+        assert_eq!(values(&first, "x-amz-security-token"), ["t0k3n-v4lue"]);
+        assert_eq!(values(&replay, REPLAYED_HEADER), ["true"], "{name}");
+        assert!(
+            values(&replay, "set-cookie").is_empty(),
+            "{name}: no cookie replayed"
+        );
+        assert!(values(&replay, "x-amz-security-token").is_empty(), "{name}");
+        assert_eq!(
+            values(&replay, "x-trace"),
+            ["kept"],
+            "{name}: the other headers"
+        );
+        assert_eq!(body_bytes(&replay), body_bytes(&first), "{name}");
+        assert!(
+            outcome.contains("x-trace"),
+            "{name}: the record read is the response: {outcome}"
+        );
+        assert!(
+            !outcome.contains("c00k1e") && !outcome.contains("set-cookie"),
+            "{name}: no cookie stored: {outcome}"
+        );
+        assert!(
+            !outcome.contains("t0k3n"),
+            "{name}: no token stored: {outcome}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_raw_dynamodb_item_holds_no_cookie() {
+    let db = dynamo::start().await;
+    let clock = ManualClock::new(start_time());
+    let store = lambda_idempotency::store::AnyStore::new(db.store());
+    let (mut service, _) = cookie_endpoint(store, clock, None);
+    let request = || v2("POST", "/payments", Some("k-raw"), Some("alice"), "{}");
+
+    let first = call(&mut service, request()).await;
+    let items = db
+        .client
+        .scan()
+        .table_name(&db.table)
+        .send()
+        .await
+        .expect("scan")
+        .items
+        .unwrap_or_default();
+
+    assert_eq!(values(&first, "set-cookie").len(), 1);
+    assert_eq!(items.len(), 1, "one record");
+    let item = format!("{:?}", items[0]);
+    // A small outcome is stored uncompressed, as text or as bytes.
+    let outcome = match items[0].get("outcome") {
+        Some(aws_sdk_dynamodb::types::AttributeValue::S(text)) => text.clone(),
+        Some(aws_sdk_dynamodb::types::AttributeValue::B(bytes)) => {
+            String::from_utf8_lossy(bytes.as_ref()).into_owned()
+        }
+        _ => panic!("no outcome: {item}"),
+    };
+    assert!(outcome.contains("x-trace"), "{outcome}");
+    assert!(
+        !outcome.contains("c00k1e") && !outcome.contains("t0k3n"),
+        "{outcome}"
+    );
+    assert!(
+        !item.contains("c00k1e") && !item.contains("t0k3n"),
+        "{item}"
+    );
+}
+
+#[tokio::test]
+async fn a_cookie_the_response_opts_in_is_stored_and_replayed() {
+    for backend in super::backends::both().await {
+        let name = backend.name;
+        let opt_in = StoreHeaders::new().with(http::header::SET_COOKIE);
+        let (mut service, _) = cookie_endpoint(backend.store.clone(), backend.clock, Some(opt_in));
+        let request = || v2("POST", "/payments", Some("k-opted"), Some("alice"), "{}");
+
+        let first = call(&mut service, request()).await;
+        let replay = call(&mut service, request()).await;
+        let outcome = stored_outcome(&backend.store, &request()).await;
+
+        assert_eq!(
+            values(&first, "set-cookie"),
+            values(&replay, "set-cookie"),
+            "{name}"
+        );
+        assert_eq!(
+            values(&replay, "set-cookie"),
+            ["session=c00k1e-v4lue; Path=/; HttpOnly"],
+            "{name}"
+        );
+        assert!(
+            outcome.contains("c00k1e"),
+            "{name}: stored, as opted: {outcome}"
+        );
+        assert!(
+            values(&replay, "x-amz-security-token").is_empty(),
+            "{name}: not opted in"
+        );
+        assert!(!outcome.contains("t0k3n"), "{name}: {outcome}");
+    }
+}
+
+/// A terminal failure whose message is huge: the FAILED record keeps a bounded start of it,
+/// and no caller sees it.
+#[tokio::test]
+async fn a_huge_handler_error_is_stored_cut_to_its_limit_on_dynamodb() {
+    use lambda_idempotency::config::MAX_FAILURE_MESSAGE_BYTES;
+    use lambda_idempotency::failure::Terminal;
+    use lambda_idempotency::record::{RetainedFailure, Status};
+    use lambda_idempotency::store::Store;
+
+    let db = dynamo::start().await;
+    let idem = Idempotency::new(db.store());
+    let scope = OperationScope::new("http-layer", "payments").expect("scope");
+    let layer = Operation::new(idem, scope.clone(), HttpKeys::new().policy()).http_layer();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    // 2 MB of error text, past DynamoDB's item limit, different at its end.
+    let message = format!("{}card 4111 declined", "why ".repeat(512 * 1024));
+    let failing = message.clone();
+    let inner = lambda_runtime::tower::service_fn(move |_: Request| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        let failing = failing.clone();
+        async move {
+            Err::<http::Response<Body>, _>(lambda_idempotency::BoxError::from(Terminal::new(
+                "card_declined",
+                failing,
+            )))
+        }
+    });
+    let mut service = lambda_runtime::tower::Layer::layer(&layer, inner);
+    let request = || v2("POST", "/payments", Some("k-huge"), Some("alice"), "{}");
+
+    let first = service
+        .ready()
+        .await
+        .expect("ready")
+        .call(request())
+        .await
+        .expect("answer");
+    let retry = service
+        .ready()
+        .await
+        .expect("ready")
+        .call(request())
+        .await
+        .expect("answer");
+    let (key, _) = HttpKeys::new()
+        .policy()
+        .derive(&scope, &request())
+        .expect("key");
+    let record = db.store().get(&key).await.expect("read").expect("a record");
+    let item = db
+        .client
+        .get_item()
+        .table_name(&db.table)
+        .key(
+            "pk",
+            aws_sdk_dynamodb::types::AttributeValue::S(key.as_str().to_owned()),
+        )
+        .send()
+        .await
+        .expect("get")
+        .item
+        .expect("the item");
+
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "retained, not run again");
+    for answer in [&first, &retry] {
+        assert_eq!(answer.status(), StatusCode::CONFLICT);
+        assert_eq!(error_code(answer), "operation_previously_failed");
+        assert!(!String::from_utf8_lossy(&body_bytes(answer)).contains("why why"));
+    }
+    assert_eq!(record.status, Status::Failed);
+    let failure: RetainedFailure =
+        serde_json::from_slice(&record.outcome.expect("the failure")).expect("a retained failure");
+    assert!(
+        failure.message.len() <= MAX_FAILURE_MESSAGE_BYTES
+            && failure.message.len() > MAX_FAILURE_MESSAGE_BYTES - 4,
+        "{} bytes kept",
+        failure.message.len()
+    );
+    assert!(message.starts_with(&failure.message), "its start");
+    assert!(!failure.message.contains("4111"), "its end is cut");
+    assert!(
+        dynamo::item_size(&item) < 2 * MAX_FAILURE_MESSAGE_BYTES,
+        "the raw item is small: {} bytes",
+        dynamo::item_size(&item)
+    );
 }

@@ -3,6 +3,7 @@
 use std::process::{Command, Output};
 use std::time::{Duration, SystemTime};
 
+use aws_sdk_dynamodb::types::AttributeValue;
 use lambda_idempotency::clock::ManualClock;
 use lambda_idempotency::reconcile::{Reconciliation, Takeover};
 use lambda_idempotency::testing::conformance::crash_after_claim;
@@ -11,6 +12,7 @@ use lambda_idempotency::{
     BoxError, Config, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope,
 };
 use serde_json::{Value, json};
+use sha2::Digest;
 
 fn invocation(material: &str) -> Invocation {
     let scope = OperationScope::new("cli-test", "charge").expect("scope");
@@ -22,18 +24,46 @@ fn invocation(material: &str) -> Invocation {
     )
 }
 
+/// An endpoint nothing listens on: STS out of reach (and never AWS's own).
+fn unreachable() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let port = listener.local_addr().expect("its address").port();
+    drop(listener);
+    format!("http://127.0.0.1:{port}")
+}
+
+/// idemctl on the embedded server, STS out of reach.
 fn idemctl(db: &dynamo::Dynamo, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idemctl"))
+    idemctl_with(db, args, &unreachable(), None)
+}
+
+/// idemctl on the embedded server, STS at `sts`, `stdin` typed in (none: no input).
+fn idemctl_with(db: &dynamo::Dynamo, args: &[&str], sts: &str, stdin: Option<&str>) -> Output {
+    use std::io::Write;
+    use std::process::Stdio;
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idemctl"))
         .args(args)
         .env("DYNAMODB_ENDPOINT", &db.endpoint)
+        .env("AWS_ENDPOINT_URL_STS", sts)
         .env("IDEMPOTENCY_TABLE", &db.table)
         .env("UNIQUENESS_TABLE", &db.uniqueness_table)
         .env("AWS_ACCESS_KEY_ID", "test")
         .env("AWS_SECRET_ACCESS_KEY", "test")
         .env("AWS_REGION", "us-east-1")
         .env("AWS_EC2_METADATA_DISABLED", "true")
-        .output()
-        .expect("idemctl runs")
+        .env_remove("AWS_PROFILE")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("idemctl runs");
+    let mut input = child.stdin.take().expect("stdin");
+    if let Some(text) = stdin {
+        input.write_all(text.as_bytes()).expect("typed");
+    }
+    drop(input);
+    child.wait_with_output().expect("idemctl ends")
 }
 
 fn stdout(output: &Output) -> String {
@@ -123,7 +153,7 @@ async fn an_operator_finds_and_resolves_stuck_work() {
             "24h",
             "--completed",
             &path,
-            "--by",
+            "--operator",
             "alice",
             "--yes",
         ],
@@ -146,7 +176,7 @@ async fn an_operator_finds_and_resolves_stuck_work() {
             "--retention",
             "24h",
             "--release",
-            "--by",
+            "--operator",
             "alice",
             "--yes",
         ],
@@ -164,7 +194,7 @@ async fn an_operator_finds_and_resolves_stuck_work() {
             "--retention",
             "24h",
             "--release",
-            "--by",
+            "--operator",
             "alice",
         ],
     );
@@ -272,7 +302,7 @@ async fn an_operator_resolves_every_held_state_on_a_single_table_layout_and_leav
         "--retention",
         "24h",
         "--release",
-        "--by",
+        "--operator",
         "bob",
         "--reason",
         "no charge at the provider",
@@ -293,7 +323,10 @@ async fn an_operator_resolves_every_held_state_on_a_single_table_layout_and_leav
     );
     let shown: Value = serde_json::from_str(&stdout(&cli(&["get", "--key", &key]))).expect("JSON");
     assert_eq!(shown["status"], "FAILED");
-    assert_eq!(shown["audit"]["by"], "bob");
+    assert_eq!(
+        shown["audit"]["by"], "unverified:bob",
+        "STS is out of reach: the name given is recorded as unverified"
+    );
     assert_eq!(shown["audit"]["action"], "released from IN_PROGRESS");
     assert_eq!(shown["audit"]["reason"], "no charge at the provider");
     let gone = cli(&["get", "--identity", &identity]);
@@ -324,7 +357,7 @@ async fn an_operator_resolves_every_held_state_on_a_single_table_layout_and_leav
         "24h",
         "--completed",
         &path,
-        "--by",
+        "--operator",
         "bob",
         "--yes",
     ]));
@@ -346,7 +379,7 @@ async fn an_operator_resolves_every_held_state_on_a_single_table_layout_and_leav
         "24h",
         "--completed",
         &unchecked.to_string_lossy(),
-        "--by",
+        "--operator",
         "bob",
         "--yes",
     ]);
@@ -456,7 +489,7 @@ async fn a_release_names_the_steps_it_runs_again() {
             "--retention",
             "24h",
             "--release",
-            "--by",
+            "--operator",
             "carol",
             "--yes",
         ],
@@ -471,4 +504,405 @@ async fn a_release_names_the_steps_it_runs_again() {
         said.contains("new event id"),
         "and what consumers see: {said}"
     );
+}
+
+/// The trace names the caller as AWS identifies it: STS `GetCallerIdentity` (moto's, on
+/// loopback), never `$USER` or a name typed in. When STS cannot be reached, nothing is written
+/// unless `--operator` is passed (then recorded as `unverified:NAME`, as the other cases here
+/// show); `--by` is gone. The confirmation shows exactly what is written: the outcome's bytes
+/// and digest, the retention and the trace, and `n` leaves the record as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_trace_names_the_caller_as_aws_identifies_it() {
+    let db = dynamo::start().await;
+    let moto = lambda_idempotency::testing::moto::start()
+        .await
+        .expect("moto's server");
+    let arn = aws_sdk_sts::Client::new(&moto.sdk_config())
+        .get_caller_identity()
+        .send()
+        .await
+        .expect("moto answers")
+        .arn()
+        .expect("an ARN")
+        .to_owned();
+    let clock = ManualClock::new(SystemTime::now() - Duration::from_secs(3600));
+    let idem = Idempotency::new(db.store()).with_clock(clock.clone());
+    let held = invocation("sts");
+    crash_after_claim(&idem, &held).await;
+    let key = held.key().as_str().to_owned();
+    let result = std::env::temp_dir().join(format!("idemctl-sts-{}.json", std::process::id()));
+    std::fs::write(&result, r#"{"charged": "ch_9"}"#).expect("write");
+    let path = result.to_string_lossy().to_string();
+    let resolve = |extra: &[&str]| {
+        let mut args = vec![
+            "resolve",
+            "--key",
+            &key,
+            "--retention",
+            "2h",
+            "--completed",
+            &path,
+            "--reason",
+            "checked the ledger",
+        ];
+        args.extend_from_slice(extra);
+        args.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let status = || async {
+        let shown: Value =
+            serde_json::from_str(&stdout(&idemctl(&db, &["get", "--key", &key]))).expect("JSON");
+        shown["status"].as_str().expect("status").to_owned()
+    };
+    fn args(args: &[String]) -> Vec<&str> {
+        args.iter().map(String::as_str).collect()
+    }
+
+    let by = idemctl_with(
+        &db,
+        &args(&resolve(&["--by", "alice", "--yes"])),
+        &moto.endpoint,
+        None,
+    );
+    assert!(!by.status.success());
+    assert!(String::from_utf8_lossy(&by.stderr).contains("--by is gone"));
+
+    let unknown = idemctl(&db, &args(&resolve(&["--yes"])));
+    assert!(!unknown.status.success(), "STS out of reach, no --operator");
+    let said = String::from_utf8_lossy(&unknown.stderr);
+    assert!(said.contains("AWS cannot say who you are"), "{said}");
+    assert_eq!(status().await, "IN_PROGRESS", "nothing was written");
+
+    let declined = idemctl_with(&db, &args(&resolve(&[])), &moto.endpoint, Some("n\n"));
+    assert!(!declined.status.success(), "not confirmed");
+    let prompt = String::from_utf8_lossy(&declined.stderr);
+    let outcome = br#"{"charged":"ch_9"}"#;
+    let digest = hex::encode(sha2::Sha256::digest(outcome));
+    for line in [
+        format!("record     {key}"),
+        "status     COMPLETED".to_owned(),
+        format!(
+            "outcome    {} bytes, sha256 {digest}: {{\"charged\":\"ch_9\"}}",
+            outcome.len()
+        ),
+        "kept       2h from the write".to_owned(),
+        format!("trace by   {arn}"),
+        "trace what completed from IN_PROGRESS".to_owned(),
+        "trace why  checked the ledger".to_owned(),
+    ] {
+        assert!(
+            prompt.contains(&line),
+            "the prompt shows `{line}`: {prompt}"
+        );
+    }
+    assert_eq!(
+        status().await,
+        "IN_PROGRESS",
+        "declined: nothing was written"
+    );
+
+    // With --operator too, AWS's answer is what the trace keeps.
+    stdout(&idemctl_with(
+        &db,
+        &args(&resolve(&["--operator", "alice", "--yes"])),
+        &moto.endpoint,
+        None,
+    ));
+    let shown: Value =
+        serde_json::from_str(&stdout(&idemctl(&db, &["get", "--key", &key]))).expect("JSON");
+    assert_eq!(shown["status"], "COMPLETED");
+    assert_eq!(shown["audit"]["by"], arn.as_str());
+    assert_eq!(shown["audit"]["reason"], "checked the ledger");
+    let _ = std::fs::remove_file(result);
+}
+
+/// Whether `c` would reach a terminal as something other than a character shown: controls
+/// (ANSI escapes, `\r`, C1) other than the output's own newlines, and bidirectional or
+/// invisible format characters.
+fn unsafe_char(c: char) -> bool {
+    (c.is_control() && c != '\n')
+        || matches!(
+            c,
+            '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}'
+        )
+}
+
+/// Everything idemctl prints from a table is escaped: keys, identities, operations, the
+/// trace's fields, in tables, JSON (which still parses to the stored strings) and the
+/// confirmation; and text an operator types with a control character is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idemctl_escapes_what_a_table_holds() {
+    use aws_sdk_dynamodb::types::AttributeValue as A;
+    use lambda_idempotency::record::epoch_millis;
+    use std::collections::HashMap;
+
+    let db = dynamo::start().await;
+    let hour_ago = epoch_millis(SystemTime::now() - Duration::from_secs(3600));
+    let n = |v: u64| A::N(v.to_string());
+    let s = |v: &str| A::S(v.to_owned());
+    let key = "hostile\u{1b}[31m#charge\r\u{202e}#v1#abc";
+    let by = "mallory\u{1b}]0;pwned\u{7}";
+    let action = "completed\r\u{1b}[2K from IN_PROGRESS";
+    let reason = "\u{202e}gnp.exe\u{9b}1m";
+    let identity = "hostile#id=\u{1b}[41minv\u{2066}";
+    let record = HashMap::from([
+        ("pk".to_owned(), s(key)),
+        ("status".to_owned(), s("INDETERMINATE")),
+        ("fingerprint".to_owned(), s(&"0".repeat(64))),
+        ("lease_token".to_owned(), s("t\u{1b}")),
+        ("attempt".to_owned(), n(2)),
+        ("lease_expires_at_ms".to_owned(), n(hour_ago)),
+        ("expires_at".to_owned(), n(hour_ago / 1000 + 86_400 * 2)),
+        ("created_at".to_owned(), n(hour_ago)),
+        ("completed_at".to_owned(), n(hour_ago)),
+        ("request_id".to_owned(), s("req\u{1b}[1A")),
+        ("identity".to_owned(), s("inv\u{9b}31m")),
+        (
+            "audit".to_owned(),
+            A::M(HashMap::from([
+                ("by".to_owned(), s(by)),
+                ("at".to_owned(), n(hour_ago)),
+                ("action".to_owned(), s(action)),
+                ("reason".to_owned(), s(reason)),
+            ])),
+        ),
+    ]);
+    db.client
+        .put_item()
+        .table_name(&db.table)
+        .set_item(Some(record))
+        .send()
+        .await
+        .expect("put");
+    let evidence = HashMap::from([
+        ("pk".to_owned(), s(identity)),
+        (
+            "operation_key".to_owned(),
+            s("hostile#charge\u{1b}[8m#v1#gone"),
+        ),
+        ("fingerprint".to_owned(), s(&"0".repeat(64))),
+        ("status".to_owned(), s("IN_PROGRESS")),
+        ("created_at".to_owned(), n(hour_ago)),
+    ]);
+    db.client
+        .put_item()
+        .table_name(&db.uniqueness_table)
+        .set_item(Some(evidence))
+        .send()
+        .await
+        .expect("put");
+
+    let clean = |output: &Output, what: &str| {
+        for stream in [&output.stdout, &output.stderr] {
+            let text = String::from_utf8_lossy(stream);
+            assert!(
+                !text.chars().any(unsafe_char),
+                "{what} prints a raw control or bidi character: {text:?}"
+            );
+        }
+    };
+    let get = idemctl(&db, &["get", "--key", key]);
+    clean(&get, "get --key");
+    let shown: Value = serde_json::from_str(&stdout(&get)).expect("JSON");
+    assert_eq!(shown["key"], key, "JSON parses back to the stored strings");
+    assert_eq!(shown["audit"]["by"], by);
+    assert_eq!(shown["audit"]["action"], action);
+    assert_eq!(shown["audit"]["reason"], reason);
+    assert_eq!(shown["identity"], "inv\u{9b}31m");
+
+    let get = idemctl(&db, &["get", "--identity", identity]);
+    clean(&get, "get --identity");
+    let shown: Value = serde_json::from_str(&stdout(&get)).expect("JSON");
+    assert_eq!(shown["identity"], identity);
+
+    for args in [
+        &["stuck", "--older-than", "1m"][..],
+        &["stuck", "--older-than", "1m", "--json"],
+        &["stats"],
+        &["stats", "--json"],
+    ] {
+        let output = idemctl(&db, args);
+        clean(&output, &args.join(" "));
+        let text = stdout(&output);
+        assert!(text.contains("charge"), "{args:?} lists it: {text}");
+        if args == ["stats"] {
+            assert!(text.contains("charge\\u{d}\\u{202e}"), "escaped: {text}");
+        }
+        if !args.contains(&"--json") && args[0] == "stuck" {
+            assert!(
+                text.contains("hostile\\u{1b}[31m#charge\\u{d}\\u{202e}#v1#abc"),
+                "escaped, readable: {text}"
+            );
+        }
+    }
+    let listed = stdout(&idemctl(&db, &["stuck", "--older-than", "1m", "--json"]));
+    let keys: Vec<Value> = listed
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).expect("JSON line"))
+        .collect();
+    assert!(keys.iter().any(|line| line["key"] == key), "{listed}");
+    assert!(
+        keys.iter().any(|line| line["identity"] == identity),
+        "{listed}"
+    );
+
+    // The confirmation, declined: escaped too.
+    let prompt = idemctl_with(
+        &db,
+        &[
+            "resolve",
+            "--key",
+            key,
+            "--retention",
+            "24h",
+            "--release",
+            "--operator",
+            "ops",
+        ],
+        &unreachable(),
+        Some("n\n"),
+    );
+    assert!(!prompt.status.success());
+    clean(&prompt, "resolve's confirmation");
+    let said = String::from_utf8_lossy(&prompt.stderr);
+    assert!(said.contains("trace by   unverified:ops"), "{said}");
+    assert!(
+        said.contains("trace what released from INDETERMINATE"),
+        "{said}"
+    );
+
+    let typed = idemctl(
+        &db,
+        &[
+            "resolve",
+            "--key",
+            key,
+            "--retention",
+            "24h",
+            "--release",
+            "--operator",
+            "ops",
+            "--reason",
+            "fine\u{1b}[1A",
+            "--yes",
+        ],
+    );
+    assert!(
+        !typed.status.success(),
+        "a reason with an escape is refused"
+    );
+    clean(&typed, "the refusal");
+}
+
+/// Every resolution is on the audit trail before it is written, with its result after, and the
+/// trail outlives the next claim of the operation and its record's TTL: it is kept in the
+/// uniqueness table (no TTL, no claim touches it), under keys no function's role may write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolution_stays_on_the_audit_trail_after_the_next_claim_and_ttl() {
+    let clock = ManualClock::new(SystemTime::now() - Duration::from_secs(3600));
+    let db = dynamo::start_with_clock(clock.clone()).await;
+    let idem = Idempotency::new(db.store()).with_clock(clock.clone());
+    let held = invocation("audited");
+    crash_after_claim(&idem, &held).await;
+    clock.advance(Duration::from_secs(60));
+    let key = held.key().as_str().to_owned();
+
+    stdout(&idemctl(
+        &db,
+        &[
+            "resolve",
+            "--key",
+            &key,
+            "--retention",
+            "1s",
+            "--release",
+            "--operator",
+            "alice",
+            "--reason",
+            "provider shows no charge",
+            "--yes",
+        ],
+    ));
+    // The next delivery claims afresh and completes; the released record then expires and
+    // TTL deletes it.
+    let rerun = idem
+        .execute(&held, |_| async { Ok::<_, std::io::Error>(json!("ran")) })
+        .await
+        .expect("runs after the release");
+    assert!(!rerun.is_replay());
+    clock.advance(Duration::from_secs(2 * 24 * 3600));
+    assert!(db.sweep().await >= 1, "TTL deleted the operation's record");
+
+    let trail = db
+        .client
+        .scan()
+        .table_name(&db.uniqueness_table)
+        .filter_expression("begins_with(pk, :audit)")
+        .expression_attribute_values(":audit", AttributeValue::S("#audit#".into()))
+        .send()
+        .await
+        .expect("scan");
+    let items = trail.items();
+    let attempt = items
+        .iter()
+        .find(|item| item.get("event") == Some(&AttributeValue::S("resolution".into())))
+        .expect("the attempt is on the trail");
+    let text = |name: &str| {
+        attempt
+            .get(name)
+            .and_then(|value| value.as_s().ok())
+            .cloned()
+    };
+    assert_eq!(text("target").as_deref(), Some(key.as_str()));
+    assert_eq!(text("by").as_deref(), Some("unverified:alice"));
+    assert_eq!(text("reason").as_deref(), Some("provider shows no charge"));
+    assert!(
+        attempt
+            .get("writes")
+            .and_then(|writes| writes.as_l().ok())
+            .is_some_and(|writes| !writes.is_empty()),
+        "the trail keeps what the resolution wrote"
+    );
+    let result = items
+        .iter()
+        .find(|item| item.get("event") == Some(&AttributeValue::S("resolution_result".into())))
+        .expect("the result is on the trail");
+    assert_eq!(result.get("resolved"), Some(&AttributeValue::Bool(true)));
+    assert_eq!(items.len(), 2);
+
+    // The stuck check's evidence scan passes the trail by.
+    let (evidence, skipped, _) = db
+        .store()
+        .scan_unsettled_evidence(None)
+        .await
+        .expect("evidence scan");
+    assert_eq!((evidence.len(), skipped), (0, 0));
+}
+
+#[tokio::test]
+async fn a_resolution_without_a_uniqueness_table_needs_to_say_so() {
+    let db = dynamo::start().await;
+    let output = Command::new(env!("CARGO_BIN_EXE_idemctl"))
+        .args([
+            "resolve",
+            "--key",
+            "ns#op#v1#00",
+            "--retention",
+            "24h",
+            "--release",
+            "--operator",
+            "alice",
+            "--yes",
+        ])
+        .env("DYNAMODB_ENDPOINT", &db.endpoint)
+        .env("AWS_ENDPOINT_URL_STS", unreachable())
+        .env("IDEMPOTENCY_TABLE", &db.table)
+        .env_remove("UNIQUENESS_TABLE")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .output()
+        .expect("idemctl runs");
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--without-audit-trail"));
 }

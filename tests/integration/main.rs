@@ -11,6 +11,7 @@ mod dynamodb_store;
 mod event_door;
 mod exact_ids;
 mod global_tables;
+mod hostile_table;
 mod hot_keys;
 mod http_contract;
 mod http_identities;
@@ -18,6 +19,7 @@ mod http_inputs;
 mod http_layer;
 #[cfg(feature = "cli")]
 mod idemctl;
+mod identity_scopes;
 mod keys;
 mod lambda_layer;
 mod large_integers;
@@ -28,6 +30,7 @@ mod memory_store;
 mod metrics;
 mod outcome_storage;
 mod panic_strategy;
+mod producers;
 mod raw_fixtures;
 
 mod readme_links;
@@ -43,4 +46,5 @@ mod stored_formats;
 #[cfg(feature = "relay")]
 #[path = "../common/streams.rs"]
 mod streams;
+mod tenants;
 mod transactions;

@@ -10,13 +10,13 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     logging::init();
     let (store, ledger) = stores_from_env().await?;
     let (collector, observer) = metrics::init()?;
-    // template.yaml's demo API has no authorizer: anonymous callers share one scope. Behind a
-    // JWT or Lambda authorizer, keep the default (CallerScope::Principal).
+    // template.yaml's API authorizes every request (AWS_IAM): each caller's keys are its own,
+    // and a request that names no caller (a route deployed without the authorizer) is 401.
     let app = payments(
         Idempotency::new(store).with_observer(observer),
         ledger,
         OperationScope::for_function("pay")?,
-        CallerScope::PrincipalOrAnonymous,
+        CallerScope::Principal,
     );
     lambda_http::run(Flushed::new(collector, app)).await
 }

@@ -1,5 +1,7 @@
 //! A minimal Lambda Runtime API on 127.0.0.1, for running a function binary end to end:
-//! `GET /2018-06-01/runtime/invocation/next`, `POST .../{id}/response` and `.../{id}/error`.
+//! `GET /2018-06-01/runtime/invocation/next`, `POST .../{id}/response` and `.../{id}/error`,
+//! with the headers Lambda sends (the tenant's, `Lambda-Runtime-Aws-Tenant-Id`, for an
+//! invocation of a function in tenant isolation mode).
 //! Shared by the end-to-end tests and the cold-start benchmark.
 
 use std::collections::HashMap;
@@ -17,9 +19,12 @@ use tokio::sync::{Mutex, mpsc, oneshot, watch};
 /// The function's answer to one invocation.
 pub type Answer = Result<Value, Value>;
 
+/// One queued invocation: its request id, its tenant (if any) and its event.
+type Queued = (String, Option<String>, Value);
+
 #[derive(Clone)]
 struct Shared {
-    events: Arc<Mutex<mpsc::UnboundedReceiver<(String, Value)>>>,
+    events: Arc<Mutex<mpsc::UnboundedReceiver<Queued>>>,
     waiting: Arc<Mutex<HashMap<String, oneshot::Sender<Answer>>>>,
     first_poll: Arc<watch::Sender<Option<Instant>>>,
 }
@@ -28,7 +33,7 @@ struct Shared {
 pub struct RuntimeApi {
     /// `host:port`, the value of `AWS_LAMBDA_RUNTIME_API`.
     pub address: String,
-    queue: mpsc::UnboundedSender<(String, Value)>,
+    queue: mpsc::UnboundedSender<Queued>,
     waiting: Arc<Mutex<HashMap<String, oneshot::Sender<Answer>>>>,
     next_id: AtomicU64,
     first_poll: watch::Receiver<Option<Instant>>,
@@ -77,10 +82,22 @@ impl RuntimeApi {
 
     /// Invokes the function with `event` and waits for its answer.
     pub async fn invoke(&self, event: Value) -> Answer {
+        self.invoke_in(None, event).await
+    }
+
+    /// Invokes the function with `event` for `tenant`, as Lambda invokes a function in tenant
+    /// isolation mode, and waits for its answer.
+    pub async fn invoke_as_tenant(&self, tenant: &str, event: Value) -> Answer {
+        self.invoke_in(Some(tenant.to_owned()), event).await
+    }
+
+    async fn invoke_in(&self, tenant: Option<String>, event: Value) -> Answer {
         let id = format!("req-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
         let (answer_tx, answer_rx) = oneshot::channel();
         self.waiting.lock().await.insert(id.clone(), answer_tx);
-        self.queue.send((id, event)).expect("runtime API running");
+        self.queue
+            .send((id, tenant, event))
+            .expect("runtime API running");
         tokio::time::timeout(Duration::from_secs(120), answer_rx)
             .await
             .expect("the function answered in time")
@@ -96,7 +113,7 @@ async fn next(State(shared): State<Shared>) -> (HeaderMap, axum::Json<Value>) {
         }
         unset
     });
-    let (id, event) = shared
+    let (id, tenant, event) = shared
         .events
         .lock()
         .await
@@ -112,6 +129,9 @@ async fn next(State(shared): State<Shared>) -> (HeaderMap, axum::Json<Value>) {
         headers.insert(name, HeaderValue::from_str(&value).expect("header value"));
     };
     set("lambda-runtime-aws-request-id", id);
+    if let Some(tenant) = tenant {
+        set("lambda-runtime-aws-tenant-id", tenant);
+    }
     set(
         "lambda-runtime-deadline-ms",
         deadline.as_millis().to_string(),

@@ -56,6 +56,12 @@ impl ErrorAnswer {
                 "idempotency keys are kept per caller: authenticate the request",
                 None,
             ),
+            ErrorKind::TenantMissing => (
+                400,
+                "tenant_missing",
+                "the request names no tenant: send it as the API documents",
+                None,
+            ),
             ErrorKind::InvalidEvent => (
                 400,
                 "invalid_request",

@@ -100,9 +100,19 @@ pub(crate) fn present(text: &str) -> Option<&str> {
     (!text.trim().is_empty()).then_some(text)
 }
 
+/// Whether a principal's name ([`name`]) holds a control character in one of its parts.
+pub(crate) fn has_control(name: &str) -> bool {
+    serde_json::from_str::<Vec<Value>>(name).is_ok_and(|parts| {
+        parts
+            .iter()
+            .filter_map(Value::as_str)
+            .any(|part| part.chars().any(char::is_control))
+    })
+}
+
 /// A principal's unambiguous name: its kind and parts as a JSON array (a `:` inside a part
 /// cannot make two principals one).
-fn name(parts: &[&str]) -> String {
+pub(crate) fn name(parts: &[&str]) -> String {
     Value::from(
         parts
             .iter()

@@ -86,9 +86,15 @@ impl HttpKeys {
         let principal = match &self.principal {
             Some(read) => read(request)
                 .filter(|principal| caller::present(principal).is_some())
-                .map(|principal| json!(["custom", principal]).to_string()),
+                .map(|principal| caller::name(&["custom", &principal])),
             None => caller::principal(request),
         };
+        if principal.as_deref().is_some_and(caller::has_control) {
+            // Never a principal a gateway vouches for: refused, neither keyed nor logged.
+            return Err(Error::InvalidEvent {
+                reason: "the caller's principal holds a control character".into(),
+            });
+        }
         match (self.callers, principal) {
             (CallerScope::Shared, _) => Ok(None),
             (_, Some(principal)) => Ok(Some(principal)),

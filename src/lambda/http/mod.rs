@@ -14,7 +14,7 @@
 //! | 408, 409, 425, 429 or 5xx from the handler | passed through, not stored: the retry runs |
 //! | another 4xx from the handler (a refusal) | stored and replayed to this key, but it holds no business identity: a corrected request under a new key may run |
 //! | the business identity is held by another request's operation | 409 `business_identity_taken`, whatever that operation's state (nothing about it is revealed) |
-//! | repeated request, same caller and payload | the first status, every header value (cookies, multi-value headers) and the exact body bytes, plus `Idempotent-Replayed: true` |
+//! | repeated request, same caller and payload | the first status, every header value (multi-value headers in order) except the [withheld](WITHHELD_HEADERS) ones, and the exact body bytes, plus `Idempotent-Replayed: true` |
 //! | no `Idempotency-Key` header | 400 `missing_idempotency_key` |
 //! | no caller principal ([`CallerScope::Principal`]) | 401 `caller_unidentified` |
 //! | the original is still running | 409 `request_in_progress`, `Retry-After` |
@@ -22,6 +22,15 @@
 //! | the handler failed terminally (now or before) | 409 `operation_previously_failed`, to this caller and every retry |
 //! | the operation was applied but its response is too large to keep | the response, to this caller; 409 `operation_already_applied` to retries |
 //! | the store is unavailable | 503, `Retry-After` |
+//!
+//! **What is stored is what a retry must get.** The headers that carry a credential or a
+//! session ([`WITHHELD_HEADERS`]: `Set-Cookie`, `Authorization`, `X-Amz-Security-Token`, …) reach
+//! the caller whose request ran the handler, and are not written to the idempotency table: a
+//! replay has every other header and no cookie, so a client that lost the first response signs
+//! in or fetches its session again rather than receiving one from storage. A response opts a
+//! header back in with [`StoreHeaders`] in its extensions. The body is stored as it is: an
+//! endpoint whose response body holds a secret must not be made idempotent this way (return a
+//! reference to it instead).
 //!
 //! The handler can read its [`ExecutionContext`](crate::ExecutionContext) from the request's extensions (axum:
 //! `Extension<ExecutionContext>`), or from [`current`](super::current).
@@ -74,6 +83,7 @@ use lambda_runtime::tower::Layer;
 pub use self::caller::CallerScope;
 pub use self::keys::{HttpKeys, IDEMPOTENCY_KEY_HEADER, MAX_KEY_BYTES};
 pub use self::service::HttpIdempotencyService;
+pub use self::stored::{StoreHeaders, WITHHELD_HEADERS};
 use super::operation::Operation;
 
 /// The header that marks a replayed response.

@@ -9,7 +9,8 @@
 //!
 //! | source | key | fingerprint |
 //! |---|---|---|
-//! | SQS ([`sqs`]) | `idempotency-key` message attribute, else the body field you name | body |
+//! | SQS ([`sqs`]) | the producer (`SenderId`'s role part) + the `idempotency-key` message attribute, else the body field you name | body |
+//! | SQS ([`sqs_across_senders`]) | as [`sqs`], without the producer: every producer shares one key space | body |
 //! | SQS ([`sqs_message_id`]) | `messageId` (a republish gets a new id: opt in) | body |
 //! | SNS ([`sns`]) | `MessageId` | message |
 //! | EventBridge ([`eventbridge`], [`eventbridge_detail`]) | `id`, or a `detail` field | detail |
@@ -65,7 +66,7 @@ pub use s3::s3;
 pub use sns::sns;
 #[cfg(feature = "sqs")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqs")))]
-pub use sqs::{SQS_KEY_ATTRIBUTE, sqs, sqs_message_id};
+pub use sqs::{SQS_KEY_ATTRIBUTE, sqs, sqs_across_senders, sqs_message_id};
 
 /// A message body as JSON: parsed when it is JSON, else the string itself.
 #[cfg(any(feature = "sns", feature = "sqs"))]

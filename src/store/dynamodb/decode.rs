@@ -34,7 +34,8 @@ impl DynamoDbStore {
                         (manifest, stored)
                     }
                 };
-                record.outcome = Some(manifest.restore(stored, &record.key)?);
+                record.outcome =
+                    Some(manifest.restore(stored, &record.key, self.outcomes.outcome_limit())?);
             }
             _ => {}
         }

@@ -3,7 +3,7 @@
 use super::item::{Decoder, Item, audit_value, corrupt, millis, n, read_audit, read_s, s};
 use super::writes::{Expr, Write};
 use crate::error::StoreError;
-use crate::key::{Fingerprint, OperationKey, Scoped};
+use crate::key::{Fingerprint, OperationKey, Scoped, global_before_0_5};
 use crate::record::{Evidence, Record, Settlement, Status};
 use crate::store::Target;
 
@@ -106,6 +106,40 @@ pub(crate) fn unscoped_check(table: &str, evidence_key: &str) -> Result<Option<W
         ),
     };
     Write::check(table, key(scoped.identity), condition, expr).map(Some)
+}
+
+/// The claim's check on evidence that versions 0.2 to 0.4 kept for a global identity holding
+/// a `#` under the bare identity (0.5 keeps it under `#g#{identity}`): such evidence refuses
+/// the claim, unless it is the scoped evidence the identity spells (a key such as
+/// `billing#t=acme#id=invoice:o-1` belongs to acme's operation in `billing`, never to a global
+/// identity). `None` for an evidence key in another form.
+pub(crate) fn global_before_0_5_check(
+    table: &str,
+    evidence_key: &str,
+) -> Result<Option<Write>, StoreError> {
+    let Some(bare) = global_before_0_5(evidence_key) else {
+        return Ok(None);
+    };
+    let expr = Expr::default().name("#pk", IDENTITY);
+    let (condition, expr) = match Scoped::parse(bare) {
+        Some(scoped) => {
+            let expr = expr
+                .name("#operation_key", OPERATION_KEY)
+                .value(":namespace", s(&format!("{}#", scoped.namespace)));
+            match scoped.tenant {
+                Some(tenant) => (
+                    "attribute_not_exists(#pk) OR (begins_with(#operation_key, :namespace) AND contains(#operation_key, :tenant))",
+                    expr.value(":tenant", s(&format!("#t={tenant}#"))),
+                ),
+                None => (
+                    "attribute_not_exists(#pk) OR begins_with(#operation_key, :namespace)",
+                    expr,
+                ),
+            }
+        }
+        None => ("attribute_not_exists(#pk)", expr),
+    };
+    Write::check(table, key(bare), condition, expr).map(Some)
 }
 
 /// An adoption's `Update` of the evidence: it must still be the orphan's (this operation's,

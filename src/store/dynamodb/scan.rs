@@ -22,8 +22,10 @@ impl ScanCursor {
 impl DynamoDbStore {
     /// One page of the idempotency table's records (a `Scan`, eventually consistent), and where
     /// the next page starts. A record that does not decode is skipped and counted. Outcome
-    /// part items are left out, and not read: a record whose outcome is kept in parts comes
-    /// back with `outcome: None` (read it with [`Store::get`](crate::store::Store::get)).
+    /// part items are left out, and not read: a record whose outcome is kept in parts or
+    /// compressed comes back with `outcome: None` (read it with
+    /// [`Store::get`](crate::store::Store::get)); its steps are decoded (within their bounds).
+    /// To count or list records, [`Self::scan_summary_page`] reads far less.
     ///
     /// ```no_run
     /// # async fn demo(store: lambda_idempotency::store::DynamoDbStore) -> Result<(), lambda_idempotency::StoreError> {
@@ -43,10 +45,20 @@ impl DynamoDbStore {
         self.scan_records(cursor, false).await
     }
 
-    /// [`Self::scan_page`] of the records' summaries only ([`AttributeNames::summary`](super::AttributeNames):
-    /// no outcome, steps or audit is read, `Select` `SPECIFIC_ATTRIBUTES`): what the stuck check
-    /// reads, all its role may read.
-    pub(crate) async fn scan_summaries(
+    /// One page of the records' summaries only: key, status, fingerprint, lease and times
+    /// (a `Scan` with a `ProjectionExpression`, `Select` `SPECIFIC_ATTRIBUTES`): no outcome,
+    /// manifest, steps, audit, request id or identity is read, let alone decompressed, so a
+    /// page costs what its summaries take whatever the records hold. What `idemctl stats`
+    /// and the stuck check read ([`Self::find_stuck`]); all the stuck check's role may read.
+    /// Attributes a server returns beyond the projection are dropped before decoding.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: lambda_idempotency::store::DynamoDbStore) -> Result<(), lambda_idempotency::StoreError> {
+    /// let (summaries, _skipped, next) = store.scan_summary_page(None).await?;
+    /// assert!(summaries.iter().all(|record| record.outcome.is_none() && record.steps.is_empty()));
+    /// # let _ = next; Ok(()) }
+    /// ```
+    pub async fn scan_summary_page(
         &self,
         cursor: Option<ScanCursor>,
     ) -> Result<(Vec<Record>, usize, ScanCursor), StoreError> {
@@ -90,8 +102,22 @@ impl DynamoDbStore {
             .map_err(|err| map_sdk_error("scan", &self.table, err))?;
         let mut records = Vec::new();
         let mut skipped = 0;
+        let summary = summaries.then(|| self.names.summary());
         for item in output.items() {
-            match self.names.decode(item) {
+            // A summary is decoded from the summary's attributes alone, whatever a server
+            // returned beside them: nothing else is read, no outcome or step is decompressed.
+            let decoded = match &summary {
+                Some(summary) => {
+                    let item: Item = item
+                        .iter()
+                        .filter(|(name, _)| summary.contains(&name.as_str()))
+                        .map(|(name, value)| (name.clone(), value.clone()))
+                        .collect();
+                    self.names.decode(&item)
+                }
+                None => self.names.decode(item),
+            };
+            match decoded {
                 Ok((record, _parts)) => records.push(record),
                 Err(_) => skipped += 1,
             }

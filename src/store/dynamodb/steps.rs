@@ -8,6 +8,12 @@
 //! | `codec` (S) | `zstd` when `result` holds compressed bytes |
 //! | `length` (N) | the result's length after decompression, when compressed |
 //!
+//! A list is read within the bounds every writer keeps: at most [`MAX_STEPS`] steps (and the
+//! engine's two marks, [`MAX_STEP_ENTRIES`] entries), their results together at most
+//! [`MAX_STEP_RESULTS_BYTES`] once decompressed. A list past either bound, or a result that
+//! would decompress past what is left of the budget (a compression bomb), is a corrupt record,
+//! refused without the memory it would take.
+//!
 //! The whole list is written by each fenced step write: only the lease holder writes it, and
 //! DynamoDB bills a write by the item's size, not the update's. Each write also counts itself in
 //! the record's `steps_version` (N): a takeover is conditioned on that count, the list's
@@ -20,8 +26,9 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::item::{AttributeNames, b, corrupt, n, s};
+use super::outcome::{Inflate, decompress_within};
 use super::writes::Expr;
-use crate::effects::MAX_STEP_RESULTS_BYTES;
+use crate::effects::{MAX_STEP_RESULTS_BYTES, MAX_STEPS};
 use crate::error::StoreError;
 use crate::key::OperationKey;
 use crate::record::{Record, StepRecord};
@@ -32,6 +39,10 @@ const COMPRESS_OVER: usize = 1024;
 const ZSTD_LEVEL: i32 = 3;
 /// The one codec written.
 const ZSTD: &str = "zstd";
+
+/// The most entries a step list holds: [`MAX_STEPS`] steps, an adoption's mark
+/// ([`StepRecord::steps_lost`]) and a give-back's ([`StepRecord::given_back`]).
+pub(crate) const MAX_STEP_ENTRIES: usize = MAX_STEPS + 2;
 
 /// Pending steps (an intent without a result) a takeover's condition names one by one, at most:
 /// DynamoDB caps an expression at 4 KB. Past it the list's write count and length still hold.
@@ -127,58 +138,78 @@ fn step_value(step: &StepRecord) -> AttributeValue {
     AttributeValue::M(fields)
 }
 
-/// The steps in the list attribute `value` of `key`'s record.
+/// The steps in the list attribute `value` of `key`'s record: at most [`MAX_STEP_ENTRIES`]
+/// entries whose results take at most [`MAX_STEP_RESULTS_BYTES`] together, decompressed within
+/// what is left of that budget; anything else is a corrupt record.
 pub(crate) fn read_steps(
     value: &AttributeValue,
     key: &OperationKey,
 ) -> Result<Vec<StepRecord>, StoreError> {
     let bad = |reason: &str| corrupt(key.short(), format!("a step record {reason}"));
     let list = value.as_l().map_err(|_| bad("list is not a list"))?;
-    list.iter()
-        .map(|value| {
-            let fields = value.as_m().map_err(|_| bad("is not a map"))?;
-            let name = fields
-                .get("name")
-                .and_then(|name| name.as_s().ok())
-                .ok_or_else(|| bad("has no name"))?;
-            let attempt = fields
-                .get("attempt")
-                .and_then(|attempt| attempt.as_n().ok())
-                .and_then(|attempt| attempt.parse().ok())
-                .ok_or_else(|| bad("has no attempt"))?;
-            let stored = fields
-                .get("result")
-                .map(|result| result.as_b().map(|blob| blob.as_ref().to_vec()))
-                .transpose()
-                .map_err(|_| bad("result is not binary"))?;
-            let result = match (stored, fields.get("codec")) {
-                (Some(stored), Some(codec)) => {
-                    if codec.as_s().map(String::as_str) != Ok(ZSTD) {
-                        return Err(bad("names an unknown codec"));
-                    }
-                    let length = fields
-                        .get("length")
-                        .and_then(|length| length.as_n().ok())
-                        .and_then(|length| length.parse::<usize>().ok())
-                        .filter(|length| *length <= MAX_STEP_RESULTS_BYTES)
-                        .ok_or_else(|| bad("has no length, or one past the steps' budget"))?;
-                    let restored = zstd::bulk::decompress(&stored, length)
-                        .map_err(|_| bad("result does not decompress"))?;
-                    if restored.len() != length {
-                        return Err(bad("result has another length than recorded"));
-                    }
-                    Some(restored)
+    if list.len() > MAX_STEP_ENTRIES {
+        return Err(corrupt(
+            key.short(),
+            format!(
+                "the step list has {} entries, more than {MAX_STEP_ENTRIES}",
+                list.len()
+            ),
+        ));
+    }
+    // What the results may still take, decompressed.
+    let mut budget = MAX_STEP_RESULTS_BYTES;
+    let mut steps = Vec::with_capacity(list.len());
+    for value in list {
+        let fields = value.as_m().map_err(|_| bad("is not a map"))?;
+        let name = fields
+            .get("name")
+            .and_then(|name| name.as_s().ok())
+            .ok_or_else(|| bad("has no name"))?;
+        let attempt = fields
+            .get("attempt")
+            .and_then(|attempt| attempt.as_n().ok())
+            .and_then(|attempt| attempt.parse().ok())
+            .ok_or_else(|| bad("has no attempt"))?;
+        let stored = fields
+            .get("result")
+            .map(|result| result.as_b().map(|blob| blob.as_ref()))
+            .transpose()
+            .map_err(|_| bad("result is not binary"))?;
+        let past_budget = || bad("results take more than the steps' budget");
+        let result = match (stored, fields.get("codec")) {
+            (Some(stored), Some(codec)) => {
+                if codec.as_s().map(String::as_str) != Ok(ZSTD) {
+                    return Err(bad("names an unknown codec"));
                 }
-                (stored, None) => stored,
-                (None, Some(_)) => return Err(bad("names a codec but has no result")),
-            };
-            Ok(StepRecord {
-                name: name.clone(),
-                attempt,
-                result,
-            })
-        })
-        .collect()
+                let length = fields
+                    .get("length")
+                    .and_then(|length| length.as_n().ok())
+                    .and_then(|length| length.parse::<usize>().ok())
+                    .ok_or_else(|| bad("has no length"))?;
+                if length > budget {
+                    return Err(past_budget());
+                }
+                let restored = decompress_within(stored, length).map_err(|err| match err {
+                    Inflate::OverLimit { .. } => bad("result expands past its recorded length"),
+                    _ => bad("result does not decompress"),
+                })?;
+                if restored.len() != length {
+                    return Err(bad("result has another length than recorded"));
+                }
+                Some(restored)
+            }
+            (Some(stored), None) if stored.len() > budget => return Err(past_budget()),
+            (stored, None) => stored.map(<[u8]>::to_vec),
+            (None, Some(_)) => return Err(bad("names a codec but has no result")),
+        };
+        budget -= result.as_ref().map_or(0, Vec::len);
+        steps.push(StepRecord {
+            name: name.clone(),
+            attempt,
+            result,
+        });
+    }
+    Ok(steps)
 }
 
 #[cfg(test)]
@@ -216,6 +247,68 @@ mod tests {
                 < large.len()
         );
         assert_eq!(read_steps(&value, &key)?, steps);
+        Ok(())
+    }
+
+    /// A list longer than any writer keeps is refused before any result is read.
+    #[test]
+    fn a_list_past_the_step_limit_is_corrupt() {
+        let key = OperationKey::from_stored("shop.charge#abc");
+        let steps: Vec<StepRecord> = (0..=MAX_STEP_ENTRIES)
+            .map(|index| StepRecord::intent(format!("s{index}"), 1))
+            .collect();
+        let read = read_steps(&steps_value(&steps), &key);
+        assert!(
+            matches!(&read, Err(StoreError::CorruptRecord { reason, .. }) if reason.contains("entries")),
+            "{read:?}"
+        );
+        let most = &steps[..MAX_STEP_ENTRIES];
+        assert_eq!(
+            read_steps(&steps_value(most), &key).ok().as_deref(),
+            Some(most)
+        );
+    }
+
+    /// Results that decompress past the steps' budget together (each within it: a bomb
+    /// repeated in one list) are a corrupt record, not gigabytes.
+    #[test]
+    fn results_past_the_budget_together_are_corrupt() -> Result<(), StoreError> {
+        let key = OperationKey::from_stored("shop.charge#abc");
+        let zeros = vec![0u8; MAX_STEP_RESULTS_BYTES / 2 + 1];
+        let bomb = zstd::bulk::compress(&zeros, 3).map_err(|_| bad_value())?;
+        let step = |name: &str| {
+            AttributeValue::M(HashMap::from([
+                ("name".to_owned(), s(name)),
+                ("attempt".to_owned(), n(1)),
+                ("result".to_owned(), b(&bomb)),
+                ("codec".to_owned(), s(ZSTD)),
+                ("length".to_owned(), n(zeros.len() as u64)),
+            ]))
+        };
+        let one = AttributeValue::L(vec![step("a")]);
+        assert_eq!(
+            read_steps(&one, &key)?[0].result.as_deref(),
+            Some(&zeros[..])
+        );
+        let two = AttributeValue::L(vec![step("a"), step("b")]);
+        let read = read_steps(&two, &key);
+        assert!(
+            matches!(&read, Err(StoreError::CorruptRecord { reason, .. }) if reason.contains("budget")),
+            "{read:?}"
+        );
+        // A result whose recorded length understates what it expands to is refused at its
+        // length, not at the budget.
+        let lying = AttributeValue::L(vec![AttributeValue::M(HashMap::from([
+            ("name".to_owned(), s("a")),
+            ("attempt".to_owned(), n(1)),
+            ("result".to_owned(), b(&bomb)),
+            ("codec".to_owned(), s(ZSTD)),
+            ("length".to_owned(), n(10)),
+        ]))]);
+        assert!(matches!(
+            read_steps(&lying, &key),
+            Err(StoreError::CorruptRecord { .. })
+        ));
         Ok(())
     }
 

@@ -264,6 +264,7 @@ impl Store for DynamoDbStore {
         if let Some(identity) = &record.identity {
             let uniqueness = self.uniqueness()?;
             writes.push(evidence::claim_write(uniqueness, record, identity)?);
+            writes.extend(evidence::global_before_0_5_check(uniqueness, identity)?);
             if self.unscoped_evidence {
                 writes.extend(evidence::unscoped_check(uniqueness, identity)?);
             }

@@ -86,6 +86,11 @@ impl DynamoDbStore {
     /// record, without the outcome's parts); `Stuck::complete` says whether it read every
     /// page. A record that does not decode is skipped and counted.
     ///
+    /// Records are read as summaries ([`Self::scan_summary_page`], and a `GetItem` with the
+    /// same projection): no outcome, manifest or step list is read or decompressed, so the
+    /// check's memory is what the summaries take, however large or hostile what the records
+    /// hold (a compression bomb in an outcome or a step is never opened).
+    ///
     /// Cost: a `Scan` page bills one read unit per 8 KB read (eventually consistent), whatever
     /// the filter keeps, so a check of a table of `n` bytes costs about `n / 8 KB` read units,
     /// plus one per unsettled evidence.
@@ -121,7 +126,7 @@ impl DynamoDbStore {
                 found.complete = false;
                 return Ok(found);
             }
-            let (records, skipped, next) = self.scan_summaries(cursor.take()).await?;
+            let (records, skipped, next) = self.scan_summary_page(cursor.take()).await?;
             found.pages += 1;
             found.skipped += skipped;
             found.records.extend(

@@ -5,7 +5,7 @@
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::super::item::{Item, corrupt, n, s};
-use crate::config::MAX_OUTCOME_BYTES;
+use super::codec::decompress_within;
 use crate::error::StoreError;
 use crate::key::OperationKey;
 
@@ -99,21 +99,39 @@ impl Manifest {
         self.parts.as_ref()
     }
 
-    /// The outcome from its stored bytes (decompressed if they are compressed).
+    /// The outcome from its stored bytes (decompressed if they are compressed), at most
+    /// `limit` bytes: a manifest that names a longer outcome, stored bytes longer than the
+    /// limit, or compressed bytes that expand past it (a compression bomb) are a corrupt
+    /// record, refused before (or as soon as) the limit is passed.
     pub(crate) fn restore(
         &self,
         stored: Vec<u8>,
         key: &OperationKey,
+        limit: usize,
     ) -> Result<Vec<u8>, StoreError> {
         let Some(length) = self.length else {
+            if stored.len() > limit {
+                return Err(corrupt(
+                    key.short(),
+                    format!(
+                        "outcome of {} bytes, past the limit of {limit}",
+                        stored.len()
+                    ),
+                ));
+            }
             return Ok(stored);
         };
         let length = usize::try_from(length)
             .ok()
-            .filter(|length| *length <= MAX_OUTCOME_BYTES)
-            .ok_or_else(|| corrupt(key.short(), "outcome length out of range".into()))?;
-        let outcome = zstd::bulk::decompress(&stored, length)
-            .map_err(|err| corrupt(key.short(), format!("outcome does not decompress: {err}")))?;
+            .filter(|length| *length <= limit)
+            .ok_or_else(|| {
+                corrupt(
+                    key.short(),
+                    format!("outcome length {length} out of range (limit {limit})"),
+                )
+            })?;
+        let outcome = decompress_within(&stored, length)
+            .map_err(|err| corrupt(key.short(), format!("outcome {err}")))?;
         if outcome.len() != length {
             return Err(corrupt(
                 key.short(),

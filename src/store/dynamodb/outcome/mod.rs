@@ -32,7 +32,14 @@
 //!
 //! A record without the attribute holds its outcome inline and uncompressed, as records
 //! written before the attribute existed do.
+//!
+//! **Bounded reads.** Whatever a record says, restoring its outcome never takes more memory
+//! than the store's outcome limit ([`OutcomeStorage::max_outcome_bytes`], set it to the engine's
+//! [`Config::max_outcome_bytes`](crate::Config::max_outcome_bytes)): a manifest that names a
+//! longer outcome or more stored bytes, or compressed bytes that would expand past it (a
+//! compression bomb), is a corrupt record ([`StoreError::CorruptRecord`]), read no further.
 
+mod codec;
 mod manifest;
 mod parts;
 
@@ -41,8 +48,10 @@ use std::time::Duration;
 use aws_sdk_dynamodb::types::AttributeValue;
 use sha2::{Digest, Sha256};
 
+pub(crate) use self::codec::{Inflate, decompress_within};
 pub(crate) use self::manifest::{Manifest, PartsRef};
 use super::item::{AttributeNames, b, value_size};
+use crate::config::MAX_OUTCOME_BYTES;
 use crate::error::StoreError;
 use crate::key::Fingerprint;
 use crate::record::{Lease, Record, Settlement};
@@ -56,8 +65,6 @@ pub const PART_BYTES: usize = 384 * 1024;
 pub const PART_TTL_MARGIN: Duration = Duration::from_secs(3600);
 /// The most part items one outcome may take (stored bytes up to 24 MiB: room for the largest
 /// outcome the engine accepts, [`MAX_OUTCOME_BYTES`], even when it does not compress).
-///
-/// [`MAX_OUTCOME_BYTES`]: crate::config::MAX_OUTCOME_BYTES
 const MAX_PARTS: usize = 64;
 /// zstd's default level: most of the ratio for JSON at a few hundred MB/s.
 const ZSTD_LEVEL: i32 = 3;
@@ -81,6 +88,7 @@ const TYPICAL_REQUEST_ID_BYTES: usize = 36;
 pub struct OutcomeStorage {
     inline_item_bytes: usize,
     compression: bool,
+    max_outcome_bytes: usize,
 }
 
 impl OutcomeStorage {
@@ -108,6 +116,33 @@ impl OutcomeStorage {
         self
     }
 
+    /// The largest outcome this store writes or restores (clamped to 1 ..=
+    /// [`MAX_OUTCOME_BYTES`]; default [`MAX_OUTCOME_BYTES`], which reads what any
+    /// configuration wrote). Set it to the engine's
+    /// [`Config::max_outcome_bytes`](crate::Config::max_outcome_bytes): a stored outcome that
+    /// says it is longer, or whose compressed bytes expand past it, is then refused as a
+    /// corrupt record without the memory it would take, and a longer settlement is rejected
+    /// before it is written.
+    ///
+    /// ```
+    /// use lambda_idempotency::store::OutcomeStorage;
+    /// use lambda_idempotency::Config;
+    ///
+    /// let config = Config::builder().max_outcome_bytes(1024 * 1024).build()?;
+    /// let storage = OutcomeStorage::default().max_outcome_bytes(config.max_outcome_bytes());
+    /// assert_eq!(storage.outcome_limit(), 1024 * 1024);
+    /// # Ok::<(), lambda_idempotency::ConfigError>(())
+    /// ```
+    pub fn max_outcome_bytes(mut self, bytes: usize) -> Self {
+        self.max_outcome_bytes = bytes.clamp(1, MAX_OUTCOME_BYTES);
+        self
+    }
+
+    /// The largest outcome this store writes or restores, in bytes.
+    pub fn outcome_limit(&self) -> usize {
+        self.max_outcome_bytes
+    }
+
     /// The inline limit, in item bytes.
     pub fn inline_item_bytes(&self) -> usize {
         self.inline_item_bytes
@@ -128,6 +163,17 @@ impl OutcomeStorage {
         let Some(raw) = &settlement.outcome else {
             return Ok(Placement::none());
         };
+        if raw.len() > self.max_outcome_bytes {
+            return Err(StoreError::Rejected {
+                operation: "settle",
+                message: format!(
+                    "the outcome takes {} bytes, more than this store restores ({}): raise \
+                     OutcomeStorage::max_outcome_bytes to the engine's max_outcome_bytes",
+                    raw.len(),
+                    self.max_outcome_bytes
+                ),
+            });
+        }
         let record = names.item_size(&sized_record(target, settlement));
         let manifest_size =
             |m: &Manifest| names.outcome_format.len() + value_size(&m.to_attribute());
@@ -196,6 +242,7 @@ impl Default for OutcomeStorage {
         Self {
             inline_item_bytes: Self::DEFAULT_INLINE_ITEM_BYTES,
             compression: true,
+            max_outcome_bytes: MAX_OUTCOME_BYTES,
         }
     }
 }

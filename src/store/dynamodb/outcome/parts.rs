@@ -68,7 +68,8 @@ impl DynamoDbStore {
     }
 
     /// Reads an outcome's part items and checks them against the manifest: the stored bytes,
-    /// whole, or a corrupt-record error. Eventually consistent first, at half the read units: a
+    /// whole, or a corrupt-record error (also, before any read, when the manifest names more
+    /// stored bytes than the store's outcome limit). Eventually consistent first, at half the read units: a
     /// part's name is its content's digest, so a read gives the right bytes or nothing (a part
     /// written moments ago may not have reached that replica yet); what is missing is read
     /// again strongly consistent (it was written before the manifest that names it).
@@ -89,6 +90,15 @@ impl DynamoDbStore {
             .ok()
             .filter(|bytes| bytes.div_ceil(chunk) == count)
             .ok_or_else(|| corrupt(key.short(), "outcome length out of range".into()))?;
+        // Stored bytes are never more than the outcome (compressed only when shorter): more
+        // than the limit is not read at all.
+        let limit = self.outcomes.outcome_limit();
+        if bytes > limit {
+            return Err(corrupt(
+                key.short(),
+                format!("outcome parts of {bytes} bytes, past the limit of {limit}"),
+            ));
+        }
         let mut chunks = self.get_parts(key, parts, 0..count, false).await?;
         let missing: Vec<usize> = (0..count)
             .filter(|index| chunks[*index].is_none())

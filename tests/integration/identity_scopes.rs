@@ -1,0 +1,130 @@
+//! Where a business identity's evidence lives: a global identity spelled like a scoped key
+//! squats nothing, on both stores, and the evidence 0.2 to 0.4 kept bare for a global identity
+//! holding `#` still refuses a second run on DynamoDB.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use lambda_idempotency::key::{Fingerprint, IdentityScope, OperationKey};
+use lambda_idempotency::record::Status;
+use lambda_idempotency::testing::conformance::start_time;
+use lambda_idempotency::testing::dynamo;
+use lambda_idempotency::{BoxError, Error, Idempotency, Invocation, OperationScope};
+use serde_json::json;
+
+use crate::backends::both;
+
+fn invocation(
+    namespace: &str,
+    tenant: Option<&str>,
+    key: &str,
+    identity: &str,
+    scope: IdentityScope,
+) -> Invocation {
+    let operation = OperationScope::new(namespace, "issue").expect("scope");
+    let key = OperationKey::derive(&operation, tenant, &json!(key)).expect("key");
+    let fingerprint = Fingerprint::of(&json!({"key": key.as_str()})).expect("fingerprint");
+    Invocation::new(key, fingerprint, Duration::from_secs(60))
+        .with_identity(identity)
+        .expect("identity")
+        .with_identity_scope(scope)
+}
+
+async fn run(idem: &Idempotency, invocation: &Invocation) -> Result<bool, Error> {
+    idem.execute(invocation, |_| async { Ok::<_, BoxError>(json!("done")) })
+        .await
+        .map(|execution| !execution.is_replay())
+}
+
+#[tokio::test]
+async fn a_global_identity_spelled_like_a_scoped_key_squats_nothing() {
+    for backend in both().await {
+        let name = backend.name;
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let acme = |key| {
+            invocation(
+                "billing",
+                Some("acme"),
+                key,
+                "invoice:o-1",
+                IdentityScope::Tenant,
+            )
+        };
+        let spelled = acme("k-0").evidence_key().expect("an identity");
+        assert_eq!(spelled, "billing#t=acme#id=invoice:o-1");
+        let squatter = |key| invocation("other", None, key, &spelled, IdentityScope::Global);
+
+        assert_eq!(
+            run(&idem, &squatter("s-1")).await.ok(),
+            Some(true),
+            "{name}"
+        );
+        assert_eq!(
+            run(&idem, &acme("k-1")).await.ok(),
+            Some(true),
+            "{name}: the global identity did not take acme's evidence"
+        );
+        assert!(
+            matches!(
+                run(&idem, &acme("k-2")).await,
+                Err(Error::KeyExpiredConflict { .. })
+            ),
+            "{name}: acme's evidence is acme's success"
+        );
+        assert!(
+            matches!(
+                run(&idem, &squatter("s-2")).await,
+                Err(Error::KeyExpiredConflict { .. })
+            ),
+            "{name}: the global identity is held by its own success"
+        );
+    }
+}
+
+/// 0.4 kept a global identity with `#` under the identity itself; 0.5 keeps it under
+/// `#g#{identity}`. Evidence 0.4 settled there still refuses the operation's second run.
+#[tokio::test]
+async fn evidence_0_4_kept_bare_for_a_global_identity_still_refuses() {
+    let db = dynamo::start().await;
+    let idem = Idempotency::new(db.store());
+    let global = |key| invocation("billing", None, key, "invoice#o-1", IdentityScope::Global);
+    let first = global("k-1");
+    assert_eq!(first.evidence_key().as_deref(), Some("#g#invoice#o-1"));
+    let created = start_time()
+        .duration_since(UNIX_EPOCH)
+        .expect("after epoch");
+    let millis = AttributeValue::N(created.as_millis().to_string());
+    db.client
+        .put_item()
+        .table_name(&db.uniqueness_table)
+        .item("pk", AttributeValue::S("invoice#o-1".into()))
+        .item(
+            "operation_key",
+            AttributeValue::S(first.key().as_str().into()),
+        )
+        .item(
+            "fingerprint",
+            AttributeValue::S(first.fingerprint().as_str().into()),
+        )
+        .item("status", AttributeValue::S("COMPLETED".into()))
+        .item("created_at", millis.clone())
+        .item("completed_at", millis)
+        .send()
+        .await
+        .expect("0.4's evidence");
+
+    for key in ["k-1", "k-2"] {
+        let answer = run(&idem, &global(key)).await;
+        assert!(
+            matches!(&answer, Err(Error::KeyExpiredConflict { evidence, .. }) if evidence.status == Status::Completed),
+            "{key}: {answer:?}"
+        );
+    }
+
+    // The scoped evidence a global identity spells is another operation's: it refuses nothing.
+    let scoped = invocation("billing", None, "k-3", "invoice:o-2", IdentityScope::Tenant);
+    assert_eq!(run(&idem, &scoped).await.ok(), Some(true));
+    let spelled = scoped.evidence_key().expect("an identity");
+    let squatter = invocation("other", None, "s-1", &spelled, IdentityScope::Global);
+    assert_eq!(run(&idem, &squatter).await.ok(), Some(true));
+}

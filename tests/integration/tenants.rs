@@ -1,0 +1,410 @@
+//! Tenants, on both stores and every door: the tenant Lambda's tenant isolation mode names in
+//! the invocation context scopes keys and identities; a policy that needs a tenant and finds
+//! none refuses the event; control characters are refused where they enter; and a redelivery
+//! that spans the upgrade from 0.4 (which never read that tenant) is neither run again nor
+//! answered with another tenant's result.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use aws_lambda_events::event::sqs::SqsMessage;
+use lambda_http::{Body, Request, RequestExt};
+use lambda_idempotency::clock::{Clock, ManualClock};
+use lambda_idempotency::config::Config;
+use lambda_idempotency::lambda::batch::RecordOutcome;
+use lambda_idempotency::lambda::http::CallerScope;
+use lambda_idempotency::lambda::sources;
+use lambda_idempotency::record::Status;
+use lambda_idempotency::{
+    BoxError, Error, HttpKeys, Idempotency, KeyPolicy, Operation, OperationScope,
+};
+use lambda_runtime::tower::{Layer, Service, ServiceExt, service_fn};
+use lambda_runtime::{Context, LambdaEvent};
+use serde_json::{Value, json};
+
+use crate::backends::{both, sqs_message};
+
+fn scope() -> OperationScope {
+    OperationScope::new("tenants", "orders").expect("scope")
+}
+
+/// An invocation context from Lambda's tenant isolation mode (or from a function without
+/// it, for `None`).
+fn context(tenant: Option<&str>) -> Context {
+    let mut context = Context::default();
+    context.request_id = "req-1".into();
+    context.tenant_id = tenant.map(str::to_owned);
+    context
+}
+
+fn orders_policy() -> KeyPolicy<Value> {
+    KeyPolicy::pointer("/order_id").expect("pointer")
+}
+
+#[tokio::test]
+async fn lambdas_tenant_scopes_the_event_door() {
+    for backend in both().await {
+        let name = backend.name;
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&runs);
+        let handler = service_fn(move |event: LambdaEvent<Value>| {
+            let run = counted.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                Ok::<_, lambda_runtime::Error>(json!({
+                    "order": event.payload["order_id"],
+                    "tenant": event.context.tenant_id,
+                    "run": run,
+                }))
+            }
+        });
+        let mut service = Operation::new(idem, scope(), orders_policy())
+            .layer()
+            .layer(handler);
+        let mut send = async |tenant: &str| {
+            let event = LambdaEvent::new(json!({"order_id": "o-1"}), context(Some(tenant)));
+            service
+                .ready()
+                .await
+                .expect("ready")
+                .call(event)
+                .await
+                .expect("answered")
+        };
+
+        let acme = send("acme").await;
+        let globex = send("globex").await;
+        let acme_again = send("acme").await;
+
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "{name}: one run per tenant");
+        assert_eq!(acme["tenant"], "acme", "{name}");
+        assert_eq!(globex["tenant"], "globex", "{name}: not acme's result");
+        assert_eq!(acme_again, acme, "{name}: acme's replay is acme's");
+    }
+}
+
+#[tokio::test]
+async fn lambdas_tenant_scopes_the_batch_door() {
+    for backend in both().await {
+        let name = backend.name;
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let batch =
+            Operation::new(idem, scope(), sources::sqs(Some("/order_id")).expect("sqs")).batch();
+        let placed = Arc::new(AtomicUsize::new(0));
+        let place = |_: SqsMessage, _| {
+            let placed = Arc::clone(&placed);
+            async move { Ok::<_, BoxError>(placed.fetch_add(1, Ordering::SeqCst)) }
+        };
+        let message = || vec![sqs_message("m-1", json!({"order_id": "o-1"}))];
+
+        let acme = batch
+            .process(message(), &context(Some("acme")), place)
+            .await;
+        let globex = batch
+            .process(message(), &context(Some("globex")), place)
+            .await;
+        let acme_again = batch
+            .process(message(), &context(Some("acme")), place)
+            .await;
+
+        assert!(
+            matches!(acme.records[0].1, RecordOutcome::Executed),
+            "{name}"
+        );
+        assert!(
+            matches!(globex.records[0].1, RecordOutcome::Executed),
+            "{name}"
+        );
+        assert!(
+            matches!(acme_again.records[0].1, RecordOutcome::AlreadyDone),
+            "{name}"
+        );
+        assert_eq!(
+            placed.load(Ordering::SeqCst),
+            2,
+            "{name}: one order per tenant"
+        );
+    }
+}
+
+#[tokio::test]
+async fn lambdas_tenant_scopes_the_http_door() {
+    for backend in both().await {
+        let name = backend.name;
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let keys = HttpKeys::new().with_callers(CallerScope::Shared);
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&runs);
+        let app = service_fn(move |_: Request| {
+            let run = counted.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                Ok::<_, BoxError>(
+                    http::Response::builder()
+                        .status(201)
+                        .body(Body::Text(format!("run {run}")))
+                        .expect("response"),
+                )
+            }
+        });
+        let mut service = Operation::new(idem, scope(), keys.policy())
+            .http_layer()
+            .layer(app);
+        let mut send = async |tenant: &str| {
+            let request = http::Request::builder()
+                .method("POST")
+                .uri("https://api.example/orders")
+                .header("idempotency-key", "k-1")
+                .body(Body::Text("{}".into()))
+                .expect("request")
+                .with_lambda_context(context(Some(tenant)));
+            let response = service
+                .ready()
+                .await
+                .expect("ready")
+                .call(request)
+                .await
+                .expect("answered");
+            String::from_utf8(response.body().to_vec()).expect("text")
+        };
+
+        let acme = send("acme").await;
+        let globex = send("globex").await;
+        let acme_again = send("acme").await;
+
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "{name}");
+        assert_eq!(
+            (acme.as_str(), globex.as_str()),
+            ("run 1", "run 2"),
+            "{name}"
+        );
+        assert_eq!(acme_again, acme, "{name}");
+    }
+}
+
+#[test]
+fn a_policy_that_needs_a_tenant_refuses_an_event_without_one() {
+    let scope = scope();
+    let tenant = |event: &Value| event["tenant"].as_str().map(str::to_owned);
+    let untenanted = json!({"order_id": "o-1"});
+
+    let required = orders_policy().with_tenant(tenant);
+    assert!(matches!(
+        required.derive(&scope, &untenanted),
+        Err(Error::TenantMissing { .. })
+    ));
+    let (tenanted, _) = required
+        .derive(&scope, &json!({"order_id": "o-1", "tenant": "acme"}))
+        .expect("a tenant");
+    assert_eq!(tenanted.tenant(), Some("acme"));
+
+    let optional = orders_policy().with_optional_tenant(tenant);
+    let (key, _) = optional
+        .derive(&scope, &untenanted)
+        .expect("tenant-less is allowed");
+    let (plain, _) = orders_policy().derive(&scope, &untenanted).expect("key");
+    assert_eq!(key, plain, "an optional tenant left out keys as no tenant");
+
+    // Lambda's tenant satisfies a policy that needs one, and wins over the event's.
+    let operation = Operation::new(
+        Idempotency::new(lambda_idempotency::MemoryStore::new()),
+        scope,
+        required,
+    );
+    let from_context = operation
+        .invocation(&untenanted, &context(Some("acme")))
+        .expect("Lambda's tenant");
+    assert_eq!(from_context.key().tenant(), Some("acme"));
+    let forged = json!({"order_id": "o-1", "tenant": "globex"});
+    let invocation = operation
+        .invocation(&forged, &context(Some("acme")))
+        .expect("Lambda's tenant");
+    assert_eq!(
+        invocation.key().tenant(),
+        Some("acme"),
+        "the event cannot forge it"
+    );
+}
+
+#[tokio::test]
+async fn a_batch_record_without_its_tenant_fails_alone_as_poison() {
+    let idem = Idempotency::new(lambda_idempotency::MemoryStore::new());
+    let policy =
+        sources::sqs(Some("/order_id"))
+            .expect("sqs")
+            .with_tenant(|message: &SqsMessage| {
+                let body: Value = serde_json::from_str(message.body.as_deref()?).ok()?;
+                body["tenant"].as_str().map(str::to_owned)
+            });
+    let batch = Operation::new(idem, scope(), policy).batch();
+    let report = batch
+        .process(
+            vec![
+                sqs_message("m-1", json!({"order_id": "o-1", "tenant": "acme"})),
+                sqs_message("m-2", json!({"order_id": "o-1"})),
+            ],
+            &context(None),
+            |_, _| async { Ok::<_, BoxError>(1) },
+        )
+        .await;
+    assert!(matches!(report.records[0].1, RecordOutcome::Executed));
+    let missing = &report.records[1].1;
+    assert!(
+        matches!(
+            missing,
+            RecordOutcome::Failed(Error::TenantMissing { .. })
+                | RecordOutcome::Poison(Error::TenantMissing { .. })
+        ),
+        "{missing:?}"
+    );
+}
+
+#[tokio::test]
+async fn control_characters_are_refused_where_they_enter() {
+    let operation = Operation::new(
+        Idempotency::new(lambda_idempotency::MemoryStore::new()),
+        scope(),
+        orders_policy()
+            .with_tenant(|event: &Value| event["tenant"].as_str().map(str::to_owned))
+            .with_identity(|event: &Value| event["identity"].as_str().map(str::to_owned)),
+    );
+    let refused = |result: Result<lambda_idempotency::Invocation, Error>| {
+        matches!(result, Err(Error::InvalidEvent { .. }))
+    };
+    let event = |tenant: &str, identity: &str| json!({"order_id": "o-1", "tenant": tenant, "identity": identity});
+    assert!(refused(operation.invocation(
+        &event("acme", "order:o-1"),
+        &context(Some("ac\u{1b}[2Jme"))
+    )));
+    assert!(refused(
+        operation.invocation(&event("ac\nme", "order:o-1"), &context(None))
+    ));
+    assert!(refused(
+        operation.invocation(&event("acme", "order:\u{7}o-1"), &context(None))
+    ));
+    assert!(refused(operation.invocation(
+        &event("acme", "order:o-1\u{202e}\u{0}"),
+        &context(None)
+    )));
+    assert!(
+        operation
+            .invocation(&event("acme", "order:o-1"), &context(None))
+            .is_ok()
+    );
+
+    // A caller principal read by the application is refused the same way: 400, nothing run.
+    let keys = HttpKeys::new().with_principal(|request: &Request| {
+        let caller = request.headers().get("x-caller")?;
+        caller.to_str().ok().map(str::to_owned)
+    });
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let app = service_fn(move |_: Request| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async { Ok::<_, BoxError>(http::Response::new(Body::Empty)) }
+    });
+    let mut service = Operation::new(
+        Idempotency::new(lambda_idempotency::MemoryStore::new()),
+        scope(),
+        keys.policy(),
+    )
+    .http_layer()
+    .layer(app);
+    let request = http::Request::builder()
+        .method("POST")
+        .uri("https://api.example/orders")
+        .header("idempotency-key", "k-1")
+        .header("x-caller", "alice\tadmin")
+        .body(Body::Empty)
+        .expect("request");
+    let response = service
+        .ready()
+        .await
+        .expect("ready")
+        .call(request)
+        .await
+        .expect("answered");
+    assert_eq!(response.status(), 400);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+/// A function in tenant isolation mode upgraded from 0.4: what 0.4 recorded for an event (it
+/// keyed it as the policy alone does, ignoring Lambda's tenant) answers the redelivery by its
+/// state when the rule names the cut-over, and only then; never with its result.
+#[tokio::test]
+async fn a_redelivery_across_the_upgrade_is_neither_run_again_nor_misread() {
+    for backend in both().await {
+        let name = backend.name;
+        let clock: ManualClock = backend.clock.clone();
+        let cutover = clock.now() + Duration::from_secs(3600);
+        let config = Config::builder()
+            .keyed_by_0_4_before(cutover)
+            .build()
+            .expect("config");
+        let store = backend.store;
+        let upgraded = Idempotency::new(store.clone())
+            .with_clock(clock.clone())
+            .with_config(config);
+        let rule_off = Idempotency::new(store.clone()).with_clock(clock.clone());
+        let policy = orders_policy().with_identity(|event: &Value| {
+            event["order_id"].as_str().map(|id| format!("order:{id}"))
+        });
+        let operation = |idem: &Idempotency| Operation::new(idem.clone(), scope(), policy.clone());
+        let runs = AtomicUsize::new(0);
+        let run = |idem: &Idempotency, payload: Value, tenant: Option<&str>| {
+            let invocation = operation(idem)
+                .invocation(&payload, &context(tenant))
+                .expect("invocation");
+            let runs = &runs;
+            let idem = idem.clone();
+            async move {
+                idem.execute(&invocation, |_| async move {
+                    let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                    Ok::<_, BoxError>(json!({"charged": run}))
+                })
+                .await
+                .map(|execution| execution.value().clone())
+            }
+        };
+        let o1 = json!({"order_id": "o-1", "amount": 5});
+
+        // 0.4 ran the first delivery: the same key the policy derives without a tenant.
+        run(&rule_off, o1.clone(), None).await.expect("0.4's run");
+        clock.advance(Duration::from_secs(2 * 3600));
+
+        let redelivered = run(&upgraded, o1.clone(), Some("acme")).await;
+        match &redelivered {
+            Err(Error::KeyExpiredConflict { evidence, .. }) => {
+                assert_eq!(evidence.status, Status::Completed, "{name}");
+                assert_eq!(evidence.result_ref, None, "{name}: no result travels");
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}: not run again");
+
+        // Another intent under the same id is another operation: it runs.
+        let changed = json!({"order_id": "o-1", "amount": 7});
+        let other = run(&upgraded, changed, Some("globex")).await;
+        assert!(other.is_ok(), "{name}: {other:?}");
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "{name}");
+
+        // A record written under the old key after the cut-over is not 0.4's.
+        let o2 = json!({"order_id": "o-2"});
+        run(&rule_off, o2.clone(), None).await.expect("untenanted");
+        assert!(run(&upgraded, o2, Some("acme")).await.is_ok(), "{name}");
+        assert_eq!(runs.load(Ordering::SeqCst), 4, "{name}");
+
+        // Once the record expired, the evidence 0.4 kept for the identity answers.
+        clock.advance(Config::DEFAULT_RETENTION);
+        let late = run(&upgraded, o1.clone(), Some("acme")).await;
+        assert!(
+            matches!(&late, Err(Error::KeyExpiredConflict { evidence, .. }) if evidence.status == Status::Completed),
+            "{name}: {late:?}"
+        );
+
+        // Without the rule, the redelivery runs again: the rule is what prevents it.
+        let unprotected = run(&rule_off, o1, Some("acme")).await;
+        assert!(unprotected.is_ok(), "{name}: {unprotected:?}");
+        assert_eq!(runs.load(Ordering::SeqCst), 5, "{name}");
+    }
+}
