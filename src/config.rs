@@ -121,24 +121,34 @@ impl ConfigBuilder {
         self
     }
 
-    /// Answers a tenanted invocation from the record (or evidence) 0.4 kept for the same event
-    /// before `cutover`, when Lambda's tenant isolation mode gives the function its tenants:
-    /// 0.4 never read that tenant and keyed every tenant's operations alike, 0.5 keys each
-    /// under its tenant. Without the rule, a redelivery that spans the upgrade runs again.
+    /// Answers an invocation that 0.5 keys otherwise than 0.4 did from what 0.4 kept for the
+    /// same event before `cutover`. 0.4 read neither the tenant Lambda's tenant isolation mode
+    /// gives an invocation nor an SQS message's producer (`SenderId`,
+    /// [`sources::sqs`](crate::lambda::sources::sqs)): it keyed every tenant's and producer's
+    /// operations alike, and 0.5 keys them apart. Without the rule, a redelivery that spans the
+    /// upgrade runs again.
     ///
-    /// With it, a tenanted invocation whose new key holds no live record first reads under the
-    /// key 0.4 derived (one or two more `GetItem`s, for functions that get a tenant from Lambda
-    /// only). A record or evidence created before `cutover`, of the same intent, answers by its
-    /// state alone, never with its result (0.4 did not record whose it was): applied or failed
+    /// With it, such an invocation whose new key holds no live record first reads under the
+    /// key 0.4 derived (one or two more `GetItem`s, for those invocations only). Only what 0.4
+    /// wrote counts: a record or evidence that names no key rule and was created before
+    /// `cutover`. A record of the same intent answers by its state alone, never with its result
+    /// (0.4 did not record whose it was): applied or failed
     /// ([`Error::KeyExpiredConflict`](crate::Error::KeyExpiredConflict), which a batch door
-    /// acknowledges when it took effect), still running, or held
-    /// ([`Error::Indeterminate`](crate::Error::Indeterminate)). While such records live, a
-    /// second tenant's operation of the very same intent is answered alike, instead of running;
-    /// one of another intent is never affected.
+    /// acknowledges when it took effect), still running
+    /// ([`Error::AlreadyInProgress`](crate::Error::AlreadyInProgress)), or held for an operator
+    /// ([`Error::Indeterminate`](crate::Error::Indeterminate), also for a 0.4 attempt that
+    /// crashed: it is never re-run blind under the new key). The evidence 0.4 kept for a
+    /// business identity keeps holding it: its own operation is answered by its state, another
+    /// learns only that the identity is held. While such records and evidence live, another
+    /// tenant's or producer's operation of the very same intent, or with the same identity, is
+    /// answered alike instead of running; one of another intent without an identity is never
+    /// affected.
     ///
-    /// Off by default. Turn it on for a function in tenant isolation mode that ran 0.4, naming
-    /// the instant its last 0.4 instance stopped writing (in a rolling deploy, when the deploy
-    /// ends), and turn it off one retention later.
+    /// Off by default. Turn it on for a function that ran 0.4 and gets tenants from Lambda or
+    /// reads SQS messages with [`sources::sqs`](crate::lambda::sources::sqs), naming the instant
+    /// its last 0.4 instance stopped writing (in a rolling deploy, when the deploy ends). Turn it
+    /// off one retention later, unless the function declares business identities: their
+    /// evidence is permanent, and protects only while the rule is on.
     ///
     /// ```
     /// use std::time::{Duration, SystemTime};

@@ -44,6 +44,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
+use lambda_idempotency::config::{MAX_FAILURE_KIND_BYTES, MAX_FAILURE_MESSAGE_BYTES};
 use lambda_idempotency::record::{
     Audit, Evidence, Record, RetainedFailure, Settlement, Status, StepRecord, epoch_millis,
 };
@@ -260,11 +261,16 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                     show::typed(what, text)?;
                 }
             }
-            if reason
-                .as_ref()
-                .is_some_and(|reason| reason.len() > MAX_REASON_BYTES)
-            {
-                return Err(format!("--reason takes at most {MAX_REASON_BYTES} bytes").into());
+            // Refused, not cut: what the confirmation shows is exactly what is written.
+            let limits = [
+                ("--reason", &reason, MAX_REASON_BYTES),
+                ("--failed", &failed, MAX_FAILURE_KIND_BYTES),
+                ("--message", &message, MAX_FAILURE_MESSAGE_BYTES),
+            ];
+            for (what, text, limit) in limits {
+                if text.as_ref().is_some_and(|text| text.len() > limit) {
+                    return Err(format!("{what} takes at most {limit} bytes").into());
+                }
             }
             let resolution = if let Some(path) = completed {
                 let text = std::fs::read(&path)

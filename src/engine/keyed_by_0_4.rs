@@ -1,16 +1,22 @@
-//! The tenant compatibility rule, where the deployer turns it on
+//! The 0.4 key rule, where the deployer turns it on
 //! ([`ConfigBuilder::keyed_by_0_4_before`](crate::config::ConfigBuilder::keyed_by_0_4_before)):
-//! 0.4 never read the tenant Lambda's tenant isolation mode gives an invocation, so it keyed
-//! every tenant's operations (and their identities' evidence) as the policy alone did. 0.5
-//! keys them under that tenant. A redelivery that spans the upgrade must not run again, and
-//! must not be answered with what may be another tenant's result.
+//! 0.4 read neither the tenant Lambda's tenant isolation mode gives an invocation nor the
+//! producer of an SQS message, so it keyed every tenant's and producer's operations (and their
+//! identities' evidence) alike. 0.5 keys them apart. A redelivery that spans the upgrade must
+//! not run again, and must not be answered with what may be another tenant's result.
 //!
-//! Before claiming a key that Lambda's tenant changed, and only when no live record stands
-//! under it, the engine reads the record (and, with a business identity, the evidence) 0.4
-//! would have written for the same event. One created before the cut-over, of this very
-//! intent, answers the invocation by its state alone: applied, failed, still running, held.
-//! Its result is never returned: a record 0.4 wrote does not say which tenant wrote it. One of
-//! another intent, or created after the cut-over, is another operation's and is left alone.
+//! Before claiming a key that differs from 0.4's, and only when no live record stands under
+//! it, the engine reads what 0.4 would have written for the same event. It applies only to
+//! what 0.4 wrote: a record or evidence that names no key rule (0.5 writes one) and was created
+//! before the cut-over.
+//! - A record of this very intent answers by its state alone, never with its result (0.4 did
+//!   not record whose it was): applied or failed, still running, or held for an operator (a
+//!   crashed 0.4 attempt is never re-run blind under the new key). A record of another intent
+//!   is another operation's and is left alone.
+//! - With a business identity, the evidence 0.4 kept answers as it did under 0.4: this
+//!   operation's by its state; another operation's as the identity's holder (redacted), since
+//!   0.4 could not tell whose it was. Evidence is permanent: keep the rule on for as long as
+//!   such evidence must protect its identity.
 
 use std::time::SystemTime;
 
@@ -19,12 +25,13 @@ use tracing::info;
 use super::{Idempotency, erased};
 use crate::error::Error;
 use crate::execution::Invocation;
+use crate::key::{Fingerprint, KeyRule};
 use crate::record::{Evidence, Status};
 use crate::store::Store;
 
 impl Idempotency {
-    /// `Err` with the answer when 0.4 recorded this operation, before the cut-over, under the
-    /// key it derived without Lambda's tenant; `Ok` to claim as usual.
+    /// `Err` with the answer when 0.4 recorded this operation (or its identity), before the
+    /// cut-over, under the key it derived; `Ok` to claim as usual.
     pub(super) async fn check_keyed_by_0_4(
         &self,
         invocation: &Invocation,
@@ -41,50 +48,69 @@ impl Idempotency {
         {
             return Ok(());
         }
-        let of_this_intent = |created_at: SystemTime, fingerprint| {
-            created_at < cutover && invocation.fingerprint.names(fingerprint, created_at)
+        // Written by 0.4 or before: it names no key rule (0.5 writes one) and predates the
+        // cut-over.
+        let by_0_4 = |created_at: SystemTime, fingerprint: &Fingerprint| {
+            created_at < cutover && fingerprint.rule() == KeyRule::Unstated
         };
-        let seen = match erased(self.store.get(before)).await? {
-            Some(record)
-                if !record.counts_as_absent(now)
-                    && of_this_intent(record.created_at, &record.fingerprint) =>
-            {
-                Some((record.status, record.created_at, record.completed_at))
-            }
-            _ => match self.evidence_keyed_by_0_4(invocation).await? {
-                Some(evidence)
-                    if evidence.key == *before
-                        && of_this_intent(evidence.created_at, &evidence.fingerprint) =>
-                {
-                    Some((evidence.status, evidence.created_at, evidence.completed_at))
-                }
-                _ => None,
-            },
+        let of_this_intent = |created_at: SystemTime, fingerprint: &Fingerprint| {
+            invocation.fingerprint.names(fingerprint, created_at)
         };
-        let Some((status, created_at, completed_at)) = seen else {
+        let key = invocation.key.clone();
+        if let Some(record) = erased(self.store.get(before)).await?
+            && !record.counts_as_absent(now)
+            && by_0_4(record.created_at, &record.fingerprint)
+            && of_this_intent(record.created_at, &record.fingerprint)
+        {
+            info!(
+                key = before.short(),
+                status = %record.status,
+                "0.4 recorded this operation under the key it derived: answered by its state"
+            );
+            return Err(match record.status {
+                Status::InProgress if !record.lease.is_expired(now) => Error::AlreadyInProgress {
+                    key,
+                    attempt: record.lease.attempt,
+                    retry_after: record
+                        .lease
+                        .expires_at
+                        .duration_since(now)
+                        .unwrap_or_default(),
+                },
+                // A crashed 0.4 attempt: held for an operator (`idemctl resolve` on its key),
+                // never re-run blind under the new key.
+                Status::InProgress | Status::Indeterminate => Error::Indeterminate { key },
+                status => settled_as(invocation, status, record.created_at, record.completed_at),
+            });
+        }
+        let Some(evidence) = self.evidence_keyed_by_0_4(invocation).await? else {
             return Ok(());
         };
+        if !by_0_4(evidence.created_at, &evidence.fingerprint) {
+            return Ok(());
+        }
         info!(
             key = before.short(),
-            status = %status,
-            "0.4 recorded this operation without Lambda's tenant: answered by its state"
+            status = %evidence.status,
+            "0.4 kept this identity's evidence where it kept it: answered by its state"
         );
-        let key = invocation.key.clone();
-        Err(match status {
-            Status::Indeterminate => Error::Indeterminate { key },
-            status => Error::KeyExpiredConflict {
-                evidence: Box::new(Evidence {
-                    identity: invocation.identity.clone().unwrap_or_default(),
-                    key: key.clone(),
-                    fingerprint: invocation.fingerprint.clone(),
-                    status,
-                    result_ref: None,
-                    created_at,
-                    completed_at,
-                    audit: None,
-                }),
+        if evidence.key != *before || !of_this_intent(evidence.created_at, &evidence.fingerprint) {
+            // Another operation held the identity under 0.4, which could not tell tenants or
+            // producers apart: it keeps holding it, and the caller learns only its state.
+            return Err(Error::KeyExpiredConflict {
                 key,
-            },
+                evidence: Box::new(evidence.redacted()),
+            });
+        }
+        Err(match evidence.status {
+            // Its record gone (TTL) and never settled: held for an operator.
+            Status::InProgress | Status::Indeterminate => Error::Indeterminate { key },
+            status => settled_as(
+                invocation,
+                status,
+                evidence.created_at,
+                evidence.completed_at,
+            ),
         })
     }
 
@@ -104,5 +130,28 @@ impl Idempotency {
             return Ok(None);
         }
         Ok(erased(self.store.evidence(&earlier)).await?)
+    }
+}
+
+/// The answer for this very operation, settled as `status` by 0.4: its state, never its result.
+fn settled_as(
+    invocation: &Invocation,
+    status: Status,
+    created_at: SystemTime,
+    completed_at: Option<SystemTime>,
+) -> Error {
+    let key = invocation.key.clone();
+    Error::KeyExpiredConflict {
+        evidence: Box::new(Evidence {
+            identity: invocation.identity.clone().unwrap_or_default(),
+            key: key.clone(),
+            fingerprint: invocation.fingerprint.clone(),
+            status,
+            result_ref: None,
+            created_at,
+            completed_at,
+            audit: None,
+        }),
+        key,
     }
 }

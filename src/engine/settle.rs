@@ -115,15 +115,12 @@ impl Idempotency {
                     match settled {
                         Err(Error::Store(StoreError::Rejected { message, .. })) => {
                             warn!(attempt, "the store rejected the outcome after the effect");
-                            self.retain(
-                                target,
-                                attempt,
-                                FailureKind::OutcomeUnstorable,
+                            let failure = RetainedFailure {
+                                kind: FailureKind::OutcomeUnstorable,
                                 message,
-                                patience,
-                                steps,
-                            )
-                            .await?;
+                            };
+                            self.retain_as(target, attempt, failure, patience, steps, refusal)
+                                .await?;
                             return Err(Error::OutcomeTooLarge {
                                 key: key.clone(),
                                 size: raw.get().len(),
@@ -153,7 +150,11 @@ impl Idempotency {
             Error::InvalidEvent { reason } => reason.clone(),
             other => other.to_string(),
         };
-        self.retain(target, attempt, kind, message.clone(), patience, steps)
+        let failure = RetainedFailure {
+            kind,
+            message: message.clone(),
+        };
+        self.retain_as(target, attempt, failure, patience, steps, refusal)
             .await?;
         match unstorable {
             // The effect happened and its result cannot be kept: the caller is told what every
@@ -272,11 +273,34 @@ impl Idempotency {
         patience: Patience,
         steps: Option<Vec<StepRecord>>,
     ) -> Result<(), Error> {
+        self.retain_as(
+            target,
+            attempt,
+            RetainedFailure { kind, message },
+            patience,
+            steps,
+            false,
+        )
+        .await
+    }
+
+    /// [`Self::retain`] of `failure`, deleting the identity's evidence instead of settling it
+    /// when `releases_identity` (a refusal that took no effect, whose result cannot be kept).
+    async fn retain_as(
+        &self,
+        target: Target<'_>,
+        attempt: u32,
+        failure: RetainedFailure,
+        patience: Patience,
+        steps: Option<Vec<StepRecord>>,
+        releases_identity: bool,
+    ) -> Result<(), Error> {
         // A handler's error text (and its classifier's kind) can be any length: only its
         // start is kept.
-        let failure = RetainedFailure { kind, message }.bounded();
+        let failure = failure.bounded();
         let settlement = Settlement::failed(&failure, self.clock.now(), self.config.retention())
-            .with_steps(steps);
+            .with_steps(steps)
+            .releasing_identity(releases_identity);
         self.settle(target, attempt, &settlement, patience).await
     }
 

@@ -233,26 +233,21 @@ impl<E> KeyPolicy<E> {
         })?;
         let intent = self.intent.select(event)?.unwrap_or(Value::Null);
         let fingerprint = Fingerprint::of_value(&intent)?;
-        let (tenant, tenant_by_0_4) = match context_tenant {
-            // 0.4 ignored Lambda's tenant: an event the policy cannot key without it had none.
-            Some(tenant) => (
-                Some(tenant.to_owned()),
-                self.policy_tenant(scope, event).ok(),
-            ),
-            None => {
-                let tenant = self.policy_tenant(scope, event)?;
-                (tenant.clone(), Some(tenant))
-            }
+        // 0.4 ignored Lambda's tenant, and keyed an event its selector found no tenant in
+        // without one.
+        let tenant_by_0_4 = self.tenant.as_ref().and_then(|tenant| tenant(event));
+        let tenant = match context_tenant {
+            Some(tenant) => Some(tenant.to_owned()),
+            None => self.policy_tenant(scope, event)?,
         };
         let (key, earlier) = OperationKey::with_earlier(scope, tenant.as_deref(), &material)?;
         let material_by_0_4 = match &self.key_as_0_4 {
             Some(select) => select.select(event).ok().flatten(),
             None => Some(material),
         };
-        let key_by_0_4 = tenant_by_0_4
-            .zip(material_by_0_4)
-            .and_then(|(tenant, material)| {
-                OperationKey::with_earlier(scope, tenant.as_deref(), &material).ok()
+        let key_by_0_4 = material_by_0_4
+            .and_then(|material| {
+                OperationKey::with_earlier(scope, tenant_by_0_4.as_deref(), &material).ok()
             })
             .map(|(by_0_4, _)| by_0_4)
             .filter(|by_0_4| *by_0_4 != key);

@@ -906,3 +906,40 @@ async fn a_resolution_without_a_uniqueness_table_needs_to_say_so() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("--without-audit-trail"));
 }
+
+/// What the confirmation shows is what is written: a failure kind or message past what a
+/// record keeps is refused, not cut on the way to the table.
+#[tokio::test]
+async fn a_failure_longer_than_a_record_keeps_is_refused() {
+    let db = dynamo::start().await;
+    let long_kind = "k".repeat(129);
+    let long_message = "m".repeat(1025);
+    for (kind, message) in [
+        (long_kind.as_str(), "short"),
+        ("declined", long_message.as_str()),
+    ] {
+        let output = idemctl(
+            &db,
+            &[
+                "resolve",
+                "--key",
+                "ns#op#v1#00",
+                "--retention",
+                "24h",
+                "--failed",
+                kind,
+                "--message",
+                message,
+                "--operator",
+                "alice",
+                "--yes",
+            ],
+        );
+        assert!(!output.status.success());
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains("takes at most"),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}

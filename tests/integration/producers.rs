@@ -10,9 +10,10 @@ use std::time::Duration;
 use aws_lambda_events::event::sqs::SqsMessage;
 use lambda_idempotency::clock::Clock;
 use lambda_idempotency::config::Config;
+use lambda_idempotency::key::Fingerprint;
 use lambda_idempotency::lambda::batch::RecordOutcome;
 use lambda_idempotency::lambda::sources;
-use lambda_idempotency::{BoxError, Idempotency, Operation, OperationScope};
+use lambda_idempotency::{BoxError, Idempotency, Invocation, Operation, OperationScope};
 use lambda_runtime::Context;
 use serde_json::json;
 
@@ -102,13 +103,13 @@ async fn a_redelivery_0_4_keyed_without_its_producer_is_not_run_again() {
             .build()
             .expect("config");
         let store = backend.store;
-        // 0.4 keyed the message as `sqs_across_senders` does.
-        let v0_4 = Operation::new(
-            Idempotency::new(store.clone()).with_clock(clock.clone()),
+        // 0.4 keyed the message as `sqs_across_senders` does, and named no key rule.
+        let v0_4 = Idempotency::new(store.clone()).with_clock(clock.clone());
+        let across = Operation::new(
+            v0_4.clone(),
             scope(),
             sources::sqs_across_senders(Some("/order_id")).expect("sqs"),
-        )
-        .batch();
+        );
         let v0_5 = Operation::new(
             Idempotency::new(store)
                 .with_clock(clock.clone())
@@ -124,7 +125,20 @@ async fn a_redelivery_0_4_keyed_without_its_producer_is_not_run_again() {
         };
         let message = || vec![from("AROAPRODUCERA:i-1", "m-1")];
 
-        v0_4.process(message(), &Context::default(), place).await;
+        let today = across
+            .invocation(&message()[0], &Context::default())
+            .expect("invocation");
+        let recorded_by_0_4 = Invocation::new(
+            today.key().clone(),
+            Fingerprint::from_stored(today.fingerprint().as_str()),
+            Duration::from_secs(60),
+        );
+        v0_4.execute(&recorded_by_0_4, |_| async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, BoxError>(())
+        })
+        .await
+        .expect("0.4's run");
         clock.advance(Duration::from_secs(120));
         let again = v0_5.process(message(), &Context::default(), place).await;
 

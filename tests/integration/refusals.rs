@@ -104,3 +104,44 @@ async fn a_refusal_after_a_recorded_step_keeps_its_identity() {
         );
     }
 }
+
+/// A refusal whose result is too large to keep is retained FAILED for its key, as any result
+/// that cannot be kept, but it still holds no identity: the corrected request runs.
+#[tokio::test]
+async fn a_refusal_too_large_to_keep_still_releases_its_identity() {
+    for backend in both().await {
+        let name = backend.name;
+        let store = backend.store.clone();
+        let config = lambda_idempotency::Config::builder()
+            .max_outcome_bytes(64)
+            .build()
+            .expect("config");
+        let idem = Idempotency::new(backend.store)
+            .with_clock(backend.clock)
+            .with_config(config);
+        let refused = invocation("k-1", "order:o-3");
+
+        let first = idem
+            .execute(&refused, |ctx| async move {
+                ctx.refuse();
+                Ok::<_, BoxError>(json!({"refused": "x".repeat(200)}))
+            })
+            .await;
+        assert!(
+            matches!(first, Err(Error::OutcomeTooLarge { .. })),
+            "{name}: {first:?}"
+        );
+        let evidence_key = refused.evidence_key().expect("an identity");
+        assert_eq!(
+            store.evidence(&evidence_key).await.expect("read"),
+            None,
+            "{name}: the refusal settled no evidence"
+        );
+        let corrected = idem
+            .execute(&invocation("k-2", "order:o-3"), |_| async {
+                Ok::<_, BoxError>(json!({"invoice": "i-3"}))
+            })
+            .await;
+        assert!(corrected.is_ok(), "{name}: {corrected:?}");
+    }
+}

@@ -6,24 +6,26 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use aws_lambda_events::event::sqs::SqsMessage;
 use lambda_http::{Body, Request, RequestExt};
-use lambda_idempotency::clock::{Clock, ManualClock};
+use lambda_idempotency::clock::Clock;
 use lambda_idempotency::config::Config;
+use lambda_idempotency::key::Fingerprint;
 use lambda_idempotency::lambda::batch::RecordOutcome;
 use lambda_idempotency::lambda::http::CallerScope;
 use lambda_idempotency::lambda::sources;
 use lambda_idempotency::record::Status;
+use lambda_idempotency::testing::conformance::crash_after_claim;
 use lambda_idempotency::{
-    BoxError, Error, HttpKeys, Idempotency, KeyPolicy, Operation, OperationScope,
+    BoxError, Error, HttpKeys, Idempotency, Invocation, KeyPolicy, Operation, OperationScope,
 };
 use lambda_runtime::tower::{Layer, Service, ServiceExt, service_fn};
 use lambda_runtime::{Context, LambdaEvent};
 use serde_json::{Value, json};
 
-use crate::backends::{both, sqs_message};
+use crate::backends::{Backend, both, sqs_message};
 
 fn scope() -> OperationScope {
     OperationScope::new("tenants", "orders").expect("scope")
@@ -328,51 +330,76 @@ async fn control_characters_are_refused_where_they_enter() {
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
 
-/// A function in tenant isolation mode upgraded from 0.4: what 0.4 recorded for an event (it
-/// keyed it as the policy alone does, ignoring Lambda's tenant) answers the redelivery by its
-/// state when the rule names the cut-over, and only then; never with its result.
+/// The invocation as 0.4 made it for the same event: the key the policy alone derives
+/// (0.4 never read Lambda's tenant) and a fingerprint that names no key rule, as 0.4 stored it.
+fn as_0_4(operation: &Operation<Value>, payload: &Value, lease: Duration) -> Invocation {
+    let today = operation
+        .invocation(payload, &context(None))
+        .expect("invocation");
+    let fingerprint = Fingerprint::from_stored(today.fingerprint().as_str());
+    let old = Invocation::new(today.key().clone(), fingerprint, lease);
+    match today.identity() {
+        Some(identity) => old.with_identity(identity).expect("identity"),
+        None => old,
+    }
+}
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// The engine with the 0.4 key rule on (cut-over `cutover`), and one without it.
+fn engines(backend: &Backend, cutover: SystemTime) -> (Idempotency, Idempotency) {
+    let config = Config::builder()
+        .keyed_by_0_4_before(cutover)
+        .build()
+        .expect("config");
+    let plain = Idempotency::new(backend.store.clone()).with_clock(backend.clock.clone());
+    (plain.clone().with_config(config), plain)
+}
+
+async fn charge(
+    idem: &Idempotency,
+    invocation: &Invocation,
+    runs: &AtomicUsize,
+) -> Result<Value, Error> {
+    idem.execute(invocation, |_| async move {
+        let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+        Ok::<_, BoxError>(json!({"charged": run}))
+    })
+    .await
+    .map(|execution| execution.value().clone())
+}
+
+/// A function in tenant isolation mode upgraded from 0.4: what 0.4 recorded for an event
+/// answers the redelivery by its state when the rule names the cut-over, and only then; never
+/// with its result. Only what 0.4 wrote counts.
 #[tokio::test]
 async fn a_redelivery_across_the_upgrade_is_neither_run_again_nor_misread() {
     for backend in both().await {
         let name = backend.name;
-        let clock: ManualClock = backend.clock.clone();
-        let cutover = clock.now() + Duration::from_secs(3600);
-        let config = Config::builder()
-            .keyed_by_0_4_before(cutover)
-            .build()
-            .expect("config");
-        let store = backend.store;
-        let upgraded = Idempotency::new(store.clone())
-            .with_clock(clock.clone())
-            .with_config(config);
-        let rule_off = Idempotency::new(store.clone()).with_clock(clock.clone());
-        let policy = orders_policy().with_identity(|event: &Value| {
-            event["order_id"].as_str().map(|id| format!("order:{id}"))
-        });
-        let operation = |idem: &Idempotency| Operation::new(idem.clone(), scope(), policy.clone());
-        let runs = AtomicUsize::new(0);
-        let run = |idem: &Idempotency, payload: Value, tenant: Option<&str>| {
-            let invocation = operation(idem)
-                .invocation(&payload, &context(tenant))
-                .expect("invocation");
-            let runs = &runs;
-            let idem = idem.clone();
-            async move {
-                idem.execute(&invocation, |_| async move {
-                    let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
-                    Ok::<_, BoxError>(json!({"charged": run}))
-                })
-                .await
-                .map(|execution| execution.value().clone())
-            }
+        let clock = backend.clock.clone();
+        let (upgraded, rule_off) = engines(&backend, clock.now() + Duration::from_secs(3600));
+        let operation = |idem: &Idempotency| Operation::new(idem.clone(), scope(), orders_policy());
+        let tenanted = |payload: &Value, tenant| {
+            operation(&upgraded)
+                .invocation(payload, &context(Some(tenant)))
+                .expect("invocation")
         };
+        let runs = AtomicUsize::new(0);
         let o1 = json!({"order_id": "o-1", "amount": 5});
 
-        // 0.4 ran the first delivery: the same key the policy derives without a tenant.
-        run(&rule_off, o1.clone(), None).await.expect("0.4's run");
+        charge(
+            &rule_off,
+            &as_0_4(&operation(&rule_off), &o1, MINUTE),
+            &runs,
+        )
+        .await
+        .expect("0.4's run");
+        let o3 = json!({"order_id": "o-3"});
+        let three_hours = Duration::from_secs(3 * 3600);
+        crash_after_claim(&rule_off, &as_0_4(&operation(&rule_off), &o3, three_hours)).await;
         clock.advance(Duration::from_secs(2 * 3600));
 
-        let redelivered = run(&upgraded, o1.clone(), Some("acme")).await;
+        let redelivered = charge(&upgraded, &tenanted(&o1, "acme"), &runs).await;
         match &redelivered {
             Err(Error::KeyExpiredConflict { evidence, .. }) => {
                 assert_eq!(evidence.status, Status::Completed, "{name}");
@@ -384,27 +411,92 @@ async fn a_redelivery_across_the_upgrade_is_neither_run_again_nor_misread() {
 
         // Another intent under the same id is another operation: it runs.
         let changed = json!({"order_id": "o-1", "amount": 7});
-        let other = run(&upgraded, changed, Some("globex")).await;
+        let other = charge(&upgraded, &tenanted(&changed, "globex"), &runs).await;
         assert!(other.is_ok(), "{name}: {other:?}");
         assert_eq!(runs.load(Ordering::SeqCst), 2, "{name}");
 
-        // A record written under the old key after the cut-over is not 0.4's.
+        // A record 0.5 wrote under the old key (untenanted) is not 0.4's.
         let o2 = json!({"order_id": "o-2"});
-        run(&rule_off, o2.clone(), None).await.expect("untenanted");
-        assert!(run(&upgraded, o2, Some("acme")).await.is_ok(), "{name}");
+        let untenanted = operation(&rule_off)
+            .invocation(&o2, &context(None))
+            .expect("invocation");
+        charge(&rule_off, &untenanted, &runs)
+            .await
+            .expect("0.5, untenanted");
+        assert!(
+            charge(&upgraded, &tenanted(&o2, "acme"), &runs)
+                .await
+                .is_ok(),
+            "{name}"
+        );
         assert_eq!(runs.load(Ordering::SeqCst), 4, "{name}");
 
-        // Once the record expired, the evidence 0.4 kept for the identity answers.
-        clock.advance(Config::DEFAULT_RETENTION);
-        let late = run(&upgraded, o1.clone(), Some("acme")).await;
+        // A 0.4 attempt (claimed before the cut-over, with a 3-hour lease) still running is
+        // waited for; once its lease ran out (it crashed), it is held for an operator, never
+        // re-run blind under the new key.
+        let running = charge(&upgraded, &tenanted(&o3, "acme"), &runs).await;
         assert!(
-            matches!(&late, Err(Error::KeyExpiredConflict { evidence, .. }) if evidence.status == Status::Completed),
-            "{name}: {late:?}"
+            matches!(running, Err(Error::AlreadyInProgress { .. })),
+            "{name}: {running:?}"
         );
+        clock.advance(Duration::from_secs(2 * 3600));
+        let crashed = charge(&upgraded, &tenanted(&o3, "acme"), &runs).await;
+        assert!(
+            matches!(crashed, Err(Error::Indeterminate { .. })),
+            "{name}: {crashed:?}"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 4, "{name}");
 
         // Without the rule, the redelivery runs again: the rule is what prevents it.
-        let unprotected = run(&rule_off, o1, Some("acme")).await;
+        let unprotected = charge(&rule_off, &tenanted(&o1, "acme"), &runs).await;
         assert!(unprotected.is_ok(), "{name}: {unprotected:?}");
         assert_eq!(runs.load(Ordering::SeqCst), 5, "{name}");
+    }
+}
+
+/// The evidence 0.4 kept for an identity (without Lambda's tenant) keeps protecting it under
+/// the rule, after its record expired: the same event is answered as applied, and another
+/// event with the identity learns only that it is held.
+#[tokio::test]
+async fn an_identity_0_4_settled_is_not_run_again_after_the_upgrade() {
+    for backend in both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        let (upgraded, rule_off) = engines(&backend, clock.now() + Duration::from_secs(3600));
+        let policy = orders_policy().with_identity(|event: &Value| {
+            event["invoice"].as_str().map(|id| format!("invoice:{id}"))
+        });
+        let operation = |idem: &Idempotency| Operation::new(idem.clone(), scope(), policy.clone());
+        let runs = AtomicUsize::new(0);
+        let first = json!({"order_id": "o-1", "invoice": "i-1"});
+
+        charge(
+            &rule_off,
+            &as_0_4(&operation(&rule_off), &first, MINUTE),
+            &runs,
+        )
+        .await
+        .expect("0.4's run");
+        clock.advance(Duration::from_secs(2 * 3600) + Config::DEFAULT_RETENTION);
+
+        let tenanted = |payload: &Value| {
+            operation(&upgraded)
+                .invocation(payload, &context(Some("acme")))
+                .expect("invocation")
+        };
+        let same = charge(&upgraded, &tenanted(&first), &runs).await;
+        assert!(
+            matches!(&same, Err(Error::KeyExpiredConflict { evidence, key })
+                if evidence.status == Status::Completed && evidence.key == *key),
+            "{name}: {same:?}"
+        );
+        let another = json!({"order_id": "o-2", "invoice": "i-1"});
+        let held = charge(&upgraded, &tenanted(&another), &runs).await;
+        assert!(
+            matches!(&held, Err(Error::KeyExpiredConflict { evidence, key })
+                if evidence.status == Status::Completed && evidence.key != *key && evidence.result_ref.is_none()),
+            "{name}: {held:?}"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}");
     }
 }

@@ -112,7 +112,9 @@ pub(crate) fn unscoped_check(table: &str, evidence_key: &str) -> Result<Option<W
 /// a `#` under the bare identity (0.5 keeps it under `#g#{identity}`): such evidence refuses
 /// the claim, unless it is the scoped evidence the identity spells (a key such as
 /// `billing#t=acme#id=invoice:o-1` belongs to acme's operation in `billing`, never to a global
-/// identity). `None` for an evidence key in another form.
+/// identity). `None` for an evidence key in another form. (A 0.4 global identity that spells
+/// the scoped key of its own namespace and tenant cannot be told from that scoped evidence: it
+/// is read as scoped, and refuses nothing.)
 pub(crate) fn global_before_0_5_check(
     table: &str,
     evidence_key: &str,

@@ -30,7 +30,8 @@ pub(crate) enum Inflate {
 
 /// The zstd frames in `stored`, decompressed, at most `limit` bytes: memory grows with what
 /// actually comes out (never with what a header claims), the decoder's window is capped at the
-/// limit's (a frame that needs a larger one is refused before its window is set up), and the
+/// largest outcome's (a frame that needs a larger one is refused before its window is set up),
+/// and the
 /// first byte past the limit ends the read.
 pub(crate) fn decompress_within(stored: &[u8], limit: usize) -> Result<Vec<u8>, Inflate> {
     // A frame that names its content size says at once whether it fits.
@@ -40,8 +41,11 @@ pub(crate) fn decompress_within(stored: &[u8], limit: usize) -> Result<Vec<u8>, 
         return Err(Inflate::OverLimit { limit });
     }
     let mut decoder = zstd::stream::read::Decoder::with_buffer(stored).map_err(Inflate::Corrupt)?;
+    // The window is capped by the largest outcome any writer keeps, not by this one's length:
+    // a frame another build wrote with a larger window than its content (streamed, without a
+    // pledged size) still reads, and memory stays bounded by the output limit and this cap.
     decoder
-        .window_log_max(window_log(limit))
+        .window_log_max(window_log(crate::config::MAX_OUTCOME_BYTES.max(limit)))
         .map_err(Inflate::Corrupt)?;
     let mut out = Vec::new();
     decoder
@@ -54,9 +58,7 @@ pub(crate) fn decompress_within(stored: &[u8], limit: usize) -> Result<Vec<u8>, 
     Ok(out)
 }
 
-/// The smallest window (log 2) that holds `limit` bytes, within zstd's bounds: a frame the
-/// store wrote names its content size, and zstd never gives such a frame a window larger than
-/// its content.
+/// The smallest window (log 2) that holds `limit` bytes, within zstd's bounds.
 fn window_log(limit: usize) -> u32 {
     let log = usize::BITS - limit.saturating_sub(1).leading_zeros();
     log.clamp(MIN_WINDOW_LOG, MAX_WINDOW_LOG)
