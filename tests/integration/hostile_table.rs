@@ -391,17 +391,7 @@ async fn idemctl_counts_and_lists_records_it_cannot_open() {
     let db = dynamo::start().await;
     let keys = hostile_records(&db).await;
     let run = |args: &[&str]| {
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_idemctl"))
-            .args(args)
-            .env("DYNAMODB_ENDPOINT", &db.endpoint)
-            .env("IDEMPOTENCY_TABLE", &db.table)
-            .env("UNIQUENESS_TABLE", &db.uniqueness_table)
-            .env("AWS_ACCESS_KEY_ID", "test")
-            .env("AWS_SECRET_ACCESS_KEY", "test")
-            .env("AWS_REGION", "us-east-1")
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-            .output()
-            .expect("idemctl runs");
+        let output = crate::idemctl::idemctl(&db, args);
         assert!(
             output.status.success(),
             "{}",

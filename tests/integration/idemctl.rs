@@ -33,7 +33,7 @@ fn unreachable() -> String {
 }
 
 /// idemctl on the embedded server, STS out of reach.
-fn idemctl(db: &dynamo::Dynamo, args: &[&str]) -> Output {
+pub(crate) fn idemctl(db: &dynamo::Dynamo, args: &[&str]) -> Output {
     idemctl_with(db, args, &unreachable(), None)
 }
 

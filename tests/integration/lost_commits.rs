@@ -1,14 +1,22 @@
-//! A transactional step's commit whose answers were all lost, re-sent by the engine as a new
-//! request that DynamoDB cannot answer from its `ClientRequestToken` (an endpoint without
-//! token replay, or a re-send past DynamoDB's ten minutes; here every request gets a fresh
-//! token): the step's record, not the token, shows that the commit applied.
+//! A transactional step's commit whose answers were all lost, re-sent by the engine, and each
+//! of the two mechanisms that recognise it, shown apart: DynamoDB answers the re-send from its
+//! `ClientRequestToken` (never refusing it), and where it cannot (an endpoint without token
+//! replay, or a re-send past DynamoDB's ten minutes; here every request gets a fresh token)
+//! the refused re-send's returned record shows that the commit applied. Each test counts the
+//! refusals DynamoDB answered, so that it fails when its mechanism is removed.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use aws_sdk_dynamodb::config::interceptors::BeforeSerializationInterceptorContextMut;
+use std::sync::Arc;
+
+use aws_sdk_dynamodb::config::interceptors::{
+    BeforeSerializationInterceptorContextMut, FinalizerInterceptorContextRef,
+};
 use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_dynamodb::error::BoxError;
-use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsInput;
+use aws_sdk_dynamodb::operation::transact_write_items::{
+    TransactWriteItemsError, TransactWriteItemsInput,
+};
 use lambda_idempotency::store::DynamoDbStore;
 use lambda_idempotency::testing::conformance::invocation;
 use lambda_idempotency::testing::interceptor::{Fault, FaultInterceptor, Operation, SDK_ATTEMPTS};
@@ -43,6 +51,39 @@ impl Intercept for FreshTokens {
     }
 }
 
+/// Counts the `TransactWriteItems` answers that were a `TransactionCanceledException` (a
+/// condition refused the transaction).
+#[derive(Debug, Default, Clone)]
+struct Refusals(Arc<AtomicUsize>);
+
+impl Refusals {
+    fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+impl Intercept for Refusals {
+    fn name(&self) -> &'static str {
+        "Refusals"
+    }
+
+    fn read_after_attempt(
+        &self,
+        context: &FinalizerInterceptorContextRef<'_>,
+        _: &RuntimeComponents,
+        _: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let refused = matches!(context.output_or_error(), Some(Err(err))
+            if err.as_operation_error()
+                .and_then(|err| err.downcast_ref::<TransactWriteItemsError>())
+                .is_some_and(TransactWriteItemsError::is_transaction_canceled_exception));
+        if refused {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+}
+
 /// The handler: one transactional step placing `order` against the stock's version as read.
 async fn place(shop: &Shop, ctx: ExecutionContext, order: &str) -> Result<String, BoxError> {
     Ok(ctx
@@ -54,13 +95,52 @@ async fn place(shop: &Shop, ctx: ExecutionContext, order: &str) -> Result<String
         .await?)
 }
 
+/// The commit's every SDK attempt applies once and loses its answer; the engine's re-send,
+/// under the same token, is answered from it: committed, never refused.
+#[tokio::test]
+async fn a_lost_commit_is_answered_from_its_request_token() {
+    let shop = Shop::open().await;
+    let faults = FaultInterceptor::new();
+    let refusals = Refusals::default();
+    let config = local::config_for(shop.db.endpoint.clone())
+        .interceptor(faults.clone())
+        .interceptor(refusals.clone());
+    let client = aws_sdk_dynamodb::Client::from_conf(config.build());
+    let idem = shop.engine(DynamoDbStore::new(client, &shop.db.table));
+    let inv = invocation("tx-token", &serde_json::json!({"order": "o-41"}));
+    faults.inject_times(
+        Operation::TransactWriteItems,
+        Fault::DropResponse,
+        SDK_ATTEMPTS as usize,
+    );
+
+    let done = idem
+        .execute(&inv, |ctx| place(&shop, ctx, "o-41"))
+        .await
+        .expect("the commit is recognised");
+
+    assert_eq!(done.value(), "placed o-41");
+    assert!(
+        faults.requests(Operation::TransactWriteItems) > SDK_ATTEMPTS as usize,
+        "the engine re-sent the commit"
+    );
+    assert_eq!(
+        refusals.count(),
+        0,
+        "every re-send was answered from its token, none refused by its condition"
+    );
+    assert_eq!(shop.reserved().await, 1, "the stock reserved once");
+}
+
 #[tokio::test]
 async fn a_lost_commit_is_recognised_from_the_record_without_token_replay() {
     let shop = Shop::open().await;
     let faults = FaultInterceptor::new();
+    let refusals = Refusals::default();
     let config = local::config_for(shop.db.endpoint.clone())
         .interceptor(faults.clone())
-        .interceptor(FreshTokens::default());
+        .interceptor(FreshTokens::default())
+        .interceptor(refusals.clone());
     let client = aws_sdk_dynamodb::Client::from_conf(config.build());
     let idem = shop.engine(DynamoDbStore::new(client, &shop.db.table));
     let inv = invocation("tx-no-token", &serde_json::json!({"order": "o-40"}));
@@ -82,6 +162,10 @@ async fn a_lost_commit_is_recognised_from_the_record_without_token_replay() {
     assert!(
         faults.requests(Operation::TransactWriteItems) > SDK_ATTEMPTS as usize,
         "the engine re-sent the commit as a new request"
+    );
+    assert!(
+        refusals.count() >= 1,
+        "the re-send was refused by its condition and recognised from the returned record"
     );
     assert_eq!(shop.reserved().await, 1, "the stock reserved once");
     assert!(shop.has_order("o-40").await);

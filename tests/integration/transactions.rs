@@ -273,11 +273,11 @@ async fn a_zombie_commits_nothing_over_a_takeover() {
     assert_eq!(shop.reserved().await, 0);
 }
 
-/// On an endpoint that replays request tokens (DynamoDB, the embedded server) the re-sent
-/// commit is answered from its token; on one that does not (moto), from the record
-/// (`lost_commits` strips the tokens on the embedded server too).
+/// A commit whose answer the store lost (once, always, or that never applied) commits once.
+/// Which mechanism recognises the re-send (the request token, or the record the refused
+/// re-send returns) is shown apart, each by a test that fails without it, in `lost_commits`.
 #[tokio::test]
-async fn a_lost_answer_is_recognised_by_its_token_or_its_record() {
+async fn a_lost_commit_answer_never_commits_twice() {
     let shop = Shop::open().await;
     let faulty = FaultyStore::new(shop.db.store());
     let idem = shop.engine(faulty.clone());
