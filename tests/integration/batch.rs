@@ -184,6 +184,50 @@ async fn a_fifo_group_stops_at_its_first_failure() {
     );
 }
 
+/// By default a batch runs at once, up to 64 records: 100 records never have more than 64 in
+/// flight, and the first 64 are in flight together (the gate opens only then).
+#[tokio::test]
+async fn a_default_batch_runs_at_most_64_records_at_once() {
+    let processor = processor().await;
+    let (active, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let batch = (0..100)
+        .map(|i| {
+            message(
+                &format!("m-{i}"),
+                "orders",
+                None,
+                json!({"order_id": format!("o-{i}")}),
+            )
+        })
+        .collect();
+    let (gate_tx, gate_rx) = watch::channel(false);
+    let context = Context::default();
+    let process = processor.process(batch, &context, |_, _| {
+        let (active, peak) = (Arc::clone(&active), Arc::clone(&peak));
+        let (gate_tx, mut gate_rx) = (gate_tx.clone(), gate_rx.clone());
+        async move {
+            let now = active.fetch_add(1, Ordering::SeqCst) + 1;
+            peak.fetch_max(now, Ordering::SeqCst);
+            if now >= 64 {
+                gate_tx.send_replace(true);
+            }
+            let _ = gate_rx.wait_for(|open| *open).await;
+            active.fetch_sub(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>(())
+        }
+    });
+    let report = tokio::time::timeout(Duration::from_secs(60), process)
+        .await
+        .expect("64 ran at once");
+
+    assert!(report.failed_identifiers().is_empty());
+    assert_eq!(
+        peak.load(Ordering::SeqCst),
+        64,
+        "64 records in flight at most"
+    );
+}
+
 #[tokio::test]
 async fn concurrency_is_bounded() {
     let processor = processor().await.with_concurrency(3);
@@ -591,4 +635,77 @@ async fn a_record_applied_but_not_kept_is_acknowledged_not_sent_to_the_dlq() {
         );
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the effect happened once");
+}
+
+/// A Kinesis record that took effect but whose result cannot be kept is acknowledged too,
+/// whatever the poison policy: a stream retries it into nothing but a stall.
+#[tokio::test]
+async fn a_stream_record_applied_but_not_kept_is_acknowledged() {
+    let db = dynamo::start().await;
+    let config = lambda_idempotency::Config::builder()
+        .max_outcome_bytes(64)
+        .build()
+        .expect("config");
+    let processor = Operation::new(
+        Idempotency::new(db.store()).with_config(config),
+        OperationScope::new("batch-test", "unkept-stream").expect("scope"),
+        sources::kinesis(),
+    )
+    .batch()
+    .with_poison_policy(PoisonPolicy::Retry);
+    let runs = AtomicUsize::new(0);
+    let oversized = |_: KinesisEventRecord, _: ExecutionContext| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        async { Ok::<_, std::io::Error>("x".repeat(1024)) }
+    };
+    for delivery in ["first", "redelivery"] {
+        let report = processor
+            .process(
+                vec![kinesis_record("9", "p", "YQ==")],
+                &Context::default(),
+                oversized,
+            )
+            .await;
+        assert!(
+            matches!(&report.records[0].1, RecordOutcome::AppliedNotKept(_)),
+            "{delivery}: {:?}",
+            report.records
+        );
+        assert!(report.failed_identifiers().is_empty(), "{delivery}");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the effect happened once");
+}
+
+/// A record whose operation another delivery still runs comes back in `batchItemFailures`,
+/// so that the source delivers it again later, and is not run beside it.
+#[tokio::test]
+async fn a_record_still_in_progress_elsewhere_comes_back_as_a_failure() {
+    let clock = ManualClock::new(start_time());
+    let db = dynamo::start_with_clock(clock.clone()).await;
+    let idem = Idempotency::new(db.store()).with_clock(clock);
+    let operation = Operation::new(
+        idem.clone(),
+        OperationScope::new("batch-test", "held").expect("scope"),
+        sources::sqs(Some("/order_id")).expect("policy"),
+    );
+    let held = message("m-held", "orders", None, json!({"order_id": "o-held"}));
+    let invocation = operation
+        .invocation(&held, &Context::default())
+        .expect("invocation");
+    lambda_idempotency::testing::conformance::crash_after_claim(&idem, &invocation).await;
+    let runs = AtomicUsize::new(0);
+    let report = operation
+        .batch()
+        .process(vec![held], &Context::default(), |_, _| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, std::io::Error>(()) }
+        })
+        .await;
+    assert_eq!(report.failed_identifiers(), ["m-held"]);
+    assert!(
+        matches!(&report.records[0].1, RecordOutcome::Failed(err) if err.kind() == ErrorKind::AlreadyInProgress),
+        "{:?}",
+        report.records
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "not run beside the holder");
 }

@@ -41,6 +41,7 @@ mod sdk_faults;
 mod simulation;
 mod sources;
 mod spans;
+mod step_limits;
 mod store_primitives;
 mod stored_formats;
 #[cfg(feature = "relay")]

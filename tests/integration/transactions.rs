@@ -551,7 +551,22 @@ async fn outbox_events_commit_with_the_step_under_ids_stable_across_attempts() {
         order["payload"].as_s().map(String::as_str),
         Ok(r#"{"order":"o-9"}"#)
     );
-    assert!(order.contains_key("expires_at"), "the outbox's TTL");
+    // The outbox's TTL: seven days after the commit (OUTBOX_RETENTION), on the engine's clock.
+    let expires_at: u64 = order["expires_at"]
+        .as_n()
+        .expect("the outbox's TTL")
+        .parse()
+        .expect("epoch seconds");
+    let committed = created_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after epoch")
+        .as_secs();
+    let seven_days = lambda_idempotency::effects::OUTBOX_RETENTION.as_secs();
+    assert_eq!(seven_days, 7 * 24 * 3600);
+    assert!(
+        (committed + seven_days..=committed + seven_days + 60).contains(&expires_at),
+        "expires {expires_at}, committed {committed}"
+    );
 
     shop.clock.advance(Duration::from_secs(31));
     let done = idem

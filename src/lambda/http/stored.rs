@@ -287,6 +287,39 @@ mod tests {
         Ok(())
     }
 
+    /// Every header of the documented list, in any letter case, is withheld; the challenges a
+    /// replayed 401 or 407 needs are kept.
+    #[test]
+    fn every_listed_header_is_withheld_and_challenges_are_kept()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let mut response = Response::new(());
+        *response.status_mut() = StatusCode::UNAUTHORIZED;
+        for (n, name) in WITHHELD_HEADERS.iter().enumerate() {
+            let shouted = HeaderName::from_bytes(name.to_ascii_uppercase().as_bytes())?;
+            response
+                .headers_mut()
+                .append(shouted, HeaderValue::from_str(&format!("secret-{n}"))?);
+        }
+        for (name, value) in [
+            ("www-authenticate", "Basic realm=\"r\""),
+            ("proxy-authenticate", "Basic realm=\"p\""),
+        ] {
+            response
+                .headers_mut()
+                .append(name, HeaderValue::from_static(value));
+        }
+        let stored = StoredResponse::new(&response.into_parts().0, b"");
+        let json = serde_json::to_string(&stored)?;
+        assert!(!json.contains("secret-"), "{json}");
+        let replay = stored_and_read(&stored)?.response()?;
+        for name in WITHHELD_HEADERS {
+            assert!(values(&replay, name).is_empty(), "{name} replayed");
+        }
+        assert_eq!(values(&replay, "www-authenticate"), ["Basic realm=\"r\""]);
+        assert_eq!(values(&replay, "proxy-authenticate"), ["Basic realm=\"p\""]);
+        Ok(())
+    }
+
     #[test]
     fn an_opted_in_header_is_stored_and_replayed_and_only_that_one()
     -> Result<(), Box<dyn std::error::Error>> {
