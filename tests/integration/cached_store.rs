@@ -199,3 +199,19 @@ async fn a_payload_conflict_does_not_cache_a_record_without_its_outcome() {
     assert!(replay.is_replay());
     assert_eq!(replay.value(), &report);
 }
+
+/// The engine's store is reached by the type it was given: a `CachedStore` over DynamoDB is
+/// that type, not a `DynamoDbStore`, whose methods are reached through it.
+#[tokio::test]
+async fn the_store_is_reached_by_the_type_the_engine_was_given() {
+    let db = dynamo::start().await;
+    let idem = Idempotency::new(CachedStore::new(db.store(), CACHE_BYTES));
+    assert!(idem.store().downcast_ref::<DynamoDbStore>().is_none());
+    let cached = idem
+        .store()
+        .downcast_ref::<CachedStore<DynamoDbStore>>()
+        .expect("the type it was given");
+    assert_eq!(cached.inner().table(), db.table);
+    let plain = Idempotency::new(db.store());
+    assert!(plain.store().downcast_ref::<DynamoDbStore>().is_some());
+}

@@ -17,6 +17,7 @@ mod http_contract;
 mod http_identities;
 mod http_inputs;
 mod http_layer;
+mod http_principals;
 #[cfg(feature = "cli")]
 mod idemctl;
 mod identity_scopes;
