@@ -42,6 +42,7 @@ mod sdk_faults;
 mod simulation;
 mod sources;
 mod spans;
+mod step_costs;
 mod step_limits;
 mod store_primitives;
 mod stored_formats;
