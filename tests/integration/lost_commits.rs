@@ -17,7 +17,7 @@ use aws_sdk_dynamodb::error::BoxError;
 use aws_sdk_dynamodb::operation::transact_write_items::{
     TransactWriteItemsError, TransactWriteItemsInput,
 };
-use lambda_idempotency::store::DynamoDbStore;
+use lambda_idempotency::store::{DynamoDbStore, Store};
 use lambda_idempotency::testing::conformance::invocation;
 use lambda_idempotency::testing::interceptor::{Fault, FaultInterceptor, Operation, SDK_ATTEMPTS};
 use lambda_idempotency::testing::local;
@@ -169,4 +169,52 @@ async fn a_lost_commit_is_recognised_from_the_record_without_token_replay() {
     );
     assert_eq!(shop.reserved().await, 1, "the stock reserved once");
     assert!(shop.has_order("o-40").await);
+}
+
+/// An `IdempotentParameterMismatch` answer to a commit is an unknown outcome, never "not
+/// applied" nor a refusal: the attempt stops without a retained failure, its claim given back,
+/// and the next delivery decides from the record (here nothing applied: it runs the step once).
+#[tokio::test]
+async fn an_idempotent_parameter_mismatch_is_an_unknown_outcome() {
+    let shop = Shop::open().await;
+    let faults = FaultInterceptor::new();
+    let config = local::config_for(shop.db.endpoint.clone()).interceptor(faults.clone());
+    let client = aws_sdk_dynamodb::Client::from_conf(config.build());
+    let idem = shop.engine(DynamoDbStore::new(client, &shop.db.table));
+    let inv = invocation("tx-mismatch", &serde_json::json!({"order": "o-42"}));
+    faults.inject_times(
+        Operation::TransactWriteItems,
+        Fault::Error {
+            status: 400,
+            code: "IdempotentParameterMismatchException",
+        },
+        1000,
+    );
+
+    let stopped = idem.execute(&inv, |ctx| place(&shop, ctx, "o-42")).await;
+    assert!(
+        matches!(stopped, Err(lambda_idempotency::Error::Store(_))),
+        "an unknown outcome stops the attempt: {stopped:?}"
+    );
+    assert!(faults.fired_for(Operation::TransactWriteItems) >= 1);
+    faults.clear();
+    let record = idem
+        .store()
+        .get(inv.key())
+        .await
+        .expect("get")
+        .expect("the claim stays");
+    assert_eq!(
+        record.status,
+        lambda_idempotency::record::Status::InProgress,
+        "not retained as a failure"
+    );
+
+    shop.clock.advance(std::time::Duration::from_secs(3600));
+    let done = idem
+        .execute(&inv, |ctx| place(&shop, ctx, "o-42"))
+        .await
+        .expect("the next delivery runs it");
+    assert_eq!(done.value(), "placed o-42");
+    assert_eq!(shop.reserved().await, 1, "the stock reserved once");
 }
