@@ -218,3 +218,45 @@ async fn an_idempotent_parameter_mismatch_is_an_unknown_outcome() {
     assert_eq!(done.value(), "placed o-42");
     assert_eq!(shop.reserved().await, 1, "the stock reserved once");
 }
+
+/// A commit refused before anything applied (no permission) stops the attempt the same way,
+/// with nothing retained: the next delivery, with the permission back, runs the step once.
+#[tokio::test]
+async fn a_commit_refused_before_it_applied_stops_the_attempt_and_the_next_runs_it() {
+    let shop = Shop::open().await;
+    let faults = FaultInterceptor::new();
+    let config = local::config_for(shop.db.endpoint.clone()).interceptor(faults.clone());
+    let client = aws_sdk_dynamodb::Client::from_conf(config.build());
+    let idem = shop.engine(DynamoDbStore::new(client, &shop.db.table));
+    let inv = invocation("tx-denied", &serde_json::json!({"order": "o-43"}));
+    faults.inject(
+        Operation::TransactWriteItems,
+        Fault::Error {
+            status: 400,
+            code: "AccessDeniedException",
+        },
+    );
+
+    let stopped = idem.execute(&inv, |ctx| place(&shop, ctx, "o-43")).await;
+    assert!(
+        matches!(
+            &stopped,
+            Err(lambda_idempotency::Error::Store(err)) if matches!(err, lambda_idempotency::StoreError::AccessDenied { .. })
+        ),
+        "{stopped:?}"
+    );
+    assert!(!shop.has_order("o-43").await, "nothing applied");
+    let record = idem.store().get(inv.key()).await.expect("get");
+    assert!(
+        record.is_none_or(|record| record.status == lambda_idempotency::record::Status::InProgress),
+        "not retained as a failure"
+    );
+
+    shop.clock.advance(std::time::Duration::from_secs(3600));
+    let done = idem
+        .execute(&inv, |ctx| place(&shop, ctx, "o-43"))
+        .await
+        .expect("the next delivery runs it");
+    assert_eq!(done.value(), "placed o-43");
+    assert_eq!(shop.reserved().await, 1, "the stock reserved once");
+}
