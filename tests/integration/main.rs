@@ -29,12 +29,14 @@ mod lost_commits;
 mod memory_store;
 #[cfg(feature = "emf")]
 mod metrics;
+mod outbox_ids;
 mod outcome_storage;
 mod panic_strategy;
 mod producers;
 mod raw_fixtures;
 
 mod readme_links;
+mod recovery_cells;
 mod refusals;
 #[cfg(feature = "relay")]
 mod relay;
