@@ -36,7 +36,6 @@ mod producers;
 mod raw_fixtures;
 
 mod readme_links;
-mod recovery_cells;
 mod refusals;
 #[cfg(feature = "relay")]
 mod relay;
