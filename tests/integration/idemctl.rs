@@ -480,6 +480,19 @@ async fn a_release_names_the_steps_it_runs_again() {
     assert!(matches!(err, Error::Indeterminate { .. }), "{err:?}");
 
     let key = held.key().as_str().to_owned();
+    // `get` lists each step: the charge done with its result's size, the shipment uncertain.
+    let shown: Value =
+        serde_json::from_str(&stdout(&idemctl(&db, &["get", "--key", &key]))).expect("JSON record");
+    let steps = shown["steps"].as_array().expect("the steps");
+    let named = |name: &str| {
+        steps
+            .iter()
+            .find(|step| step["name"] == name)
+            .unwrap_or_else(|| panic!("{name} listed: {shown}"))
+    };
+    assert_eq!(named("charge")["done"], true);
+    assert_eq!(named("charge")["result_bytes"], "\"ch_1\"".len());
+    assert_eq!(named("ship")["done"], false, "the shipment is uncertain");
     let released = idemctl(
         &db,
         &[
