@@ -509,3 +509,61 @@ async fn a_replayed_event_response_carries_no_cookie_of_the_first() {
     assert_eq!(header(&again, "x-request-trace"), Some("t-1"));
     assert_eq!(body(&again), body(&first));
 }
+
+/// What the store's SDK said (an error's type and message, a table's name) never reaches the
+/// caller: each store failure is answered from the one error table.
+#[tokio::test]
+async fn a_store_failure_never_puts_the_sdks_message_in_the_body() {
+    use lambda_idempotency::store::DynamoDbStore;
+    use lambda_idempotency::testing::interceptor::{
+        self, Fault as SdkFault, FaultInterceptor, Operation as SdkOperation,
+    };
+
+    let db = dynamo::start().await;
+    for fault in [
+        SdkFault::Error {
+            status: 400,
+            code: "ValidationException",
+        },
+        SdkFault::Error {
+            status: 400,
+            code: "AccessDeniedException",
+        },
+        SdkFault::Error {
+            status: 400,
+            code: "ResourceNotFoundException",
+        },
+    ] {
+        let faults = FaultInterceptor::new();
+        faults.inject_times(SdkOperation::PutItem, fault, 10);
+        faults.inject_times(SdkOperation::TransactWriteItems, fault, 10);
+        let client = interceptor::client_with(db.endpoint.clone(), &faults);
+        let store = DynamoDbStore::new(client, &db.table);
+        let http = EventDoor::new(Operation::new(
+            Idempotency::new(store),
+            OperationScope::new("http-test", "pay").expect("scope"),
+            sources::http(),
+        ));
+        let runs = AtomicUsize::new(0);
+        let answer = http
+            .handle(request(Some("k-sdk"), json!({"amount": 5})), |r, _| {
+                pay(&runs, 201, r)
+            })
+            .await;
+        assert!(faults.fired_total() >= 1, "{fault:?} fired");
+        faults.clear();
+        let text = match &answer.body {
+            Some(Body::Text(text)) => text.clone(),
+            other => panic!("a JSON body, got {other:?}"),
+        };
+        assert!(
+            answer.status_code >= 500,
+            "{fault:?}: {} {text}",
+            answer.status_code
+        );
+        for internal in ["injected", "Exception", &db.table, "dynamodb"] {
+            assert!(!text.contains(internal), "{fault:?}: {internal} in {text}");
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+    }
+}
