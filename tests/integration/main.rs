@@ -4,6 +4,7 @@ mod backends;
 mod batch;
 mod batch_inputs;
 mod cached_store;
+mod cancelled_steps;
 mod claims;
 mod completion_writes;
 mod deadlines;
