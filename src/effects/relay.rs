@@ -15,8 +15,11 @@
 //! | SQS | `SendMessage` (the same on a `.fifo` queue) | the same |
 //!
 //! A consumer behind the crate's SQS door keys by the `idempotency-key` attribute by default
-//! ([`sources::sqs`](crate::lambda::sources::sqs)); an EventBridge consumer by
-//! `KeyPolicy::pointer("/detail/event_id")`.
+//! ([`sources::sqs`](crate::lambda::sources::sqs), which keys each producer apart:
+//! [`sources::sqs_across_senders`](crate::lambda::sources::sqs_across_senders) when more than one
+//! role publishes the events); an EventBridge consumer by
+//! [`sources::eventbridge_detail`](crate::lambda::sources::eventbridge_detail)`("/event_id")`,
+//! which fingerprints the envelope alone: the same event published again is a replay.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {

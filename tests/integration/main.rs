@@ -37,6 +37,7 @@ mod producers;
 mod raw_fixtures;
 
 mod readme_links;
+mod recovery_cells;
 mod refusals;
 #[cfg(feature = "relay")]
 mod relay;

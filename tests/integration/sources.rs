@@ -185,6 +185,35 @@ fn eventbridge_keys_by_id_or_detail_field() {
     );
 }
 
+/// An outbox event's EventBridge consumer (the effects guide's recipe): keyed by the event id
+/// in the relay's envelope and fingerprinted by the envelope alone, so that the same event
+/// published again (a new EventBridge `id` and `time`) is a replay, never a conflict.
+#[test]
+fn an_outbox_events_eventbridge_consumer_replays_a_republished_event() {
+    let delivered = |id: &str, time: &str, payload: &str| -> EventBridgeEvent<Value> {
+        parse(
+            json!({"version": "0", "id": id, "detail-type": "OrderPlaced", "source": "shop.orders",
+            "account": "1", "time": time, "region": "us-east-1", "resources": [],
+            "detail": {"event_id": "evt-7f3a", "event": "order-placed", "payload": payload}}),
+        )
+    };
+    assert_stable(
+        &sources::eventbridge_detail::<Value>("/event_id").expect("policy"),
+        &delivered("e-1", "2026-01-01T00:00:00Z", "{\"order\":\"o-1\"}"),
+        &delivered(
+            "e-9-republished",
+            "2026-01-02T08:00:00Z",
+            "{\"order\":\"o-1\"}",
+        ),
+        &delivered("e-1", "2026-01-01T00:00:00Z", "{\"order\":\"o-2\"}"),
+        &parse(
+            json!({"version": "0", "id": "e-1", "detail-type": "OrderPlaced", "source": "shop.orders",
+            "account": "1", "time": "2026-01-01T00:00:00Z", "region": "us-east-1", "resources": [],
+            "detail": {"event_id": "evt-other", "event": "order-placed", "payload": "{\"order\":\"o-1\"}"}}),
+        ),
+    );
+}
+
 /// An HTTP API event as `lambda_http` reads it (with a JWT caller).
 fn http_request(key: Option<&str>, request_id: &str, body: &str) -> lambda_http::Request {
     let mut headers = json!({"content-type": "application/json", "x-amzn-trace-id": request_id});
