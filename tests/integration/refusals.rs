@@ -145,3 +145,65 @@ async fn a_refusal_too_large_to_keep_still_releases_its_identity() {
         assert!(corrected.is_ok(), "{name}: {corrected:?}");
     }
 }
+
+/// Classifies every error as terminal: only a `Release` escapes it.
+struct EverythingTerminal;
+
+impl lambda_idempotency::failure::Classifier for EverythingTerminal {
+    fn classify(
+        &self,
+        _: &(dyn std::error::Error + 'static),
+    ) -> lambda_idempotency::failure::FailureClass {
+        lambda_idempotency::failure::FailureClass::terminal("declined")
+    }
+}
+
+/// A handler outside the HTTP door that returns `failure::Release` has its claim released,
+/// whatever the classifier says: the next delivery runs it.
+#[tokio::test]
+async fn a_release_from_any_handler_is_released_whatever_the_classifier() {
+    for backend in both().await {
+        let name = backend.name;
+        let store = backend.store.clone();
+        let idem = Idempotency::new(backend.store)
+            .with_clock(backend.clock)
+            .with_classifier(EverythingTerminal);
+        let inv = invocation("k-release", "order:o-9");
+        let released = idem
+            .execute(&inv, |_| async {
+                Err::<Value, BoxError>(Box::new(lambda_idempotency::failure::Release::new(
+                    std::io::Error::other("the ledger is busy"),
+                )))
+            })
+            .await;
+        assert!(
+            matches!(released, Err(Error::Handler { .. })),
+            "{name}: {released:?}"
+        );
+        assert_eq!(
+            store.get(inv.key()).await.expect("read"),
+            None,
+            "{name}: released, not retained"
+        );
+        let retried = idem
+            .execute(&inv, |_| async { Ok::<_, BoxError>(json!("ran")) })
+            .await
+            .expect("runs");
+        assert!(!retried.is_replay(), "{name}");
+
+        // Any other error takes the classifier's answer: retained.
+        let declined = invocation("k-terminal", "order:o-10");
+        let terminal = idem
+            .execute(&declined, |_| async {
+                Err::<Value, BoxError>("declined".into())
+            })
+            .await;
+        assert!(terminal.is_err(), "{name}");
+        let record = store.get(declined.key()).await.expect("read");
+        assert_eq!(
+            record.map(|record| record.status),
+            Some(lambda_idempotency::record::Status::Failed),
+            "{name}: the classifier's own answer stands otherwise"
+        );
+    }
+}

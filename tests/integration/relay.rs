@@ -451,3 +451,50 @@ fn lambda_message(message: &aws_sdk_sqs::types::Message) -> SqsMessage {
     }))
     .expect("an SQS message")
 }
+
+/// A FIFO queue deduplicates on the event id: the same event published twice (a second relay
+/// that never saw the first's ledger) is received once.
+#[tokio::test]
+async fn a_fifo_queue_deduplicates_a_republished_event_on_its_id() {
+    let rig = Rig::open().await;
+    let fifo = rig
+        .sqs
+        .create_queue()
+        .queue_name(format!("{}.fifo", unique_table_name("orders")))
+        .attributes(aws_sdk_sqs::types::QueueAttributeName::FifoQueue, "true")
+        .send()
+        .await
+        .expect("a FIFO queue")
+        .queue_url()
+        .expect("url")
+        .to_owned();
+    let idem = Idempotency::new(rig.db.store()).with_recovery(Recovery::Steps);
+    let inv = invocation("relay-fifo", &json!({"order": "o-fifo"}));
+    let destination = Destination::Sqs {
+        queue_url: fifo.clone(),
+    };
+    let outbox = &rig.outbox;
+    idem.execute(&inv, |ctx: ExecutionContext| async move {
+        ctx.step("place")
+            .transact(|_key| async move {
+                let event = OutboxEvent::new("placed", destination, &json!({"order": "o-fifo"}))?;
+                Ok::<_, BoxError>(Transaction::new(()).publish(outbox, event))
+            })
+            .await
+    })
+    .await
+    .expect("placed");
+    let batch = rig.stream_batch().await;
+
+    for ledger in [
+        rig.relay_engine(rig.db.store()),
+        rig.relay_engine(lambda_idempotency::MemoryStore::new()),
+    ] {
+        let mut service = relay(ledger, scope(), rig.publisher());
+        let answer = deliver(&mut service, batch.clone()).await;
+        assert!(answer.batch_item_failures.is_empty(), "{answer:?}");
+    }
+
+    let received = rig.drain(&fifo).await;
+    assert_eq!(received.len(), 1, "published twice, received once");
+}

@@ -121,3 +121,52 @@ async fn an_execution_span_correlates_without_the_payload() {
     assert!(!everything.contains("4111"), "no payload: {everything}");
     assert!(!everything.contains("o-1"), "no key material: {everything}");
 }
+
+/// The messages of WARN events.
+#[derive(Clone, Default)]
+struct Warnings(Arc<Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> Layer<S> for Warnings {
+    fn on_event(&self, event: &tracing::Event<'_>, _: LayerContext<'_, S>) {
+        if *event.metadata().level() == tracing::Level::WARN {
+            let fields = Fields::default();
+            event.record(&mut fields.clone());
+            let text = format!("{:?}", fields.0.lock().expect("lock"));
+            self.0.lock().expect("lock").push(text);
+        }
+    }
+}
+
+/// A batch whose deadline has already passed (an emulator's) runs, and says so at WARN.
+#[tokio::test]
+async fn a_deadline_already_past_is_ignored_with_a_warning() {
+    let warnings = Warnings::default();
+    let subscriber = Registry::default().with(warnings.clone());
+    let _default = set_default_for_every_callsite(subscriber);
+    let processor: BatchProcessor<SqsMessage> = Operation::new(
+        Idempotency::new(MemoryStore::new()),
+        OperationScope::new("spans-test", "late").expect("scope"),
+        sources::sqs(Some("/order_id")).expect("policy"),
+    )
+    .batch();
+    let message: SqsMessage = serde_json::from_value(json!({
+        "messageId": "m-late", "body": json!({"order_id": "o-late"}).to_string(),
+        "attributes": {}, "messageAttributes": {}
+    }))
+    .expect("message");
+    let mut context = Context::default();
+    context.deadline = 1_000; // 1970: long past, as `cargo lambda watch` sends it.
+    let report = processor
+        .process(vec![message], &context, |_, _| async {
+            Ok::<_, std::io::Error>(String::from("ran"))
+        })
+        .await;
+    assert!(report.failed_identifiers().is_empty());
+    let warnings = warnings.0.lock().expect("lock").clone();
+    assert!(
+        warnings
+            .iter()
+            .any(|warning| warning.contains("deadline had passed before the batch started")),
+        "{warnings:?}"
+    );
+}

@@ -395,10 +395,41 @@ async fn dynamodbs_limits_are_refused_before_sending() {
             .build()
             .expect("put"),
     );
+    // Outbox events count among the 99 actions (the step's record is the 100th): 98 writes
+    // and two events are one too many.
+    let outbox = Outbox::new(&shop.outbox);
+    let event = |n: usize| {
+        let sqs = Destination::Sqs {
+            queue_url: "http://127.0.0.1/000000000000/orders".into(),
+        };
+        OutboxEvent::new(format!("e-{n}"), sqs, &n).expect("event")
+    };
+    let with_events = (0..98)
+        .fold(Transaction::new(0_u32), |tx, n| tx.put(put(n)))
+        .publish(&outbox, event(0))
+        .publish(&outbox, event(1));
+    // The operation's own record is one of the items: a write to it is a second action on it.
+    let own_record = Transaction::new(0_u32).put(
+        Put::builder()
+            .table_name(&shop.db.table)
+            .item(
+                "pk",
+                AttributeValue::S(
+                    invocation("tx-limits-own record", &serde_json::json!({}))
+                        .key()
+                        .as_str()
+                        .into(),
+                ),
+            )
+            .build()
+            .expect("put"),
+    );
     for (case, transaction) in [
         ("too many", too_many),
         ("one item twice", same_item),
         ("over 4 MB", huge),
+        ("writes and events", with_events),
+        ("own record", own_record),
     ] {
         let inv = invocation(&format!("tx-limits-{case}"), &serde_json::json!({}));
         let before = shop.db.requests.count();
@@ -420,6 +451,18 @@ async fn dynamodbs_limits_are_refused_before_sending() {
             "{case}: refused before sending, sent {sent:?}"
         );
     }
+    // At the bound, 98 writes and one event (99 actions with the step's record) commit.
+    let at_the_bound = (0..98)
+        .fold(Transaction::new(0_u32), |tx, n| tx.put(put(1000 + n)))
+        .publish(&outbox, event(2));
+    let inv = invocation("tx-limits-at the bound", &serde_json::json!({}));
+    idem.execute(&inv, |ctx| async move {
+        ctx.step("bulk")
+            .transact(|_key| async move { Ok::<_, BoxError>(at_the_bound) })
+            .await
+    })
+    .await
+    .expect("99 actions with the step's record commit");
 }
 
 #[tokio::test]
