@@ -152,6 +152,8 @@ struct Plan {
     queued: HashMap<Primitive, VecDeque<Fault>>,
     outages: Vec<Outage>,
     fired: BTreeMap<(Primitive, Fault), u64>,
+    /// The part of `fired` that outages made (each a [`Fault::FailBefore`] of its kind).
+    outage_fired: BTreeMap<(Primitive, FaultKind), u64>,
     calls: BTreeMap<Primitive, u64>,
 }
 
@@ -292,9 +294,16 @@ impl<S> FaultyStore<S> {
         self.lock().queued.values().map(VecDeque::len).sum()
     }
 
-    /// How often each fault fired, by primitive.
+    /// How often each fault fired, by primitive (outages' failures included).
     pub fn fired(&self) -> BTreeMap<(Primitive, Fault), u64> {
         self.lock().fired.clone()
+    }
+
+    /// How often an outage failed a call, by primitive and kind: the part of
+    /// [`FaultyStore::fired`] that outages made, apart from the faults queued with
+    /// [`FaultyStore::inject`].
+    pub fn fired_in_outages(&self) -> BTreeMap<(Primitive, FaultKind), u64> {
+        self.lock().outage_fired.clone()
     }
 
     /// How often each primitive was called.
@@ -335,14 +344,20 @@ impl<S> FaultyStore<S> {
             .queued
             .get_mut(&primitive)
             .and_then(VecDeque::pop_front);
-        let fault = queued.or_else(|| {
-            plan.outages
-                .iter()
-                .find(|outage| {
-                    outage.primitives.contains(&primitive) && outage.clock.now() < outage.until
-                })
-                .map(|outage| Fault::FailBefore(outage.kind))
-        })?;
+        let fault = match queued {
+            Some(fault) => fault,
+            None => {
+                let kind = plan
+                    .outages
+                    .iter()
+                    .find(|outage| {
+                        outage.primitives.contains(&primitive) && outage.clock.now() < outage.until
+                    })
+                    .map(|outage| outage.kind)?;
+                *plan.outage_fired.entry((primitive, kind)).or_default() += 1;
+                Fault::FailBefore(kind)
+            }
+        };
         *plan.fired.entry((primitive, fault)).or_default() += 1;
         Some(fault)
     }

@@ -14,10 +14,15 @@
 //! The simulation judges by the contract, not by the code under test: its ledger counts every
 //! run of a handler (crashed, killed or failed ones too) and excuses a re-run only by the
 //! previous run's retryable failure, an operator's release, a reconciler's `NotApplied` or the
-//! worker's declared [`Recovery::Rerun`](crate::reconcile::Recovery::Rerun); every answer is
-//! checked against the downstream truth (a replay against the recorded outcome, a value
-//! against its operation) and a settlement that gave up with its deadline still ahead is a
-//! broken contract. Where the protocol guide's decision table names the path, the answer is
+//! worker's declared [`Recovery::Rerun`](crate::reconcile::Recovery::Rerun). An operation
+//! starts a new life only where the contract forgets it: its record settled and expired, or
+//! gone where a release deleted it or a TTL sweep ran after its expiry; a record missing
+//! otherwise is a broken invariant. Every answer a worker gets, value or error of any variant,
+//! is judged in one place against the ledger and the store (a replay against an outcome of
+//! this life, `AlreadyInProgress` against a live lease, `Indeterminate` against a hold,
+//! `KeyExpiredConflict` against standing evidence, a store error against a fault fired in its
+//! step), and a settlement that gave up with its deadline still ahead is a broken contract.
+//! Injected faults are counted per primitive and kind, outages' failures apart. Where the protocol guide's decision table names the path, the answer is
 //! checked against the table: a knowing give-back after a done step is replayed, a refused
 //! completion without steps is held under the default, an attempt whose step list another
 //! build encoded is taken over. DESIGN's invariants are checked after every step; a broken one reports its
@@ -36,6 +41,7 @@ mod actors;
 mod formats;
 mod invariants;
 mod ledger;
+mod observed;
 mod schedule;
 mod steps;
 mod transactional;
@@ -81,8 +87,11 @@ pub struct Stats {
     pub deliveries: u64,
     /// Invariant checks made.
     pub checks: u64,
-    /// Faults injected, by store primitive and fault.
+    /// Faults injected into one call, by store primitive and fault (`claim FailBefore(Throttled)`);
+    /// the failures outages made are counted apart, in `outage_failures`.
     pub faults: BTreeMap<String, u64>,
+    /// Calls an outage failed, by store primitive and kind (`settle Throttled`).
+    pub outage_failures: BTreeMap<String, u64>,
     /// Handler behaviours played, by name.
     pub behaviours: BTreeMap<String, u64>,
     /// Deliveries by what a deploy did to the identity, by name.
@@ -93,7 +102,7 @@ pub struct Stats {
     pub takeovers: u64,
     /// Re-runs the workers' declared recovery policy excused.
     pub declared_reruns: u64,
-    /// Store outages started after an effect.
+    /// Store outages that began (a handler reached its effect with one planned).
     pub outages: u64,
     /// What transactional operations committed, as their tables show at the end of each
     /// seed: `reservations` (a transactional step's write), `events` (its outbox event),
@@ -121,7 +130,8 @@ pub struct Stats {
 }
 
 impl Stats {
-    /// The fault kinds that fired, whatever the primitive (e.g. `FailBefore(Throttled)`).
+    /// The injected fault kinds that fired, whatever the primitive (e.g.
+    /// `FailBefore(Throttled)`); outages' failures are not among them.
     pub fn fault_kinds(&self) -> BTreeMap<String, u64> {
         let mut kinds = BTreeMap::new();
         for (name, count) in &self.faults {
@@ -129,6 +139,17 @@ impl Stats {
             *kinds.entry(kind.to_owned()).or_default() += count;
         }
         kinds
+    }
+
+    /// The injected fault kinds that fired on one primitive (by its name, e.g. `claim`).
+    pub fn faults_on(&self, primitive: &str) -> BTreeMap<String, u64> {
+        self.faults
+            .iter()
+            .filter_map(|(name, count)| {
+                let (on, kind) = name.split_once(' ')?;
+                (on == primitive).then(|| (kind.to_owned(), *count))
+            })
+            .collect()
     }
 }
 
@@ -141,6 +162,9 @@ impl Stats {
         self.checks += other.checks;
         for (name, count) in other.faults {
             *self.faults.entry(name).or_default() += count;
+        }
+        for (name, count) in other.outage_failures {
+            *self.outage_failures.entry(name).or_default() += count;
         }
         for (name, count) in other.behaviours {
             *self.behaviours.entry(name).or_default() += count;
@@ -178,7 +202,7 @@ impl fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "  takeovers {}, declared re-runs {}, outages {}",
+            "  takeovers {}, declared re-runs {}, outages begun {}",
             self.takeovers, self.declared_reruns, self.outages
         )?;
         writeln!(
@@ -210,6 +234,9 @@ impl fmt::Display for Stats {
         }
         for (name, count) in &self.faults {
             writeln!(f, "  fault {name}: {count}")?;
+        }
+        for (name, count) in &self.outage_failures {
+            writeln!(f, "  outage failed {name}: {count}")?;
         }
         Ok(())
     }
@@ -271,4 +298,155 @@ pub fn sim_start_time() -> std::time::SystemTime {
 /// An empty in-memory store whose clock starts at [`sim_start_time`].
 pub fn memory_fixture() -> Fixture<MemoryStore> {
     crate::testing::conformance::memory_fixture(sim_start_time())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use aws_sdk_dynamodb::types::TransactWriteItem;
+
+    use super::{Budget, memory_fixture, run_seed};
+    use crate::error::StoreError;
+    use crate::key::OperationKey;
+    use crate::record::{Evidence, Lease, Record, Settlement, Status, StepRecord};
+    use crate::store::{Claim, Commit, Committed, Fence, MemoryStore, Store, Target};
+
+    /// A broken store: it acknowledges a completion and loses the record instead (deletes it,
+    /// without TTL, without a release the engine asked for). Every other call is the memory
+    /// store's.
+    #[derive(Debug, Clone)]
+    struct LosesCompletions(MemoryStore);
+
+    impl Store for LosesCompletions {
+        async fn claim(&self, record: &Record, now: SystemTime) -> Result<Claim, StoreError> {
+            self.0.claim(record, now).await
+        }
+
+        async fn adopt(
+            &self,
+            record: &Record,
+            orphan: &Evidence,
+            now: SystemTime,
+        ) -> Result<Claim, StoreError> {
+            self.0.adopt(record, orphan, now).await
+        }
+
+        async fn take_over(
+            &self,
+            previous: &Record,
+            lease: &Lease,
+            expires_at: SystemTime,
+            now: SystemTime,
+        ) -> Result<Fence, StoreError> {
+            self.0.take_over(previous, lease, expires_at, now).await
+        }
+
+        async fn shorten(
+            &self,
+            target: Target<'_>,
+            until: SystemTime,
+        ) -> Result<Fence, StoreError> {
+            self.0.shorten(target, until).await
+        }
+
+        async fn settle(
+            &self,
+            target: Target<'_>,
+            settlement: &Settlement,
+        ) -> Result<Fence, StoreError> {
+            if settlement.status != Status::Completed {
+                return self.0.settle(target, settlement).await;
+            }
+            // The record (alone: its evidence stays) is gone, and the caller told it completed.
+            let lost = Target {
+                identity: None,
+                ..target
+            };
+            self.0.release(lost).await
+        }
+
+        async fn settle_with(
+            &self,
+            target: Target<'_>,
+            settlement: &Settlement,
+            writes: &[TransactWriteItem],
+            token: &str,
+        ) -> Result<Committed, StoreError> {
+            self.0.settle_with(target, settlement, writes, token).await
+        }
+
+        async fn release(&self, target: Target<'_>) -> Result<Fence, StoreError> {
+            self.0.release(target).await
+        }
+
+        async fn record_steps(
+            &self,
+            target: Target<'_>,
+            steps: &[StepRecord],
+        ) -> Result<Fence, StoreError> {
+            self.0.record_steps(target, steps).await
+        }
+
+        async fn commit_steps(
+            &self,
+            target: Target<'_>,
+            commit: Commit<'_>,
+        ) -> Result<Committed, StoreError> {
+            self.0.commit_steps(target, commit).await
+        }
+
+        async fn release_by_operator(
+            &self,
+            seen: Option<&Record>,
+            evidence: Option<&Evidence>,
+            released: &Record,
+            now: SystemTime,
+        ) -> Result<bool, StoreError> {
+            self.0
+                .release_by_operator(seen, evidence, released, now)
+                .await
+        }
+
+        async fn settle_evidence(
+            &self,
+            seen: &Evidence,
+            settlement: &Settlement,
+            now: SystemTime,
+        ) -> Result<bool, StoreError> {
+            self.0.settle_evidence(seen, settlement, now).await
+        }
+
+        async fn get(&self, key: &OperationKey) -> Result<Option<Record>, StoreError> {
+            self.0.get(key).await
+        }
+
+        async fn evidence(&self, identity: &str) -> Result<Option<Evidence>, StoreError> {
+            self.0.evidence(identity).await
+        }
+    }
+
+    /// A store that loses a COMPLETED record (no TTL, no release, no operator) breaks a seed:
+    /// the missing record is reported, never taken for a new life whose re-run nobody judges.
+    #[tokio::test]
+    async fn a_store_that_loses_a_completed_record_breaks_a_seed() {
+        let mut broken = 0;
+        for seed in 0..20 {
+            let fixture = memory_fixture().map_store(LosesCompletions);
+            match run_seed(fixture, seed, Budget::default()).await {
+                Ok(_) => {}
+                Err(violation) => {
+                    assert!(
+                        violation.invariant.contains("its record is missing"),
+                        "seed {seed}: another invariant broke first: {violation}"
+                    );
+                    broken += 1;
+                }
+            }
+        }
+        assert!(
+            broken >= 18,
+            "only {broken} of 20 seeds caught the lost record"
+        );
+    }
 }

@@ -124,6 +124,8 @@ pub(super) struct Downstream {
     pub(super) violations: Vec<String>,
     /// Reconciler answers given, by name.
     pub(super) reconciles: BTreeMap<String, u64>,
+    /// Per operation: the reconciler's decisions (`Applied`, `NotApplied`) over the run.
+    pub(super) decisions: Vec<u64>,
     /// The world's clock: an effect in flight lands once it passes the effect's instant.
     clock: ManualClock,
     /// Step effects sent whose answer timed out, not landed yet.
@@ -136,6 +138,9 @@ pub(super) struct Downstream {
     /// A handler of `op` that returned with a completion its condition refuses: taken by the
     /// delivery that ran it.
     pub(super) refused_completion: Option<usize>,
+    /// Completions handed to the engine that their condition refuses by design (a plain
+    /// handler's refused completion, a transactional operation's first takeover), over the run.
+    pub(super) refusals: u64,
 }
 
 /// A step's effect sent and not answered: it lands downstream once the clock passes `at`.
@@ -151,6 +156,7 @@ impl Downstream {
     pub(super) fn new(ledger: Ledger, keys: Vec<OperationKey>, clock: ManualClock) -> Self {
         Self {
             ledger,
+            decisions: vec![0; keys.len()],
             keys,
             answer: Answer::Truthful,
             violations: Vec::new(),
@@ -160,6 +166,7 @@ impl Downstream {
             landed: 0,
             failed_after_step: None,
             refused_completion: None,
+            refusals: 0,
         }
     }
 
@@ -333,6 +340,7 @@ async fn plain(run: Run, ctx: ExecutionContext) -> Result<Value, BoxError> {
                 let mut downstream = lock(&shared);
                 downstream.ledger.completion_refused(op, profile);
                 downstream.refused_completion = Some(op);
+                downstream.refusals += 1;
                 drop(downstream);
                 let write = super::transactional::refused_write(&tables, op, life)?;
                 ctx.complete_with(Transaction::new(()).update(write))?;
@@ -546,6 +554,11 @@ pub(super) fn reconciler(
             Err(_) => "Fails",
         };
         *downstream.reconciles.entry(name.to_owned()).or_default() += 1;
+        if let (Ok(Reconciliation::Applied(_) | Reconciliation::NotApplied), Some(op)) =
+            (&answer, op)
+        {
+            downstream.decisions[op] += 1;
+        }
         std::future::ready(answer)
     }
 }

@@ -1,16 +1,18 @@
 //! DESIGN's invariants, checked after every step: the ledger's account of every run, and, on
 //! the store as it stands, that a live lease is never overwritten nor deleted by anyone but
 //! its holder, a recorded outcome (or step result) is never lost or changed within retention,
-//! and a record and its evidence tell one story. Every answer a caller got is checked against the downstream
-//! truth, and at the end of a run every operation must reach a settled answer.
+//! and a record and its evidence tell one story, and a record goes missing only by a release or
+//! a TTL sweep after its expiry. Every answer a caller got is judged (one rule per variant)
+//! against the ledger, the downstream truth and the store, and at the end of a run every
+//! operation must reach a settled answer.
 
 use std::time::{Duration, SystemTime};
 
 use serde_json::{Value, json};
 
 use super::Violation;
-use super::actors::{Answer, Behaviour, MAX_SKEW, lock};
-use super::world::{Deploy, LEASE, World, error_name};
+use super::actors::{AfterTimeout, Answer, Behaviour, MAX_SKEW, lock};
+use super::world::{Absence, Deploy, LEASE, World, error_name};
 use crate::clock::Clock;
 use crate::error::Error;
 use crate::execution::Execution;
@@ -24,7 +26,7 @@ const SETTLE_ROUNDS: usize = 6;
 const OUTAGE_SLACK: Duration = Duration::from_secs(2 + 2 + 1);
 
 /// What a delivery's answer is judged against.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(super) struct Judged {
     pub(super) op: usize,
     pub(super) behaviour: Behaviour,
@@ -32,11 +34,33 @@ pub(super) struct Judged {
     pub(super) deadline: SystemTime,
     /// When the outage the handler started ends, on the world's clock.
     pub(super) outage_end: Option<SystemTime>,
+    /// Whether the delivery carried another intent than the operation's (a neighbouring
+    /// amount): a payload conflict, and nothing else.
+    pub(super) other_intent: bool,
+    /// The evidence key of the business identity the delivery declared, if any.
+    pub(super) identity: Option<String>,
+    /// What the reconciler and the steps' checks were told to answer.
+    pub(super) answer: Answer,
+    /// The run's figures as the handler's run began (its delivery, for a resumed one).
+    pub(super) before: Before,
+}
+
+/// The run's figures as a delivery began, to tell what happened since.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Before {
+    /// Faults fired (outages' failures included): a store error is truthful only if one fired
+    /// since.
+    pub(super) faults: u64,
+    /// The reconciler's decisions (`Applied`, `NotApplied`) about the delivery's operation.
+    pub(super) decided: u64,
+    /// Completions handed to the engine that their condition refuses by design.
+    pub(super) refusals: u64,
 }
 
 impl<S: Store + Clone> World<S> {
     /// Checks DESIGN's invariants after a step.
     pub(super) async fn check(&mut self, step: usize) -> Result<(), Violation> {
+        self.observe_existence();
         if let Some(invariant) = self.pending_violation.take() {
             return Err(self.violation(step, invariant));
         }
@@ -61,7 +85,8 @@ impl<S: Store + Clone> World<S> {
                 .err()
                 .or_else(|| self.lease_overwritten(op, record.as_ref(), now))
                 .or_else(|| self.outcome_lost(op, record.as_ref(), now))
-                .or_else(|| self.step_result_changed(op, record.as_ref()));
+                .or_else(|| self.step_result_changed(op, record.as_ref()))
+                .or_else(|| self.record_lost(op, record.as_ref()));
             let broken = match broken {
                 Some(broken) => Some(broken),
                 None => self.evidence_disagrees(op, record.as_ref(), now).await,
@@ -69,8 +94,17 @@ impl<S: Store + Clone> World<S> {
             if let Some(invariant) = broken {
                 return Err(self.violation(step, invariant));
             }
+            if record.is_some() {
+                self.absence[op] = Absence::Stands;
+            }
             if let Some(record) = record.as_ref().filter(|r| r.status == Status::Completed) {
+                if let Some(outcome) = &record.outcome {
+                    self.outcome_recorded(op, outcome);
+                }
                 self.completed_seen[op] = Some(record.clone());
+            }
+            if let Some(record) = record.as_ref().filter(|r| r.status == Status::Failed) {
+                self.failed_seen[op] = Some(record.clone());
             }
             self.last_seen[op] = record;
         }
@@ -103,6 +137,16 @@ impl<S: Store + Clone> World<S> {
                     step.name
                 )
             })
+    }
+
+    /// A record missing where nothing could have removed it: no release, no operator, no TTL
+    /// sweep after its expiry. Its operation would otherwise start a new life, unjudged.
+    fn record_lost(&self, op: usize, record: Option<&Record>) -> Option<String> {
+        (record.is_none() && self.absence[op] == Absence::Stands).then(|| {
+            format!(
+                "operation {op}: its record is missing, though no release, operator or TTL sweep after its expiry removed it"
+            )
+        })
     }
 
     pub(super) fn violation(&self, step: usize, invariant: String) -> Violation {
@@ -259,78 +303,323 @@ impl Judged {
     }
 }
 
+/// What a judgement reads of the world, once, as the answer left it.
+struct Seen {
+    /// Effects of the operation in its current life, and in all its lives.
+    effects: u32,
+    ever: u32,
+    /// Its record as it stands now.
+    record: Option<Record>,
+    /// The evidence of the identity the delivery declared, as it stands now.
+    evidence: Option<crate::record::Evidence>,
+    /// Whether a fault (or an outage's failure) fired in the step.
+    faulted: bool,
+    /// Whether the reconciler decided (`Applied`, `NotApplied`) about the operation since the
+    /// delivery began.
+    decided: bool,
+    /// Whether a handler handed the engine a completion refused by design in the step.
+    refused: bool,
+    now: SystemTime,
+}
+
 impl<S: Store + Clone> World<S> {
-    /// A lie in the caller's answer, if any: told it took effect when the downstream shows
-    /// none, told another operation's outcome, a replay that is not the recorded outcome, or a
-    /// settlement given up with time left.
-    pub(super) async fn untruthful(
+    /// Judges one answer a worker got against the ledger, the downstream truth and the store as
+    /// the answer left it: every variant has its rule, and one this simulation never provokes
+    /// is itself a violation. `Some` names the lie.
+    ///
+    /// - a value: the operation's own, never to a delivery of another intent; `Executed` only
+    ///   for a handler that returned, with its effect in this life and no earlier completion
+    ///   of this life; `Replayed` only the outcome as recorded (the record standing, or a
+    ///   completion of this life, or the last completion while a skewed clock keeps it), never without an effect; `Reconciled` only with an effect;
+    /// - `PayloadConflict` only for a delivery of another intent;
+    /// - `AlreadyInProgress` only while another attempt holds a live lease (on some worker's
+    ///   clock);
+    /// - `Indeterminate` only with the record (or, once TTL took it, its evidence) held, after a
+    ///   takeover, a refused completion or a hold already standing, and, for a handler without
+    ///   steps, never right after the reconciler decided;
+    /// - `KeyExpiredConflict` only with standing evidence and the record gone or expired, and
+    ///   an acknowledging one only with an effect of some life;
+    /// - `Failed` only for a retained terminal failure standing, or kept by a skewed clock (never
+    ///   an operator's release);
+    /// - `ReconcileFailed` only where the reconciler or a check was told to fail;
+    /// - `LeaseLost` only where another attempt (or nothing) holds the record, or a fault
+    ///   fired in the step; `Store` only where a fault or an outage fired in the step, and a
+    ///   settlement never gives up with its outage over well before the deadline;
+    /// - `Handler` only for a handler that fails (or whose write a fault failed).
+    pub(super) async fn judge(
         &self,
-        judged: Judged,
+        judged: &Judged,
         answer: &Result<Execution<Value>, Error>,
     ) -> Option<String> {
         let op = judged.op;
-        let (effects, ever) = {
+        let key = &self.specs[op].key;
+        let record = self.store.inner().get(key).await.ok().flatten();
+        let evidence = match &judged.identity {
+            Some(identity) => self.store.inner().evidence(identity).await.ok().flatten(),
+            None => None,
+        };
+        let (effects, ever, decided, refused) = {
             let downstream = lock(&self.shared);
+            let decided = downstream.decisions[op];
             (
                 downstream.ledger.effects(op),
                 downstream.ledger.effects_ever(op),
+                decided > judged.before.decided,
+                downstream.refusals > judged.before.refusals,
             )
         };
+        let seen = Seen {
+            effects,
+            ever,
+            record,
+            evidence,
+            faulted: self.store.fired().values().sum::<u64>() > judged.before.faults,
+            decided,
+            refused,
+            now: self.clock.now(),
+        };
+        if judged.other_intent {
+            return match answer {
+                Err(Error::PayloadConflict { .. }) => None,
+                _ => Some(format!(
+                    "operation {op}: a delivery of its key with a neighbouring amount (equal to its own above 2^53 only) was answered {} instead of a payload conflict",
+                    answered(answer)
+                )),
+            };
+        }
         match answer {
-            Ok(done) => {
-                if done.value().get("op") != Some(&json!(op)) {
+            Ok(done) => self.judge_value(judged, &seen, done),
+            Err(err) => self.judge_error(judged, &seen, err),
+        }
+    }
+
+    fn judge_value(&self, judged: &Judged, seen: &Seen, done: &Execution<Value>) -> Option<String> {
+        let op = judged.op;
+        if done.value().get("op") != Some(&json!(op)) {
+            return Some(format!(
+                "operation {op}: the caller was answered another operation's outcome: {}",
+                done.raw_json().get().chars().take(80).collect::<String>()
+            ));
+        }
+        let raw = done.raw_json().get().as_bytes();
+        match done.origin() {
+            crate::Origin::Executed { attempt } => {
+                let failing = matches!(
+                    judged.behaviour,
+                    Behaviour::TerminalFailure
+                        | Behaviour::RetryableFailure
+                        | Behaviour::FailAfterStep
+                        | Behaviour::RefusedCompletion
+                );
+                if failing {
                     return Some(format!(
-                        "operation {op}: the caller was answered another operation's outcome: {}",
-                        done.raw_json().get().chars().take(80).collect::<String>()
+                        "operation {op}: a failed handler was answered as executed"
                     ));
                 }
-                match done.origin() {
-                    crate::Origin::Executed { .. } => matches!(
-                        judged.behaviour,
-                        Behaviour::TerminalFailure
-                            | Behaviour::RetryableFailure
-                            | Behaviour::FailAfterStep
-                            | Behaviour::RefusedCompletion
+                if done.value().get("attempt") != Some(&json!(attempt)) {
+                    return Some(format!(
+                        "operation {op}: answered as executed by attempt {attempt}, with another attempt's result"
+                    ));
+                }
+                if seen.effects == 0 {
+                    return Some(format!(
+                        "operation {op}: answered as executed, but the downstream shows no effect in this life"
+                    ));
+                }
+                let earlier = self.life_outcomes[op]
+                    .iter()
+                    .any(|outcome| outcome.as_slice() != raw);
+                earlier.then(|| {
+                    format!(
+                        "operation {op}: executed again (attempt {attempt}) though this life already recorded a completion"
                     )
-                    .then(|| format!("operation {op}: a failed handler was answered as executed")),
-                    // A replay may outlive the record's life (a cache, a clock behind): an
-                    // effect of any life vouches for it; a reconciler answers for this one.
-                    crate::Origin::Replayed if ever == 0 => Some(format!(
-                        "operation {op}: the caller was told it took effect, but the downstream shows none"
-                    )),
-                    crate::Origin::Reconciled { .. } if effects == 0 => Some(format!(
-                        "operation {op}: the reconciler's answer was recorded, but the downstream shows no effect"
-                    )),
-                    crate::Origin::Replayed => {
-                        // The outcome as recorded: the record's, or, once TTL deleted it (a
-                        // cache or a skewed clock may still replay it), the last one seen.
-                        let record = self.store.inner().get(&self.specs[op].key).await.ok()?;
-                        let recorded = record
-                            .filter(|record| record.status == Status::Completed)
-                            .or_else(|| self.completed_seen[op].clone())
-                            .and_then(|record| record.outcome);
-                        (recorded.as_deref() != Some(done.raw_json().get().as_bytes())).then(|| {
-                            format!("operation {op}: a replay that is not the recorded outcome")
-                        })
-                    }
-                    crate::Origin::Reconciled { .. } => None,
+                })
+            }
+            // A replay may outlive the record's life (a clock behind, a cache): the record as
+            // it stands, or a completion of this life, vouches for it; an effect of some life
+            // must.
+            crate::Origin::Replayed if seen.ever == 0 => Some(format!(
+                "operation {op}: the caller was told it took effect, but the downstream shows none"
+            )),
+            crate::Origin::Replayed => {
+                let standing = seen
+                    .record
+                    .as_ref()
+                    .filter(|record| record.status == Status::Completed)
+                    .and_then(|record| record.outcome.as_deref());
+                // A worker whose clock is behind (its cache too) still replays the last
+                // completion seen until its expiry passes on that clock, even once a TTL sweep
+                // on the true clock started a new life.
+                let skewed_clock_still_keeps = self.completed_seen[op].as_ref().is_some_and(|last| {
+                    last.outcome.as_deref() == Some(raw)
+                        && last.expires_at + MAX_SKEW + Duration::from_secs(1) > seen.now
+                });
+                let recorded = standing == Some(raw)
+                    || skewed_clock_still_keeps
+                    || self.life_outcomes[op]
+                        .iter()
+                        .any(|outcome| outcome.as_slice() == raw);
+                (!recorded).then(|| {
+                    format!(
+                        "operation {op}: a replay that is neither the recorded outcome, a completion of this life nor one a skewed clock still keeps"
+                    )
+                })
+            }
+            crate::Origin::Reconciled { .. } => (seen.effects == 0).then(|| {
+                format!(
+                    "operation {op}: the reconciler's answer was recorded, but the downstream shows no effect"
+                )
+            }),
+        }
+    }
+
+    fn judge_error(&self, judged: &Judged, seen: &Seen, err: &Error) -> Option<String> {
+        let op = judged.op;
+        let now = seen.now;
+        let record = seen.record.as_ref();
+        let lie = |why: &str| {
+            Some(format!(
+                "operation {op}: answered {}: {why}",
+                error_name(err)
+            ))
+        };
+        // Evidence outlives a life: it vouches for an effect of any of them.
+        if acknowledges(err) && seen.ever == 0 {
+            return lie("told it took effect, but the downstream shows none");
+        }
+        match err {
+            Error::PayloadConflict { .. } => lie("a delivery of its own intent"),
+            Error::AlreadyInProgress { attempt, .. } => {
+                let live = record.is_some_and(|record| {
+                    record.status == Status::InProgress
+                        && record.lease.attempt == *attempt
+                        && record.lease.expires_at + MAX_SKEW + Duration::from_secs(1) > now
+                });
+                (!live).then(|| {
+                    format!(
+                        "operation {op}: answered AlreadyInProgress (attempt {attempt}), but no live lease of that attempt stands: {}",
+                        describe(record)
+                    )
+                })
+            }
+            Error::Indeterminate { .. } => {
+                let held_record = record.is_some_and(|record| record.status == Status::Indeterminate);
+                let held_evidence = seen
+                    .evidence
+                    .as_ref()
+                    .is_some_and(|evidence| evidence.status == Status::Indeterminate);
+                // A takeover (attempt 2 or later) meets an attempt that may have acted: the
+                // engine cannot tell one that never reached its handler.
+                let taken_over = record.is_some_and(|record| record.lease.attempt > 1);
+                let held_before = self.last_seen[op]
+                    .as_ref()
+                    .is_some_and(|record| record.status == Status::Indeterminate);
+                if !(held_record || held_evidence) {
+                    lie(&format!("nothing is held: {}", describe(record)))
+                } else if !(held_before || seen.refused || taken_over) {
+                    lie("held though nothing was taken over, no completion refused and no hold stood")
+                } else if seen.decided && !held_before && !seen.refused && !self.specs[op].stepped {
+                    // A stepped handler's steps are checked apart: one without a check (or
+                    // whose check cannot tell) is held whatever the reconciler said.
+                    lie("held right after the reconciler decided")
+                } else {
+                    None
                 }
             }
-            // Evidence outlives a life: it vouches for an effect of any of them.
-            Err(err) if acknowledges(err) && ever == 0 => Some(format!(
-                "operation {op}: the caller was told it took effect ({}), but the downstream shows none",
-                error_name(err)
-            )),
-            Err(Error::Failed { failure, .. }) if failure.kind == FailureKind::Released => {
-                Some(format!(
-                    "operation {op}: an operator released it, yet it was answered as a retained failure"
-                ))
+            Error::KeyExpiredConflict { .. } => {
+                let gone = record.is_none_or(|record| {
+                    record.counts_as_absent(now + MAX_SKEW + Duration::from_secs(1))
+                });
+                match (&seen.evidence, gone) {
+                    (Some(_), true) => None,
+                    (None, _) => lie("no evidence of its identity stands"),
+                    (Some(_), false) => lie(&format!("its record stands: {}", describe(record))),
+                }
             }
-            Err(err) if judged.gave_up_early(err) => Some(format!(
-                "operation {op}: the settlement gave up ({}) though its outage ended well before the deadline",
-                error_name(err)
-            )),
-            Err(_) => None,
+            Error::Failed { failure, .. } if failure.kind == FailureKind::Released => {
+                lie("an operator released it, yet it was answered as a retained failure")
+            }
+            Error::Failed { .. } => {
+                // As for a replay: a worker whose clock is behind (its cache too) keeps the last
+                // retained failure until its expiry passes on that clock.
+                let retained = record.is_some_and(|record| record.status == Status::Failed)
+                    || self.failed_seen[op].as_ref().is_some_and(|last| {
+                        last.expires_at + MAX_SKEW + Duration::from_secs(1) > now
+                    });
+                (!retained).then(|| {
+                    format!(
+                        "operation {op}: answered Failed, but no retained failure stands, nor one a skewed clock still keeps: {}",
+                        describe(record)
+                    )
+                })
+            }
+            Error::ReconcileFailed { .. } => {
+                (judged.answer != Answer::Fails).then(|| {
+                    format!("operation {op}: answered ReconcileFailed, but the reconciler and the checks answer {:?}", judged.answer)
+                })
+            }
+            Error::LeaseLost { attempt, .. } => {
+                let taken = record.is_none_or(|record| record.lease.attempt != *attempt);
+                (!taken && !seen.faulted).then(|| {
+                    format!(
+                        "operation {op}: answered LeaseLost (attempt {attempt}) with no fault in the step, but its attempt still holds the record: {}",
+                        describe(record)
+                    )
+                })
+            }
+            Error::Store(_) if !seen.faulted => lie("no fault or outage fired in the step"),
+            Error::Store(_) if judged.gave_up_early(err) => {
+                lie("the settlement gave up though its outage ended well before the deadline")
+            }
+            Error::Store(_) => None,
+            Error::Handler { .. } => {
+                let fails = matches!(
+                    judged.behaviour,
+                    Behaviour::TerminalFailure
+                        | Behaviour::RetryableFailure
+                        | Behaviour::FailAfterStep
+                        | Behaviour::RefusedCompletion
+                        | Behaviour::LateEffect {
+                            then: AfterTimeout::Fails,
+                            ..
+                        }
+                );
+                (!fails && !seen.faulted && !seen.refused).then(|| {
+                    format!(
+                        "operation {op}: answered Handler, but its handler ({}) does not fail, no completion was refused and no fault fired",
+                        judged.behaviour.name()
+                    )
+                })
+            }
+            Error::MissingKey { .. }
+            | Error::CallerUnidentified
+            | Error::TenantMissing { .. }
+            | Error::InvalidEvent { .. }
+            | Error::OutcomeTooLarge { .. }
+            | Error::StoredOutcomeUnreadable { .. }
+            | Error::OutcomeMismatch { .. }
+            | Error::StepMismatch { .. } => {
+                lie("nothing in this simulation provokes it (well-formed invocations, outcomes within the limit, deterministic steps)")
+            }
         }
+    }
+}
+
+/// The answer, for a message.
+fn answered(answer: &Result<Execution<Value>, Error>) -> String {
+    match answer {
+        Ok(done) => format!("{:?}", done.origin()),
+        Err(err) => error_name(err),
+    }
+}
+
+/// A record's state, for a message.
+fn describe(record: Option<&Record>) -> String {
+    match record {
+        Some(record) => format!(
+            "{} attempt {} lease until {:?} expires {:?}",
+            record.status, record.lease.attempt, record.lease.expires_at, record.expires_at
+        ),
+        None => "no record".into(),
     }
 }

@@ -3,7 +3,7 @@
 //! suspends), a resumption of a suspended handler, a clock jump, a TTL sweep, an operator's
 //! resolution of what is INDETERMINATE, a step list rewritten as another build encodes it, a
 //! delivery with a neighbouring amount; and what each caller was answered, noted and judged:
-//! against the downstream truth, and, for the paths the decision table names, against the
+//! every answer by invariants.rs's judge, and, for the paths the decision table names, against the
 //! table (a knowing give-back after a done step replays, a refused completion without steps is
 //! held under the default, a re-encoded step list is taken over).
 
@@ -16,9 +16,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use super::actors::{AfterTimeout, Behaviour, MAX_SKEW, Run, Skewed, handler, lock};
-use super::invariants::Judged;
+use super::invariants::{Before, Judged};
 use super::ledger::Profile;
-use super::world::{Action, Deploy, LEASE, Planned, World, error_name};
+use super::world::{Absence, Action, Deploy, LEASE, Planned, World, error_name};
 use crate::clock::Clock;
 use crate::engine::{Operator, Resolution};
 use crate::error::{BoxError, Error};
@@ -38,6 +38,11 @@ pub(super) struct Parked {
     resume: Option<oneshot::Sender<()>>,
     deadline: SystemTime,
     op: usize,
+    /// The evidence key of the identity its invocation declared.
+    identity: Option<String>,
+    /// The run's figures as its delivery began: what happens to it when resumed is judged
+    /// from there.
+    before: Before,
 }
 
 /// How a delivery ended for its caller.
@@ -104,10 +109,7 @@ impl<S: Store + Clone> World<S> {
             }
             Action::Resume(index) => self.resume(index).await,
             Action::Advance(by) => self.clock.advance(by),
-            Action::Sweep => {
-                let swept = (self.sweep)().await;
-                self.note(format!("swept {swept}"));
-            }
+            Action::Sweep => self.sweep().await,
             Action::Resolve => self.resolve_indeterminate().await,
             Action::ReEncode(encoding) => self.re_encode(encoding).await,
             Action::ChangedAmount(op) => self.changed_amount(op).await,
@@ -140,14 +142,44 @@ impl<S: Store + Clone> World<S> {
         }
     }
 
+    /// A TTL sweep: every record expired at the world's time may go, and its absence is
+    /// excused from then on (until a claim writes a record again).
+    async fn sweep(&mut self) {
+        self.observe_existence();
+        let now = self.clock.now();
+        let mut expired = Vec::new();
+        for op in 0..self.specs.len() {
+            let record = self.store.inner().get(&self.specs[op].key).await;
+            if let Ok(Some(record)) = record
+                && record.is_expired(now)
+            {
+                expired.push(op);
+            }
+        }
+        let swept = (self.sweep)().await;
+        for op in expired {
+            self.absence[op] = Absence::Swept;
+        }
+        self.note(format!("swept {swept}"));
+    }
+
     /// Before a delivery: whether nothing remembers the operation by design, so that its next
-    /// run is a new life. By the contract: its record is gone, or settled (COMPLETED, FAILED)
-    /// with its retention passed (second resolution, on the worker's clock), and no evidence
-    /// stands for the identity this delivery declares.
-    async fn is_forgotten(&self, invocation: &Invocation, worker: usize) -> bool {
+    /// run is a new life. By the contract: its record is settled (COMPLETED, FAILED) with its
+    /// retention passed (second resolution, on the worker's clock), or gone where a release or
+    /// a TTL sweep after its expiry removed it (or nothing claimed it yet), and no evidence
+    /// stands for the identity this delivery declares. A record gone otherwise is a broken
+    /// invariant, never a new life.
+    async fn is_forgotten(&mut self, op: usize, invocation: &Invocation, worker: usize) -> bool {
+        self.observe_existence();
         let Ok(record) = self.store.inner().get(invocation.key()).await else {
             return false;
         };
+        if record.is_none() && self.absence[op] == Absence::Stands {
+            self.pending_violation.get_or_insert(format!(
+                "operation {op}: its record is missing, though no release, operator or TTL sweep after its expiry removed it"
+            ));
+            return false;
+        }
         let now = Skewed::of(&self.clock, worker).now();
         let record_forgotten = record.is_none_or(|record| {
             matches!(record.status, Status::Completed | Status::Failed)
@@ -171,12 +203,14 @@ impl<S: Store + Clone> World<S> {
     ) -> Option<Result<Execution<Value>, Error>> {
         self.touched[op] = true;
         let watch = self.watch(op);
-        let faults_before = self.faults_fired();
+        let before = self.before(op);
+        let faults_before = before.faults;
         let worker_clock = Skewed::of(&self.clock, worker);
         let deadline_on_worker = worker_clock.now() + LEASE - DEADLINE_MARGIN;
         let invocation = self.invocation(op, deploy, deadline_on_worker);
-        if self.is_forgotten(&invocation, worker).await {
-            lock(&self.shared).ledger.new_life(op);
+        let identity = invocation.evidence_key();
+        if self.is_forgotten(op, &invocation, worker).await {
+            self.new_life(op);
         }
         self.stats.deliveries += 1;
         *self.stats.behaviours.entry(behaviour.name()).or_default() += 1;
@@ -195,13 +229,14 @@ impl<S: Store + Clone> World<S> {
         let outage_end = Arc::new(std::sync::Mutex::new(None));
         let after_effect: Box<dyn FnOnce() + Send> = match outage {
             Some(length) => {
-                self.stats.outages += 1;
-                let (store, clock, end) = (
+                let (store, clock, end, started) = (
                     self.store.clone(),
                     self.clock.clone(),
                     Arc::clone(&outage_end),
+                    Arc::clone(&self.outages_started),
                 );
                 Box::new(move || {
+                    started.fetch_add(1, Ordering::Relaxed);
                     let until = clock.now() + length;
                     let primitives = [Primitive::Settle, Primitive::Release];
                     store.outage(&primitives, FaultKind::Throttled, until, clock);
@@ -235,7 +270,17 @@ impl<S: Store + Clone> World<S> {
         let answer = tokio::select! {
             joined = &mut task => {
                 let outage_end = *outage_end.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                let judged = Judged { op, behaviour, deadline, outage_end };
+                let answer_mode = lock(&self.shared).answer;
+                let judged = Judged {
+                    op,
+                    behaviour,
+                    deadline,
+                    outage_end,
+                    other_intent: false,
+                    identity: identity.clone(),
+                    answer: answer_mode,
+                    before,
+                };
                 self.answered(judged, joined).await
             }
             Some(()) = parked_rx.recv() => {
@@ -248,7 +293,7 @@ impl<S: Store + Clone> World<S> {
                     }
                     Behaviour::SuspendBeforeEffect | Behaviour::SuspendAfterEffect => {
                         self.note(format!("suspended as #{}", self.suspended.len()));
-                        self.suspended.push(Parked { task, resume: Some(resume_tx), deadline, op });
+                        self.suspended.push(Parked { task, resume: Some(resume_tx), deadline, op, identity, before });
                     }
                     _ => {
                         self.note("crashed".into());
@@ -270,9 +315,20 @@ impl<S: Store + Clone> World<S> {
         answer
     }
 
-    /// Faults fired so far in the run.
+    /// Faults fired so far in the run (outages' failures included).
     fn faults_fired(&self) -> u64 {
         self.store.fired().values().sum()
+    }
+
+    /// The run's figures now, as a delivery of `op` begins.
+    fn before(&self, op: usize) -> Before {
+        let faults = self.faults_fired();
+        let downstream = lock(&self.shared);
+        Before {
+            faults,
+            decided: downstream.decisions[op],
+            refusals: downstream.refusals,
+        }
     }
 
     /// What a delivery of `op` is watched for, from the record as the last check saw it (a
@@ -443,6 +499,17 @@ impl<S: Store + Clone> World<S> {
             .with_deadline(now + LEASE - DEADLINE_MARGIN);
         let ran = Arc::new(AtomicBool::new(false));
         let running = Arc::clone(&ran);
+        let answer_mode = lock(&self.shared).answer;
+        let judged = Judged {
+            op,
+            behaviour: Behaviour::Complete,
+            deadline: now + LEASE - DEADLINE_MARGIN,
+            outage_end: None,
+            other_intent: true,
+            identity: None,
+            answer: answer_mode,
+            before: self.before(op),
+        };
         let answer = idem
             .execute(&invocation, move |_ctx| async move {
                 running.store(true, Ordering::SeqCst);
@@ -454,19 +521,14 @@ impl<S: Store + Clone> World<S> {
             Err(err) => error_name(err),
         };
         self.note(format!("answered {answered}"));
-        match answer {
-            Err(Error::PayloadConflict { .. }) if !ran.load(Ordering::SeqCst) => {
-                self.stats.changed_amounts += 1;
-            }
-            _ => {
-                let ran = match ran.load(Ordering::SeqCst) {
-                    true => ", and its handler ran",
-                    false => "",
-                };
-                self.pending_violation.get_or_insert(format!(
-                    "operation {op}: a delivery of its key with a neighbouring amount (equal to its own above 2^53 only) was answered {answered} instead of a payload conflict{ran}"
-                ));
-            }
+        if let Some(untruthful) = self.judge(&judged, &answer).await {
+            self.pending_violation.get_or_insert(untruthful);
+        } else if ran.load(Ordering::SeqCst) {
+            self.pending_violation.get_or_insert(format!(
+                "operation {op}: a delivery of its key with a neighbouring amount (equal to its own above 2^53 only) ran its handler"
+            ));
+        } else {
+            self.stats.changed_amounts += 1;
         }
     }
 
@@ -485,11 +547,16 @@ impl<S: Store + Clone> World<S> {
             let _ = resume.send(());
         }
         let joined = (&mut parked.task).await;
+        let answer_mode = lock(&self.shared).answer;
         let judged = Judged {
             op: parked.op,
             behaviour: Behaviour::Complete,
             deadline: parked.deadline,
             outage_end: None,
+            other_intent: false,
+            identity: parked.identity.take(),
+            answer: answer_mode,
+            before: parked.before,
         };
         self.answered(judged, joined).await;
     }
@@ -522,8 +589,13 @@ impl<S: Store + Clone> World<S> {
         };
         self.note(line);
         self.observe_transactions().await;
-        if let Some(untruthful) = self.untruthful(judged, &answer).await {
+        if let Some(untruthful) = self.judge(&judged, &answer).await {
             self.pending_violation.get_or_insert(untruthful);
+        }
+        if let Ok(done) = &answer
+            && !matches!(done.origin(), Origin::Replayed)
+        {
+            self.outcome_recorded(judged.op, done.raw_json().get().as_bytes());
         }
         Some(answer)
     }

@@ -173,6 +173,9 @@ pub(super) async fn transactional(
     // The first takeover's completion is refused by its condition (nothing commits; the claim
     // is given back, the reservation kept).
     let condition = (attempt == 2).then_some("attribute_not_exists(reserved)");
+    if condition.is_some() {
+        lock(&shared).refusals += 1;
+    }
     ctx.complete_with(
         Transaction::new(())
             .update(add(&tables, op, life, "completed", condition)?)

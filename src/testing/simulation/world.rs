@@ -18,6 +18,7 @@ use super::actors::{
 };
 use super::formats::Encoding;
 use super::ledger::{Ledger, Profile};
+use super::observed::{Existence, Observed};
 use super::steps::{Delivered, Parked};
 use super::{Budget, Stats};
 use crate::clock::{Clock, ManualClock};
@@ -112,6 +113,21 @@ pub enum Action {
     ChangedAmount(usize),
 }
 
+/// Why an operation's record may be missing, in its current life: DESIGN lets a record go
+/// only by a release (the retry executes afresh) or by TTL after its expiry; anything else
+/// that loses it is a broken store or engine, never a new life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Absence {
+    /// Nothing claimed it yet (the run's start).
+    Unclaimed,
+    /// A fenced release deleted it by design.
+    Released,
+    /// A TTL sweep ran after it expired.
+    Swept,
+    /// A record stands: its absence needs one of the causes above.
+    Stands,
+}
+
 /// A step planned next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Planned {
@@ -147,7 +163,7 @@ pub(super) struct World<S> {
     pub(super) seed: u64,
     pub(super) clock: ManualClock,
     pub(super) sweep: Sweeper,
-    pub(super) store: FaultyStore<S>,
+    pub(super) store: FaultyStore<Observed<S>>,
     pub(super) workers: Vec<(Idempotency, Profile)>,
     /// The same workers' engines for the operations whose handler keeps its effect in a step.
     pub(super) stepped: Vec<(Idempotency, Profile)>,
@@ -165,6 +181,13 @@ pub(super) struct World<S> {
     pub(super) frozen: Vec<JoinHandle<Delivered>>,
     pub(super) last_seen: Vec<Option<Record>>,
     pub(super) completed_seen: Vec<Option<Record>>,
+    /// Per operation: the last retained failure (FAILED) a check saw.
+    pub(super) failed_seen: Vec<Option<Record>>,
+    /// Per operation: why its record may be missing in its current life.
+    pub(super) absence: Vec<Absence>,
+    /// Per operation: the outcomes recorded (COMPLETED) in its current life, as stored bytes:
+    /// what a replay may answer besides the record as it stands.
+    pub(super) life_outcomes: Vec<Vec<Vec<u8>>>,
     /// The operations this step delivered, resumed or resolved: only they may see a live
     /// lease disappear (given back by its own holder).
     pub(super) touched: Vec<bool>,
@@ -183,6 +206,8 @@ pub(super) struct World<S> {
     pub(super) trace: Vec<String>,
     pub(super) stats: Stats,
     takeovers: Arc<AtomicU64>,
+    /// Outages that began (the handler reached its effect), over the run.
+    pub(super) outages_started: Arc<AtomicU64>,
     pub(super) pending_violation: Option<String>,
 }
 
@@ -204,7 +229,7 @@ impl<S: Store + Clone> World<S> {
             specs.iter().map(|spec| spec.key.clone()).collect(),
             fixture.clock.clone(),
         )));
-        let store = FaultyStore::new(fixture.store);
+        let store = FaultyStore::new(Observed::new(fixture.store));
         let takeovers = Arc::new(AtomicU64::new(0));
         let mut stepped = Vec::new();
         let mut transactional = Vec::new();
@@ -291,6 +316,9 @@ impl<S: Store + Clone> World<S> {
             frozen: Vec::new(),
             last_seen: vec![None; operations],
             completed_seen: vec![None; operations],
+            failed_seen: vec![None; operations],
+            absence: vec![Absence::Unclaimed; operations],
+            life_outcomes: vec![Vec::new(); operations],
             touched: vec![false; operations],
             compatible,
             given_back: vec![None; operations],
@@ -306,18 +334,37 @@ impl<S: Store + Clone> World<S> {
                 ..Stats::default()
             },
             takeovers,
+            outages_started: Arc::new(AtomicU64::new(0)),
             pending_violation: None,
         }
     }
 
     pub(super) fn stats(mut self) -> Stats {
+        // Injected faults apart from the failures outages made (each a `FailBefore` of the
+        // outage's kind, counted by the store apart).
+        let in_outages = self.store.fired_in_outages();
         for ((primitive, fault), count) in self.store.fired() {
+            let of_outages = match fault {
+                Fault::FailBefore(kind) => in_outages.get(&(primitive, kind)).copied(),
+                _ => None,
+            };
+            let injected = count - of_outages.unwrap_or(0);
+            if injected > 0 {
+                *self
+                    .stats
+                    .faults
+                    .entry(format!("{} {fault:?}", primitive.name()))
+                    .or_default() += injected;
+            }
+        }
+        for ((primitive, kind), count) in in_outages {
             *self
                 .stats
-                .faults
-                .entry(format!("{} {fault:?}", primitive.name()))
+                .outage_failures
+                .entry(format!("{} {kind:?}", primitive.name()))
                 .or_default() += count;
         }
+        self.stats.outages = self.outages_started.load(Ordering::Relaxed);
         let downstream = lock(&self.shared);
         self.stats.reconciles = downstream.reconciles.clone();
         self.stats.declared_reruns = downstream.ledger.declared_reruns;
@@ -331,6 +378,33 @@ impl<S: Store + Clone> World<S> {
             task.abort();
         }
         self.stats
+    }
+
+    /// Takes the store's account of the writes that created or deleted a record since the
+    /// last call: a claim or adoption makes a record stand, a release excuses its absence.
+    pub(super) fn observe_existence(&mut self) {
+        for (key, existence) in self.store.inner().take() {
+            if let Some(op) = self.specs.iter().position(|spec| spec.key == key) {
+                self.absence[op] = match existence {
+                    Existence::Written => Absence::Stands,
+                    Existence::Released => Absence::Released,
+                };
+            }
+        }
+    }
+
+    /// `op` starts a new life: nothing remembers it by design.
+    pub(super) fn new_life(&mut self, op: usize) {
+        lock(&self.shared).ledger.new_life(op);
+        self.life_outcomes[op].clear();
+    }
+
+    /// Notes `outcome` as recorded for `op` in its current life.
+    pub(super) fn outcome_recorded(&mut self, op: usize, outcome: &[u8]) {
+        let outcomes = &mut self.life_outcomes[op];
+        if !outcomes.iter().any(|seen| seen.as_slice() == outcome) {
+            outcomes.push(outcome.to_vec());
+        }
     }
 
     pub(super) fn note(&mut self, line: String) {
