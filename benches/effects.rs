@@ -22,10 +22,12 @@ use std::time::{Duration, Instant};
 use aws_lambda_events::event::dynamodb::Event as DynamoDbEvent;
 use aws_sdk_dynamodb::types::{AttributeValue, Put};
 use lambda_idempotency::effects::relay::{Publisher, relay};
-use lambda_idempotency::effects::{Destination, Outbox, OutboxEvent, Transaction};
+use lambda_idempotency::effects::{Destination, Outbox, OutboxEvent, OutboxMarks, Transaction};
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::testing::dynamo::{self, Dynamo};
-use lambda_idempotency::testing::local::{create_key_table, unique_table_name};
+use lambda_idempotency::testing::local::{
+    create_key_table, create_outbox_table, unique_table_name,
+};
 use lambda_idempotency::{
     BoxError, ExecutionContext, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope,
 };
@@ -146,7 +148,7 @@ async fn main() -> Result<(), BoxError> {
     let orders = unique_table_name("bench-orders");
     let outbox = unique_table_name("bench-outbox");
     create_key_table(&db.client, &orders, false).await?;
-    create_key_table(&db.client, &outbox, true).await?;
+    create_outbox_table(&db.client, &outbox).await?;
     let idem = Idempotency::new(db.store()).with_recovery(Recovery::Steps);
     let rig = Rig {
         db,
@@ -239,7 +241,7 @@ async fn main() -> Result<(), BoxError> {
         .unwrap_or_default()
         .to_owned();
     let publisher_outbox = Outbox::new(unique_table_name("bench-relay-outbox"));
-    create_key_table(&rig.db.client, publisher_outbox.table(), true).await?;
+    create_outbox_table(&rig.db.client, publisher_outbox.table()).await?;
     for n in 0..RELAYED_EVENTS {
         let scope = OperationScope::new("bench", "relayed")?;
         let key = OperationKey::derive(&scope, None, &format!("e-{n}"))?;
@@ -265,6 +267,7 @@ async fn main() -> Result<(), BoxError> {
         Idempotency::new(rig.db.store()),
         OperationScope::new("bench", "relay")?,
         Publisher::from_conf(&moto.sdk_config()),
+        OutboxMarks::new(rig.db.client.clone(), &publisher_outbox),
     );
     let started = Instant::now();
     let mut relayed = 0;

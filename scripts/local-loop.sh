@@ -99,6 +99,7 @@ check_twice api_payments http_api
 check_twice checkout checkout
 check_twice outbox_relay dynamodb_stream
 invoke stuck_check schedule > "$work/stuck.json"
+invoke outbox_sweeper schedule > "$work/sweeper.json"
 
 python3 - "$work" <<'PY'
 import json, sys
@@ -121,6 +122,13 @@ with open(f"{work}/stuck.json") as stuck:
 for gauge in ["StuckInProgress", "Indeterminate", "OrphanedEvidence", "StuckCheckIncomplete"]:
     assert gauges[gauge] == 0, f"the stuck check reports {gauge} = {gauges[gauge]}: {gauges}"
 print("the stuck check finds nothing stuck")
+with open(f"{work}/sweeper.json") as sweeper:
+    gauges = json.load(sweeper)
+# The checkout's own event waits for the relay (the stream is not wired here): pending, not
+# yet past the sweeper's ten minutes; nothing failed or parked.
+for gauge in ["OutboxRepublished", "OutboxSweepFailed", "OutboxParkedEvents"]:
+    assert gauges[gauge] == 0, f"the sweeper reports {gauge} = {gauges[gauge]}: {gauges}"
+print(f"the sweeper: nothing to republish, the oldest pending event {gauges['OutboxOldestPendingAge']} s old")
 PY
 
 echo "== the relayed event, published once"

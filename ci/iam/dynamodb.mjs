@@ -112,11 +112,18 @@ function readSelect(part, onIndex) {
 
 function query(stack, body) {
   const table = tableOf(stack, body.TableName)
+  // On an index, the partition key the condition fixes is the index's.
+  const partitionKey = body.IndexName === undefined
+    ? table.partition_key
+    : table.index_partition_keys?.[body.IndexName]
+  if (partitionKey === undefined) {
+    throw new DeriveError(`table ${table.name} has no index ${body.IndexName}`)
+  }
   let value
   if (body.KeyConditionExpression) {
-    value = partitionKeyCondition(body.KeyConditionExpression, table.partition_key, body.ExpressionAttributeNames, body.ExpressionAttributeValues)
+    value = partitionKeyCondition(body.KeyConditionExpression, partitionKey, body.ExpressionAttributeNames, body.ExpressionAttributeValues)
   } else {
-    value = body.KeyConditions?.[table.partition_key]?.AttributeValueList?.[0]
+    value = body.KeyConditions?.[partitionKey]?.AttributeValueList?.[0]
   }
   if (value === undefined) throw new DeriveError(`Query on ${table.name} fixes no partition key`)
   const context = withAttributes(

@@ -114,6 +114,14 @@ def describe_tables(stack):
             for kind in ("GlobalSecondaryIndexes", "LocalSecondaryIndexes")
             for index in properties.get(kind, [])
         ]
+        # A Query on an index fixes the index's partition key: dynamodb:LeadingKeys is its value.
+        index_partition_keys = {
+            index["IndexName"]: next(
+                element["AttributeName"] for element in index["KeySchema"] if element["KeyType"] == "HASH"
+            )
+            for kind in ("GlobalSecondaryIndexes", "LocalSecondaryIndexes")
+            for index in properties.get(kind, [])
+        }
         name = stack.physical_name(logical)
         tables[name] = {
             "logical": logical,
@@ -121,6 +129,7 @@ def describe_tables(stack):
             "partition_key": keys["HASH"],
             "sort_key": keys.get("RANGE"),
             "indexes": indexes,
+            "index_partition_keys": index_partition_keys,
             "stream_arn": stack.get_att(logical, "StreamArn") if "StreamSpecification" in properties else None,
         }
     return tables

@@ -145,7 +145,7 @@ pub async fn run(
         super::local_dynamodb::unique_table_name("demo-outbox"),
     );
     super::local_dynamodb::create_key_table(client, &orders, false).await?;
-    super::local_dynamodb::create_key_table(client, &outbox, true).await?;
+    super::local_dynamodb::create_outbox_table(client, &outbox).await?;
     let outbox = Outbox::new(outbox);
     let key = OperationKey::derive(&OperationScope::new("demo", "place-order")?, None, "o-8")?;
     let invocation = Invocation::new(key, Fingerprint::of(&"o-8")?, super::LEASE);

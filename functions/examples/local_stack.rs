@@ -28,7 +28,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let ledger = Ledger::new(client.clone(), "local-ledger");
     ledger.create().await?;
     // The checkout's outbox (its events are written there; nothing relays them locally).
-    local::create_key_table(&client, "local-outbox", true).await?;
+    local::create_outbox_table(&client, "local-outbox").await?;
 
     println!("tables ready on {endpoint}; in the shell that runs `cargo lambda watch`:\n");
     println!("export DYNAMODB_ENDPOINT={endpoint}");

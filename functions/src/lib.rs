@@ -14,6 +14,8 @@ pub mod ledger;
 pub mod logging;
 pub mod metrics;
 pub mod orders;
+pub mod outbox_marker;
+pub mod outbox_sweeper;
 pub mod payments;
 pub mod quickstart;
 pub mod shipments;

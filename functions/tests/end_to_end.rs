@@ -18,6 +18,9 @@ use serde_json::{Value, json};
 
 use support::function::{Function, Tables, sample_event};
 
+#[path = "end_to_end/outbox.rs"]
+mod outbox;
+
 fn failures(answer: &Value) -> Vec<&str> {
     answer["batchItemFailures"]
         .as_array()
@@ -513,7 +516,10 @@ async fn the_outbox_relay_publishes_the_checkouts_event_once() {
         env!("CARGO_BIN_EXE_outbox_relay"),
         "outbox-relay",
         &tables,
-        &[("AWS_ENDPOINT_URL_SQS", moto.endpoint.as_str())],
+        &[
+            ("AWS_ENDPOINT_URL_SQS", moto.endpoint.as_str()),
+            ("OUTBOX_TABLE", outbox.table()),
+        ],
     )
     .await;
     let first = relay.api.invoke(batch.clone()).await.expect("answered");
@@ -534,6 +540,25 @@ async fn the_outbox_relay_publishes_the_checkouts_event_once() {
         1,
         "published once over two deliveries"
     );
+    let marked = tables
+        .ledger
+        .client()
+        .scan()
+        .table_name(outbox.table())
+        .send()
+        .await
+        .expect("scan the outbox");
+    let [item] = marked.items() else {
+        panic!("one outbox event: {:?}", marked.items());
+    };
+    assert_eq!(
+        item.get("published_by")
+            .and_then(|by| by.as_s().ok())
+            .map(String::as_str),
+        Some("relay"),
+        "marked published: {item:?}"
+    );
+    assert!(!item.contains_key("pending"), "out of the pending index");
     let recorded =
         std::fs::read_to_string(support::recorder::recordings_dir().join("e2e-relay.jsonl"))
             .expect("the recording");

@@ -13,6 +13,8 @@
 //!         (--completed result.json | --failed KIND --message TEXT | --release) [--reason WHY]
 //!         [--operator NAME] [--yes]
 //! idemctl stats [--json]
+//! idemctl outbox pending [--older-than 10m] [--json]    idemctl outbox parked [--json]
+//! idemctl outbox sweep [--older-than 10m]
 //! ```
 //!
 //! `resolve` works on every state the engine leaves to an operator: an INDETERMINATE record, an
@@ -34,6 +36,8 @@
 mod audit_trail;
 #[path = "idemctl/caller.rs"]
 mod caller;
+#[path = "idemctl/outbox.rs"]
+mod outbox;
 #[path = "idemctl/show.rs"]
 mod show;
 
@@ -93,10 +97,23 @@ struct Tables {
     /// repeat it for each.
     #[arg(long = "attribute", global = true, value_name = "FIELD=NAME")]
     attributes: Vec<String>,
+    /// The outbox table, for `idemctl outbox` (default: $OUTBOX_TABLE).
+    #[arg(long, global = true, env = "OUTBOX_TABLE")]
+    outbox_table: Option<String>,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    #[command(flatten)]
+    Store(StoreCommand),
+    /// The outbox: pending and parked events, and a sweep on demand.
+    #[command(subcommand)]
+    Outbox(outbox::OutboxCommand),
+}
+
+/// The commands on the idempotency (and uniqueness) tables.
+#[derive(Subcommand)]
+enum StoreCommand {
     /// Table management.
     #[command(subcommand)]
     Tables(TablesCommand),
@@ -209,9 +226,13 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<(), BoxError> {
+    let command = match cli.command {
+        Command::Outbox(command) => return outbox::run(command, cli.tables.outbox_table).await,
+        Command::Store(command) => command,
+    };
     let (store, sdk) = store(&cli.tables).await?;
-    match cli.command {
-        Command::Tables(TablesCommand::Create {
+    match command {
+        StoreCommand::Tables(TablesCommand::Create {
             unprotected,
             kms_key,
         }) => {
@@ -226,9 +247,9 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             store.create_tables(&protection).await?;
             println!("created {}", store.table());
         }
-        Command::Get { key, identity } => get(&store, key, identity).await?,
-        Command::Stuck { older_than, json } => stuck(&store, older_than, json).await?,
-        Command::Resolve {
+        StoreCommand::Get { key, identity } => get(&store, key, identity).await?,
+        StoreCommand::Stuck { older_than, json } => stuck(&store, older_than, json).await?,
+        StoreCommand::Resolve {
             key,
             identity,
             completed,
@@ -336,7 +357,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             };
             resolve(store, config, target, resolution, decision).await?;
         }
-        Command::Stats { json } => stats(&store, json).await?,
+        StoreCommand::Stats { json } => stats(&store, json).await?,
     }
     Ok(())
 }

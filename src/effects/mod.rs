@@ -67,6 +67,7 @@
 
 mod ledger;
 mod outbox;
+mod outbox_marks;
 #[cfg(feature = "relay")]
 #[cfg_attr(docsrs, doc(cfg(feature = "relay")))]
 pub mod relay;
@@ -78,7 +79,11 @@ pub(crate) use self::ledger::{COMPLETION, Halt, StepLedger};
 /// The step the completion's outbox events name in their ids ([`event_id`]): none.
 pub(crate) const COMPLETION_EVENTS: &str = "";
 pub use self::outbox::{
-    Destination, OUTBOX_RETENTION, Outbox, OutboxEvent, OutboxRecord, event_id,
+    Destination, MAX_EVENT_BYTES, OUTBOX_RETENTION, Outbox, OutboxEvent, OutboxRecord, PARKED,
+    PENDING_INDEX, PENDING_SHARDS, event_id,
+};
+pub use self::outbox_marks::{
+    MAX_PARKED_REASON_BYTES, Marked, OutboxError, OutboxMarks, PendingEvent, PublishedBy,
 };
 pub use self::step::{Checked, NoCheck, NotApplied, Step, StepCheck, StepError};
 pub use self::transaction::Transaction;

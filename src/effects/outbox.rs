@@ -5,6 +5,16 @@
 //! claimed), the step and the event's name: the same on every attempt, so a republished event (the relay crashed after publishing, before its
 //! ledger recorded it) reaches consumers under the same id, and they deduplicate on it.
 //!
+//! An event is **pending until it is published**: its item carries `pending` (the key of the
+//! table's sparse [`PENDING_INDEX`]) and no TTL. Whatever publishes it (the relay, the
+//! sweeper, an operator) then marks it: `published_at`, `published_by`, `pending` removed and a
+//! TTL [`OUTBOX_RETENTION`] later. A pending event never expires, so one the stream's 24 hours
+//! (or its retries) did not deliver is still there for the sweeper
+//! ([`relay::sweeper`](crate::effects::relay::sweeper), feature `relay`), which finds it through the
+//! index at the cost of what is pending, not of the table's size. An event its destination
+//! refuses is **parked** (`parked_at`, `parked_reason`, `pending` set to [`PARKED`]): kept, out
+//! of the sweeper's way, listed by the same index.
+//!
 //! | outbox item attribute | meaning |
 //! |---|---|
 //! | `pk` (S) | the event id (64 hex characters) |
@@ -14,13 +24,21 @@
 //! | `target` (S) | the event bus name or ARN, the topic ARN, the queue URL |
 //! | `source`, `detail_type` (S) | EventBridge's `Source` and `DetailType` |
 //! | `payload` (S) | the event's JSON, as serialized |
-//! | `created_at` (N) | epoch milliseconds |
-//! | `expires_at` (N) | epoch seconds: the table's TTL, [`OUTBOX_RETENTION`] after creation |
+//! | `created_at` (N) | epoch milliseconds: the sort key of [`PENDING_INDEX`] |
+//! | `pending` (S) | while pending: `p0` … `pf` (the id's first hex digit, spreading the index's partitions); [`PARKED`] once parked; absent once published |
+//! | `published_at` (N), `published_by` (S) | once published: epoch milliseconds, and `relay`, `sweeper`, `pipe` or `operator` |
+//! | `parked_at` (N), `parked_reason` (S) | once parked: epoch milliseconds, and the destination's refusal |
+//! | `redriven_at` (N) | while a sweeper asks a Pipe to publish it again: epoch milliseconds (the Pipe's filter passes the modification) |
+//! | `expires_at` (N) | epoch seconds, the table's TTL: [`OUTBOX_RETENTION`] after publication; absent while pending or parked |
+//!
+//! Items 0.4 wrote have no `pending` and a TTL from their creation: they were published from
+//! the stream as before, and are not swept.
 //!
 //! What a consumer receives is the [envelope](OutboxRecord::envelope)
 //! `{"event_id": …, "event": …, "payload": …}`; with the crate's doors, key it by `/event_id`
 //! (`/detail/event_id` for an EventBridge event).
 
+use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::types::{AttributeValue, Put};
@@ -30,11 +48,43 @@ use serde_json::value::RawValue;
 
 use crate::error::Error;
 use crate::key::OperationKey;
-use crate::record::{epoch_millis, epoch_secs};
+use crate::record::epoch_millis;
 
-/// How long an outbox item is kept (DynamoDB TTL): well past the 24 hours a stream keeps its
-/// records, so that the relay reads every event before TTL deletes it.
+/// How long an outbox item is kept once published (DynamoDB TTL, from its publication): long
+/// enough to look an event up when a consumer asks about it. A pending or parked item has no
+/// TTL.
 pub const OUTBOX_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The largest message a destination takes, in bytes: EventBridge's `PutEvents` entry (its
+/// `Source`, `DetailType` and `Detail` together), an SNS message and an SQS message are 256 KiB
+/// each (their documented quotas). An event whose envelope would pass it is refused when it is
+/// committed ([`OutboxEvent::new`]), so it never reaches the outbox; the relay and the sweeper
+/// park one written otherwise.
+pub const MAX_EVENT_BYTES: usize = 256 * 1024;
+
+/// The outbox table's sparse global secondary index of pending and parked events: partition
+/// key `pending` (S), sort key `created_at` (N), all attributes projected. Only items carrying
+/// `pending` are in it, so reading it costs what is pending.
+pub const PENDING_INDEX: &str = "pending";
+
+/// The `pending` value of a parked event (its destination refused it).
+pub const PARKED: &str = "parked";
+
+/// The `pending` values of pending events: the event id's first hex digit after a `p`, so that
+/// the index's writes spread over sixteen partitions.
+pub const PENDING_SHARDS: [&str; 16] = [
+    "p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9", "pa", "pb", "pc", "pd", "pe", "pf",
+];
+
+/// The `pending` shard of event `id`.
+pub(crate) fn pending_shard(id: &str) -> &'static str {
+    let digit = id
+        .chars()
+        .next()
+        .and_then(|first| first.to_digit(16))
+        .unwrap_or(0);
+    PENDING_SHARDS[digit as usize % PENDING_SHARDS.len()]
+}
 
 /// Where an outbox event is published.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,7 +143,8 @@ impl OutboxEvent {
     /// for `destination`.
     ///
     /// # Errors
-    /// [`Error::InvalidEvent`] for a blank name or a payload that does not serialize.
+    /// [`Error::InvalidEvent`] for a blank name, a payload that does not serialize, or an event
+    /// larger than its destination takes ([`MAX_EVENT_BYTES`], with the envelope).
     ///
     /// ```
     /// use lambda_idempotency::effects::{Destination, OutboxEvent};
@@ -120,11 +171,42 @@ impl OutboxEvent {
         let payload = serde_json::to_string(payload).map_err(|err| Error::InvalidEvent {
             reason: format!("an outbox event's payload does not serialize to JSON: {err}"),
         })?;
-        Ok(Self {
+        let event = Self {
             name,
             destination,
             payload,
-        })
+        };
+        let size = event.published_size()?;
+        if size > MAX_EVENT_BYTES {
+            return Err(Error::InvalidEvent {
+                reason: format!(
+                    "the outbox event `{}` would be published as {size} bytes, past the {MAX_EVENT_BYTES} its destination takes: publish a reference (an id, an S3 key) instead",
+                    event.name
+                ),
+            });
+        }
+        Ok(event)
+    }
+
+    /// The bytes the destination counts once the event is published: its envelope (with an
+    /// id's 64 characters), and EventBridge's `Source` and `DetailType`.
+    fn published_size(&self) -> Result<usize, Error> {
+        let envelope = OutboxRecord {
+            id: "0".repeat(64),
+            name: self.name.clone(),
+            destination: self.destination.clone(),
+            payload: self.payload.clone(),
+        }
+        .envelope()?;
+        let extra = match &self.destination {
+            Destination::EventBridge {
+                source,
+                detail_type,
+                ..
+            } => source.len() + detail_type.len(),
+            _ => 0,
+        };
+        Ok(envelope.len() + extra)
     }
 
     /// The event's name.
@@ -140,7 +222,8 @@ pub struct Outbox {
 }
 
 impl Outbox {
-    /// The outbox in `table` (`pk` string key, TTL on `expires_at`, a stream of new images).
+    /// The outbox in `table` (`pk` string key, TTL on `expires_at`, a stream of new images, the
+    /// sparse [`PENDING_INDEX`]).
     pub fn new(table: impl Into<String>) -> Self {
         Self {
             table: table.into(),
@@ -173,10 +256,8 @@ impl Outbox {
                 "created_at",
                 AttributeValue::N(epoch_millis(now).to_string()),
             )
-            .item(
-                "expires_at",
-                AttributeValue::N(epoch_secs(now + OUTBOX_RETENTION).to_string()),
-            );
+            // Pending until published: in the sparse index, without a TTL.
+            .item("pending", s(pending_shard(id)));
         if let Destination::EventBridge {
             source,
             detail_type,
@@ -222,7 +303,16 @@ impl OutboxRecord {
     /// The outbox item in a stream record's new image, as DynamoDB JSON
     /// (`{"pk": {"S": …}, …}`); `None` when the image is not an outbox item.
     pub fn from_image(image: &Value) -> Option<Self> {
-        let text = |name: &str| image.get(name)?.get("S")?.as_str().map(str::to_owned);
+        Self::from_fields(|name| image.get(name)?.get("S")?.as_str().map(str::to_owned))
+    }
+
+    /// The outbox item as DynamoDB returns it (a query of the pending index, a `GetItem`);
+    /// `None` when it is not an outbox item.
+    pub fn from_item(item: &HashMap<String, AttributeValue>) -> Option<Self> {
+        Self::from_fields(|name| item.get(name)?.as_s().ok().cloned())
+    }
+
+    fn from_fields(text: impl Fn(&str) -> Option<String>) -> Option<Self> {
         let target = text("target")?;
         let destination = match text("destination")?.as_str() {
             "eventbridge" => Destination::EventBridge {

@@ -5,8 +5,13 @@
 //! by the event id, so a redelivered batch replays instead of publishing again. Publishing is
 //! safe to repeat (consumers deduplicate on the event id), so the relay's engine re-runs a
 //! crashed attempt ([`Recovery::Rerun`]): an event published whose relay record was never
-//! settled is published again under the same id. A record whose publish fails is reported in
-//! the batch's partial response, so the stream retries it and never skips an event.
+//! settled is published again under the same id. Once published, the event's outbox item is
+//! marked ([`OutboxMarks::published`]): out of the pending index, with its TTL. A record whose
+//! publish (or mark) fails is reported in the batch's partial response, so the stream retries
+//! it and never skips an event; one the stream gave up on, or lost past its 24 hours, stays
+//! pending for the [`sweeper`]. An event its destination refuses
+//! ([`PublishError::Refused`]) is parked ([`OutboxMarks::park`]) and acknowledged, so that it
+//! never blocks the events behind it on its shard.
 //!
 //! | destination | request | the event id travels as |
 //! |---|---|---|
@@ -24,154 +29,59 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! use lambda_idempotency::effects::relay::{Publisher, RELAY_OPERATION, relay};
+//! use lambda_idempotency::effects::{Outbox, OutboxMarks};
 //! use lambda_idempotency::{Idempotency, OperationScope};
 //!
 //! let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+//! let marks = OutboxMarks::new(aws_sdk_dynamodb::Client::new(&config), &Outbox::new("outbox"));
 //! let scope = OperationScope::for_function(RELAY_OPERATION)?;
-//! let relay = relay(Idempotency::from_env().await?, scope, Publisher::from_conf(&config));
+//! let relay = relay(
+//!     Idempotency::from_env().await?,
+//!     scope,
+//!     Publisher::from_conf(&config),
+//!     marks,
+//! );
 //! lambda_runtime::run(relay).await?;
 //! # Ok(()) }
 //! ```
 
-use std::fmt;
+mod publisher;
+pub mod sweeper;
+
+use std::time::SystemTime;
 
 use aws_lambda_events::event::dynamodb::EventRecord as DynamoDbRecord;
 use serde::{Deserialize, Serialize};
-use tracing::error;
+use tracing::{error, warn};
 
-use super::outbox::{Destination, OutboxRecord};
+pub use self::publisher::{PublishError, Publisher};
+use super::outbox::OutboxRecord;
+use super::outbox_marks::{OutboxMarks, PublishedBy};
 use crate::error::BoxError;
 use crate::key::KeyPolicy;
 use crate::lambda::batch::BatchService;
-use crate::lambda::sources::SQS_KEY_ATTRIBUTE;
 use crate::reconcile::Recovery;
 use crate::{ExecutionContext, Idempotency, Operation, OperationScope};
 
 /// The relay's operation name, for its scope (`OperationScope::for_function(RELAY_OPERATION)`).
 pub const RELAY_OPERATION: &str = "outbox-relay";
 
-/// Publishes outbox events through the AWS SDK.
-#[derive(Clone)]
-pub struct Publisher {
-    eventbridge: aws_sdk_eventbridge::Client,
-    sns: aws_sdk_sns::Client,
-    sqs: aws_sdk_sqs::Client,
-}
-
-impl fmt::Debug for Publisher {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Publisher").finish_non_exhaustive()
-    }
-}
-
-impl Publisher {
-    /// A publisher over these clients.
-    pub fn new(
-        eventbridge: aws_sdk_eventbridge::Client,
-        sns: aws_sdk_sns::Client,
-        sqs: aws_sdk_sqs::Client,
-    ) -> Self {
-        Self {
-            eventbridge,
-            sns,
-            sqs,
-        }
-    }
-
-    /// A publisher configured from the environment (the SDK's default chain: in Lambda, the
-    /// function's region and role).
-    pub async fn from_env() -> Self {
-        let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-        Self::from_conf(&config)
-    }
-
-    /// A publisher whose three clients share `config` (region, credentials, endpoint).
-    pub fn from_conf(config: &aws_config::SdkConfig) -> Self {
-        Self::new(
-            aws_sdk_eventbridge::Client::new(config),
-            aws_sdk_sns::Client::new(config),
-            aws_sdk_sqs::Client::new(config),
-        )
-    }
-
-    /// Publishes `event` to its destination once (the caller retries).
-    ///
-    /// # Errors
-    /// The SDK's error, or EventBridge's failed entry.
-    pub async fn publish(&self, event: &OutboxRecord) -> Result<(), BoxError> {
-        let envelope = event.envelope()?;
-        match &event.destination {
-            Destination::EventBridge {
-                bus,
-                source,
-                detail_type,
-            } => {
-                let entry = aws_sdk_eventbridge::types::PutEventsRequestEntry::builder()
-                    .event_bus_name(bus)
-                    .source(source)
-                    .detail_type(detail_type)
-                    .detail(envelope)
-                    .build();
-                let put = self.eventbridge.put_events().entries(entry).send().await?;
-                if put.failed_entry_count() > 0 {
-                    let code = put
-                        .entries()
-                        .iter()
-                        .find_map(|entry| entry.error_code())
-                        .unwrap_or("unknown");
-                    return Err(format!("EventBridge refused the event: {code}").into());
-                }
-            }
-            Destination::Sns { topic_arn } => {
-                let attribute = aws_sdk_sns::types::MessageAttributeValue::builder()
-                    .data_type("String")
-                    .string_value(&event.id)
-                    .build()?;
-                let mut publish = self
-                    .sns
-                    .publish()
-                    .topic_arn(topic_arn)
-                    .message(envelope)
-                    .message_attributes(SQS_KEY_ATTRIBUTE, attribute);
-                if topic_arn.ends_with(".fifo") {
-                    publish = publish
-                        .message_group_id(&event.name)
-                        .message_deduplication_id(&event.id);
-                }
-                publish.send().await?;
-            }
-            Destination::Sqs { queue_url } => {
-                let attribute = aws_sdk_sqs::types::MessageAttributeValue::builder()
-                    .data_type("String")
-                    .string_value(&event.id)
-                    .build()?;
-                let mut send = self
-                    .sqs
-                    .send_message()
-                    .queue_url(queue_url)
-                    .message_body(envelope)
-                    .message_attributes(SQS_KEY_ATTRIBUTE, attribute);
-                if queue_url.ends_with(".fifo") {
-                    send = send
-                        .message_group_id(&event.name)
-                        .message_deduplication_id(&event.id);
-                }
-                send.send().await?;
-            }
-        }
-        Ok(())
-    }
-}
-
 /// What the relay did with one stream record (an inserted item that is no outbox event is an
 /// error, never skipped).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "relayed", rename_all = "snake_case")]
 pub enum Relayed {
-    /// The outbox event with this id was published.
+    /// The outbox event with this id was published, and marked so.
     Published {
         /// The event id.
         event_id: String,
+    },
+    /// The outbox event's destination refused it: it is parked, with the refusal.
+    Parked {
+        /// The event id.
+        event_id: String,
+        /// The destination's refusal.
+        reason: String,
     },
     /// The record is no insertion (a TTL deletion, a modification): nothing to publish.
     Skipped,
@@ -197,13 +107,17 @@ pub fn inserted(record: &DynamoDbRecord) -> Option<OutboxRecord> {
     OutboxRecord::from_image(&image)
 }
 
-/// Relays one stream record: publishes the outbox event it inserts.
+/// Relays one stream record at `now`: publishes the outbox event it inserts and marks it
+/// published, or parks it when its destination refuses it.
 ///
 /// # Errors
-/// The publisher's error: the record is reported failed and the stream retries it.
+/// The publisher's failure, or the mark's: the record is reported failed and the stream
+/// retries it.
 pub async fn relay_record(
     publisher: &Publisher,
+    marks: &OutboxMarks,
     record: &DynamoDbRecord,
+    now: SystemTime,
 ) -> Result<Relayed, BoxError> {
     let Some(event) = inserted(record) else {
         if record.event_name == "INSERT" {
@@ -216,17 +130,44 @@ pub async fn relay_record(
         }
         return Ok(Relayed::Skipped);
     };
-    publisher.publish(&event).await?;
-    Ok(Relayed::Published { event_id: event.id })
+    deliver(publisher, marks, event, PublishedBy::Relay, now).await
+}
+
+/// Publishes `event` and marks it published by `by`, or parks it when its destination refuses
+/// it; what the relay and the sweeper both do with one event.
+pub(crate) async fn deliver(
+    publisher: &Publisher,
+    marks: &OutboxMarks,
+    event: OutboxRecord,
+    by: PublishedBy,
+    now: SystemTime,
+) -> Result<Relayed, BoxError> {
+    match publisher.publish(&event).await {
+        Ok(()) => {
+            marks.published(&event.id, by, now).await?;
+            Ok(Relayed::Published { event_id: event.id })
+        }
+        Err(PublishError::Refused { reason }) => {
+            warn!(event = %event.name, %reason, "the destination refuses an outbox event: parked");
+            marks.park(&event.id, &reason, now).await?;
+            Ok(Relayed::Parked {
+                event_id: event.id,
+                reason,
+            })
+        }
+        Err(err) => Err(err.into()),
+    }
 }
 
 /// The relay function's service: `idem` (declared safe to re-run: publishing repeats under
 /// the same event id) over the outbox table's stream, one operation of `scope` per event,
-/// answering the stream's partial-batch response. Run it with `lambda_runtime::run`.
+/// marking each event published in `marks` (the same outbox table), answering the stream's
+/// partial-batch response. Run it with `lambda_runtime::run`.
 pub fn relay(
     idem: Idempotency,
     scope: OperationScope,
     publisher: Publisher,
+    marks: OutboxMarks,
 ) -> BatchService<
     DynamoDbRecord,
     impl Fn(
@@ -238,11 +179,12 @@ pub fn relay(
     + Sync
     + 'static,
 > {
-    let operation = Operation::new(idem.with_recovery(Recovery::Rerun), scope, outbox_stream());
+    let idem = idem.with_recovery(Recovery::Rerun);
+    let operation = Operation::new(idem.clone(), scope, outbox_stream());
     operation.batch().service(move |record: DynamoDbRecord, _| {
-        let publisher = publisher.clone();
+        let (publisher, marks, now) = (publisher.clone(), marks.clone(), idem.now());
         let relayed: futures_util::future::BoxFuture<'static, _> =
-            Box::pin(async move { relay_record(&publisher, &record).await });
+            Box::pin(async move { relay_record(&publisher, &marks, &record, now).await });
         relayed
     })
 }

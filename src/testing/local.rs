@@ -107,6 +107,63 @@ pub async fn create_key_table(
     Ok(())
 }
 
+/// Creates an outbox table as template.yaml declares it: a `pk` table with a stream of new
+/// images and the sparse pending index ([`PENDING_INDEX`](lambda_idempotency::effects::PENDING_INDEX):
+/// `pending` S, `created_at` N, all attributes projected).
+///
+/// # Errors
+/// The SDK's error.
+pub async fn create_outbox_table(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> Result<(), lambda_idempotency::BoxError> {
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType,
+        Projection, ProjectionType, ScalarAttributeType, StreamSpecification, StreamViewType,
+    };
+    let attribute = |name: &str, kind: ScalarAttributeType| {
+        AttributeDefinition::builder()
+            .attribute_name(name)
+            .attribute_type(kind)
+            .build()
+    };
+    let key = |name: &str, kind: KeyType| {
+        KeySchemaElement::builder()
+            .attribute_name(name)
+            .key_type(kind)
+            .build()
+    };
+    client
+        .create_table()
+        .table_name(table)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(attribute("pk", ScalarAttributeType::S)?)
+        .attribute_definitions(attribute("pending", ScalarAttributeType::S)?)
+        .attribute_definitions(attribute("created_at", ScalarAttributeType::N)?)
+        .key_schema(key("pk", KeyType::Hash)?)
+        .global_secondary_indexes(
+            GlobalSecondaryIndex::builder()
+                .index_name(lambda_idempotency::effects::PENDING_INDEX)
+                .key_schema(key("pending", KeyType::Hash)?)
+                .key_schema(key("created_at", KeyType::Range)?)
+                .projection(
+                    Projection::builder()
+                        .projection_type(ProjectionType::All)
+                        .build(),
+                )
+                .build()?,
+        )
+        .stream_specification(
+            StreamSpecification::builder()
+                .stream_enabled(true)
+                .stream_view_type(StreamViewType::NewImage)
+                .build()?,
+        )
+        .send()
+        .await?;
+    Ok(())
+}
+
 /// A table name unique across processes, so runs can share one endpoint.
 pub fn unique_table_name(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};

@@ -31,6 +31,8 @@ mod memory_store;
 #[cfg(feature = "emf")]
 mod metrics;
 mod outbox_ids;
+#[cfg(feature = "relay")]
+mod outbox_sweeper;
 mod outcome_storage;
 mod panic_strategy;
 mod producers;

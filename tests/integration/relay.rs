@@ -10,9 +10,11 @@ use std::time::{Duration, SystemTime};
 
 use aws_lambda_events::event::dynamodb::Event as DynamoDbEvent;
 use aws_lambda_events::event::sqs::SqsMessage;
-use lambda_idempotency::clock::ManualClock;
+use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::effects::relay::{Publisher, relay, relay_record};
-use lambda_idempotency::effects::{Destination, Outbox, OutboxEvent, Transaction, event_id};
+use lambda_idempotency::effects::{
+    Destination, Outbox, OutboxEvent, OutboxMarks, Transaction, event_id,
+};
 use lambda_idempotency::lambda::sources;
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::store::Store;
@@ -27,27 +29,27 @@ use lambda_runtime::{Context, LambdaEvent};
 use serde_json::{Value, json};
 
 /// The writer's tables and the destinations on moto, with a queue behind each.
-struct Rig {
-    db: Dynamo,
-    outbox: Outbox,
+pub(crate) struct Rig {
+    pub(crate) db: Dynamo,
+    pub(crate) outbox: Outbox,
     moto: Moto,
-    sqs: aws_sdk_sqs::Client,
+    pub(crate) sqs: aws_sdk_sqs::Client,
     /// The queue the SQS destination sends to.
-    orders_queue: String,
+    pub(crate) orders_queue: String,
     /// The queue subscribed (raw) to the SNS topic.
-    topic_queue: String,
+    pub(crate) topic_queue: String,
     topic_arn: String,
     /// The queue an EventBridge rule on the bus targets.
-    bus_queue: String,
-    clock: ManualClock,
+    pub(crate) bus_queue: String,
+    pub(crate) clock: ManualClock,
 }
 
 impl Rig {
-    async fn open() -> Self {
+    pub(crate) async fn open() -> Self {
         let clock = ManualClock::new(SystemTime::now());
         let db = dynamo::start_with_clock(clock.clone()).await;
         let outbox = unique_table_name("outbox");
-        lambda_idempotency::testing::local::create_key_table(&db.client, &outbox, true)
+        lambda_idempotency::testing::local::create_outbox_table(&db.client, &outbox)
             .await
             .expect("create the outbox table");
         let moto = moto::start().await.expect("moto's server");
@@ -145,13 +147,43 @@ impl Rig {
         }
     }
 
-    fn publisher(&self) -> Publisher {
+    /// moto's endpoint (EventBridge, SNS and SQS).
+    pub(crate) fn moto_endpoint(&self) -> &str {
+        &self.moto.endpoint
+    }
+
+    pub(crate) fn publisher(&self) -> Publisher {
         Publisher::from_conf(&self.moto.sdk_config())
     }
 
+    /// The outbox table's marks.
+    pub(crate) fn marks(&self) -> OutboxMarks {
+        OutboxMarks::new(self.db.client.clone(), &self.outbox)
+    }
+
+    /// The relay's service on its own ledger in `store`.
+    pub(crate) fn relay<S: lambda_idempotency::store::Store>(
+        &self,
+        store: S,
+    ) -> impl Service<
+        LambdaEvent<DynamoDbEvent>,
+        Response = aws_lambda_events::event::streams::DynamoDbEventResponse,
+        Error = std::convert::Infallible,
+        Future: Send,
+    > + use<S> {
+        relay(
+            self.relay_engine(store),
+            scope(),
+            self.publisher(),
+            self.marks(),
+        )
+    }
+
     /// Commits operation `order`'s step with one event to each destination.
-    async fn place(&self, order: &str) {
-        let idem = Idempotency::new(self.db.store()).with_recovery(Recovery::Steps);
+    pub(crate) async fn place(&self, order: &str) {
+        let idem = Idempotency::new(self.db.store())
+            .with_clock(self.clock.clone())
+            .with_recovery(Recovery::Steps);
         let inv = invocation(&format!("relay-{order}"), &json!({"order": order}));
         let destinations = [
             Destination::Sqs {
@@ -196,7 +228,7 @@ impl Rig {
 
     /// Every record the outbox table's stream holds, as a Lambda event (what an event source
     /// mapping delivers).
-    async fn stream_batch(&self) -> DynamoDbEvent {
+    pub(crate) async fn stream_batch(&self) -> DynamoDbEvent {
         let records = crate::streams::stream_records(&self.db.endpoint, self.outbox.table())
             .await
             .expect("the outbox's stream");
@@ -204,7 +236,7 @@ impl Rig {
     }
 
     /// Receives and deletes what `queue` holds.
-    async fn drain(&self, queue: &str) -> Vec<aws_sdk_sqs::types::Message> {
+    pub(crate) async fn drain(&self, queue: &str) -> Vec<aws_sdk_sqs::types::Message> {
         let mut all = Vec::new();
         loop {
             let received = self
@@ -239,7 +271,7 @@ impl Rig {
 }
 
 /// Delivers `event` to the relay as Lambda would; its partial-batch response.
-async fn deliver<S>(
+pub(crate) async fn deliver<S>(
     service: &mut S,
     event: DynamoDbEvent,
 ) -> aws_lambda_events::event::streams::DynamoDbEventResponse
@@ -268,7 +300,10 @@ fn scope() -> OperationScope {
 
 /// The event ids in `messages`' bodies (the envelope), for the EventBridge feed under
 /// `detail`.
-fn event_ids(messages: &[aws_sdk_sqs::types::Message], under_detail: bool) -> Vec<String> {
+pub(crate) fn event_ids(
+    messages: &[aws_sdk_sqs::types::Message],
+    under_detail: bool,
+) -> Vec<String> {
     let mut ids: Vec<String> = messages
         .iter()
         .map(|message| {
@@ -289,7 +324,7 @@ async fn the_relay_publishes_every_committed_event_once_to_each_destination() {
     let batch = rig.stream_batch().await;
     assert_eq!(batch.records.len(), 3, "one stream record per outbox item");
 
-    let mut service = relay(rig.relay_engine(rig.db.store()), scope(), rig.publisher());
+    let mut service = rig.relay(rig.db.store());
     let answer = deliver(&mut service, batch.clone()).await;
     assert!(answer.batch_item_failures.is_empty(), "{answer:?}");
 
@@ -335,7 +370,7 @@ async fn an_event_published_before_the_relay_recorded_it_is_republished_under_it
     for _ in 0..3 {
         faulty.inject(Primitive::Settle, Fault::Hold);
     }
-    let mut crashed = relay(rig.relay_engine(faulty.clone()), scope(), rig.publisher());
+    let mut crashed = rig.relay(faulty.clone());
     let call = crashed.call(LambdaEvent::new(batch.clone(), Context::default()));
     let running = tokio::spawn(call);
     faulty.held().await;
@@ -345,7 +380,7 @@ async fn an_event_published_before_the_relay_recorded_it_is_republished_under_it
 
     // The stream retries the batch after the relay's lease: a takeover publishes again.
     rig.clock.advance(Duration::from_secs(61));
-    let mut service = relay(rig.relay_engine(rig.db.store()), scope(), rig.publisher());
+    let mut service = rig.relay(rig.db.store());
     let answer = deliver(&mut service, batch).await;
     assert!(answer.batch_item_failures.is_empty(), "{answer:?}");
     let orders = rig.drain(&rig.orders_queue).await;
@@ -396,8 +431,13 @@ async fn a_failed_publish_is_reported_so_the_stream_retries_it() {
         .send()
         .await
         .expect("delete queue");
-    assert!(relay_record(&rig.publisher(), &sqs_record).await.is_err());
-    let mut service = relay(rig.relay_engine(rig.db.store()), scope(), rig.publisher());
+    let now = rig.clock.now();
+    assert!(
+        relay_record(&rig.publisher(), &rig.marks(), &sqs_record, now)
+            .await
+            .is_err()
+    );
+    let mut service = rig.relay(rig.db.store());
     let mut event = DynamoDbEvent::default();
     event.records = vec![sqs_record.clone()];
     let answer = deliver(&mut service, event).await;
@@ -432,7 +472,7 @@ async fn a_failed_publish_is_reported_so_the_stream_retries_it() {
 }
 
 /// An SQS message as the Lambda event delivers it.
-fn lambda_message(message: &aws_sdk_sqs::types::Message) -> SqsMessage {
+pub(crate) fn lambda_message(message: &aws_sdk_sqs::types::Message) -> SqsMessage {
     let attributes: HashMap<String, Value> = message
         .message_attributes()
         .into_iter()
@@ -490,7 +530,7 @@ async fn a_fifo_queue_deduplicates_a_republished_event_on_its_id() {
         rig.relay_engine(rig.db.store()),
         rig.relay_engine(lambda_idempotency::MemoryStore::new()),
     ] {
-        let mut service = relay(ledger, scope(), rig.publisher());
+        let mut service = relay(ledger, scope(), rig.publisher(), rig.marks());
         let answer = deliver(&mut service, batch.clone()).await;
         assert!(answer.batch_item_failures.is_empty(), "{answer:?}");
     }

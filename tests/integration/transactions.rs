@@ -594,22 +594,24 @@ async fn outbox_events_commit_with_the_step_under_ids_stable_across_attempts() {
         order["payload"].as_s().map(String::as_str),
         Ok(r#"{"order":"o-9"}"#)
     );
-    // The outbox's TTL: seven days after the commit (OUTBOX_RETENTION), on the engine's clock.
-    let expires_at: u64 = order["expires_at"]
-        .as_n()
-        .expect("the outbox's TTL")
-        .parse()
-        .expect("epoch seconds");
-    let committed = created_at
+    // Pending until published: in the pending index (its shard the id's first hex digit), with
+    // no TTL (OUTBOX_RETENTION runs from the publication).
+    let id = order["pk"].as_s().expect("id");
+    assert_eq!(
+        order["pending"].as_s().map(String::as_str),
+        Ok(format!("p{}", &id[..1]).as_str())
+    );
+    assert!(!order.contains_key("expires_at"), "no TTL while pending");
+    let committed_ms = created_at
         .duration_since(std::time::UNIX_EPOCH)
         .expect("after epoch")
-        .as_secs();
-    let seven_days = lambda_idempotency::effects::OUTBOX_RETENTION.as_secs();
-    assert_eq!(seven_days, 7 * 24 * 3600);
-    assert!(
-        (committed + seven_days..=committed + seven_days + 60).contains(&expires_at),
-        "expires {expires_at}, committed {committed}"
-    );
+        .as_millis();
+    let written_ms: u128 = order["created_at"]
+        .as_n()
+        .expect("created_at")
+        .parse()
+        .expect("epoch milliseconds");
+    assert!(written_ms >= committed_ms, "committed after the claim");
 
     shop.clock.advance(Duration::from_secs(31));
     let done = idem

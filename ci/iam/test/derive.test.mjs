@@ -10,7 +10,7 @@ import { DeriveError } from '../dynamodb.mjs'
 const arn = (name) => `arn:aws:dynamodb:us-east-1:123456789012:table/${name}`
 const stack = {
   tables: {
-    idem: { arn: arn('idem'), partition_key: 'pk', sort_key: null, indexes: ['by-status'], stream_arn: null },
+    idem: { arn: arn('idem'), partition_key: 'pk', sort_key: null, indexes: ['by-status', 'pending'], index_partition_keys: { 'by-status': 'pk', pending: 'pending' }, stream_arn: null },
     evidence: { arn: arn('evidence'), partition_key: 'pk', sort_key: null, indexes: [], stream_arn: null }
   },
   queues: { events: { arn: 'arn:aws:sqs:us-east-1:123456789012:events' } },
@@ -82,6 +82,18 @@ test('a query on an index: the index ARN, ALL_PROJECTED_ATTRIBUTES by default', 
   assert.equal(query.resource, `${arn('idem')}/index/by-status`)
   assert.equal(query.context['dynamodb:Select'], 'ALL_PROJECTED_ATTRIBUTES')
   assert.deepEqual(query.context['dynamodb:LeadingKeys'], ['fn#x'])
+})
+
+test("a query on an index keyed otherwise: the index's partition key is the leading key", () => {
+  const [query] = authorizationsOf(stack, ddb('Query', {
+    TableName: 'idem', IndexName: 'pending', KeyConditionExpression: 'pending = :p AND created_at < :t',
+    ExpressionAttributeValues: { ':p': { S: 'p0' }, ':t': { N: '1' } }
+  }))
+  assert.equal(query.resource, `${arn('idem')}/index/pending`)
+  assert.deepEqual(query.context['dynamodb:LeadingKeys'], ['p0'])
+  assert.throws(() => authorizationsOf(stack, ddb('Query', {
+    TableName: 'idem', IndexName: 'pending', KeyConditionExpression: 'pk = :v', ExpressionAttributeValues: { ':v': { S: 'x' } }
+  })), /fixes no partition key/)
 })
 
 test("a Scan has no leading keys at all (not an empty list, which ForAllValues would pass)", () => {

@@ -13,8 +13,7 @@ use serde_json::{Value, json};
 
 use super::actors::{Behaviour, Run, SimulatedPanic, count_run, lock};
 use super::world::World;
-use crate::clock::Clock;
-use crate::effects::{Destination, OUTBOX_RETENTION, Outbox, OutboxEvent, Transaction};
+use crate::effects::{Destination, Outbox, OutboxEvent, Transaction};
 use crate::error::BoxError;
 use crate::execution::ExecutionContext;
 use crate::failure::Terminal;
@@ -268,13 +267,13 @@ impl<S: Store + Clone> World<S> {
     /// lives: a write committed twice, an outbox event without its write (or, within the
     /// outbox's retention, a write without its event), a completion's write without the
     /// reservation the handler made first; or a record COMPLETED with the handler's own result
-    /// whose completion's write did not commit.
+    /// whose completion's write did not commit. An outbox event is pending until published
+    /// (nothing publishes here), so it never expires: a write without its event is lost
+    /// whenever the clock stands.
     pub(super) async fn transaction_disagrees(&mut self) -> Option<String> {
         let truths = self.observe_transactions().await?;
-        let within_retention = self.clock.now() < self.started + OUTBOX_RETENTION;
         for ((op, life), truth) in &truths {
-            let lost = within_retention
-                && (truth.events < truth.reserved || truth.completion_events < truth.completed);
+            let lost = truth.events < truth.reserved || truth.completion_events < truth.completed;
             let broken = if truth.reserved > 1 || truth.completed > 1 {
                 "a transactional write committed more than once in one life"
             } else if truth.events > truth.reserved

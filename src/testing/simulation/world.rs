@@ -172,8 +172,6 @@ pub(super) struct World<S> {
     pub(super) transactional: Vec<(Idempotency, Profile)>,
     /// The handler's own tables, when it has some.
     pub(super) tables: Option<Arc<EffectTables>>,
-    /// When the run started, on the world's clock.
-    pub(super) started: std::time::SystemTime,
     pub(super) specs: Vec<Spec>,
     pub(super) shared: Shared,
     pub(super) retention: Duration,
@@ -296,7 +294,6 @@ impl<S: Store + Clone> World<S> {
         let transactional_ops: Vec<usize> = (0..specs.len())
             .filter(|op| specs[*op].transactional)
             .collect();
-        let started = fixture.clock.now();
         let ids: Vec<String> = specs.iter().map(|spec| spec.id.to_string()).collect();
         Self {
             rng,
@@ -308,7 +305,6 @@ impl<S: Store + Clone> World<S> {
             stepped,
             transactional,
             tables,
-            started,
             specs,
             shared,
             retention,

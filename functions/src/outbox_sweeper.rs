@@ -1,0 +1,113 @@
+//! The scheduled outbox sweeper: republishes, under their ids, the outbox events pending longer
+//! than `OUTBOX_SWEEP_AFTER_SECONDS` (the stream never delivered them, or the relay's retries
+//! ran out), and prints what it did and what waits as EMF gauges that the stack's alarms watch.
+//! Bounded: at most `OUTBOX_SWEEP_LIMIT` events per run, found through the outbox's sparse
+//! pending index (it reads what is pending, not the table).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lambda_idempotency::effects::relay::Publisher;
+use lambda_idempotency::effects::relay::sweeper::{SweepReport, Sweeper};
+use lambda_idempotency::effects::{Outbox, OutboxMarks};
+use serde_json::{Value, json};
+
+use crate::checkout::OUTBOX_TABLE_VAR;
+use crate::stuck_check::NAMESPACE;
+
+/// How long an event is pending before the sweeper republishes it (seconds; default 600).
+pub const SWEEP_AFTER_VAR: &str = "OUTBOX_SWEEP_AFTER_SECONDS";
+/// The most events one run republishes (default 1000).
+pub const SWEEP_LIMIT_VAR: &str = "OUTBOX_SWEEP_LIMIT";
+/// How the sweeper publishes again: `publish` (itself, as the relay: the default) or
+/// `redrive` (hands each event back to the stream, for the Pipe).
+pub const SWEEP_MODE_VAR: &str = "OUTBOX_SWEEP_MODE";
+/// The most parked events one run counts (the `ParkedEvents` gauge stops there).
+pub const PARKED_COUNTED: usize = 100;
+
+/// The sweeper and its outbox, from the function's environment.
+#[derive(Debug, Clone)]
+pub struct OutboxSweeper {
+    sweeper: Sweeper,
+    marks: OutboxMarks,
+}
+
+impl OutboxSweeper {
+    /// From `OUTBOX_TABLE`, [`SWEEP_MODE_VAR`], [`SWEEP_AFTER_VAR`] and [`SWEEP_LIMIT_VAR`],
+    /// writing marks with `client` and publishing with `publisher` (in `publish` mode).
+    ///
+    /// # Errors
+    /// When `OUTBOX_TABLE` is not set, the mode is neither `publish` nor `redrive`, or a
+    /// setting is not a positive whole number.
+    pub fn from_env(
+        client: aws_sdk_dynamodb::Client,
+        publisher: Publisher,
+    ) -> Result<Self, lambda_runtime::Error> {
+        let table = std::env::var(OUTBOX_TABLE_VAR)
+            .map_err(|_| format!("set {OUTBOX_TABLE_VAR} to the outbox table's name"))?;
+        let read = |name: &str, default: u64| -> Result<u64, lambda_runtime::Error> {
+            match std::env::var(name) {
+                Err(_) => Ok(default),
+                Ok(value) => value
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| format!("{name} must be a positive whole number").into()),
+            }
+        };
+        let marks = OutboxMarks::new(client, &Outbox::new(table));
+        let sweeper = match std::env::var(SWEEP_MODE_VAR).as_deref() {
+            Err(_) | Ok("publish") => Sweeper::new(publisher, marks.clone()),
+            Ok("redrive") => Sweeper::redriving(marks.clone()),
+            Ok(_) => return Err(format!("{SWEEP_MODE_VAR} is `publish` or `redrive`").into()),
+        };
+        let sweeper = sweeper
+            .after(Duration::from_secs(read(SWEEP_AFTER_VAR, 600)?))
+            .limit(usize::try_from(read(SWEEP_LIMIT_VAR, 1000)?).unwrap_or(usize::MAX));
+        Ok(Self { sweeper, marks })
+    }
+
+    /// One run at `now`: the EMF document to print (the function's log line CloudWatch turns
+    /// into the gauges), also the invocation's response.
+    ///
+    /// # Errors
+    /// When the pending index cannot be read.
+    pub async fn run(
+        &self,
+        function: &str,
+        now: SystemTime,
+    ) -> Result<Value, lambda_runtime::Error> {
+        let report = self.sweeper.sweep(now).await?;
+        let parked = self.marks.parked(PARKED_COUNTED).await?.len();
+        Ok(emf_document(function, &report, parked, now))
+    }
+}
+
+/// The gauges as one Embedded Metric Format document, dimension `Function`.
+pub fn emf_document(function: &str, report: &SweepReport, parked: usize, now: SystemTime) -> Value {
+    let millis = now
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis());
+    json!({
+        "_aws": {
+            "Timestamp": millis,
+            "CloudWatchMetrics": [{
+                "Namespace": NAMESPACE,
+                "Dimensions": [["Function"]],
+                "Metrics": [
+                    {"Name": "OutboxRepublished", "Unit": "Count"},
+                    {"Name": "OutboxParkedNow", "Unit": "Count"},
+                    {"Name": "OutboxSweepFailed", "Unit": "Count"},
+                    {"Name": "OutboxParkedEvents", "Unit": "Count"},
+                    {"Name": "OutboxOldestPendingAge", "Unit": "Seconds"}
+                ]
+            }]
+        },
+        "Function": function,
+        "OutboxRepublished": report.republished,
+        "OutboxParkedNow": report.parked,
+        "OutboxSweepFailed": report.failed,
+        "OutboxParkedEvents": parked,
+        "OutboxOldestPendingAge": report.oldest_pending_age.map_or(0, |age| age.as_secs()),
+    })
+}

@@ -1,0 +1,134 @@
+//! `idemctl outbox`: what waits in an outbox table, and a sweep on demand.
+//!
+//! `pending` lists the events not yet published, oldest first, and `parked` the events their
+//! destination refused, with the refusal; both read the table's sparse pending index only.
+//! `sweep` does what the scheduled sweeper does: publishes again, under their ids, the events
+//! pending longer than `--older-than`, and marks them (`published_by` = `sweeper`).
+
+use std::time::{Duration, SystemTime};
+
+use clap::Subcommand;
+use lambda_idempotency::BoxError;
+use lambda_idempotency::effects::relay::Publisher;
+use lambda_idempotency::effects::relay::sweeper::Sweeper;
+use lambda_idempotency::effects::{Destination, Outbox, OutboxMarks, PendingEvent};
+use lambda_idempotency::store::dynamodb_config;
+use serde_json::json;
+
+use super::show;
+
+/// `idemctl outbox …`.
+#[derive(Subcommand)]
+pub(crate) enum OutboxCommand {
+    /// List the events not yet published, oldest first, committed more than --older-than ago.
+    Pending {
+        /// How long since its commit, e.g. 10m, 2h (0s: every pending event).
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        older_than: Duration,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// One JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the events their destination refused, with the refusal.
+    Parked {
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// One JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Publish again, under their ids, the events pending longer than --older-than, and mark
+    /// them published (what the scheduled sweeper does).
+    Sweep {
+        /// How long since its commit, e.g. 10m (0s: every pending event).
+        #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+        older_than: Duration,
+        /// At most this many.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+    },
+}
+
+/// Runs `command` on the outbox table `table`.
+pub(crate) async fn run(command: OutboxCommand, table: Option<String>) -> Result<(), BoxError> {
+    let table = table.ok_or("no outbox table: pass --outbox-table or set OUTBOX_TABLE")?;
+    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .load()
+        .await;
+    let client = aws_sdk_dynamodb::Client::from_conf(dynamodb_config(&sdk));
+    let marks = OutboxMarks::new(client, &Outbox::new(table));
+    let now = SystemTime::now();
+    match command {
+        OutboxCommand::Pending {
+            older_than,
+            limit,
+            json,
+        } => {
+            let before = now.checked_sub(older_than).unwrap_or(now) + Duration::from_millis(1);
+            let found = marks.pending(before, limit).await?;
+            list(&found, now, json);
+            println!("{} pending", found.len());
+        }
+        OutboxCommand::Parked { limit, json } => {
+            let found = marks.parked(limit).await?;
+            list(&found, now, json);
+            println!("{} parked", found.len());
+        }
+        OutboxCommand::Sweep { older_than, limit } => {
+            let report = Sweeper::new(Publisher::from_conf(&sdk), marks)
+                .after(older_than)
+                .limit(limit)
+                .sweep(now)
+                .await?;
+            println!("{report}");
+        }
+    }
+    Ok(())
+}
+
+/// Prints `events`, escaped (an outbox holds what producers wrote).
+fn list(events: &[PendingEvent], now: SystemTime, json: bool) {
+    if !json {
+        println!(
+            "{:<11} {:<24} {:<12}  {:<64}  TARGET",
+            "DESTINATION", "EVENT", "WAITING", "ID"
+        );
+    }
+    for event in events {
+        let record = &event.record;
+        let (kind, target) = match &record.destination {
+            Destination::EventBridge { bus, .. } => ("eventbridge", bus.as_str()),
+            Destination::Sns { topic_arn } => ("sns", topic_arn.as_str()),
+            Destination::Sqs { queue_url } => ("sqs", queue_url.as_str()),
+            _ => ("other", ""),
+        };
+        let waiting = now.duration_since(event.created_at).unwrap_or_default();
+        if json {
+            let line = json!({
+                "event_id": record.id,
+                "event": record.name,
+                "destination": kind,
+                "target": target,
+                "waiting_seconds": waiting.as_secs(),
+                "parked_reason": event.parked.as_ref().map(|(_, reason)| reason),
+            });
+            println!("{}", show::json(&line));
+            continue;
+        }
+        println!(
+            "{:<11} {:<24} {:<12}  {:<64}  {}",
+            kind,
+            show::text(&record.name),
+            humantime::format_duration(Duration::from_secs(waiting.as_secs())).to_string(),
+            show::text(&record.id),
+            show::text(target)
+        );
+        if let Some((_, reason)) = &event.parked {
+            println!("    refused: {}", show::text(reason));
+        }
+    }
+}

@@ -1,0 +1,413 @@
+//! The outbox table's marks: an event published (by the relay, the sweeper, a Pipe or an
+//! operator), parked (its destination refused it) or redriven (for a Pipe to publish again),
+//! and the pending events found through the table's sparse [`PENDING_INDEX`], oldest first.
+//!
+//! Every mark is one conditional `UpdateItem`: it applies only to an item that exists and was
+//! not published yet, so a late or repeated mark (the relay and the sweeper both published an
+//! event) changes nothing and reports [`Marked::Already`].
+
+use std::collections::HashMap;
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use aws_sdk_dynamodb::error::ProvideErrorMetadata;
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use super::outbox::{
+    OUTBOX_RETENTION, Outbox, OutboxRecord, PARKED, PENDING_INDEX, PENDING_SHARDS,
+};
+use crate::error::BoxError;
+use crate::record::{epoch_millis, epoch_secs};
+
+/// The most bytes of a destination's refusal kept on a parked event.
+pub const MAX_PARKED_REASON_BYTES: usize = 1024;
+
+/// What published an event, as its mark says (`published_by`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PublishedBy {
+    /// The relay, from the table's stream.
+    Relay,
+    /// The sweeper, from the pending index.
+    Sweeper,
+    /// An EventBridge Pipe, marked by a rule on its bus (template.yaml's
+    /// `OutboxMarkerFunction`).
+    Pipe,
+    /// An operator (`idemctl outbox`).
+    Operator,
+}
+
+impl PublishedBy {
+    /// The mark's value: `relay`, `sweeper`, `pipe` or `operator`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Relay => "relay",
+            Self::Sweeper => "sweeper",
+            Self::Pipe => "pipe",
+            Self::Operator => "operator",
+        }
+    }
+}
+
+/// What a mark did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Marked {
+    /// The item was pending (or parked) and is marked now.
+    Now,
+    /// The item was published already, or is gone (its TTL ran after its publication): nothing
+    /// changed.
+    Already,
+}
+
+/// An outbox request that failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OutboxError {
+    /// DynamoDB failed the request (throttled, unavailable, access denied, no such table or
+    /// index): retry later, or grant the role the action on the outbox table and its index.
+    #[error(
+        "the outbox table refused `{operation}` ({code}); check that the table and its `pending` index exist and that the role may use them, then retry"
+    )]
+    Request {
+        /// The DynamoDB action.
+        operation: &'static str,
+        /// DynamoDB's error code, when it gave one.
+        code: String,
+        /// The SDK's error.
+        #[source]
+        source: BoxError,
+    },
+    /// An item in the pending index is not an outbox event this crate wrote.
+    #[error("the outbox item `{id}` is not an outbox event ({reason}); inspect it in the table")]
+    NotAnEvent {
+        /// The item's `pk`.
+        id: String,
+        /// What is missing or malformed.
+        reason: &'static str,
+    },
+}
+
+impl OutboxError {
+    fn request<E>(operation: &'static str, err: aws_sdk_dynamodb::error::SdkError<E>) -> Self
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        let code = err.code().unwrap_or("no code").to_owned();
+        Self::Request {
+            operation,
+            code,
+            source: Box::new(err),
+        }
+    }
+}
+
+/// An event found pending (or parked) in the outbox's index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingEvent {
+    /// The event, as its item stands.
+    pub record: OutboxRecord,
+    /// When it was committed.
+    pub created_at: SystemTime,
+    /// For a parked event: when it was parked and why.
+    pub parked: Option<(SystemTime, String)>,
+}
+
+/// The marks and the pending index of one outbox table.
+#[derive(Clone)]
+pub struct OutboxMarks {
+    client: aws_sdk_dynamodb::Client,
+    table: String,
+}
+
+impl fmt::Debug for OutboxMarks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutboxMarks")
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OutboxMarks {
+    /// The marks of `outbox`, written with `client`.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    /// use std::time::SystemTime;
+    /// use lambda_idempotency::effects::{Outbox, OutboxMarks, PublishedBy};
+    ///
+    /// let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    /// let marks = OutboxMarks::new(aws_sdk_dynamodb::Client::new(&config), &Outbox::new("outbox"));
+    /// let oldest = marks.oldest_pending().await?;
+    /// # let _ = oldest; Ok(()) }
+    /// ```
+    pub fn new(client: aws_sdk_dynamodb::Client, outbox: &Outbox) -> Self {
+        Self {
+            client,
+            table: outbox.table().to_owned(),
+        }
+    }
+
+    /// The outbox table's name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// Marks event `id` published by `by` at `now`: out of the pending index, expiring
+    /// [`OUTBOX_RETENTION`] later.
+    ///
+    /// # Errors
+    /// [`OutboxError::Request`] when DynamoDB fails the write.
+    pub async fn published(
+        &self,
+        id: &str,
+        by: PublishedBy,
+        now: SystemTime,
+    ) -> Result<Marked, OutboxError> {
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", AttributeValue::S(id.to_owned()))
+            .update_expression(
+                "SET published_at = :now, published_by = :by, expires_at = :expires REMOVE pending, redriven_at",
+            )
+            .condition_expression("attribute_exists(pk) AND attribute_not_exists(published_at)")
+            .expression_attribute_values(":now", number(epoch_millis(now)))
+            .expression_attribute_values(":by", AttributeValue::S(by.as_str().to_owned()))
+            .expression_attribute_values(":expires", number(epoch_secs(now + OUTBOX_RETENTION)))
+            .send()
+            .await;
+        settled(update, "UpdateItem")
+    }
+
+    /// Redrives pending event `id` at `now` for a publisher that reads the table's stream (an
+    /// EventBridge Pipe): sets `redriven_at`, a modification whose new image the Pipe's filter
+    /// lets through, so the Pipe publishes the event again as it did the first time. The mark
+    /// that follows removes `redriven_at`.
+    ///
+    /// # Errors
+    /// [`OutboxError::Request`] when DynamoDB fails the write.
+    pub async fn redrive(&self, id: &str, now: SystemTime) -> Result<Marked, OutboxError> {
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", AttributeValue::S(id.to_owned()))
+            .update_expression("SET redriven_at = :now")
+            .condition_expression(
+                "attribute_exists(pk) AND attribute_not_exists(published_at) AND pending <> :parked",
+            )
+            .expression_attribute_values(":parked", AttributeValue::S(PARKED.to_owned()))
+            .expression_attribute_values(":now", number(epoch_millis(now)))
+            .send()
+            .await;
+        settled(update, "UpdateItem")
+    }
+
+    /// Parks event `id` at `now` with its destination's refusal (`reason`, cut to
+    /// [`MAX_PARKED_REASON_BYTES`]): kept without a TTL, out of the sweeper's way, listed by
+    /// [`OutboxMarks::parked`].
+    ///
+    /// # Errors
+    /// [`OutboxError::Request`] when DynamoDB fails the write.
+    pub async fn park(
+        &self,
+        id: &str,
+        reason: &str,
+        now: SystemTime,
+    ) -> Result<Marked, OutboxError> {
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", AttributeValue::S(id.to_owned()))
+            .update_expression(
+                "SET pending = :parked, parked_at = :now, parked_reason = :reason REMOVE expires_at, redriven_at",
+            )
+            .condition_expression("attribute_exists(pk) AND attribute_not_exists(published_at)")
+            .expression_attribute_values(":parked", AttributeValue::S(PARKED.to_owned()))
+            .expression_attribute_values(":now", number(epoch_millis(now)))
+            .expression_attribute_values(
+                ":reason",
+                AttributeValue::S(bounded(reason, MAX_PARKED_REASON_BYTES).to_owned()),
+            )
+            .send()
+            .await;
+        settled(update, "UpdateItem")
+    }
+
+    /// Up to `limit` pending events committed before `created_before`, oldest first within
+    /// each of the index's partitions.
+    ///
+    /// # Errors
+    /// [`OutboxError::Request`] when DynamoDB fails a query; [`OutboxError::NotAnEvent`] for
+    /// an indexed item this crate did not write.
+    pub async fn pending(
+        &self,
+        created_before: SystemTime,
+        limit: usize,
+    ) -> Result<Vec<PendingEvent>, OutboxError> {
+        let mut found = Vec::new();
+        for shard in PENDING_SHARDS {
+            if found.len() >= limit {
+                break;
+            }
+            self.query(shard, Some(created_before), limit, &mut found)
+                .await?;
+        }
+        Ok(found)
+    }
+
+    /// Up to `limit` parked events, oldest first.
+    ///
+    /// # Errors
+    /// As [`OutboxMarks::pending`].
+    pub async fn parked(&self, limit: usize) -> Result<Vec<PendingEvent>, OutboxError> {
+        let mut found = Vec::new();
+        self.query(PARKED, None, limit, &mut found).await?;
+        Ok(found)
+    }
+
+    /// When the oldest pending event was committed; `None` when nothing is pending. One
+    /// single-item query per index partition.
+    ///
+    /// # Errors
+    /// As [`OutboxMarks::pending`].
+    pub async fn oldest_pending(&self) -> Result<Option<SystemTime>, OutboxError> {
+        let mut oldest: Option<SystemTime> = None;
+        for shard in PENDING_SHARDS {
+            let mut found = Vec::new();
+            self.query(shard, None, 1, &mut found).await?;
+            if let Some(event) = found.first() {
+                oldest = Some(oldest.map_or(event.created_at, |o| o.min(event.created_at)));
+            }
+        }
+        Ok(oldest)
+    }
+
+    /// Appends to `found`, until it holds `limit`, the events of one index partition, oldest
+    /// first (created before `before`, when given).
+    async fn query(
+        &self,
+        partition: &str,
+        before: Option<SystemTime>,
+        limit: usize,
+        found: &mut Vec<PendingEvent>,
+    ) -> Result<(), OutboxError> {
+        let mut start: Option<HashMap<String, AttributeValue>> = None;
+        loop {
+            let wanted = limit.saturating_sub(found.len());
+            if wanted == 0 {
+                return Ok(());
+            }
+            let mut query = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .index_name(PENDING_INDEX)
+                .scan_index_forward(true)
+                .limit(i32::try_from(wanted.min(100)).unwrap_or(100))
+                .expression_attribute_values(":p", AttributeValue::S(partition.to_owned()))
+                .set_exclusive_start_key(start.take());
+            query = match before {
+                Some(before) => query
+                    .key_condition_expression("pending = :p AND created_at < :before")
+                    .expression_attribute_values(":before", number(epoch_millis(before))),
+                None => query.key_condition_expression("pending = :p"),
+            };
+            let page = query
+                .send()
+                .await
+                .map_err(|err| OutboxError::request("Query", err))?;
+            for item in page.items() {
+                found.push(pending_event(item)?);
+            }
+            match page.last_evaluated_key() {
+                Some(key) if !key.is_empty() => start = Some(key.clone()),
+                _ => return Ok(()),
+            }
+        }
+    }
+}
+
+fn number(value: impl ToString) -> AttributeValue {
+    AttributeValue::N(value.to_string())
+}
+
+/// `text` cut to at most `max` bytes, on a character boundary.
+fn bounded(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// A conditional mark's answer: applied, or refused by its condition (published already, or
+/// gone).
+fn settled<T>(
+    update: Result<
+        T,
+        aws_sdk_dynamodb::error::SdkError<
+            aws_sdk_dynamodb::operation::update_item::UpdateItemError,
+        >,
+    >,
+    operation: &'static str,
+) -> Result<Marked, OutboxError> {
+    match update {
+        Ok(_) => Ok(Marked::Now),
+        Err(err)
+            if err
+                .as_service_error()
+                .is_some_and(|service| service.is_conditional_check_failed_exception()) =>
+        {
+            Ok(Marked::Already)
+        }
+        Err(err) => Err(OutboxError::request(operation, err)),
+    }
+}
+
+/// An indexed item as a pending (or parked) event.
+fn pending_event(item: &HashMap<String, AttributeValue>) -> Result<PendingEvent, OutboxError> {
+    let id = item
+        .get("pk")
+        .and_then(|pk| pk.as_s().ok())
+        .cloned()
+        .unwrap_or_default();
+    let not_an_event = |reason| OutboxError::NotAnEvent {
+        id: id.clone(),
+        reason,
+    };
+    let record = OutboxRecord::from_item(item).ok_or_else(|| not_an_event("a field is missing"))?;
+    let millis = |name: &str| -> Option<SystemTime> {
+        let value: u64 = item.get(name)?.as_n().ok()?.parse().ok()?;
+        Some(UNIX_EPOCH + Duration::from_millis(value))
+    };
+    let created_at = millis("created_at").ok_or_else(|| not_an_event("no created_at"))?;
+    let parked = millis("parked_at").map(|at| {
+        let reason = item
+            .get("parked_reason")
+            .and_then(|reason| reason.as_s().ok())
+            .cloned()
+            .unwrap_or_default();
+        (at, reason)
+    });
+    Ok(PendingEvent {
+        record,
+        created_at,
+        parked,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bounded;
+
+    #[test]
+    fn a_reason_is_cut_on_a_character_boundary() {
+        assert_eq!(bounded("abc", 2), "ab");
+        assert_eq!(bounded("é", 1), "");
+        assert_eq!(bounded("short", 1024), "short");
+    }
+}

@@ -1,0 +1,236 @@
+//! Publishing one outbox event through the AWS SDK, and telling a refusal (the destination
+//! will never take this event: park it) from a failure (retry it).
+
+use std::fmt;
+
+use aws_sdk_sqs::error::ProvideErrorMetadata;
+
+use crate::effects::outbox::{Destination, MAX_EVENT_BYTES, OutboxRecord};
+use crate::error::BoxError;
+use crate::lambda::sources::SQS_KEY_ATTRIBUTE;
+
+/// Error codes that refuse the event itself (its size, its content): the same request would be
+/// refused again, so the event is parked instead of retried.
+const REFUSALS: [&str; 7] = [
+    "InvalidParameterValue",
+    "InvalidParameter",
+    "InvalidMessageContents",
+    "InvalidAttributeValue",
+    "ValidationException",
+    "ValidationError",
+    "InvalidArgument",
+];
+
+/// Why an event was not published.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PublishError {
+    /// The destination refuses this event (too large, malformed for it): publishing it again
+    /// would be refused again. The relay and the sweeper park it.
+    #[error("the destination refuses the event: {reason}")]
+    Refused {
+        /// The destination's answer (an error code), or the crate's own check.
+        reason: String,
+    },
+    /// The request failed (throttled, unavailable, access denied, a destination not found):
+    /// publish again later.
+    #[error("publishing failed; it is retried: {source}")]
+    Failed {
+        /// The SDK's error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl PublishError {
+    fn failed(source: impl Into<BoxError>) -> Self {
+        Self::Failed {
+            source: source.into(),
+        }
+    }
+
+    /// Refused when the error's code is one of [`REFUSALS`], failed otherwise (the SDKs share
+    /// one `SdkError` type).
+    fn from_sdk<E>(err: aws_sdk_sqs::error::SdkError<E>) -> Self
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        match err.code() {
+            Some(code) if REFUSALS.contains(&code) => Self::Refused {
+                reason: code.to_owned(),
+            },
+            _ => Self::failed(err),
+        }
+    }
+}
+
+/// Publishes outbox events through the AWS SDK.
+#[derive(Clone)]
+pub struct Publisher {
+    eventbridge: aws_sdk_eventbridge::Client,
+    sns: aws_sdk_sns::Client,
+    sqs: aws_sdk_sqs::Client,
+}
+
+impl fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Publisher").finish_non_exhaustive()
+    }
+}
+
+impl Publisher {
+    /// A publisher over these clients.
+    pub fn new(
+        eventbridge: aws_sdk_eventbridge::Client,
+        sns: aws_sdk_sns::Client,
+        sqs: aws_sdk_sqs::Client,
+    ) -> Self {
+        Self {
+            eventbridge,
+            sns,
+            sqs,
+        }
+    }
+
+    /// A publisher configured from the environment (the SDK's default chain: in Lambda, the
+    /// function's region and role).
+    pub async fn from_env() -> Self {
+        let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+        Self::from_conf(&config)
+    }
+
+    /// A publisher whose three clients share `config` (region, credentials, endpoint).
+    pub fn from_conf(config: &aws_config::SdkConfig) -> Self {
+        Self::new(
+            aws_sdk_eventbridge::Client::new(config),
+            aws_sdk_sns::Client::new(config),
+            aws_sdk_sqs::Client::new(config),
+        )
+    }
+
+    /// Publishes `event` to its destination once (the caller retries).
+    ///
+    /// # Errors
+    /// [`PublishError::Refused`] when the destination refuses the event itself (larger than
+    /// [`MAX_EVENT_BYTES`], an EventBridge entry refused other than for throttling or an
+    /// internal error, a validation error), [`PublishError::Failed`] otherwise.
+    pub async fn publish(&self, event: &OutboxRecord) -> Result<(), PublishError> {
+        let envelope = event.envelope().map_err(|err| PublishError::Refused {
+            reason: err.to_string(),
+        })?;
+        if envelope.len() > MAX_EVENT_BYTES {
+            return Err(PublishError::Refused {
+                reason: format!(
+                    "the envelope is {} bytes, past the destination's {MAX_EVENT_BYTES}",
+                    envelope.len()
+                ),
+            });
+        }
+        match &event.destination {
+            Destination::EventBridge {
+                bus,
+                source,
+                detail_type,
+            } => {
+                let entry = aws_sdk_eventbridge::types::PutEventsRequestEntry::builder()
+                    .event_bus_name(bus)
+                    .source(source)
+                    .detail_type(detail_type)
+                    .detail(envelope)
+                    .build();
+                let put = self
+                    .eventbridge
+                    .put_events()
+                    .entries(entry)
+                    .send()
+                    .await
+                    .map_err(PublishError::from_sdk)?;
+                if put.failed_entry_count() > 0 {
+                    let code = put
+                        .entries()
+                        .iter()
+                        .find_map(|entry| entry.error_code())
+                        .unwrap_or("unknown");
+                    return Err(entry_failure(code));
+                }
+            }
+            Destination::Sns { topic_arn } => {
+                let attribute = aws_sdk_sns::types::MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value(&event.id)
+                    .build()
+                    .map_err(PublishError::failed)?;
+                let mut publish = self
+                    .sns
+                    .publish()
+                    .topic_arn(topic_arn)
+                    .message(envelope)
+                    .message_attributes(SQS_KEY_ATTRIBUTE, attribute);
+                if topic_arn.ends_with(".fifo") {
+                    publish = publish
+                        .message_group_id(&event.name)
+                        .message_deduplication_id(&event.id);
+                }
+                publish.send().await.map_err(PublishError::from_sdk)?;
+            }
+            Destination::Sqs { queue_url } => {
+                let attribute = aws_sdk_sqs::types::MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value(&event.id)
+                    .build()
+                    .map_err(PublishError::failed)?;
+                let mut send = self
+                    .sqs
+                    .send_message()
+                    .queue_url(queue_url)
+                    .message_body(envelope)
+                    .message_attributes(SQS_KEY_ATTRIBUTE, attribute);
+                if queue_url.ends_with(".fifo") {
+                    send = send
+                        .message_group_id(&event.name)
+                        .message_deduplication_id(&event.id);
+                }
+                send.send().await.map_err(PublishError::from_sdk)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An EventBridge entry's failure: throttling and internal errors are retried, anything else
+/// refuses the event.
+fn entry_failure(code: &str) -> PublishError {
+    let retried = [
+        "ThrottlingException",
+        "InternalFailure",
+        "InternalException",
+    ];
+    if retried.contains(&code) {
+        PublishError::failed(format!("EventBridge failed the entry: {code}"))
+    } else {
+        PublishError::Refused {
+            reason: format!("EventBridge refused the entry: {code}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{PublishError, entry_failure};
+
+    #[test]
+    fn throttled_entries_are_retried_and_others_refused() {
+        assert!(matches!(
+            entry_failure("ThrottlingException"),
+            PublishError::Failed { .. }
+        ));
+        assert!(matches!(
+            entry_failure("InternalFailure"),
+            PublishError::Failed { .. }
+        ));
+        assert!(matches!(
+            entry_failure("MalformedDetail"),
+            PublishError::Refused { .. }
+        ));
+    }
+}

@@ -1,0 +1,182 @@
+//! The sweeper: republishes the outbox events that the stream did not deliver (the relay's
+//! retries ran out, the stream's 24 hours passed, a Pipe dropped one), found through the
+//! table's sparse pending index, under their original ids.
+//!
+//! Run it on a schedule (template.yaml's `OutboxSweeperFunction`, every five minutes) or by
+//! hand (`idemctl outbox sweep`). Together with the relay, every committed event is published at
+//! least once: an event stays pending, without a TTL, until something marks it published. An
+//! event its destination refuses is parked and never blocks the others. On the Pipe path
+//! ([`Sweeper::redriving`]) the sweeper hands each pending event back to the stream instead, so
+//! that the Pipe publishes it exactly as it publishes every event.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use std::time::SystemTime;
+//! use lambda_idempotency::effects::relay::{Publisher, sweeper::Sweeper};
+//! use lambda_idempotency::effects::{Outbox, OutboxMarks};
+//!
+//! let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+//! let marks = OutboxMarks::new(aws_sdk_dynamodb::Client::new(&config), &Outbox::new("outbox"));
+//! let report = Sweeper::new(Publisher::from_conf(&config), marks)
+//!     .sweep(SystemTime::now())
+//!     .await?;
+//! println!("{report}");
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use tracing::warn;
+
+use super::{Publisher, Relayed, deliver};
+use crate::effects::outbox_marks::{Marked, OutboxError, OutboxMarks, PublishedBy};
+
+/// How long an event may be pending before the sweeper republishes it, by default: the relay
+/// publishes within seconds, and retries a failed publish for longer than this only when its
+/// destination keeps failing.
+pub const DEFAULT_SWEEP_AFTER: Duration = Duration::from_secs(10 * 60);
+
+/// The most events one sweep republishes, by default (a scheduled run's time is bounded).
+pub const DEFAULT_SWEEP_LIMIT: usize = 1000;
+
+/// Republishes pending events older than a threshold.
+#[derive(Debug, Clone)]
+pub struct Sweeper {
+    via: Via,
+    marks: OutboxMarks,
+    after: Duration,
+    limit: usize,
+}
+
+/// How the sweeper publishes again.
+#[derive(Debug, Clone)]
+enum Via {
+    /// Itself, to each event's destination, as the relay does.
+    Publisher(Publisher),
+    /// Through the table's stream: it redrives the event, and the Pipe reading the stream
+    /// publishes it (with the Pipe's own envelope) and its rule marks it.
+    Stream,
+}
+
+/// What one sweep did, and what it left.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SweepReport {
+    /// Events published (and marked) by this sweep, or, for a [redriving](Sweeper::redriving)
+    /// sweeper, handed back to the stream.
+    pub republished: u64,
+    /// Events their destination refused: parked by this sweep.
+    pub parked: u64,
+    /// Events whose publish or mark failed: still pending, tried again by the next sweep.
+    pub failed: u64,
+    /// How long the oldest event still pending has waited, after the sweep; `None` when
+    /// nothing is pending.
+    pub oldest_pending_age: Option<Duration>,
+}
+
+impl fmt::Display for SweepReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "republished {}, parked {}, failed {}, oldest pending ",
+            self.republished, self.parked, self.failed
+        )?;
+        match self.oldest_pending_age {
+            Some(age) => write!(f, "{} s", age.as_secs()),
+            None => write!(f, "none"),
+        }
+    }
+}
+
+impl Sweeper {
+    /// A sweeper publishing with `publisher` the pending events of `marks`' table older than
+    /// [`DEFAULT_SWEEP_AFTER`], at most [`DEFAULT_SWEEP_LIMIT`] per sweep.
+    pub fn new(publisher: Publisher, marks: OutboxMarks) -> Self {
+        Self {
+            via: Via::Publisher(publisher),
+            marks,
+            after: DEFAULT_SWEEP_AFTER,
+            limit: DEFAULT_SWEEP_LIMIT,
+        }
+    }
+
+    /// A sweeper for the Pipe path: it publishes nothing itself but redrives each pending event
+    /// ([`OutboxMarks::redrive`]), so that the Pipe reading the table's stream publishes it
+    /// again under its id and in the Pipe's own envelope (consumers see the same event as
+    /// the first time), and the rule on the Pipe's bus marks it.
+    pub fn redriving(marks: OutboxMarks) -> Self {
+        Self {
+            via: Via::Stream,
+            marks,
+            after: DEFAULT_SWEEP_AFTER,
+            limit: DEFAULT_SWEEP_LIMIT,
+        }
+    }
+
+    /// Republishes events pending longer than `after` (zero: every pending event).
+    #[must_use]
+    pub fn after(mut self, after: Duration) -> Self {
+        self.after = after;
+        self
+    }
+
+    /// Republishes at most `limit` events per sweep.
+    #[must_use]
+    pub fn limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// One sweep at `now`: every pending event committed more than the threshold before `now`
+    /// (up to the limit) published under its id and marked, or parked; then the oldest pending
+    /// age.
+    ///
+    /// # Errors
+    /// [`OutboxError`] when the pending index cannot be read. An event that cannot be
+    /// published is counted in [`SweepReport::failed`] and left pending.
+    pub async fn sweep(&self, now: SystemTime) -> Result<SweepReport, OutboxError> {
+        let cutoff = now.checked_sub(self.after).unwrap_or(now);
+        let pending = self.marks.pending(cutoff, self.limit).await?;
+        let mut report = SweepReport::default();
+        for event in pending {
+            let name = event.record.name.clone();
+            let done = match &self.via {
+                Via::Publisher(publisher) => deliver(
+                    publisher,
+                    &self.marks,
+                    event.record,
+                    PublishedBy::Sweeper,
+                    now,
+                )
+                .await
+                .map(|relayed| match relayed {
+                    Relayed::Published { .. } => Some(true),
+                    _ => Some(false),
+                }),
+                // Published or parked since the query: nothing to redrive.
+                Via::Stream => self
+                    .marks
+                    .redrive(&event.record.id, now)
+                    .await
+                    .map(|marked| (marked == Marked::Now).then_some(true))
+                    .map_err(Into::into),
+            };
+            match done {
+                Ok(Some(true)) => report.republished += 1,
+                Ok(Some(false)) => report.parked += 1,
+                Ok(None) => {}
+                Err(err) => {
+                    warn!(event = %name, error = %err, "a pending outbox event could not be republished: left pending");
+                    report.failed += 1;
+                }
+            }
+        }
+        report.oldest_pending_age = self
+            .marks
+            .oldest_pending()
+            .await?
+            .map(|oldest| now.duration_since(oldest).unwrap_or_default());
+        Ok(report)
+    }
+}

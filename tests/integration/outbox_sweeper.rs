@@ -1,0 +1,495 @@
+//! An outbox event is pending until something publishes it, and nothing loses it: the relay
+//! marks what it published; a pending event never expires; the sweeper republishes, under the
+//! original id, what the stream never delivered (its 24 hours passed, its retries ran out, a
+//! relay published and died before its mark); a poison event is parked and blocks nothing.
+//! Real parts only: the embedded server's table, stream and index, moto's SQS, SNS and
+//! EventBridge.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use aws_lambda_events::event::dynamodb::Event as DynamoDbEvent;
+use aws_lambda_events::event::sqs::SqsMessage;
+use aws_sdk_dynamodb::types::AttributeValue;
+use lambda_idempotency::clock::Clock;
+use lambda_idempotency::effects::relay::sweeper::Sweeper;
+use lambda_idempotency::effects::relay::{Relayed, relay_record};
+use lambda_idempotency::effects::{
+    Destination, OUTBOX_RETENTION, Outbox, OutboxEvent, OutboxMarks, PublishedBy, Transaction,
+};
+use lambda_idempotency::lambda::sources;
+use lambda_idempotency::reconcile::Recovery;
+use lambda_idempotency::testing::conformance::invocation;
+use lambda_idempotency::testing::dynamo::sweep_table;
+use lambda_idempotency::{BoxError, ExecutionContext, Idempotency, OperationScope};
+use lambda_runtime::Context;
+use serde_json::json;
+
+use crate::relay::{Rig, deliver, event_ids, lambda_message};
+
+type Item = std::collections::HashMap<String, AttributeValue>;
+
+/// Every item of the outbox table.
+async fn items(rig: &Rig) -> Vec<Item> {
+    rig.db
+        .client
+        .scan()
+        .table_name(rig.outbox.table())
+        .send()
+        .await
+        .expect("scan the outbox")
+        .items()
+        .to_vec()
+}
+
+fn text<'a>(item: &'a Item, name: &str) -> Option<&'a str> {
+    item.get(name)?.as_s().ok().map(String::as_str)
+}
+
+fn number(item: &Item, name: &str) -> Option<u64> {
+    item.get(name)?.as_n().ok()?.parse().ok()
+}
+
+fn epoch_secs(at: std::time::SystemTime) -> u64 {
+    at.duration_since(std::time::UNIX_EPOCH)
+        .expect("after epoch")
+        .as_secs()
+}
+
+/// Past the sweeper's threshold and past the stream's 24 hours: what the stream held is gone.
+const A_WEEKEND: Duration = Duration::from_secs(3 * 24 * 3600);
+
+/// Commits, under operation `name`, one event to `destination` with `payload`.
+async fn commit(rig: &Rig, name: &str, destination: Destination, payload: serde_json::Value) {
+    let idem = Idempotency::new(rig.db.store())
+        .with_clock(rig.clock.clone())
+        .with_recovery(Recovery::Steps);
+    let inv = invocation(name, &json!({"name": name}));
+    let outbox: &Outbox = &rig.outbox;
+    idem.execute(&inv, |ctx: ExecutionContext| async move {
+        ctx.step("place")
+            .transact(|_key| async move {
+                let event = OutboxEvent::new("placed", destination, &payload)?;
+                Ok::<_, BoxError>(Transaction::new(()).publish(outbox, event))
+            })
+            .await
+    })
+    .await
+    .expect("committed");
+}
+
+/// An outbox item with a 300 KB payload for the orders queue, as a producer that does not
+/// check sizes (another library, a build before the check) writes it: the crate's own
+/// producers cannot ([`OutboxEvent::new`] refuses it).
+async fn write_too_large(rig: &Rig, id: &str) {
+    let too_large = json!({"blob": "x".repeat(300 * 1024)}).to_string();
+    assert!(
+        OutboxEvent::new(
+            "too-large",
+            Destination::Sqs {
+                queue_url: rig.orders_queue.clone()
+            },
+            &serde_json::from_str::<serde_json::Value>(&too_large).expect("json"),
+        )
+        .is_err(),
+        "refused at commit"
+    );
+    let s = |value: &str| AttributeValue::S(value.to_owned());
+    let created = rig
+        .clock
+        .now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after epoch")
+        .as_millis();
+    rig.db
+        .client
+        .put_item()
+        .table_name(rig.outbox.table())
+        .item("pk", s(id))
+        .item("event", s("too-large"))
+        .item("operation", s("elsewhere"))
+        .item("destination", s("sqs"))
+        .item("target", s(&rig.orders_queue))
+        .item("payload", s(&too_large))
+        .item("created_at", AttributeValue::N(created.to_string()))
+        .item("pending", s(&format!("p{}", &id[..1])))
+        .send()
+        .await
+        .expect("written");
+}
+
+#[tokio::test]
+async fn an_event_is_pending_without_a_ttl_until_the_relay_marks_it_published() {
+    let rig = Rig::open().await;
+    rig.place("o-4").await;
+    let committed = items(&rig).await;
+    assert_eq!(committed.len(), 3);
+    for item in &committed {
+        assert!(
+            text(item, "pending").is_some_and(|shard| shard.starts_with('p')),
+            "in the pending index: {item:?}"
+        );
+        assert_eq!(number(item, "expires_at"), None, "no TTL while pending");
+    }
+    let marks = rig.marks();
+    assert!(marks.oldest_pending().await.expect("oldest").is_some());
+
+    let answer = deliver(&mut rig.relay(rig.db.store()), rig.stream_batch().await).await;
+    assert!(answer.batch_item_failures.is_empty(), "{answer:?}");
+
+    let now = epoch_secs(rig.clock.now());
+    for item in items(&rig).await {
+        assert_eq!(text(&item, "pending"), None, "out of the index: {item:?}");
+        assert_eq!(text(&item, "published_by"), Some("relay"));
+        assert!(number(&item, "published_at").is_some());
+        assert_eq!(
+            number(&item, "expires_at"),
+            Some(now + OUTBOX_RETENTION.as_secs()),
+            "kept OUTBOX_RETENTION after its publication"
+        );
+    }
+    assert_eq!(marks.oldest_pending().await.expect("oldest"), None);
+    assert_eq!(
+        marks.pending(rig.clock.now(), 10).await.expect("pending"),
+        vec![]
+    );
+}
+
+/// The relay never ran (broken over a weekend): the stream's 24 hours pass, TTL runs, and the
+/// events are still pending; the sweeper publishes each once under its id, and marks it.
+#[tokio::test]
+async fn an_event_the_stream_never_delivered_is_kept_and_republished_by_the_sweeper() {
+    let rig = Rig::open().await;
+    rig.place("o-5").await;
+    let expected: Vec<String> = {
+        let mut ids: Vec<String> = items(&rig)
+            .await
+            .iter()
+            .filter_map(|item| text(item, "pk").map(str::to_owned))
+            .collect();
+        ids.sort();
+        ids
+    };
+
+    rig.clock.advance(A_WEEKEND);
+    let swept = sweep_table(
+        &rig.db.client,
+        rig.outbox.table(),
+        "expires_at",
+        rig.clock.now(),
+    )
+    .await;
+    assert_eq!(swept, 0, "a pending event has no TTL");
+    let marks = rig.marks();
+    let age = marks
+        .oldest_pending()
+        .await
+        .expect("oldest")
+        .map(|oldest| rig.clock.now().duration_since(oldest).expect("in the past"));
+    assert!(age >= Some(A_WEEKEND), "the oldest pending age: {age:?}");
+
+    let sweeper = Sweeper::new(rig.publisher(), marks.clone());
+    let report = sweeper.sweep(rig.clock.now()).await.expect("swept");
+    assert_eq!(
+        (report.republished, report.parked, report.failed),
+        (3, 0, 0),
+        "{report}"
+    );
+    assert_eq!(report.oldest_pending_age, None, "nothing left pending");
+
+    let orders = rig.drain(&rig.orders_queue).await;
+    let topic = rig.drain(&rig.topic_queue).await;
+    let bus = rig.drain(&rig.bus_queue).await;
+    let mut ids = [
+        event_ids(&orders, false),
+        event_ids(&topic, false),
+        event_ids(&bus, true),
+    ]
+    .concat();
+    ids.sort();
+    assert_eq!(ids, expected, "each event once, under its original id");
+    for item in items(&rig).await {
+        assert_eq!(text(&item, "published_by"), Some("sweeper"));
+    }
+
+    // A second sweep finds nothing; the published items expire after their retention.
+    let again = sweeper.sweep(rig.clock.now()).await.expect("swept");
+    assert_eq!(again.republished, 0);
+    rig.clock.advance(OUTBOX_RETENTION + Duration::from_secs(1));
+    let swept = sweep_table(
+        &rig.db.client,
+        rig.outbox.table(),
+        "expires_at",
+        rig.clock.now(),
+    )
+    .await;
+    assert_eq!(swept, 3, "published items expire by TTL");
+}
+
+/// A relay publishes, then cannot mark (its mark's write fails; or it dies right after the
+/// publish): the record is reported for the stream to retry, and if the stream never
+/// delivers it again, the sweeper republishes it under the same id. A consumer behind the
+/// crate's SQS door performs its effect once.
+#[tokio::test]
+async fn a_relay_that_published_but_never_marked_is_covered_and_the_consumer_acts_once() {
+    let rig = Rig::open().await;
+    commit(
+        &rig,
+        "unmarked",
+        Destination::Sqs {
+            queue_url: rig.orders_queue.clone(),
+        },
+        json!({"order": "o-6"}),
+    )
+    .await;
+    let batch = rig.stream_batch().await;
+    let record = batch.records.first().expect("the event's record").clone();
+    // The marks point at a table the relay may not write: the publish lands, the mark fails.
+    let unmarkable = OutboxMarks::new(rig.db.client.clone(), &Outbox::new("no-such-outbox"));
+    let now = rig.clock.now();
+    assert!(
+        relay_record(&rig.publisher(), &unmarkable, &record, now)
+            .await
+            .is_err(),
+        "reported: the stream retries it"
+    );
+    assert_eq!(
+        rig.marks()
+            .pending(now + Duration::from_secs(1), 10)
+            .await
+            .expect("pending")
+            .len(),
+        1,
+        "still pending"
+    );
+
+    // The stream's retries ran out: the sweeper publishes it again, under the same id.
+    rig.clock.advance(A_WEEKEND);
+    let report = Sweeper::new(rig.publisher(), rig.marks())
+        .sweep(rig.clock.now())
+        .await
+        .expect("swept");
+    assert_eq!(report.republished, 1, "{report}");
+    let received = rig.drain(&rig.orders_queue).await;
+    assert_eq!(received.len(), 2, "published twice: at least once");
+    let ids = event_ids(&received, false);
+    assert_eq!(ids[0], ids[1], "under one id");
+
+    // The consumer: one effect.
+    let consumer = lambda_idempotency::Operation::new(
+        Idempotency::new(rig.db.store()),
+        OperationScope::new("consumer", "orders").expect("scope"),
+        sources::sqs(None).expect("policy"),
+    );
+    let effects = Arc::new(AtomicUsize::new(0));
+    let messages: Vec<SqsMessage> = received.iter().map(lambda_message).collect();
+    let report = consumer
+        .batch()
+        .process(messages, &Context::default(), |_message, _ctx| {
+            let effects = Arc::clone(&effects);
+            async move {
+                effects.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, BoxError>(())
+            }
+        })
+        .await;
+    assert!(report.sqs_response().batch_item_failures.is_empty());
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "one effect per event");
+}
+
+/// An event its destination refuses (larger than a message may be) is parked with its reason
+/// and acknowledged: the event behind it on the shard is published in the same batch, and the
+/// sweeper leaves the parked one alone.
+#[tokio::test]
+async fn a_poison_event_is_parked_and_never_blocks_the_events_behind_it() {
+    let rig = Rig::open().await;
+    let queue = Destination::Sqs {
+        queue_url: rig.orders_queue.clone(),
+    };
+    write_too_large(&rig, &"7".repeat(64)).await;
+    commit(&rig, "behind", queue, json!({"order": "o-8"})).await;
+    let batch = rig.stream_batch().await;
+    assert_eq!(batch.records.len(), 2);
+
+    let answer = deliver(&mut rig.relay(rig.db.store()), batch.clone()).await;
+    assert!(
+        answer.batch_item_failures.is_empty(),
+        "nothing blocks the shard: {answer:?}"
+    );
+    let received = rig.drain(&rig.orders_queue).await;
+    assert_eq!(received.len(), 1, "the event behind it is published");
+
+    let marks = rig.marks();
+    let parked = marks.parked(10).await.expect("parked");
+    assert_eq!(parked.len(), 1);
+    let (_, reason) = parked[0].parked.clone().expect("parked with its reason");
+    assert!(reason.contains("bytes"), "{reason}");
+    assert!(
+        parked[0].record.payload.len() > 300 * 1024,
+        "kept with its payload"
+    );
+    assert_eq!(marks.oldest_pending().await.expect("oldest"), None);
+
+    rig.clock.advance(A_WEEKEND);
+    let report = Sweeper::new(rig.publisher(), marks.clone())
+        .sweep(rig.clock.now())
+        .await
+        .expect("swept");
+    assert_eq!((report.republished, report.parked), (0, 0), "{report}");
+    let swept = sweep_table(
+        &rig.db.client,
+        rig.outbox.table(),
+        "expires_at",
+        rig.clock.now(),
+    )
+    .await;
+    assert_eq!(
+        swept, 0,
+        "a parked event has no TTL; the published one is kept its retention"
+    );
+    assert_eq!(marks.parked(10).await.expect("parked").len(), 1);
+}
+
+/// A mark is idempotent: the relay and the sweeper both published an event; the second mark
+/// changes nothing.
+#[tokio::test]
+async fn a_second_mark_changes_nothing() {
+    let rig = Rig::open().await;
+    commit(
+        &rig,
+        "marked-twice",
+        Destination::Sqs {
+            queue_url: rig.orders_queue.clone(),
+        },
+        json!({"order": "o-9"}),
+    )
+    .await;
+    let batch: DynamoDbEvent = rig.stream_batch().await;
+    let record = batch.records.first().expect("record");
+    let marks = rig.marks();
+    let relayed = relay_record(&rig.publisher(), &marks, record, rig.clock.now())
+        .await
+        .expect("relayed");
+    let Relayed::Published { event_id } = relayed else {
+        panic!("published: {relayed:?}");
+    };
+    let first = items(&rig).await;
+    rig.clock.advance(Duration::from_secs(60));
+    let again = marks
+        .published(&event_id, PublishedBy::Sweeper, rig.clock.now())
+        .await
+        .expect("marked");
+    assert_eq!(again, lambda_idempotency::effects::Marked::Already);
+    assert_eq!(items(&rig).await, first, "the first mark stands");
+}
+
+/// `idemctl outbox` on the same table: what is pending (oldest first), what is parked and why
+/// (escaped: an outbox holds what producers wrote), and a sweep on demand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idemctl_lists_pending_and_parked_events_and_sweeps() {
+    let rig = Rig::open().await;
+    let queue = Destination::Sqs {
+        queue_url: rig.orders_queue.clone(),
+    };
+    write_too_large(&rig, &"a".repeat(64)).await;
+    commit(&rig, "idemctl-waiting", queue, json!({"order": "o-10"})).await;
+    let idemctl = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_idemctl"))
+            .args(args)
+            .env("DYNAMODB_ENDPOINT", &rig.db.endpoint)
+            .env("OUTBOX_TABLE", rig.outbox.table())
+            .env("AWS_ENDPOINT_URL_SQS", rig.moto_endpoint())
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .env_remove("AWS_PROFILE")
+            .env_remove("IDEMPOTENCY_TABLE")
+            .output()
+            .expect("idemctl runs");
+        assert!(
+            output.status.success(),
+            "idemctl {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).expect("utf-8")
+    };
+
+    let pending = idemctl(&["outbox", "pending", "--json"]);
+    let lines: Vec<serde_json::Value> = pending
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect();
+    assert_eq!(lines.len(), 2, "{pending}");
+    assert!(lines.iter().all(|line| line["destination"] == "sqs"));
+    assert!(pending.ends_with("2 pending\n"), "{pending}");
+
+    // The poison event is parked by a sweep; the other is published.
+    rig.clock.advance(A_WEEKEND);
+    let swept = idemctl(&["outbox", "sweep", "--older-than", "0s"]);
+    assert!(
+        swept.starts_with("republished 1, parked 1, failed 0"),
+        "{swept}"
+    );
+    assert_eq!(rig.drain(&rig.orders_queue).await.len(), 1);
+    let parked = idemctl(&["outbox", "parked"]);
+    assert!(parked.contains("refused: the envelope is"), "{parked}");
+    assert!(parked.ends_with("1 parked\n"), "{parked}");
+    assert!(idemctl(&["outbox", "pending"]).ends_with("0 pending\n"));
+}
+
+/// On the Pipe path the sweeper publishes nothing itself: it redrives a pending event (a
+/// modification carrying `redriven_at`, which the Pipe's filter passes), the event stays
+/// pending until the Pipe's marker marks it, and the mark removes `redriven_at`.
+#[tokio::test]
+async fn a_redriving_sweeper_hands_a_pending_event_back_to_the_stream() {
+    let rig = Rig::open().await;
+    commit(
+        &rig,
+        "redriven",
+        Destination::Sqs {
+            queue_url: rig.orders_queue.clone(),
+        },
+        json!({"order": "o-11"}),
+    )
+    .await;
+    rig.clock.advance(A_WEEKEND);
+    let marks = rig.marks();
+    let sweeper = Sweeper::redriving(marks.clone());
+    let report = sweeper.sweep(rig.clock.now()).await.expect("swept");
+    assert_eq!(report.republished, 1, "{report}");
+    assert!(
+        rig.drain(&rig.orders_queue).await.is_empty(),
+        "published nothing itself"
+    );
+
+    let batch = rig.stream_batch().await;
+    let redriven: Vec<_> = batch
+        .records
+        .iter()
+        .filter(|record| record.event_name == "MODIFY")
+        .collect();
+    assert_eq!(redriven.len(), 1, "one modification for the Pipe");
+    let image = serde_json::to_value(&redriven[0].change.new_image).expect("the new image");
+    assert!(image.get("redriven_at").is_some(), "{image}");
+    assert!(
+        marks.oldest_pending().await.expect("oldest").is_some(),
+        "still pending"
+    );
+
+    let [item] = items(&rig).await.try_into().expect("one item");
+    let id = text(&item, "pk").expect("id").to_owned();
+    marks
+        .published(&id, PublishedBy::Pipe, rig.clock.now())
+        .await
+        .expect("marked");
+    let [item] = items(&rig).await.try_into().expect("one item");
+    assert_eq!(text(&item, "published_by"), Some("pipe"));
+    assert!(
+        !item.contains_key("redriven_at"),
+        "the mark removes the redrive"
+    );
+    let again = sweeper.sweep(rig.clock.now()).await.expect("swept");
+    assert_eq!(again.republished, 0);
+}
