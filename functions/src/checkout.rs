@@ -6,7 +6,9 @@
 //! takeover after a crash replays the order (never placed twice) and asks the e-mail's check.
 
 use aws_sdk_dynamodb::types::{AttributeValue, Put};
-use lambda_idempotency::effects::{Checked, Destination, Outbox, OutboxEvent, Transaction};
+use lambda_idempotency::effects::{
+    Checked, Destination, Destinations, Outbox, OutboxEvent, Transaction,
+};
 use lambda_idempotency::lambda::{IdempotencyLayer, current};
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::{BoxError, Idempotency, KeyPolicy, Operation, OperationScope};
@@ -32,7 +34,8 @@ pub struct Checkout {
 }
 
 impl Checkout {
-    /// From `OUTBOX_TABLE` and `ORDER_EVENTS_QUEUE_URL`.
+    /// From `OUTBOX_TABLE`, `ORDER_EVENTS_QUEUE_URL` and the allowed destinations
+    /// (`OUTBOX_DESTINATIONS`, when set).
     ///
     /// # Errors
     /// When either is not set.
@@ -40,7 +43,8 @@ impl Checkout {
         let var = |name: &str| std::env::var(name).map_err(|_| format!("set {name}"));
         Ok(Self {
             ledger,
-            outbox: Outbox::new(var(OUTBOX_TABLE_VAR)?),
+            outbox: Outbox::new(var(OUTBOX_TABLE_VAR)?)
+                .with_destinations(Destinations::from_env().map_err(|err| err.to_string())?),
             events_queue: var(ORDER_EVENTS_QUEUE_VAR)?,
         })
     }

@@ -4,8 +4,11 @@
 //! the crate's [`Flushed`](lambda_idempotency::observe::emf::Flushed). The stack's alarms read
 //! them (lease lost, store errors, indeterminate outcomes, the duplicate rate).
 
+use std::time::{SystemTime, UNIX_EPOCH};
+
 use lambda_idempotency::observe::emf::MetricsObserver;
 use lambda_idempotency::observe::emf::metrics_cloudwatch_embedded::{Builder, Collector};
+use serde_json::{Map, Value, json};
 
 /// The CloudWatch namespace of the functions' metrics.
 pub const NAMESPACE: &str = "LambdaIdempotency";
@@ -22,4 +25,45 @@ pub fn init() -> Result<(&'static Collector, MetricsObserver), lambda_runtime::E
         .init()
         .map_err(|err| format!("the metrics recorder cannot be installed: {err}"))?;
     Ok((collector, MetricsObserver::new()))
+}
+
+/// One gauge of a scheduled function's document: its name, its CloudWatch unit, its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gauge {
+    /// The metric's name.
+    pub name: &'static str,
+    /// Its unit (`Count`, `Seconds`).
+    pub unit: &'static str,
+    /// Its value.
+    pub value: u64,
+}
+
+/// A scheduled function's `gauges` at `now` as one Embedded Metric Format document, namespace
+/// [`NAMESPACE`], dimension `Function` (the stuck check's and the outbox sweeper's: one log
+/// line a run, which CloudWatch turns into the gauges the stack's alarms watch).
+pub fn gauges_document(function: &str, gauges: &[Gauge], now: SystemTime) -> Value {
+    let millis = now
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis());
+    let metrics: Vec<Value> = gauges
+        .iter()
+        .map(|gauge| json!({"Name": gauge.name, "Unit": gauge.unit}))
+        .collect();
+    let mut document = Map::new();
+    document.insert(
+        "_aws".into(),
+        json!({
+            "Timestamp": millis,
+            "CloudWatchMetrics": [{
+                "Namespace": NAMESPACE,
+                "Dimensions": [["Function"]],
+                "Metrics": metrics,
+            }]
+        }),
+    );
+    document.insert("Function".into(), json!(function));
+    for gauge in gauges {
+        document.insert(gauge.name.into(), json!(gauge.value));
+    }
+    Value::Object(document)
 }

@@ -4,15 +4,15 @@
 //! Bounded: at most `OUTBOX_SWEEP_LIMIT` events per run, found through the outbox's sparse
 //! pending index (it reads what is pending, not the table).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use lambda_idempotency::effects::relay::Publisher;
 use lambda_idempotency::effects::relay::sweeper::{SweepReport, Sweeper};
 use lambda_idempotency::effects::{Outbox, OutboxMarks};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::checkout::OUTBOX_TABLE_VAR;
-use crate::stuck_check::NAMESPACE;
+use crate::metrics::{Gauge, gauges_document};
 
 /// How long an event is pending before the sweeper republishes it (seconds; default 600).
 pub const SWEEP_AFTER_VAR: &str = "OUTBOX_SWEEP_AFTER_SECONDS";
@@ -78,36 +78,31 @@ impl OutboxSweeper {
         now: SystemTime,
     ) -> Result<Value, lambda_runtime::Error> {
         let report = self.sweeper.sweep(now).await?;
-        let parked = self.marks.parked(PARKED_COUNTED).await?.len();
+        let parked = self.marks.parked(PARKED_COUNTED).await?.events.len();
         Ok(emf_document(function, &report, parked, now))
     }
 }
 
 /// The gauges as one Embedded Metric Format document, dimension `Function`.
 pub fn emf_document(function: &str, report: &SweepReport, parked: usize, now: SystemTime) -> Value {
-    let millis = now
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_millis());
-    json!({
-        "_aws": {
-            "Timestamp": millis,
-            "CloudWatchMetrics": [{
-                "Namespace": NAMESPACE,
-                "Dimensions": [["Function"]],
-                "Metrics": [
-                    {"Name": "OutboxRepublished", "Unit": "Count"},
-                    {"Name": "OutboxParkedNow", "Unit": "Count"},
-                    {"Name": "OutboxSweepFailed", "Unit": "Count"},
-                    {"Name": "OutboxParkedEvents", "Unit": "Count"},
-                    {"Name": "OutboxOldestPendingAge", "Unit": "Seconds"}
-                ]
-            }]
-        },
-        "Function": function,
-        "OutboxRepublished": report.republished,
-        "OutboxParkedNow": report.parked,
-        "OutboxSweepFailed": report.failed,
-        "OutboxParkedEvents": parked,
-        "OutboxOldestPendingAge": report.oldest_pending_age.map_or(0, |age| age.as_secs()),
-    })
+    let gauge = |name, unit, value| Gauge { name, unit, value };
+    gauges_document(
+        function,
+        &[
+            gauge("OutboxRepublished", "Count", report.republished),
+            gauge("OutboxParkedNow", "Count", report.parked),
+            gauge("OutboxSweepFailed", "Count", report.failed),
+            gauge(
+                "OutboxParkedEvents",
+                "Count",
+                u64::try_from(parked).unwrap_or(u64::MAX),
+            ),
+            gauge(
+                "OutboxOldestPendingAge",
+                "Seconds",
+                report.oldest_pending_age.map_or(0, |age| age.as_secs()),
+            ),
+        ],
+        now,
+    )
 }

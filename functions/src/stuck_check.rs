@@ -6,13 +6,13 @@
 //! summaries only (a projection: no outcome, manifest or step list is read or decompressed),
 //! so its memory follows the summaries, not what the records hold.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use lambda_idempotency::store::{DynamoDbStore, StuckCounts};
-use serde_json::{Value, json};
+use serde_json::Value;
 
-/// The CloudWatch namespace of the gauges.
-pub const NAMESPACE: &str = "LambdaIdempotency";
+use crate::metrics::{Gauge, gauges_document};
+
 /// How long past its lease a record counts as stuck (seconds; default 300).
 pub const OLDER_THAN_VAR: &str = "STUCK_OLDER_THAN_SECONDS";
 /// The most scan pages one run reads (default 100: up to 100 MB of table).
@@ -75,29 +75,16 @@ pub async fn run(
 
 /// The gauges as one Embedded Metric Format document, dimension `Function`.
 pub fn emf_document(function: &str, counts: StuckCounts, complete: bool, now: SystemTime) -> Value {
-    let millis = now
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_millis());
-    json!({
-        "_aws": {
-            "Timestamp": millis,
-            "CloudWatchMetrics": [{
-                "Namespace": NAMESPACE,
-                "Dimensions": [["Function"]],
-                "Metrics": [
-                    {"Name": "StuckInProgress", "Unit": "Count"},
-                    {"Name": "Indeterminate", "Unit": "Count"},
-                    {"Name": "OrphanedEvidence", "Unit": "Count"},
-                    {"Name": "ReconciliationAge", "Unit": "Seconds"},
-                    {"Name": "StuckCheckIncomplete", "Unit": "Count"}
-                ]
-            }]
-        },
-        "Function": function,
-        "StuckInProgress": counts.in_progress,
-        "Indeterminate": counts.indeterminate,
-        "OrphanedEvidence": counts.orphaned_evidence,
-        "ReconciliationAge": counts.oldest.as_secs(),
-        "StuckCheckIncomplete": u8::from(!complete),
-    })
+    let gauge = |name, unit, value| Gauge { name, unit, value };
+    gauges_document(
+        function,
+        &[
+            gauge("StuckInProgress", "Count", counts.in_progress),
+            gauge("Indeterminate", "Count", counts.indeterminate),
+            gauge("OrphanedEvidence", "Count", counts.orphaned_evidence),
+            gauge("ReconciliationAge", "Seconds", counts.oldest.as_secs()),
+            gauge("StuckCheckIncomplete", "Count", u64::from(!complete)),
+        ],
+        now,
+    )
 }

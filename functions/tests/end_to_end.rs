@@ -501,6 +501,7 @@ async fn the_outbox_relay_publishes_the_checkouts_event_once() {
         &[
             ("OUTBOX_TABLE", outbox.table()),
             ("ORDER_EVENTS_QUEUE_URL", queue.as_str()),
+            ("OUTBOX_DESTINATIONS", queue.as_str()),
         ],
     )
     .await;
@@ -519,6 +520,7 @@ async fn the_outbox_relay_publishes_the_checkouts_event_once() {
         &[
             ("AWS_ENDPOINT_URL_SQS", moto.endpoint.as_str()),
             ("OUTBOX_TABLE", outbox.table()),
+            ("OUTBOX_DESTINATIONS", queue.as_str()),
         ],
     )
     .await;

@@ -8,7 +8,8 @@ use lambda_idempotency::clock::ManualClock;
 use lambda_idempotency::testing::conformance::{crash_after_claim, invocation};
 use lambda_idempotency::testing::dynamo;
 use lambda_idempotency::{BoxError, Idempotency};
-use lambda_idempotency_functions::stuck_check::{NAMESPACE, Settings, run};
+use lambda_idempotency_functions::metrics::NAMESPACE;
+use lambda_idempotency_functions::stuck_check::{Settings, run};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_check_counts_what_waits_and_how_long_the_oldest_has() {

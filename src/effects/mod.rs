@@ -65,6 +65,7 @@
 //!
 //! [`ExecutionContext`]: crate::ExecutionContext
 
+mod destinations;
 mod ledger;
 mod outbox;
 mod outbox_marks;
@@ -78,12 +79,13 @@ pub(crate) use self::ledger::{COMPLETION, Halt, StepLedger};
 
 /// The step the completion's outbox events name in their ids ([`event_id`]): none.
 pub(crate) const COMPLETION_EVENTS: &str = "";
+pub use self::destinations::{DESTINATIONS_VAR, Destinations};
 pub use self::outbox::{
     Destination, MAX_EVENT_BYTES, OUTBOX_RETENTION, Outbox, OutboxEvent, OutboxRecord, PARKED,
     PENDING_INDEX, PENDING_SHARDS, event_id,
 };
 pub use self::outbox_marks::{
-    MAX_PARKED_REASON_BYTES, Marked, OutboxError, OutboxMarks, PendingEvent, PublishedBy,
+    Found, MAX_PARKED_REASON_BYTES, Marked, OutboxError, OutboxMarks, PendingEvent, PublishedBy,
 };
 pub use self::step::{Checked, NoCheck, NotApplied, Step, StepCheck, StepError};
 pub use self::transaction::Transaction;

@@ -7,7 +7,7 @@
 //!
 //! An event is **pending until it is published**: its item carries `pending` (the key of the
 //! table's sparse [`PENDING_INDEX`]) and no TTL. Whatever publishes it (the relay, the
-//! sweeper, an operator) then marks it: `published_at`, `published_by`, `pending` removed and a
+//! sweeper, a Pipe's marker) then marks it: `published_at`, `published_by`, `pending` removed and a
 //! TTL [`OUTBOX_RETENTION`] later. A pending event never expires, so one the stream's 24 hours
 //! (or its retries) did not deliver is still there for the sweeper
 //! ([`relay::sweeper`](crate::effects::relay::sweeper), feature `relay`), which finds it through the
@@ -26,9 +26,9 @@
 //! | `payload` (S) | the event's JSON, as serialized |
 //! | `created_at` (N) | epoch milliseconds: the sort key of [`PENDING_INDEX`] |
 //! | `pending` (S) | while pending: `p0` … `pf` (the id's first hex digit, spreading the index's partitions); [`PARKED`] once parked; absent once published |
-//! | `published_at` (N), `published_by` (S) | once published: epoch milliseconds, and `relay`, `sweeper`, `pipe` or `operator` |
+//! | `published_at` (N), `published_by` (S) | once published: epoch milliseconds, and `relay`, `sweeper` or `pipe` |
 //! | `parked_at` (N), `parked_reason` (S) | once parked: epoch milliseconds, and the destination's refusal |
-//! | `redriven_at` (N) | while a sweeper asks a Pipe to publish it again: epoch milliseconds (the Pipe's filter passes the modification) |
+//! | `redriven_at` (N), `redrives` (N) | while a sweeper asks a Pipe to publish it again: when it last did (the Pipe's filter passes the modification) and how often |
 //! | `expires_at` (N) | epoch seconds, the table's TTL: [`OUTBOX_RETENTION`] after publication; absent while pending or parked |
 //!
 //! Items 0.4 wrote have no `pending` and a TTL from their creation: they were published from
@@ -46,6 +46,7 @@ use serde::Serialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
+use super::destinations::{DESTINATIONS_VAR, Destinations};
 use crate::error::Error;
 use crate::key::OperationKey;
 use crate::record::epoch_millis;
@@ -121,7 +122,8 @@ impl Destination {
         }
     }
 
-    fn target(&self) -> &str {
+    /// What the destination is named by: the bus, the topic ARN, the queue URL.
+    pub(crate) fn target(&self) -> &str {
         match self {
             Self::EventBridge { bus, .. } => bus,
             Self::Sns { topic_arn } => topic_arn,
@@ -215,10 +217,11 @@ impl OutboxEvent {
     }
 }
 
-/// The outbox table events are written to.
+/// The outbox table events are written to, and the destinations its events may name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outbox {
     table: String,
+    destinations: Destinations,
 }
 
 impl Outbox {
@@ -227,7 +230,16 @@ impl Outbox {
     pub fn new(table: impl Into<String>) -> Self {
         Self {
             table: table.into(),
+            destinations: Destinations::any(),
         }
+    }
+
+    /// Refuses, at commit, an event for a destination not among `destinations` (the list the
+    /// relay publishes to: [`Destinations`]).
+    #[must_use]
+    pub fn with_destinations(mut self, destinations: Destinations) -> Self {
+        self.destinations = destinations;
+        self
     }
 
     /// The table's name.
@@ -243,6 +255,14 @@ impl Outbox {
         event: &OutboxEvent,
         now: SystemTime,
     ) -> Result<Put, Error> {
+        if !self.destinations.allows(&event.destination) {
+            return Err(Error::InvalidEvent {
+                reason: format!(
+                    "the outbox event `{}` names a destination the outbox does not publish to: add it to {DESTINATIONS_VAR} (the relay's list too) or publish elsewhere",
+                    event.name
+                ),
+            });
+        }
         let s = |value: &str| AttributeValue::S(value.to_owned());
         let mut put = Put::builder()
             .table_name(&self.table)

@@ -1,5 +1,4 @@
-//! The outbox table's marks: an event published (by the relay, the sweeper, a Pipe or an
-//! operator), parked (its destination refused it) or redriven (for a Pipe to publish again),
+//! The outbox table's marks: an event published (by the relay, the sweeper or a Pipe), parked (its destination refused it) or redriven (for a Pipe to publish again),
 //! and the pending events found through the table's sparse [`PENDING_INDEX`], oldest first.
 //!
 //! Every mark is one conditional `UpdateItem`: it applies only to an item that exists and was
@@ -12,9 +11,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_sdk_dynamodb::types::AttributeValue;
+use tracing::warn;
 
 use super::outbox::{
-    OUTBOX_RETENTION, Outbox, OutboxRecord, PARKED, PENDING_INDEX, PENDING_SHARDS,
+    OUTBOX_RETENTION, Outbox, OutboxRecord, PARKED, PENDING_INDEX, PENDING_SHARDS, pending_shard,
 };
 use crate::error::BoxError;
 use crate::record::{epoch_millis, epoch_secs};
@@ -33,18 +33,15 @@ pub enum PublishedBy {
     /// An EventBridge Pipe, marked by a rule on its bus (template.yaml's
     /// `OutboxMarkerFunction`).
     Pipe,
-    /// An operator (`idemctl outbox`).
-    Operator,
 }
 
 impl PublishedBy {
-    /// The mark's value: `relay`, `sweeper`, `pipe` or `operator`.
+    /// The mark's value: `relay`, `sweeper` or `pipe`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Relay => "relay",
             Self::Sweeper => "sweeper",
             Self::Pipe => "pipe",
-            Self::Operator => "operator",
         }
     }
 }
@@ -111,6 +108,19 @@ pub struct PendingEvent {
     pub created_at: SystemTime,
     /// For a parked event: when it was parked and why.
     pub parked: Option<(SystemTime, String)>,
+    /// How often a sweeper handed it back to the stream for a Pipe, and when it last did.
+    pub redriven: Option<(u32, SystemTime)>,
+}
+
+/// What a read of the pending index found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Found {
+    /// The events, oldest first within each index partition.
+    pub events: Vec<PendingEvent>,
+    /// The ids of indexed items this build cannot read as outbox events (a destination kind a
+    /// later build added, an item another writer put there): left as they are, and reported.
+    pub unreadable: Vec<String>,
 }
 
 /// The marks and the pending index of one outbox table.
@@ -170,7 +180,7 @@ impl OutboxMarks {
             .table_name(&self.table)
             .key("pk", AttributeValue::S(id.to_owned()))
             .update_expression(
-                "SET published_at = :now, published_by = :by, expires_at = :expires REMOVE pending, redriven_at",
+                "SET published_at = :now, published_by = :by, expires_at = :expires REMOVE pending, redriven_at, redrives",
             )
             .condition_expression("attribute_exists(pk) AND attribute_not_exists(published_at)")
             .expression_attribute_values(":now", number(epoch_millis(now)))
@@ -182,7 +192,7 @@ impl OutboxMarks {
     }
 
     /// Redrives pending event `id` at `now` for a publisher that reads the table's stream (an
-    /// EventBridge Pipe): sets `redriven_at`, a modification whose new image the Pipe's filter
+    /// EventBridge Pipe): sets `redriven_at` (and counts `redrives`), a modification whose new image the Pipe's filter
     /// lets through, so the Pipe publishes the event again as it did the first time. The mark
     /// that follows removes `redriven_at`.
     ///
@@ -194,12 +204,13 @@ impl OutboxMarks {
             .update_item()
             .table_name(&self.table)
             .key("pk", AttributeValue::S(id.to_owned()))
-            .update_expression("SET redriven_at = :now")
+            .update_expression("SET redriven_at = :now ADD redrives :one")
             .condition_expression(
                 "attribute_exists(pk) AND attribute_not_exists(published_at) AND pending <> :parked",
             )
             .expression_attribute_values(":parked", AttributeValue::S(PARKED.to_owned()))
             .expression_attribute_values(":now", number(epoch_millis(now)))
+            .expression_attribute_values(":one", number(1))
             .send()
             .await;
         settled(update, "UpdateItem")
@@ -237,23 +248,48 @@ impl OutboxMarks {
         settled(update, "UpdateItem")
     }
 
-    /// Up to `limit` pending events committed before `created_before`, oldest first within
-    /// each of the index's partitions.
+    /// Puts parked event `id` back among the pending ones (its destination takes it now: a
+    /// grant added, a queue created), for the next sweep to publish. [`Marked::Already`] when
+    /// it is not parked (published, pending already, or no such event).
     ///
     /// # Errors
-    /// [`OutboxError::Request`] when DynamoDB fails a query; [`OutboxError::NotAnEvent`] for
-    /// an indexed item this crate did not write.
+    /// [`OutboxError::Request`] when DynamoDB fails the write.
+    pub async fn unpark(&self, id: &str) -> Result<Marked, OutboxError> {
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", AttributeValue::S(id.to_owned()))
+            .update_expression(
+                "SET pending = :shard REMOVE parked_at, parked_reason, redrives, redriven_at",
+            )
+            .condition_expression("pending = :parked")
+            .expression_attribute_values(":parked", AttributeValue::S(PARKED.to_owned()))
+            .expression_attribute_values(":shard", AttributeValue::S(pending_shard(id).to_owned()))
+            .send()
+            .await;
+        settled(update, "UpdateItem")
+    }
+
+    /// Up to `limit` pending events committed before `created_before`, oldest first within
+    /// each of the index's partitions, each partition read up to its share of `limit` (so that
+    /// events stuck in one partition never hide the others').
+    ///
+    /// # Errors
+    /// [`OutboxError::Request`] when DynamoDB fails a query.
     pub async fn pending(
         &self,
         created_before: SystemTime,
         limit: usize,
-    ) -> Result<Vec<PendingEvent>, OutboxError> {
-        let mut found = Vec::new();
+    ) -> Result<Found, OutboxError> {
+        let share = limit.div_ceil(PENDING_SHARDS.len()).max(1);
+        let mut found = Found::default();
         for shard in PENDING_SHARDS {
-            if found.len() >= limit {
+            let wanted = share.min(limit.saturating_sub(found.events.len()));
+            if wanted == 0 {
                 break;
             }
-            self.query(shard, Some(created_before), limit, &mut found)
+            self.query(shard, Some(created_before), wanted, &mut found)
                 .await?;
         }
         Ok(found)
@@ -263,8 +299,8 @@ impl OutboxMarks {
     ///
     /// # Errors
     /// As [`OutboxMarks::pending`].
-    pub async fn parked(&self, limit: usize) -> Result<Vec<PendingEvent>, OutboxError> {
-        let mut found = Vec::new();
+    pub async fn parked(&self, limit: usize) -> Result<Found, OutboxError> {
+        let mut found = Found::default();
         self.query(PARKED, None, limit, &mut found).await?;
         Ok(found)
     }
@@ -277,27 +313,28 @@ impl OutboxMarks {
     pub async fn oldest_pending(&self) -> Result<Option<SystemTime>, OutboxError> {
         let mut oldest: Option<SystemTime> = None;
         for shard in PENDING_SHARDS {
-            let mut found = Vec::new();
+            let mut found = Found::default();
             self.query(shard, None, 1, &mut found).await?;
-            if let Some(event) = found.first() {
+            if let Some(event) = found.events.first() {
                 oldest = Some(oldest.map_or(event.created_at, |o| o.min(event.created_at)));
             }
         }
         Ok(oldest)
     }
 
-    /// Appends to `found`, until it holds `limit`, the events of one index partition, oldest
-    /// first (created before `before`, when given).
+    /// Appends to `found` up to `limit` items of one index partition, oldest first (created
+    /// before `before`, when given).
     async fn query(
         &self,
         partition: &str,
         before: Option<SystemTime>,
         limit: usize,
-        found: &mut Vec<PendingEvent>,
+        found: &mut Found,
     ) -> Result<(), OutboxError> {
         let mut start: Option<HashMap<String, AttributeValue>> = None;
+        let mut taken = 0;
         loop {
-            let wanted = limit.saturating_sub(found.len());
+            let wanted = limit.saturating_sub(taken);
             if wanted == 0 {
                 return Ok(());
             }
@@ -321,7 +358,19 @@ impl OutboxMarks {
                 .await
                 .map_err(|err| OutboxError::request("Query", err))?;
             for item in page.items() {
-                found.push(pending_event(item)?);
+                taken += 1;
+                match pending_event(item) {
+                    Ok(event) => found.events.push(event),
+                    Err(not_an_event) => {
+                        warn!(error = %not_an_event, "an item of the outbox's pending index is not an outbox event: left as it is");
+                        found.unreadable.push(
+                            item.get("pk")
+                                .and_then(|pk| pk.as_s().ok())
+                                .cloned()
+                                .unwrap_or_default(),
+                        );
+                    }
+                }
             }
             match page.last_evaluated_key() {
                 Some(key) if !key.is_empty() => start = Some(key.clone()),
@@ -393,10 +442,19 @@ fn pending_event(item: &HashMap<String, AttributeValue>) -> Result<PendingEvent,
             .unwrap_or_default();
         (at, reason)
     });
+    let redriven = millis("redriven_at").map(|at| {
+        let count = item
+            .get("redrives")
+            .and_then(|count| count.as_n().ok())
+            .and_then(|count| count.parse().ok())
+            .unwrap_or(1);
+        (count, at)
+    });
     Ok(PendingEvent {
         record,
         created_at,
         parked,
+        redriven,
     })
 }
 

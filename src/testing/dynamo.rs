@@ -279,11 +279,12 @@ pub async fn fixture(start: SystemTime) -> Fixture<DynamoDbStore> {
         local: local::unique_table_name("local"),
         outbox: local::unique_table_name("outbox"),
     };
-    for table in [&tables.local, &tables.outbox] {
-        local::create_key_table(&tables.client, table, false)
-            .await
-            .expect("create a table of the handler's");
-    }
+    local::create_key_table(&tables.client, &tables.local, false)
+        .await
+        .expect("create the handler's table");
+    local::create_outbox_table(&tables.client, &tables.outbox)
+        .await
+        .expect("create the handler's outbox");
     let sweep: Sweeper = Arc::new(move || {
         let dynamo = Arc::clone(&dynamo);
         Box::pin(async move { dynamo.sweep().await })

@@ -69,7 +69,7 @@ fn credentials() -> Credentials {
 }
 
 /// Creates `table` with a `pk` string key (on demand), and a stream of new images when
-/// `streamed`: the shape of the examples' ledgers and outboxes.
+/// `streamed`: the shape of the examples' ledgers (an outbox: [`create_outbox_table`]).
 pub async fn create_key_table(
     client: &aws_sdk_dynamodb::Client,
     table: &str,

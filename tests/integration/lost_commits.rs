@@ -18,6 +18,7 @@ use aws_sdk_dynamodb::operation::transact_write_items::{
     TransactWriteItemsError, TransactWriteItemsInput,
 };
 use lambda_idempotency::store::{DynamoDbStore, Store};
+use lambda_idempotency::testing::conformance::Capability;
 use lambda_idempotency::testing::conformance::invocation;
 use lambda_idempotency::testing::interceptor::{Fault, FaultInterceptor, Operation, SDK_ATTEMPTS};
 use lambda_idempotency::testing::local;
@@ -124,11 +125,20 @@ async fn a_lost_commit_is_answered_from_its_request_token() {
         faults.requests(Operation::TransactWriteItems) > SDK_ATTEMPTS as usize,
         "the engine re-sent the commit"
     );
-    assert_eq!(
-        refusals.count(),
-        0,
-        "every re-send was answered from its token, none refused by its condition"
-    );
+    if shop.db.capabilities.has(Capability::RequestTokens) {
+        assert_eq!(
+            refusals.count(),
+            0,
+            "every re-send was answered from its token, none refused by its condition"
+        );
+    } else {
+        // moto's server ignores the token: the re-send is refused by its condition, and the
+        // commit is recognised from the record instead (the other mechanism, tested below).
+        assert!(
+            refusals.count() > 0,
+            "a backend without tokens refuses the re-send"
+        );
+    }
     assert_eq!(shop.reserved().await, 1, "the stock reserved once");
 }
 

@@ -30,6 +30,8 @@ mod lost_commits;
 mod memory_store;
 #[cfg(feature = "emf")]
 mod metrics;
+#[cfg(feature = "relay")]
+mod outbox_destinations;
 mod outbox_ids;
 #[cfg(feature = "relay")]
 mod outbox_sweeper;

@@ -5,28 +5,24 @@
 //! Real parts only: the embedded server's table, stream and index, moto's SQS, SNS and
 //! EventBridge.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use aws_lambda_events::event::dynamodb::Event as DynamoDbEvent;
-use aws_lambda_events::event::sqs::SqsMessage;
 use aws_sdk_dynamodb::types::AttributeValue;
 use lambda_idempotency::clock::Clock;
-use lambda_idempotency::effects::relay::sweeper::Sweeper;
+use lambda_idempotency::effects::relay::sweeper::{MAX_REDRIVES, Sweeper};
 use lambda_idempotency::effects::relay::{Relayed, relay_record};
 use lambda_idempotency::effects::{
-    Destination, OUTBOX_RETENTION, Outbox, OutboxEvent, OutboxMarks, PublishedBy, Transaction,
+    Destination, Marked, OUTBOX_RETENTION, Outbox, OutboxEvent, OutboxMarks, PublishedBy,
+    Transaction,
 };
-use lambda_idempotency::lambda::sources;
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::testing::conformance::invocation;
 use lambda_idempotency::testing::dynamo::sweep_table;
-use lambda_idempotency::{BoxError, ExecutionContext, Idempotency, OperationScope};
-use lambda_runtime::Context;
+use lambda_idempotency::{BoxError, ExecutionContext, Idempotency};
 use serde_json::json;
 
-use crate::relay::{Rig, deliver, event_ids, lambda_message};
+use crate::relay::{Rig, deliver, event_ids};
 
 type Item = std::collections::HashMap<String, AttributeValue>;
 
@@ -151,7 +147,11 @@ async fn an_event_is_pending_without_a_ttl_until_the_relay_marks_it_published() 
     }
     assert_eq!(marks.oldest_pending().await.expect("oldest"), None);
     assert_eq!(
-        marks.pending(rig.clock.now(), 10).await.expect("pending"),
+        marks
+            .pending(rig.clock.now(), 10)
+            .await
+            .expect("pending")
+            .events,
         vec![]
     );
 }
@@ -259,6 +259,7 @@ async fn a_relay_that_published_but_never_marked_is_covered_and_the_consumer_act
             .pending(now + Duration::from_secs(1), 10)
             .await
             .expect("pending")
+            .events
             .len(),
         1,
         "still pending"
@@ -276,26 +277,8 @@ async fn a_relay_that_published_but_never_marked_is_covered_and_the_consumer_act
     let ids = event_ids(&received, false);
     assert_eq!(ids[0], ids[1], "under one id");
 
-    // The consumer: one effect.
-    let consumer = lambda_idempotency::Operation::new(
-        Idempotency::new(rig.db.store()),
-        OperationScope::new("consumer", "orders").expect("scope"),
-        sources::sqs(None).expect("policy"),
-    );
-    let effects = Arc::new(AtomicUsize::new(0));
-    let messages: Vec<SqsMessage> = received.iter().map(lambda_message).collect();
-    let report = consumer
-        .batch()
-        .process(messages, &Context::default(), |_message, _ctx| {
-            let effects = Arc::clone(&effects);
-            async move {
-                effects.fetch_add(1, Ordering::SeqCst);
-                Ok::<_, BoxError>(())
-            }
-        })
-        .await;
-    assert!(report.sqs_response().batch_item_failures.is_empty());
-    assert_eq!(effects.load(Ordering::SeqCst), 1, "one effect per event");
+    // A consumer behind the crate's SQS door: one effect.
+    assert_eq!(rig.consume(&received).await, 1, "one effect per event");
 }
 
 /// An event its destination refuses (larger than a message may be) is parked with its reason
@@ -321,7 +304,7 @@ async fn a_poison_event_is_parked_and_never_blocks_the_events_behind_it() {
     assert_eq!(received.len(), 1, "the event behind it is published");
 
     let marks = rig.marks();
-    let parked = marks.parked(10).await.expect("parked");
+    let parked = marks.parked(10).await.expect("parked").events;
     assert_eq!(parked.len(), 1);
     let (_, reason) = parked[0].parked.clone().expect("parked with its reason");
     assert!(reason.contains("bytes"), "{reason}");
@@ -348,7 +331,7 @@ async fn a_poison_event_is_parked_and_never_blocks_the_events_behind_it() {
         swept, 0,
         "a parked event has no TTL; the published one is kept its retention"
     );
-    assert_eq!(marks.parked(10).await.expect("parked").len(), 1);
+    assert_eq!(marks.parked(10).await.expect("parked").events.len(), 1);
 }
 
 /// A mark is idempotent: the relay and the sweeper both published an event; the second mark
@@ -380,7 +363,7 @@ async fn a_second_mark_changes_nothing() {
         .published(&event_id, PublishedBy::Sweeper, rig.clock.now())
         .await
         .expect("marked");
-    assert_eq!(again, lambda_idempotency::effects::Marked::Already);
+    assert_eq!(again, Marked::Already);
     assert_eq!(items(&rig).await, first, "the first mark stands");
 }
 
@@ -492,4 +475,84 @@ async fn a_redriving_sweeper_hands_a_pending_event_back_to_the_stream() {
     );
     let again = sweeper.sweep(rig.clock.now()).await.expect("swept");
     assert_eq!(again.republished, 0);
+}
+
+/// A Pipe that never publishes an event (its destination refuses it, its marker keeps failing)
+/// is not handed it forever: the sweeper waits its threshold between redrives and parks the
+/// event after `MAX_REDRIVES`.
+#[tokio::test]
+async fn a_redriving_sweeper_waits_between_redrives_and_parks_after_the_last() {
+    let rig = Rig::open().await;
+    commit(
+        &rig,
+        "never-published",
+        Destination::Sqs {
+            queue_url: rig.orders_queue.clone(),
+        },
+        json!({"order": "o-12"}),
+    )
+    .await;
+    let marks = rig.marks();
+    let sweeper = Sweeper::redriving(marks.clone());
+    let eleven_minutes = Duration::from_secs(11 * 60);
+    for redrive in 1..=MAX_REDRIVES {
+        rig.clock.advance(eleven_minutes);
+        let report = sweeper.sweep(rig.clock.now()).await.expect("swept");
+        assert_eq!(report.republished, 1, "redrive {redrive}: {report}");
+        let again = sweeper.sweep(rig.clock.now()).await.expect("swept");
+        assert_eq!(again.republished, 0, "not again before the threshold");
+    }
+    rig.clock.advance(eleven_minutes);
+    let report = sweeper.sweep(rig.clock.now()).await.expect("swept");
+    assert_eq!((report.republished, report.parked), (0, 1), "{report}");
+    let parked = marks.parked(10).await.expect("parked").events;
+    let (_, reason) = parked[0].parked.clone().expect("its reason");
+    assert!(reason.contains("redrives"), "{reason}");
+
+    // Once the Pipe is fixed, an operator unparks it: pending again, redriven afresh.
+    assert_eq!(
+        marks.unpark(&parked[0].record.id).await.expect("unparked"),
+        Marked::Now
+    );
+    rig.clock.advance(eleven_minutes);
+    let report = sweeper.sweep(rig.clock.now()).await.expect("swept");
+    assert_eq!(report.republished, 1, "{report}");
+}
+
+/// An item in the pending index that this build cannot read (a destination kind a later
+/// build added) is reported and left as it is; the events beside it are still published.
+#[tokio::test]
+async fn an_unreadable_pending_item_is_reported_and_never_stops_a_sweep() {
+    let rig = Rig::open().await;
+    commit(
+        &rig,
+        "readable",
+        Destination::Sqs {
+            queue_url: rig.orders_queue.clone(),
+        },
+        json!({"order": "o-13"}),
+    )
+    .await;
+    let s = |value: &str| AttributeValue::S(value.to_owned());
+    rig.db
+        .client
+        .put_item()
+        .table_name(rig.outbox.table())
+        .item("pk", s(&"0".repeat(64)))
+        .item("event", s("from-the-future"))
+        .item("destination", s("carrier-pigeon"))
+        .item("target", s("loft-7"))
+        .item("payload", s("{}"))
+        .item("created_at", AttributeValue::N("1".into()))
+        .item("pending", s("p0"))
+        .send()
+        .await
+        .expect("written");
+    rig.clock.advance(A_WEEKEND);
+    let report = Sweeper::new(rig.publisher(), rig.marks())
+        .sweep(rig.clock.now())
+        .await
+        .expect("swept");
+    assert_eq!((report.republished, report.unreadable), (1, 1), "{report}");
+    assert_eq!(rig.drain(&rig.orders_queue).await.len(), 1);
 }

@@ -38,7 +38,7 @@ pub(crate) struct Rig {
     pub(crate) orders_queue: String,
     /// The queue subscribed (raw) to the SNS topic.
     pub(crate) topic_queue: String,
-    topic_arn: String,
+    pub(crate) topic_arn: String,
     /// The queue an EventBridge rule on the bus targets.
     pub(crate) bus_queue: String,
     pub(crate) clock: ManualClock,
@@ -171,12 +171,21 @@ impl Rig {
         Error = std::convert::Infallible,
         Future: Send,
     > + use<S> {
-        relay(
-            self.relay_engine(store),
-            scope(),
-            self.publisher(),
-            self.marks(),
-        )
+        self.relay_publishing(store, self.publisher())
+    }
+
+    /// The relay's service on its own ledger in `store`, publishing with `publisher`.
+    pub(crate) fn relay_publishing<S: lambda_idempotency::store::Store>(
+        &self,
+        store: S,
+        publisher: Publisher,
+    ) -> impl Service<
+        LambdaEvent<DynamoDbEvent>,
+        Response = aws_lambda_events::event::streams::DynamoDbEventResponse,
+        Error = std::convert::Infallible,
+        Future: Send,
+    > + use<S> {
+        relay(self.relay_engine(store), scope(), publisher, self.marks())
     }
 
     /// Commits operation `order`'s step with one event to each destination.
@@ -233,6 +242,30 @@ impl Rig {
             .await
             .expect("the outbox's stream");
         serde_json::from_value(json!({"Records": records})).expect("a DynamoDB Streams event")
+    }
+
+    /// Delivers `messages` to a consumer behind the crate's SQS door (keyed by the event id
+    /// the relay sets), as one batch: how often its effect ran.
+    pub(crate) async fn consume(&self, messages: &[aws_sdk_sqs::types::Message]) -> usize {
+        let consumer = lambda_idempotency::Operation::new(
+            Idempotency::new(self.db.store()),
+            OperationScope::new("consumer", "orders").expect("scope"),
+            sources::sqs(None).expect("policy"),
+        );
+        let effects = Arc::new(AtomicUsize::new(0));
+        let messages: Vec<SqsMessage> = messages.iter().map(lambda_message).collect();
+        let report = consumer
+            .batch()
+            .process(messages, &Context::default(), |_message, _ctx| {
+                let effects = Arc::clone(&effects);
+                async move {
+                    effects.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, BoxError>(())
+                }
+            })
+            .await;
+        assert!(report.sqs_response().batch_item_failures.is_empty());
+        effects.load(Ordering::SeqCst)
     }
 
     /// Receives and deletes what `queue` holds.
@@ -389,25 +422,7 @@ async fn an_event_published_before_the_relay_recorded_it_is_republished_under_it
     assert_eq!(ids[0], ids[1], "under the same event id");
 
     // A consumer behind the crate's SQS door deduplicates on it: one effect.
-    let consumer = lambda_idempotency::Operation::new(
-        Idempotency::new(rig.db.store()),
-        OperationScope::new("consumer", "orders").expect("scope"),
-        sources::sqs(None).expect("policy"),
-    );
-    let effects = Arc::new(AtomicUsize::new(0));
-    let messages: Vec<SqsMessage> = orders.iter().map(lambda_message).collect();
-    let report = consumer
-        .batch()
-        .process(messages, &Context::default(), |_message, _ctx| {
-            let effects = Arc::clone(&effects);
-            async move {
-                effects.fetch_add(1, Ordering::SeqCst);
-                Ok::<_, BoxError>(())
-            }
-        })
-        .await;
-    assert!(report.sqs_response().batch_item_failures.is_empty());
-    assert_eq!(effects.load(Ordering::SeqCst), 1, "one effect per event");
+    assert_eq!(rig.consume(&orders).await, 1, "one effect per event");
 }
 
 #[tokio::test]
@@ -472,7 +487,7 @@ async fn a_failed_publish_is_reported_so_the_stream_retries_it() {
 }
 
 /// An SQS message as the Lambda event delivers it.
-pub(crate) fn lambda_message(message: &aws_sdk_sqs::types::Message) -> SqsMessage {
+fn lambda_message(message: &aws_sdk_sqs::types::Message) -> SqsMessage {
     let attributes: HashMap<String, Value> = message
         .message_attributes()
         .into_iter()

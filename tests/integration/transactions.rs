@@ -36,11 +36,14 @@ impl Shop {
         let orders = lambda_idempotency::testing::local::unique_table_name("orders");
         let stock = lambda_idempotency::testing::local::unique_table_name("stock");
         let outbox = lambda_idempotency::testing::local::unique_table_name("outbox");
-        for table in [&orders, &stock, &outbox] {
+        for table in [&orders, &stock] {
             lambda_idempotency::testing::local::create_key_table(&db.client, table, false)
                 .await
                 .expect("create a shop table");
         }
+        lambda_idempotency::testing::local::create_outbox_table(&db.client, &outbox)
+            .await
+            .expect("create the shop's outbox");
         db.client
             .put_item()
             .table_name(&stock)

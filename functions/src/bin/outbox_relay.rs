@@ -3,7 +3,7 @@
 //! published in the outbox table (`OUTBOX_TABLE`).
 
 use lambda_idempotency::effects::relay::{Publisher, RELAY_OPERATION, relay};
-use lambda_idempotency::effects::{Outbox, OutboxMarks};
+use lambda_idempotency::effects::{Destinations, Outbox, OutboxMarks};
 use lambda_idempotency::observe::emf::Flushed;
 use lambda_idempotency::{Idempotency, OperationScope};
 use lambda_idempotency_functions::checkout::OUTBOX_TABLE_VAR;
@@ -16,7 +16,9 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let outbox = std::env::var(OUTBOX_TABLE_VAR)
         .map_err(|_| format!("set {OUTBOX_TABLE_VAR} to the outbox table's name"))?;
     let marks = OutboxMarks::new(store.client().clone(), &Outbox::new(outbox));
-    let publisher = Publisher::from_env().await;
+    let publisher = Publisher::from_env()
+        .await
+        .with_destinations(Destinations::from_env()?);
     let scope = OperationScope::for_function(RELAY_OPERATION)?;
     let (collector, observer) = metrics::init()?;
     let relay = relay(

@@ -4,6 +4,7 @@
 
 use std::time::SystemTime;
 
+use lambda_idempotency::effects::Destinations;
 use lambda_idempotency::effects::relay::Publisher;
 use lambda_idempotency::store::dynamodb_config;
 use lambda_idempotency_functions::logging;
@@ -17,7 +18,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let sweeper = OutboxSweeper::from_env(
         aws_sdk_dynamodb::Client::from_conf(dynamodb_config(&config)),
-        Publisher::from_conf(&config),
+        Publisher::from_conf(&config).with_destinations(Destinations::from_env()?),
     )?;
     let function = std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_default();
     lambda_runtime::run(service_fn(|_event: LambdaEvent<Value>| {

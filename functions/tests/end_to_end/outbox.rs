@@ -41,6 +41,7 @@ async fn the_sweeper_publishes_what_the_stream_never_delivered() {
         &[
             ("OUTBOX_TABLE", outbox.as_str()),
             ("ORDER_EVENTS_QUEUE_URL", queue.as_str()),
+            ("OUTBOX_DESTINATIONS", queue.as_str()),
         ],
     )
     .await;
@@ -84,6 +85,7 @@ async fn the_sweeper_publishes_what_the_stream_never_delivered() {
         &[
             ("AWS_ENDPOINT_URL_SQS", moto.endpoint.as_str()),
             ("OUTBOX_TABLE", outbox.as_str()),
+            ("OUTBOX_DESTINATIONS", queue.as_str()),
             ("OUTBOX_SWEEP_MODE", "publish"),
             ("OUTBOX_SWEEP_AFTER_SECONDS", "600"),
             ("OUTBOX_SWEEP_LIMIT", "1000"),

@@ -11,7 +11,7 @@ use clap::Subcommand;
 use lambda_idempotency::BoxError;
 use lambda_idempotency::effects::relay::Publisher;
 use lambda_idempotency::effects::relay::sweeper::Sweeper;
-use lambda_idempotency::effects::{Destination, Outbox, OutboxMarks, PendingEvent};
+use lambda_idempotency::effects::{Destination, Destinations, Found, Marked, Outbox, OutboxMarks};
 use lambda_idempotency::store::dynamodb_config;
 use serde_json::json;
 
@@ -50,6 +50,18 @@ pub(crate) enum OutboxCommand {
         /// At most this many.
         #[arg(long, default_value_t = 1000)]
         limit: usize,
+        /// The stack publishes through an EventBridge Pipe: hand each event back to the
+        /// stream for the Pipe instead of publishing it to the destination its item names
+        /// (where the Pipe's consumers do not listen).
+        #[arg(long)]
+        redrive: bool,
+    },
+    /// Put a parked event back among the pending ones (once its destination takes it: a
+    /// grant added, a queue created), for the next sweep to publish.
+    Unpark {
+        /// The event id.
+        #[arg(long)]
+        id: String,
     },
 }
 
@@ -71,34 +83,49 @@ pub(crate) async fn run(command: OutboxCommand, table: Option<String>) -> Result
             let before = now.checked_sub(older_than).unwrap_or(now) + Duration::from_millis(1);
             let found = marks.pending(before, limit).await?;
             list(&found, now, json);
-            println!("{} pending", found.len());
+            println!("{} pending", found.events.len());
         }
         OutboxCommand::Parked { limit, json } => {
             let found = marks.parked(limit).await?;
             list(&found, now, json);
-            println!("{} parked", found.len());
+            println!("{} parked", found.events.len());
         }
-        OutboxCommand::Sweep { older_than, limit } => {
-            let report = Sweeper::new(Publisher::from_conf(&sdk), marks)
-                .after(older_than)
-                .limit(limit)
-                .sweep(now)
-                .await?;
+        OutboxCommand::Sweep {
+            older_than,
+            limit,
+            redrive,
+        } => {
+            let sweeper = match redrive {
+                true => Sweeper::redriving(marks),
+                false => Sweeper::new(
+                    Publisher::from_conf(&sdk).with_destinations(Destinations::from_env()?),
+                    marks,
+                ),
+            };
+            let report = sweeper.after(older_than).limit(limit).sweep(now).await?;
             println!("{report}");
         }
+        OutboxCommand::Unpark { id } => match marks.unpark(&id).await? {
+            Marked::Now => println!("{} is pending again", show::text(&id)),
+            _ => return Err(format!("{} is not parked", show::text(&id)).into()),
+        },
     }
     Ok(())
 }
 
-/// Prints `events`, escaped (an outbox holds what producers wrote).
-fn list(events: &[PendingEvent], now: SystemTime, json: bool) {
+/// Prints what was `found`, escaped (an outbox holds what producers wrote); the ids of
+/// unreadable items on stderr.
+fn list(found: &Found, now: SystemTime, json: bool) {
+    for id in &found.unreadable {
+        eprintln!("not an outbox event this idemctl reads: {}", show::text(id));
+    }
     if !json {
         println!(
             "{:<11} {:<24} {:<12}  {:<64}  TARGET",
             "DESTINATION", "EVENT", "WAITING", "ID"
         );
     }
-    for event in events {
+    for event in &found.events {
         let record = &event.record;
         let (kind, target) = match &record.destination {
             Destination::EventBridge { bus, .. } => ("eventbridge", bus.as_str()),

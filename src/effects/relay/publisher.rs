@@ -5,6 +5,7 @@ use std::fmt;
 
 use aws_sdk_sqs::error::ProvideErrorMetadata;
 
+use crate::effects::destinations::{DESTINATIONS_VAR, Destinations};
 use crate::effects::outbox::{Destination, MAX_EVENT_BYTES, OutboxRecord};
 use crate::error::BoxError;
 use crate::lambda::sources::SQS_KEY_ATTRIBUTE;
@@ -64,12 +65,13 @@ impl PublishError {
     }
 }
 
-/// Publishes outbox events through the AWS SDK.
+/// Publishes outbox events through the AWS SDK, to the destinations it is allowed.
 #[derive(Clone)]
 pub struct Publisher {
     eventbridge: aws_sdk_eventbridge::Client,
     sns: aws_sdk_sns::Client,
     sqs: aws_sdk_sqs::Client,
+    destinations: Destinations,
 }
 
 impl fmt::Debug for Publisher {
@@ -89,7 +91,17 @@ impl Publisher {
             eventbridge,
             sns,
             sqs,
+            destinations: Destinations::any(),
         }
+    }
+
+    /// Publishes only to `destinations` (the list the producers commit against); an event
+    /// naming another is refused ([`PublishError::Refused`]), so the relay and the sweeper park
+    /// it.
+    #[must_use]
+    pub fn with_destinations(mut self, destinations: Destinations) -> Self {
+        self.destinations = destinations;
+        self
     }
 
     /// A publisher configured from the environment (the SDK's default chain: in Lambda, the
@@ -111,10 +123,18 @@ impl Publisher {
     /// Publishes `event` to its destination once (the caller retries).
     ///
     /// # Errors
-    /// [`PublishError::Refused`] when the destination refuses the event itself (larger than
+    /// [`PublishError::Refused`] when the destination is not allowed
+    /// ([`Publisher::with_destinations`]) or refuses the event itself (larger than
     /// [`MAX_EVENT_BYTES`], an EventBridge entry refused other than for throttling or an
     /// internal error, a validation error), [`PublishError::Failed`] otherwise.
     pub async fn publish(&self, event: &OutboxRecord) -> Result<(), PublishError> {
+        if !self.destinations.allows(&event.destination) {
+            return Err(PublishError::Refused {
+                reason: format!(
+                    "its destination is not among the relay's {DESTINATIONS_VAR}: not published"
+                ),
+            });
+        }
         let envelope = event.envelope().map_err(|err| PublishError::Refused {
             reason: err.to_string(),
         })?;
@@ -150,7 +170,7 @@ impl Publisher {
                         .entries()
                         .iter()
                         .find_map(|entry| entry.error_code())
-                        .unwrap_or("unknown");
+                        .unwrap_or("no error code");
                     return Err(entry_failure(code));
                 }
             }
@@ -197,20 +217,16 @@ impl Publisher {
     }
 }
 
-/// An EventBridge entry's failure: throttling and internal errors are retried, anything else
-/// refuses the event.
+/// An EventBridge entry's failure: a malformed or invalid entry refuses the event; anything
+/// else (throttling, an internal error, access denied, a code this build does not know) is
+/// retried, never parked: a grant or a bus policy can be fixed.
 fn entry_failure(code: &str) -> PublishError {
-    let retried = [
-        "ThrottlingException",
-        "InternalFailure",
-        "InternalException",
-    ];
-    if retried.contains(&code) {
-        PublishError::failed(format!("EventBridge failed the entry: {code}"))
-    } else {
+    if code == "MalformedDetail" || REFUSALS.contains(&code) {
         PublishError::Refused {
             reason: format!("EventBridge refused the entry: {code}"),
         }
+    } else {
+        PublishError::failed(format!("EventBridge failed the entry: {code}"))
     }
 }
 
@@ -219,18 +235,25 @@ mod tests {
     use super::{PublishError, entry_failure};
 
     #[test]
-    fn throttled_entries_are_retried_and_others_refused() {
-        assert!(matches!(
-            entry_failure("ThrottlingException"),
-            PublishError::Failed { .. }
-        ));
-        assert!(matches!(
-            entry_failure("InternalFailure"),
-            PublishError::Failed { .. }
-        ));
-        assert!(matches!(
-            entry_failure("MalformedDetail"),
-            PublishError::Refused { .. }
-        ));
+    fn only_a_malformed_entry_is_refused_and_everything_else_retried() {
+        for retried in [
+            "ThrottlingException",
+            "InternalFailure",
+            "AccessDeniedException",
+            "NotAuthorizedForSourceException",
+            "InvalidAccountIdException",
+            "no error code",
+        ] {
+            assert!(
+                matches!(entry_failure(retried), PublishError::Failed { .. }),
+                "{retried}"
+            );
+        }
+        for refused in ["MalformedDetail", "ValidationException", "InvalidArgument"] {
+            assert!(
+                matches!(entry_failure(refused), PublishError::Refused { .. }),
+                "{refused}"
+            );
+        }
     }
 }

@@ -31,6 +31,7 @@ use tracing::warn;
 
 use super::{Publisher, Relayed, deliver};
 use crate::effects::outbox_marks::{Marked, OutboxError, OutboxMarks, PublishedBy};
+use crate::error::BoxError;
 
 /// How long an event may be pending before the sweeper republishes it, by default: the relay
 /// publishes within seconds, and retries a failed publish for longer than this only when its
@@ -39,6 +40,11 @@ pub const DEFAULT_SWEEP_AFTER: Duration = Duration::from_secs(10 * 60);
 
 /// The most events one sweep republishes, by default (a scheduled run's time is bounded).
 pub const DEFAULT_SWEEP_LIMIT: usize = 1000;
+
+/// How often a redriving sweeper hands one event back to the stream before it parks it: a Pipe
+/// that did not publish it (its destination refuses it, its retries run out) or whose marker
+/// keeps failing would otherwise be handed it forever.
+pub const MAX_REDRIVES: u32 = 5;
 
 /// Republishes pending events older than a threshold.
 #[derive(Debug, Clone)]
@@ -70,6 +76,9 @@ pub struct SweepReport {
     pub parked: u64,
     /// Events whose publish or mark failed: still pending, tried again by the next sweep.
     pub failed: u64,
+    /// Indexed items that are no outbox event this build reads: left as they are
+    /// ([`Found::unreadable`](crate::effects::Found::unreadable)).
+    pub unreadable: u64,
     /// How long the oldest event still pending has waited, after the sweep; `None` when
     /// nothing is pending.
     pub oldest_pending_age: Option<Duration>,
@@ -79,8 +88,8 @@ impl fmt::Display for SweepReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "republished {}, parked {}, failed {}, oldest pending ",
-            self.republished, self.parked, self.failed
+            "republished {}, parked {}, failed {}, unreadable {}, oldest pending ",
+            self.republished, self.parked, self.failed, self.unreadable
         )?;
         match self.oldest_pending_age {
             Some(age) => write!(f, "{} s", age.as_secs()),
@@ -137,9 +146,12 @@ impl Sweeper {
     /// published is counted in [`SweepReport::failed`] and left pending.
     pub async fn sweep(&self, now: SystemTime) -> Result<SweepReport, OutboxError> {
         let cutoff = now.checked_sub(self.after).unwrap_or(now);
-        let pending = self.marks.pending(cutoff, self.limit).await?;
-        let mut report = SweepReport::default();
-        for event in pending {
+        let found = self.marks.pending(cutoff, self.limit).await?;
+        let mut report = SweepReport {
+            unreadable: u64::try_from(found.unreadable.len()).unwrap_or(u64::MAX),
+            ..SweepReport::default()
+        };
+        for event in found.events {
             let name = event.record.name.clone();
             let done = match &self.via {
                 Via::Publisher(publisher) => deliver(
@@ -154,13 +166,7 @@ impl Sweeper {
                     Relayed::Published { .. } => Some(true),
                     _ => Some(false),
                 }),
-                // Published or parked since the query: nothing to redrive.
-                Via::Stream => self
-                    .marks
-                    .redrive(&event.record.id, now)
-                    .await
-                    .map(|marked| (marked == Marked::Now).then_some(true))
-                    .map_err(Into::into),
+                Via::Stream => self.redrive(&event, cutoff, now).await,
             };
             match done {
                 Ok(Some(true)) => report.republished += 1,
@@ -178,5 +184,32 @@ impl Sweeper {
             .await?
             .map(|oldest| now.duration_since(oldest).unwrap_or_default());
         Ok(report)
+    }
+
+    /// Hands `event` back to the stream, unless the last redrive is recent (committed before
+    /// `cutoff` is the sweeper's threshold: the Pipe gets as long again), or it was redriven
+    /// [`MAX_REDRIVES`] times already (then it is parked). `Some(true)` redriven, `Some(false)`
+    /// parked, `None` left as it is.
+    async fn redrive(
+        &self,
+        event: &crate::effects::PendingEvent,
+        cutoff: SystemTime,
+        now: SystemTime,
+    ) -> Result<Option<bool>, BoxError> {
+        match event.redriven {
+            Some((_, last)) if last > cutoff => Ok(None),
+            Some((count, _)) if count >= MAX_REDRIVES => {
+                let reason = format!(
+                    "the Pipe did not publish it after {MAX_REDRIVES} redrives: see the Pipe's dead-letter queue and the marker's errors, then unpark it"
+                );
+                let marked = self.marks.park(&event.record.id, &reason, now).await?;
+                Ok((marked == Marked::Now).then_some(false))
+            }
+            // Published or parked since the query: nothing to redrive.
+            _ => {
+                let marked = self.marks.redrive(&event.record.id, now).await?;
+                Ok((marked == Marked::Now).then_some(true))
+            }
+        }
     }
 }

@@ -1,0 +1,81 @@
+//! The destinations an outbox may publish to: an allow-list its deployer names once and hands
+//! to both ends. A producer's [`Outbox`](super::Outbox) refuses, at commit, an event for a
+//! destination not on it (nothing is written); the relay's and the sweeper's
+//! [`Publisher`](super::relay::Publisher) parks an item that names one anyway (written by
+//! another producer, or before the list changed), never publishing it.
+//!
+//! How both ends share it: the variable [`DESTINATIONS_VAR`] (`OUTBOX_DESTINATIONS`), set from
+//! the same template value on the producing functions, the relay and the sweeper
+//! (template.yaml gives each `!Ref OrderEventsQueue`). A destination is named as its event
+//! names it: the queue URL, the topic ARN, the bus name or ARN.
+//!
+//! ```
+//! use lambda_idempotency::effects::{Destination, Destinations};
+//!
+//! let queue = "https://sqs.eu-west-1.amazonaws.com/1/orders";
+//! let allowed = Destinations::only([queue]);
+//! assert!(allowed.allows(&Destination::Sqs { queue_url: queue.into() }));
+//! assert!(!allowed.allows(&Destination::Sqs { queue_url: "https://elsewhere".into() }));
+//! assert!(Destinations::any().allows(&Destination::Sqs { queue_url: "https://elsewhere".into() }));
+//! ```
+
+use std::collections::BTreeSet;
+
+use super::outbox::Destination;
+use crate::error::Error;
+
+/// The variable that names the allowed destinations, separated by commas or whitespace.
+pub const DESTINATIONS_VAR: &str = "OUTBOX_DESTINATIONS";
+
+/// The destinations an outbox may publish to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Destinations {
+    /// `None`: any destination (no list was named).
+    allowed: Option<BTreeSet<String>>,
+}
+
+impl Destinations {
+    /// Any destination: no allow-list (what a producer or relay without one does).
+    pub fn any() -> Self {
+        Self::default()
+    }
+
+    /// Only `targets` (queue URLs, topic ARNs, bus names or ARNs, as events name them).
+    pub fn only<T: Into<String>>(targets: impl IntoIterator<Item = T>) -> Self {
+        Self {
+            allowed: Some(targets.into_iter().map(Into::into).collect()),
+        }
+    }
+
+    /// The list [`DESTINATIONS_VAR`] names; [`Destinations::any`] when it is not set.
+    ///
+    /// # Errors
+    /// [`Error::InvalidEvent`] when it is set but names nothing (a template value that did not
+    /// resolve, say): an empty list would refuse every event.
+    pub fn from_env() -> Result<Self, Error> {
+        match std::env::var(DESTINATIONS_VAR) {
+            Err(_) => Ok(Self::any()),
+            Ok(list) => {
+                let targets: Vec<&str> = list
+                    .split(|c: char| c == ',' || c.is_whitespace())
+                    .filter(|target| !target.is_empty())
+                    .collect();
+                if targets.is_empty() {
+                    return Err(Error::InvalidEvent {
+                        reason: format!(
+                            "{DESTINATIONS_VAR} is set but names no destination: name the queue URLs, topic ARNs or buses the outbox publishes to, or unset it"
+                        ),
+                    });
+                }
+                Ok(Self::only(targets))
+            }
+        }
+    }
+
+    /// Whether `destination` is allowed.
+    pub fn allows(&self, destination: &Destination) -> bool {
+        self.allowed
+            .as_ref()
+            .is_none_or(|allowed| allowed.contains(destination.target()))
+    }
+}

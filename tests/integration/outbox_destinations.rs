@@ -1,0 +1,110 @@
+//! The outbox's allow-list of destinations, named once and given to both ends: a producer
+//! refuses, at commit, an event for a destination off the list (nothing is written); the relay
+//! parks an item that names one anyway, never publishing it. Embedded server, moto's SQS and
+//! SNS.
+
+use lambda_idempotency::effects::{
+    DESTINATIONS_VAR, Destination, Destinations, OutboxEvent, Transaction,
+};
+use lambda_idempotency::reconcile::Recovery;
+use lambda_idempotency::testing::conformance::invocation;
+use lambda_idempotency::{BoxError, ExecutionContext, Idempotency};
+use serde_json::json;
+
+use crate::relay::{Rig, deliver};
+
+/// Commits, under operation `name`, one event to `destination` through an outbox that allows
+/// `allowed`: the engine's answer.
+async fn commit(
+    rig: &Rig,
+    name: &str,
+    destination: Destination,
+    allowed: Destinations,
+) -> Result<lambda_idempotency::Execution<()>, lambda_idempotency::Error> {
+    let idem = Idempotency::new(rig.db.store())
+        .with_clock(rig.clock.clone())
+        .with_recovery(Recovery::Steps);
+    let inv = invocation(name, &json!({"name": name}));
+    let outbox = rig.outbox.clone().with_destinations(allowed);
+    let outbox = &outbox;
+    idem.execute(&inv, |ctx: ExecutionContext| async move {
+        ctx.step("place")
+            .transact(|_key| async move {
+                let event = OutboxEvent::new("placed", destination, &json!({"order": name}))?;
+                Ok::<_, BoxError>(Transaction::new(()).publish(outbox, event))
+            })
+            .await
+    })
+    .await
+}
+
+async fn outbox_items(rig: &Rig) -> usize {
+    rig.db
+        .client
+        .scan()
+        .table_name(rig.outbox.table())
+        .send()
+        .await
+        .expect("scan the outbox")
+        .items()
+        .len()
+}
+
+#[tokio::test]
+async fn a_destination_off_the_list_is_refused_at_commit_and_nothing_is_written() {
+    let rig = Rig::open().await;
+    let allowed = Destinations::only([rig.orders_queue.clone()]);
+    let elsewhere = Destination::Sns {
+        topic_arn: rig.topic_arn.clone(),
+    };
+    let refused = commit(&rig, "off-the-list", elsewhere, allowed.clone()).await;
+    let err = refused.expect_err("refused at commit");
+    assert!(
+        format!("{err:?}").contains(DESTINATIONS_VAR),
+        "the error says what to do: {err:?}"
+    );
+    assert_eq!(outbox_items(&rig).await, 0, "nothing written");
+
+    let on_the_list = Destination::Sqs {
+        queue_url: rig.orders_queue.clone(),
+    };
+    commit(&rig, "on-the-list", on_the_list, allowed)
+        .await
+        .expect("committed");
+    assert_eq!(outbox_items(&rig).await, 1);
+}
+
+#[tokio::test]
+async fn the_relay_parks_an_item_naming_a_destination_off_its_list() {
+    let rig = Rig::open().await;
+    // A producer without the list (another service, a build before it) names the topic.
+    let topic = Destination::Sns {
+        topic_arn: rig.topic_arn.clone(),
+    };
+    commit(&rig, "to-the-topic", topic, Destinations::any())
+        .await
+        .expect("committed");
+    let queue = Destination::Sqs {
+        queue_url: rig.orders_queue.clone(),
+    };
+    commit(&rig, "to-the-queue", queue, Destinations::any())
+        .await
+        .expect("committed");
+
+    let publisher = rig
+        .publisher()
+        .with_destinations(Destinations::only([rig.orders_queue.clone()]));
+    let mut relay = rig.relay_publishing(rig.db.store(), publisher);
+    let answer = deliver(&mut relay, rig.stream_batch().await).await;
+    assert!(answer.batch_item_failures.is_empty(), "{answer:?}");
+
+    assert!(
+        rig.drain(&rig.topic_queue).await.is_empty(),
+        "never published"
+    );
+    assert_eq!(rig.drain(&rig.orders_queue).await.len(), 1);
+    let parked = rig.marks().parked(10).await.expect("parked").events;
+    assert_eq!(parked.len(), 1);
+    let (_, reason) = parked[0].parked.clone().expect("its reason");
+    assert!(reason.contains(DESTINATIONS_VAR), "{reason}");
+}
