@@ -7,22 +7,18 @@
 //!   writes carried by the completion instead (a transactional settlement against a plain one);
 //! - the record's size once settled, which sets the write units of every write and of each
 //!   duplicate's failed claim;
-//! - latency medians (interleaved sample by sample) of the same handlers;
-//! - the relay's events per second, publishing to moto's SQS on loopback (moto bounds it).
+//! - latency medians (interleaved sample by sample) of the same handlers.
+//!
+//! The relay's throughput is `benches/relay.rs`.
 //!
 //! ```text
 //! cargo bench --bench effects --features testing,relay
 //! ```
 
-#[path = "../tests/common/streams.rs"]
-mod streams;
-
 use std::time::{Duration, Instant};
 
-use aws_lambda_events::event::dynamodb::Event as DynamoDbEvent;
 use aws_sdk_dynamodb::types::{AttributeValue, Put};
-use lambda_idempotency::effects::relay::{Publisher, relay};
-use lambda_idempotency::effects::{Destination, Outbox, OutboxEvent, OutboxMarks, Transaction};
+use lambda_idempotency::effects::{Destination, Outbox, OutboxEvent, Transaction};
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::testing::dynamo::{self, Dynamo};
 use lambda_idempotency::testing::local::{
@@ -31,12 +27,9 @@ use lambda_idempotency::testing::local::{
 use lambda_idempotency::{
     BoxError, ExecutionContext, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope,
 };
-use lambda_runtime::tower::{Service, ServiceExt};
-use lambda_runtime::{Context, LambdaEvent};
 use serde_json::json;
 
 const SAMPLES: usize = 200;
-const RELAYED_EVENTS: usize = 200;
 
 /// The handlers compared.
 #[derive(Debug, Clone, Copy)]
@@ -222,69 +215,5 @@ async fn main() -> Result<(), BoxError> {
         );
     }
 
-    // The relay: one outbox event per operation, read back from the stream in batches of 100
-    // as an event source mapping delivers them, published to moto's SQS.
-    let moto = match lambda_idempotency::testing::moto::start().await {
-        Ok(moto) => moto,
-        Err(err) => {
-            println!("\nrelay: skipped ({err})");
-            return Ok(());
-        }
-    };
-    let sqs = aws_sdk_sqs::Client::new(&moto.sdk_config());
-    let queue = sqs
-        .create_queue()
-        .queue_name(unique_table_name("bench"))
-        .send()
-        .await?
-        .queue_url()
-        .unwrap_or_default()
-        .to_owned();
-    let publisher_outbox = Outbox::new(unique_table_name("bench-relay-outbox"));
-    create_outbox_table(&rig.db.client, publisher_outbox.table()).await?;
-    for n in 0..RELAYED_EVENTS {
-        let scope = OperationScope::new("bench", "relayed")?;
-        let key = OperationKey::derive(&scope, None, &format!("e-{n}"))?;
-        let invocation = Invocation::new(key, Fingerprint::of(&n)?, Duration::from_secs(30));
-        let (outbox, queue) = (publisher_outbox.clone(), queue.clone());
-        rig.idem
-            .execute(&invocation, |ctx: ExecutionContext| async move {
-                ctx.step("publish")
-                    .transact(|_key| async move {
-                        let event = OutboxEvent::new(
-                            "placed",
-                            Destination::Sqs { queue_url: queue },
-                            &json!({"n": n}),
-                        )?;
-                        Ok::<_, BoxError>(Transaction::new(n).publish(&outbox, event))
-                    })
-                    .await
-            })
-            .await?;
-    }
-    let records = streams::stream_records(&rig.db.endpoint, publisher_outbox.table()).await?;
-    let mut service = relay(
-        Idempotency::new(rig.db.store()),
-        OperationScope::new("bench", "relay")?,
-        Publisher::from_conf(&moto.sdk_config()),
-        OutboxMarks::new(rig.db.client.clone(), &publisher_outbox),
-    );
-    let started = Instant::now();
-    let mut relayed = 0;
-    for batch in records.chunks(100) {
-        let event: DynamoDbEvent = serde_json::from_value(json!({"Records": batch}))?;
-        let answer = service
-            .ready()
-            .await?
-            .call(LambdaEvent::new(event, Context::default()))
-            .await?;
-        relayed += batch.len() - answer.batch_item_failures.len();
-    }
-    let elapsed = started.elapsed();
-    println!(
-        "\nrelay: {relayed} events in {:.2} s: {:.0} events/s (publishing to moto's SQS on loopback, which bounds it)",
-        elapsed.as_secs_f64(),
-        relayed as f64 / elapsed.as_secs_f64()
-    );
     Ok(())
 }

@@ -15,6 +15,7 @@ pub mod logging;
 pub mod metrics;
 pub mod orders;
 pub mod outbox_marker;
+pub mod outbox_relay;
 pub mod outbox_sweeper;
 pub mod payments;
 pub mod quickstart;

@@ -97,6 +97,12 @@ pub fn emf_document(function: &str, report: &SweepReport, parked: usize, now: Sy
                 "Count",
                 u64::try_from(parked).unwrap_or(u64::MAX),
             ),
+            gauge("OutboxSweepFound", "Count", report.found),
+            gauge(
+                "OutboxPublishLag",
+                "Seconds",
+                report.max_lag.map_or(0, |lag| lag.as_secs()),
+            ),
             gauge(
                 "OutboxOldestPendingAge",
                 "Seconds",

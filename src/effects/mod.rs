@@ -81,11 +81,13 @@ pub(crate) use self::ledger::{COMPLETION, Halt, StepLedger};
 pub(crate) const COMPLETION_EVENTS: &str = "";
 pub use self::destinations::{DESTINATIONS_VAR, Destinations};
 pub use self::outbox::{
-    Destination, MAX_EVENT_BYTES, OUTBOX_RETENTION, Outbox, OutboxEvent, OutboxRecord, PARKED,
-    PENDING_INDEX, PENDING_SHARDS, event_id,
+    Destination, EventOrder, ID_ATTRIBUTE, MAX_EVENT_BYTES, MAX_ORDERING_KEY_BYTES,
+    OUTBOX_RETENTION, Outbox, OutboxEvent, OutboxRecord, PARKED, PENDING_INDEX, PENDING_SHARDS,
+    event_id,
 };
 pub use self::outbox_marks::{
     Found, MAX_PARKED_REASON_BYTES, Marked, OutboxError, OutboxMarks, PendingEvent, PublishedBy,
+    SETTLED_READS,
 };
 pub use self::step::{Checked, NoCheck, NotApplied, Step, StepCheck, StepError};
 pub use self::transaction::Transaction;

@@ -25,6 +25,7 @@
 //! | `source`, `detail_type` (S) | EventBridge's `Source` and `DetailType` |
 //! | `payload` (S) | the event's JSON, as serialized |
 //! | `created_at` (N) | epoch milliseconds: the sort key of [`PENDING_INDEX`] |
+//! | `ordering_key` (S), `sequence` (N) | the event's [`EventOrder`], when it names one |
 //! | `pending` (S) | while pending: `p0` … `pf` (the id's first hex digit, spreading the index's partitions); [`PARKED`] once parked; absent once published |
 //! | `published_at` (N), `published_by` (S) | once published: epoch milliseconds, and `relay`, `sweeper` or `pipe` |
 //! | `parked_at` (N), `parked_reason` (S) | once parked: epoch milliseconds, and the destination's refusal |
@@ -67,6 +68,10 @@ pub const MAX_EVENT_BYTES: usize = 256 * 1024;
 /// key `pending` (S), sort key `created_at` (N), all attributes projected. Only items carrying
 /// `pending` are in it, so reading it costs what is pending.
 pub const PENDING_INDEX: &str = "pending";
+
+/// The SNS and SQS message attribute that carries the event id, which the crate's SQS door keys
+/// by.
+pub const ID_ATTRIBUTE: &str = "idempotency-key";
 
 /// The `pending` value of a parked event (its destination refused it).
 pub const PARKED: &str = "parked";
@@ -132,12 +137,35 @@ impl Destination {
     }
 }
 
+/// The most bytes of an ordering key: SQS's and SNS's `MessageGroupId` (128 characters of
+/// ASCII letters, digits and punctuation).
+pub const MAX_ORDERING_KEY_BYTES: usize = 128;
+
+/// Where an event stands in its aggregate's history: the aggregate it belongs to (its ordering
+/// key: an order id, an account id) and its sequence number there (the aggregate's version,
+/// which the handler's own write in the same transaction conditions on).
+///
+/// The ordering key is the FIFO message group on a `.fifo` queue or topic, so that one
+/// aggregate's events arrive in commit order without holding back another's; both travel in
+/// the envelope (`ordering_key`, `sequence`), so that a consumer can tell an older event from
+/// a newer one whatever path published it (see the guide's ordering section: the sweeper and
+/// per-entry retries can reorder, and a parked event leaves a gap).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventOrder {
+    /// The aggregate's id: 1 to [`MAX_ORDERING_KEY_BYTES`] ASCII letters, digits and
+    /// punctuation.
+    pub key: String,
+    /// The event's sequence number within the aggregate.
+    pub sequence: u64,
+}
+
 /// A follow-on event a transactional step publishes ([`Transaction::publish`](super::Transaction::publish)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxEvent {
     pub(crate) name: String,
     pub(crate) destination: Destination,
     pub(crate) payload: String,
+    pub(crate) order: Option<EventOrder>,
 }
 
 impl OutboxEvent {
@@ -173,47 +201,87 @@ impl OutboxEvent {
         let payload = serde_json::to_string(payload).map_err(|err| Error::InvalidEvent {
             reason: format!("an outbox event's payload does not serialize to JSON: {err}"),
         })?;
-        let event = Self {
+        Self {
             name,
             destination,
             payload,
-        };
-        let size = event.published_size()?;
+            order: None,
+        }
+        .checked()
+    }
+
+    /// This event as the `sequence`-th of aggregate `key` ([`EventOrder`]): `key` becomes its
+    /// FIFO message group, and both travel in its envelope.
+    ///
+    /// # Errors
+    /// [`Error::InvalidEvent`] for a key that is empty, longer than
+    /// [`MAX_ORDERING_KEY_BYTES`] or not ASCII letters, digits and punctuation (what a FIFO
+    /// message group takes), or when the envelope would pass [`MAX_EVENT_BYTES`].
+    ///
+    /// ```
+    /// use lambda_idempotency::effects::{Destination, OutboxEvent};
+    ///
+    /// let shipped = OutboxEvent::new(
+    ///     "order-shipped",
+    ///     Destination::Sqs { queue_url: "https://sqs.eu-west-1.amazonaws.com/1/orders.fifo".into() },
+    ///     &serde_json::json!({"order": "o-418"}),
+    /// )?
+    /// .ordered_by("o-418", 3)?;
+    /// # let _ = shipped;
+    /// # Ok::<(), lambda_idempotency::Error>(())
+    /// ```
+    pub fn ordered_by(mut self, key: impl Into<String>, sequence: u64) -> Result<Self, Error> {
+        let key = key.into();
+        let valid = !key.is_empty()
+            && key.len() <= MAX_ORDERING_KEY_BYTES
+            && key.bytes().all(|byte| byte.is_ascii_graphic());
+        if !valid {
+            return Err(Error::InvalidEvent {
+                reason: format!(
+                    "the outbox event `{}` has an ordering key that is not 1 to {MAX_ORDERING_KEY_BYTES} ASCII letters, digits and punctuation (what a FIFO message group takes): use the aggregate's id, hashed if need be",
+                    self.name
+                ),
+            });
+        }
+        self.order = Some(EventOrder { key, sequence });
+        self.checked()
+    }
+
+    /// This event, refused when its published size passes [`MAX_EVENT_BYTES`].
+    fn checked(self) -> Result<Self, Error> {
+        let size = self.published_size()?;
         if size > MAX_EVENT_BYTES {
             return Err(Error::InvalidEvent {
                 reason: format!(
                     "the outbox event `{}` would be published as {size} bytes, past the {MAX_EVENT_BYTES} its destination takes: publish a reference (an id, an S3 key) instead",
-                    event.name
+                    self.name
                 ),
             });
         }
-        Ok(event)
+        Ok(self)
     }
 
-    /// The bytes the destination counts once the event is published: its envelope (with an
-    /// id's 64 characters), and EventBridge's `Source` and `DetailType`.
+    /// The bytes the destination counts once the event is published (with an id's 64
+    /// characters): [`OutboxRecord::published`].
     fn published_size(&self) -> Result<usize, Error> {
-        let envelope = OutboxRecord {
+        let record = OutboxRecord {
             id: "0".repeat(64),
             name: self.name.clone(),
             destination: self.destination.clone(),
             payload: self.payload.clone(),
-        }
-        .envelope()?;
-        let extra = match &self.destination {
-            Destination::EventBridge {
-                source,
-                detail_type,
-                ..
-            } => source.len() + detail_type.len(),
-            _ => 0,
+            order: self.order.clone(),
         };
-        Ok(envelope.len() + extra)
+        Ok(record.published()?.1)
     }
 
     /// The event's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Its place in its aggregate's history, when it names one ([`OutboxEvent::ordered_by`]).
+    pub fn order(&self) -> Option<&EventOrder> {
+        self.order.as_ref()
     }
 }
 
@@ -278,6 +346,11 @@ impl Outbox {
             )
             // Pending until published: in the sparse index, without a TTL.
             .item("pending", s(pending_shard(id)));
+        if let Some(order) = &event.order {
+            put = put
+                .item("ordering_key", s(&order.key))
+                .item("sequence", AttributeValue::N(order.sequence.to_string()));
+        }
         if let Destination::EventBridge {
             source,
             detail_type,
@@ -317,22 +390,39 @@ pub struct OutboxRecord {
     pub destination: Destination,
     /// The event's JSON, as serialized.
     pub payload: String,
+    /// Its place in its aggregate's history, when it names one.
+    pub order: Option<EventOrder>,
 }
 
 impl OutboxRecord {
     /// The outbox item in a stream record's new image, as DynamoDB JSON
     /// (`{"pk": {"S": …}, …}`); `None` when the image is not an outbox item.
     pub fn from_image(image: &Value) -> Option<Self> {
-        Self::from_fields(|name| image.get(name)?.get("S")?.as_str().map(str::to_owned))
+        Self::from_fields(|name, kind| image.get(name)?.get(kind)?.as_str().map(str::to_owned))
     }
 
     /// The outbox item as DynamoDB returns it (a query of the pending index, a `GetItem`);
     /// `None` when it is not an outbox item.
     pub fn from_item(item: &HashMap<String, AttributeValue>) -> Option<Self> {
-        Self::from_fields(|name| item.get(name)?.as_s().ok().cloned())
+        Self::from_fields(|name, kind| match item.get(name)? {
+            AttributeValue::S(text) if kind == "S" => Some(text.clone()),
+            AttributeValue::N(number) if kind == "N" => Some(number.clone()),
+            _ => None,
+        })
     }
 
-    fn from_fields(text: impl Fn(&str) -> Option<String>) -> Option<Self> {
+    /// The item read through `field(name, type)` (`"S"` or `"N"`); `None` when it is not an
+    /// outbox event (an ordering key without a sequence number included).
+    fn from_fields(field: impl Fn(&str, &str) -> Option<String>) -> Option<Self> {
+        let text = |name: &str| field(name, "S");
+        let order = match (text("ordering_key"), field("sequence", "N")) {
+            (Some(key), Some(sequence)) => Some(EventOrder {
+                key,
+                sequence: sequence.parse().ok()?,
+            }),
+            (None, None) => None,
+            _ => return None,
+        };
         let target = text("target")?;
         let destination = match text("destination")?.as_str() {
             "eventbridge" => Destination::EventBridge {
@@ -349,11 +439,41 @@ impl OutboxRecord {
             name: text("event")?,
             destination,
             payload: text("payload")?,
+            order,
         })
     }
 
+    /// Its FIFO message group: its ordering key, else its own id (an event without an
+    /// ordering key holds no other back).
+    pub fn message_group(&self) -> &str {
+        self.order.as_ref().map_or(&self.id, |order| &order.key)
+    }
+
+    /// The envelope, and the bytes the destination counts once the event is published: the
+    /// envelope and EventBridge's `Source` and `DetailType`, or on SNS and SQS the event id's
+    /// message attribute (its name, type and value).
+    ///
+    /// # Errors
+    /// As [`OutboxRecord::envelope`].
+    pub fn published(&self) -> Result<(String, usize), Error> {
+        let envelope = self.envelope()?;
+        let extra = match &self.destination {
+            Destination::EventBridge {
+                source,
+                detail_type,
+                ..
+            } => source.len() + detail_type.len(),
+            Destination::Sns { .. } | Destination::Sqs { .. } => {
+                ID_ATTRIBUTE.len() + "String".len() + self.id.len()
+            }
+        };
+        let bytes = envelope.len() + extra;
+        Ok((envelope, bytes))
+    }
+
     /// What consumers receive: `{"event_id": …, "event": …, "payload": …}`, the payload's
-    /// bytes as written.
+    /// bytes as written, and `"ordering_key"` and `"sequence"` when the event names an
+    /// [`EventOrder`].
     ///
     /// # Errors
     /// [`Error::InvalidEvent`] when the stored payload is not JSON (an item not written by
@@ -364,6 +484,10 @@ impl OutboxRecord {
             event_id: &'a str,
             event: &'a str,
             payload: &'a RawValue,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            ordering_key: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            sequence: Option<u64>,
         }
         let invalid = |err: serde_json::Error| Error::InvalidEvent {
             reason: format!("the outbox item's payload is not JSON: {err}"),
@@ -373,6 +497,8 @@ impl OutboxRecord {
             event_id: &self.id,
             event: &self.name,
             payload: &payload,
+            ordering_key: self.order.as_ref().map(|order| order.key.as_str()),
+            sequence: self.order.as_ref().map(|order| order.sequence),
         })
         .map_err(invalid)
     }

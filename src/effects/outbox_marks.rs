@@ -5,7 +5,7 @@
 //! not published yet, so a late or repeated mark (the relay and the sweeper both published an
 //! event) changes nothing and reports [`Marked::Already`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -18,6 +18,9 @@ use super::outbox::{
 };
 use crate::error::BoxError;
 use crate::record::{epoch_millis, epoch_secs};
+
+/// How often [`OutboxMarks::settled`] asks again for the keys DynamoDB left unprocessed.
+pub const SETTLED_READS: usize = 3;
 
 /// The most bytes of a destination's refusal kept on a parked event.
 pub const MAX_PARKED_REASON_BYTES: usize = 1024;
@@ -189,6 +192,73 @@ impl OutboxMarks {
             .send()
             .await;
         settled(update, "UpdateItem")
+    }
+
+    /// The ids among `ids` whose events are settled: published (by anything) or parked. One
+    /// strongly consistent `BatchGetItem` per 100 ids; keys DynamoDB leaves unprocessed are
+    /// asked again up to [`SETTLED_READS`] times, then counted as not settled (their events
+    /// are published again: at least once).
+    ///
+    /// # Errors
+    /// [`OutboxError::Request`] when DynamoDB fails the read.
+    pub async fn settled(&self, ids: &[&str]) -> Result<HashSet<String>, OutboxError> {
+        let mut settled = HashSet::new();
+        let distinct: Vec<&str> = ids
+            .iter()
+            .copied()
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        for chunk in distinct.chunks(100) {
+            let mut keys: Vec<HashMap<String, AttributeValue>> = chunk
+                .iter()
+                .map(|id| HashMap::from([("pk".to_owned(), AttributeValue::S((*id).to_owned()))]))
+                .collect();
+            for _ in 0..SETTLED_READS {
+                if keys.is_empty() {
+                    break;
+                }
+                let request = aws_sdk_dynamodb::types::KeysAndAttributes::builder()
+                    .set_keys(Some(keys))
+                    .consistent_read(true)
+                    .projection_expression("pk, published_at, pending")
+                    .build()
+                    .map_err(|err| OutboxError::Request {
+                        operation: "BatchGetItem",
+                        code: "no code".to_owned(),
+                        source: Box::new(err),
+                    })?;
+                let answer = self
+                    .client
+                    .batch_get_item()
+                    .request_items(&self.table, request)
+                    .send()
+                    .await
+                    .map_err(|err| OutboxError::request("BatchGetItem", err))?;
+                let items = answer
+                    .responses()
+                    .and_then(|tables| tables.get(&self.table))
+                    .into_iter()
+                    .flatten();
+                for item in items {
+                    let published = item.contains_key("published_at");
+                    let parked = item
+                        .get("pending")
+                        .and_then(|pending| pending.as_s().ok())
+                        .is_some_and(|pending| pending == PARKED);
+                    let id = item.get("pk").and_then(|pk| pk.as_s().ok());
+                    if let (true, Some(id)) = (published || parked, id) {
+                        settled.insert(id.clone());
+                    }
+                }
+                keys = answer
+                    .unprocessed_keys()
+                    .and_then(|tables| tables.get(&self.table))
+                    .map(|unprocessed| unprocessed.keys().to_vec())
+                    .unwrap_or_default();
+            }
+        }
+        Ok(settled)
     }
 
     /// Redrives pending event `id` at `now` for a publisher that reads the table's stream (an

@@ -1,23 +1,30 @@
-//! The outbox relay (feature `relay`): a DynamoDB Streams consumer, on the crate's own batch
-//! door, that publishes every committed outbox event at least once under its event id.
+//! The outbox relay (feature `relay`): a DynamoDB Streams consumer that publishes every
+//! committed outbox event at least once under its event id, in batches.
 //!
-//! The relay is itself idempotent: each stream record of an outbox item is one operation keyed
-//! by the event id, so a redelivered batch replays instead of publishing again. Publishing is
-//! safe to repeat (consumers deduplicate on the event id), so the relay's engine re-runs a
-//! crashed attempt ([`Recovery::Rerun`]): an event published whose relay record was never
-//! settled is published again under the same id. Once published, the event's outbox item is
-//! marked ([`OutboxMarks::published`]): out of the pending index, with its TTL. A record whose
-//! publish (or mark) fails is reported in the batch's partial response, so the stream retries
-//! it and never skips an event; one the stream gave up on, or lost past its 24 hours, stays
-//! pending for the [`sweeper`]. An event its destination refuses
-//! ([`PublishError::Refused`]) is parked ([`OutboxMarks::park`]) and acknowledged, so that it
-//! never blocks the events behind it on its shard.
+//! [`relay`] takes the stream's batch as Lambda delivers it. It reads the marks of the batch's
+//! events (one `BatchGetItem`), so that a batch delivered again republishes nothing already
+//! published; publishes the rest with as few requests as the destinations take
+//! ([`Publisher::publish_batch`]: `PutEvents`, `PublishBatch`, `SendMessageBatch`, 10 entries
+//! each); and marks each event published ([`OutboxMarks::published`]: out of the pending index,
+//! with its TTL) or, when its destination refuses it ([`PublishError::Refused`]), parks it
+//! ([`OutboxMarks::park`]) so that it never blocks the events behind it. Each record whose event
+//! failed (its entry, its request, or its mark) is reported in the partial-batch response: the
+//! stream retries from the first of them, and never skips an event. One the stream gave up on,
+//! or lost past its 24 hours, stays pending for the [`sweeper`]. The marks are the relay's only
+//! record: it needs no idempotency table of its own.
+//!
+//! **Order.** Within a destination, one ordering key's events are published in the order the
+//! stream gives them, none overtaking one that failed ([`batches`](Publisher::publish_batch)).
+//! The stream keeps commit order per item only, and each event is its own item: events of one
+//! aggregate on two shards, the sweeper's republications and a parked event's gap all reach a
+//! consumer out of order. A consumer that cares keeps the highest `sequence` it applied per
+//! `ordering_key` (both in the envelope, from [`OutboxEvent::ordered_by`](crate::effects::OutboxEvent::ordered_by)).
 //!
 //! | destination | request | the event id travels as |
 //! |---|---|---|
 //! | EventBridge | `PutEvents` (`Source`, `DetailType`, the bus) | `detail.event_id` |
-//! | SNS | `Publish` (`MessageGroupId` and `MessageDeduplicationId` on a `.fifo` topic) | `event_id` in the body; the `idempotency-key` message attribute (an SQS subscriber sees it with raw message delivery) |
-//! | SQS | `SendMessage` (the same on a `.fifo` queue) | the same |
+//! | SNS | `PublishBatch` (`MessageGroupId`: the ordering key, else the id; `MessageDeduplicationId`: the id; on a `.fifo` topic) | `event_id` in the body; the `idempotency-key` message attribute (an SQS subscriber sees it with raw message delivery) |
+//! | SQS | `SendMessageBatch` (the same on a `.fifo` queue) | the same |
 //!
 //! A consumer behind the crate's SQS door keys by the `idempotency-key` attribute by default
 //! ([`sources::sqs`](crate::lambda::sources::sqs), which keys each producer apart:
@@ -28,43 +35,44 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-//! use lambda_idempotency::effects::relay::{Publisher, RELAY_OPERATION, relay};
+//! use lambda_idempotency::effects::relay::{Publisher, relay};
 //! use lambda_idempotency::effects::{Outbox, OutboxMarks};
-//! use lambda_idempotency::{Idempotency, OperationScope};
 //!
 //! let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
 //! let marks = OutboxMarks::new(aws_sdk_dynamodb::Client::new(&config), &Outbox::new("outbox"));
-//! let scope = OperationScope::for_function(RELAY_OPERATION)?;
-//! let relay = relay(
-//!     Idempotency::from_env().await?,
-//!     scope,
-//!     Publisher::from_conf(&config),
-//!     marks,
-//! );
-//! lambda_runtime::run(relay).await?;
+//! lambda_runtime::run(relay(Publisher::from_conf(&config), marks)).await?;
 //! # Ok(()) }
 //! ```
 
+mod batches;
 mod publisher;
 pub mod sweeper;
 
-use std::time::SystemTime;
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
 
-use aws_lambda_events::event::dynamodb::EventRecord as DynamoDbRecord;
+use aws_lambda_events::event::dynamodb::{Event as DynamoDbEvent, EventRecord as DynamoDbRecord};
+use aws_lambda_events::event::streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse};
+use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
+use lambda_runtime::LambdaEvent;
 use serde::{Deserialize, Serialize};
 use tracing::{error, warn};
 
+pub use self::batches::{MAX_BATCH_BYTES, MAX_BATCH_ENTRIES, REQUESTS_IN_FLIGHT};
 pub use self::publisher::{PublishError, Publisher};
 use super::outbox::OutboxRecord;
 use super::outbox_marks::{OutboxMarks, PublishedBy};
+use crate::clock::{Clock, SystemClock};
 use crate::error::BoxError;
 use crate::key::KeyPolicy;
-use crate::lambda::batch::BatchService;
-use crate::reconcile::Recovery;
-use crate::{ExecutionContext, Idempotency, Operation, OperationScope};
 
-/// The relay's operation name, for its scope (`OperationScope::for_function(RELAY_OPERATION)`).
-pub const RELAY_OPERATION: &str = "outbox-relay";
+/// How many marks the relay and the sweeper write at once.
+const MARKS_IN_FLIGHT: usize = 16;
 
 /// What the relay did with one stream record (an inserted item that is no outbox event is an
 /// error, never skipped).
@@ -87,8 +95,9 @@ pub enum Relayed {
     Skipped,
 }
 
-/// The relay's key policy: a stream record that inserts an outbox item is keyed (and
-/// fingerprinted) by its event id; any other record by the stream's own `eventID`.
+/// A key policy for relaying through the crate's batch door, one operation per event (what
+/// 0.4's relay did; [`relay`] needs none): a stream record that inserts an outbox item is keyed
+/// (and fingerprinted) by its event id; any other record by the stream's own `eventID`.
 pub fn outbox_stream() -> KeyPolicy<DynamoDbRecord> {
     fn key(record: &DynamoDbRecord) -> Option<serde_json::Value> {
         let inserted = inserted(record).map(|event| event.id);
@@ -107,11 +116,12 @@ pub fn inserted(record: &DynamoDbRecord) -> Option<OutboxRecord> {
     OutboxRecord::from_image(&image)
 }
 
-/// Relays one stream record at `now`: publishes the outbox event it inserts and marks it
-/// published, or parks it when its destination refuses it.
+/// Relays one stream record at `now`, alone: publishes the outbox event it inserts and marks
+/// it published, or parks it when its destination refuses it. [`relay`] does this for a whole
+/// batch in fewer requests.
 ///
 /// # Errors
-/// The publisher's failure, or the mark's: the record is reported failed and the stream
+/// The publisher's failure, or the mark's: report the record failed so that the stream
 /// retries it.
 pub async fn relay_record(
     publisher: &Publisher,
@@ -121,37 +131,97 @@ pub async fn relay_record(
 ) -> Result<Relayed, BoxError> {
     let Some(event) = inserted(record) else {
         if record.event_name == "INSERT" {
-            // Never acknowledged unpublished: it is reported, retried, and (in the example
-            // stack) sent to the dead-letter queue after its retries.
-            error!(
-                "a stream record inserts an item that is not an outbox event (or a stream without new images): not published"
-            );
-            return Err("an inserted outbox item could not be read: check the table's stream (NEW_IMAGE) and the item".into());
+            return Err(unreadable_insert());
         }
         return Ok(Relayed::Skipped);
     };
-    deliver(publisher, marks, event, PublishedBy::Relay, now).await
+    deliver_all(publisher, marks, vec![event], PublishedBy::Relay, now)
+        .await
+        .pop()
+        .unwrap_or_else(|| Err("the event was not published".into()))
 }
 
-/// Publishes `event` and marks it published by `by`, or parks it when its destination refuses
-/// it; what the relay and the sweeper both do with one event.
-pub(crate) async fn deliver(
+/// The error of an inserted item that is no outbox event: never acknowledged unpublished, it
+/// is reported, retried, and (in the example stack) sent to the dead-letter queue after its
+/// retries.
+fn unreadable_insert() -> BoxError {
+    error!(
+        "a stream record inserts an item that is not an outbox event (or a stream without new images): not published"
+    );
+    "an inserted outbox item could not be read: check the table's stream (NEW_IMAGE) and the item"
+        .into()
+}
+
+/// Publishes `events` in batches and marks each published by `by`, or parks the ones their
+/// destination refuses; what the relay and the sweeper both do. Each request's events are
+/// marked while the next request is on its way. One answer per event, in order.
+pub(crate) async fn deliver_all(
     publisher: &Publisher,
     marks: &OutboxMarks,
-    event: OutboxRecord,
+    events: Vec<OutboxRecord>,
+    by: PublishedBy,
+    now: SystemTime,
+) -> Vec<Result<Relayed, BoxError>> {
+    let (sink, answered) = tokio::sync::mpsc::unbounded_channel();
+    let publishing = async {
+        publisher.publish_each(&events, &sink).await;
+        drop(sink);
+    };
+    let answers = futures_util::stream::unfold(answered, |mut answered| async move {
+        answered.recv().await.map(|answer| (answer, answered))
+    });
+    let marking = answers
+        .map(|(index, published)| {
+            let event = events.get(index);
+            async move {
+                let Some(event) = event else {
+                    return (index, Err(BoxError::from("an answer for no event")));
+                };
+                (index, settle(marks, event, published, by, now).await)
+            }
+        })
+        .buffer_unordered(MARKS_IN_FLIGHT);
+    // A loop, not `collect`: collecting `BoxError`s here trips a higher-ranked lifetime error
+    // where the relay's future must be `Send`.
+    let marking = async {
+        let mut marking = std::pin::pin!(marking);
+        let mut settled = Vec::with_capacity(events.len());
+        while let Some(answer) = marking.next().await {
+            settled.push(answer);
+        }
+        settled
+    };
+    let ((), mut settled) = futures_util::join!(publishing, marking);
+    settled.sort_by_key(|(index, _)| *index);
+    let mut settled = settled.into_iter().peekable();
+    (0..events.len())
+        .map(|index| match settled.next_if(|(at, _)| *at == index) {
+            Some((_, answer)) => answer,
+            None => Err("the event was not published".into()),
+        })
+        .collect()
+}
+
+/// Marks `event` published (or parks it) after its publication's answer `published`.
+async fn settle(
+    marks: &OutboxMarks,
+    event: &OutboxRecord,
+    published: Result<(), PublishError>,
     by: PublishedBy,
     now: SystemTime,
 ) -> Result<Relayed, BoxError> {
-    match publisher.publish(&event).await {
+    match published {
         Ok(()) => {
             marks.published(&event.id, by, now).await?;
-            Ok(Relayed::Published { event_id: event.id })
+            Ok(Relayed::Published {
+                event_id: event.id.clone(),
+            })
         }
         Err(PublishError::Refused { reason }) => {
             warn!(event = %event.name, %reason, "the destination refuses an outbox event: parked");
             marks.park(&event.id, &reason, now).await?;
             Ok(Relayed::Parked {
-                event_id: event.id,
+                event_id: event.id.clone(),
                 reason,
             })
         }
@@ -159,32 +229,171 @@ pub(crate) async fn deliver(
     }
 }
 
-/// The relay function's service: `idem` (declared safe to re-run: publishing repeats under
-/// the same event id) over the outbox table's stream, one operation of `scope` per event,
-/// marking each event published in `marks` (the same outbox table), answering the stream's
-/// partial-batch response. Run it with `lambda_runtime::run`.
-pub fn relay(
-    idem: Idempotency,
-    scope: OperationScope,
+/// The relay function's service over the outbox table's stream: see the [module](self).
+/// Run it with `lambda_runtime::run`; it answers the stream's partial-batch response.
+#[derive(Clone)]
+pub struct Relay {
     publisher: Publisher,
     marks: OutboxMarks,
-) -> BatchService<
-    DynamoDbRecord,
-    impl Fn(
-        DynamoDbRecord,
-        ExecutionContext,
-    ) -> futures_util::future::BoxFuture<'static, Result<Relayed, BoxError>>
-    + Clone
-    + Send
-    + Sync
-    + 'static,
-> {
-    let idem = idem.with_recovery(Recovery::Rerun);
-    let operation = Operation::new(idem.clone(), scope, outbox_stream());
-    operation.batch().service(move |record: DynamoDbRecord, _| {
-        let (publisher, marks, now) = (publisher.clone(), marks.clone(), idem.now());
-        let relayed: futures_util::future::BoxFuture<'static, _> =
-            Box::pin(async move { relay_record(&publisher, &marks, &record, now).await });
-        relayed
-    })
+    clock: Arc<dyn Clock>,
+}
+
+impl fmt::Debug for Relay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Relay")
+            .field("marks", &self.marks)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The relay of the outbox whose `marks` it writes, publishing with `publisher`.
+pub fn relay(publisher: Publisher, marks: OutboxMarks) -> Relay {
+    Relay {
+        publisher,
+        marks,
+        clock: Arc::new(SystemClock),
+    }
+}
+
+/// What the relay did with one batch of stream records.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelayReport {
+    /// Events published and marked now.
+    pub published: u64,
+    /// Events marked published (or parked) before this batch: a batch delivered again.
+    pub already: u64,
+    /// Events their destination refused, parked.
+    pub parked: u64,
+    /// Records that insert no outbox event (modifications, TTL deletions).
+    pub skipped: u64,
+    /// The sequence numbers of the records to retry (their event's publish or mark failed, or
+    /// the inserted item is no outbox event).
+    pub failed: Vec<String>,
+    /// The longest time from an event's commit to its publication in this batch.
+    pub max_lag: Option<Duration>,
+}
+
+impl RelayReport {
+    /// The stream's partial-batch response: the records to retry.
+    pub fn response(&self) -> DynamoDbEventResponse {
+        let mut response = DynamoDbEventResponse::default();
+        response.batch_item_failures = self
+            .failed
+            .iter()
+            .map(|sequence| {
+                let mut failure = DynamoDbBatchItemFailure::default();
+                failure.item_identifier = Some(sequence.clone());
+                failure
+            })
+            .collect();
+        response
+    }
+}
+
+impl Relay {
+    /// Reads the time from `clock` (the marks' `published_at`, the TTL after it).
+    #[must_use]
+    pub fn with_clock(mut self, clock: impl Clock + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Relays one batch of stream records: see the [module](self).
+    pub async fn relay_batch(&self, records: &[DynamoDbRecord]) -> RelayReport {
+        let now = self.clock.now();
+        let mut report = RelayReport::default();
+        let mut events = Vec::new();
+        for record in records {
+            match inserted(record) {
+                Some(event) => events.push((record, event)),
+                None if record.event_name == "INSERT" => {
+                    let _ = unreadable_insert();
+                    report.failed.push(sequence_number(record));
+                }
+                None => report.skipped += 1,
+            }
+        }
+        let ids: Vec<&str> = events.iter().map(|(_, event)| event.id.as_str()).collect();
+        let settled = self.marks.settled(&ids).await.unwrap_or_else(|err| {
+            warn!(error = %err, "the outbox's marks could not be read: the batch is published as if none were");
+            HashSet::new()
+        });
+        let (done, due): (Vec<_>, Vec<_>) = events
+            .into_iter()
+            .partition(|(_, event)| settled.contains(&event.id));
+        report.already = done.len() as u64;
+        let (records, due): (Vec<&DynamoDbRecord>, Vec<OutboxRecord>) = due.into_iter().unzip();
+        let answers = deliver_all(&self.publisher, &self.marks, due, PublishedBy::Relay, now).await;
+        for (record, answer) in records.into_iter().zip(answers) {
+            match answer {
+                Ok(Relayed::Published { .. }) => {
+                    report.published += 1;
+                    let lag = committed_at(record).and_then(|at| now.duration_since(at).ok());
+                    report.max_lag = report.max_lag.max(lag);
+                }
+                Ok(Relayed::Parked { .. }) => report.parked += 1,
+                Ok(Relayed::Skipped) => report.skipped += 1,
+                Err(err) => {
+                    warn!(error = %err, "an outbox event was not published or not marked: the stream retries it");
+                    report.failed.push(sequence_number(record));
+                }
+            }
+        }
+        report
+    }
+}
+
+/// A record's name in the partial-batch response: its sequence number (an empty one makes
+/// Lambda retry the whole batch, never skip it).
+fn sequence_number(record: &DynamoDbRecord) -> String {
+    record.change.sequence_number.clone().unwrap_or_default()
+}
+
+/// When the event a record inserts was committed (its item's `created_at`).
+fn committed_at(record: &DynamoDbRecord) -> Option<SystemTime> {
+    let image = serde_json::to_value(&record.change.new_image).ok()?;
+    let millis: u64 = image.get("created_at")?.get("N")?.as_str()?.parse().ok()?;
+    SystemTime::UNIX_EPOCH.checked_add(Duration::from_millis(millis))
+}
+
+impl lambda_runtime::tower::Service<LambdaEvent<DynamoDbEvent>> for Relay {
+    type Response = DynamoDbEventResponse;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<DynamoDbEventResponse, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, event: LambdaEvent<DynamoDbEvent>) -> Self::Future {
+        let relay = self.clone();
+        Box::pin(async move { Ok(relay.relay_batch(&event.payload.records).await.response()) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::record::epoch_millis;
+
+    #[test]
+    fn a_commit_time_reads_back_from_the_image() {
+        let at =
+            std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(1_700_000_000_123);
+        let record: aws_lambda_events::event::dynamodb::EventRecord =
+            serde_json::from_value(serde_json::json!({
+                "eventID": "1",
+                "eventName": "INSERT",
+                "eventSource": "aws:dynamodb",
+                "eventVersion": "1.1",
+                "awsRegion": "us-east-1",
+                "dynamodb": {
+                    "NewImage": {"created_at": {"N": epoch_millis(at).to_string()}},
+                    "SequenceNumber": "1",
+                    "SizeBytes": 10,
+                },
+            }))
+            .expect("a record");
+        assert_eq!(super::committed_at(&record), Some(at));
+    }
 }

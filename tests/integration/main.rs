@@ -45,6 +45,8 @@ mod recovery_cells;
 mod refusals;
 #[cfg(feature = "relay")]
 mod relay;
+#[cfg(feature = "relay")]
+mod relay_batches;
 mod sdk_faults;
 mod simulation;
 mod sources;

@@ -94,7 +94,7 @@ async fn the_relay_parks_an_item_naming_a_destination_off_its_list() {
     let publisher = rig
         .publisher()
         .with_destinations(Destinations::only([rig.orders_queue.clone()]));
-    let mut relay = rig.relay_publishing(rig.db.store(), publisher);
+    let mut relay = rig.relay_publishing(publisher);
     let answer = deliver(&mut relay, rig.stream_batch().await).await;
     assert!(answer.batch_item_failures.is_empty(), "{answer:?}");
 

@@ -6,12 +6,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use aws_lambda_events::event::dynamodb::Event as DynamoDbEvent;
 use aws_lambda_events::event::sqs::SqsMessage;
 use lambda_idempotency::clock::{Clock, ManualClock};
-use lambda_idempotency::effects::relay::{Publisher, relay, relay_record};
+use lambda_idempotency::effects::relay::{self, Publisher, Relay, relay, relay_record};
 use lambda_idempotency::effects::{
     Destination, Outbox, OutboxEvent, OutboxMarks, Transaction, event_id,
 };
@@ -20,7 +20,7 @@ use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::store::Store;
 use lambda_idempotency::testing::conformance::invocation;
 use lambda_idempotency::testing::dynamo::{self, Dynamo};
-use lambda_idempotency::testing::faults::{Fault, FaultyStore, Primitive};
+use lambda_idempotency::testing::interceptor::{self, FaultInterceptor};
 use lambda_idempotency::testing::local::unique_table_name;
 use lambda_idempotency::testing::moto::{self, Moto};
 use lambda_idempotency::{BoxError, ExecutionContext, Idempotency, OperationScope};
@@ -161,31 +161,19 @@ impl Rig {
         OutboxMarks::new(self.db.client.clone(), &self.outbox)
     }
 
-    /// The relay's service on its own ledger in `store`.
-    pub(crate) fn relay<S: lambda_idempotency::store::Store>(
-        &self,
-        store: S,
-    ) -> impl Service<
-        LambdaEvent<DynamoDbEvent>,
-        Response = aws_lambda_events::event::streams::DynamoDbEventResponse,
-        Error = std::convert::Infallible,
-        Future: Send,
-    > + use<S> {
-        self.relay_publishing(store, self.publisher())
+    /// The relay's service, on the rig's clock.
+    pub(crate) fn relay(&self) -> Relay {
+        self.relay_publishing(self.publisher())
     }
 
-    /// The relay's service on its own ledger in `store`, publishing with `publisher`.
-    pub(crate) fn relay_publishing<S: lambda_idempotency::store::Store>(
-        &self,
-        store: S,
-        publisher: Publisher,
-    ) -> impl Service<
-        LambdaEvent<DynamoDbEvent>,
-        Response = aws_lambda_events::event::streams::DynamoDbEventResponse,
-        Error = std::convert::Infallible,
-        Future: Send,
-    > + use<S> {
-        relay(self.relay_engine(store), scope(), publisher, self.marks())
+    /// The relay's service publishing with `publisher`, on the rig's clock.
+    pub(crate) fn relay_publishing(&self, publisher: Publisher) -> Relay {
+        relay(publisher, self.marks()).with_clock(self.clock.clone())
+    }
+
+    /// The SDK's configuration for moto (EventBridge, SNS and SQS).
+    pub(crate) fn moto_config(&self) -> aws_config::SdkConfig {
+        self.moto.sdk_config()
     }
 
     /// Commits operation `order`'s step with one event to each destination.
@@ -297,10 +285,6 @@ impl Rig {
             all.extend(messages);
         }
     }
-
-    fn relay_engine(&self, store: impl lambda_idempotency::store::Store) -> Idempotency {
-        Idempotency::new(store).with_clock(self.clock.clone())
-    }
 }
 
 /// Delivers `event` to the relay as Lambda would; its partial-batch response.
@@ -325,10 +309,6 @@ where
         Ok(answer) => answer,
         Err(never) => match never {},
     }
-}
-
-fn scope() -> OperationScope {
-    OperationScope::new("relay", "outbox-relay").expect("scope")
 }
 
 /// The event ids in `messages`' bodies (the envelope), for the EventBridge feed under
@@ -357,7 +337,7 @@ async fn the_relay_publishes_every_committed_event_once_to_each_destination() {
     let batch = rig.stream_batch().await;
     assert_eq!(batch.records.len(), 3, "one stream record per outbox item");
 
-    let mut service = rig.relay(rig.db.store());
+    let mut service = rig.relay();
     let answer = deliver(&mut service, batch.clone()).await;
     assert!(answer.batch_item_failures.is_empty(), "{answer:?}");
 
@@ -383,7 +363,7 @@ async fn the_relay_publishes_every_committed_event_once_to_each_destination() {
         "the SQS door's key attribute"
     );
 
-    // The stream delivers the batch again: the relay's ledger replays, nothing is republished.
+    // The stream delivers the batch again: the marks say published, nothing is republished.
     let again = deliver(&mut service, batch).await;
     assert!(again.batch_item_failures.is_empty());
     for queue in [&rig.orders_queue, &rig.topic_queue, &rig.bus_queue] {
@@ -392,30 +372,43 @@ async fn the_relay_publishes_every_committed_event_once_to_each_destination() {
 }
 
 #[tokio::test]
-async fn an_event_published_before_the_relay_recorded_it_is_republished_under_its_id_and_consumed_once()
+async fn a_relay_that_published_but_never_marked_republishes_under_the_same_id_and_the_consumer_acts_once()
  {
     let rig = Rig::open().await;
     rig.place("o-2").await;
     let batch = rig.stream_batch().await;
-    // A relay that publishes, then dies before its ledger records it: its settlement is held
-    // and the invocation dropped.
-    let faulty = FaultyStore::new(rig.db.store());
-    for _ in 0..3 {
-        faulty.inject(Primitive::Settle, Fault::Hold);
-    }
-    let mut crashed = rig.relay(faulty.clone());
-    let call = crashed.call(LambdaEvent::new(batch.clone(), Context::default()));
-    let running = tokio::spawn(call);
-    faulty.held().await;
-    running.abort();
-    let _ = running.await;
-    faulty.clear();
+    // The relay publishes, then its marks fail before they apply (as a relay that dies between
+    // the two leaves them): every record is reported, none acknowledged.
+    let faults = FaultInterceptor::new();
+    faults.inject_times(
+        interceptor::Operation::UpdateItem,
+        interceptor::Fault::Error {
+            status: 400,
+            code: "AccessDeniedException",
+        },
+        3,
+    );
+    let unmarked = OutboxMarks::new(
+        interceptor::client_with(rig.db.endpoint.clone(), &faults),
+        &rig.outbox,
+    );
+    let mut crashed = relay(rig.publisher(), unmarked).with_clock(rig.clock.clone());
+    let answer = deliver(&mut crashed, batch.clone()).await;
+    assert_eq!(answer.batch_item_failures.len(), 3, "{answer:?}");
+    assert_eq!(faults.pending(), 0, "each mark failed once");
+    assert!(
+        rig.marks()
+            .oldest_pending()
+            .await
+            .expect("pending")
+            .is_some(),
+        "still pending"
+    );
 
-    // The stream retries the batch after the relay's lease: a takeover publishes again.
-    rig.clock.advance(Duration::from_secs(61));
-    let mut service = rig.relay(rig.db.store());
-    let answer = deliver(&mut service, batch).await;
+    // The stream retries the batch: published again under the same ids, and marked.
+    let answer = deliver(&mut rig.relay(), batch).await;
     assert!(answer.batch_item_failures.is_empty(), "{answer:?}");
+    assert_eq!(rig.marks().oldest_pending().await.expect("pending"), None);
     let orders = rig.drain(&rig.orders_queue).await;
     assert_eq!(orders.len(), 2, "published twice: at least once");
     let ids = event_ids(&orders, false);
@@ -423,6 +416,43 @@ async fn an_event_published_before_the_relay_recorded_it_is_republished_under_it
 
     // A consumer behind the crate's SQS door deduplicates on it: one effect.
     assert_eq!(rig.consume(&orders).await, 1, "one effect per event");
+}
+
+/// A mark that applies and loses its response (the SDK retries; the retry finds the event
+/// published) is a mark: the batch succeeds, nothing is published twice.
+#[tokio::test]
+async fn a_mark_that_applied_but_lost_its_response_counts_as_marked() {
+    let rig = Rig::open().await;
+    rig.place("o-4").await;
+    let batch = rig.stream_batch().await;
+    let faults = FaultInterceptor::new();
+    faults.inject_times(
+        interceptor::Operation::UpdateItem,
+        interceptor::Fault::DropResponse,
+        3,
+    );
+    let marks = OutboxMarks::new(
+        interceptor::client_with(rig.db.endpoint.clone(), &faults),
+        &rig.outbox,
+    );
+    let mut service = relay(rig.publisher(), marks).with_clock(rig.clock.clone());
+    let answer = deliver(&mut service, batch.clone()).await;
+    assert!(answer.batch_item_failures.is_empty(), "{answer:?}");
+    assert_eq!(
+        faults.fired(
+            interceptor::Operation::UpdateItem,
+            interceptor::Fault::DropResponse
+        ),
+        3
+    );
+    assert_eq!(rig.marks().oldest_pending().await.expect("pending"), None);
+    let again = deliver(&mut rig.relay(), batch).await;
+    assert!(again.batch_item_failures.is_empty());
+    assert_eq!(
+        rig.drain(&rig.orders_queue).await.len(),
+        1,
+        "published once"
+    );
 }
 
 #[tokio::test]
@@ -452,7 +482,7 @@ async fn a_failed_publish_is_reported_so_the_stream_retries_it() {
             .await
             .is_err()
     );
-    let mut service = rig.relay(rig.db.store());
+    let mut service = rig.relay();
     let mut event = DynamoDbEvent::default();
     event.records = vec![sqs_record.clone()];
     let answer = deliver(&mut service, event).await;
@@ -507,8 +537,7 @@ fn lambda_message(message: &aws_sdk_sqs::types::Message) -> SqsMessage {
     .expect("an SQS message")
 }
 
-/// A FIFO queue deduplicates on the event id: the same event published twice (a second relay
-/// that never saw the first's ledger) is received once.
+/// A FIFO queue deduplicates on the event id: the same event published twice is received once.
 #[tokio::test]
 async fn a_fifo_queue_deduplicates_a_republished_event_on_its_id() {
     let rig = Rig::open().await;
@@ -541,13 +570,12 @@ async fn a_fifo_queue_deduplicates_a_republished_event_on_its_id() {
     .expect("placed");
     let batch = rig.stream_batch().await;
 
-    for ledger in [
-        rig.relay_engine(rig.db.store()),
-        rig.relay_engine(lambda_idempotency::MemoryStore::new()),
-    ] {
-        let mut service = relay(ledger, scope(), rig.publisher(), rig.marks());
-        let answer = deliver(&mut service, batch.clone()).await;
-        assert!(answer.batch_item_failures.is_empty(), "{answer:?}");
+    // The relay publishes it, and a sweeper that read the index before the mark does too.
+    let answer = deliver(&mut rig.relay(), batch.clone()).await;
+    assert!(answer.batch_item_failures.is_empty(), "{answer:?}");
+    let events: Vec<_> = batch.records.iter().filter_map(relay::inserted).collect();
+    for published in rig.publisher().publish_batch(&events).await {
+        published.expect("published again");
     }
 
     let received = rig.drain(&fifo).await;

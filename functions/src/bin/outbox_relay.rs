@@ -1,31 +1,36 @@
 //! The outbox relay, deployed by template.yaml (`Binary: outbox_relay`): the outbox table's
-//! stream in, every committed event published once (at least) under its event id, and marked
-//! published in the outbox table (`OUTBOX_TABLE`).
+//! stream in, every committed event published (at least once) under its event id in batches,
+//! marked published in the outbox table (`OUTBOX_TABLE`), and one EMF document per batch.
 
-use lambda_idempotency::effects::relay::{Publisher, RELAY_OPERATION, relay};
-use lambda_idempotency::effects::{Destinations, Outbox, OutboxMarks};
-use lambda_idempotency::observe::emf::Flushed;
-use lambda_idempotency::{Idempotency, OperationScope};
-use lambda_idempotency_functions::checkout::OUTBOX_TABLE_VAR;
-use lambda_idempotency_functions::{logging, metrics, primed_store};
+use std::time::SystemTime;
+
+use aws_lambda_events::event::dynamodb::Event as DynamoDbEvent;
+use lambda_idempotency::effects::Destinations;
+use lambda_idempotency::effects::relay::Publisher;
+use lambda_idempotency::store::dynamodb_config;
+use lambda_idempotency_functions::{logging, outbox_relay};
+use lambda_runtime::{LambdaEvent, service_fn};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), lambda_runtime::Error> {
     logging::init();
-    let store = primed_store().await?;
-    let outbox = std::env::var(OUTBOX_TABLE_VAR)
-        .map_err(|_| format!("set {OUTBOX_TABLE_VAR} to the outbox table's name"))?;
-    let marks = OutboxMarks::new(store.client().clone(), &Outbox::new(outbox));
-    let publisher = Publisher::from_env()
-        .await
-        .with_destinations(Destinations::from_env()?);
-    let scope = OperationScope::for_function(RELAY_OPERATION)?;
-    let (collector, observer) = metrics::init()?;
-    let relay = relay(
-        Idempotency::new(store).with_observer(observer),
-        scope,
-        publisher,
-        marks,
-    );
-    lambda_runtime::run(Flushed::new(collector, relay)).await
+    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let relay = outbox_relay::from_env(
+        aws_sdk_dynamodb::Client::from_conf(dynamodb_config(&config)),
+        Publisher::from_conf(&config).with_destinations(Destinations::from_env()?),
+    )?;
+    let function = std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_default();
+    lambda_runtime::run(service_fn(|event: LambdaEvent<DynamoDbEvent>| {
+        let (relay, function) = (&relay, function.as_str());
+        async move {
+            let report = relay.relay_batch(&event.payload.records).await;
+            // One log line: CloudWatch reads the figures from it.
+            println!(
+                "{}",
+                outbox_relay::emf_document(function, &report, SystemTime::now())
+            );
+            Ok::<_, lambda_runtime::Error>(report.response())
+        }
+    }))
+    .await
 }

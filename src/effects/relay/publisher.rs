@@ -1,18 +1,18 @@
-//! Publishing one outbox event through the AWS SDK, and telling a refusal (the destination
-//! will never take this event: park it) from a failure (retry it).
+//! The publisher of outbox events through the AWS SDK: what it may publish, an event checked
+//! before it is sent, and a refusal (the destination will never take this event: park it) told
+//! from a failure (retry it). Its batches are in [`super::batches`].
 
 use std::fmt;
 
 use aws_sdk_sqs::error::ProvideErrorMetadata;
 
 use crate::effects::destinations::{DESTINATIONS_VAR, Destinations};
-use crate::effects::outbox::{Destination, MAX_EVENT_BYTES, OutboxRecord};
+use crate::effects::outbox::{MAX_EVENT_BYTES, OutboxRecord};
 use crate::error::BoxError;
-use crate::lambda::sources::SQS_KEY_ATTRIBUTE;
 
 /// Error codes that refuse the event itself (its size, its content): the same request would be
 /// refused again, so the event is parked instead of retried.
-const REFUSALS: [&str; 7] = [
+pub(super) const REFUSALS: [&str; 7] = [
     "InvalidParameterValue",
     "InvalidParameter",
     "InvalidMessageContents",
@@ -44,7 +44,7 @@ pub enum PublishError {
 }
 
 impl PublishError {
-    fn failed(source: impl Into<BoxError>) -> Self {
+    pub(super) fn failed(source: impl Into<BoxError>) -> Self {
         Self::Failed {
             source: source.into(),
         }
@@ -52,7 +52,7 @@ impl PublishError {
 
     /// Refused when the error's code is one of [`REFUSALS`], failed otherwise (the SDKs share
     /// one `SdkError` type).
-    fn from_sdk<E>(err: aws_sdk_sqs::error::SdkError<E>) -> Self
+    pub(super) fn from_sdk<E>(err: aws_sdk_sqs::error::SdkError<E>) -> Self
     where
         E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     {
@@ -68,9 +68,9 @@ impl PublishError {
 /// Publishes outbox events through the AWS SDK, to the destinations it is allowed.
 #[derive(Clone)]
 pub struct Publisher {
-    eventbridge: aws_sdk_eventbridge::Client,
-    sns: aws_sdk_sns::Client,
-    sqs: aws_sdk_sqs::Client,
+    pub(super) eventbridge: aws_sdk_eventbridge::Client,
+    pub(super) sns: aws_sdk_sns::Client,
+    pub(super) sqs: aws_sdk_sqs::Client,
     destinations: Destinations,
 }
 
@@ -120,14 +120,24 @@ impl Publisher {
         )
     }
 
-    /// Publishes `event` to its destination once (the caller retries).
+    /// Publishes `event` to its destination once (the caller retries): a batch of one
+    /// ([`Publisher::publish_batch`]).
     ///
     /// # Errors
     /// [`PublishError::Refused`] when the destination is not allowed
     /// ([`Publisher::with_destinations`]) or refuses the event itself (larger than
-    /// [`MAX_EVENT_BYTES`], an EventBridge entry refused other than for throttling or an
-    /// internal error, a validation error), [`PublishError::Failed`] otherwise.
+    /// [`MAX_EVENT_BYTES`], an entry refused as malformed or invalid), [`PublishError::Failed`]
+    /// otherwise.
     pub async fn publish(&self, event: &OutboxRecord) -> Result<(), PublishError> {
+        self.publish_batch(std::slice::from_ref(event))
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(PublishError::failed("the batch answered nothing")))
+    }
+
+    /// The event ready to send: allowed, its envelope built, its size within
+    /// [`MAX_EVENT_BYTES`].
+    pub(super) fn prepare(&self, event: &OutboxRecord) -> Result<Prepared, PublishError> {
         if !self.destinations.allows(&event.destination) {
             return Err(PublishError::Refused {
                 reason: format!(
@@ -135,92 +145,34 @@ impl Publisher {
                 ),
             });
         }
-        let envelope = event.envelope().map_err(|err| PublishError::Refused {
+        let (envelope, bytes) = event.published().map_err(|err| PublishError::Refused {
             reason: err.to_string(),
         })?;
-        if envelope.len() > MAX_EVENT_BYTES {
+        if bytes > MAX_EVENT_BYTES {
             return Err(PublishError::Refused {
                 reason: format!(
-                    "the envelope is {} bytes, past the destination's {MAX_EVENT_BYTES}",
-                    envelope.len()
+                    "the event is {bytes} bytes as published, past the destination's {MAX_EVENT_BYTES}"
                 ),
             });
         }
-        match &event.destination {
-            Destination::EventBridge {
-                bus,
-                source,
-                detail_type,
-            } => {
-                let entry = aws_sdk_eventbridge::types::PutEventsRequestEntry::builder()
-                    .event_bus_name(bus)
-                    .source(source)
-                    .detail_type(detail_type)
-                    .detail(envelope)
-                    .build();
-                let put = self
-                    .eventbridge
-                    .put_events()
-                    .entries(entry)
-                    .send()
-                    .await
-                    .map_err(PublishError::from_sdk)?;
-                if put.failed_entry_count() > 0 {
-                    let code = put
-                        .entries()
-                        .iter()
-                        .find_map(|entry| entry.error_code())
-                        .unwrap_or("no error code");
-                    return Err(entry_failure(code));
-                }
-            }
-            Destination::Sns { topic_arn } => {
-                let attribute = aws_sdk_sns::types::MessageAttributeValue::builder()
-                    .data_type("String")
-                    .string_value(&event.id)
-                    .build()
-                    .map_err(PublishError::failed)?;
-                let mut publish = self
-                    .sns
-                    .publish()
-                    .topic_arn(topic_arn)
-                    .message(envelope)
-                    .message_attributes(SQS_KEY_ATTRIBUTE, attribute);
-                if topic_arn.ends_with(".fifo") {
-                    publish = publish
-                        .message_group_id(&event.name)
-                        .message_deduplication_id(&event.id);
-                }
-                publish.send().await.map_err(PublishError::from_sdk)?;
-            }
-            Destination::Sqs { queue_url } => {
-                let attribute = aws_sdk_sqs::types::MessageAttributeValue::builder()
-                    .data_type("String")
-                    .string_value(&event.id)
-                    .build()
-                    .map_err(PublishError::failed)?;
-                let mut send = self
-                    .sqs
-                    .send_message()
-                    .queue_url(queue_url)
-                    .message_body(envelope)
-                    .message_attributes(SQS_KEY_ATTRIBUTE, attribute);
-                if queue_url.ends_with(".fifo") {
-                    send = send
-                        .message_group_id(&event.name)
-                        .message_deduplication_id(&event.id);
-                }
-                send.send().await.map_err(PublishError::from_sdk)?;
-            }
-        }
-        Ok(())
+        Ok(Prepared { envelope, bytes })
     }
+}
+
+/// An event checked and ready to send.
+#[derive(Debug, Clone)]
+pub(super) struct Prepared {
+    /// What the destination receives.
+    pub(super) envelope: String,
+    /// What the destination counts: the envelope, EventBridge's `Source` and `DetailType`, or
+    /// the id's message attribute.
+    pub(super) bytes: usize,
 }
 
 /// An EventBridge entry's failure: a malformed or invalid entry refuses the event; anything
 /// else (throttling, an internal error, access denied, a code this build does not know) is
 /// retried, never parked: a grant or a bus policy can be fixed.
-fn entry_failure(code: &str) -> PublishError {
+pub(super) fn entry_failure(code: &str) -> PublishError {
     if code == "MalformedDetail" || REFUSALS.contains(&code) {
         PublishError::Refused {
             reason: format!("EventBridge refused the entry: {code}"),

@@ -29,7 +29,7 @@ use std::time::{Duration, SystemTime};
 
 use tracing::warn;
 
-use super::{Publisher, Relayed, deliver};
+use super::{Publisher, Relayed, deliver_all};
 use crate::effects::outbox_marks::{Marked, OutboxError, OutboxMarks, PublishedBy};
 use crate::error::BoxError;
 
@@ -82,6 +82,10 @@ pub struct SweepReport {
     /// How long the oldest event still pending has waited, after the sweep; `None` when
     /// nothing is pending.
     pub oldest_pending_age: Option<Duration>,
+    /// The pending events this sweep found older than its threshold (at most its limit).
+    pub found: u64,
+    /// The longest time from commit to publication among the events this sweep published.
+    pub max_lag: Option<Duration>,
 }
 
 impl fmt::Display for SweepReport {
@@ -94,6 +98,22 @@ impl fmt::Display for SweepReport {
         match self.oldest_pending_age {
             Some(age) => write!(f, "{} s", age.as_secs()),
             None => write!(f, "none"),
+        }
+    }
+}
+
+impl SweepReport {
+    /// Counts what became of one event: republished (`Some(true)`), parked (`Some(false)`),
+    /// nothing to do (`None`), or failed.
+    fn count(&mut self, name: &str, done: Result<Option<bool>, BoxError>) {
+        match done {
+            Ok(Some(true)) => self.republished += 1,
+            Ok(Some(false)) => self.parked += 1,
+            Ok(None) => {}
+            Err(err) => {
+                warn!(event = %name, error = %err, "a pending outbox event could not be republished: left pending");
+                self.failed += 1;
+            }
         }
     }
 }
@@ -149,32 +169,32 @@ impl Sweeper {
         let found = self.marks.pending(cutoff, self.limit).await?;
         let mut report = SweepReport {
             unreadable: u64::try_from(found.unreadable.len()).unwrap_or(u64::MAX),
+            found: u64::try_from(found.events.len()).unwrap_or(u64::MAX),
             ..SweepReport::default()
         };
-        for event in found.events {
-            let name = event.record.name.clone();
-            let done = match &self.via {
-                Via::Publisher(publisher) => deliver(
-                    publisher,
-                    &self.marks,
-                    event.record,
-                    PublishedBy::Sweeper,
-                    now,
-                )
-                .await
-                .map(|relayed| match relayed {
-                    Relayed::Published { .. } => Some(true),
-                    _ => Some(false),
-                }),
-                Via::Stream => self.redrive(&event, cutoff, now).await,
-            };
-            match done {
-                Ok(Some(true)) => report.republished += 1,
-                Ok(Some(false)) => report.parked += 1,
-                Ok(None) => {}
-                Err(err) => {
-                    warn!(event = %name, error = %err, "a pending outbox event could not be republished: left pending");
-                    report.failed += 1;
+        match &self.via {
+            Via::Publisher(publisher) => {
+                let committed: Vec<(String, SystemTime)> = found
+                    .events
+                    .iter()
+                    .map(|event| (event.record.name.clone(), event.created_at))
+                    .collect();
+                let records = found.events.into_iter().map(|event| event.record).collect();
+                let answers =
+                    deliver_all(publisher, &self.marks, records, PublishedBy::Sweeper, now).await;
+                for ((name, created_at), answer) in committed.iter().zip(answers) {
+                    let published = matches!(answer, Ok(Relayed::Published { .. }));
+                    if published {
+                        let lag = now.duration_since(*created_at).ok();
+                        report.max_lag = report.max_lag.max(lag);
+                    }
+                    report.count(name, answer.map(|_| Some(published)));
+                }
+            }
+            Via::Stream => {
+                for event in &found.events {
+                    let done = self.redrive(event, cutoff, now).await;
+                    report.count(&event.record.name, done);
                 }
             }
         }

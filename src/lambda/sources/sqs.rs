@@ -12,7 +12,7 @@ use crate::key::{JsonPointer, KeyPolicy};
 use crate::lambda::batch::{BatchRecord, BatchReport};
 
 /// The SQS message attribute that carries an explicit idempotency key.
-pub const SQS_KEY_ATTRIBUTE: &str = "idempotency-key";
+pub const SQS_KEY_ATTRIBUTE: &str = crate::effects::ID_ATTRIBUTE;
 
 /// SQS: the `idempotency-key` message attribute, else the body field at `body_pointer`,
 /// **scoped to the producer** that sent the message: two producers that send the same key
