@@ -17,7 +17,7 @@
 //!
 //! | outbox item attribute | meaning |
 //! |---|---|
-//! | `pk` (S) | the event id (64 hex characters) |
+//! | `pk` (S) | the event id: the producer's namespace, `#`, 64 hex characters ([`event_id`]; 0.4's ids have no namespace) |
 //! | `event` (S) | the event's name, e.g. `order-placed` |
 //! | `operation` (S) | the operation that wrote it (its scope, no key material) |
 //! | `destination` (S) | `eventbridge`, `sns` or `sqs` |
@@ -82,9 +82,9 @@ pub const PENDING_SHARDS: [&str; 16] = [
     "p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9", "pa", "pb", "pc", "pd", "pe", "pf",
 ];
 
-/// The `pending` shard of event `id`.
+/// The `pending` shard of event `id` (by its digest's first hex digit).
 pub(crate) fn pending_shard(id: &str) -> &'static str {
-    let digit = id
+    let digit = id_digest(id)
         .chars()
         .next()
         .and_then(|first| first.to_digit(16))
@@ -247,9 +247,17 @@ impl OutboxEvent {
         self.checked()
     }
 
-    /// This event, refused when its published size passes [`MAX_EVENT_BYTES`].
+    /// This event, refused when its published size passes [`MAX_EVENT_BYTES`] under an id of
+    /// a Lambda function's namespace (64 characters); [`Outbox`] checks it again under its real
+    /// id when it is committed.
     fn checked(self) -> Result<Self, Error> {
-        let size = self.published_size()?;
+        self.fits(&format!("{}#{}", "f".repeat(64), "0".repeat(64)))?;
+        Ok(self)
+    }
+
+    /// Refuses this event when, published under `id`, it would pass [`MAX_EVENT_BYTES`].
+    fn fits(&self, id: &str) -> Result<(), Error> {
+        let (_, size) = self.record(id).published()?;
         if size > MAX_EVENT_BYTES {
             return Err(Error::InvalidEvent {
                 reason: format!(
@@ -258,20 +266,18 @@ impl OutboxEvent {
                 ),
             });
         }
-        Ok(self)
+        Ok(())
     }
 
-    /// The bytes the destination counts once the event is published (with an id's 64
-    /// characters): [`OutboxRecord::published`].
-    fn published_size(&self) -> Result<usize, Error> {
-        let record = OutboxRecord {
-            id: "0".repeat(64),
+    /// The event as its item will stand under `id`.
+    fn record(&self, id: &str) -> OutboxRecord {
+        OutboxRecord {
+            id: id.to_owned(),
             name: self.name.clone(),
             destination: self.destination.clone(),
             payload: self.payload.clone(),
             order: self.order.clone(),
-        };
-        Ok(record.published()?.1)
+        }
     }
 
     /// The event's name.
@@ -331,6 +337,7 @@ impl Outbox {
                 ),
             });
         }
+        event.fits(id)?;
         let s = |value: &str| AttributeValue::S(value.to_owned());
         let mut put = Put::builder()
             .table_name(&self.table)
@@ -372,11 +379,23 @@ impl Outbox {
 /// takeover): the same on every attempt of that execution, another for a later execution of
 /// the same key (after its record expired, or an operator released it), so that a new
 /// execution's event is never taken for the old one.
+///
+/// It is the producer's namespace (the key's, in Lambda the function's name), `#`, and 64 hex
+/// characters, so that `dynamodb:LeadingKeys` `<function>#*` scopes which outbox events a
+/// producer may write, as it scopes its records.
 pub fn event_id(key: &OperationKey, created_at: SystemTime, step: &str, name: &str) -> String {
-    key.downstream(&format!(
+    let digest = key.downstream(&format!(
         "{step}#event={name}#execution={}",
         epoch_millis(created_at)
-    ))
+    ));
+    format!("{}#{digest}", key.namespace())
+}
+
+/// The digest part of event id `id` (after its namespace; all of a 0.4 id, which has none):
+/// 64 hex characters, what a FIFO destination's deduplication id and the pending index's shard
+/// are made of.
+pub(crate) fn id_digest(id: &str) -> &str {
+    id.rsplit('#').next().unwrap_or(id)
 }
 
 /// An outbox event as its item stands, read from the outbox table's stream.
@@ -443,10 +462,18 @@ impl OutboxRecord {
         })
     }
 
-    /// Its FIFO message group: its ordering key, else its own id (an event without an
-    /// ordering key holds no other back).
+    /// Its FIFO message group: its ordering key, else its own id's digest (an event without
+    /// an ordering key holds no other back).
     pub fn message_group(&self) -> &str {
-        self.order.as_ref().map_or(&self.id, |order| &order.key)
+        self.order
+            .as_ref()
+            .map_or(id_digest(&self.id), |order| &order.key)
+    }
+
+    /// Its FIFO deduplication id: its id's digest (64 characters: a deduplication id takes 128,
+    /// a namespace may be long).
+    pub fn deduplication_id(&self) -> &str {
+        id_digest(&self.id)
     }
 
     /// The envelope, and the bytes the destination counts once the event is published: the

@@ -13,12 +13,14 @@
 //! or lost past its 24 hours, stays pending for the [`sweeper`]. The marks are the relay's only
 //! record: it needs no idempotency table of its own.
 //!
-//! **Order.** Within a destination, one ordering key's events are published in the order the
-//! stream gives them, none overtaking one that failed ([`batches`](Publisher::publish_batch)).
-//! The stream keeps commit order per item only, and each event is its own item: events of one
-//! aggregate on two shards, the sweeper's republications and a parked event's gap all reach a
-//! consumer out of order. A consumer that cares keeps the highest `sequence` it applied per
-//! `ordering_key` (both in the envelope, from [`OutboxEvent::ordered_by`](crate::effects::OutboxEvent::ordered_by)).
+//! **Order.** Within one batch and one destination, one ordering key's events are published in
+//! the order the stream gives them, none overtaking one that failed
+//! ([`Publisher::publish_batch`]). That is all the relay can keep: the stream keeps commit
+//! order per item only, and each event is its own item, so one aggregate's events may sit on
+//! two shards, which Lambda relays at once; the sweeper's republications and a parked event's
+//! gap reorder too. A consumer that cares reads the `ordering_key` and `sequence` in the
+//! envelope (from [`OutboxEvent::ordered_by`](crate::effects::OutboxEvent::ordered_by)) and
+//! applies an aggregate's events in sequence, holding one that arrives early.
 //!
 //! | destination | request | the event id travels as |
 //! |---|---|---|
@@ -325,11 +327,13 @@ impl Relay {
         report.already = done.len() as u64;
         let (records, due): (Vec<&DynamoDbRecord>, Vec<OutboxRecord>) = due.into_iter().unzip();
         let answers = deliver_all(&self.publisher, &self.marks, due, PublishedBy::Relay, now).await;
+        let published_by = self.clock.now();
         for (record, answer) in records.into_iter().zip(answers) {
             match answer {
                 Ok(Relayed::Published { .. }) => {
                     report.published += 1;
-                    let lag = committed_at(record).and_then(|at| now.duration_since(at).ok());
+                    let lag =
+                        committed_at(record).and_then(|at| published_by.duration_since(at).ok());
                     report.max_lag = report.max_lag.max(lag);
                 }
                 Ok(Relayed::Parked { .. }) => report.parked += 1,

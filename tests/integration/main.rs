@@ -31,6 +31,8 @@ mod memory_store;
 #[cfg(feature = "emf")]
 mod metrics;
 #[cfg(feature = "relay")]
+mod outbox_chain;
+#[cfg(feature = "relay")]
 mod outbox_destinations;
 mod outbox_ids;
 #[cfg(feature = "relay")]

@@ -220,7 +220,13 @@ impl Rig {
             .expect("get")
             .expect("record");
         let expected = event_id(inv.key(), record.created_at, "place", "placed-0");
-        assert_eq!(expected.len(), 64);
+        let (namespace, digest) = expected.split_once('#').expect("a namespaced id");
+        assert_eq!(
+            namespace,
+            inv.key().namespace(),
+            "the producer's namespace first"
+        );
+        assert_eq!(digest.len(), 64);
     }
 
     /// Every record the outbox table's stream holds, as a Lambda event (what an event source

@@ -597,12 +597,15 @@ async fn outbox_events_commit_with_the_step_under_ids_stable_across_attempts() {
         order["payload"].as_s().map(String::as_str),
         Ok(r#"{"order":"o-9"}"#)
     );
-    // Pending until published: in the pending index (its shard the id's first hex digit), with
-    // no TTL (OUTBOX_RETENTION runs from the publication).
+    // Pending until published: in the pending index (its shard the first hex digit of the
+    // id's digest, after the producer's namespace), with no TTL (OUTBOX_RETENTION runs from the
+    // publication).
     let id = order["pk"].as_s().expect("id");
+    let (namespace, digest) = id.split_once('#').expect("a namespaced id");
+    assert_eq!(namespace, "conformance", "the producer's namespace first");
     assert_eq!(
         order["pending"].as_s().map(String::as_str),
-        Ok(format!("p{}", &id[..1]).as_str())
+        Ok(format!("p{}", &digest[..1]).as_str())
     );
     assert!(!order.contains_key("expires_at"), "no TTL while pending");
     let committed_ms = created_at

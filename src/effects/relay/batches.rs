@@ -332,7 +332,7 @@ impl Publisher {
             if fifo {
                 built = built
                     .message_group_id(entry.event.message_group())
-                    .message_deduplication_id(&entry.event.id);
+                    .message_deduplication_id(entry.event.deduplication_id());
             }
             requested.push(built.build().map_err(PublishError::failed)?);
         }
@@ -372,7 +372,7 @@ impl Publisher {
             if fifo {
                 built = built
                     .message_group_id(entry.event.message_group())
-                    .message_deduplication_id(&entry.event.id);
+                    .message_deduplication_id(entry.event.deduplication_id());
             }
             requested.push(built.build().map_err(PublishError::failed)?);
         }

@@ -172,6 +172,10 @@ impl Sweeper {
             found: u64::try_from(found.events.len()).unwrap_or(u64::MAX),
             ..SweepReport::default()
         };
+        // Oldest first across the index's partitions (each is read oldest first): one
+        // aggregate's older event is published before its newer one.
+        let mut found = found;
+        found.events.sort_by_key(|event| event.created_at);
         match &self.via {
             Via::Publisher(publisher) => {
                 let committed: Vec<(String, SystemTime)> = found
