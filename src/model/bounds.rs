@@ -232,4 +232,7 @@ pub(crate) enum Revert {
     /// An outbox event's id came from the key and step alone, not the execution: a later
     /// execution's event (after the first one's retention) was taken for the first one's.
     EventIdWithoutExecution,
+    /// 0.4's outbox: nothing republished an event the stream gave up before it was published
+    /// (no pending mark, no sweeper): the event was lost.
+    NoSweeper,
 }

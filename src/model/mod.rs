@@ -102,8 +102,13 @@ pub(crate) enum Action {
     /// Worker `w`'s invocation is cancelled, or its handler panics (unwinding), while it
     /// holds its lease: it gives its claim back.
     Cancel(usize),
-    /// The outbox relay publishes event `e` (again, if it was published before).
+    /// The outbox relay (or, once the stream no longer holds it, the sweeper) publishes event
+    /// `e` (again, if it was published before).
     Publish(usize),
+    /// Event `e`, published, is marked so (a relay that dies first never takes this step).
+    Mark(usize),
+    /// The stream gives event `e`'s record up before it is marked.
+    Expire(usize),
 }
 
 impl Protocol {
@@ -234,8 +239,14 @@ impl Model for Protocol {
             }
         }
         for (e, event) in state.outbox.iter().enumerate() {
-            if !event.published || state.republishes > 0 {
+            if self.publishable(state, e) {
                 actions.push(Action::Publish(e));
+            }
+            if event.published && !event.marked {
+                actions.push(Action::Mark(e));
+            }
+            if event.in_stream && !event.marked {
+                actions.push(Action::Expire(e));
             }
         }
         for (w, worker) in state.workers.iter().enumerate() {
@@ -336,6 +347,8 @@ impl Model for Protocol {
                 self.cancel(&mut state, w);
             }
             Action::Publish(e) => self.publish(&mut state, e),
+            Action::Mark(e) => Self::mark(&mut state, e),
+            Action::Expire(e) => Self::expire(&mut state, e),
         }
         self.track_outcomes(&mut state);
         Some(state)

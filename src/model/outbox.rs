@@ -1,5 +1,7 @@
-//! A transactional handler's effect and outbox event, committed with its settlement, and the
-//! relay that publishes the event to a consumer deduplicating on its id.
+//! A transactional handler's effect and outbox event, committed with its settlement; the relay
+//! that publishes the event from the stream to a consumer deduplicating on its id, and marks
+//! it published (or dies before the mark); the stream that gives a record up; and the sweeper
+//! that republishes an event still pending once the stream no longer holds it.
 
 use super::properties::EVENT_ONCE;
 use super::state::{Event, Held, State};
@@ -36,7 +38,33 @@ impl Protocol {
         state.outbox.push(Event {
             id,
             published: false,
+            marked: false,
+            in_stream: true,
         });
+    }
+
+    /// Event `e`, published, is marked so: out of the pending index, and the stream's
+    /// checkpoint moves past it.
+    pub(super) fn mark(state: &mut State, e: usize) {
+        let event = &mut state.outbox[e];
+        event.marked = true;
+        event.in_stream = false;
+    }
+
+    /// The stream gives event `e`'s record up (its 24 hours passed, or its retries ran out)
+    /// before anything marked it.
+    pub(super) fn expire(state: &mut State, e: usize) {
+        state.outbox[e].in_stream = false;
+    }
+
+    /// Whether event `e` may be published now: by the relay while the stream holds it, by the
+    /// sweeper once it does not and it is still pending (not with [`Revert::NoSweeper`]); again
+    /// only within the bounds' republications.
+    pub(super) fn publishable(&self, state: &State, e: usize) -> bool {
+        let event = &state.outbox[e];
+        let sweeper = self.revert != Some(Revert::NoSweeper);
+        let by_someone = event.in_stream || (sweeper && !event.marked);
+        by_someone && (!event.published || state.republishes > 0)
     }
 
     /// The relay publishes outbox event `e`; its consumer acts on an id it has not seen, and

@@ -30,6 +30,12 @@ pub(crate) const TRUTHFUL: &str = "every answer is truthful";
 /// publishes it (perhaps again), and the consumer, deduplicating on its id, never takes it for
 /// another.
 pub(crate) const EVENT_ONCE: &str = "every committed event takes effect once";
+
+/// Every event committed to the outbox is published at least once, or still can be: it is
+/// published, or pending with something that will publish it (the stream still holds it, or
+/// the sweeper finds it pending). An event marked without being published, or given up by the
+/// stream with no sweeper, is lost.
+pub(crate) const EVENT_PUBLISHED: &str = "every committed event is published at least once";
 /// An operation is held INDETERMINATE for an operator only where nothing else can decide:
 /// the takeover of an attempt that gave its claim back knowingly (its handler's retryable
 /// failure after its steps) replays the done steps and checks the uncertain ones.
@@ -66,6 +72,9 @@ pub(super) fn all() -> Vec<Property<Protocol>> {
         }),
         Property::always(TRUTHFUL, |_, s: &State| !s.broken.contains(&TRUTHFUL)),
         Property::always(EVENT_ONCE, |_, s: &State| !s.broken.contains(&EVENT_ONCE)),
+        Property::always(EVENT_PUBLISHED, |m: &Protocol, s: &State| {
+            (0..s.outbox.len()).all(|e| s.outbox[e].published || m.publishable(s, e))
+        }),
         Property::always(CONTINUED, |_, s: &State| !s.broken.contains(&CONTINUED)),
         Property::sometimes(COMPLETES, |_, s: &State| {
             s.records

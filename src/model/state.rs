@@ -96,8 +96,14 @@ impl Outcome {
 pub(crate) struct Event {
     /// Its id, which its consumer deduplicates on.
     pub(crate) id: String,
-    /// Whether the relay has published it.
+    /// Whether the relay (or the sweeper) has published it.
     pub(crate) published: bool,
+    /// Whether it is marked published: out of the pending index, the stream's checkpoint past
+    /// it.
+    pub(crate) marked: bool,
+    /// Whether the table's stream still holds it (until it is marked, or the stream's 24 hours
+    /// and retries run out).
+    pub(crate) in_stream: bool,
 }
 
 impl State {

@@ -6,7 +6,8 @@ use std::time::Instant;
 use stateright::{Checker, Expectation, Model};
 
 use super::properties::{
-    CONTINUED, EVENT_ONCE, LIVE_LEASE, ONE_EFFECT, ONE_PER_IDENTITY, TAKES_OVER, TRUTHFUL,
+    CONTINUED, EVENT_ONCE, EVENT_PUBLISHED, LIVE_LEASE, ONE_EFFECT, ONE_PER_IDENTITY, TAKES_OVER,
+    TRUTHFUL,
 };
 use super::{Bounds, Handler, Protocol, Revert, Spec};
 use crate::reconcile::Recovery;
@@ -409,4 +410,17 @@ fn a_refused_completion_released_under_the_default_recovery_is_found() {
         Recovery::Indeterminate,
         ONE_EFFECT,
     );
+}
+
+#[test]
+fn an_outbox_without_a_sweeper_is_found() {
+    let bounds = Bounds {
+        workers: vec![Spec::of(0, 0, false)],
+        outages: 0,
+        losses: 0,
+        crashes: 0,
+        republishes: 1,
+        ..Bounds::transactional()
+    };
+    finds(Revert::NoSweeper, bounds, Recovery::Rerun, EVENT_PUBLISHED);
 }
