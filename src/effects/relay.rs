@@ -31,7 +31,9 @@
 //! A consumer behind the crate's SQS door keys by the `idempotency-key` attribute by default
 //! ([`sources::sqs`](crate::lambda::sources::sqs), which keys each producer apart:
 //! [`sources::sqs_across_senders`](crate::lambda::sources::sqs_across_senders) when more than one
-//! role publishes the events); an EventBridge consumer by
+//! role publishes the events); a Lambda subscribed to the topic by
+//! [`sources::sns_by_key_attribute`](crate::lambda::sources::sns_by_key_attribute); an
+//! EventBridge consumer by
 //! [`sources::eventbridge_detail`](crate::lambda::sources::eventbridge_detail)`("/event_id")`,
 //! which fingerprints the envelope alone: the same event published again is a replay.
 //!

@@ -12,7 +12,8 @@
 //! | SQS ([`sqs`]) | the producer (`SenderId`'s role part) + the `idempotency-key` message attribute, else the body field you name | body |
 //! | SQS ([`sqs_across_senders`]) | as [`sqs`], without the producer: every producer shares one key space | body |
 //! | SQS ([`sqs_message_id`]) | `messageId` (a republish gets a new id: opt in) | body |
-//! | SNS ([`sns`]) | `MessageId` | message |
+//! | SNS ([`sns`]) | `MessageId` (a republish gets a new id) | message |
+//! | SNS ([`sns_by_key_attribute`]) | the topic + the `idempotency-key` message attribute (an outbox event's id), else `MessageId` | message |
 //! | EventBridge ([`eventbridge`], [`eventbridge_detail`]) | `id`, or a `detail` field | detail |
 //! | HTTP: API Gateway REST/HTTP, Function URLs, ALB ([`http()`]) | caller + `Idempotency-Key` header | method, path, sorted query, content type, body bytes |
 //! | DynamoDB Streams ([`dynamodb_stream`]) | `eventID` | keys and new image |
@@ -63,7 +64,7 @@ pub use kinesis::kinesis;
 pub use s3::s3;
 #[cfg(feature = "sns")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sns")))]
-pub use sns::sns;
+pub use sns::{sns, sns_by_key_attribute};
 #[cfg(feature = "sqs")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqs")))]
 pub use sqs::{SQS_KEY_ATTRIBUTE, sqs, sqs_across_senders, sqs_message_id};

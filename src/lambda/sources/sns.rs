@@ -1,14 +1,57 @@
-//! SNS: the key policy.
+//! SNS: the key policies.
 
 use aws_lambda_events::event::sns::SnsRecord;
+use serde_json::json;
 
 use super::body_json;
+use crate::effects::ID_ATTRIBUTE;
 use crate::key::KeyPolicy;
 
-/// SNS: `MessageId`; fingerprint over the message.
+/// SNS: `MessageId`; fingerprint over the message. A message published again (an outbox event
+/// the sweeper republished) gets a new `MessageId`: for those, [`sns_by_key_attribute`].
 pub fn sns() -> KeyPolicy<SnsRecord> {
     KeyPolicy::from_fns(
         |record: &SnsRecord| Some(record.sns.message_id.clone()),
+        |record: &SnsRecord| Some(body_json(Some(&record.sns.message))),
+    )
+}
+
+/// SNS keyed by the `idempotency-key` message attribute (what the outbox relay sets to the
+/// event id), **scoped to the topic** that delivered it, else by `MessageId`; fingerprint over
+/// the message. An outbox event published again (a new `MessageId`, the same envelope) is a
+/// replay; two topics' same key are two operations.
+///
+/// ```
+/// use aws_lambda_events::event::sns::{MessageAttribute, SnsRecord};
+/// use lambda_idempotency::lambda::sources;
+///
+/// let delivered = |message_id: &str| {
+///     let mut record = SnsRecord::default();
+///     record.sns.message_id = message_id.into();
+///     record.sns.topic_arn = "arn:aws:sns:eu-west-1:1:orders".into();
+///     record.sns.message = r#"{"event_id":"shop#7f3a","event":"order-placed","payload":{}}"#.into();
+///     let mut attribute = MessageAttribute::default();
+///     attribute.data_type = "String".into();
+///     attribute.value = "shop#7f3a".into();
+///     record.sns.message_attributes.insert("idempotency-key".into(), attribute);
+///     record
+/// };
+/// let scope = lambda_idempotency::OperationScope::new("shop", "orders")?;
+/// let policy = sources::sns_by_key_attribute();
+/// let (first, _) = policy.derive(&scope, &delivered("m-1"))?;
+/// let (again, _) = policy.derive(&scope, &delivered("m-2-republished"))?;
+/// assert_eq!(first, again);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn sns_by_key_attribute() -> KeyPolicy<SnsRecord> {
+    KeyPolicy::from_fns(
+        |record: &SnsRecord| {
+            let attribute = record.sns.message_attributes.get(ID_ATTRIBUTE);
+            Some(match attribute {
+                Some(key) => json!({"topic": record.sns.topic_arn, "key": key.value}),
+                None => json!(record.sns.message_id),
+            })
+        },
         |record: &SnsRecord| Some(body_json(Some(&record.sns.message))),
     )
 }
