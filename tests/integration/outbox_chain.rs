@@ -13,13 +13,10 @@ use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use lambda_idempotency::clock::Clock;
 use lambda_idempotency::effects::relay::relay;
 use lambda_idempotency::effects::relay::sweeper::Sweeper;
-use lambda_idempotency::effects::{
-    Destination, Destinations, OutboxEvent, OutboxMarks, Transaction,
-};
+use lambda_idempotency::effects::{Destination, Destinations, OutboxEvent, Transaction};
 use lambda_idempotency::lambda::sources;
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::testing::conformance::invocation;
-use lambda_idempotency::testing::interceptor::{self, FaultInterceptor};
 use lambda_idempotency::{BoxError, ExecutionContext, Idempotency, Operation, OperationScope};
 use lambda_runtime::Context;
 use serde_json::{Value, json};
@@ -125,19 +122,7 @@ async fn each_event_takes_effect_once_at_its_consumer_through_a_crash_an_expired
     );
 
     // The relay publishes, then dies before any mark applies: every record is reported.
-    let faults = FaultInterceptor::new();
-    faults.inject_times(
-        interceptor::Operation::UpdateItem,
-        interceptor::Fault::Error {
-            status: 400,
-            code: "AccessDeniedException",
-        },
-        7,
-    );
-    let unmarked = OutboxMarks::new(
-        interceptor::client_with(rig.db.endpoint.clone(), &faults),
-        &rig.outbox,
-    );
+    let (faults, unmarked) = rig.failing_marks(7);
     let mut crashed = relay(publisher.clone(), unmarked).with_clock(rig.clock.clone());
     let answer = deliver(&mut crashed, batch).await;
     assert_eq!(answer.batch_item_failures.len(), 7, "{answer:?}");

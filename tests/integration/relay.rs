@@ -171,6 +171,40 @@ impl Rig {
         relay(publisher, self.marks()).with_clock(self.clock.clone())
     }
 
+    /// A new FIFO queue on moto named after `prefix`: its URL.
+    pub(crate) async fn fifo_queue(&self, prefix: &str) -> String {
+        self.sqs
+            .create_queue()
+            .queue_name(format!("{}.fifo", unique_table_name(prefix)))
+            .attributes(aws_sdk_sqs::types::QueueAttributeName::FifoQueue, "true")
+            .send()
+            .await
+            .expect("a FIFO queue")
+            .queue_url()
+            .expect("url")
+            .to_owned()
+    }
+
+    /// The outbox's marks through a client whose next `failures` `UpdateItem`s are refused
+    /// before they apply (`AccessDeniedException`, not retried): a relay that dies between its
+    /// publish and its mark leaves what this one does.
+    pub(crate) fn failing_marks(&self, failures: usize) -> (FaultInterceptor, OutboxMarks) {
+        let faults = FaultInterceptor::new();
+        faults.inject_times(
+            interceptor::Operation::UpdateItem,
+            interceptor::Fault::Error {
+                status: 400,
+                code: "AccessDeniedException",
+            },
+            failures,
+        );
+        let marks = OutboxMarks::new(
+            interceptor::client_with(self.db.endpoint.clone(), &faults),
+            &self.outbox,
+        );
+        (faults, marks)
+    }
+
     /// The SDK's configuration for moto (EventBridge, SNS and SQS).
     pub(crate) fn moto_config(&self) -> aws_config::SdkConfig {
         self.moto.sdk_config()
@@ -385,19 +419,7 @@ async fn a_relay_that_published_but_never_marked_republishes_under_the_same_id_a
     let batch = rig.stream_batch().await;
     // The relay publishes, then its marks fail before they apply (as a relay that dies between
     // the two leaves them): every record is reported, none acknowledged.
-    let faults = FaultInterceptor::new();
-    faults.inject_times(
-        interceptor::Operation::UpdateItem,
-        interceptor::Fault::Error {
-            status: 400,
-            code: "AccessDeniedException",
-        },
-        3,
-    );
-    let unmarked = OutboxMarks::new(
-        interceptor::client_with(rig.db.endpoint.clone(), &faults),
-        &rig.outbox,
-    );
+    let (faults, unmarked) = rig.failing_marks(3);
     let mut crashed = relay(rig.publisher(), unmarked).with_clock(rig.clock.clone());
     let answer = deliver(&mut crashed, batch.clone()).await;
     assert_eq!(answer.batch_item_failures.len(), 3, "{answer:?}");
@@ -431,11 +453,12 @@ async fn a_mark_that_applied_but_lost_its_response_counts_as_marked() {
     let rig = Rig::open().await;
     rig.place("o-4").await;
     let batch = rig.stream_batch().await;
+    // One mark loses its answer (the marks run at once: one fault, whichever mark meets it,
+    // so that no mark's retries all meet one).
     let faults = FaultInterceptor::new();
-    faults.inject_times(
+    faults.inject(
         interceptor::Operation::UpdateItem,
         interceptor::Fault::DropResponse,
-        3,
     );
     let marks = OutboxMarks::new(
         interceptor::client_with(rig.db.endpoint.clone(), &faults),
@@ -449,7 +472,7 @@ async fn a_mark_that_applied_but_lost_its_response_counts_as_marked() {
             interceptor::Operation::UpdateItem,
             interceptor::Fault::DropResponse
         ),
-        3
+        1
     );
     assert_eq!(rig.marks().oldest_pending().await.expect("pending"), None);
     let again = deliver(&mut rig.relay(), batch).await;
@@ -547,17 +570,7 @@ fn lambda_message(message: &aws_sdk_sqs::types::Message) -> SqsMessage {
 #[tokio::test]
 async fn a_fifo_queue_deduplicates_a_republished_event_on_its_id() {
     let rig = Rig::open().await;
-    let fifo = rig
-        .sqs
-        .create_queue()
-        .queue_name(format!("{}.fifo", unique_table_name("orders")))
-        .attributes(aws_sdk_sqs::types::QueueAttributeName::FifoQueue, "true")
-        .send()
-        .await
-        .expect("a FIFO queue")
-        .queue_url()
-        .expect("url")
-        .to_owned();
+    let fifo = rig.fifo_queue("orders").await;
     let idem = Idempotency::new(rig.db.store()).with_recovery(Recovery::Steps);
     let inv = invocation("relay-fifo", &json!({"order": "o-fifo"}));
     let destination = Destination::Sqs {

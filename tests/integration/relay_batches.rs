@@ -190,17 +190,7 @@ async fn twenty_five_events_go_out_in_three_requests_and_each_is_marked() {
 #[tokio::test]
 async fn each_aggregate_keeps_its_order_in_its_own_fifo_group() {
     let rig = Rig::open().await;
-    let fifo = rig
-        .sqs
-        .create_queue()
-        .queue_name(format!("{}.fifo", unique_table_name("aggregates")))
-        .attributes(aws_sdk_sqs::types::QueueAttributeName::FifoQueue, "true")
-        .send()
-        .await
-        .expect("a FIFO queue")
-        .queue_url()
-        .expect("url")
-        .to_owned();
+    let fifo = rig.fifo_queue("aggregates").await;
     commit(
         &rig,
         &fifo,
