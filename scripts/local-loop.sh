@@ -97,6 +97,15 @@ check_twice sqs_orders sqs
 check_twice eventbridge_handler eventbridge
 check_twice api_payments http_api
 check_twice checkout checkout
+# The stream record's item, as the checkout's commit left it (the stream is not wired here):
+# the relay reads its mark before it publishes, and marks it.
+"$moto_venv/bin/python" - "$DYNAMODB_ENDPOINT" <<'PY'
+import json, sys, boto3
+db = boto3.client("dynamodb", endpoint_url=sys.argv[1], region_name="us-east-1",
+                  aws_access_key_id="test", aws_secret_access_key="test")
+record = json.load(open("functions/events/dynamodb_stream.json"))["Records"][0]
+db.put_item(TableName="local-outbox", Item=record["dynamodb"]["NewImage"])
+PY
 check_twice outbox_relay dynamodb_stream
 invoke stuck_check schedule > "$work/stuck.json"
 invoke outbox_sweeper schedule > "$work/sweeper.json"
@@ -141,8 +150,8 @@ import json, sys
 rows = json.load(open(sys.argv[1]))
 assert all(row["status"] == "COMPLETED" for row in rows), f"not all completed: {rows}"
 # quickstart 1, sqs_orders 2 (two messages), eventbridge_handler 1, api_payments 1,
-# checkout 1, outbox_relay 1
+# checkout 1 (the outbox relay keeps no records: its marks are in the outbox table)
 total = sum(row["count"] for row in rows)
-assert total == 7, f"{total} records for 7 operations sent twice each: {rows}"
+assert total == 6, f"{total} records for 6 operations sent twice each: {rows}"
 print(f"{total} operations, each recorded once and COMPLETED")
 PY
