@@ -41,6 +41,9 @@ pub struct Invocation {
     pub(crate) identity: Option<String>,
     pub(crate) identity_scope: IdentityScope,
     pub(crate) result_ref: Option<JsonPointer>,
+    /// How long a duplicate waits for another environment's live claim to settle
+    /// ([`Invocation::with_wait_for_result`]); `None`: it answers in progress at once.
+    pub(crate) wait_for_result: Option<Duration>,
 }
 
 impl Invocation {
@@ -61,6 +64,7 @@ impl Invocation {
             identity: None,
             identity_scope: IdentityScope::default(),
             result_ref: None,
+            wait_for_result: None,
         }
     }
 
@@ -162,6 +166,30 @@ impl Invocation {
     /// evidence's result reference.
     pub fn with_result_ref(mut self, pointer: JsonPointer) -> Self {
         self.result_ref = Some(pointer);
+        self
+    }
+
+    /// Waits up to `max` for the outcome when another environment holds a live claim on the
+    /// key, instead of answering [`Error::AlreadyInProgress`] at once: the record is read again
+    /// (strongly consistent, backed off from 50 ms to 1 s), never past the invocation's
+    /// deadline less a second. When the holder settles, the caller gets its outcome (a
+    /// replay, or its retained failure); when the holder's lease runs out, the caller claims
+    /// it as any takeover does; when `max` or the deadline comes first, it answers
+    /// `AlreadyInProgress` as without waiting. For synchronous callers (HTTP, direct
+    /// invocations) that would rather get the result than retry.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use lambda_idempotency::{Fingerprint, Invocation, OperationKey, OperationScope};
+    /// # let scope = OperationScope::new("shop", "charge")?;
+    /// # let key = OperationKey::derive(&scope, None, "order-418")?;
+    /// let invocation = Invocation::new(key, Fingerprint::of(&42)?, Duration::from_secs(30))
+    ///     .with_wait_for_result(Duration::from_secs(10));
+    /// # let _ = invocation;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_wait_for_result(mut self, max: Duration) -> Self {
+        self.wait_for_result = Some(max);
         self
     }
 

@@ -60,6 +60,7 @@ mod reconcile;
 pub(crate) mod retry;
 pub(crate) mod settle;
 mod single_flight;
+mod wait;
 
 /// How long an INDETERMINATE record is kept: it waits for an operator.
 pub(crate) const INDETERMINATE_RETENTION: Duration = Duration::from_secs(366 * 24 * 3600);
@@ -255,7 +256,7 @@ impl Idempotency {
                         // for the turn comes off it.
                         let mut invocation = invocation.clone();
                         invocation.lease = invocation.lease.saturating_sub(entered.elapsed());
-                        Box::pin(self.run(&invocation, handler)).await
+                        Box::pin(self.run_or_wait(&invocation, handler)).await
                     })
                     .instrument(span)
                     .await
@@ -263,7 +264,7 @@ impl Idempotency {
             // Boxed: the engine's future is deep (claim, retries, SDK requests), and a caller's
             // own future around it must not hit the compiler's layout depth limit.
             None => {
-                Box::pin(self.run(invocation, handler))
+                Box::pin(self.run_or_wait(invocation, handler))
                     .instrument(span)
                     .await
             }
@@ -286,11 +287,10 @@ impl Idempotency {
         });
     }
 
-    async fn run<T, E, F, Fut>(
-        &self,
-        invocation: &Invocation,
-        handler: F,
-    ) -> Result<Execution<T>, Error>
+    /// Claims and runs, or answers; `Busy` gives the handler back, unrun, when another
+    /// environment holds a live claim and the invocation waits for results
+    /// ([`Invocation::with_wait_for_result`]).
+    async fn run<T, E, F, Fut>(&self, invocation: &Invocation, handler: F) -> Ran<T, F>
     where
         T: Serialize + DeserializeOwned,
         E: Into<BoxError>,
@@ -298,8 +298,14 @@ impl Idempotency {
         Fut: Future<Output = Result<T, E>>,
     {
         let now = self.clock.now();
-        let invocation = &*self.under_earlier_key(invocation, now).await?;
-        self.check_keyed_by_0_4(invocation, now).await?;
+        let invocation = match self.under_earlier_key(invocation, now).await {
+            Ok(invocation) => invocation,
+            Err(err) => return Ran::Answered(Err(err)),
+        };
+        let invocation = &*invocation;
+        if let Err(err) = self.check_keyed_by_0_4(invocation, now).await {
+            return Ran::Answered(Err(err));
+        }
         let key = &invocation.key;
         let claim = self.new_claim(invocation, now);
         let deadline = claim.lease.expires_at;
@@ -329,11 +335,30 @@ impl Idempotency {
             }
             Ok(Step::Answer(existing)) => {
                 give_back.disarm();
-                return answer_existing(*existing, invocation, now);
+                return match answer_existing(*existing, invocation, now) {
+                    Err(busy @ Error::AlreadyInProgress { .. })
+                        if invocation.wait_for_result.is_some() =>
+                    {
+                        Ran::Busy {
+                            handler,
+                            key: key.clone(),
+                            busy,
+                        }
+                    }
+                    answer => Ran::Answered(answer),
+                };
+            }
+            Err(busy @ Error::AlreadyInProgress { .. }) if invocation.wait_for_result.is_some() => {
+                give_back.disarm();
+                return Ran::Busy {
+                    handler,
+                    key: key.clone(),
+                    busy,
+                };
             }
             Err(err) => {
                 give_back.disarm();
-                return Err(err);
+                return Ran::Answered(Err(err));
             }
         };
         // Every write from here settles the identity the operation recorded at its claim,
@@ -354,7 +379,7 @@ impl Idempotency {
             .await;
         give_back.disarm();
         match answer {
-            Ok(answer) => answer,
+            Ok(answer) => Ran::Answered(answer),
             Err(panic) => {
                 warn!("the handler panicked: its claim is given back for a reconciled takeover");
                 let _ = self.shorten(target, deadline, lands_by.get()).await;
@@ -526,6 +551,18 @@ impl Idempotency {
 }
 
 /// What a claim leads to.
+/// What a run came to: an answer, or a live claim elsewhere that the invocation waits out.
+enum Ran<T, F> {
+    /// The answer for the caller.
+    Answered(Result<Execution<T>, Error>),
+    /// Another environment holds a live claim on `key`; the handler did not run.
+    Busy {
+        handler: F,
+        key: OperationKey,
+        busy: Error,
+    },
+}
+
 enum Step {
     /// The caller holds the lease: run (or reconcile).
     Run(Held),

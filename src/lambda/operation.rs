@@ -38,6 +38,7 @@ pub struct Operation<E> {
     pub(crate) lease: LeasePolicy,
     pub(crate) result_ref: Option<JsonPointer>,
     pub(crate) transactional_writes: bool,
+    pub(crate) wait_for_result: Option<Duration>,
 }
 
 impl<E> Clone for Operation<E> {
@@ -49,6 +50,7 @@ impl<E> Clone for Operation<E> {
             lease: self.lease,
             result_ref: self.result_ref.clone(),
             transactional_writes: self.transactional_writes,
+            wait_for_result: self.wait_for_result,
         }
     }
 }
@@ -61,6 +63,7 @@ impl<E> fmt::Debug for Operation<E> {
             .field("lease", &self.lease)
             .field("result_ref", &self.result_ref)
             .field("transactional_writes", &self.transactional_writes)
+            .field("wait_for_result", &self.wait_for_result)
             .finish_non_exhaustive()
     }
 }
@@ -75,6 +78,7 @@ impl<E> Operation<E> {
             lease: LeasePolicy::default(),
             result_ref: None,
             transactional_writes: false,
+            wait_for_result: None,
         }
     }
 
@@ -88,6 +92,31 @@ impl<E> Operation<E> {
     /// of the business identity's permanent evidence ([`Invocation::with_result_ref`]).
     pub fn with_result_ref(mut self, pointer: JsonPointer) -> Self {
         self.result_ref = Some(pointer);
+        self
+    }
+
+    /// A duplicate that arrives while another environment runs the operation waits up to
+    /// `max` for its outcome (and never past its invocation's deadline less a second)
+    /// instead of answering "in progress" ([`Invocation::with_wait_for_result`]): for
+    /// synchronous callers, an HTTP client or a direct invocation, that would rather get the
+    /// result than retry. Each wait costs a strongly consistent read every 50 ms to 1 s
+    /// (backed off): about 8 reads for a 5-second wait.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use lambda_idempotency::{Idempotency, KeyPolicy};
+    ///
+    /// let idem = Idempotency::from_env().await?;
+    /// let charge = idem
+    ///     .operation("charge", KeyPolicy::pointer("/order_id")?)?
+    ///     .with_wait_for_result(Duration::from_secs(10))
+    ///     .layer();
+    /// # let _ = charge;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_wait_for_result(mut self, max: Duration) -> Self {
+        self.wait_for_result = Some(max);
         self
     }
 
@@ -197,6 +226,10 @@ impl<E> Operation<E> {
             Some(deadline) => invocation.with_deadline(deadline),
             None => invocation,
         };
+        let invocation = match self.wait_for_result {
+            Some(max) => invocation.with_wait_for_result(max),
+            None => invocation,
+        };
         Ok(match &self.result_ref {
             Some(pointer) => invocation.with_result_ref(pointer.clone()),
             None => invocation,
@@ -263,5 +296,32 @@ impl LeasePolicy {
             Some(left) if !left.is_zero() => (left + self.skew).min(self.max),
             _ => self.without_deadline,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::key::KeyPolicy;
+    use crate::store::MemoryStore;
+    use crate::{Idempotency, OperationScope};
+
+    use super::Operation;
+
+    #[test]
+    fn the_operations_wait_reaches_every_invocation_it_builds() {
+        let scope = OperationScope::new("shop", "charge").expect("scope");
+        let policy = KeyPolicy::pointer("/order_id").expect("policy");
+        let operation = Operation::new(Idempotency::new(MemoryStore::new()), scope, policy);
+        let event = serde_json::json!({"order_id": "o-1"});
+        let context = lambda_runtime::Context::default();
+        let plain = operation.invocation(&event, &context).expect("invocation");
+        assert_eq!(plain.wait_for_result, None);
+        let waiting = operation
+            .with_wait_for_result(Duration::from_secs(10))
+            .invocation(&event, &context)
+            .expect("invocation");
+        assert_eq!(waiting.wait_for_result, Some(Duration::from_secs(10)));
     }
 }

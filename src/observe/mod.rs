@@ -135,6 +135,16 @@ pub enum Observation<'a> {
         /// Its duration.
         elapsed: Duration,
     },
+    /// A duplicate waited for another environment's claim to settle
+    /// ([`Invocation::with_wait_for_result`](crate::Invocation::with_wait_for_result)).
+    Waited {
+        /// The operation name.
+        operation: &'a str,
+        /// The reads of the held record it took (the waiting's extra cost).
+        reads: u32,
+        /// How long it waited (wall time).
+        elapsed: Duration,
+    },
 }
 
 /// Receives what the engine decides: a one-method strategy; closures implement it.

@@ -62,3 +62,4 @@ mod stored_formats;
 mod streams;
 mod tenants;
 mod transactions;
+mod waiting;

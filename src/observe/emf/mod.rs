@@ -38,7 +38,7 @@ use super::{Observation, Observer, Step};
 fn describe_latencies(prefix: &'static str) {
     static DESCRIBED: std::sync::Once = std::sync::Once::new();
     DESCRIBED.call_once(|| {
-        for step in ["claim_latency", "completion_latency"] {
+        for step in ["claim_latency", "completion_latency", "wait_latency"] {
             metrics::describe_histogram!(
                 format!("{prefix}.{step}"),
                 metrics::Unit::Milliseconds,
@@ -89,6 +89,19 @@ impl Observer for MetricsObserver {
                     Step::Completion => "completion_latency",
                 };
                 let name = format!("{}.{step}", self.prefix);
+                describe_latencies(self.prefix);
+                metrics::histogram!(name, "operation" => operation.to_string())
+                    .record(elapsed.as_secs_f64() * 1000.0);
+            }
+            Observation::Waited {
+                operation,
+                reads,
+                elapsed,
+            } => {
+                let reads_name = format!("{}.wait_reads", self.prefix);
+                metrics::counter!(reads_name, "operation" => operation.to_string())
+                    .increment(u64::from(*reads));
+                let name = format!("{}.wait_latency", self.prefix);
                 describe_latencies(self.prefix);
                 metrics::histogram!(name, "operation" => operation.to_string())
                     .record(elapsed.as_secs_f64() * 1000.0);

@@ -1,0 +1,306 @@
+//! Waiting for an in-flight result across environments ([`Invocation::with_wait_for_result`]):
+//! two engines over one table (two execution environments), on both stores. A duplicate that
+//! waits gets the holder's outcome, gives up at its patience or its deadline with the
+//! reads it cost counted, and takes over a holder whose lease ran out.
+
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use lambda_idempotency::clock::{Clock, SystemClock};
+use lambda_idempotency::observe::Observation;
+use lambda_idempotency::reconcile::{BoxFuture, Recovery};
+use lambda_idempotency::store::AnyStore;
+use lambda_idempotency::testing::conformance::invocation;
+use lambda_idempotency::{Error, Idempotency, Invocation, Origin};
+use serde_json::{Value, json};
+use tokio::sync::{Notify, mpsc};
+
+use super::backends::both;
+
+/// The system clock, telling the test each time the engine pauses (the waiting's pauses: no
+/// write fails here, so no retry pauses).
+#[derive(Debug, Clone)]
+struct PauseSignal(mpsc::UnboundedSender<Duration>);
+
+impl Clock for PauseSignal {
+    fn now(&self) -> SystemTime {
+        SystemClock.now()
+    }
+
+    fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {
+        let _ = self.0.send(duration);
+        SystemClock.sleep(duration)
+    }
+}
+
+/// The reads each wait reported.
+fn counting_waits(engine: Idempotency) -> (Idempotency, Arc<Mutex<Vec<u32>>>) {
+    let waits = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&waits);
+    let engine = engine.with_observer(move |observation: &Observation<'_>| {
+        if let Observation::Waited { reads, .. } = observation {
+            seen.lock().expect("waits").push(*reads);
+        }
+    });
+    (engine, waits)
+}
+
+fn reads(waits: &Mutex<Vec<u32>>) -> Vec<u32> {
+    waits.lock().expect("waits").clone()
+}
+
+/// Environment A's handler: runs once, signals that it holds the claim, and finishes when
+/// released.
+fn holder(
+    runs: &Arc<AtomicUsize>,
+    holding: &Arc<Notify>,
+    release: &Arc<Notify>,
+) -> impl FnOnce(
+    lambda_idempotency::ExecutionContext,
+) -> BoxFuture<'static, Result<Value, std::io::Error>>
++ Send
++ 'static {
+    let (runs, holding, release) = (Arc::clone(runs), Arc::clone(holding), Arc::clone(release));
+    move |_ctx| {
+        Box::pin(async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            holding.notify_one();
+            release.notified().await;
+            Ok(json!({"charged": "by A"}))
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_duplicate_that_waits_gets_the_holders_outcome() {
+    for backend in both().await {
+        let name = backend.name;
+        let env_a = Idempotency::new(backend.store.clone());
+        let (pauses_tx, mut pauses) = mpsc::unbounded_channel();
+        let (env_b, waits) =
+            counting_waits(Idempotency::new(backend.store).with_clock(PauseSignal(pauses_tx)));
+        let inv = invocation("order-wait", &json!({"amount": 10}));
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (holding, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+
+        let a = tokio::spawn({
+            let (env_a, inv, handler) = (
+                env_a.clone(),
+                inv.clone(),
+                holder(&runs, &holding, &release),
+            );
+            async move { env_a.execute::<Value, _, _, _>(&inv, handler).await }
+        });
+        holding.notified().await;
+        let b = tokio::spawn({
+            let (inv, runs) = (
+                inv.with_wait_for_result(Duration::from_secs(30)),
+                Arc::clone(&runs),
+            );
+            async move {
+                env_b
+                    .execute(&inv, |_ctx| async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, std::io::Error>(json!({"charged": "by B"}))
+                    })
+                    .await
+            }
+        });
+        // B found A's live claim and is waiting (its first pause), not answering.
+        pauses.recv().await.expect("B pauses to wait");
+        release.notify_one();
+
+        let first = a.await.expect("A").expect("A runs");
+        let waited = b.await.expect("B").expect("B gets A's outcome");
+        assert_eq!(first.origin(), Origin::Executed { attempt: 1 }, "{name}");
+        assert_eq!(
+            waited.origin(),
+            Origin::Replayed,
+            "{name}: B replays A's outcome"
+        );
+        assert_eq!(
+            waited.raw_json().get(),
+            first.raw_json().get(),
+            "{name}: byte for byte"
+        );
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "{name}: the handler ran once"
+        );
+        let reads = reads(&waits);
+        assert_eq!(reads.len(), 1, "{name}: one wait reported");
+        assert!(reads[0] >= 1, "{name}: the wait read the record: {reads:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_duplicate_without_waiting_answers_in_progress_at_once() {
+    for backend in both().await {
+        let name = backend.name;
+        let env_a = Idempotency::new(backend.store.clone());
+        let (env_b, waits) = counting_waits(Idempotency::new(backend.store));
+        let inv = invocation("order-nowait", &json!({"amount": 10}));
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (holding, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let a = tokio::spawn({
+            let (env_a, inv, handler) = (
+                env_a.clone(),
+                inv.clone(),
+                holder(&runs, &holding, &release),
+            );
+            async move { env_a.execute::<Value, _, _, _>(&inv, handler).await }
+        });
+        holding.notified().await;
+
+        let answer = env_b
+            .execute(&inv, |_ctx| async { Ok::<_, std::io::Error>(json!(0)) })
+            .await;
+        assert!(
+            matches!(answer, Err(Error::AlreadyInProgress { .. })),
+            "{name}: {answer:?}"
+        );
+        assert!(reads(&waits).is_empty(), "{name}: no read spent waiting");
+        release.notify_one();
+        a.await.expect("A").expect("A runs");
+    }
+}
+
+/// A holder that never settles (its handler never returns while the test runs).
+async fn hold_forever(env: &Idempotency, inv: &Invocation) -> tokio::task::JoinHandle<()> {
+    let holding = Arc::new(Notify::new());
+    let task = tokio::spawn({
+        let (env, inv, holding) = (env.clone(), inv.clone(), Arc::clone(&holding));
+        async move {
+            let _ = env
+                .execute(&inv, |_ctx| async move {
+                    holding.notify_one();
+                    std::future::pending::<Result<Value, std::io::Error>>().await
+                })
+                .await;
+        }
+    });
+    holding.notified().await;
+    task
+}
+
+#[tokio::test]
+async fn a_wait_gives_up_at_its_patience_and_counts_its_reads() {
+    for backend in both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        let env_a = Idempotency::new(backend.store.clone()).with_clock(clock.clone());
+        let (env_b, waits) =
+            counting_waits(Idempotency::new(backend.store).with_clock(clock.clone()));
+        let inv = invocation("order-patience", &json!({"amount": 10}));
+        let holder = hold_forever(&env_a, &inv).await;
+        let started = clock.now();
+
+        let answer = env_b
+            .execute(
+                &inv.with_wait_for_result(Duration::from_secs(5)),
+                |_ctx| async { Ok::<_, std::io::Error>(json!(0)) },
+            )
+            .await;
+        assert!(
+            matches!(answer, Err(Error::AlreadyInProgress { .. })),
+            "{name}: {answer:?}"
+        );
+        let waited = clock.now().duration_since(started).expect("forward");
+        assert_eq!(
+            waited,
+            Duration::from_secs(5),
+            "{name}: waited its patience, no longer"
+        );
+        // Pauses of 50, 100, 200, 400, 800 ms, then 1 s, cut at the patience: 9 reads in 5 s.
+        assert_eq!(
+            reads(&waits),
+            vec![9],
+            "{name}: the reads a 5-second wait costs"
+        );
+        holder.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_wait_never_outlasts_the_callers_deadline() {
+    for backend in both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        let env_a = Idempotency::new(backend.store.clone()).with_clock(clock.clone());
+        let (env_b, waits) =
+            counting_waits(Idempotency::new(backend.store).with_clock(clock.clone()));
+        let inv = invocation("order-deadline", &json!({"amount": 10}));
+        let holder = hold_forever(&env_a, &inv).await;
+        let started = clock.now();
+        let deadline = started + Duration::from_secs(3);
+
+        let answer = env_b
+            .execute(
+                &inv.with_deadline(deadline)
+                    .with_wait_for_result(Duration::from_secs(60)),
+                |_ctx| async { Ok::<_, std::io::Error>(json!(0)) },
+            )
+            .await;
+        assert!(
+            matches!(answer, Err(Error::AlreadyInProgress { .. })),
+            "{name}: {answer:?}"
+        );
+        let waited = clock.now().duration_since(started).expect("forward");
+        assert_eq!(
+            waited,
+            Duration::from_secs(2),
+            "{name}: stops a second before the deadline, to answer in time"
+        );
+        assert!(!reads(&waits).is_empty(), "{name}");
+        holder.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_holder_whose_lease_runs_out_is_taken_over_by_the_waiter() {
+    for backend in both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        let env_a = Idempotency::new(backend.store.clone()).with_clock(clock.clone());
+        let (env_b, waits) = counting_waits(
+            Idempotency::new(AnyStore::clone(&backend.store))
+                .with_clock(clock.clone())
+                .with_recovery(Recovery::Rerun),
+        );
+        // A's lease: 30 s (the suite's); B may run for 2 minutes, and waits as long.
+        let inv = invocation("order-crashed", &json!({"amount": 10}));
+        let patient = Invocation::new(
+            inv.key().clone(),
+            inv.fingerprint().clone(),
+            Duration::from_secs(120),
+        );
+        let holder = hold_forever(&env_a, &inv).await;
+        let started = clock.now();
+        let runs = AtomicU32::new(0);
+
+        let answer = env_b
+            .execute(
+                &patient.with_wait_for_result(Duration::from_secs(120)),
+                |ctx| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    async move { Ok::<_, std::io::Error>(json!({"attempt": ctx.attempt()})) }
+                },
+            )
+            .await
+            .expect("B takes over");
+        assert_eq!(answer.origin(), Origin::Executed { attempt: 2 }, "{name}");
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}");
+        let waited = clock.now().duration_since(started).expect("forward");
+        assert_eq!(
+            waited,
+            Duration::from_millis(30_001),
+            "{name}: waited the holder's lease out, to the millisecond past it, no longer"
+        );
+        // Pauses of 50 ms doubling to 1 s, the last cut to the lease's end: 34 reads, never
+        // a busy loop.
+        assert_eq!(reads(&waits), vec![34], "{name}");
+        holder.abort();
+    }
+}
