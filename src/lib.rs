@@ -33,8 +33,9 @@
 //!
 //! | trigger | door | key policy |
 //! |---|---|---|
-//! | direct or async invocation, EventBridge, SNS (one event per invocation) | [`Operation::layer`] ([`IdempotencyLayer`]) | [`KeyPolicy`], or [`lambda::sources`]`::eventbridge()`, `sns()` |
+//! | direct or async invocation, EventBridge (one event per invocation) | [`Operation::layer`] ([`IdempotencyLayer`]) | [`KeyPolicy`], or [`lambda::sources`]`::eventbridge()` |
 //! | SQS, Kinesis, DynamoDB Streams (batches, partial failures) | [`Operation::batch`] ([`BatchProcessor`], a service with `.service(handler)`) | [`lambda::sources`]`::sqs(..)`, `kinesis()`, `dynamodb_stream()` |
+//! | SNS, S3 (events holding records; no partial-batch response: a record to deliver again fails the invocation) | [`Operation::batch`] | [`lambda::sources`]`::sns()`, `sns_by_key_attribute()`, `s3()` |
 //! | API Gateway REST / HTTP, Function URLs, ALB, with axum or any tower service | [`Operation::http_layer`] ([`HttpIdempotencyLayer`]) | [`lambda::sources`]`::http()`: the `Idempotency-Key` header, scoped to the caller ([`CallerScope`]) |
 //! | any async code inside a handler | [`Idempotency::execute`] | [`OperationKey`] and [`Fingerprint`] of your own |
 //!

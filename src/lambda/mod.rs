@@ -34,6 +34,6 @@ pub mod sources;
 
 pub use context::current;
 pub use error::IdempotencyError;
-pub use layer::IdempotencyLayer;
+pub use layer::{ExecutionLayer, IdempotencyLayer};
 pub use operation::{LeasePolicy, Operation};
-pub use service::IdempotencyService;
+pub use service::{ExecutionService, IdempotencyService};

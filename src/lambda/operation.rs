@@ -109,7 +109,7 @@ impl<E> Operation<E> {
     ///
     /// let idem = Idempotency::from_env().await?;
     /// let charge = idem
-    ///     .operation("charge", KeyPolicy::pointer("/order_id")?)?
+    ///     .operation("charge", KeyPolicy::<serde_json::Value>::pointer("/order_id")?)?
     ///     .with_wait_for_result(Duration::from_secs(10))
     ///     .layer();
     /// # let _ = charge;

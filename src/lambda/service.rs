@@ -2,6 +2,7 @@
 
 use std::any::{Any, TypeId};
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -14,6 +15,7 @@ use super::context;
 use super::error::IdempotencyError;
 use super::operation::Operation;
 use crate::error::{BoxError, Error};
+use crate::execution::Execution;
 use crate::reconcile::BoxFuture;
 
 /// A Lambda handler made idempotent by [`IdempotencyLayer`](super::IdempotencyLayer).
@@ -60,19 +62,81 @@ where
     }
 
     fn call(&mut self, event: LambdaEvent<E>) -> Self::Future {
-        // The ready service answers this call; a fresh clone waits for the next one.
-        let inner = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, inner);
-        let operation = Arc::clone(&self.operation);
-        Box::pin(async move {
-            let invocation = operation.invocation(&event.payload, &event.context)?;
-            let execution = operation
-                .idem
-                .execute(&invocation, |ctx| context::scope(ctx, inner.call(event)))
-                .await
-                .map_err(handler_error)?;
-            Ok(execution.into_value())
-        })
+        let run = execute_event(&mut self.inner, &self.operation, event);
+        Box::pin(async move { Ok(run.await?.into_value()) })
+    }
+}
+
+/// A Lambda handler made idempotent by [`ExecutionLayer`](super::ExecutionLayer): it answers
+/// the whole [`Execution`], so that the service around it knows whether the value was
+/// executed or replayed ([`Execution::origin`]) without the stored bytes changing.
+pub struct ExecutionService<Svc, E> {
+    pub(crate) inner: Svc,
+    pub(crate) operation: Arc<Operation<E>>,
+}
+
+impl<Svc: Clone, E> Clone for ExecutionService<Svc, E> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            operation: Arc::clone(&self.operation),
+        }
+    }
+}
+
+impl<Svc, E> fmt::Debug for ExecutionService<Svc, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExecutionService")
+            .field("operation", &self.operation)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<Svc, E, R> Service<LambdaEvent<E>> for ExecutionService<Svc, E>
+where
+    Svc: Service<LambdaEvent<E>, Response = R> + Clone + Send + 'static,
+    Svc::Error: Into<BoxError> + Send + 'static,
+    Svc::Future: Send,
+    E: Send + 'static,
+    R: Serialize + DeserializeOwned + Send + 'static,
+{
+    type Response = Execution<R>;
+    type Error = IdempotencyError<Svc::Error>;
+    type Future = BoxFuture<'static, Result<Execution<R>, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(IdempotencyError::Handler)
+    }
+
+    fn call(&mut self, event: LambdaEvent<E>) -> Self::Future {
+        Box::pin(execute_event(&mut self.inner, &self.operation, event))
+    }
+}
+
+/// Runs `event` as `operation` through the ready `inner` service (a fresh clone of it waits
+/// for the next call).
+fn execute_event<Svc, E, R>(
+    inner: &mut Svc,
+    operation: &Arc<Operation<E>>,
+    event: LambdaEvent<E>,
+) -> impl Future<Output = Result<Execution<R>, IdempotencyError<Svc::Error>>> + Send + 'static
+where
+    Svc: Service<LambdaEvent<E>, Response = R> + Clone + Send + 'static,
+    Svc::Error: Into<BoxError> + Send + 'static,
+    Svc::Future: Send,
+    E: Send + 'static,
+    R: Serialize + DeserializeOwned + Send + 'static,
+{
+    let fresh = inner.clone();
+    let mut inner = std::mem::replace(inner, fresh);
+    let operation = Arc::clone(operation);
+    async move {
+        let invocation = operation.invocation(&event.payload, &event.context)?;
+        operation
+            .idem
+            .execute(&invocation, |ctx| context::scope(ctx, inner.call(event)))
+            .await
+            .map_err(handler_error)
     }
 }
 

@@ -114,7 +114,7 @@ async fn only_failed_records_come_back_and_replays_are_acknowledged() {
         "the in-batch duplicate of o-1 is a replay"
     );
     assert_eq!(again.failed_identifiers(), ["m-3"]);
-    assert!(matches!(first.records[3].1, RecordOutcome::AlreadyDone));
+    assert!(matches!(first.records[3].1, RecordOutcome::Replayed));
     assert_eq!(
         orders.placed().into_iter().collect::<BTreeSet<_>>(),
         BTreeSet::from(["o-1".to_owned(), "o-2".to_owned()])
@@ -129,7 +129,7 @@ async fn only_failed_records_come_back_and_replays_are_acknowledged() {
             .records
             .iter()
             .take(2)
-            .all(|(_, outcome)| matches!(outcome, RecordOutcome::AlreadyDone))
+            .all(|(_, outcome)| matches!(outcome, RecordOutcome::Replayed))
     );
     let response = again.sqs_response();
     assert_eq!(response.batch_item_failures.len(), 1);

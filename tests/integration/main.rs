@@ -30,6 +30,8 @@ mod lost_commits;
 mod memory_store;
 #[cfg(feature = "emf")]
 mod metrics;
+#[cfg(all(feature = "sns", feature = "s3"))]
+mod notification_doors;
 #[cfg(feature = "relay")]
 mod outbox_chain;
 #[cfg(feature = "relay")]

@@ -60,7 +60,7 @@ async fn one_producer_neither_suppresses_nor_reads_another() {
             "{name}: producer B's order is its own"
         );
         assert!(
-            matches!(a_retry.records[0].1, RecordOutcome::AlreadyDone),
+            matches!(a_retry.records[0].1, RecordOutcome::Replayed),
             "{name}: A's retry from another instance is A's"
         );
         assert!(

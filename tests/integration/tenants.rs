@@ -119,7 +119,7 @@ async fn lambdas_tenant_scopes_the_batch_door() {
             "{name}"
         );
         assert!(
-            matches!(acme_again.records[0].1, RecordOutcome::AlreadyDone),
+            matches!(acme_again.records[0].1, RecordOutcome::Replayed),
             "{name}"
         );
         assert_eq!(

@@ -1,4 +1,6 @@
-//! Batch processing for SQS, Kinesis and DynamoDB Streams: each record is its own operation.
+//! Batch processing for SQS, Kinesis and DynamoDB Streams, and for the events of SNS and S3
+//! (which hold records but read no partial-batch response: a record to deliver again fails the
+//! invocation, [`BatchError::RecordsFailed`]): each record is its own operation.
 //!
 //! Records run concurrently (the whole batch in one wave by default, up to
 //! [`BatchProcessor::MAX_DEFAULT_CONCURRENCY`]), except that records of one ordering group (an
@@ -6,8 +8,8 @@
 //! canonical JSON) run one at a time, in order;
 //! after a failure the rest of its group is not run and is reported failed too, so that order
 //! survives the retry. The answer is the partial-batch response: only failed or in-progress
-//! records come back. A replayed record, or one whose permanent evidence shows it took effect
-//! ([`Error::already_took_effect`]), is acknowledged, not run again; evidence of an operation
+//! records come back. A replayed record ([`RecordOutcome::Replayed`]), or one whose permanent
+//! evidence shows it took effect ([`Error::already_took_effect`]), is acknowledged, not run again; evidence of an operation
 //! still in progress, failed or indeterminate is reported failed. A batch close to its deadline
 //! starts no new record ([`BatchProcessor::with_deadline_margin`]): those are reported failed
 //! and come back, rather than being cut off mid-effect. A record that can never succeed (a
@@ -49,6 +51,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{error, warn};
 
+pub use self::failed::BatchError;
 pub use self::report::{BatchReport, PoisonPolicy, RecordOutcome};
 pub use self::service::BatchService;
 use super::operation::{Operation, deadline_of};
@@ -56,6 +59,7 @@ use crate::error::{BoxError, Error};
 use crate::execution::{ExecutionContext, Invocation, Origin};
 use crate::failure::Panicked;
 
+mod failed;
 mod report;
 mod service;
 
@@ -64,8 +68,12 @@ pub trait BatchRecord: Send + Sized {
     /// The batch event Lambda delivers (`SqsEvent`, `KinesisEvent`, `Event` of DynamoDB
     /// Streams).
     type Event: Send;
-    /// The partial-batch response Lambda reads (`SqsBatchResponse`, …).
+    /// The partial-batch response Lambda reads (`SqsBatchResponse`, …; `()` for SNS and S3,
+    /// which read none).
     type Response: Serialize + Send;
+    /// The batch service's error: `Infallible` where every failure is in the partial-batch
+    /// response; [`BatchError`] for SNS and S3.
+    type Error: Send + 'static;
     /// The event's records, in order.
     fn records(event: Self::Event) -> Vec<Self>;
     /// The partial-batch response for `report`: the records Lambda must deliver again.
@@ -79,6 +87,11 @@ pub trait BatchRecord: Send + Sized {
     fn default_poison_policy() -> PoisonPolicy {
         PoisonPolicy::Retry
     }
+    /// The invocation's answer for `report`: the partial-batch response where the source reads
+    /// one (SQS, Kinesis, DynamoDB Streams: `Ok(Self::response(report))`, the error
+    /// `Infallible`), else an error when a record must be delivered again (SNS, S3:
+    /// [`BatchReport::records_failed`], and Lambda retries the whole event).
+    fn answer(report: &BatchReport) -> Result<Self::Response, Self::Error>;
 }
 
 /// Runs each record of a batch as its own idempotent operation; built from an [`Operation`]
@@ -102,8 +115,8 @@ impl<R> fmt::Debug for BatchProcessor<R> {
 }
 
 impl<R: BatchRecord> Operation<R> {
-    /// The processor for a batch source (SQS, Kinesis, DynamoDB Streams): each record is its
-    /// own run of this operation.
+    /// The processor for a batch source (SQS, Kinesis, DynamoDB Streams, and the events of SNS
+    /// and S3): each record is its own run of this operation.
     pub fn batch(self) -> BatchProcessor<R> {
         BatchProcessor::new(self)
     }
@@ -308,8 +321,11 @@ impl<R: BatchRecord> BatchProcessor<R> {
             );
         };
         match answer {
-            Ok(done) if matches!(done.origin(), Origin::Executed { .. }) => RecordOutcome::Executed,
-            Ok(_) => RecordOutcome::AlreadyDone,
+            Ok(done) => match done.origin() {
+                Origin::Executed { .. } => RecordOutcome::Executed,
+                Origin::Replayed => RecordOutcome::Replayed,
+                Origin::Reconciled { .. } => RecordOutcome::AlreadyDone,
+            },
             Err(err) if err.already_took_effect() => {
                 warn!(
                     key = invocation.key().short(),

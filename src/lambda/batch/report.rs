@@ -1,6 +1,7 @@
 //! What a batch answers: each record's outcome, the poison policy that decides the outcome
 //! of a record that can never succeed, and the partial-batch failures.
 
+use super::BatchError;
 use crate::error::Error;
 
 /// What a batch does with a record that can never succeed ([`Error::is_permanent`]): a
@@ -25,7 +26,12 @@ pub enum PoisonPolicy {
 pub enum RecordOutcome {
     /// The handler ran and its result was stored.
     Executed,
-    /// An earlier delivery's result was replayed, or a takeover's reconciler found the effect.
+    /// An earlier delivery's stored outcome was replayed; the handler did not run (what the
+    /// HTTP door answers with `Idempotent-Replayed: true`).
+    Replayed,
+    /// The effect was found without running the handler or replaying: a takeover's
+    /// reconciler found it, or the business identity's permanent evidence shows it took
+    /// effect ([`Error::already_took_effect`]).
     AlreadyDone,
     /// The record failed (handler error, in progress elsewhere, conflict, store error).
     Failed(Error),
@@ -47,6 +53,11 @@ impl RecordOutcome {
     pub fn is_failure(&self) -> bool {
         matches!(self, Self::Failed(_) | Self::Skipped | Self::NotStarted)
     }
+
+    /// Whether the record was answered by replaying an earlier delivery's stored outcome.
+    pub fn is_replay(&self) -> bool {
+        matches!(self, Self::Replayed)
+    }
 }
 
 /// Every record's identifier and outcome, in the batch's order.
@@ -65,6 +76,19 @@ impl BatchReport {
             .filter(|(_, outcome)| outcome.is_failure())
             .map(|(id, _)| id.clone().unwrap_or_default())
             .collect()
+    }
+
+    /// `Err` when a record must be delivered again: the answer of a source that reads no
+    /// partial-batch response (SNS, S3), whose invocation then fails so that Lambda retries
+    /// the event.
+    pub fn records_failed(&self) -> Result<(), BatchError> {
+        match self.failed_identifiers().len() {
+            0 => Ok(()),
+            failed => Err(BatchError::RecordsFailed {
+                failed,
+                records: self.records.len(),
+            }),
+        }
     }
 
     /// One partial-batch failure entry per record Lambda must deliver again.

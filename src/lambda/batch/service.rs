@@ -1,7 +1,6 @@
 //! A batch processor as a tower `Service` over its source's event, answering the source's
 //! partial-batch response: `lambda_runtime::run(processor.service(handler))`.
 
-use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -17,9 +16,12 @@ use crate::error::BoxError;
 use crate::execution::ExecutionContext;
 use crate::reconcile::BoxFuture;
 
-/// A batch handler made idempotent per record ([`BatchProcessor::service`]). It never fails:
-/// every record's failure is in the partial-batch response, so that Lambda delivers only those
-/// again.
+/// A batch handler made idempotent per record ([`BatchProcessor::service`]). On a source with a
+/// partial-batch response (SQS, Kinesis, DynamoDB Streams) it never fails: every record's
+/// failure is in the response, so that Lambda delivers only those again. On SNS and S3, which
+/// read none, a record to deliver again fails the invocation
+/// ([`BatchError::RecordsFailed`](super::BatchError::RecordsFailed)):
+/// Lambda retries the whole event, and the records that succeeded replay.
 pub struct BatchService<R, F> {
     processor: Arc<BatchProcessor<R>>,
     handler: F,
@@ -63,10 +65,10 @@ where
     E: Into<BoxError> + Send,
 {
     type Response = R::Response;
-    type Error = Infallible;
-    type Future = BoxFuture<'static, Result<R::Response, Infallible>>;
+    type Error = R::Error;
+    type Future = BoxFuture<'static, Result<R::Response, R::Error>>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), R::Error>> {
         Poll::Ready(Ok(()))
     }
 
@@ -78,7 +80,7 @@ where
             let report = processor
                 .process(R::records(batch), &context, handler)
                 .await;
-            Ok(R::response(&report))
+            R::answer(&report)
         })
     }
 }

@@ -24,6 +24,7 @@ pub fn dynamodb_stream() -> KeyPolicy<DynamoDbRecord> {
 impl BatchRecord for DynamoDbRecord {
     type Event = DynamoDbEvent;
     type Response = DynamoDbEventResponse;
+    type Error = std::convert::Infallible;
 
     fn records(event: DynamoDbEvent) -> Vec<Self> {
         event.records
@@ -31,6 +32,10 @@ impl BatchRecord for DynamoDbRecord {
 
     fn response(report: &BatchReport) -> DynamoDbEventResponse {
         report.dynamodb_response()
+    }
+
+    fn answer(report: &BatchReport) -> Result<DynamoDbEventResponse, std::convert::Infallible> {
+        Ok(Self::response(report))
     }
 
     fn item_identifier(&self) -> Option<String> {

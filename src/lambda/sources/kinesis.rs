@@ -24,6 +24,7 @@ pub fn kinesis() -> KeyPolicy<KinesisEventRecord> {
 impl BatchRecord for KinesisEventRecord {
     type Event = KinesisEvent;
     type Response = KinesisEventResponse;
+    type Error = std::convert::Infallible;
 
     fn records(event: KinesisEvent) -> Vec<Self> {
         event.records
@@ -31,6 +32,10 @@ impl BatchRecord for KinesisEventRecord {
 
     fn response(report: &BatchReport) -> KinesisEventResponse {
         report.kinesis_response()
+    }
+
+    fn answer(report: &BatchReport) -> Result<KinesisEventResponse, std::convert::Infallible> {
+        Ok(Self::response(report))
     }
 
     fn item_identifier(&self) -> Option<String> {

@@ -1,11 +1,13 @@
-//! SNS: the key policies.
+//! SNS: the key policies, and the event as Lambda delivers it (each record one operation;
+//! no partial-batch response, so a record to deliver again fails the invocation).
 
-use aws_lambda_events::event::sns::SnsRecord;
+use aws_lambda_events::event::sns::{SnsEvent, SnsRecord};
 use serde_json::json;
 
 use super::body_json;
 use crate::effects::ID_ATTRIBUTE;
 use crate::key::KeyPolicy;
+use crate::lambda::batch::{BatchError, BatchRecord, BatchReport};
 
 /// SNS: `MessageId`; fingerprint over the message. A message published again (an outbox event
 /// the sweeper republished) gets a new `MessageId`: for those, [`sns_by_key_attribute`].
@@ -54,4 +56,35 @@ pub fn sns_by_key_attribute() -> KeyPolicy<SnsRecord> {
         },
         |record: &SnsRecord| Some(body_json(Some(&record.sns.message))),
     )
+}
+
+/// An SNS record of the event Lambda delivers (one per invocation in practice): its own
+/// operation. SNS invokes asynchronously and reads no partial-batch response: a record to
+/// deliver again fails the invocation
+/// ([`BatchError::RecordsFailed`]), Lambda
+/// retries the event twice, then hands it to the function's on-failure destination or
+/// dead-letter queue; a record that succeeded replays. A record that can never succeed is
+/// retried by default too, so that it reaches the dead-letter queue.
+impl BatchRecord for SnsRecord {
+    type Event = SnsEvent;
+    type Response = ();
+    type Error = BatchError;
+
+    fn records(event: SnsEvent) -> Vec<Self> {
+        event.records
+    }
+
+    fn response(_report: &BatchReport) {}
+
+    fn answer(report: &BatchReport) -> Result<(), BatchError> {
+        report.records_failed()
+    }
+
+    fn item_identifier(&self) -> Option<String> {
+        Some(self.sns.message_id.clone())
+    }
+
+    fn ordering_group(&self) -> Option<String> {
+        None
+    }
 }

@@ -95,6 +95,7 @@ pub fn sqs_message_id() -> KeyPolicy<SqsMessage> {
 impl BatchRecord for SqsMessage {
     type Event = SqsEvent;
     type Response = SqsBatchResponse;
+    type Error = std::convert::Infallible;
 
     fn records(event: SqsEvent) -> Vec<Self> {
         event.records
@@ -102,6 +103,10 @@ impl BatchRecord for SqsMessage {
 
     fn response(report: &BatchReport) -> SqsBatchResponse {
         report.sqs_response()
+    }
+
+    fn answer(report: &BatchReport) -> Result<SqsBatchResponse, std::convert::Infallible> {
+        Ok(Self::response(report))
     }
 
     fn item_identifier(&self) -> Option<String> {
