@@ -125,8 +125,10 @@ impl ConfigBuilder {
     /// same event before `cutover`. 0.4 read neither the tenant Lambda's tenant isolation mode
     /// gives an invocation nor an SQS message's producer (`SenderId`,
     /// [`sources::sqs`](crate::lambda::sources::sqs)): it keyed every tenant's and producer's
-    /// operations alike, and 0.5 keys them apart. Without the rule, a redelivery that spans the
-    /// upgrade runs again.
+    /// operations alike, and 0.5 keys them apart. It also took a quoted HTTP `Idempotency-Key`
+    /// with its quotes, where 0.5 reads the Structured Field String inside
+    /// ([`sources::http`](crate::lambda::sources::http)). Without the rule, a redelivery (or a
+    /// client's retry) that spans the upgrade runs again.
     ///
     /// With it, such an invocation whose new key holds no live record first reads under the
     /// key 0.4 derived (one or two more `GetItem`s, for those invocations only). Only what 0.4
@@ -144,8 +146,9 @@ impl ConfigBuilder {
     /// answered alike instead of running; one of another intent without an identity is never
     /// affected.
     ///
-    /// Off by default. Turn it on for a function that ran 0.4 and gets tenants from Lambda or
-    /// reads SQS messages with [`sources::sqs`](crate::lambda::sources::sqs), naming the instant
+    /// Off by default. Turn it on for a function that ran 0.4 and gets tenants from Lambda,
+    /// reads SQS messages with [`sources::sqs`](crate::lambda::sources::sqs) or serves HTTP
+    /// clients that quote their `Idempotency-Key`, naming the instant
     /// its last 0.4 instance stopped writing (in a rolling deploy, when the deploy ends). Turn it
     /// off one retention later, unless the function declares business identities: their
     /// evidence is permanent, and protects only while the rule is on.

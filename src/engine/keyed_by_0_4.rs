@@ -2,7 +2,8 @@
 //! ([`ConfigBuilder::keyed_by_0_4_before`](crate::config::ConfigBuilder::keyed_by_0_4_before)):
 //! 0.4 read neither the tenant Lambda's tenant isolation mode gives an invocation nor the
 //! producer of an SQS message, so it keyed every tenant's and producer's operations (and their
-//! identities' evidence) alike. 0.5 keys them apart. A redelivery that spans the upgrade must
+//! identities' evidence) alike. 0.5 keys them apart. 0.4 also keyed a quoted HTTP
+//! `Idempotency-Key` with its quotes; 0.5 reads the Structured Field String inside. A redelivery that spans the upgrade must
 //! not run again, and must not be answered with what may be another tenant's result.
 //!
 //! Before claiming a key that differs from 0.4's, and only when no live record stands under

@@ -261,6 +261,9 @@ pub struct Fingerprint {
     /// The instant before which a record that names no rule may have been written by 0.1, when
     /// the engine reads such records under the compatibility rule (`None`: it does not).
     rfc8785_records_before: Option<SystemTime>,
+    /// What 0.4 derived for the same request, when its door projected the intent otherwise
+    /// (an HTTP query it did not percent-decode): read for records that name no rule only.
+    digest_by_0_4: Option<String>,
 }
 
 impl Fingerprint {
@@ -282,6 +285,7 @@ impl Fingerprint {
             rule: KeyRule::CURRENT,
             rfc8785_digest,
             rfc8785_records_before: None,
+            digest_by_0_4: None,
         })
     }
 
@@ -299,6 +303,7 @@ impl Fingerprint {
             rule,
             rfc8785_digest: None,
             rfc8785_records_before: None,
+            digest_by_0_4: None,
         }
     }
 
@@ -327,6 +332,17 @@ impl Fingerprint {
         self
     }
 
+    /// The same fingerprint, naming what 0.4 derived for the same request (`by_0_4`, the
+    /// fingerprint of its intent as 0.4 projected it) when that is another digest: a record
+    /// that names no rule (0.4 or before wrote it) of that digest is of this intent; a record
+    /// that names one never is.
+    pub(crate) fn with_fingerprint_by_0_4(mut self, by_0_4: Fingerprint) -> Self {
+        if by_0_4.digest != self.digest {
+            self.digest_by_0_4 = Some(by_0_4.digest);
+        }
+        self
+    }
+
     /// Whether the 0.1 rule derived another digest for this intent.
     pub(crate) fn has_rfc8785_digest(&self) -> bool {
         self.rfc8785_digest.is_some()
@@ -342,11 +358,14 @@ impl Fingerprint {
     }
 
     /// Whether the record stored with `stored` at `created_at` is of this intent: the same
-    /// digest, or, for a record the compatibility rule reads as 0.1's, the digest 0.1 derived.
+    /// digest, or, for a record the compatibility rule reads as 0.1's, the digest 0.1 derived,
+    /// or, for a record that names no rule, the digest 0.4's door derived.
     pub(crate) fn names(&self, stored: &Fingerprint, created_at: SystemTime) -> bool {
         self.matches(stored)
             || (self.reads_as_rfc8785(stored, created_at)
                 && self.rfc8785_digest.as_deref() == Some(stored.digest.as_str()))
+            || (stored.rule == KeyRule::Unstated
+                && self.digest_by_0_4.as_deref() == Some(stored.digest.as_str()))
     }
 }
 

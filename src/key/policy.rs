@@ -27,6 +27,9 @@ pub struct KeyPolicy<E> {
     /// The key material 0.4 selected, where this policy selects another (an SQS policy scoped
     /// by its producer).
     key_as_0_4: Option<Arc<dyn Select<E>>>,
+    /// The intent 0.4 projected, where this policy projects another (an HTTP query 0.4 did not
+    /// percent-decode); dropped when the intent is chosen anew ([`Self::with_intent`]).
+    intent_as_0_4: Option<Arc<dyn Select<E>>>,
 }
 
 /// What [`KeyPolicy`] derived for one event.
@@ -78,6 +81,7 @@ impl<E: 'static> KeyPolicy<E> {
             identity: None,
             identity_scope: IdentityScope::default(),
             key_as_0_4: None,
+            intent_as_0_4: None,
         }
     }
 
@@ -89,9 +93,17 @@ impl<E: 'static> KeyPolicy<E> {
         self
     }
 
+    /// The same policy, naming the intent 0.4 projected for an event where this one projects
+    /// another: a record 0.4 wrote of that intent is of this one.
+    pub(crate) fn with_intent_as_0_4(mut self, intent: impl Select<E> + 'static) -> Self {
+        self.intent_as_0_4 = Some(Arc::new(intent));
+        self
+    }
+
     /// Chooses the intent projection used for the fingerprint (default: the whole event).
     pub fn with_intent(mut self, intent: impl Select<E> + 'static) -> Self {
         self.intent = Arc::new(intent);
+        self.intent_as_0_4 = None;
         self
     }
 
@@ -232,7 +244,15 @@ impl<E> KeyPolicy<E> {
             operation: scope.operation.clone(),
         })?;
         let intent = self.intent.select(event)?.unwrap_or(Value::Null);
-        let fingerprint = Fingerprint::of_value(&intent)?;
+        let mut fingerprint = Fingerprint::of_value(&intent)?;
+        if let Some(Some(by_0_4)) = self
+            .intent_as_0_4
+            .as_ref()
+            .map(|select| select.select(event).ok().flatten())
+            && let Ok(by_0_4) = Fingerprint::of_value(&by_0_4)
+        {
+            fingerprint = fingerprint.with_fingerprint_by_0_4(by_0_4);
+        }
         // 0.4 ignored Lambda's tenant, and keyed an event its selector found no tenant in
         // without one.
         let tenant_by_0_4 = self.tenant.as_ref().and_then(|tenant| tenant(event));
@@ -270,6 +290,7 @@ impl<E> Clone for KeyPolicy<E> {
             identity: self.identity.clone(),
             identity_scope: self.identity_scope,
             key_as_0_4: self.key_as_0_4.clone(),
+            intent_as_0_4: self.intent_as_0_4.clone(),
         }
     }
 }

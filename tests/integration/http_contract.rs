@@ -133,7 +133,16 @@ async fn a_request_without_a_key_is_400_and_writes_nothing() {
 
     assert_eq!(answer.status_code, 400);
     assert_eq!(body(&answer)["error"], "missing_idempotency_key");
-    assert_eq!(header(&answer, "content-type"), Some("application/json"));
+    assert_eq!(
+        header(&answer, "content-type"),
+        Some("application/problem+json"),
+        "an RFC 9457 problem detail, as the Idempotency-Key draft asks"
+    );
+    let problem = body(&answer);
+    assert_eq!(problem["type"], "about:blank");
+    assert_eq!(problem["title"], "Bad Request");
+    assert_eq!(problem["status"], 400);
+    assert_eq!(problem["detail"], problem["message"]);
     assert_eq!(db.requests.count(), before, "nothing sent to the table");
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
@@ -155,6 +164,8 @@ async fn the_same_key_with_another_payload_is_422() {
 
     assert_eq!(answer.status_code, 422);
     assert_eq!(body(&answer)["error"], "idempotency_key_reused");
+    assert_eq!(body(&answer)["title"], "Unprocessable Entity");
+    assert_eq!(body(&answer)["status"], 422);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 

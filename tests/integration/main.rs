@@ -19,6 +19,7 @@ mod http_identities;
 mod http_inputs;
 mod http_layer;
 mod http_principals;
+mod http_wire_format;
 #[cfg(feature = "cli")]
 mod idemctl;
 mod identity_scopes;

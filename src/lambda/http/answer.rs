@@ -171,9 +171,20 @@ impl ErrorAnswer {
         }
     }
 
-    /// The JSON body: `{"error": code, "message": message}`.
+    /// The body, an RFC 9457 problem detail (`application/problem+json`): `type`
+    /// `about:blank` with the status's phrase as `title`, the `status`, the message as
+    /// `detail`; and, as extension members, the stable code as `error` and the message as
+    /// `message` (the body 0.4 sent, kept for the clients that read it).
     pub(crate) fn body(&self) -> String {
+        let title = http::StatusCode::from_u16(self.status)
+            .ok()
+            .and_then(|status| status.canonical_reason())
+            .unwrap_or("Error");
         let mut body = serde_json::Map::new();
+        body.insert("type".into(), Value::from("about:blank"));
+        body.insert("title".into(), Value::from(title));
+        body.insert("status".into(), Value::from(self.status));
+        body.insert("detail".into(), Value::from(self.message));
         body.insert("error".into(), Value::from(self.code));
         body.insert("message".into(), Value::from(self.message));
         Value::Object(body).to_string()

@@ -1,6 +1,7 @@
 //! The one HTTP key derivation: a [`KeyPolicy`] over `lambda_http` requests. The key is the
-//! caller and the `Idempotency-Key` header; the fingerprint is the method, the path, the query
-//! (sorted by name), the content type and the exact body bytes.
+//! caller and the `Idempotency-Key` header (a Structured Field String when it is quoted, as the
+//! IETF draft sends it, else the raw value); the fingerprint is the method, the path, the
+//! query (percent-decoded, sorted by name), the content type and the exact body bytes.
 
 use std::fmt;
 use std::sync::Arc;
@@ -78,7 +79,10 @@ impl HttpKeys {
 
     /// The key policy: add a tenant or a business identity with its builder methods.
     pub fn policy(self) -> KeyPolicy<Request> {
+        let as_0_4 = KeysAs04(self.clone());
         KeyPolicy::from_selectors(self, Intent)
+            .with_key_as_0_4(as_0_4)
+            .with_intent_as_0_4(IntentAs04)
     }
 
     /// The caller part of the key; `Err` when the request must name a caller and does not.
@@ -110,62 +114,127 @@ impl From<HttpKeys> for KeyPolicy<Request> {
     }
 }
 
-/// The key material: the caller and the `Idempotency-Key` (trimmed, 1 to 255 bytes). A
-/// request without the header has none ([`Error::MissingKey`]).
+/// The key material: the caller and the `Idempotency-Key` (1 to 255 bytes). A value that
+/// starts with a double quote is a Structured Field String (RFC 9651, as the IETF draft sends
+/// it: `"k"` and `k` are one key); any other value is taken raw, trimmed (a bare UUID is
+/// neither a String nor a Token). A request without the header, or with an empty key, has
+/// none ([`Error::MissingKey`]).
 impl Select<Request> for HttpKeys {
     fn select(&self, request: &Request) -> Result<Option<Value>, Error> {
-        let key = request
-            .headers()
-            .get(IDEMPOTENCY_KEY_HEADER)
-            .and_then(|value| value.to_str().ok())
-            .map(str::trim)
-            .filter(|value| !value.is_empty());
-        let Some(key) = key else {
+        let Some(raw) = raw_key(request)? else {
             return Ok(None);
         };
-        if key.len() > MAX_KEY_BYTES {
-            return Err(Error::InvalidEvent {
-                reason: format!("the Idempotency-Key is over {MAX_KEY_BYTES} bytes"),
-            });
+        let key = match raw.starts_with('"') {
+            true => structured_string(raw)?,
+            false => raw.to_owned(),
+        };
+        if key.is_empty() {
+            return Ok(None);
         }
         let caller = self.caller(request)?;
         Ok(Some(json!({"caller": caller, "key": key})))
     }
 }
 
-/// The intent: method, path, query (sorted by name), content type, and the SHA-256 of the
-/// exact body bytes.
+/// The header's value, trimmed; `None` when it is absent or blank.
+fn raw_key(request: &Request) -> Result<Option<&str>, Error> {
+    let Some(value) = request.headers().get(IDEMPOTENCY_KEY_HEADER) else {
+        return Ok(None);
+    };
+    let Ok(value) = value.to_str() else {
+        return Err(Error::InvalidEvent {
+            reason: "the Idempotency-Key holds a byte that is not visible ASCII".into(),
+        });
+    };
+    let value = value.trim();
+    if value.len() > MAX_KEY_BYTES {
+        return Err(Error::InvalidEvent {
+            reason: format!("the Idempotency-Key is over {MAX_KEY_BYTES} bytes"),
+        });
+    }
+    Ok((!value.is_empty()).then_some(value))
+}
+
+/// The string a quoted `Idempotency-Key` holds (parameters, which the draft defines none of,
+/// are ignored); a value that is not a Structured Field String is refused.
+fn structured_string(value: &str) -> Result<String, Error> {
+    let item = sfv::Parser::new(value)
+        .parse_item::<sfv::Item>()
+        .map_err(|_| Error::InvalidEvent {
+            reason: "the Idempotency-Key starts with a double quote but is not a Structured Field String (RFC 9651): send \"key\" or the key bare".into(),
+        })?;
+    match item.bare_item.as_string() {
+        Some(string) => Ok(string.as_str().to_owned()),
+        None => Err(Error::InvalidEvent {
+            reason: "the Idempotency-Key must be a Structured Field String or a bare value".into(),
+        }),
+    }
+}
+
+/// The key material as 0.4 selected it: the header's raw value, quotes and all.
+#[derive(Clone)]
+struct KeysAs04(HttpKeys);
+
+impl Select<Request> for KeysAs04 {
+    fn select(&self, request: &Request) -> Result<Option<Value>, Error> {
+        let Some(key) = raw_key(request)? else {
+            return Ok(None);
+        };
+        let caller = self.0.caller(request)?;
+        Ok(Some(json!({"caller": caller, "key": key})))
+    }
+}
+
+/// The intent: method, path, query (percent-decoded as `application/x-www-form-urlencoded`,
+/// sorted by name), content type, and the SHA-256 of the exact body bytes.
 #[derive(Debug, Clone, Copy)]
 struct Intent;
 
 impl Select<Request> for Intent {
     fn select(&self, request: &Request) -> Result<Option<Value>, Error> {
-        let content_type = request
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|value| value.to_str().ok());
-        Ok(Some(json!({
-            "method": request.method().as_str(),
-            "path": request.uri().path(),
-            "query": query_pairs(request.uri().query()),
-            "content_type": content_type,
-            "body_sha256": hex::encode(Sha256::digest(request.body().as_ref())),
-        })))
+        let mut query: Vec<(String, String)> =
+            form_urlencoded::parse(request.uri().query().unwrap_or_default().as_bytes())
+                .map(|(name, value)| (name.into_owned(), value.into_owned()))
+                .collect();
+        query.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(Some(intent(request, json!(query))))
     }
 }
 
-/// A query string's `(name, value)` pairs ordered by name, values of one name in their order:
-/// the same for a retry however the gateway rebuilt the string (REST and ALB requests come
-/// through a hash map).
-fn query_pairs(query: Option<&str>) -> Vec<(&str, &str)> {
-    let mut pairs: Vec<(&str, &str)> = query
-        .unwrap_or_default()
-        .split('&')
-        .filter(|pair| !pair.is_empty())
-        .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
-        .collect();
-    pairs.sort_by(|a, b| a.0.cmp(b.0));
-    pairs
+/// The intent as 0.4 projected it: the query's pairs as sent, not percent-decoded.
+#[derive(Debug, Clone, Copy)]
+struct IntentAs04;
+
+impl Select<Request> for IntentAs04 {
+    fn select(&self, request: &Request) -> Result<Option<Value>, Error> {
+        let mut query: Vec<(&str, &str)> = request
+            .uri()
+            .query()
+            .unwrap_or_default()
+            .split('&')
+            .filter(|pair| !pair.is_empty())
+            .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
+            .collect();
+        query.sort_by(|a, b| a.0.cmp(b.0));
+        Ok(Some(intent(request, json!(query))))
+    }
+}
+
+/// The intent of `request` with its `query` pairs ordered by name (values of one name in their
+/// order: the same for a retry however the gateway rebuilt the string; REST and ALB requests
+/// come through a hash map).
+fn intent(request: &Request, query: Value) -> Value {
+    let content_type = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok());
+    json!({
+        "method": request.method().as_str(),
+        "path": request.uri().path(),
+        "query": query,
+        "content_type": content_type,
+        "body_sha256": hex::encode(Sha256::digest(request.body().as_ref())),
+    })
 }
 
 #[cfg(test)]

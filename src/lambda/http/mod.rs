@@ -4,9 +4,12 @@
 //! turns each of those events into the one request type, and one key derivation ([`HttpKeys`])
 //! reads it.
 //!
-//! `POST` and `PATCH` requests are keyed by their `Idempotency-Key` header (the IETF draft),
-//! **scoped to the caller** ([`CallerScope`]) and fingerprinted by method, path, sorted query,
-//! content type and exact body bytes; other methods pass through untouched.
+//! `POST` and `PATCH` requests are keyed by their `Idempotency-Key` header (the IETF draft's
+//! wire format: a quoted value is a Structured Field String, so `"k"` and `k` are one key; any
+//! other value is taken raw), **scoped to the caller** ([`CallerScope`]) and fingerprinted by
+//! method, path, percent-decoded query sorted by name, content type and exact body bytes; other
+//! methods pass through untouched. Errors are RFC 9457 problem details
+//! (`application/problem+json`, with the stable code as the `error` member).
 //!
 //! | situation | answer |
 //! |---|---|
@@ -15,7 +18,8 @@
 //! | another 4xx from the handler (a refusal) | stored and replayed to this key, but it holds no business identity: a corrected request under a new key may run |
 //! | the business identity is held by another request's operation | 409 `business_identity_taken`, whatever that operation's state (nothing about it is revealed) |
 //! | repeated request, same caller and payload | the first status, every header value (multi-value headers in order) except the [withheld](WITHHELD_HEADERS) ones, and the exact body bytes, plus `Idempotent-Replayed: true` |
-//! | no `Idempotency-Key` header | 400 `missing_idempotency_key` |
+//! | no `Idempotency-Key` header | 400 `missing_idempotency_key` (with [`HttpIdempotencyLayer::with_optional_key`]: passed through, unprotected) |
+//! | a quoted key that is not a Structured Field String | 400 `invalid_request` |
 //! | no caller principal ([`CallerScope::Principal`]) | 401 `caller_unidentified` |
 //! | the original is still running | 409 `request_in_progress`, `Retry-After` |
 //! | same key, another method, path, query, content type or body | 422 `idempotency_key_reused` |
@@ -93,6 +97,7 @@ pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 /// [`Operation`] over requests, [`Operation::http_layer`]).
 pub struct HttpIdempotencyLayer {
     operation: Arc<Operation<Request>>,
+    key_optional: bool,
 }
 
 impl HttpIdempotencyLayer {
@@ -100,7 +105,29 @@ impl HttpIdempotencyLayer {
     pub fn new(operation: Operation<Request>) -> Self {
         Self {
             operation: Arc::new(operation),
+            key_optional: false,
         }
+    }
+
+    /// The IETF draft's optional-key mode: a request without an `Idempotency-Key` header
+    /// passes through to the service as any other method does (it is not idempotent, and
+    /// nothing is stored), instead of being answered 400 `missing_idempotency_key`. A request
+    /// with the header is keyed as always. Document it on the endpoint: a client that omits
+    /// the key gets no protection from duplicates.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use lambda_idempotency::Idempotency;
+    /// use lambda_idempotency::lambda::sources;
+    ///
+    /// let idem = Idempotency::from_env().await?;
+    /// let payments = idem.operation("payments", sources::http())?.http_layer().with_optional_key();
+    /// # let _ = payments;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_optional_key(mut self) -> Self {
+        self.key_optional = true;
+        self
     }
 }
 
@@ -121,6 +148,7 @@ impl Clone for HttpIdempotencyLayer {
     fn clone(&self) -> Self {
         Self {
             operation: Arc::clone(&self.operation),
+            key_optional: self.key_optional,
         }
     }
 }
@@ -129,6 +157,7 @@ impl fmt::Debug for HttpIdempotencyLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpIdempotencyLayer")
             .field("operation", &self.operation)
+            .field("key_optional", &self.key_optional)
             .finish()
     }
 }
@@ -137,6 +166,6 @@ impl<Svc> Layer<Svc> for HttpIdempotencyLayer {
     type Service = HttpIdempotencyService<Svc>;
 
     fn layer(&self, inner: Svc) -> Self::Service {
-        HttpIdempotencyService::new(inner, Arc::clone(&self.operation))
+        HttpIdempotencyService::new(inner, Arc::clone(&self.operation), self.key_optional)
     }
 }

@@ -11,9 +11,9 @@ use lambda_http::{Body, Request, RequestExt};
 use lambda_runtime::tower::Service;
 use tracing::warn;
 
-use super::REPLAYED_HEADER;
 use super::answer::ErrorAnswer;
 use super::stored::{StoredResponse, body_of, is_definitive};
+use super::{IDEMPOTENCY_KEY_HEADER, REPLAYED_HEADER};
 use crate::error::{BoxError, Error};
 use crate::failure::Release;
 use crate::lambda::context;
@@ -24,11 +24,16 @@ use crate::reconcile::BoxFuture;
 pub struct HttpIdempotencyService<Svc> {
     inner: Svc,
     operation: Arc<Operation<Request>>,
+    key_optional: bool,
 }
 
 impl<Svc> HttpIdempotencyService<Svc> {
-    pub(super) fn new(inner: Svc, operation: Arc<Operation<Request>>) -> Self {
-        Self { inner, operation }
+    pub(super) fn new(inner: Svc, operation: Arc<Operation<Request>>, key_optional: bool) -> Self {
+        Self {
+            inner,
+            operation,
+            key_optional,
+        }
     }
 }
 
@@ -37,6 +42,7 @@ impl<Svc: Clone> Clone for HttpIdempotencyService<Svc> {
         Self {
             inner: self.inner.clone(),
             operation: Arc::clone(&self.operation),
+            key_optional: self.key_optional,
         }
     }
 }
@@ -71,12 +77,14 @@ where
         let fresh = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, fresh);
         let operation = Arc::clone(&self.operation);
-        Box::pin(async move { handle(&operation, inner, request).await })
+        let key_optional = self.key_optional;
+        Box::pin(async move { handle(&operation, key_optional, inner, request).await })
     }
 }
 
 async fn handle<Svc, B>(
     operation: &Operation<Request>,
+    key_optional: bool,
     mut inner: Svc,
     request: Request,
 ) -> Result<Response<Body>, BoxError>
@@ -88,7 +96,8 @@ where
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
-    if !matches!(*request.method(), Method::POST | Method::PATCH) {
+    let unkeyed = key_optional && !request.headers().contains_key(IDEMPOTENCY_KEY_HEADER);
+    if unkeyed || !matches!(*request.method(), Method::POST | Method::PATCH) {
         let response = inner.call(request).await.map_err(Into::into)?;
         return collect(response)
             .await
@@ -201,14 +210,14 @@ where
     Ok((parts, bytes.to_vec()))
 }
 
-/// The JSON response for an error answer.
+/// The problem-detail response (RFC 9457) for an error answer.
 fn error_response(answer: &ErrorAnswer) -> Response<Body> {
     let mut response = Response::new(Body::Text(answer.body()));
     *response.status_mut() =
         StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     response.headers_mut().insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
+        HeaderValue::from_static("application/problem+json"),
     );
     if let Some(seconds) = answer.retry_after_secs()
         && let Ok(value) = HeaderValue::from_str(&seconds.to_string())

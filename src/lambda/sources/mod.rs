@@ -15,7 +15,7 @@
 //! | SNS ([`sns`]) | `MessageId` (a republish gets a new id) | message |
 //! | SNS ([`sns_by_key_attribute`]) | the topic + the `idempotency-key` message attribute (an outbox event's id), else `MessageId` | message |
 //! | EventBridge ([`eventbridge`], [`eventbridge_detail`]) | `id`, or a `detail` field | detail |
-//! | HTTP: API Gateway REST/HTTP, Function URLs, ALB ([`http()`]) | caller + `Idempotency-Key` header | method, path, sorted query, content type, body bytes |
+//! | HTTP: API Gateway REST/HTTP, Function URLs, ALB ([`http()`]) | caller + `Idempotency-Key` header (a Structured Field String when quoted) | method, path, decoded query sorted by name, content type, body bytes |
 //! | DynamoDB Streams ([`dynamodb_stream`]) | `eventID` | keys and new image |
 //! | Kinesis ([`kinesis`]) | shard sequence number (`eventID`) | data |
 //! | S3 ([`s3`]) | bucket, key, version, sequencer | the same, with size and ETag |
