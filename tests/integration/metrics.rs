@@ -183,6 +183,22 @@ async fn decisions_and_latencies_come_out_as_embedded_metric_format() {
         .expect_err("no table");
     assert!(matches!(err, Error::Store(_)), "got {err:?}");
 
+    // wait_reads and wait_latency: a duplicate that waits 2 s for a live claim, then answers
+    // in progress (a second in_progress_collision). Pauses of 50 ms doubling, the last cut to
+    // the patience: 6 reads.
+    let (_held_10, _) = held_worker(&idem, &invocation("o-10", 1), 0).await;
+    let err = idem
+        .execute(
+            &invocation("o-10", 1).with_wait_for_result(Duration::from_secs(2)),
+            |_| ok(10),
+        )
+        .await
+        .expect_err("still in progress");
+    assert!(
+        matches!(err, Error::AlreadyInProgress { .. }),
+        "got {err:?}"
+    );
+
     let mut out = Vec::new();
     collector.flush(&mut out).expect("flush");
     let documents: Vec<Value> = String::from_utf8(out)
@@ -240,7 +256,7 @@ async fn decisions_and_latencies_come_out_as_embedded_metric_format() {
         ("first_execution", 2),
         ("replay", 2),
         ("payload_conflict", 1),
-        ("in_progress_collision", 1),
+        ("in_progress_collision", 2),
         ("takeover", 4),
         ("reconciled", 1),
         ("indeterminate", 1),
@@ -249,6 +265,7 @@ async fn decisions_and_latencies_come_out_as_embedded_metric_format() {
         ("handler_failed", 1),
         ("failure_replayed", 1),
         ("store_error.table_not_found", 1),
+        ("wait_reads", 6),
     ]
     .into_iter()
     .map(|(name, count)| (format!("idempotency.{name}"), count))
