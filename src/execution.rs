@@ -174,8 +174,9 @@ impl Invocation {
     /// (strongly consistent, backed off from 50 ms to 1 s), never past the invocation's
     /// deadline less a second. When the holder settles, the caller gets its outcome (a
     /// replay, or its retained failure); when the holder's lease runs out, the caller claims
-    /// it as any takeover does; when `max` or the deadline comes first, it answers
-    /// `AlreadyInProgress` as without waiting. For synchronous callers (HTTP, direct
+    /// it as any takeover does (unless less than 2 s are left before its deadline: then it
+    /// answers in progress rather than start an effect Lambda would cut off); when `max` or the
+    /// deadline comes first, it answers `AlreadyInProgress` as without waiting. For synchronous callers (HTTP, direct
     /// invocations) that would rather get the result than retry.
     ///
     /// ```

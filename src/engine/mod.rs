@@ -250,12 +250,19 @@ impl Idempotency {
                     invocation.deadline,
                     self.clock.now(),
                 );
+                // A caller that waits for results waits at most that long, its turn included.
+                let patience = invocation
+                    .wait_for_result
+                    .map_or(patience, |max| patience.min(max));
                 flight
                     .in_turn(&invocation.key, patience, async {
                         // The lease counts from the invocation's deadline: time spent waiting
                         // for the turn comes off it.
                         let mut invocation = invocation.clone();
                         invocation.lease = invocation.lease.saturating_sub(entered.elapsed());
+                        invocation.wait_for_result = invocation
+                            .wait_for_result
+                            .map(|max| max.saturating_sub(entered.elapsed()));
                         Box::pin(self.run_or_wait(&invocation, handler)).await
                     })
                     .instrument(span)

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::retry::SETTLE_MARGIN;
 use super::{Idempotency, Ran};
@@ -22,13 +22,28 @@ use crate::store::Store;
 const FIRST_PAUSE: Duration = Duration::from_millis(50);
 /// The longest pause between two reads.
 const LONGEST_PAUSE: Duration = Duration::from_secs(1);
+/// The least time a waiter must have left to run the handler itself (a takeover, or a claim
+/// of a record that went): with less, it answers in progress rather than start an effect
+/// Lambda would cut off (the batch door's default deadline margin).
+const LEAST_TIME_TO_RUN: Duration = Duration::from_secs(2);
 
 /// What a read of the held record says.
 enum Seen {
     /// Still held by a live claim, until then.
     Held(SystemTime),
-    /// Settled, gone, or its lease ran out: the next claim decides.
+    /// Settled (completed, failed, held for an operator): the next claim answers from it
+    /// without running the handler.
+    Settled,
+    /// Gone, or its lease ran out: the next claim runs the handler (or takes over).
+    Claimable,
+}
+
+/// How a wait ended.
+enum Waited {
+    /// The record changed: claim again.
     Changed,
+    /// The caller's time ran out while the record was held until then (if read).
+    GaveUp(Option<SystemTime>),
 }
 
 impl Idempotency {
@@ -48,82 +63,136 @@ impl Idempotency {
     {
         let since = self.clock.now();
         let until = wait_until(invocation, since);
-        let mut invocation = invocation.clone();
+        let mut current = invocation.clone();
         let mut handler = handler;
         let mut reads = 0_u32;
         loop {
-            let (back, key, busy) = match self.run(&invocation, handler).await {
+            let (back, key, busy) = match self.run(&current, handler).await {
                 Ran::Answered(answer) => {
-                    self.observe_wait(&invocation.key, reads, since);
+                    self.observe_wait(&current.key, reads, since);
                     return answer;
                 }
                 Ran::Busy { handler, key, busy } => (handler, key, busy),
             };
             handler = back;
-            let paused_at = self.clock.now();
-            if !self.wait_for_change(&key, until, &mut reads).await {
+            let waited = self
+                .wait_for_change(&key, until, time_to_run(invocation, since), &mut reads)
+                .await;
+            let held_until = match waited {
+                Ok(Waited::Changed) => None,
+                Ok(Waited::GaveUp(held_until)) => Some(held_until),
+                Err(err) => {
+                    self.observe_wait(&current.key, reads, since);
+                    return Err(err);
+                }
+            };
+            if let Some(held_until) = held_until {
                 debug!(reads, "gave up waiting for the holder's outcome");
-                self.observe_wait(&invocation.key, reads, since);
-                return Err(busy);
+                self.observe_wait(&current.key, reads, since);
+                return Err(self.still_busy(busy, held_until));
             }
-            // The lease counts from the invocation's deadline: the time spent waiting comes
-            // off it.
-            invocation.lease = invocation
-                .lease
-                .saturating_sub(self.elapsed_since(paused_at));
+            current.lease = self.lease_left(invocation, since);
         }
     }
 
-    fn elapsed_since(&self, then: SystemTime) -> Duration {
-        self.clock.now().duration_since(then).unwrap_or_default()
+    /// The lease of a claim made now by `invocation`, which arrived at `since`: what it was
+    /// given, and never past its deadline plus the clock skew (the lease's own meaning), or
+    /// without a deadline, less the time spent since.
+    fn lease_left(&self, invocation: &Invocation, since: SystemTime) -> Duration {
+        let now = self.clock.now();
+        match invocation.deadline {
+            Some(deadline) => invocation
+                .lease
+                .min(deadline.duration_since(now).unwrap_or_default() + invocation.clock_skew),
+            None => invocation
+                .lease
+                .saturating_sub(now.duration_since(since).unwrap_or_default()),
+        }
     }
 
-    /// Reads `key`'s record, pausing longer each time, until it changes (`true`) or `until`
-    /// comes (`false`). A pause never outlasts the holder's lease: once it runs out the claim
-    /// is the caller's to take over.
+    /// The answer of a wait that gave up: in progress, retry after what is left of the lease
+    /// the holder was last seen holding.
+    fn still_busy(&self, busy: Error, held_until: Option<SystemTime>) -> Error {
+        match (busy, held_until) {
+            (Error::AlreadyInProgress { key, attempt, .. }, Some(until)) => {
+                Error::AlreadyInProgress {
+                    key,
+                    attempt,
+                    retry_after: until.duration_since(self.clock.now()).unwrap_or_default(),
+                }
+            }
+            (busy, _) => busy,
+        }
+    }
+
+    /// Reads `key`'s record, pausing longer each time, until it changes or `until` comes. A
+    /// pause never outlasts the holder's lease: once it runs out the claim is the caller's to
+    /// take over, when the caller still has `time_to_run` (the end of its time) far enough away.
+    /// A read refused for good (access denied, a missing table) ends the wait with its error.
     async fn wait_for_change(
         &self,
         key: &OperationKey,
         until: SystemTime,
+        time_to_run: SystemTime,
         reads: &mut u32,
-    ) -> bool {
+    ) -> Result<Waited, Error> {
         let mut pause = FIRST_PAUSE;
         let mut held_until: Option<SystemTime> = None;
         loop {
             let now = self.clock.now();
-            let Ok(left) = until.duration_since(now) else {
-                return false;
-            };
+            let left = until.duration_since(now).unwrap_or_default();
             if left.is_zero() {
-                return false;
+                return Ok(Waited::GaveUp(held_until));
             }
             let to_lease_end = held_until
                 .and_then(|end| end.duration_since(now).ok())
                 .map_or(pause, |left| left + Duration::from_millis(1));
             self.clock.sleep(pause.min(left).min(to_lease_end)).await;
             *reads += 1;
-            match self.seen(key).await {
-                Some(Seen::Changed) => return true,
+            match self.seen(key).await? {
+                Some(Seen::Settled) => return Ok(Waited::Changed),
+                Some(Seen::Claimable) => {
+                    let runway = time_to_run
+                        .duration_since(self.clock.now())
+                        .unwrap_or_default();
+                    if runway < LEAST_TIME_TO_RUN {
+                        debug!("the holder's claim went, too late to run the handler here");
+                        return Ok(Waited::GaveUp(Some(self.clock.now())));
+                    }
+                    return Ok(Waited::Changed);
+                }
                 Some(Seen::Held(end)) => held_until = Some(end),
-                // A failed read says nothing: the next one, later, may.
+                // A read failed for now: the next one, later, may not.
                 None => {}
             }
             pause = (pause * 2).min(LONGEST_PAUSE);
         }
     }
 
-    /// One strongly consistent read of the held record (`None`: the read failed).
-    async fn seen(&self, key: &OperationKey) -> Option<Seen> {
-        let record = self.store.get(key).await.ok()?;
-        let now = self.clock.now();
-        Some(match record {
-            Some(record)
-                if record.status == Status::InProgress && !record.lease.is_expired(now) =>
-            {
-                Seen::Held(record.lease.expires_at)
+    /// One strongly consistent read of the held record; `Ok(None)`: the read failed for now.
+    async fn seen(&self, key: &OperationKey) -> Result<Option<Seen>, Error> {
+        let record = match self.store.get(key).await {
+            Ok(record) => record,
+            Err(err) if err.is_transient() => {
+                warn!(
+                    kind = err.kind_name(),
+                    "a read while waiting for the holder failed; reading again later"
+                );
+                return Ok(None);
             }
-            _ => Seen::Changed,
-        })
+            Err(err) => return Err(err.into()),
+        };
+        let now = self.clock.now();
+        Ok(Some(match record {
+            Some(record) if record.status == Status::InProgress => {
+                match record.lease.is_expired(now) {
+                    false => Seen::Held(record.lease.expires_at),
+                    true => Seen::Claimable,
+                }
+            }
+            Some(record) if !record.counts_as_absent(now) => Seen::Settled,
+            _ => Seen::Claimable,
+        }))
     }
 
     fn observe_wait(&self, key: &OperationKey, reads: u32, since: SystemTime) {
@@ -131,19 +200,24 @@ impl Idempotency {
             self.observer.observe(&Observation::Waited {
                 operation: key.operation(),
                 reads,
-                elapsed: self.elapsed_since(since),
+                elapsed: self.clock.now().duration_since(since).unwrap_or_default(),
             });
         }
     }
 }
 
+/// When a caller that arrived at `since` must have ended: its deadline, else the end of its
+/// lease less the clock skew (a lease is the time left plus the skew).
+fn time_to_run(invocation: &Invocation, since: SystemTime) -> SystemTime {
+    invocation
+        .deadline
+        .unwrap_or_else(|| since + invocation.lease.saturating_sub(invocation.clock_skew))
+}
+
 /// When a caller that started waiting at `since` stops: at its patience, and never past the
-/// time it has left to run (its deadline, else its lease less the clock skew) less the margin
-/// it needs to answer.
+/// end of its time less the margin it needs to answer.
 fn wait_until(invocation: &Invocation, since: SystemTime) -> SystemTime {
     let patience = since + invocation.wait_for_result.unwrap_or_default();
-    let time_left = invocation
-        .deadline
-        .unwrap_or_else(|| since + invocation.lease.saturating_sub(invocation.clock_skew));
-    patience.min(time_left.checked_sub(SETTLE_MARGIN).unwrap_or(since))
+    let end = time_to_run(invocation, since);
+    patience.min(end.checked_sub(SETTLE_MARGIN).unwrap_or(since))
 }

@@ -100,7 +100,7 @@ impl<E> Operation<E> {
     /// instead of answering "in progress" ([`Invocation::with_wait_for_result`]): for
     /// synchronous callers, an HTTP client or a direct invocation, that would rather get the
     /// result than retry. Each wait costs a strongly consistent read every 50 ms to 1 s
-    /// (backed off): about 8 reads for a 5-second wait.
+    /// (backed off): 9 reads for a 5-second wait.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {

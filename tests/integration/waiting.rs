@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use lambda_idempotency::clock::{Clock, SystemClock};
 use lambda_idempotency::observe::Observation;
 use lambda_idempotency::reconcile::{BoxFuture, Recovery};
-use lambda_idempotency::store::AnyStore;
+use lambda_idempotency::store::{AnyStore, Store};
 use lambda_idempotency::testing::conformance::invocation;
 use lambda_idempotency::{Error, Idempotency, Invocation, Origin};
 use serde_json::{Value, json};
@@ -219,6 +219,14 @@ async fn a_wait_gives_up_at_its_patience_and_counts_its_reads() {
             vec![9],
             "{name}: the reads a 5-second wait costs"
         );
+        let Err(Error::AlreadyInProgress { retry_after, .. }) = answer else {
+            unreachable!("matched above")
+        };
+        assert_eq!(
+            retry_after,
+            Duration::from_secs(25),
+            "{name}: retry after what is left of the holder's 30-second lease, not what was left when the wait began"
+        );
         holder.abort();
     }
 }
@@ -301,6 +309,91 @@ async fn a_holder_whose_lease_runs_out_is_taken_over_by_the_waiter() {
         // Pauses of 50 ms doubling to 1 s, the last cut to the lease's end: 34 reads, never
         // a busy loop.
         assert_eq!(reads(&waits), vec![34], "{name}");
+        holder.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_waiter_that_takes_over_holds_the_lease_it_was_given() {
+    for backend in both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        let env_a = Idempotency::new(backend.store.clone()).with_clock(clock.clone());
+        let env_b = Idempotency::new(backend.store.clone())
+            .with_clock(clock.clone())
+            .with_recovery(Recovery::Rerun);
+        let inv = invocation("order-capped", &json!({"amount": 10}));
+        let holder = hold_forever(&env_a, &inv).await;
+        // B: a lease capped at 10 s (a lease policy's `max`) on a 15-minute invocation.
+        let deadline = clock.now() + Duration::from_secs(15 * 60);
+        let capped = Invocation::new(
+            inv.key().clone(),
+            inv.fingerprint().clone(),
+            Duration::from_secs(10),
+        )
+        .with_deadline(deadline)
+        .with_wait_for_result(Duration::from_secs(60));
+        let store = backend.store.clone();
+        let key = inv.key().clone();
+
+        let lease_left = env_b
+            .execute(&capped, |_ctx| {
+                let (store, clock, key) = (store.clone(), clock.clone(), key.clone());
+                async move {
+                    let record = store.get(&key).await.expect("get").expect("the claim");
+                    let left = record
+                        .lease
+                        .expires_at
+                        .duration_since(clock.now())
+                        .expect("ahead");
+                    Ok::<_, std::io::Error>(left.as_millis() as u64)
+                }
+            })
+            .await
+            .expect("B takes over");
+        assert_eq!(
+            *lease_left.value(),
+            10_000,
+            "{name}: the takeover holds its 10 s, not what the 30 s of waiting left of them"
+        );
+        holder.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_waiter_too_close_to_its_deadline_does_not_take_over() {
+    for backend in both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        let env_a = Idempotency::new(backend.store.clone()).with_clock(clock.clone());
+        let env_b = Idempotency::new(backend.store.clone())
+            .with_clock(clock.clone())
+            .with_recovery(Recovery::Rerun);
+        let inv = invocation("order-late", &json!({"amount": 10}));
+        let holder = hold_forever(&env_a, &inv).await;
+        // A's lease runs out at 30 s; B must answer by 32 s: under 2 s would be left to run.
+        let deadline = clock.now() + Duration::from_secs(32);
+        let runs = AtomicUsize::new(0);
+
+        let answer = env_b
+            .execute(
+                &inv.with_deadline(deadline)
+                    .with_wait_for_result(Duration::from_secs(60)),
+                |_ctx| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    async { Ok::<_, std::io::Error>(json!(0)) }
+                },
+            )
+            .await;
+        assert!(
+            matches!(answer, Err(Error::AlreadyInProgress { .. })),
+            "{name}: {answer:?}"
+        );
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            0,
+            "{name}: no effect started to be cut off"
+        );
         holder.abort();
     }
 }

@@ -201,7 +201,10 @@ impl Select<Request> for Intent {
     }
 }
 
-/// The intent as 0.4 projected it: the query's pairs as sent, not percent-decoded.
+/// The intent as 0.4 projected it: the query's pairs as sent, not percent-decoded. Read only
+/// for records that name no key rule, so it answers as 0.4 did, no more: two queries 0.4 could
+/// not tell apart (`?a=1&%61=2` and `?%61=2&a=1`, sorted by their raw names) are one request
+/// to a record 0.4 wrote, as they were under 0.4.
 #[derive(Debug, Clone, Copy)]
 struct IntentAs04;
 

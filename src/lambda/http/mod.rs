@@ -112,7 +112,8 @@ impl HttpIdempotencyLayer {
     /// The IETF draft's optional-key mode: a request without an `Idempotency-Key` header
     /// passes through to the service as any other method does (it is not idempotent, and
     /// nothing is stored), instead of being answered 400 `missing_idempotency_key`. A request
-    /// with the header is keyed as always. Document it on the endpoint: a client that omits
+    /// with the header is keyed as always, and one whose header is present but empty is still
+    /// refused (400 `missing_idempotency_key`): the client meant to send a key. Document it on the endpoint: a client that omits
     /// the key gets no protection from duplicates.
     ///
     /// ```no_run
