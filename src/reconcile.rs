@@ -32,14 +32,14 @@
 //! ```
 
 use std::future::Future;
-use std::pin::Pin;
 
 use crate::error::BoxError;
 use crate::key::OperationKey;
 use crate::record::Record;
 
-/// A boxed, sendable future.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+/// A boxed, sendable future: `futures`' own ([`futures_util::future::BoxFuture`]), the one
+/// type every boxed future of the crate is.
+pub use futures_util::future::BoxFuture;
 
 /// What the downstream evidence says about a crashed attempt.
 #[derive(Debug, Clone, PartialEq)]

@@ -386,17 +386,6 @@ impl Evidence {
     }
 }
 
-/// The claim a caller holds: what fenced writes present.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Holder<'a> {
-    /// The operation key.
-    pub key: &'a OperationKey,
-    /// The caller's lease token.
-    pub lease_token: &'a str,
-    /// The business identity, when the operation declared one.
-    pub identity: Option<&'a str>,
-}
-
 /// A terminal failure as stored and replayed: a stable machine-readable kind and a message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RetainedFailure {

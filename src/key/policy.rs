@@ -88,6 +88,7 @@ impl<E: 'static> KeyPolicy<E> {
     /// The same policy, naming the key material 0.4 selected for an event where this one
     /// selects another: the engine answers a redelivery that 0.4 recorded there
     /// ([`ConfigBuilder::keyed_by_0_4_before`](crate::config::ConfigBuilder::keyed_by_0_4_before)).
+    #[cfg(any(feature = "sqs", feature = "http"))]
     pub(crate) fn with_key_as_0_4(mut self, key: impl Select<E> + 'static) -> Self {
         self.key_as_0_4 = Some(Arc::new(key));
         self
@@ -95,6 +96,7 @@ impl<E: 'static> KeyPolicy<E> {
 
     /// The same policy, naming the intent 0.4 projected for an event where this one projects
     /// another: a record 0.4 wrote of that intent is of this one.
+    #[cfg(feature = "http")]
     pub(crate) fn with_intent_as_0_4(mut self, intent: impl Select<E> + 'static) -> Self {
         self.intent_as_0_4 = Some(Arc::new(intent));
         self

@@ -3,6 +3,11 @@
 //! fault-injecting DynamoDB client interceptor, the local DynamoDB-compatible endpoint, and the
 //! seeded simulation of the protocol.
 //!
+//! **Stability.** The feature follows the crate's version: a signature here changes only in a
+//! release whose CHANGELOG lists it. The conformance suite grows with each release, on
+//! purpose: a case added for a new rule of the contract may fail a store that passed the
+//! previous suite, and then that store breaks the rule.
+//!
 //! A store of your own runs the whole suite with one macro (object_store's `integration`
 //! module is the model):
 //!

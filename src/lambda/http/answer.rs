@@ -8,9 +8,6 @@ use serde_json::Value;
 use crate::error::{Error, ErrorKind};
 use crate::record::Status;
 
-/// The longest `Retry-After` an HTTP door sends, in seconds (a lease's longest life).
-const MAX_RETRY_AFTER_SECS: u64 = 15 * 60 + 5;
-
 /// An error answer: status, a stable code and a message written for the client, never the
 /// error's own text (stored handler errors and store messages stay inside).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,13 +187,15 @@ impl ErrorAnswer {
         Value::Object(body).to_string()
     }
 
-    /// The `Retry-After` value in whole seconds, rounded up, 1 to 905.
-    pub(crate) fn retry_after_secs(&self) -> Option<u64> {
+    /// The `Retry-After` value in whole seconds, rounded up, from 1 to `longest` (the lease
+    /// policy's longest lease: no claim outlives it).
+    pub(crate) fn retry_after_secs(&self, longest: Duration) -> Option<u64> {
+        let longest = longest.as_secs().max(1);
         self.retry_after.map(|retry_after| {
             retry_after
                 .as_secs()
                 .saturating_add(u64::from(retry_after.subsec_nanos() > 0))
-                .clamp(1, MAX_RETRY_AFTER_SECS)
+                .clamp(1, longest)
         })
     }
 }

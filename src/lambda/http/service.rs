@@ -96,6 +96,8 @@ where
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
+    let longest = operation.lease.max;
+    let respond = |answer: &ErrorAnswer| error_response(answer, longest);
     let unkeyed = key_optional && !request.headers().contains_key(IDEMPOTENCY_KEY_HEADER);
     if unkeyed || !matches!(*request.method(), Method::POST | Method::PATCH) {
         let response = inner.call(request).await.map_err(Into::into)?;
@@ -105,7 +107,7 @@ where
     }
     let invocation = match operation.invocation_in(&request, request.lambda_context_ref()) {
         Ok(invocation) => invocation,
-        Err(err) => return Ok(error_response(&ErrorAnswer::for_error(&err))),
+        Err(err) => return Ok(respond(&ErrorAnswer::for_error(&err))),
     };
     let applied = Arc::new(std::sync::Mutex::new(None));
     let result = operation
@@ -154,7 +156,7 @@ where
                     key = invocation.key().short(),
                     "the stored response does not decode: answered 500, not replayed"
                 );
-                error_response(&ErrorAnswer::for_error(&unreadable))
+                respond(&ErrorAnswer::for_error(&unreadable))
             }
         },
         Err(err @ Error::OutcomeTooLarge { .. }) => {
@@ -166,18 +168,18 @@ where
                 .take();
             match kept.map(|stored| stored.response()) {
                 Some(Ok(response)) => response,
-                _ => error_response(&ErrorAnswer::for_error(&err)),
+                _ => respond(&ErrorAnswer::for_error(&err)),
             }
         }
         Err(Error::Handler { source }) => match Release::take::<NotStored>(source) {
             Ok(not_stored) => not_stored.0,
             // Retained as a terminal failure: answered as every retry will be.
             Err(source) if operation.idem.is_terminal(&*source) => {
-                error_response(&ErrorAnswer::failed_for_good())
+                respond(&ErrorAnswer::failed_for_good())
             }
-            Err(source) => error_response(&ErrorAnswer::for_error(&Error::Handler { source })),
+            Err(source) => respond(&ErrorAnswer::for_error(&Error::Handler { source })),
         },
-        Err(err) => error_response(&ErrorAnswer::for_error(&err)),
+        Err(err) => respond(&ErrorAnswer::for_error(&err)),
     })
 }
 
@@ -211,7 +213,7 @@ where
 }
 
 /// The problem-detail response (RFC 9457) for an error answer.
-fn error_response(answer: &ErrorAnswer) -> Response<Body> {
+fn error_response(answer: &ErrorAnswer, longest_lease: std::time::Duration) -> Response<Body> {
     let mut response = Response::new(Body::Text(answer.body()));
     *response.status_mut() =
         StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -219,7 +221,7 @@ fn error_response(answer: &ErrorAnswer) -> Response<Body> {
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/problem+json"),
     );
-    if let Some(seconds) = answer.retry_after_secs()
+    if let Some(seconds) = answer.retry_after_secs(longest_lease)
         && let Ok(value) = HeaderValue::from_str(&seconds.to_string())
     {
         response.headers_mut().insert(header::RETRY_AFTER, value);
