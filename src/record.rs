@@ -462,6 +462,10 @@ pub enum FailureKind {
     OutcomeUnserializable,
     /// An operator released the operation for the next delivery to run (`released`).
     Released,
+    /// The completion's writes cannot be sent on this store (a table that refuses
+    /// transactions): retained, since the same handler would send them again
+    /// (`completion_rejected`).
+    CompletionRejected,
     /// A handler's terminal failure, of the kind its classifier named. The engine's names
     /// above are taken: a classifier's kind of the same name reads as the engine's.
     Terminal(String),
@@ -475,6 +479,7 @@ impl FailureKind {
             Self::OutcomeUnstorable => "outcome_unstorable",
             Self::OutcomeUnserializable => "outcome_unserializable",
             Self::Released => "released",
+            Self::CompletionRejected => "completion_rejected",
             Self::Terminal(kind) => kind,
         }
     }
@@ -493,6 +498,7 @@ impl From<&str> for FailureKind {
             "outcome_unstorable" => Self::OutcomeUnstorable,
             "outcome_unserializable" => Self::OutcomeUnserializable,
             "released" => Self::Released,
+            "completion_rejected" => Self::CompletionRejected,
             other => Self::Terminal(other.to_owned()),
         }
     }

@@ -286,7 +286,7 @@ impl Idempotency {
         answer
     }
 
-    fn observe_latency(&self, key: &OperationKey, step: observe::Step, started: Instant) {
+    fn observe_latency(&self, key: &OperationKey, step: observe::Phase, started: Instant) {
         self.observer.observe(&Observation::Latency {
             operation: key.operation(),
             step,
@@ -329,7 +329,7 @@ impl Idempotency {
         };
         let claiming = Instant::now();
         let claimed = self.claim(&claim, invocation, now).await;
-        self.observe_latency(key, observe::Step::Claim, claiming);
+        self.observe_latency(key, observe::Phase::Claim, claiming);
         let held = match claimed {
             Ok(Step::Run(held)) => {
                 if let Held::TakenOver { .. } = held {

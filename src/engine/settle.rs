@@ -111,7 +111,7 @@ impl Idempotency {
                             }
                         }
                     };
-                    self.observe_latency(key, observe::Step::Completion, completing);
+                    self.observe_latency(key, observe::Phase::Completion, completing);
                     match settled {
                         Err(Error::Store(StoreError::Rejected { message, .. })) => {
                             warn!(attempt, "the store rejected the outcome after the effect");
@@ -396,7 +396,7 @@ impl Idempotency {
             attempt,
             "the completion's writes cannot be sent: the operation is retained as failed"
         );
-        let kind = FailureKind::from(COMPLETION_REJECTED);
+        let kind = FailureKind::CompletionRejected;
         let retained = self
             .retain(
                 target,
@@ -409,7 +409,10 @@ impl Idempotency {
             .await;
         match retained {
             Ok(()) => Error::Handler {
-                source: Box::new(Terminal::new(COMPLETION_REJECTED, refusal)),
+                source: Box::new(Terminal::new(
+                    FailureKind::CompletionRejected.as_str(),
+                    refusal,
+                )),
             },
             Err(err) => err,
         }
@@ -499,9 +502,6 @@ struct RefusedCompletion<'a> {
     steps: Option<&'a StepLedger>,
     pending: Option<Vec<StepRecord>>,
 }
-
-/// The failure kind of a completion whose writes cannot be sent.
-const COMPLETION_REJECTED: &str = "completion_rejected";
 
 /// How long a write after the handler ran (a settlement, a release) is retried (see
 /// [`Patience::settling`]).

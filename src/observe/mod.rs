@@ -105,15 +105,19 @@ impl Decision {
     }
 }
 
-/// A step whose latency is reported.
+/// A phase of the protocol whose latency is reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum Step {
+pub enum Phase {
     /// Claiming the key (with takeover or adoption), up to the answer or the handler's start.
     Claim,
     /// Storing the outcome (or the retained failure), retries included.
     Completion,
 }
+
+/// The name 0.4 gave [`Phase`] (a handler's steps are `effects::Step`).
+#[deprecated(since = "0.5.0", note = "renamed `observe::Phase`")]
+pub type Step = Phase;
 
 /// One thing the engine reports. Keys never appear: only the operation's name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,12 +130,12 @@ pub enum Observation<'a> {
         /// What was decided.
         decision: Decision,
     },
-    /// How long a step took (wall time, whatever clock the engine reads).
+    /// How long a phase took (wall time, whatever clock the engine reads).
     Latency {
         /// The operation name.
         operation: &'a str,
-        /// The step.
-        step: Step,
+        /// The phase.
+        step: Phase,
         /// Its duration.
         elapsed: Duration,
     },

@@ -12,7 +12,7 @@ use lambda_idempotency::effects::{
     Destination, Outbox, OutboxEvent, StepError, Transaction, event_id,
 };
 use lambda_idempotency::reconcile::Recovery;
-use lambda_idempotency::record::Status;
+use lambda_idempotency::record::{FailureKind, Status};
 use lambda_idempotency::store::{MemoryStore, Store};
 use lambda_idempotency::testing::conformance::{evidence_key, invocation, stored};
 use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
@@ -482,6 +482,11 @@ async fn writes_that_cannot_be_sent_are_retained_whatever_the_classifier_says() 
     let Error::Failed { failure, .. } = replay else {
         panic!("got {replay:?}");
     };
+    assert!(
+        matches!(failure.kind, FailureKind::CompletionRejected),
+        "matched by variant: {:?}",
+        failure.kind
+    );
     assert_eq!(failure.kind.as_str(), "completion_rejected");
     assert_eq!(runs.load(Ordering::SeqCst), 1, "never run again");
 }
@@ -640,6 +645,11 @@ async fn a_transaction_dynamodb_refuses_is_retained_as_rejected_never_as_applied
     let Error::Failed { failure, .. } = replay else {
         panic!("got {replay:?}");
     };
+    assert!(
+        matches!(failure.kind, FailureKind::CompletionRejected),
+        "matched by variant: {:?}",
+        failure.kind
+    );
     assert_eq!(failure.kind.as_str(), "completion_rejected");
     assert_eq!(runs.load(Ordering::SeqCst), 1, "not run again blind");
 }

@@ -34,7 +34,7 @@ pub use metrics_cloudwatch_embedded;
 mod flush;
 pub use flush::{FlushLayer, Flushed, Sink};
 
-use super::{Observation, Observer, Step};
+use super::{Observation, Observer, Phase};
 
 /// Declares the latency histograms' unit (milliseconds) once, to the recorder installed by then.
 fn describe_latencies(prefix: &'static str) {
@@ -87,8 +87,8 @@ impl Observer for MetricsObserver {
                 elapsed,
             } => {
                 let step = match step {
-                    Step::Claim => "claim_latency",
-                    Step::Completion => "completion_latency",
+                    Phase::Claim => "claim_latency",
+                    Phase::Completion => "completion_latency",
                 };
                 let name = format!("{}.{step}", self.prefix);
                 describe_latencies(self.prefix);
