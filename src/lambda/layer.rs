@@ -134,8 +134,10 @@ impl<Svc, E> Layer<Svc> for IdempotencyLayer<E> {
 
     fn layer(&self, inner: Svc) -> Self::Service {
         IdempotencyService {
-            inner,
-            operation: Arc::clone(&self.operation),
+            execution: ExecutionService {
+                inner,
+                operation: Arc::clone(&self.operation),
+            },
         }
     }
 }

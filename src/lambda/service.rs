@@ -2,7 +2,6 @@
 
 use std::any::{Any, TypeId};
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -24,15 +23,13 @@ use crate::reconcile::BoxFuture;
 /// `run_concurrent` alike. Its error is [`IdempotencyError`]: the handler's own error as it
 /// returned it when its type is `lambda_runtime::Error`, else the engine's.
 pub struct IdempotencyService<Svc, E> {
-    pub(crate) inner: Svc,
-    pub(crate) operation: Arc<Operation<E>>,
+    pub(crate) execution: ExecutionService<Svc, E>,
 }
 
 impl<Svc: Clone, E> Clone for IdempotencyService<Svc, E> {
     fn clone(&self) -> Self {
         Self {
-            inner: self.inner.clone(),
-            operation: Arc::clone(&self.operation),
+            execution: self.execution.clone(),
         }
     }
 }
@@ -40,7 +37,7 @@ impl<Svc: Clone, E> Clone for IdempotencyService<Svc, E> {
 impl<Svc, E> fmt::Debug for IdempotencyService<Svc, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyService")
-            .field("operation", &self.operation)
+            .field("operation", &self.execution.operation)
             .finish_non_exhaustive()
     }
 }
@@ -58,11 +55,11 @@ where
     type Future = BoxFuture<'static, Result<R, Self::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(IdempotencyError::Handler)
+        self.execution.poll_ready(cx)
     }
 
     fn call(&mut self, event: LambdaEvent<E>) -> Self::Future {
-        let run = execute_event(&mut self.inner, &self.operation, event);
+        let run = self.execution.call(event);
         Box::pin(async move { Ok(run.await?.into_value()) })
     }
 }
@@ -109,34 +106,18 @@ where
     }
 
     fn call(&mut self, event: LambdaEvent<E>) -> Self::Future {
-        Box::pin(execute_event(&mut self.inner, &self.operation, event))
-    }
-}
-
-/// Runs `event` as `operation` through the ready `inner` service (a fresh clone of it waits
-/// for the next call).
-fn execute_event<Svc, E, R>(
-    inner: &mut Svc,
-    operation: &Arc<Operation<E>>,
-    event: LambdaEvent<E>,
-) -> impl Future<Output = Result<Execution<R>, IdempotencyError<Svc::Error>>> + Send + 'static
-where
-    Svc: Service<LambdaEvent<E>, Response = R> + Clone + Send + 'static,
-    Svc::Error: Into<BoxError> + Send + 'static,
-    Svc::Future: Send,
-    E: Send + 'static,
-    R: Serialize + DeserializeOwned + Send + 'static,
-{
-    let fresh = inner.clone();
-    let mut inner = std::mem::replace(inner, fresh);
-    let operation = Arc::clone(operation);
-    async move {
-        let invocation = operation.invocation(&event.payload, &event.context)?;
-        operation
-            .idem
-            .execute(&invocation, |ctx| context::scope(ctx, inner.call(event)))
-            .await
-            .map_err(handler_error)
+        // The ready service answers this call; a fresh clone waits for the next one.
+        let fresh = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, fresh);
+        let operation = Arc::clone(&self.operation);
+        Box::pin(async move {
+            let invocation = operation.invocation(&event.payload, &event.context)?;
+            operation
+                .idem
+                .execute(&invocation, |ctx| context::scope(ctx, inner.call(event)))
+                .await
+                .map_err(handler_error)
+        })
     }
 }
 

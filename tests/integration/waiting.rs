@@ -16,7 +16,7 @@ use lambda_idempotency::{Error, Idempotency, Invocation, Origin};
 use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc};
 
-use super::backends::both;
+use super::backends::{Backend, both};
 
 /// The system clock, telling the test each time the engine pauses (the waiting's pauses: no
 /// write fails here, so no retry pauses).
@@ -313,15 +313,22 @@ async fn a_holder_whose_lease_runs_out_is_taken_over_by_the_waiter() {
     }
 }
 
+/// Two environments on the backend's clock: A, which holds; B, which re-runs what it takes
+/// over ([`Recovery::Rerun`]).
+fn holder_and_taker(backend: &Backend) -> (Idempotency, Idempotency) {
+    let env_a = Idempotency::new(backend.store.clone()).with_clock(backend.clock.clone());
+    let env_b = Idempotency::new(backend.store.clone())
+        .with_clock(backend.clock.clone())
+        .with_recovery(Recovery::Rerun);
+    (env_a, env_b)
+}
+
 #[tokio::test]
 async fn a_waiter_that_takes_over_holds_the_lease_it_was_given() {
     for backend in both().await {
         let name = backend.name;
         let clock = backend.clock.clone();
-        let env_a = Idempotency::new(backend.store.clone()).with_clock(clock.clone());
-        let env_b = Idempotency::new(backend.store.clone())
-            .with_clock(clock.clone())
-            .with_recovery(Recovery::Rerun);
+        let (env_a, env_b) = holder_and_taker(&backend);
         let inv = invocation("order-capped", &json!({"amount": 10}));
         let holder = hold_forever(&env_a, &inv).await;
         // B: a lease capped at 10 s (a lease policy's `max`) on a 15-minute invocation.
@@ -365,10 +372,7 @@ async fn a_waiter_too_close_to_its_deadline_does_not_take_over() {
     for backend in both().await {
         let name = backend.name;
         let clock = backend.clock.clone();
-        let env_a = Idempotency::new(backend.store.clone()).with_clock(clock.clone());
-        let env_b = Idempotency::new(backend.store.clone())
-            .with_clock(clock.clone())
-            .with_recovery(Recovery::Rerun);
+        let (env_a, env_b) = holder_and_taker(&backend);
         let inv = invocation("order-late", &json!({"amount": 10}));
         let holder = hold_forever(&env_a, &inv).await;
         // A's lease runs out at 30 s; B must answer by 32 s: under 2 s would be left to run.
