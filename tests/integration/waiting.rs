@@ -401,3 +401,65 @@ async fn a_waiter_too_close_to_its_deadline_does_not_take_over() {
         holder.abort();
     }
 }
+
+#[tokio::test]
+async fn duplicates_waiting_under_single_flight_take_turns_and_all_replay() {
+    for backend in both().await {
+        let name = backend.name;
+        let env_a = Idempotency::new(backend.store.clone());
+        let (pauses_tx, mut pauses) = mpsc::unbounded_channel();
+        let (env_b, waits) = counting_waits(
+            Idempotency::new(backend.store)
+                .with_clock(PauseSignal(pauses_tx))
+                .with_single_flight(),
+        );
+        let inv = invocation("order-turns", &json!({"amount": 10}));
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (holding, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let a = tokio::spawn({
+            let (env_a, inv, handler) = (
+                env_a.clone(),
+                inv.clone(),
+                holder(&runs, &holding, &release),
+            );
+            async move { env_a.execute::<Value, _, _, _>(&inv, handler).await }
+        });
+        holding.notified().await;
+        let duplicate = || {
+            let (env_b, inv, runs) = (
+                env_b.clone(),
+                inv.clone().with_wait_for_result(Duration::from_secs(30)),
+                Arc::clone(&runs),
+            );
+            tokio::spawn(async move {
+                env_b
+                    .execute(&inv, |_ctx| async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, std::io::Error>(json!({"charged": "by B"}))
+                    })
+                    .await
+            })
+        };
+        let (b1, b2) = (duplicate(), duplicate());
+        // One of B's duplicates waits on A's claim; the other waits for its turn.
+        pauses.recv().await.expect("a duplicate pauses to wait");
+        release.notify_one();
+
+        let first = a.await.expect("A").expect("A runs");
+        for b in [b1, b2] {
+            let replayed = b.await.expect("B").expect("B gets A's outcome");
+            assert_eq!(replayed.origin(), Origin::Replayed, "{name}");
+            assert_eq!(replayed.raw_json().get(), first.raw_json().get(), "{name}");
+        }
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "{name}: the handler ran once"
+        );
+        assert_eq!(
+            reads(&waits).len(),
+            1,
+            "{name}: only the duplicate whose turn came first read the record"
+        );
+    }
+}
