@@ -12,7 +12,8 @@ use lambda_idempotency::observe::Observation;
 use lambda_idempotency::reconcile::{BoxFuture, Recovery};
 use lambda_idempotency::store::{AnyStore, Store};
 use lambda_idempotency::testing::conformance::invocation;
-use lambda_idempotency::{Error, Idempotency, Invocation, Origin};
+use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
+use lambda_idempotency::{Error, Idempotency, Invocation, Origin, StoreError};
 use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc};
 
@@ -461,5 +462,43 @@ async fn duplicates_waiting_under_single_flight_take_turns_and_all_replay() {
             1,
             "{name}: only the duplicate whose turn came first read the record"
         );
+    }
+}
+
+#[tokio::test]
+async fn a_read_failing_for_now_is_read_again_and_one_refused_for_good_ends_the_wait() {
+    for backend in both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        let env_a = Idempotency::new(backend.store.clone()).with_clock(clock.clone());
+        let faulty = FaultyStore::new(backend.store.clone());
+        // The wait's first two reads are throttled past the SDK's retries, the third finds the
+        // record corrupt (an operator's case, not a reason to keep reading).
+        faulty.inject(Primitive::Get, Fault::FailBefore(FaultKind::Throttled));
+        faulty.inject(Primitive::Get, Fault::FailBefore(FaultKind::Unavailable));
+        faulty.inject(Primitive::Get, Fault::FailBefore(FaultKind::Corrupt));
+        let (env_b, waits) =
+            counting_waits(Idempotency::new(faulty.clone()).with_clock(clock.clone()));
+        let inv = invocation("order-faulty-read", &json!({"amount": 10}));
+        let holder = hold_forever(&env_a, &inv).await;
+
+        let answer = env_b
+            .execute(
+                &inv.with_wait_for_result(Duration::from_secs(60)),
+                |_ctx| async { Ok::<_, std::io::Error>(json!(0)) },
+            )
+            .await;
+
+        assert!(
+            matches!(answer, Err(Error::Store(StoreError::CorruptRecord { .. }))),
+            "{name}: {answer:?}"
+        );
+        assert_eq!(
+            reads(&waits),
+            vec![3],
+            "{name}: two reads again, then the refusal"
+        );
+        assert_eq!(faulty.calls().get(&Primitive::Get), Some(&3), "{name}");
+        holder.abort();
     }
 }
