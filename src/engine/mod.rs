@@ -557,7 +557,6 @@ impl Idempotency {
     }
 }
 
-/// What a claim leads to.
 /// What a run came to: an answer, or a live claim elsewhere that the invocation waits out.
 enum Ran<T, F> {
     /// The answer for the caller.
@@ -570,6 +569,7 @@ enum Ran<T, F> {
     },
 }
 
+/// What a claim leads to.
 enum Step {
     /// The caller holds the lease: run (or reconcile).
     Run(Held),
