@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
 
 use crate::config::MAX_REQUEST_ID_BYTES;
 use crate::effects::{NoCheck, Step, StepError, StepLedger, Transaction};
@@ -44,6 +45,28 @@ pub struct Invocation {
     /// How long a duplicate waits for another environment's live claim to settle
     /// ([`Invocation::with_wait_for_result`]); `None`: it answers in progress at once.
     pub(crate) wait_for_result: Option<Duration>,
+    /// Who the claim belongs to beyond this invocation ([`Invocation::with_owner`]): the
+    /// lease token derived from it, which every later invocation of the same owner re-enters.
+    pub(crate) owner: Option<LeaseOwner>,
+}
+
+/// The owner of a claim that outlives its invocation (a durable execution's ARN), as the
+/// lease token every invocation of that owner writes: `owner-` and 32 hex digits of its
+/// SHA-256, so that the owner's name itself is never stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LeaseOwner(String);
+
+impl LeaseOwner {
+    /// The lease token of `owner`.
+    fn of(owner: &str) -> Self {
+        let digest = Sha256::digest(owner.as_bytes());
+        Self(format!("owner-{}", hex::encode(&digest[..16])))
+    }
+
+    /// The lease token every invocation of this owner claims under.
+    pub(crate) fn token(&self) -> &str {
+        &self.0
+    }
 }
 
 impl Invocation {
@@ -65,6 +88,7 @@ impl Invocation {
             identity_scope: IdentityScope::default(),
             result_ref: None,
             wait_for_result: None,
+            owner: None,
         }
     }
 
@@ -100,9 +124,11 @@ impl Invocation {
         self
     }
 
-    /// The same invocation with a lease of `lease` from now: a batch record's lease counts from
-    /// when the record starts, not from when its batch did.
-    pub(crate) fn with_lease(mut self, lease: Duration) -> Self {
+    /// The same invocation with a lease of `lease` from its claim (capped at [`MAX_LEASE`]): a
+    /// batch record's lease counts from when the record starts, not from when its batch did;
+    /// a durable execution's covers its longest suspension
+    /// ([`Invocation::with_owner`]).
+    pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease.min(MAX_LEASE);
         self
     }
@@ -191,6 +217,40 @@ impl Invocation {
     /// ```
     pub fn with_wait_for_result(mut self, max: Duration) -> Self {
         self.wait_for_result = Some(max);
+        self
+    }
+
+    /// Claims for `owner` (a Lambda durable execution's ARN), not for this invocation alone:
+    /// a later invocation with the same owner, a replay of the same durable execution after it
+    /// suspended, re-enters the claim while the record is IN_PROGRESS (its recorded steps
+    /// replay, under a renewed lease), where any other caller is answered as a duplicate
+    /// ([`Error::AlreadyInProgress`], then the stored outcome). A cancelled invocation of an
+    /// owned claim (the durable SDK drops the handler at every suspension) keeps its claim
+    /// for the owner's return instead of giving it back.
+    ///
+    /// An owner's invocations must run one at a time, as the durable service invokes one
+    /// execution's (a stale one is fenced by its checkpoint token): two invocations of one
+    /// owner at once would both run. What may run twice at once is not an owner: leave it a
+    /// plain invocation.
+    ///
+    /// Completion is still fenced: once the lease has run out, another caller may take the
+    /// claim over (after the usual checks of what the owner's steps did), and the owner then
+    /// finds it taken. Give the operation a lease that covers the owner's longest pause, or
+    /// claim inside one durable step (see the guide's durable functions section).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use lambda_idempotency::{Fingerprint, Invocation, OperationKey, OperationScope};
+    /// # let scope = OperationScope::new("shop", "charge")?;
+    /// # let key = OperationKey::derive(&scope, None, "order-418")?;
+    /// let arn = "arn:aws:lambda:eu-west-1:123456789012:function:orders:$LATEST/durable-execution/order-418/1f2e";
+    /// let invocation = Invocation::new(key, Fingerprint::of(&42)?, Duration::from_secs(30))
+    ///     .with_owner(arn);
+    /// # let _ = invocation;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_owner(mut self, owner: &str) -> Self {
+        self.owner = Some(LeaseOwner::of(owner));
         self
     }
 
@@ -330,6 +390,15 @@ impl ExecutionContext {
     /// API's `Idempotency-Key` or an SQS FIFO deduplication id.
     pub fn downstream_key(&self, step: &str) -> String {
         self.key.downstream(step)
+    }
+
+    /// The name to start a Lambda durable execution under (`DurableExecutionName` of Lambda's
+    /// `Invoke`): the operation's downstream key for starting one, 64 hex digits, as Lambda
+    /// allows (1 to 64 of `[a-zA-Z0-9-_]`). Lambda starts one execution per name and answers a
+    /// repeated start with the same payload with that execution, so a dispatcher that starts
+    /// the execution under this name, and is run again after a crash, never starts two.
+    pub fn durable_execution_name(&self) -> String {
+        self.key.downstream("durable-execution")
     }
 }
 

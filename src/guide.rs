@@ -22,6 +22,10 @@ pub mod scale {}
 #[doc = include_str!("../docs/guide/troubleshooting.md")]
 pub mod troubleshooting {}
 
+#[cfg(feature = "durable")]
+#[doc = include_str!("../docs/guide/durable_functions.md")]
+pub mod durable_functions {}
+
 #[doc = include_str!("../docs/guide/powertools.md")]
 pub mod powertools {}
 

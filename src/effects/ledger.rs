@@ -65,6 +65,13 @@ pub(crate) struct StepLedger {
     idem: Idempotency,
     key: OperationKey,
     token: String,
+    /// Each step's result is written as soon as the step ends (an owned claim's), not with the
+    /// next write.
+    saves_each_result: bool,
+    /// This run's own: the request tokens of its commits are derived from it, since an owned
+    /// claim's lease token is the same on every run of its owner
+    /// ([`Invocation::with_owner`](crate::Invocation::with_owner)).
+    run: String,
     attempt: u32,
     /// When the lease runs out: a step write is not retried past it.
     lease_expires_at: SystemTime,
@@ -178,6 +185,8 @@ impl StepLedger {
             idem,
             key: invocation.key.clone(),
             token: claim.lease.token.clone(),
+            saves_each_result: invocation.owner.is_some(),
+            run: uuid::Uuid::new_v4().to_string(),
             attempt,
             lease_expires_at: claim.lease.expires_at,
             deadline: invocation.deadline,
@@ -395,6 +404,33 @@ impl StepLedger {
         F: FnOnce(String) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        let ran = self
+            .run_effect(&name, repeat_safe, effect_timeout, check, effect)
+            .await;
+        if self.saves_each_result {
+            self.save_result(&name).await?;
+        }
+        ran
+    }
+
+    /// Runs step `name`; what it came to is written with the next write.
+    async fn run_effect<T, E, C, F, Fut>(
+        &self,
+        name: &str,
+        repeat_safe: bool,
+        effect_timeout: Option<Duration>,
+        check: C,
+        effect: F,
+    ) -> Result<T, StepError>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Into<BoxError>,
+        C: StepCheck<T>,
+        C::Future: Send,
+        F: FnOnce(String) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let name = name.to_owned();
         let (standing, _flight) = self.begin::<T>(&name)?;
         let downstream = self.key.downstream(&name);
         match standing {
@@ -563,7 +599,7 @@ impl StepLedger {
                 result: Some(bytes),
             });
             state.commits += 1;
-            (steps, commit_token(&self.token, state.commits))
+            (steps, commit_token(&self.run, state.commits))
         };
         let writes = self
             .with_events(&name, &transaction)
@@ -686,7 +722,7 @@ impl StepLedger {
     /// same on every try); `None` when there are none.
     pub(crate) fn take_completion(&self) -> Option<(Vec<TransactWriteItem>, String)> {
         let writes = std::mem::take(&mut self.lock().completion);
-        (!writes.is_empty()).then(|| (writes, completion_token(&self.token)))
+        (!writes.is_empty()).then(|| (writes, completion_token(&self.run)))
     }
 
     /// One commit of `steps` with the handler's `writes`, retried under one token (see
@@ -713,6 +749,24 @@ impl StepLedger {
     /// Records a new step's intent, with whatever result is pending. The ledger takes the
     /// intent only once it is written: a step whose future is dropped meanwhile left nothing
     /// behind in the ledger (the store may hold the intent: a later attempt checks it).
+    /// Writes what step `name` came to now, not with the next write: an owned claim's handler
+    /// may be dropped at any await after a step (a durable execution suspending), and its
+    /// owner's replay must find the result, not an uncertain intent.
+    async fn save_result(&self, name: &str) -> Result<(), StepError> {
+        let Some(steps) = self.pending() else {
+            return Ok(());
+        };
+        match self.write(&steps).await {
+            Ok(()) => {
+                let mut state = self.lock();
+                state.dirty = false;
+                state.unsaved_result = false;
+                Ok(())
+            }
+            Err(halt) => Err(self.halt(&mut self.lock(), name, halt)),
+        }
+    }
+
     async fn record_intent(&self, name: &str) -> Result<(), StepError> {
         let mut steps = self.lock().steps.clone();
         steps.push(StepRecord::intent(name.to_owned(), self.attempt));
@@ -848,15 +902,15 @@ fn step_bytes(name: &str, result: &[u8]) -> usize {
     name.len() + result.len() + STEP_OVERHEAD_BYTES
 }
 
-/// The request token of an attempt's completion with writes (see [`commit_token`]).
-fn completion_token(lease_token: &str) -> String {
-    let digest = Sha256::digest(format!("{lease_token}#completion").as_bytes());
+/// The request token of a run's completion with writes (see [`commit_token`]).
+fn completion_token(run: &str) -> String {
+    let digest = Sha256::digest(format!("{run}#completion").as_bytes());
     hex::encode(&digest[..16])
 }
 
-/// The request token of an attempt's `n`th commit: the same on every try of that commit,
-/// another for the next (32 hex characters, within DynamoDB's 36).
-fn commit_token(lease_token: &str, n: u32) -> String {
-    let digest = Sha256::digest(format!("{lease_token}#commit#{n}").as_bytes());
+/// The request token of a run's `n`th commit: the same on every try of that commit, another
+/// for the next, and another on every run (32 hex characters, within DynamoDB's 36).
+fn commit_token(run: &str, n: u32) -> String {
+    let digest = Sha256::digest(format!("{run}#commit#{n}").as_bytes());
     hex::encode(&digest[..16])
 }

@@ -11,7 +11,7 @@ use super::settle::settle_patience;
 use super::{Held, Idempotency, Step, answer, erased};
 use crate::error::Error;
 use crate::execution::Invocation;
-use crate::record::{Evidence, Record};
+use crate::record::{Evidence, Lease, Record};
 use crate::store::{Claim, Fence, Guard, Store, Target};
 
 impl Idempotency {
@@ -52,6 +52,14 @@ impl Idempotency {
         {
             debug!("the claim committed before its answer was lost");
         }
+        let claimed = match claimed {
+            Claim::Existing(existing)
+                if invocation.owner.is_some() && decide::reenters(&existing, claim) =>
+            {
+                return self.reenter(existing, claim, invocation, now).await;
+            }
+            claimed => claimed,
+        };
         let existing = match decide::claimed(claimed, claim, now) {
             Claimed::Run => return Ok(Step::Run(Held::Fresh)),
             Claimed::Adopt(evidence) => return self.adopt(claim, invocation, evidence, now).await,
@@ -62,6 +70,22 @@ impl Idempotency {
             Claimed::Answer(existing) => return Ok(Step::Answer(Box::new(existing))),
             Claimed::TakeOver(existing) => existing,
         };
+        self.take_over(existing, claim, invocation, now, false)
+            .await
+    }
+
+    /// Takes over `existing`, whose lease ran out: a crashed attempt's, or (`reentered`) the
+    /// caller's owner's own, left when an earlier invocation of it stopped.
+    async fn take_over(
+        &self,
+        existing: Record,
+        claim: &Record,
+        invocation: &Invocation,
+        now: SystemTime,
+        reentered: bool,
+    ) -> Result<Step, Error> {
+        let key = &invocation.key;
+        let deadline = claim.lease.expires_at;
         let (lease, expires_at) =
             decide::takeover(&existing, &claim.lease, self.config.retention());
         let fence = match self
@@ -75,6 +99,11 @@ impl Idempotency {
                 // The takeover may have committed with its answer lost. The crashed attempt
                 // may have acted, so the record stays for the next takeover: only the lease
                 // this one may hold is cut short.
+                let target = Target {
+                    key,
+                    identity: claim.identity.as_deref(),
+                    guard: Guard::Lease(&claim.lease.token),
+                };
                 let _ = erased(self.store.shorten(target, now)).await;
                 return Err(err.into());
             }
@@ -97,11 +126,78 @@ impl Idempotency {
                 });
             }
         }
-        warn!(attempt = lease.attempt, "took over an expired lease");
+        match reentered {
+            true => debug!(
+                attempt = lease.attempt,
+                "re-entered its owner's claim, whose lease had run out"
+            ),
+            false => warn!(attempt = lease.attempt, "took over an expired lease"),
+        }
         Ok(Step::Run(Held::TakenOver {
             attempt: lease.attempt,
             previous: Box::new(existing),
             adopted: false,
+            reentered,
+        }))
+    }
+
+    /// Re-enters `existing`, the claim of the caller's owner ([`Invocation::with_owner`]) left
+    /// IN_PROGRESS by an earlier invocation of it (a durable execution that suspended): under a
+    /// lease renewed from now when it is still live (fenced on the owner's token: another
+    /// caller that took it over in between wins), as a takeover when it has run out. Its
+    /// recorded steps replay.
+    async fn reenter(
+        &self,
+        existing: Record,
+        claim: &Record,
+        invocation: &Invocation,
+        now: SystemTime,
+    ) -> Result<Step, Error> {
+        let key = &invocation.key;
+        if !claim
+            .fingerprint
+            .names(&existing.fingerprint, existing.created_at)
+        {
+            return Err(Error::PayloadConflict { key: key.clone() });
+        }
+        if existing.lease_is_takeable(now) {
+            return self.take_over(existing, claim, invocation, now, true).await;
+        }
+        let renewed = Lease {
+            attempt: existing.lease.attempt,
+            ..claim.lease.clone()
+        };
+        let target = Target {
+            key,
+            identity: None,
+            guard: Guard::Lease(&renewed.token),
+        };
+        let fence = self
+            .retrying(Patience::Brief(renewed.expires_at), || {
+                self.store.shorten(target, renewed.expires_at)
+            })
+            .await?;
+        match decide::took_over(fence, &renewed) {
+            TookOver::Held => {}
+            TookOver::Answer(current) => return Ok(Step::Answer(current)),
+            TookOver::InProgress => {
+                return Err(Error::AlreadyInProgress {
+                    key: key.clone(),
+                    attempt: renewed.attempt,
+                    retry_after: Duration::ZERO,
+                });
+            }
+        }
+        debug!(
+            attempt = renewed.attempt,
+            steps = existing.steps.len(),
+            "re-entered its owner's claim"
+        );
+        Ok(Step::Run(Held::TakenOver {
+            attempt: renewed.attempt,
+            previous: Box::new(existing),
+            adopted: false,
+            reentered: true,
         }))
     }
 
@@ -158,11 +254,17 @@ impl Idempotency {
             attempt: 2,
             previous: Box::new(decide::orphaned_record(&record, &orphan)),
             adopted: true,
+            reentered: false,
         }))
     }
 
     pub(super) fn new_claim(&self, invocation: &Invocation, now: SystemTime) -> Record {
-        let token = uuid::Uuid::new_v4().to_string();
+        // An owned claim's token is its owner's, which every invocation of the owner re-enters;
+        // any other is this invocation's alone.
+        let token = match &invocation.owner {
+            Some(owner) => owner.token().to_owned(),
+            None => uuid::Uuid::new_v4().to_string(),
+        };
         decide::claim_record(invocation, token, now, self.config.retention())
     }
 }

@@ -90,6 +90,13 @@ pub(crate) fn claimed(claimed: Claim, claim: &Record, now: SystemTime) -> Claime
     }
 }
 
+/// Whether `existing` is a claim of the owner the caller's `claim` is made for
+/// ([`Invocation::with_owner`]), which the caller re-enters: IN_PROGRESS under the owner's
+/// token. Only an owned claim's token is anyone else's than its invocation's.
+pub(crate) fn reenters(existing: &Record, claim: &Record) -> bool {
+    existing.status == Status::InProgress && existing.lease.token == claim.lease.token
+}
+
 /// Whether `existing` is the caller's own `claim`: it committed before its answer was lost and
 /// the retry found it standing.
 pub(crate) fn is_own_claim(existing: &Record, claim: &Record) -> bool {
@@ -245,14 +252,22 @@ pub(crate) fn inherited(previous: &Record) -> Inherited {
 /// retryable failure, a stop at a step) is continued from its steps under every policy: they
 /// replay, the uncertain ones are checked. A crashed attempt's steps decide only where the
 /// handler declares its effects to be its steps, or safe to repeat.
+///
+/// An owner re-entering its own claim (`reentered`: a durable execution replayed after it
+/// suspended) goes on from its steps, whatever they are: the earlier invocations were its
+/// own, and what they did outside steps the owner replays itself.
 pub(crate) fn recover(
     recovery: Recovery,
     adopted: bool,
+    reentered: bool,
     inherited: &Inherited,
     reconciler: bool,
 ) -> Recover {
     // An adopted orphan's steps are lost: nothing says they were none.
     let lost = adopted || inherited.lost;
+    if reentered && !lost {
+        return Recover::Steps;
+    }
     let recovery = match (lost, recovery) {
         (true, Recovery::Steps) => Recovery::Indeterminate,
         (_, recovery) => recovery,

@@ -317,6 +317,8 @@ impl Idempotency {
         let claim = self.new_claim(invocation, now);
         let deadline = claim.lease.expires_at;
         // Armed from the first write: a cancellation while claiming gives back what committed.
+        // An owned claim is kept for its owner's return: the durable SDK cancels its handler at
+        // every suspension.
         let lands_by = LandsBy::default();
         let mut give_back = GiveBack {
             store: self.store.clone(),
@@ -325,14 +327,17 @@ impl Idempotency {
             token: claim.lease.token.clone(),
             lease_expires_at: deadline,
             lands_by: lands_by.clone(),
-            armed: true,
+            armed: invocation.owner.is_none(),
         };
         let claiming = Instant::now();
         let claimed = self.claim(&claim, invocation, now).await;
         self.observe_latency(key, observe::Phase::Claim, claiming);
         let held = match claimed {
             Ok(Step::Run(held)) => {
-                if let Held::TakenOver { .. } = held {
+                if let Held::TakenOver {
+                    reentered: false, ..
+                } = held
+                {
                     self.observer.observe(&Observation::Decision {
                         operation: key.operation(),
                         decision: Decision::Takeover,
@@ -417,6 +422,7 @@ impl Idempotency {
                 attempt,
                 previous,
                 adopted,
+                reentered,
             } => {
                 // An adopted orphan's steps went with its record: nothing says they were none,
                 // now (this adoption) or on any later takeover of the record it re-created.
@@ -429,6 +435,7 @@ impl Idempotency {
                 let recover = decide::recover(
                     self.recovery,
                     adopted,
+                    reentered,
                     &inherited,
                     self.reconciler.is_some(),
                 );
@@ -582,11 +589,13 @@ enum Held {
     /// A fresh claim: attempt 1.
     Fresh,
     /// A takeover of a crashed attempt (or, `adopted`, of its orphaned evidence: its record,
-    /// and whatever steps it held, deleted by TTL).
+    /// and whatever steps it held, deleted by TTL), or (`reentered`) the owner's own claim
+    /// re-entered ([`Invocation::with_owner`]).
     TakenOver {
         attempt: u32,
         previous: Box<Record>,
         adopted: bool,
+        reentered: bool,
     },
 }
 

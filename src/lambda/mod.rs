@@ -23,6 +23,9 @@
 pub mod batch;
 mod context;
 mod diagnostic;
+#[cfg(feature = "durable")]
+#[cfg_attr(docsrs, doc(cfg(feature = "durable")))]
+pub mod durable;
 mod error;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]

@@ -555,7 +555,7 @@ impl Protocol {
             // 0.4: a knowing give-back's mark was not read.
             inherited.given_back = false;
         }
-        let recover = decide::recover(self.recovery, adopted, &inherited, false);
+        let recover = decide::recover(self.recovery, adopted, false, &inherited, false);
         let steps = inherited.steps;
         let held = Held {
             // Only a handler declared safe to repeat may run its effect again.

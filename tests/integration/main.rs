@@ -8,6 +8,7 @@ mod cancelled_steps;
 mod claims;
 mod completion_writes;
 mod deadlines;
+mod durable_functions;
 mod dynamodb_store;
 mod event_door;
 mod exact_ids;

@@ -1,0 +1,80 @@
+//! Lambda durable functions (feature `durable`, over `aws-durable-execution-sdk` 0.1): the
+//! invocation of an operation inside a durable handler, owned by its durable execution.
+//!
+//! The durable SDK drops the handler's future at every suspension (a `ctx.wait`, a callback,
+//! a chained invoke) and runs the handler again from the start on the next invocation, replaying
+//! what it checkpointed. An operation claimed inside it for the execution
+//! ([`Operation::durable_invocation`]) is re-entered by every replay of the *same* execution
+//! (its ARN owns the claim, [`Invocation::with_owner`]) and answered as a duplicate for any other
+//! (a second execution started for the same order: in progress, then its stored outcome). A
+//! plain invocation would instead give its claim back at the first suspension and meet its own
+//! claim on the replay as another caller's.
+//!
+//! To start durable executions exactly once from a queue or an API instead, run the crate in a
+//! plain dispatcher function and start the execution under
+//! [`ExecutionContext::durable_execution_name`](crate::ExecutionContext::durable_execution_name):
+//! see the guide's durable functions section.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use aws_durable_execution_sdk::{self as durable, DurableContext};
+//! use lambda_idempotency::{BoxError, Idempotency, KeyPolicy};
+//! use serde_json::{Value, json};
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), lambda_runtime::Error> {
+//!     let idem = Idempotency::from_env().await?;
+//!     let fulfil = idem.operation("fulfil", KeyPolicy::pointer("/order_id")?)?;
+//!     durable::run(move |order: Value, ctx: DurableContext| {
+//!         let fulfil = fulfil.clone();
+//!         async move {
+//!             let invocation = fulfil.durable_invocation(&order, &ctx)?;
+//!             let execution = fulfil
+//!                 .engine()
+//!                 .execute(&invocation, |_| async {
+//!                     let reserved = ctx
+//!                         .step(|_| async { Ok(json!({"reserved": true})) })
+//!                         .name("reserve")
+//!                         .await?;
+//!                     ctx.wait(Duration::from_secs(3600)).name("cool-off").await?;
+//!                     Ok::<_, BoxError>(reserved)
+//!                 })
+//!                 .await?;
+//!             Ok(execution.into_value())
+//!         }
+//!     })
+//!     .await
+//! }
+//! ```
+
+use aws_durable_execution_sdk::DurableContext;
+
+use super::Operation;
+use crate::error::Error;
+use crate::execution::Invocation;
+
+impl<E> Operation<E> {
+    /// The invocation for `payload` inside a durable handler: as [`Operation::invocation`] for
+    /// the durable invocation's Lambda context, owned by the durable execution
+    /// ([`Invocation::with_owner`] of [`DurableContext::execution_arn`]), so that every replay
+    /// of the execution re-enters its claim and no other execution runs the operation.
+    ///
+    /// The lease still fences completion: a suspension longer than the operation's lease lets
+    /// another execution take the operation over (after the usual checks of its steps). Give
+    /// the operation a lease that covers the longest wait between two of the execution's
+    /// invocations ([`Operation::with_lease_policy`]), or run the operation inside one durable
+    /// step, which never suspends.
+    ///
+    /// # Errors
+    /// As [`Operation::invocation`]: the payload does not give the operation key.
+    pub fn durable_invocation(
+        &self,
+        payload: &E,
+        durable: &DurableContext,
+    ) -> Result<Invocation, Error> {
+        Ok(self
+            .invocation(payload, durable.lambda_context())?
+            .with_owner(durable.execution_arn()))
+    }
+}

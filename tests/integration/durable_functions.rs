@@ -1,0 +1,534 @@
+//! Lambda durable functions, driven by the durable SDK's own local runner
+//! (`aws_durable_execution_sdk::test_util::LocalRunner`: the production service function, its
+//! envelope, suspension and replay), on both stores:
+//! - inside a durable handler, the operation's claim is owned by the durable execution
+//!   (`Operation::durable_invocation`): every replay re-enters it, its recorded steps replay, and
+//!   any other execution is answered as a duplicate; without an owner the replay meets its own
+//!   claim as another caller's;
+//! - transactional steps commit on either side of a suspension (DynamoDB);
+//! - in front of one, a dispatcher starts the execution under the operation's
+//!   `durable_execution_name`, the same on every delivery.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_durable_execution_sdk::DurableContext;
+use aws_durable_execution_sdk::test_util::LocalRunner;
+use lambda_idempotency::clock::ManualClock;
+use lambda_idempotency::observe::{Decision, Observation};
+use lambda_idempotency::{
+    BoxError, Error, ExecutionContext, Idempotency, KeyPolicy, Operation, OperationScope,
+};
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+
+use super::backends::{Backend, both};
+use super::transactions::Shop;
+
+/// Another durable execution's ARN.
+const OTHER_EXECUTION: &str =
+    "arn:aws:lambda:us-east-1:123456789012:function:fulfil:$LATEST/durable-execution/other/1";
+
+type DurableFuture = Pin<Box<dyn Future<Output = Result<Value, BoxError>> + Send>>;
+
+/// What ran, across every invocation of a durable execution.
+#[derive(Debug, Default)]
+struct Ran {
+    /// Invocations of the durable handler (the first and every replay).
+    invocations: AtomicUsize,
+    /// The crate's step `reserve` (before the durable wait).
+    reserves: AtomicUsize,
+    /// The durable step `charge` (after it).
+    charges: AtomicUsize,
+    /// Takeovers the engine reported.
+    takeovers: AtomicUsize,
+    /// The errors the engine answered the handler with.
+    errors: Mutex<Vec<Error>>,
+    /// Another execution of the same order arrives while this one is suspended (just before
+    /// each replay).
+    intrude: bool,
+    /// What the engine answered it (`Ok(is_replay)`).
+    intruders: Mutex<Vec<Result<bool, Error>>>,
+}
+
+impl Ran {
+    fn count(counter: &AtomicUsize) -> usize {
+        counter.load(Ordering::SeqCst)
+    }
+}
+
+/// The `fulfil` operation on `backend`, its takeovers counted in `ran`.
+fn fulfil(backend: &Backend, ran: &Arc<Ran>) -> Operation<Value> {
+    let seen = Arc::clone(ran);
+    let engine = Idempotency::new(backend.store.clone())
+        .with_clock(backend.clock.clone())
+        .with_observer(move |observation: &Observation<'_>| {
+            if let Observation::Decision {
+                decision: Decision::Takeover,
+                ..
+            } = observation
+            {
+                seen.takeovers.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+    Operation::new(
+        engine,
+        OperationScope::new("durable", "fulfil").expect("scope"),
+        KeyPolicy::pointer("/order_id").expect("policy"),
+    )
+}
+
+/// The durable handler: the operation (owned by the execution when `owned`) runs the crate's
+/// step `reserve`, waits an hour (the execution suspends: the SDK drops this future and
+/// invokes again), then the durable step `charge`. Each replay first moves the engine's clock
+/// on by `between`.
+fn durable_handler(
+    operation: Operation<Value>,
+    owned: bool,
+    ran: Arc<Ran>,
+    clock: ManualClock,
+    between: Duration,
+) -> impl Fn(Value, DurableContext) -> DurableFuture + Send + Sync + 'static {
+    move |order: Value, durable: DurableContext| {
+        let (operation, ran, clock) = (operation.clone(), Arc::clone(&ran), clock.clone());
+        Box::pin(async move {
+            if ran.invocations.fetch_add(1, Ordering::SeqCst) > 0 {
+                clock.advance(between);
+                if ran.intrude {
+                    // Whatever the suspension left to run (a give-back) runs first.
+                    for _ in 0..100 {
+                        tokio::task::yield_now().await;
+                    }
+                    let other = operation
+                        .invocation(&order, durable.lambda_context())?
+                        .with_owner(OTHER_EXECUTION);
+                    let answer = operation
+                        .engine()
+                        .execute(&other, |_ctx| async {
+                            Ok::<_, BoxError>(json!({"reserved": "intruder"}))
+                        })
+                        .await;
+                    ran.intruders
+                        .lock()
+                        .expect("intruders")
+                        .push(answer.map(|execution| execution.is_replay()));
+                }
+            }
+            let invocation = match owned {
+                true => operation.durable_invocation(&order, &durable)?,
+                false => operation.invocation(&order, durable.lambda_context())?,
+            };
+            let (durable, counters, charged_by) = (&durable, &ran, Arc::clone(&ran));
+            let answer = operation
+                .engine()
+                .execute(&invocation, |ctx: ExecutionContext| async move {
+                    let reserved: String = ctx
+                        .step("reserve")
+                        .run(|_key| async move {
+                            counters.reserves.fetch_add(1, Ordering::SeqCst);
+                            Ok::<_, BoxError>(String::from("rsv-1"))
+                        })
+                        .await?;
+                    durable
+                        .wait(Duration::from_secs(3600))
+                        .name("cool-off")
+                        .await?;
+                    let charged: String = durable
+                        .step(move |_| {
+                            let ran = Arc::clone(&charged_by);
+                            async move {
+                                ran.charges.fetch_add(1, Ordering::SeqCst);
+                                Ok(String::from("ch-1"))
+                            }
+                        })
+                        .name("charge")
+                        .await?;
+                    Ok::<_, BoxError>(json!({"reserved": reserved, "charged": charged}))
+                })
+                .await;
+            match answer {
+                Ok(execution) => Ok(execution.into_value()),
+                Err(err) => {
+                    let message = err.to_string();
+                    ran.errors.lock().expect("errors").push(err);
+                    Err(message.into())
+                }
+            }
+        })
+    }
+}
+
+/// Runs the durable execution of `order` to its end with the SDK's local runner.
+async fn run_execution(
+    operation: &Operation<Value>,
+    owned: bool,
+    ran: &Arc<Ran>,
+    clock: &ManualClock,
+    between: Duration,
+    order: Value,
+) -> aws_durable_execution_sdk::test_util::TestResult<Value> {
+    let handler = durable_handler(
+        operation.clone(),
+        owned,
+        Arc::clone(ran),
+        clock.clone(),
+        between,
+    );
+    LocalRunner::new().run(handler, order).await
+}
+
+#[tokio::test]
+async fn a_replay_of_the_same_execution_re_enters_its_claim_and_its_steps_replay() {
+    // A replay within the lease (renewed), and one after it ran out (taken back by the owner).
+    for between in [Duration::from_secs(10), Duration::from_secs(2 * 3600)] {
+        for backend in both().await {
+            let name = backend.name;
+            let ran = Arc::new(Ran::default());
+            let operation = fulfil(&backend, &ran);
+            let order = json!({"order_id": "o-1", "amount": 30});
+
+            let result = run_execution(
+                &operation,
+                true,
+                &ran,
+                &backend.clock,
+                between,
+                order.clone(),
+            )
+            .await;
+
+            assert!(
+                result.is_success(),
+                "{name}, {between:?}: {:?}",
+                result.error_message()
+            );
+            assert_eq!(
+                result.output(),
+                Some(&json!({"reserved": "rsv-1", "charged": "ch-1"})),
+                "{name}"
+            );
+            assert_eq!(result.invocation_count(), 2, "{name}: one suspension");
+            assert_eq!(Ran::count(&ran.invocations), 2, "{name}");
+            assert_eq!(
+                Ran::count(&ran.reserves),
+                1,
+                "{name}: the crate's step replayed"
+            );
+            assert_eq!(Ran::count(&ran.charges), 1, "{name}");
+            assert_eq!(
+                Ran::count(&ran.takeovers),
+                0,
+                "{name}: the owner's return is no takeover of a crashed attempt"
+            );
+            assert!(ran.errors.lock().expect("errors").is_empty(), "{name}");
+
+            // The operation completed: any later caller is answered from its stored outcome.
+            let later = operation
+                .engine()
+                .execute(
+                    &operation
+                        .invocation(&order, &lambda_runtime::Context::default())
+                        .expect("invocation"),
+                    |_ctx| async { Ok::<_, BoxError>(json!("ran again")) },
+                )
+                .await
+                .expect("replayed");
+            assert!(later.is_replay(), "{name}");
+            assert_eq!(
+                later.value(),
+                &json!({"reserved": "rsv-1", "charged": "ch-1"}),
+                "{name}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn another_execution_is_answered_as_a_duplicate() {
+    for backend in both().await {
+        let name = backend.name;
+        let ran = Arc::new(Ran::default());
+        let operation = fulfil(&backend, &ran);
+        let order = json!({"order_id": "o-2", "amount": 30});
+
+        // Another durable execution of the same order holds the claim.
+        let (holding, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let other = {
+            let operation = operation.clone();
+            let invocation = operation
+                .invocation(&order, &lambda_runtime::Context::default())
+                .expect("invocation")
+                .with_owner(OTHER_EXECUTION);
+            let (holding, release) = (Arc::clone(&holding), Arc::clone(&release));
+            tokio::spawn(async move {
+                operation
+                    .engine()
+                    .execute(&invocation, |_ctx| async move {
+                        holding.notify_one();
+                        release.notified().await;
+                        Ok::<_, BoxError>(json!({"reserved": "by the other", "charged": "ch-0"}))
+                    })
+                    .await
+            })
+        };
+        holding.notified().await;
+
+        let busy = run_execution(
+            &operation,
+            true,
+            &ran,
+            &backend.clock,
+            Duration::ZERO,
+            order.clone(),
+        )
+        .await;
+        assert!(busy.is_failure(), "{name}");
+        assert!(
+            matches!(
+                ran.errors.lock().expect("errors").as_slice(),
+                [Error::AlreadyInProgress { .. }]
+            ),
+            "{name}: {:?}",
+            ran.errors
+        );
+        assert_eq!(Ran::count(&ran.reserves), 0, "{name}");
+
+        release.notify_one();
+        let settled = other.await.expect("joined").expect("the other execution");
+        assert!(!settled.is_replay(), "{name}");
+
+        // Once the other execution completed, this one gets its outcome without running.
+        let ran = Arc::new(Ran::default());
+        let replayed = run_execution(
+            &operation,
+            true,
+            &ran,
+            &backend.clock,
+            Duration::ZERO,
+            order,
+        )
+        .await;
+        assert!(replayed.is_success(), "{name}");
+        assert_eq!(
+            replayed.output(),
+            Some(&json!({"reserved": "by the other", "charged": "ch-0"})),
+            "{name}"
+        );
+        assert_eq!(Ran::count(&ran.reserves), 0, "{name}");
+        assert_eq!(Ran::count(&ran.charges), 0, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_suspended_execution_keeps_its_claim_from_another_execution() {
+    // The SDK drops the handler at the suspension: the claim is not given back, so another
+    // execution arriving during the wait (10 s on, past the give-back's grace) is a duplicate.
+    for backend in both().await {
+        let name = backend.name;
+        let ran = Arc::new(Ran {
+            intrude: true,
+            ..Ran::default()
+        });
+        let operation = fulfil(&backend, &ran);
+        let order = json!({"order_id": "o-6", "amount": 30});
+
+        let result = run_execution(
+            &operation,
+            true,
+            &ran,
+            &backend.clock,
+            Duration::from_secs(10),
+            order,
+        )
+        .await;
+
+        assert!(result.is_success(), "{name}: {:?}", result.error_message());
+        assert!(
+            matches!(
+                ran.intruders.lock().expect("intruders").as_slice(),
+                [Err(Error::AlreadyInProgress { .. })]
+            ),
+            "{name}: {:?}",
+            ran.intruders
+        );
+        assert_eq!(Ran::count(&ran.takeovers), 0, "{name}");
+        assert_eq!(Ran::count(&ran.reserves), 1, "{name}");
+        assert_eq!(Ran::count(&ran.charges), 1, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn without_its_execution_as_owner_the_replay_meets_its_own_claim() {
+    // What `durable_invocation` is for: a plain invocation inside a durable handler gives its
+    // claim back when the SDK suspends, and the replay finds it held as another caller's.
+    for backend in both().await {
+        let name = backend.name;
+        let ran = Arc::new(Ran::default());
+        let operation = fulfil(&backend, &ran);
+        let order = json!({"order_id": "o-3", "amount": 30});
+
+        let result = run_execution(
+            &operation,
+            false,
+            &ran,
+            &backend.clock,
+            Duration::ZERO,
+            order,
+        )
+        .await;
+
+        assert!(!result.is_success(), "{name}");
+        assert!(
+            matches!(
+                ran.errors.lock().expect("errors").first(),
+                Some(Error::AlreadyInProgress { .. })
+            ),
+            "{name}: {:?}",
+            ran.errors
+        );
+        assert_eq!(Ran::count(&ran.charges), 0, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_dispatcher_starts_each_operation_under_one_execution_name() {
+    for backend in both().await {
+        let name = backend.name;
+        let ran = Arc::new(Ran::default());
+        let fulfilment = fulfil(&backend, &ran);
+        let dispatch = Operation::new(
+            Idempotency::new(backend.store.clone()).with_clock(backend.clock.clone()),
+            OperationScope::new("durable", "dispatch").expect("scope"),
+            KeyPolicy::pointer("/order_id").expect("policy"),
+        );
+        // The names the dispatcher started executions under; its first run fails after the
+        // start (as a crash would), so the delivery is retried.
+        let starts = Arc::new(Mutex::new(Vec::<String>::new()));
+        let deliver = |order: Value, fail_after_start: bool| {
+            let (dispatch, fulfilment, starts) =
+                (dispatch.clone(), fulfilment.clone(), Arc::clone(&starts));
+            let (ran, clock) = (Arc::clone(&ran), backend.clock.clone());
+            async move {
+                let invocation = dispatch
+                    .invocation(&order, &lambda_runtime::Context::default())
+                    .expect("invocation");
+                dispatch
+                    .engine()
+                    .execute(&invocation, |ctx: ExecutionContext| async move {
+                        let execution = ctx.durable_execution_name();
+                        starts.lock().expect("starts").push(execution.clone());
+                        let started =
+                            run_execution(&fulfilment, true, &ran, &clock, Duration::ZERO, order)
+                                .await;
+                        if fail_after_start {
+                            return Err::<Value, BoxError>("lost the answer to Invoke".into());
+                        }
+                        Ok(json!({"execution": execution, "output": started.output()}))
+                    })
+                    .await
+            }
+        };
+
+        let order = json!({"order_id": "o-4", "amount": 30});
+        assert!(deliver(order.clone(), true).await.is_err(), "{name}");
+        let first = deliver(order.clone(), false).await.expect("dispatched");
+        let again = deliver(order.clone(), false).await.expect("replayed");
+        let other = deliver(json!({"order_id": "o-5", "amount": 30}), false)
+            .await
+            .expect("dispatched");
+
+        let starts = starts.lock().expect("starts").clone();
+        assert_eq!(
+            starts.len(),
+            3,
+            "{name}: a retry after a failure starts again"
+        );
+        assert_eq!(
+            starts[0], starts[1],
+            "{name}: under the same name, which Lambda answers with the running execution"
+        );
+        assert_ne!(starts[0], starts[2], "{name}: another order, another name");
+        for execution in &starts {
+            assert_eq!(execution.len(), 64, "{name}: Lambda's longest name");
+            assert!(
+                execution
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+                "{name}: {execution}"
+            );
+        }
+        assert!(again.is_replay(), "{name}");
+        assert_eq!(again.value(), first.value(), "{name}");
+        assert_eq!(first.value()["execution"], json!(starts[0]), "{name}");
+        assert_eq!(
+            first.value()["output"],
+            json!({"reserved": "rsv-1", "charged": "ch-1"}),
+            "{name}"
+        );
+        assert!(!other.is_replay(), "{name}");
+        // The fulfilment ran once per order (its own operation answered the rest).
+        assert_eq!(Ran::count(&ran.charges), 2, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn transactional_steps_commit_on_either_side_of_a_suspension() {
+    // Every run of an owned claim sends its commits under request tokens of its own: the
+    // owner's lease token is the same on every replay, and DynamoDB answers a token it saw
+    // with other writes (within ten minutes) as a mismatch, or as the first commit.
+    let shop = Arc::new(Shop::open().await);
+    let operation = Operation::new(
+        shop.engine(shop.db.store()),
+        OperationScope::new("durable", "place").expect("scope"),
+        KeyPolicy::pointer("/order_id").expect("policy"),
+    );
+    let handler = {
+        let (operation, shop) = (operation.clone(), Arc::clone(&shop));
+        move |order: Value, durable: DurableContext| -> DurableFuture {
+            let (operation, shop) = (operation.clone(), Arc::clone(&shop));
+            Box::pin(async move {
+                let invocation = operation.durable_invocation(&order, &durable)?;
+                let (durable, shop) = (&durable, &*shop);
+                let execution = operation
+                    .engine()
+                    .execute(&invocation, |ctx: ExecutionContext| async move {
+                        let seen = shop.stock_item("version").await;
+                        let first: String = ctx
+                            .step("place-a")
+                            .transact(|_key| async move {
+                                Ok::<_, BoxError>(shop.place("order-a", seen))
+                            })
+                            .await?;
+                        durable.wait(Duration::from_secs(60)).name("pause").await?;
+                        let seen = shop.stock_item("version").await;
+                        let second: String = ctx
+                            .step("place-b")
+                            .transact(|_key| async move {
+                                Ok::<_, BoxError>(shop.place("order-b", seen))
+                            })
+                            .await?;
+                        Ok::<_, BoxError>(json!([first, second]))
+                    })
+                    .await?;
+                Ok(execution.into_value())
+            })
+        }
+    };
+
+    let result = LocalRunner::new()
+        .run(handler, json!({"order_id": "o-7"}))
+        .await;
+
+    assert!(result.is_success(), "{:?}", result.error_message());
+    assert_eq!(result.invocation_count(), 2);
+    assert_eq!(
+        result.output(),
+        Some(&json!(["placed order-a", "placed order-b"]))
+    );
+    assert!(shop.has_order("order-a").await);
+    assert!(shop.has_order("order-b").await);
+    assert_eq!(shop.reserved().await, 2, "each placed once");
+}
