@@ -26,6 +26,9 @@ pub mod troubleshooting {}
 #[doc = include_str!("../docs/guide/durable_functions.md")]
 pub mod durable_functions {}
 
+#[doc = include_str!("../docs/guide/managed_instances.md")]
+pub mod managed_instances {}
+
 #[doc = include_str!("../docs/guide/powertools.md")]
 pub mod powertools {}
 

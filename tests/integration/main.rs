@@ -29,6 +29,7 @@ mod lambda_layer;
 mod large_integers;
 mod late_effects;
 mod lost_commits;
+mod managed_instances;
 mod memory_store;
 #[cfg(feature = "emf")]
 mod metrics;

@@ -108,12 +108,29 @@ pub fn dynamodb_config(sdk: &SdkConfig) -> aws_sdk_dynamodb::Config {
     }
 }
 
+/// The variable an environment sets when it serves the role's credentials from an endpoint
+/// (SnapStart, ECS, and long-lived environments) instead of in variables.
+const CONTAINER_CREDENTIALS_VAR: &str = "AWS_CONTAINER_CREDENTIALS_FULL_URI";
+
+/// What to do about a variable [`for_lambda`] misses: in an environment that serves the role's
+/// credentials from an endpoint (`endpoint`), which [`for_lambda`] does not call, the chain of
+/// `DynamoDbStore::from_env` fetches them and refreshes them before they expire.
+fn missing_env_hint(endpoint: bool) -> &'static str {
+    match endpoint {
+        true => {
+            "this environment serves the role's credentials from an endpoint (AWS_CONTAINER_CREDENTIALS_FULL_URI), which DynamoDbStore::for_lambda does not call: use DynamoDbStore::from_env, whose credential chain fetches and refreshes them"
+        }
+        false => {
+            "Lambda sets it for the execution role; outside Lambda, use DynamoDbStore::from_env"
+        }
+    }
+}
+
 /// The configuration from a Lambda execution environment's variables.
 pub(super) fn for_lambda() -> Result<aws_sdk_dynamodb::Config, ConfigError> {
-    const HINT: &str =
-        "Lambda sets it for the execution role; outside Lambda, use DynamoDbStore::from_env";
+    let hint = missing_env_hint(std::env::var_os(CONTAINER_CREDENTIALS_VAR).is_some());
     let var = |name: &'static str| {
-        std::env::var(name).map_err(|_| ConfigError::MissingEnv { name, hint: HINT })
+        std::env::var(name).map_err(|_| ConfigError::MissingEnv { name, hint })
     };
     let credentials = Credentials::new(
         var("AWS_ACCESS_KEY_ID")?,
@@ -232,7 +249,14 @@ mod tests {
     use rustls_pki_types::CertificateDer;
     use rustls_pki_types::pem::PemObject;
 
-    use super::{https_client, pem, trusted_roots};
+    use super::{https_client, missing_env_hint, pem, trusted_roots};
+
+    #[test]
+    fn an_environment_serving_credentials_from_an_endpoint_is_pointed_at_from_env() {
+        assert!(missing_env_hint(true).contains("use DynamoDbStore::from_env"));
+        assert!(missing_env_hint(true).contains("AWS_CONTAINER_CREDENTIALS_FULL_URI"));
+        assert!(!missing_env_hint(false).contains("AWS_CONTAINER_CREDENTIALS_FULL_URI"));
+    }
 
     #[test]
     fn every_compiled_in_root_reads_back_from_its_pem() {
