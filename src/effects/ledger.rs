@@ -404,33 +404,6 @@ impl StepLedger {
         F: FnOnce(String) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let ran = self
-            .run_effect(&name, repeat_safe, effect_timeout, check, effect)
-            .await;
-        if self.saves_each_result {
-            self.save_result(&name).await?;
-        }
-        ran
-    }
-
-    /// Runs step `name`; what it came to is written with the next write.
-    async fn run_effect<T, E, C, F, Fut>(
-        &self,
-        name: &str,
-        repeat_safe: bool,
-        effect_timeout: Option<Duration>,
-        check: C,
-        effect: F,
-    ) -> Result<T, StepError>
-    where
-        T: Serialize + DeserializeOwned,
-        E: Into<BoxError>,
-        C: StepCheck<T>,
-        C::Future: Send,
-        F: FnOnce(String) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-    {
-        let name = name.to_owned();
         let (standing, _flight) = self.begin::<T>(&name)?;
         let downstream = self.key.downstream(&name);
         match standing {
@@ -443,7 +416,7 @@ impl StepLedger {
                 );
             }
             Standing::Uncertain => match self.check(&name, check, downstream.clone()).await? {
-                Some(value) => return Ok(value),
+                Some(value) => return self.saved(&name, Ok(value)).await,
                 None => debug!(
                     attempt = self.attempt,
                     "checked: not applied, the step runs"
@@ -466,7 +439,17 @@ impl StepLedger {
         {
             self.lands_by.set(before);
         }
-        self.settle(&name, ran, lands_by)
+        let settled = self.settle(&name, ran, lands_by);
+        self.saved(&name, settled).await
+    }
+
+    /// `settled`, what step `name` came to, once written when the ledger saves each result
+    /// (an owned claim's: [`Self::save_result`]), while the step is still in flight.
+    async fn saved<T>(&self, name: &str, settled: Result<T, StepError>) -> Result<T, StepError> {
+        if self.saves_each_result {
+            self.save_result(name).await?;
+        }
+        settled
     }
 
     /// Starts step `name`: where it stands, refusing overlap, a step after the handler
@@ -746,9 +729,6 @@ impl StepLedger {
             .map_err(|err| Halt::GiveBack(err.into()))
     }
 
-    /// Records a new step's intent, with whatever result is pending. The ledger takes the
-    /// intent only once it is written: a step whose future is dropped meanwhile left nothing
-    /// behind in the ledger (the store may hold the intent: a later attempt checks it).
     /// Writes what step `name` came to now, not with the next write: an owned claim's handler
     /// may be dropped at any await after a step (a durable execution suspending), and its
     /// owner's replay must find the result, not an uncertain intent.
@@ -767,6 +747,9 @@ impl StepLedger {
         }
     }
 
+    /// Records a new step's intent, with whatever result is pending. The ledger takes the
+    /// intent only once it is written: a step whose future is dropped meanwhile left nothing
+    /// behind in the ledger (the store may hold the intent: a later attempt checks it).
     async fn record_intent(&self, name: &str) -> Result<(), StepError> {
         let mut steps = self.lock().steps.clone();
         steps.push(StepRecord::intent(name.to_owned(), self.attempt));

@@ -11,7 +11,7 @@ use super::settle::settle_patience;
 use super::{Held, Idempotency, Step, answer, erased};
 use crate::error::Error;
 use crate::execution::Invocation;
-use crate::record::{Evidence, Lease, Record};
+use crate::record::{Evidence, Record};
 use crate::store::{Claim, Fence, Guard, Store, Target};
 
 impl Idempotency {
@@ -40,7 +40,10 @@ impl Idempotency {
                 // nothing ran under it yet, so it is given back whole, as patiently as a
                 // settlement (a claim left standing would wait out its lease). Any other
                 // failure (refused, missing table, denied) wrote nothing.
-                if err.is_transient() {
+                // An owned claim's token is its owner's: the record under it may be the
+                // owner's earlier invocation's, steps and all. It is left for the owner's next
+                // invocation to re-enter.
+                if err.is_transient() && invocation.owner.is_none() {
                     let patience = settle_patience(invocation, claim, self.clock.now());
                     let _ = self.retrying(patience, || self.store.release(target)).await;
                 }
@@ -48,6 +51,7 @@ impl Idempotency {
             }
         };
         if let Claim::Existing(existing) = &claimed
+            && invocation.owner.is_none()
             && decide::is_own_claim(existing, claim)
         {
             debug!("the claim committed before its answer was lost");
@@ -74,8 +78,10 @@ impl Idempotency {
             .await
     }
 
-    /// Takes over `existing`, whose lease ran out: a crashed attempt's, or (`reentered`) the
-    /// caller's owner's own, left when an earlier invocation of it stopped.
+    /// Takes over `existing`: a crashed attempt's, whose lease ran out, or (`reentered`) the
+    /// caller's owner's own, left by an earlier invocation of it, live or not. Either way the
+    /// write gives the next attempt number, a lease from now and a retention that outlives it,
+    /// fenced on the record's token and the steps as read.
     async fn take_over(
         &self,
         existing: Record,
@@ -88,13 +94,21 @@ impl Idempotency {
         let deadline = claim.lease.expires_at;
         let (lease, expires_at) =
             decide::takeover(&existing, &claim.lease, self.config.retention());
+        // The owner takes its own claim back whether or not its lease ran out: the store's
+        // expiry condition is given a time past the lease's end.
+        let expired_at = decide::reentry_time(&existing, now, reentered);
         let fence = match self
             .retrying(Patience::Brief(deadline), || {
-                self.store.take_over(&existing, &lease, expires_at, now)
+                self.store
+                    .take_over(&existing, &lease, expires_at, expired_at)
             })
             .await
         {
             Ok(fence) => fence,
+            Err(err) if reentered => {
+                // The owner's claim stays as it is for the owner's next invocation.
+                return Err(err.into());
+            }
             Err(err) => {
                 // The takeover may have committed with its answer lost. The crashed attempt
                 // may have acted, so the record stays for the next takeover: only the lease
@@ -142,10 +156,11 @@ impl Idempotency {
     }
 
     /// Re-enters `existing`, the claim of the caller's owner ([`Invocation::with_owner`]) left
-    /// IN_PROGRESS by an earlier invocation of it (a durable execution that suspended): under a
-    /// lease renewed from now when it is still live (fenced on the owner's token: another
-    /// caller that took it over in between wins), as a takeover when it has run out. Its
-    /// recorded steps replay.
+    /// IN_PROGRESS by an earlier invocation of it (a durable execution that suspended): taken
+    /// back as a takeover is, live or not (the next attempt, a lease from now, a retention that
+    /// outlives it, fenced on the owner's token and the steps as read: a caller that took it
+    /// over in between, or a late write of the owner's earlier invocation, wins). Its recorded
+    /// steps replay.
     async fn reenter(
         &self,
         existing: Record,
@@ -160,45 +175,7 @@ impl Idempotency {
         {
             return Err(Error::PayloadConflict { key: key.clone() });
         }
-        if existing.lease_is_takeable(now) {
-            return self.take_over(existing, claim, invocation, now, true).await;
-        }
-        let renewed = Lease {
-            attempt: existing.lease.attempt,
-            ..claim.lease.clone()
-        };
-        let target = Target {
-            key,
-            identity: None,
-            guard: Guard::Lease(&renewed.token),
-        };
-        let fence = self
-            .retrying(Patience::Brief(renewed.expires_at), || {
-                self.store.shorten(target, renewed.expires_at)
-            })
-            .await?;
-        match decide::took_over(fence, &renewed) {
-            TookOver::Held => {}
-            TookOver::Answer(current) => return Ok(Step::Answer(current)),
-            TookOver::InProgress => {
-                return Err(Error::AlreadyInProgress {
-                    key: key.clone(),
-                    attempt: renewed.attempt,
-                    retry_after: Duration::ZERO,
-                });
-            }
-        }
-        debug!(
-            attempt = renewed.attempt,
-            steps = existing.steps.len(),
-            "re-entered its owner's claim"
-        );
-        Ok(Step::Run(Held::TakenOver {
-            attempt: renewed.attempt,
-            previous: Box::new(existing),
-            adopted: false,
-            reentered: true,
-        }))
+        self.take_over(existing, claim, invocation, now, true).await
     }
 
     /// Re-creates the record of a crashed attempt that TTL deleted while the identity's

@@ -156,6 +156,16 @@ pub(crate) fn takeover(
     (lease, expires_at)
 }
 
+/// The time a takeover's expiry condition is given: `now`, or for an owner re-entering its own
+/// claim (`reentered`), a time past the lease's end, since the owner takes it back live or
+/// not (the token and the steps as read still fence it).
+pub(crate) fn reentry_time(existing: &Record, now: SystemTime, reentered: bool) -> SystemTime {
+    match reentered {
+        true => now.max(existing.lease.expires_at + Duration::from_millis(1)),
+        false => now,
+    }
+}
+
 /// What a takeover's fenced answer means.
 #[derive(Debug)]
 pub(crate) enum TookOver {

@@ -35,6 +35,7 @@ use self::decide::Recover;
 use self::give_back::GiveBack;
 pub(crate) use self::give_back::LandsBy;
 pub use self::operator::{Operator, Resolution};
+use self::owned_runs::OwnedRun;
 use self::settle::{Completion, settle_patience};
 use self::single_flight::SingleFlight;
 use crate::clock::{Clock, SystemClock};
@@ -56,6 +57,7 @@ mod earlier_key;
 mod give_back;
 mod keyed_by_0_4;
 mod operator;
+mod owned_runs;
 mod reconcile;
 pub(crate) mod retry;
 pub(crate) mod settle;
@@ -294,6 +296,24 @@ impl Idempotency {
         });
     }
 
+    /// The answer to a sibling of an owned run in flight in this process (a durable `map` or
+    /// `parallel` branch of the same execution, with the same operation): the record as it
+    /// stands, as any duplicate is answered; in progress when there is none yet.
+    async fn answer_sibling<T: DeserializeOwned>(
+        &self,
+        invocation: &Invocation,
+        now: SystemTime,
+    ) -> Result<Execution<T>, Error> {
+        match erased(self.store.get(&invocation.key)).await? {
+            Some(record) => answer_existing(record, invocation, now),
+            None => Err(Error::AlreadyInProgress {
+                key: invocation.key.clone(),
+                attempt: 1,
+                retry_after: Duration::ZERO,
+            }),
+        }
+    }
+
     /// Claims and runs, or answers; `Busy` gives the handler back, unrun, when another
     /// environment holds a live claim and the invocation waits for results
     /// ([`Invocation::with_wait_for_result`]).
@@ -314,6 +334,14 @@ impl Idempotency {
             return Ran::Answered(Err(err));
         }
         let key = &invocation.key;
+        // One run of an owner's operation at a time in this process: a second is a sibling.
+        let _owned_run = match &invocation.owner {
+            None => None,
+            Some(owner) => match OwnedRun::start(key, owner.token()) {
+                Some(run) => Some(run),
+                None => return Ran::Answered(self.answer_sibling(invocation, now).await),
+            },
+        };
         let claim = self.new_claim(invocation, now);
         let deadline = claim.lease.expires_at;
         // Armed from the first write: a cancellation while claiming gives back what committed.

@@ -29,7 +29,10 @@
 //!     durable::run(move |order: Value, ctx: DurableContext| {
 //!         let fulfil = fulfil.clone();
 //!         async move {
-//!             let invocation = fulfil.durable_invocation(&order, &ctx)?;
+//!             // A lease that covers the execution's longest wait.
+//!             let invocation = fulfil
+//!                 .durable_invocation(&order, &ctx)?
+//!                 .with_lease(Duration::from_secs(2 * 3600));
 //!             let execution = fulfil
 //!                 .engine()
 //!                 .execute(&invocation, |_| async {
@@ -60,11 +63,13 @@ impl<E> Operation<E> {
     /// ([`Invocation::with_owner`] of [`DurableContext::execution_arn`]), so that every replay
     /// of the execution re-enters its claim and no other execution runs the operation.
     ///
-    /// The lease still fences completion: a suspension longer than the operation's lease lets
-    /// another execution take the operation over (after the usual checks of its steps). Give
-    /// the operation a lease that covers the longest wait between two of the execution's
-    /// invocations ([`Operation::with_lease_policy`]), or run the operation inside one durable
-    /// step, which never suspends.
+    /// The lease still fences completion: a suspension longer than the lease lets another
+    /// execution take the operation over (after the usual checks of its steps). Give the
+    /// invocation a lease that covers the longest wait between two of the execution's
+    /// invocations ([`Invocation::with_lease`]: the operation's lease policy counts from the
+    /// invocation's deadline), or run the operation inside one durable step, which never
+    /// suspends. Branches of one execution (`map`, `parallel`, child contexts) share its ARN:
+    /// two of them running the same operation at once are one run and a duplicate.
     ///
     /// # Errors
     /// As [`Operation::invocation`]: the payload does not give the operation key.

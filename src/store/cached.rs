@@ -46,8 +46,10 @@ const MAX_SHARDS: usize = 16;
 pub struct CachedStore<S> {
     inner: S,
     settled: Arc<Cache<OperationKey, Arc<Record>, ByBytes>>,
-    /// Claim records by lease token, until they settle: what a settlement is applied to.
-    pending: Arc<Cache<String, Arc<Record>>>,
+    /// Claim records by key and lease token, until they settle: what a settlement is applied
+    /// to. By both: an owner's claims share its token across keys
+    /// ([`Invocation::with_owner`](crate::Invocation::with_owner)).
+    pending: Arc<Cache<PendingKey, Arc<Record>>>,
     hits: Arc<AtomicU64>,
 }
 
@@ -146,7 +148,7 @@ impl<S> CachedStore<S> {
         let Guard::Lease(token) = target.guard else {
             return;
         };
-        if let Some((_, claim)) = self.pending.remove(token) {
+        if let Some((_, claim)) = self.pending.remove(&pending_key(target.key, token)) {
             let mut settled = (*claim).clone();
             settled.status = settlement.status;
             settled.outcome.clone_from(&settlement.outcome);
@@ -161,6 +163,13 @@ impl<S> CachedStore<S> {
     }
 }
 
+/// A pending claim's place: its key and its lease token.
+type PendingKey = (OperationKey, String);
+
+fn pending_key(key: &OperationKey, token: &str) -> PendingKey {
+    (key.clone(), token.to_owned())
+}
+
 impl<S: Store> Store for CachedStore<S> {
     async fn claim(&self, record: &Record, now: SystemTime) -> Result<Claim, StoreError> {
         if let Some(cached) = self.settled.get(&record.key) {
@@ -170,8 +179,10 @@ impl<S: Store> Store for CachedStore<S> {
             }
             self.settled.remove(&record.key);
         }
-        self.pending
-            .insert(record.lease.token.clone(), Arc::new(record.clone()));
+        self.pending.insert(
+            pending_key(&record.key, &record.lease.token),
+            Arc::new(record.clone()),
+        );
         let claim = self.inner.claim(record, now).await?;
         match &claim {
             Claim::Acquired => {}
@@ -183,11 +194,13 @@ impl<S: Store> Store for CachedStore<S> {
                 if record.fingerprint.matches(&existing.fingerprint) {
                     self.remember(existing);
                 }
-                self.pending.remove(&record.lease.token);
+                self.pending
+                    .remove(&pending_key(&record.key, &record.lease.token));
             }
             // An adoption writes its own pending claim.
             Claim::IdentityTaken(_) => {
-                self.pending.remove(&record.lease.token);
+                self.pending
+                    .remove(&pending_key(&record.key, &record.lease.token));
             }
         }
         Ok(claim)
@@ -199,8 +212,10 @@ impl<S: Store> Store for CachedStore<S> {
         orphan: &Evidence,
         now: SystemTime,
     ) -> Result<Claim, StoreError> {
-        self.pending
-            .insert(record.lease.token.clone(), Arc::new(record.clone()));
+        self.pending.insert(
+            pending_key(&record.key, &record.lease.token),
+            Arc::new(record.clone()),
+        );
         self.inner.adopt(record, orphan, now).await
     }
 
@@ -215,7 +230,8 @@ impl<S: Store> Store for CachedStore<S> {
             .inner
             .take_over(previous, lease, expires_at, now)
             .await?;
-        if let Some(mut claim) = self.pending.get(&lease.token).map(|claim| (*claim).clone()) {
+        let pending = pending_key(&previous.key, &lease.token);
+        if let Some(mut claim) = self.pending.get(&pending).map(|claim| (*claim).clone()) {
             // The record taken over: the previous one's creation, the new lease.
             claim.lease = lease.clone();
             claim.steps.clone_from(&previous.steps);
@@ -223,7 +239,7 @@ impl<S: Store> Store for CachedStore<S> {
             claim.created_at = previous.created_at;
             claim.request_id.clone_from(&previous.request_id);
             claim.identity.clone_from(&previous.identity);
-            self.pending.insert(lease.token.clone(), Arc::new(claim));
+            self.pending.insert(pending, Arc::new(claim));
         }
         Ok(fence)
     }
@@ -269,13 +285,14 @@ impl<S: Store> Store for CachedStore<S> {
         steps: &[StepRecord],
     ) -> Result<Fence, StoreError> {
         let fence = self.inner.record_steps(target, steps).await?;
-        if let (Fence::Held, Guard::Lease(token)) = (&fence, target.guard)
-            && let Some(claim) = self.pending.get(token)
-        {
-            let mut claim = (*claim).clone();
-            claim.steps = steps.to_vec();
-            claim.steps_version += 1;
-            self.pending.insert(token.to_owned(), Arc::new(claim));
+        if let (Fence::Held, Guard::Lease(token)) = (&fence, target.guard) {
+            let pending = pending_key(target.key, token);
+            if let Some(claim) = self.pending.get(&pending) {
+                let mut claim = (*claim).clone();
+                claim.steps = steps.to_vec();
+                claim.steps_version += 1;
+                self.pending.insert(pending, Arc::new(claim));
+            }
         }
         Ok(fence)
     }
@@ -286,13 +303,14 @@ impl<S: Store> Store for CachedStore<S> {
         commit: Commit<'_>,
     ) -> Result<Committed, StoreError> {
         let committed = self.inner.commit_steps(target, commit).await?;
-        if let (Committed::Applied, Guard::Lease(token)) = (&committed, target.guard)
-            && let Some(claim) = self.pending.get(token)
-        {
-            let mut claim = (*claim).clone();
-            claim.steps = commit.steps.to_vec();
-            claim.steps_version += 1;
-            self.pending.insert(token.to_owned(), Arc::new(claim));
+        if let (Committed::Applied, Guard::Lease(token)) = (&committed, target.guard) {
+            let pending = pending_key(target.key, token);
+            if let Some(claim) = self.pending.get(&pending) {
+                let mut claim = (*claim).clone();
+                claim.steps = commit.steps.to_vec();
+                claim.steps_version += 1;
+                self.pending.insert(pending, Arc::new(claim));
+            }
         }
         Ok(committed)
     }
@@ -300,7 +318,7 @@ impl<S: Store> Store for CachedStore<S> {
     async fn release(&self, target: Target<'_>) -> Result<Fence, StoreError> {
         self.settled.remove(target.key);
         if let Guard::Lease(token) = target.guard {
-            self.pending.remove(token);
+            self.pending.remove(&pending_key(target.key, token));
         }
         self.inner.release(target).await
     }

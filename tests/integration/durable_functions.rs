@@ -17,16 +17,23 @@ use std::time::Duration;
 
 use aws_durable_execution_sdk::DurableContext;
 use aws_durable_execution_sdk::test_util::LocalRunner;
-use lambda_idempotency::clock::ManualClock;
+use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::observe::{Decision, Observation};
+use lambda_idempotency::record::{Record, Status};
+use lambda_idempotency::store::{AnyStore, CachedStore, Store};
+use lambda_idempotency::testing::faults::{FaultKind, FaultyStore, Primitive};
 use lambda_idempotency::{
-    BoxError, Error, ExecutionContext, Idempotency, KeyPolicy, Operation, OperationScope,
+    BoxError, Error, ExecutionContext, Idempotency, Invocation, KeyPolicy, Operation,
+    OperationScope,
 };
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
 use super::backends::{Backend, both};
 use super::transactions::Shop;
+
+/// The lease of an owned claim in these tests: a week, past the retention (24 hours).
+const LONG_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Another durable execution's ARN.
 const OTHER_EXECUTION: &str =
@@ -52,6 +59,10 @@ struct Ran {
     intrude: bool,
     /// What the engine answered it (`Ok(is_replay)`).
     intruders: Mutex<Vec<Result<bool, Error>>>,
+    /// Claims fail (the store unavailable) from each replay's start, through this store.
+    failing_claims: Option<FaultyStore<AnyStore>>,
+    /// The record as the replay finds it after the wait, re-entered.
+    probes: Mutex<Vec<Record>>,
 }
 
 impl Ran {
@@ -62,8 +73,13 @@ impl Ran {
 
 /// The `fulfil` operation on `backend`, its takeovers counted in `ran`.
 fn fulfil(backend: &Backend, ran: &Arc<Ran>) -> Operation<Value> {
+    fulfil_on(backend.store.clone(), backend, ran)
+}
+
+/// The `fulfil` operation on `store` (`backend`'s, perhaps wrapped), on `backend`'s clock.
+fn fulfil_on(store: AnyStore, backend: &Backend, ran: &Arc<Ran>) -> Operation<Value> {
     let seen = Arc::clone(ran);
-    let engine = Idempotency::new(backend.store.clone())
+    let engine = Idempotency::new(store)
         .with_clock(backend.clock.clone())
         .with_observer(move |observation: &Observation<'_>| {
             if let Observation::Decision {
@@ -97,6 +113,15 @@ fn durable_handler(
         Box::pin(async move {
             if ran.invocations.fetch_add(1, Ordering::SeqCst) > 0 {
                 clock.advance(between);
+                if let Some(faulty) = &ran.failing_claims {
+                    let until = clock.now() + Duration::from_secs(3600);
+                    faulty.outage(
+                        &[Primitive::Claim],
+                        FaultKind::Unavailable,
+                        until,
+                        clock.clone(),
+                    );
+                }
                 if ran.intrude {
                     // Whatever the suspension left to run (a give-back) runs first.
                     for _ in 0..100 {
@@ -117,10 +142,14 @@ fn durable_handler(
                         .push(answer.map(|execution| execution.is_replay()));
                 }
             }
+            // A lease that covers the execution's longest wait.
             let invocation = match owned {
-                true => operation.durable_invocation(&order, &durable)?,
+                true => operation
+                    .durable_invocation(&order, &durable)?
+                    .with_lease(LONG_LEASE),
                 false => operation.invocation(&order, durable.lambda_context())?,
             };
+            let (store, key) = (operation.engine().store().clone(), invocation.key().clone());
             let (durable, counters, charged_by) = (&durable, &ran, Arc::clone(&ran));
             let answer = operation
                 .engine()
@@ -136,6 +165,9 @@ fn durable_handler(
                         .wait(Duration::from_secs(3600))
                         .name("cool-off")
                         .await?;
+                    if let Some(record) = store.get(&key).await? {
+                        counters.probes.lock().expect("probes").push(record);
+                    }
                     let charged: String = durable
                         .step(move |_| {
                             let ran = Arc::clone(&charged_by);
@@ -182,8 +214,11 @@ async fn run_execution(
 
 #[tokio::test]
 async fn a_replay_of_the_same_execution_re_enters_its_claim_and_its_steps_replay() {
-    // A replay within the lease (renewed), and one after it ran out (taken back by the owner).
-    for between in [Duration::from_secs(10), Duration::from_secs(2 * 3600)] {
+    // A replay within the lease, and one after it ran out: either way taken back by the owner.
+    for between in [
+        Duration::from_secs(10),
+        LONG_LEASE + Duration::from_secs(3600),
+    ] {
         for backend in both().await {
             let name = backend.name;
             let ran = Arc::new(Ran::default());
@@ -224,6 +259,19 @@ async fn a_replay_of_the_same_execution_re_enters_its_claim_and_its_steps_replay
                 "{name}: the owner's return is no takeover of a crashed attempt"
             );
             assert!(ran.errors.lock().expect("errors").is_empty(), "{name}");
+            // Taken back as the next attempt, its retention past its new lease (TTL never
+            // deletes a record whose lease is live).
+            let probes = ran.probes.lock().expect("probes").clone();
+            let [reentered] = probes.as_slice() else {
+                panic!("{name}: one replay after the wait: {probes:?}");
+            };
+            assert_eq!(reentered.lease.attempt, 2, "{name}");
+            assert!(
+                reentered.expires_at > reentered.lease.expires_at,
+                "{name}: retention {:?} ends before the lease {:?}",
+                reentered.expires_at,
+                reentered.lease.expires_at
+            );
 
             // The operation completed: any later caller is answered from its stored outcome.
             let later = operation
@@ -531,4 +579,196 @@ async fn transactional_steps_commit_on_either_side_of_a_suspension() {
     assert!(shop.has_order("order-a").await);
     assert!(shop.has_order("order-b").await);
     assert_eq!(shop.reserved().await, 2, "each placed once");
+}
+
+#[tokio::test]
+async fn a_replay_whose_claim_fails_leaves_the_owners_record_and_steps() {
+    // The replay's claim meets an unavailable store: its record (the owner's, with the step
+    // the first invocation ran) stays, and the execution's next run goes on from it.
+    for backend in both().await {
+        let name = backend.name;
+        let faulty = FaultyStore::new(backend.store.clone());
+        let ran = Arc::new(Ran {
+            failing_claims: Some(faulty.clone()),
+            ..Ran::default()
+        });
+        let operation = fulfil_on(AnyStore::new(faulty.clone()), &backend, &ran);
+        let order = json!({"order_id": "o-8", "amount": 30});
+
+        let failed = run_execution(
+            &operation,
+            true,
+            &ran,
+            &backend.clock,
+            Duration::from_secs(10),
+            order.clone(),
+        )
+        .await;
+        assert!(failed.is_failure(), "{name}");
+        assert_eq!(Ran::count(&ran.reserves), 1, "{name}");
+        let key = operation
+            .invocation(&order, &lambda_runtime::Context::default())
+            .expect("invocation")
+            .key()
+            .clone();
+        let standing = backend
+            .store
+            .get(&key)
+            .await
+            .expect("read")
+            .expect("the owner's record stands");
+        assert_eq!(standing.status, Status::InProgress, "{name}");
+        assert_eq!(standing.steps.len(), 1, "{name}: the reserve step kept");
+
+        faulty.clear();
+        let again = Arc::new(Ran::default());
+        let resumed = run_execution(
+            &fulfil(&backend, &again),
+            true,
+            &again,
+            &backend.clock,
+            Duration::from_secs(10),
+            order,
+        )
+        .await;
+        assert!(
+            resumed.is_success(),
+            "{name}: {:?}",
+            resumed.error_message()
+        );
+        assert_eq!(Ran::count(&again.reserves), 0, "{name}: the step replayed");
+        assert_eq!(Ran::count(&again.charges), 1, "{name}");
+    }
+}
+
+/// An invocation of `order` for `owner` on `operation`.
+fn owned(operation: &Operation<Value>, order: &Value, owner: &str) -> Invocation {
+    operation
+        .invocation(order, &lambda_runtime::Context::default())
+        .expect("invocation")
+        .with_owner(owner)
+}
+
+#[tokio::test]
+async fn two_runs_of_one_owner_at_once_run_the_operation_once() {
+    // Durable `map` and `parallel` branches share their execution's ARN: a second run of the
+    // owner's operation while the first is in flight is a duplicate, not a replay.
+    for backend in both().await {
+        let name = backend.name;
+        let operation = fulfil(&backend, &Arc::new(Ran::default()));
+        let order = json!({"order_id": "o-9", "amount": 30});
+        let (holding, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let runs = Arc::new(AtomicUsize::new(0));
+        let first = {
+            let (operation, invocation) = (
+                operation.clone(),
+                owned(&operation, &order, OTHER_EXECUTION),
+            );
+            let (holding, release, runs) = (
+                Arc::clone(&holding),
+                Arc::clone(&release),
+                Arc::clone(&runs),
+            );
+            tokio::spawn(async move {
+                operation
+                    .engine()
+                    .execute(&invocation, |_ctx| async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        holding.notify_one();
+                        release.notified().await;
+                        Ok::<_, BoxError>(json!("first branch"))
+                    })
+                    .await
+            })
+        };
+        holding.notified().await;
+
+        let sibling = operation
+            .engine()
+            .execute(&owned(&operation, &order, OTHER_EXECUTION), |_ctx| async {
+                Ok::<_, BoxError>(json!("second branch"))
+            })
+            .await;
+        assert!(
+            matches!(sibling, Err(Error::AlreadyInProgress { .. })),
+            "{name}: {sibling:?}"
+        );
+
+        release.notify_one();
+        let first = first.await.expect("joined").expect("the first branch");
+        assert_eq!(first.value(), &json!("first branch"), "{name}");
+        let later = operation
+            .engine()
+            .execute(&owned(&operation, &order, OTHER_EXECUTION), |_ctx| async {
+                Ok::<_, BoxError>(json!("second branch"))
+            })
+            .await
+            .expect("replayed");
+        assert!(later.is_replay(), "{name}");
+        assert_eq!(later.value(), &json!("first branch"), "{name}");
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_cached_store_keeps_one_owners_operations_apart() {
+    // One owner holds two operations at once (one lease token): the cache must settle each
+    // under its own key, never one's outcome as the other's.
+    for backend in both().await {
+        let name = backend.name;
+        let engine = Idempotency::new(CachedStore::new(backend.store.clone(), 1 << 20))
+            .with_clock(backend.clock.clone());
+        let operation = Operation::new(
+            engine,
+            OperationScope::new("durable", "cached").expect("scope"),
+            KeyPolicy::pointer("/order_id").expect("policy"),
+        );
+        let (a, b) = (json!({"order_id": "o-a"}), json!({"order_id": "o-b"}));
+        // A claims, then B (its claim the cache's latest under the owner's token); A settles
+        // first.
+        let hold = |order: &Value, result: &'static str| {
+            let (operation, invocation) =
+                (operation.clone(), owned(&operation, order, OTHER_EXECUTION));
+            let (holding, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+            let task = {
+                let (holding, release) = (Arc::clone(&holding), Arc::clone(&release));
+                tokio::spawn(async move {
+                    operation
+                        .engine()
+                        .execute(&invocation, |_ctx| async move {
+                            holding.notify_one();
+                            release.notified().await;
+                            Ok::<_, BoxError>(json!(result))
+                        })
+                        .await
+                })
+            };
+            (task, holding, release)
+        };
+        let (holder_a, holding_a, release_a) = hold(&a, "A-result");
+        holding_a.notified().await;
+        let (holder, holding_b, release) = hold(&b, "B-result");
+        holding_b.notified().await;
+        release_a.notify_one();
+        let settled_a = holder_a.await.expect("joined").expect("A ran");
+        assert_eq!(settled_a.value(), &json!("A-result"), "{name}");
+
+        // B is still in flight: another caller is told so, not handed A's result.
+        let duplicate_of_b = operation
+            .engine()
+            .execute(
+                &operation
+                    .invocation(&b, &lambda_runtime::Context::default())
+                    .expect("invocation"),
+                |_ctx| async { Ok::<_, BoxError>(json!("ran again")) },
+            )
+            .await;
+        assert!(
+            matches!(duplicate_of_b, Err(Error::AlreadyInProgress { .. })),
+            "{name}: {duplicate_of_b:?}"
+        );
+        release.notify_one();
+        let settled_b = holder.await.expect("joined").expect("B ran");
+        assert_eq!(settled_b.value(), &json!("B-result"), "{name}");
+    }
 }
