@@ -229,13 +229,15 @@ impl Invocation {
     /// for the owner's return instead of giving it back.
     ///
     /// An owner's invocations must run one at a time, as the durable service invokes one
-    /// execution's (a stale one is fenced by its checkpoint token): two invocations of one
-    /// owner at once would both run. What may run twice at once is not an owner: leave it a
-    /// plain invocation.
+    /// execution's (a stale one is fenced by its checkpoint token). In one process a second
+    /// run of the same owner's operation at the same time (a durable `map` or `parallel`
+    /// branch) is answered as a duplicate; in two processes at once both would run. What may
+    /// run twice at once in two places is not an owner: leave it a plain invocation.
     ///
     /// Completion is still fenced: once the lease has run out, another caller may take the
     /// claim over (after the usual checks of what the owner's steps did), and the owner then
-    /// finds it taken. Give the operation a lease that covers the owner's longest pause, or
+    /// finds it taken. Give the invocation a lease that covers the owner's longest pause
+    /// ([`Invocation::with_lease`]; it counts from the claim, waiting or not), or
     /// claim inside one durable step (see the guide's durable functions section).
     ///
     /// ```

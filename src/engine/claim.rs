@@ -41,11 +41,13 @@ impl Idempotency {
                 // settlement (a claim left standing would wait out its lease). Any other
                 // failure (refused, missing table, denied) wrote nothing.
                 // An owned claim's token is its owner's: the record under it may be the
-                // owner's earlier invocation's, steps and all. It is left for the owner's next
-                // invocation to re-enter.
-                if err.is_transient() && invocation.owner.is_none() {
+                // owner's earlier invocation's, steps and all, which stays for the owner to
+                // re-enter. Only this claim itself, if it committed, is given back.
+                if err.is_transient() {
                     let patience = settle_patience(invocation, claim, self.clock.now());
-                    let _ = self.retrying(patience, || self.store.release(target)).await;
+                    if invocation.owner.is_none() || self.stands_as(claim, patience).await {
+                        let _ = self.retrying(patience, || self.store.release(target)).await;
+                    }
                 }
                 return Err(err.into());
             }
@@ -176,6 +178,13 @@ impl Idempotency {
             return Err(Error::PayloadConflict { key: key.clone() });
         }
         self.take_over(existing, claim, invocation, now, true).await
+    }
+
+    /// Whether the record of `claim`'s key is `claim` itself, as it committed (an owned claim
+    /// whose answer was lost), read within `patience`; `false` when it cannot be read.
+    async fn stands_as(&self, claim: &Record, patience: Patience) -> bool {
+        let read = self.retrying(patience, || self.store.get(&claim.key)).await;
+        matches!(read, Ok(Some(stored)) if decide::is_this_claim(&stored, claim))
     }
 
     /// Re-creates the record of a crashed attempt that TTL deleted while the identity's

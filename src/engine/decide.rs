@@ -97,6 +97,15 @@ pub(crate) fn reenters(existing: &Record, claim: &Record) -> bool {
     existing.status == Status::InProgress && existing.lease.token == claim.lease.token
 }
 
+/// Whether `stored` is the fresh `claim` itself as it committed: IN_PROGRESS under its lease,
+/// with no step, created when it was (at the store's millisecond). An owner's record from an
+/// earlier invocation has its own creation time, or steps, or a later attempt.
+pub(crate) fn is_this_claim(stored: &Record, claim: &Record) -> bool {
+    is_own_claim(stored, claim)
+        && stored.steps.is_empty()
+        && epoch_millis(stored.created_at) == epoch_millis(claim.created_at)
+}
+
 /// Whether `existing` is the caller's own `claim`: it committed before its answer was lost and
 /// the retry found it standing.
 pub(crate) fn is_own_claim(existing: &Record, claim: &Record) -> bool {

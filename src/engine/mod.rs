@@ -339,7 +339,20 @@ impl Idempotency {
             None => None,
             Some(owner) => match OwnedRun::start(key, owner.token()) {
                 Some(run) => Some(run),
-                None => return Ran::Answered(self.answer_sibling(invocation, now).await),
+                None => {
+                    return match self.answer_sibling(invocation, now).await {
+                        Err(busy @ Error::AlreadyInProgress { .. })
+                            if invocation.wait_for_result.is_some() =>
+                        {
+                            Ran::Busy {
+                                handler,
+                                key: key.clone(),
+                                busy,
+                            }
+                        }
+                        answer => Ran::Answered(answer),
+                    };
+                }
             },
         };
         let claim = self.new_claim(invocation, now);

@@ -97,9 +97,14 @@ impl Idempotency {
 
     /// The lease of a claim made now by `invocation`, which arrived at `since`: what it was
     /// given, and never past its deadline plus the clock skew (the lease's own meaning), or
-    /// without a deadline, less the time spent since.
+    /// without a deadline, less the time spent since. An owned claim's lease covers its
+    /// owner's pauses, not one invocation ([`Invocation::with_owner`]): it counts from the
+    /// claim.
     fn lease_left(&self, invocation: &Invocation, since: SystemTime) -> Duration {
         let now = self.clock.now();
+        if invocation.owner.is_some() {
+            return invocation.lease;
+        }
         match invocation.deadline {
             Some(deadline) => invocation
                 .lease

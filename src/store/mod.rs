@@ -189,7 +189,10 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// Gives `previous`'s record the new `lease` and the retention `expires_at` if it is still
     /// IN_PROGRESS under `previous.lease.token`, that lease has run out at `now`, and it holds
-    /// the very steps `previous` holds (none when the attribute is absent).
+    /// the very steps `previous` holds (none when the attribute is absent). Compare the lease
+    /// with `now` as given, never the store's own clock: an owner re-entering its own live
+    /// claim ([`Invocation::with_owner`](crate::Invocation::with_owner)) passes a time past
+    /// the lease's end.
     fn take_over(
         &self,
         previous: &Record,

@@ -43,6 +43,7 @@ mod outbox_ids;
 #[cfg(feature = "relay")]
 mod outbox_sweeper;
 mod outcome_storage;
+mod owned_claims;
 mod panic_strategy;
 mod producers;
 mod raw_fixtures;

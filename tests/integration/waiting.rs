@@ -22,7 +22,7 @@ use super::backends::{Backend, both};
 /// The system clock, telling the test each time the engine pauses (the waiting's pauses: no
 /// write fails here, so no retry pauses).
 #[derive(Debug, Clone)]
-struct PauseSignal(mpsc::UnboundedSender<Duration>);
+pub(super) struct PauseSignal(pub(super) mpsc::UnboundedSender<Duration>);
 
 impl Clock for PauseSignal {
     fn now(&self) -> SystemTime {
