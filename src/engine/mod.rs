@@ -340,18 +340,8 @@ impl Idempotency {
             Some(owner) => match OwnedRun::start(key, owner.token()) {
                 Some(run) => Some(run),
                 None => {
-                    return match self.answer_sibling(invocation, now).await {
-                        Err(busy @ Error::AlreadyInProgress { .. })
-                            if invocation.wait_for_result.is_some() =>
-                        {
-                            Ran::Busy {
-                                handler,
-                                key: key.clone(),
-                                busy,
-                            }
-                        }
-                        answer => Ran::Answered(answer),
-                    };
+                    let answer = self.answer_sibling(invocation, now).await;
+                    return Ran::unrun(answer, invocation, handler);
                 }
             },
         };
@@ -388,30 +378,12 @@ impl Idempotency {
             }
             Ok(Step::Answer(existing)) => {
                 give_back.disarm();
-                return match answer_existing(*existing, invocation, now) {
-                    Err(busy @ Error::AlreadyInProgress { .. })
-                        if invocation.wait_for_result.is_some() =>
-                    {
-                        Ran::Busy {
-                            handler,
-                            key: key.clone(),
-                            busy,
-                        }
-                    }
-                    answer => Ran::Answered(answer),
-                };
-            }
-            Err(busy @ Error::AlreadyInProgress { .. }) if invocation.wait_for_result.is_some() => {
-                give_back.disarm();
-                return Ran::Busy {
-                    handler,
-                    key: key.clone(),
-                    busy,
-                };
+                let answer = answer_existing(*existing, invocation, now);
+                return Ran::unrun(answer, invocation, handler);
             }
             Err(err) => {
                 give_back.disarm();
-                return Ran::Answered(Err(err));
+                return Ran::unrun(Err(err), invocation, handler);
             }
         };
         // Every write from here settles the identity the operation recorded at its claim,
@@ -615,6 +587,23 @@ enum Ran<T, F> {
         key: OperationKey,
         busy: Error,
     },
+}
+
+impl<T, F> Ran<T, F> {
+    /// `answer`, for an invocation whose handler did not run: in progress elsewhere gives the
+    /// handler back when the invocation waits for results.
+    fn unrun(answer: Result<Execution<T>, Error>, invocation: &Invocation, handler: F) -> Self {
+        match answer {
+            Err(busy @ Error::AlreadyInProgress { .. }) if invocation.wait_for_result.is_some() => {
+                Ran::Busy {
+                    handler,
+                    key: invocation.key.clone(),
+                    busy,
+                }
+            }
+            answer => Ran::Answered(answer),
+        }
+    }
 }
 
 /// What a claim leads to.
