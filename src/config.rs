@@ -14,6 +14,10 @@ use std::time::{Duration, SystemTime};
 use crate::error::ConfigError;
 
 /// DynamoDB's item size limit, in bytes.
+#[deprecated(
+    since = "0.5.0",
+    note = "a property of the DynamoDB store: use `store::DYNAMODB_ITEM_LIMIT`"
+)]
 pub const DYNAMODB_ITEM_LIMIT: usize = 400 * 1024;
 /// The largest outcome the engine stores: 16 MiB. Past DynamoDB's item limit the DynamoDB
 /// store keeps an outcome compressed in part items beside its record
@@ -24,14 +28,30 @@ pub const MAX_OUTCOME_BYTES: usize = 16 * 1024 * 1024;
 pub const DEFAULT_MAX_OUTCOME_BYTES: usize = 6 * 1024 * 1024;
 
 /// The longest result reference kept in a business identity's evidence, in bytes.
+#[deprecated(
+    since = "0.5.0",
+    note = "a limit of the record: use `record::MAX_RESULT_REF_BYTES`"
+)]
 pub const MAX_RESULT_REF_BYTES: usize = 1024;
 /// The longest request id kept in a record, in bytes (longer ones are cut).
+#[deprecated(
+    since = "0.5.0",
+    note = "a limit of the record: use `record::MAX_REQUEST_ID_BYTES`"
+)]
 pub const MAX_REQUEST_ID_BYTES: usize = 256;
 /// The longest failure message kept in a record, in bytes (a longer handler error text is cut,
 /// so that it cannot crowd the record past DynamoDB's item limit).
+#[deprecated(
+    since = "0.5.0",
+    note = "a limit of the record: use `record::MAX_FAILURE_MESSAGE_BYTES`"
+)]
 pub const MAX_FAILURE_MESSAGE_BYTES: usize = 1024;
 /// The longest failure kind kept in a record, in bytes (a classifier's or an operator's longer
 /// kind is cut).
+#[deprecated(
+    since = "0.5.0",
+    note = "a limit of the record: use `record::MAX_FAILURE_KIND_BYTES`"
+)]
 pub const MAX_FAILURE_KIND_BYTES: usize = 128;
 
 /// Validated engine settings; build them with [`Config::builder`].

@@ -6,10 +6,10 @@ use std::time::{Duration, SystemTime};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
-use crate::config::MAX_REQUEST_ID_BYTES;
 use crate::effects::{NoCheck, Step, StepError, StepLedger, Transaction};
 use crate::error::Error;
 use crate::key::{Fingerprint, IdentityScope, JsonPointer, OperationKey};
+use crate::record::MAX_REQUEST_ID_BYTES;
 
 /// The longest business identity accepted, in bytes.
 pub const MAX_IDENTITY_BYTES: usize = 1024;

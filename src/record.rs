@@ -11,6 +11,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::key::{Fingerprint, OperationKey};
 
+/// The longest result reference kept in a business identity's evidence, in bytes.
+pub const MAX_RESULT_REF_BYTES: usize = 1024;
+/// The longest request id kept in a record, in bytes (longer ones are cut).
+pub const MAX_REQUEST_ID_BYTES: usize = 256;
+/// The longest failure message kept in a record, in bytes (a longer handler error text is cut,
+/// so that it cannot crowd the record past DynamoDB's item limit).
+pub const MAX_FAILURE_MESSAGE_BYTES: usize = 1024;
+/// The longest failure kind kept in a record, in bytes (a classifier's or an operator's longer
+/// kind is cut).
+pub const MAX_FAILURE_KIND_BYTES: usize = 128;
+
 /// Where an operation stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -408,19 +419,19 @@ pub(crate) fn cut_to(mut text: String, max: usize) -> String {
 
 impl RetainedFailure {
     /// The failure as a record keeps it: its kind cut to
-    /// [`MAX_FAILURE_KIND_BYTES`](crate::config::MAX_FAILURE_KIND_BYTES) and its message to
-    /// [`MAX_FAILURE_MESSAGE_BYTES`](crate::config::MAX_FAILURE_MESSAGE_BYTES), at character
+    /// [`MAX_FAILURE_KIND_BYTES`](MAX_FAILURE_KIND_BYTES) and its message to
+    /// [`MAX_FAILURE_MESSAGE_BYTES`](MAX_FAILURE_MESSAGE_BYTES), at character
     /// boundaries: a handler's or an operator's text of any length cannot grow the record.
     pub(crate) fn bounded(self) -> Self {
         let kind = match self.kind {
             FailureKind::Terminal(kind) => {
-                FailureKind::Terminal(cut_to(kind, crate::config::MAX_FAILURE_KIND_BYTES))
+                FailureKind::Terminal(cut_to(kind, MAX_FAILURE_KIND_BYTES))
             }
             engine => engine,
         };
         Self {
             kind,
-            message: cut_to(self.message, crate::config::MAX_FAILURE_MESSAGE_BYTES),
+            message: cut_to(self.message, MAX_FAILURE_MESSAGE_BYTES),
         }
     }
 
@@ -597,9 +608,9 @@ mod failure_kind_tests {
         }
         .bounded();
         let kind = String::from(huge.kind.clone());
-        assert!(kind.len() <= crate::config::MAX_FAILURE_KIND_BYTES && !kind.is_empty());
-        assert!(huge.message.len() <= crate::config::MAX_FAILURE_MESSAGE_BYTES);
-        assert!(huge.message.len() > crate::config::MAX_FAILURE_MESSAGE_BYTES - 2);
+        assert!(kind.len() <= MAX_FAILURE_KIND_BYTES && !kind.is_empty());
+        assert!(huge.message.len() <= MAX_FAILURE_MESSAGE_BYTES);
+        assert!(huge.message.len() > MAX_FAILURE_MESSAGE_BYTES - 2);
         let engine = RetainedFailure {
             kind: FailureKind::OutcomeTooLarge,
             message: "m".into(),

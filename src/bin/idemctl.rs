@@ -48,10 +48,10 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
-use lambda_idempotency::config::{MAX_FAILURE_KIND_BYTES, MAX_FAILURE_MESSAGE_BYTES};
 use lambda_idempotency::record::{
     Audit, Evidence, Record, RetainedFailure, Settlement, Status, StepRecord, epoch_millis,
 };
+use lambda_idempotency::record::{MAX_FAILURE_KIND_BYTES, MAX_FAILURE_MESSAGE_BYTES};
 use lambda_idempotency::store::{
     AttributeNames, DynamoDbStore, ScanCursor, SortKey, Store, TABLE_VAR, TableProtection,
     UNIQUENESS_TABLE_VAR, dynamodb_config, stuck_since,

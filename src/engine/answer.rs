@@ -6,10 +6,10 @@ use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 use tracing::{debug, warn};
 
-use crate::config::MAX_RESULT_REF_BYTES;
 use crate::error::Error;
 use crate::execution::{Execution, Invocation, Origin};
 use crate::key::OperationKey;
+use crate::record::MAX_RESULT_REF_BYTES;
 use crate::record::{Record, Status};
 
 /// The evidence's result reference: the part of the result at the invocation's pointer.

@@ -27,9 +27,9 @@ use tracing::warn;
 
 use super::retry::Patience;
 use super::{Idempotency, erased};
-use crate::config::MAX_RESULT_REF_BYTES;
 use crate::error::{ConfigError, Error};
 use crate::key::OperationKey;
+use crate::record::MAX_RESULT_REF_BYTES;
 use crate::record::{
     Audit, Evidence, FailureKind, Record, RetainedFailure, Settlement, Status, epoch_millis,
 };

@@ -12,12 +12,12 @@ use super::retry::Patience;
 use super::{GIVE_BACK_GRACE, INDETERMINATE_RETENTION, Idempotency, answer, decide};
 use aws_sdk_dynamodb::types::TransactWriteItem;
 
-use crate::config::MAX_FAILURE_MESSAGE_BYTES;
 use crate::effects::{COMPLETION, StepError, StepLedger};
 use crate::error::{BoxError, Error, StoreError};
 use crate::execution::{Execution, Invocation, Origin};
 use crate::failure::{FailureClass, Release, Terminal};
 use crate::observe::{self};
+use crate::record::MAX_FAILURE_MESSAGE_BYTES;
 use crate::record::{FailureKind, Record, RetainedFailure, Settlement, StepRecord};
 use crate::store::{Committed, Fence, Store, Target};
 

@@ -382,6 +382,13 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// The error for a fenced write whose identity's evidence is missing or another operation's.
+    pub(crate) fn evidence_not_owned(key: &OperationKey) -> Self {
+        Self::EvidenceNotOwned {
+            key_short: key.short().to_owned(),
+        }
+    }
+
     /// Whether the same request may pass if sent again: throttling past the SDK's own
     /// retries, a 5xx or timeout, a transaction conflict. The engine retries these; the
     /// others are configuration or data problems that a retry does not fix.

@@ -76,7 +76,7 @@ impl MemoryStore {
                         .get(identity)
                         .is_some_and(|evidence| evidence.key == *target.key);
                     if !owned {
-                        return Err(evidence_not_owned(target));
+                        return Err(StoreError::evidence_not_owned(target.key));
                     }
                 }
                 write(&mut tables);
@@ -355,11 +355,4 @@ fn is_as_seen(standing: &Evidence, seen: &Evidence) -> bool {
     standing.key == seen.key
         && standing.status == seen.status
         && epoch_millis(standing.created_at) == epoch_millis(seen.created_at)
-}
-
-/// The error for a fenced write whose identity's evidence is missing or another operation's.
-pub(crate) fn evidence_not_owned(target: Target<'_>) -> StoreError {
-    StoreError::EvidenceNotOwned {
-        key_short: target.key.short().to_owned(),
-    }
 }

@@ -45,9 +45,9 @@ pub use dynamodb::dynamodb_config;
 #[cfg(feature = "testing")]
 pub(crate) use dynamodb::value_size;
 pub use dynamodb::{
-    ATTEMPT_TIMEOUT, AttributeNames, DynamoDbStore, ENDPOINT_VAR, OPERATION_TIMEOUT,
-    OutcomeStorage, PART_BYTES, PART_TTL_MARGIN, Replication, SDK_ENDPOINT_VAR, ScanCursor,
-    SortKey, Stuck, StuckCounts, TABLE_VAR, TableProtection, UNIQUENESS_TABLE_VAR,
+    ATTEMPT_TIMEOUT, AttributeNames, DYNAMODB_ITEM_LIMIT, DynamoDbStore, ENDPOINT_VAR,
+    OPERATION_TIMEOUT, OutcomeStorage, PART_BYTES, PART_TTL_MARGIN, Replication, SDK_ENDPOINT_VAR,
+    ScanCursor, SortKey, Stuck, StuckCounts, TABLE_VAR, TableProtection, UNIQUENESS_TABLE_VAR,
     configured_endpoint, stuck_since,
 };
 pub use memory::MemoryStore;

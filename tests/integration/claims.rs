@@ -10,8 +10,8 @@ use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
 use lambda_idempotency::Operation;
 use lambda_idempotency::clock::{Clock, ManualClock};
-use lambda_idempotency::config::MAX_REQUEST_ID_BYTES;
 use lambda_idempotency::lambda::LeasePolicy;
+use lambda_idempotency::record::MAX_REQUEST_ID_BYTES;
 use lambda_idempotency::record::{Record, Status};
 use lambda_idempotency::store::{MemoryStore, Store};
 use lambda_idempotency::testing::conformance::{counted, invocation, start_time};
@@ -351,8 +351,8 @@ async fn single_flight_waits_at_most_the_callers_lease_then_answers_in_progress(
 
 #[tokio::test]
 async fn a_terminal_failures_long_message_is_kept_cut_to_its_limit() {
-    use lambda_idempotency::config::MAX_FAILURE_MESSAGE_BYTES;
     use lambda_idempotency::failure::Terminal;
+    use lambda_idempotency::record::MAX_FAILURE_MESSAGE_BYTES;
 
     for backend in super::backends::both().await {
         let name = backend.name;

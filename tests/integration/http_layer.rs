@@ -918,8 +918,8 @@ async fn a_cookie_the_response_opts_in_is_stored_and_replayed() {
 /// and no caller sees it.
 #[tokio::test]
 async fn a_huge_handler_error_is_stored_cut_to_its_limit_on_dynamodb() {
-    use lambda_idempotency::config::MAX_FAILURE_MESSAGE_BYTES;
     use lambda_idempotency::failure::Terminal;
+    use lambda_idempotency::record::MAX_FAILURE_MESSAGE_BYTES;
     use lambda_idempotency::record::{RetainedFailure, Status};
     use lambda_idempotency::store::Store;
 

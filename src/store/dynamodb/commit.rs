@@ -152,7 +152,7 @@ impl DynamoDbStore {
             .iter()
             .any(|check| check.failed_item().is_some())
         {
-            return Err(crate::store::memory::evidence_not_owned(target));
+            return Err(StoreError::evidence_not_owned(target.key));
         }
         match checks
             .iter()

@@ -17,6 +17,9 @@ use crate::record::{
 /// An item as the SDK sees it.
 pub(crate) type Item = HashMap<String, AttributeValue>;
 
+/// DynamoDB's item size limit, in bytes: an outcome past it is kept in part items.
+pub const DYNAMODB_ITEM_LIMIT: usize = 400 * 1024;
+
 /// The attribute names of the idempotency table; every one can be renamed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttributeNames {

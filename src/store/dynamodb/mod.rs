@@ -61,7 +61,7 @@ pub use client::dynamodb_config;
 pub use client::{ATTEMPT_TIMEOUT, OPERATION_TIMEOUT};
 #[cfg(feature = "testing")]
 pub(crate) use item::value_size;
-pub use item::{AttributeNames, SortKey};
+pub use item::{AttributeNames, DYNAMODB_ITEM_LIMIT, SortKey};
 pub use outcome::{OutcomeStorage, PART_BYTES, PART_TTL_MARGIN};
 pub use replication::Replication;
 pub use scan::ScanCursor;

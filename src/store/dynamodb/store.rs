@@ -147,7 +147,7 @@ impl DynamoDbStore {
                 current: self.decode(current, parts).await?.map(Box::new),
             });
         }
-        Err(crate::store::memory::evidence_not_owned(target))
+        Err(StoreError::evidence_not_owned(target.key))
     }
 
     /// The writes of a settlement (the record's update, then the evidence's), and where its

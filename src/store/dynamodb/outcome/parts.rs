@@ -10,9 +10,8 @@ use sha2::{Digest, Sha256};
 
 use super::super::DynamoDbStore;
 use super::super::error::map_sdk_error;
-use super::super::item::{b, corrupt, secs};
+use super::super::item::{DYNAMODB_ITEM_LIMIT, b, corrupt, secs};
 use super::{MAX_PARTS, PART_TTL_MARGIN, PARTS_IN_FLIGHT, PartsRef, Placement};
-use crate::config::DYNAMODB_ITEM_LIMIT;
 use crate::error::StoreError;
 use crate::key::OperationKey;
 
