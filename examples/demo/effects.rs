@@ -52,7 +52,7 @@ async fn checkout(
         .repeat_safe()
         .run(|_key| {
             let (charges, order, ctx) = (charges.clone(), order.clone(), ctx.clone());
-            async move { charges.charge(&order, &ctx) }
+            async move { Ok(charges.charge(&order, &ctx)?) }
         })
         .await?;
     let checker = mailer.clone();
@@ -61,7 +61,7 @@ async fn checkout(
         .checked_by(move |key: String| {
             let found = checker.sent(&key);
             async move {
-                Ok::<_, BoxError>(match found {
+                Ok(match found {
                     true => Checked::Applied(format!("mail-{}", &key[..8])),
                     false => Checked::NotApplied,
                 })
@@ -167,11 +167,9 @@ pub async fn run(
                             },
                             &json!({"order_id": "o-8"}),
                         )?;
-                        Ok::<_, BoxError>(
-                            Transaction::new(String::from("o-8"))
-                                .put(put)
-                                .publish(&outbox, event),
-                        )
+                        Ok(Transaction::new(String::from("o-8"))
+                            .put(put)
+                            .publish(&outbox, event))
                     })
                     .await
             }

@@ -77,14 +77,14 @@ impl Checkout {
             .step("email")
             // The mail provider keeps what it sent: if a crash left the send uncertain, look.
             .checked_by(move |key: String| async move {
-                Ok::<_, BoxError>(match check.count(&checked).await? {
+                Ok(match check.count(&checked).await? {
                     0 => Checked::NotApplied,
                     _ => Checked::Applied(format!("mail-{}", &key[..12])),
                 })
             })
             .run(move |key| async move {
                 send.apply(&sent, &key).await?;
-                Ok::<_, BoxError>(format!("mail-{}", &key[..12]))
+                Ok(format!("mail-{}", &key[..12]))
             })
             .await?;
         Ok(json!({"order": placed, "mail": mail, "attempt": ctx.attempt()}))

@@ -48,13 +48,13 @@
 //!         let charge: String = ctx
 //!             .step("charge")
 //!             .repeat_safe()
-//!             .run(|key| async move { Ok::<_, BoxError>(format!("ch_{}", &key[..8])) })
+//!             .run(|key| async move { Ok(format!("ch_{}", &key[..8])) })
 //!             .await?;
 //!         // An e-mail is not: after a crash its check asks the provider what happened.
 //!         let mail: String = ctx
 //!             .step("email")
-//!             .checked_by(|_key| async { Ok::<_, BoxError>(Checked::NotApplied) })
-//!             .run(|_key| async { Ok::<_, BoxError>("msg-1".to_owned()) })
+//!             .checked_by(|_key| async { Ok(Checked::NotApplied) })
+//!             .run(|_key| async { Ok("msg-1".to_owned()) })
 //!             .await?;
 //!         Ok::<_, BoxError>(format!("{charge} {mail}"))
 //!     })

@@ -175,12 +175,11 @@ impl Step<'_, NoCheck> {
     /// [`StepError::Refused`] when a write's condition fails, [`StepError::Rejected`] when the
     /// transaction cannot be sent; [`StepError::Effect`] with `build`'s own error;
     /// [`StepError::Stopped`] as for [`Step::run`].
-    pub async fn transact<T, E, F, Fut>(self, build: F) -> Result<T, StepError>
+    pub async fn transact<T, F, Fut>(self, build: F) -> Result<T, StepError>
     where
         T: Serialize + DeserializeOwned,
-        E: Into<BoxError>,
         F: FnOnce(String) -> Fut,
-        Fut: Future<Output = Result<super::Transaction<T>, E>>,
+        Fut: Future<Output = Result<super::Transaction<T>, BoxError>>,
     {
         let ledger = std::sync::Arc::clone(&self.context.steps);
         ledger.transact(self.name, build).await
@@ -209,7 +208,7 @@ impl<C> Step<'_, C> {
     /// # async fn charge(ctx: lambda_idempotency::ExecutionContext) -> Result<String, lambda_idempotency::effects::StepError> {
     /// ctx.step("charge")
     ///     .effect_timeout(Duration::from_secs(10))
-    ///     .run(|key| async move { Ok::<_, std::io::Error>(format!("charged under {key}")) })
+    ///     .run(|key| async move { Ok(format!("charged under {key}")) })
     ///     .await
     /// # }
     /// ```
@@ -227,12 +226,11 @@ impl<C> Step<'_, C> {
     /// operation cannot go on (the step is uncertain and unchecked, the lease was lost, the
     /// steps changed order): return it, the engine answers the caller;
     /// [`StepError::Invalid`] for a bad name or overlapping steps.
-    pub async fn run<T, E, F, Fut>(self, effect: F) -> Result<T, StepError>
+    pub async fn run<T, F, Fut>(self, effect: F) -> Result<T, StepError>
     where
         T: Serialize + DeserializeOwned,
-        E: Into<BoxError>,
         F: FnOnce(String) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
+        Fut: Future<Output = Result<T, BoxError>>,
         C: StepCheck<T>,
         C::Future: Send,
     {

@@ -85,7 +85,7 @@ async fn first(
                 .effect_timeout(SHIP_TIMEOUT)
                 .run(|_| async move {
                     counted.ships.fetch_add(1, Ordering::SeqCst);
-                    Err::<String, _>(std::io::Error::other("no answer from the carrier"))
+                    Err::<String, _>(std::io::Error::other("no answer from the carrier").into())
                 })
                 .await?;
             unreachable!("the ship step failed")

@@ -434,7 +434,9 @@ pub async fn a_step_that_did_not_apply_is_withdrawn<S: Store>(fx: Fixture<S>) {
             let sent = ctx
                 .step("email")
                 .run(|_key| async {
-                    Err::<String, _>(NotApplied::new(std::io::Error::other("connection refused")))
+                    Err::<String, _>(
+                        NotApplied::new(std::io::Error::other("connection refused")).into(),
+                    )
                 })
                 .await?;
             Ok::<_, BoxError>(sent)

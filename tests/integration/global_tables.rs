@@ -360,7 +360,7 @@ async fn transactional_writes_on_a_strongly_consistent_table_are_refused_before_
             |ctx| async move {
                 let refused = ctx
                     .step("place")
-                    .transact(|_| async { Ok::<_, std::io::Error>(Transaction::new(1).put(put())) })
+                    .transact(|_| async { Ok(Transaction::new(1).put(put())) })
                     .await;
                 assert!(
                     matches!(refused, Err(StepError::Rejected { .. })),

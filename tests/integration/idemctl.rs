@@ -464,7 +464,7 @@ async fn a_release_names_the_steps_it_runs_again() {
             .await?;
         ctx.step("ship")
             .effect_timeout(Duration::from_secs(1))
-            .run(|_| async { Err::<String, _>(std::io::Error::other("no answer")) })
+            .run(|_| async { Err::<String, _>(std::io::Error::other("no answer").into()) })
             .await?;
         Ok::<_, BoxError>(json!("shipped"))
     };

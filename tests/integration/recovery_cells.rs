@@ -720,7 +720,7 @@ async fn not_applied_lets_a_plain_step_run_again_under_its_name() {
                         .run(|_key| async {
                             sends.fetch_add(1, Ordering::SeqCst);
                             let refused = std::io::Error::other("connection refused");
-                            Err::<String, _>(NotApplied::new(refused))
+                            Err::<String, _>(NotApplied::new(refused).into())
                         })
                         .await;
                     assert!(
