@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
-use crate::effects::{NoCheck, Step, StepError, StepLedger, Transaction};
+use crate::effects::{NoCheck, Step, StepError, StepLedger, Writes};
 use crate::error::Error;
 use crate::key::{Fingerprint, IdentityScope, JsonPointer, OperationKey};
 use crate::record::MAX_REQUEST_ID_BYTES;
@@ -303,7 +303,7 @@ impl ExecutionContext {
     }
 
     /// Commits `writes` (the handler's own DynamoDB writes and outbox events,
-    /// [`Transaction::new(())`](Transaction::new)) with the operation's completion: the record
+    /// [`Writes::default()`](Writes)) with the operation's completion: the record
     /// turns COMPLETED with the handler's result in the same `TransactWriteItems`, fenced on the
     /// lease, or nothing is written. Exactly once for local state, in the completion's own
     /// request (a large outcome's part items are written before it, as without writes), and
@@ -325,7 +325,7 @@ impl ExecutionContext {
     /// # async fn demo(idem: lambda_idempotency::Idempotency, invocation: lambda_idempotency::Invocation) -> Result<(), Box<dyn std::error::Error>> {
     /// use aws_sdk_dynamodb::types::{AttributeValue, Put};
     /// use lambda_idempotency::BoxError;
-    /// use lambda_idempotency::effects::Transaction;
+    /// use lambda_idempotency::effects::Writes;
     ///
     /// let placed = idem
     ///     .execute(&invocation, |ctx| async move {
@@ -333,7 +333,7 @@ impl ExecutionContext {
     ///             .table_name("orders")
     ///             .item("pk", AttributeValue::S("order-418".into()))
     ///             .build()?;
-    ///         ctx.complete_with(Transaction::new(()).put(order))?;
+    ///         ctx.complete_with(Writes::default().put(order))?;
     ///         Ok::<_, BoxError>("order-418 placed".to_owned())
     ///     })
     ///     .await?;
@@ -344,7 +344,7 @@ impl ExecutionContext {
     /// # Errors
     /// [`StepError::Rejected`] for two events of one name; [`StepError::Stopped`] once the
     /// operation stopped at a step; [`StepError::Invalid`] after the handler returned.
-    pub fn complete_with(&self, writes: Transaction<()>) -> Result<(), StepError> {
+    pub fn complete_with(&self, writes: Writes) -> Result<(), StepError> {
         self.steps.complete_with(writes)
     }
 

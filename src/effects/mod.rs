@@ -90,7 +90,7 @@ pub use self::outbox_marks::{
     SETTLED_READS,
 };
 pub use self::step::{Checked, NoCheck, NotApplied, Step, StepCheck, StepError};
-pub use self::transaction::Transaction;
+pub use self::transaction::{Transaction, Writes};
 
 /// The most bytes an operation's steps may take together in its record (names and serialized
 /// results, before compression, plus a few bytes each): they live in the record, inside

@@ -34,7 +34,7 @@ use super::outbox::{Outbox, OutboxEvent};
 /// # Ok(()) }
 /// # build().unwrap();
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Transaction<T> {
     pub(crate) value: T,
     pub(crate) writes: Vec<TransactWriteItem>,
@@ -90,3 +90,25 @@ impl<T> Transaction<T> {
         &self.writes
     }
 }
+
+/// Writes with no step result: what [`ExecutionContext::complete_with`] commits with the
+/// completion (the handler's own DynamoDB writes and outbox events). Start from
+/// `Writes::default()`.
+///
+/// [`ExecutionContext::complete_with`]: crate::ExecutionContext::complete_with
+///
+/// ```
+/// use aws_sdk_dynamodb::types::{AttributeValue, Put};
+/// use lambda_idempotency::effects::Writes;
+///
+/// # fn build() -> Result<(), aws_sdk_dynamodb::error::BuildError> {
+/// let order = Put::builder()
+///     .table_name("orders")
+///     .item("pk", AttributeValue::S("order-418".into()))
+///     .build()?;
+/// let writes = Writes::default().put(order);
+/// assert_eq!(writes.writes().len(), 1);
+/// # Ok(()) }
+/// # build().unwrap();
+/// ```
+pub type Writes = Transaction<()>;

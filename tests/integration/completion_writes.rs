@@ -8,9 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::{AttributeValue, Put};
-use lambda_idempotency::effects::{
-    Destination, Outbox, OutboxEvent, StepError, Transaction, event_id,
-};
+use lambda_idempotency::effects::{Destination, Outbox, OutboxEvent, StepError, Writes, event_id};
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::record::{FailureKind, Status};
 use lambda_idempotency::store::{MemoryStore, Store};
@@ -22,11 +20,11 @@ use tokio::sync::oneshot;
 use super::transactions::{Shop, outbox_items};
 
 /// The order put and the stock update of [`Shop::place`], as writes of the completion.
-fn placing(shop: &Shop, order: &str, seen: u64) -> Transaction<()> {
+fn placing(shop: &Shop, order: &str, seen: u64) -> Writes {
     shop.place(order, seen)
         .writes()
         .iter()
-        .fold(Transaction::new(()), |tx, write| tx.write(write.clone()))
+        .fold(Writes::default(), |tx, write| tx.write(write.clone()))
 }
 
 /// The handler: reads the stock's version, then places `order` with its completion.
@@ -49,7 +47,7 @@ async fn completing_with(
     put: Put,
 ) -> Result<u32, BoxError> {
     runs.fetch_add(1, Ordering::SeqCst);
-    ctx.complete_with(Transaction::new(()).put(put))?;
+    ctx.complete_with(Writes::default().put(put))?;
     Ok(1)
 }
 
@@ -285,7 +283,7 @@ async fn events_and_evidence_commit_with_the_completion() {
             let event = OutboxEvent::new("placed", sqs, &serde_json::json!({"order": "c-6"}))?;
             ctx.complete_with(placing(shop, "c-6", 1).publish(outbox, event.clone()))?;
             let refused = ctx
-                .complete_with(Transaction::new(()).publish(outbox, event))
+                .complete_with(Writes::default().publish(outbox, event))
                 .expect_err("a second event of one name");
             assert!(matches!(refused, StepError::Rejected { .. }), "{refused:?}");
             Ok::<_, BoxError>("placed c-6".to_owned())
@@ -331,7 +329,7 @@ async fn a_transaction_dynamodb_would_refuse_is_a_retained_failure() {
     let err = idem
         .execute(&inv, |ctx| async move {
             // 100 writes and the record's own update: 101 actions.
-            ctx.complete_with((0..100).fold(Transaction::new(()), |tx, n| tx.put(put(n))))?;
+            ctx.complete_with((0..100).fold(Writes::default(), |tx, n| tx.put(put(n))))?;
             Ok::<_, BoxError>(0_u32)
         })
         .await
@@ -365,7 +363,7 @@ async fn the_memory_store_retains_a_completion_with_writes_and_completes_one_wit
                 .table_name("orders")
                 .item("pk", AttributeValue::S("c-7".into()))
                 .build()?;
-            ctx.complete_with(Transaction::new(()).put(put))?;
+            ctx.complete_with(Writes::default().put(put))?;
             Ok::<_, BoxError>(1_u32)
         })
         .await
@@ -380,7 +378,7 @@ async fn the_memory_store_retains_a_completion_with_writes_and_completes_one_wit
     let inv = invocation("done-memory-empty", &serde_json::json!({}));
     let done = idem
         .execute(&inv, |ctx| async move {
-            ctx.complete_with(Transaction::new(()))?;
+            ctx.complete_with(Writes::default())?;
             Ok::<_, BoxError>(3_u32)
         })
         .await
@@ -402,7 +400,7 @@ async fn writes_join_the_completion_only_from_inside_the_handler() {
     let late = ctx_rx
         .await
         .expect("the context")
-        .complete_with(Transaction::new(()))
+        .complete_with(Writes::default())
         .expect_err("the handler has returned");
     assert!(matches!(late, StepError::Invalid { .. }), "{late:?}");
 }
