@@ -39,20 +39,6 @@ pub const MAX_RESULT_REF_BYTES: usize = 1024;
     note = "a limit of the record: use `record::MAX_REQUEST_ID_BYTES`"
 )]
 pub const MAX_REQUEST_ID_BYTES: usize = 256;
-/// The longest failure message kept in a record, in bytes (a longer handler error text is cut,
-/// so that it cannot crowd the record past DynamoDB's item limit).
-#[deprecated(
-    since = "0.5.0",
-    note = "a limit of the record: use `record::MAX_FAILURE_MESSAGE_BYTES`"
-)]
-pub const MAX_FAILURE_MESSAGE_BYTES: usize = 1024;
-/// The longest failure kind kept in a record, in bytes (a classifier's or an operator's longer
-/// kind is cut).
-#[deprecated(
-    since = "0.5.0",
-    note = "a limit of the record: use `record::MAX_FAILURE_KIND_BYTES`"
-)]
-pub const MAX_FAILURE_KIND_BYTES: usize = 128;
 
 /// Validated engine settings; build them with [`Config::builder`].
 #[derive(Debug, Clone, PartialEq, Eq)]

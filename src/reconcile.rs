@@ -41,16 +41,24 @@ use crate::record::Record;
 /// type every boxed future of the crate is.
 pub use futures_util::future::BoxFuture;
 
-/// What the downstream evidence says about a crashed attempt.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Reconciliation {
-    /// The effect exists; this is its result (as the handler would have returned it).
-    Applied(serde_json::Value),
-    /// The effect does not exist; run the handler.
+/// What a check found downstream about an effect whose fate is unknown: a step's check
+/// ([`Step::checked_by`](crate::effects::Step::checked_by), `T` the step's result) about an
+/// uncertain step, or a [`Reconciler`] ([`Reconciliation`], `T` the handler's JSON result)
+/// about a crashed attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Checked<T> {
+    /// The effect exists; this is its result (as the step or the handler would have returned
+    /// it), recorded as the step's or replayed as the operation's.
+    Applied(T),
+    /// The effect does not exist; the step (or the handler) runs, with the same downstream key.
     NotApplied,
-    /// It cannot be established; hold the operation for an operator.
+    /// It cannot be established; the operation is held INDETERMINATE for an operator.
     Unknown,
 }
+
+/// What the downstream evidence says about a crashed attempt: a [`Checked`] answer whose
+/// result is the handler's, as JSON.
+pub type Reconciliation = Checked<serde_json::Value>;
 
 /// What a takeover of a crashed attempt does: the operation's declared recovery policy
 /// ([`Idempotency::with_recovery`](crate::Idempotency::with_recovery)). Under `Steps` and

@@ -14,9 +14,10 @@ use aws_sdk_dynamodb::types::TransactWriteItem;
 use sha2::{Digest, Sha256};
 
 use super::outbox::{Outbox, OutboxEvent, event_id};
-use super::step::{Checked, NotApplied, StepCheck, StepError};
+use super::step::{NotApplied, StepCheck, StepError};
 use super::transaction::Transaction;
 use super::{COMPLETION_EVENTS, MAX_STEP_NAME_BYTES, MAX_STEP_RESULTS_BYTES, MAX_STEPS};
+use crate::reconcile::Checked;
 
 /// What a step's fields (`name`, `attempt`, `result` and the list's framing) add in the record.
 const STEP_OVERHEAD_BYTES: usize = 32;

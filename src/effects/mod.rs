@@ -89,8 +89,9 @@ pub use self::outbox_marks::{
     Found, MAX_PARKED_REASON_BYTES, Marked, OutboxError, OutboxMarks, PendingEvent, PublishedBy,
     SETTLED_READS,
 };
-pub use self::step::{Checked, NoCheck, NotApplied, Step, StepCheck, StepError};
+pub use self::step::{NoCheck, NotApplied, Step, StepCheck, StepError};
 pub use self::transaction::{Transaction, Writes};
+pub use crate::reconcile::Checked;
 
 /// The most bytes an operation's steps may take together in its record (names and serialized
 /// results, before compression, plus a few bytes each): they live in the record, inside

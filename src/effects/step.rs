@@ -7,18 +7,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{BoxError, ErrorKind};
 use crate::execution::ExecutionContext;
-
-/// What a step's check found downstream about an uncertain step (one whose intent was
-/// recorded by a crashed attempt, with no result).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Checked<T> {
-    /// The effect exists; this is its result, recorded as the step's.
-    Applied(T),
-    /// The effect does not exist; the step runs (with the same downstream key).
-    NotApplied,
-    /// It cannot be established; the operation is held INDETERMINATE for an operator.
-    Unknown,
-}
+use crate::reconcile::Checked;
 
 /// A step's check: asked, with the step's downstream key, what became of an uncertain step.
 /// Closures `FnOnce(String) -> impl Future<Output = Result<Checked<T>, BoxError>>` implement
