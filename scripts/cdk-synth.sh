@@ -2,8 +2,9 @@
 # The CDK app (deploy/cdk): `cdk synth` with its functions bundled by the local cargo-lambda
 # (RustFunction, no Docker), then the synthesised template evaluated by the IAM check
 # (ci/iam/evaluate.mjs, as template.yaml is): every recorded request of the app's eight
-# functions (each must have some) is allowed, and the prime read outside the function's
-# namespace is refused. (outbox_marker, the Pipe path's, is template.yaml's only.)
+# functions (each must have some) is allowed; the prime read outside the function's namespace
+# and every request of template.yaml's deny set (ci/iam/deny.json) are refused. (outbox_marker,
+# the Pipe path's, is template.yaml's only.)
 #
 #   scripts/cdk-synth.sh [RECORDINGS_DIR]
 #
@@ -38,11 +39,12 @@ import collections, json, pathlib, sys
 template = json.load(open(sys.argv[1]))
 source, target = pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
 # The app's functions, by the binary each runs (the metadata the IAM check maps them by).
+# (A function the CDK adds itself, such as a custom resource's provider, names none.)
 binaries = {
-    resource["Metadata"]["BuildProperties"]["Binary"]
+    resource.get("Metadata", {}).get("BuildProperties", {}).get("Binary")
     for resource in template["Resources"].values()
     if resource["Type"] == "AWS::Lambda::Function"
-}
+} - {None}
 kept = collections.Counter()
 for recording in sorted(source.glob("*.jsonl")):
     lines = [line for line in recording.open() if json.loads(line)["binary"] in binaries]
@@ -57,4 +59,7 @@ print(f"{sum(kept.values())} recorded requests of the app's {len(binaries)} func
 PY
 node ci/iam/evaluate.mjs --template "$template" --python "$iam_python" --expect allowed "$out/requests" | tail -n 3
 node ci/iam/evaluate.mjs --template "$template" --python "$iam_python" --expect denied ci/iam/fixtures/prime-defect.jsonl | tail -n 1
-echo "cdk synth: the app's template allows its functions' requests and refuses the prime defect"
+# template.yaml's deny set: what no function may do (another namespace's keys, a payload read
+# by the relay, a Scan, ...), refused by the app's policies as by the template's.
+node ci/iam/evaluate.mjs --template "$template" --python "$iam_python" --deny-set ci/iam/deny.json | tail -n 1
+echo "cdk synth: the app's template allows its functions' requests and refuses the prime defect and the deny set"

@@ -2,7 +2,7 @@
 // RustFunction (`cargo lambda build --release --arm64 --bin <binary>`, as SAM builds it), arm64,
 // the tables' names in its environment, JSON logs in a log group of its own kept 30 days, and
 // DescribeTable on the tables its store reads (for `prime`).
-import { CfnResource, Duration } from 'aws-cdk-lib';
+import { CfnResource, Duration, RemovalPolicy } from 'aws-cdk-lib';
 import * as dynamodb from 'aws-cdk-lib/aws-dynamodb';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as logs from 'aws-cdk-lib/aws-logs';
@@ -40,8 +40,10 @@ export function exampleFunction(
   tables: ExampleTables,
   props: ExampleFunctionProps,
 ): RustFunction {
+  // Deleted with the stack, as template.yaml's log groups are.
   const logGroup = new logs.LogGroup(scope, `${id}LogGroup`, {
     retention: logs.RetentionDays.ONE_MONTH,
+    removalPolicy: RemovalPolicy.DESTROY,
   });
   const fn = new RustFunction(scope, id, {
     manifestPath: FUNCTIONS_CRATE,

@@ -5,26 +5,28 @@
 // relay path only: template.yaml's EventBridge Pipe alternative (OutboxPublisher=pipe, with its
 // marker function) is not in this app.
 import { Duration } from 'aws-cdk-lib';
-import * as dynamodb from 'aws-cdk-lib/aws-dynamodb';
 import * as events from 'aws-cdk-lib/aws-events';
 import * as targets from 'aws-cdk-lib/aws-events-targets';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
-import { DynamoEventSource, SqsDlq } from 'aws-cdk-lib/aws-lambda-event-sources';
+import { DynamoEventSource } from 'aws-cdk-lib/aws-lambda-event-sources';
 import * as sqs from 'aws-cdk-lib/aws-sqs';
 import { Construct } from 'constructs';
 
 import { ExampleTables, exampleFunction } from './functions';
 import { allow, leadingKeys, outboxMarks, outboxMarksRead, ownKeysPolicy, ownNamespace } from './policies';
-import { outboxTable } from './tables';
+import { outboxTable, sameLogicalId } from './tables';
 
-/** The outbox table, its queues, and the checkout, relay and sweeper functions, in `stack`. */
-export function checkoutWithOutbox(stack: Construct, tables: ExampleTables): dynamodb.Table {
+/** The outbox table, its queues, and the checkout, relay and sweeper functions, in `stack`;
+ * returns the queue the checkout's events are published to. */
+export function checkoutWithOutbox(stack: Construct, tables: ExampleTables): sqs.Queue {
   const outbox = outboxTable(stack, 'OutboxTable');
   const fourteenDays = Duration.days(14);
   // Outbox records that could not be published after their retries.
-  const deadLetters = new sqs.Queue(stack, 'OutboxDeadLetterQueue', { retentionPeriod: fourteenDays });
+  const deadLetters = sameLogicalId(
+    new sqs.Queue(stack, 'OutboxDeadLetterQueue', { retentionPeriod: fourteenDays }), 'OutboxDeadLetterQueue');
   // Where the checkout's order-placed events go.
-  const orderEvents = new sqs.Queue(stack, 'OrderEventsQueue', { retentionPeriod: fourteenDays });
+  const orderEvents = sameLogicalId(
+    new sqs.Queue(stack, 'OrderEventsQueue', { retentionPeriod: fourteenDays }), 'OrderEventsQueue');
   // The destinations the outbox may name: the relay and the sweeper are given the same list.
   const destinations = { OUTBOX_TABLE: outbox.tableName, OUTBOX_DESTINATIONS: orderEvents.queueUrl };
 
@@ -48,8 +50,9 @@ export function checkoutWithOutbox(stack: Construct, tables: ExampleTables): dyn
   });
   relay.addToRolePolicy(outboxMarksRead(outbox.tableArn));
   relay.addToRolePolicy(outboxMarks(outbox.tableArn));
-  // (The dead-letter queue's SendMessage comes with the event source's on-failure destination.)
-  relay.addToRolePolicy(allow(['sqs:SendMessage'], [orderEvents.queueArn]));
+  // The event source's on-failure destination sends with the function's role: SendMessage
+  // only (the CDK's SqsDlq would add GetQueueAttributes and GetQueueUrl).
+  relay.addToRolePolicy(allow(['sqs:SendMessage'], [orderEvents.queueArn, deadLetters.queueArn]));
   // A failed publish is reported by sequence number and retried from it; one that keeps
   // failing goes to the dead-letter queue after its retries, never silently past. (The event
   // source grants the stream's reads.)
@@ -58,7 +61,7 @@ export function checkoutWithOutbox(stack: Construct, tables: ExampleTables): dyn
     batchSize: 100,
     reportBatchItemFailures: true,
     retryAttempts: 100,
-    onFailure: new SqsDlq(deadLetters),
+    onFailure: { bind: () => ({ destination: deadLetters.queueArn }) },
     filters: [lambda.FilterCriteria.filter({ eventName: lambda.FilterRule.isEqual('INSERT') })],
   }));
 
@@ -80,7 +83,7 @@ export function checkoutWithOutbox(stack: Construct, tables: ExampleTables): dyn
   sweeper.addToRolePolicy(outboxMarks(outbox.tableArn));
   sweeper.addToRolePolicy(allow(['sqs:SendMessage'], [orderEvents.queueArn]));
   everyFiveMinutes(stack, 'OutboxSweeperSchedule', sweeper);
-  return outbox;
+  return orderEvents;
 }
 
 /** A rule that invokes `fn` every five minutes. */

@@ -3,7 +3,7 @@
 // template.yaml only: the EventBridge Pipe alternative and its marker function, the customer-
 // managed KMS key option, the alarms and their topic, and the template's parameters (here the
 // defaults are constants).
-import { DefaultStackSynthesizer, Duration, Stack } from 'aws-cdk-lib';
+import { CfnOutput, DefaultStackSynthesizer, Duration, Stack } from 'aws-cdk-lib';
 import * as apigwv2 from 'aws-cdk-lib/aws-apigatewayv2';
 import { HttpIamAuthorizer } from 'aws-cdk-lib/aws-apigatewayv2-authorizers';
 import { HttpLambdaIntegration } from 'aws-cdk-lib/aws-apigatewayv2-integrations';
@@ -18,7 +18,7 @@ import { Construct } from 'constructs';
 import { ExampleTables, exampleFunction } from './functions';
 import { checkoutWithOutbox, everyFiveMinutes } from './outbox';
 import { allow, leadingKeys, ownKeysPolicy, ownNamespace, recordSummaries } from './policies';
-import { protectedTable } from './tables';
+import { protectedTable, sameLogicalId } from './tables';
 
 export class ExampleStack extends Stack {
   readonly tables: ExampleTables;
@@ -44,27 +44,48 @@ export class ExampleStack extends Stack {
     });
     ownKeysPolicy(this, quickstart, [this.tables.idempotency.tableArn]);
 
-    this.sqsOrders();
-    this.payments();
+    const orders = this.sqsOrders();
+    const payments = this.payments();
     this.shipmentNotices();
-    checkoutWithOutbox(this, this.tables);
+    const orderEvents = checkoutWithOutbox(this, this.tables);
     this.stuckCheck();
+
+    // template.yaml's outputs (but the alarms' topic, which this app has not).
+    new CfnOutput(this, 'IdempotencyTableName', {
+      description: 'IDEMPOTENCY_TABLE for the functions.',
+      value: this.tables.idempotency.tableName,
+    });
+    new CfnOutput(this, 'UniquenessTableName', {
+      description: 'UNIQUENESS_TABLE for the functions.',
+      value: this.uniqueness.tableName,
+    });
+    new CfnOutput(this, 'OrdersQueueUrl', { description: 'Send orders here.', value: orders.queueUrl });
+    new CfnOutput(this, 'OrderEventsQueueUrl', {
+      description: "The checkout's order-placed events (published by the relay).",
+      value: orderEvents.queueUrl,
+    });
+    new CfnOutput(this, 'PaymentsEndpoint', {
+      description: 'POST /payments with an Idempotency-Key header, signed with SigV4 (service execute-api) '
+        + 'by an IAM principal allowed execute-api:Invoke on it.',
+      value: `${payments.apiEndpoint}/payments`,
+    });
   }
 
   /** The SQS order consumer: partial batch failures, a dead-letter queue after five receives. */
-  private sqsOrders(): void {
+  private sqsOrders(): sqs.Queue {
     const consumer = exampleFunction(this, 'SqsOrdersFunction', this.tables, {
       binary: 'sqs_orders',
       description: 'SQS order consumer with partial batch failures.',
     });
     consumer.addToRolePolicy(allow(['dynamodb:UpdateItem'], [this.tables.ledger.tableArn]));
-    const deadLetters = new sqs.Queue(this, 'OrdersDeadLetterQueue', { retentionPeriod: Duration.days(14) });
-    const orders = new sqs.Queue(this, 'OrdersQueue', {
+    const deadLetters = sameLogicalId(
+      new sqs.Queue(this, 'OrdersDeadLetterQueue', { retentionPeriod: Duration.days(14) }), 'OrdersDeadLetterQueue');
+    const orders = sameLogicalId(new sqs.Queue(this, 'OrdersQueue', {
       // At least six times the function timeout, as AWS recommends for SQS event sources.
       visibilityTimeout: Duration.seconds(180),
       retentionPeriod: Duration.days(4),
       deadLetterQueue: { queue: deadLetters, maxReceiveCount: 5 },
-    });
+    }), 'OrdersQueue');
     // The mapping waits for the own-keys policy: a first deploy that polled before the role
     // could claim would fail every message with AccessDenied.
     const ownKeys = ownKeysPolicy(this, consumer, [this.tables.idempotency.tableArn]);
@@ -72,11 +93,12 @@ export class ExampleStack extends Stack {
     consumer.node.findAll()
       .filter((child) => child instanceof lambda.CfnEventSourceMapping)
       .forEach((mapping) => mapping.node.addDependency(ownKeys));
+    return orders;
   }
 
   /** The payments endpoint: POST /payments on an HTTP API whose every route is signed (SigV4,
    * so that each IAM caller's Idempotency-Key is its own), throttled across callers. */
-  private payments(): void {
+  private payments(): apigwv2.HttpApi {
     const payments = exampleFunction(this, 'ApiPaymentsFunction', this.tables, {
       binary: 'api_payments',
       description: 'Idempotent payment endpoint (Idempotency-Key header).',
@@ -98,6 +120,7 @@ export class ExampleStack extends Stack {
       methods: [apigwv2.HttpMethod.POST],
       integration: new HttpLambdaIntegration('Pay', payments),
     });
+    return api;
   }
 
   /** OrderShipped notices, once per order, ever: each claim declares a business identity
