@@ -27,9 +27,9 @@ use lambda_idempotency::{
     OperationScope,
 };
 use serde_json::{Value, json};
-use tokio::sync::Notify;
 
 use super::backends::{Backend, both};
+use super::held_runs::HeldRun;
 use super::transactions::Shop;
 
 /// The lease of an owned claim in these tests: a week, past the retention (24 hours).
@@ -303,26 +303,15 @@ async fn another_execution_is_answered_as_a_duplicate() {
         let order = json!({"order_id": "o-2", "amount": 30});
 
         // Another durable execution of the same order holds the claim.
-        let (holding, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-        let other = {
-            let operation = operation.clone();
-            let invocation = operation
+        let other = HeldRun::start(
+            operation.engine().clone(),
+            operation
                 .invocation(&order, &lambda_runtime::Context::default())
                 .expect("invocation")
-                .with_owner(OTHER_EXECUTION);
-            let (holding, release) = (Arc::clone(&holding), Arc::clone(&release));
-            tokio::spawn(async move {
-                operation
-                    .engine()
-                    .execute(&invocation, |_ctx| async move {
-                        holding.notify_one();
-                        release.notified().await;
-                        Ok::<_, BoxError>(json!({"reserved": "by the other", "charged": "ch-0"}))
-                    })
-                    .await
-            })
-        };
-        holding.notified().await;
+                .with_owner(OTHER_EXECUTION),
+            json!({"reserved": "by the other", "charged": "ch-0"}),
+        )
+        .await;
 
         let busy = run_execution(
             &operation,
@@ -344,8 +333,7 @@ async fn another_execution_is_answered_as_a_duplicate() {
         );
         assert_eq!(Ran::count(&ran.reserves), 0, "{name}");
 
-        release.notify_one();
-        let settled = other.await.expect("joined").expect("the other execution");
+        let settled = other.finish().await.expect("the other execution");
         assert!(!settled.is_replay(), "{name}");
 
         // Once the other execution completed, this one gets its outcome without running.
@@ -657,31 +645,12 @@ async fn two_runs_of_one_owner_at_once_run_the_operation_once() {
         let name = backend.name;
         let operation = fulfil(&backend, &Arc::new(Ran::default()));
         let order = json!({"order_id": "o-9", "amount": 30});
-        let (holding, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-        let runs = Arc::new(AtomicUsize::new(0));
-        let first = {
-            let (operation, invocation) = (
-                operation.clone(),
-                owned(&operation, &order, OTHER_EXECUTION),
-            );
-            let (holding, release, runs) = (
-                Arc::clone(&holding),
-                Arc::clone(&release),
-                Arc::clone(&runs),
-            );
-            tokio::spawn(async move {
-                operation
-                    .engine()
-                    .execute(&invocation, |_ctx| async move {
-                        runs.fetch_add(1, Ordering::SeqCst);
-                        holding.notify_one();
-                        release.notified().await;
-                        Ok::<_, BoxError>(json!("first branch"))
-                    })
-                    .await
-            })
-        };
-        holding.notified().await;
+        let first = HeldRun::start(
+            operation.engine().clone(),
+            owned(&operation, &order, OTHER_EXECUTION),
+            json!("first branch"),
+        )
+        .await;
 
         let sibling = operation
             .engine()
@@ -694,8 +663,8 @@ async fn two_runs_of_one_owner_at_once_run_the_operation_once() {
             "{name}: {sibling:?}"
         );
 
-        release.notify_one();
-        let first = first.await.expect("joined").expect("the first branch");
+        let runs = Arc::clone(&first.runs);
+        let first = first.finish().await.expect("the first branch");
         assert_eq!(first.value(), &json!("first branch"), "{name}");
         let later = operation
             .engine()
@@ -727,30 +696,15 @@ async fn a_cached_store_keeps_one_owners_operations_apart() {
         // A claims, then B (its claim the cache's latest under the owner's token); A settles
         // first.
         let hold = |order: &Value, result: &'static str| {
-            let (operation, invocation) =
-                (operation.clone(), owned(&operation, order, OTHER_EXECUTION));
-            let (holding, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-            let task = {
-                let (holding, release) = (Arc::clone(&holding), Arc::clone(&release));
-                tokio::spawn(async move {
-                    operation
-                        .engine()
-                        .execute(&invocation, |_ctx| async move {
-                            holding.notify_one();
-                            release.notified().await;
-                            Ok::<_, BoxError>(json!(result))
-                        })
-                        .await
-                })
-            };
-            (task, holding, release)
+            HeldRun::start(
+                operation.engine().clone(),
+                owned(&operation, order, OTHER_EXECUTION),
+                json!(result),
+            )
         };
-        let (holder_a, holding_a, release_a) = hold(&a, "A-result");
-        holding_a.notified().await;
-        let (holder, holding_b, release) = hold(&b, "B-result");
-        holding_b.notified().await;
-        release_a.notify_one();
-        let settled_a = holder_a.await.expect("joined").expect("A ran");
+        let holder_a = hold(&a, "A-result").await;
+        let holder_b = hold(&b, "B-result").await;
+        let settled_a = holder_a.finish().await.expect("A ran");
         assert_eq!(settled_a.value(), &json!("A-result"), "{name}");
 
         // B is still in flight: another caller is told so, not handed A's result.
@@ -767,8 +721,7 @@ async fn a_cached_store_keeps_one_owners_operations_apart() {
             matches!(duplicate_of_b, Err(Error::AlreadyInProgress { .. })),
             "{name}: {duplicate_of_b:?}"
         );
-        release.notify_one();
-        let settled_b = holder.await.expect("joined").expect("B ran");
+        let settled_b = holder_b.finish().await.expect("B ran");
         assert_eq!(settled_b.value(), &json!("B-result"), "{name}");
     }
 }

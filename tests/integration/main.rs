@@ -13,6 +13,7 @@ mod dynamodb_store;
 mod event_door;
 mod exact_ids;
 mod global_tables;
+mod held_runs;
 mod hostile_table;
 mod hot_keys;
 mod http_contract;

@@ -13,9 +13,10 @@ use lambda_idempotency::store::{AnyStore, Store};
 use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
 use lambda_idempotency::{BoxError, Idempotency, Invocation, KeyPolicy, Operation, OperationScope};
 use serde_json::{Value, json};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::mpsc;
 
 use super::backends::both;
+use super::held_runs::HeldRun;
 use super::waiting::PauseSignal;
 
 const OWNER: &str =
@@ -163,31 +164,13 @@ async fn a_sibling_run_that_waits_gets_the_first_runs_outcome() {
         let (pauses_tx, mut pauses) = mpsc::unbounded_channel();
         let fulfil = operation(Idempotency::new(backend.store).with_clock(PauseSignal(pauses_tx)));
         let order = json!({"order_id": "o-3"});
-        let runs = Arc::new(AtomicUsize::new(0));
-        let (holding, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-        let first = {
-            let (fulfil, invocation) = (
-                fulfil.clone(),
-                invocation(&fulfil, &order).with_owner(OWNER),
-            );
-            let (runs, holding, release) = (
-                Arc::clone(&runs),
-                Arc::clone(&holding),
-                Arc::clone(&release),
-            );
-            tokio::spawn(async move {
-                fulfil
-                    .engine()
-                    .execute(&invocation, |_ctx| async move {
-                        runs.fetch_add(1, Ordering::SeqCst);
-                        holding.notify_one();
-                        release.notified().await;
-                        Ok::<_, BoxError>(json!("first branch"))
-                    })
-                    .await
-            })
-        };
-        holding.notified().await;
+        let first = HeldRun::start(
+            fulfil.engine().clone(),
+            invocation(&fulfil, &order).with_owner(OWNER),
+            json!("first branch"),
+        )
+        .await;
+        let runs = Arc::clone(&first.runs);
         let sibling = {
             let (fulfil, invocation) = (
                 fulfil.clone(),
@@ -211,9 +194,7 @@ async fn a_sibling_run_that_waits_gets_the_first_runs_outcome() {
             .await
             .expect("the sibling waits (it does not answer at once)")
             .expect("the sibling pauses");
-        release.notify_one();
-
-        let first = first.await.expect("joined").expect("the first run");
+        let first = first.finish().await.expect("the first run");
         let sibling = sibling
             .await
             .expect("joined")
