@@ -50,7 +50,9 @@
 
 mod batches;
 mod publisher;
+mod sdk;
 pub mod sweeper;
+mod transport;
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -69,6 +71,7 @@ use tracing::{error, warn};
 
 pub use self::batches::{MAX_BATCH_BYTES, MAX_BATCH_ENTRIES, REQUESTS_IN_FLIGHT};
 pub use self::publisher::{PublishError, Publisher};
+pub use self::transport::{Answers, Channel, Message, Transport};
 use super::outbox::OutboxRecord;
 use super::outbox_marks::{OutboxMarks, PublishedBy};
 use crate::clock::{Clock, SystemClock};

@@ -42,6 +42,8 @@ mod formats;
 mod invariants;
 mod ledger;
 mod observed;
+#[cfg(feature = "relay")]
+mod outbox_relay;
 mod schedule;
 mod steps;
 mod transactional;
@@ -55,6 +57,8 @@ use crate::testing::conformance::{Fixture, start_time};
 
 pub use actors::{AfterTimeout, Answer, Behaviour};
 pub use formats::Encoding;
+#[cfg(feature = "relay")]
+pub use outbox_relay::PublishFault;
 use world::World;
 pub use world::{Action, Deploy};
 
@@ -127,6 +131,9 @@ pub struct Stats {
     pub give_backs_replayed: u64,
     /// Completions refused by their condition without steps, held or released.
     pub refused_completions: u64,
+    /// What the outbox's relay, sweeper, stream and consumer did (feature `relay`, on a store
+    /// beside which the handler has tables of its own), by name.
+    pub outbox: BTreeMap<String, u64>,
 }
 
 impl Stats {
@@ -190,6 +197,9 @@ impl Stats {
         self.graces += other.graces;
         self.give_backs_replayed += other.give_backs_replayed;
         self.refused_completions += other.refused_completions;
+        for (name, count) in other.outbox {
+            *self.outbox.entry(name).or_default() += count;
+        }
     }
 }
 
@@ -231,6 +241,9 @@ impl fmt::Display for Stats {
         }
         for (name, count) in &self.transactions {
             writeln!(f, "  transactional {name}: {count}")?;
+        }
+        for (name, count) in &self.outbox {
+            writeln!(f, "  outbox {name}: {count}")?;
         }
         for (name, count) in &self.faults {
             writeln!(f, "  fault {name}: {count}")?;

@@ -179,6 +179,20 @@ async fn simulation_keeps_the_invariants_on_the_dynamodb_store() {
                 "no transactional {committed}: {total}"
             );
         }
+        // The outbox's far side met each of its faults, and each path published.
+        for happened in [
+            "relay published",
+            "relay parked",
+            "relay crashed after publishing",
+            "sweeper republished",
+            "stream records given up",
+            "consumer effects",
+        ] {
+            assert!(
+                total.outbox.get(happened) > Some(&0),
+                "the outbox's {happened} never happened: {total}"
+            );
+        }
     }
 }
 

@@ -18,8 +18,9 @@ use std::collections::{HashSet, VecDeque};
 use futures_util::future::join_all;
 use tokio::sync::mpsc;
 
-use super::publisher::{Prepared, PublishError, Publisher, REFUSALS, entry_failure};
-use crate::effects::outbox::{Destination, ID_ATTRIBUTE, MAX_EVENT_BYTES, OutboxRecord};
+use super::publisher::{Prepared, PublishError, Publisher};
+use super::transport::{Answers, Channel, Message};
+use crate::effects::outbox::{MAX_EVENT_BYTES, OutboxRecord};
 
 /// The most entries one request carries: `PutEvents`, `SendMessageBatch` and `PublishBatch`
 /// each take 10 (their documented quotas).
@@ -32,27 +33,6 @@ pub const REQUESTS_IN_FLIGHT: usize = 4;
 /// The most bytes one request carries: the entries of `PutEvents`, `SendMessageBatch` and
 /// `PublishBatch` together are bounded by 256 KiB, as one message is.
 pub const MAX_BATCH_BYTES: usize = MAX_EVENT_BYTES;
-
-/// Where one request goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Channel {
-    /// Every bus: a `PutEvents` entry names its own.
-    EventBridge,
-    /// One SNS topic, by ARN.
-    Topic(String),
-    /// One SQS queue, by URL.
-    Queue(String),
-}
-
-impl Channel {
-    fn of(destination: &Destination) -> Self {
-        match destination {
-            Destination::EventBridge { .. } => Self::EventBridge,
-            Destination::Sns { topic_arn } => Self::Topic(topic_arn.clone()),
-            Destination::Sqs { queue_url } => Self::Queue(queue_url.clone()),
-        }
-    }
-}
 
 /// One event of the batch, checked, with its place in the caller's slice.
 struct Entry<'a> {
@@ -257,199 +237,16 @@ impl Publisher {
         }
     }
 
-    /// One request: `Err` when the request itself failed, else one answer per entry.
-    async fn request(
-        &self,
-        channel: &Channel,
-        entries: &[Entry<'_>],
-    ) -> Result<Vec<Result<(), PublishError>>, PublishError> {
-        match channel {
-            Channel::EventBridge => self.put_events(entries).await,
-            Channel::Topic(topic_arn) => self.publish_to_topic(topic_arn, entries).await,
-            Channel::Queue(queue_url) => self.send_to_queue(queue_url, entries).await,
-        }
-    }
-
-    async fn put_events(
-        &self,
-        entries: &[Entry<'_>],
-    ) -> Result<Vec<Result<(), PublishError>>, PublishError> {
-        let requested = entries.iter().map(|entry| {
-            let mut built = aws_sdk_eventbridge::types::PutEventsRequestEntry::builder()
-                .detail(&entry.prepared.envelope);
-            if let Destination::EventBridge {
-                bus,
-                source,
-                detail_type,
-            } = &entry.event.destination
-            {
-                built = built
-                    .event_bus_name(bus)
-                    .source(source)
-                    .detail_type(detail_type);
-            }
-            built.build()
-        });
-        let put = self
-            .eventbridge
-            .put_events()
-            .set_entries(Some(requested.collect()))
-            .send()
-            .await
-            .map_err(PublishError::from_sdk)?;
-        // The answer's entries are in the request's order.
-        let mut answered = put.entries().iter();
-        Ok(entries
+    /// One request, through the publisher's transport: `Err` when the request itself failed,
+    /// else one answer per entry.
+    async fn request(&self, channel: &Channel, entries: &[Entry<'_>]) -> Answers {
+        let messages: Vec<Message<'_>> = entries
             .iter()
-            .map(|_| match answered.next() {
-                None => Err(PublishError::failed("PutEvents answered fewer entries")),
-                Some(entry) => match entry.error_code() {
-                    Some(code) => Err(entry_failure(code)),
-                    None if entry.event_id().is_some() => Ok(()),
-                    None => Err(entry_failure("no error code")),
-                },
+            .map(|entry| Message {
+                event: entry.event,
+                envelope: &entry.prepared.envelope,
             })
-            .collect())
-    }
-
-    async fn publish_to_topic(
-        &self,
-        topic_arn: &str,
-        entries: &[Entry<'_>],
-    ) -> Result<Vec<Result<(), PublishError>>, PublishError> {
-        let fifo = topic_arn.ends_with(".fifo");
-        let mut requested = Vec::with_capacity(entries.len());
-        for (n, entry) in entries.iter().enumerate() {
-            let attribute = aws_sdk_sns::types::MessageAttributeValue::builder()
-                .data_type("String")
-                .string_value(&entry.event.id)
-                .build()
-                .map_err(PublishError::failed)?;
-            let mut built = aws_sdk_sns::types::PublishBatchRequestEntry::builder()
-                .id(n.to_string())
-                .message(&entry.prepared.envelope)
-                .message_attributes(ID_ATTRIBUTE, attribute);
-            if fifo {
-                built = built
-                    .message_group_id(entry.event.message_group())
-                    .message_deduplication_id(entry.event.deduplication_id());
-            }
-            requested.push(built.build().map_err(PublishError::failed)?);
-        }
-        let published = self
-            .sns
-            .publish_batch()
-            .topic_arn(topic_arn)
-            .set_publish_batch_request_entries(Some(requested))
-            .send()
-            .await
-            .map_err(PublishError::from_sdk)?;
-        let accepted = published.successful().iter().filter_map(|ok| ok.id());
-        let failed = published
-            .failed()
-            .iter()
-            .map(|failed| (failed.id(), failed.code(), failed.sender_fault()));
-        Ok(per_entry(entries.len(), accepted, failed))
-    }
-
-    async fn send_to_queue(
-        &self,
-        queue_url: &str,
-        entries: &[Entry<'_>],
-    ) -> Result<Vec<Result<(), PublishError>>, PublishError> {
-        let fifo = queue_url.ends_with(".fifo");
-        let mut requested = Vec::with_capacity(entries.len());
-        for (n, entry) in entries.iter().enumerate() {
-            let attribute = aws_sdk_sqs::types::MessageAttributeValue::builder()
-                .data_type("String")
-                .string_value(&entry.event.id)
-                .build()
-                .map_err(PublishError::failed)?;
-            let mut built = aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
-                .id(n.to_string())
-                .message_body(&entry.prepared.envelope)
-                .message_attributes(ID_ATTRIBUTE, attribute);
-            if fifo {
-                built = built
-                    .message_group_id(entry.event.message_group())
-                    .message_deduplication_id(entry.event.deduplication_id());
-            }
-            requested.push(built.build().map_err(PublishError::failed)?);
-        }
-        let sent = self
-            .sqs
-            .send_message_batch()
-            .queue_url(queue_url)
-            .set_entries(Some(requested))
-            .send()
-            .await
-            .map_err(PublishError::from_sdk)?;
-        let accepted = sent.successful().iter().map(|ok| ok.id());
-        let failed = sent
-            .failed()
-            .iter()
-            .map(|failed| (failed.id(), failed.code(), failed.sender_fault()));
-        Ok(per_entry(entries.len(), accepted, failed))
-    }
-}
-
-/// The answers of a batch whose entries were named `0`, `1`, …: the `accepted` ids, the
-/// `failed` ones with their code and whether the sender is at fault (a refusal only then);
-/// an entry named in neither failed.
-fn per_entry<'a>(
-    count: usize,
-    accepted: impl Iterator<Item = &'a str>,
-    failed: impl Iterator<Item = (&'a str, &'a str, bool)>,
-) -> Vec<Result<(), PublishError>> {
-    let mut answers: Vec<Option<Result<(), PublishError>>> = (0..count).map(|_| None).collect();
-    let mut answer = |id: &str, result: Result<(), PublishError>| {
-        if let Some(slot) = id.parse::<usize>().ok().and_then(|n| answers.get_mut(n)) {
-            *slot = Some(result);
-        }
-    };
-    for id in accepted {
-        answer(id, Ok(()));
-    }
-    for (id, code, sender_fault) in failed {
-        let result = if sender_fault && REFUSALS.contains(&code) {
-            PublishError::Refused {
-                reason: format!("the destination refused the entry: {code}"),
-            }
-        } else {
-            PublishError::failed(format!("the destination failed the entry: {code}"))
-        };
-        answer(id, Err(result));
-    }
-    answers
-        .into_iter()
-        .map(|answer| {
-            answer
-                .unwrap_or_else(|| Err(PublishError::failed("the batch did not answer the entry")))
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{PublishError, per_entry};
-
-    #[test]
-    fn each_entry_is_answered_and_only_a_sender_refusal_parks() {
-        let answers = per_entry(
-            4,
-            ["0"].into_iter(),
-            [
-                ("1", "InvalidParameterValue", true),
-                ("2", "InternalError", false),
-            ]
-            .into_iter(),
-        );
-        assert!(answers[0].is_ok());
-        assert!(matches!(answers[1], Err(PublishError::Refused { .. })));
-        assert!(matches!(answers[2], Err(PublishError::Failed { .. })));
-        assert!(
-            matches!(answers[3], Err(PublishError::Failed { .. })),
-            "an entry in neither list is published again"
-        );
+            .collect();
+        self.transport.send(channel, &messages).await
     }
 }

@@ -1,11 +1,14 @@
-//! The publisher of outbox events through the AWS SDK: what it may publish, an event checked
+//! The publisher of outbox events: what it may publish, an event checked
 //! before it is sent, and a refusal (the destination will never take this event: park it) told
 //! from a failure (retry it). Its batches are in [`super::batches`].
 
 use std::fmt;
+use std::sync::Arc;
 
 use aws_sdk_sqs::error::ProvideErrorMetadata;
 
+use super::sdk::SdkTransport;
+use super::transport::Transport;
 use crate::effects::destinations::{DESTINATIONS_VAR, Destinations};
 use crate::effects::outbox::{MAX_EVENT_BYTES, OutboxRecord};
 use crate::error::BoxError;
@@ -44,7 +47,8 @@ pub enum PublishError {
 }
 
 impl PublishError {
-    pub(super) fn failed(source: impl Into<BoxError>) -> Self {
+    /// A failure to retry, caused by `source` (for a [`Transport`] of one's own).
+    pub fn failed(source: impl Into<BoxError>) -> Self {
         Self::Failed {
             source: source.into(),
         }
@@ -65,12 +69,11 @@ impl PublishError {
     }
 }
 
-/// Publishes outbox events through the AWS SDK, to the destinations it is allowed.
+/// Publishes outbox events, in batches, to the destinations it is allowed: through the AWS SDK
+/// ([`Publisher::new`]) or another [`Transport`] ([`Publisher::over`]).
 #[derive(Clone)]
 pub struct Publisher {
-    pub(super) eventbridge: aws_sdk_eventbridge::Client,
-    pub(super) sns: aws_sdk_sns::Client,
-    pub(super) sqs: aws_sdk_sqs::Client,
+    pub(super) transport: Arc<dyn Transport>,
     destinations: Destinations,
 }
 
@@ -87,10 +90,18 @@ impl Publisher {
         sns: aws_sdk_sns::Client,
         sqs: aws_sdk_sqs::Client,
     ) -> Self {
-        Self {
+        Self::over(SdkTransport {
             eventbridge,
             sns,
             sqs,
+        })
+    }
+
+    /// A publisher that sends its requests through `transport`, to any destination (narrow it
+    /// with [`Publisher::with_destinations`]).
+    pub fn over(transport: impl Transport) -> Self {
+        Self {
+            transport: Arc::new(transport),
             destinations: Destinations::any(),
         }
     }

@@ -70,6 +70,10 @@ impl<S: Store + Clone> World<S> {
         if let Some(disagrees) = self.transaction_disagrees().await {
             return Err(self.violation(step, disagrees));
         }
+        #[cfg(feature = "relay")]
+        if let Some(repeated) = self.outbox_effect_repeated() {
+            return Err(self.violation(step, repeated));
+        }
         let now = self.clock.now();
         for op in 0..self.specs.len() {
             self.stats.checks += 1;
@@ -202,6 +206,10 @@ impl<S: Store + Clone> World<S> {
                     format!("operation {op} has no way forward: deliveries keep answering {last}"),
                 ));
             }
+        }
+        #[cfg(feature = "relay")]
+        if let Err(broken) = self.outbox_drained().await {
+            return Err(self.violation(step, broken));
         }
         Ok(())
     }

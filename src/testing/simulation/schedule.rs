@@ -47,6 +47,10 @@ impl<S: Store + Clone> World<S> {
                 false => self.planned.clear(),
             }
         }
+        #[cfg(feature = "relay")]
+        if self.outbox.is_some() && self.rng.u32(..100) < 15 {
+            return self.outbox_step();
+        }
         match self.rng.u32(..100) {
             0..55 => {
                 let op = self.rng.usize(..operations);
@@ -127,6 +131,24 @@ impl<S: Store + Clone> World<S> {
             roll -= weight;
         }
         Behaviour::Complete
+    }
+
+    /// A step of the outbox's far side: the relay (mostly), the sweeper, or the stream giving
+    /// a record up; a relay's or sweeper's first request meets a fault one time in three.
+    #[cfg(feature = "relay")]
+    fn outbox_step(&mut self) -> Action {
+        use super::PublishFault;
+        let fault = match self.rng.u32(..9) {
+            0 => Some(PublishFault::FailBefore),
+            1 => Some(PublishFault::LoseAnswer),
+            2 => Some(PublishFault::CrashAfterPublish),
+            _ => None,
+        };
+        match self.rng.u32(..100) {
+            0..60 => Action::Relay(fault),
+            60..85 => Action::SweepOutbox(fault),
+            _ => Action::StreamGivesUp,
+        }
     }
 
     fn fault(&mut self) -> Option<(Primitive, Fault)> {

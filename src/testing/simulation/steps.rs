@@ -113,6 +113,10 @@ impl<S: Store + Clone> World<S> {
             Action::Resolve => self.resolve_indeterminate().await,
             Action::ReEncode(encoding) => self.re_encode(encoding).await,
             Action::ChangedAmount(op) => self.changed_amount(op).await,
+            #[cfg(feature = "relay")]
+            Action::Relay(_) | Action::StreamGivesUp | Action::SweepOutbox(_) => {
+                self.play_outbox(action).await;
+            }
         }
     }
 

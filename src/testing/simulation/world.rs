@@ -111,6 +111,15 @@ pub enum Action {
     /// A delivery of `op`'s key with a neighbouring amount (an intent equal to its own above
     /// 2^53 only), while its record stands: a payload conflict, never a replay or a run.
     ChangedAmount(usize),
+    /// The outbox relay takes the stream's next records, its first request meeting the fault.
+    #[cfg(feature = "relay")]
+    Relay(Option<super::PublishFault>),
+    /// The outbox's stream gives its next record up (retries ran out, or 24 hours passed).
+    #[cfg(feature = "relay")]
+    StreamGivesUp,
+    /// The outbox sweeper runs, its first request meeting the fault.
+    #[cfg(feature = "relay")]
+    SweepOutbox(Option<super::PublishFault>),
 }
 
 /// Why an operation's record may be missing, in its current life: DESIGN lets a record go
@@ -172,6 +181,9 @@ pub(super) struct World<S> {
     pub(super) transactional: Vec<(Idempotency, Profile)>,
     /// The handler's own tables, when it has some.
     pub(super) tables: Option<Arc<EffectTables>>,
+    /// The far side of their outbox: relay, sweeper, destination, consumer.
+    #[cfg(feature = "relay")]
+    pub(super) outbox: Option<super::outbox_relay::OutboxWorld>,
     pub(super) specs: Vec<Spec>,
     pub(super) shared: Shared,
     pub(super) retention: Duration,
@@ -295,6 +307,10 @@ impl<S: Store + Clone> World<S> {
             .filter(|op| specs[*op].transactional)
             .collect();
         let ids: Vec<String> = specs.iter().map(|spec| spec.id.to_string()).collect();
+        #[cfg(feature = "relay")]
+        let outbox = tables.as_ref().and_then(|tables| {
+            super::outbox_relay::OutboxWorld::new(tables, fixture.clock.clone()).ok()
+        });
         Self {
             rng,
             seed,
@@ -304,6 +320,8 @@ impl<S: Store + Clone> World<S> {
             workers,
             stepped,
             transactional,
+            #[cfg(feature = "relay")]
+            outbox,
             tables,
             specs,
             shared,
@@ -367,6 +385,10 @@ impl<S: Store + Clone> World<S> {
         self.stats.late_effects = downstream.landed;
         drop(downstream);
         self.stats.takeovers = self.takeovers.load(Ordering::Relaxed);
+        #[cfg(feature = "relay")]
+        if let Some(outbox) = self.outbox.take() {
+            self.stats.outbox = outbox.counts;
+        }
         for parked in self.suspended.drain(..) {
             parked.task.abort();
         }

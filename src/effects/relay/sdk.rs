@@ -1,0 +1,207 @@
+//! The transport through the AWS SDK: `PutEvents` for EventBridge, `PublishBatch` for an SNS
+//! topic, `SendMessageBatch` for an SQS queue, each entry's failure told apart (a refusal by
+//! the sender's fault parks the event; anything else is retried).
+
+use futures_util::future::BoxFuture;
+
+use super::publisher::{PublishError, REFUSALS, entry_failure};
+use super::transport::{Answers, Channel, Message, Transport};
+use crate::effects::outbox::{Destination, ID_ATTRIBUTE};
+
+/// The three SDK clients the relay publishes with.
+#[derive(Clone)]
+pub(super) struct SdkTransport {
+    pub(super) eventbridge: aws_sdk_eventbridge::Client,
+    pub(super) sns: aws_sdk_sns::Client,
+    pub(super) sqs: aws_sdk_sqs::Client,
+}
+
+impl Transport for SdkTransport {
+    fn send<'a>(
+        &'a self,
+        channel: &'a Channel,
+        messages: &'a [Message<'a>],
+    ) -> BoxFuture<'a, Answers> {
+        Box::pin(async move {
+            match channel {
+                Channel::EventBridge => self.put_events(messages).await,
+                Channel::Topic(topic_arn) => self.publish_to_topic(topic_arn, messages).await,
+                Channel::Queue(queue_url) => self.send_to_queue(queue_url, messages).await,
+            }
+        })
+    }
+}
+
+impl SdkTransport {
+    async fn put_events(&self, messages: &[Message<'_>]) -> Answers {
+        let requested = messages.iter().map(|message| {
+            let mut built = aws_sdk_eventbridge::types::PutEventsRequestEntry::builder()
+                .detail(message.envelope);
+            if let Destination::EventBridge {
+                bus,
+                source,
+                detail_type,
+            } = &message.event.destination
+            {
+                built = built
+                    .event_bus_name(bus)
+                    .source(source)
+                    .detail_type(detail_type);
+            }
+            built.build()
+        });
+        let put = self
+            .eventbridge
+            .put_events()
+            .set_entries(Some(requested.collect()))
+            .send()
+            .await
+            .map_err(PublishError::from_sdk)?;
+        // The answer's entries are in the request's order.
+        let mut answered = put.entries().iter();
+        Ok(messages
+            .iter()
+            .map(|_| match answered.next() {
+                None => Err(PublishError::failed("PutEvents answered fewer entries")),
+                Some(entry) => match entry.error_code() {
+                    Some(code) => Err(entry_failure(code)),
+                    None if entry.event_id().is_some() => Ok(()),
+                    None => Err(entry_failure("no error code")),
+                },
+            })
+            .collect())
+    }
+
+    async fn publish_to_topic(&self, topic_arn: &str, messages: &[Message<'_>]) -> Answers {
+        let fifo = topic_arn.ends_with(".fifo");
+        let mut requested = Vec::with_capacity(messages.len());
+        for (n, message) in messages.iter().enumerate() {
+            let attribute = aws_sdk_sns::types::MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(&message.event.id)
+                .build()
+                .map_err(PublishError::failed)?;
+            let mut built = aws_sdk_sns::types::PublishBatchRequestEntry::builder()
+                .id(n.to_string())
+                .message(message.envelope)
+                .message_attributes(ID_ATTRIBUTE, attribute);
+            if fifo {
+                built = built
+                    .message_group_id(message.event.message_group())
+                    .message_deduplication_id(message.event.deduplication_id());
+            }
+            requested.push(built.build().map_err(PublishError::failed)?);
+        }
+        let published = self
+            .sns
+            .publish_batch()
+            .topic_arn(topic_arn)
+            .set_publish_batch_request_entries(Some(requested))
+            .send()
+            .await
+            .map_err(PublishError::from_sdk)?;
+        let accepted = published.successful().iter().filter_map(|ok| ok.id());
+        let failed = published
+            .failed()
+            .iter()
+            .map(|failed| (failed.id(), failed.code(), failed.sender_fault()));
+        Ok(per_entry(messages.len(), accepted, failed))
+    }
+
+    async fn send_to_queue(&self, queue_url: &str, messages: &[Message<'_>]) -> Answers {
+        let fifo = queue_url.ends_with(".fifo");
+        let mut requested = Vec::with_capacity(messages.len());
+        for (n, message) in messages.iter().enumerate() {
+            let attribute = aws_sdk_sqs::types::MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(&message.event.id)
+                .build()
+                .map_err(PublishError::failed)?;
+            let mut built = aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
+                .id(n.to_string())
+                .message_body(message.envelope)
+                .message_attributes(ID_ATTRIBUTE, attribute);
+            if fifo {
+                built = built
+                    .message_group_id(message.event.message_group())
+                    .message_deduplication_id(message.event.deduplication_id());
+            }
+            requested.push(built.build().map_err(PublishError::failed)?);
+        }
+        let sent = self
+            .sqs
+            .send_message_batch()
+            .queue_url(queue_url)
+            .set_entries(Some(requested))
+            .send()
+            .await
+            .map_err(PublishError::from_sdk)?;
+        let accepted = sent.successful().iter().map(|ok| ok.id());
+        let failed = sent
+            .failed()
+            .iter()
+            .map(|failed| (failed.id(), failed.code(), failed.sender_fault()));
+        Ok(per_entry(messages.len(), accepted, failed))
+    }
+}
+
+/// The answers of a batch whose entries were named `0`, `1`, …: the `accepted` ids, the
+/// `failed` ones with their code and whether the sender is at fault (a refusal only then);
+/// an entry named in neither failed.
+fn per_entry<'a>(
+    count: usize,
+    accepted: impl Iterator<Item = &'a str>,
+    failed: impl Iterator<Item = (&'a str, &'a str, bool)>,
+) -> Vec<Result<(), PublishError>> {
+    let mut answers: Vec<Option<Result<(), PublishError>>> = (0..count).map(|_| None).collect();
+    let mut answer = |id: &str, result: Result<(), PublishError>| {
+        if let Some(slot) = id.parse::<usize>().ok().and_then(|n| answers.get_mut(n)) {
+            *slot = Some(result);
+        }
+    };
+    for id in accepted {
+        answer(id, Ok(()));
+    }
+    for (id, code, sender_fault) in failed {
+        let result = if sender_fault && REFUSALS.contains(&code) {
+            PublishError::Refused {
+                reason: format!("the destination refused the entry: {code}"),
+            }
+        } else {
+            PublishError::failed(format!("the destination failed the entry: {code}"))
+        };
+        answer(id, Err(result));
+    }
+    answers
+        .into_iter()
+        .map(|answer| {
+            answer
+                .unwrap_or_else(|| Err(PublishError::failed("the batch did not answer the entry")))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{PublishError, per_entry};
+
+    #[test]
+    fn each_entry_is_answered_and_only_a_sender_refusal_parks() {
+        let answers = per_entry(
+            4,
+            ["0"].into_iter(),
+            [
+                ("1", "InvalidParameterValue", true),
+                ("2", "InternalError", false),
+            ]
+            .into_iter(),
+        );
+        assert!(answers[0].is_ok());
+        assert!(matches!(answers[1], Err(PublishError::Refused { .. })));
+        assert!(matches!(answers[2], Err(PublishError::Failed { .. })));
+        assert!(
+            matches!(answers[3], Err(PublishError::Failed { .. })),
+            "an entry in neither list is published again"
+        );
+    }
+}

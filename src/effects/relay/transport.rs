@@ -1,0 +1,77 @@
+//! The seam between the relay's batching and the services it publishes to: a [`Transport`]
+//! sends one request of up to [`MAX_BATCH_ENTRIES`](super::MAX_BATCH_ENTRIES) events to one
+//! [`Channel`] and answers per event. [`Publisher::new`](super::Publisher::new) sends through
+//! the AWS SDK; [`Publisher::over`](super::Publisher::over) through any other transport (an
+//! in-process destination under a test's scheduler, a service the crate does not know).
+
+use futures_util::future::BoxFuture;
+
+use super::publisher::PublishError;
+use crate::effects::outbox::{Destination, OutboxRecord};
+
+/// Where one request goes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Channel {
+    /// EventBridge: one `PutEvents` carries entries for any bus (each entry names its own).
+    EventBridge,
+    /// One SNS topic, by ARN.
+    Topic(String),
+    /// One SQS queue, by URL.
+    Queue(String),
+}
+
+impl Channel {
+    /// The channel an event's destination is published on.
+    pub fn of(destination: &Destination) -> Self {
+        match destination {
+            Destination::EventBridge { .. } => Self::EventBridge,
+            Destination::Sns { topic_arn } => Self::Topic(topic_arn.clone()),
+            Destination::Sqs { queue_url } => Self::Queue(queue_url.clone()),
+        }
+    }
+}
+
+/// One event of a request, checked and ready to send.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct Message<'a> {
+    /// The outbox event (its id, its destination, its ordering key).
+    pub event: &'a OutboxRecord,
+    /// What the destination receives: the envelope `{"event_id", "event", "payload", …}`.
+    pub envelope: &'a str,
+}
+
+/// A request's answer: `Err` when the request failed as a whole (every event in it is
+/// answered with that error, or, for a [`PublishError::Refused`] request of several events,
+/// sent again one at a time), else one answer per message, in the request's order.
+pub type Answers = Result<Vec<Result<(), PublishError>>, PublishError>;
+
+/// Sends publish requests. The relay's batching (waves, order per ordering key, a refused
+/// request split) stays in [`Publisher`](super::Publisher); a transport only sends.
+///
+/// ```
+/// use futures_util::future::BoxFuture;
+/// use lambda_idempotency::effects::relay::{Answers, Channel, Message, Publisher, Transport};
+///
+/// /// Accepts everything and forgets it.
+/// struct Nowhere;
+///
+/// impl Transport for Nowhere {
+///     fn send<'a>(&'a self, _: &'a Channel, messages: &'a [Message<'a>]) -> BoxFuture<'a, Answers> {
+///         Box::pin(async move { Ok(messages.iter().map(|_| Ok(())).collect()) })
+///     }
+/// }
+///
+/// let publisher = Publisher::over(Nowhere);
+/// # let _ = publisher;
+/// ```
+pub trait Transport: Send + Sync + 'static {
+    /// Sends `messages` (one to [`MAX_BATCH_ENTRIES`](super::MAX_BATCH_ENTRIES), together
+    /// within [`MAX_BATCH_BYTES`](super::MAX_BATCH_BYTES)) to `channel` in one request.
+    fn send<'a>(
+        &'a self,
+        channel: &'a Channel,
+        messages: &'a [Message<'a>],
+    ) -> BoxFuture<'a, Answers>;
+}
