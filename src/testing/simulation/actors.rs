@@ -141,6 +141,12 @@ pub(super) struct Downstream {
     /// Completions handed to the engine that their condition refuses by design (a plain
     /// handler's refused completion, a transactional operation's first takeover), over the run.
     pub(super) refusals: u64,
+    /// The life each execution (an operation and its record's `created_at`, in milliseconds)
+    /// was first seen in: an adoption may take over an orphan of an earlier life, whose
+    /// effects a truthful reconciler then reports.
+    pub(super) executions: std::collections::HashMap<(usize, u64), u32>,
+    /// Per operation: the reconciler's `Applied` answers for an execution of an earlier life.
+    pub(super) applied_for_earlier_lives: Vec<u64>,
 }
 
 /// A step's effect sent and not answered: it lands downstream once the clock passes `at`.
@@ -153,7 +159,27 @@ struct Landing {
 }
 
 impl Downstream {
+    /// What a truthful reconciler of the takeover of `previous` finds downstream: the
+    /// effects of the operation's current life, or, when `previous` is an execution of an
+    /// earlier life (an adopted orphan), those of that life too (an effect of either is
+    /// applied: re-running would repeat it).
+    fn effects_of(&mut self, op: usize, previous: &crate::record::Record) -> u32 {
+        let current = self.ledger.effects(op);
+        let execution = (op, crate::record::epoch_millis(previous.created_at));
+        match self.executions.get(&execution).copied() {
+            Some(life) if life != self.ledger.life(op) => {
+                let earlier = self.ledger.effects_in(op, life);
+                if current == 0 && earlier > 0 {
+                    self.applied_for_earlier_lives[op] += 1;
+                }
+                current.max(earlier)
+            }
+            _ => current,
+        }
+    }
+
     pub(super) fn new(ledger: Ledger, keys: Vec<OperationKey>, clock: ManualClock) -> Self {
+        let operations = keys.len();
         Self {
             ledger,
             decisions: vec![0; keys.len()],
@@ -167,6 +193,8 @@ impl Downstream {
             failed_after_step: None,
             refused_completion: None,
             refusals: 0,
+            executions: std::collections::HashMap::new(),
+            applied_for_earlier_lives: vec![0; operations],
         }
     }
 
@@ -539,9 +567,11 @@ pub(super) fn reconciler(
         let answer = match (downstream.answer, op) {
             (Answer::Fails, _) => Err("the downstream could not be asked".into()),
             (Answer::Unknown, _) | (_, None) => Ok(Reconciliation::Unknown),
-            (Answer::Truthful, Some(op)) if downstream.ledger.effects(op) > 0 => Ok(
-                Reconciliation::Applied(json!({"op": op, "reconciled": true})),
-            ),
+            (Answer::Truthful, Some(op)) if downstream.effects_of(op, &takeover.previous) > 0 => {
+                Ok(Reconciliation::Applied(
+                    json!({"op": op, "reconciled": true}),
+                ))
+            }
             (Answer::Truthful, Some(op)) => {
                 downstream.ledger.not_applied(op);
                 Ok(Reconciliation::NotApplied)

@@ -55,6 +55,9 @@ pub(super) struct Before {
     pub(super) decided: u64,
     /// Completions handed to the engine that their condition refuses by design.
     pub(super) refusals: u64,
+    /// The reconciler's `Applied` answers about the delivery's operation for an execution of
+    /// an earlier life (an adopted orphan whose effect applied then).
+    pub(super) earlier_lives: u64,
 }
 
 impl<S: Store + Clone> World<S> {
@@ -98,8 +101,14 @@ impl<S: Store + Clone> World<S> {
             if let Some(invariant) = broken {
                 return Err(self.violation(step, invariant));
             }
-            if record.is_some() {
+            if let Some(record) = &record {
                 self.absence[op] = Absence::Stands;
+                let mut downstream = lock(&self.shared);
+                let life = downstream.ledger.life(op);
+                downstream
+                    .executions
+                    .entry((op, crate::record::epoch_millis(record.created_at)))
+                    .or_insert(life);
             }
             if let Some(record) = record.as_ref().filter(|r| r.status == Status::Completed) {
                 if let Some(outcome) = &record.outcome {
@@ -316,6 +325,9 @@ struct Seen {
     /// Effects of the operation in its current life, and in all its lives.
     effects: u32,
     ever: u32,
+    /// Whether the reconciler answered `Applied` for an execution of an earlier life (an
+    /// adopted orphan's) since the delivery began.
+    earlier_life: bool,
     /// Its record as it stands now.
     record: Option<Record>,
     /// The evidence of the identity the delivery declared, as it stands now.
@@ -366,7 +378,7 @@ impl<S: Store + Clone> World<S> {
             Some(identity) => self.store.inner().evidence(identity).await.ok().flatten(),
             None => None,
         };
-        let (effects, ever, decided, refused) = {
+        let (effects, ever, decided, refused, earlier_life) = {
             let downstream = lock(&self.shared);
             let decided = downstream.decisions[op];
             (
@@ -374,10 +386,12 @@ impl<S: Store + Clone> World<S> {
                 downstream.ledger.effects_ever(op),
                 decided > judged.before.decided,
                 downstream.refusals > judged.before.refusals,
+                downstream.applied_for_earlier_lives[op] > judged.before.earlier_lives,
             )
         };
         let seen = Seen {
             effects,
+            earlier_life,
             ever,
             record,
             evidence,
@@ -473,7 +487,7 @@ impl<S: Store + Clone> World<S> {
                     )
                 })
             }
-            crate::Origin::Reconciled { .. } => (seen.effects == 0).then(|| {
+            crate::Origin::Reconciled { .. } => (seen.effects == 0 && !seen.earlier_life).then(|| {
                 format!(
                     "operation {op}: the reconciler's answer was recorded, but the downstream shows no effect"
                 )

@@ -67,6 +67,8 @@ pub(super) struct Ledger {
     ever: Vec<u32>,
     /// Each operation's current life: 0, then one more per new life.
     lives: Vec<u32>,
+    /// Effects of each operation's earlier lives, by `(op, life)`, as each life ended.
+    past_effects: std::collections::HashMap<(usize, u32), u32>,
     /// Re-runs the workers' declared [`Recovery::Rerun`] excused, over the whole run.
     pub(super) declared_reruns: u64,
 }
@@ -77,6 +79,7 @@ impl Ledger {
             accounts: vec![Account::new(); operations],
             ever: vec![0; operations],
             lives: vec![0; operations],
+            past_effects: std::collections::HashMap::new(),
             declared_reruns: 0,
         }
     }
@@ -84,6 +87,15 @@ impl Ledger {
     /// Effects applied to `op` in its current life.
     pub(super) fn effects(&self, op: usize) -> u32 {
         self.accounts[op].effects
+    }
+
+    /// Effects applied to `op` in its life `life` (the current one, or an earlier one as it
+    /// ended).
+    pub(super) fn effects_in(&self, op: usize, life: u32) -> u32 {
+        match life == self.lives[op] {
+            true => self.accounts[op].effects,
+            false => self.past_effects.get(&(op, life)).copied().unwrap_or(0),
+        }
     }
 
     /// Effects applied to `op` in any of its lives: what permanent evidence may vouch for.
@@ -95,6 +107,8 @@ impl Ledger {
     /// or settled and expired, and no evidence stands for the identity it declares), so by
     /// design its next run is a first run.
     pub(super) fn new_life(&mut self, op: usize) {
+        self.past_effects
+            .insert((op, self.lives[op]), self.accounts[op].effects);
         self.accounts[op] = Account::new();
         self.lives[op] += 1;
     }

@@ -332,6 +332,7 @@ impl<S: Store + Clone> World<S> {
             faults,
             decided: downstream.decisions[op],
             refusals: downstream.refusals,
+            earlier_lives: downstream.applied_for_earlier_lives[op],
         }
     }
 
