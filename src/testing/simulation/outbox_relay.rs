@@ -13,31 +13,27 @@
 //! pending, every committed event's effect performed once, and only poison events parked.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_lambda_events::event::dynamodb::EventRecord as DynamoDbRecord;
-use aws_lambda_events::event::sqs::{SqsMessage, SqsMessageAttribute};
 use aws_sdk_dynamodb::types::AttributeValue;
-use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 
 use crate::clock::{Clock, ManualClock};
-use crate::config::Config;
 use crate::effects::relay::sweeper::Sweeper;
-use crate::effects::relay::{
-    Answers, Channel, Message, PublishError, Publisher, Relay, Transport, relay,
-};
-use crate::effects::{ID_ATTRIBUTE, Outbox, OutboxMarks};
-use crate::engine::Idempotency;
-use crate::error::{BoxError, Error};
-use crate::key::{KeyPolicy, OperationScope};
-use crate::lambda::sources;
-use crate::store::MemoryStore;
+use crate::effects::relay::{Publisher, Relay, relay};
+use crate::effects::{Outbox, OutboxMarks};
+use crate::error::BoxError;
 use crate::store::Store;
 use crate::testing::conformance::EffectTables;
 
+use self::consumer::Consumer;
+pub use self::destination::PublishFault;
+use self::destination::{InProcess, is_poison};
 use super::world::{Action, World};
+
+mod consumer;
+mod destination;
 
 /// Stream records per relay invocation (the example stack's event source mapping takes 100;
 /// a few here, so that a run has several batches and a checkpoint between them).
@@ -54,166 +50,6 @@ const MARKS: [&str; 7] = [
     "redriven_at",
     "redrives",
 ];
-
-/// A fault of the destination, fired by the first request of a relay or sweeper step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PublishFault {
-    /// The request fails before anything is delivered.
-    FailBefore,
-    /// The events are delivered, and the answer is lost: the publisher sees a failure.
-    LoseAnswer,
-    /// The events are delivered, and the relay (or sweeper) crashes before it hears so: its
-    /// marks are never written, and the stream delivers the batch again.
-    CrashAfterPublish,
-}
-
-/// What the in-process destination holds, and the fault it fires next.
-#[derive(Default)]
-struct DestinationState {
-    /// Envelopes delivered, not yet consumed.
-    delivered: Vec<String>,
-    fault: Option<PublishFault>,
-    crash: Option<tokio::sync::oneshot::Sender<()>>,
-}
-
-/// An SQS queue in this process, as a [`Transport`]: it refuses poison events
-/// ([`is_poison`]) the way SQS refuses a malformed message, and fires the step's fault.
-#[derive(Clone, Default)]
-struct InProcess(Arc<Mutex<DestinationState>>);
-
-impl InProcess {
-    fn state(&self) -> std::sync::MutexGuard<'_, DestinationState> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-impl Transport for InProcess {
-    fn send<'a>(
-        &'a self,
-        _channel: &'a Channel,
-        messages: &'a [Message<'a>],
-    ) -> BoxFuture<'a, Answers> {
-        Box::pin(async move {
-            let (fault, crash) = {
-                let mut state = self.state();
-                let fault = state.fault.take();
-                if fault == Some(PublishFault::FailBefore) {
-                    return Err(PublishError::failed("the queue is unavailable"));
-                }
-                let answers = messages
-                    .iter()
-                    .map(|message| match is_poison(&message.event.id) {
-                        true => Err(PublishError::Refused {
-                            reason: "InvalidMessageContents".into(),
-                        }),
-                        false => {
-                            state.delivered.push(message.envelope.to_owned());
-                            Ok(())
-                        }
-                    })
-                    .collect::<Vec<_>>();
-                match fault {
-                    None => return Ok(answers),
-                    Some(fault) => (fault, state.crash.take()),
-                }
-            };
-            if fault == PublishFault::CrashAfterPublish
-                && let Some(crash) = crash
-            {
-                let _ = crash.send(());
-                std::future::pending::<()>().await;
-            }
-            Err(PublishError::failed("the answer was lost"))
-        })
-    }
-}
-
-/// Whether the destination refuses event `id` whatever is tried (one event in eight).
-fn is_poison(id: &str) -> bool {
-    id.bytes()
-        .fold(0u32, |sum, byte| sum.wrapping_add(u32::from(byte)))
-        % 8
-        == 0
-}
-
-/// The consumer: each delivered envelope keyed as the crate's SQS door keys the relay's
-/// messages (by the `idempotency-key` attribute, fingerprinting the envelope), its event id
-/// its business identity (evidence past its record's retention), over its own store.
-struct Consumer {
-    engine: Idempotency,
-    policy: KeyPolicy<SqsMessage>,
-    scope: OperationScope,
-    /// Runs of the consumer's effect, by event id.
-    effects: Arc<Mutex<HashMap<String, u32>>>,
-}
-
-impl Consumer {
-    fn new(clock: ManualClock) -> Result<Self, BoxError> {
-        let identity = |message: &SqsMessage| {
-            message
-                .message_attributes
-                .get(ID_ATTRIBUTE)
-                .and_then(|attribute| attribute.string_value.clone())
-        };
-        Ok(Self {
-            engine: Idempotency::new(MemoryStore::new())
-                .with_clock(clock)
-                .with_config(
-                    Config::builder()
-                        .retention(Duration::from_secs(24 * 3600))
-                        .build()?,
-                ),
-            policy: sources::sqs(None)?.with_identity(identity),
-            scope: OperationScope::new("simulation", "consumer")?,
-            effects: Arc::default(),
-        })
-    }
-
-    /// Consumes one delivered envelope: its effect runs at most once per event id.
-    async fn consume(&self, envelope: &str) -> Result<(), String> {
-        let event_id = serde_json::from_str::<Value>(envelope)
-            .ok()
-            .and_then(|envelope| envelope["event_id"].as_str().map(str::to_owned))
-            .ok_or("a delivered envelope without its event id")?;
-        let mut message = SqsMessage::default();
-        message.body = Some(envelope.to_owned());
-        let mut attribute = SqsMessageAttribute::default();
-        attribute.data_type = Some("String".into());
-        attribute.string_value = Some(event_id.clone());
-        message
-            .message_attributes
-            .insert(ID_ATTRIBUTE.to_owned(), attribute);
-        let invocation = self
-            .policy
-            .invocation(&self.scope, &message, Duration::from_secs(60))
-            .map_err(|err| format!("the consumer cannot key the message: {err}"))?;
-        let effects = Arc::clone(&self.effects);
-        let answer = self
-            .engine
-            .execute(&invocation, |_ctx| async move {
-                *effects
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .entry(event_id)
-                    .or_default() += 1;
-                Ok::<_, BoxError>(json!({"consumed": true}))
-            })
-            .await;
-        match answer {
-            Ok(_) | Err(Error::KeyExpiredConflict { .. }) => Ok(()),
-            Err(err) => Err(format!("the consumer answered {err}")),
-        }
-    }
-
-    fn effects(&self) -> HashMap<String, u32> {
-        self.effects
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-}
 
 /// The relay, the sweeper, the destination, the consumer and the stream stand-in of one run.
 pub(super) struct OutboxWorld {
