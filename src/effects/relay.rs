@@ -70,8 +70,8 @@ use serde::{Deserialize, Serialize};
 use tracing::{error, warn};
 
 pub use self::batches::{MAX_BATCH_BYTES, MAX_BATCH_ENTRIES, REQUESTS_IN_FLIGHT};
-pub use self::publisher::{PublishError, Publisher};
-pub use self::transport::{Answers, Channel, Message, Transport};
+pub use self::publisher::Publisher;
+pub use self::transport::{Answers, Channel, Message, PublishError, Transport};
 use super::outbox::OutboxRecord;
 use super::outbox_marks::{OutboxMarks, PublishedBy};
 use crate::clock::{Clock, SystemClock};

@@ -18,8 +18,8 @@ use std::collections::{HashSet, VecDeque};
 use futures_util::future::join_all;
 use tokio::sync::mpsc;
 
-use super::publisher::{Prepared, PublishError, Publisher};
-use super::transport::{Answers, Channel, Message};
+use super::publisher::{Prepared, Publisher};
+use super::transport::{Answers, Channel, Message, PublishError};
 use crate::effects::outbox::{MAX_EVENT_BYTES, OutboxRecord};
 
 /// The most entries one request carries: `PutEvents`, `SendMessageBatch` and `PublishBatch`

@@ -1,73 +1,14 @@
-//! The publisher of outbox events: what it may publish, an event checked
-//! before it is sent, and a refusal (the destination will never take this event: park it) told
-//! from a failure (retry it). Its batches are in [`super::batches`].
+//! The publisher of outbox events: what it may publish, and an event checked before it is
+//! sent. Its batches are in [`super::batches`], its requests go through a
+//! [`Transport`](super::Transport).
 
 use std::fmt;
 use std::sync::Arc;
 
-use aws_sdk_sqs::error::ProvideErrorMetadata;
-
 use super::sdk::SdkTransport;
-use super::transport::Transport;
+use super::transport::{PublishError, Transport};
 use crate::effects::destinations::{DESTINATIONS_VAR, Destinations};
 use crate::effects::outbox::{MAX_EVENT_BYTES, OutboxRecord};
-use crate::error::BoxError;
-
-/// Error codes that refuse the event itself (its size, its content): the same request would be
-/// refused again, so the event is parked instead of retried.
-pub(super) const REFUSALS: [&str; 7] = [
-    "InvalidParameterValue",
-    "InvalidParameter",
-    "InvalidMessageContents",
-    "InvalidAttributeValue",
-    "ValidationException",
-    "ValidationError",
-    "InvalidArgument",
-];
-
-/// Why an event was not published.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum PublishError {
-    /// The destination refuses this event (too large, malformed for it): publishing it again
-    /// would be refused again. The relay and the sweeper park it.
-    #[error("the destination refuses the event: {reason}")]
-    Refused {
-        /// The destination's answer (an error code), or the crate's own check.
-        reason: String,
-    },
-    /// The request failed (throttled, unavailable, access denied, a destination not found):
-    /// publish again later.
-    #[error("publishing failed; it is retried: {source}")]
-    Failed {
-        /// The SDK's error.
-        #[source]
-        source: BoxError,
-    },
-}
-
-impl PublishError {
-    /// A failure to retry, caused by `source` (for a [`Transport`] of one's own).
-    pub fn failed(source: impl Into<BoxError>) -> Self {
-        Self::Failed {
-            source: source.into(),
-        }
-    }
-
-    /// Refused when the error's code is one of [`REFUSALS`], failed otherwise (the SDKs share
-    /// one `SdkError` type).
-    pub(super) fn from_sdk<E>(err: aws_sdk_sqs::error::SdkError<E>) -> Self
-    where
-        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-    {
-        match err.code() {
-            Some(code) if REFUSALS.contains(&code) => Self::Refused {
-                reason: code.to_owned(),
-            },
-            _ => Self::failed(err),
-        }
-    }
-}
 
 /// Publishes outbox events, in batches, to the destinations it is allowed: through the AWS SDK
 /// ([`Publisher::new`]) or another [`Transport`] ([`Publisher::over`]).
@@ -178,45 +119,4 @@ pub(super) struct Prepared {
     /// What the destination counts: the envelope, EventBridge's `Source` and `DetailType`, or
     /// the id's message attribute.
     pub(super) bytes: usize,
-}
-
-/// An EventBridge entry's failure: a malformed or invalid entry refuses the event; anything
-/// else (throttling, an internal error, access denied, a code this build does not know) is
-/// retried, never parked: a grant or a bus policy can be fixed.
-pub(super) fn entry_failure(code: &str) -> PublishError {
-    if code == "MalformedDetail" || REFUSALS.contains(&code) {
-        PublishError::Refused {
-            reason: format!("EventBridge refused the entry: {code}"),
-        }
-    } else {
-        PublishError::failed(format!("EventBridge failed the entry: {code}"))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{PublishError, entry_failure};
-
-    #[test]
-    fn only_a_malformed_entry_is_refused_and_everything_else_retried() {
-        for retried in [
-            "ThrottlingException",
-            "InternalFailure",
-            "AccessDeniedException",
-            "NotAuthorizedForSourceException",
-            "InvalidAccountIdException",
-            "no error code",
-        ] {
-            assert!(
-                matches!(entry_failure(retried), PublishError::Failed { .. }),
-                "{retried}"
-            );
-        }
-        for refused in ["MalformedDetail", "ValidationException", "InvalidArgument"] {
-            assert!(
-                matches!(entry_failure(refused), PublishError::Refused { .. }),
-                "{refused}"
-            );
-        }
-    }
 }

@@ -4,9 +4,49 @@
 
 use futures_util::future::BoxFuture;
 
-use super::publisher::{PublishError, REFUSALS, entry_failure};
-use super::transport::{Answers, Channel, Message, Transport};
+use aws_sdk_sqs::error::ProvideErrorMetadata;
+
+use super::transport::{Answers, Channel, Message, PublishError, Transport};
 use crate::effects::outbox::{Destination, ID_ATTRIBUTE};
+
+/// Error codes that refuse the event itself (its size, its content): the same request would be
+/// refused again, so the event is parked instead of retried.
+const REFUSALS: [&str; 7] = [
+    "InvalidParameterValue",
+    "InvalidParameter",
+    "InvalidMessageContents",
+    "InvalidAttributeValue",
+    "ValidationException",
+    "ValidationError",
+    "InvalidArgument",
+];
+
+/// Refused when the SDK error's code is one of [`REFUSALS`], failed otherwise (the SDKs share
+/// one `SdkError` type).
+fn sdk_failure<E>(err: aws_sdk_sqs::error::SdkError<E>) -> PublishError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    match err.code() {
+        Some(code) if REFUSALS.contains(&code) => PublishError::Refused {
+            reason: code.to_owned(),
+        },
+        _ => PublishError::failed(err),
+    }
+}
+
+/// An EventBridge entry's failure: a malformed or invalid entry refuses the event; anything
+/// else (throttling, an internal error, access denied, a code this build does not know) is
+/// retried, never parked: a grant or a bus policy can be fixed.
+fn entry_failure(code: &str) -> PublishError {
+    if code == "MalformedDetail" || REFUSALS.contains(&code) {
+        PublishError::Refused {
+            reason: format!("EventBridge refused the entry: {code}"),
+        }
+    } else {
+        PublishError::failed(format!("EventBridge failed the entry: {code}"))
+    }
+}
 
 /// The three SDK clients the relay publishes with.
 #[derive(Clone)]
@@ -56,7 +96,7 @@ impl SdkTransport {
             .set_entries(Some(requested.collect()))
             .send()
             .await
-            .map_err(PublishError::from_sdk)?;
+            .map_err(sdk_failure)?;
         // The answer's entries are in the request's order.
         let mut answered = put.entries().iter();
         Ok(messages
@@ -99,7 +139,7 @@ impl SdkTransport {
             .set_publish_batch_request_entries(Some(requested))
             .send()
             .await
-            .map_err(PublishError::from_sdk)?;
+            .map_err(sdk_failure)?;
         let accepted = published.successful().iter().filter_map(|ok| ok.id());
         let failed = published
             .failed()
@@ -135,7 +175,7 @@ impl SdkTransport {
             .set_entries(Some(requested))
             .send()
             .await
-            .map_err(PublishError::from_sdk)?;
+            .map_err(sdk_failure)?;
         let accepted = sent.successful().iter().map(|ok| ok.id());
         let failed = sent
             .failed()
@@ -183,7 +223,7 @@ fn per_entry<'a>(
 
 #[cfg(test)]
 mod tests {
-    use super::{PublishError, per_entry};
+    use super::{PublishError, entry_failure, per_entry};
 
     #[test]
     fn each_entry_is_answered_and_only_a_sender_refusal_parks() {
@@ -203,5 +243,28 @@ mod tests {
             matches!(answers[3], Err(PublishError::Failed { .. })),
             "an entry in neither list is published again"
         );
+    }
+
+    #[test]
+    fn only_a_malformed_entry_is_refused_and_everything_else_retried() {
+        for retried in [
+            "ThrottlingException",
+            "InternalFailure",
+            "AccessDeniedException",
+            "NotAuthorizedForSourceException",
+            "InvalidAccountIdException",
+            "no error code",
+        ] {
+            assert!(
+                matches!(entry_failure(retried), PublishError::Failed { .. }),
+                "{retried}"
+            );
+        }
+        for refused in ["MalformedDetail", "ValidationException", "InvalidArgument"] {
+            assert!(
+                matches!(entry_failure(refused), PublishError::Refused { .. }),
+                "{refused}"
+            );
+        }
     }
 }

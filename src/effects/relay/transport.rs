@@ -2,12 +2,44 @@
 //! sends one request of up to [`MAX_BATCH_ENTRIES`](super::MAX_BATCH_ENTRIES) events to one
 //! [`Channel`] and answers per event. [`Publisher::new`](super::Publisher::new) sends through
 //! the AWS SDK; [`Publisher::over`](super::Publisher::over) through any other transport (an
-//! in-process destination under a test's scheduler, a service the crate does not know).
+//! in-process destination under a test's scheduler, a service the crate does not know). A
+//! refusal (the destination will never take this event: park it) is told from a failure
+//! (retry it) by [`PublishError`].
 
 use futures_util::future::BoxFuture;
 
-use super::publisher::PublishError;
 use crate::effects::outbox::{Destination, OutboxRecord};
+use crate::error::BoxError;
+
+/// Why an event was not published.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PublishError {
+    /// The destination refuses this event (too large, malformed for it): publishing it again
+    /// would be refused again. The relay and the sweeper park it.
+    #[error("the destination refuses the event: {reason}")]
+    Refused {
+        /// The destination's answer (an error code), or the crate's own check.
+        reason: String,
+    },
+    /// The request failed (throttled, unavailable, access denied, a destination not found):
+    /// publish again later.
+    #[error("publishing failed; it is retried: {source}")]
+    Failed {
+        /// The SDK's error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl PublishError {
+    /// A failure to retry, caused by `source` (for a [`Transport`] of one's own).
+    pub fn failed(source: impl Into<BoxError>) -> Self {
+        Self::Failed {
+            source: source.into(),
+        }
+    }
+}
 
 /// Where one request goes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
