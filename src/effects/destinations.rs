@@ -1,5 +1,6 @@
-//! The destinations an outbox may publish to: an allow-list its deployer names once and hands
-//! to both ends. A producer's [`Outbox`](super::Outbox) refuses, at commit, an event for a
+//! Where outbox events go: a [`Destination`] (a bus, a topic, a queue), and the allow-list of
+//! destinations an outbox may publish to, which its deployer names once and hands to both
+//! ends. A producer's [`Outbox`](super::Outbox) refuses, at commit, an event for a
 //! destination not on it (nothing is written); the relay's and the sweeper's
 //! [`Publisher`](super::relay::Publisher) parks an item that names one anyway (written by
 //! another producer, or before the list changed), never publishing it.
@@ -21,8 +22,52 @@
 
 use std::collections::BTreeSet;
 
-use super::outbox::Destination;
 use crate::error::Error;
+
+/// Where an outbox event is published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Destination {
+    /// An EventBridge bus (`PutEvents`): the bus name or ARN, the event's `Source` and
+    /// `DetailType`; the envelope is the `Detail`.
+    EventBridge {
+        /// The event bus name or ARN.
+        bus: String,
+        /// The event's `Source`.
+        source: String,
+        /// The event's `DetailType`.
+        detail_type: String,
+    },
+    /// An SNS topic (`Publish`); a FIFO topic (`.fifo`) deduplicates on the event id.
+    Sns {
+        /// The topic ARN.
+        topic_arn: String,
+    },
+    /// An SQS queue (`SendMessage`); a FIFO queue (`.fifo`) deduplicates on the event id.
+    Sqs {
+        /// The queue URL.
+        queue_url: String,
+    },
+}
+
+impl Destination {
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Self::EventBridge { .. } => "eventbridge",
+            Self::Sns { .. } => "sns",
+            Self::Sqs { .. } => "sqs",
+        }
+    }
+
+    /// What the destination is named by: the bus, the topic ARN, the queue URL.
+    pub(crate) fn target(&self) -> &str {
+        match self {
+            Self::EventBridge { bus, .. } => bus,
+            Self::Sns { topic_arn } => topic_arn,
+            Self::Sqs { queue_url } => queue_url,
+        }
+    }
+}
 
 /// The variable that names the allowed destinations, separated by commas or whitespace.
 pub const DESTINATIONS_VAR: &str = "OUTBOX_DESTINATIONS";

@@ -79,11 +79,10 @@ pub(crate) use self::ledger::{COMPLETION, Halt, StepLedger};
 
 /// The step the completion's outbox events name in their ids ([`event_id`]): none.
 pub(crate) const COMPLETION_EVENTS: &str = "";
-pub use self::destinations::{DESTINATIONS_VAR, Destinations};
+pub use self::destinations::{DESTINATIONS_VAR, Destination, Destinations};
 pub use self::outbox::{
-    Destination, EventOrder, ID_ATTRIBUTE, MAX_EVENT_BYTES, MAX_ORDERING_KEY_BYTES,
-    OUTBOX_RETENTION, Outbox, OutboxEvent, OutboxRecord, PARKED, PENDING_INDEX, PENDING_SHARDS,
-    event_id,
+    EventOrder, ID_ATTRIBUTE, MAX_EVENT_BYTES, MAX_ORDERING_KEY_BYTES, OUTBOX_RETENTION, Outbox,
+    OutboxEvent, OutboxRecord, PARKED, PENDING_INDEX, PENDING_SHARDS, event_id,
 };
 pub use self::outbox_marks::{
     Found, MAX_PARKED_REASON_BYTES, Marked, OutboxError, OutboxMarks, PendingEvent, PublishedBy,

@@ -47,7 +47,7 @@ use serde::Serialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::destinations::{DESTINATIONS_VAR, Destinations};
+use super::destinations::{DESTINATIONS_VAR, Destination, Destinations};
 use crate::error::Error;
 use crate::key::OperationKey;
 use crate::record::epoch_millis;
@@ -90,51 +90,6 @@ pub(crate) fn pending_shard(id: &str) -> &'static str {
         .and_then(|first| first.to_digit(16))
         .unwrap_or(0);
     PENDING_SHARDS[digit as usize % PENDING_SHARDS.len()]
-}
-
-/// Where an outbox event is published.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Destination {
-    /// An EventBridge bus (`PutEvents`): the bus name or ARN, the event's `Source` and
-    /// `DetailType`; the envelope is the `Detail`.
-    EventBridge {
-        /// The event bus name or ARN.
-        bus: String,
-        /// The event's `Source`.
-        source: String,
-        /// The event's `DetailType`.
-        detail_type: String,
-    },
-    /// An SNS topic (`Publish`); a FIFO topic (`.fifo`) deduplicates on the event id.
-    Sns {
-        /// The topic ARN.
-        topic_arn: String,
-    },
-    /// An SQS queue (`SendMessage`); a FIFO queue (`.fifo`) deduplicates on the event id.
-    Sqs {
-        /// The queue URL.
-        queue_url: String,
-    },
-}
-
-impl Destination {
-    fn kind(&self) -> &'static str {
-        match self {
-            Self::EventBridge { .. } => "eventbridge",
-            Self::Sns { .. } => "sns",
-            Self::Sqs { .. } => "sqs",
-        }
-    }
-
-    /// What the destination is named by: the bus, the topic ARN, the queue URL.
-    pub(crate) fn target(&self) -> &str {
-        match self {
-            Self::EventBridge { bus, .. } => bus,
-            Self::Sns { topic_arn } => topic_arn,
-            Self::Sqs { queue_url } => queue_url,
-        }
-    }
 }
 
 /// The most bytes of an ordering key: SQS's and SNS's `MessageGroupId` (128 characters of

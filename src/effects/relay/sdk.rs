@@ -7,7 +7,8 @@ use futures_util::future::BoxFuture;
 use aws_sdk_sqs::error::ProvideErrorMetadata;
 
 use super::transport::{Answers, Channel, Message, PublishError, Transport};
-use crate::effects::outbox::{Destination, ID_ATTRIBUTE};
+use crate::effects::destinations::Destination;
+use crate::effects::outbox::ID_ATTRIBUTE;
 
 /// Error codes that refuse the event itself (its size, its content): the same request would be
 /// refused again, so the event is parked instead of retried.

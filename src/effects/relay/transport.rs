@@ -8,7 +8,8 @@
 
 use futures_util::future::BoxFuture;
 
-use crate::effects::outbox::{Destination, OutboxRecord};
+use crate::effects::destinations::Destination;
+use crate::effects::outbox::OutboxRecord;
 use crate::error::BoxError;
 
 /// Why an event was not published.
