@@ -419,8 +419,12 @@ pub(crate) fn rerun_uncertain(repeat_safe: bool, recovery: Recovery) -> bool {
     repeat_safe || recovery == Recovery::Rerun
 }
 
+/// How long before the invocation's deadline a settlement stops retrying: the answer still
+/// has to reach the caller.
+pub(crate) const SETTLE_MARGIN: Duration = Duration::from_secs(1);
+
 /// How long a caller waits for its key's turn under single flight: the lease, and never past
-/// the invocation's `deadline` less [`SETTLE_MARGIN`](super::retry::SETTLE_MARGIN): a waiter
+/// the invocation's `deadline` less [`SETTLE_MARGIN`]: a waiter
 /// that gives up still has to meet the store's answer (`AlreadyInProgress`) and reply before
 /// Lambda ends the invocation.
 pub(crate) fn single_flight_patience(
@@ -430,7 +434,7 @@ pub(crate) fn single_flight_patience(
 ) -> Duration {
     deadline.map_or(lease, |deadline| {
         let left = deadline.duration_since(now).unwrap_or_default();
-        left.saturating_sub(super::retry::SETTLE_MARGIN).min(lease)
+        left.saturating_sub(SETTLE_MARGIN).min(lease)
     })
 }
 

@@ -17,7 +17,8 @@ use std::time::{Duration, SystemTime};
 
 use tracing::warn;
 
-use super::{Idempotency, decide, erased};
+use super::decide::{self, SETTLE_MARGIN};
+use super::{Idempotency, erased};
 use crate::error::StoreError;
 
 /// Tries of a write made before the handler runs, the first included.
@@ -26,9 +27,6 @@ const BRIEF_TRIES: u32 = 5;
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 /// The largest back-off ceiling: an outage's end is noticed within this.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
-/// How long before the invocation's deadline a settlement stops retrying: the answer still
-/// has to reach the caller.
-pub(super) const SETTLE_MARGIN: Duration = Duration::from_secs(1);
 /// How long before the invocation's deadline a try still in flight is abandoned: the
 /// caller's answer (and the runtime's reply to Lambda) still has to be written, which it
 /// cannot be once Lambda ends the invocation at the deadline itself.

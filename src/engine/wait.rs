@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{debug, warn};
 
-use super::retry::SETTLE_MARGIN;
+use super::decide::SETTLE_MARGIN;
 use super::{Idempotency, Ran};
 use crate::error::{BoxError, Error};
 use crate::execution::{Execution, ExecutionContext, Invocation};
