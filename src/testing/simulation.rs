@@ -82,6 +82,7 @@ impl Default for Budget {
 
 /// What a run explored.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// Seeds run.
     pub seeds: u64,

@@ -78,6 +78,7 @@ pub enum Deploy {
 
 /// One step of the simulation.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Action {
     /// A delivery of `op` to `worker`.
     Deliver {

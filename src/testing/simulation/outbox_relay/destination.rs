@@ -9,6 +9,7 @@ use crate::effects::relay::{Answers, Channel, Message, PublishError, Transport};
 
 /// A fault of the destination, fired by the first request of a relay or sweeper step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PublishFault {
     /// The request fails before anything is delivered.
     FailBefore,
