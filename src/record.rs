@@ -21,6 +21,14 @@ pub const MAX_FAILURE_MESSAGE_BYTES: usize = 1024;
 /// The longest failure kind kept in a record, in bytes (a classifier's or an operator's longer
 /// kind is cut).
 pub const MAX_FAILURE_KIND_BYTES: usize = 128;
+/// The most bytes an operation's steps may take together in its record (names and serialized
+/// results, before compression, plus a few bytes each): they live in the record, inside
+/// DynamoDB's 400 KB item limit beside an inline outcome of at most 64 KB. A step whose result
+/// would pass it has run, so the operation is retained as FAILED (`outcome_too_large`); record
+/// a reference (an id) instead of a large result.
+pub const MAX_STEP_RESULTS_BYTES: usize = 256 * 1024;
+/// The most steps one operation records.
+pub const MAX_STEPS: usize = 100;
 
 /// Where an operation stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -91,16 +91,7 @@ pub use self::outbox_marks::{
 pub use self::step::{NoCheck, NotApplied, Step, StepCheck, StepError};
 pub use self::transaction::{Transaction, Writes};
 pub use crate::reconcile::Checked;
-
-/// The most bytes an operation's steps may take together in its record (names and serialized
-/// results, before compression, plus a few bytes each): they live in the record, inside
-/// DynamoDB's 400 KB item limit beside an inline outcome of at most 64 KB. A step whose result
-/// would pass it has run, so the operation is retained as FAILED (`outcome_too_large`); record
-/// a reference (an id) instead of a large result.
-pub const MAX_STEP_RESULTS_BYTES: usize = 256 * 1024;
-
-/// The most steps one operation records.
-pub const MAX_STEPS: usize = 100;
+pub use crate::record::{MAX_STEP_RESULTS_BYTES, MAX_STEPS};
 
 /// The longest step name accepted, in bytes.
 pub const MAX_STEP_NAME_BYTES: usize = 255;

@@ -28,10 +28,9 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use super::item::{AttributeNames, b, corrupt, n, s};
 use super::outcome::{Inflate, decompress_within};
 use super::writes::Expr;
-use crate::effects::{MAX_STEP_RESULTS_BYTES, MAX_STEPS};
 use crate::error::StoreError;
 use crate::key::OperationKey;
-use crate::record::{Record, StepRecord};
+use crate::record::{MAX_STEP_RESULTS_BYTES, MAX_STEPS, Record, StepRecord};
 
 /// Results longer than this are compressed when that makes them shorter.
 const COMPRESS_OVER: usize = 1024;
