@@ -95,6 +95,18 @@ impl Config {
     }
 }
 
+impl Config {
+    /// These settings with an operation's own retention and outcome limit, where it declares
+    /// them (checked when declared).
+    pub(crate) fn for_operation(&self, retention: Option<Duration>, max: Option<usize>) -> Self {
+        Self {
+            retention: retention.unwrap_or(self.retention),
+            max_outcome_bytes: max.unwrap_or(self.max_outcome_bytes),
+            ..self.clone()
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -221,23 +233,30 @@ impl ConfigBuilder {
     /// The checked configuration.
     pub fn build(self) -> Result<Config, ConfigError> {
         let config = self.config;
-        if config.retention < Duration::from_secs(1)
-            || config.retention > Duration::from_secs(366 * 24 * 3600)
-        {
-            return Err(ConfigError::InvalidSetting {
-                setting: "retention",
-                reason: format!("{:?} is outside 1 s ..= 366 days", config.retention),
-            });
-        }
-        if config.max_outcome_bytes == 0 || config.max_outcome_bytes > MAX_OUTCOME_BYTES {
-            return Err(ConfigError::InvalidSetting {
-                setting: "max_outcome_bytes",
-                reason: format!(
-                    "{} is outside 1 ..= {MAX_OUTCOME_BYTES}",
-                    config.max_outcome_bytes
-                ),
-            });
-        }
+        check_retention(config.retention)?;
+        check_max_outcome_bytes(config.max_outcome_bytes)?;
         Ok(config)
     }
+}
+
+/// Refuses a retention outside 1 s ..= 366 days.
+pub(crate) fn check_retention(retention: Duration) -> Result<(), ConfigError> {
+    if retention < Duration::from_secs(1) || retention > Duration::from_secs(366 * 24 * 3600) {
+        return Err(ConfigError::InvalidSetting {
+            setting: "retention",
+            reason: format!("{retention:?} is outside 1 s ..= 366 days"),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses an outcome limit outside 1 ..= [`MAX_OUTCOME_BYTES`].
+pub(crate) fn check_max_outcome_bytes(bytes: usize) -> Result<(), ConfigError> {
+    if bytes == 0 || bytes > MAX_OUTCOME_BYTES {
+        return Err(ConfigError::InvalidSetting {
+            setting: "max_outcome_bytes",
+            reason: format!("{bytes} is outside 1 ..= {MAX_OUTCOME_BYTES}"),
+        });
+    }
+    Ok(())
 }

@@ -9,6 +9,7 @@ use sha2::{Digest, Sha256};
 use crate::effects::{NoCheck, Step, StepError, StepLedger, Writes};
 use crate::error::Error;
 use crate::key::{Fingerprint, IdentityScope, JsonPointer, OperationKey};
+use crate::policy::OperationPolicy;
 use crate::record::MAX_REQUEST_ID_BYTES;
 
 /// The longest business identity accepted, in bytes.
@@ -48,6 +49,8 @@ pub struct Invocation {
     /// Who the claim belongs to beyond this invocation ([`Invocation::with_owner`]): the
     /// lease token derived from it, which every later invocation of the same owner re-enters.
     pub(crate) owner: Option<LeaseOwner>,
+    /// What the operation declares for itself; the engine's defaults fill the rest.
+    pub(crate) policy: OperationPolicy,
 }
 
 /// The owner of a claim that outlives its invocation (a durable execution's ARN), as the
@@ -89,6 +92,7 @@ impl Invocation {
             result_ref: None,
             wait_for_result: None,
             owner: None,
+            policy: OperationPolicy::default(),
         }
     }
 

@@ -133,6 +133,7 @@ pub mod lambda;
 #[cfg(test)]
 mod model;
 pub mod observe;
+mod policy;
 pub mod reconcile;
 pub mod record;
 pub mod store;

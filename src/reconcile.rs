@@ -61,7 +61,7 @@ pub enum Checked<T> {
 pub type Reconciliation = Checked<serde_json::Value>;
 
 /// What a takeover of a crashed attempt does: the operation's declared recovery policy
-/// ([`Idempotency::with_recovery`](crate::Idempotency::with_recovery)). Under `Steps` and
+/// ([`Operation::with_recovery`](crate::Operation::with_recovery)). Under `Steps` and
 /// `Rerun` the steps the attempt recorded decide ([`crate::effects`]); otherwise, and when it
 /// recorded none, a reconciler decides when one is set. (An attempt that gave its claim back
 /// after its handler's retryable failure did not crash: its steps decide under every policy.)

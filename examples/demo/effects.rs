@@ -88,30 +88,30 @@ pub async fn run(
     endpoint: &str,
     mut delivery: usize,
 ) -> Result<usize, BoxError> {
-    // Every effect of the checkout is a step: its steps decide a takeover.
-    let steps = idem.clone().with_recovery(Recovery::Steps);
+    // Every effect of the checkout is a step: its steps decide a takeover (a declaration of
+    // the checkout's own invocations).
     let mailer = Mailer::default();
     let scope = OperationScope::new("demo", "checkout")?;
     let order = json!({"order_id": "o-7", "amount": 120});
     let key = OperationKey::derive(&scope, None, "o-7")?;
-    let invocation = Invocation::new(key, Fingerprint::of(&order)?, super::LEASE);
+    let invocation =
+        Invocation::new(key, Fingerprint::of(&order)?, super::LEASE).with_recovery(Recovery::Steps);
 
     say!("-- o-7: a checkout in two steps; the worker crashes while e-mailing");
     let (crashed_tx, crashed_rx) = tokio::sync::oneshot::channel();
     let worker = tokio::spawn({
-        let (steps, invocation, charges, mailer, order) = (
-            steps.clone(),
+        let (idem, invocation, charges, mailer, order) = (
+            idem.clone(),
             invocation.clone(),
             charges.clone(),
             mailer.clone(),
             order.clone(),
         );
         async move {
-            steps
-                .execute(&invocation, |ctx| {
-                    checkout(ctx, charges, mailer, order, Some(crashed_tx))
-                })
-                .await
+            idem.execute(&invocation, |ctx| {
+                checkout(ctx, charges, mailer, order, Some(crashed_tx))
+            })
+            .await
         }
     });
     crashed_rx.await?;
@@ -122,7 +122,7 @@ pub async fn run(
         "worker charges, crashes mid-e-mail"
     );
     clock.advance(super::LEASE + Duration::from_secs(1));
-    let done = steps
+    let done = idem
         .execute(&invocation, |ctx| {
             checkout(ctx, charges.clone(), mailer.clone(), order.clone(), None)
         })
@@ -148,8 +148,9 @@ pub async fn run(
     super::local_dynamodb::create_outbox_table(client, &outbox).await?;
     let outbox = Outbox::new(outbox);
     let key = OperationKey::derive(&OperationScope::new("demo", "place-order")?, None, "o-8")?;
-    let invocation = Invocation::new(key, Fingerprint::of(&"o-8")?, super::LEASE);
-    let placed = steps
+    let invocation =
+        Invocation::new(key, Fingerprint::of(&"o-8")?, super::LEASE).with_recovery(Recovery::Steps);
+    let placed = idem
         .execute(&invocation, |ctx| {
             let (orders, outbox) = (orders.clone(), outbox.clone());
             async move {

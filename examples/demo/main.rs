@@ -100,6 +100,18 @@ struct Demo {
 }
 
 impl Demo {
+    /// The charge's invocation for `event`: its reconciler asks the provider about this
+    /// operation's crashed attempts (and no other operation's).
+    fn invocation(
+        &self,
+        event: &Value,
+    ) -> Result<lambda_idempotency::Invocation, lambda_idempotency::BoxError> {
+        Ok(self
+            .policy
+            .invocation(&self.scope, event, LEASE)?
+            .with_reconciler(reconciler(self.ledger.clone())))
+    }
+
     async fn deliver(
         &mut self,
         event: Value,
@@ -107,8 +119,7 @@ impl Demo {
     ) -> Result<(), lambda_idempotency::BoxError> {
         // The permanent evidence (for invoices) keeps the charged order as its result reference.
         let invocation = self
-            .policy
-            .invocation(&self.scope, &event, LEASE)?
+            .invocation(&event)?
             .with_result_ref(JsonPointer::new("/charged")?);
         let ledger = self.ledger.clone();
         let result = self
@@ -128,7 +139,7 @@ impl Demo {
         event: Value,
         charge_first: bool,
     ) -> Result<(), lambda_idempotency::BoxError> {
-        let invocation = self.policy.invocation(&self.scope, &event, LEASE)?;
+        let invocation = self.invocation(&event)?;
         let (idem, ledger) = (self.idem.clone(), self.ledger.clone());
         let (claimed_tx, claimed_rx) = tokio::sync::oneshot::channel();
         let worker = tokio::spawn(async move {
@@ -218,8 +229,7 @@ async fn run() -> Result<(), lambda_idempotency::BoxError> {
     let ledger = Ledger::default();
     let idem = Idempotency::new(store)
         .with_config(Config::builder().retention(RETENTION).build()?)
-        .with_clock(clock.clone())
-        .with_reconciler(reconciler(ledger.clone()));
+        .with_clock(clock.clone());
     let mut demo = Demo {
         idem,
         clock,
@@ -249,9 +259,7 @@ async fn run() -> Result<(), lambda_idempotency::BoxError> {
         .await?;
 
     say!("-- a race: four copies of o-3 arrive at once on four workers");
-    let invocation = demo
-        .policy
-        .invocation(&demo.scope, &order("o-3", 40), LEASE)?;
+    let invocation = demo.invocation(&order("o-3", 40))?;
     let racers: Vec<_> = (0..4)
         .map(|_| {
             let (idem, invocation, ledger) =

@@ -124,9 +124,9 @@ pub async fn layer(
     idem: Idempotency,
     scope: OperationScope,
 ) -> Result<IdempotencyLayer<Value>, lambda_runtime::Error> {
-    let idem = idem.with_recovery(Recovery::Steps);
-    let operation =
-        Operation::new(idem, scope, KeyPolicy::pointer("/order_id")?).with_transactional_writes();
+    let operation = Operation::new(idem, scope, KeyPolicy::pointer("/order_id")?)
+        .with_recovery(Recovery::Steps)
+        .with_transactional_writes();
     if let Err(err) = operation.prime().await {
         if !err.is_transient() {
             tracing::error!(error = %err, "the operation cannot run on this store: the init fails");

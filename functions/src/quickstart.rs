@@ -4,6 +4,7 @@
 //! cold-start benchmark runs it.
 
 use lambda_idempotency::lambda::{IdempotencyLayer, current};
+use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::{Idempotency, KeyPolicy, Operation, OperationScope};
 use lambda_runtime::LambdaEvent;
 use serde_json::{Value, json};
@@ -19,7 +20,8 @@ pub async fn charge(event: LambdaEvent<Value>) -> Result<Value, lambda_runtime::
     Ok(json!({"charged": event.payload["order_id"], "provider_key": ctx.downstream_key("charge")}))
 }
 
-/// The idempotency layer: one operation per `order_id`, the default configuration.
+/// The idempotency layer: one operation per `order_id`, declared safe to re-run after a crash
+/// (the charge passes its downstream key to the provider, which deduplicates on it).
 ///
 /// # Errors
 /// Never with these constants; the key policy checks its pointer.
@@ -27,5 +29,9 @@ pub fn layer(
     idem: Idempotency,
     scope: OperationScope,
 ) -> Result<IdempotencyLayer<Value>, lambda_runtime::Error> {
-    Ok(Operation::new(idem, scope, KeyPolicy::pointer("/order_id")?).layer())
+    Ok(
+        Operation::new(idem, scope, KeyPolicy::pointer("/order_id")?)
+            .with_recovery(Recovery::Rerun)
+            .layer(),
+    )
 }

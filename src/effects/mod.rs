@@ -37,10 +37,12 @@
 //! use lambda_idempotency::store::MemoryStore;
 //! use lambda_idempotency::{BoxError, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope};
 //!
-//! // Every effect of this handler is a step: an attempt that recorded none did nothing.
-//! let idem = Idempotency::new(MemoryStore::new()).with_recovery(Recovery::Steps);
+//! let idem = Idempotency::new(MemoryStore::new());
 //! let key = OperationKey::derive(&OperationScope::new("shop", "checkout")?, None, "order-418")?;
-//! let invocation = Invocation::new(key, Fingerprint::of(&"order-418")?, Duration::from_secs(30));
+//! // Every effect of this handler is a step: an attempt that recorded none did nothing (an
+//! // Operation declares it with the same `with_recovery`).
+//! let invocation = Invocation::new(key, Fingerprint::of(&"order-418")?, Duration::from_secs(30))
+//!     .with_recovery(Recovery::Steps);
 //!
 //! let receipt = idem
 //!     .execute(&invocation, |ctx| async move {

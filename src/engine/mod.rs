@@ -46,6 +46,7 @@ use crate::execution::{Execution, ExecutionContext, Invocation, Origin};
 use crate::failure::{Classifier, DefaultClassifier};
 use crate::key::OperationKey;
 use crate::observe::{self, Decision, NoObserver, Observation, Observer};
+use crate::policy::OperationPolicy;
 use crate::reconcile::{BoxFuture, Reconciler, Recovery};
 use crate::record::Record;
 use crate::store::{AnyStore, Guard, Store, Target};
@@ -129,7 +130,9 @@ impl Idempotency {
         }
     }
 
-    /// Uses `config` (retention, outcome size limit) instead of the default.
+    /// Uses `config` (retention, outcome size limit) instead of the default; an operation may
+    /// declare its own retention and outcome limit
+    /// ([`Operation::with_retention`](crate::Operation::with_retention)).
     pub fn with_config(mut self, config: Config) -> Self {
         self.config = config;
         self
@@ -159,31 +162,36 @@ impl Idempotency {
         self
     }
 
-    /// Classifies handler errors with `classifier` ([`crate::failure`]).
+    /// Classifies handler errors with `classifier` ([`crate::failure`]) in every operation
+    /// that declares none of its own ([`Operation::with_classifier`](crate::Operation::with_classifier)).
     pub fn with_classifier(mut self, classifier: impl Classifier + 'static) -> Self {
         self.classifier = Arc::new(classifier);
         self
     }
 
-    /// Asks `reconciler` before a takeover re-runs a crashed attempt ([`crate::reconcile`]).
+    /// Asks `reconciler` before a takeover re-runs a crashed attempt ([`crate::reconcile`]) of
+    /// every operation that declares none of its own. A reconciler checks one operation's
+    /// downstream: set it on that operation
+    /// ([`Operation::with_reconciler`](crate::Operation::with_reconciler)).
     pub fn with_reconciler(mut self, reconciler: impl Reconciler + 'static) -> Self {
         self.reconciler = Some(Arc::new(reconciler));
         self
     }
 
-    /// What a takeover of a crashed attempt that recorded no step does when no reconciler is
-    /// set ([`Recovery`]): hold the operation INDETERMINATE for an operator (the default),
-    /// re-run a handler whose every effect is a step ([`Recovery::Steps`]), or re-run a
-    /// handler declared safe to repeat ([`Recovery::Rerun`]).
+    /// The recovery policy ([`Recovery`]) of every operation that declares none of its own:
+    /// what a takeover of a crashed attempt that recorded no step does when no reconciler is
+    /// set. A recovery policy is a declaration about one handler's effects: declare it on
+    /// that operation ([`Operation::with_recovery`](crate::Operation::with_recovery)); set
+    /// here, `Rerun` re-runs every operation of the engine that is not safe to repeat too.
     ///
     /// ```
     /// use lambda_idempotency::reconcile::Recovery;
     /// use lambda_idempotency::store::MemoryStore;
     /// use lambda_idempotency::Idempotency;
     ///
-    /// // Every effect is behind a key the provider deduplicates: re-running is safe.
+    /// // Every operation of this engine records each of its effects as a step.
     /// let idem = Idempotency::new(MemoryStore::new())
-    ///     .with_recovery(Recovery::Rerun);
+    ///     .with_recovery(Recovery::Steps);
     /// # let _ = idem;
     /// ```
     pub fn with_recovery(mut self, recovery: Recovery) -> Self {
@@ -226,6 +234,49 @@ impl Idempotency {
     ///   [`Error::KeyExpiredConflict`];
     /// - the lease was taken over meanwhile: [`Error::LeaseLost`], nothing overwritten.
     pub async fn execute<T, E, F, Fut>(
+        &self,
+        invocation: &Invocation,
+        handler: F,
+    ) -> Result<Execution<T>, Error>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Into<BoxError>,
+        F: FnOnce(ExecutionContext) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        // The operation's own policy (recovery, reconciler, classifier, retention, outcome
+        // limit) over the engine's defaults, for this execution only.
+        let declared;
+        let idem = match invocation.policy.is_default() {
+            true => self,
+            false => {
+                declared = self.under(&invocation.policy);
+                &declared
+            }
+        };
+        idem.execute_declared(invocation, handler).await
+    }
+
+    /// This engine with `policy`'s settings in place of its defaults.
+    fn under(&self, policy: &OperationPolicy) -> Self {
+        let mut idem = self.clone();
+        if let Some(recovery) = policy.recovery {
+            idem.recovery = recovery;
+        }
+        if let Some(reconciler) = &policy.reconciler {
+            idem.reconciler = Some(Arc::clone(reconciler));
+        }
+        if let Some(classifier) = &policy.classifier {
+            idem.classifier = Arc::clone(classifier);
+        }
+        idem.config = self
+            .config
+            .for_operation(policy.retention, policy.max_outcome_bytes);
+        idem
+    }
+
+    /// [`Self::execute`] under the policy in place.
+    async fn execute_declared<T, E, F, Fut>(
         &self,
         invocation: &Invocation,
         handler: F,

@@ -15,7 +15,7 @@ use aws_sdk_dynamodb::types::TransactWriteItem;
 use crate::effects::{COMPLETION, StepError, StepLedger};
 use crate::error::{BoxError, Error, StoreError};
 use crate::execution::{Execution, Invocation, Origin};
-use crate::failure::{FailureClass, Release, Terminal};
+use crate::failure::{Classifier, FailureClass, Release, Terminal};
 use crate::observe::{self};
 use crate::record::MAX_FAILURE_MESSAGE_BYTES;
 use crate::record::{FailureKind, Record, RetainedFailure, Settlement, StepRecord};
@@ -242,8 +242,17 @@ impl Idempotency {
 
     /// Whether a handler's error is retained as a terminal failure (the HTTP door's status).
     #[cfg(feature = "http")]
-    pub(crate) fn is_terminal(&self, error: &(dyn std::error::Error + 'static)) -> bool {
-        matches!(self.failure_class(error), FailureClass::Terminal { .. })
+    pub(crate) fn is_terminal(
+        &self,
+        error: &(dyn std::error::Error + 'static),
+        classifier: Option<&dyn Classifier>,
+    ) -> bool {
+        let class = match (Release::is(error), classifier) {
+            (true, _) => FailureClass::Retryable,
+            (false, Some(classifier)) => classifier.classify(error),
+            (false, None) => self.classifier.classify(error),
+        };
+        matches!(class, FailureClass::Terminal { .. })
     }
 
     /// Releases a held claim (and its evidence) so that the next delivery runs afresh.

@@ -27,7 +27,10 @@ use crate::engine::Idempotency;
 use crate::error::ConfigError;
 use crate::error::Error;
 use crate::execution::Invocation;
+use crate::failure::Classifier;
 use crate::key::{JsonPointer, KeyPolicy, OperationScope};
+use crate::policy::OperationPolicy;
+use crate::reconcile::{Reconciler, Recovery};
 
 /// One configured operation: what every front door is built from
 /// ([`Idempotency::operation`], or [`Operation::new`] for a scope of your own).
@@ -39,6 +42,9 @@ pub struct Operation<E> {
     pub(crate) result_ref: Option<JsonPointer>,
     pub(crate) transactional_writes: bool,
     pub(crate) wait_for_result: Option<Duration>,
+    /// Recovery, reconciler, classifier, retention and outcome limit, where the operation
+    /// declares its own.
+    pub(crate) own: OperationPolicy,
 }
 
 impl<E> Clone for Operation<E> {
@@ -51,6 +57,7 @@ impl<E> Clone for Operation<E> {
             result_ref: self.result_ref.clone(),
             transactional_writes: self.transactional_writes,
             wait_for_result: self.wait_for_result,
+            own: self.own.clone(),
         }
     }
 }
@@ -64,6 +71,7 @@ impl<E> fmt::Debug for Operation<E> {
             .field("result_ref", &self.result_ref)
             .field("transactional_writes", &self.transactional_writes)
             .field("wait_for_result", &self.wait_for_result)
+            .field("own", &self.own)
             .finish_non_exhaustive()
     }
 }
@@ -79,6 +87,7 @@ impl<E> Operation<E> {
             result_ref: None,
             transactional_writes: false,
             wait_for_result: None,
+            own: OperationPolicy::default(),
         }
     }
 
@@ -118,6 +127,71 @@ impl<E> Operation<E> {
     pub fn with_wait_for_result(mut self, max: Duration) -> Self {
         self.wait_for_result = Some(max);
         self
+    }
+
+    /// What a takeover of this operation's crashed attempt does when it recorded no step and
+    /// no reconciler is set ([`Recovery`]): hold the operation INDETERMINATE for an operator
+    /// (the default), re-run a handler whose every effect is a step ([`Recovery::Steps`]), or
+    /// re-run a handler declared safe to repeat ([`Recovery::Rerun`]). It is this operation's
+    /// declaration alone: other operations on the same engine keep theirs (or the engine's
+    /// default, [`Idempotency::with_recovery`]).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use lambda_idempotency::lambda::sources;
+    /// use lambda_idempotency::reconcile::Recovery;
+    /// use lambda_idempotency::Idempotency;
+    ///
+    /// let idem = Idempotency::from_env().await?;
+    /// // Every effect of this handler is a recorded step: a crashed attempt's steps decide.
+    /// let orders = idem
+    ///     .operation("orders", sources::sqs(Some("/order_id"))?)?
+    ///     .with_recovery(Recovery::Steps);
+    /// # let _ = orders;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_recovery(mut self, recovery: Recovery) -> Self {
+        self.own.recovery = Some(recovery);
+        self
+    }
+
+    /// Asks `reconciler` before a takeover re-runs a crashed attempt of this operation
+    /// ([`crate::reconcile`]); other operations on the same engine are not asked about.
+    pub fn with_reconciler(mut self, reconciler: impl Reconciler + 'static) -> Self {
+        self.own.reconciler = Some(std::sync::Arc::new(reconciler));
+        self
+    }
+
+    /// Classifies this operation's handler errors with `classifier` ([`crate::failure`]):
+    /// which are released for a retry and which are retained as terminal, on every door (the
+    /// HTTP door's status included).
+    pub fn with_classifier(mut self, classifier: impl Classifier + 'static) -> Self {
+        self.own.classifier = Some(std::sync::Arc::new(classifier));
+        self
+    }
+
+    /// Keeps this operation's settled records (and their replayable outcomes) for `retention`
+    /// instead of the engine's [`Config::retention`](crate::Config::retention). Size it
+    /// against how late a duplicate of this operation can arrive. Operator commands
+    /// ([`Idempotency::resolve`](crate::Idempotency::resolve)) keep what they settle for the
+    /// engine's retention.
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidSetting`] outside 1 s ..= 366 days.
+    pub fn with_retention(mut self, retention: Duration) -> Result<Self, ConfigError> {
+        self.own = self.own.with_retention(retention)?;
+        Ok(self)
+    }
+
+    /// Stores this operation's serialized outcomes (and recorded step results) up to `bytes`
+    /// instead of the engine's [`Config::max_outcome_bytes`](crate::Config::max_outcome_bytes);
+    /// a larger one is retained as FAILED (`outcome_too_large`).
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidSetting`] outside 1 ..= [`MAX_OUTCOME_BYTES`](crate::config::MAX_OUTCOME_BYTES).
+    pub fn with_max_outcome_bytes(mut self, bytes: usize) -> Result<Self, ConfigError> {
+        self.own = self.own.with_max_outcome_bytes(bytes)?;
+        Ok(self)
     }
 
     /// Declares that this operation's handler writes in transactions (transactional steps,
@@ -230,10 +304,19 @@ impl<E> Operation<E> {
             Some(max) => invocation.with_wait_for_result(max),
             None => invocation,
         };
-        Ok(match &self.result_ref {
+        let mut invocation = match &self.result_ref {
             Some(pointer) => invocation.with_result_ref(pointer.clone()),
             None => invocation,
-        })
+        };
+        invocation.policy = self.own.clone();
+        Ok(invocation)
+    }
+
+    /// Whether `error` from this operation's handler is retained as a terminal failure, by
+    /// its classifier (the HTTP door's status).
+    #[cfg(feature = "http")]
+    pub(crate) fn is_terminal(&self, error: &(dyn std::error::Error + 'static)) -> bool {
+        self.idem.is_terminal(error, self.own.classifier.as_deref())
     }
 }
 

@@ -36,6 +36,7 @@ mod memory_store;
 mod metrics;
 #[cfg(all(feature = "sns", feature = "s3"))]
 mod notification_doors;
+mod operation_policies;
 #[cfg(feature = "relay")]
 mod outbox_chain;
 #[cfg(feature = "relay")]

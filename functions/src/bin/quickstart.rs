@@ -2,7 +2,6 @@
 //! when set, points at a local server.
 
 use lambda_idempotency::observe::emf::Flushed;
-use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::{Idempotency, OperationScope};
 use lambda_idempotency_functions::quickstart::{charge, layer};
 use lambda_idempotency_functions::{logging, metrics, primed_store};
@@ -15,11 +14,8 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let store = primed_store().await?;
     let (collector, observer) = metrics::init()?;
     // The namespace is AWS_LAMBDA_FUNCTION_NAME.
-    // The charge passes its downstream key to the provider: safe to repeat after a crash.
     let layer = layer(
-        Idempotency::new(store)
-            .with_observer(observer)
-            .with_recovery(Recovery::Rerun),
+        Idempotency::new(store).with_observer(observer),
         OperationScope::for_function("charge")?,
     )?;
     let service = ServiceBuilder::new()

@@ -174,7 +174,7 @@ where
         Err(Error::Handler { source }) => match Release::take::<NotStored>(source) {
             Ok(not_stored) => not_stored.0,
             // Retained as a terminal failure: answered as every retry will be.
-            Err(source) if operation.idem.is_terminal(&*source) => {
+            Err(source) if operation.is_terminal(&*source) => {
                 respond(&ErrorAnswer::failed_for_good())
             }
             Err(source) => respond(&ErrorAnswer::for_error(&Error::Handler { source })),
