@@ -8,54 +8,8 @@ use std::time::Duration;
 
 use crate::config::{check_max_outcome_bytes, check_retention};
 use crate::error::ConfigError;
-use crate::execution::Invocation;
 use crate::failure::Classifier;
 use crate::reconcile::{Reconciler, Recovery};
-
-/// The operation's own policy, for an invocation built by hand; the doors take it from the
-/// [`Operation`](crate::Operation), whose setters of the same names say what each does.
-impl Invocation {
-    /// Recovers a crashed attempt of this operation under `recovery`
-    /// ([`Operation::with_recovery`](crate::Operation::with_recovery)).
-    pub fn with_recovery(mut self, recovery: Recovery) -> Self {
-        self.policy.recovery = Some(recovery);
-        self
-    }
-
-    /// Asks `reconciler` before a takeover of this operation
-    /// ([`Operation::with_reconciler`](crate::Operation::with_reconciler)).
-    pub fn with_reconciler(mut self, reconciler: impl Reconciler + 'static) -> Self {
-        self.policy.reconciler = Some(Arc::new(reconciler));
-        self
-    }
-
-    /// Classifies this operation's handler errors with `classifier`
-    /// ([`Operation::with_classifier`](crate::Operation::with_classifier)).
-    pub fn with_classifier(mut self, classifier: impl Classifier + 'static) -> Self {
-        self.policy.classifier = Some(Arc::new(classifier));
-        self
-    }
-
-    /// Keeps this operation's settled records for `retention`
-    /// ([`Operation::with_retention`](crate::Operation::with_retention)).
-    ///
-    /// # Errors
-    /// [`ConfigError::InvalidSetting`] outside 1 s ..= 366 days.
-    pub fn with_retention(mut self, retention: Duration) -> Result<Self, ConfigError> {
-        self.policy = self.policy.with_retention(retention)?;
-        Ok(self)
-    }
-
-    /// Stores this operation's outcomes up to `bytes`
-    /// ([`Operation::with_max_outcome_bytes`](crate::Operation::with_max_outcome_bytes)).
-    ///
-    /// # Errors
-    /// [`ConfigError::InvalidSetting`] outside 1 ..= [`MAX_OUTCOME_BYTES`](crate::config::MAX_OUTCOME_BYTES).
-    pub fn with_max_outcome_bytes(mut self, bytes: usize) -> Result<Self, ConfigError> {
-        self.policy = self.policy.with_max_outcome_bytes(bytes)?;
-        Ok(self)
-    }
-}
 
 /// One operation's own policy; `None` (or empty) where the engine's default applies.
 #[derive(Clone, Default)]
@@ -127,3 +81,9 @@ impl PartialEq for OperationPolicy {
 }
 
 impl Eq for OperationPolicy {}
+
+// The policy is read, never changed, through its reconciler and classifier (strategies called
+// by `&self`): a panic cannot leave it half-updated, so an `Invocation` that carries it stays
+// unwind-safe, as it was before it carried one.
+impl std::panic::UnwindSafe for OperationPolicy {}
+impl std::panic::RefUnwindSafe for OperationPolicy {}

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use lambda_idempotency::lambda::sources;
-use lambda_idempotency::{Config, ExecutionContext, Idempotency, Operation, OperationScope};
+use lambda_idempotency::{ExecutionContext, Idempotency, Operation, OperationScope};
 use lambda_runtime::LambdaEvent;
 use lambda_runtime::tower::Service;
 use serde_json::{Value, json};
@@ -32,14 +32,8 @@ pub fn orders(
     lambda_runtime::Error,
 > {
     // Outlive the queue's 4-day retention (template.yaml), so a late redelivery still replays.
-    let config = Config::builder()
-        .retention(Duration::from_secs(5 * 24 * 3600))
-        .build()?;
-    let orders = Operation::new(
-        idem.with_config(config),
-        scope,
-        sources::sqs(Some("/order_id"))?,
-    );
+    let orders = Operation::new(idem, scope, sources::sqs(Some("/order_id"))?)
+        .with_retention(Duration::from_secs(5 * 24 * 3600))?;
     Ok(orders
         .batch()
         .service(move |message, ctx| place_order(ledger.clone(), message, ctx)))

@@ -68,7 +68,6 @@
 //! [`ExecutionContext`]: crate::ExecutionContext
 
 mod destinations;
-mod ledger;
 mod outbox;
 mod outbox_marks;
 #[cfg(feature = "relay")]
@@ -77,8 +76,8 @@ pub mod relay;
 mod step;
 mod transaction;
 
-pub(crate) use self::ledger::{COMPLETION, Halt, StepLedger};
-
+/// How a [`StepError`] names the completion when its writes are refused.
+pub(crate) const COMPLETION: &str = "(completion)";
 /// The step the completion's outbox events name in their ids ([`event_id`]): none.
 pub(crate) const COMPLETION_EVENTS: &str = "";
 pub use self::destinations::{DESTINATIONS_VAR, Destination, Destinations};
@@ -90,8 +89,10 @@ pub use self::outbox_marks::{
     Found, MAX_PARKED_REASON_BYTES, Marked, OutboxError, OutboxMarks, PendingEvent, PublishedBy,
     SETTLED_READS,
 };
-pub use self::step::{NoCheck, NotApplied, Step, StepCheck, StepError};
+pub use self::step::{NoCheck, NotApplied, StepCheck, StepError};
 pub use self::transaction::{Transaction, Writes};
+/// The step builder lives with the attempt, in the engine; its 0.4 path stays.
+pub use crate::engine::attempt::Step;
 pub use crate::reconcile::Checked;
 pub use crate::record::{MAX_STEP_RESULTS_BYTES, MAX_STEPS};
 

@@ -31,6 +31,7 @@ use serde::de::DeserializeOwned;
 use tracing::{Instrument, info, info_span, warn};
 
 use self::answer::answer_existing;
+use self::attempt::{ExecutionContext, Halt, StepLedger};
 use self::decide::Recover;
 use self::give_back::GiveBack;
 pub(crate) use self::give_back::LandsBy;
@@ -40,9 +41,8 @@ use self::settle::{Completion, settle_patience};
 use self::single_flight::SingleFlight;
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
-use crate::effects::{Halt, StepLedger};
 use crate::error::{BoxError, Error};
-use crate::execution::{Execution, ExecutionContext, Invocation, Origin};
+use crate::execution::{Execution, Invocation, Origin};
 use crate::failure::{Classifier, DefaultClassifier};
 use crate::key::OperationKey;
 use crate::observe::{self, Decision, NoObserver, Observation, Observer};
@@ -52,9 +52,12 @@ use crate::record::Record;
 use crate::store::{AnyStore, Guard, Store, Target};
 
 pub(crate) mod answer;
+pub(crate) mod attempt;
 mod claim;
 pub(crate) mod decide;
 mod earlier_key;
+#[cfg(feature = "from-env")]
+mod from_env;
 mod give_back;
 mod keyed_by_0_4;
 mod operator;

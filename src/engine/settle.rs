@@ -12,7 +12,8 @@ use super::retry::Patience;
 use super::{GIVE_BACK_GRACE, INDETERMINATE_RETENTION, Idempotency, answer, decide};
 use aws_sdk_dynamodb::types::TransactWriteItem;
 
-use crate::effects::{COMPLETION, StepError, StepLedger};
+use super::attempt::StepLedger;
+use crate::effects::{COMPLETION, StepError};
 use crate::error::{BoxError, Error, StoreError};
 use crate::execution::{Execution, Invocation, Origin};
 use crate::failure::{Classifier, FailureClass, Release, Terminal};
@@ -234,25 +235,19 @@ impl Idempotency {
     /// The class of a handler's error: retryable when it asks for a release ([`Release`]),
     /// else the classifier's.
     pub(crate) fn failure_class(&self, error: &(dyn std::error::Error + 'static)) -> FailureClass {
-        match Release::is(error) {
-            true => FailureClass::Retryable,
-            false => self.classifier.classify(error),
-        }
+        class_by(&*self.classifier, error)
     }
 
-    /// Whether a handler's error is retained as a terminal failure (the HTTP door's status).
+    /// Whether a handler's error is retained as a terminal failure by `classifier` (an
+    /// operation's own), else the engine's (the HTTP door's status).
     #[cfg(feature = "http")]
     pub(crate) fn is_terminal(
         &self,
         error: &(dyn std::error::Error + 'static),
         classifier: Option<&dyn Classifier>,
     ) -> bool {
-        let class = match (Release::is(error), classifier) {
-            (true, _) => FailureClass::Retryable,
-            (false, Some(classifier)) => classifier.classify(error),
-            (false, None) => self.classifier.classify(error),
-        };
-        matches!(class, FailureClass::Terminal { .. })
+        let classifier = classifier.unwrap_or(&*self.classifier);
+        matches!(class_by(classifier, error), FailureClass::Terminal { .. })
     }
 
     /// Releases a held claim (and its evidence) so that the next delivery runs afresh.
@@ -556,6 +551,18 @@ fn nesting_depth(json: &str) -> usize {
         }
     }
     deepest
+}
+
+/// The class of a handler's error: retryable when it asks for a release ([`Release`]), else
+/// `classifier`'s.
+fn class_by(
+    classifier: &dyn Classifier,
+    error: &(dyn std::error::Error + 'static),
+) -> FailureClass {
+    match Release::is(error) {
+        true => FailureClass::Retryable,
+        false => classifier.classify(error),
+    }
 }
 
 #[cfg(test)]

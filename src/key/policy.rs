@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::Value;
@@ -10,7 +9,6 @@ use serde_json::Value;
 use super::select::{JsonPointer, Select, WholeEvent};
 use super::{Fingerprint, IdentityScope, OperationKey, OperationScope};
 use crate::error::{ConfigError, Error};
-use crate::execution::Invocation;
 
 /// Reads a string (a tenant, a business identity) from an event.
 type ReadFn<E> = dyn Fn(&E) -> Option<String> + Send + Sync;
@@ -166,41 +164,14 @@ impl<E: 'static> KeyPolicy<E> {
 }
 
 impl<E> KeyPolicy<E> {
-    /// The invocation for `event` in `scope`: key, fingerprint and business identity, with a
-    /// lease of `lease`.
-    ///
-    /// # Errors
-    /// As [`KeyPolicy::derive`]; and [`Error::InvalidEvent`] for an empty business identity or
-    /// one over 1024 bytes.
-    pub fn invocation(
-        &self,
-        scope: &OperationScope,
-        event: &E,
-        lease: Duration,
-    ) -> Result<Invocation, Error> {
-        self.invocation_for_tenant(scope, event, lease, None)
+    /// The business identity this policy reads from `event`, if any.
+    pub(crate) fn identity_of(&self, event: &E) -> Option<String> {
+        self.identity.as_ref().and_then(|identity| identity(event))
     }
 
-    /// [`Self::invocation`] under the tenant Lambda's tenant isolation mode gave the
-    /// invocation, if it gave one: that tenant scopes the key (and the identity's evidence)
-    /// instead of the policy's.
-    pub(crate) fn invocation_for_tenant(
-        &self,
-        scope: &OperationScope,
-        event: &E,
-        lease: Duration,
-        context_tenant: Option<&str>,
-    ) -> Result<Invocation, Error> {
-        let derived = self.derive_for_tenant(scope, event, context_tenant)?;
-        let invocation = Invocation::new(derived.key, derived.fingerprint, lease)
-            .with_earlier_key(derived.earlier)
-            .with_key_by_0_4(derived.key_by_0_4);
-        match self.identity.as_ref().and_then(|identity| identity(event)) {
-            None => Ok(invocation),
-            Some(identity) => Ok(invocation
-                .with_identity(identity)?
-                .with_identity_scope(self.identity_scope)),
-        }
+    /// Where the identity's evidence is kept ([`Self::with_identity_scope`]).
+    pub(crate) fn identity_scope(&self) -> IdentityScope {
+        self.identity_scope
     }
 
     /// The operation key and fingerprint of `event` in `scope`.

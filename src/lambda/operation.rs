@@ -185,7 +185,12 @@ impl<E> Operation<E> {
 
     /// Stores this operation's serialized outcomes (and recorded step results) up to `bytes`
     /// instead of the engine's [`Config::max_outcome_bytes`](crate::Config::max_outcome_bytes);
-    /// a larger one is retained as FAILED (`outcome_too_large`).
+    /// a larger one is retained as FAILED (`outcome_too_large`). The DynamoDB store keeps
+    /// outcomes up to its own [`OutcomeStorage::max_outcome_bytes`](crate::store::OutcomeStorage::max_outcome_bytes)
+    /// (16 MiB unless set): where you lower it, keep it at least the largest limit any
+    /// operation declares.
+    /// Operator commands ([`Idempotency::resolve`](crate::Idempotency::resolve)) check a value
+    /// against the engine's limit.
     ///
     /// # Errors
     /// [`ConfigError::InvalidSetting`] outside 1 ..= [`MAX_OUTCOME_BYTES`](crate::config::MAX_OUTCOME_BYTES).

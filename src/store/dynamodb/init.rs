@@ -12,7 +12,6 @@ use super::{
     AttributeNames, DynamoDbStore, OutcomeStorage, TABLE_VAR, UNIQUENESS_TABLE_VAR, client,
     replication,
 };
-use crate::engine::Idempotency;
 use crate::error::{ConfigError, StoreError};
 use crate::key::{FUNCTION_NAME_VAR, OperationKey};
 
@@ -247,20 +246,6 @@ fn table_from_env() -> Result<String, ConfigError> {
         name: TABLE_VAR,
         hint: "set it to the idempotency table's name (template.yaml outputs it)",
     })
-}
-
-impl Idempotency {
-    /// An engine over the DynamoDB tables the environment names
-    /// ([`DynamoDbStore::from_env`]: `IDEMPOTENCY_TABLE`, optionally `UNIQUENESS_TABLE` and
-    /// `DYNAMODB_ENDPOINT`), with the default [`Config`](crate::Config).
-    ///
-    /// # Errors
-    /// [`ConfigError`] when `IDEMPOTENCY_TABLE` is unset.
-    #[cfg(feature = "from-env")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "from-env")))]
-    pub async fn from_env() -> Result<Self, ConfigError> {
-        Ok(Self::new(DynamoDbStore::from_env().await?))
-    }
 }
 
 #[cfg(test)]

@@ -119,7 +119,8 @@ impl OutcomeStorage {
     /// The largest outcome this store writes or restores (clamped to 1 ..=
     /// [`MAX_OUTCOME_BYTES`]; default [`MAX_OUTCOME_BYTES`], which reads what any
     /// configuration wrote). Set it to the engine's
-    /// [`Config::max_outcome_bytes`](crate::Config::max_outcome_bytes): a stored outcome that
+    /// [`Config::max_outcome_bytes`](crate::Config::max_outcome_bytes), or the largest an
+    /// operation declares ([`Operation::with_max_outcome_bytes`](crate::Operation::with_max_outcome_bytes)) if larger: a stored outcome that
     /// says it is longer, or whose compressed bytes expand past it, is then refused as a
     /// corrupt record without the memory it would take, and a longer settlement is rejected
     /// before it is written.

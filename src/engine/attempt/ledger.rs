@@ -13,21 +13,18 @@ use tracing::{debug, warn};
 use aws_sdk_dynamodb::types::TransactWriteItem;
 use sha2::{Digest, Sha256};
 
-use super::outbox::{Outbox, OutboxEvent, event_id};
-use super::step::{NotApplied, StepCheck, StepError};
-use super::transaction::Transaction;
-use super::{COMPLETION_EVENTS, MAX_STEP_NAME_BYTES, MAX_STEP_RESULTS_BYTES, MAX_STEPS};
+use crate::effects::{
+    COMPLETION, COMPLETION_EVENTS, MAX_STEP_NAME_BYTES, MAX_STEP_RESULTS_BYTES, MAX_STEPS,
+    NotApplied, Outbox, OutboxEvent, StepCheck, StepError, Transaction, event_id,
+};
 use crate::reconcile::Checked;
 
 /// What a step's fields (`name`, `attempt`, `result` and the list's framing) add in the record.
 const STEP_OVERHEAD_BYTES: usize = 32;
 
-/// How errors name the completion when its writes are refused.
-pub(crate) const COMPLETION: &str = "(completion)";
-use crate::Idempotency;
-use crate::engine::LandsBy;
 use crate::engine::decide::{self, StepStanding};
 use crate::engine::retry::Patience;
+use crate::engine::{Idempotency, LandsBy};
 use crate::error::{BoxError, Error, StoreError};
 use crate::execution::Invocation;
 use crate::key::OperationKey;
