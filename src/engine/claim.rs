@@ -8,7 +8,7 @@ use tracing::{debug, warn};
 use super::decide::{self, Claimed, TookOver};
 use super::retry::Patience;
 use super::settle::settle_patience;
-use super::{Held, Idempotency, Step, answer, erased};
+use super::{AfterClaim, Held, Idempotency, answer, erased};
 use crate::error::Error;
 use crate::execution::Invocation;
 use crate::record::{Evidence, Record};
@@ -22,7 +22,7 @@ impl Idempotency {
         claim: &Record,
         invocation: &Invocation,
         now: SystemTime,
-    ) -> Result<Step, Error> {
+    ) -> Result<AfterClaim, Error> {
         let key = &invocation.key;
         let deadline = claim.lease.expires_at;
         let target = Target {
@@ -67,13 +67,13 @@ impl Idempotency {
             claimed => claimed,
         };
         let existing = match decide::claimed(claimed, claim, now) {
-            Claimed::Run => return Ok(Step::Run(Held::Fresh)),
+            Claimed::Run => return Ok(AfterClaim::Run(Held::Fresh)),
             Claimed::Adopt(evidence) => return self.adopt(claim, invocation, evidence, now).await,
             Claimed::IdentityTaken(evidence) => {
                 return Err(answer::identity_taken(invocation, evidence));
             }
             Claimed::PayloadConflict => return Err(Error::PayloadConflict { key: key.clone() }),
-            Claimed::Answer(existing) => return Ok(Step::Answer(Box::new(existing))),
+            Claimed::Answer(existing) => return Ok(AfterClaim::Answer(Box::new(existing))),
             Claimed::TakeOver(existing) => existing,
         };
         self.take_over(existing, claim, invocation, now, false)
@@ -91,7 +91,7 @@ impl Idempotency {
         invocation: &Invocation,
         now: SystemTime,
         reentered: bool,
-    ) -> Result<Step, Error> {
+    ) -> Result<AfterClaim, Error> {
         let key = &invocation.key;
         let deadline = claim.lease.expires_at;
         let (lease, expires_at) =
@@ -133,7 +133,7 @@ impl Idempotency {
         }
         match decide::took_over(fence, &lease) {
             TookOver::Held => {}
-            TookOver::Answer(current) => return Ok(Step::Answer(current)),
+            TookOver::Answer(current) => return Ok(AfterClaim::Answer(current)),
             TookOver::InProgress => {
                 return Err(Error::AlreadyInProgress {
                     key: key.clone(),
@@ -149,7 +149,7 @@ impl Idempotency {
             ),
             false => warn!(attempt = lease.attempt, "took over an expired lease"),
         }
-        Ok(Step::Run(Held::TakenOver {
+        Ok(AfterClaim::Run(Held::TakenOver {
             attempt: lease.attempt,
             previous: Box::new(existing),
             adopted: false,
@@ -169,7 +169,7 @@ impl Idempotency {
         claim: &Record,
         invocation: &Invocation,
         now: SystemTime,
-    ) -> Result<Step, Error> {
+    ) -> Result<AfterClaim, Error> {
         let key = &invocation.key;
         if !claim
             .fingerprint
@@ -195,7 +195,7 @@ impl Idempotency {
         invocation: &Invocation,
         orphan: Evidence,
         now: SystemTime,
-    ) -> Result<Step, Error> {
+    ) -> Result<AfterClaim, Error> {
         let key = &invocation.key;
         if !invocation
             .fingerprint
@@ -229,14 +229,14 @@ impl Idempotency {
             Claim::Acquired => {}
             Claim::Existing(existing) if decide::is_own_claim(&existing, &record) => {}
             Claim::Existing(existing) => {
-                return Ok(Step::Answer(Box::new(existing)));
+                return Ok(AfterClaim::Answer(Box::new(existing)));
             }
             Claim::IdentityTaken(evidence) => {
                 return Err(answer::identity_taken(invocation, evidence));
             }
         }
         warn!("adopted a crashed attempt whose record had expired");
-        Ok(Step::Run(Held::TakenOver {
+        Ok(AfterClaim::Run(Held::TakenOver {
             attempt: 2,
             previous: Box::new(decide::orphaned_record(&record, &orphan)),
             adopted: true,

@@ -418,7 +418,7 @@ impl Idempotency {
         let claimed = self.claim(&claim, invocation, now).await;
         self.observe_latency(key, observe::Phase::Claim, claiming);
         let held = match claimed {
-            Ok(Step::Run(held)) => {
+            Ok(AfterClaim::Run(held)) => {
                 if let Held::TakenOver {
                     reentered: false, ..
                 } = held
@@ -430,7 +430,7 @@ impl Idempotency {
                 }
                 held
             }
-            Ok(Step::Answer(existing)) => {
+            Ok(AfterClaim::Answer(existing)) => {
                 give_back.disarm();
                 let answer = answer_existing(*existing, invocation, now);
                 return Ran::unrun(answer, invocation, handler);
@@ -661,7 +661,7 @@ impl<T, F> Ran<T, F> {
 }
 
 /// What a claim leads to.
-enum Step {
+enum AfterClaim {
     /// The caller holds the lease: run (or reconcile).
     Run(Held),
     /// Another record stands: answer from it (replay, retained failure, wait).
