@@ -63,6 +63,20 @@ pub(crate) enum Write {
     Item(Box<TransactWriteItem>),
 }
 
+/// What every conditioned write (put, update, delete, check) carries, written once: its
+/// condition, the expression's names and values, and the old item when the condition fails.
+/// (The SDK's four builders share these setters but no trait.)
+macro_rules! conditioned {
+    ($builder:expr, $condition:expr, $expr:expr) => {{
+        let (names, values) = $expr.into_parts();
+        $builder
+            .condition_expression($condition)
+            .set_expression_attribute_names(names)
+            .set_expression_attribute_values(values)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+    }};
+}
+
 impl Write {
     pub(crate) fn put(
         table: &str,
@@ -70,17 +84,14 @@ impl Write {
         condition: &str,
         expr: Expr,
     ) -> Result<Self, StoreError> {
-        let (names, values) = expr.into_parts();
-        Put::builder()
-            .table_name(table)
-            .set_item(Some(item))
-            .condition_expression(condition)
-            .set_expression_attribute_names(names)
-            .set_expression_attribute_values(values)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .build()
-            .map(Self::Put)
-            .map_err(invalid)
+        conditioned!(
+            Put::builder().table_name(table).set_item(Some(item)),
+            condition,
+            expr
+        )
+        .build()
+        .map(Self::Put)
+        .map_err(invalid)
     }
 
     pub(crate) fn update(
@@ -90,18 +101,17 @@ impl Write {
         condition: &str,
         expr: Expr,
     ) -> Result<Self, StoreError> {
-        let (names, values) = expr.into_parts();
-        Update::builder()
-            .table_name(table)
-            .set_key(Some(key))
-            .update_expression(update)
-            .condition_expression(condition)
-            .set_expression_attribute_names(names)
-            .set_expression_attribute_values(values)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .build()
-            .map(Self::Update)
-            .map_err(invalid)
+        conditioned!(
+            Update::builder()
+                .table_name(table)
+                .set_key(Some(key))
+                .update_expression(update),
+            condition,
+            expr
+        )
+        .build()
+        .map(Self::Update)
+        .map_err(invalid)
     }
 
     pub(crate) fn delete(
@@ -110,17 +120,14 @@ impl Write {
         condition: &str,
         expr: Expr,
     ) -> Result<Self, StoreError> {
-        let (names, values) = expr.into_parts();
-        Delete::builder()
-            .table_name(table)
-            .set_key(Some(key))
-            .condition_expression(condition)
-            .set_expression_attribute_names(names)
-            .set_expression_attribute_values(values)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .build()
-            .map(Self::Delete)
-            .map_err(invalid)
+        conditioned!(
+            Delete::builder().table_name(table).set_key(Some(key)),
+            condition,
+            expr
+        )
+        .build()
+        .map(Self::Delete)
+        .map_err(invalid)
     }
 
     pub(crate) fn check(
@@ -129,17 +136,16 @@ impl Write {
         condition: &str,
         expr: Expr,
     ) -> Result<Self, StoreError> {
-        let (names, values) = expr.into_parts();
-        ConditionCheck::builder()
-            .table_name(table)
-            .set_key(Some(key))
-            .condition_expression(condition)
-            .set_expression_attribute_names(names)
-            .set_expression_attribute_values(values)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .build()
-            .map(Self::Check)
-            .map_err(invalid)
+        conditioned!(
+            ConditionCheck::builder()
+                .table_name(table)
+                .set_key(Some(key)),
+            condition,
+            expr
+        )
+        .build()
+        .map(Self::Check)
+        .map_err(invalid)
     }
 
     fn table(&self) -> &str {
