@@ -14,7 +14,7 @@ use crate::clock::{Clock, ManualClock};
 use crate::effects::Checked;
 use crate::effects::Transaction;
 use crate::error::BoxError;
-use crate::execution::ExecutionContext;
+use crate::execution::{ExecutionContext, Invocation};
 use crate::failure::Terminal;
 use crate::key::OperationKey;
 use crate::reconcile::{Reconciliation, Takeover};
@@ -553,6 +553,18 @@ pub(super) fn silence_simulated_panics() {
             }
         }));
     });
+}
+
+impl Profile {
+    /// `invocation` carrying this profile as its operation's own policy: its recovery, and the
+    /// simulation's reconciler when the profile asks one.
+    pub(super) fn declared_on(&self, invocation: Invocation, shared: &Shared) -> Invocation {
+        let invocation = invocation.with_recovery(self.recovery);
+        match self.reconciler {
+            true => invocation.with_reconciler(reconciler(Arc::clone(shared))),
+            false => invocation,
+        }
+    }
 }
 
 /// The reconciler: the downstream truth, or what the step told it to answer. A `NotApplied`

@@ -226,6 +226,7 @@ impl<S: Store + Clone> World<S> {
             (false, true) => self.stepped[worker].clone(),
             (false, false) => self.workers[worker].clone(),
         };
+        let invocation = profile.declared_on(invocation, &self.shared);
         let (transactional, tables) = (spec.transactional, self.tables.clone());
         // The reconciler and the steps' checks read the ledger: it is told what the handler's
         // tables show first.
@@ -494,14 +495,15 @@ impl<S: Store + Clone> World<S> {
             self.note(format!("op {op}: no record to conflict with"));
             return;
         }
-        let idem = match (spec.transactional, spec.stepped) {
-            (true, _) => self.transactional[0].0.clone(),
-            (false, true) => self.stepped[0].0.clone(),
-            (false, false) => self.workers[0].0.clone(),
+        let (idem, profile) = match (spec.transactional, spec.stepped) {
+            (true, _) => self.transactional[0].clone(),
+            (false, true) => self.stepped[0].clone(),
+            (false, false) => self.workers[0].clone(),
         };
         let invocation = Invocation::new(spec.key.clone(), fingerprint, LEASE)
             .with_earlier_key(spec.earlier.clone())
             .with_deadline(now + LEASE - DEADLINE_MARGIN);
+        let invocation = profile.declared_on(invocation, &self.shared);
         let ran = Arc::new(AtomicBool::new(false));
         let running = Arc::clone(&ran);
         let answer_mode = lock(&self.shared).answer;

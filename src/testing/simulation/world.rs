@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use super::actors::{
-    Answer, Behaviour, Downstream, Shared, Skewed, lock, reconciler, silence_simulated_panics,
+    Answer, Behaviour, Downstream, Shared, Skewed, lock, silence_simulated_panics,
 };
 use super::formats::Encoding;
 use super::ledger::{Ledger, Profile};
@@ -265,7 +265,6 @@ impl<S: Store + Clone> World<S> {
                 let idem = Idempotency::new(store.clone())
                     .with_config(config.clone())
                     .with_clock(Skewed::of(&fixture.clock, worker))
-                    .with_recovery(profile.recovery)
                     .with_observer(move |observation: &Observation<'_>| {
                         if let Observation::Decision {
                             decision: Decision::Takeover,
@@ -275,10 +274,6 @@ impl<S: Store + Clone> World<S> {
                             counted.fetch_add(1, Ordering::Relaxed);
                         }
                     });
-                let idem = match profile.reconciler {
-                    true => idem.with_reconciler(reconciler(Arc::clone(&shared))),
-                    false => idem,
-                };
                 let transactional_profile = Profile {
                     recovery: match stepped_profile.recovery {
                         Recovery::Rerun => Recovery::Steps,
@@ -286,14 +281,10 @@ impl<S: Store + Clone> World<S> {
                     },
                     ..stepped_profile
                 };
-                transactional.push((
-                    idem.clone().with_recovery(transactional_profile.recovery),
-                    transactional_profile,
-                ));
-                stepped.push((
-                    idem.clone().with_recovery(stepped_profile.recovery),
-                    stepped_profile,
-                ));
+                // One engine per worker; each profile is the operation's own policy, declared
+                // on the invocations the worker makes ([`Profile::declared_on`]).
+                transactional.push((idem.clone(), transactional_profile));
+                stepped.push((idem.clone(), stepped_profile));
                 (idem, profile)
             })
             .collect::<Vec<_>>();
