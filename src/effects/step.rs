@@ -93,7 +93,7 @@ pub enum StepError {
     /// index `write` ([`Transaction::writes`](super::Transaction::writes)) failed. Nothing was
     /// committed and the step is not recorded: the handler may read again and run it again.
     /// For the completion's writes (step `(completion)`,
-    /// [`ExecutionContext::complete_with`]), `write` indexes every write queued.
+    /// [`ExecutionContext::complete_with`](crate::ExecutionContext::complete_with)), `write` indexes every write queued.
     #[error("step `{step}`: the condition of write {write} failed; nothing was committed")]
     Refused {
         /// The step's name.

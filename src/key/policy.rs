@@ -146,7 +146,7 @@ impl<E: 'static> KeyPolicy<E> {
 
     /// Declares each operation's business identity (e.g. `invoice:{order}:{revision}`), read
     /// from the event: its permanent evidence keeps the operation from ever running twice
-    /// (see [`Invocation::with_identity`]). An event for which it answers `None` has none.
+    /// (see [`Invocation::with_identity`](crate::Invocation::with_identity)). An event for which it answers `None` has none.
     pub fn with_identity(
         mut self,
         identity: impl Fn(&E) -> Option<String> + Send + Sync + 'static,

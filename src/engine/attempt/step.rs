@@ -23,8 +23,8 @@ pub struct Step<'a, C = NoCheck> {
 
 impl<'a> Step<'a, NoCheck> {
     /// Asks `check` about this step when an earlier attempt recorded its intent but no result:
-    /// [`Checked::Applied`] records the result found, [`Checked::NotApplied`] runs the effect,
-    /// [`Checked::Unknown`] (or an error) leaves it to an operator (or the next delivery).
+    /// [`Checked::Applied`](crate::effects::Checked::Applied) records the result found, [`Checked::NotApplied`](crate::effects::Checked::NotApplied) runs the effect,
+    /// [`Checked::Unknown`](crate::effects::Checked::Unknown) (or an error) leaves it to an operator (or the next delivery).
     pub fn checked_by<C>(self, check: C) -> Step<'a, C> {
         Step {
             context: self.context,
