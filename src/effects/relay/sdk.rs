@@ -73,6 +73,34 @@ impl Transport for SdkTransport {
     }
 }
 
+/// One batch's entries for SNS or SQS, named `0`, `1`, …: each message's envelope as the
+/// `body`, its event id as the [`ID_ATTRIBUTE`] message attribute and, to a FIFO destination,
+/// its group and deduplication id. The two SDKs spell the same entry with types of their own
+/// and no shared trait, so it is written once here for both.
+macro_rules! entries {
+    ($sdk:ident, $entry:ident, $body:ident, $messages:expr, $fifo:expr) => {{
+        let mut requested = Vec::with_capacity($messages.len());
+        for (n, message) in $messages.iter().enumerate() {
+            let attribute = $sdk::types::MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(&message.event.id)
+                .build()
+                .map_err(PublishError::failed)?;
+            let mut built = $sdk::types::$entry::builder()
+                .id(n.to_string())
+                .$body(message.envelope)
+                .message_attributes(ID_ATTRIBUTE, attribute);
+            if $fifo {
+                built = built
+                    .message_group_id(message.event.message_group())
+                    .message_deduplication_id(message.event.deduplication_id());
+            }
+            requested.push(built.build().map_err(PublishError::failed)?);
+        }
+        requested
+    }};
+}
+
 impl SdkTransport {
     async fn put_events(&self, messages: &[Message<'_>]) -> Answers {
         let requested = messages.iter().map(|message| {
@@ -115,24 +143,13 @@ impl SdkTransport {
 
     async fn publish_to_topic(&self, topic_arn: &str, messages: &[Message<'_>]) -> Answers {
         let fifo = topic_arn.ends_with(".fifo");
-        let mut requested = Vec::with_capacity(messages.len());
-        for (n, message) in messages.iter().enumerate() {
-            let attribute = aws_sdk_sns::types::MessageAttributeValue::builder()
-                .data_type("String")
-                .string_value(&message.event.id)
-                .build()
-                .map_err(PublishError::failed)?;
-            let mut built = aws_sdk_sns::types::PublishBatchRequestEntry::builder()
-                .id(n.to_string())
-                .message(message.envelope)
-                .message_attributes(ID_ATTRIBUTE, attribute);
-            if fifo {
-                built = built
-                    .message_group_id(message.event.message_group())
-                    .message_deduplication_id(message.event.deduplication_id());
-            }
-            requested.push(built.build().map_err(PublishError::failed)?);
-        }
+        let requested = entries!(
+            aws_sdk_sns,
+            PublishBatchRequestEntry,
+            message,
+            messages,
+            fifo
+        );
         let published = self
             .sns
             .publish_batch()
@@ -151,24 +168,13 @@ impl SdkTransport {
 
     async fn send_to_queue(&self, queue_url: &str, messages: &[Message<'_>]) -> Answers {
         let fifo = queue_url.ends_with(".fifo");
-        let mut requested = Vec::with_capacity(messages.len());
-        for (n, message) in messages.iter().enumerate() {
-            let attribute = aws_sdk_sqs::types::MessageAttributeValue::builder()
-                .data_type("String")
-                .string_value(&message.event.id)
-                .build()
-                .map_err(PublishError::failed)?;
-            let mut built = aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
-                .id(n.to_string())
-                .message_body(message.envelope)
-                .message_attributes(ID_ATTRIBUTE, attribute);
-            if fifo {
-                built = built
-                    .message_group_id(message.event.message_group())
-                    .message_deduplication_id(message.event.deduplication_id());
-            }
-            requested.push(built.build().map_err(PublishError::failed)?);
-        }
+        let requested = entries!(
+            aws_sdk_sqs,
+            SendMessageBatchRequestEntry,
+            message_body,
+            messages,
+            fifo
+        );
         let sent = self
             .sqs
             .send_message_batch()
