@@ -79,8 +79,9 @@ pub(crate) struct StepLedger {
     /// How far apart two invocations' clocks may run: an effect may land until its start plus
     /// its declared timeout, on the clock of whoever takes over.
     clock_skew: Duration,
-    /// The engine's recovery policy: under [`Recovery::Rerun`](crate::reconcile::Recovery::Rerun)
-    /// the whole handler is safe to repeat, so an uncertain step runs again too.
+    /// The operation's recovery policy (its own, else the engine's default): under
+    /// [`Recovery::Rerun`](crate::reconcile::Recovery::Rerun) the whole handler is safe to
+    /// repeat, so an uncertain step runs again too.
     recovery: crate::reconcile::Recovery,
     /// When the operation's execution was first claimed (the same on every attempt of it,
     /// another for a new execution of the key): it names the outbox events' ids.

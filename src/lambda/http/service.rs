@@ -184,7 +184,7 @@ where
 }
 
 /// A response the handler gave that is not stored (408, 409, 425, 429, 5xx): the claim is
-/// released whatever the engine's classifier says ([`Release`]) and the response passed
+/// released whatever the operation's classifier says ([`Release`]) and the response passed
 /// through.
 #[derive(Debug)]
 struct NotStored(Response<Body>);
