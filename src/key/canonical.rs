@@ -10,26 +10,75 @@
 //! RFC 8785's, byte for byte.
 
 use serde_json::{Number, Value};
+use sha2::{Digest, Sha256};
 
 use super::invalid_event;
 use crate::error::Error;
 
 /// A document's canonical form, and whether RFC 8785 alone would have written it otherwise
 /// (it holds an integer past ±2^53 whose digits RFC 8785 does not keep).
-pub(super) struct Canonical {
-    /// The canonical bytes.
-    pub(super) bytes: Vec<u8>,
+pub(super) struct Canonical<T> {
+    /// The canonical bytes, or their SHA-256.
+    pub(super) written: T,
     /// Whether an integer was written whose digits RFC 8785 would have changed.
     pub(super) differs_from_rfc8785: bool,
 }
 
+/// Where canonical bytes go: a buffer ([`canonicalize`]) or straight into a digest
+/// ([`digest`]), so that a key is hashed while it is written, with no intermediate bytes.
+trait Sink {
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl Sink for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+impl Sink for Sha256 {
+    fn put(&mut self, bytes: &[u8]) {
+        self.update(bytes);
+    }
+}
+
+/// What a document is written without.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Strip {
+    /// Nothing: the document as it is.
+    Nothing,
+    /// What the transport adds to an event and a redelivery changes
+    /// ([`WholeEvent`](super::WholeEvent)): an EventBridge event's `replay-name`, an SQS
+    /// message's `receiptHandle` and its receive count and first receive time, in the event
+    /// and in each of its `Records`.
+    Transport,
+    /// The receive count and first receive time of an SQS message's `attributes`.
+    SqsAttributes,
+    /// An event's `Records`: each written without what [`Strip::Transport`] leaves out.
+    Records,
+}
+
 /// The canonical form of `value`.
-pub(super) fn canonicalize(value: &Value) -> Result<Canonical, Error> {
+pub(super) fn canonicalize(value: &Value) -> Result<Canonical<Vec<u8>>, Error> {
+    written_into(value, Strip::Nothing, Vec::with_capacity(128))
+}
+
+/// The SHA-256 of the canonical form of `value` without what `strip` leaves out, hashed as it
+/// is written: nothing is copied.
+pub(super) fn digest(value: &Value, strip: Strip) -> Result<Canonical<[u8; 32]>, Error> {
+    let hashed = written_into(value, strip, Sha256::new())?;
+    Ok(Canonical {
+        written: hashed.written.finalize().into(),
+        differs_from_rfc8785: hashed.differs_from_rfc8785,
+    })
+}
+
+fn written_into<S: Sink>(value: &Value, strip: Strip, sink: S) -> Result<Canonical<S>, Error> {
     let mut canonical = Canonical {
-        bytes: Vec::with_capacity(128),
+        written: sink,
         differs_from_rfc8785: false,
     };
-    write(value, &mut canonical)?;
+    write(value, strip, &mut canonical)?;
     Ok(canonical)
 }
 
@@ -38,55 +87,180 @@ pub(super) fn rfc8785(value: &Value) -> Result<Vec<u8>, Error> {
     serde_json_canonicalizer::to_vec(value).map_err(invalid_event)
 }
 
-fn write(value: &Value, out: &mut Canonical) -> Result<(), Error> {
+fn write<S: Sink>(value: &Value, strip: Strip, out: &mut Canonical<S>) -> Result<(), Error> {
     match value {
+        Value::Null => out.written.put(b"null"),
+        Value::Bool(true) => out.written.put(b"true"),
+        Value::Bool(false) => out.written.put(b"false"),
+        Value::String(text) => write_string(text, &mut out.written),
         Value::Number(number) if number.is_i64() || number.is_u64() => {
             // Written from the integer, not from `Number`'s text: with serde_json's
             // `arbitrary_precision` a number keeps the digits it was read with (`-0`), and one
             // build's canonical form must be every build's.
+            let mut digits = itoa::Buffer::new();
             let exact = match (number.as_u64(), number.as_i64()) {
-                (Some(unsigned), _) => unsigned.to_string(),
-                (None, Some(signed)) => signed.to_string(),
-                (None, None) => number.to_string(),
+                (Some(unsigned), _) => digits.format(unsigned),
+                (None, Some(signed)) => digits.format(signed),
+                (None, None) => return write_double(value, out),
             };
             if !within_doubles_integers(number) {
                 out.differs_from_rfc8785 |= rfc8785(value)? != exact.as_bytes();
             }
-            out.bytes.extend_from_slice(exact.as_bytes());
+            out.written.put(exact.as_bytes());
         }
+        Value::Number(_) => write_double(value, out)?,
         Value::Array(items) => {
-            out.bytes.push(b'[');
+            out.written.put(b"[");
             for (index, item) in items.iter().enumerate() {
                 if index > 0 {
-                    out.bytes.push(b',');
+                    out.written.put(b",");
                 }
-                write(item, out)?;
+                let strip = match strip {
+                    Strip::Records => Strip::Transport,
+                    _ => Strip::Nothing,
+                };
+                write(item, strip, out)?;
             }
-            out.bytes.push(b']');
+            out.written.put(b"]");
         }
         Value::Object(fields) => {
-            let mut members: Vec<(&String, &Value)> = fields.iter().collect();
-            members.sort_by(|(a, _), (b, _)| a.encode_utf16().cmp(b.encode_utf16()));
-            out.bytes.push(b'{');
-            for (index, (name, member)) in members.into_iter().enumerate() {
-                if index > 0 {
-                    out.bytes.push(b',');
-                }
-                write_leaf(&Value::String(name.clone()), out)?;
-                out.bytes.push(b':');
-                write(member, out)?;
+            // serde_json's map already iterates in code point order (unless a build enables
+            // `preserve_order`), which is RFC 8785's UTF-16 order for nearly every name: the
+            // members are sorted only when they are not in order already.
+            let in_order = fields
+                .keys()
+                .zip(fields.keys().skip(1))
+                .all(|(a, b)| utf16_order(a, b).is_lt());
+            let shape = Shape::of(fields, strip);
+            out.written.put(b"{");
+            if in_order {
+                write_members(fields.iter(), shape, out)?;
+            } else {
+                let mut members: Vec<(&String, &Value)> = fields.iter().collect();
+                members.sort_by(|(a, _), (b, _)| utf16_order(a, b));
+                write_members(members.into_iter(), shape, out)?;
             }
-            out.bytes.push(b'}');
+            out.written.put(b"}");
         }
-        leaf => write_leaf(leaf, out)?,
     }
     Ok(())
 }
 
-/// A string, a literal or a double, exactly as RFC 8785 writes it.
-fn write_leaf(leaf: &Value, out: &mut Canonical) -> Result<(), Error> {
-    out.bytes.extend_from_slice(&rfc8785(leaf)?);
+fn write_members<'a, S: Sink>(
+    members: impl Iterator<Item = (&'a String, &'a Value)>,
+    shape: Shape,
+    out: &mut Canonical<S>,
+) -> Result<(), Error> {
+    let mut written = 0;
+    for (name, member) in members {
+        let Some(strip) = shape.member(name, member) else {
+            continue;
+        };
+        if written > 0 {
+            out.written.put(b",");
+        }
+        written += 1;
+        write_string(name, &mut out.written);
+        out.written.put(b":");
+        write(member, strip, out)?;
+    }
     Ok(())
+}
+
+/// An object as [`Strip`] sees it: which of its members are left out, and how each is written.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    strip: Strip,
+    /// An EventBridge event (it has a `detail-type` and a `source`).
+    eventbridge: bool,
+    /// An SQS message (its `eventSource` is `aws:sqs`).
+    sqs: bool,
+}
+
+impl Shape {
+    fn of(fields: &serde_json::Map<String, Value>, strip: Strip) -> Self {
+        let transport = strip == Strip::Transport;
+        Self {
+            strip,
+            eventbridge: transport
+                && fields.contains_key("detail-type")
+                && fields.contains_key("source"),
+            sqs: transport && fields.get("eventSource").and_then(Value::as_str) == Some("aws:sqs"),
+        }
+    }
+
+    /// How the member `name` is written (`None`: left out).
+    fn member(self, name: &str, member: &Value) -> Option<Strip> {
+        match (self.strip, name) {
+            (Strip::Nothing | Strip::Records, _) => Some(Strip::Nothing),
+            (
+                Strip::SqsAttributes,
+                "ApproximateReceiveCount" | "ApproximateFirstReceiveTimestamp",
+            ) => None,
+            (Strip::SqsAttributes, _) => Some(Strip::Nothing),
+            (Strip::Transport, "replay-name") if self.eventbridge => None,
+            (Strip::Transport, "receiptHandle") if self.sqs => None,
+            (Strip::Transport, "attributes") if self.sqs => Some(Strip::SqsAttributes),
+            (Strip::Transport, "Records") if member.is_array() => Some(Strip::Records),
+            (Strip::Transport, _) => Some(Strip::Nothing),
+        }
+    }
+}
+
+/// A double (a fraction, an exponent, an integer beyond `u64`), exactly as RFC 8785 writes it.
+fn write_double<S: Sink>(number: &Value, out: &mut Canonical<S>) -> Result<(), Error> {
+    out.written.put(&rfc8785(number)?);
+    Ok(())
+}
+
+/// A string as RFC 8785 writes it: `"` and `\` escaped, the control characters as `\b`,
+/// `\t`, `\n`, `\f`, `\r` or `\u00xx` (lowercase), everything else as it is.
+fn write_string(text: &str, out: &mut impl Sink) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.put(b"\"");
+    let bytes = text.as_bytes();
+    let mut unwritten = 0;
+    for (at, &byte) in bytes.iter().enumerate() {
+        let control;
+        let escaped: &[u8] = match byte {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            0x08 => b"\\b",
+            b'\t' => b"\\t",
+            b'\n' => b"\\n",
+            0x0c => b"\\f",
+            b'\r' => b"\\r",
+            0x00..=0x1f => {
+                control = [
+                    b'\\',
+                    b'u',
+                    b'0',
+                    b'0',
+                    HEX[usize::from(byte >> 4)],
+                    HEX[usize::from(byte & 0xf)],
+                ];
+                &control
+            }
+            _ => continue,
+        };
+        out.put(&bytes[unwritten..at]);
+        out.put(escaped);
+        unwritten = at + 1;
+    }
+    out.put(&bytes[unwritten..]);
+    out.put(b"\"");
+}
+
+/// RFC 8785's order of member names: by their UTF-16 code units. That is the order of their
+/// UTF-8 bytes except where a character past U+FFFF meets one from U+E000 to U+FFFF (UTF-8
+/// lead bytes 0xEE and up), which is compared in UTF-16 itself.
+fn utf16_order(a: &str, b: &str) -> std::cmp::Ordering {
+    let first_difference = a.bytes().zip(b.bytes()).find(|(x, y)| x != y);
+    match first_difference {
+        None => a.len().cmp(&b.len()),
+        Some((x, y)) if x < 0xee && y < 0xee => x.cmp(&y),
+        Some(_) => a.encode_utf16().cmp(b.encode_utf16()),
+    }
 }
 
 /// Whether the integer `number` lies within ±2^53, where every integer is a double and
@@ -121,9 +295,46 @@ mod tests {
         ] {
             let value = parse(text);
             let canonical = canonicalize(&value).expect("canonical");
-            assert_eq!(canonical.bytes, rfc8785(&value).expect("rfc8785"), "{text}");
+            assert_eq!(
+                canonical.written,
+                rfc8785(&value).expect("rfc8785"),
+                "{text}"
+            );
             assert!(!canonical.differs_from_rfc8785, "{text}");
         }
+    }
+
+    /// Every ASCII character and a few beyond, alone and in member names, as RFC 8785 writes
+    /// them (the escapes are written by hand here).
+    #[test]
+    fn strings_are_escaped_as_rfc8785_escapes_them() {
+        let mut texts: Vec<String> = (0_u8..0x80)
+            .map(|byte| char::from(byte).to_string())
+            .collect();
+        texts.extend([
+            "a\u{7f}\u{80}é€😀\u{e000}\u{ffff}".to_owned(),
+            String::new(),
+        ]);
+        for text in texts {
+            let value = serde_json::json!({ text.clone(): [text.clone()] });
+            let canonical = canonicalize(&value).expect("canonical");
+            assert_eq!(
+                canonical.written,
+                rfc8785(&value).expect("rfc8785"),
+                "{text:?}"
+            );
+        }
+    }
+
+    /// Member names out of code point order in UTF-16 (past U+FFFF against U+E000 to U+FFFF)
+    /// and names that are prefixes of others are sorted as RFC 8785 sorts them.
+    #[test]
+    fn members_are_sorted_by_utf16_code_units() {
+        let value = parse(
+            r#"{"\ue000":1,"\ud800\udc00":2,"\uffff":3,"a":4,"ab":5,"":6,"\u00e9":7,"\ud83d\ude00":8}"#,
+        );
+        let canonical = canonicalize(&value).expect("canonical");
+        assert_eq!(canonical.written, rfc8785(&value).expect("rfc8785"));
     }
 
     #[test]
@@ -136,7 +347,10 @@ mod tests {
             (json!(i64::MAX), "9223372036854775807"),
         ] {
             let canonical = canonicalize(&value).expect("canonical");
-            assert_eq!(String::from_utf8(canonical.bytes).expect("UTF-8"), written);
+            assert_eq!(
+                String::from_utf8(canonical.written).expect("UTF-8"),
+                written
+            );
             assert!(canonical.differs_from_rfc8785, "{written}");
         }
     }
@@ -164,7 +378,7 @@ mod tests {
         ] {
             let canonical = canonicalize(&parse(text)).expect("canonical");
             assert_eq!(
-                String::from_utf8(canonical.bytes).expect("UTF-8"),
+                String::from_utf8(canonical.written).expect("UTF-8"),
                 written,
                 "{text}"
             );

@@ -40,6 +40,8 @@ use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use canonical::Strip;
+
 pub use identity::IdentityScope;
 pub(crate) use identity::{Scoped, global_before_0_5};
 pub use policy::KeyPolicy;
@@ -117,14 +119,29 @@ impl OperationScope {
         self.version
     }
 
-    pub(crate) fn prefix(&self, tenant: Option<&str>) -> String {
-        match tenant {
-            Some(tenant) => format!(
-                "{}#{}#t={}#v{}",
-                self.namespace, self.operation, tenant, self.version
-            ),
-            None => format!("{}#{}#v{}", self.namespace, self.operation, self.version),
+    /// The key `prefix#hash` of key material whose canonical form hashes to `digest`, written
+    /// once into a string of its final size.
+    fn key_of(&self, tenant: Option<&str>, digest: &[u8; 32]) -> String {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let tenant_len = tenant.map_or(0, |tenant| tenant.len() + 3);
+        let mut key = String::with_capacity(
+            self.namespace.len() + self.operation.len() + tenant_len + 16 + 2 * digest.len(),
+        );
+        key.push_str(&self.namespace);
+        key.push('#');
+        key.push_str(&self.operation);
+        if let Some(tenant) = tenant {
+            key.push_str("#t=");
+            key.push_str(tenant);
         }
+        key.push_str("#v");
+        key.push_str(itoa::Buffer::new().format(self.version));
+        key.push('#');
+        for byte in digest {
+            key.push(char::from(HEX[usize::from(byte >> 4)]));
+            key.push(char::from(HEX[usize::from(byte & 0xf)]));
+        }
+        key
     }
 }
 
@@ -186,13 +203,12 @@ impl OperationKey {
                 operation: scope.operation.clone(),
             });
         }
-        let prefix = scope.prefix(tenant);
-        let canonical = canonical::canonicalize(material)?;
-        let key = Self(format!("{prefix}#{}", sha256_hex(&canonical.bytes)));
-        let earlier = match canonical.differs_from_rfc8785 {
-            true => Some(Self(format!(
-                "{prefix}#{}",
-                sha256_hex(&canonical::rfc8785(material)?)
+        let digest = canonical::digest(material, Strip::Nothing)?;
+        let key = Self(scope.key_of(tenant, &digest.written));
+        let earlier = match digest.differs_from_rfc8785 {
+            true => Some(Self(scope.key_of(
+                tenant,
+                &Sha256::digest(canonical::rfc8785(material)?).into(),
             ))),
             false => None,
         };
@@ -275,18 +291,38 @@ impl Fingerprint {
 
     /// [`Self::of`] for an intent that is JSON already (no copy made).
     pub(crate) fn of_value(intent: &Value) -> Result<Self, Error> {
-        let canonical = canonical::canonicalize(intent)?;
+        let canonical = canonical::digest(intent, Strip::Nothing)?;
         let rfc8785_digest = match canonical.differs_from_rfc8785 {
             true => Some(sha256_hex(&canonical::rfc8785(intent)?)),
             false => None,
         };
-        Ok(Self {
-            digest: sha256_hex(&canonical.bytes),
+        Ok(Self::of_digest(&canonical.written, rfc8785_digest))
+    }
+
+    /// The fingerprint of a whole JSON event as [`WholeEvent`] projects it (without what the
+    /// transport adds), hashed where the event lies: nothing is copied unless an integer past
+    /// 2^53 needs the 0.1 rule's digest too.
+    pub(crate) fn of_event(event: &Value) -> Result<Self, Error> {
+        let canonical = canonical::digest(event, Strip::Transport)?;
+        let rfc8785_digest = match canonical.differs_from_rfc8785 {
+            true => {
+                let mut projected = event.clone();
+                select::strip_transport(&mut projected);
+                Some(sha256_hex(&canonical::rfc8785(&projected)?))
+            }
+            false => None,
+        };
+        Ok(Self::of_digest(&canonical.written, rfc8785_digest))
+    }
+
+    fn of_digest(digest: &[u8; 32], rfc8785_digest: Option<String>) -> Self {
+        Self {
+            digest: hex::encode(digest),
             rule: KeyRule::CURRENT,
             rfc8785_digest,
             rfc8785_records_before: None,
             digest_by_0_4: None,
-        })
+        }
     }
 
     /// Wraps a fingerprint read back from a store whose record names no rule, unchecked (a
@@ -403,7 +439,7 @@ impl fmt::Display for Fingerprint {
 /// # Ok::<(), lambda_idempotency::Error>(())
 /// ```
 pub fn canonical_json(value: &Value) -> Result<Vec<u8>, Error> {
-    Ok(canonical::canonicalize(value)?.bytes)
+    Ok(canonical::canonicalize(value)?.written)
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {

@@ -1,5 +1,6 @@
 //! How an event becomes an operation: key, fingerprint, tenant, business identity.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -12,6 +13,13 @@ use crate::error::{ConfigError, Error};
 
 /// Reads a string (a tenant, a business identity) from an event.
 type ReadFn<E> = dyn Fn(&E) -> Option<String> + Send + Sync;
+
+/// The event as a JSON document, where it is one (a `KeyPolicy<Value>`).
+type AsDocument<E> = fn(&E) -> Option<&Value>;
+
+fn as_document<E: 'static>(event: &E) -> Option<&Value> {
+    (event as &dyn Any).downcast_ref::<Value>()
+}
 
 /// How to derive the key and the fingerprint from an event of type `E`.
 pub struct KeyPolicy<E> {
@@ -28,6 +36,13 @@ pub struct KeyPolicy<E> {
     /// The intent 0.4 projected, where this policy projects another (an HTTP query 0.4 did not
     /// percent-decode); dropped when the intent is chosen anew ([`Self::with_intent`]).
     intent_as_0_4: Option<Arc<dyn Select<E>>>,
+    /// The event as a JSON document, where it is one: a [`JsonPointer`]'s key material and a
+    /// [`WholeEvent`] intent are then hashed where they lie in it, not copied out.
+    as_document: AsDocument<E>,
+    /// The key selector, where it is a [`JsonPointer`].
+    key_pointer: Option<JsonPointer>,
+    /// Whether the intent selector is [`WholeEvent`].
+    whole_intent: bool,
 }
 
 /// What [`KeyPolicy`] derived for one event.
@@ -71,9 +86,14 @@ impl<E: 'static> KeyPolicy<E> {
     /// event with a typed [`Error`]): for event types that do not implement `Serialize`, such
     /// as HTTP requests ([`crate::lambda::http::HttpKeys`]).
     pub fn from_selectors(key: impl Select<E> + 'static, intent: impl Select<E> + 'static) -> Self {
+        let key_pointer = (&key as &dyn Any).downcast_ref::<JsonPointer>().cloned();
+        let whole_intent = (&intent as &dyn Any).is::<WholeEvent>();
         Self {
             key: Arc::new(key),
             intent: Arc::new(intent),
+            as_document: as_document::<E>,
+            key_pointer,
+            whole_intent,
             tenant: None,
             tenant_optional: false,
             identity: None,
@@ -102,6 +122,7 @@ impl<E: 'static> KeyPolicy<E> {
 
     /// Chooses the intent projection used for the fingerprint (default: the whole event).
     pub fn with_intent(mut self, intent: impl Select<E> + 'static) -> Self {
+        self.whole_intent = (&intent as &dyn Any).is::<WholeEvent>();
         self.intent = Arc::new(intent);
         self.intent_as_0_4 = None;
         self
@@ -190,14 +211,18 @@ impl<E> KeyPolicy<E> {
         Ok((derived.key, derived.fingerprint))
     }
 
-    /// The tenant the policy reads from `event`: `Ok(None)` when it reads none (no selector,
-    /// or an optional tenant absent).
-    fn policy_tenant(&self, scope: &OperationScope, event: &E) -> Result<Option<String>, Error> {
-        let Some(select) = &self.tenant else {
+    /// The tenant the policy read from an event (`read`): `Ok(None)` when it reads none (no
+    /// selector, or an optional tenant absent).
+    fn policy_tenant(
+        &self,
+        scope: &OperationScope,
+        read: Option<&str>,
+    ) -> Result<Option<String>, Error> {
+        if self.tenant.is_none() {
             return Ok(None);
-        };
-        match select(event) {
-            Some(tenant) => Ok(Some(tenant)),
+        }
+        match read {
+            Some(tenant) => Ok(Some(tenant.to_owned())),
             None if self.tenant_optional => Ok(None),
             None => Err(Error::TenantMissing {
                 operation: scope.operation.clone(),
@@ -213,11 +238,22 @@ impl<E> KeyPolicy<E> {
         event: &E,
         context_tenant: Option<&str>,
     ) -> Result<Derived, Error> {
-        let material = self.key.select(event)?.ok_or_else(|| Error::MissingKey {
+        let missing_key = || Error::MissingKey {
             operation: scope.operation.clone(),
-        })?;
-        let intent = self.intent.select(event)?.unwrap_or(Value::Null);
-        let mut fingerprint = Fingerprint::of_value(&intent)?;
+        };
+        let document = (self.as_document)(event);
+        let selected;
+        let material = match (document, &self.key_pointer) {
+            (Some(document), Some(pointer)) => pointer.find(document).ok_or_else(missing_key)?,
+            _ => {
+                selected = self.key.select(event)?.ok_or_else(missing_key)?;
+                &selected
+            }
+        };
+        let mut fingerprint = match document {
+            Some(document) if self.whole_intent => Fingerprint::of_event(document)?,
+            _ => Fingerprint::of_value(&self.intent.select(event)?.unwrap_or(Value::Null))?,
+        };
         if let Some(Some(by_0_4)) = self
             .intent_as_0_4
             .as_ref()
@@ -231,19 +267,25 @@ impl<E> KeyPolicy<E> {
         let tenant_by_0_4 = self.tenant.as_ref().and_then(|tenant| tenant(event));
         let tenant = match context_tenant {
             Some(tenant) => Some(tenant.to_owned()),
-            None => self.policy_tenant(scope, event)?,
+            None => self.policy_tenant(scope, tenant_by_0_4.as_deref())?,
         };
-        let (key, earlier) = OperationKey::with_earlier(scope, tenant.as_deref(), &material)?;
-        let material_by_0_4 = match &self.key_as_0_4 {
-            Some(select) => select.select(event).ok().flatten(),
-            None => Some(material),
+        let (key, earlier) = OperationKey::with_earlier(scope, tenant.as_deref(), material)?;
+        let key_by_0_4_of = |material: &Value| {
+            OperationKey::with_earlier(scope, tenant_by_0_4.as_deref(), material)
+                .ok()
+                .map(|(by_0_4, _)| by_0_4)
         };
-        let key_by_0_4 = material_by_0_4
-            .and_then(|material| {
-                OperationKey::with_earlier(scope, tenant_by_0_4.as_deref(), &material).ok()
-            })
-            .map(|(by_0_4, _)| by_0_4)
-            .filter(|by_0_4| *by_0_4 != key);
+        let key_by_0_4 = match &self.key_as_0_4 {
+            Some(select) => select
+                .select(event)
+                .ok()
+                .flatten()
+                .and_then(|material| key_by_0_4_of(&material)),
+            // The same material under the same tenant is the same key: not derived twice.
+            None if tenant_by_0_4 == tenant => None,
+            None => key_by_0_4_of(material),
+        }
+        .filter(|by_0_4| *by_0_4 != key);
         Ok(Derived {
             key,
             earlier,
@@ -264,6 +306,9 @@ impl<E> Clone for KeyPolicy<E> {
             identity_scope: self.identity_scope,
             key_as_0_4: self.key_as_0_4.clone(),
             intent_as_0_4: self.intent_as_0_4.clone(),
+            as_document: self.as_document,
+            key_pointer: self.key_pointer.clone(),
+            whole_intent: self.whole_intent,
         }
     }
 }
@@ -276,5 +321,92 @@ impl<E> fmt::Debug for KeyPolicy<E> {
             .field("identity", &self.identity.is_some())
             .field("identity_scope", &self.identity_scope)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::KeyPolicy;
+    use crate::error::Error;
+    use crate::key::{JsonPointer, OperationScope, Select, WholeEvent};
+
+    /// A selector the policy cannot recognise: it takes the copying path.
+    struct Opaque<S>(S);
+
+    impl<S: Select<Value>> Select<Value> for Opaque<S> {
+        fn select(&self, event: &Value) -> Result<Option<Value>, Error> {
+            self.0.select(event)
+        }
+    }
+
+    /// A `KeyPolicy<Value>` hashes a pointer's key material and a whole-event intent where
+    /// they lie in the event; that must derive what copying them out derives, for every shape
+    /// of event the transport stripping looks at.
+    #[test]
+    fn hashing_in_place_derives_what_copying_derives() {
+        let scope = OperationScope::new("orders", "place").expect("scope");
+        let events = [
+            json!({"id": "o-1", "lines": [{"sku": "A", "qty": 2}], "total": 19.99}),
+            json!({"id": 18446744073709551615_u64, "big": 9007199254740993_u64}),
+            json!({"id": "e-1", "detail-type": "Placed", "source": "shop", "replay-name": "r-1", "detail": {"n": 1}}),
+            json!({"id": "m-1", "eventSource": "aws:sqs", "receiptHandle": "h", "body": "{}",
+                   "attributes": {"ApproximateReceiveCount": "3", "ApproximateFirstReceiveTimestamp": "1", "SentTimestamp": "2"}}),
+            json!({"id": "b-1", "Records": [
+                {"eventSource": "aws:sqs", "receiptHandle": "h1", "attributes": {"ApproximateReceiveCount": "1"}},
+                {"Records": [{"detail-type": "x", "source": "y", "replay-name": "z"}]},
+                "not an object"
+            ]}),
+            json!({"id": "n-1", "nested": {"eventSource": "aws:sqs", "receiptHandle": "kept"}}),
+            json!({"id": "u-1", "\u{e000}": 1, "\u{10000}": 2, "esc\"aped\n": "\u{1}\u{7f}"}),
+            json!({"id": "r-1", "Records": {"receiptHandle": "not records"}, "eventSource": "aws:sqs", "attributes": "text"}),
+        ];
+        let in_place = KeyPolicy::<Value>::pointer("/id").expect("pointer");
+        let copying = KeyPolicy::<Value>::from_selectors(
+            Opaque(JsonPointer::new("/id").expect("pointer")),
+            Opaque(WholeEvent),
+        );
+        assert!(in_place.key_pointer.is_some() && in_place.whole_intent);
+        assert!(copying.key_pointer.is_none() && !copying.whole_intent);
+        for event in &events {
+            let fast = in_place
+                .derive_for_tenant(&scope, event, None)
+                .expect("derive");
+            let slow = copying
+                .derive_for_tenant(&scope, event, None)
+                .expect("derive");
+            assert_eq!(fast.key, slow.key, "{event}");
+            assert_eq!(fast.earlier, slow.earlier, "{event}");
+            assert_eq!(
+                fast.fingerprint.as_str(),
+                slow.fingerprint.as_str(),
+                "{event}"
+            );
+            assert_eq!(
+                fast.fingerprint.has_rfc8785_digest(),
+                slow.fingerprint.has_rfc8785_digest(),
+                "{event}"
+            );
+        }
+        let missing = in_place.derive(&scope, &json!({"other": 1}));
+        assert!(matches!(missing, Err(Error::MissingKey { .. })));
+    }
+
+    /// Choosing another intent leaves the in-place path for it.
+    #[test]
+    fn another_intent_is_selected_not_the_whole_event() {
+        let scope = OperationScope::new("orders", "place").expect("scope");
+        let policy = KeyPolicy::<Value>::pointer("/id")
+            .expect("pointer")
+            .with_intent(JsonPointer::new("/amount").expect("pointer"));
+        assert!(!policy.whole_intent);
+        let (_, a) = policy
+            .derive(&scope, &json!({"id": "o-1", "amount": 5, "note": "x"}))
+            .expect("derive");
+        let (_, b) = policy
+            .derive(&scope, &json!({"id": "o-1", "amount": 5, "note": "y"}))
+            .expect("derive");
+        assert_eq!(a, b);
     }
 }

@@ -79,7 +79,7 @@ impl<E: Serialize> Select<E> for WholeEvent {
 }
 
 /// Removes the redelivery-specific transport fields [`WholeEvent`] documents.
-fn strip_transport(document: &mut Value) {
+pub(super) fn strip_transport(document: &mut Value) {
     if let Some(records) = document.get_mut("Records").and_then(Value::as_array_mut) {
         records.iter_mut().for_each(strip_transport);
     }
