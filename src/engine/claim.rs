@@ -8,7 +8,7 @@ use tracing::{debug, warn};
 use super::decide::{self, Claimed, TookOver};
 use super::retry::Patience;
 use super::settle::settle_patience;
-use super::{AfterClaim, Held, Idempotency, answer, erased};
+use super::{AfterClaim, Held, Idempotency, answer};
 use crate::error::Error;
 use crate::execution::Invocation;
 use crate::record::{Evidence, Record};
@@ -120,7 +120,7 @@ impl Idempotency {
                     identity: claim.identity.as_deref(),
                     guard: Guard::Lease(&claim.lease.token),
                 };
-                let _ = erased(self.store.shorten(target, now)).await;
+                let _ = self.store.shorten(target, now).await;
                 return Err(err.into());
             }
         };
@@ -221,7 +221,7 @@ impl Idempotency {
                     identity: None,
                     guard: Guard::Lease(&record.lease.token),
                 };
-                let _ = erased(self.store.shorten(target, now)).await;
+                let _ = self.store.shorten(target, now).await;
                 return Err(err.into());
             }
         };

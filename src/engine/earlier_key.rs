@@ -19,7 +19,7 @@ use std::time::SystemTime;
 
 use tracing::info;
 
-use super::{Idempotency, erased};
+use super::Idempotency;
 use crate::error::Error;
 use crate::execution::Invocation;
 use crate::store::Store;
@@ -44,7 +44,7 @@ impl Idempotency {
         let Some(earlier) = read.earlier_key.take() else {
             return Ok(Cow::Owned(read));
         };
-        let Some(record) = erased(self.store.get(&earlier)).await? else {
+        let Some(record) = self.store.get(&earlier).await? else {
             return Ok(Cow::Owned(read));
         };
         let fingerprint = &read.fingerprint;

@@ -23,7 +23,7 @@ use std::time::SystemTime;
 
 use tracing::info;
 
-use super::{Idempotency, erased};
+use super::Idempotency;
 use crate::error::Error;
 use crate::execution::Invocation;
 use crate::key::{Fingerprint, KeyRule};
@@ -44,7 +44,7 @@ impl Idempotency {
         ) else {
             return Ok(());
         };
-        if let Some(record) = erased(self.store.get(&invocation.key)).await?
+        if let Some(record) = self.store.get(&invocation.key).await?
             && !record.counts_as_absent(now)
         {
             return Ok(());
@@ -58,7 +58,7 @@ impl Idempotency {
             invocation.fingerprint.names(fingerprint, created_at)
         };
         let key = invocation.key.clone();
-        if let Some(record) = erased(self.store.get(before)).await?
+        if let Some(record) = self.store.get(before).await?
             && !record.counts_as_absent(now)
             && by_0_4(record.created_at, &record.fingerprint)
             && of_this_intent(record.created_at, &record.fingerprint)
@@ -130,7 +130,7 @@ impl Idempotency {
         if Some(&earlier) == invocation.evidence_key().as_ref() {
             return Ok(None);
         }
-        Ok(erased(self.store.evidence(&earlier)).await?)
+        Ok(self.store.evidence(&earlier).await?)
     }
 }
 

@@ -47,7 +47,7 @@ use crate::failure::{Classifier, DefaultClassifier};
 use crate::key::OperationKey;
 use crate::observe::{self, Decision, NoObserver, Observation, Observer};
 use crate::policy::OperationPolicy;
-use crate::reconcile::{BoxFuture, Reconciler, Recovery};
+use crate::reconcile::{Reconciler, Recovery};
 use crate::record::Record;
 use crate::store::{AnyStore, Guard, Store, Target};
 
@@ -358,7 +358,7 @@ impl Idempotency {
         invocation: &Invocation,
         now: SystemTime,
     ) -> Result<Execution<T>, Error> {
-        match erased(self.store.get(&invocation.key)).await? {
+        match self.store.get(&invocation.key).await? {
             Some(record) => answer_existing(record, invocation, now),
             None => Err(Error::AlreadyInProgress {
                 key: invocation.key.clone(),
@@ -693,11 +693,4 @@ impl Held {
         };
         decide::settled_identity(claim, previous)
     }
-}
-
-/// Erases a store future's type: the auto-trait checks of deeply nested SDK futures then
-/// happen once, here, instead of in every caller's crate (where they overflow the default
-/// recursion limit).
-fn erased<'a, T>(future: impl Future<Output = T> + Send + 'a) -> BoxFuture<'a, T> {
-    Box::pin(future)
 }

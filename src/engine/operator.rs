@@ -25,8 +25,8 @@ use std::time::{Duration, SystemTime};
 use serde::de::DeserializeOwned;
 use tracing::warn;
 
+use super::Idempotency;
 use super::retry::Patience;
-use super::{Idempotency, erased};
 use crate::error::{ConfigError, Error};
 use crate::key::OperationKey;
 use crate::record::MAX_RESULT_REF_BYTES;
@@ -118,7 +118,7 @@ impl Idempotency {
         resolution: Resolution,
         operator: &Operator,
     ) -> Result<bool, Error> {
-        let Some(record) = erased(self.store.get(key)).await? else {
+        let Some(record) = self.store.get(key).await? else {
             return Ok(false);
         };
         let now = self.clock.now();
@@ -136,7 +136,9 @@ impl Idempotency {
         let settlement = match resolution {
             Resolution::Release => {
                 let evidence = match &record.identity {
-                    Some(identity) => erased(self.store.evidence(identity))
+                    Some(identity) => self
+                        .store
+                        .evidence(identity)
                         .await?
                         .filter(|evidence| evidence.key == *key),
                     None => None,
@@ -182,14 +184,14 @@ impl Idempotency {
         resolution: Resolution,
         operator: &Operator,
     ) -> Result<bool, Error> {
-        let Some(evidence) = erased(self.store.evidence(evidence_key)).await? else {
+        let Some(evidence) = self.store.evidence(evidence_key).await? else {
             return Ok(false);
         };
         if !matches!(evidence.status, Status::InProgress | Status::Indeterminate) {
             return Ok(false);
         }
         let now = self.clock.now();
-        let record = erased(self.store.get(&evidence.key)).await?;
+        let record = self.store.get(&evidence.key).await?;
         if record.is_some_and(|record| !record.counts_as_absent(now)) {
             return Ok(false);
         }
@@ -228,7 +230,7 @@ impl Idempotency {
             return Ok(true);
         }
         // A write that committed and lost its answer meets its own result on the retry.
-        let current = erased(self.store.evidence(evidence_key)).await?;
+        let current = self.store.evidence(evidence_key).await?;
         Ok(current.is_some_and(|current| {
             current.status == settlement.status && same_audit(&current.audit, &settlement.audit)
         }))
@@ -240,7 +242,7 @@ impl Idempotency {
         if applied {
             return Ok(true);
         }
-        let current = erased(self.store.get(&released.key)).await?;
+        let current = self.store.get(&released.key).await?;
         Ok(current.is_some_and(|current| {
             current.status == released.status
                 && current.lease.token == released.lease.token

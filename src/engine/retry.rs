@@ -17,8 +17,8 @@ use std::time::{Duration, SystemTime};
 
 use tracing::warn;
 
+use super::Idempotency;
 use super::decide::{self, SETTLE_MARGIN};
-use super::{Idempotency, erased};
 use crate::error::StoreError;
 
 /// Tries of a write made before the handler runs, the first included.
@@ -108,7 +108,7 @@ impl Idempotency {
         let mut ceiling = FIRST_BACKOFF;
         let mut tries = 1;
         loop {
-            let attempt = erased(write());
+            let attempt = write();
             // A try that starts past the cut (its first) still ends by the deadline itself;
             // past the deadline (a caller's own, or a test's clock) tries are not cut.
             let left = cut.and_then(|cut| {

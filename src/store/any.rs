@@ -265,6 +265,7 @@ impl<S: Store> DynStore for S {
     }
 }
 
+/// Each method awaits the erased store's one boxed future: the engine boxes nothing again.
 impl Store for AnyStore {
     fn into_any_store(self) -> AnyStore {
         self
