@@ -12,10 +12,16 @@
 //! ```text
 //! cargo bench --bench engine
 //! ```
+//!
+//! The last lines (`figure <name> <µs>`) are for `scripts/bench-engine.py`, which runs this
+//! benchmark alternately against the last release's engine and today's and compares their
+//! medians over repeated runs with confidence intervals.
 
 #[path = "../src/testing/local.rs"]
 mod local_dynamodb;
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::Client;
@@ -25,6 +31,54 @@ use lambda_idempotency::{Idempotency, Invocation, KeyPolicy, OperationScope};
 use serde_json::{Value, json};
 
 const SAMPLES: usize = 400;
+
+/// The system allocator, counting the allocations (and reallocations) made through it: the
+/// allocations-per-call figures. One relaxed increment each, on every side of a comparison.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is passed on unchanged to the system allocator.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller upholds `alloc`'s contract, which is `System`'s.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as for `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: `ptr` and `layout` came from this allocator, that is from `System`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as for `realloc`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// The allocations made so far.
+fn allocations() -> u64 {
+    ALLOCATIONS.load(Ordering::Relaxed)
+}
+
+/// A path's figures: median latencies and allocations per call.
+struct PathFigures {
+    first: Duration,
+    duplicate: Duration,
+    first_allocations: f64,
+    duplicate_allocations: f64,
+}
 
 fn order(i: usize) -> Value {
     json!({"order_id": format!("o-{i}"), "customer": "c-42", "lines": [{"sku": "A-1", "qty": 2}, {"sku": "B-7", "qty": 1}], "total": 1999})
@@ -59,30 +113,41 @@ async fn first_and_duplicate(
     idem: &Idempotency,
     policy: &KeyPolicy<Value>,
     scope: &OperationScope,
-) -> (Duration, Duration) {
+) -> PathFigures {
     let (mut first, mut duplicate) = (Vec::with_capacity(SAMPLES), Vec::with_capacity(SAMPLES));
+    let (mut first_allocations, mut duplicate_allocations) = (0, 0);
     for i in 0..SAMPLES {
         let (key, fingerprint) = policy.derive(scope, &order(i)).expect("derive");
         let invocation = Invocation::new(key, fingerprint, Duration::from_secs(30));
-        let start = Instant::now();
+        let (start, allocated) = (Instant::now(), allocations());
         idem.execute(&invocation, |_| async {
             Ok::<_, std::io::Error>(json!({"placed": true}))
         })
         .await
         .expect("first");
         first.push(start.elapsed());
-        let start = Instant::now();
+        first_allocations += allocations() - allocated;
+        let (start, allocated) = (Instant::now(), allocations());
         idem.execute(&invocation, |_| async {
             Ok::<_, std::io::Error>(json!({"placed": false}))
         })
         .await
         .expect("duplicate");
         duplicate.push(start.elapsed());
+        duplicate_allocations += allocations() - allocated;
     }
-    (
-        report(&format!("{label}: first execution"), first),
-        report(&format!("{label}: duplicate (replay)"), duplicate),
-    )
+    let per_call = |total: u64| total as f64 / SAMPLES as f64;
+    println!(
+        "{label}: allocations per call: first execution {:.1}, duplicate {:.1}",
+        per_call(first_allocations),
+        per_call(duplicate_allocations)
+    );
+    PathFigures {
+        first: report(&format!("{label}: first execution"), first),
+        duplicate: report(&format!("{label}: duplicate (replay)"), duplicate),
+        first_allocations: per_call(first_allocations),
+        duplicate_allocations: per_call(duplicate_allocations),
+    }
 }
 
 /// The requests the DynamoDB store sends for a first execution (a conditional `PutItem`, then
@@ -167,7 +232,7 @@ async fn overhead_over_bare_sdk(
     store: DynamoDbStore,
     policy: &KeyPolicy<Value>,
     scope: &OperationScope,
-) {
+) -> OwnCost {
     let bare = BareSdk {
         client: store.client().clone(),
         table: store.table().to_owned(),
@@ -176,20 +241,23 @@ async fn overhead_over_bare_sdk(
     let outcome = serde_json::to_vec(&json!({"placed": true})).expect("JSON");
     let samples = SAMPLES * 2;
     let mut timings: [Vec<Duration>; 4] = std::array::from_fn(|_| Vec::with_capacity(samples));
+    let mut allocated = [0_u64; 4];
     for i in 0..samples {
         let (key, fingerprint) = policy.derive(scope, &order(1_000_000 + i)).expect("derive");
         let token = uuid::Uuid::new_v4().to_string();
-        let start = Instant::now();
+        let (start, before) = (Instant::now(), allocations());
         assert!(bare.claim(key.as_str(), fingerprint.as_str(), &token).await);
         bare.complete(key.as_str(), &token, &outcome).await;
         timings[0].push(start.elapsed());
-        let start = Instant::now();
+        allocated[0] += allocations() - before;
+        let (start, before) = (Instant::now(), allocations());
         assert!(!bare.claim(key.as_str(), fingerprint.as_str(), &token).await);
         timings[1].push(start.elapsed());
+        allocated[1] += allocations() - before;
 
         for (slot, placed) in [(2, true), (3, false)] {
             let event = order(2_000_000 + i);
-            let start = Instant::now();
+            let (start, before) = (Instant::now(), allocations());
             let (key, fingerprint) = policy.derive(scope, &event).expect("derive");
             let invocation = Invocation::new(key, fingerprint, Duration::from_secs(30));
             let done = idem
@@ -199,19 +267,62 @@ async fn overhead_over_bare_sdk(
                 .await
                 .expect("execute");
             timings[slot].push(start.elapsed());
+            allocated[slot] += allocations() - before;
             assert_eq!(done.is_replay(), !placed);
         }
     }
     let [bare_first, bare_duplicate, first, duplicate] = timings;
+    let own_cost = |crate_samples: &[Duration], bare_samples: &[Duration]| {
+        let differences: Vec<f64> = crate_samples
+            .iter()
+            .zip(bare_samples)
+            .map(|(ours, bare)| micros(*ours) - micros(*bare))
+            .collect();
+        median_of(differences)
+    };
+    let first_cost = own_cost(&first, &bare_first);
+    let duplicate_cost = own_cost(&duplicate, &bare_duplicate);
     let bare_first = report("bare SDK: PutItem + UpdateItem", bare_first);
     let first = report("crate: derive + execute, first execution", first);
     let bare_duplicate = report("bare SDK: PutItem refused (ALL_OLD)", bare_duplicate);
     let duplicate = report("crate: derive + execute, duplicate", duplicate);
     println!(
-        "the crate's own cost per call (median difference): first execution {:+.1} µs, duplicate {:+.1} µs",
+        "the crate's own cost per call (difference of medians): first execution {:+.1} µs, duplicate {:+.1} µs",
         micros(first) - micros(bare_first),
         micros(duplicate) - micros(bare_duplicate)
     );
+    println!(
+        "the crate's own cost per call (median of paired differences): first execution {first_cost:+.1} µs, duplicate {duplicate_cost:+.1} µs"
+    );
+    // The server shares the thread: its allocations are on both sides and cancel.
+    let own_allocations = |ours: usize, bare: usize| {
+        (allocated[ours] as f64 - allocated[bare] as f64) / samples as f64
+    };
+    let (first_allocations, duplicate_allocations) = (own_allocations(2, 0), own_allocations(3, 1));
+    println!(
+        "the crate's own allocations per call: first execution {first_allocations:+.1}, duplicate {duplicate_allocations:+.1}"
+    );
+    OwnCost {
+        first: first_cost,
+        duplicate: duplicate_cost,
+        first_allocations,
+        duplicate_allocations,
+    }
+}
+
+/// The crate's own cost per call over the bare SDK: median paired differences (µs) and
+/// allocations per call.
+struct OwnCost {
+    first: f64,
+    duplicate: f64,
+    first_allocations: f64,
+    duplicate_allocations: f64,
+}
+
+/// The median of `values` (not empty).
+fn median_of(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -219,23 +330,28 @@ async fn main() -> Result<(), lambda_idempotency::BoxError> {
     let scope = OperationScope::new("bench", "place-order")?;
     let policy = KeyPolicy::<Value>::pointer("/order_id")?;
 
+    let mut derive_allocations = 0;
     let derive: Vec<Duration> = (0..SAMPLES * 10)
         .map(|i| {
             let event = order(i);
-            let start = Instant::now();
+            let (start, before) = (Instant::now(), allocations());
             let derived = policy.derive(&scope, &event);
             let elapsed = start.elapsed();
+            derive_allocations += allocations() - before;
             assert!(derived.is_ok());
+            drop(derived);
             elapsed
         })
         .collect();
-    report("key + fingerprint (RFC 8785, SHA-256)", derive);
+    let derive = report("key + fingerprint (RFC 8785, SHA-256)", derive);
+    let derive_allocations = derive_allocations as f64 / (SAMPLES * 10) as f64;
+    println!("key + fingerprint: allocations per call {derive_allocations:.1}");
 
     let memory = Idempotency::new(MemoryStore::new());
-    first_and_duplicate("memory store", &memory, &policy, &scope).await;
+    let memory = first_and_duplicate("memory store", &memory, &policy, &scope).await;
 
     let dynamodb = Idempotency::new(local_dynamodb::local_store("bench").await?);
-    let (first, duplicate) = first_and_duplicate(
+    let on_dynamodb = first_and_duplicate(
         "DynamoDB store (embedded, loopback)",
         &dynamodb,
         &policy,
@@ -244,10 +360,10 @@ async fn main() -> Result<(), lambda_idempotency::BoxError> {
     .await;
     println!(
         "duplicate / first execution on DynamoDB: {:.2}",
-        duplicate.as_secs_f64() / first.as_secs_f64()
+        on_dynamodb.duplicate.as_secs_f64() / on_dynamodb.first.as_secs_f64()
     );
 
-    overhead_over_bare_sdk(
+    let own_cost = overhead_over_bare_sdk(
         local_dynamodb::local_store("bench-bare").await?,
         &policy,
         &scope,
@@ -256,7 +372,7 @@ async fn main() -> Result<(), lambda_idempotency::BoxError> {
 
     let cache = CachedStore::new(local_dynamodb::local_store("bench-cached").await?, 16 << 20);
     let cached = Idempotency::new(cache.clone());
-    let (_, cached_duplicate) = first_and_duplicate(
+    let cached_path = first_and_duplicate(
         "DynamoDB store + in-process cache",
         &cached,
         &policy,
@@ -265,9 +381,28 @@ async fn main() -> Result<(), lambda_idempotency::BoxError> {
     .await;
     println!(
         "cached duplicate / uncached duplicate: {:.3}; cache hits {} of {SAMPLES} duplicates ({:.0} requests per duplicate)",
-        cached_duplicate.as_secs_f64() / duplicate.as_secs_f64(),
+        cached_path.duplicate.as_secs_f64() / on_dynamodb.duplicate.as_secs_f64(),
         cache.hits(),
         (SAMPLES as u64 - cache.hits()) as f64 / SAMPLES as f64
     );
+    for (name, figure) in [
+        ("derive", micros(derive)),
+        ("memory_first", micros(memory.first)),
+        ("memory_duplicate", micros(memory.duplicate)),
+        ("own_cost_first", own_cost.first),
+        ("own_cost_duplicate", own_cost.duplicate),
+        ("cached_duplicate", micros(cached_path.duplicate)),
+        ("allocations_derive", derive_allocations),
+        ("allocations_memory_first", memory.first_allocations),
+        ("allocations_memory_duplicate", memory.duplicate_allocations),
+        ("allocations_own_first", own_cost.first_allocations),
+        ("allocations_own_duplicate", own_cost.duplicate_allocations),
+        (
+            "allocations_cached_duplicate",
+            cached_path.duplicate_allocations,
+        ),
+    ] {
+        println!("figure {name} {figure:.2}");
+    }
     Ok(())
 }
