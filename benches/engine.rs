@@ -6,8 +6,11 @@
 //!   loopback HTTP (2 requests and 1 request), or `DYNAMODB_ENDPOINT`;
 //! - the duplicate again with the in-process cache in front (no request);
 //! - the crate's own cost per call on DynamoDB: key derivation plus `execute`, against the same
-//!   requests (same items, expressions and conditions) sent bare through the SDK, interleaved
-//!   sample by sample on one thread so that drift and the server's share cancel out.
+//!   requests sent bare through the same client: the store's own `PutItem` and `UpdateItem`,
+//!   recorded by an interceptor and replayed under other keys (so the bare side cannot drift
+//!   from what the store sends), interleaved sample by sample on one thread so that drift and
+//!   the server's share cancel out;
+//! - allocations per call on every path.
 //!
 //! ```text
 //! cargo bench --bench engine
@@ -22,10 +25,16 @@ mod local_dynamodb;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
+use aws_sdk_dynamodb::config::interceptors::BeforeSerializationInterceptorContextRef;
+use aws_sdk_dynamodb::config::{ConfigBag, Intercept};
+use aws_sdk_dynamodb::error::BoxError;
+use aws_sdk_dynamodb::operation::put_item::PutItemInput;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemInput;
+use aws_sdk_dynamodb::types::AttributeValue;
 use lambda_idempotency::store::{CachedStore, DynamoDbStore, MemoryStore};
 use lambda_idempotency::{Idempotency, Invocation, KeyPolicy, OperationScope};
 use serde_json::{Value, json};
@@ -150,76 +159,78 @@ async fn first_and_duplicate(
     }
 }
 
-/// The requests the DynamoDB store sends for a first execution (a conditional `PutItem`, then
-/// a fenced `UpdateItem` with the outcome) and a duplicate (the `PutItem`, refused with the
-/// stored item), built by hand with the store's attribute names and expressions.
+/// The store's own requests, recorded as the SDK is handed them: the first `PutItem` (a claim)
+/// and `UpdateItem` (its completion) of an execution.
+#[derive(Debug, Clone, Default)]
+struct Recorder(Arc<Mutex<(Option<PutItemInput>, Option<UpdateItemInput>)>>);
+
+impl Intercept for Recorder {
+    fn name(&self) -> &'static str {
+        "Recorder"
+    }
+
+    fn read_before_execution(
+        &self,
+        context: &BeforeSerializationInterceptorContextRef<'_>,
+        _: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let mut recorded = self.0.lock().expect("recorder");
+        if let Some(put) = context.input().downcast_ref::<PutItemInput>() {
+            recorded.0.get_or_insert_with(|| put.clone());
+        }
+        if let Some(update) = context.input().downcast_ref::<UpdateItemInput>() {
+            recorded.1.get_or_insert_with(|| update.clone());
+        }
+        Ok(())
+    }
+}
+
+/// The store's requests for a first execution (its conditional `PutItem`, then its fenced
+/// `UpdateItem` with the outcome) and a duplicate (the `PutItem`, refused with the stored
+/// item), sent bare through the same client: recorded from the store itself, so that they
+/// are the very requests (items, expressions, conditions) whatever the store's version, and
+/// replayed under other keys.
 struct BareSdk {
     client: Client,
-    table: String,
+    claim: PutItemInput,
+    completion: UpdateItemInput,
 }
 
 impl BareSdk {
-    fn now_ms() -> u64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |now| now.as_millis() as u64)
-    }
-
-    async fn claim(&self, key: &str, fingerprint: &str, token: &str) -> bool {
-        let now = Self::now_ms();
-        let n = |value: u64| AttributeValue::N(value.to_string());
-        let s = |value: &str| AttributeValue::S(value.to_owned());
-        let answer = self
-            .client
+    async fn claim(&self, key: &str) -> bool {
+        let input = self.claim.clone();
+        let mut item = input.item.unwrap_or_default();
+        item.insert("pk".into(), AttributeValue::S(key.to_owned()));
+        self.client
             .put_item()
-            .table_name(&self.table)
-            .item("pk", s(key))
-            .item("status", s("IN_PROGRESS"))
-            .item("fingerprint", s(fingerprint))
-            .item("lease_token", s(token))
-            .item("attempt", n(1))
-            .item("lease_expires_at_ms", n(now + 35_000))
-            .item("expires_at", n(now / 1000 + 86_435))
-            .item("created_at", n(now))
-            .condition_expression(
-                "attribute_not_exists(#pk) OR (#expires_at < :now_s AND #status IN (:completed, :failed))",
+            .set_table_name(input.table_name)
+            .set_item(Some(item))
+            .set_condition_expression(input.condition_expression)
+            .set_expression_attribute_names(input.expression_attribute_names)
+            .set_expression_attribute_values(input.expression_attribute_values)
+            .set_return_values(input.return_values)
+            .set_return_values_on_condition_check_failure(
+                input.return_values_on_condition_check_failure,
             )
-            .expression_attribute_names("#pk", "pk")
-            .expression_attribute_names("#expires_at", "expires_at")
-            .expression_attribute_names("#status", "status")
-            .expression_attribute_values(":now_s", n(now / 1000))
-            .expression_attribute_values(":completed", s("COMPLETED"))
-            .expression_attribute_values(":failed", s("FAILED"))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
-            .await;
-        answer.is_ok()
+            .await
+            .is_ok()
     }
 
-    async fn complete(&self, key: &str, token: &str, outcome: &[u8]) {
-        let now = Self::now_ms();
-        let n = |value: u64| AttributeValue::N(value.to_string());
-        let s = |value: &str| AttributeValue::S(value.to_owned());
+    async fn complete(&self, key: &str) {
+        let input = self.completion.clone();
         self.client
             .update_item()
-            .table_name(&self.table)
-            .key("pk", s(key))
-            .update_expression(
-                "SET #status = :status, #expires_at = :expires_at, #completed_at = :completed_at, #outcome = :outcome",
+            .set_table_name(input.table_name)
+            .key("pk", AttributeValue::S(key.to_owned()))
+            .set_update_expression(input.update_expression)
+            .set_condition_expression(input.condition_expression)
+            .set_expression_attribute_names(input.expression_attribute_names)
+            .set_expression_attribute_values(input.expression_attribute_values)
+            .set_return_values(input.return_values)
+            .set_return_values_on_condition_check_failure(
+                input.return_values_on_condition_check_failure,
             )
-            .condition_expression("#status = :in_progress AND #lease_token = :mine")
-            .expression_attribute_names("#status", "status")
-            .expression_attribute_names("#lease_token", "lease_token")
-            .expression_attribute_names("#expires_at", "expires_at")
-            .expression_attribute_names("#completed_at", "completed_at")
-            .expression_attribute_names("#outcome", "outcome")
-            .expression_attribute_values(":in_progress", s("IN_PROGRESS"))
-            .expression_attribute_values(":mine", s(token))
-            .expression_attribute_values(":status", s("COMPLETED"))
-            .expression_attribute_values(":expires_at", n(now / 1000 + 86_400))
-            .expression_attribute_values(":completed_at", n(now))
-            .expression_attribute_values(":outcome", AttributeValue::B(outcome.to_vec().into()))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await
             .expect("bare completion");
@@ -228,30 +239,46 @@ impl BareSdk {
 
 /// The crate's cost per call over the bare requests, on a store whose table the bare requests
 /// share: each sample runs a bare first execution and duplicate, then the crate's, on fresh keys.
-async fn overhead_over_bare_sdk(
-    store: DynamoDbStore,
-    policy: &KeyPolicy<Value>,
-    scope: &OperationScope,
-) -> OwnCost {
+async fn overhead_over_bare_sdk(policy: &KeyPolicy<Value>, scope: &OperationScope) -> OwnCost {
+    let recorder = Recorder::default();
+    let config = local_dynamodb::sdk_config()
+        .await
+        .expect("SDK configuration")
+        .interceptor(recorder.clone())
+        .build();
+    let store = DynamoDbStore::new(
+        Client::from_conf(config),
+        local_dynamodb::unique_table_name("bench-bare-idempotency"),
+    )
+    .with_uniqueness_table(local_dynamodb::unique_table_name("bench-bare-uniqueness"));
+    store.create_table().await.expect("tables");
+    let idem = Idempotency::new(store.clone());
+    let (key, fingerprint) = policy.derive(scope, &order(999_999)).expect("derive");
+    idem.execute(
+        &Invocation::new(key, fingerprint, Duration::from_secs(30)),
+        |_| async { Ok::<_, std::io::Error>(json!({"placed": true})) },
+    )
+    .await
+    .expect("recorded execution");
+    let (claim, completion) = recorder.0.lock().expect("recorder").clone();
     let bare = BareSdk {
+        // The store's own client: the same configuration, timeouts included.
         client: store.client().clone(),
-        table: store.table().to_owned(),
+        claim: claim.expect("the store's claim recorded"),
+        completion: completion.expect("the store's completion recorded"),
     };
-    let idem = Idempotency::new(store);
-    let outcome = serde_json::to_vec(&json!({"placed": true})).expect("JSON");
     let samples = SAMPLES * 2;
     let mut timings: [Vec<Duration>; 4] = std::array::from_fn(|_| Vec::with_capacity(samples));
     let mut allocated = [0_u64; 4];
     for i in 0..samples {
-        let (key, fingerprint) = policy.derive(scope, &order(1_000_000 + i)).expect("derive");
-        let token = uuid::Uuid::new_v4().to_string();
+        let key = format!("bench#bare#v1#{i:064}");
         let (start, before) = (Instant::now(), allocations());
-        assert!(bare.claim(key.as_str(), fingerprint.as_str(), &token).await);
-        bare.complete(key.as_str(), &token, &outcome).await;
+        assert!(bare.claim(&key).await);
+        bare.complete(&key).await;
         timings[0].push(start.elapsed());
         allocated[0] += allocations() - before;
         let (start, before) = (Instant::now(), allocations());
-        assert!(!bare.claim(key.as_str(), fingerprint.as_str(), &token).await);
+        assert!(!bare.claim(&key).await);
         timings[1].push(start.elapsed());
         allocated[1] += allocations() - before;
 
@@ -363,12 +390,7 @@ async fn main() -> Result<(), lambda_idempotency::BoxError> {
         on_dynamodb.duplicate.as_secs_f64() / on_dynamodb.first.as_secs_f64()
     );
 
-    let own_cost = overhead_over_bare_sdk(
-        local_dynamodb::local_store("bench-bare").await?,
-        &policy,
-        &scope,
-    )
-    .await;
+    let own_cost = overhead_over_bare_sdk(&policy, &scope).await;
 
     let cache = CachedStore::new(local_dynamodb::local_store("bench-cached").await?, 16 << 20);
     let cached = Idempotency::new(cache.clone());

@@ -105,12 +105,16 @@ impl Default for AttributeNames {
 impl AttributeNames {
     /// The primary key attributes of `key`'s item.
     pub(crate) fn key(&self, key: &OperationKey) -> Item {
-        let mut item = Item::new();
+        let mut item = Item::with_capacity(2);
+        self.insert_key(&mut item, key);
+        item
+    }
+
+    fn insert_key(&self, item: &mut Item, key: &OperationKey) {
         item.insert(self.partition_key.clone(), s(key.as_str()));
         if let Some(sort) = &self.sort_key {
             item.insert(sort.attribute.clone(), s(&sort.value));
         }
-        item
     }
 
     /// The key of part `index` (each of at most `chunk` bytes) of the outcome whose stored
@@ -135,7 +139,9 @@ impl AttributeNames {
 
     /// The full item of `record` (its outcome inline and uncompressed).
     pub(crate) fn encode(&self, record: &Record) -> Item {
-        let mut item = self.key(&record.key);
+        // Room for a claim's attributes and a few more: built without regrowing.
+        let mut item = Item::with_capacity(14);
+        self.insert_key(&mut item, &record.key);
         item.insert(self.status.clone(), s(record.status.as_str()));
         item.insert(self.fingerprint.clone(), s(record.fingerprint.as_str()));
         if let Some(rule) = record.fingerprint.rule().stored() {

@@ -24,10 +24,21 @@ type Names = HashMap<String, String>;
 type Values = HashMap<String, AttributeValue>;
 
 /// Expression attribute names and values.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Expr {
     names: Names,
     values: Values,
+}
+
+impl Default for Expr {
+    /// Room for what a record's writes name (up to seven names and values each before either
+    /// regrows).
+    fn default() -> Self {
+        Self {
+            names: Names::with_capacity(7),
+            values: Values::with_capacity(7),
+        }
+    }
 }
 
 impl Expr {
@@ -373,13 +384,16 @@ where
 {
     match result {
         Ok(_) => Ok(None),
-        Err(err) => match err
-            .as_service_error()
-            .and_then(AsConditionFailure::condition_failure)
-        {
-            Some(failed) => Ok(Some(failed.item().cloned())),
-            None => Err(map_sdk_error(operation, table, err)),
-        },
+        // The item is taken out of the error, not copied: a duplicate's whole record.
+        Err(SdkError::ServiceError(failure)) if failure.err().condition_failure().is_some() => {
+            Ok(Some(
+                failure
+                    .into_err()
+                    .into_condition_failure()
+                    .and_then(|failed| failed.item),
+            ))
+        }
+        Err(err) => Err(map_sdk_error(operation, table, err)),
     }
 }
 
@@ -391,14 +405,22 @@ fn invalid(err: aws_sdk_dynamodb::error::BuildError) -> StoreError {
 }
 
 /// The single-item operation errors whose condition can fail.
-trait AsConditionFailure {
+trait AsConditionFailure: Sized {
     fn condition_failure(&self) -> Option<&ConditionalCheckFailedException>;
+    fn into_condition_failure(self) -> Option<ConditionalCheckFailedException>;
 }
 
 macro_rules! condition_failure {
     ($($error:ty),*) => {$(
         impl AsConditionFailure for $error {
             fn condition_failure(&self) -> Option<&ConditionalCheckFailedException> {
+                match self {
+                    Self::ConditionalCheckFailedException(failed) => Some(failed),
+                    _ => None,
+                }
+            }
+
+            fn into_condition_failure(self) -> Option<ConditionalCheckFailedException> {
                 match self {
                     Self::ConditionalCheckFailedException(failed) => Some(failed),
                     _ => None,
