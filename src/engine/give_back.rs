@@ -33,24 +33,26 @@ impl LandsBy {
 /// cancelled: a timeout, a dropped request, an aborted task), it shortens the lease to a short
 /// grace from now in a task of its own, so that the next delivery takes over (after
 /// reconciliation) instead of waiting out the rest of the lease.
-pub(super) struct GiveBack {
-    pub(super) store: AnyStore,
-    pub(super) clock: Arc<dyn Clock>,
-    pub(super) key: OperationKey,
-    pub(super) token: String,
+/// It borrows what it needs and copies it only when it gives a claim back: an execution that
+/// ends by itself (every duplicate) pays nothing for it.
+pub(super) struct GiveBack<'a> {
+    pub(super) store: &'a AnyStore,
+    pub(super) clock: &'a dyn Clock,
+    pub(super) key: &'a OperationKey,
+    pub(super) token: &'a str,
     pub(super) lease_expires_at: SystemTime,
-    pub(super) lands_by: LandsBy,
+    pub(super) lands_by: &'a LandsBy,
     pub(super) armed: bool,
 }
 
-impl GiveBack {
+impl GiveBack<'_> {
     /// The execution ended by itself: nothing to give back.
     pub(super) fn disarm(&mut self) {
         self.armed = false;
     }
 }
 
-impl Drop for GiveBack {
+impl Drop for GiveBack<'_> {
     fn drop(&mut self) {
         if !self.armed {
             return;
@@ -66,7 +68,7 @@ impl Drop for GiveBack {
             self.lands_by.get(),
         );
         let key = self.key.clone();
-        let token = std::mem::take(&mut self.token);
+        let token = self.token.to_owned();
         runtime.spawn(async move {
             let target = Target {
                 key: &key,

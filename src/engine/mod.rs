@@ -333,7 +333,7 @@ impl Idempotency {
             }
         };
         let operation = invocation.key.operation();
-        for decision in Decision::of(&answer) {
+        if let Some(decision) = Decision::of_answer(&answer) {
             self.observer.observe(&Observation::Decision {
                 operation,
                 decision,
@@ -406,12 +406,12 @@ impl Idempotency {
         // every suspension.
         let lands_by = LandsBy::default();
         let mut give_back = GiveBack {
-            store: self.store.clone(),
-            clock: Arc::clone(&self.clock),
-            key: key.clone(),
-            token: claim.lease.token.clone(),
+            store: &self.store,
+            clock: &*self.clock,
+            key,
+            token: &claim.lease.token,
             lease_expires_at: deadline,
-            lands_by: lands_by.clone(),
+            lands_by: &lands_by,
             armed: invocation.owner.is_none(),
         };
         let claiming = Instant::now();

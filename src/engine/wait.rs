@@ -2,6 +2,7 @@
 //! ([`Invocation::with_wait_for_result`]): backed-off, strongly consistent reads of the record,
 //! bounded by the caller's patience, its deadline and the holder's lease.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
@@ -63,7 +64,8 @@ impl Idempotency {
     {
         let since = self.clock.now();
         let until = wait_until(invocation, since);
-        let mut current = invocation.clone();
+        // Copied only when a wait changes its lease.
+        let mut current = Cow::Borrowed(invocation);
         let mut handler = handler;
         let mut reads = 0_u32;
         loop {
@@ -91,7 +93,7 @@ impl Idempotency {
                 self.observe_wait(&current.key, reads, since);
                 return Err(self.still_busy(busy, held_until));
             }
-            current.lease = self.lease_left(invocation, since);
+            current.to_mut().lease = self.lease_left(invocation, since);
         }
     }
 

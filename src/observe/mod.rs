@@ -63,15 +63,20 @@ impl Decision {
     /// The decisions one call's answer stands for. A takeover is reported apart, when the
     /// lease is taken, whatever the call's answer then.
     pub fn of<T>(answer: &Result<Execution<T>, Error>) -> Vec<Self> {
+        Self::of_answer(answer).into_iter().collect()
+    }
+
+    /// [`Self::of`] without a vector: one answer stands for at most one decision.
+    pub(crate) fn of_answer<T>(answer: &Result<Execution<T>, Error>) -> Option<Self> {
         match answer {
             Ok(done) => match done.origin() {
-                Origin::Executed { attempt: 1 } => vec![Self::FirstExecution],
+                Origin::Executed { attempt: 1 } => Some(Self::FirstExecution),
                 // The takeover itself is reported when the lease is taken.
-                Origin::Executed { .. } => Vec::new(),
-                Origin::Reconciled { .. } => vec![Self::Reconciled],
-                Origin::Replayed => vec![Self::Replay],
+                Origin::Executed { .. } => None,
+                Origin::Reconciled { .. } => Some(Self::Reconciled),
+                Origin::Replayed => Some(Self::Replay),
             },
-            Err(err) => vec![match err {
+            Err(err) => Some(match err {
                 Error::PayloadConflict { .. } => Self::PayloadConflict,
                 Error::AlreadyInProgress { .. } => Self::InProgressCollision,
                 Error::Indeterminate { .. } => Self::Indeterminate,
@@ -81,7 +86,7 @@ impl Decision {
                 Error::Failed { .. } => Self::FailureReplayed,
                 Error::Store(store) => Self::StoreError(store.kind_name()),
                 other => Self::Other(other.kind().name()),
-            }],
+            }),
         }
     }
 
