@@ -45,7 +45,8 @@ impl Idempotency {
                 // re-enter. Only this claim itself, if it committed, is given back.
                 if err.is_transient() {
                     let patience = settle_patience(invocation, claim, self.clock.now());
-                    if invocation.owner.is_none() || self.stands_as(claim, patience).await {
+                    if invocation.owner.is_none() || Box::pin(self.stands_as(claim, patience)).await
+                    {
                         let _ = self.retrying(patience, || self.store.release(target)).await;
                     }
                 }
@@ -58,17 +59,21 @@ impl Idempotency {
         {
             debug!("the claim committed before its answer was lost");
         }
+        // The rare paths (a re-entry, an adoption, a takeover, a give-back) are boxed: a fresh
+        // claim's or a duplicate's future carries none of their state.
         let claimed = match claimed {
             Claim::Existing(existing)
                 if invocation.owner.is_some() && decide::reenters(&existing, claim) =>
             {
-                return self.reenter(existing, claim, invocation, now).await;
+                return Box::pin(self.reenter(existing, claim, invocation, now)).await;
             }
             claimed => claimed,
         };
         let existing = match decide::claimed(claimed, claim, now) {
             Claimed::Run => return Ok(AfterClaim::Run(Held::Fresh)),
-            Claimed::Adopt(evidence) => return self.adopt(claim, invocation, evidence, now).await,
+            Claimed::Adopt(evidence) => {
+                return Box::pin(self.adopt(claim, invocation, evidence, now)).await;
+            }
             Claimed::IdentityTaken(evidence) => {
                 return Err(answer::identity_taken(invocation, evidence));
             }
@@ -76,8 +81,7 @@ impl Idempotency {
             Claimed::Answer(existing) => return Ok(AfterClaim::Answer(Box::new(existing))),
             Claimed::TakeOver(existing) => existing,
         };
-        self.take_over(existing, claim, invocation, now, false)
-            .await
+        Box::pin(self.take_over(existing, claim, invocation, now, false)).await
     }
 
     /// Takes over `existing`: a crashed attempt's, whose lease ran out, or (`reentered`) the

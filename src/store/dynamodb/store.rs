@@ -12,7 +12,7 @@ use super::error::map_sdk_error;
 use super::item::{millis, n, s, secs};
 use super::outcome::Placement;
 use super::steps::{STEPS_VERSION_BUMP, bump_steps_version, steps_as_read, steps_value};
-use super::writes::{Check, Expr, Write};
+use super::writes::{Check, Expr, Write, sent};
 use super::{DynamoDbStore, evidence, item};
 use crate::error::StoreError;
 use crate::key::OperationKey;
@@ -231,17 +231,18 @@ impl DynamoDbStore {
         projection: Option<(String, HashMap<String, String>)>,
     ) -> Result<Option<Record>, StoreError> {
         let (projection, names) = projection.unzip();
-        let output = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(self.names.key(key)))
-            .consistent_read(true)
-            .set_projection_expression(projection)
-            .set_expression_attribute_names(names)
-            .send()
-            .await
-            .map_err(|err| map_sdk_error("get", &self.table, err))?;
+        let output = sent(
+            self.client
+                .get_item()
+                .table_name(&self.table)
+                .set_key(Some(self.names.key(key)))
+                .consistent_read(true)
+                .set_projection_expression(projection)
+                .set_expression_attribute_names(names)
+                .send(),
+        )
+        .await
+        .map_err(|err| map_sdk_error("get", &self.table, err))?;
         self.decode(output.item(), parts).await
     }
 
@@ -471,18 +472,19 @@ impl Store for DynamoDbStore {
 
     async fn evidence(&self, identity: &str) -> Result<Option<Evidence>, StoreError> {
         let table = self.uniqueness()?;
-        let output = self
-            .client
-            .get_item()
-            .table_name(table)
-            .set_key(Some(evidence::key(identity)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|err| match map_sdk_error("evidence", table, err) {
-                StoreError::TableNotFound { .. } => self.not_found(table),
-                other => other,
-            })?;
+        let output = sent(
+            self.client
+                .get_item()
+                .table_name(table)
+                .set_key(Some(evidence::key(identity)))
+                .consistent_read(true)
+                .send(),
+        )
+        .await
+        .map_err(|err| match map_sdk_error("evidence", table, err) {
+            StoreError::TableNotFound { .. } => self.not_found(table),
+            other => other,
+        })?;
         output.item().map(evidence::decode).transpose()
     }
 

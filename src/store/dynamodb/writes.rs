@@ -1,6 +1,7 @@
 //! Conditional writes, sent alone or as one `TransactWriteItems`, with failed conditions decoded.
 
 use std::collections::HashMap;
+use std::pin::Pin;
 
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
@@ -252,15 +253,16 @@ impl DynamoDbStore {
             .iter()
             .map(|write| write.table().to_owned())
             .collect();
-        let result = self
-            .client
-            .transact_write_items()
-            .set_transact_items(Some(
-                writes.into_iter().map(Write::into_transact_item).collect(),
-            ))
-            .set_client_request_token(token.map(str::to_owned))
-            .send()
-            .await;
+        let result = sent(
+            self.client
+                .transact_write_items()
+                .set_transact_items(Some(
+                    writes.into_iter().map(Write::into_transact_item).collect(),
+                ))
+                .set_client_request_token(token.map(str::to_owned))
+                .send(),
+        )
+        .await;
         let err = match result {
             Ok(_) => return Ok(None),
             Err(err) => err,
@@ -289,7 +291,7 @@ impl DynamoDbStore {
     /// does not find, named by its role.
     async fn missing_table(&self, tables: &[String]) -> StoreError {
         for table in tables {
-            let described = self.client.describe_table().table_name(table).send().await;
+            let described = sent(self.client.describe_table().table_name(table).send()).await;
             let missing = described.as_ref().err().and_then(|err| err.as_service_error()).is_some_and(
                 aws_sdk_dynamodb::operation::describe_table::DescribeTableError::is_resource_not_found_exception,
             );
@@ -317,54 +319,67 @@ impl DynamoDbStore {
             Write::Put(put) => condition_outcome(
                 operation,
                 &self.table,
-                client
-                    .put_item()
-                    .table_name(put.table_name)
-                    .set_item(Some(put.item))
-                    .set_condition_expression(put.condition_expression)
-                    .set_expression_attribute_names(put.expression_attribute_names)
-                    .set_expression_attribute_values(put.expression_attribute_values)
-                    .return_values_on_condition_check_failure(
-                        ReturnValuesOnConditionCheckFailure::AllOld,
-                    )
-                    .send()
-                    .await,
+                sent(
+                    client
+                        .put_item()
+                        .table_name(put.table_name)
+                        .set_item(Some(put.item))
+                        .set_condition_expression(put.condition_expression)
+                        .set_expression_attribute_names(put.expression_attribute_names)
+                        .set_expression_attribute_values(put.expression_attribute_values)
+                        .return_values_on_condition_check_failure(
+                            ReturnValuesOnConditionCheckFailure::AllOld,
+                        )
+                        .send(),
+                )
+                .await,
             ),
             Write::Update(update) => condition_outcome(
                 operation,
                 &self.table,
-                client
-                    .update_item()
-                    .table_name(update.table_name)
-                    .set_key(Some(update.key))
-                    .update_expression(update.update_expression)
-                    .set_condition_expression(update.condition_expression)
-                    .set_expression_attribute_names(update.expression_attribute_names)
-                    .set_expression_attribute_values(update.expression_attribute_values)
-                    .return_values_on_condition_check_failure(
-                        ReturnValuesOnConditionCheckFailure::AllOld,
-                    )
-                    .send()
-                    .await,
+                sent(
+                    client
+                        .update_item()
+                        .table_name(update.table_name)
+                        .set_key(Some(update.key))
+                        .update_expression(update.update_expression)
+                        .set_condition_expression(update.condition_expression)
+                        .set_expression_attribute_names(update.expression_attribute_names)
+                        .set_expression_attribute_values(update.expression_attribute_values)
+                        .return_values_on_condition_check_failure(
+                            ReturnValuesOnConditionCheckFailure::AllOld,
+                        )
+                        .send(),
+                )
+                .await,
             ),
             Write::Delete(delete) => condition_outcome(
                 operation,
                 &self.table,
-                client
-                    .delete_item()
-                    .table_name(delete.table_name)
-                    .set_key(Some(delete.key))
-                    .set_condition_expression(delete.condition_expression)
-                    .set_expression_attribute_names(delete.expression_attribute_names)
-                    .set_expression_attribute_values(delete.expression_attribute_values)
-                    .return_values_on_condition_check_failure(
-                        ReturnValuesOnConditionCheckFailure::AllOld,
-                    )
-                    .send()
-                    .await,
+                sent(
+                    client
+                        .delete_item()
+                        .table_name(delete.table_name)
+                        .set_key(Some(delete.key))
+                        .set_condition_expression(delete.condition_expression)
+                        .set_expression_attribute_names(delete.expression_attribute_names)
+                        .set_expression_attribute_values(delete.expression_attribute_values)
+                        .return_values_on_condition_check_failure(
+                            ReturnValuesOnConditionCheckFailure::AllOld,
+                        )
+                        .send(),
+                )
+                .await,
             ),
         }
     }
+}
+
+/// An SDK request's future, boxed where it is made: its few kilobytes are then not carried,
+/// and copied as each is made, by every future around it (the store's, the erased store's
+/// box, the engine's), which stay a few hundred bytes.
+pub(super) fn sent<F: Future>(request: F) -> Pin<Box<F>> {
+    Box::pin(request)
 }
 
 /// Splits a single write's result into applied, condition failed (with the item), or error.
