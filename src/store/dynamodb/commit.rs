@@ -63,7 +63,7 @@ impl DynamoDbStore {
             .await?;
         match answer {
             Answer::Lost(current) => {
-                let current = self.decode(current.as_ref(), Parts::Skip).await?;
+                let current = self.decode(current, Parts::Skip).await?;
                 match current {
                     // This very commit applied before its answer was lost: the record holds
                     // the lease and the step as committed.
@@ -105,7 +105,7 @@ impl DynamoDbStore {
         match answer {
             Answer::Lost(current) => Ok(Committed::LeaseLost {
                 current: self
-                    .decode(current.as_ref(), Parts::Known(&placement, settlement))
+                    .decode(current, Parts::Known(&placement, settlement))
                     .await?
                     .map(Box::new),
             }),
@@ -145,8 +145,9 @@ impl DynamoDbStore {
         let Some(checks) = self.transact(operation, all, Some(token)).await? else {
             return Ok(Answer::Committed(Committed::Applied));
         };
-        if let Some(current) = checks.first().and_then(Check::failed_item) {
-            return Ok(Answer::Lost(current.cloned()));
+        if checks.first().and_then(Check::failed_item).is_some() {
+            let current = checks.into_iter().next().and_then(Check::into_failed_item);
+            return Ok(Answer::Lost(current.flatten()));
         }
         if checks[..owned.min(checks.len())]
             .iter()

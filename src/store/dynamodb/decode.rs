@@ -12,7 +12,7 @@ impl DynamoDbStore {
     /// decompressed) as `parts` says.
     pub(super) async fn decode(
         &self,
-        item: Option<&Item>,
+        item: Option<Item>,
         parts: Parts<'_>,
     ) -> Result<Option<Record>, StoreError> {
         let Some(item) = item else {

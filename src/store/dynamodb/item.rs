@@ -279,11 +279,16 @@ impl AttributeNames {
     /// or kept in part items): the record's `outcome` is then `None` until the caller that
     /// answers from it restores it ([`Deferred`]), so that a record only looked at (a failed
     /// claim of another intent, an operator's count) costs no decompression.
-    pub(crate) fn decode(&self, item: &Item) -> Result<(Record, Option<Deferred>), StoreError> {
-        let key = OperationKey::from_stored(
-            read_s(item, &self.partition_key).map_err(|reason| corrupt("?", reason))?,
-        );
-        let decoder = Decoder { item, key: &key };
+    ///
+    /// Every attribute is checked where it lies first; the strings and the outcome are then
+    /// moved out of the item, not copied.
+    pub(crate) fn decode(&self, mut item: Item) -> Result<(Record, Option<Deferred>), StoreError> {
+        read_s(&item, &self.partition_key).map_err(|reason| corrupt("?", reason))?;
+        let key = OperationKey::from_stored(take_s(&mut item, &self.partition_key));
+        let decoder = Decoder {
+            item: &item,
+            key: &key,
+        };
         let status = decoder.s(&self.status)?;
         let status = Status::parse(status)
             .ok_or_else(|| corrupt(key.short(), format!("unknown status `{status}`")))?;
@@ -293,9 +298,31 @@ impl AttributeNames {
             .get(&self.outcome_format)
             .map(|value| Manifest::read(value, &key))
             .transpose()?;
-        let mut outcome = decoder.optional(&self.outcome, |value| {
-            value.as_b().ok().map(|b| b.as_ref().to_vec())
-        })?;
+        // Checked for their kinds here, moved out below.
+        decoder.optional(&self.outcome, |value| value.as_b().ok().map(drop))?;
+        decoder.s(&self.fingerprint)?;
+        let key_rule = decoder.key_rule(&self.key_rule)?;
+        decoder.s(&self.lease_token)?;
+        let lease_expires_at = decoder.millis(&self.lease_expires_at)?;
+        let expires_at = decoder.secs(&self.expires_at)?;
+        let created_at = decoder.millis(&self.created_at)?;
+        let completed_at = decoder.optional_millis(&self.completed_at)?;
+        decoder.optional(&self.request_id, |value| value.as_s().ok().map(drop))?;
+        decoder.optional(&self.identity, |value| value.as_s().ok().map(drop))?;
+        let audit = decoder.optional(&self.audit, read_audit)?;
+        let steps = item
+            .get(&self.steps)
+            .map(|steps| read_steps(steps, &key))
+            .transpose()?
+            .unwrap_or_default();
+        let steps_version = match item.contains_key(&self.steps_version) {
+            true => decoder.n(&self.steps_version)?,
+            false => 0,
+        };
+        let mut outcome = match item.remove(&self.outcome) {
+            Some(AttributeValue::B(outcome)) => Some(outcome.into_inner()),
+            _ => None,
+        };
         let mut pending = None;
         if let Some(manifest) = manifest {
             pending = Some(match manifest.parts().cloned() {
@@ -311,30 +338,27 @@ impl AttributeNames {
         let record = Record {
             status,
             fingerprint: Fingerprint::from_stored_under(
-                decoder.s(&self.fingerprint)?,
-                decoder.key_rule(&self.key_rule)?,
+                take_s(&mut item, &self.fingerprint),
+                key_rule,
             ),
             lease: Lease {
-                token: decoder.s(&self.lease_token)?.to_owned(),
+                token: take_s(&mut item, &self.lease_token),
                 attempt,
-                expires_at: decoder.millis(&self.lease_expires_at)?,
+                expires_at: lease_expires_at,
             },
-            expires_at: decoder.secs(&self.expires_at)?,
+            expires_at,
             outcome,
-            created_at: decoder.millis(&self.created_at)?,
-            completed_at: decoder.optional_millis(&self.completed_at)?,
-            request_id: decoder.optional(&self.request_id, |value| value.as_s().ok().cloned())?,
-            identity: decoder.optional(&self.identity, |value| value.as_s().ok().cloned())?,
-            audit: decoder.optional(&self.audit, read_audit)?,
-            steps: item
-                .get(&self.steps)
-                .map(|steps| read_steps(steps, &key))
-                .transpose()?
-                .unwrap_or_default(),
-            steps_version: match item.contains_key(&self.steps_version) {
-                true => decoder.n(&self.steps_version)?,
-                false => 0,
-            },
+            created_at,
+            completed_at,
+            request_id: item
+                .contains_key(&self.request_id)
+                .then(|| take_s(&mut item, &self.request_id)),
+            identity: item
+                .contains_key(&self.identity)
+                .then(|| take_s(&mut item, &self.identity)),
+            audit,
+            steps,
+            steps_version,
             key,
         };
         Ok((record, pending))
@@ -495,6 +519,15 @@ pub(crate) fn read_audit(value: &AttributeValue) -> Option<Audit> {
         action: text("action")?,
         reason: text("reason"),
     })
+}
+
+/// Moves a string attribute out of `item`, once [`read_s`] (or a [`Decoder`]) has found it one
+/// (empty otherwise).
+fn take_s(item: &mut Item, attribute: &str) -> String {
+    match item.remove(attribute) {
+        Some(AttributeValue::S(text)) => text,
+        _ => String::new(),
+    }
 }
 
 pub(crate) fn read_s<'a>(item: &'a Item, attribute: &str) -> Result<&'a str, String> {

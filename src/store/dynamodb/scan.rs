@@ -103,30 +103,20 @@ impl DynamoDbStore {
         let mut records = Vec::new();
         let mut skipped = 0;
         let summary = summaries.then(|| self.names.summary());
-        for item in output.items() {
+        let cursor = ScanCursor(output.last_evaluated_key);
+        for mut item in output.items.unwrap_or_default() {
             // A summary is decoded from the summary's attributes alone, whatever a server
             // returned beside them: nothing else is read, no outcome or step is decompressed.
-            let decoded = match &summary {
-                Some(summary) => {
-                    let item: Item = item
-                        .iter()
-                        .filter(|(name, _)| summary.contains(&name.as_str()))
-                        .map(|(name, value)| (name.clone(), value.clone()))
-                        .collect();
-                    self.names.decode(&item)
-                }
-                None => self.names.decode(item),
-            };
+            if let Some(summary) = &summary {
+                item.retain(|name, _| summary.contains(&name.as_str()));
+            }
+            let decoded = self.names.decode(item);
             match decoded {
                 Ok((record, _parts)) => records.push(record),
                 Err(_) => skipped += 1,
             }
         }
-        Ok((
-            records,
-            skipped,
-            ScanCursor(output.last_evaluated_key().cloned()),
-        ))
+        Ok((records, skipped, cursor))
     }
 }
 

@@ -103,7 +103,8 @@ impl DynamoDbStore {
         let Some(checks) = self.apply(operation, writes).await? else {
             return Ok(Claim::Acquired);
         };
-        if let Some(existing) = checks.first().and_then(Check::failed_item) {
+        let mut checks = checks.into_iter();
+        if let Some(existing) = checks.next().and_then(Check::into_failed_item) {
             // A record of another intent is a payload conflict: its parts are not read.
             let parts = Parts::ReplayableTo(&record.fingerprint);
             let existing =
@@ -117,8 +118,8 @@ impl DynamoDbStore {
             return Ok(Claim::Existing(existing));
         }
         // The evidence (scoped, then unscoped) that refused the claim.
-        match checks.iter().skip(1).find_map(Check::failed_item) {
-            Some(Some(item)) => Ok(Claim::IdentityTaken(evidence::decode(item)?)),
+        match checks.find_map(Check::into_failed_item) {
+            Some(Some(item)) => Ok(Claim::IdentityTaken(evidence::decode(&item)?)),
             // The evidence an adoption expected is gone (an operator released it meanwhile):
             // a concurrent change, which the next delivery's fresh claim settles.
             Some(None) => Err(StoreError::Contention { operation }),
@@ -142,7 +143,7 @@ impl DynamoDbStore {
         let Some(checks) = self.apply(operation, writes).await? else {
             return Ok(Fence::Held);
         };
-        if let Some(current) = checks.first().and_then(Check::failed_item) {
+        if let Some(current) = checks.into_iter().next().and_then(Check::into_failed_item) {
             return Ok(Fence::Lost {
                 current: self.decode(current, parts).await?.map(Box::new),
             });
@@ -243,7 +244,7 @@ impl DynamoDbStore {
         )
         .await
         .map_err(|err| map_sdk_error("get", &self.table, err))?;
-        self.decode(output.item(), parts).await
+        self.decode(output.item, parts).await
     }
 
     /// The record of `key` as its summary ([`AttributeNames::summary`](super::AttributeNames)):

@@ -218,6 +218,14 @@ impl Check {
             Self::Failed(item) => Some(item.as_ref().filter(|item| !item.is_empty())),
         }
     }
+
+    /// [`Self::failed_item`], moved out.
+    pub(crate) fn into_failed_item(self) -> Option<Option<Item>> {
+        match self {
+            Self::Passed => None,
+            Self::Failed(item) => Some(item.filter(|item| !item.is_empty())),
+        }
+    }
 }
 
 impl DynamoDbStore {
