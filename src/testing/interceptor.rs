@@ -4,7 +4,7 @@
 //! A test queues faults for the next requests of one DynamoDB operation (matched on the
 //! `x-amz-target` header), each for a number of requests:
 //!
-//! - [`Fault::DropResponse`]: the server applies the request, then the client gets an HTTP 500
+//! - [`SdkFault::DropResponse`]: the server applies the request, then the client gets an HTTP 500
 //!   `InternalServerError` instead of the answer. The SDK retries the same request, whose
 //!   condition now fails: the ambiguous write of the design's Protocol step 6.
 //! - every other fault is *not* applied: the request's body is emptied before it leaves (the
@@ -19,15 +19,15 @@
 //! `SDK_ATTEMPTS` times to make it outlast the SDK's retries.
 //!
 //! ```
-//! use lambda_idempotency::testing::interceptor::{Fault, FaultInterceptor, Operation};
+//! use lambda_idempotency::testing::interceptor::{SdkFault, FaultInterceptor, SdkOperation};
 //!
 //! let faults = FaultInterceptor::new();
 //! // The next completion commits, and its caller sees a 500 instead of the answer.
-//! faults.inject(Operation::UpdateItem, Fault::DropResponse);
+//! faults.inject(SdkOperation::UpdateItem, SdkFault::DropResponse);
 //! // The next three claims are throttled before they apply.
-//! faults.inject_times(Operation::PutItem, Fault::Throttle, 3);
+//! faults.inject_times(SdkOperation::PutItem, SdkFault::Throttle, 3);
 //! assert_eq!(faults.pending(), 4);
-//! assert_eq!(faults.fired(Operation::PutItem, Fault::Throttle), 0);
+//! assert_eq!(faults.fired(SdkOperation::PutItem, SdkFault::Throttle), 0);
 //! // A queued fault that never fires fails the test when the interceptor's last clone is
 //! // dropped; a test that no longer expects it clears it.
 //! faults.clear();
@@ -42,14 +42,14 @@
 //! use lambda_idempotency::store::DynamoDbStore;
 //! use lambda_idempotency::testing::conformance::invocation;
 //! use lambda_idempotency::testing::dynamo;
-//! use lambda_idempotency::testing::interceptor::{Fault, FaultInterceptor, Operation, client_with};
+//! use lambda_idempotency::testing::interceptor::{SdkFault, FaultInterceptor, SdkOperation, client_with};
 //! use lambda_idempotency::Idempotency;
 //!
 //! let dynamo = dynamo::start().await;
 //! let faults = FaultInterceptor::new();
 //! let store = DynamoDbStore::new(client_with(dynamo.endpoint.clone(), &faults), &dynamo.table)
 //!     .with_uniqueness_table(&dynamo.uniqueness_table);
-//! faults.inject(Operation::PutItem, Fault::DropResponse);
+//! faults.inject(SdkOperation::PutItem, SdkFault::DropResponse);
 //!
 //! let idem = Idempotency::new(store);
 //! let inv = invocation("order-1", &serde_json::json!({"amount": 10}));
@@ -58,8 +58,8 @@
 //!     .await
 //!     .expect("the claim committed, its answer was lost: still ours");
 //!
-//! assert_eq!(faults.fired(Operation::PutItem, Fault::DropResponse), 1);
-//! assert_eq!(faults.requests(Operation::PutItem), 2, "the claim, and the SDK's retry");
+//! assert_eq!(faults.fired(SdkOperation::PutItem, SdkFault::DropResponse), 1);
+//! assert_eq!(faults.requests(SdkOperation::PutItem), 2, "the claim, and the SDK's retry");
 //! assert!(!done.is_replay());
 //! assert_eq!(*done.value(), 1, "run once, as attempt 1");
 //! # }
@@ -91,7 +91,7 @@ const NAMESPACE: &str = "com.amazonaws.dynamodb.v20120810";
 /// A DynamoDB operation, as faults name it (the `x-amz-target` header's suffix).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
-pub enum Operation {
+pub enum SdkOperation {
     /// `PutItem`: a claim without a business identity.
     PutItem,
     /// `UpdateItem`: a takeover, a shortened lease, a settlement without a business identity.
@@ -107,7 +107,7 @@ pub enum Operation {
     DescribeTable,
 }
 
-impl Operation {
+impl SdkOperation {
     /// Every operation.
     pub const ALL: [Self; 6] = [
         Self::PutItem,
@@ -140,10 +140,17 @@ impl Operation {
     }
 }
 
+/// [`SdkOperation`]'s name before 0.5.
+#[deprecated(
+    since = "0.5.0",
+    note = "renamed `SdkOperation`: it names a DynamoDB API operation, not the crate's `Operation`"
+)]
+pub type Operation = SdkOperation;
+
 /// A fault injected into one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum Fault {
+pub enum SdkFault {
     /// Applied: the server commits the request, the client gets a 500 `InternalServerError`
     /// instead of its answer (the SDK retries; the retry's condition then fails).
     DropResponse,
@@ -174,7 +181,14 @@ pub enum Fault {
     },
 }
 
-impl Fault {
+/// [`SdkFault`]'s name before 0.5.
+#[deprecated(
+    since = "0.5.0",
+    note = "renamed `SdkFault`: a fault in an SDK request, not a store's `testing::faults::Fault`"
+)]
+pub type Fault = SdkFault;
+
+impl SdkFault {
     /// Whether the server applies the request before the fault hits its answer.
     pub const fn is_applied(self) -> bool {
         matches!(self, Self::DropResponse)
@@ -182,8 +196,8 @@ impl Fault {
 
     /// The injected answer: HTTP status and JSON body. `items` is the number of a
     /// transaction's items (one cancellation reason each).
-    fn answer(self, operation: Operation, items: usize) -> (u16, String) {
-        let transaction = operation == Operation::TransactWriteItems;
+    fn answer(self, operation: SdkOperation, items: usize) -> (u16, String) {
+        let transaction = operation == SdkOperation::TransactWriteItems;
         match self {
             Self::DropResponse => error(
                 500,
@@ -257,23 +271,23 @@ fn cancelled(code: &str, items: usize) -> (u16, String) {
 /// One queued entry: `fault` (or a pass when `None`) for the next `times` requests.
 #[derive(Debug, Clone, Copy)]
 struct Planned {
-    fault: Option<Fault>,
+    fault: Option<SdkFault>,
     times: usize,
 }
 
 /// A fault on its way: chosen before transmission, answered before deserialization.
 #[derive(Debug, Clone, Copy)]
 struct Armed {
-    operation: Operation,
-    fault: Fault,
+    operation: SdkOperation,
+    fault: SdkFault,
     items: usize,
 }
 
 #[derive(Debug, Default)]
 struct State {
-    queued: HashMap<Operation, VecDeque<Planned>>,
-    fired: HashMap<(Operation, Fault), usize>,
-    requests: HashMap<Operation, usize>,
+    queued: HashMap<SdkOperation, VecDeque<Planned>>,
+    fired: HashMap<(SdkOperation, SdkFault), usize>,
+    requests: HashMap<SdkOperation, usize>,
     /// Faults between their two hooks, by the address of the request's configuration bag:
     /// the SDK keeps one bag per operation invocation, at one place while it runs.
     armed: HashMap<usize, Armed>,
@@ -298,7 +312,7 @@ impl Drop for State {
 
 impl State {
     /// The next planned entry for `operation`, consumed.
-    fn next(&mut self, operation: Operation) -> Option<Fault> {
+    fn next(&mut self, operation: SdkOperation) -> Option<SdkFault> {
         let queue = self.queued.get_mut(&operation)?;
         let front = queue.front_mut()?;
         let fault = front.fault;
@@ -327,31 +341,31 @@ impl FaultInterceptor {
     /// Queues `fault` for the next request of `operation` (after what is queued already).
     ///
     /// ```
-    /// use lambda_idempotency::testing::interceptor::{Fault, FaultInterceptor, Operation};
+    /// use lambda_idempotency::testing::interceptor::{SdkFault, FaultInterceptor, SdkOperation};
     ///
     /// let faults = FaultInterceptor::new();
-    /// faults.inject(Operation::TransactWriteItems, Fault::TransactionConflict);
-    /// assert_eq!(faults.pending_for(Operation::TransactWriteItems), 1);
+    /// faults.inject(SdkOperation::TransactWriteItems, SdkFault::TransactionConflict);
+    /// assert_eq!(faults.pending_for(SdkOperation::TransactWriteItems), 1);
     /// // A queued fault that never fires fails the test when the interceptor is dropped:
     /// // a test that no longer expects it clears it.
     /// faults.clear();
     /// ```
-    pub fn inject(&self, operation: Operation, fault: Fault) {
+    pub fn inject(&self, operation: SdkOperation, fault: SdkFault) {
         self.inject_times(operation, fault, 1);
     }
 
     /// Queues `fault` for the next `times` requests of `operation` (after what is queued).
     ///
     /// ```
-    /// use lambda_idempotency::testing::interceptor::{Fault, FaultInterceptor, Operation, SDK_ATTEMPTS};
+    /// use lambda_idempotency::testing::interceptor::{SdkFault, FaultInterceptor, SdkOperation, SDK_ATTEMPTS};
     ///
     /// let faults = FaultInterceptor::new();
     /// // Outlasts the SDK's own retries of one request: the store sees the throttle.
-    /// faults.inject_times(Operation::UpdateItem, Fault::Throttle, SDK_ATTEMPTS as usize);
+    /// faults.inject_times(SdkOperation::UpdateItem, SdkFault::Throttle, SDK_ATTEMPTS as usize);
     /// assert_eq!(faults.pending(), 3);
     /// # faults.clear();
     /// ```
-    pub fn inject_times(&self, operation: Operation, fault: Fault, times: usize) {
+    pub fn inject_times(&self, operation: SdkOperation, fault: SdkFault, times: usize) {
         self.plan(operation, Some(fault), times);
     }
 
@@ -359,19 +373,19 @@ impl FaultInterceptor {
     /// after this (e.g. a fault for the second transaction, not the first).
     ///
     /// ```
-    /// use lambda_idempotency::testing::interceptor::{Fault, FaultInterceptor, Operation};
+    /// use lambda_idempotency::testing::interceptor::{SdkFault, FaultInterceptor, SdkOperation};
     ///
     /// let faults = FaultInterceptor::new();
-    /// faults.pass(Operation::TransactWriteItems, 1);
-    /// faults.inject(Operation::TransactWriteItems, Fault::DropResponse);
+    /// faults.pass(SdkOperation::TransactWriteItems, 1);
+    /// faults.inject(SdkOperation::TransactWriteItems, SdkFault::DropResponse);
     /// assert_eq!(faults.pending(), 1); // passes are not faults
     /// # faults.clear();
     /// ```
-    pub fn pass(&self, operation: Operation, times: usize) {
+    pub fn pass(&self, operation: SdkOperation, times: usize) {
         self.plan(operation, None, times);
     }
 
-    fn plan(&self, operation: Operation, fault: Option<Fault>, times: usize) {
+    fn plan(&self, operation: SdkOperation, fault: Option<SdkFault>, times: usize) {
         if times == 0 {
             return;
         }
@@ -389,14 +403,14 @@ impl FaultInterceptor {
 
     /// How many faults are still queued, for every operation.
     pub fn pending(&self) -> usize {
-        Operation::ALL
+        SdkOperation::ALL
             .into_iter()
             .map(|operation| self.pending_for(operation))
             .sum()
     }
 
     /// How many faults are still queued for `operation`.
-    pub fn pending_for(&self, operation: Operation) -> usize {
+    pub fn pending_for(&self, operation: SdkOperation) -> usize {
         self.lock().queued.get(&operation).map_or(0, |queue| {
             queue
                 .iter()
@@ -407,7 +421,7 @@ impl FaultInterceptor {
     }
 
     /// How many times `fault` hit a request of `operation`.
-    pub fn fired(&self, operation: Operation, fault: Fault) -> usize {
+    pub fn fired(&self, operation: SdkOperation, fault: SdkFault) -> usize {
         self.lock()
             .fired
             .get(&(operation, fault))
@@ -416,7 +430,7 @@ impl FaultInterceptor {
     }
 
     /// How many faults hit requests of `operation`, whatever they were.
-    pub fn fired_for(&self, operation: Operation) -> usize {
+    pub fn fired_for(&self, operation: SdkOperation) -> usize {
         self.lock()
             .fired
             .iter()
@@ -432,7 +446,7 @@ impl FaultInterceptor {
 
     /// How many requests of `operation` the client sent (each SDK attempt counts, faulted or
     /// not).
-    pub fn requests(&self, operation: Operation) -> usize {
+    pub fn requests(&self, operation: SdkOperation) -> usize {
         self.lock().requests.get(&operation).copied().unwrap_or(0)
     }
 
@@ -472,7 +486,7 @@ impl Intercept for FaultInterceptor {
             .request()
             .headers()
             .get("x-amz-target")
-            .and_then(Operation::from_target);
+            .and_then(SdkOperation::from_target);
         let mut state = self.lock();
         let Some(operation) = operation else {
             state.armed.remove(&slot);
@@ -486,7 +500,7 @@ impl Intercept for FaultInterceptor {
         *state.fired.entry((operation, fault)).or_default() += 1;
         let request = context.request_mut();
         let items = match operation {
-            Operation::TransactWriteItems => transaction_items(request.body().bytes()),
+            SdkOperation::TransactWriteItems => transaction_items(request.body().bytes()),
             _ => 1,
         };
         if !fault.is_applied() {
@@ -578,18 +592,18 @@ pub fn client_with(endpoint: String, faults: &FaultInterceptor) -> Client {
 
 #[cfg(test)]
 mod tests {
-    use super::{Fault, FaultInterceptor, Operation};
+    use super::{FaultInterceptor, SdkFault, SdkOperation};
 
     #[test]
     #[should_panic(expected = "injected faults that never fired")]
     fn a_fault_that_never_fires_fails_the_case() {
         let faults = FaultInterceptor::new();
-        faults.inject(Operation::UpdateItem, Fault::Throttle);
+        faults.inject(SdkOperation::UpdateItem, SdkFault::Throttle);
     }
 
     #[test]
     fn passes_are_not_faults() {
         let faults = FaultInterceptor::new();
-        faults.pass(Operation::UpdateItem, 2);
+        faults.pass(SdkOperation::UpdateItem, 2);
     }
 }

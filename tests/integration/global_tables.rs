@@ -16,7 +16,7 @@ use lambda_idempotency::store::{DynamoDbStore, Replication};
 use lambda_idempotency::testing::conformance::{counted, invocation};
 use lambda_idempotency::testing::dynamo::{self, Dynamo};
 use lambda_idempotency::testing::interceptor::{
-    Fault, FaultInterceptor, Operation, SDK_ATTEMPTS, client_with,
+    FaultInterceptor, SDK_ATTEMPTS, SdkFault, SdkOperation, client_with,
 };
 use lambda_idempotency::testing::local;
 use lambda_idempotency::{Error, Idempotency, StoreError};
@@ -138,9 +138,13 @@ async fn a_single_region_table_passes_and_prime_describes_it_beside_its_read() {
         store.check_replication().await.expect("checked"),
         Replication::SingleRegion
     );
-    assert_eq!(faults.requests(Operation::GetItem), 1, "prime reads once");
     assert_eq!(
-        faults.requests(Operation::DescribeTable),
+        faults.requests(SdkOperation::GetItem),
+        1,
+        "prime reads once"
+    );
+    assert_eq!(
+        faults.requests(SdkOperation::DescribeTable),
         2 + 2,
         "both tables, by prime and by the check"
     );
@@ -164,7 +168,7 @@ async fn an_eventually_consistent_global_table_is_refused_at_start_up_and_so_are
     // A caller that carries on past the init's error: its claims are refused too, and no
     // request is sent.
     let sent = |faults: &FaultInterceptor| -> usize {
-        Operation::ALL
+        SdkOperation::ALL
             .into_iter()
             .map(|operation| faults.requests(operation))
             .sum()
@@ -263,8 +267,8 @@ async fn a_role_without_describe_table_fails_the_init_and_a_throttled_check_does
     let store = DynamoDbStore::new(client_with(dynamo.endpoint.clone(), &faults), &dynamo.table);
 
     faults.inject(
-        Operation::DescribeTable,
-        Fault::Error {
+        SdkOperation::DescribeTable,
+        SdkFault::Error {
             status: 400,
             code: "AccessDeniedException",
         },
@@ -282,8 +286,8 @@ async fn a_role_without_describe_table_fails_the_init_and_a_throttled_check_does
     );
 
     faults.inject_times(
-        Operation::DescribeTable,
-        Fault::Throttle,
+        SdkOperation::DescribeTable,
+        SdkFault::Throttle,
         SDK_ATTEMPTS as usize,
     );
     let err = store.prime().await.expect_err("throttled");
@@ -332,7 +336,7 @@ async fn transactional_writes_on_a_strongly_consistent_table_are_refused_before_
     );
     assert!(!err.is_transient(), "a lasting error: it fails the init");
     assert_eq!(
-        faults.requests(Operation::DescribeTable),
+        faults.requests(SdkOperation::DescribeTable),
         1,
         "the operation's check reused the store's: no second round trip at init"
     );
@@ -345,7 +349,7 @@ async fn transactional_writes_on_a_strongly_consistent_table_are_refused_before_
         .prime()
         .await
         .expect("a single-Region table accepts transactions");
-    assert_eq!(faults.requests(Operation::DescribeTable), 1);
+    assert_eq!(faults.requests(SdkOperation::DescribeTable), 1);
 
     let put = || {
         Put::builder()
@@ -391,7 +395,7 @@ async fn transactional_writes_on_a_strongly_consistent_table_are_refused_before_
     };
     assert_eq!(failure.kind.as_str(), "completion_rejected");
     assert_eq!(
-        faults.requests(Operation::TransactWriteItems),
+        faults.requests(SdkOperation::TransactWriteItems),
         0,
         "nothing was sent in a transaction"
     );

@@ -15,7 +15,7 @@ use lambda_idempotency::store::{CachedStore, DynamoDbStore, Store};
 use lambda_idempotency::testing::conformance::{invocation, start_time};
 use lambda_idempotency::testing::dynamo::{self, Dynamo};
 use lambda_idempotency::testing::interceptor::{
-    Fault, FaultInterceptor, Operation, SDK_ATTEMPTS, client_with,
+    FaultInterceptor, SDK_ATTEMPTS, SdkFault, SdkOperation, client_with,
 };
 use lambda_idempotency::testing::outcomes::compressible;
 use lambda_idempotency::{Error, Idempotency, Invocation, Origin};
@@ -46,11 +46,11 @@ impl Environment {
     /// Requests this environment has sent, every SDK attempt counted.
     fn requests(&self) -> usize {
         [
-            Operation::PutItem,
-            Operation::UpdateItem,
-            Operation::DeleteItem,
-            Operation::GetItem,
-            Operation::TransactWriteItems,
+            SdkOperation::PutItem,
+            SdkOperation::UpdateItem,
+            SdkOperation::DeleteItem,
+            SdkOperation::GetItem,
+            SdkOperation::TransactWriteItems,
         ]
         .into_iter()
         .map(|operation| self.faults.requests(operation))
@@ -329,14 +329,19 @@ async fn partition_throttling_backs_off_loses_no_outcome_and_runs_nothing_twice(
     // are refused (ProvisionedThroughputExceeded) past the SDK's own retries, the leader's
     // settlement too, and reads are throttled as well.
     for env in &storm.environments {
+        env.faults.inject_times(
+            SdkOperation::PutItem,
+            SdkFault::ThroughputExceeded,
+            4 * ATTEMPTS,
+        );
         env.faults
-            .inject_times(Operation::PutItem, Fault::ThroughputExceeded, 4 * ATTEMPTS);
-        env.faults
-            .inject_times(Operation::GetItem, Fault::Throttle, ATTEMPTS);
+            .inject_times(SdkOperation::GetItem, SdkFault::Throttle, ATTEMPTS);
     }
-    storm.environments[0]
-        .faults
-        .inject_times(Operation::UpdateItem, Fault::Throttle, 2 * ATTEMPTS);
+    storm.environments[0].faults.inject_times(
+        SdkOperation::UpdateItem,
+        SdkFault::Throttle,
+        2 * ATTEMPTS,
+    );
     let start = storm.clock.now();
 
     // The leader's own claim backs off through its throttles before it acquires.
@@ -392,9 +397,11 @@ async fn partition_throttling_backs_off_loses_no_outcome_and_runs_nothing_twice(
         .iter()
         .map(|env| {
             env.faults
-                .fired(Operation::PutItem, Fault::ThroughputExceeded)
-                + env.faults.fired(Operation::GetItem, Fault::Throttle)
-                + env.faults.fired(Operation::UpdateItem, Fault::Throttle)
+                .fired(SdkOperation::PutItem, SdkFault::ThroughputExceeded)
+                + env.faults.fired(SdkOperation::GetItem, SdkFault::Throttle)
+                + env
+                    .faults
+                    .fired(SdkOperation::UpdateItem, SdkFault::Throttle)
         })
         .sum();
     assert!(
@@ -434,7 +441,7 @@ async fn a_duplicate_queued_in_single_flight_replays_from_the_store() {
         }
     });
     started_rx.await.expect("the leader runs");
-    let claims = sent(Operation::PutItem);
+    let claims = sent(SdkOperation::PutItem);
     let mut queued = Vec::new();
     for _ in 0..DUPLICATES {
         let (task, polled) = duplicate(&idem, &inv, &runs);
@@ -452,7 +459,7 @@ async fn a_duplicate_queued_in_single_flight_replays_from_the_store() {
         "got {err:?}"
     );
     assert_eq!(
-        sent(Operation::PutItem),
+        sent(SdkOperation::PutItem),
         claims + 1,
         "the queued duplicates sent no claim, only the engine without single flight did"
     );
@@ -462,7 +469,7 @@ async fn a_duplicate_queued_in_single_flight_replays_from_the_store() {
     );
 
     // The leader settles with an UpdateItem: every claim and read from here is a duplicate's.
-    let (claims, reads) = (sent(Operation::PutItem), sent(Operation::GetItem));
+    let (claims, reads) = (sent(SdkOperation::PutItem), sent(SdkOperation::GetItem));
     let _ = resume_tx.send(());
     let leader = leader.await.expect("join").expect("the leader completes");
     assert_eq!(leader.origin(), Origin::Executed { attempt: 1 });
@@ -480,8 +487,8 @@ async fn a_duplicate_queued_in_single_flight_replays_from_the_store() {
     }
     assert_eq!(
         (
-            sent(Operation::PutItem) - claims,
-            sent(Operation::GetItem) - reads
+            sent(SdkOperation::PutItem) - claims,
+            sent(SdkOperation::GetItem) - reads
         ),
         (DUPLICATES, 0),
         "each queued duplicate claimed once in its turn and met the stored record"

@@ -527,7 +527,7 @@ async fn a_replayed_event_response_carries_no_cookie_of_the_first() {
 async fn a_store_failure_never_puts_the_sdks_message_in_the_body() {
     use lambda_idempotency::store::DynamoDbStore;
     use lambda_idempotency::testing::interceptor::{
-        self, Fault as SdkFault, FaultInterceptor, Operation as SdkOperation,
+        self, FaultInterceptor, SdkFault, SdkOperation,
     };
 
     let db = dynamo::start().await;

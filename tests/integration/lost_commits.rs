@@ -20,7 +20,9 @@ use aws_sdk_dynamodb::operation::transact_write_items::{
 use lambda_idempotency::store::{DynamoDbStore, Store};
 use lambda_idempotency::testing::conformance::Capability;
 use lambda_idempotency::testing::conformance::invocation;
-use lambda_idempotency::testing::interceptor::{Fault, FaultInterceptor, Operation, SDK_ATTEMPTS};
+use lambda_idempotency::testing::interceptor::{
+    FaultInterceptor, SDK_ATTEMPTS, SdkFault, SdkOperation,
+};
 use lambda_idempotency::testing::local;
 use lambda_idempotency::{ExecutionContext, Origin};
 
@@ -110,8 +112,8 @@ async fn a_lost_commit_is_answered_from_its_request_token() {
     let idem = shop.engine(DynamoDbStore::new(client, &shop.db.table));
     let inv = invocation("tx-token", &serde_json::json!({"order": "o-41"}));
     faults.inject_times(
-        Operation::TransactWriteItems,
-        Fault::DropResponse,
+        SdkOperation::TransactWriteItems,
+        SdkFault::DropResponse,
         SDK_ATTEMPTS as usize,
     );
 
@@ -122,7 +124,7 @@ async fn a_lost_commit_is_answered_from_its_request_token() {
 
     assert_eq!(done.value(), "placed o-41");
     assert!(
-        faults.requests(Operation::TransactWriteItems) > SDK_ATTEMPTS as usize,
+        faults.requests(SdkOperation::TransactWriteItems) > SDK_ATTEMPTS as usize,
         "the engine re-sent the commit"
     );
     if shop.db.capabilities.has(Capability::RequestTokens) {
@@ -157,8 +159,8 @@ async fn a_lost_commit_is_recognised_from_the_record_without_token_replay() {
     // Every SDK attempt of the first commit applies once and loses its answer: the engine
     // sends it again, under a token DynamoDB has not seen.
     faults.inject_times(
-        Operation::TransactWriteItems,
-        Fault::DropResponse,
+        SdkOperation::TransactWriteItems,
+        SdkFault::DropResponse,
         SDK_ATTEMPTS as usize,
     );
 
@@ -170,7 +172,7 @@ async fn a_lost_commit_is_recognised_from_the_record_without_token_replay() {
     assert_eq!(done.origin(), Origin::Executed { attempt: 1 });
     assert_eq!(done.value(), "placed o-40");
     assert!(
-        faults.requests(Operation::TransactWriteItems) > SDK_ATTEMPTS as usize,
+        faults.requests(SdkOperation::TransactWriteItems) > SDK_ATTEMPTS as usize,
         "the engine re-sent the commit as a new request"
     );
     assert!(
@@ -193,8 +195,8 @@ async fn an_idempotent_parameter_mismatch_is_an_unknown_outcome() {
     let idem = shop.engine(DynamoDbStore::new(client, &shop.db.table));
     let inv = invocation("tx-mismatch", &serde_json::json!({"order": "o-42"}));
     faults.inject_times(
-        Operation::TransactWriteItems,
-        Fault::Error {
+        SdkOperation::TransactWriteItems,
+        SdkFault::Error {
             status: 400,
             code: "IdempotentParameterMismatchException",
         },
@@ -206,7 +208,7 @@ async fn an_idempotent_parameter_mismatch_is_an_unknown_outcome() {
         matches!(stopped, Err(lambda_idempotency::Error::Store(_))),
         "an unknown outcome stops the attempt: {stopped:?}"
     );
-    assert!(faults.fired_for(Operation::TransactWriteItems) >= 1);
+    assert!(faults.fired_for(SdkOperation::TransactWriteItems) >= 1);
     faults.clear();
     let record = idem
         .store()
@@ -240,8 +242,8 @@ async fn a_commit_refused_before_it_applied_stops_the_attempt_and_the_next_runs_
     let idem = shop.engine(DynamoDbStore::new(client, &shop.db.table));
     let inv = invocation("tx-denied", &serde_json::json!({"order": "o-43"}));
     faults.inject(
-        Operation::TransactWriteItems,
-        Fault::Error {
+        SdkOperation::TransactWriteItems,
+        SdkFault::Error {
             status: 400,
             code: "AccessDeniedException",
         },

@@ -17,7 +17,7 @@ use lambda_idempotency::store::{
 use lambda_idempotency::testing::conformance::{counted, invocation, start_time};
 use lambda_idempotency::testing::dynamo::{self, Dynamo, item_size};
 use lambda_idempotency::testing::interceptor::{
-    Fault, FaultInterceptor, Operation, SDK_ATTEMPTS, client_with,
+    FaultInterceptor, SDK_ATTEMPTS, SdkFault, SdkOperation, client_with,
 };
 use lambda_idempotency::testing::outcomes::{compressible, incompressible};
 use lambda_idempotency::{BoxError, Config, Error, Idempotency, Invocation, Origin, StoreError};
@@ -76,8 +76,8 @@ impl Rig {
     /// Requests the store has sent so far: (PutItem, GetItem).
     fn sent(&self) -> (usize, usize) {
         (
-            self.faults.requests(Operation::PutItem),
-            self.faults.requests(Operation::GetItem),
+            self.faults.requests(SdkOperation::PutItem),
+            self.faults.requests(SdkOperation::GetItem),
         )
     }
 
@@ -296,9 +296,9 @@ async fn parts_throttled_past_every_retry_leave_no_outcome_to_replay() {
     let inv = invocation("throttled-parts", &json!({"amount": 1}));
     let runs = AtomicUsize::new(0);
     // The claim passes; every part write after the first is throttled past every retry.
-    rig.faults.pass(Operation::PutItem, 2);
+    rig.faults.pass(SdkOperation::PutItem, 2);
     rig.faults
-        .inject_times(Operation::PutItem, Fault::Throttle, 1000);
+        .inject_times(SdkOperation::PutItem, SdkFault::Throttle, 1000);
     let err = rig
         .idem
         .execute(&inv, |_| counted(&runs, incompressible(1200 * 1024, 4)))
@@ -308,7 +308,7 @@ async fn parts_throttled_past_every_retry_leave_no_outcome_to_replay() {
         matches!(err, Error::Store(ref store) if store.is_transient()),
         "got {err:?}"
     );
-    assert!(rig.faults.fired(Operation::PutItem, Fault::Throttle) >= SDK_ATTEMPTS as usize);
+    assert!(rig.faults.fired(SdkOperation::PutItem, SdkFault::Throttle) >= SDK_ATTEMPTS as usize);
     rig.faults.clear();
 
     let record = rig
@@ -357,9 +357,9 @@ async fn parts_throttled_past_every_retry_leave_no_outcome_to_replay() {
 
     // With a reconciler the takeover records the downstream's evidence instead: no re-run.
     let again = invocation("throttled-parts-reconciled", &json!({"amount": 1}));
-    rig.faults.pass(Operation::PutItem, 2);
+    rig.faults.pass(SdkOperation::PutItem, 2);
     rig.faults
-        .inject_times(Operation::PutItem, Fault::Throttle, 1000);
+        .inject_times(SdkOperation::PutItem, SdkFault::Throttle, 1000);
     let runs = AtomicUsize::new(0);
     let _ = rig
         .idem
@@ -390,14 +390,14 @@ async fn a_large_settlement_whose_answer_is_lost_is_the_callers_own() {
             inv = inv
                 .with_identity("invoice:ambiguous")
                 .expect("a valid identity");
-            Operation::TransactWriteItems
+            SdkOperation::TransactWriteItems
         } else {
-            Operation::UpdateItem
+            SdkOperation::UpdateItem
         };
         // The claim passes (a transaction with an identity); the settlement commits and its
         // answer is lost: the SDK's retry finds its own manifest standing.
         rig.faults.pass(settle, usize::from(identity));
-        rig.faults.inject(settle, Fault::DropResponse);
+        rig.faults.inject(settle, SdkFault::DropResponse);
         let runs = AtomicUsize::new(0);
         let outcome = incompressible(800 * 1024, 6);
         let first = rig
@@ -405,7 +405,7 @@ async fn a_large_settlement_whose_answer_is_lost_is_the_callers_own() {
             .execute(&inv, |_| counted(&runs, outcome.clone()))
             .await
             .expect("the settlement is recognised as the caller's own");
-        assert_eq!(rig.faults.fired(settle, Fault::DropResponse), 1);
+        assert_eq!(rig.faults.fired(settle, SdkFault::DropResponse), 1);
         assert_eq!(first.origin(), Origin::Executed { attempt: 1 });
         let replay = rig
             .idem
@@ -471,7 +471,7 @@ async fn a_zombie_lost_fence_reads_no_part_and_cannot_shorten_the_parts_ttl() {
         .execute(&inv, |_| async { Ok::<_, std::io::Error>(outcome.clone()) })
         .await
         .expect("the owner completes");
-    let gets = rig.faults.requests(Operation::GetItem);
+    let gets = rig.faults.requests(SdkOperation::GetItem);
     let _ = resume.send(());
     let err = zombie.await.expect("join").expect_err("fenced");
 
@@ -480,7 +480,7 @@ async fn a_zombie_lost_fence_reads_no_part_and_cannot_shorten_the_parts_ttl() {
         "got {err:?}"
     );
     assert_eq!(
-        rig.faults.requests(Operation::GetItem),
+        rig.faults.requests(SdkOperation::GetItem),
         gets,
         "a lost fence reads no part"
     );
@@ -536,15 +536,20 @@ async fn a_part_write_whose_answer_is_lost_is_retried_and_the_outcome_replays_wh
     let outcome = incompressible(900 * 1024, 12);
     // The claim passes; the first part is written and its answer lost: the SDK's retry finds
     // the same part standing (its condition fails) and carries on.
-    rig.faults.pass(Operation::PutItem, 1);
-    rig.faults.inject(Operation::PutItem, Fault::DropResponse);
+    rig.faults.pass(SdkOperation::PutItem, 1);
+    rig.faults
+        .inject(SdkOperation::PutItem, SdkFault::DropResponse);
 
     let first = rig
         .idem
         .execute(&inv, |_| counted(&runs, outcome.clone()))
         .await
         .expect("stored");
-    assert_eq!(rig.faults.fired(Operation::PutItem, Fault::DropResponse), 1);
+    assert_eq!(
+        rig.faults
+            .fired(SdkOperation::PutItem, SdkFault::DropResponse),
+        1
+    );
     let replay = rig
         .idem
         .execute(&inv, |_| counted(&runs, String::new()))

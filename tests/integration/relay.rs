@@ -191,8 +191,8 @@ impl Rig {
     pub(crate) fn failing_marks(&self, failures: usize) -> (FaultInterceptor, OutboxMarks) {
         let faults = FaultInterceptor::new();
         faults.inject_times(
-            interceptor::Operation::UpdateItem,
-            interceptor::Fault::Error {
+            interceptor::SdkOperation::UpdateItem,
+            interceptor::SdkFault::Error {
                 status: 400,
                 code: "AccessDeniedException",
             },
@@ -457,8 +457,8 @@ async fn a_mark_that_applied_but_lost_its_response_counts_as_marked() {
     // so that no mark's retries all meet one).
     let faults = FaultInterceptor::new();
     faults.inject(
-        interceptor::Operation::UpdateItem,
-        interceptor::Fault::DropResponse,
+        interceptor::SdkOperation::UpdateItem,
+        interceptor::SdkFault::DropResponse,
     );
     let marks = OutboxMarks::new(
         interceptor::client_with(rig.db.endpoint.clone(), &faults),
@@ -469,8 +469,8 @@ async fn a_mark_that_applied_but_lost_its_response_counts_as_marked() {
     assert!(answer.batch_item_failures.is_empty(), "{answer:?}");
     assert_eq!(
         faults.fired(
-            interceptor::Operation::UpdateItem,
-            interceptor::Fault::DropResponse
+            interceptor::SdkOperation::UpdateItem,
+            interceptor::SdkFault::DropResponse
         ),
         1
     );

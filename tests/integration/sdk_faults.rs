@@ -20,7 +20,7 @@ use lambda_idempotency::store::{DynamoDbStore, Store};
 use lambda_idempotency::testing::conformance::{counted, crash_after_claim, operator, start_time};
 use lambda_idempotency::testing::dynamo::{self, Dynamo};
 use lambda_idempotency::testing::interceptor::{
-    Fault, FaultInterceptor, Operation, SDK_ATTEMPTS, client_with,
+    FaultInterceptor, SDK_ATTEMPTS, SdkFault, SdkOperation, client_with,
 };
 use lambda_idempotency::{
     Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope, Origin, Resolution,
@@ -51,26 +51,26 @@ enum Path {
 
 impl Path {
     /// The request that carries `single`'s write on this path.
-    fn request(self, single: Operation) -> Operation {
+    fn request(self, single: SdkOperation) -> SdkOperation {
         match self {
             Self::Single => single,
-            Self::Transaction => Operation::TransactWriteItems,
+            Self::Transaction => SdkOperation::TransactWriteItems,
         }
     }
 
     /// The claim's request.
-    fn claim(self) -> Operation {
-        self.request(Operation::PutItem)
+    fn claim(self) -> SdkOperation {
+        self.request(SdkOperation::PutItem)
     }
 
     /// The settlement's request.
-    fn settle(self) -> Operation {
-        self.request(Operation::UpdateItem)
+    fn settle(self) -> SdkOperation {
+        self.request(SdkOperation::UpdateItem)
     }
 
     /// The release's request.
-    fn release(self) -> Operation {
-        self.request(Operation::DeleteItem)
+    fn release(self) -> SdkOperation {
+        self.request(SdkOperation::DeleteItem)
     }
 }
 
@@ -294,7 +294,7 @@ async fn dropped_claim_response_is_recognised(path: Path, drops: usize) {
     let inv = invocation("dropped-claim", path);
     let runs = AtomicUsize::new(0);
     rig.faults
-        .inject_times(path.claim(), Fault::DropResponse, drops);
+        .inject_times(path.claim(), SdkFault::DropResponse, drops);
 
     let first = rig
         .idem
@@ -304,7 +304,10 @@ async fn dropped_claim_response_is_recognised(path: Path, drops: usize) {
 
     assert_eq!(first.origin(), Origin::Executed { attempt: 1 });
     assert_eq!(runs.load(Ordering::SeqCst), 1, "executed exactly once");
-    assert_eq!(rig.faults.fired(path.claim(), Fault::DropResponse), drops);
+    assert_eq!(
+        rig.faults.fired(path.claim(), SdkFault::DropResponse),
+        drops
+    );
     let completions = usize::from(path == Path::Transaction);
     assert_eq!(
         rig.faults.requests(path.claim()),
@@ -327,7 +330,7 @@ async fn dropped_completion_response_is_recognised(path: Path, drops: usize) {
         .execute(&inv, |_| {
             // Queued once the claim has gone: it hits the completion.
             rig.faults
-                .inject_times(path.settle(), Fault::DropResponse, drops);
+                .inject_times(path.settle(), SdkFault::DropResponse, drops);
             counted(&runs, 7_u32)
         })
         .await
@@ -336,7 +339,10 @@ async fn dropped_completion_response_is_recognised(path: Path, drops: usize) {
     assert_eq!(done.origin(), Origin::Executed { attempt: 1 });
     assert_eq!(*done.value(), 7);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    assert_eq!(rig.faults.fired(path.settle(), Fault::DropResponse), drops);
+    assert_eq!(
+        rig.faults.fired(path.settle(), SdkFault::DropResponse),
+        drops
+    );
     rig.assert_completed(&inv, "7").await;
     rig.assert_replays(&inv, &runs, 7).await;
 }
@@ -352,7 +358,7 @@ async fn dropped_release_response_is_recognised(path: Path, drops: usize) {
         .idem
         .execute(&inv, |_| {
             rig.faults
-                .inject_times(path.release(), Fault::DropResponse, drops);
+                .inject_times(path.release(), SdkFault::DropResponse, drops);
             runs.fetch_add(1, Ordering::SeqCst);
             async { Err::<u32, _>(retryable()) }
         })
@@ -360,7 +366,10 @@ async fn dropped_release_response_is_recognised(path: Path, drops: usize) {
         .expect_err("the handler failed");
 
     assert!(matches!(err, Error::Handler { .. }), "got {err:?}");
-    assert_eq!(rig.faults.fired(path.release(), Fault::DropResponse), drops);
+    assert_eq!(
+        rig.faults.fired(path.release(), SdkFault::DropResponse),
+        drops
+    );
     rig.assert_absent(&inv).await;
 
     let retried = rig
@@ -384,7 +393,7 @@ async fn dropped_retain_response_is_recognised(path: Path, drops: usize) {
         .idem
         .execute(&inv, |_| {
             rig.faults
-                .inject_times(path.settle(), Fault::DropResponse, drops);
+                .inject_times(path.settle(), SdkFault::DropResponse, drops);
             runs.fetch_add(1, Ordering::SeqCst);
             async { Err::<u32, _>(Terminal::new("card_declined", "declined")) }
         })
@@ -392,7 +401,10 @@ async fn dropped_retain_response_is_recognised(path: Path, drops: usize) {
         .expect_err("the handler failed");
 
     assert!(matches!(err, Error::Handler { .. }), "got {err:?}");
-    assert_eq!(rig.faults.fired(path.settle(), Fault::DropResponse), drops);
+    assert_eq!(
+        rig.faults.fired(path.settle(), SdkFault::DropResponse),
+        drops
+    );
     let record = rig.record(&inv).await.expect("the record stands");
     assert_eq!(record.status, Status::Failed, "record: {record:?}");
     let again = rig
@@ -416,7 +428,7 @@ async fn dropped_takeover_response_is_recognised(path: Path, drops: usize) {
     rig.clock.advance(LEASE + Duration::from_secs(1));
     // Every path takes over with a single UpdateItem (the evidence stays as it is).
     rig.faults
-        .inject_times(Operation::UpdateItem, Fault::DropResponse, drops);
+        .inject_times(SdkOperation::UpdateItem, SdkFault::DropResponse, drops);
     let runs = AtomicUsize::new(0);
 
     let done = rig
@@ -428,7 +440,8 @@ async fn dropped_takeover_response_is_recognised(path: Path, drops: usize) {
     assert_eq!(done.origin(), Origin::Executed { attempt: 2 });
     assert_eq!(runs.load(Ordering::SeqCst), 1, "attempt 2 ran once");
     assert_eq!(
-        rig.faults.fired(Operation::UpdateItem, Fault::DropResponse),
+        rig.faults
+            .fired(SdkOperation::UpdateItem, SdkFault::DropResponse),
         drops
     );
     let record = rig.assert_completed(&inv, "9").await;
@@ -448,7 +461,7 @@ async fn dropped_shorten_response_gives_the_claim_back(path: Path, drops: usize)
         async move {
             idem.execute(&inv, |_| {
                 // Every path shortens with a single UpdateItem.
-                faults.inject_times(Operation::UpdateItem, Fault::DropResponse, drops);
+                faults.inject_times(SdkOperation::UpdateItem, SdkFault::DropResponse, drops);
                 panicking()
             })
             .await
@@ -459,7 +472,8 @@ async fn dropped_shorten_response_gives_the_claim_back(path: Path, drops: usize)
     .expect_err("the panic reaches the caller");
     assert!(panicked.is_panic());
     assert_eq!(
-        rig.faults.fired(Operation::UpdateItem, Fault::DropResponse),
+        rig.faults
+            .fired(SdkOperation::UpdateItem, SdkFault::DropResponse),
         drops
     );
     let record = rig.assert_in_progress(&inv).await;
@@ -493,7 +507,7 @@ async fn throttled_completion_is_retried_by_the_engine(path: Path) {
         .idem
         .execute(&inv, |_| {
             rig.faults
-                .inject_times(path.settle(), Fault::Throttle, SDK_ATTEMPTS as usize);
+                .inject_times(path.settle(), SdkFault::Throttle, SDK_ATTEMPTS as usize);
             counted(&runs, 11_u32)
         })
         .await
@@ -502,7 +516,7 @@ async fn throttled_completion_is_retried_by_the_engine(path: Path) {
     assert_eq!(done.origin(), Origin::Executed { attempt: 1 });
     assert_eq!(runs.load(Ordering::SeqCst), 1, "executed once");
     assert_eq!(
-        rig.faults.fired(path.settle(), Fault::Throttle),
+        rig.faults.fired(path.settle(), SdkFault::Throttle),
         SDK_ATTEMPTS as usize,
         "the SDK gave up once"
     );
@@ -529,7 +543,7 @@ async fn endless_throttling_on_completion_keeps_the_claim(path: Path) {
         .idem
         .execute(&inv, |_| {
             rig.faults
-                .inject_times(path.settle(), Fault::Throttle, 100_000);
+                .inject_times(path.settle(), SdkFault::Throttle, 100_000);
             counted(&runs, 12_u32)
         })
         .await
@@ -539,7 +553,7 @@ async fn endless_throttling_on_completion_keeps_the_claim(path: Path) {
         matches!(err, Error::Store(StoreError::Throttled { .. })),
         "got {err:?}"
     );
-    let sent = rig.faults.fired(path.settle(), Fault::Throttle);
+    let sent = rig.faults.fired(path.settle(), SdkFault::Throttle);
     assert!(sent > EVERY_RETRY, "{sent} tries: more than a claim's");
     let waited = rig.clock.now().duration_since(started).expect("time moved");
     assert!(
@@ -593,7 +607,8 @@ async fn transaction_conflict_on_completion_is_retried(path: Path) {
     let done = rig
         .idem
         .execute(&inv, |_| {
-            rig.faults.inject(path.settle(), Fault::TransactionConflict);
+            rig.faults
+                .inject(path.settle(), SdkFault::TransactionConflict);
             counted(&runs, 13_u32)
         })
         .await
@@ -602,7 +617,8 @@ async fn transaction_conflict_on_completion_is_retried(path: Path) {
     assert_eq!(done.origin(), Origin::Executed { attempt: 1 });
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_eq!(
-        rig.faults.fired(path.settle(), Fault::TransactionConflict),
+        rig.faults
+            .fired(path.settle(), SdkFault::TransactionConflict),
         1
     );
     rig.assert_completed(&inv, "13").await;
@@ -614,7 +630,7 @@ async fn server_error_on_claim_is_retried_by_the_sdk(path: Path) {
     let rig = Rig::new().await;
     let inv = invocation("server-error-claim", path);
     let runs = AtomicUsize::new(0);
-    rig.faults.inject(path.claim(), Fault::ServerError);
+    rig.faults.inject(path.claim(), SdkFault::ServerError);
     let started = rig.clock.now();
 
     let done = rig
@@ -625,7 +641,7 @@ async fn server_error_on_claim_is_retried_by_the_sdk(path: Path) {
 
     assert_eq!(done.origin(), Origin::Executed { attempt: 1 });
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    assert_eq!(rig.faults.fired(path.claim(), Fault::ServerError), 1);
+    assert_eq!(rig.faults.fired(path.claim(), SdkFault::ServerError), 1);
     assert_eq!(rig.clock.now(), started, "the SDK retried, not the engine");
     rig.assert_completed(&inv, "14").await;
 }
@@ -638,7 +654,7 @@ async fn server_errors_past_every_retry_on_claim_are_unavailable(path: Path) {
     let inv = invocation("server-errors-claim", path);
     let runs = AtomicUsize::new(0);
     rig.faults
-        .inject_times(path.claim(), Fault::ServiceUnavailable, EVERY_RETRY);
+        .inject_times(path.claim(), SdkFault::ServiceUnavailable, EVERY_RETRY);
 
     let err = rig
         .idem
@@ -651,7 +667,7 @@ async fn server_errors_past_every_retry_on_claim_are_unavailable(path: Path) {
         "got {err:?}"
     );
     assert_eq!(
-        rig.faults.fired(path.claim(), Fault::ServiceUnavailable),
+        rig.faults.fired(path.claim(), SdkFault::ServiceUnavailable),
         EVERY_RETRY
     );
     assert_eq!(runs.load(Ordering::SeqCst), 0, "never ran");
@@ -672,7 +688,7 @@ async fn access_denied_is_access_denied(path: Path) {
     let rig = Rig::new().await;
     let inv = invocation("access-denied", path);
     let runs = AtomicUsize::new(0);
-    let denied = Fault::Error {
+    let denied = SdkFault::Error {
         status: 400,
         code: "AccessDeniedException",
     };
@@ -710,9 +726,12 @@ async fn dropped_adoption_response_is_recognised() {
         rig.clock.set(crashed.expires_at + Duration::from_secs(1));
         assert_eq!(rig.dynamo.sweep().await, 1, "TTL deleted the record");
         // The claim (cancelled by the evidence) passes; the adoption's answers are lost.
-        rig.faults.pass(Operation::TransactWriteItems, 1);
-        rig.faults
-            .inject_times(Operation::TransactWriteItems, Fault::DropResponse, drops);
+        rig.faults.pass(SdkOperation::TransactWriteItems, 1);
+        rig.faults.inject_times(
+            SdkOperation::TransactWriteItems,
+            SdkFault::DropResponse,
+            drops,
+        );
         let runs = AtomicUsize::new(0);
 
         let done = rig
@@ -723,7 +742,7 @@ async fn dropped_adoption_response_is_recognised() {
 
         assert_eq!(
             rig.faults
-                .fired(Operation::TransactWriteItems, Fault::DropResponse),
+                .fired(SdkOperation::TransactWriteItems, SdkFault::DropResponse),
             drops
         );
         assert_eq!(
@@ -766,7 +785,8 @@ async fn dropped_resolution_response_is_recognised() {
                     // An operator's release rewrites the record (released, with its trace).
                     true => (path.claim(), Resolution::Release),
                 };
-                rig.faults.inject_times(request, Fault::DropResponse, drops);
+                rig.faults
+                    .inject_times(request, SdkFault::DropResponse, drops);
                 let resolved = rig
                     .idem
                     .resolve::<u32>(inv.key(), resolution, &operator())
@@ -778,7 +798,7 @@ async fn dropped_resolution_response_is_recognised() {
                     "{case}: the lost answer is the operator's own write"
                 );
                 assert_eq!(
-                    rig.faults.fired(request, Fault::DropResponse),
+                    rig.faults.fired(request, SdkFault::DropResponse),
                     drops,
                     "{case}"
                 );
@@ -808,10 +828,10 @@ async fn throttling_maps_to_throttled() {
     .enumerate()
     {
         let inv = invocation(&format!("cancelled-throttled-{index}"), Path::Transaction);
-        let fault = Fault::Cancelled(code);
+        let fault = SdkFault::Cancelled(code);
         // The SDK does not retry a cancelled transaction: one fault per engine try.
         rig.faults
-            .inject_times(Operation::TransactWriteItems, fault, ENGINE_TRIES);
+            .inject_times(SdkOperation::TransactWriteItems, fault, ENGINE_TRIES);
         let err = rig
             .idem
             .execute(&inv, |_| async { Ok::<_, std::io::Error>(0_u32) })
@@ -822,7 +842,7 @@ async fn throttling_maps_to_throttled() {
             "{code}: got {err:?}"
         );
         assert_eq!(
-            rig.faults.fired(Operation::TransactWriteItems, fault),
+            rig.faults.fired(SdkOperation::TransactWriteItems, fault),
             ENGINE_TRIES,
             "{code}: the engine retried it"
         );
@@ -830,8 +850,11 @@ async fn throttling_maps_to_throttled() {
     }
 
     let inv = invocation("single-throughput", Path::Single);
-    rig.faults
-        .inject_times(Operation::PutItem, Fault::ThroughputExceeded, EVERY_RETRY);
+    rig.faults.inject_times(
+        SdkOperation::PutItem,
+        SdkFault::ThroughputExceeded,
+        EVERY_RETRY,
+    );
     let err = rig
         .idem
         .execute(&inv, |_| async { Ok::<_, std::io::Error>(0_u32) })
@@ -843,7 +866,7 @@ async fn throttling_maps_to_throttled() {
     );
     assert_eq!(
         rig.faults
-            .fired(Operation::PutItem, Fault::ThroughputExceeded),
+            .fired(SdkOperation::PutItem, SdkFault::ThroughputExceeded),
         EVERY_RETRY
     );
     rig.assert_absent(&inv).await;
@@ -854,8 +877,8 @@ async fn throttling_maps_to_throttled() {
 async fn validation_cancellation_maps_to_rejected() {
     let rig = Rig::new().await;
     let inv = invocation("cancelled-validation", Path::Transaction);
-    let fault = Fault::Cancelled("ValidationError");
-    rig.faults.inject(Operation::TransactWriteItems, fault);
+    let fault = SdkFault::Cancelled("ValidationError");
+    rig.faults.inject(SdkOperation::TransactWriteItems, fault);
     let runs = AtomicUsize::new(0);
 
     let err = rig
@@ -869,7 +892,7 @@ async fn validation_cancellation_maps_to_rejected() {
         "got {err:?}"
     );
     assert_eq!(
-        rig.faults.fired(Operation::TransactWriteItems, fault),
+        rig.faults.fired(SdkOperation::TransactWriteItems, fault),
         1,
         "not retried"
     );
@@ -882,14 +905,15 @@ async fn validation_cancellation_maps_to_rejected() {
 /// SDK) and returns the caller's error.
 async fn conflicted_claim(rig: &Rig, inv: &Invocation, path: Path) -> Error {
     rig.faults
-        .inject_times(path.claim(), Fault::TransactionConflict, ENGINE_TRIES);
+        .inject_times(path.claim(), SdkFault::TransactionConflict, ENGINE_TRIES);
     let err = rig
         .idem
         .execute(inv, |_| async { Ok::<_, std::io::Error>(0_u32) })
         .await
         .expect_err("contention");
     assert_eq!(
-        rig.faults.fired(path.claim(), Fault::TransactionConflict),
+        rig.faults
+            .fired(path.claim(), SdkFault::TransactionConflict),
         ENGINE_TRIES,
         "the engine retried it"
     );
@@ -961,13 +985,21 @@ async fn faulted_reads_are_retried_or_typed() {
         .await
         .expect("first");
 
-    rig.faults.inject(Operation::GetItem, Fault::ServerError);
+    rig.faults
+        .inject(SdkOperation::GetItem, SdkFault::ServerError);
     let record = rig.record(&inv).await.expect("read after the SDK's retry");
     assert_eq!(record.status, Status::Completed);
-    assert_eq!(rig.faults.fired(Operation::GetItem, Fault::ServerError), 1);
+    assert_eq!(
+        rig.faults
+            .fired(SdkOperation::GetItem, SdkFault::ServerError),
+        1
+    );
 
-    rig.faults
-        .inject_times(Operation::GetItem, Fault::Throttle, SDK_ATTEMPTS as usize);
+    rig.faults.inject_times(
+        SdkOperation::GetItem,
+        SdkFault::Throttle,
+        SDK_ATTEMPTS as usize,
+    );
     let err = rig
         .idem
         .store()
@@ -976,11 +1008,11 @@ async fn faulted_reads_are_retried_or_typed() {
         .expect_err("throttled");
     assert!(matches!(err, StoreError::Throttled { .. }), "got {err:?}");
     assert_eq!(
-        rig.faults.fired(Operation::GetItem, Fault::Throttle),
+        rig.faults.fired(SdkOperation::GetItem, SdkFault::Throttle),
         SDK_ATTEMPTS as usize
     );
     assert_eq!(
-        rig.faults.requests(Operation::GetItem),
+        rig.faults.requests(SdkOperation::GetItem),
         2 + SDK_ATTEMPTS as usize
     );
 }
@@ -990,9 +1022,11 @@ async fn faulted_reads_are_retried_or_typed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_fire_in_order_on_their_operation() {
     let rig = Rig::new().await;
-    rig.faults.inject(Operation::DeleteItem, Fault::Throttle);
-    rig.faults.pass(Operation::UpdateItem, 1);
-    rig.faults.inject(Operation::UpdateItem, Fault::ServerError);
+    rig.faults
+        .inject(SdkOperation::DeleteItem, SdkFault::Throttle);
+    rig.faults.pass(SdkOperation::UpdateItem, 1);
+    rig.faults
+        .inject(SdkOperation::UpdateItem, SdkFault::ServerError);
     assert_eq!(rig.faults.pending(), 2);
     let inv = invocation("bookkeeping", Path::Single);
 
@@ -1002,10 +1036,10 @@ async fn faults_fire_in_order_on_their_operation() {
         .expect("first");
 
     assert_eq!(rig.faults.fired_total(), 0, "the completion was passed");
-    assert_eq!(rig.faults.pending_for(Operation::UpdateItem), 1);
-    assert_eq!(rig.faults.pending_for(Operation::DeleteItem), 1);
-    assert_eq!(rig.faults.requests(Operation::PutItem), 1);
-    assert_eq!(rig.faults.requests(Operation::UpdateItem), 1);
+    assert_eq!(rig.faults.pending_for(SdkOperation::UpdateItem), 1);
+    assert_eq!(rig.faults.pending_for(SdkOperation::DeleteItem), 1);
+    assert_eq!(rig.faults.requests(SdkOperation::PutItem), 1);
+    assert_eq!(rig.faults.requests(SdkOperation::UpdateItem), 1);
     rig.faults.clear();
     assert_eq!(rig.faults.pending(), 0);
 }
@@ -1015,7 +1049,11 @@ async fn priming_throttled_past_the_sdk_retries_is_transient() {
     let dynamo = dynamo::start().await;
     let faults = FaultInterceptor::new();
     let store = DynamoDbStore::new(client_with(dynamo.endpoint.clone(), &faults), &dynamo.table);
-    faults.inject_times(Operation::GetItem, Fault::Throttle, SDK_ATTEMPTS as usize);
+    faults.inject_times(
+        SdkOperation::GetItem,
+        SdkFault::Throttle,
+        SDK_ATTEMPTS as usize,
+    );
 
     let err = store
         .prime()
@@ -1028,7 +1066,7 @@ async fn priming_throttled_past_the_sdk_retries_is_transient() {
         "a throttled prime leaves the first event to retry, it does not fail the init"
     );
     assert_eq!(
-        faults.fired(Operation::GetItem, Fault::Throttle),
+        faults.fired(SdkOperation::GetItem, SdkFault::Throttle),
         SDK_ATTEMPTS as usize
     );
     store
