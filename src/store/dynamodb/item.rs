@@ -300,6 +300,15 @@ impl AttributeNames {
             .transpose()?;
         // Checked for their kinds here, moved out below.
         decoder.optional(&self.outcome, |value| value.as_b().ok().map(drop))?;
+        let compressed_inline = manifest
+            .as_ref()
+            .is_some_and(|manifest| manifest.parts().is_none());
+        if compressed_inline && !item.contains_key(&self.outcome) {
+            return Err(corrupt(
+                key.short(),
+                "a compressed outcome is missing".into(),
+            ));
+        }
         decoder.s(&self.fingerprint)?;
         let key_rule = decoder.key_rule(&self.key_rule)?;
         decoder.s(&self.lease_token)?;
