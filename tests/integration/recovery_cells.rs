@@ -10,9 +10,7 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::{AttributeValue, Put};
 use lambda_idempotency::clock::{Clock, ManualClock};
-use lambda_idempotency::effects::{
-    Checked, MAX_STEP_RESULTS_BYTES, NotApplied, StepError, Transaction,
-};
+use lambda_idempotency::effects::{Checked, MAX_STEP_RESULTS_BYTES, NotApplied, StepError, Writes};
 use lambda_idempotency::failure::{Classifier, FailureClass, Terminal};
 use lambda_idempotency::reconcile::{Reconciliation, Recovery, Takeover};
 use lambda_idempotency::record::{Status, StepRecord};
@@ -238,11 +236,11 @@ async fn a_terminal_failure_after_steps_is_retained_with_its_steps() {
 }
 
 /// The order put and the stock update of [`Shop::place`], as writes of the completion.
-fn placing(shop: &Shop, order: &str, seen: u64) -> Transaction<()> {
+fn placing(shop: &Shop, order: &str, seen: u64) -> Writes {
     shop.place(order, seen)
         .writes()
         .iter()
-        .fold(Transaction::new(()), |tx, write| tx.write(write.clone()))
+        .fold(Writes::default(), |tx, write| tx.write(write.clone()))
 }
 
 /// `err` is the handler's refusal: the completion's write at `index` failed its condition.
@@ -958,9 +956,7 @@ async fn a_rejected_completion_is_retained_before_any_part_item_is_written() {
         async move {
             runs.fetch_add(1, Ordering::SeqCst);
             // 100 writes and the record's own update: 101 actions.
-            let writes = (0..100).fold(Transaction::new(()), |tx, n| {
-                tx.put(put(format!("bulk-{n}")))
-            });
+            let writes = (0..100).fold(Writes::default(), |tx, n| tx.put(put(format!("bulk-{n}"))));
             ctx.complete_with(writes)?;
             Ok::<_, BoxError>(report)
         }
@@ -996,7 +992,7 @@ async fn a_rejected_completion_is_retained_before_any_part_item_is_written() {
         .execute(&inv, |ctx| {
             let (report, put) = (report.clone(), &put);
             async move {
-                ctx.complete_with(Transaction::new(()).put(put(String::from("c-parts"))))?;
+                ctx.complete_with(Writes::default().put(put(String::from("c-parts"))))?;
                 Ok::<_, BoxError>(report)
             }
         })

@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::ledger::{Ledger, Profile};
 use crate::clock::{Clock, ManualClock};
 use crate::effects::Checked;
-use crate::effects::Transaction;
+use crate::effects::Writes;
 use crate::error::BoxError;
 use crate::execution::{ExecutionContext, Invocation};
 use crate::failure::Terminal;
@@ -371,7 +371,7 @@ async fn plain(run: Run, ctx: ExecutionContext) -> Result<Value, BoxError> {
                 downstream.refusals += 1;
                 drop(downstream);
                 let write = super::transactional::refused_write(&tables, op, life)?;
-                ctx.complete_with(Transaction::new(()).update(write))?;
+                ctx.complete_with(Writes::default().update(write))?;
             }
             Ok(result)
         }
