@@ -37,6 +37,7 @@ FIGURES = {
     "own_cost_first": "own cost over the bare SDK: first execution",
     "own_cost_duplicate": "own cost over the bare SDK: duplicate",
     "cached_duplicate": "DynamoDB + in-process cache: duplicate",
+    "cached_duplicate_back_to_back": "DynamoDB + in-process cache: duplicates back to back",
     "allocations_derive": "allocations: key + fingerprint",
     "allocations_memory_first": "allocations: memory store, first execution",
     "allocations_memory_duplicate": "allocations: memory store, duplicate",
