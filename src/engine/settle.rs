@@ -20,7 +20,7 @@ use crate::failure::{Classifier, FailureClass, Release, Terminal};
 use crate::observe::{self};
 use crate::record::MAX_FAILURE_MESSAGE_BYTES;
 use crate::record::{FailureKind, Record, RetainedFailure, Settlement, StepRecord};
-use crate::store::{Committed, Fence, Store, Target};
+use crate::store::{Committed, Fence, Store, Target, writes_refused};
 
 impl Idempotency {
     /// Records `value` (the handler's, or the reconciler's for it) as the operation's outcome.
@@ -339,11 +339,15 @@ impl Idempotency {
         token: &str,
         patience: Patience,
     ) -> Result<Option<StepError>, Error> {
-        let committed = self
-            .retrying(patience, || {
-                self.store.settle_with(target, settlement, writes, token)
-            })
-            .await;
+        let committed = match self.store.transactional() {
+            Some(store) => {
+                self.retrying(patience, || {
+                    store.settle_with(target, settlement, writes, token)
+                })
+                .await
+            }
+            None => Ok(writes_refused("writes committed with the completion need")),
+        };
         let committed = match committed {
             // DynamoDB refused the transaction as invalid (an item over 400 KB, a table that
             // refuses transactions, two actions on one item it alone can tell): nothing in it

@@ -221,7 +221,7 @@ impl<E> Operation<E> {
 
     /// Checks at init that this operation can run on its engine's store: with
     /// [`Self::with_transactional_writes`], that the store's tables accept transactional
-    /// writes ([`Store::check_transactional_writes`](crate::store::Store::check_transactional_writes));
+    /// writes ([`TransactionalStore::check_transactional_writes`](crate::store::TransactionalStore::check_transactional_writes));
     /// otherwise it asks nothing. Call it beside the store's own start-up check
     /// ([`DynamoDbStore::prime`](crate::DynamoDbStore::prime)) and fail the init on a lasting error.
     ///
@@ -250,7 +250,11 @@ impl<E> Operation<E> {
         if !self.transactional_writes {
             return Ok(());
         }
-        crate::store::Store::check_transactional_writes(self.idem.store()).await
+        match crate::store::Store::transactional(self.idem.store()) {
+            Some(store) => store.check_transactional_writes().await,
+            // Refused at each write instead, before anything is sent.
+            None => Ok(()),
+        }
     }
 
     /// The engine.

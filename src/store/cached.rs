@@ -6,10 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use aws_sdk_dynamodb::types::TransactWriteItem;
+use futures_util::future::BoxFuture;
 use quick_cache::sync::{Cache, DefaultLifecycle};
 use quick_cache::{DefaultHashBuilder, OptionsBuilder, Weighter};
 
-use super::{Claim, Commit, Committed, Fence, Guard, Store, Target};
+use super::{Claim, Committed, Fence, Guard, Store, Target, TransactionalStore, not_transactional};
 use crate::error::StoreError;
 use crate::key::OperationKey;
 use crate::record::{Evidence, Lease, Record, Settlement, StepRecord};
@@ -171,189 +172,232 @@ fn pending_key(key: &OperationKey, token: &str) -> PendingKey {
 }
 
 impl<S: Store> Store for CachedStore<S> {
-    async fn claim(&self, record: &Record, now: SystemTime) -> Result<Claim, StoreError> {
-        if let Some(cached) = self.settled.get(&record.key) {
-            if !cached.counts_as_absent(now) {
-                self.hits.fetch_add(1, Ordering::Relaxed);
-                return Ok(Claim::Existing((*cached).clone()));
-            }
-            self.settled.remove(&record.key);
-        }
-        self.pending.insert(
-            pending_key(&record.key, &record.lease.token),
-            Arc::new(record.clone()),
-        );
-        let claim = self.inner.claim(record, now).await?;
-        match &claim {
-            Claim::Acquired => {}
-            // A live claim elsewhere may yet be taken over under this token: keep it.
-            Claim::Existing(existing) if !existing.status.is_settled() => {}
-            // A record of another intent may come without its outcome (a store need not read
-            // outcome parts for a payload conflict): only one this claim could replay is kept.
-            Claim::Existing(existing) => {
-                if record.fingerprint.matches(&existing.fingerprint) {
-                    self.remember(existing);
-                }
-                self.pending
-                    .remove(&pending_key(&record.key, &record.lease.token));
-            }
-            // An adoption writes its own pending claim.
-            Claim::IdentityTaken(_) => {
-                self.pending
-                    .remove(&pending_key(&record.key, &record.lease.token));
-            }
-        }
-        Ok(claim)
-    }
-
-    async fn adopt(
-        &self,
-        record: &Record,
-        orphan: &Evidence,
+    fn claim<'a>(
+        &'a self,
+        record: &'a Record,
         now: SystemTime,
-    ) -> Result<Claim, StoreError> {
-        self.pending.insert(
-            pending_key(&record.key, &record.lease.token),
-            Arc::new(record.clone()),
-        );
-        self.inner.adopt(record, orphan, now).await
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(async move {
+            if let Some(cached) = self.settled.get(&record.key) {
+                if !cached.counts_as_absent(now) {
+                    self.hits.fetch_add(1, Ordering::Relaxed);
+                    return Ok(Claim::Existing((*cached).clone()));
+                }
+                self.settled.remove(&record.key);
+            }
+            self.pending.insert(
+                pending_key(&record.key, &record.lease.token),
+                Arc::new(record.clone()),
+            );
+            let claim = self.inner.claim(record, now).await?;
+            match &claim {
+                Claim::Acquired => {}
+                // A live claim elsewhere may yet be taken over under this token: keep it.
+                Claim::Existing(existing) if !existing.status.is_settled() => {}
+                // A record of another intent may come without its outcome (a store need not read
+                // outcome parts for a payload conflict): only one this claim could replay is kept.
+                Claim::Existing(existing) => {
+                    if record.fingerprint.matches(&existing.fingerprint) {
+                        self.remember(existing);
+                    }
+                    self.pending
+                        .remove(&pending_key(&record.key, &record.lease.token));
+                }
+                // An adoption writes its own pending claim.
+                Claim::IdentityTaken(_) => {
+                    self.pending
+                        .remove(&pending_key(&record.key, &record.lease.token));
+                }
+            }
+            Ok(claim)
+        })
     }
 
-    async fn take_over(
-        &self,
-        previous: &Record,
-        lease: &Lease,
+    fn adopt<'a>(
+        &'a self,
+        record: &'a Record,
+        orphan: &'a Evidence,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(async move {
+            self.pending.insert(
+                pending_key(&record.key, &record.lease.token),
+                Arc::new(record.clone()),
+            );
+            self.inner.adopt(record, orphan, now).await
+        })
+    }
+
+    fn take_over<'a>(
+        &'a self,
+        previous: &'a Record,
+        lease: &'a Lease,
         expires_at: SystemTime,
         now: SystemTime,
-    ) -> Result<Fence, StoreError> {
-        let fence = self
-            .inner
-            .take_over(previous, lease, expires_at, now)
-            .await?;
-        let pending = pending_key(&previous.key, &lease.token);
-        if let Some(mut claim) = self.pending.get(&pending).map(|claim| (*claim).clone()) {
-            // The record taken over: the previous one's creation, the new lease.
-            claim.lease = lease.clone();
-            claim.steps.clone_from(&previous.steps);
-            claim.steps_version = previous.steps_version;
-            claim.created_at = previous.created_at;
-            claim.request_id.clone_from(&previous.request_id);
-            claim.identity.clone_from(&previous.identity);
-            self.pending.insert(pending, Arc::new(claim));
-        }
-        Ok(fence)
-    }
-
-    async fn shorten(&self, target: Target<'_>, until: SystemTime) -> Result<Fence, StoreError> {
-        self.inner.shorten(target, until).await
-    }
-
-    async fn settle(
-        &self,
-        target: Target<'_>,
-        settlement: &Settlement,
-    ) -> Result<Fence, StoreError> {
-        self.settled.remove(target.key);
-        let fence = self.inner.settle(target, settlement).await?;
-        if let Fence::Held = fence {
-            self.remember_settled(target, settlement);
-        }
-        Ok(fence)
-    }
-
-    async fn settle_with(
-        &self,
-        target: Target<'_>,
-        settlement: &Settlement,
-        writes: &[TransactWriteItem],
-        token: &str,
-    ) -> Result<Committed, StoreError> {
-        self.settled.remove(target.key);
-        let committed = self
-            .inner
-            .settle_with(target, settlement, writes, token)
-            .await?;
-        if let Committed::Applied = committed {
-            self.remember_settled(target, settlement);
-        }
-        Ok(committed)
-    }
-
-    async fn record_steps(
-        &self,
-        target: Target<'_>,
-        steps: &[StepRecord],
-    ) -> Result<Fence, StoreError> {
-        let fence = self.inner.record_steps(target, steps).await?;
-        if let (Fence::Held, Guard::Lease(token)) = (&fence, target.guard) {
-            let pending = pending_key(target.key, token);
-            if let Some(claim) = self.pending.get(&pending) {
-                let mut claim = (*claim).clone();
-                claim.steps = steps.to_vec();
-                claim.steps_version += 1;
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(async move {
+            let fence = self
+                .inner
+                .take_over(previous, lease, expires_at, now)
+                .await?;
+            let pending = pending_key(&previous.key, &lease.token);
+            if let Some(mut claim) = self.pending.get(&pending).map(|claim| (*claim).clone()) {
+                // The record taken over: the previous one's creation, the new lease.
+                claim.lease = lease.clone();
+                claim.steps.clone_from(&previous.steps);
+                claim.steps_version = previous.steps_version;
+                claim.created_at = previous.created_at;
+                claim.request_id.clone_from(&previous.request_id);
+                claim.identity.clone_from(&previous.identity);
                 self.pending.insert(pending, Arc::new(claim));
             }
-        }
-        Ok(fence)
+            Ok(fence)
+        })
     }
 
-    async fn commit_steps(
-        &self,
-        target: Target<'_>,
-        commit: Commit<'_>,
-    ) -> Result<Committed, StoreError> {
-        let committed = self.inner.commit_steps(target, commit).await?;
-        if let (Committed::Applied, Guard::Lease(token)) = (&committed, target.guard) {
-            let pending = pending_key(target.key, token);
-            if let Some(claim) = self.pending.get(&pending) {
-                let mut claim = (*claim).clone();
-                claim.steps = commit.steps.to_vec();
-                claim.steps_version += 1;
-                self.pending.insert(pending, Arc::new(claim));
+    fn shorten<'a>(
+        &'a self,
+        target: Target<'a>,
+        until: SystemTime,
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        self.inner.shorten(target, until)
+    }
+
+    fn settle<'a>(
+        &'a self,
+        target: Target<'a>,
+        settlement: &'a Settlement,
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(async move {
+            self.settled.remove(target.key);
+            let fence = self.inner.settle(target, settlement).await?;
+            if let Fence::Held = fence {
+                self.remember_settled(target, settlement);
             }
-        }
-        Ok(committed)
+            Ok(fence)
+        })
+    }
+    fn record_steps<'a>(
+        &'a self,
+        target: Target<'a>,
+        steps: &'a [StepRecord],
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(async move {
+            let fence = self.inner.record_steps(target, steps).await?;
+            if let (Fence::Held, Guard::Lease(token)) = (&fence, target.guard) {
+                let pending = pending_key(target.key, token);
+                if let Some(claim) = self.pending.get(&pending) {
+                    let mut claim = (*claim).clone();
+                    claim.steps = steps.to_vec();
+                    claim.steps_version += 1;
+                    self.pending.insert(pending, Arc::new(claim));
+                }
+            }
+            Ok(fence)
+        })
+    }
+    fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(async move {
+            self.settled.remove(target.key);
+            if let Guard::Lease(token) = target.guard {
+                self.pending.remove(&pending_key(target.key, token));
+            }
+            self.inner.release(target).await
+        })
     }
 
-    async fn release(&self, target: Target<'_>) -> Result<Fence, StoreError> {
-        self.settled.remove(target.key);
-        if let Guard::Lease(token) = target.guard {
-            self.pending.remove(&pending_key(target.key, token));
-        }
-        self.inner.release(target).await
-    }
-
-    async fn release_by_operator(
-        &self,
-        seen: Option<&Record>,
-        evidence: Option<&Evidence>,
-        released: &Record,
+    fn release_by_operator<'a>(
+        &'a self,
+        seen: Option<&'a Record>,
+        evidence: Option<&'a Evidence>,
+        released: &'a Record,
         now: SystemTime,
-    ) -> Result<bool, StoreError> {
-        self.settled.remove(&released.key);
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            self.settled.remove(&released.key);
+            self.inner
+                .release_by_operator(seen, evidence, released, now)
+                .await
+        })
+    }
+
+    fn settle_evidence<'a>(
+        &'a self,
+        seen: &'a Evidence,
+        settlement: &'a Settlement,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.inner.settle_evidence(seen, settlement, now)
+    }
+
+    fn get<'a>(
+        &'a self,
+        key: &'a OperationKey,
+    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        self.inner.get(key)
+    }
+
+    fn evidence<'a>(
+        &'a self,
+        identity: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>> {
+        self.inner.evidence(identity)
+    }
+
+    fn transactional(&self) -> Option<&dyn TransactionalStore> {
         self.inner
-            .release_by_operator(seen, evidence, released, now)
-            .await
+            .transactional()
+            .map(|_| self as &dyn TransactionalStore)
+    }
+}
+
+/// The wrapped store's transactional capability, keeping the cache as the core writes do.
+impl<S: Store> TransactionalStore for CachedStore<S> {
+    fn commit_steps<'a>(
+        &'a self,
+        target: Target<'a>,
+        steps: &'a [StepRecord],
+        writes: &'a [TransactWriteItem],
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<Committed, StoreError>> {
+        Box::pin(async move {
+            let inner = self.inner.transactional().ok_or_else(not_transactional)?;
+            let committed = inner.commit_steps(target, steps, writes, token).await?;
+            if let (Committed::Applied, Guard::Lease(token)) = (&committed, target.guard) {
+                let pending = pending_key(target.key, token);
+                if let Some(claim) = self.pending.get(&pending) {
+                    let mut claim = (*claim).clone();
+                    claim.steps = steps.to_vec();
+                    claim.steps_version += 1;
+                    self.pending.insert(pending, Arc::new(claim));
+                }
+            }
+            Ok(committed)
+        })
     }
 
-    async fn settle_evidence(
-        &self,
-        seen: &Evidence,
-        settlement: &Settlement,
-        now: SystemTime,
-    ) -> Result<bool, StoreError> {
-        self.inner.settle_evidence(seen, settlement, now).await
+    fn settle_with<'a>(
+        &'a self,
+        target: Target<'a>,
+        settlement: &'a Settlement,
+        writes: &'a [TransactWriteItem],
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<Committed, StoreError>> {
+        Box::pin(async move {
+            let inner = self.inner.transactional().ok_or_else(not_transactional)?;
+            self.settled.remove(target.key);
+            let committed = inner.settle_with(target, settlement, writes, token).await?;
+            if let Committed::Applied = committed {
+                self.remember_settled(target, settlement);
+            }
+            Ok(committed)
+        })
     }
 
-    async fn get(&self, key: &OperationKey) -> Result<Option<Record>, StoreError> {
-        self.inner.get(key).await
-    }
-
-    async fn evidence(&self, identity: &str) -> Result<Option<Evidence>, StoreError> {
-        self.inner.evidence(identity).await
-    }
-
-    async fn check_transactional_writes(&self) -> Result<(), StoreError> {
-        self.inner.check_transactional_writes().await
+    fn check_transactional_writes(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        match self.inner.transactional() {
+            Some(inner) => inner.check_transactional_writes(),
+            None => Box::pin(async { Err(not_transactional()) }),
+        }
     }
 }

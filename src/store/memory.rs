@@ -4,10 +4,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
+use futures_util::future::BoxFuture;
+
 use crate::error::StoreError;
 use crate::key::OperationKey;
 use crate::record::{Evidence, Lease, Record, Settlement, Status, StepRecord, epoch_millis};
-use crate::store::{Claim, Fence, Store, Target};
+use crate::store::{Claim, Fence, Store, Target, TransactionalStore};
 
 /// Records in maps behind one mutex; clones share them.
 ///
@@ -119,227 +121,264 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
-    async fn claim(&self, record: &Record, now: SystemTime) -> Result<Claim, StoreError> {
-        let mut tables = self.lock();
-        if let Some(existing) = tables
-            .records
-            .get(&record.key)
-            .filter(|existing| !existing.counts_as_absent(now))
-        {
-            return Ok(Claim::Existing(existing.clone()));
-        }
-        if let Some(identity) = &record.identity {
-            if let Some(evidence) = tables.evidence.get(identity) {
-                return Ok(Claim::IdentityTaken(evidence.clone()));
-            }
-            tables
-                .evidence
-                .insert(identity.clone(), Evidence::of_claim(record, identity));
-        }
-        tables.records.insert(record.key.clone(), record.clone());
-        Ok(Claim::Acquired)
-    }
-
-    async fn adopt(
-        &self,
-        record: &Record,
-        orphan: &Evidence,
+    fn claim<'a>(
+        &'a self,
+        record: &'a Record,
         now: SystemTime,
-    ) -> Result<Claim, StoreError> {
-        let mut tables = self.lock();
-        if let Some(existing) = tables
-            .records
-            .get(&record.key)
-            .filter(|existing| !existing.counts_as_absent(now))
-        {
-            return Ok(Claim::Existing(existing.clone()));
-        }
-        let Some(identity) = record.identity.as_deref() else {
-            return Err(StoreError::CorruptRecord {
-                key_short: record.key.short().to_owned(),
-                reason: "an adopted claim must name its business identity".into(),
-            });
-        };
-        match tables.evidence.get(identity) {
-            Some(standing) if is_orphan(standing, orphan) => {
-                tables.records.insert(record.key.clone(), record.clone());
-                Ok(Claim::Acquired)
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(async move {
+            let mut tables = self.lock();
+            if let Some(existing) = tables
+                .records
+                .get(&record.key)
+                .filter(|existing| !existing.counts_as_absent(now))
+            {
+                return Ok(Claim::Existing(existing.clone()));
             }
-            Some(standing) => Ok(Claim::IdentityTaken(standing.clone())),
-            // Released meanwhile (by an operator): a concurrent change, as on DynamoDB.
-            None => Err(StoreError::Contention { operation: "adopt" }),
-        }
+            if let Some(identity) = &record.identity {
+                if let Some(evidence) = tables.evidence.get(identity) {
+                    return Ok(Claim::IdentityTaken(evidence.clone()));
+                }
+                tables
+                    .evidence
+                    .insert(identity.clone(), Evidence::of_claim(record, identity));
+            }
+            tables.records.insert(record.key.clone(), record.clone());
+            Ok(Claim::Acquired)
+        })
     }
 
-    async fn take_over(
-        &self,
-        previous: &Record,
-        lease: &Lease,
+    fn adopt<'a>(
+        &'a self,
+        record: &'a Record,
+        orphan: &'a Evidence,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(async move {
+            let mut tables = self.lock();
+            if let Some(existing) = tables
+                .records
+                .get(&record.key)
+                .filter(|existing| !existing.counts_as_absent(now))
+            {
+                return Ok(Claim::Existing(existing.clone()));
+            }
+            let Some(identity) = record.identity.as_deref() else {
+                return Err(StoreError::CorruptRecord {
+                    key_short: record.key.short().to_owned(),
+                    reason: "an adopted claim must name its business identity".into(),
+                });
+            };
+            match tables.evidence.get(identity) {
+                Some(standing) if is_orphan(standing, orphan) => {
+                    tables.records.insert(record.key.clone(), record.clone());
+                    Ok(Claim::Acquired)
+                }
+                Some(standing) => Ok(Claim::IdentityTaken(standing.clone())),
+                // Released meanwhile (by an operator): a concurrent change, as on DynamoDB.
+                None => Err(StoreError::Contention { operation: "adopt" }),
+            }
+        })
+    }
+
+    fn take_over<'a>(
+        &'a self,
+        previous: &'a Record,
+        lease: &'a Lease,
         expires_at: SystemTime,
         now: SystemTime,
-    ) -> Result<Fence, StoreError> {
-        let mut tables = self.lock();
-        match tables.records.get_mut(&previous.key) {
-            Some(record)
-                if record.lease.token == previous.lease.token
-                    && record.lease_is_takeable(now)
-                    && record.steps_version == previous.steps_version
-                    && record.steps == previous.steps =>
-            {
-                record.lease = lease.clone();
-                record.expires_at = expires_at;
-                Ok(Fence::Held)
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(async move {
+            let mut tables = self.lock();
+            match tables.records.get_mut(&previous.key) {
+                Some(record)
+                    if record.lease.token == previous.lease.token
+                        && record.lease_is_takeable(now)
+                        && record.steps_version == previous.steps_version
+                        && record.steps == previous.steps =>
+                {
+                    record.lease = lease.clone();
+                    record.expires_at = expires_at;
+                    Ok(Fence::Held)
+                }
+                current => Ok(Fence::Lost {
+                    current: current.map(|record| Box::new(record.clone())),
+                }),
             }
-            current => Ok(Fence::Lost {
-                current: current.map(|record| Box::new(record.clone())),
-            }),
-        }
+        })
     }
 
-    async fn settle(
-        &self,
-        target: Target<'_>,
-        settlement: &Settlement,
-    ) -> Result<Fence, StoreError> {
-        self.fenced(target, |tables| {
-            if let Some(record) = tables.records.get_mut(target.key) {
-                record.status = settlement.status;
-                record.outcome.clone_from(&settlement.outcome);
-                record.expires_at = settlement.expires_at;
-                record.completed_at = Some(settlement.completed_at);
-                if let Some(steps) = &settlement.steps {
-                    record.steps.clone_from(steps);
+    fn settle<'a>(
+        &'a self,
+        target: Target<'a>,
+        settlement: &'a Settlement,
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(async move {
+            self.fenced(target, |tables| {
+                if let Some(record) = tables.records.get_mut(target.key) {
+                    record.status = settlement.status;
+                    record.outcome.clone_from(&settlement.outcome);
+                    record.expires_at = settlement.expires_at;
+                    record.completed_at = Some(settlement.completed_at);
+                    if let Some(steps) = &settlement.steps {
+                        record.steps.clone_from(steps);
+                        record.steps_version += 1;
+                    }
+                }
+                if let Some(record) = tables.records.get_mut(target.key)
+                    && settlement.audit.is_some()
+                {
+                    record.audit.clone_from(&settlement.audit);
+                }
+                if settlement.releases_identity {
+                    if let Some(identity) = target.identity {
+                        tables.evidence.remove(identity);
+                    }
+                } else if let Some(evidence) = target
+                    .identity
+                    .and_then(|identity| tables.evidence.get_mut(identity))
+                {
+                    evidence.status = settlement.status;
+                    evidence.result_ref.clone_from(&settlement.result_ref);
+                    evidence.completed_at = Some(settlement.completed_at);
+                    evidence.audit.clone_from(&settlement.audit);
+                }
+            })
+        })
+    }
+
+    fn shorten<'a>(
+        &'a self,
+        target: Target<'a>,
+        until: SystemTime,
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(async move {
+            // The record alone, as on DynamoDB: the evidence is not touched, so not checked.
+            let target = Target {
+                identity: None,
+                ..target
+            };
+            self.fenced(target, |tables| {
+                if let Some(record) = tables.records.get_mut(target.key) {
+                    record.lease.expires_at = until;
+                }
+            })
+        })
+    }
+
+    fn record_steps<'a>(
+        &'a self,
+        target: Target<'a>,
+        steps: &'a [StepRecord],
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(async move {
+            // The record alone, as on DynamoDB.
+            let target = Target {
+                identity: None,
+                ..target
+            };
+            self.fenced(target, |tables| {
+                if let Some(record) = tables.records.get_mut(target.key) {
+                    record.steps = steps.to_vec();
                     record.steps_version += 1;
                 }
-            }
-            if let Some(record) = tables.records.get_mut(target.key)
-                && settlement.audit.is_some()
-            {
-                record.audit.clone_from(&settlement.audit);
-            }
-            if settlement.releases_identity {
+            })
+        })
+    }
+
+    fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(async move {
+            self.fenced(target, |tables| {
+                tables.records.remove(target.key);
                 if let Some(identity) = target.identity {
                     tables.evidence.remove(identity);
                 }
-            } else if let Some(evidence) = target
-                .identity
-                .and_then(|identity| tables.evidence.get_mut(identity))
-            {
-                evidence.status = settlement.status;
-                evidence.result_ref.clone_from(&settlement.result_ref);
-                evidence.completed_at = Some(settlement.completed_at);
-                evidence.audit.clone_from(&settlement.audit);
-            }
+            })
         })
     }
 
-    async fn shorten(&self, target: Target<'_>, until: SystemTime) -> Result<Fence, StoreError> {
-        // The record alone, as on DynamoDB: the evidence is not touched, so not checked.
-        let target = Target {
-            identity: None,
-            ..target
-        };
-        self.fenced(target, |tables| {
-            if let Some(record) = tables.records.get_mut(target.key) {
-                record.lease.expires_at = until;
-            }
-        })
-    }
-
-    async fn record_steps(
-        &self,
-        target: Target<'_>,
-        steps: &[StepRecord],
-    ) -> Result<Fence, StoreError> {
-        // The record alone, as on DynamoDB.
-        let target = Target {
-            identity: None,
-            ..target
-        };
-        self.fenced(target, |tables| {
-            if let Some(record) = tables.records.get_mut(target.key) {
-                record.steps = steps.to_vec();
-                record.steps_version += 1;
-            }
-        })
-    }
-
-    async fn release(&self, target: Target<'_>) -> Result<Fence, StoreError> {
-        self.fenced(target, |tables| {
-            tables.records.remove(target.key);
-            if let Some(identity) = target.identity {
-                tables.evidence.remove(identity);
-            }
-        })
-    }
-
-    async fn release_by_operator(
-        &self,
-        seen: Option<&Record>,
-        evidence: Option<&Evidence>,
-        released: &Record,
+    fn release_by_operator<'a>(
+        &'a self,
+        seen: Option<&'a Record>,
+        evidence: Option<&'a Evidence>,
+        released: &'a Record,
         now: SystemTime,
-    ) -> Result<bool, StoreError> {
-        let mut tables = self.lock();
-        let record_as_seen = match (tables.records.get(&released.key), seen) {
-            (Some(current), Some(seen)) => {
-                current.status == seen.status
-                    && current.lease.token == seen.lease.token
-                    && (current.status != Status::InProgress || current.lease.is_expired(now))
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tables = self.lock();
+            let record_as_seen = match (tables.records.get(&released.key), seen) {
+                (Some(current), Some(seen)) => {
+                    current.status == seen.status
+                        && current.lease.token == seen.lease.token
+                        && (current.status != Status::InProgress || current.lease.is_expired(now))
+                }
+                (current, None) => current.is_none_or(|current| current.counts_as_absent(now)),
+                (None, Some(_)) => false,
+            };
+            let evidence_as_seen = evidence.is_none_or(|seen| {
+                tables
+                    .evidence
+                    .get(&seen.identity)
+                    .is_some_and(|current| is_as_seen(current, seen))
+            });
+            if !(record_as_seen && evidence_as_seen) {
+                return Ok(false);
             }
-            (current, None) => current.is_none_or(|current| current.counts_as_absent(now)),
-            (None, Some(_)) => false,
-        };
-        let evidence_as_seen = evidence.is_none_or(|seen| {
+            if let Some(seen) = evidence {
+                tables.evidence.remove(&seen.identity);
+            }
             tables
-                .evidence
-                .get(&seen.identity)
-                .is_some_and(|current| is_as_seen(current, seen))
-        });
-        if !(record_as_seen && evidence_as_seen) {
-            return Ok(false);
-        }
-        if let Some(seen) = evidence {
-            tables.evidence.remove(&seen.identity);
-        }
-        tables
-            .records
-            .insert(released.key.clone(), released.clone());
-        Ok(true)
+                .records
+                .insert(released.key.clone(), released.clone());
+            Ok(true)
+        })
     }
 
-    async fn settle_evidence(
-        &self,
-        seen: &Evidence,
-        settlement: &Settlement,
+    fn settle_evidence<'a>(
+        &'a self,
+        seen: &'a Evidence,
+        settlement: &'a Settlement,
         now: SystemTime,
-    ) -> Result<bool, StoreError> {
-        let mut tables = self.lock();
-        let record_gone = tables
-            .records
-            .get(&seen.key)
-            .is_none_or(|record| record.counts_as_absent(now));
-        if !record_gone {
-            return Ok(false);
-        }
-        match tables.evidence.get_mut(&seen.identity) {
-            Some(current) if is_as_seen(current, seen) => {
-                current.status = settlement.status;
-                current.result_ref.clone_from(&settlement.result_ref);
-                current.completed_at = Some(settlement.completed_at);
-                current.audit.clone_from(&settlement.audit);
-                Ok(true)
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tables = self.lock();
+            let record_gone = tables
+                .records
+                .get(&seen.key)
+                .is_none_or(|record| record.counts_as_absent(now));
+            if !record_gone {
+                return Ok(false);
             }
-            _ => Ok(false),
-        }
+            match tables.evidence.get_mut(&seen.identity) {
+                Some(current) if is_as_seen(current, seen) => {
+                    current.status = settlement.status;
+                    current.result_ref.clone_from(&settlement.result_ref);
+                    current.completed_at = Some(settlement.completed_at);
+                    current.audit.clone_from(&settlement.audit);
+                    Ok(true)
+                }
+                _ => Ok(false),
+            }
+        })
     }
 
-    async fn get(&self, key: &OperationKey) -> Result<Option<Record>, StoreError> {
-        Ok(self.lock().records.get(key).cloned())
+    fn get<'a>(
+        &'a self,
+        key: &'a OperationKey,
+    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        Box::pin(async move { Ok(self.lock().records.get(key).cloned()) })
     }
 
-    async fn evidence(&self, identity: &str) -> Result<Option<Evidence>, StoreError> {
-        Ok(self.lock().evidence.get(identity).cloned())
+    fn evidence<'a>(
+        &'a self,
+        identity: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>> {
+        Box::pin(async move { Ok(self.lock().evidence.get(identity).cloned()) })
+    }
+
+    /// None: the memory store commits no DynamoDB writes.
+    fn transactional(&self) -> Option<&dyn TransactionalStore> {
+        None
     }
 }
 

@@ -17,8 +17,9 @@
 //!   (millisecond resolution), conditioned on the expired holder's token (of two takers, one
 //!   wins) and on the record holding the steps the taker read (any step write of the expired
 //!   holder meanwhile fails the takeover), and moves its retention past the new lease.
-//! - [`Store::settle`], [`Store::settle_with`], [`Store::release`], [`Store::shorten`],
-//!   [`Store::record_steps`] and [`Store::commit_steps`] are fenced by a [`Guard`]:
+//! - [`Store::settle`], [`Store::release`], [`Store::shorten`], [`Store::record_steps`], and
+//!   the transactional capability's [`TransactionalStore::settle_with`] and
+//!   [`TransactionalStore::commit_steps`] are fenced by a [`Guard`]:
 //!   the caller's lease, or (for an operator's resolution) the INDETERMINATE status. With an
 //!   identity, settle and release update or delete the evidence in the same transaction.
 //!
@@ -34,8 +35,8 @@ mod cached;
 mod dynamodb;
 mod memory;
 
+use std::any::Any;
 use std::fmt;
-use std::future::Future;
 use std::time::SystemTime;
 
 pub use any::AnyStore;
@@ -53,6 +54,7 @@ pub use dynamodb::{
 pub use memory::MemoryStore;
 
 use aws_sdk_dynamodb::types::TransactWriteItem;
+use futures_util::future::BoxFuture;
 
 use crate::error::StoreError;
 use crate::key::OperationKey;
@@ -84,19 +86,6 @@ pub enum Fence {
     },
 }
 
-/// A transactional step to commit ([`Store::commit_steps`]): the record's steps, with the
-/// handler's own DynamoDB writes, all or nothing.
-#[derive(Debug, Clone, Copy)]
-pub struct Commit<'a> {
-    /// The record's steps as they are once the transaction commits.
-    pub steps: &'a [StepRecord],
-    /// The handler's writes (Put, Update, Delete, ConditionCheck on any table), in its order.
-    pub writes: &'a [TransactWriteItem],
-    /// The request token (1 to 36 characters) that makes a re-sent commit idempotent: the same
-    /// on every try of this commit, another for another commit.
-    pub token: &'a str,
-}
-
 /// The answer to a transactional commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -110,7 +99,8 @@ pub enum Committed {
     },
     /// The condition of the handler's write at this index failed; nothing was written.
     Refused {
-        /// The index in [`Commit::writes`] (or in the writes of [`Store::settle_with`]).
+        /// The index in the writes ([`TransactionalStore::commit_steps`],
+        /// [`TransactionalStore::settle_with`]).
         write: usize,
     },
     /// The handler's writes cannot be sent as built (over DynamoDB's 100 actions or 4 MB, two
@@ -167,25 +157,92 @@ pub struct Target<'a> {
     pub guard: Guard<'a>,
 }
 
-/// Storage primitives for idempotency records.
-pub trait Store: Send + Sync + fmt::Debug + 'static {
+/// Storage primitives for idempotency records: the protocol's core, dyn-compatible (the engine
+/// holds one as `dyn Store` in an [`AnyStore`]), with no DynamoDB type in it.
+///
+/// Every method returns a boxed future ([`BoxFuture`]): write `Box::pin(async move { .. })`,
+/// or hand on the wrapped store's future as it is (a decorator that changes nothing boxes
+/// nothing more). Every method is required, so a decorator states what it does with each,
+/// [`Store::transactional`] included: no default answers for the store it wraps.
+///
+/// ```
+/// use std::time::SystemTime;
+///
+/// use lambda_idempotency::reconcile::BoxFuture;
+/// use lambda_idempotency::record::{Evidence, Lease, Record, Settlement, StepRecord};
+/// use lambda_idempotency::store::{Claim, Fence, MemoryStore, Store, Target, TransactionalStore};
+/// use lambda_idempotency::{OperationKey, StoreError};
+///
+/// /// Counts claims, and hands every call on to the store it wraps.
+/// #[derive(Debug, Default)]
+/// struct Counted {
+///     inner: MemoryStore,
+///     claims: std::sync::atomic::AtomicU64,
+/// }
+///
+/// impl Store for Counted {
+///     fn claim<'a>(&'a self, record: &'a Record, now: SystemTime) -> BoxFuture<'a, Result<Claim, StoreError>> {
+///         self.claims.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+///         self.inner.claim(record, now)
+///     }
+///     fn adopt<'a>(&'a self, record: &'a Record, orphan: &'a Evidence, now: SystemTime) -> BoxFuture<'a, Result<Claim, StoreError>> {
+///         self.inner.adopt(record, orphan, now)
+///     }
+///     fn take_over<'a>(&'a self, previous: &'a Record, lease: &'a Lease, expires_at: SystemTime, now: SystemTime) -> BoxFuture<'a, Result<Fence, StoreError>> {
+///         self.inner.take_over(previous, lease, expires_at, now)
+///     }
+///     fn shorten<'a>(&'a self, target: Target<'a>, until: SystemTime) -> BoxFuture<'a, Result<Fence, StoreError>> {
+///         self.inner.shorten(target, until)
+///     }
+///     fn settle<'a>(&'a self, target: Target<'a>, settlement: &'a Settlement) -> BoxFuture<'a, Result<Fence, StoreError>> {
+///         self.inner.settle(target, settlement)
+///     }
+///     fn record_steps<'a>(&'a self, target: Target<'a>, steps: &'a [StepRecord]) -> BoxFuture<'a, Result<Fence, StoreError>> {
+///         self.inner.record_steps(target, steps)
+///     }
+///     fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>> {
+///         self.inner.release(target)
+///     }
+///     fn release_by_operator<'a>(&'a self, seen: Option<&'a Record>, evidence: Option<&'a Evidence>, released: &'a Record, now: SystemTime) -> BoxFuture<'a, Result<bool, StoreError>> {
+///         self.inner.release_by_operator(seen, evidence, released, now)
+///     }
+///     fn settle_evidence<'a>(&'a self, seen: &'a Evidence, settlement: &'a Settlement, now: SystemTime) -> BoxFuture<'a, Result<bool, StoreError>> {
+///         self.inner.settle_evidence(seen, settlement, now)
+///     }
+///     fn get<'a>(&'a self, key: &'a OperationKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+///         self.inner.get(key)
+///     }
+///     fn evidence<'a>(&'a self, identity: &'a str) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>> {
+///         self.inner.evidence(identity)
+///     }
+///     // The memory store commits no DynamoDB writes; a decorator of the DynamoDB store
+///     // implements `TransactionalStore` too and answers `Some(self)`.
+///     fn transactional(&self) -> Option<&dyn TransactionalStore> {
+///         None
+///     }
+/// }
+///
+/// let idem = lambda_idempotency::Idempotency::new(Counted::default());
+/// assert!(idem.store().downcast_ref::<Counted>().is_some());
+/// ```
+pub trait Store: Any + Send + Sync + fmt::Debug {
     /// Writes `record` (IN_PROGRESS, with its identity's evidence) unless a live record holds
     /// its key or its identity has evidence.
-    fn claim(
-        &self,
-        record: &Record,
+    fn claim<'a>(
+        &'a self,
+        record: &'a Record,
         now: SystemTime,
-    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+    ) -> BoxFuture<'a, Result<Claim, StoreError>>;
 
     /// Writes `record` (IN_PROGRESS, a takeover of a crashed attempt) if its key is absent or
     /// its record settled and expired, and the identity's evidence is still `orphan` (this
     /// operation's, IN_PROGRESS, created when `orphan` was).
-    fn adopt(
-        &self,
-        record: &Record,
-        orphan: &Evidence,
+    fn adopt<'a>(
+        &'a self,
+        record: &'a Record,
+        orphan: &'a Evidence,
         now: SystemTime,
-    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+    ) -> BoxFuture<'a, Result<Claim, StoreError>>;
 
     /// Gives `previous`'s record the new `lease` and the retention `expires_at` if it is still
     /// IN_PROGRESS under `previous.lease.token`, that lease has run out at `now`, and it holds
@@ -193,21 +250,21 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// with `now` as given, never the store's own clock: an owner re-entering its own live
     /// claim ([`Invocation::with_owner`](crate::Invocation::with_owner)) passes a time past
     /// the lease's end.
-    fn take_over(
-        &self,
-        previous: &Record,
-        lease: &Lease,
+    fn take_over<'a>(
+        &'a self,
+        previous: &'a Record,
+        lease: &'a Lease,
         expires_at: SystemTime,
         now: SystemTime,
-    ) -> impl Future<Output = Result<Fence, StoreError>> + Send;
+    ) -> BoxFuture<'a, Result<Fence, StoreError>>;
 
     /// Moves the target's lease expiry to `until` (a claim given back early: a panicking or
     /// cancelled handler), so that the next delivery takes over without waiting out the lease.
-    fn shorten(
-        &self,
-        target: Target<'_>,
+    fn shorten<'a>(
+        &'a self,
+        target: Target<'a>,
         until: SystemTime,
-    ) -> impl Future<Output = Result<Fence, StoreError>> + Send;
+    ) -> BoxFuture<'a, Result<Fence, StoreError>>;
 
     /// Moves the target record to `settlement.status` with its outcome (and its evidence too:
     /// settled alike, or deleted when the settlement [releases the identity](Settlement::releases_identity)).
@@ -216,81 +273,24 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// DynamoDB store compresses it and keeps it in part items, [`OutcomeStorage`]) and never
     /// lets a reader see part of one. A store that cannot keep it answers
     /// [`StoreError::Rejected`]; the engine then retains the operation as FAILED.
-    fn settle(
-        &self,
-        target: Target<'_>,
-        settlement: &Settlement,
-    ) -> impl Future<Output = Result<Fence, StoreError>> + Send;
+    fn settle<'a>(
+        &'a self,
+        target: Target<'a>,
+        settlement: &'a Settlement,
+    ) -> BoxFuture<'a, Result<Fence, StoreError>>;
 
     /// Writes the target record's steps as `steps` ([`crate::effects`]), fenced by the target's
     /// guard (the record alone: the evidence is not touched). A store that does not keep steps
-    /// answers [`StoreError::Rejected`], as this default does; the engine then halts a handler
-    /// at its first step (a plain step, before its effect).
-    fn record_steps(
-        &self,
-        target: Target<'_>,
-        steps: &[StepRecord],
-    ) -> impl Future<Output = Result<Fence, StoreError>> + Send {
-        let _ = (target, steps);
-        async {
-            Err(StoreError::Rejected {
-                operation: "record_steps",
-                message: "this store does not record steps".into(),
-            })
-        }
-    }
-
-    /// Commits `commit.steps` on the target record (fenced by its guard) together with the
-    /// handler's own writes, in one transaction ([`crate::effects`]). A store that cannot
-    /// answers [`Committed::Invalid`], as this default does: only the DynamoDB store commits
-    /// DynamoDB writes.
-    fn commit_steps(
-        &self,
-        target: Target<'_>,
-        commit: Commit<'_>,
-    ) -> impl Future<Output = Result<Committed, StoreError>> + Send {
-        let _ = (target, commit);
-        async {
-            Ok(Committed::Invalid {
-                message: "this store cannot commit DynamoDB writes: a transactional step needs the DynamoDB store".into(),
-            })
-        }
-    }
-
-    /// [`Store::settle`] together with the handler's own DynamoDB `writes`, in one
-    /// transaction sent under request `token` (1 to 36 characters, the same on every try of
-    /// this settlement): the settlement and every write commit, or nothing does
-    /// ([`ExecutionContext::complete_with`](crate::ExecutionContext::complete_with)). The answer
-    /// is as for [`Store::commit_steps`]: [`Committed::Refused`] names the write (an index in
-    /// `writes`) whose condition failed, [`Committed::Invalid`] refuses writes that cannot be
-    /// sent. The engine calls it only with writes (else [`Store::settle`]); this default
-    /// settles when there are none and answers [`Committed::Invalid`] when there are: only the
-    /// DynamoDB store commits DynamoDB writes.
-    fn settle_with(
-        &self,
-        target: Target<'_>,
-        settlement: &Settlement,
-        writes: &[TransactWriteItem],
-        token: &str,
-    ) -> impl Future<Output = Result<Committed, StoreError>> + Send {
-        let _ = token;
-        let empty = writes.is_empty();
-        async move {
-            if !empty {
-                return Ok(Committed::Invalid {
-                    message: "this store cannot commit DynamoDB writes: writes committed with the completion need the DynamoDB store".into(),
-                });
-            }
-            Ok(match self.settle(target, settlement).await? {
-                Fence::Held => Committed::Applied,
-                Fence::Lost { current } => Committed::LeaseLost { current },
-            })
-        }
-    }
+    /// answers [`StoreError::Rejected`]; the engine then halts a handler at its first step (a
+    /// plain step, before its effect).
+    fn record_steps<'a>(
+        &'a self,
+        target: Target<'a>,
+        steps: &'a [StepRecord],
+    ) -> BoxFuture<'a, Result<Fence, StoreError>>;
 
     /// Deletes the target record (and its evidence) so that a retry executes afresh.
-    fn release(&self, target: Target<'_>)
-    -> impl Future<Output = Result<Fence, StoreError>> + Send;
+    fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>>;
 
     /// An operator's release: writes `released` (an expired FAILED record carrying the
     /// operator's audit, so that the next delivery claims afresh) where the record is still as
@@ -298,57 +298,102 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// `None`: absent, or settled and expired), and
     /// deletes `evidence` (as seen: the same operation, status and creation) in the same write.
     /// `false`: one of them had changed; nothing was written.
-    fn release_by_operator(
-        &self,
-        seen: Option<&Record>,
-        evidence: Option<&Evidence>,
-        released: &Record,
+    fn release_by_operator<'a>(
+        &'a self,
+        seen: Option<&'a Record>,
+        evidence: Option<&'a Evidence>,
+        released: &'a Record,
         now: SystemTime,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
     /// An operator's settlement of evidence whose record is gone: `seen` (the same operation,
     /// status and creation) takes `settlement`'s status, result reference, time and audit, if
     /// its operation's record is still absent, or settled and expired at `now` (a redelivery
     /// that adopted the evidence meanwhile holds a live claim). `false`: either had changed;
     /// nothing was written.
-    fn settle_evidence(
-        &self,
-        seen: &Evidence,
-        settlement: &Settlement,
+    fn settle_evidence<'a>(
+        &'a self,
+        seen: &'a Evidence,
+        settlement: &'a Settlement,
         now: SystemTime,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
     /// Reads the record of `key` as stored, expired or not.
-    fn get(
-        &self,
-        key: &OperationKey,
-    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+    fn get<'a>(
+        &'a self,
+        key: &'a OperationKey,
+    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>>;
 
     /// Reads the permanent evidence of a business identity.
-    fn evidence(
-        &self,
-        identity: &str,
-    ) -> impl Future<Output = Result<Option<Evidence>, StoreError>> + Send;
+    fn evidence<'a>(
+        &'a self,
+        identity: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>>;
 
-    /// `Err` when this store's tables refuse the handler's own transactional writes
-    /// (transactional steps, [`ExecutionContext::complete_with`](crate::ExecutionContext::complete_with),
-    /// an outbox), found by asking them: the DynamoDB store's idempotency table refuses them
-    /// when it has multi-Region strong consistency, which accepts no `TransactWriteItems`
-    /// ([`StoreError::TransactionalWritesUnsupported`]). [`Operation::prime`](crate::lambda::Operation::prime)
-    /// asks it at init for an operation that declares such writes. This default accepts: a store
-    /// that cannot commit DynamoDB writes refuses them at each write instead.
-    fn check_transactional_writes(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async { Ok(()) }
+    /// This store's transactional capability ([`TransactionalStore`]: the handler's own
+    /// DynamoDB writes committed with a step or the settlement), or `None` when it has none.
+    /// The engine answers a handler's writes on a store without it with
+    /// [`Committed::Invalid`], before anything is sent.
+    fn transactional(&self) -> Option<&dyn TransactionalStore>;
+}
+
+/// The transactional capability a store offers or not ([`Store::transactional`]): the
+/// handler's own DynamoDB writes (transactional steps, writes carried by the completion, an
+/// outbox) committed in one transaction with the fenced record write. Only
+/// [`DynamoDbStore`] has it (and decorators of it that hand it on).
+pub trait TransactionalStore: Store {
+    /// Writes the target record's steps as `steps` (fenced by its guard) together with the
+    /// handler's own `writes` (Put, Update, Delete, ConditionCheck on any table, in its order),
+    /// in one transaction sent under request `token` (1 to 36 characters, the same on every
+    /// try of this commit, another for another commit): all or nothing ([`crate::effects`]).
+    /// [`Committed::Refused`] names the write (an index in `writes`) whose condition failed;
+    /// [`Committed::Invalid`] refuses writes that cannot be sent.
+    fn commit_steps<'a>(
+        &'a self,
+        target: Target<'a>,
+        steps: &'a [StepRecord],
+        writes: &'a [TransactWriteItem],
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<Committed, StoreError>>;
+
+    /// [`Store::settle`] together with the handler's own DynamoDB `writes`, in one
+    /// transaction sent under request `token` (1 to 36 characters, the same on every try of
+    /// this settlement): the settlement and every write commit, or nothing does
+    /// ([`ExecutionContext::complete_with`](crate::ExecutionContext::complete_with)). The
+    /// answer is as for [`TransactionalStore::commit_steps`]. The engine calls it only with
+    /// writes (else [`Store::settle`]).
+    fn settle_with<'a>(
+        &'a self,
+        target: Target<'a>,
+        settlement: &'a Settlement,
+        writes: &'a [TransactWriteItem],
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<Committed, StoreError>>;
+
+    /// `Err` when this store's tables refuse the handler's own transactional writes, found by
+    /// asking them: the DynamoDB store's idempotency table refuses them when it has
+    /// multi-Region strong consistency, which accepts no `TransactWriteItems`
+    /// ([`StoreError::TransactionalWritesUnsupported`]).
+    /// [`Operation::prime`](crate::lambda::Operation::prime) asks it at init for an operation
+    /// that declares such writes.
+    fn check_transactional_writes(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+}
+
+/// What the engine answers for a handler's writes on a store without the transactional
+/// capability (`which_need`: "a transactional step needs"): refused before anything is sent.
+pub(crate) fn writes_refused(which_need: &str) -> Committed {
+    Committed::Invalid {
+        message: format!(
+            "this store cannot commit DynamoDB writes: {which_need} the DynamoDB store"
+        ),
     }
+}
 
-    /// This store behind the one erased type the engine holds ([`AnyStore::new`]): boxed
-    /// once. Leave it as it is; [`AnyStore`] itself answers `self`, so that erasing twice
-    /// boxes nothing more.
-    #[doc(hidden)]
-    fn into_any_store(self) -> AnyStore
-    where
-        Self: Sized,
-    {
-        AnyStore::boxing(self)
+/// What a decorator answers when asked for a transactional write the store it wraps cannot
+/// make (the engine asks [`Store::transactional`] first, so it never meets this).
+pub(crate) fn not_transactional() -> StoreError {
+    StoreError::Rejected {
+        operation: "transactional writes",
+        message: "this store cannot commit DynamoDB writes: they need the DynamoDB store".into(),
     }
 }

@@ -25,13 +25,14 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
 use aws_sdk_dynamodb::types::TransactWriteItem;
+use futures_util::future::BoxFuture;
 use tokio::sync::Notify;
 
 use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::key::OperationKey;
 use crate::record::{Evidence, Lease, Record, Settlement, StepRecord};
-use crate::store::{Claim, Commit, Committed, Fence, Store, Target};
+use crate::store::{Claim, Committed, Fence, Store, Target, TransactionalStore, not_transactional};
 
 /// A store primitive, as faults name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -45,13 +46,13 @@ pub enum Primitive {
     TakeOver,
     /// [`Store::shorten`].
     Shorten,
-    /// [`Store::settle`] and [`Store::settle_with`].
+    /// [`Store::settle`] and [`TransactionalStore::settle_with`].
     Settle,
     /// [`Store::release`].
     Release,
     /// [`Store::record_steps`].
     RecordSteps,
-    /// [`Store::commit_steps`].
+    /// [`TransactionalStore::commit_steps`].
     CommitSteps,
     /// [`Store::get`].
     Get,
@@ -155,6 +156,18 @@ struct Plan {
     /// The part of `fired` that outages made (each a [`Fault::FailBefore`] of its kind).
     outage_fired: BTreeMap<(Primitive, FaultKind), u64>,
     calls: BTreeMap<Primitive, u64>,
+    /// The latest write that applied and changed whether a record exists, by key.
+    existence: HashMap<OperationKey, Existence>,
+}
+
+/// A write that applied and changed whether a record exists ([`FaultyStore::existence_changes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Existence {
+    /// A claim or an adoption wrote the record.
+    Written,
+    /// A fenced release deleted it (a retryable failure, a give-back before any intent).
+    Released,
 }
 
 /// A queued fault that never fired is a case that did not check what it meant to: the last
@@ -311,6 +324,28 @@ impl<S> FaultyStore<S> {
         self.lock().calls.clone()
     }
 
+    /// The latest write per key that applied and created ([`Existence::Written`]: a claim, an
+    /// adoption) or deleted ([`Existence::Released`]: a release) a record, since the last call.
+    /// Noted between the faults and the wrapped store, so a write that applied and whose
+    /// answer an injected fault then lost counts: what a check of missing records judges by.
+    pub fn existence_changes(&self) -> HashMap<OperationKey, Existence> {
+        std::mem::take(&mut self.lock().existence)
+    }
+
+    /// `apply`, noting the existence change its answer makes to `key`'s record.
+    async fn noting<T>(
+        &self,
+        key: &OperationKey,
+        apply: impl Future<Output = Result<T, StoreError>>,
+        change: impl FnOnce(&T) -> Option<Existence>,
+    ) -> Result<T, StoreError> {
+        let answer = apply.await;
+        if let Some(existence) = answer.as_ref().ok().and_then(change) {
+            self.lock().existence.insert(key.clone(), existence);
+        }
+        answer
+    }
+
     /// Runs `future` until it ends (`Some`) or a [`Fault::CancelBefore`] /
     /// [`Fault::CancelAfter`] cancels it (`None`; the future is dropped there).
     pub async fn cancellable<T>(&self, future: impl Future<Output = T>) -> Option<T> {
@@ -394,127 +429,162 @@ impl<S> FaultyStore<S> {
 }
 
 impl<S: Store + Clone> Store for FaultyStore<S> {
-    async fn claim(&self, record: &Record, now: SystemTime) -> Result<Claim, StoreError> {
-        self.around(Primitive::Claim, self.inner.claim(record, now))
-            .await
-    }
-
-    async fn adopt(
-        &self,
-        record: &Record,
-        orphan: &Evidence,
+    fn claim<'a>(
+        &'a self,
+        record: &'a Record,
         now: SystemTime,
-    ) -> Result<Claim, StoreError> {
-        self.around(Primitive::Adopt, self.inner.adopt(record, orphan, now))
-            .await
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        let claim = self.noting(&record.key, self.inner.claim(record, now), written);
+        Box::pin(self.around(Primitive::Claim, claim))
     }
 
-    async fn take_over(
-        &self,
-        previous: &Record,
-        lease: &Lease,
+    fn adopt<'a>(
+        &'a self,
+        record: &'a Record,
+        orphan: &'a Evidence,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        let adopt = self.noting(&record.key, self.inner.adopt(record, orphan, now), written);
+        Box::pin(self.around(Primitive::Adopt, adopt))
+    }
+
+    fn take_over<'a>(
+        &'a self,
+        previous: &'a Record,
+        lease: &'a Lease,
         expires_at: SystemTime,
         now: SystemTime,
-    ) -> Result<Fence, StoreError> {
-        self.around(
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(self.around(
             Primitive::TakeOver,
             self.inner.take_over(previous, lease, expires_at, now),
-        )
-        .await
+        ))
     }
 
-    async fn shorten(&self, target: Target<'_>, until: SystemTime) -> Result<Fence, StoreError> {
-        self.around(Primitive::Shorten, self.inner.shorten(target, until))
-            .await
+    fn shorten<'a>(
+        &'a self,
+        target: Target<'a>,
+        until: SystemTime,
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(self.around(Primitive::Shorten, self.inner.shorten(target, until)))
     }
 
-    async fn settle(
-        &self,
-        target: Target<'_>,
-        settlement: &Settlement,
-    ) -> Result<Fence, StoreError> {
-        self.around(Primitive::Settle, self.inner.settle(target, settlement))
-            .await
+    fn settle<'a>(
+        &'a self,
+        target: Target<'a>,
+        settlement: &'a Settlement,
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(self.around(Primitive::Settle, self.inner.settle(target, settlement)))
+    }
+    fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        let release = self.noting(target.key, self.inner.release(target), |fence| {
+            matches!(fence, Fence::Held).then_some(Existence::Released)
+        });
+        Box::pin(self.around(Primitive::Release, release))
     }
 
-    async fn settle_with(
-        &self,
-        target: Target<'_>,
-        settlement: &Settlement,
-        writes: &[TransactWriteItem],
-        token: &str,
-    ) -> Result<Committed, StoreError> {
-        self.around(
-            Primitive::Settle,
-            self.inner.settle_with(target, settlement, writes, token),
-        )
-        .await
-    }
-
-    async fn release(&self, target: Target<'_>) -> Result<Fence, StoreError> {
-        self.around(Primitive::Release, self.inner.release(target))
-            .await
-    }
-
-    async fn record_steps(
-        &self,
-        target: Target<'_>,
-        steps: &[StepRecord],
-    ) -> Result<Fence, StoreError> {
-        self.around(
+    fn record_steps<'a>(
+        &'a self,
+        target: Target<'a>,
+        steps: &'a [StepRecord],
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(self.around(
             Primitive::RecordSteps,
             self.inner.record_steps(target, steps),
-        )
-        .await
+        ))
     }
-
-    async fn commit_steps(
-        &self,
-        target: Target<'_>,
-        commit: Commit<'_>,
-    ) -> Result<Committed, StoreError> {
-        self.around(
-            Primitive::CommitSteps,
-            self.inner.commit_steps(target, commit),
-        )
-        .await
-    }
-
-    async fn release_by_operator(
-        &self,
-        seen: Option<&Record>,
-        evidence: Option<&Evidence>,
-        released: &Record,
+    fn release_by_operator<'a>(
+        &'a self,
+        seen: Option<&'a Record>,
+        evidence: Option<&'a Evidence>,
+        released: &'a Record,
         now: SystemTime,
-    ) -> Result<bool, StoreError> {
-        let release = self
-            .inner
-            .release_by_operator(seen, evidence, released, now);
-        self.around(Primitive::Operator, release).await
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let release = self
+                .inner
+                .release_by_operator(seen, evidence, released, now);
+            self.around(Primitive::Operator, release).await
+        })
     }
 
-    async fn settle_evidence(
-        &self,
-        seen: &Evidence,
-        settlement: &Settlement,
+    fn settle_evidence<'a>(
+        &'a self,
+        seen: &'a Evidence,
+        settlement: &'a Settlement,
         now: SystemTime,
-    ) -> Result<bool, StoreError> {
-        let settle = self.inner.settle_evidence(seen, settlement, now);
-        self.around(Primitive::Operator, settle).await
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let settle = self.inner.settle_evidence(seen, settlement, now);
+            self.around(Primitive::Operator, settle).await
+        })
     }
 
-    async fn get(&self, key: &OperationKey) -> Result<Option<Record>, StoreError> {
-        self.around(Primitive::Get, self.inner.get(key)).await
+    fn get<'a>(
+        &'a self,
+        key: &'a OperationKey,
+    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        Box::pin(self.around(Primitive::Get, self.inner.get(key)))
     }
 
-    async fn evidence(&self, identity: &str) -> Result<Option<Evidence>, StoreError> {
-        self.around(Primitive::Evidence, self.inner.evidence(identity))
+    fn evidence<'a>(
+        &'a self,
+        identity: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>> {
+        Box::pin(self.around(Primitive::Evidence, self.inner.evidence(identity)))
+    }
+
+    fn transactional(&self) -> Option<&dyn TransactionalStore> {
+        self.inner
+            .transactional()
+            .map(|_| self as &dyn TransactionalStore)
+    }
+}
+
+/// The wrapped store's transactional capability, with the same faults.
+impl<S: Store + Clone> TransactionalStore for FaultyStore<S> {
+    fn commit_steps<'a>(
+        &'a self,
+        target: Target<'a>,
+        steps: &'a [StepRecord],
+        writes: &'a [TransactWriteItem],
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<Committed, StoreError>> {
+        Box::pin(async move {
+            let inner = self.inner.transactional().ok_or_else(not_transactional)?;
+            self.around(
+                Primitive::CommitSteps,
+                inner.commit_steps(target, steps, writes, token),
+            )
             .await
+        })
     }
 
-    async fn check_transactional_writes(&self) -> Result<(), StoreError> {
-        self.inner.check_transactional_writes().await
+    fn settle_with<'a>(
+        &'a self,
+        target: Target<'a>,
+        settlement: &'a Settlement,
+        writes: &'a [TransactWriteItem],
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<Committed, StoreError>> {
+        Box::pin(async move {
+            let inner = self.inner.transactional().ok_or_else(not_transactional)?;
+            let settle = inner.settle_with(target, settlement, writes, token);
+            self.around(Primitive::Settle, settle).await
+        })
     }
+
+    fn check_transactional_writes(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        match self.inner.transactional() {
+            Some(inner) => inner.check_transactional_writes(),
+            None => Box::pin(async { Err(not_transactional()) }),
+        }
+    }
+}
+
+/// A claim's existence change: the record written when the claim acquired it.
+fn written(claim: &Claim) -> Option<Existence> {
+    matches!(claim, Claim::Acquired).then_some(Existence::Written)
 }
 
 #[cfg(test)]

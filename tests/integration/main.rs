@@ -59,6 +59,7 @@ mod relay;
 mod relay_batches;
 mod sdk_faults;
 mod simulation;
+mod simulation_defects;
 mod sources;
 mod spans;
 mod step_costs;

@@ -7,8 +7,11 @@ use std::time::SystemTime;
 
 use lambda_idempotency::error::StoreError;
 use lambda_idempotency::key::OperationKey;
-use lambda_idempotency::record::{Evidence, Lease, Record, Settlement};
-use lambda_idempotency::store::{Claim, Fence, Guard, MemoryStore, Store, Target};
+use lambda_idempotency::reconcile::BoxFuture;
+use lambda_idempotency::record::{Evidence, Lease, Record, Settlement, StepRecord};
+use lambda_idempotency::store::{
+    Claim, Fence, Guard, MemoryStore, Store, Target, TransactionalStore,
+};
 use lambda_idempotency::testing::conformance::{
     Fixture, memory_fixture, start_time, store_fences_settlements_and_releases_on_the_lease,
     store_keeps_evidence_with_the_claim,
@@ -20,82 +23,110 @@ use lambda_idempotency::testing::conformance::{
 struct Broken(MemoryStore);
 
 impl Store for Broken {
-    async fn claim(&self, record: &Record, now: SystemTime) -> Result<Claim, StoreError> {
-        self.0.claim(record, now).await
-    }
-
-    async fn adopt(
-        &self,
-        record: &Record,
-        orphan: &Evidence,
+    fn claim<'a>(
+        &'a self,
+        record: &'a Record,
         now: SystemTime,
-    ) -> Result<Claim, StoreError> {
-        self.0.adopt(record, orphan, now).await
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        self.0.claim(record, now)
     }
 
-    async fn take_over(
-        &self,
-        previous: &Record,
-        lease: &Lease,
+    fn adopt<'a>(
+        &'a self,
+        record: &'a Record,
+        orphan: &'a Evidence,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        self.0.adopt(record, orphan, now)
+    }
+
+    fn take_over<'a>(
+        &'a self,
+        previous: &'a Record,
+        lease: &'a Lease,
         expires_at: SystemTime,
         now: SystemTime,
-    ) -> Result<Fence, StoreError> {
-        self.0.take_over(previous, lease, expires_at, now).await
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        self.0.take_over(previous, lease, expires_at, now)
     }
 
-    async fn shorten(&self, target: Target<'_>, until: SystemTime) -> Result<Fence, StoreError> {
-        self.0.shorten(target, until).await
+    fn shorten<'a>(
+        &'a self,
+        target: Target<'a>,
+        until: SystemTime,
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        self.0.shorten(target, until)
     }
 
-    async fn settle(
-        &self,
-        target: Target<'_>,
-        settlement: &Settlement,
-    ) -> Result<Fence, StoreError> {
-        // The defect: the guard is replaced by the standing record's own token.
-        let Some(standing) = self.0.get(target.key).await? else {
-            return self.0.settle(target, settlement).await;
-        };
-        let token = standing.lease.token;
-        let unfenced = Target {
-            guard: Guard::Lease(&token),
-            ..target
-        };
-        self.0.settle(unfenced, settlement).await
+    fn settle<'a>(
+        &'a self,
+        target: Target<'a>,
+        settlement: &'a Settlement,
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(async move {
+            // The defect: the guard is replaced by the standing record's own token.
+            let Some(standing) = self.0.get(target.key).await? else {
+                return self.0.settle(target, settlement).await;
+            };
+            let token = standing.lease.token;
+            let unfenced = Target {
+                guard: Guard::Lease(&token),
+                ..target
+            };
+            self.0.settle(unfenced, settlement).await
+        })
     }
 
-    async fn release(&self, target: Target<'_>) -> Result<Fence, StoreError> {
-        self.0.release(target).await
+    fn record_steps<'a>(
+        &'a self,
+        target: Target<'a>,
+        steps: &'a [StepRecord],
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        self.0.record_steps(target, steps)
     }
 
-    async fn release_by_operator(
-        &self,
-        seen: Option<&Record>,
-        evidence: Option<&Evidence>,
-        released: &Record,
+    fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        self.0.release(target)
+    }
+
+    fn release_by_operator<'a>(
+        &'a self,
+        seen: Option<&'a Record>,
+        evidence: Option<&'a Evidence>,
+        released: &'a Record,
         now: SystemTime,
-    ) -> Result<bool, StoreError> {
-        self.0
-            .release_by_operator(seen, evidence, released, now)
-            .await
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.0.release_by_operator(seen, evidence, released, now)
     }
 
-    async fn settle_evidence(
-        &self,
-        seen: &Evidence,
-        settlement: &Settlement,
+    fn settle_evidence<'a>(
+        &'a self,
+        seen: &'a Evidence,
+        settlement: &'a Settlement,
         now: SystemTime,
-    ) -> Result<bool, StoreError> {
-        self.0.settle_evidence(seen, settlement, now).await
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.0.settle_evidence(seen, settlement, now)
     }
 
-    async fn get(&self, key: &OperationKey) -> Result<Option<Record>, StoreError> {
-        self.0.get(key).await
+    fn get<'a>(
+        &'a self,
+        key: &'a OperationKey,
+    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        self.0.get(key)
     }
 
-    async fn evidence(&self, _identity: &str) -> Result<Option<Evidence>, StoreError> {
-        // The second defect: evidence is never found.
-        Ok(None)
+    fn evidence<'a>(
+        &'a self,
+        _identity: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>> {
+        Box::pin(async move {
+            // The second defect: evidence is never found.
+            Ok(None)
+        })
+    }
+
+    fn transactional(&self) -> Option<&dyn TransactionalStore> {
+        None
     }
 }
 

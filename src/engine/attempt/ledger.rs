@@ -29,7 +29,7 @@ use crate::error::{BoxError, Error, StoreError};
 use crate::execution::Invocation;
 use crate::key::OperationKey;
 use crate::record::{FailureKind, Record, StepRecord};
-use crate::store::{Commit, Committed, Fence, Guard, Store, Target};
+use crate::store::{Committed, Fence, Guard, Store, Target, writes_refused};
 
 /// Why an attempt stopped at a step, and what the engine does about it.
 #[derive(Debug)]
@@ -715,15 +715,14 @@ impl StepLedger {
         writes: &[TransactWriteItem],
         token: &str,
     ) -> Result<Committed, Halt> {
-        let store = self.idem.store();
-        let target = self.target();
-        let commit = Commit {
-            steps,
-            writes,
-            token,
+        let Some(store) = self.idem.store().transactional() else {
+            return Ok(writes_refused("a transactional step needs"));
         };
+        let target = self.target();
         self.idem
-            .retrying(self.patience(), || store.commit_steps(target, commit))
+            .retrying(self.patience(), || {
+                store.commit_steps(target, steps, writes, token)
+            })
             .await
             .map_err(|err| Halt::GiveBack(err.into()))
     }

@@ -11,7 +11,7 @@ use super::steps::{STEPS_VERSION_BUMP, bump_steps_version, steps_value};
 use super::writes::{Check, Write, item_table};
 use crate::error::StoreError;
 use crate::record::{Record, Settlement, Status, StepRecord};
-use crate::store::{Commit, Committed, Guard, Target};
+use crate::store::{Committed, Guard, Target};
 
 /// The most actions one `TransactWriteItems` holds.
 pub(crate) const MAX_TRANSACTION_ACTIONS: usize = 100;
@@ -19,11 +19,13 @@ pub(crate) const MAX_TRANSACTION_ACTIONS: usize = 100;
 pub(crate) const MAX_TRANSACTION_BYTES: usize = 4 * 1024 * 1024;
 
 impl DynamoDbStore {
-    /// [`Store::commit_steps`](crate::store::Store::commit_steps) on DynamoDB.
+    /// [`TransactionalStore::commit_steps`](crate::store::TransactionalStore::commit_steps) on DynamoDB.
     pub(crate) async fn commit(
         &self,
         target: Target<'_>,
-        commit: Commit<'_>,
+        steps: &[StepRecord],
+        writes: &[TransactWriteItem],
+        token: &str,
     ) -> Result<Committed, StoreError> {
         if let Some(refused) = self.refuse_transactions() {
             return Ok(refused);
@@ -33,7 +35,7 @@ impl DynamoDbStore {
         // The step this commit adds is not in the list yet: a re-send after the first one
         // applied (an endpoint without token replay, or past DynamoDB's ten minutes) fails here
         // instead of applying the handler's writes twice, and is recognised below.
-        let (condition, expr) = match commit.steps.split_last() {
+        let (condition, expr) = match steps.split_last() {
             Some((adding, before)) => (
                 format!(
                     "{guard} AND NOT (#steps[{at}].#step_name = :adding_name AND #steps[{at}].#step_attempt = :adding_attempt)",
@@ -52,14 +54,14 @@ impl DynamoDbStore {
             &format!("SET #steps = :steps, {STEPS_VERSION_BUMP}"),
             &condition,
             bump_steps_version(expr.name("#steps", &self.names.steps), &self.names)
-                .value(":steps", steps_value(commit.steps)),
+                .value(":steps", steps_value(steps)),
         )?;
         let own = vec![own.into_transact_item()];
-        if let Err(message) = self.check_limits(&own, commit.writes) {
+        if let Err(message) = self.check_limits(&own, writes) {
             return Ok(Committed::Invalid { message });
         }
         let answer = self
-            .transact_with("commit_steps", target, own, commit.writes, commit.token)
+            .transact_with("commit_steps", target, own, writes, token)
             .await?;
         match answer {
             Answer::Lost(current) => {
@@ -67,7 +69,7 @@ impl DynamoDbStore {
                 match current {
                     // This very commit applied before its answer was lost: the record holds
                     // the lease and the step as committed.
-                    Some(current) if shows_commit(&current, target, commit.steps) => {
+                    Some(current) if shows_commit(&current, target, steps) => {
                         Ok(Committed::Applied)
                     }
                     current => Ok(Committed::LeaseLost {
@@ -79,7 +81,7 @@ impl DynamoDbStore {
         }
     }
 
-    /// [`Store::settle_with`](crate::store::Store::settle_with) on DynamoDB: the settlement's
+    /// [`TransactionalStore::settle_with`](crate::store::TransactionalStore::settle_with) on DynamoDB: the settlement's
     /// writes (the record's, the evidence's), then the handler's.
     pub(crate) async fn settle_committing(
         &self,

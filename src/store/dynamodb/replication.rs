@@ -121,7 +121,7 @@ impl DynamoDbStore {
     /// uniqueness table beside a table with multi-Region strong consistency, which accepts no
     /// transactions. (An operation that writes in transactions is refused on a table with
     /// multi-Region strong consistency by [`Operation::prime`](crate::lambda::Operation::prime),
-    /// which asks [`Store::check_transactional_writes`](crate::store::Store::check_transactional_writes);
+    /// which asks [`TransactionalStore::check_transactional_writes`](crate::store::TransactionalStore::check_transactional_writes);
     /// other operations run there.) After a refusal, every claim of this store (and
     /// its clones) fails with the same error. [`Self::prime`] runs it. Returns the idempotency table's replication.
     ///

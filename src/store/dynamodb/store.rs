@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::time::SystemTime;
 
 use aws_sdk_dynamodb::types::TransactWriteItem;
+use futures_util::future::BoxFuture;
 
 use super::decode::Parts;
 use super::error::map_sdk_error;
@@ -17,7 +18,7 @@ use super::{DynamoDbStore, evidence, item};
 use crate::error::StoreError;
 use crate::key::OperationKey;
 use crate::record::{Evidence, Lease, Record, Settlement, Status, StepRecord};
-use crate::store::{Claim, Commit, Committed, Fence, Guard, Store, Target};
+use crate::store::{Claim, Committed, Fence, Guard, Store, Target, TransactionalStore};
 
 impl DynamoDbStore {
     /// The record's condition and names/values for a guard.
@@ -260,246 +261,287 @@ impl DynamoDbStore {
 }
 
 impl Store for DynamoDbStore {
-    async fn claim(&self, record: &Record, now: SystemTime) -> Result<Claim, StoreError> {
-        self.refused()?;
-        let mut writes = vec![self.claim_write(record, now)?];
-        if let Some(identity) = &record.identity {
-            let uniqueness = self.uniqueness()?;
-            writes.push(evidence::claim_write(uniqueness, record, identity)?);
-            writes.extend(evidence::global_before_0_5_check(uniqueness, identity)?);
-            if self.unscoped_evidence {
-                writes.extend(evidence::unscoped_check(uniqueness, identity)?);
-            }
-        }
-        self.claimed("claim", record, writes).await
-    }
-
-    async fn adopt(
-        &self,
-        record: &Record,
-        orphan: &Evidence,
+    fn claim<'a>(
+        &'a self,
+        record: &'a Record,
         now: SystemTime,
-    ) -> Result<Claim, StoreError> {
-        self.refused()?;
-        let writes = vec![
-            self.claim_write(record, now)?,
-            evidence::adopt_write(self.uniqueness()?, orphan)?,
-        ];
-        self.claimed("adopt", record, writes).await
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(async move {
+            self.refused()?;
+            let mut writes = vec![self.claim_write(record, now)?];
+            if let Some(identity) = &record.identity {
+                let uniqueness = self.uniqueness()?;
+                writes.push(evidence::claim_write(uniqueness, record, identity)?);
+                writes.extend(evidence::global_before_0_5_check(uniqueness, identity)?);
+                if self.unscoped_evidence {
+                    writes.extend(evidence::unscoped_check(uniqueness, identity)?);
+                }
+            }
+            self.claimed("claim", record, writes).await
+        })
     }
 
-    async fn take_over(
-        &self,
-        previous: &Record,
-        lease: &Lease,
+    fn adopt<'a>(
+        &'a self,
+        record: &'a Record,
+        orphan: &'a Evidence,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(async move {
+            self.refused()?;
+            let writes = vec![
+                self.claim_write(record, now)?,
+                evidence::adopt_write(self.uniqueness()?, orphan)?,
+            ];
+            self.claimed("adopt", record, writes).await
+        })
+    }
+
+    fn take_over<'a>(
+        &'a self,
+        previous: &'a Record,
+        lease: &'a Lease,
         expires_at: SystemTime,
         now: SystemTime,
-    ) -> Result<Fence, StoreError> {
-        let names = &self.names;
-        // The steps as the taker read them: a late write of the expired holder (an intent, a
-        // result, a commit, a withdrawal: any change of the list) between that read and this
-        // takeover fails it, so that the taker never starts from steps older than the record's.
-        // Conditioned on what writers store for that purpose (the list's write count, its
-        // length, each pending step's attempt), never on the list's bytes, which another build
-        // encodes otherwise.
-        let (steps_as_read, steps_expr) = steps_as_read(previous, names);
-        let write = Write::update(
-            &self.table,
-            names.key(&previous.key),
-            "SET #lease_token = :token, #attempt = :attempt, #lease_expires_at = :lease_expires_at, #expires_at = :expires_at",
-            &format!(
-                "#status = :in_progress AND #lease_token = :previous AND #lease_expires_at < :now_ms AND {steps_as_read}"
-            ),
-            steps_expr
-                .name("#status", &names.status)
-                .name("#lease_token", &names.lease_token)
-                .name("#attempt", &names.attempt)
-                .name("#lease_expires_at", &names.lease_expires_at)
-                .name("#expires_at", &names.expires_at)
-                .value(":in_progress", s(Status::InProgress.as_str()))
-                .value(":previous", s(&previous.lease.token))
-                .value(":expires_at", secs(expires_at))
-                .value(":now_ms", millis(now))
-                .value(":token", s(&lease.token))
-                .value(":attempt", n(u64::from(lease.attempt)))
-                .value(":lease_expires_at", millis(lease.expires_at)),
-        )?;
-        let target = Target {
-            key: &previous.key,
-            identity: None,
-            guard: Guard::Lease(&previous.lease.token),
-        };
-        // The record that stands may be answered from (replayed): read it whole.
-        self.fenced("take_over", target, vec![write], Parts::Read)
-            .await
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(async move {
+            let names = &self.names;
+            // The steps as the taker read them: a late write of the expired holder (an intent, a
+            // result, a commit, a withdrawal: any change of the list) between that read and this
+            // takeover fails it, so that the taker never starts from steps older than the record's.
+            // Conditioned on what writers store for that purpose (the list's write count, its
+            // length, each pending step's attempt), never on the list's bytes, which another build
+            // encodes otherwise.
+            let (steps_as_read, steps_expr) = steps_as_read(previous, names);
+            let write = Write::update(
+                &self.table,
+                names.key(&previous.key),
+                "SET #lease_token = :token, #attempt = :attempt, #lease_expires_at = :lease_expires_at, #expires_at = :expires_at",
+                &format!(
+                    "#status = :in_progress AND #lease_token = :previous AND #lease_expires_at < :now_ms AND {steps_as_read}"
+                ),
+                steps_expr
+                    .name("#status", &names.status)
+                    .name("#lease_token", &names.lease_token)
+                    .name("#attempt", &names.attempt)
+                    .name("#lease_expires_at", &names.lease_expires_at)
+                    .name("#expires_at", &names.expires_at)
+                    .value(":in_progress", s(Status::InProgress.as_str()))
+                    .value(":previous", s(&previous.lease.token))
+                    .value(":expires_at", secs(expires_at))
+                    .value(":now_ms", millis(now))
+                    .value(":token", s(&lease.token))
+                    .value(":attempt", n(u64::from(lease.attempt)))
+                    .value(":lease_expires_at", millis(lease.expires_at)),
+            )?;
+            let target = Target {
+                key: &previous.key,
+                identity: None,
+                guard: Guard::Lease(&previous.lease.token),
+            };
+            // The record that stands may be answered from (replayed): read it whole.
+            self.fenced("take_over", target, vec![write], Parts::Read)
+                .await
+        })
     }
 
-    async fn settle(
-        &self,
-        target: Target<'_>,
-        settlement: &Settlement,
-    ) -> Result<Fence, StoreError> {
-        let (writes, placement) = self.settlement_writes(target, settlement)?;
-        self.put_parts(target.key, &placement, settlement.expires_at)
-            .await?;
-        // Lost: the caller only needs to know whether the record is its own settlement.
-        self.fenced(
-            "settle",
-            target,
-            writes,
-            Parts::Known(&placement, settlement),
-        )
-        .await
-    }
-
-    async fn settle_with(
-        &self,
-        target: Target<'_>,
-        settlement: &Settlement,
-        writes: &[TransactWriteItem],
-        token: &str,
-    ) -> Result<Committed, StoreError> {
-        self.settle_committing(target, settlement, writes, token)
-            .await
-    }
-
-    async fn shorten(&self, target: Target<'_>, until: SystemTime) -> Result<Fence, StoreError> {
-        let (condition, expr) = self.guard(target.guard);
-        let write = Write::update(
-            &self.table,
-            self.names.key(target.key),
-            "SET #lease_expires_at = :until",
-            condition,
-            expr.name("#lease_expires_at", &self.names.lease_expires_at)
-                .value(":until", millis(until)),
-        )?;
-        let target = Target {
-            identity: None,
-            ..target
-        };
-        self.fenced("shorten", target, vec![write], Parts::Skip)
-            .await
-    }
-
-    async fn record_steps(
-        &self,
-        target: Target<'_>,
-        steps: &[StepRecord],
-    ) -> Result<Fence, StoreError> {
-        let (condition, expr) = self.guard(target.guard);
-        let write = Write::update(
-            &self.table,
-            self.names.key(target.key),
-            &format!("SET #steps = :steps, {STEPS_VERSION_BUMP}"),
-            condition,
-            bump_steps_version(expr.name("#steps", &self.names.steps), &self.names)
-                .value(":steps", steps_value(steps)),
-        )?;
-        let target = Target {
-            identity: None,
-            ..target
-        };
-        self.fenced("record_steps", target, vec![write], Parts::Skip)
-            .await
-    }
-
-    async fn commit_steps(
-        &self,
-        target: Target<'_>,
-        commit: Commit<'_>,
-    ) -> Result<Committed, StoreError> {
-        self.commit(target, commit).await
-    }
-
-    async fn release(&self, target: Target<'_>) -> Result<Fence, StoreError> {
-        let (condition, expr) = self.guard(target.guard);
-        let mut writes = vec![Write::delete(
-            &self.table,
-            self.names.key(target.key),
-            condition,
-            expr,
-        )?];
-        if let Some(identity) = target.identity {
-            writes.push(evidence::release_write(
-                self.uniqueness()?,
+    fn settle<'a>(
+        &'a self,
+        target: Target<'a>,
+        settlement: &'a Settlement,
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(async move {
+            let (writes, placement) = self.settlement_writes(target, settlement)?;
+            self.put_parts(target.key, &placement, settlement.expires_at)
+                .await?;
+            // Lost: the caller only needs to know whether the record is its own settlement.
+            self.fenced(
+                "settle",
                 target,
-                identity,
-            )?);
-        }
-        self.fenced("release", target, writes, Parts::Skip).await
+                writes,
+                Parts::Known(&placement, settlement),
+            )
+            .await
+        })
+    }
+    fn shorten<'a>(
+        &'a self,
+        target: Target<'a>,
+        until: SystemTime,
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(async move {
+            let (condition, expr) = self.guard(target.guard);
+            let write = Write::update(
+                &self.table,
+                self.names.key(target.key),
+                "SET #lease_expires_at = :until",
+                condition,
+                expr.name("#lease_expires_at", &self.names.lease_expires_at)
+                    .value(":until", millis(until)),
+            )?;
+            let target = Target {
+                identity: None,
+                ..target
+            };
+            self.fenced("shorten", target, vec![write], Parts::Skip)
+                .await
+        })
     }
 
-    async fn release_by_operator(
-        &self,
-        seen: Option<&Record>,
-        evidence: Option<&Evidence>,
-        released: &Record,
+    fn record_steps<'a>(
+        &'a self,
+        target: Target<'a>,
+        steps: &'a [StepRecord],
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(async move {
+            let (condition, expr) = self.guard(target.guard);
+            let write = Write::update(
+                &self.table,
+                self.names.key(target.key),
+                &format!("SET #steps = :steps, {STEPS_VERSION_BUMP}"),
+                condition,
+                bump_steps_version(expr.name("#steps", &self.names.steps), &self.names)
+                    .value(":steps", steps_value(steps)),
+            )?;
+            let target = Target {
+                identity: None,
+                ..target
+            };
+            self.fenced("record_steps", target, vec![write], Parts::Skip)
+                .await
+        })
+    }
+    fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(async move {
+            let (condition, expr) = self.guard(target.guard);
+            let mut writes = vec![Write::delete(
+                &self.table,
+                self.names.key(target.key),
+                condition,
+                expr,
+            )?];
+            if let Some(identity) = target.identity {
+                writes.push(evidence::release_write(
+                    self.uniqueness()?,
+                    target,
+                    identity,
+                )?);
+            }
+            self.fenced("release", target, writes, Parts::Skip).await
+        })
+    }
+
+    fn release_by_operator<'a>(
+        &'a self,
+        seen: Option<&'a Record>,
+        evidence: Option<&'a Evidence>,
+        released: &'a Record,
         now: SystemTime,
-    ) -> Result<bool, StoreError> {
-        let (condition, expr) = self.as_seen(seen, now);
-        let mut writes = vec![Write::put(
-            &self.table,
-            self.names.encode(released),
-            condition,
-            expr,
-        )?];
-        if let Some(evidence) = evidence {
-            writes.push(evidence::operator_delete_write(
-                self.uniqueness()?,
-                evidence,
-            )?);
-        }
-        Ok(self.apply("release_by_operator", writes).await?.is_none())
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let (condition, expr) = self.as_seen(seen, now);
+            let mut writes = vec![Write::put(
+                &self.table,
+                self.names.encode(released),
+                condition,
+                expr,
+            )?];
+            if let Some(evidence) = evidence {
+                writes.push(evidence::operator_delete_write(
+                    self.uniqueness()?,
+                    evidence,
+                )?);
+            }
+            Ok(self.apply("release_by_operator", writes).await?.is_none())
+        })
     }
 
-    async fn settle_evidence(
-        &self,
-        seen: &Evidence,
-        settlement: &Settlement,
+    fn settle_evidence<'a>(
+        &'a self,
+        seen: &'a Evidence,
+        settlement: &'a Settlement,
         now: SystemTime,
-    ) -> Result<bool, StoreError> {
-        // The record must still be gone: a redelivery that adopted the evidence holds a claim.
-        let (condition, expr) = self.as_seen(None, now);
-        let writes = vec![
-            Write::check(&self.table, self.names.key(&seen.key), condition, expr)?,
-            evidence::operator_settle_write(self.uniqueness()?, seen, settlement)?,
-        ];
-        Ok(self.apply("settle_evidence", writes).await?.is_none())
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            // The record must still be gone: a redelivery that adopted the evidence holds a claim.
+            let (condition, expr) = self.as_seen(None, now);
+            let writes = vec![
+                Write::check(&self.table, self.names.key(&seen.key), condition, expr)?,
+                evidence::operator_settle_write(self.uniqueness()?, seen, settlement)?,
+            ];
+            Ok(self.apply("settle_evidence", writes).await?.is_none())
+        })
     }
 
-    async fn get(&self, key: &OperationKey) -> Result<Option<Record>, StoreError> {
-        self.get_with(key, Parts::Read, None).await
+    fn get<'a>(
+        &'a self,
+        key: &'a OperationKey,
+    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        Box::pin(self.get_with(key, Parts::Read, None))
     }
 
-    async fn evidence(&self, identity: &str) -> Result<Option<Evidence>, StoreError> {
-        let table = self.uniqueness()?;
-        let output = sent(
-            self.client
-                .get_item()
-                .table_name(table)
-                .set_key(Some(evidence::key(identity)))
-                .consistent_read(true)
-                .send(),
-        )
-        .await
-        .map_err(|err| match map_sdk_error("evidence", table, err) {
-            StoreError::TableNotFound { .. } => self.not_found(table),
-            other => other,
-        })?;
-        output.item().map(evidence::decode).transpose()
+    fn evidence<'a>(
+        &'a self,
+        identity: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>> {
+        Box::pin(async move {
+            let table = self.uniqueness()?;
+            let output = sent(
+                self.client
+                    .get_item()
+                    .table_name(table)
+                    .set_key(Some(evidence::key(identity)))
+                    .consistent_read(true)
+                    .send(),
+            )
+            .await
+            .map_err(|err| match map_sdk_error("evidence", table, err) {
+                StoreError::TableNotFound { .. } => self.not_found(table),
+                other => other,
+            })?;
+            output.item().map(evidence::decode).transpose()
+        })
+    }
+
+    fn transactional(&self) -> Option<&dyn TransactionalStore> {
+        Some(self)
+    }
+}
+
+impl TransactionalStore for DynamoDbStore {
+    fn commit_steps<'a>(
+        &'a self,
+        target: Target<'a>,
+        steps: &'a [StepRecord],
+        writes: &'a [TransactWriteItem],
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<Committed, StoreError>> {
+        Box::pin(self.commit(target, steps, writes, token))
+    }
+
+    fn settle_with<'a>(
+        &'a self,
+        target: Target<'a>,
+        settlement: &'a Settlement,
+        writes: &'a [TransactWriteItem],
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<Committed, StoreError>> {
+        Box::pin(self.settle_committing(target, settlement, writes, token))
     }
 
     /// Checks the tables' replication unless a check (`prime`'s) already described the
     /// idempotency table: a table's consistency mode cannot change.
-    async fn check_transactional_writes(&self) -> Result<(), StoreError> {
-        if !self.described() {
-            self.check_replication().await?;
-        }
-        match self.strongly_consistent_table() {
-            Some(table) => Err(StoreError::TransactionalWritesUnsupported {
-                table: table.to_owned(),
-            }),
-            None => Ok(()),
-        }
+    fn check_transactional_writes(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            if !self.described() {
+                self.check_replication().await?;
+            }
+            match self.strongly_consistent_table() {
+                Some(table) => Err(StoreError::TransactionalWritesUnsupported {
+                    table: table.to_owned(),
+                }),
+                None => Ok(()),
+            }
+        })
     }
 }

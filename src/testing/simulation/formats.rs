@@ -34,8 +34,7 @@ impl<S: Store + Clone> World<S> {
     /// in `encoding`, when the store keeps DynamoDB items; its attempt is then watched until
     /// a delivery takes it over.
     pub(super) async fn re_encode(&mut self, encoding: Encoding) {
-        let Some(store) = (self.store.inner().inner() as &dyn Any).downcast_ref::<DynamoDbStore>()
-        else {
+        let Some(store) = (self.store.inner() as &dyn Any).downcast_ref::<DynamoDbStore>() else {
             self.note("the store keeps no encoded step lists".into());
             return;
         };

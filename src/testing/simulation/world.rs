@@ -18,7 +18,6 @@ use super::actors::{
 };
 use super::formats::Encoding;
 use super::ledger::{Ledger, Profile};
-use super::observed::{Existence, Observed};
 use super::steps::{Delivered, Parked};
 use super::{Budget, Stats};
 use crate::clock::{Clock, ManualClock};
@@ -31,7 +30,7 @@ use crate::reconcile::Recovery;
 use crate::record::Record;
 use crate::store::Store;
 use crate::testing::conformance::{EffectTables, Fixture, Sweeper};
-use crate::testing::faults::{Fault, FaultyStore, Primitive};
+use crate::testing::faults::{Existence, Fault, FaultyStore, Primitive};
 
 /// The lease every delivery asks for.
 pub(super) const LEASE: Duration = Duration::from_secs(30);
@@ -173,7 +172,7 @@ pub(super) struct World<S> {
     pub(super) seed: u64,
     pub(super) clock: ManualClock,
     pub(super) sweep: Sweeper,
-    pub(super) store: FaultyStore<Observed<S>>,
+    pub(super) store: FaultyStore<S>,
     pub(super) workers: Vec<(Idempotency, Profile)>,
     /// The same workers' engines for the operations whose handler keeps its effect in a step.
     pub(super) stepped: Vec<(Idempotency, Profile)>,
@@ -240,7 +239,7 @@ impl<S: Store + Clone> World<S> {
             specs.iter().map(|spec| spec.key.clone()).collect(),
             fixture.clock.clone(),
         )));
-        let store = FaultyStore::new(Observed::new(fixture.store));
+        let store = FaultyStore::new(fixture.store);
         let takeovers = Arc::new(AtomicU64::new(0));
         let mut stepped = Vec::new();
         let mut transactional = Vec::new();
@@ -393,7 +392,7 @@ impl<S: Store + Clone> World<S> {
     /// Takes the store's account of the writes that created or deleted a record since the
     /// last call: a claim or adoption makes a record stand, a release excuses its absence.
     pub(super) fn observe_existence(&mut self) {
-        for (key, existence) in self.store.inner().take() {
+        for (key, existence) in self.store.existence_changes() {
             if let Some(op) = self.specs.iter().position(|spec| spec.key == key) {
                 self.absence[op] = match existence {
                     Existence::Written => Absence::Stands,
