@@ -20,10 +20,10 @@ mod streams;
 use std::time::{Duration, Instant};
 
 use aws_lambda_events::event::dynamodb::{Event as DynamoDbEvent, EventRecord as DynamoDbRecord};
-use lambda_idempotency::effects::relay::{Publisher, inserted, outbox_stream, relay};
 use lambda_idempotency::effects::{
     Destination, Outbox, OutboxEvent, OutboxMarks, PublishedBy, Transaction,
 };
+use lambda_idempotency::lambda::relay::{Publisher, inserted, outbox_stream, relay};
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::store::DynamoDbStore;
 use lambda_idempotency::testing::dynamo::{self, Dynamo};

@@ -5,8 +5,8 @@
 
 use std::time::SystemTime;
 
-use lambda_idempotency::effects::relay::{Publisher, Relay, RelayReport, relay};
 use lambda_idempotency::effects::{Outbox, OutboxMarks};
+use lambda_idempotency::lambda::relay::{Publisher, Relay, RelayReport, relay};
 use serde_json::Value;
 
 use crate::checkout::OUTBOX_TABLE_VAR;

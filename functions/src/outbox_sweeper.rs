@@ -6,9 +6,9 @@
 
 use std::time::{Duration, SystemTime};
 
-use lambda_idempotency::effects::relay::Publisher;
-use lambda_idempotency::effects::relay::sweeper::{SweepReport, Sweeper};
 use lambda_idempotency::effects::{Outbox, OutboxMarks};
+use lambda_idempotency::lambda::relay::Publisher;
+use lambda_idempotency::lambda::relay::sweeper::{SweepReport, Sweeper};
 use serde_json::Value;
 
 use crate::checkout::OUTBOX_TABLE_VAR;

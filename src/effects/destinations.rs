@@ -2,7 +2,7 @@
 //! destinations an outbox may publish to, which its deployer names once and hands to both
 //! ends. A producer's [`Outbox`](super::Outbox) refuses, at commit, an event for a
 //! destination not on it (nothing is written); the relay's and the sweeper's
-//! [`Publisher`](super::relay::Publisher) parks an item that names one anyway (written by
+//! [`Publisher`](crate::lambda::relay::Publisher) parks an item that names one anyway (written by
 //! another producer, or before the list changed), never publishing it.
 //!
 //! How both ends share it: the variable [`DESTINATIONS_VAR`] (`OUTBOX_DESTINATIONS`), set from

@@ -67,12 +67,9 @@
 //!
 //! [`ExecutionContext`]: crate::ExecutionContext
 
-mod destinations;
-mod outbox;
-mod outbox_marks;
-#[cfg(feature = "relay")]
-#[cfg_attr(docsrs, doc(cfg(feature = "relay")))]
-pub mod relay;
+pub(crate) mod destinations;
+pub(crate) mod outbox;
+pub(crate) mod outbox_marks;
 mod step;
 mod transaction;
 

@@ -10,7 +10,7 @@
 //! sweeper, a Pipe's marker) then marks it: `published_at`, `published_by`, `pending` removed and a
 //! TTL [`OUTBOX_RETENTION`] later. A pending event never expires, so one the stream's 24 hours
 //! (or its retries) did not deliver is still there for the sweeper
-//! ([`relay::sweeper`](crate::effects::relay::sweeper), feature `relay`), which finds it through the
+//! ([`relay::sweeper`](crate::lambda::relay::sweeper), feature `relay`), which finds it through the
 //! index at the cost of what is pending, not of the table's size. An event its destination
 //! refuses is **parked** (`parked_at`, `parked_reason`, `pending` set to [`PARKED`]): kept, out
 //! of the sweeper's way, listed by the same index.

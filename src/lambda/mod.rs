@@ -32,6 +32,9 @@ mod error;
 pub mod http;
 mod layer;
 mod operation;
+#[cfg(feature = "relay")]
+#[cfg_attr(docsrs, doc(cfg(feature = "relay")))]
+pub mod relay;
 mod service;
 pub mod sources;
 

@@ -11,9 +11,9 @@ use std::sync::{Arc, Mutex};
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use lambda_idempotency::clock::Clock;
-use lambda_idempotency::effects::relay::relay;
-use lambda_idempotency::effects::relay::sweeper::Sweeper;
 use lambda_idempotency::effects::{Destination, Destinations, OutboxEvent, Transaction};
+use lambda_idempotency::lambda::relay::relay;
+use lambda_idempotency::lambda::relay::sweeper::Sweeper;
 use lambda_idempotency::lambda::sources;
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::testing::conformance::invocation;

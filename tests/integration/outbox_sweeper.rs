@@ -10,12 +10,12 @@ use std::time::Duration;
 use aws_lambda_events::event::dynamodb::Event as DynamoDbEvent;
 use aws_sdk_dynamodb::types::AttributeValue;
 use lambda_idempotency::clock::Clock;
-use lambda_idempotency::effects::relay::sweeper::{MAX_REDRIVES, Sweeper};
-use lambda_idempotency::effects::relay::{Relayed, relay_record};
 use lambda_idempotency::effects::{
     Destination, Marked, OUTBOX_RETENTION, Outbox, OutboxEvent, OutboxMarks, PublishedBy,
     Transaction,
 };
+use lambda_idempotency::lambda::relay::sweeper::{MAX_REDRIVES, Sweeper};
+use lambda_idempotency::lambda::relay::{Relayed, relay_record};
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::testing::conformance::invocation;
 use lambda_idempotency::testing::dynamo::sweep_table;

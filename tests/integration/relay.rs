@@ -11,10 +11,10 @@ use std::time::SystemTime;
 use aws_lambda_events::event::dynamodb::Event as DynamoDbEvent;
 use aws_lambda_events::event::sqs::SqsMessage;
 use lambda_idempotency::clock::{Clock, ManualClock};
-use lambda_idempotency::effects::relay::{self, Publisher, Relay, relay, relay_record};
 use lambda_idempotency::effects::{
     Destination, Outbox, OutboxEvent, OutboxMarks, Transaction, event_id,
 };
+use lambda_idempotency::lambda::relay::{self, Publisher, Relay, relay, relay_record};
 use lambda_idempotency::lambda::sources;
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::store::Store;
@@ -493,7 +493,7 @@ async fn a_failed_publish_is_reported_so_the_stream_retries_it() {
         .records
         .iter()
         .find(|record| {
-            lambda_idempotency::effects::relay::inserted(record)
+            lambda_idempotency::lambda::relay::inserted(record)
                 .is_some_and(|event| matches!(event.destination, Destination::Sqs { .. }))
         })
         .expect("the SQS event")

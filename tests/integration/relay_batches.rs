@@ -7,8 +7,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use lambda_idempotency::effects::relay::Publisher;
 use lambda_idempotency::effects::{Destination, OutboxEvent, Transaction};
+use lambda_idempotency::lambda::relay::Publisher;
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::testing::conformance::invocation;
 use lambda_idempotency::testing::local::unique_table_name;
@@ -268,7 +268,7 @@ async fn an_event_that_fails_holds_back_the_later_events_of_its_ordering_key() {
             .records
             .iter()
             .find(|record| {
-                lambda_idempotency::effects::relay::inserted(record)
+                lambda_idempotency::lambda::relay::inserted(record)
                     .is_some_and(|event| event.payload.contains(mark))
             })
             .and_then(|record| record.change.sequence_number.clone())

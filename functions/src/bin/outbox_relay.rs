@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use aws_lambda_events::event::dynamodb::Event as DynamoDbEvent;
 use lambda_idempotency::effects::Destinations;
-use lambda_idempotency::effects::relay::Publisher;
+use lambda_idempotency::lambda::relay::Publisher;
 use lambda_idempotency::store::dynamodb_config;
 use lambda_idempotency_functions::{logging, outbox_relay};
 use lambda_runtime::{LambdaEvent, service_fn};

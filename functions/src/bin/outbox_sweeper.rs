@@ -5,7 +5,7 @@
 use std::time::SystemTime;
 
 use lambda_idempotency::effects::Destinations;
-use lambda_idempotency::effects::relay::Publisher;
+use lambda_idempotency::lambda::relay::Publisher;
 use lambda_idempotency::store::dynamodb_config;
 use lambda_idempotency_functions::logging;
 use lambda_idempotency_functions::outbox_sweeper::OutboxSweeper;

@@ -9,9 +9,9 @@ use std::time::{Duration, SystemTime};
 
 use clap::Subcommand;
 use lambda_idempotency::BoxError;
-use lambda_idempotency::effects::relay::Publisher;
-use lambda_idempotency::effects::relay::sweeper::Sweeper;
 use lambda_idempotency::effects::{Destination, Destinations, Found, Marked, Outbox, OutboxMarks};
+use lambda_idempotency::lambda::relay::Publisher;
+use lambda_idempotency::lambda::relay::sweeper::Sweeper;
 use lambda_idempotency::store::dynamodb_config;
 use serde_json::json;
 

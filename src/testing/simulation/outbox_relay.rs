@@ -20,10 +20,10 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use serde_json::{Value, json};
 
 use crate::clock::{Clock, ManualClock};
-use crate::effects::relay::sweeper::Sweeper;
-use crate::effects::relay::{Publisher, Relay, relay};
 use crate::effects::{Outbox, OutboxMarks};
 use crate::error::BoxError;
+use crate::lambda::relay::sweeper::Sweeper;
+use crate::lambda::relay::{Publisher, Relay, relay};
 use crate::store::Store;
 use crate::testing::conformance::EffectTables;
 

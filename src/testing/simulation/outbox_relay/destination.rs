@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use futures_util::future::BoxFuture;
 
-use crate::effects::relay::{Answers, Channel, Message, PublishError, Transport};
+use crate::lambda::relay::{Answers, Channel, Message, PublishError, Transport};
 
 /// A fault of the destination, fired by the first request of a relay or sweeper step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -39,7 +39,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-//! use lambda_idempotency::effects::relay::{Publisher, relay};
+//! use lambda_idempotency::lambda::relay::{Publisher, relay};
 //! use lambda_idempotency::effects::{Outbox, OutboxMarks};
 //!
 //! let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
@@ -72,9 +72,9 @@ use tracing::{error, warn};
 pub use self::batches::{MAX_BATCH_BYTES, MAX_BATCH_ENTRIES, REQUESTS_IN_FLIGHT};
 pub use self::publisher::Publisher;
 pub use self::transport::{Answers, Channel, Message, PublishError, Transport};
-use super::outbox::OutboxRecord;
-use super::outbox_marks::{OutboxMarks, PublishedBy};
 use crate::clock::{Clock, SystemClock};
+use crate::effects::outbox::OutboxRecord;
+use crate::effects::outbox_marks::{OutboxMarks, PublishedBy};
 use crate::error::BoxError;
 use crate::key::KeyPolicy;
 

@@ -85,7 +85,7 @@ pub type Answers = Result<Vec<Result<(), PublishError>>, PublishError>;
 ///
 /// ```
 /// use futures_util::future::BoxFuture;
-/// use lambda_idempotency::effects::relay::{Answers, Channel, Message, Publisher, Transport};
+/// use lambda_idempotency::lambda::relay::{Answers, Channel, Message, Publisher, Transport};
 ///
 /// /// Accepts everything and forgets it.
 /// struct Nowhere;

@@ -12,7 +12,7 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! use std::time::SystemTime;
-//! use lambda_idempotency::effects::relay::{Publisher, sweeper::Sweeper};
+//! use lambda_idempotency::lambda::relay::{Publisher, sweeper::Sweeper};
 //! use lambda_idempotency::effects::{Outbox, OutboxMarks};
 //!
 //! let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;

@@ -112,7 +112,7 @@ impl Publisher {
     ///
     /// ```no_run
     /// # async fn demo(events: Vec<lambda_idempotency::effects::OutboxRecord>) {
-    /// use lambda_idempotency::effects::relay::Publisher;
+    /// use lambda_idempotency::lambda::relay::Publisher;
     ///
     /// let publisher = Publisher::from_env().await;
     /// for (event, published) in events.iter().zip(publisher.publish_batch(&events).await) {
