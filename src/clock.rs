@@ -16,6 +16,7 @@
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
 use crate::reconcile::BoxFuture;
@@ -32,12 +33,41 @@ pub trait Clock: Send + Sync + fmt::Debug {
         Box::pin(tokio::time::sleep(duration))
     }
 
+    /// Ends after `duration`: the deadline of a wait in flight (a store write cut at the
+    /// invocation's deadline, a caller's wait for its key's turn under single flight). The
+    /// default waits on Tokio's timer, in real time for every clock: a [`ManualClock`] moves
+    /// only when told, and a test's request is never cut by it. A clock that drives a scheduler
+    /// of its own (a model checker's) ends it on that scheduler.
+    fn deadline(&self, duration: Duration) -> BoxFuture<'static, ()> {
+        Box::pin(tokio::time::sleep(duration))
+    }
+
     /// A pause drawn between zero and `ceiling` (full jitter, so that workers retrying after
     /// one outage spread out). The default draws at random; a [`ManualClock`] takes the whole
     /// ceiling, so that tests are deterministic.
     fn jitter(&self, ceiling: Duration) -> Duration {
         ceiling.mul_f64(fastrand::f64())
     }
+}
+
+/// `future`'s output, or `None` once `limit` passed on `clock`'s [`Clock::deadline`] before
+/// it ended. The deadline is made only if the future does not end at its first poll (an
+/// uncontended turn, a quick write pay nothing for it).
+pub(crate) async fn within<T>(
+    clock: &dyn Clock,
+    limit: Duration,
+    future: impl Future<Output = T>,
+) -> Option<T> {
+    let mut future = std::pin::pin!(future);
+    let mut deadline: Option<BoxFuture<'static, ()>> = None;
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(output) = future.as_mut().poll(cx) {
+            return Poll::Ready(Some(output));
+        }
+        let deadline = deadline.get_or_insert_with(|| clock.deadline(limit));
+        deadline.as_mut().poll(cx).map(|()| None)
+    })
+    .await
 }
 
 /// The system's wall clock.

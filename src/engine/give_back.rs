@@ -38,6 +38,7 @@ impl LandsBy {
 pub(super) struct GiveBack<'a> {
     pub(super) store: &'a AnyStore,
     pub(super) clock: &'a dyn Clock,
+    pub(super) spawner: Option<&'a super::Spawner>,
     pub(super) key: &'a OperationKey,
     pub(super) token: &'a str,
     pub(super) lease_expires_at: SystemTime,
@@ -57,10 +58,6 @@ impl Drop for GiveBack<'_> {
         if !self.armed {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            warn!("cancelled with a held claim and no runtime to give it back");
-            return;
-        };
         let store = self.store.clone();
         let until = super::settle::given_back_until(
             self.clock.now(),
@@ -69,7 +66,7 @@ impl Drop for GiveBack<'_> {
         );
         let key = self.key.clone();
         let token = self.token.to_owned();
-        runtime.spawn(async move {
+        let give_back = Box::pin(async move {
             let target = Target {
                 key: &key,
                 identity: None,
@@ -78,9 +75,18 @@ impl Drop for GiveBack<'_> {
             match store.shorten(target, until).await {
                 Ok(Fence::Held) => warn!(key = key.short(), "cancelled: claim given back"),
                 Ok(Fence::Lost { .. }) => {}
-                Err(err) => warn!(key = key.short(), error = %err, "cancelled: could not give the claim back; it waits out its lease"),
+                Err(err) => {
+                    warn!(key = key.short(), error = %err, "cancelled: could not give the claim back; it waits out its lease")
+                }
             }
         });
+        match (self.spawner, tokio::runtime::Handle::try_current()) {
+            (Some(spawn), _) => spawn(give_back),
+            (None, Ok(runtime)) => drop(runtime.spawn(give_back)),
+            (None, Err(_)) => {
+                warn!("cancelled with a held claim and no runtime to give it back");
+            }
+        }
     }
 }
 

@@ -23,6 +23,8 @@ use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::FutureExt;
@@ -87,7 +89,11 @@ pub struct Idempotency {
     recovery: Recovery,
     observer: Arc<dyn Observer>,
     single_flight: Option<Arc<SingleFlight>>,
+    spawner: Option<Arc<Spawner>>,
 }
+
+/// Runs a task beside the caller ([`Idempotency::with_spawner`]).
+type Spawner = dyn Fn(BoxFuture<'static, ()>) + Send + Sync;
 
 impl fmt::Debug for Idempotency {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -130,6 +136,7 @@ impl Idempotency {
             recovery: Recovery::default(),
             observer: Arc::new(NoObserver),
             single_flight: None,
+            spawner: None,
         }
     }
 
@@ -149,6 +156,28 @@ impl Idempotency {
     /// processes still meet the store's live lease.
     pub fn with_single_flight(mut self) -> Self {
         self.single_flight = Some(Arc::default());
+        self
+    }
+
+    /// Runs the tasks that outlive a call (a claim given back after its caller was cancelled)
+    /// with `spawn` instead of on the current Tokio runtime: for an executor of another kind
+    /// (a model checker's scheduler). Without it, a cancelled call outside a Tokio runtime
+    /// leaves its claim to wait out its lease.
+    ///
+    /// ```
+    /// use lambda_idempotency::Idempotency;
+    /// use lambda_idempotency::store::MemoryStore;
+    ///
+    /// let idem = Idempotency::new(MemoryStore::new()).with_spawner(|task| {
+    ///     tokio::spawn(task);
+    /// });
+    /// # let _ = idem;
+    /// ```
+    pub fn with_spawner(
+        mut self,
+        spawn: impl Fn(BoxFuture<'static, ()>) + Send + Sync + 'static,
+    ) -> Self {
+        self.spawner = Some(Arc::new(spawn));
         self
     }
 
@@ -311,7 +340,7 @@ impl Idempotency {
                     .wait_for_result
                     .map_or(patience, |max| patience.min(max));
                 flight
-                    .in_turn(&invocation.key, patience, async {
+                    .in_turn(&invocation.key, &*self.clock, patience, async {
                         // The lease counts from the invocation's deadline: time spent waiting
                         // for the turn comes off it.
                         let mut invocation = invocation.clone();
@@ -408,6 +437,7 @@ impl Idempotency {
         let mut give_back = GiveBack {
             store: &self.store,
             clock: &*self.clock,
+            spawner: self.spawner.as_deref(),
             key,
             token: &claim.lease.token,
             lease_expires_at: deadline,

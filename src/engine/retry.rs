@@ -19,6 +19,7 @@ use tracing::warn;
 
 use super::Idempotency;
 use super::decide::{self, SETTLE_MARGIN};
+use crate::clock::within;
 use crate::error::StoreError;
 
 /// Tries of a write made before the handler runs, the first included.
@@ -118,9 +119,9 @@ impl Idempotency {
                     .ok()
             });
             let answer = match left {
-                Some(left) => tokio::time::timeout(left, attempt)
+                Some(left) => within(&*self.clock, left, attempt)
                     .await
-                    .unwrap_or_else(|_| Err(cut_off())),
+                    .unwrap_or_else(|| Err(cut_off())),
                 None => attempt.await,
             };
             match answer {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::{Mutex as TurnLock, OwnedMutexGuard};
 
+use crate::clock::{Clock, within};
 use crate::key::OperationKey;
 
 tokio::task_local! {
@@ -40,6 +41,7 @@ impl SingleFlight {
     pub(super) async fn in_turn<T>(
         &self,
         key: &OperationKey,
+        clock: &dyn Clock,
         patience: Duration,
         run: impl Future<Output = T>,
     ) -> T {
@@ -49,7 +51,7 @@ impl SingleFlight {
         }
         let mut turn = self.join(key);
         let lock = turn.lock();
-        turn.guard = tokio::time::timeout(patience, lock.lock_owned()).await.ok();
+        turn.guard = within(clock, patience, lock.lock_owned()).await;
         held.push(key.clone());
         HOLDING.scope(held, run).await
     }
@@ -112,11 +114,12 @@ mod tests {
     async fn a_call_nested_under_its_own_turn_runs_at_once_however_deep() {
         let flight = SingleFlight::default();
         let (a, b) = (key("a"), key("b"));
-        let nested = flight.in_turn(&a, FOREVER, async {
+        let clock = crate::clock::SystemClock;
+        let nested = flight.in_turn(&a, &clock, FOREVER, async {
             flight
-                .in_turn(&b, FOREVER, async {
+                .in_turn(&b, &clock, FOREVER, async {
                     flight
-                        .in_turn(&a, FOREVER, async { "A inside B inside A" })
+                        .in_turn(&a, &clock, FOREVER, async { "A inside B inside A" })
                         .await
                 })
                 .await

@@ -57,6 +57,7 @@ mod refusals;
 mod relay;
 #[cfg(feature = "relay")]
 mod relay_batches;
+mod schedules;
 mod sdk_faults;
 mod simulation;
 mod simulation_defects;

@@ -1,0 +1,424 @@
+//! The real engine under a controlled scheduler (awslabs' shuttle, written to check S3's
+//! storage node): two deliveries of one operation run as tasks of shuttle's scheduler over the
+//! real `MemoryStore`, every store request a scheduling point where the checker may also fail
+//! the request before it applies, lose its answer after it applied, or crash the delivery there
+//! (its future dropped, its claim given back by a task on the same scheduler). Then, past the
+//! lease, a redelivery comes. After each schedule: the handler ran at most once, every answer
+//! is that run's result, and nothing is left IN_PROGRESS without a way forward.
+//!
+//! Time and tasks go through the engine's injected clock and spawner, so nothing here needs a
+//! Tokio runtime. A failing schedule prints shuttle's encoded schedule; `shuttle::replay(case,
+//! schedule)` replays it.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use futures_util::future::{Either, select};
+use lambda_idempotency::clock::Clock;
+use lambda_idempotency::error::StoreError;
+use lambda_idempotency::key::OperationKey;
+use lambda_idempotency::reconcile::BoxFuture;
+use lambda_idempotency::record::{Evidence, Lease, Record, Settlement, Status, StepRecord};
+use lambda_idempotency::store::{Claim, Fence, MemoryStore, Store, Target, TransactionalStore};
+use lambda_idempotency::testing::conformance::{LEASE, invocation, start_time};
+use lambda_idempotency::{Error, Idempotency, Origin};
+use serde_json::json;
+use shuttle::rand::{Rng, thread_rng};
+use shuttle::scheduler::{DfsScheduler, PctScheduler, RandomScheduler, Scheduler};
+use shuttle::{Config, Runner};
+use tokio::sync::Notify;
+
+/// What the checker may do to one store request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Faults {
+    /// Every request applies and answers.
+    None,
+    /// A request may fail before it applies or lose its answer after it applied.
+    Lossy,
+    /// As `Lossy`, and a delivery may crash at a request, before or after it applies.
+    Crashing,
+}
+
+/// What one exploration did: schedules run, claims given back by a crashed delivery's
+/// spawned task.
+#[derive(Debug, Default)]
+struct Counts {
+    schedules: AtomicUsize,
+    give_backs: Arc<AtomicUsize>,
+}
+
+tokio::task_local! {
+    /// The crash signal of the delivery running on this task.
+    static CRASH: Arc<Notify>;
+}
+
+/// The memory store with every request a scheduling point, and the checker's faults.
+#[derive(Debug, Clone)]
+struct Scheduled {
+    inner: MemoryStore,
+    faults: Faults,
+    /// A defect put in for the harness's own check: a claim that meets a live claim takes its
+    /// lease anyway.
+    steals_live_leases: bool,
+}
+
+impl Scheduled {
+    async fn request<T>(
+        &self,
+        operation: &'static str,
+        apply: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        shuttle::future::yield_now().await;
+        // One request in ten meets a fault (of those the case allows), chosen by the checker.
+        let faults = match self.faults {
+            Faults::None => 0,
+            Faults::Lossy => 2,
+            // A crash only where a delivery can crash (not in a give-back's own task).
+            Faults::Crashing if CRASH.try_with(|_| ()).is_ok() => 4,
+            Faults::Crashing => 2,
+        };
+        let unavailable = || StoreError::Unavailable {
+            operation,
+            source: "the checker's fault".into(),
+        };
+        let fault = match faults {
+            0 => 0,
+            _ => Some(thread_rng().gen_range(0..10))
+                .filter(|drawn| *drawn <= faults)
+                .unwrap_or(0),
+        };
+        match fault {
+            1 => Err(unavailable()),
+            2 => {
+                let _ = apply.await;
+                shuttle::future::yield_now().await;
+                Err(unavailable())
+            }
+            3 => crash().await,
+            4 => {
+                let _ = apply.await;
+                crash().await
+            }
+            _ => {
+                let answer = apply.await;
+                shuttle::future::yield_now().await;
+                answer
+            }
+        }
+    }
+}
+
+/// Crashes the calling delivery: signals it and never returns.
+async fn crash<T>() -> T {
+    let _ = CRASH.try_with(|crash| crash.notify_one());
+    std::future::pending().await
+}
+
+impl Store for Scheduled {
+    fn claim<'a>(
+        &'a self,
+        record: &'a Record,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(self.request("claim", async move {
+            match self.inner.claim(record, now).await? {
+                Claim::Existing(live) if self.steals_live_leases => {
+                    let past_its_end = live.lease.expires_at + Duration::from_secs(1);
+                    let stolen =
+                        self.inner
+                            .take_over(&live, &record.lease, record.expires_at, past_its_end);
+                    match stolen.await? {
+                        Fence::Held => Ok(Claim::Acquired),
+                        Fence::Lost { .. } => Ok(Claim::Existing(live)),
+                    }
+                }
+                claim => Ok(claim),
+            }
+        }))
+    }
+
+    fn adopt<'a>(
+        &'a self,
+        record: &'a Record,
+        orphan: &'a Evidence,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(self.request("adopt", self.inner.adopt(record, orphan, now)))
+    }
+
+    fn take_over<'a>(
+        &'a self,
+        previous: &'a Record,
+        lease: &'a Lease,
+        expires_at: SystemTime,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        let take_over = self.inner.take_over(previous, lease, expires_at, now);
+        Box::pin(self.request("take_over", take_over))
+    }
+
+    fn shorten<'a>(
+        &'a self,
+        target: Target<'a>,
+        until: SystemTime,
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(self.request("shorten", self.inner.shorten(target, until)))
+    }
+
+    fn settle<'a>(
+        &'a self,
+        target: Target<'a>,
+        settlement: &'a Settlement,
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(self.request("settle", self.inner.settle(target, settlement)))
+    }
+
+    fn record_steps<'a>(
+        &'a self,
+        target: Target<'a>,
+        steps: &'a [StepRecord],
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(self.request("record_steps", self.inner.record_steps(target, steps)))
+    }
+
+    fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(self.request("release", self.inner.release(target)))
+    }
+
+    fn release_by_operator<'a>(
+        &'a self,
+        seen: Option<&'a Record>,
+        evidence: Option<&'a Evidence>,
+        released: &'a Record,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.inner
+            .release_by_operator(seen, evidence, released, now)
+    }
+
+    fn settle_evidence<'a>(
+        &'a self,
+        seen: &'a Evidence,
+        settlement: &'a Settlement,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.inner.settle_evidence(seen, settlement, now)
+    }
+
+    fn get<'a>(
+        &'a self,
+        key: &'a OperationKey,
+    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        Box::pin(self.request("get", self.inner.get(key)))
+    }
+
+    fn evidence<'a>(
+        &'a self,
+        identity: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>> {
+        Box::pin(self.request("evidence", self.inner.evidence(identity)))
+    }
+
+    fn transactional(&self) -> Option<&dyn TransactionalStore> {
+        None
+    }
+}
+
+/// Time that moves only when a task sleeps (a retry's backoff) or the case moves it, each
+/// sleep a scheduling point; a deadline never ends before what it bounds (the cases set none).
+#[derive(Debug, Clone)]
+struct ScheduledClock(Arc<Mutex<SystemTime>>);
+
+impl ScheduledClock {
+    fn advance(&self, by: Duration) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) += by;
+    }
+}
+
+impl Clock for ScheduledClock {
+    fn now(&self) -> SystemTime {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {
+        self.advance(duration);
+        Box::pin(shuttle::future::yield_now())
+    }
+
+    fn deadline(&self, _: Duration) -> BoxFuture<'static, ()> {
+        Box::pin(std::future::pending())
+    }
+
+    fn jitter(&self, ceiling: Duration) -> Duration {
+        ceiling
+    }
+}
+
+/// One delivery's answer: the value it was given, or the kind of error.
+type Answer = Result<(u64, Origin), String>;
+
+/// One delivery on `idem`: `None` when it crashed.
+async fn deliver(idem: Arc<Idempotency>, runs: Arc<AtomicUsize>) -> Option<Answer> {
+    let crash = Arc::new(Notify::new());
+    let invocation = invocation("shuttle-order", &json!({"amount": 1}));
+    let delivery = CRASH.scope(Arc::clone(&crash), async move {
+        idem.execute(&invocation, |_| async move {
+            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            shuttle::future::yield_now().await;
+            Ok::<_, std::io::Error>(run as u64)
+        })
+        .await
+    });
+    match select(pin!(delivery), pin!(crash.notified())).await {
+        Either::Left((answer, _)) => Some(
+            answer
+                .map(|execution| (*execution.value(), execution.origin()))
+                .map_err(|err| kind(&err)),
+        ),
+        Either::Right(((), _)) => None,
+    }
+}
+
+fn kind(err: &Error) -> String {
+    format!("{:?}", err.kind())
+}
+
+/// One schedule: two concurrent deliveries, then one past the lease, then the invariants.
+fn case(faults: Faults, steals_live_leases: bool, counts: &Counts) {
+    counts.schedules.fetch_add(1, Ordering::SeqCst);
+    let give_backs = Arc::clone(&counts.give_backs);
+    shuttle::future::block_on(async move {
+        let clock = ScheduledClock(Arc::new(Mutex::new(start_time())));
+        let store = Scheduled {
+            inner: MemoryStore::new(),
+            faults,
+            steals_live_leases,
+        };
+        let idem = Arc::new(
+            Idempotency::new(store.clone())
+                .with_clock(clock.clone())
+                .with_spawner(move |task| {
+                    give_backs.fetch_add(1, Ordering::SeqCst);
+                    drop(shuttle::future::spawn(task));
+                }),
+        );
+        let runs = Arc::new(AtomicUsize::new(0));
+        let first = shuttle::future::spawn(deliver(Arc::clone(&idem), Arc::clone(&runs)));
+        let second = shuttle::future::spawn(deliver(Arc::clone(&idem), Arc::clone(&runs)));
+        let mut answers = vec![
+            first.await.expect("the first delivery's task"),
+            second.await.expect("the second delivery's task"),
+        ];
+        // Past the lease (and a give-back's grace): a redelivery meets whatever stands.
+        clock.advance(LEASE * 3);
+        let quiet = Arc::new(Idempotency::new(store.inner.clone()).with_clock(clock.clone()));
+        answers.push(deliver(quiet, Arc::clone(&runs)).await);
+        check(&store.inner, &runs, &answers).await;
+    });
+}
+
+/// The invariants after one schedule.
+async fn check(store: &MemoryStore, runs: &AtomicUsize, answers: &[Option<Answer>]) {
+    let runs = runs.load(Ordering::SeqCst);
+    // A crashed run recorded no intent: the default recovery holds it for an operator,
+    // never runs it again blind.
+    assert!(runs <= 1, "the handler ran {runs} times: {answers:?}");
+    for (value, _) in answers.iter().flatten().flatten() {
+        assert_eq!(
+            *value, 1,
+            "an answer that is not the one run's result: {answers:?}"
+        );
+    }
+    let key = invocation("shuttle-order", &json!({"amount": 1}))
+        .key()
+        .clone();
+    let record = store.get(&key).await.expect("the memory store answers");
+    if let Some(record) = &record {
+        assert_ne!(
+            record.status,
+            Status::InProgress,
+            "IN_PROGRESS after a redelivery past its lease took no way forward: {answers:?}"
+        );
+    }
+    // The last delivery, with no fault, answers a completed operation with its one result:
+    // replayed, or its own run when no earlier one ran.
+    if record.is_some_and(|record| record.status == Status::Completed) {
+        let replayed = matches!(answers[2], Some(Ok((1, Origin::Replayed))));
+        let ran_last = matches!(answers[2], Some(Ok((1, Origin::Executed { .. }))));
+        assert!(
+            replayed || ran_last,
+            "a completed operation was answered otherwise: {answers:?}"
+        );
+    }
+}
+
+/// Runs `case` under `scheduler` with stacks deep enough for the engine's futures (shuttle's
+/// default, 32 KiB, is not).
+/// Answers how many schedules ran and how many claims were given back.
+fn explore(scheduler: impl Scheduler + 'static, faults: Faults) -> (usize, usize) {
+    let counts = Arc::new(Counts::default());
+    let mut config = Config::new();
+    config.stack_size = 1 << 20;
+    let explored = Arc::clone(&counts);
+    Runner::new(scheduler, config).run(move || case(faults, false, &explored));
+    let ran = (
+        counts.schedules.load(Ordering::SeqCst),
+        counts.give_backs.load(Ordering::SeqCst),
+    );
+    eprintln!(
+        "{faults:?}: {} schedules, {} claims given back",
+        ran.0, ran.1
+    );
+    ran
+}
+
+/// Every interleaving of the two deliveries' store requests, no fault: exhaustive at this
+/// size.
+#[test]
+fn every_interleaving_of_two_deliveries_runs_the_handler_once() {
+    let (schedules, _) = explore(DfsScheduler::new(None, false), Faults::None);
+    assert!(schedules > 100, "only {schedules} interleavings explored");
+}
+
+/// Random schedules per case: `SHUTTLE_SCHEDULES` (CI's exhaustive step runs more), else 2000.
+fn random_schedules() -> usize {
+    std::env::var("SHUTTLE_SCHEDULES")
+        .map_or(2000, |n| n.parse().expect("SHUTTLE_SCHEDULES is a number"))
+}
+
+/// Random schedules with requests failing before they apply and answers lost after.
+#[test]
+fn lost_answers_and_failed_requests_never_run_the_handler_twice() {
+    let wanted = random_schedules();
+    let (schedules, _) = explore(RandomScheduler::new(wanted), Faults::Lossy);
+    assert_eq!(schedules, wanted);
+}
+
+/// Random and PCT schedules with deliveries crashing at any request as well.
+#[test]
+fn crashes_at_any_request_never_run_the_handler_twice() {
+    let (_, random) = explore(RandomScheduler::new(random_schedules()), Faults::Crashing);
+    let (_, pct) = explore(
+        PctScheduler::new(3, random_schedules() / 2),
+        Faults::Crashing,
+    );
+    assert!(
+        random > 0 && pct > 0,
+        "no crash gave a claim back: {random} random, {pct} PCT"
+    );
+}
+
+/// The harness catches a store whose claim takes a live lease: some interleaving has both
+/// deliveries claim before either settles, and the handler runs twice.
+#[test]
+#[should_panic(expected = "the handler ran 2 times")]
+fn a_claim_that_takes_a_live_lease_is_caught() {
+    let mut config = Config::new();
+    config.stack_size = 1 << 20;
+    let counts = Counts::default();
+    Runner::new(DfsScheduler::new(None, false), config)
+        .run(move || case(Faults::None, true, &counts));
+}
