@@ -18,13 +18,15 @@ use std::time::{Duration, SystemTime};
 
 use futures_util::future::{Either, select};
 use lambda_idempotency::clock::Clock;
+use lambda_idempotency::effects::Checked;
 use lambda_idempotency::error::StoreError;
 use lambda_idempotency::key::OperationKey;
 use lambda_idempotency::reconcile::BoxFuture;
+use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::record::{Evidence, Lease, Record, Settlement, Status, StepRecord};
 use lambda_idempotency::store::{Claim, Fence, MemoryStore, Store, Target, TransactionalStore};
 use lambda_idempotency::testing::conformance::{LEASE, invocation, start_time};
-use lambda_idempotency::{Error, Idempotency, Origin};
+use lambda_idempotency::{BoxError, Error, Idempotency, Origin};
 use serde_json::json;
 use shuttle::rand::{Rng, thread_rng};
 use shuttle::scheduler::{DfsScheduler, PctScheduler, RandomScheduler, Scheduler};
@@ -48,6 +50,16 @@ enum Faults {
 struct Counts {
     schedules: AtomicUsize,
     give_backs: Arc<AtomicUsize>,
+}
+
+/// What the delivered handler does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Handler {
+    /// Its effect directly (the default recovery holds a crashed attempt for an operator).
+    Direct,
+    /// Its effect in a step with a truthful check (`Recovery::Steps`: an uncertain step is
+    /// decided by its check, an attempt that recorded no intent runs again).
+    Stepped,
 }
 
 tokio::task_local! {
@@ -261,14 +273,34 @@ impl Clock for ScheduledClock {
 type Answer = Result<(u64, Origin), String>;
 
 /// One delivery on `idem`: `None` when it crashed.
-async fn deliver(idem: Arc<Idempotency>, runs: Arc<AtomicUsize>) -> Option<Answer> {
+async fn deliver(
+    idem: Arc<Idempotency>,
+    handler: Handler,
+    runs: Arc<AtomicUsize>,
+) -> Option<Answer> {
     let crash = Arc::new(Notify::new());
     let invocation = invocation("shuttle-order", &json!({"amount": 1}));
     let delivery = CRASH.scope(Arc::clone(&crash), async move {
-        idem.execute(&invocation, |_| async move {
-            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
-            shuttle::future::yield_now().await;
-            Ok::<_, std::io::Error>(run as u64)
+        idem.execute(&invocation, |ctx| async move {
+            match handler {
+                Handler::Direct => Ok(effect(&runs).await),
+                Handler::Stepped => {
+                    let landed = Arc::clone(&runs);
+                    ctx.step("charge")
+                        .checked_by(move |_key: String| {
+                            let landed = landed.load(Ordering::SeqCst) as u64;
+                            async move {
+                                Ok::<_, BoxError>(match landed {
+                                    0 => Checked::NotApplied,
+                                    run => Checked::Applied(run),
+                                })
+                            }
+                        })
+                        .run(|_key| async move { Ok::<_, BoxError>(effect(&runs).await) })
+                        .await
+                        .map_err(BoxError::from)
+                }
+            }
         })
         .await
     });
@@ -282,12 +314,19 @@ async fn deliver(idem: Arc<Idempotency>, runs: Arc<AtomicUsize>) -> Option<Answe
     }
 }
 
+/// The effect: counted, its count the result (a second run would answer 2).
+async fn effect(runs: &AtomicUsize) -> u64 {
+    let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+    shuttle::future::yield_now().await;
+    run as u64
+}
+
 fn kind(err: &Error) -> String {
     format!("{:?}", err.kind())
 }
 
 /// One schedule: two concurrent deliveries, then one past the lease, then the invariants.
-fn case(faults: Faults, steals_live_leases: bool, counts: &Counts) {
+fn case(faults: Faults, handler: Handler, steals_live_leases: bool, counts: &Counts) {
     counts.schedules.fetch_add(1, Ordering::SeqCst);
     let give_backs = Arc::clone(&counts.give_backs);
     shuttle::future::block_on(async move {
@@ -297,25 +336,32 @@ fn case(faults: Faults, steals_live_leases: bool, counts: &Counts) {
             faults,
             steals_live_leases,
         };
+        let recovery = match handler {
+            Handler::Direct => Recovery::default(),
+            Handler::Stepped => Recovery::Steps,
+        };
         let idem = Arc::new(
             Idempotency::new(store.clone())
                 .with_clock(clock.clone())
+                .with_recovery(recovery)
                 .with_spawner(move |task| {
                     give_backs.fetch_add(1, Ordering::SeqCst);
                     drop(shuttle::future::spawn(task));
                 }),
         );
         let runs = Arc::new(AtomicUsize::new(0));
-        let first = shuttle::future::spawn(deliver(Arc::clone(&idem), Arc::clone(&runs)));
-        let second = shuttle::future::spawn(deliver(Arc::clone(&idem), Arc::clone(&runs)));
+        let first = shuttle::future::spawn(deliver(Arc::clone(&idem), handler, Arc::clone(&runs)));
+        let second = shuttle::future::spawn(deliver(Arc::clone(&idem), handler, Arc::clone(&runs)));
         let mut answers = vec![
             first.await.expect("the first delivery's task"),
             second.await.expect("the second delivery's task"),
         ];
         // Past the lease (and a give-back's grace): a redelivery meets whatever stands.
         clock.advance(LEASE * 3);
-        let quiet = Arc::new(Idempotency::new(store.inner.clone()).with_clock(clock.clone()));
-        answers.push(deliver(quiet, Arc::clone(&runs)).await);
+        let quiet = Idempotency::new(store.inner.clone())
+            .with_clock(clock.clone())
+            .with_recovery(recovery);
+        answers.push(deliver(Arc::new(quiet), handler, Arc::clone(&runs)).await);
         check(&store.inner, &runs, &answers).await;
     });
 }
@@ -323,9 +369,9 @@ fn case(faults: Faults, steals_live_leases: bool, counts: &Counts) {
 /// The invariants after one schedule.
 async fn check(store: &MemoryStore, runs: &AtomicUsize, answers: &[Option<Answer>]) {
     let runs = runs.load(Ordering::SeqCst);
-    // A crashed run recorded no intent: the default recovery holds it for an operator,
-    // never runs it again blind.
-    assert!(runs <= 1, "the handler ran {runs} times: {answers:?}");
+    // A crashed direct run is held for an operator, never run again blind; a step's effect
+    // is decided by its check.
+    assert!(runs <= 1, "the effect ran {runs} times: {answers:?}");
     for (value, _) in answers.iter().flatten().flatten() {
         assert_eq!(
             *value, 1,
@@ -358,18 +404,22 @@ async fn check(store: &MemoryStore, runs: &AtomicUsize, answers: &[Option<Answer
 /// Runs `case` under `scheduler` with stacks deep enough for the engine's futures (shuttle's
 /// default, 32 KiB, is not).
 /// Answers how many schedules ran and how many claims were given back.
-fn explore(scheduler: impl Scheduler + 'static, faults: Faults) -> (usize, usize) {
+fn explore(
+    scheduler: impl Scheduler + 'static,
+    faults: Faults,
+    handler: Handler,
+) -> (usize, usize) {
     let counts = Arc::new(Counts::default());
     let mut config = Config::new();
     config.stack_size = 1 << 20;
     let explored = Arc::clone(&counts);
-    Runner::new(scheduler, config).run(move || case(faults, false, &explored));
+    Runner::new(scheduler, config).run(move || case(faults, handler, false, &explored));
     let ran = (
         counts.schedules.load(Ordering::SeqCst),
         counts.give_backs.load(Ordering::SeqCst),
     );
     eprintln!(
-        "{faults:?}: {} schedules, {} claims given back",
+        "{handler:?}, {faults:?}: {} schedules, {} claims given back",
         ran.0, ran.1
     );
     ran
@@ -378,9 +428,14 @@ fn explore(scheduler: impl Scheduler + 'static, faults: Faults) -> (usize, usize
 /// Every interleaving of the two deliveries' store requests, no fault: exhaustive at this
 /// size.
 #[test]
-fn every_interleaving_of_two_deliveries_runs_the_handler_once() {
-    let (schedules, _) = explore(DfsScheduler::new(None, false), Faults::None);
-    assert!(schedules > 100, "only {schedules} interleavings explored");
+fn every_interleaving_of_two_deliveries_runs_the_effect_once() {
+    for handler in [Handler::Direct, Handler::Stepped] {
+        let (schedules, _) = explore(DfsScheduler::new(None, false), Faults::None, handler);
+        assert!(
+            schedules > 100,
+            "{handler:?}: only {schedules} interleavings explored"
+        );
+    }
 }
 
 /// Random schedules per case: `SHUTTLE_SCHEDULES` (CI's exhaustive step runs more), else 2000.
@@ -391,34 +446,40 @@ fn random_schedules() -> usize {
 
 /// Random schedules with requests failing before they apply and answers lost after.
 #[test]
-fn lost_answers_and_failed_requests_never_run_the_handler_twice() {
-    let wanted = random_schedules();
-    let (schedules, _) = explore(RandomScheduler::new(wanted), Faults::Lossy);
-    assert_eq!(schedules, wanted);
+fn lost_answers_and_failed_requests_never_run_the_effect_twice() {
+    for handler in [Handler::Direct, Handler::Stepped] {
+        let wanted = random_schedules();
+        let (schedules, _) = explore(RandomScheduler::new(wanted), Faults::Lossy, handler);
+        assert_eq!(schedules, wanted);
+    }
 }
 
 /// Random and PCT schedules with deliveries crashing at any request as well.
 #[test]
-fn crashes_at_any_request_never_run_the_handler_twice() {
-    let (_, random) = explore(RandomScheduler::new(random_schedules()), Faults::Crashing);
-    let (_, pct) = explore(
-        PctScheduler::new(3, random_schedules() / 2),
-        Faults::Crashing,
-    );
-    assert!(
-        random > 0 && pct > 0,
-        "no crash gave a claim back: {random} random, {pct} PCT"
-    );
+fn crashes_at_any_request_never_run_the_effect_twice() {
+    for handler in [Handler::Direct, Handler::Stepped] {
+        let (_, random) = explore(
+            RandomScheduler::new(random_schedules()),
+            Faults::Crashing,
+            handler,
+        );
+        let pct = PctScheduler::new(3, random_schedules() / 2);
+        let (_, pct) = explore(pct, Faults::Crashing, handler);
+        assert!(
+            random > 0 && pct > 0,
+            "{handler:?}: no crash gave a claim back: {random} random, {pct} PCT"
+        );
+    }
 }
 
 /// The harness catches a store whose claim takes a live lease: some interleaving has both
 /// deliveries claim before either settles, and the handler runs twice.
 #[test]
-#[should_panic(expected = "the handler ran 2 times")]
+#[should_panic(expected = "the effect ran 2 times")]
 fn a_claim_that_takes_a_live_lease_is_caught() {
     let mut config = Config::new();
     config.stack_size = 1 << 20;
     let counts = Counts::default();
     Runner::new(DfsScheduler::new(None, false), config)
-        .run(move || case(Faults::None, true, &counts));
+        .run(move || case(Faults::None, Handler::Direct, true, &counts));
 }
