@@ -1,6 +1,6 @@
 //! The real engine under a controlled scheduler (awslabs' shuttle, written to check S3's
-//! storage node): two deliveries of one operation run as tasks of shuttle's scheduler over the
-//! real `MemoryStore`, every store request a scheduling point where the checker may also fail
+//! storage node): two deliveries of one operation run as tasks of shuttle's scheduler through
+//! the real door (an `Operation`'s layer over a Lambda handler) and the real `MemoryStore`, every store request a scheduling point where the checker may also fail
 //! the request before it applies, lose its answer after it applied, or crash the delivery there
 //! (its future dropped, its claim given back by a task on the same scheduler). Then, past the
 //! lease, a redelivery comes. After each schedule: the handler ran at most once, every answer
@@ -21,13 +21,16 @@ use lambda_idempotency::clock::Clock;
 use lambda_idempotency::effects::Checked;
 use lambda_idempotency::error::StoreError;
 use lambda_idempotency::key::OperationKey;
+use lambda_idempotency::lambda::current;
 use lambda_idempotency::reconcile::BoxFuture;
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::record::{Evidence, Lease, Record, Settlement, Status, StepRecord};
 use lambda_idempotency::store::{Claim, Fence, MemoryStore, Store, Target, TransactionalStore};
-use lambda_idempotency::testing::conformance::{LEASE, invocation, start_time};
-use lambda_idempotency::{BoxError, Error, Idempotency, Origin};
-use serde_json::json;
+use lambda_idempotency::testing::conformance::start_time;
+use lambda_idempotency::{BoxError, Idempotency, KeyPolicy, Operation, OperationScope, Origin};
+use lambda_runtime::tower::{Layer, ServiceExt};
+use lambda_runtime::{Context, LambdaEvent, service_fn};
+use serde_json::{Value, json};
 use shuttle::rand::{Rng, thread_rng};
 use shuttle::scheduler::{DfsScheduler, PctScheduler, RandomScheduler, Scheduler};
 use shuttle::{Config, Runner};
@@ -272,46 +275,67 @@ impl Clock for ScheduledClock {
 /// One delivery's answer: the value it was given, or the kind of error.
 type Answer = Result<(u64, Origin), String>;
 
-/// One delivery on `idem`: `None` when it crashed.
-async fn deliver(
-    idem: Arc<Idempotency>,
-    handler: Handler,
-    runs: Arc<AtomicUsize>,
-) -> Option<Answer> {
+/// One delivery through the real door (the operation's layer over a Lambda handler, keyed by
+/// its key policy) on `idem`: `None` when it crashed.
+async fn deliver(idem: Idempotency, handler: Handler, runs: Arc<AtomicUsize>) -> Option<Answer> {
     let crash = Arc::new(Notify::new());
-    let invocation = invocation("shuttle-order", &json!({"amount": 1}));
-    let delivery = CRASH.scope(Arc::clone(&crash), async move {
-        idem.execute(&invocation, |ctx| async move {
-            match handler {
-                Handler::Direct => Ok(effect(&runs).await),
-                Handler::Stepped => {
-                    let landed = Arc::clone(&runs);
-                    ctx.step("charge")
-                        .checked_by(move |_key: String| {
-                            let landed = landed.load(Ordering::SeqCst) as u64;
-                            async move {
-                                Ok::<_, BoxError>(match landed {
-                                    0 => Checked::NotApplied,
-                                    run => Checked::Applied(run),
-                                })
-                            }
-                        })
-                        .run(|_key| async move { Ok::<_, BoxError>(effect(&runs).await) })
-                        .await
-                        .map_err(BoxError::from)
-                }
-            }
-        })
-        .await
-    });
+    let operation = Operation::new(idem, scope(), policy());
+    let operation = match handler {
+        Handler::Direct => operation,
+        Handler::Stepped => operation.with_recovery(Recovery::Steps),
+    };
+    let service = operation
+        .layer()
+        .executions()
+        .layer(service_fn(move |_: LambdaEvent<Value>| {
+            handle(handler, Arc::clone(&runs))
+        }));
+    let event = LambdaEvent::new(order(), Context::default());
+    let delivery = CRASH.scope(Arc::clone(&crash), service.oneshot(event));
     match select(pin!(delivery), pin!(crash.notified())).await {
         Either::Left((answer, _)) => Some(
             answer
                 .map(|execution| (*execution.value(), execution.origin()))
-                .map_err(|err| kind(&err)),
+                .map_err(|err| err.to_string()),
         ),
         Either::Right(((), _)) => None,
     }
+}
+
+/// The Lambda handler: its effect directly, or in a step with a truthful check.
+async fn handle(handler: Handler, runs: Arc<AtomicUsize>) -> Result<u64, BoxError> {
+    let Handler::Stepped = handler else {
+        return Ok(effect(&runs).await);
+    };
+    let ctx = current().ok_or("no execution context in the handler")?;
+    let landed = Arc::clone(&runs);
+    let charged = ctx
+        .step("charge")
+        .checked_by(move |_key: String| {
+            let landed = landed.load(Ordering::SeqCst) as u64;
+            async move {
+                Ok::<_, BoxError>(match landed {
+                    0 => Checked::NotApplied,
+                    run => Checked::Applied(run),
+                })
+            }
+        })
+        .run(|_key| async move { Ok::<_, BoxError>(effect(&runs).await) })
+        .await?;
+    Ok(charged)
+}
+
+/// The operation's scope, key policy and event.
+fn scope() -> OperationScope {
+    OperationScope::new("shuttle", "charge").expect("a scope")
+}
+
+fn policy() -> KeyPolicy<Value> {
+    KeyPolicy::pointer("/order_id").expect("a key policy")
+}
+
+fn order() -> Value {
+    json!({"order_id": "o-1", "amount": 1})
 }
 
 /// The effect: counted, its count the result (a second run would answer 2).
@@ -319,10 +343,6 @@ async fn effect(runs: &AtomicUsize) -> u64 {
     let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
     shuttle::future::yield_now().await;
     run as u64
-}
-
-fn kind(err: &Error) -> String {
-    format!("{:?}", err.kind())
 }
 
 /// One schedule: two concurrent deliveries, then one past the lease, then the invariants.
@@ -336,32 +356,24 @@ fn case(faults: Faults, handler: Handler, steals_live_leases: bool, counts: &Cou
             faults,
             steals_live_leases,
         };
-        let recovery = match handler {
-            Handler::Direct => Recovery::default(),
-            Handler::Stepped => Recovery::Steps,
-        };
-        let idem = Arc::new(
-            Idempotency::new(store.clone())
-                .with_clock(clock.clone())
-                .with_recovery(recovery)
-                .with_spawner(move |task| {
-                    give_backs.fetch_add(1, Ordering::SeqCst);
-                    drop(shuttle::future::spawn(task));
-                }),
-        );
+        let idem = Idempotency::new(store.clone())
+            .with_clock(clock.clone())
+            .with_spawner(move |task| {
+                give_backs.fetch_add(1, Ordering::SeqCst);
+                drop(shuttle::future::spawn(task));
+            });
         let runs = Arc::new(AtomicUsize::new(0));
-        let first = shuttle::future::spawn(deliver(Arc::clone(&idem), handler, Arc::clone(&runs)));
-        let second = shuttle::future::spawn(deliver(Arc::clone(&idem), handler, Arc::clone(&runs)));
+        let first = shuttle::future::spawn(deliver(idem.clone(), handler, Arc::clone(&runs)));
+        let second = shuttle::future::spawn(deliver(idem, handler, Arc::clone(&runs)));
         let mut answers = vec![
             first.await.expect("the first delivery's task"),
             second.await.expect("the second delivery's task"),
         ];
-        // Past the lease (and a give-back's grace): a redelivery meets whatever stands.
-        clock.advance(LEASE * 3);
-        let quiet = Idempotency::new(store.inner.clone())
-            .with_clock(clock.clone())
-            .with_recovery(recovery);
-        answers.push(deliver(Arc::new(quiet), handler, Arc::clone(&runs)).await);
+        // Past any lease (a Lambda invocation's longest) and a give-back's grace, within the
+        // retention: a redelivery meets whatever stands.
+        clock.advance(Duration::from_secs(20 * 60));
+        let quiet = Idempotency::new(store.inner.clone()).with_clock(clock.clone());
+        answers.push(deliver(quiet, handler, Arc::clone(&runs)).await);
         check(&store.inner, &runs, &answers).await;
     });
 }
@@ -378,9 +390,9 @@ async fn check(store: &MemoryStore, runs: &AtomicUsize, answers: &[Option<Answer
             "an answer that is not the one run's result: {answers:?}"
         );
     }
-    let key = invocation("shuttle-order", &json!({"amount": 1}))
-        .key()
-        .clone();
+    let (key, _) = policy()
+        .derive(&scope(), &order())
+        .expect("the order's key");
     let record = store.get(&key).await.expect("the memory store answers");
     if let Some(record) = &record {
         assert_ne!(
