@@ -22,8 +22,8 @@ fi
 grep -E '^(model \(|test result)' "$log"
 echo "the model check: $((SECONDS - started)) s, its build included"
 
-shuttle_schedules="${SHUTTLE_SCHEDULES:-50000}"
-echo "== the real engine under shuttle's scheduler: $shuttle_schedules random and $((shuttle_schedules / 2)) PCT schedules per case"
+shuttle_schedules="${SHUTTLE_SCHEDULES:-30000}"
+echo "== the real engine under shuttle's scheduler: $shuttle_schedules random and $((shuttle_schedules / 2)) PCT schedules per scenario"
 started=$SECONDS
 SHUTTLE_SCHEDULES="$shuttle_schedules" cargo test --all-features -p lambda-idempotency --test integration \
   schedules:: -- --nocapture 2>&1 | grep -E 'schedules,|test result'

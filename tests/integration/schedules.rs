@@ -65,6 +65,26 @@ enum Handler {
     Stepped,
 }
 
+/// Which operations the two concurrent deliveries are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Operations {
+    /// Both deliver order o-1.
+    One,
+    /// Orders o-1 and o-2 (two keys) paying with one payment p-1, the business identity their
+    /// key policy declares: one effect between them.
+    SharingAnIdentity,
+}
+
+/// One case: what the checker may do, what the handler does, which operations meet.
+#[derive(Debug, Clone, Copy)]
+struct Scenario {
+    faults: Faults,
+    handler: Handler,
+    operations: Operations,
+    /// A defect put in for the harness's own check (see [`Scheduled`]).
+    steals_live_leases: bool,
+}
+
 tokio::task_local! {
     /// The crash signal of the delivery running on this task.
     static CRASH: Arc<Notify>;
@@ -277,7 +297,12 @@ type Answer = Result<(u64, Origin), String>;
 
 /// One delivery through the real door (the operation's layer over a Lambda handler, keyed by
 /// its key policy) on `idem`: `None` when it crashed.
-async fn deliver(idem: Idempotency, handler: Handler, runs: Arc<AtomicUsize>) -> Option<Answer> {
+async fn deliver(
+    idem: Idempotency,
+    handler: Handler,
+    order_id: &'static str,
+    runs: Arc<AtomicUsize>,
+) -> Option<Answer> {
     let crash = Arc::new(Notify::new());
     let operation = Operation::new(idem, scope(), policy());
     let operation = match handler {
@@ -290,7 +315,7 @@ async fn deliver(idem: Idempotency, handler: Handler, runs: Arc<AtomicUsize>) ->
         .layer(service_fn(move |_: LambdaEvent<Value>| {
             handle(handler, Arc::clone(&runs))
         }));
-    let event = LambdaEvent::new(order(), Context::default());
+    let event = LambdaEvent::new(order(order_id), Context::default());
     let delivery = CRASH.scope(Arc::clone(&crash), service.oneshot(event));
     match select(pin!(delivery), pin!(crash.notified())).await {
         Either::Left((answer, _)) => Some(
@@ -330,12 +355,15 @@ fn scope() -> OperationScope {
     OperationScope::new("shuttle", "charge").expect("a scope")
 }
 
+/// Keyed by the order, with the payment as its business identity (one effect per payment).
 fn policy() -> KeyPolicy<Value> {
-    KeyPolicy::pointer("/order_id").expect("a key policy")
+    KeyPolicy::pointer("/order_id")
+        .expect("a key policy")
+        .with_identity(|order: &Value| order["payment_id"].as_str().map(str::to_owned))
 }
 
-fn order() -> Value {
-    json!({"order_id": "o-1", "amount": 1})
+fn order(order_id: &str) -> Value {
+    json!({"order_id": order_id, "payment_id": "p-1", "amount": 1})
 }
 
 /// The effect: counted, its count the result (a second run would answer 2).
@@ -346,7 +374,13 @@ async fn effect(runs: &AtomicUsize) -> u64 {
 }
 
 /// One schedule: two concurrent deliveries, then one past the lease, then the invariants.
-fn case(faults: Faults, handler: Handler, steals_live_leases: bool, counts: &Counts) {
+fn case(scenario: Scenario, counts: &Counts) {
+    let Scenario {
+        faults,
+        handler,
+        operations,
+        steals_live_leases,
+    } = scenario;
     counts.schedules.fetch_add(1, Ordering::SeqCst);
     let give_backs = Arc::clone(&counts.give_backs);
     shuttle::future::block_on(async move {
@@ -363,8 +397,13 @@ fn case(faults: Faults, handler: Handler, steals_live_leases: bool, counts: &Cou
                 drop(shuttle::future::spawn(task));
             });
         let runs = Arc::new(AtomicUsize::new(0));
-        let first = shuttle::future::spawn(deliver(idem.clone(), handler, Arc::clone(&runs)));
-        let second = shuttle::future::spawn(deliver(idem, handler, Arc::clone(&runs)));
+        let other = match operations {
+            Operations::One => "o-1",
+            Operations::SharingAnIdentity => "o-2",
+        };
+        let first =
+            shuttle::future::spawn(deliver(idem.clone(), handler, "o-1", Arc::clone(&runs)));
+        let second = shuttle::future::spawn(deliver(idem, handler, other, Arc::clone(&runs)));
         let mut answers = vec![
             first.await.expect("the first delivery's task"),
             second.await.expect("the second delivery's task"),
@@ -373,7 +412,7 @@ fn case(faults: Faults, handler: Handler, steals_live_leases: bool, counts: &Cou
         // retention: a redelivery meets whatever stands.
         clock.advance(Duration::from_secs(20 * 60));
         let quiet = Idempotency::new(store.inner.clone()).with_clock(clock.clone());
-        answers.push(deliver(quiet, handler, Arc::clone(&runs)).await);
+        answers.push(deliver(quiet, handler, "o-1", Arc::clone(&runs)).await);
         check(&store.inner, &runs, &answers).await;
     });
 }
@@ -390,15 +429,32 @@ async fn check(store: &MemoryStore, runs: &AtomicUsize, answers: &[Option<Answer
             "an answer that is not the one run's result: {answers:?}"
         );
     }
-    let (key, _) = policy()
-        .derive(&scope(), &order())
-        .expect("the order's key");
-    let record = store.get(&key).await.expect("the memory store answers");
+    let key = |order_id| {
+        policy()
+            .derive(&scope(), &order(order_id))
+            .expect("a key")
+            .0
+    };
+    let other = store
+        .get(&key("o-2"))
+        .await
+        .expect("the memory store answers");
+    // o-2's claim, if it won the payment, is never redelivered here: it may stand crashed.
+    let record = store
+        .get(&key("o-1"))
+        .await
+        .expect("the memory store answers");
     if let Some(record) = &record {
         assert_ne!(
             record.status,
             Status::InProgress,
             "IN_PROGRESS after a redelivery past its lease took no way forward: {answers:?}"
+        );
+    }
+    if let (Some(record), Some(other)) = (&record, &other) {
+        assert!(
+            record.status != Status::Completed || other.status != Status::Completed,
+            "two orders completed on one payment: {answers:?}"
         );
     }
     // The last delivery, with no fault, answers a completed operation with its one result:
@@ -414,54 +470,65 @@ async fn check(store: &MemoryStore, runs: &AtomicUsize, answers: &[Option<Answer
 }
 
 /// Runs `case` under `scheduler` with stacks deep enough for the engine's futures (shuttle's
-/// default, 32 KiB, is not).
-/// Answers how many schedules ran and how many claims were given back.
-fn explore(
-    scheduler: impl Scheduler + 'static,
-    faults: Faults,
-    handler: Handler,
-) -> (usize, usize) {
+/// default, 32 KiB, is not), and answers how many schedules ran and claims were given back.
+fn explore(scheduler: impl Scheduler + 'static, scenario: Scenario) -> (usize, usize) {
     let counts = Arc::new(Counts::default());
     let mut config = Config::new();
     config.stack_size = 1 << 20;
     let explored = Arc::clone(&counts);
-    Runner::new(scheduler, config).run(move || case(faults, handler, false, &explored));
+    Runner::new(scheduler, config).run(move || case(scenario, &explored));
     let ran = (
         counts.schedules.load(Ordering::SeqCst),
         counts.give_backs.load(Ordering::SeqCst),
     );
     eprintln!(
-        "{handler:?}, {faults:?}: {} schedules, {} claims given back",
+        "{scenario:?}: {} schedules, {} claims given back",
         ran.0, ran.1
     );
     ran
+}
+
+/// Every handler and pair of operations, with the checker's `faults`.
+fn scenarios(faults: Faults) -> impl Iterator<Item = Scenario> {
+    [Handler::Direct, Handler::Stepped]
+        .into_iter()
+        .flat_map(move |handler| {
+            [Operations::One, Operations::SharingAnIdentity]
+                .into_iter()
+                .map(move |operations| Scenario {
+                    faults,
+                    handler,
+                    operations,
+                    steals_live_leases: false,
+                })
+        })
 }
 
 /// Every interleaving of the two deliveries' store requests, no fault: exhaustive at this
 /// size.
 #[test]
 fn every_interleaving_of_two_deliveries_runs_the_effect_once() {
-    for handler in [Handler::Direct, Handler::Stepped] {
-        let (schedules, _) = explore(DfsScheduler::new(None, false), Faults::None, handler);
+    for scenario in scenarios(Faults::None) {
+        let (schedules, _) = explore(DfsScheduler::new(None, false), scenario);
         assert!(
             schedules > 100,
-            "{handler:?}: only {schedules} interleavings explored"
+            "{scenario:?}: only {schedules} interleavings explored"
         );
     }
 }
 
-/// Random schedules per case: `SHUTTLE_SCHEDULES` (CI's exhaustive step runs more), else 2000.
+/// Random schedules per case: `SHUTTLE_SCHEDULES` (CI's exhaustive step runs more), else 1000.
 fn random_schedules() -> usize {
     std::env::var("SHUTTLE_SCHEDULES")
-        .map_or(2000, |n| n.parse().expect("SHUTTLE_SCHEDULES is a number"))
+        .map_or(1000, |n| n.parse().expect("SHUTTLE_SCHEDULES is a number"))
 }
 
 /// Random schedules with requests failing before they apply and answers lost after.
 #[test]
 fn lost_answers_and_failed_requests_never_run_the_effect_twice() {
-    for handler in [Handler::Direct, Handler::Stepped] {
+    for scenario in scenarios(Faults::Lossy) {
         let wanted = random_schedules();
-        let (schedules, _) = explore(RandomScheduler::new(wanted), Faults::Lossy, handler);
+        let (schedules, _) = explore(RandomScheduler::new(wanted), scenario);
         assert_eq!(schedules, wanted);
     }
 }
@@ -469,17 +536,12 @@ fn lost_answers_and_failed_requests_never_run_the_effect_twice() {
 /// Random and PCT schedules with deliveries crashing at any request as well.
 #[test]
 fn crashes_at_any_request_never_run_the_effect_twice() {
-    for handler in [Handler::Direct, Handler::Stepped] {
-        let (_, random) = explore(
-            RandomScheduler::new(random_schedules()),
-            Faults::Crashing,
-            handler,
-        );
-        let pct = PctScheduler::new(3, random_schedules() / 2);
-        let (_, pct) = explore(pct, Faults::Crashing, handler);
+    for scenario in scenarios(Faults::Crashing) {
+        let (_, random) = explore(RandomScheduler::new(random_schedules()), scenario);
+        let (_, pct) = explore(PctScheduler::new(3, random_schedules() / 2), scenario);
         assert!(
             random > 0 && pct > 0,
-            "{handler:?}: no crash gave a claim back: {random} random, {pct} PCT"
+            "{scenario:?}: no crash gave a claim back: {random} random, {pct} PCT"
         );
     }
 }
@@ -489,9 +551,11 @@ fn crashes_at_any_request_never_run_the_effect_twice() {
 #[test]
 #[should_panic(expected = "the effect ran 2 times")]
 fn a_claim_that_takes_a_live_lease_is_caught() {
-    let mut config = Config::new();
-    config.stack_size = 1 << 20;
-    let counts = Counts::default();
-    Runner::new(DfsScheduler::new(None, false), config)
-        .run(move || case(Faults::None, Handler::Direct, true, &counts));
+    let scenario = Scenario {
+        faults: Faults::None,
+        handler: Handler::Direct,
+        operations: Operations::One,
+        steals_live_leases: true,
+    };
+    explore(DfsScheduler::new(None, false), scenario);
 }
