@@ -3,6 +3,7 @@
 mod backends;
 mod batch;
 mod batch_inputs;
+mod broken_stores;
 mod cached_store;
 mod cancelled_steps;
 mod claims;
