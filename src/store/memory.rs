@@ -34,6 +34,15 @@ struct Tables {
     evidence: HashMap<String, Evidence>,
 }
 
+impl Tables {
+    /// The record of `key` unless it counts as absent at `now` ([`Record::counts_as_absent`]).
+    fn live(&self, key: &OperationKey, now: SystemTime) -> Option<&Record> {
+        self.records
+            .get(key)
+            .filter(|existing| !existing.counts_as_absent(now))
+    }
+}
+
 impl MemoryStore {
     /// An empty store.
     pub fn new() -> Self {
@@ -128,11 +137,7 @@ impl Store for MemoryStore {
     ) -> BoxFuture<'a, Result<Claim, StoreError>> {
         Box::pin(async move {
             let mut tables = self.lock();
-            if let Some(existing) = tables
-                .records
-                .get(&record.key)
-                .filter(|existing| !existing.counts_as_absent(now))
-            {
+            if let Some(existing) = tables.live(&record.key, now) {
                 return Ok(Claim::Existing(existing.clone()));
             }
             if let Some(identity) = &record.identity {
@@ -156,11 +161,7 @@ impl Store for MemoryStore {
     ) -> BoxFuture<'a, Result<Claim, StoreError>> {
         Box::pin(async move {
             let mut tables = self.lock();
-            if let Some(existing) = tables
-                .records
-                .get(&record.key)
-                .filter(|existing| !existing.counts_as_absent(now))
-            {
+            if let Some(existing) = tables.live(&record.key, now) {
                 return Ok(Claim::Existing(existing.clone()));
             }
             let Some(identity) = record.identity.as_deref() else {
