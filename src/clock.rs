@@ -51,20 +51,25 @@ pub trait Clock: Send + Sync + fmt::Debug {
 }
 
 /// `future`'s output, or `None` once `limit` passed on `clock`'s [`Clock::deadline`] before
-/// it ended. The deadline is made only if the future does not end at its first poll (an
-/// uncontended turn, a quick write pay nothing for it).
+/// it ended, counted from this call (as `tokio::time::timeout` counts). The deadline is made
+/// only if the future does not end at its first poll (an uncontended turn, a quick write pay
+/// nothing for it), for what is left of `limit` after that poll.
 pub(crate) async fn within<T>(
     clock: &dyn Clock,
     limit: Duration,
     future: impl Future<Output = T>,
 ) -> Option<T> {
+    let started = clock.now();
     let mut future = std::pin::pin!(future);
     let mut deadline: Option<BoxFuture<'static, ()>> = None;
     std::future::poll_fn(|cx| {
         if let Poll::Ready(output) = future.as_mut().poll(cx) {
             return Poll::Ready(Some(output));
         }
-        let deadline = deadline.get_or_insert_with(|| clock.deadline(limit));
+        let deadline = deadline.get_or_insert_with(|| {
+            let spent = clock.now().duration_since(started).unwrap_or_default();
+            clock.deadline(limit.saturating_sub(spent))
+        });
         deadline.as_mut().poll(cx).map(|()| None)
     })
     .await

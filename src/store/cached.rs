@@ -10,7 +10,7 @@ use futures_util::future::BoxFuture;
 use quick_cache::sync::{Cache, DefaultLifecycle};
 use quick_cache::{DefaultHashBuilder, OptionsBuilder, Weighter};
 
-use super::{Claim, Committed, Fence, Guard, Store, Target, TransactionalStore, not_transactional};
+use super::{Claim, Committed, Fence, Guard, Store, Target, TransactionalStore, writes_refused};
 use crate::error::StoreError;
 use crate::key::OperationKey;
 use crate::record::{Evidence, Lease, Record, Settlement, StepRecord};
@@ -361,7 +361,9 @@ impl<S: Store> TransactionalStore for CachedStore<S> {
         token: &'a str,
     ) -> BoxFuture<'a, Result<Committed, StoreError>> {
         Box::pin(async move {
-            let inner = self.inner.transactional().ok_or_else(not_transactional)?;
+            let Some(inner) = self.inner.transactional() else {
+                return Ok(writes_refused("a transactional step needs"));
+            };
             let committed = inner.commit_steps(target, steps, writes, token).await?;
             if let (Committed::Applied, Guard::Lease(token)) = (&committed, target.guard) {
                 let pending = pending_key(target.key, token);
@@ -384,7 +386,9 @@ impl<S: Store> TransactionalStore for CachedStore<S> {
         token: &'a str,
     ) -> BoxFuture<'a, Result<Committed, StoreError>> {
         Box::pin(async move {
-            let inner = self.inner.transactional().ok_or_else(not_transactional)?;
+            let Some(inner) = self.inner.transactional() else {
+                return Ok(writes_refused("writes committed with the completion need"));
+            };
             self.settled.remove(target.key);
             let committed = inner.settle_with(target, settlement, writes, token).await?;
             if let Committed::Applied = committed {
@@ -394,10 +398,12 @@ impl<S: Store> TransactionalStore for CachedStore<S> {
         })
     }
 
+    /// The wrapped store's check; `Ok` when it has no transactional capability, as the
+    /// engine answers (each write is refused instead).
     fn check_transactional_writes(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         match self.inner.transactional() {
             Some(inner) => inner.check_transactional_writes(),
-            None => Box::pin(async { Err(not_transactional()) }),
+            None => Box::pin(async { Ok(()) }),
         }
     }
 }

@@ -162,8 +162,11 @@ pub struct Target<'a> {
 ///
 /// Every method returns a boxed future ([`BoxFuture`]): write `Box::pin(async move { .. })`,
 /// or hand on the wrapped store's future as it is (a decorator that changes nothing boxes
-/// nothing more). Every method is required, so a decorator states what it does with each,
-/// [`Store::transactional`] included: no default answers for the store it wraps.
+/// nothing more; one that adds work boxes its own future around the wrapped one). Do a call's
+/// work inside its future, not when the method is called: a caller may drop the future
+/// unpolled (a fault injected before the call applies). Every method is required, so a
+/// decorator states what it does with each, [`Store::transactional`] included: no default
+/// answers for the store it wraps.
 ///
 /// ```
 /// use std::time::SystemTime;
@@ -386,14 +389,5 @@ pub(crate) fn writes_refused(which_need: &str) -> Committed {
         message: format!(
             "this store cannot commit DynamoDB writes: {which_need} the DynamoDB store"
         ),
-    }
-}
-
-/// What a decorator answers when asked for a transactional write the store it wraps cannot
-/// make (the engine asks [`Store::transactional`] first, so it never meets this).
-pub(crate) fn not_transactional() -> StoreError {
-    StoreError::Rejected {
-        operation: "transactional writes",
-        message: "this store cannot commit DynamoDB writes: they need the DynamoDB store".into(),
     }
 }

@@ -32,7 +32,7 @@ use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::key::OperationKey;
 use crate::record::{Evidence, Lease, Record, Settlement, StepRecord};
-use crate::store::{Claim, Committed, Fence, Store, Target, TransactionalStore, not_transactional};
+use crate::store::{Claim, Committed, Fence, Store, Target, TransactionalStore, writes_refused};
 
 /// A store primitive, as faults name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -434,7 +434,11 @@ impl<S: Store + Clone> Store for FaultyStore<S> {
         record: &'a Record,
         now: SystemTime,
     ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        let claim = self.noting(&record.key, self.inner.claim(record, now), written);
+        let claim = self.noting(
+            &record.key,
+            async move { self.inner.claim(record, now).await },
+            written,
+        );
         Box::pin(self.around(Primitive::Claim, claim))
     }
 
@@ -444,7 +448,11 @@ impl<S: Store + Clone> Store for FaultyStore<S> {
         orphan: &'a Evidence,
         now: SystemTime,
     ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        let adopt = self.noting(&record.key, self.inner.adopt(record, orphan, now), written);
+        let adopt = self.noting(
+            &record.key,
+            async move { self.inner.adopt(record, orphan, now).await },
+            written,
+        );
         Box::pin(self.around(Primitive::Adopt, adopt))
     }
 
@@ -455,10 +463,9 @@ impl<S: Store + Clone> Store for FaultyStore<S> {
         expires_at: SystemTime,
         now: SystemTime,
     ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(self.around(
-            Primitive::TakeOver,
-            self.inner.take_over(previous, lease, expires_at, now),
-        ))
+        Box::pin(self.around(Primitive::TakeOver, async move {
+            self.inner.take_over(previous, lease, expires_at, now).await
+        }))
     }
 
     fn shorten<'a>(
@@ -466,7 +473,9 @@ impl<S: Store + Clone> Store for FaultyStore<S> {
         target: Target<'a>,
         until: SystemTime,
     ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(self.around(Primitive::Shorten, self.inner.shorten(target, until)))
+        Box::pin(self.around(Primitive::Shorten, async move {
+            self.inner.shorten(target, until).await
+        }))
     }
 
     fn settle<'a>(
@@ -474,12 +483,16 @@ impl<S: Store + Clone> Store for FaultyStore<S> {
         target: Target<'a>,
         settlement: &'a Settlement,
     ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(self.around(Primitive::Settle, self.inner.settle(target, settlement)))
+        Box::pin(self.around(Primitive::Settle, async move {
+            self.inner.settle(target, settlement).await
+        }))
     }
     fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        let release = self.noting(target.key, self.inner.release(target), |fence| {
-            matches!(fence, Fence::Held).then_some(Existence::Released)
-        });
+        let release = self.noting(
+            target.key,
+            async move { self.inner.release(target).await },
+            |fence| matches!(fence, Fence::Held).then_some(Existence::Released),
+        );
         Box::pin(self.around(Primitive::Release, release))
     }
 
@@ -488,10 +501,9 @@ impl<S: Store + Clone> Store for FaultyStore<S> {
         target: Target<'a>,
         steps: &'a [StepRecord],
     ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(self.around(
-            Primitive::RecordSteps,
-            self.inner.record_steps(target, steps),
-        ))
+        Box::pin(self.around(Primitive::RecordSteps, async move {
+            self.inner.record_steps(target, steps).await
+        }))
     }
     fn release_by_operator<'a>(
         &'a self,
@@ -501,9 +513,11 @@ impl<S: Store + Clone> Store for FaultyStore<S> {
         now: SystemTime,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let release = self
-                .inner
-                .release_by_operator(seen, evidence, released, now);
+            let release = async move {
+                self.inner
+                    .release_by_operator(seen, evidence, released, now)
+                    .await
+            };
             self.around(Primitive::Operator, release).await
         })
     }
@@ -515,7 +529,7 @@ impl<S: Store + Clone> Store for FaultyStore<S> {
         now: SystemTime,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let settle = self.inner.settle_evidence(seen, settlement, now);
+            let settle = async move { self.inner.settle_evidence(seen, settlement, now).await };
             self.around(Primitive::Operator, settle).await
         })
     }
@@ -524,14 +538,16 @@ impl<S: Store + Clone> Store for FaultyStore<S> {
         &'a self,
         key: &'a OperationKey,
     ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
-        Box::pin(self.around(Primitive::Get, self.inner.get(key)))
+        Box::pin(self.around(Primitive::Get, async move { self.inner.get(key).await }))
     }
 
     fn evidence<'a>(
         &'a self,
         identity: &'a str,
     ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>> {
-        Box::pin(self.around(Primitive::Evidence, self.inner.evidence(identity)))
+        Box::pin(self.around(Primitive::Evidence, async move {
+            self.inner.evidence(identity).await
+        }))
     }
 
     fn transactional(&self) -> Option<&dyn TransactionalStore> {
@@ -551,11 +567,12 @@ impl<S: Store + Clone> TransactionalStore for FaultyStore<S> {
         token: &'a str,
     ) -> BoxFuture<'a, Result<Committed, StoreError>> {
         Box::pin(async move {
-            let inner = self.inner.transactional().ok_or_else(not_transactional)?;
-            self.around(
-                Primitive::CommitSteps,
-                inner.commit_steps(target, steps, writes, token),
-            )
+            let Some(inner) = self.inner.transactional() else {
+                return Ok(writes_refused("a transactional step needs"));
+            };
+            self.around(Primitive::CommitSteps, async move {
+                inner.commit_steps(target, steps, writes, token).await
+            })
             .await
         })
     }
@@ -568,16 +585,20 @@ impl<S: Store + Clone> TransactionalStore for FaultyStore<S> {
         token: &'a str,
     ) -> BoxFuture<'a, Result<Committed, StoreError>> {
         Box::pin(async move {
-            let inner = self.inner.transactional().ok_or_else(not_transactional)?;
-            let settle = inner.settle_with(target, settlement, writes, token);
+            let Some(inner) = self.inner.transactional() else {
+                return Ok(writes_refused("writes committed with the completion need"));
+            };
+            let settle = async move { inner.settle_with(target, settlement, writes, token).await };
             self.around(Primitive::Settle, settle).await
         })
     }
 
+    /// The wrapped store's check; `Ok` when it has no transactional capability, as the
+    /// engine answers (each write is refused instead).
     fn check_transactional_writes(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         match self.inner.transactional() {
             Some(inner) => inner.check_transactional_writes(),
-            None => Box::pin(async { Err(not_transactional()) }),
+            None => Box::pin(async { Ok(()) }),
         }
     }
 }

@@ -273,6 +273,10 @@ impl Clock for Skewed {
         self.base.sleep(duration)
     }
 
+    fn deadline(&self, duration: Duration) -> crate::reconcile::BoxFuture<'static, ()> {
+        self.base.deadline(duration)
+    }
+
     fn jitter(&self, ceiling: Duration) -> Duration {
         self.base.jitter(ceiling)
     }
