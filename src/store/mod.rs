@@ -218,7 +218,7 @@ pub struct Target<'a> {
 ///     fn evidence<'a>(&'a self, identity: &'a str) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>> {
 ///         self.inner.evidence(identity)
 ///     }
-///     // The memory store commits no DynamoDB writes; a decorator of the DynamoDB store
+///     // A plain memory store commits no DynamoDB writes; a decorator of a store that does
 ///     // implements `TransactionalStore` too and answers `Some(self)`.
 ///     fn transactional(&self) -> Option<&dyn TransactionalStore> {
 ///         None
@@ -342,8 +342,9 @@ pub trait Store: Any + Send + Sync + fmt::Debug {
 
 /// The transactional capability a store offers or not ([`Store::transactional`]): the
 /// handler's own DynamoDB writes (transactional steps, writes carried by the completion, an
-/// outbox) committed in one transaction with the fenced record write. Only
-/// [`DynamoDbStore`] has it (and decorators of it that hand it on).
+/// outbox) committed in one transaction with the fenced record write. [`DynamoDbStore`]
+/// has it, a [`MemoryStore`] built with the handler's tables (`MemoryStore::with_tables`,
+/// feature `testing`) has it, and decorators hand on their store's.
 pub trait TransactionalStore: Store {
     /// Writes the target record's steps as `steps` (fenced by its guard) together with the
     /// handler's own `writes` (Put, Update, Delete, ConditionCheck on any table, in its order),
@@ -390,4 +391,32 @@ pub(crate) fn writes_refused(which_need: &str) -> Committed {
             "this store cannot commit DynamoDB writes: {which_need} the DynamoDB store"
         ),
     }
+}
+
+/// The most actions one `TransactWriteItems` holds.
+pub(crate) const MAX_TRANSACTION_ACTIONS: usize = 100;
+
+/// Why a transaction of the handler's `writes` and the operation's `own` writes cannot be
+/// sent, if it takes more actions than DynamoDB takes in one.
+pub(crate) fn too_many_actions(own: usize, writes: usize) -> Option<String> {
+    (own + writes > MAX_TRANSACTION_ACTIONS).then(|| {
+        format!(
+            "the handler's {writes} writes and outbox events, with the operation's own {own}, pass the {MAX_TRANSACTION_ACTIONS} actions DynamoDB takes in one transaction"
+        )
+    })
+}
+
+/// Whether `current` (the record a failed commit's condition returned) is the record as the
+/// commit of `steps` under `target`'s lease left it: the same lease, and the step it adds
+/// recorded at its place with its result.
+pub(crate) fn shows_commit(current: &Record, target: Target<'_>, steps: &[StepRecord]) -> bool {
+    let Guard::Lease(token) = target.guard else {
+        return false;
+    };
+    let Some(adding) = steps.last() else {
+        return false;
+    };
+    current.status == Status::InProgress
+        && current.lease.token == token
+        && current.steps.get(steps.len() - 1) == Some(adding)
 }

@@ -101,6 +101,13 @@ impl Dynamo {
             .with_uniqueness_table(&self.uniqueness_table)
     }
 
+    /// An empty [`MemoryStore`](crate::store::MemoryStore) that commits the handler's own
+    /// writes into this embedded server's tables ([`MemoryStore::with_tables`](crate::store::MemoryStore::with_tables));
+    /// `None` on another endpoint ([`embedded_with_clock`] always embeds).
+    pub fn memory_store(&self) -> Option<crate::store::MemoryStore> {
+        self.db.clone().map(crate::store::MemoryStore::with_tables)
+    }
+
     /// Deletes the records expired by the shared clock, as DynamoDB TTL eventually does:
     /// dynoxide's `sweep_ttl` (every table), or on another endpoint [`sweep_table`] of the
     /// idempotency table.
@@ -177,14 +184,24 @@ pub async fn start() -> Dynamo {
 /// Starts (or connects to) the endpoint and creates fresh tables. The embedded server reads
 /// `clock` too, so that its TTL sweep agrees with the engine about what has expired.
 pub async fn start_with_clock(clock: ManualClock) -> Dynamo {
-    let (endpoint, db) = match configured_endpoint() {
-        Some(endpoint) => (endpoint, None),
-        None => {
-            let db = dynoxide::Database::memory_with_clock(Arc::new(SharedClock(clock.clone())))
-                .expect("embedded database");
-            (local::serve(db.clone()).await.expect("serve"), Some(db))
-        }
-    };
+    match configured_endpoint() {
+        Some(endpoint) => open(endpoint, None, clock).await,
+        None => embedded_with_clock(clock).await,
+    }
+}
+
+/// An embedded server in this process, whatever `DYNAMODB_ENDPOINT` says, with fresh
+/// tables: for a [`MemoryStore`](crate::store::MemoryStore) whose transactional writes go
+/// to the handler's tables in it ([`Dynamo::memory_store`]), an in-process store throughout.
+pub async fn embedded_with_clock(clock: ManualClock) -> Dynamo {
+    let db = dynoxide::Database::memory_with_clock(Arc::new(SharedClock(clock.clone())))
+        .expect("embedded database");
+    let endpoint = local::serve(db.clone()).await.expect("serve");
+    open(endpoint, Some(db), clock).await
+}
+
+/// Connects to `endpoint` (serving `db` when embedded) and creates fresh tables.
+async fn open(endpoint: String, db: Option<dynoxide::Database>, clock: ManualClock) -> Dynamo {
     let requests = RequestLog::default();
     let client = Client::from_conf(
         local::config_for(endpoint.clone())

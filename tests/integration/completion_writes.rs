@@ -95,8 +95,13 @@ async fn the_writes_commit_with_the_completion_in_its_one_request() {
 
 #[tokio::test]
 async fn a_refused_condition_commits_nothing_and_the_next_delivery_runs_again() {
-    let shop = Shop::open().await;
-    let idem = shop.engine(shop.db.store());
+    for shop in Shop::both().await {
+        a_refused_condition_commits_nothing_and_the_next_delivery_runs_again_on(shop).await;
+    }
+}
+
+async fn a_refused_condition_commits_nothing_and_the_next_delivery_runs_again_on(shop: Shop) {
+    let idem = shop.engine(shop.store());
     let inv = invocation("done-refused", &serde_json::json!({"order": "c-2"}));
     let shop = &shop;
     let err = idem
@@ -130,14 +135,19 @@ async fn a_refused_condition_commits_nothing_and_the_next_delivery_runs_again() 
 /// blind).
 #[tokio::test]
 async fn a_refused_completion_without_steps_is_re_run_only_where_declared() {
-    let shop = Shop::open().await;
+    for shop in Shop::both().await {
+        a_refused_completion_without_steps_is_re_run_only_where_declared_on(shop).await;
+    }
+}
+
+async fn a_refused_completion_without_steps_is_re_run_only_where_declared_on(shop: Shop) {
     let shop = &shop;
     for (case, recovery) in [
         ("default", Recovery::Indeterminate),
         ("steps", Recovery::Steps),
         ("rerun", Recovery::Rerun),
     ] {
-        let idem = shop.engine(shop.db.store()).with_recovery(recovery);
+        let idem = shop.engine(shop.store()).with_recovery(recovery);
         let order = format!("c-refused-{case}");
         let inv = invocation(&order, &serde_json::json!({"order": order}));
         let runs = AtomicUsize::new(0);
@@ -186,8 +196,13 @@ async fn a_refused_completion_without_steps_is_re_run_only_where_declared() {
 
 #[tokio::test]
 async fn a_lost_answer_is_recognised_and_commits_once() {
-    let shop = Shop::open().await;
-    let faulty = FaultyStore::new(shop.db.store());
+    for shop in Shop::both().await {
+        a_lost_answer_is_recognised_and_commits_once_on(shop).await;
+    }
+}
+
+async fn a_lost_answer_is_recognised_and_commits_once_on(shop: Shop) {
+    let faulty = FaultyStore::new(shop.store());
     let idem = shop.engine(faulty.clone());
     let inv = invocation("done-lost", &serde_json::json!({"order": "c-3"}));
     for _ in 0..3 {
@@ -227,8 +242,14 @@ async fn a_lost_answer_is_recognised_and_commits_once() {
 
 #[tokio::test]
 async fn a_zombie_commits_nothing_over_a_takeover() {
-    let shop = Arc::new(Shop::open().await);
-    let idem = shop.engine(shop.db.store());
+    for shop in Shop::both().await {
+        a_zombie_commits_nothing_over_a_takeover_on(shop).await;
+    }
+}
+
+async fn a_zombie_commits_nothing_over_a_takeover_on(shop: Shop) {
+    let shop = Arc::new(shop);
+    let idem = shop.engine(shop.store());
     let inv = invocation("done-zombie", &serde_json::json!({"order": "c-5"}));
     let (started_tx, started_rx) = oneshot::channel();
     let (resume_tx, resume_rx) = oneshot::channel::<()>();
@@ -268,8 +289,13 @@ async fn a_zombie_commits_nothing_over_a_takeover() {
 
 #[tokio::test]
 async fn events_and_evidence_commit_with_the_completion() {
-    let shop = Shop::open().await;
-    let idem = shop.engine(shop.db.store());
+    for shop in Shop::both().await {
+        events_and_evidence_commit_with_the_completion_on(shop).await;
+    }
+}
+
+async fn events_and_evidence_commit_with_the_completion_on(shop: Shop) {
+    let idem = shop.engine(shop.store());
     let outbox = Outbox::new(&shop.outbox);
     let inv = invocation("done-events", &serde_json::json!({"order": "c-6"}))
         .with_identity("order:c-6")
@@ -491,8 +517,15 @@ async fn writes_that_cannot_be_sent_are_retained_whatever_the_classifier_says() 
 
 #[tokio::test]
 async fn a_refused_completion_after_a_step_gives_the_claim_back_and_the_step_replays() {
-    let shop = Shop::open().await;
-    let idem = shop.engine(shop.db.store());
+    for shop in Shop::both().await {
+        a_refused_completion_after_a_step_gives_the_claim_back_and_the_step_replays_on(shop).await;
+    }
+}
+
+async fn a_refused_completion_after_a_step_gives_the_claim_back_and_the_step_replays_on(
+    shop: Shop,
+) {
+    let idem = shop.engine(shop.store());
     let inv = invocation("done-after-step", &serde_json::json!({"order": "c-10"}));
     let charges = AtomicUsize::new(0);
     let handler = |seen: u64| {
@@ -540,9 +573,14 @@ async fn a_refused_completion_after_a_step_gives_the_claim_back_and_the_step_rep
 /// its step kept, never given back to run again.
 #[tokio::test]
 async fn a_refused_completion_after_a_step_is_held_under_the_default() {
-    let shop = Shop::open().await;
+    for shop in Shop::both().await {
+        a_refused_completion_after_a_step_is_held_under_the_default_on(shop).await;
+    }
+}
+
+async fn a_refused_completion_after_a_step_is_held_under_the_default_on(shop: Shop) {
     let idem = shop
-        .engine(shop.db.store())
+        .engine(shop.store())
         .with_recovery(Recovery::Indeterminate);
     let inv = invocation(
         "done-after-step-held",

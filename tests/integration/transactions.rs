@@ -13,7 +13,7 @@ use lambda_idempotency::effects::{
 };
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::record::Status;
-use lambda_idempotency::store::{MemoryStore, Store};
+use lambda_idempotency::store::{AnyStore, MemoryStore, Store};
 use lambda_idempotency::testing::conformance::invocation;
 use lambda_idempotency::testing::dynamo::{self, Dynamo};
 use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
@@ -27,12 +27,39 @@ pub(crate) struct Shop {
     pub(crate) stock: String,
     pub(crate) outbox: String,
     pub(crate) clock: ManualClock,
+    /// The memory store the operation's records are kept in, when not the DynamoDB store.
+    memory: Option<MemoryStore>,
 }
 
 impl Shop {
+    /// The shop with its records on the DynamoDB store.
     pub(crate) async fn open() -> Self {
         let clock = ManualClock::new(SystemTime::now());
-        let db = dynamo::start_with_clock(clock.clone()).await;
+        Self::open_on(dynamo::start_with_clock(clock.clone()).await, clock, false).await
+    }
+
+    /// The shop on each store: records on the DynamoDB store, then in a memory store that
+    /// commits the handler's writes into the shop's tables on an embedded server.
+    pub(crate) async fn both() -> [Self; 2] {
+        let clock = ManualClock::new(SystemTime::now());
+        let in_memory = Self::open_on(
+            dynamo::embedded_with_clock(clock.clone()).await,
+            clock,
+            true,
+        )
+        .await;
+        [Self::open().await, in_memory]
+    }
+
+    /// The store the operation's records are kept in.
+    pub(crate) fn store(&self) -> AnyStore {
+        match &self.memory {
+            Some(memory) => AnyStore::new(memory.clone()),
+            None => AnyStore::new(self.db.store()),
+        }
+    }
+
+    async fn open_on(db: Dynamo, clock: ManualClock, in_memory: bool) -> Self {
         let orders = lambda_idempotency::testing::local::unique_table_name("orders");
         let stock = lambda_idempotency::testing::local::unique_table_name("stock");
         let outbox = lambda_idempotency::testing::local::unique_table_name("outbox");
@@ -53,12 +80,18 @@ impl Shop {
             .send()
             .await
             .expect("seed the stock");
+        let memory = if in_memory {
+            Some(db.memory_store().expect("an embedded server"))
+        } else {
+            None
+        };
         Self {
             db,
             orders,
             stock,
             outbox,
             clock,
+            memory,
         }
     }
 
@@ -147,8 +180,14 @@ async fn place(
 
 #[tokio::test]
 async fn the_writes_commit_with_the_step_and_a_takeover_replays_them_once() {
-    let shop = Arc::new(Shop::open().await);
-    let idem = shop.engine(shop.db.store());
+    for shop in Shop::both().await {
+        the_writes_commit_with_the_step_and_a_takeover_replays_them_once_on(shop).await;
+    }
+}
+
+async fn the_writes_commit_with_the_step_and_a_takeover_replays_them_once_on(shop: Shop) {
+    let shop = Arc::new(shop);
+    let idem = shop.engine(shop.store());
     let inv = invocation("tx-crash", &serde_json::json!({"order": "o-1"}));
     let builds = Arc::new(AtomicUsize::new(0));
     // Crash right after the transactional commit, before the settlement.
@@ -208,8 +247,13 @@ async fn the_writes_commit_with_the_step_and_a_takeover_replays_them_once() {
 
 #[tokio::test]
 async fn a_failed_condition_commits_nothing_and_names_the_write() {
-    let shop = Shop::open().await;
-    let idem = shop.engine(shop.db.store());
+    for shop in Shop::both().await {
+        a_failed_condition_commits_nothing_and_names_the_write_on(shop).await;
+    }
+}
+
+async fn a_failed_condition_commits_nothing_and_names_the_write_on(shop: Shop) {
+    let idem = shop.engine(shop.store());
     let inv = invocation("tx-refused", &serde_json::json!({"order": "o-2"}));
     let shop = &shop;
     let err = idem
@@ -236,8 +280,14 @@ async fn a_failed_condition_commits_nothing_and_names_the_write() {
 
 #[tokio::test]
 async fn a_zombie_commits_nothing_over_a_takeover() {
-    let shop = Arc::new(Shop::open().await);
-    let idem = shop.engine(shop.db.store());
+    for shop in Shop::both().await {
+        a_zombie_commits_nothing_over_a_takeover_on(shop).await;
+    }
+}
+
+async fn a_zombie_commits_nothing_over_a_takeover_on(shop: Shop) {
+    let shop = Arc::new(shop);
+    let idem = shop.engine(shop.store());
     let inv = invocation("tx-zombie", &serde_json::json!({"order": "o-3"}));
     let (started_tx, started_rx) = oneshot::channel();
     let (resume_tx, resume_rx) = oneshot::channel::<()>();
@@ -281,8 +331,13 @@ async fn a_zombie_commits_nothing_over_a_takeover() {
 /// re-send returns) is shown apart, each by a test that fails without it, in `lost_commits`.
 #[tokio::test]
 async fn a_lost_commit_answer_never_commits_twice() {
-    let shop = Shop::open().await;
-    let faulty = FaultyStore::new(shop.db.store());
+    for shop in Shop::both().await {
+        a_lost_commit_answer_never_commits_twice_on(shop).await;
+    }
+}
+
+async fn a_lost_commit_answer_never_commits_twice_on(shop: Shop) {
+    let faulty = FaultyStore::new(shop.store());
     let idem = shop.engine(faulty.clone());
     let builds = AtomicUsize::new(0);
 
@@ -523,8 +578,14 @@ pub(crate) async fn outbox_items(
 
 #[tokio::test]
 async fn outbox_events_commit_with_the_step_under_ids_stable_across_attempts() {
-    let shop = Arc::new(Shop::open().await);
-    let idem = shop.engine(shop.db.store());
+    for shop in Shop::both().await {
+        outbox_events_commit_with_the_step_under_ids_stable_across_attempts_on(shop).await;
+    }
+}
+
+async fn outbox_events_commit_with_the_step_under_ids_stable_across_attempts_on(shop: Shop) {
+    let shop = Arc::new(shop);
+    let idem = shop.engine(shop.store());
     let outbox = Outbox::new(&shop.outbox);
     let inv = invocation("tx-outbox", &serde_json::json!({"order": "o-9"}));
     let placed = |shop: &Shop, outbox: &Outbox| -> Result<Transaction<String>, BoxError> {

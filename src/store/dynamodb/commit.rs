@@ -10,11 +10,9 @@ use super::item::{Item, n, s, value_size};
 use super::steps::{STEPS_VERSION_BUMP, bump_steps_version, steps_value};
 use super::writes::{Check, Write, item_table};
 use crate::error::StoreError;
-use crate::record::{Record, Settlement, Status, StepRecord};
-use crate::store::{Committed, Guard, Target};
+use crate::record::{Settlement, StepRecord};
+use crate::store::{Committed, Target, shows_commit, too_many_actions};
 
-/// The most actions one `TransactWriteItems` holds.
-pub(crate) const MAX_TRANSACTION_ACTIONS: usize = 100;
 /// The most bytes one `TransactWriteItems` carries.
 pub(crate) const MAX_TRANSACTION_BYTES: usize = 4 * 1024 * 1024;
 
@@ -176,12 +174,8 @@ impl DynamoDbStore {
         own: &[TransactWriteItem],
         writes: &[TransactWriteItem],
     ) -> Result<(), String> {
-        if own.len() + writes.len() > MAX_TRANSACTION_ACTIONS {
-            return Err(format!(
-                "the handler's {} writes and outbox events, with the operation's own {}, pass the {MAX_TRANSACTION_ACTIONS} actions DynamoDB takes in one transaction",
-                writes.len(),
-                own.len()
-            ));
+        if let Some(message) = too_many_actions(own.len(), writes.len()) {
+            return Err(message);
         }
         let record_key = own
             .first()
@@ -311,19 +305,4 @@ fn write_size(write: &TransactWriteItem) -> usize {
             + values(check.expression_attribute_values.as_ref())
             + check.condition_expression.len()
     })
-}
-
-/// Whether `current` (the record a failed commit's condition returned) is the record as the
-/// commit of `steps` under `target`'s lease left it: the same lease, and the step it adds
-/// recorded at its place with its result.
-fn shows_commit(current: &Record, target: Target<'_>, steps: &[StepRecord]) -> bool {
-    let Guard::Lease(token) = target.guard else {
-        return false;
-    };
-    let Some(adding) = steps.last() else {
-        return false;
-    };
-    current.status == Status::InProgress
-        && current.lease.token == token
-        && current.steps.get(steps.len() - 1) == Some(adding)
 }

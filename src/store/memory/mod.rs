@@ -1,5 +1,8 @@
 //! An in-process store with the same semantics as the DynamoDB store.
 
+#[cfg(feature = "testing")]
+mod transactional;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
@@ -26,6 +29,9 @@ use crate::store::{Claim, Fence, Store, Target, TransactionalStore};
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStore {
     tables: Arc<Mutex<Tables>>,
+    /// The handler's own tables, which its transactional writes go to (feature `testing`).
+    #[cfg(feature = "testing")]
+    own_tables: Option<transactional::OwnTables>,
 }
 
 #[derive(Debug, Default)]
@@ -40,6 +46,66 @@ impl Tables {
         self.records
             .get(key)
             .filter(|existing| !existing.counts_as_absent(now))
+    }
+
+    /// `None` if the target's guard admits its record and its evidence (if any) is this
+    /// operation's; else the [`Fence::Lost`] to answer.
+    fn fence(&self, target: Target<'_>) -> Result<Option<Fence>, StoreError> {
+        match self.records.get(target.key) {
+            Some(record) if target.guard.admits(record) => {
+                if let Some(identity) = target.identity {
+                    let owned = self
+                        .evidence
+                        .get(identity)
+                        .is_some_and(|evidence| evidence.key == *target.key);
+                    if !owned {
+                        return Err(StoreError::evidence_not_owned(target.key));
+                    }
+                }
+                Ok(None)
+            }
+            current => Ok(Some(Fence::Lost {
+                current: current.cloned().map(Box::new),
+            })),
+        }
+    }
+
+    /// Moves the target's record (and its evidence) to `settlement`.
+    fn settle(&mut self, target: Target<'_>, settlement: &Settlement) {
+        if let Some(record) = self.records.get_mut(target.key) {
+            record.status = settlement.status;
+            record.outcome.clone_from(&settlement.outcome);
+            record.expires_at = settlement.expires_at;
+            record.completed_at = Some(settlement.completed_at);
+            if let Some(steps) = &settlement.steps {
+                record.steps.clone_from(steps);
+                record.steps_version += 1;
+            }
+            if settlement.audit.is_some() {
+                record.audit.clone_from(&settlement.audit);
+            }
+        }
+        if settlement.releases_identity {
+            if let Some(identity) = target.identity {
+                self.evidence.remove(identity);
+            }
+        } else if let Some(evidence) = target
+            .identity
+            .and_then(|identity| self.evidence.get_mut(identity))
+        {
+            evidence.status = settlement.status;
+            evidence.result_ref.clone_from(&settlement.result_ref);
+            evidence.completed_at = Some(settlement.completed_at);
+            evidence.audit.clone_from(&settlement.audit);
+        }
+    }
+
+    /// Writes the target's record's steps as `steps`.
+    fn record_steps(&mut self, target: Target<'_>, steps: &[StepRecord]) {
+        if let Some(record) = self.records.get_mut(target.key) {
+            record.steps = steps.to_vec();
+            record.steps_version += 1;
+        }
     }
 }
 
@@ -79,24 +145,11 @@ impl MemoryStore {
         write: impl FnOnce(&mut Tables),
     ) -> Result<Fence, StoreError> {
         let mut tables = self.lock();
-        match tables.records.get(target.key) {
-            Some(record) if target.guard.admits(record) => {
-                if let Some(identity) = target.identity {
-                    let owned = tables
-                        .evidence
-                        .get(identity)
-                        .is_some_and(|evidence| evidence.key == *target.key);
-                    if !owned {
-                        return Err(StoreError::evidence_not_owned(target.key));
-                    }
-                }
-                write(&mut tables);
-                Ok(Fence::Held)
-            }
-            current => Ok(Fence::Lost {
-                current: current.cloned().map(Box::new),
-            }),
+        if let Some(lost) = tables.fence(target)? {
+            return Ok(lost);
         }
+        write(&mut tables);
+        Ok(Fence::Held)
     }
 }
 
@@ -111,6 +164,7 @@ impl MemoryStore {
         };
         Self {
             tables: Arc::new(Mutex::new(tables)),
+            ..Self::default()
         }
     }
 
@@ -214,38 +268,7 @@ impl Store for MemoryStore {
         target: Target<'a>,
         settlement: &'a Settlement,
     ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(async move {
-            self.fenced(target, |tables| {
-                if let Some(record) = tables.records.get_mut(target.key) {
-                    record.status = settlement.status;
-                    record.outcome.clone_from(&settlement.outcome);
-                    record.expires_at = settlement.expires_at;
-                    record.completed_at = Some(settlement.completed_at);
-                    if let Some(steps) = &settlement.steps {
-                        record.steps.clone_from(steps);
-                        record.steps_version += 1;
-                    }
-                }
-                if let Some(record) = tables.records.get_mut(target.key)
-                    && settlement.audit.is_some()
-                {
-                    record.audit.clone_from(&settlement.audit);
-                }
-                if settlement.releases_identity {
-                    if let Some(identity) = target.identity {
-                        tables.evidence.remove(identity);
-                    }
-                } else if let Some(evidence) = target
-                    .identity
-                    .and_then(|identity| tables.evidence.get_mut(identity))
-                {
-                    evidence.status = settlement.status;
-                    evidence.result_ref.clone_from(&settlement.result_ref);
-                    evidence.completed_at = Some(settlement.completed_at);
-                    evidence.audit.clone_from(&settlement.audit);
-                }
-            })
-        })
+        Box::pin(async move { self.fenced(target, |tables| tables.settle(target, settlement)) })
     }
 
     fn shorten<'a>(
@@ -278,12 +301,7 @@ impl Store for MemoryStore {
                 identity: None,
                 ..target
             };
-            self.fenced(target, |tables| {
-                if let Some(record) = tables.records.get_mut(target.key) {
-                    record.steps = steps.to_vec();
-                    record.steps_version += 1;
-                }
-            })
+            self.fenced(target, |tables| tables.record_steps(target, steps))
         })
     }
 
@@ -377,8 +395,13 @@ impl Store for MemoryStore {
         Box::pin(async move { Ok(self.lock().evidence.get(identity).cloned()) })
     }
 
-    /// None: the memory store commits no DynamoDB writes.
+    /// `Some` for a store given the handler's own tables ([`MemoryStore::with_tables`],
+    /// feature `testing`), else `None`: it has nowhere to commit DynamoDB writes.
     fn transactional(&self) -> Option<&dyn TransactionalStore> {
+        #[cfg(feature = "testing")]
+        if self.own_tables.is_some() {
+            return Some(self);
+        }
         None
     }
 }
