@@ -122,6 +122,11 @@
 
 pub mod clock;
 pub mod config;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod defects;
+#[cfg(not(feature = "testing"))]
+mod defects;
 pub mod effects;
 pub mod engine;
 pub mod error;

@@ -229,6 +229,9 @@ impl Record {
     /// expires into a fresh claim, however old: it is taken over (after reconciliation) or
     /// waits for an operator. This is the claim condition every store applies.
     pub fn counts_as_absent(&self, now: SystemTime) -> bool {
+        if crate::defects::is_reintroduced(crate::defects::IN_PROGRESS_EXPIRES) {
+            return self.is_expired(now);
+        }
         self.status.is_settled() && self.is_expired(now)
     }
 

@@ -9,6 +9,7 @@
 
 use std::time::{Duration, SystemTime};
 
+use crate::defects;
 use crate::execution::Invocation;
 use crate::reconcile::Recovery;
 use crate::record::{
@@ -109,6 +110,9 @@ pub(crate) fn is_this_claim(stored: &Record, claim: &Record) -> bool {
 /// Whether `existing` is the caller's own `claim`: it committed before its answer was lost and
 /// the retry found it standing.
 pub(crate) fn is_own_claim(existing: &Record, claim: &Record) -> bool {
+    if defects::is_reintroduced(defects::OWN_CLAIM_UNRECOGNISED) {
+        return false;
+    }
     existing.status == Status::InProgress && holds(&existing.lease, &claim.lease)
 }
 
@@ -161,7 +165,10 @@ pub(crate) fn takeover(
         attempt: existing.lease.attempt.saturating_add(1),
         ..fresh.clone()
     };
-    let expires_at = retention_expiry(lease.expires_at, retention);
+    let expires_at = match defects::is_reintroduced(defects::TAKEOVER_KEEPS_RETENTION) {
+        true => existing.expires_at,
+        false => retention_expiry(lease.expires_at, retention),
+    };
     (lease, expires_at)
 }
 
@@ -207,6 +214,9 @@ pub(crate) fn shows_settlement(
     guard: Guard<'_>,
     settlement: &Settlement,
 ) -> bool {
+    if defects::is_reintroduced(defects::OWN_SETTLEMENT_UNRECOGNISED) {
+        return false;
+    }
     let same_write = current.status == settlement.status
         && current.outcome == settlement.outcome
         && current.completed_at.map(epoch_millis) == Some(epoch_millis(settlement.completed_at));
@@ -416,7 +426,9 @@ pub(crate) fn step_standing<'a>(
 /// makes the provider deduplicate), or under [`Recovery::Rerun`] (every effect declared safe to
 /// repeat); otherwise its check decides, and without one the operation is held.
 pub(crate) fn rerun_uncertain(repeat_safe: bool, recovery: Recovery) -> bool {
-    repeat_safe || recovery == Recovery::Rerun
+    repeat_safe
+        || recovery == Recovery::Rerun
+        || defects::is_reintroduced(defects::UNCERTAIN_STEP_RERUN)
 }
 
 /// How long before the invocation's deadline a settlement stops retrying: the answer still
@@ -447,6 +459,9 @@ pub(crate) fn given_back_until(
     grace: Duration,
     lands_by: Option<SystemTime>,
 ) -> SystemTime {
+    if defects::is_reintroduced(defects::GIVE_BACK_WITHOUT_GRACE) {
+        return now;
+    }
     (now + grace)
         .max(lands_by.unwrap_or(now))
         .min(lease_expires_at)

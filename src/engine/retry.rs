@@ -20,6 +20,7 @@ use tracing::warn;
 use super::Idempotency;
 use super::decide::{self, SETTLE_MARGIN};
 use crate::clock::within;
+use crate::defects;
 use crate::error::StoreError;
 
 /// Tries of a write made before the handler runs, the first included.
@@ -56,6 +57,11 @@ impl Patience {
     pub(crate) fn limits(self) -> (SystemTime, u32) {
         match self {
             Self::Brief(until) => (until, BRIEF_TRIES),
+            Self::Until { until, .. }
+                if defects::is_reintroduced(defects::SETTLE_GIVES_UP_EARLY) =>
+            {
+                (until, 2)
+            }
             Self::Until { until, .. } => (until, u32::MAX),
         }
     }

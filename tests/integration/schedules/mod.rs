@@ -1,32 +1,30 @@
 //! The real engine under a controlled scheduler (awslabs' shuttle, written to check S3's
 //! storage node): two deliveries of one operation run as tasks of shuttle's scheduler through
-//! the real door (an `Operation`'s layer over a Lambda handler) and the real `MemoryStore`, every store request a scheduling point where the checker may also fail
-//! the request before it applies, lose its answer after it applied, or crash the delivery there
-//! (its future dropped, its claim given back by a task on the same scheduler). Then, past the
-//! lease, a redelivery comes. After each schedule: the handler ran at most once, every answer
-//! is that run's result, and nothing is left IN_PROGRESS without a way forward.
+//! the real door (an `Operation`'s layer over a Lambda handler) and the real `MemoryStore`
+//! (committing a transactional handler's writes into an in-process DynamoDB), every store
+//! request a scheduling point where the checker may also fail the request before it applies,
+//! lose its answer after it applied, or crash the delivery there (its future dropped, its claim
+//! given back by a task on the same scheduler). Then, past the lease, a redelivery comes.
+//! After each schedule: the effect happened at most once, every answer is that run's result,
+//! what committed with an effect committed with it alone, and nothing is left IN_PROGRESS
+//! without a way forward.
 //!
 //! Time and tasks go through the engine's injected clock and spawner, so nothing here needs a
 //! Tokio runtime. A failing schedule prints shuttle's encoded schedule; `shuttle::replay(case,
 //! schedule)` replays it.
 
-use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures_util::future::{Either, select};
-use lambda_idempotency::clock::Clock;
-use lambda_idempotency::effects::Checked;
-use lambda_idempotency::error::StoreError;
-use lambda_idempotency::key::OperationKey;
+use lambda_idempotency::effects::{Checked, Transaction, Writes};
 use lambda_idempotency::lambda::IdempotencyError;
 use lambda_idempotency::lambda::current;
-use lambda_idempotency::reconcile::BoxFuture;
 use lambda_idempotency::reconcile::Recovery;
-use lambda_idempotency::record::{Evidence, Lease, Record, Settlement, Status, StepRecord};
-use lambda_idempotency::store::{Claim, Fence, MemoryStore, Store, Target, TransactionalStore};
+use lambda_idempotency::record::{Record, Status};
+use lambda_idempotency::store::{MemoryStore, Store};
 use lambda_idempotency::testing::conformance::start_time;
 use lambda_idempotency::{
     BoxError, ErrorKind, Execution, Idempotency, KeyPolicy, Operation, OperationScope, Origin,
@@ -34,10 +32,15 @@ use lambda_idempotency::{
 use lambda_runtime::tower::{Layer, ServiceExt};
 use lambda_runtime::{Context, LambdaEvent, service_fn};
 use serde_json::{Value, json};
-use shuttle::rand::{Rng, thread_rng};
 use shuttle::scheduler::{DfsScheduler, PctScheduler, RandomScheduler, Scheduler};
 use shuttle::{Config, Runner};
 use tokio::sync::Notify;
+
+mod ledger;
+mod scheduled;
+
+use ledger::Ledger;
+use scheduled::{CRASH, Defect, Scheduled, ScheduledClock};
 
 /// What the checker may do to one store request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +71,11 @@ enum Handler {
     /// Its effect in a step with a truthful check (`Recovery::Steps`: an uncertain step is
     /// decided by its check, an attempt that recorded no intent runs again).
     Stepped,
+    /// Its effect a transactional step (`Recovery::Steps`): the payment's charge and its
+    /// outbox event written in the handler's table with the step's record, then the order's
+    /// completion written with the settlement (`complete_with`). The effect is what
+    /// committed, read back from the table.
+    Transactional,
 }
 
 /// Which operations the two concurrent deliveries are.
@@ -86,220 +94,8 @@ struct Scenario {
     faults: Faults,
     handler: Handler,
     operations: Operations,
-    /// A defect put in for the harness's own check (see [`Scheduled`]).
-    steals_live_leases: bool,
-}
-
-tokio::task_local! {
-    /// The crash signal of the delivery running on this task.
-    static CRASH: Arc<Notify>;
-}
-
-/// The memory store with every request a scheduling point, and the checker's faults.
-#[derive(Debug, Clone)]
-struct Scheduled {
-    inner: MemoryStore,
-    faults: Faults,
-    /// A defect put in for the harness's own check: a claim that meets a live claim takes its
-    /// lease anyway.
-    steals_live_leases: bool,
-    /// Faults chosen, counted.
-    fired: Arc<AtomicUsize>,
-}
-
-impl Scheduled {
-    async fn request<T>(
-        &self,
-        operation: &'static str,
-        apply: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        shuttle::future::yield_now().await;
-        // Each fault the case allows meets one request in ten, chosen by the checker.
-        let faults = match self.faults {
-            Faults::None => 0,
-            Faults::Lossy => 2,
-            // A crash only where a delivery can crash (not in a give-back's own task).
-            Faults::Crashing if CRASH.try_with(|_| ()).is_ok() => 4,
-            Faults::Crashing => 2,
-        };
-        let unavailable = || StoreError::Unavailable {
-            operation,
-            source: "the checker's fault".into(),
-        };
-        let fault = match faults {
-            0 => 0,
-            _ => Some(thread_rng().gen_range(0..10))
-                .filter(|drawn| *drawn <= faults)
-                .unwrap_or(0),
-        };
-        if fault > 0 {
-            self.fired.fetch_add(1, Ordering::SeqCst);
-        }
-        match fault {
-            1 => Err(unavailable()),
-            2 => {
-                let _ = apply.await;
-                shuttle::future::yield_now().await;
-                Err(unavailable())
-            }
-            3 => crash().await,
-            4 => {
-                let _ = apply.await;
-                crash().await
-            }
-            _ => {
-                let answer = apply.await;
-                shuttle::future::yield_now().await;
-                answer
-            }
-        }
-    }
-}
-
-/// Crashes the calling delivery: signals it and never returns.
-async fn crash<T>() -> T {
-    let _ = CRASH.try_with(|crash| crash.notify_one());
-    std::future::pending().await
-}
-
-impl Store for Scheduled {
-    fn claim<'a>(
-        &'a self,
-        record: &'a Record,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        Box::pin(self.request("claim", async move {
-            match self.inner.claim(record, now).await? {
-                Claim::Existing(live) if self.steals_live_leases => {
-                    let past_its_end = live.lease.expires_at + Duration::from_secs(1);
-                    let stolen =
-                        self.inner
-                            .take_over(&live, &record.lease, record.expires_at, past_its_end);
-                    match stolen.await? {
-                        Fence::Held => Ok(Claim::Acquired),
-                        Fence::Lost { .. } => Ok(Claim::Existing(live)),
-                    }
-                }
-                claim => Ok(claim),
-            }
-        }))
-    }
-
-    fn adopt<'a>(
-        &'a self,
-        record: &'a Record,
-        orphan: &'a Evidence,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        Box::pin(self.request("adopt", self.inner.adopt(record, orphan, now)))
-    }
-
-    fn take_over<'a>(
-        &'a self,
-        previous: &'a Record,
-        lease: &'a Lease,
-        expires_at: SystemTime,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        let take_over = self.inner.take_over(previous, lease, expires_at, now);
-        Box::pin(self.request("take_over", take_over))
-    }
-
-    fn shorten<'a>(
-        &'a self,
-        target: Target<'a>,
-        until: SystemTime,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(self.request("shorten", self.inner.shorten(target, until)))
-    }
-
-    fn settle<'a>(
-        &'a self,
-        target: Target<'a>,
-        settlement: &'a Settlement,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(self.request("settle", self.inner.settle(target, settlement)))
-    }
-
-    fn record_steps<'a>(
-        &'a self,
-        target: Target<'a>,
-        steps: &'a [StepRecord],
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(self.request("record_steps", self.inner.record_steps(target, steps)))
-    }
-
-    fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(self.request("release", self.inner.release(target)))
-    }
-
-    fn release_by_operator<'a>(
-        &'a self,
-        seen: Option<&'a Record>,
-        evidence: Option<&'a Evidence>,
-        released: &'a Record,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner
-            .release_by_operator(seen, evidence, released, now)
-    }
-
-    fn settle_evidence<'a>(
-        &'a self,
-        seen: &'a Evidence,
-        settlement: &'a Settlement,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.settle_evidence(seen, settlement, now)
-    }
-
-    fn get<'a>(
-        &'a self,
-        key: &'a OperationKey,
-    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
-        Box::pin(self.request("get", self.inner.get(key)))
-    }
-
-    fn evidence<'a>(
-        &'a self,
-        identity: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>> {
-        Box::pin(self.request("evidence", self.inner.evidence(identity)))
-    }
-
-    fn transactional(&self) -> Option<&dyn TransactionalStore> {
-        None
-    }
-}
-
-/// Time that moves only when a task sleeps (a retry's backoff) or the case moves it, each
-/// sleep a scheduling point; a deadline never ends before what it bounds (the cases set none).
-#[derive(Debug, Clone)]
-struct ScheduledClock(Arc<Mutex<SystemTime>>);
-
-impl ScheduledClock {
-    fn advance(&self, by: Duration) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) += by;
-    }
-}
-
-impl Clock for ScheduledClock {
-    fn now(&self) -> SystemTime {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {
-        self.advance(duration);
-        Box::pin(shuttle::future::yield_now())
-    }
-
-    fn deadline(&self, _: Duration) -> BoxFuture<'static, ()> {
-        Box::pin(std::future::pending())
-    }
-
-    fn jitter(&self, ceiling: Duration) -> Duration {
-        ceiling
-    }
+    /// A defect put in for the harness's own check.
+    defect: Option<Defect>,
 }
 
 /// One delivery's answer: the value it was given, or the kind of error.
@@ -312,18 +108,19 @@ async fn deliver(
     handler: Handler,
     order_id: OrderId,
     runs: Arc<AtomicUsize>,
+    ledger: Ledger,
 ) -> Option<Answer> {
     let crash = Arc::new(Notify::new());
     let operation = Operation::new(idem, scope(), policy());
     let operation = match handler {
         Handler::Direct => operation,
-        Handler::Stepped => operation.with_recovery(Recovery::Steps),
+        Handler::Stepped | Handler::Transactional => operation.with_recovery(Recovery::Steps),
     };
     let service = operation
         .layer()
         .executions()
         .layer(service_fn(move |_: LambdaEvent<Value>| {
-            handle(handler, order_id, Arc::clone(&runs))
+            handle(handler, order_id, Arc::clone(&runs), ledger.clone())
         }));
     let event = LambdaEvent::new(order(order_id), Context::default());
     let delivery = CRASH.scope(Arc::clone(&crash), service.oneshot(event));
@@ -345,16 +142,19 @@ fn answered(answer: Result<Execution<String>, IdempotencyError<BoxError>>) -> An
     }
 }
 
-/// The Lambda handler: its effect directly, or in a step with a truthful check.
+/// The Lambda handler: its effect directly, in a step with a truthful check, or committed
+/// with a transactional step.
 async fn handle(
     handler: Handler,
     order_id: OrderId,
     runs: Arc<AtomicUsize>,
+    ledger: Ledger,
 ) -> Result<String, BoxError> {
-    let Handler::Stepped = handler else {
-        return Ok(effect(order_id, &runs).await);
+    let ctx = match handler {
+        Handler::Direct => return Ok(effect(order_id, &runs).await),
+        Handler::Transactional => return transact(order_id, &ledger).await,
+        Handler::Stepped => current().ok_or("no execution context in the handler")?,
     };
-    let ctx = current().ok_or("no execution context in the handler")?;
     let landed = Arc::clone(&runs);
     let charged = ctx
         .step("charge")
@@ -367,6 +167,26 @@ async fn handle(
         })
         .run(|_key| async move { Ok::<_, BoxError>(effect(order_id, &runs).await) })
         .await?;
+    Ok(charged)
+}
+
+/// The charge and its event committed with a step, the order's completion with the
+/// settlement; the value names the charge it made (a second commit would answer `#2`).
+async fn transact(order_id: OrderId, ledger: &Ledger) -> Result<String, BoxError> {
+    let ctx = current().ok_or("no execution context in the handler")?;
+    let charged = ctx
+        .step("charge")
+        .transact(|_key| async move {
+            let (outbox, event) = Ledger::charged(order_id);
+            let run = ledger.charges() + 1;
+            Ok::<_, BoxError>(
+                Transaction::new(format!("{order_id}#{run}"))
+                    .update(Ledger::charge())
+                    .publish(&outbox, event),
+            )
+        })
+        .await?;
+    ctx.complete_with(Writes::default().update(Ledger::complete(order_id)))?;
     Ok(charged)
 }
 
@@ -410,17 +230,18 @@ fn case(scenario: Scenario, counts: &Counts) {
         faults,
         handler,
         operations,
-        steals_live_leases,
+        defect,
     } = scenario;
     counts.schedules.fetch_add(1, Ordering::SeqCst);
     let give_backs = Arc::clone(&counts.give_backs);
     let fired = Arc::clone(&counts.faults);
     shuttle::future::block_on(async move {
         let clock = ScheduledClock(Arc::new(Mutex::new(start_time())));
+        let ledger = Ledger::open();
         let store = Scheduled {
-            inner: MemoryStore::new(),
+            inner: MemoryStore::with_tables(ledger.db.clone()),
             faults,
-            steals_live_leases,
+            defect,
             fired,
         };
         let idem = Idempotency::new(store.clone())
@@ -442,8 +263,15 @@ fn case(scenario: Scenario, counts: &Counts) {
             handler,
             OrderId(1),
             Arc::clone(&runs),
+            ledger.clone(),
         ));
-        let second = shuttle::future::spawn(deliver(idem, handler, other, Arc::clone(&runs)));
+        let second = shuttle::future::spawn(deliver(
+            idem,
+            handler,
+            other,
+            Arc::clone(&runs),
+            ledger.clone(),
+        ));
         let mut answers = vec![
             first.await.expect("the first delivery's task"),
             second.await.expect("the second delivery's task"),
@@ -452,11 +280,24 @@ fn case(scenario: Scenario, counts: &Counts) {
         // retention: a redelivery meets whatever stands.
         clock.advance(Duration::from_secs(20 * 60));
         let quiet = Idempotency::new(store.inner.clone()).with_clock(clock.clone());
-        answers.push(deliver(quiet, handler, OrderId(1), Arc::clone(&runs)).await);
+        answers.push(
+            deliver(
+                quiet,
+                handler,
+                OrderId(1),
+                Arc::clone(&runs),
+                ledger.clone(),
+            )
+            .await,
+        );
+        let effects = match handler {
+            Handler::Transactional => committed(&ledger, &store.inner, &answers).await,
+            Handler::Direct | Handler::Stepped => runs.load(Ordering::SeqCst),
+        };
         check(
             scenario,
             &store.inner,
-            &runs,
+            effects,
             [OrderId(1), other, OrderId(1)],
             &answers,
         )
@@ -468,11 +309,10 @@ fn case(scenario: Scenario, counts: &Counts) {
 async fn check(
     scenario: Scenario,
     store: &MemoryStore,
-    runs: &AtomicUsize,
+    runs: usize,
     orders: [OrderId; 3],
     answers: &[Option<Answer>],
 ) {
-    let runs = runs.load(Ordering::SeqCst);
     // A crashed direct run is held for an operator, never run again blind; a step's effect
     // is decided by its check; one payment pays once.
     assert!(runs <= 1, "the effect ran {runs} times: {answers:?}");
@@ -550,15 +390,50 @@ async fn check(
     }
 }
 
+/// The charges the handler's table holds, checked against what committed with them: a
+/// charge carries its outbox event, and an order's completion is written
+/// exactly when its record is COMPLETED (the settlement and its writes commit together).
+async fn committed(ledger: &Ledger, store: &MemoryStore, answers: &[Option<Answer>]) -> usize {
+    let charges = ledger.charges();
+    // A charge's event commits with it, under an id one execution's attempts share: one
+    // event for any charges (their count is [`check`]'s to judge), none without.
+    assert_eq!(
+        ledger.events(),
+        charges.min(1),
+        "the outbox events are not the charges they were committed with: {answers:?}"
+    );
+    for order_id in [OrderId(1), OrderId(2)] {
+        let key = policy()
+            .derive(&scope(), &order(order_id))
+            .expect("a key")
+            .0;
+        let completed = store
+            .get(&key)
+            .await
+            .expect("the memory store answers")
+            .is_some_and(|record| record.status == Status::Completed);
+        assert_eq!(
+            ledger.completions(order_id),
+            usize::from(completed),
+            "{order_id}'s completion writes and its record disagree: {answers:?}"
+        );
+    }
+    charges
+}
+
 /// Whether `scenario` explains a refusal of `kind`: a duplicate meeting a live claim, the
-/// payment standing for the other order, and with faults a store error that outlasted the
-/// retries, a lease lost to a give-back's takeover, a crashed direct run held for an operator.
+/// payment standing for the other order, with faults a store error that outlasted the
+/// retries, and with crashes a lease lost to a give-back's takeover or a crashed direct run
+/// held for an operator.
 fn explained(scenario: Scenario, kind: ErrorKind) -> bool {
     match kind {
         ErrorKind::AlreadyInProgress => true,
         ErrorKind::KeyExpiredConflict => scenario.operations == Operations::SharingAnIdentity,
-        ErrorKind::Store | ErrorKind::LeaseLost => scenario.faults != Faults::None,
-        ErrorKind::Indeterminate => scenario.faults == Faults::Crashing,
+        ErrorKind::Store => scenario.faults != Faults::None,
+        // Only a takeover ends a lease here (time moves by backoffs alone, never past a
+        // lease), and only a crashed delivery's give-back lets one in: a lost answer alone
+        // never explains it (the retry must recognise its own write).
+        ErrorKind::LeaseLost | ErrorKind::Indeterminate => scenario.faults == Faults::Crashing,
         _ => false,
     }
 }
@@ -590,7 +465,7 @@ struct Explored {
 
 /// Every handler and pair of operations, with the checker's `faults`.
 fn scenarios(faults: Faults) -> impl Iterator<Item = Scenario> {
-    [Handler::Direct, Handler::Stepped]
+    [Handler::Direct, Handler::Stepped, Handler::Transactional]
         .into_iter()
         .flat_map(move |handler| {
             [Operations::One, Operations::SharingAnIdentity]
@@ -599,7 +474,7 @@ fn scenarios(faults: Faults) -> impl Iterator<Item = Scenario> {
                     faults,
                     handler,
                     operations,
-                    steals_live_leases: false,
+                    defect: None,
                 })
         })
 }
@@ -655,7 +530,82 @@ fn a_claim_that_takes_a_live_lease_is_caught() {
         faults: Faults::None,
         handler: Handler::Direct,
         operations: Operations::One,
-        steals_live_leases: true,
+        defect: Some(Defect::StealsLiveLeases),
     };
     explore(DfsScheduler::new(None, false), scenario);
+}
+
+/// The harness catches a store that commits a transactional step's writes but loses the step
+/// from the record: a delivery crashed after such a commit is taken over, its step runs again,
+/// and the payment is charged twice.
+#[test]
+#[should_panic(expected = "the effect ran 2 times")]
+fn a_commit_that_loses_its_step_is_caught() {
+    let scenario = Scenario {
+        faults: Faults::Crashing,
+        handler: Handler::Transactional,
+        operations: Operations::One,
+        defect: Some(Defect::ForgetsCommittedSteps),
+    };
+    explore(RandomScheduler::new_from_seed(7, 1000), scenario);
+}
+
+/// Historical defects put back into the real engine behind their switches
+/// (`lambda_idempotency::defects`), each found by a seeded random exploration of the scenario
+/// where it shows, with the invariant it breaks.
+#[test]
+fn historical_defects_put_back_in_the_engine_are_found() {
+    use lambda_idempotency::defects;
+    let one = |faults, handler| Scenario {
+        faults,
+        handler,
+        operations: Operations::One,
+        defect: None,
+    };
+    let cases = [
+        (
+            "a claim that does not recognise its own lost answer",
+            defects::OWN_CLAIM_UNRECOGNISED,
+            one(Faults::Lossy, Handler::Direct),
+            "refused with Indeterminate",
+        ),
+        (
+            "a settlement that does not recognise its own lost answer",
+            defects::OWN_SETTLEMENT_UNRECOGNISED,
+            one(Faults::Lossy, Handler::Transactional),
+            "refused with LeaseLost",
+        ),
+        (
+            "a settlement that gives up after two tries",
+            defects::SETTLE_GIVES_UP_EARLY,
+            one(Faults::Lossy, Handler::Direct),
+            "refused with Indeterminate",
+        ),
+        (
+            "a takeover that runs an uncertain step again without its check",
+            defects::UNCERTAIN_STEP_RERUN,
+            one(Faults::Crashing, Handler::Stepped),
+            "the effect ran 2 times",
+        ),
+    ];
+    for (defect, switch, scenario, broken) in cases {
+        let found = std::panic::catch_unwind(|| {
+            defects::reintroduced(switch, || {
+                explore(RandomScheduler::new_from_seed(3, 1000), scenario)
+            })
+        });
+        let Err(panic) = found else {
+            panic!("{defect}: not found in 1000 schedules of {scenario:?}");
+        };
+        let message = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        assert!(
+            message.contains(broken),
+            "{defect}: found, but by another check than \"{broken}\": {message}"
+        );
+        eprintln!("{defect}: found ({broken})");
+    }
 }

@@ -1,0 +1,67 @@
+//! Historical defects put back into the real code, each behind a switch, so that the checks
+//! of the real engine (the shuttle schedules, the seeded simulation) show that they find it
+//! (feature `testing`; without it every switch is off and compiled away).
+//!
+//! A switch holds for the thread that turned it on, while what it runs runs: a test on a
+//! current-thread runtime (or under shuttle, whose tasks share one thread) turns it on for
+//! everything it runs, and tests running beside it on other threads never see it.
+//!
+//! ```
+//! use lambda_idempotency::defects::{self, OWN_CLAIM_UNRECOGNISED};
+//! let on = defects::reintroduced(OWN_CLAIM_UNRECOGNISED, || {
+//!     defects::is_reintroduced(OWN_CLAIM_UNRECOGNISED)
+//! });
+//! assert!(on);
+//! assert!(!defects::is_reintroduced(OWN_CLAIM_UNRECOGNISED));
+//! ```
+
+/// A claim whose answer was lost does not recognise itself on the retry.
+pub const OWN_CLAIM_UNRECOGNISED: u32 = 1;
+/// A settlement whose answer was lost does not recognise itself on the retry: `LeaseLost`.
+pub const OWN_SETTLEMENT_UNRECOGNISED: u32 = 1 << 1;
+/// A settlement gives up after two tries with its deadline still ahead.
+pub const SETTLE_GIVES_UP_EARLY: u32 = 1 << 2;
+/// A claim counts any record past its retention as absent, IN_PROGRESS included: a crashed
+/// attempt's record expires into a blind re-run.
+pub const IN_PROGRESS_EXPIRES: u32 = 1 << 3;
+/// A takeover keeps the crashed attempt's retention expiry instead of one that outlives its
+/// new lease: TTL may delete a record under a live lease.
+pub const TAKEOVER_KEEPS_RETENTION: u32 = 1 << 4;
+/// A give-back cuts the lease to now, whatever effect is in flight and without grace.
+pub const GIVE_BACK_WITHOUT_GRACE: u32 = 1 << 5;
+/// A takeover runs a recorded uncertain step (intent, no result) again without its check.
+pub const UNCERTAIN_STEP_RERUN: u32 = 1 << 6;
+
+#[cfg(feature = "testing")]
+std::thread_local! {
+    static ON: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `run` with `defects` (switches above, or-ed) on for this thread, and turns them off
+/// again when it returns or unwinds.
+#[cfg(feature = "testing")]
+pub fn reintroduced<R>(defects: u32, run: impl FnOnce() -> R) -> R {
+    /// Restores the switches as they were.
+    struct Restore(u32);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            ON.with(|on| on.set(self.0));
+        }
+    }
+    let _restore = Restore(ON.with(std::cell::Cell::get));
+    ON.with(|on| on.set(on.get() | defects));
+    run()
+}
+
+/// Whether `defect` is on for this thread.
+#[cfg(feature = "testing")]
+pub fn is_reintroduced(defect: u32) -> bool {
+    ON.with(|on| on.get() & defect != 0)
+}
+
+/// Whether `defect` is on: never, without the `testing` feature.
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub(crate) const fn is_reintroduced(_defect: u32) -> bool {
+    false
+}

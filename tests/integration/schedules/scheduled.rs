@@ -1,0 +1,292 @@
+//! The store and the clock the schedules run on: the real memory store with every request a
+//! scheduling point where the checker may choose a fault, and time that moves only when a
+//! task sleeps or the case moves it.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use aws_sdk_dynamodb::types::TransactWriteItem;
+use lambda_idempotency::clock::Clock;
+use lambda_idempotency::error::StoreError;
+use lambda_idempotency::key::OperationKey;
+use lambda_idempotency::reconcile::BoxFuture;
+use lambda_idempotency::record::{Evidence, Lease, Record, Settlement, StepRecord};
+use lambda_idempotency::store::{
+    Claim, Committed, Fence, MemoryStore, Store, Target, TransactionalStore,
+};
+use shuttle::rand::{Rng, thread_rng};
+use tokio::sync::Notify;
+
+use super::Faults;
+
+tokio::task_local! {
+    /// The crash signal of the delivery running on this task.
+    pub(super) static CRASH: Arc<Notify>;
+}
+
+/// A defect the harness must catch, put into the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Defect {
+    /// A claim that meets a live claim takes its lease anyway.
+    StealsLiveLeases,
+    /// A transactional step's writes commit, but the record keeps the steps it had.
+    ForgetsCommittedSteps,
+}
+
+/// The memory store with every request a scheduling point, and the checker's faults.
+#[derive(Debug, Clone)]
+pub(super) struct Scheduled {
+    pub(super) inner: MemoryStore,
+    pub(super) faults: Faults,
+    /// A defect put in for the harness's own check.
+    pub(super) defect: Option<Defect>,
+    /// Faults chosen, counted.
+    pub(super) fired: Arc<AtomicUsize>,
+}
+
+impl Scheduled {
+    async fn request<T>(
+        &self,
+        operation: &'static str,
+        apply: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        shuttle::future::yield_now().await;
+        // Each fault the case allows meets one request in ten, chosen by the checker.
+        let faults = match self.faults {
+            Faults::None => 0,
+            Faults::Lossy => 2,
+            // A crash only where a delivery can crash (not in a give-back's own task).
+            Faults::Crashing if CRASH.try_with(|_| ()).is_ok() => 4,
+            Faults::Crashing => 2,
+        };
+        let unavailable = || StoreError::Unavailable {
+            operation,
+            source: "the checker's fault".into(),
+        };
+        let fault = match faults {
+            0 => 0,
+            _ => Some(thread_rng().gen_range(0..10))
+                .filter(|drawn| *drawn <= faults)
+                .unwrap_or(0),
+        };
+        if fault > 0 {
+            self.fired.fetch_add(1, Ordering::SeqCst);
+        }
+        match fault {
+            1 => Err(unavailable()),
+            2 => {
+                let _ = apply.await;
+                shuttle::future::yield_now().await;
+                Err(unavailable())
+            }
+            3 => crash().await,
+            4 => {
+                let _ = apply.await;
+                crash().await
+            }
+            _ => {
+                let answer = apply.await;
+                shuttle::future::yield_now().await;
+                answer
+            }
+        }
+    }
+}
+
+/// Crashes the calling delivery: signals it and never returns.
+async fn crash<T>() -> T {
+    let _ = CRASH.try_with(|crash| crash.notify_one());
+    std::future::pending().await
+}
+
+impl Store for Scheduled {
+    fn claim<'a>(
+        &'a self,
+        record: &'a Record,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(self.request("claim", async move {
+            match self.inner.claim(record, now).await? {
+                Claim::Existing(live) if self.defect == Some(Defect::StealsLiveLeases) => {
+                    let past_its_end = live.lease.expires_at + Duration::from_secs(1);
+                    let stolen =
+                        self.inner
+                            .take_over(&live, &record.lease, record.expires_at, past_its_end);
+                    match stolen.await? {
+                        Fence::Held => Ok(Claim::Acquired),
+                        Fence::Lost { .. } => Ok(Claim::Existing(live)),
+                    }
+                }
+                claim => Ok(claim),
+            }
+        }))
+    }
+
+    fn adopt<'a>(
+        &'a self,
+        record: &'a Record,
+        orphan: &'a Evidence,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(self.request("adopt", self.inner.adopt(record, orphan, now)))
+    }
+
+    fn take_over<'a>(
+        &'a self,
+        previous: &'a Record,
+        lease: &'a Lease,
+        expires_at: SystemTime,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        let take_over = self.inner.take_over(previous, lease, expires_at, now);
+        Box::pin(self.request("take_over", take_over))
+    }
+
+    fn shorten<'a>(
+        &'a self,
+        target: Target<'a>,
+        until: SystemTime,
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(self.request("shorten", self.inner.shorten(target, until)))
+    }
+
+    fn settle<'a>(
+        &'a self,
+        target: Target<'a>,
+        settlement: &'a Settlement,
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(self.request("settle", self.inner.settle(target, settlement)))
+    }
+
+    fn record_steps<'a>(
+        &'a self,
+        target: Target<'a>,
+        steps: &'a [StepRecord],
+    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(self.request("record_steps", self.inner.record_steps(target, steps)))
+    }
+
+    fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        Box::pin(self.request("release", self.inner.release(target)))
+    }
+
+    fn release_by_operator<'a>(
+        &'a self,
+        seen: Option<&'a Record>,
+        evidence: Option<&'a Evidence>,
+        released: &'a Record,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.inner
+            .release_by_operator(seen, evidence, released, now)
+    }
+
+    fn settle_evidence<'a>(
+        &'a self,
+        seen: &'a Evidence,
+        settlement: &'a Settlement,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.inner.settle_evidence(seen, settlement, now)
+    }
+
+    fn get<'a>(
+        &'a self,
+        key: &'a OperationKey,
+    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        Box::pin(self.request("get", self.inner.get(key)))
+    }
+
+    fn evidence<'a>(
+        &'a self,
+        identity: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>> {
+        Box::pin(self.request("evidence", self.inner.evidence(identity)))
+    }
+
+    fn transactional(&self) -> Option<&dyn TransactionalStore> {
+        self.inner
+            .transactional()
+            .map(|_| self as &dyn TransactionalStore)
+    }
+}
+
+impl Scheduled {
+    /// The memory store's transactional capability (the cases build it with the handler's
+    /// tables).
+    fn committing(&self) -> &dyn TransactionalStore {
+        self.inner
+            .transactional()
+            .expect("the schedules' memory store has the handler's tables")
+    }
+}
+
+impl TransactionalStore for Scheduled {
+    fn commit_steps<'a>(
+        &'a self,
+        target: Target<'a>,
+        steps: &'a [StepRecord],
+        writes: &'a [TransactWriteItem],
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<Committed, StoreError>> {
+        let commit = self.committing().commit_steps(target, steps, writes, token);
+        if self.defect != Some(Defect::ForgetsCommittedSteps) {
+            return Box::pin(self.request("commit_steps", commit));
+        }
+        let before = &steps[..steps.len().saturating_sub(1)];
+        Box::pin(self.request("commit_steps", async move {
+            let committed = commit.await?;
+            self.inner.record_steps(target, before).await?;
+            Ok(committed)
+        }))
+    }
+
+    fn settle_with<'a>(
+        &'a self,
+        target: Target<'a>,
+        settlement: &'a Settlement,
+        writes: &'a [TransactWriteItem],
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<Committed, StoreError>> {
+        let settle = self
+            .committing()
+            .settle_with(target, settlement, writes, token);
+        Box::pin(self.request("settle_with", settle))
+    }
+
+    fn check_transactional_writes(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.committing().check_transactional_writes()
+    }
+}
+
+/// Time that moves only when a task sleeps (a retry's backoff) or the case moves it, each
+/// sleep a scheduling point; a deadline never ends before what it bounds (the cases set none).
+#[derive(Debug, Clone)]
+pub(super) struct ScheduledClock(pub(super) Arc<Mutex<SystemTime>>);
+
+impl ScheduledClock {
+    pub(super) fn advance(&self, by: Duration) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) += by;
+    }
+}
+
+impl Clock for ScheduledClock {
+    fn now(&self) -> SystemTime {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {
+        self.advance(duration);
+        Box::pin(shuttle::future::yield_now())
+    }
+
+    fn deadline(&self, _: Duration) -> BoxFuture<'static, ()> {
+        Box::pin(std::future::pending())
+    }
+
+    fn jitter(&self, ceiling: Duration) -> Duration {
+        ceiling
+    }
+}
