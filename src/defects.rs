@@ -19,10 +19,12 @@
 pub const OWN_CLAIM_UNRECOGNISED: u32 = 1;
 /// A settlement whose answer was lost does not recognise itself on the retry: `LeaseLost`.
 pub const OWN_SETTLEMENT_UNRECOGNISED: u32 = 1 << 1;
-/// A settlement gives up after two tries with its deadline still ahead.
+/// A write after the effect (a settlement, a step's result, a release after the handler)
+/// gives up after two tries with its deadline still ahead.
 pub const SETTLE_GIVES_UP_EARLY: u32 = 1 << 2;
 /// A claim counts any record past its retention as absent, IN_PROGRESS included: a crashed
-/// attempt's record expires into a blind re-run.
+/// attempt's record expires into a blind re-run. It reaches what reads a record in the crate
+/// (the memory store, the cache, the engine), not the DynamoDB store's own conditions.
 pub const IN_PROGRESS_EXPIRES: u32 = 1 << 3;
 /// A takeover keeps the crashed attempt's retention expiry instead of one that outlives its
 /// new lease: TTL may delete a record under a live lease.

@@ -126,6 +126,7 @@ pub mod config;
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod defects;
 #[cfg(not(feature = "testing"))]
+#[allow(unreachable_pub)] // the switches are public with `testing`, constants here
 mod defects;
 pub mod effects;
 pub mod engine;

@@ -14,7 +14,7 @@ use lambda_idempotency::record::{FailureKind, Status};
 use lambda_idempotency::store::{MemoryStore, Store};
 use lambda_idempotency::testing::conformance::{evidence_key, invocation, stored};
 use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
-use lambda_idempotency::{BoxError, Error, ExecutionContext, Idempotency, Origin};
+use lambda_idempotency::{BoxError, Error, ErrorKind, ExecutionContext, Idempotency, Origin};
 use tokio::sync::oneshot;
 
 use super::transactions::{Shop, outbox_items};
@@ -688,4 +688,47 @@ async fn a_transaction_dynamodb_refuses_is_retained_as_rejected_never_as_applied
     );
     assert_eq!(failure.kind.as_str(), "completion_rejected");
     assert_eq!(runs.load(Ordering::SeqCst), 1, "not run again blind");
+}
+
+/// A completion writing to a table that does not exist is answered alike on both stores: a
+/// store error naming the table (retried by the next delivery once it exists), the record as
+/// the DynamoDB store leaves it; never a refusal retained for good on one store alone.
+#[tokio::test]
+async fn a_write_to_a_missing_table_is_answered_alike_on_both_stores() {
+    let mut seen = Vec::new();
+    for shop in Shop::both().await {
+        let idem = shop.engine(shop.store());
+        let inv = invocation("done-missing-table", &serde_json::json!({}));
+        let err = idem
+            .execute(&inv, |ctx| async move {
+                let put = Put::builder()
+                    .table_name("no-such-table")
+                    .item("pk", AttributeValue::S("c-9".into()))
+                    .build()?;
+                ctx.complete_with(Writes::default().put(put))?;
+                Ok::<_, BoxError>(1_u32)
+            })
+            .await
+            .expect_err("no such table");
+        let status = idem
+            .store()
+            .get(inv.key())
+            .await
+            .expect("get")
+            .map(|record| record.status);
+        let named = matches!(
+            &err,
+            Error::Store(lambda_idempotency::StoreError::TableNotFound { table }) if table == "no-such-table"
+        );
+        seen.push((err.kind(), status, named));
+    }
+    assert_eq!(
+        seen[0],
+        (ErrorKind::Store, Some(Status::InProgress), true),
+        "the DynamoDB store's answer"
+    );
+    assert_eq!(
+        seen[0], seen[1],
+        "the DynamoDB store's answer, then the memory store's"
+    );
 }

@@ -55,7 +55,7 @@ impl DynamoDbStore {
                 .value(":steps", steps_value(steps)),
         )?;
         let own = vec![own.into_transact_item()];
-        if let Err(message) = self.check_limits(&own, writes) {
+        if let Err(message) = transaction_limits(&own, writes, &self.table) {
             return Ok(Committed::Invalid { message });
         }
         let answer = self
@@ -94,7 +94,7 @@ impl DynamoDbStore {
         let (own, placement) = self.settlement_writes(target, settlement)?;
         let own: Vec<TransactWriteItem> = own.into_iter().map(Write::into_transact_item).collect();
         // Refused before anything is written: no part item is left behind for nothing.
-        if let Err(message) = self.check_limits(&own, writes) {
+        if let Err(message) = transaction_limits(&own, writes, &self.table) {
             return Ok(Committed::Invalid { message });
         }
         self.put_parts(target.key, &placement, settlement.expires_at)
@@ -164,65 +164,64 @@ impl DynamoDbStore {
             None => Err(StoreError::Contention { operation }),
         }
     }
+}
 
-    /// Refuses, before sending, a transaction DynamoDB would refuse: more than 100 actions,
-    /// more than 4 MB, two actions on one item (among the keys the writes name, and the
-    /// crate's `own` writes'), a handler's write that names no table or several kinds. `Err`
-    /// says what, for the operator.
-    fn check_limits(
-        &self,
-        own: &[TransactWriteItem],
-        writes: &[TransactWriteItem],
-    ) -> Result<(), String> {
-        if let Some(message) = too_many_actions(own.len(), writes.len()) {
-            return Err(message);
-        }
-        let record_key = own
-            .first()
-            .and_then(|write| write.update.as_ref())
-            .map(|update| &update.key);
-        let mut items: Vec<(&str, &Item)> = Vec::new();
-        let mut bytes = 0;
-        for write in own {
-            bytes += write_size(write);
-            if let (Some(table), Some(key)) = (item_table(write), own_key(write)) {
-                items.push((table, key));
-            }
-        }
-        for (index, write) in writes.iter().enumerate() {
-            let kinds = [
-                write.put.is_some(),
-                write.update.is_some(),
-                write.delete.is_some(),
-                write.condition_check.is_some(),
-            ];
-            let table =
-                item_table(write).filter(|_| kinds.iter().filter(|kind| **kind).count() == 1);
-            let Some(table) = table else {
-                return Err(format!(
-                    "write {index} must be exactly one Put, Update, Delete or ConditionCheck"
-                ));
-            };
-            bytes += write_size(write);
-            if let Some(key) = key_of(write, table, &self.table, record_key) {
-                if items
-                    .iter()
-                    .any(|(seen, item)| *seen == table && *item == key)
-                {
-                    return Err(format!(
-                        "write {index} acts on an item another action of the transaction acts on (or the operation's own record); DynamoDB allows one action per item"
-                    ));
-                }
-                items.push((table, key));
-            }
-        }
-        if bytes > MAX_TRANSACTION_BYTES {
-            return Err(format!(
-                "the transaction takes about {bytes} bytes; DynamoDB takes at most {MAX_TRANSACTION_BYTES} in one transaction"
-            ));
-        }
-        Ok(())
+/// Refuses, before sending, a transaction DynamoDB would refuse: more than 100 actions, more
+/// than 4 MB, two actions on one item (among the keys the writes name, and the crate's `own`
+/// writes', the record's first, in `record_table`), a handler's write that names no table or
+/// several kinds. `Err` says what, for the operator.
+pub(crate) fn transaction_limits(
+    own: &[TransactWriteItem],
+    writes: &[TransactWriteItem],
+    record_table: &str,
+) -> Result<(), String> {
+    if let Some(message) = too_many_actions(own.len(), writes.len()) {
+        return Err(message);
     }
+    let record_key = own
+        .first()
+        .and_then(|write| write.update.as_ref())
+        .map(|update| &update.key);
+    let mut items: Vec<(&str, &Item)> = Vec::new();
+    let mut bytes = 0;
+    for write in own {
+        bytes += write_size(write);
+        if let (Some(table), Some(key)) = (item_table(write), own_key(write)) {
+            items.push((table, key));
+        }
+    }
+    for (index, write) in writes.iter().enumerate() {
+        let kinds = [
+            write.put.is_some(),
+            write.update.is_some(),
+            write.delete.is_some(),
+            write.condition_check.is_some(),
+        ];
+        let table = item_table(write).filter(|_| kinds.iter().filter(|kind| **kind).count() == 1);
+        let Some(table) = table else {
+            return Err(format!(
+                "write {index} must be exactly one Put, Update, Delete or ConditionCheck"
+            ));
+        };
+        bytes += write_size(write);
+        if let Some(key) = key_of(write, table, record_table, record_key) {
+            if items
+                .iter()
+                .any(|(seen, item)| *seen == table && *item == key)
+            {
+                return Err(format!(
+                    "write {index} acts on an item another action of the transaction acts on (or the operation's own record); DynamoDB allows one action per item"
+                ));
+            }
+            items.push((table, key));
+        }
+    }
+    if bytes > MAX_TRANSACTION_BYTES {
+        return Err(format!(
+            "the transaction takes about {bytes} bytes; DynamoDB takes at most {MAX_TRANSACTION_BYTES} in one transaction"
+        ));
+    }
+    Ok(())
 }
 
 /// What a transaction of the crate's own writes and the handler's came to.

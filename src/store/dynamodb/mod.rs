@@ -67,6 +67,10 @@ pub use replication::Replication;
 pub use scan::ScanCursor;
 pub use stuck::{Stuck, StuckCounts, stuck_since};
 pub use table::TableProtection;
+/// What the memory store's transactional capability shares with this store's (feature
+/// `testing`).
+#[cfg(feature = "testing")]
+pub(crate) use {commit::transaction_limits, error::map_cancellation};
 
 use crate::error::StoreError;
 

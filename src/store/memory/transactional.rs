@@ -12,6 +12,7 @@ use futures_util::future::BoxFuture;
 use super::{MemoryStore, Tables};
 use crate::error::StoreError;
 use crate::record::{Settlement, StepRecord};
+use crate::store::dynamodb::{map_cancellation, transaction_limits};
 use crate::store::{Committed, Fence, Target, TransactionalStore, shows_commit, too_many_actions};
 
 /// The handler's own tables: an in-process DynamoDB its writes are committed to.
@@ -61,7 +62,12 @@ impl MemoryStore {
         let Some(OwnTables(database)) = &self.own_tables else {
             return Ok(crate::store::writes_refused("a transactional write needs"));
         };
+        // Refused before anything is written, as the DynamoDB store refuses them before
+        // sending (the record's own write is not a DynamoDB item here: counted, not sized).
         if let Some(message) = too_many_actions(own_actions, writes.len()) {
+            return Ok(Committed::Invalid { message });
+        }
+        if let Err(message) = transaction_limits(&[], writes, "") {
             return Ok(Committed::Invalid { message });
         }
         let request = match request(writes, token) {
@@ -75,18 +81,10 @@ impl MemoryStore {
         if !writes.is_empty() {
             match database.transact_write_items(request) {
                 Ok(_) => {}
-                Err(DynoxideError::TransactionCanceledException(message, reasons)) => {
-                    return canceled(operation, message, &reasons);
+                Err(DynoxideError::TransactionCanceledException(_, reasons)) => {
+                    return canceled(operation, &reasons);
                 }
-                Err(DynoxideError::ValidationException(message)) => {
-                    return Ok(Committed::Invalid { message });
-                }
-                Err(other) => {
-                    return Err(StoreError::Rejected {
-                        operation,
-                        message: other.to_string(),
-                    });
-                }
+                Err(err) => return Err(store_error(operation, database, writes, err)),
             }
         }
         own(&mut tables);
@@ -179,26 +177,86 @@ impl TransactionalStore for MemoryStore {
     }
 }
 
-/// The answer to a transaction of the handler's writes that DynamoDB cancelled: the write
-/// whose condition failed, a write that cannot be sent as built, or a conflict.
+/// The answer to a transaction of the handler's writes that DynamoDB cancelled, read as the
+/// DynamoDB store reads it: a reason other than a failed condition is the error it names;
+/// else the first write whose condition failed is refused.
 fn canceled(
     operation: &'static str,
-    message: String,
     reasons: &[dynoxide::errors::CancellationReason],
 ) -> Result<Committed, StoreError> {
-    if let Some(write) = reasons
-        .iter()
-        .position(|reason| reason.code == "ConditionalCheckFailed")
-    {
-        return Ok(Committed::Refused { write });
+    let mut refused = None;
+    for (write, reason) in reasons.iter().enumerate() {
+        match reason.code.as_str() {
+            "None" | "" => {}
+            "ConditionalCheckFailed" => {
+                refused.get_or_insert(write);
+            }
+            code => return Err(map_cancellation(operation, code, reason.message.as_deref())),
+        }
     }
-    if reasons
-        .iter()
-        .any(|reason| reason.code == "ValidationError")
-    {
-        return Ok(Committed::Invalid { message });
+    match refused {
+        Some(write) => Ok(Committed::Refused { write }),
+        None => Err(StoreError::Contention { operation }),
     }
-    Err(StoreError::Contention { operation })
+}
+
+/// A failed transaction of the handler's writes as the DynamoDB store maps its SDK's errors:
+/// a missing table named, throttling and conflicts retried, an invalid request rejected, and
+/// anything else (a token reused with other writes included) an outcome unknown.
+fn store_error(
+    operation: &'static str,
+    database: &dynoxide::Database,
+    writes: &[TransactWriteItem],
+    err: DynoxideError,
+) -> StoreError {
+    match err {
+        DynoxideError::ResourceNotFoundException(_) => {
+            let missing = writes.iter().filter_map(table_of).find(|table| {
+                let request = dynoxide::actions::describe_table::DescribeTableRequest {
+                    table_name: (*table).to_owned(),
+                };
+                database.describe_table(request).is_err()
+            });
+            StoreError::TableNotFound {
+                table: missing.unwrap_or_default().to_owned(),
+            }
+        }
+        DynoxideError::ValidationException(message)
+        | DynoxideError::SerializationException(message) => {
+            StoreError::Rejected { operation, message }
+        }
+        DynoxideError::ProvisionedThroughputExceededException(_)
+        | DynoxideError::LimitExceededException(_) => StoreError::Throttled {
+            operation,
+            source: Box::new(err),
+        },
+        DynoxideError::AccessDeniedException(_) => StoreError::AccessDenied {
+            operation,
+            code: "AccessDeniedException".into(),
+        },
+        other => StoreError::Unavailable {
+            operation,
+            source: Box::new(other),
+        },
+    }
+}
+
+/// The table a write names.
+fn table_of(write: &TransactWriteItem) -> Option<&str> {
+    let put = write.put.as_ref().map(|put| put.table_name.as_str());
+    let update = write
+        .update
+        .as_ref()
+        .map(|update| update.table_name.as_str());
+    let delete = write
+        .delete
+        .as_ref()
+        .map(|delete| delete.table_name.as_str());
+    let check = write
+        .condition_check
+        .as_ref()
+        .map(|check| check.table_name.as_str());
+    put.or(update).or(delete).or(check)
 }
 
 /// The handler's writes as dynoxide's request, sent under `token`.

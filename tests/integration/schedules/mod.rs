@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::{Either, select};
+use lambda_idempotency::clock::Clock;
 use lambda_idempotency::effects::{Checked, Transaction, Writes};
 use lambda_idempotency::lambda::IdempotencyError;
 use lambda_idempotency::lambda::current;
@@ -32,6 +33,7 @@ use lambda_idempotency::{
 use lambda_runtime::tower::{Layer, ServiceExt};
 use lambda_runtime::{Context, LambdaEvent, service_fn};
 use serde_json::{Value, json};
+use shuttle::rand::{Rng, thread_rng};
 use shuttle::scheduler::{DfsScheduler, PctScheduler, RandomScheduler, Scheduler};
 use shuttle::{Config, Runner};
 use tokio::sync::Notify;
@@ -86,6 +88,32 @@ enum Operations {
     /// Orders o-1 and o-2 (two keys) paying with one payment p-1, the business identity their
     /// key policy declares: one effect between them.
     SharingAnIdentity,
+}
+
+/// When the redelivery of o-1 comes, after the two concurrent deliveries: the checker
+/// chooses in the cases with faults (random and PCT schedules); without faults, within the
+/// retention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Redelivery {
+    /// Past any lease (a Lambda invocation's longest) and a give-back's grace, within the
+    /// retention: it meets whatever stands.
+    WithinRetention,
+    /// Past the retention too (a day): a settled record counts as absent, one still
+    /// IN_PROGRESS (a crashed delivery's) is taken over however old it is.
+    PastRetention,
+    /// Past the retention, and TTL has deleted every expired record meanwhile: only the
+    /// payment's evidence remains.
+    AfterTtl,
+}
+
+impl Redelivery {
+    /// How long after the concurrent deliveries it comes.
+    fn after(self) -> Duration {
+        match self {
+            Self::WithinRetention => Duration::from_secs(20 * 60),
+            Self::PastRetention | Self::AfterTtl => Duration::from_secs(25 * 3600),
+        }
+    }
 }
 
 /// One case: what the checker may do, what the handler does, which operations meet.
@@ -202,6 +230,23 @@ fn policy() -> KeyPolicy<Value> {
         .with_identity(|order: &Value| order["payment_id"].as_str().map(str::to_owned))
 }
 
+/// The operation key of `order_id`.
+fn key(order_id: OrderId) -> lambda_idempotency::key::OperationKey {
+    policy()
+        .derive(&scope(), &order(order_id))
+        .expect("a key")
+        .0
+}
+
+/// Where the payment's evidence is kept (both orders declare the same payment).
+fn payment_evidence_key() -> String {
+    Operation::new(Idempotency::new(MemoryStore::new()), scope(), policy())
+        .invocation(&order(OrderId(1)), &Context::default())
+        .expect("an invocation")
+        .evidence_key()
+        .expect("the payment as its identity")
+}
+
 /// An order (o-1, o-2), all paying with payment p-1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct OrderId(u8);
@@ -243,6 +288,7 @@ fn case(scenario: Scenario, counts: &Counts) {
             faults,
             defect,
             fired,
+            watched: Arc::new(vec![key(OrderId(1)), key(OrderId(2))]),
         };
         let idem = Idempotency::new(store.clone())
             .with_clock(clock.clone())
@@ -276,10 +322,24 @@ fn case(scenario: Scenario, counts: &Counts) {
             first.await.expect("the first delivery's task"),
             second.await.expect("the second delivery's task"),
         ];
-        // Past any lease (a Lambda invocation's longest) and a give-back's grace, within the
-        // retention: a redelivery meets whatever stands.
-        clock.advance(Duration::from_secs(20 * 60));
-        let quiet = Idempotency::new(store.inner.clone()).with_clock(clock.clone());
+        let redelivery = match faults {
+            Faults::None => Redelivery::WithinRetention,
+            Faults::Lossy | Faults::Crashing => [
+                Redelivery::WithinRetention,
+                Redelivery::PastRetention,
+                Redelivery::AfterTtl,
+            ][thread_rng().gen_range(0..3)],
+        };
+        clock.advance(redelivery.after());
+        if redelivery == Redelivery::AfterTtl {
+            store.inner.sweep_expired(clock.now());
+        }
+        // Without faults, its requests still scheduling points checked after each.
+        let quiet = Scheduled {
+            faults: Faults::None,
+            ..store.clone()
+        };
+        let quiet = Idempotency::new(quiet).with_clock(clock.clone());
         answers.push(
             deliver(
                 quiet,
@@ -296,6 +356,7 @@ fn case(scenario: Scenario, counts: &Counts) {
         };
         check(
             scenario,
+            redelivery,
             &store.inner,
             effects,
             [OrderId(1), other, OrderId(1)],
@@ -305,9 +366,11 @@ fn case(scenario: Scenario, counts: &Counts) {
     });
 }
 
-/// The invariants after one schedule: `answers` to the deliveries of `orders`.
+/// The invariants after one schedule: `answers` to the deliveries of `orders`, the last one
+/// at `redelivery`.
 async fn check(
     scenario: Scenario,
+    redelivery: Redelivery,
     store: &MemoryStore,
     runs: usize,
     orders: [OrderId; 3],
@@ -316,7 +379,16 @@ async fn check(
     // A crashed direct run is held for an operator, never run again blind; a step's effect
     // is decided by its check; one payment pays once.
     assert!(runs <= 1, "the effect ran {runs} times: {answers:?}");
-    for (order_id, answer) in orders.iter().zip(answers) {
+    let gave_up = answers[..2]
+        .iter()
+        .any(|answer| matches!(answer, Some(Err(ErrorKind::Store))));
+    let left = match (gave_up, runs) {
+        (false, _) => Left::Nothing,
+        (true, 0) => Left::ClaimWithoutEffect,
+        (true, _) => Left::ClaimAfterEffect,
+    };
+    for (at, (order_id, answer)) in orders.iter().zip(answers).enumerate() {
+        let redelivered = (at == 2).then_some(redelivery);
         match answer {
             // Crashed: no answer.
             None => {}
@@ -328,17 +400,11 @@ async fn check(
             ),
             // An error only where the scenario explains it.
             Some(Err(kind)) => assert!(
-                explained(scenario, *kind),
-                "{order_id} was refused with {kind:?}, which {scenario:?} never explains: {answers:?}"
+                explained(scenario, *kind, redelivered, left),
+                "{order_id} was refused with {kind:?}, which {scenario:?} never explains ({redelivery:?}): {answers:?}"
             ),
         }
     }
-    let key = |order_id| {
-        policy()
-            .derive(&scope(), &order(order_id))
-            .expect("a key")
-            .0
-    };
     let status = |record: Option<Record>| record.map(|record| record.status);
     let first = status(
         store
@@ -359,12 +425,25 @@ async fn check(
         Some(Status::InProgress),
         "o-1 left IN_PROGRESS: {answers:?}"
     );
+    // Nor its payment's evidence, which outlives a record TTL deleted.
+    let evidence = store
+        .evidence(&payment_evidence_key())
+        .await
+        .expect("the memory store answers");
+    if let Some(evidence) = evidence.filter(|evidence| evidence.key == key(OrderId(1))) {
+        assert_ne!(
+            evidence.status,
+            Status::InProgress,
+            "o-1's payment evidence left IN_PROGRESS ({redelivery:?}): {answers:?}"
+        );
+    }
     assert!(
         first != Some(Status::Completed) || other != Some(Status::Completed),
         "two orders completed on one payment: {answers:?}"
     );
-    // The last delivery, with no fault, answers a completed o-1 with its one result.
-    if first == Some(Status::Completed) {
+    // The last delivery, with no fault, answers a completed o-1 within its retention with its
+    // one result.
+    if first == Some(Status::Completed) && redelivery == Redelivery::WithinRetention {
         assert!(
             matches!(&answers[2], Some(Ok((value, _))) if value == "o-1#1"),
             "a completed operation was answered otherwise: {answers:?}"
@@ -402,38 +481,77 @@ async fn committed(ledger: &Ledger, store: &MemoryStore, answers: &[Option<Answe
         charges.min(1),
         "the outbox events are not the charges they were committed with: {answers:?}"
     );
+    let evidence = store
+        .evidence(&payment_evidence_key())
+        .await
+        .expect("the memory store answers");
     for order_id in [OrderId(1), OrderId(2)] {
-        let key = policy()
-            .derive(&scope(), &order(order_id))
-            .expect("a key")
-            .0;
-        let completed = store
-            .get(&key)
-            .await
-            .expect("the memory store answers")
-            .is_some_and(|record| record.status == Status::Completed);
+        let key = key(order_id);
+        // Its record, or once TTL deleted it, the payment's evidence, which outlives it.
+        let record = store.get(&key).await.expect("the memory store answers");
+        let completed = match &record {
+            Some(record) => record.status == Status::Completed,
+            None => evidence.as_ref().is_some_and(|evidence| {
+                evidence.key == key && evidence.status == Status::Completed
+            }),
+        };
         assert_eq!(
             ledger.completions(order_id),
             usize::from(completed),
-            "{order_id}'s completion writes and its record disagree: {answers:?}"
+            "{order_id}'s completion writes and its record disagree: {answers:?}; record {:?}, evidence {:?}",
+            record.map(|record| (record.status, record.lease.attempt)),
+            evidence.as_ref().map(|evidence| evidence.status)
         );
     }
     charges
 }
 
-/// Whether `scenario` explains a refusal of `kind`: a duplicate meeting a live claim, the
-/// payment standing for the other order, with faults a store error that outlasted the
-/// retries, and with crashes a lease lost to a give-back's takeover or a crashed direct run
-/// held for an operator.
-fn explained(scenario: Scenario, kind: ErrorKind) -> bool {
+/// What a delivery that gave up with a store error may have left behind: its claim
+/// IN_PROGRESS (every answer to it, and to its release, lost), before or after its effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Left {
+    /// No delivery gave up.
+    Nothing,
+    /// One gave up, and no effect happened.
+    ClaimWithoutEffect,
+    /// One gave up, and the effect happened (a transactional step committed, its answers lost).
+    ClaimAfterEffect,
+}
+
+/// Whether `scenario` explains a refusal of `kind` to a concurrent delivery (`redelivery`
+/// `None`) or to the redelivery: a concurrent duplicate meeting a live claim; the payment
+/// standing for the other order (or, past the retention, for its own); with faults, a store
+/// error that outlasted a concurrent delivery's retries; with crashes, a lease lost to a
+/// give-back's takeover or a crashed run held for an operator. A claim left IN_PROGRESS by a
+/// delivery that gave up is held too: by the default recovery when no effect happened, or
+/// whatever happened once TTL deleted its record (nothing shows what it did). The redelivery,
+/// past every lease and without faults, meets no live claim, no outage, no takeover.
+fn explained(
+    scenario: Scenario,
+    kind: ErrorKind,
+    redelivery: Option<Redelivery>,
+    left: Left,
+) -> bool {
+    let concurrent = redelivery.is_none();
+    let late = matches!(
+        redelivery,
+        Some(Redelivery::PastRetention | Redelivery::AfterTtl)
+    );
     match kind {
-        ErrorKind::AlreadyInProgress => true,
-        ErrorKind::KeyExpiredConflict => scenario.operations == Operations::SharingAnIdentity,
-        ErrorKind::Store => scenario.faults != Faults::None,
+        ErrorKind::AlreadyInProgress => concurrent,
+        ErrorKind::KeyExpiredConflict => {
+            late || scenario.operations == Operations::SharingAnIdentity
+        }
+        ErrorKind::Store => concurrent && scenario.faults != Faults::None,
         // Only a takeover ends a lease here (time moves by backoffs alone, never past a
         // lease), and only a crashed delivery's give-back lets one in: a lost answer alone
         // never explains it (the retry must recognise its own write).
-        ErrorKind::LeaseLost | ErrorKind::Indeterminate => scenario.faults == Faults::Crashing,
+        ErrorKind::LeaseLost => concurrent && scenario.faults == Faults::Crashing,
+        ErrorKind::Indeterminate => {
+            scenario.faults == Faults::Crashing
+                || left == Left::ClaimWithoutEffect
+                || (left == Left::ClaimAfterEffect && redelivery == Some(Redelivery::AfterTtl))
+        }
         _ => false,
     }
 }
@@ -580,6 +698,12 @@ fn historical_defects_put_back_in_the_engine_are_found() {
             defects::SETTLE_GIVES_UP_EARLY,
             one(Faults::Lossy, Handler::Direct),
             "refused with Indeterminate",
+        ),
+        (
+            "a takeover that keeps the crashed attempt's retention",
+            defects::TAKEOVER_KEEPS_RETENTION,
+            one(Faults::Crashing, Handler::Stepped),
+            "TTL could delete it under a live lease",
         ),
         (
             "a takeover that runs an uncertain step again without its check",

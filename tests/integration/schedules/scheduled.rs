@@ -12,7 +12,7 @@ use lambda_idempotency::clock::Clock;
 use lambda_idempotency::error::StoreError;
 use lambda_idempotency::key::OperationKey;
 use lambda_idempotency::reconcile::BoxFuture;
-use lambda_idempotency::record::{Evidence, Lease, Record, Settlement, StepRecord};
+use lambda_idempotency::record::{Evidence, Lease, Record, Settlement, Status, StepRecord};
 use lambda_idempotency::store::{
     Claim, Committed, Fence, MemoryStore, Store, Target, TransactionalStore,
 };
@@ -44,6 +44,8 @@ pub(super) struct Scheduled {
     pub(super) defect: Option<Defect>,
     /// Faults chosen, counted.
     pub(super) fired: Arc<AtomicUsize>,
+    /// The operations whose records are checked after every request.
+    pub(super) watched: Arc<Vec<OperationKey>>,
 }
 
 impl Scheduled {
@@ -78,19 +80,40 @@ impl Scheduled {
             1 => Err(unavailable()),
             2 => {
                 let _ = apply.await;
+                self.check_after(operation).await;
                 shuttle::future::yield_now().await;
                 Err(unavailable())
             }
             3 => crash().await,
             4 => {
                 let _ = apply.await;
+                self.check_after(operation).await;
                 crash().await
             }
             _ => {
                 let answer = apply.await;
+                self.check_after(operation).await;
                 shuttle::future::yield_now().await;
                 answer
             }
+        }
+    }
+
+    /// What holds after every request that applied: a record under a lease is retained at
+    /// least as long, so that TTL never deletes a record whose lease is live.
+    async fn check_after(&self, operation: &'static str) {
+        for key in self.watched.iter() {
+            let Ok(Some(record)) = self.inner.get(key).await else {
+                continue;
+            };
+            assert!(
+                record.status != Status::InProgress || record.expires_at >= record.lease.expires_at,
+                "after {operation}, {}'s record (attempt {}) is retained until {:?}, before its lease ends at {:?}: TTL could delete it under a live lease",
+                key.short(),
+                record.lease.attempt,
+                record.expires_at,
+                record.lease.expires_at
+            );
         }
     }
 }
