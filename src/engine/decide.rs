@@ -470,6 +470,90 @@ pub(crate) fn given_back_until(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::{Fingerprint, OperationKey, OperationScope};
+
+    /// A fresh claim of order o-1 at `now`, under `token`.
+    fn claim_at(token: &str, now: SystemTime) -> Record {
+        let scope = OperationScope::new("shop", "invoice").expect("a scope");
+        let key = OperationKey::derive(&scope, None, "o-1").expect("a key");
+        let fingerprint = Fingerprint::of(&1).expect("a fingerprint");
+        let invocation =
+            Invocation::new(key, fingerprint, Duration::from_secs(30)).with_request_id("r-1");
+        claim_record(&invocation, token.into(), now, Duration::from_secs(3600))
+    }
+
+    fn at(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    /// An owner re-enters only its own claim still IN_PROGRESS: the same token, whatever the
+    /// attempt; never a settled record, never another token's.
+    #[test]
+    fn an_owner_reenters_only_its_own_claim_in_progress() {
+        let claim = claim_at("owner", at(1_000));
+        let mut earlier = claim_at("owner", at(900));
+        earlier.lease.attempt = 3;
+        assert!(reenters(&earlier, &claim));
+        let settled = Record {
+            status: Status::Completed,
+            ..earlier.clone()
+        };
+        assert!(!reenters(&settled, &claim));
+        let another = claim_at("someone else", at(900));
+        assert!(!reenters(&another, &claim));
+    }
+
+    /// The record read back is this very claim only as it committed: its token and attempt, no
+    /// step, its creation (to the millisecond); an owner's earlier record is not.
+    #[test]
+    fn a_claim_stands_as_itself_only_as_it_committed() {
+        let claim = claim_at("owner", at(1_000));
+        assert!(is_this_claim(&claim, &claim));
+        let earlier = claim_at("owner", at(900));
+        assert!(!is_this_claim(&earlier, &claim), "another creation");
+        let stepped = Record {
+            steps: vec![StepRecord::steps_lost()],
+            ..claim.clone()
+        };
+        assert!(!is_this_claim(&stepped, &claim), "steps recorded since");
+        let later = Record {
+            lease: Lease {
+                attempt: 2,
+                ..claim.lease.clone()
+            },
+            ..claim.clone()
+        };
+        assert!(!is_this_claim(&later, &claim), "a later attempt");
+    }
+
+    /// An adoption re-creates the orphan's operation as attempt 2 under the caller's lease,
+    /// naming the orphan's identity, its steps marked lost (version 1); the reconciler sees
+    /// the crashed attempt as it was: attempt 1, no token, no request, created (and its lease
+    /// and retention ended) when the orphan was.
+    #[test]
+    fn an_adoption_and_its_orphan_are_what_the_reconciler_is_told() {
+        let claim = claim_at("adopter", at(100_000));
+        let orphan = Evidence {
+            created_at: at(1_000),
+            ..Evidence::of_claim(&claim_at("crashed", at(1_000)), "payment p-1")
+        };
+        let adopted = adoption(&claim, &orphan);
+        assert_eq!(adopted.lease.attempt, 2);
+        assert_eq!(adopted.lease.token, "adopter");
+        assert_eq!(adopted.identity.as_deref(), Some("payment p-1"));
+        assert_eq!(adopted.steps, vec![StepRecord::steps_lost()]);
+        assert_eq!(adopted.steps_version, 1);
+        assert_eq!(adopted.created_at, claim.created_at);
+
+        let crashed = orphaned_record(&adopted, &orphan);
+        assert_eq!(crashed.lease.attempt, 1);
+        assert_eq!(crashed.lease.token, "");
+        assert_eq!(crashed.lease.expires_at, orphan.created_at);
+        assert_eq!(crashed.expires_at, orphan.created_at);
+        assert_eq!(crashed.created_at, orphan.created_at);
+        assert_eq!(crashed.request_id, None);
+        assert_eq!(crashed.identity, adopted.identity);
+    }
 
     #[test]
     fn a_single_flight_waiter_gives_up_before_the_deadline() {
