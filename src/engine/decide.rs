@@ -526,6 +526,94 @@ mod tests {
         assert!(!is_this_claim(&later, &claim), "a later attempt");
     }
 
+    /// An owner re-entering its own claim is given a time past the lease's end (its lease is
+    /// taken back live); any other takeover, `now`.
+    #[test]
+    fn a_reentry_is_timed_past_the_lease() {
+        let existing = claim_at("owner", at(1_000));
+        let end = existing.lease.expires_at;
+        assert_eq!(
+            reentry_time(&existing, at(1_001), true),
+            end + Duration::from_millis(1)
+        );
+        assert_eq!(reentry_time(&existing, at(5_000), true), at(5_000));
+        assert_eq!(reentry_time(&existing, at(1_001), false), at(1_001));
+    }
+
+    /// A takeover's failed fence is the caller's own takeover only when the record stands
+    /// IN_PROGRESS under the very lease it wrote.
+    #[test]
+    fn a_lost_takeover_answer_is_recognised_only_by_its_own_lease() {
+        let mine = claim_at("taker", at(1_000));
+        let lost = |current: Record| Fence::Lost {
+            current: Some(Box::new(current)),
+        };
+        assert!(matches!(
+            took_over(lost(mine.clone()), &mine.lease),
+            TookOver::Held
+        ));
+        let settled = Record {
+            status: Status::Completed,
+            ..mine.clone()
+        };
+        assert!(matches!(
+            took_over(lost(settled), &mine.lease),
+            TookOver::Answer(_)
+        ));
+        let other = claim_at("another taker", at(1_000));
+        assert!(matches!(
+            took_over(lost(other), &mine.lease),
+            TookOver::Answer(_)
+        ));
+        assert!(matches!(
+            took_over(Fence::Lost { current: None }, &mine.lease),
+            TookOver::InProgress
+        ));
+    }
+
+    /// A settlement's failed fence shows the caller's own settlement only when the record
+    /// holds its status, its outcome and its completion time, under its token (any token for
+    /// an operator's resolution of an INDETERMINATE record).
+    #[test]
+    fn a_lost_settlement_answer_is_recognised_only_by_what_it_wrote() {
+        let claim = claim_at("settler", at(1_000));
+        let settlement =
+            Settlement::completed(b"42".to_vec(), None, at(1_010), Duration::from_secs(60));
+        let settled = Record {
+            status: Status::Completed,
+            outcome: settlement.outcome.clone(),
+            completed_at: Some(settlement.completed_at),
+            ..claim.clone()
+        };
+        let mine = Guard::Lease("settler");
+        assert!(shows_settlement(&settled, mine, &settlement));
+        assert!(shows_settlement(
+            &settled,
+            Guard::Indeterminate,
+            &settlement
+        ));
+        assert!(!shows_settlement(
+            &settled,
+            Guard::Lease("another"),
+            &settlement
+        ));
+        let other_outcome = Record {
+            outcome: Some(b"7".to_vec()),
+            ..settled.clone()
+        };
+        assert!(!shows_settlement(&other_outcome, mine, &settlement));
+        let other_time = Record {
+            completed_at: Some(at(2_000)),
+            ..settled.clone()
+        };
+        assert!(!shows_settlement(&other_time, mine, &settlement));
+        let other_status = Record {
+            status: Status::Failed,
+            ..settled
+        };
+        assert!(!shows_settlement(&other_status, mine, &settlement));
+    }
+
     /// An adoption re-creates the orphan's operation as attempt 2 under the caller's lease,
     /// naming the orphan's identity, its steps marked lost (version 1); the reconciler sees
     /// the crashed attempt as it was: attempt 1, no token, no request, created (and its lease
