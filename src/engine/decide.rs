@@ -614,6 +614,39 @@ mod tests {
         assert!(!shows_settlement(&other_status, mine, &settlement));
     }
 
+    /// An owner re-entering its own claim goes on from its steps whatever the recovery
+    /// policy, unless they were lost with an adoption: then the policy decides.
+    #[test]
+    fn a_reentered_owner_goes_on_from_its_steps_unless_they_were_lost() {
+        let kept = Inherited {
+            steps: Vec::new(),
+            lost: false,
+            given_back: false,
+        };
+        let lost = Inherited {
+            lost: true,
+            ..kept.clone()
+        };
+        let hold = Recovery::Indeterminate;
+        assert_eq!(recover(hold, false, true, &kept, false), Recover::Steps);
+        assert_eq!(recover(hold, false, true, &lost, false), Recover::Hold);
+        assert_eq!(recover(hold, true, true, &kept, false), Recover::Hold);
+        assert_eq!(recover(hold, false, false, &kept, false), Recover::Hold);
+    }
+
+    /// A failed write is tried again only while tries remain and the next one would start
+    /// strictly before `until`.
+    #[test]
+    fn a_retry_starts_only_before_its_end() {
+        let pause = Duration::from_secs(10);
+        assert!(try_again(1, 5, at(0), pause, at(11)));
+        assert!(
+            !try_again(1, 5, at(0), pause, at(10)),
+            "it would start at the end"
+        );
+        assert!(!try_again(5, 5, at(0), pause, at(100)), "out of tries");
+    }
+
     /// An adoption re-creates the orphan's operation as attempt 2 under the caller's lease,
     /// naming the orphan's identity, its steps marked lost (version 1); the reconciler sees
     /// the crashed attempt as it was: attempt 1, no token, no request, created (and its lease
