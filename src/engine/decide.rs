@@ -647,6 +647,18 @@ mod tests {
         assert!(!try_again(5, 5, at(0), pause, at(100)), "out of tries");
     }
 
+    /// A give-back keeps the lease for the grace from now, or until an effect in flight can
+    /// have landed if later, never past the lease's own end.
+    #[test]
+    fn a_give_back_keeps_the_grace_and_what_is_in_flight() {
+        let grace = Duration::from_secs(5);
+        let end = at(100);
+        assert_eq!(given_back_until(at(10), end, grace, None), at(15));
+        assert_eq!(given_back_until(at(10), end, grace, Some(at(40))), at(40));
+        assert_eq!(given_back_until(at(10), end, grace, Some(at(400))), end);
+        assert_eq!(given_back_until(at(98), end, grace, None), end);
+    }
+
     /// An adoption re-creates the orphan's operation as attempt 2 under the caller's lease,
     /// naming the orphan's identity, its steps marked lost (version 1); the reconciler sees
     /// the crashed attempt as it was: attempt 1, no token, no request, created (and its lease
