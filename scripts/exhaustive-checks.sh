@@ -41,6 +41,12 @@ SIM_SEEDS="$memory_seeds" cargo test --all-features -p lambda-idempotency --test
 
 echo "the memory store's seeds: $((SECONDS - started)) s"
 
+echo "== the seeded simulation: $dynamodb_seeds seeds on the memory store with its tables"
+started=$SECONDS
+SIM_SEEDS="$dynamodb_seeds" cargo test --all-features -p lambda-idempotency --test integration \
+  simulation::simulation_keeps_the_invariants_on_the_transactional_memory_store
+echo "the transactional memory store's seeds: $((SECONDS - started)) s"
+
 echo "== the seeded simulation: $dynamodb_seeds seeds on the DynamoDB store"
 started=$SECONDS
 SIM_SEEDS="$dynamodb_seeds" cargo test --all-features -p lambda-idempotency --test integration \

@@ -2,6 +2,10 @@
 //! of the real engine (the shuttle schedules, the seeded simulation) show that they find it
 //! (feature `testing`; without it every switch is off and compiled away).
 //!
+//! A store's switch is put in the store that the check which finds it runs on: the memory
+//! store (the shuttle schedules, the simulation's memory runs), or the DynamoDB store for
+//! what only its conditions can get wrong (bytes another build encoded).
+//!
 //! A switch holds for the thread that turned it on, while what it runs runs: a test on a
 //! current-thread runtime (or under shuttle, whose tasks share one thread) turns it on for
 //! everything it runs, and tests running beside it on other threads never see it.
@@ -33,6 +37,34 @@ pub const TAKEOVER_KEEPS_RETENTION: u32 = 1 << 4;
 pub const GIVE_BACK_WITHOUT_GRACE: u32 = 1 << 5;
 /// A takeover runs a recorded uncertain step (intent, no result) again without its check.
 pub const UNCERTAIN_STEP_RERUN: u32 = 1 << 6;
+/// A claim writes its record but not its business identity's evidence: a second key for the
+/// same business identity runs too (the memory store's claim).
+pub const IDENTITY_NOT_CLAIMED: u32 = 1 << 7;
+/// The handler's writes commit beside the settlement or the step, not inside its fence: they
+/// commit whether or not the lease still holds (the memory store's transactions).
+pub const UNFENCED_TRANSACTION: u32 = 1 << 8;
+/// A give-back's shortening is not fenced on the cancelled attempt's token: sent late, it
+/// shortens the lease of the attempt that took over since (the memory store's `shorten`).
+pub const GIVE_BACK_UNFENCED: u32 = 1 << 9;
+/// A takeover does not read a knowing give-back's mark: an attempt that gave its claim back
+/// after its steps is held for an operator under the default recovery instead of resumed.
+pub const GIVEN_BACK_HELD: u32 = 1 << 10;
+/// A completion whose writes' condition failed is released under the default recovery: the
+/// next delivery runs the handler, whose effects outside the completion happened, again.
+pub const REFUSED_COMPLETION_RELEASED: u32 = 1 << 11;
+/// An attempt settles the business identity its deployment declares, not the one its
+/// operation recorded when it was claimed.
+pub const IDENTITY_FROM_DEPLOYMENT: u32 = 1 << 12;
+/// An outbox event's id comes from the key and step alone, not the execution: a later
+/// execution's event (after the first one's retention) is taken for the first one's.
+pub const EVENT_ID_WITHOUT_EXECUTION: u32 = 1 << 13;
+/// 0.4's outbox: the sweeper finds nothing, so an event the stream gave up before it was
+/// published is never published.
+pub const NO_SWEEPER: u32 = 1 << 14;
+/// A takeover's condition compares the step list's bytes with the list as this build
+/// re-encodes it, not its count and pending steps: a list another build wrote in other bytes
+/// (another zstd level, a field added) is never taken over (the DynamoDB store's takeover).
+pub const TAKEOVER_ON_REENCODED_BYTES: u32 = 1 << 15;
 
 #[cfg(feature = "testing")]
 std::thread_local! {

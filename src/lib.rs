@@ -126,7 +126,8 @@ pub mod config;
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod defects;
 #[cfg(not(feature = "testing"))]
-#[allow(unreachable_pub)] // the switches are public with `testing`, constants here
+// The switches are public with `testing`, constants here (some used only by other features).
+#[allow(unreachable_pub, dead_code)]
 mod defects;
 pub mod effects;
 pub mod engine;

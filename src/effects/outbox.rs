@@ -339,10 +339,14 @@ impl Outbox {
 /// characters, so that `dynamodb:LeadingKeys` `<function>#*` scopes which outbox events a
 /// producer may write, as it scopes its records.
 pub fn event_id(key: &OperationKey, created_at: SystemTime, step: &str, name: &str) -> String {
-    let digest = key.downstream(&format!(
-        "{step}#event={name}#execution={}",
-        epoch_millis(created_at)
-    ));
+    let digest = if crate::defects::is_reintroduced(crate::defects::EVENT_ID_WITHOUT_EXECUTION) {
+        key.downstream(&format!("{step}#event={name}"))
+    } else {
+        key.downstream(&format!(
+            "{step}#event={name}#execution={}",
+            epoch_millis(created_at)
+        ))
+    };
     format!("{}#{digest}", key.namespace())
 }
 

@@ -291,17 +291,7 @@ pub async fn fixture(start: SystemTime) -> Fixture<DynamoDbStore> {
     let dynamo = Arc::new(start_with_clock(clock.clone()).await);
     let store = dynamo.store();
     let capabilities = dynamo.capabilities;
-    let tables = EffectTables {
-        client: dynamo.client.clone(),
-        local: local::unique_table_name("local"),
-        outbox: local::unique_table_name("outbox"),
-    };
-    local::create_key_table(&tables.client, &tables.local, false)
-        .await
-        .expect("create the handler's table");
-    local::create_outbox_table(&tables.client, &tables.outbox)
-        .await
-        .expect("create the handler's outbox");
+    let tables = effect_tables(&dynamo.client).await;
     let sweep: Sweeper = Arc::new(move || {
         let dynamo = Arc::clone(&dynamo);
         Box::pin(async move { dynamo.sweep().await })
@@ -319,6 +309,44 @@ pub async fn fixture(start: SystemTime) -> Fixture<DynamoDbStore> {
             fixture
         }
     }
+}
+
+/// An empty [`MemoryStore`](crate::store::MemoryStore) whose clock starts at `start`, with the
+/// handler's own tables ([`EffectTables`]) on an embedded server in this process, where the
+/// store commits their writes ([`MemoryStore::with_tables`](crate::store::MemoryStore::with_tables)):
+/// the in-memory store with its transactional capability, and an outbox its relay reads.
+pub async fn memory_fixture_with_tables(start: SystemTime) -> Fixture<crate::store::MemoryStore> {
+    let clock = ManualClock::new(start);
+    let dynamo = Arc::new(embedded_with_clock(clock.clone()).await);
+    let store = dynamo
+        .memory_store()
+        .expect("an embedded server's database");
+    let tables = effect_tables(&dynamo.client).await;
+    let sweep: Sweeper = {
+        let (store, clock) = (store.clone(), clock.clone());
+        Arc::new(move || {
+            let swept = store.sweep_expired(clock.now());
+            let dynamo = Arc::clone(&dynamo);
+            Box::pin(async move { swept + dynamo.sweep().await })
+        })
+    };
+    Fixture::new(store, clock, sweep).with_effect_tables(tables)
+}
+
+/// Fresh tables of the handler's own (a key table and an outbox) through `client`.
+async fn effect_tables(client: &Client) -> EffectTables {
+    let tables = EffectTables {
+        client: client.clone(),
+        local: local::unique_table_name("local"),
+        outbox: local::unique_table_name("outbox"),
+    };
+    local::create_key_table(&tables.client, &tables.local, false)
+        .await
+        .expect("create the handler's table");
+    local::create_outbox_table(&tables.client, &tables.outbox)
+        .await
+        .expect("create the handler's outbox");
+    tables
 }
 
 /// Our manual clock, as dynoxide's clock.

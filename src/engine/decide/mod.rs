@@ -260,7 +260,8 @@ pub(crate) fn inherited(previous: &Record) -> Inherited {
     let given_back = previous
         .steps
         .last()
-        .is_some_and(|last| last.marks_given_back() && last.attempt == previous.lease.attempt);
+        .is_some_and(|last| last.marks_given_back() && last.attempt == previous.lease.attempt)
+        && !defects::is_reintroduced(defects::GIVEN_BACK_HELD);
     Inherited {
         steps: previous
             .steps
@@ -354,7 +355,10 @@ pub(crate) fn after_failure(
     use crate::failure::FailureClass;
     match class {
         FailureClass::Terminal { kind } => AfterFailure::Retain(kind.clone()),
-        _ if failure == Failure::CompletionRefused && recovery == Recovery::Indeterminate => {
+        _ if failure == Failure::CompletionRefused
+            && recovery == Recovery::Indeterminate
+            && !defects::is_reintroduced(defects::REFUSED_COMPLETION_RELEASED) =>
+        {
             AfterFailure::Hold
         }
         _ if recorded => AfterFailure::GiveBack,
@@ -369,6 +373,9 @@ pub(crate) fn settled_identity<'a>(
     claim: &'a Record,
     previous: Option<&'a Record>,
 ) -> Option<&'a str> {
+    if defects::is_reintroduced(defects::IDENTITY_FROM_DEPLOYMENT) {
+        return claim.identity.as_deref();
+    }
     previous.unwrap_or(claim).identity.as_deref()
 }
 

@@ -63,6 +63,14 @@ pub(crate) fn bump_steps_version(expr: Expr, names: &AttributeNames) -> Expr {
 /// each pending step still pending under the same name and attempt (which also catches a version before
 /// 0.5 recording a result during a rolling deploy, as it does not count its writes).
 pub(crate) fn steps_as_read(previous: &Record, names: &AttributeNames) -> (String, Expr) {
+    if crate::defects::is_reintroduced(crate::defects::TAKEOVER_ON_REENCODED_BYTES)
+        && !previous.steps.is_empty()
+    {
+        let expr = Expr::default()
+            .name("#steps", &names.steps)
+            .value(":steps_as_read", steps_value(&previous.steps));
+        return ("#steps = :steps_as_read".to_owned(), expr);
+    }
     let mut expr = Expr::default()
         .name("#steps", &names.steps)
         .name("#steps_version", &names.steps_version)

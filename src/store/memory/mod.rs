@@ -9,6 +9,7 @@ use std::time::SystemTime;
 
 use futures_util::future::BoxFuture;
 
+use crate::defects;
 use crate::error::StoreError;
 use crate::key::OperationKey;
 use crate::record::{Evidence, Lease, Record, Settlement, Status, StepRecord, epoch_millis};
@@ -198,9 +199,11 @@ impl Store for MemoryStore {
                 if let Some(evidence) = tables.evidence.get(identity) {
                     return Ok(Claim::IdentityTaken(evidence.clone()));
                 }
-                tables
-                    .evidence
-                    .insert(identity.clone(), Evidence::of_claim(record, identity));
+                if !defects::is_reintroduced(defects::IDENTITY_NOT_CLAIMED) {
+                    tables
+                        .evidence
+                        .insert(identity.clone(), Evidence::of_claim(record, identity));
+                }
             }
             tables.records.insert(record.key.clone(), record.clone());
             Ok(Claim::Acquired)
@@ -282,6 +285,11 @@ impl Store for MemoryStore {
                 identity: None,
                 ..target
             };
+            if defects::is_reintroduced(defects::GIVE_BACK_UNFENCED)
+                && let Some(record) = self.lock().records.get_mut(target.key)
+            {
+                record.lease.expires_at = until;
+            }
             self.fenced(target, |tables| {
                 if let Some(record) = tables.records.get_mut(target.key) {
                     record.lease.expires_at = until;

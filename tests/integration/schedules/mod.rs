@@ -14,7 +14,7 @@
 //! schedule)` replays it.
 
 use std::pin::pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -61,8 +61,10 @@ struct Counts {
     schedules: AtomicUsize,
     /// Give-back tasks that ran to their end (their `shorten` may itself meet a fault).
     give_backs: Arc<AtomicUsize>,
-    /// Faults the checker chose (a failed request, a lost answer, a crash).
+    /// Faults the checker chose (a failed request, a lost answer, a crash, a stall).
     faults: Arc<AtomicUsize>,
+    /// Deliveries the checker stalled past every lease.
+    stalls: Arc<AtomicUsize>,
 }
 
 /// What the delivered handler does.
@@ -289,6 +291,9 @@ fn case(scenario: Scenario, counts: &Counts) {
             defect,
             fired,
             watched: Arc::new(vec![key(OrderId(1)), key(OrderId(2))]),
+            clock: clock.clone(),
+            stalled: Arc::new(AtomicBool::new(false)),
+            stalls: Arc::clone(&counts.stalls),
         };
         let idem = Idempotency::new(store.clone())
             .with_clock(clock.clone())
@@ -330,6 +335,9 @@ fn case(scenario: Scenario, counts: &Counts) {
                 Redelivery::AfterTtl,
             ][thread_rng().gen_range(0..3)],
         };
+        // No stall from here on: the redelivery comes past every lease, and a late give-back
+        // must not freeze it too (the clock is the schedule's).
+        store.stalled.store(true, Ordering::SeqCst);
         clock.advance(redelivery.after());
         if redelivery == Redelivery::AfterTtl {
             store.inner.sweep_expired(clock.now());
@@ -568,17 +576,20 @@ fn explore(scheduler: impl Scheduler + 'static, scenario: Scenario) -> Explored 
         schedules: counts.schedules.load(Ordering::SeqCst),
         give_backs: counts.give_backs.load(Ordering::SeqCst),
         faults: counts.faults.load(Ordering::SeqCst),
+        stalls: counts.stalls.load(Ordering::SeqCst),
     };
     eprintln!("{scenario:?}: {explored:?}");
     explored
 }
 
-/// What an exploration did: schedules run, give-back tasks run to their end, faults chosen.
+/// What an exploration did: schedules run, give-back tasks run to their end, faults chosen,
+/// deliveries stalled.
 #[derive(Debug)]
 struct Explored {
     schedules: usize,
     give_backs: usize,
     faults: usize,
+    stalls: usize,
 }
 
 /// Every handler and pair of operations, with the checker's `faults`.
@@ -636,6 +647,10 @@ fn crashes_at_any_request_never_run_the_effect_twice() {
             random.give_backs > 0 && pct.give_backs > 0,
             "{scenario:?}: no crashed delivery's claim was given back: {random:?}, {pct:?}"
         );
+        assert!(
+            random.stalls > 0 && pct.stalls > 0,
+            "{scenario:?}: no delivery stalled past its lease: {random:?}, {pct:?}"
+        );
     }
 }
 
@@ -680,6 +695,10 @@ fn historical_defects_put_back_in_the_engine_are_found() {
         operations: Operations::One,
         defect: None,
     };
+    let sharing = |faults, handler| Scenario {
+        operations: Operations::SharingAnIdentity,
+        ..one(faults, handler)
+    };
     let cases = [
         (
             "a claim that does not recognise its own lost answer",
@@ -710,6 +729,24 @@ fn historical_defects_put_back_in_the_engine_are_found() {
             defects::UNCERTAIN_STEP_RERUN,
             one(Faults::Crashing, Handler::Stepped),
             "the effect ran 2 times",
+        ),
+        (
+            "a claim that writes no evidence of its business identity",
+            defects::IDENTITY_NOT_CLAIMED,
+            sharing(Faults::None, Handler::Direct),
+            "the effect ran 2 times",
+        ),
+        (
+            "a transaction committing the handler's writes outside its fence",
+            defects::UNFENCED_TRANSACTION,
+            one(Faults::Crashing, Handler::Transactional),
+            "completion writes and its record disagree",
+        ),
+        (
+            "a give-back whose shortening is not fenced on its lease",
+            defects::GIVE_BACK_UNFENCED,
+            one(Faults::Crashing, Handler::Direct),
+            "fenced on another lease changed",
         ),
     ];
     for (defect, switch, scenario, broken) in cases {

@@ -3,7 +3,7 @@
 //! task sleeps or the case moves it.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -14,7 +14,7 @@ use lambda_idempotency::key::OperationKey;
 use lambda_idempotency::reconcile::BoxFuture;
 use lambda_idempotency::record::{Evidence, Lease, Record, Settlement, Status, StepRecord};
 use lambda_idempotency::store::{
-    Claim, Committed, Fence, MemoryStore, Store, Target, TransactionalStore,
+    Claim, Committed, Fence, Guard, MemoryStore, Store, Target, TransactionalStore,
 };
 use shuttle::rand::{Rng, thread_rng};
 use tokio::sync::Notify;
@@ -46,7 +46,18 @@ pub(super) struct Scheduled {
     pub(super) fired: Arc<AtomicUsize>,
     /// The operations whose records are checked after every request.
     pub(super) watched: Arc<Vec<OperationKey>>,
+    /// The schedule's clock, which a stall moves past every lease.
+    pub(super) clock: ScheduledClock,
+    /// Whether a delivery of this schedule stalled already (one stall a schedule, so that
+    /// the redelivery still comes within the retention).
+    pub(super) stalled: Arc<AtomicBool>,
+    /// Stalls chosen, counted.
+    pub(super) stalls: Arc<AtomicUsize>,
 }
+
+/// How long a stalled delivery is frozen before its request: past any lease the cases take
+/// (60 s without a deadline) and a give-back's grace, well within the retention.
+const STALL: Duration = Duration::from_secs(120);
 
 impl Scheduled {
     async fn request<T>(
@@ -76,7 +87,22 @@ impl Scheduled {
         if fault > 0 {
             self.fired.fetch_add(1, Ordering::SeqCst);
         }
+        // A crash where the delivery could also stall instead (frozen past its lease, as a
+        // Lambda sandbox can be, then going on as if nothing happened), once a schedule.
+        let stall =
+            fault == 3 && thread_rng().gen_bool(0.5) && !self.stalled.swap(true, Ordering::SeqCst);
+        if stall {
+            self.stalls.fetch_add(1, Ordering::SeqCst);
+            self.clock.advance(STALL);
+            shuttle::future::yield_now().await;
+        }
         match fault {
+            3 if stall => {
+                let answer = apply.await;
+                self.check_after(operation).await;
+                shuttle::future::yield_now().await;
+                answer
+            }
             1 => Err(unavailable()),
             2 => {
                 let _ = apply.await;
@@ -97,6 +123,38 @@ impl Scheduled {
                 answer
             }
         }
+    }
+
+    /// `apply`, a write fenced on `target`'s guard, checked as it applies: when the record was
+    /// held under another lease than the one the write is fenced on, the write left it as it
+    /// was (a fence admits only its own holder).
+    async fn fenced<T>(
+        &self,
+        operation: &'static str,
+        target: Target<'_>,
+        apply: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let Guard::Lease(token) = target.guard else {
+            return self.request(operation, apply).await;
+        };
+        self.request(operation, async move {
+            let before = self.inner.get(target.key).await?;
+            let answer = apply.await;
+            if let Some(before) = before
+                .filter(|before| before.status == Status::InProgress && before.lease.token != token)
+            {
+                let after = self.inner.get(target.key).await?;
+                assert_eq!(
+                    after.as_ref(),
+                    Some(&before),
+                    "a {operation} fenced on another lease changed {}'s record held by attempt {}",
+                    target.key.short(),
+                    before.lease.attempt
+                );
+            }
+            answer
+        })
+        .await
     }
 
     /// What holds after every request that applied: a record under a lease is retained at
@@ -172,7 +230,7 @@ impl Store for Scheduled {
         target: Target<'a>,
         until: SystemTime,
     ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(self.request("shorten", self.inner.shorten(target, until)))
+        Box::pin(self.fenced("shorten", target, self.inner.shorten(target, until)))
     }
 
     fn settle<'a>(
@@ -180,7 +238,7 @@ impl Store for Scheduled {
         target: Target<'a>,
         settlement: &'a Settlement,
     ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(self.request("settle", self.inner.settle(target, settlement)))
+        Box::pin(self.fenced("settle", target, self.inner.settle(target, settlement)))
     }
 
     fn record_steps<'a>(
@@ -188,11 +246,15 @@ impl Store for Scheduled {
         target: Target<'a>,
         steps: &'a [StepRecord],
     ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(self.request("record_steps", self.inner.record_steps(target, steps)))
+        Box::pin(self.fenced(
+            "record_steps",
+            target,
+            self.inner.record_steps(target, steps),
+        ))
     }
 
     fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(self.request("release", self.inner.release(target)))
+        Box::pin(self.fenced("release", target, self.inner.release(target)))
     }
 
     fn release_by_operator<'a>(
@@ -256,7 +318,7 @@ impl TransactionalStore for Scheduled {
     ) -> BoxFuture<'a, Result<Committed, StoreError>> {
         let commit = self.committing().commit_steps(target, steps, writes, token);
         if self.defect != Some(Defect::ForgetsCommittedSteps) {
-            return Box::pin(self.request("commit_steps", commit));
+            return Box::pin(self.fenced("commit_steps", target, commit));
         }
         let before = &steps[..steps.len().saturating_sub(1)];
         Box::pin(self.request("commit_steps", async move {
@@ -276,7 +338,7 @@ impl TransactionalStore for Scheduled {
         let settle = self
             .committing()
             .settle_with(target, settlement, writes, token);
-        Box::pin(self.request("settle_with", settle))
+        Box::pin(self.fenced("settle_with", target, settle))
     }
 
     fn check_transactional_writes(&self) -> BoxFuture<'_, Result<(), StoreError>> {
