@@ -65,6 +65,10 @@ pub const NO_SWEEPER: u32 = 1 << 14;
 /// re-encodes it, not its count and pending steps: a list another build wrote in other bytes
 /// (another zstd level, a field added) is never taken over (the DynamoDB store's takeover).
 pub const TAKEOVER_ON_REENCODED_BYTES: u32 = 1 << 15;
+/// A completion transaction the store refuses as invalid (an item over 400 KB, what only
+/// DynamoDB can tell) is taken for an outcome that could not be kept after its effect:
+/// retained `outcome_unstorable` and answered `OutcomeTooLarge`, though nothing committed.
+pub const REFUSED_TRANSACTION_APPLIED: u32 = 1 << 16;
 
 #[cfg(feature = "testing")]
 std::thread_local! {

@@ -13,6 +13,7 @@ use super::{GIVE_BACK_GRACE, INDETERMINATE_RETENTION, Idempotency, answer, decid
 use aws_sdk_dynamodb::types::TransactWriteItem;
 
 use super::attempt::StepLedger;
+use crate::defects;
 use crate::effects::{COMPLETION, StepError};
 use crate::error::{BoxError, Error, StoreError};
 use crate::execution::{Execution, Invocation, Origin};
@@ -353,7 +354,11 @@ impl Idempotency {
             // refuses transactions, two actions on one item it alone can tell): nothing in it
             // committed, the record included. Said so, never as an outcome that could not be
             // kept after its effect.
-            Err(StoreError::Rejected { message, .. }) => Committed::Invalid { message },
+            Err(StoreError::Rejected { message, .. })
+                if !defects::is_reintroduced(defects::REFUSED_TRANSACTION_APPLIED) =>
+            {
+                Committed::Invalid { message }
+            }
             committed => committed?,
         };
         match committed {

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodb::types::{AttributeValue, Update};
+use aws_sdk_dynamodb::types::{AttributeValue, Put, Update};
 use dynoxide::actions::create_table::CreateTableRequest;
 use dynoxide::actions::get_item::GetItemRequest;
 use dynoxide::actions::scan::ScanRequest;
@@ -95,6 +95,17 @@ impl Ledger {
             None => 0,
         }
     }
+}
+
+/// `order_id`'s receipt as one item over DynamoDB's 400 KB (within a transaction's 4 MB):
+/// only the server refuses it.
+pub(super) fn oversized_receipt(order_id: OrderId) -> Put {
+    Put::builder()
+        .table_name(TABLE)
+        .item("pk", AttributeValue::S(format!("receipt#{order_id}")))
+        .item("lines", AttributeValue::S("x".repeat(450 * 1024)))
+        .build()
+        .expect("a put")
 }
 
 /// One more on `pk`'s `attribute`.

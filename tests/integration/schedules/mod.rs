@@ -80,6 +80,11 @@ enum Handler {
     /// completion written with the settlement (`complete_with`). The effect is what
     /// committed, read back from the table.
     Transactional,
+    /// As `Transactional`, with a completion carrying an item over DynamoDB's 400 KB, which
+    /// only the server refuses: nothing of the completion commits, and the operation is
+    /// retained FAILED (`completion_rejected`), never answered as an outcome kept after its
+    /// effect. Its own case, not one of [`scenarios`]: no order completes.
+    CompletionTooLarge,
 }
 
 /// Which operations the two concurrent deliveries are.
@@ -144,7 +149,9 @@ async fn deliver(
     let operation = Operation::new(idem, scope(), policy());
     let operation = match handler {
         Handler::Direct => operation,
-        Handler::Stepped | Handler::Transactional => operation.with_recovery(Recovery::Steps),
+        Handler::Stepped | Handler::Transactional | Handler::CompletionTooLarge => {
+            operation.with_recovery(Recovery::Steps)
+        }
     };
     let service = operation
         .layer()
@@ -182,7 +189,8 @@ async fn handle(
 ) -> Result<String, BoxError> {
     let ctx = match handler {
         Handler::Direct => return Ok(effect(order_id, &runs).await),
-        Handler::Transactional => return transact(order_id, &ledger).await,
+        Handler::Transactional => return transact(order_id, &ledger, false).await,
+        Handler::CompletionTooLarge => return transact(order_id, &ledger, true).await,
         Handler::Stepped => current().ok_or("no execution context in the handler")?,
     };
     let landed = Arc::clone(&runs);
@@ -201,8 +209,9 @@ async fn handle(
 }
 
 /// The charge and its event committed with a step, the order's completion with the
-/// settlement; the value names the charge it made (a second commit would answer `#2`).
-async fn transact(order_id: OrderId, ledger: &Ledger) -> Result<String, BoxError> {
+/// settlement (with an `oversized` receipt, refused by the server); the value names the
+/// charge it made (a second commit would answer `#2`).
+async fn transact(order_id: OrderId, ledger: &Ledger, oversized: bool) -> Result<String, BoxError> {
     let ctx = current().ok_or("no execution context in the handler")?;
     let charged = ctx
         .step("charge")
@@ -216,7 +225,12 @@ async fn transact(order_id: OrderId, ledger: &Ledger) -> Result<String, BoxError
             )
         })
         .await?;
-    ctx.complete_with(Writes::default().update(Ledger::complete(order_id)))?;
+    let completion = Writes::default().update(Ledger::complete(order_id));
+    let completion = match oversized {
+        true => completion.put(ledger::oversized_receipt(order_id)),
+        false => completion,
+    };
+    ctx.complete_with(completion)?;
     Ok(charged)
 }
 
@@ -359,7 +373,9 @@ fn case(scenario: Scenario, counts: &Counts) {
             .await,
         );
         let effects = match handler {
-            Handler::Transactional => committed(&ledger, &store.inner, &answers).await,
+            Handler::Transactional | Handler::CompletionTooLarge => {
+                committed(&ledger, &store.inner, &answers).await
+            }
             Handler::Direct | Handler::Stepped => runs.load(Ordering::SeqCst),
         };
         check(
@@ -460,7 +476,14 @@ async fn check(
     // Without faults nothing excuses a missing effect: the payment was made, by the order
     // that completed, and the last delivery of o-1 was answered (its result, or the other
     // order's standing payment).
-    if scenario.faults == Faults::None {
+    if scenario.handler == Handler::CompletionTooLarge {
+        // Nothing of the completion committed: no order completes, and o-1 is retained FAILED.
+        assert_eq!(
+            first,
+            Some(Status::Failed),
+            "a completion the server refused: {answers:?}"
+        );
+    } else if scenario.faults == Faults::None {
         assert_eq!(runs, 1, "no fault, and the effect never ran: {answers:?}");
         let completed = [first, other]
             .iter()
@@ -555,6 +578,9 @@ fn explained(
         // lease), and only a crashed delivery's give-back lets one in: a lost answer alone
         // never explains it (the retry must recognise its own write).
         ErrorKind::LeaseLost => concurrent && scenario.faults == Faults::Crashing,
+        // The completion the server refused: the handler's terminal `completion_rejected`,
+        // then its retained failure replayed.
+        ErrorKind::Handler | ErrorKind::Failed => scenario.handler == Handler::CompletionTooLarge,
         ErrorKind::Indeterminate => {
             scenario.faults == Faults::Crashing
                 || left == Left::ClaimWithoutEffect
@@ -654,6 +680,22 @@ fn crashes_at_any_request_never_run_the_effect_twice() {
     }
 }
 
+/// A completion only the server refuses (an item over 400 KB) commits nothing, in 300
+/// random interleavings of the two deliveries (each sends its 450 KB to the server: the
+/// exhaustive 3,088 take a minute): the operation is retained FAILED and answered so, its
+/// charge made once.
+#[test]
+fn a_completion_the_server_refuses_is_retained_failed() {
+    let scenario = Scenario {
+        faults: Faults::None,
+        handler: Handler::CompletionTooLarge,
+        operations: Operations::One,
+        defect: None,
+    };
+    let explored = explore(RandomScheduler::new(300), scenario);
+    assert_eq!(explored.schedules, 300, "{scenario:?}: only {explored:?}");
+}
+
 /// The harness catches a store whose claim takes a live lease: some interleaving has both
 /// deliveries claim before either settles, and the handler runs twice.
 #[test]
@@ -747,6 +789,12 @@ fn historical_defects_put_back_in_the_engine_are_found() {
             defects::GIVE_BACK_UNFENCED,
             one(Faults::Crashing, Handler::Direct),
             "fenced on another lease changed",
+        ),
+        (
+            "a completion the server refuses taken for an outcome kept after its effect",
+            defects::REFUSED_TRANSACTION_APPLIED,
+            one(Faults::None, Handler::CompletionTooLarge),
+            "refused with OutcomeTooLarge",
         ),
     ];
     for (defect, switch, scenario, broken) in cases {
