@@ -262,7 +262,10 @@ pub trait Store: Any + Send + Sync + fmt::Debug {
     ) -> BoxFuture<'a, Result<Fence, StoreError>>;
 
     /// Moves the target's lease expiry to `until` (a claim given back early: a panicking or
-    /// cancelled handler), so that the next delivery takes over without waiting out the lease.
+    /// cancelled handler), so that the next delivery takes over without waiting out the lease;
+    /// never later: a lease already running out by `until` stands as it is (answered
+    /// [`Fence::Held`] while the target holds it), so that a give-back sent after the claim was
+    /// cut shorter never lengthens it again.
     fn shorten<'a>(
         &'a self,
         target: Target<'a>,

@@ -272,7 +272,9 @@ pub async fn store_fences_settlements_and_releases_on_the_lease<S: Store>(fx: Fi
     assert_eq!(stored(&fx.store, &key).await.status, Status::Completed);
 }
 
-/// Case: the holder's shortening moves its lease expiry; its release deletes the record.
+/// Case: the holder's shortening moves its lease expiry earlier, never later (a second,
+/// later shortening, a give-back after a cut, leaves it as it stands, answered held); its
+/// release deletes the record.
 pub async fn store_shortens_and_releases_the_holders_claim<S: Store>(fx: Fixture<S>) {
     let now = fx.clock.now();
     let key = key("p-5");
@@ -295,6 +297,19 @@ pub async fn store_shortens_and_releases_the_holders_claim<S: Store>(fx: Fixture
     assert!(
         record.lease.expires_at + Duration::from_secs(1) > until,
         "at the time given (to the store's resolution)"
+    );
+    assert_eq!(
+        fx.store
+            .shorten(holder, until + Duration::from_secs(3))
+            .await
+            .expect("a later shortening"),
+        Fence::Held,
+        "the holder still holds its claim"
+    );
+    assert_eq!(
+        stored(&fx.store, &key).await.lease.expires_at,
+        record.lease.expires_at,
+        "a shortening never lengthens the lease"
     );
     assert_eq!(
         fx.store.release(holder).await.expect("release"),

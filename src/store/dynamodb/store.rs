@@ -371,11 +371,12 @@ impl Store for DynamoDbStore {
     ) -> BoxFuture<'a, Result<Fence, StoreError>> {
         Box::pin(async move {
             let (condition, expr) = self.guard(target.guard);
+            // Never later: a lease already at or before `until` stands as it is.
             let write = Write::update(
                 &self.table,
                 self.names.key(target.key),
                 "SET #lease_expires_at = :until",
-                condition,
+                &format!("{condition} AND #lease_expires_at > :until"),
                 expr.name("#lease_expires_at", &self.names.lease_expires_at)
                     .value(":until", millis(until)),
             )?;
@@ -383,8 +384,17 @@ impl Store for DynamoDbStore {
                 identity: None,
                 ..target
             };
-            self.fenced("shorten", target, vec![write], Parts::Skip)
-                .await
+            match self
+                .fenced("shorten", target, vec![write], Parts::Skip)
+                .await?
+            {
+                Fence::Lost {
+                    current: Some(current),
+                } if target.guard.admits(&current) && current.lease.expires_at <= until => {
+                    Ok(Fence::Held)
+                }
+                fence => Ok(fence),
+            }
         })
     }
 

@@ -292,7 +292,7 @@ impl Store for MemoryStore {
             }
             self.fenced(target, |tables| {
                 if let Some(record) = tables.records.get_mut(target.key) {
-                    record.lease.expires_at = until;
+                    record.lease.expires_at = record.lease.expires_at.min(until);
                 }
             })
         })

@@ -14,12 +14,13 @@ use lambda_idempotency::key::OperationKey;
 use lambda_idempotency::reconcile::BoxFuture;
 use lambda_idempotency::record::{Evidence, Lease, Record, Settlement, Status, StepRecord};
 use lambda_idempotency::store::{
-    Claim, Committed, Fence, Guard, MemoryStore, Store, Target, TransactionalStore,
+    Claim, Committed, Fence, MemoryStore, Store, Target, TransactionalStore,
 };
 use shuttle::rand::{Rng, thread_rng};
 use tokio::sync::Notify;
 
 use super::Faults;
+use super::spec::{self, Request};
 
 tokio::task_local! {
     /// The crash signal of the delivery running on this task.
@@ -53,6 +54,8 @@ pub(super) struct Scheduled {
     pub(super) stalled: Arc<AtomicBool>,
     /// Stalls chosen, counted.
     pub(super) stalls: Arc<AtomicUsize>,
+    /// Whether each request is checked against the transitions the model allows.
+    pub(super) checks_transitions: bool,
 }
 
 /// How long a stalled delivery is frozen before its request: past any lease the cases take
@@ -125,31 +128,26 @@ impl Scheduled {
         }
     }
 
-    /// `apply`, a write fenced on `target`'s guard, checked as it applies: when the record was
-    /// held under another lease than the one the write is fenced on, the write left it as it
-    /// was (a fence admits only its own holder).
-    async fn fenced<T>(
+    /// `apply`, a request concerning `key`'s record, checked as it applies against the
+    /// transitions the model allows ([`spec::allowed`]), unless the case checks none.
+    async fn specified<T>(
         &self,
         operation: &'static str,
-        target: Target<'_>,
+        key: &OperationKey,
+        request: Request<'_>,
         apply: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let Guard::Lease(token) = target.guard else {
+        if !self.checks_transitions {
             return self.request(operation, apply).await;
-        };
+        }
         self.request(operation, async move {
-            let before = self.inner.get(target.key).await?;
+            let before = self.inner.get(key).await?;
             let answer = apply.await;
-            if let Some(before) = before
-                .filter(|before| before.status == Status::InProgress && before.lease.token != token)
-            {
-                let after = self.inner.get(target.key).await?;
-                assert_eq!(
-                    after.as_ref(),
-                    Some(&before),
-                    "a {operation} fenced on another lease changed {}'s record held by attempt {}",
-                    target.key.short(),
-                    before.lease.attempt
+            let after = self.inner.get(key).await?;
+            if let Err(forbidden) = spec::allowed(request, before.as_ref(), after.as_ref()) {
+                panic!(
+                    "{operation} of {}: {forbidden} (a transition the model forbids)",
+                    key.short()
                 );
             }
             answer
@@ -188,7 +186,8 @@ impl Store for Scheduled {
         record: &'a Record,
         now: SystemTime,
     ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        Box::pin(self.request("claim", async move {
+        let request = Request::Claim { record, now };
+        Box::pin(self.specified("claim", &record.key, request, async move {
             match self.inner.claim(record, now).await? {
                 Claim::Existing(live) if self.defect == Some(Defect::StealsLiveLeases) => {
                     let past_its_end = live.lease.expires_at + Duration::from_secs(1);
@@ -211,7 +210,9 @@ impl Store for Scheduled {
         orphan: &'a Evidence,
         now: SystemTime,
     ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        Box::pin(self.request("adopt", self.inner.adopt(record, orphan, now)))
+        let request = Request::Claim { record, now };
+        let adopt = self.inner.adopt(record, orphan, now);
+        Box::pin(self.specified("adopt", &record.key, request, adopt))
     }
 
     fn take_over<'a>(
@@ -221,8 +222,14 @@ impl Store for Scheduled {
         expires_at: SystemTime,
         now: SystemTime,
     ) -> BoxFuture<'a, Result<Fence, StoreError>> {
+        let request = Request::TakeOver {
+            previous,
+            lease,
+            expires_at,
+            now,
+        };
         let take_over = self.inner.take_over(previous, lease, expires_at, now);
-        Box::pin(self.request("take_over", take_over))
+        Box::pin(self.specified("take_over", &previous.key, request, take_over))
     }
 
     fn shorten<'a>(
@@ -230,7 +237,12 @@ impl Store for Scheduled {
         target: Target<'a>,
         until: SystemTime,
     ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(self.fenced("shorten", target, self.inner.shorten(target, until)))
+        let request = Request::Shorten {
+            guard: target.guard,
+            until,
+        };
+        let shorten = self.inner.shorten(target, until);
+        Box::pin(self.specified("shorten", target.key, request, shorten))
     }
 
     fn settle<'a>(
@@ -238,7 +250,12 @@ impl Store for Scheduled {
         target: Target<'a>,
         settlement: &'a Settlement,
     ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(self.fenced("settle", target, self.inner.settle(target, settlement)))
+        let request = Request::Settle {
+            guard: target.guard,
+            settlement,
+        };
+        let settle = self.inner.settle(target, settlement);
+        Box::pin(self.specified("settle", target.key, request, settle))
     }
 
     fn record_steps<'a>(
@@ -246,15 +263,20 @@ impl Store for Scheduled {
         target: Target<'a>,
         steps: &'a [StepRecord],
     ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(self.fenced(
-            "record_steps",
-            target,
-            self.inner.record_steps(target, steps),
-        ))
+        let request = Request::Steps {
+            guard: target.guard,
+            steps,
+        };
+        let record_steps = self.inner.record_steps(target, steps);
+        Box::pin(self.specified("record_steps", target.key, request, record_steps))
     }
 
     fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(self.fenced("release", target, self.inner.release(target)))
+        let request = Request::Release {
+            guard: target.guard,
+        };
+        let release = self.inner.release(target);
+        Box::pin(self.specified("release", target.key, request, release))
     }
 
     fn release_by_operator<'a>(
@@ -317,15 +339,21 @@ impl TransactionalStore for Scheduled {
         token: &'a str,
     ) -> BoxFuture<'a, Result<Committed, StoreError>> {
         let commit = self.committing().commit_steps(target, steps, writes, token);
+        let request = Request::Steps {
+            guard: target.guard,
+            steps,
+        };
         if self.defect != Some(Defect::ForgetsCommittedSteps) {
-            return Box::pin(self.fenced("commit_steps", target, commit));
+            return Box::pin(self.specified("commit_steps", target.key, request, commit));
         }
         let before = &steps[..steps.len().saturating_sub(1)];
-        Box::pin(self.request("commit_steps", async move {
-            let committed = commit.await?;
-            self.inner.record_steps(target, before).await?;
-            Ok(committed)
-        }))
+        Box::pin(
+            self.specified("commit_steps", target.key, request, async move {
+                let committed = commit.await?;
+                self.inner.record_steps(target, before).await?;
+                Ok(committed)
+            }),
+        )
     }
 
     fn settle_with<'a>(
@@ -338,7 +366,11 @@ impl TransactionalStore for Scheduled {
         let settle = self
             .committing()
             .settle_with(target, settlement, writes, token);
-        Box::pin(self.fenced("settle_with", target, settle))
+        let request = Request::Settle {
+            guard: target.guard,
+            settlement,
+        };
+        Box::pin(self.specified("settle_with", target.key, request, settle))
     }
 
     fn check_transactional_writes(&self) -> BoxFuture<'_, Result<(), StoreError>> {
