@@ -777,3 +777,144 @@ pub(crate) fn assert_rejected(err: &Error, case: &str) {
         "{case}: {source}"
     );
 }
+
+/// A transactional step's result may fill the step results' limit exactly, never pass it:
+/// with a 1,000-byte outcome limit, a step named `pay` whose result is a JSON string of 963
+/// characters (965 bytes, with the 32 bytes a step takes besides and its name: 1,000) commits;
+/// one of 964 is refused (`StepError::Rejected`), nothing of it written.
+#[tokio::test]
+async fn a_transactional_steps_result_may_fill_the_step_results_limit_never_pass_it() {
+    for shop in Shop::both().await {
+        let config = lambda_idempotency::Config::builder()
+            .max_outcome_bytes(1000)
+            .build()
+            .expect("a config");
+        let idem = shop.engine(shop.store()).with_config(config);
+        for (order, chars, fits) in [("fills", 963, true), ("passes", 964, false)] {
+            let inv = invocation(order, &serde_json::json!({ "order": order }));
+            let put = Put::builder()
+                .table_name(&shop.orders)
+                .item("pk", AttributeValue::S(order.into()))
+                .build()
+                .expect("put");
+            let answer = idem
+                .execute(&inv, |ctx: ExecutionContext| {
+                    let put = put.clone();
+                    async move {
+                        ctx.step("pay")
+                            .transact(|_key| async move {
+                                Ok::<_, BoxError>(Transaction::new("x".repeat(chars)).put(put))
+                            })
+                            .await
+                    }
+                })
+                .await;
+            match fits {
+                true => assert_eq!(answer.expect("within the limit").value().len(), chars),
+                false => {
+                    let err = answer.expect_err("past the limit");
+                    let Error::Handler { source } = &err else {
+                        panic!("{order}: answered {err:?}");
+                    };
+                    assert!(
+                        matches!(
+                            source.downcast_ref::<StepError>(),
+                            Some(StepError::Rejected { .. })
+                        ),
+                        "{order}: {source:?}"
+                    );
+                }
+            }
+            assert_eq!(shop.has_order(order).await, fits, "{order}: its write");
+        }
+    }
+}
+
+/// A commit whose every answer was lost after a plain step whose result is not saved yet: the
+/// attempt stops without writing its own list over the store's (which holds both steps, the
+/// commit having applied), and the next delivery replays both, the writes committed once.
+#[tokio::test]
+async fn a_lost_commit_after_a_plain_step_leaves_the_stores_steps_as_they_stand() {
+    for shop in Shop::both().await {
+        let faulty = FaultyStore::new(shop.store());
+        let idem = shop.engine(faulty.clone());
+        let (builds, quotes) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let inv = invocation("tx-after-a-step", &serde_json::json!({"order": "o-8"}));
+        let handler = |ctx: ExecutionContext| async {
+            let quoted = ctx
+                .step("quote")
+                .run(|_key| async {
+                    quotes.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, BoxError>(7_u32)
+                })
+                .await?;
+            let placed = place(&shop, ctx, "o-8", &builds).await?;
+            Ok::<_, StepError>(format!("{placed} at {quoted}"))
+        };
+        for _ in 0..50 {
+            faulty.inject(
+                Primitive::CommitSteps,
+                Fault::FailAfter(FaultKind::Unavailable),
+            );
+        }
+        idem.execute(&inv, handler).await.expect_err("no answer");
+        // As many as the engine's patience tries: the rest never fire.
+        faulty.clear();
+        let record = idem
+            .store()
+            .get(inv.key())
+            .await
+            .expect("get")
+            .expect("record");
+        assert_eq!(
+            record
+                .steps
+                .iter()
+                .map(|step| step.name.as_str())
+                .collect::<Vec<_>>(),
+            ["quote", "place"],
+            "the commit's steps stand"
+        );
+        shop.clock.advance(Duration::from_millis(2));
+        let done = idem.execute(&inv, handler).await.expect("replayed");
+        assert_eq!(done.value(), "placed o-8 at 7");
+        assert_eq!(builds.load(Ordering::SeqCst), 1, "not built again");
+        assert_eq!(quotes.load(Ordering::SeqCst), 1, "not quoted again");
+        assert_eq!(shop.reserved().await, 1, "committed once");
+    }
+}
+
+/// Two transactional steps of one attempt commit each under a request token of its own: the
+/// second is never taken for a re-send of the first (DynamoDB refuses a token reused with
+/// other writes), and both orders are placed.
+#[tokio::test]
+async fn two_transactional_steps_of_one_attempt_commit_under_tokens_of_their_own() {
+    for shop in Shop::both().await {
+        let idem = shop.engine(shop.store());
+        let builds = AtomicUsize::new(0);
+        let inv = invocation(
+            "tx-two-steps",
+            &serde_json::json!({"orders": ["o-9", "o-10"]}),
+        );
+        let done = idem
+            .execute(&inv, |ctx: ExecutionContext| {
+                let (shop, builds) = (&shop, &builds);
+                async move {
+                    let first = place(shop, ctx.clone(), "o-9", builds).await?;
+                    let second = ctx
+                        .step("place again")
+                        .transact(|_key| async {
+                            let seen = shop.stock_item("version").await;
+                            Ok::<_, BoxError>(shop.place("o-10", seen))
+                        })
+                        .await?;
+                    Ok::<_, StepError>(format!("{first}, {second}"))
+                }
+            })
+            .await
+            .expect("both committed");
+        assert_eq!(done.value(), "placed o-9, placed o-10");
+        assert!(shop.has_order("o-9").await && shop.has_order("o-10").await);
+        assert_eq!(shop.reserved().await, 2);
+    }
+}
