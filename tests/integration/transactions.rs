@@ -918,3 +918,53 @@ async fn two_transactional_steps_of_one_attempt_commit_under_tokens_of_their_own
         assert_eq!(shop.reserved().await, 2);
     }
 }
+
+/// A transactional step whose table does not exist commits nothing, and its attempt knows it:
+/// it gives its claim back as a handler's retryable failure would (marked, the steps as they
+/// stand), so that under the default recovery the next delivery, once the table exists, runs
+/// it again instead of holding the operation for an operator.
+#[tokio::test]
+async fn a_step_refused_for_a_missing_table_is_given_back_knowingly() {
+    for shop in Shop::both().await {
+        let idem = Idempotency::new(shop.store()).with_clock(shop.clock.clone());
+        let table = format!("{}-later", shop.orders);
+        let inv = invocation("tx-missing-table", &serde_json::json!({"order": "o-11"}));
+        let builds = AtomicUsize::new(0);
+        let handler = |ctx: ExecutionContext| {
+            let (table, builds) = (&table, &builds);
+            async move {
+                ctx.step("place")
+                    .transact(|_key| async move {
+                        builds.fetch_add(1, Ordering::SeqCst);
+                        let put = Put::builder()
+                            .table_name(table)
+                            .item("pk", AttributeValue::S("o-11".into()))
+                            .build()?;
+                        Ok::<_, BoxError>(Transaction::new("placed o-11".to_owned()).put(put))
+                    })
+                    .await
+            }
+        };
+        let err = idem
+            .execute(&inv, handler)
+            .await
+            .expect_err("no such table");
+        assert!(
+            matches!(
+                &err,
+                Error::Store(lambda_idempotency::StoreError::TableNotFound { .. })
+            ),
+            "got {err:?}"
+        );
+        lambda_idempotency::testing::local::create_key_table(&shop.db.client, &table, false)
+            .await
+            .expect("the table, created");
+        shop.clock.advance(Duration::from_secs(15 * 60));
+        let done = idem
+            .execute(&inv, handler)
+            .await
+            .expect("run again once the table exists, not held");
+        assert_eq!(done.value(), "placed o-11");
+        assert_eq!(builds.load(Ordering::SeqCst), 2);
+    }
+}
