@@ -811,19 +811,7 @@ async fn a_transactional_steps_result_may_fill_the_step_results_limit_never_pass
                 .await;
             match fits {
                 true => assert_eq!(answer.expect("within the limit").value().len(), chars),
-                false => {
-                    let err = answer.expect_err("past the limit");
-                    let Error::Handler { source } = &err else {
-                        panic!("{order}: answered {err:?}");
-                    };
-                    assert!(
-                        matches!(
-                            source.downcast_ref::<StepError>(),
-                            Some(StepError::Rejected { .. })
-                        ),
-                        "{order}: {source:?}"
-                    );
-                }
+                false => assert_rejected(&answer.expect_err("past the limit"), order),
             }
             assert_eq!(shop.has_order(order).await, fits, "{order}: its write");
         }
