@@ -451,8 +451,9 @@ async fn dropped_takeover_response_is_recognised(path: Path, drops: usize) {
 }
 
 /// A panicking handler's claim is given back (its lease shortened to now); that write commits
-/// and its answer is lost: the SDK's retry applies it again (its fence still holds), the panic
-/// reaches the caller, and the next delivery takes over at once.
+/// and its answer is lost: the SDK's retry finds the lease already running out by then (a
+/// shortening never lengthens, so its condition fails) and is answered held, the panic reaches
+/// the caller, and the next delivery takes over at once.
 async fn dropped_shorten_response_gives_the_claim_back(path: Path, drops: usize) {
     let rig = Rig::new().await;
     let inv = invocation("dropped-shorten", path);
