@@ -956,3 +956,44 @@ async fn a_step_refused_for_a_missing_table_is_given_back_knowingly() {
         assert_eq!(builds.load(Ordering::SeqCst), 2);
     }
 }
+
+/// A plain step's result may fill the step results' limit exactly, never pass it, as a
+/// transactional step's: 963 characters commit under a 1,000-byte limit; 964 stop the attempt
+/// with `OutcomeTooLarge` naming the size the steps would take (1,001) and the limit.
+#[tokio::test]
+async fn a_plain_steps_result_may_fill_the_step_results_limit_never_pass_it() {
+    for shop in Shop::both().await {
+        let config = lambda_idempotency::Config::builder()
+            .max_outcome_bytes(1000)
+            .build()
+            .expect("a config");
+        let idem = shop.engine(shop.store()).with_config(config);
+        for (order, chars) in [("fills-plain", 963), ("passes-plain", 964)] {
+            let inv = invocation(order, &serde_json::json!({ "order": order }));
+            let answer = idem
+                .execute(&inv, |ctx: ExecutionContext| async move {
+                    ctx.step("pay")
+                        .run(|_key| async move { Ok::<_, BoxError>("x".repeat(chars)) })
+                        .await
+                })
+                .await;
+            match chars {
+                963 => assert_eq!(answer.expect("within the limit").value().len(), chars),
+                _ => {
+                    let err = answer.expect_err("past the limit");
+                    assert!(
+                        matches!(
+                            err,
+                            Error::OutcomeTooLarge {
+                                size: 1001,
+                                limit: 1000,
+                                ..
+                            }
+                        ),
+                        "{order}: {err:?}"
+                    );
+                }
+            }
+        }
+    }
+}
