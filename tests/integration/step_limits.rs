@@ -184,3 +184,29 @@ async fn no_effect_starts_once_the_lease_has_run_out() {
         );
     }
 }
+
+/// The execution context's `Debug` says where the attempt stands (its attempt, how many steps
+/// it holds and which it runs next) and shows the key only by its short hash.
+#[tokio::test]
+async fn the_contexts_debug_shows_the_attempts_steps_and_the_short_key() {
+    let idem = Idempotency::new(lambda_idempotency::store::MemoryStore::new());
+    let inv = invocation("debug-ledger", &json!({"order": "d-1"}));
+    let runs = &AtomicUsize::new(0);
+    let shown = idem
+        .execute(&inv, |ctx: ExecutionContext| async move {
+            step(&ctx, "first", runs).await?;
+            Ok::<_, StepError>(format!("{ctx:?}"))
+        })
+        .await
+        .expect("executed");
+    let shown = shown.value();
+    for part in [
+        "StepLedger",
+        "attempt: 1",
+        "steps: 1",
+        "cursor: 1",
+        inv.key().short(),
+    ] {
+        assert!(shown.contains(part), "{part} not in {shown}");
+    }
+}
