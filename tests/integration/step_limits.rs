@@ -186,7 +186,7 @@ async fn no_effect_starts_once_the_lease_has_run_out() {
 }
 
 /// The execution context's `Debug` says where the attempt stands (its attempt, how many steps
-/// it holds and which it runs next) and shows the key only by its short hash.
+/// it holds and which it runs next; the ledger names the key by its short hash).
 #[tokio::test]
 async fn the_contexts_debug_shows_the_attempts_steps_and_the_short_key() {
     let idem = Idempotency::new(lambda_idempotency::store::MemoryStore::new());
