@@ -785,11 +785,7 @@ pub(crate) fn assert_rejected(err: &Error, case: &str) {
 #[tokio::test]
 async fn a_transactional_steps_result_may_fill_the_step_results_limit_never_pass_it() {
     for shop in Shop::both().await {
-        let config = lambda_idempotency::Config::builder()
-            .max_outcome_bytes(1000)
-            .build()
-            .expect("a config");
-        let idem = shop.engine(shop.store()).with_config(config);
+        let idem = limited_engine(&shop);
         for (order, chars, fits) in [("fills", 963, true), ("passes", 964, false)] {
             let inv = invocation(order, &serde_json::json!({ "order": order }));
             let put = Put::builder()
@@ -963,11 +959,7 @@ async fn a_step_refused_for_a_missing_table_is_given_back_knowingly() {
 #[tokio::test]
 async fn a_plain_steps_result_may_fill_the_step_results_limit_never_pass_it() {
     for shop in Shop::both().await {
-        let config = lambda_idempotency::Config::builder()
-            .max_outcome_bytes(1000)
-            .build()
-            .expect("a config");
-        let idem = shop.engine(shop.store()).with_config(config);
+        let idem = limited_engine(&shop);
         for (order, chars) in [("fills-plain", 963), ("passes-plain", 964)] {
             let inv = invocation(order, &serde_json::json!({ "order": order }));
             let answer = idem
@@ -996,4 +988,13 @@ async fn a_plain_steps_result_may_fill_the_step_results_limit_never_pass_it() {
             }
         }
     }
+}
+
+/// The shop's engine with a 1,000-byte outcome limit: the step results' limit too.
+fn limited_engine(shop: &Shop) -> Idempotency {
+    let config = lambda_idempotency::Config::builder()
+        .max_outcome_bytes(1000)
+        .build()
+        .expect("a config");
+    shop.engine(shop.store()).with_config(config)
 }
