@@ -14,12 +14,15 @@
 //! assert_eq!(clock.now().duration_since(before).unwrap(), Duration::from_secs(30));
 //! ```
 
+mod manual;
+
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
 use crate::reconcile::BoxFuture;
+
+pub use self::manual::ManualClock;
 
 /// A source of wall-clock time.
 pub trait Clock: Send + Sync + fmt::Debug {
@@ -27,8 +30,8 @@ pub trait Clock: Send + Sync + fmt::Debug {
     fn now(&self) -> SystemTime;
 
     /// Waits `duration` (the engine's pause between retries of a failed write). The default
-    /// sleeps on Tokio's timer; a [`ManualClock`] moves itself forward instead, so that tests
-    /// never sleep.
+    /// sleeps on Tokio's timer; a [`ManualClock`] waits for its own time to reach the end, and
+    /// moves it there itself when it is the first sleeper due, so that tests never sleep.
     fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {
         Box::pin(tokio::time::sleep(duration))
     }
@@ -82,46 +85,5 @@ pub struct SystemClock;
 impl Clock for SystemClock {
     fn now(&self) -> SystemTime {
         SystemTime::now()
-    }
-}
-
-/// A clock that only moves when told to; clones share the same time.
-#[derive(Debug, Clone)]
-pub struct ManualClock {
-    now: Arc<Mutex<SystemTime>>,
-}
-
-impl ManualClock {
-    /// A clock standing still at `start`.
-    pub fn new(start: SystemTime) -> Self {
-        Self {
-            now: Arc::new(Mutex::new(start)),
-        }
-    }
-
-    /// Moves the clock forward by `by`.
-    pub fn advance(&self, by: Duration) {
-        let mut now = self.now.lock().unwrap_or_else(PoisonError::into_inner);
-        *now += by;
-    }
-
-    /// Sets the clock to `to` (which may be earlier than now).
-    pub fn set(&self, to: SystemTime) {
-        *self.now.lock().unwrap_or_else(PoisonError::into_inner) = to;
-    }
-}
-
-impl Clock for ManualClock {
-    fn now(&self) -> SystemTime {
-        *self.now.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {
-        self.advance(duration);
-        Box::pin(std::future::ready(()))
-    }
-
-    fn jitter(&self, ceiling: Duration) -> Duration {
-        ceiling
     }
 }

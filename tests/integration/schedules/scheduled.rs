@@ -1,14 +1,14 @@
 //! The store and the clock the schedules run on: the real memory store with every request a
 //! scheduling point where the checker may choose a fault, and time that moves only when a
-//! task sleeps or the case moves it.
+//! sleeping task's end comes or the case moves it.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::types::TransactWriteItem;
-use lambda_idempotency::clock::Clock;
+use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::error::StoreError;
 use lambda_idempotency::key::OperationKey;
 use lambda_idempotency::reconcile::BoxFuture;
@@ -378,25 +378,25 @@ impl TransactionalStore for Scheduled {
     }
 }
 
-/// Time that moves only when a task sleeps (a retry's backoff) or the case moves it, each
-/// sleep a scheduling point; a deadline never ends before what it bounds (the cases set none).
+/// The engine's manual clock (each sleeping task waits for its own end, the first due moving
+/// time there once the scheduler runs it again, each sleep so a scheduling point) or the case
+/// moving it; a deadline never ends before what it bounds (the cases set none).
 #[derive(Debug, Clone)]
-pub(super) struct ScheduledClock(pub(super) Arc<Mutex<SystemTime>>);
+pub(super) struct ScheduledClock(pub(super) ManualClock);
 
 impl ScheduledClock {
     pub(super) fn advance(&self, by: Duration) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) += by;
+        self.0.advance(by);
     }
 }
 
 impl Clock for ScheduledClock {
     fn now(&self) -> SystemTime {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        self.0.now()
     }
 
     fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {
-        self.advance(duration);
-        Box::pin(shuttle::future::yield_now())
+        self.0.sleep(duration)
     }
 
     fn deadline(&self, _: Duration) -> BoxFuture<'static, ()> {
