@@ -137,7 +137,7 @@ pub mod failure;
 pub mod guide;
 pub mod key;
 pub mod lambda;
-#[cfg(test)]
+#[cfg(all(test, feature = "testing"))]
 mod model;
 pub mod observe;
 mod policy;

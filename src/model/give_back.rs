@@ -10,6 +10,7 @@ use super::state::{Held, Pc, State};
 use super::{Protocol, Revert, at, ready, tick};
 use crate::engine::decide;
 use crate::store::{Guard, Store, Target};
+use crate::testing::transitions::Request;
 
 /// The model's give-back grace, in ticks (the engine's is a few seconds of a lease of
 /// minutes: here, a tick of a lease of three).
@@ -56,7 +57,12 @@ impl Protocol {
                 identity: None,
                 guard: Guard::Lease(&token),
             };
-            let _ = self.write(state, &held.claim.key, &held.claim.lease.token, |store| {
+            let request = Request::Shorten {
+                guard: target.guard,
+                until: at(until),
+            };
+            let token = &held.claim.lease.token;
+            let _ = self.write(state, &held.claim.key, token, request, |store| {
                 ready(store.shorten(target, at(until)))
             });
         }

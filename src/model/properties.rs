@@ -40,6 +40,10 @@ pub(crate) const EVENT_PUBLISHED: &str = "every committed event is published at 
 /// the takeover of an attempt that gave its claim back knowingly (its handler's retryable
 /// failure after its steps) replays the done steps and checks the uncertain ones.
 pub(crate) const CONTINUED: &str = "a knowing give-back is continued, never held";
+/// Every write a worker sends changes its operation's record only as the store transitions'
+/// specification (`testing::transitions`, which the shuttle schedules hold the real engine
+/// to) allows: the model needs no transition it forbids.
+pub(crate) const ALLOWED: &str = "every write is a transition the specification allows";
 /// Reachability, so that a passing check is not vacuous.
 pub(crate) const COMPLETES: &str = "an operation completes";
 pub(crate) const TAKES_OVER: &str = "a crashed attempt is taken over";
@@ -60,6 +64,7 @@ pub(super) fn all() -> Vec<Property<Protocol>> {
             let declared = m.bounds.workers.iter().all(|spec| spec.identity);
             !(m.bounds.shared_identity && declared) || effects.saturating_sub(excused) <= 1
         }),
+        Property::always(ALLOWED, |_, s: &State| !s.broken.contains(&ALLOWED)),
         Property::always(LIVE_LEASE, |_, s: &State| !s.broken.contains(&LIVE_LEASE)),
         Property::always(OUTCOME_KEPT, |_, s: &State| {
             !s.broken.contains(&OUTCOME_KEPT)

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::properties::ALLOWED;
 use super::state::{Answer, Flight, Held, Pc, Phase, State, Worker};
 use super::{Handler, Protocol, Revert, at, ready, tick};
 use crate::engine::INDETERMINATE_RETENTION;
@@ -15,6 +16,7 @@ use crate::key::OperationKey;
 use crate::reconcile::Recovery;
 use crate::record::{FailureKind, Record, RetainedFailure, Settlement, Status, StepRecord};
 use crate::store::{Claim, Fence, Guard, MemoryStore, Store, Target};
+use crate::testing::transitions::{self, Request};
 
 /// The stepped handler's one step.
 const STEP: &str = "charge";
@@ -79,7 +81,13 @@ impl Protocol {
                 if state.down {
                     return;
                 }
-                let fence = self.write(state, &existing.key, &lease.token, |store| {
+                let request = Request::TakeOver {
+                    previous: &existing,
+                    lease: &lease,
+                    expires_at: at(expires_at),
+                    now: at(clock),
+                };
+                let fence = self.write(state, &existing.key, &lease.token, request, |store| {
                     ready(store.take_over(&existing, &lease, at(expires_at), at(clock)))
                 });
                 if lose {
@@ -208,10 +216,14 @@ impl Protocol {
                     identity: None,
                     guard: Guard::Lease(&held.claim.lease.token),
                 };
-                let written =
-                    self.write(state, &held.claim.key, &held.claim.lease.token, |store| {
-                        ready(store.record_steps(target, &intent))
-                    });
+                let request = Request::Steps {
+                    guard: target.guard,
+                    steps: &intent,
+                };
+                let token = &held.claim.lease.token;
+                let written = self.write(state, &held.claim.key, token, request, |store| {
+                    ready(store.record_steps(target, &intent))
+                });
                 if lose {
                     return Pc::Running(held);
                 }
@@ -357,7 +369,11 @@ impl Protocol {
         };
         let mut marked = held.steps.clone();
         marked.push(StepRecord::given_back(held.claim.lease.attempt));
-        let written = self.write(state, &held.claim.key, &token, |store| {
+        let request = Request::Steps {
+            guard: target.guard,
+            steps: &marked,
+        };
+        let written = self.write(state, &held.claim.key, &token, request, |store| {
             ready(store.record_steps(target, &marked))
         });
         match written {
@@ -372,7 +388,11 @@ impl Protocol {
         let lease_end = held.claim.lease.expires_at;
         let until = decide::given_back_until(at(clock), lease_end, Duration::ZERO, lands_by);
         if until < lease_end {
-            let _ = self.write(state, &held.claim.key, &token, |store| {
+            let request = Request::Shorten {
+                guard: target.guard,
+                until,
+            };
+            let _ = self.write(state, &held.claim.key, &token, request, |store| {
                 ready(store.shorten(target, until))
             });
         }
@@ -431,7 +451,11 @@ impl Protocol {
             // The old condition: any record past its retention counted as absent.
             state.records.retain(|record| record.key != claim.key);
         }
-        let claimed = self.write(state, &claim.key, &claim.lease.token, |store| {
+        let request = Request::Claim {
+            record: &claim,
+            now: at(clock),
+        };
+        let claimed = self.write(state, &claim.key, &claim.lease.token, request, |store| {
             ready(store.claim(&claim, at(clock)))
         });
         if lose {
@@ -508,7 +532,12 @@ impl Protocol {
             }
             Claimed::Adopt(orphan) => {
                 let record = decide::adoption(&claim, &orphan);
-                let adopted = self.write(state, &record.key, &record.lease.token, |store| {
+                let request = Request::Claim {
+                    record: &record,
+                    now: at(clock),
+                };
+                let token = &record.lease.token;
+                let adopted = self.write(state, &record.key, token, request, |store| {
                     ready(store.adopt(&record, &orphan, at(clock)))
                 });
                 match adopted {
@@ -657,16 +686,21 @@ impl Protocol {
             identity: identity.as_deref(),
             guard,
         };
-        let answer =
-            self.write(
-                state,
-                &held.claim.key,
-                &held.claim.lease.token,
-                |store| match &settlement {
-                    Some(settlement) => ready(store.settle(target, settlement)),
-                    None => ready(store.release(target)),
-                },
-            );
+        let request = match &settlement {
+            Some(settlement) => Request::Settle { guard, settlement },
+            None => Request::Release { guard },
+        };
+        let token = &held.claim.lease.token;
+        let answer = self.write(
+            state,
+            &held.claim.key,
+            token,
+            request,
+            |store| match &settlement {
+                Some(settlement) => ready(store.settle(target, settlement)),
+                None => ready(store.release(target)),
+            },
+        );
         if settlement.is_some() && matches!(answer, Ok(Fence::Held)) {
             state.workers[w].unrecorded = false;
         }
@@ -735,12 +769,14 @@ impl Protocol {
     }
 
     /// Sends one of a worker's writes (under its lease `token`) to the store as `state` holds
-    /// it, takes the tables back, and notes a live lease the write overwrote.
+    /// it, takes the tables back, and notes a live lease the write overwrote, and a change of
+    /// the record the store transitions' specification (`request`'s) does not allow.
     pub(super) fn write<T>(
         &self,
         state: &mut State,
         key: &OperationKey,
         token: &str,
+        request: Request<'_>,
         send: impl FnOnce(&MemoryStore) -> T,
     ) -> T {
         let before = state.clone();
@@ -748,6 +784,9 @@ impl Protocol {
         let answer = send(&store);
         state.absorb(&store);
         self.check_overwrite(state, &before, key, Some(token));
+        if transitions::allowed(request, before.record(key), state.record(key)).is_err() {
+            state.broken.push(ALLOWED);
+        }
         answer
     }
 

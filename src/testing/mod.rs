@@ -54,6 +54,7 @@ pub mod primitives;
 pub mod recovery;
 pub mod simulation;
 pub mod steps;
+pub mod transitions;
 
 /// Generates one `#[tokio::test]` per conformance case for a store made by `$make` (an async
 /// expression giving a [`conformance::Fixture`]): first the store's own primitives

@@ -40,7 +40,6 @@ use tokio::sync::Notify;
 
 mod ledger;
 mod scheduled;
-mod spec;
 
 use ledger::Ledger;
 use scheduled::{CRASH, Defect, Scheduled, ScheduledClock};
@@ -76,6 +75,10 @@ enum Handler {
     /// Its effect in a step with a truthful check (`Recovery::Steps`: an uncertain step is
     /// decided by its check, an attempt that recorded no intent runs again).
     Stepped,
+    /// Its effect in a step without a check (`Recovery::Steps`): an uncertain step, whose
+    /// intent was recorded and whose result was not, is held for an operator, never run again
+    /// blind; an attempt that recorded no intent runs again.
+    Unchecked,
     /// Its effect a transactional step (`Recovery::Steps`): the payment's charge and its
     /// outbox event written in the handler's table with the step's record, then the order's
     /// completion written with the settlement (`complete_with`). The effect is what
@@ -153,9 +156,10 @@ async fn deliver(
     let operation = Operation::new(idem, scope(), policy());
     let operation = match handler {
         Handler::Direct => operation,
-        Handler::Stepped | Handler::Transactional | Handler::CompletionTooLarge => {
-            operation.with_recovery(Recovery::Steps)
-        }
+        Handler::Stepped
+        | Handler::Unchecked
+        | Handler::Transactional
+        | Handler::CompletionTooLarge => operation.with_recovery(Recovery::Steps),
     };
     let service = operation
         .layer()
@@ -195,6 +199,13 @@ async fn handle(
         Handler::Direct => return Ok(effect(order_id, &runs).await),
         Handler::Transactional => return transact(order_id, &ledger, false).await,
         Handler::CompletionTooLarge => return transact(order_id, &ledger, true).await,
+        Handler::Unchecked => {
+            let ctx = current().ok_or("no execution context in the handler")?;
+            let charged = ctx
+                .step("charge")
+                .run(|_key| async move { Ok::<_, BoxError>(effect(order_id, &runs).await) });
+            return Ok(charged.await?);
+        }
         Handler::Stepped => current().ok_or("no execution context in the handler")?,
     };
     let landed = Arc::clone(&runs);
@@ -389,7 +400,7 @@ fn case(scenario: Scenario, counts: &Counts) {
             Handler::Transactional | Handler::CompletionTooLarge => {
                 committed(&ledger, &store.inner, &answers).await
             }
-            Handler::Direct | Handler::Stepped => runs.load(Ordering::SeqCst),
+            Handler::Direct | Handler::Stepped | Handler::Unchecked => runs.load(Ordering::SeqCst),
         };
         check(
             scenario,
@@ -597,6 +608,8 @@ fn explained(
         ErrorKind::Indeterminate => {
             scenario.faults == Faults::Crashing
                 || left == Left::ClaimWithoutEffect
+                // An uncertain step without a check: nothing decides it but an operator.
+                || (left == Left::ClaimAfterEffect && scenario.handler == Handler::Unchecked)
                 || (left == Left::ClaimAfterEffect && redelivery == Some(Redelivery::AfterTtl))
         }
         _ => false,
@@ -633,19 +646,24 @@ struct Explored {
 
 /// Every handler and pair of operations, with the checker's `faults`.
 fn scenarios(faults: Faults) -> impl Iterator<Item = Scenario> {
-    [Handler::Direct, Handler::Stepped, Handler::Transactional]
-        .into_iter()
-        .flat_map(move |handler| {
-            [Operations::One, Operations::SharingAnIdentity]
-                .into_iter()
-                .map(move |operations| Scenario {
-                    faults,
-                    handler,
-                    operations,
-                    defect: None,
-                    checks_transitions: true,
-                })
-        })
+    [
+        Handler::Direct,
+        Handler::Stepped,
+        Handler::Unchecked,
+        Handler::Transactional,
+    ]
+    .into_iter()
+    .flat_map(move |handler| {
+        [Operations::One, Operations::SharingAnIdentity]
+            .into_iter()
+            .map(move |operations| Scenario {
+                faults,
+                handler,
+                operations,
+                defect: None,
+                checks_transitions: true,
+            })
+    })
 }
 
 /// Every interleaving of the two deliveries' store requests, no fault: exhaustive at this
@@ -860,6 +878,12 @@ fn historical_defects_put_back_in_the_engine_are_found() {
             "a takeover that runs an uncertain step again without its check",
             defects::UNCERTAIN_STEP_RERUN,
             one(Faults::Crashing, Handler::Stepped),
+            "the effect ran 2 times",
+        ),
+        (
+            "a takeover that runs an uncertain step again, where it has no check",
+            defects::UNCERTAIN_STEP_RERUN,
+            one(Faults::Crashing, Handler::Unchecked),
             "the effect ran 2 times",
         ),
         (

@@ -20,7 +20,7 @@ use shuttle::rand::{Rng, thread_rng};
 use tokio::sync::Notify;
 
 use super::Faults;
-use super::spec::{self, Request};
+use lambda_idempotency::testing::transitions::{self, Request};
 
 tokio::task_local! {
     /// The crash signal of the delivery running on this task.
@@ -129,7 +129,7 @@ impl Scheduled {
     }
 
     /// `apply`, a request concerning `key`'s record, checked as it applies against the
-    /// transitions the model allows ([`spec::allowed`]), unless the case checks none.
+    /// transitions the model allows ([`transitions::allowed`]), unless the case checks none.
     async fn specified<T>(
         &self,
         operation: &'static str,
@@ -144,7 +144,7 @@ impl Scheduled {
             let before = self.inner.get(key).await?;
             let answer = apply.await;
             let after = self.inner.get(key).await?;
-            if let Err(forbidden) = spec::allowed(request, before.as_ref(), after.as_ref()) {
+            if let Err(forbidden) = transitions::allowed(request, before.as_ref(), after.as_ref()) {
                 panic!(
                     "{operation} of {}: {forbidden} (a transition the model forbids)",
                     key.short()

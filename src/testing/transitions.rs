@@ -1,47 +1,100 @@
-//! The protocol's transitions as the model allows them (`src/model`: the store's conditions
-//! its workers meet), stated apart from the store's code: what one store request may change of
-//! an operation's record. Each request of a schedule is checked as it applies, so that a
-//! write the engine sends (or a store applies) that the model forbids is reported where it
-//! happens, whether or not the schedule's outcome ever shows it.
+//! The store's transitions as the protocol's model allows them: what one store request may
+//! change of an operation's record, stated apart from the stores' code. It is the
+//! specification two checkers share: the model (`src/model`, stateright) checks every write
+//! its workers send in every state it explores against it, so that it allows nothing the
+//! protocol does not need and forbids nothing the protocol does; the shuttle schedules of the
+//! integration suite check each request the real engine sends, as it applies, so that a write
+//! the engine sends (or a store applies) that the model forbids is reported where it happens,
+//! whether or not the schedule's outcome ever shows it.
+//!
+//! ```
+//! use std::time::{Duration, UNIX_EPOCH};
+//! use lambda_idempotency::key::{Fingerprint, OperationKey, OperationScope};
+//! use lambda_idempotency::record::{Lease, Record, Status};
+//! use lambda_idempotency::testing::transitions::{Request, allowed};
+//!
+//! let scope = OperationScope::new("orders", "charge").unwrap();
+//! let now = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+//! let claim = |token: &str| Record {
+//!     key: OperationKey::derive(&scope, None, &"o-1").unwrap(),
+//!     status: Status::InProgress,
+//!     fingerprint: Fingerprint::of(&"o-1").unwrap(),
+//!     lease: Lease { token: token.into(), attempt: 1, expires_at: now + Duration::from_secs(60) },
+//!     expires_at: now + Duration::from_secs(3600),
+//!     outcome: None,
+//!     created_at: now,
+//!     completed_at: None,
+//!     request_id: None,
+//!     identity: None,
+//!     audit: None,
+//!     steps: Vec::new(),
+//!     steps_version: 0,
+//! };
+//! let (mine, theirs) = (claim("attempt-a"), claim("attempt-b"));
+//! // A claim of an absent key writes its own record.
+//! assert!(allowed(Request::Claim { record: &mine, now }, None, Some(&mine)).is_ok());
+//! // A claim that replaced another's live claim is a transition the model forbids.
+//! assert!(allowed(Request::Claim { record: &theirs, now }, Some(&mine), Some(&theirs)).is_err());
+//! ```
 
 use std::time::SystemTime;
 
-use lambda_idempotency::record::{
-    Lease, Record, Settlement, Status, StepRecord, epoch_millis, epoch_secs,
-};
-use lambda_idempotency::store::Guard;
+use crate::record::{Lease, Record, Settlement, Status, StepRecord, epoch_millis, epoch_secs};
+use crate::store::Guard;
 
 /// One store request, as far as it concerns the record of its key.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Request<'a> {
-    /// A claim (or an adoption) writing `record`.
-    Claim { record: &'a Record, now: SystemTime },
-    /// A takeover of `previous` with a new `lease` and retention `expires_at`.
-    TakeOver {
-        previous: &'a Record,
-        lease: &'a Lease,
-        expires_at: SystemTime,
+#[non_exhaustive]
+pub enum Request<'a> {
+    /// A claim (or an adoption) writing its record.
+    Claim {
+        /// The record the claim writes.
+        record: &'a Record,
+        /// The claimant's time.
         now: SystemTime,
     },
-    /// A give-back's shortening of the lease to `until`.
-    Shorten { guard: Guard<'a>, until: SystemTime },
+    /// A takeover of an expired claim.
+    TakeOver {
+        /// The record the takeover read (its lease run out).
+        previous: &'a Record,
+        /// The new attempt's lease.
+        lease: &'a Lease,
+        /// The record's new retention.
+        expires_at: SystemTime,
+        /// The taker's time.
+        now: SystemTime,
+    },
+    /// A give-back's shortening of the lease.
+    Shorten {
+        /// Whose lease it must be.
+        guard: Guard<'a>,
+        /// The lease's new end.
+        until: SystemTime,
+    },
     /// A settlement (with or without the handler's writes).
     Settle {
+        /// Whose lease it must be.
         guard: Guard<'a>,
+        /// What it writes.
         settlement: &'a Settlement,
     },
     /// The steps written (with or without a transactional step's writes).
     Steps {
+        /// Whose lease it must be.
         guard: Guard<'a>,
+        /// Every step the record then holds.
         steps: &'a [StepRecord],
     },
     /// The record deleted for a fresh retry.
-    Release { guard: Guard<'a> },
+    Release {
+        /// Whose lease it must be.
+        guard: Guard<'a>,
+    },
 }
 
 /// Whether `request` may have turned the record `before` into `after`: `Err` names the
 /// transition the model forbids. A request that changed nothing is always allowed.
-pub(super) fn allowed(
+pub fn allowed(
     request: Request<'_>,
     before: Option<&Record>,
     after: Option<&Record>,
