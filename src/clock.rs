@@ -2,7 +2,8 @@
 //!
 //! Every decision the engine takes about leases and retention reads the time from a [`Clock`],
 //! never from a hidden `SystemTime::now()`. Production code uses [`SystemClock`]; tests use a
-//! [`ManualClock`] and move it forward instead of sleeping.
+//! [`ManualClock`] and move it forward instead of sleeping (its sleepers each wait for their
+//! own end, and the first due moves it there).
 //!
 //! ```
 //! use std::time::{Duration, UNIX_EPOCH};
@@ -39,7 +40,7 @@ pub trait Clock: Send + Sync + fmt::Debug {
     /// Ends after `duration`: the deadline of a wait in flight (a store write cut at the
     /// invocation's deadline, a caller's wait for its key's turn under single flight). The
     /// default waits on Tokio's timer, in real time for every clock: a [`ManualClock`] moves
-    /// only when told, and a test's request is never cut by it. A clock that drives a scheduler
+    /// only when told or when a sleeper is due, and a test's request is never cut by it. A clock that drives a scheduler
     /// of its own (a model checker's) ends it on that scheduler.
     fn deadline(&self, duration: Duration) -> BoxFuture<'static, ()> {
         Box::pin(tokio::time::sleep(duration))

@@ -41,8 +41,8 @@ pub struct ManualClock {
 #[derive(Debug)]
 struct Timeline {
     now: SystemTime,
-    /// Each sleep, by its end and the order it began in, with the waker of its task once it
-    /// waits.
+    /// Each sleep polled and not ended, by its end and the order it began in, with the waker
+    /// of its task while it waits.
     sleepers: BTreeMap<Slot, Option<Waker>>,
     /// How many sleeps began (the order of two with the same end).
     began: u64,
@@ -52,18 +52,23 @@ struct Timeline {
 type Slot = (SystemTime, u64);
 
 impl Timeline {
-    /// Wakes every sleeper whose end has come, and the first one still to come: it is the one
-    /// that moves the clock on.
-    fn wake_due(&mut self) {
+    /// The wakers of every sleeper whose end has come, and of the first one still to come: it
+    /// is the one that moves the clock on (woken once the clock's lock is released).
+    fn due(&mut self) -> Vec<Waker> {
+        let mut due = Vec::new();
         for ((end, _), waker) in self.sleepers.iter_mut() {
-            if let Some(waker) = waker.take() {
-                waker.wake();
-            }
+            due.extend(waker.take());
             if *end > self.now {
                 break;
             }
         }
+        due
     }
+}
+
+/// Wakes `wakers`, outside the clock's lock.
+fn wake(wakers: Vec<Waker>) {
+    wakers.into_iter().for_each(Waker::wake);
 }
 
 impl ManualClock {
@@ -80,17 +85,24 @@ impl ManualClock {
 
     /// Moves the clock forward by `by` (waking the sleepers whose end it reaches).
     pub fn advance(&self, by: Duration) {
-        let mut timeline = self.timeline();
-        timeline.now += by;
-        timeline.wake_due();
+        let due = {
+            let mut timeline = self.timeline();
+            timeline.now += by;
+            timeline.due()
+        };
+        wake(due);
     }
 
     /// Sets the clock to `to`, which may be earlier than now (waking the sleepers whose end it
-    /// reaches).
+    /// reaches). A sleeper still waiting then moves it forward again, to its own end, when it
+    /// is the first due.
     pub fn set(&self, to: SystemTime) {
-        let mut timeline = self.timeline();
-        timeline.now = to;
-        timeline.wake_due();
+        let due = {
+            let mut timeline = self.timeline();
+            timeline.now = to;
+            timeline.due()
+        };
+        wake(due);
     }
 
     fn timeline(&self) -> MutexGuard<'_, Timeline> {
@@ -107,7 +119,6 @@ impl Clock for ManualClock {
         let mut timeline = self.timeline();
         let slot = (timeline.now + duration, timeline.began);
         timeline.began += 1;
-        timeline.sleepers.insert(slot, None);
         Box::pin(Sleep {
             timeline: Arc::clone(&self.timeline),
             slot,
@@ -121,7 +132,8 @@ impl Clock for ManualClock {
     }
 }
 
-/// One task's sleep on a [`ManualClock`].
+/// One task's sleep on a [`ManualClock`]: its end is counted from when it was made; it joins
+/// the line of sleepers when first polled (a sleep made and not yet awaited holds up no one).
 #[derive(Debug)]
 struct Sleep {
     timeline: Arc<Mutex<Timeline>>,
@@ -132,11 +144,11 @@ struct Sleep {
 }
 
 impl Sleep {
-    /// Leaves the line, waking those now due and the next to move the clock.
-    fn leave(&mut self, timeline: &mut Timeline) {
+    /// Leaves the line: the wakers of those now due and of the next to move the clock.
+    fn leave(&mut self, timeline: &mut Timeline) -> Vec<Waker> {
         timeline.sleepers.remove(&self.slot);
-        timeline.wake_due();
         self.ended = true;
+        timeline.due()
     }
 }
 
@@ -147,23 +159,26 @@ impl Future for Sleep {
         let this = self.get_mut();
         let timeline = Arc::clone(&this.timeline);
         let mut timeline = timeline.lock().unwrap_or_else(PoisonError::into_inner);
+        timeline
+            .sleepers
+            .insert(this.slot, Some(cx.waker().clone()));
         let (end, _) = this.slot;
         let first = timeline.sleepers.keys().next() == Some(&this.slot);
         if timeline.now < end && first && this.yielded {
             timeline.now = end;
         }
         if timeline.now >= end {
-            this.leave(&mut timeline);
+            let due = this.leave(&mut timeline);
+            drop(timeline);
+            wake(due);
             return Poll::Ready(());
         }
+        // The first due yields to the other ready tasks before the clock moves (again, if an
+        // earlier sleeper overtook it meanwhile).
+        this.yielded = first;
         if first {
-            // The first due: the other ready tasks run before the clock moves.
-            this.yielded = true;
             cx.waker().wake_by_ref();
         }
-        timeline
-            .sleepers
-            .insert(this.slot, Some(cx.waker().clone()));
         Poll::Pending
     }
 }
@@ -173,7 +188,9 @@ impl Drop for Sleep {
         if !self.ended {
             let timeline = Arc::clone(&self.timeline);
             let mut timeline = timeline.lock().unwrap_or_else(PoisonError::into_inner);
-            self.leave(&mut timeline);
+            let due = self.leave(&mut timeline);
+            drop(timeline);
+            wake(due);
         }
     }
 }
@@ -224,6 +241,21 @@ mod tests {
             ),
             "each sleeper ends at its own end, the clock moved by the longest pause"
         );
+    }
+
+    #[test]
+    fn a_sleep_made_and_not_awaited_holds_up_no_one() {
+        use futures_util::FutureExt;
+        let clock = ManualClock::new(start());
+        let made = clock.sleep(Duration::from_secs(1));
+        let mut awaited = clock.sleep(Duration::from_secs(5));
+        assert!((&mut awaited).now_or_never().is_none(), "it yields once");
+        assert!(
+            (&mut awaited).now_or_never().is_some(),
+            "then, first in line, it moves the clock to its end"
+        );
+        assert_eq!(clock.now(), start() + Duration::from_secs(5));
+        assert!(made.now_or_never().is_some(), "its end has passed");
     }
 
     #[tokio::test]

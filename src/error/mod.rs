@@ -76,9 +76,11 @@ pub enum Error {
         source: BoxError,
     },
 
-    /// This worker's lease was taken over before it completed; its result was not recorded.
+    /// This worker's lease was taken over, or ran out, before it completed (past its lease no
+    /// step's effect starts: another attempt may take the claim over); its result was not
+    /// recorded.
     #[error(
-        "lease on operation {} was taken over (this was attempt {attempt}); its result was not recorded, raise the lease if handlers outlive it",
+        "lease on operation {} was taken over or ran out (this was attempt {attempt}); its result was not recorded, raise the lease if handlers outlive it",
         key.short()
     )]
     LeaseLost {

@@ -4,9 +4,10 @@
 use stateright::{Expectation, Property};
 
 use super::state::{Answer, Held, Outcome, State};
-use super::{Handler, Protocol, tick};
+use super::{Handler, Protocol, at, tick};
 use crate::key::OperationKey;
 use crate::record::Status;
+use crate::testing::transitions::{self, Answered, Shown};
 
 /// At most one effect per operation, counting every handler run that acted (a re-run of a
 /// handler declared safe to repeat is excused only after its predecessor died unsettled; a
@@ -131,45 +132,41 @@ impl Protocol {
         }
     }
 
-    /// Notes an answer worker `w` gave that the store, as it stands, contradicts.
+    /// Notes an answer worker `w` gave that the store, as it stands, contradicts (the
+    /// specification's [`transitions::truthful`]), or that differs from the operation's first
+    /// recorded outcome.
     pub(super) fn check_answer(&self, state: &mut State, w: usize, answer: &Answer) {
         let key = self.key(state.workers[w].op);
         let own = format!("w{w}");
-        let record = state.record(&key);
         let first = state.first_outcome[state.workers[w].op].as_ref();
-        let truthful = match answer {
-            Answer::Executed(outcome) => record.is_some_and(|r| {
-                r.status == Status::Completed && r.outcome.as_ref() == Some(outcome)
-            }),
-            Answer::Replayed(outcome) => {
-                first.is_none_or(|first| first.bytes == *outcome)
-                    && record.is_some_and(|r| {
-                        r.status == Status::Completed && r.outcome.as_ref() == Some(outcome)
-                    })
-            }
-            Answer::Failed(failure) => {
-                first.is_none_or(|first| first.bytes == *failure)
-                    && record.is_some_and(|r| {
-                        r.status == Status::Failed && r.outcome.as_ref() == Some(failure)
-                    })
-            }
-            Answer::InProgress => {
-                record.is_some_and(|r| r.status == Status::InProgress && r.lease.token != own)
-            }
-            Answer::RetryNow => record.is_none(),
-            Answer::LeaseLost => record.is_none_or(|r| r.lease.token != own),
-            Answer::Indeterminate => {
-                record.is_some_and(|r| r.status == Status::Indeterminate)
-                    || state
-                        .evidence
-                        .iter()
-                        .any(|(_, e)| e.key == key && e.status == Status::Indeterminate)
-            }
+        let answered = match answer {
+            Answer::Executed(outcome) => Answered::Executed(outcome),
+            Answer::Replayed(outcome) => Answered::Replayed(outcome),
+            Answer::Failed(failure) => Answered::Failed(Some(failure)),
+            Answer::InProgress => Answered::InProgress,
+            Answer::RetryNow => Answered::RetryNow,
+            Answer::LeaseLost => Answered::LeaseLost,
+            Answer::Indeterminate => Answered::Indeterminate,
             Answer::Unavailable | Answer::GaveUp { .. } | Answer::Released | Answer::Refused(_) => {
-                true
+                Answered::Other
             }
         };
-        if !truthful {
+        let shown = Shown {
+            own: Some(&own),
+            record: state.record(&key),
+            evidence_indeterminate: state
+                .evidence
+                .iter()
+                .any(|(_, e)| e.key == key && e.status == Status::Indeterminate),
+            now: Some(at(state.now + state.workers[w].skew)),
+        };
+        let replayed_first = match answer {
+            Answer::Replayed(bytes) | Answer::Failed(bytes) => {
+                first.is_none_or(|first| first.bytes == *bytes)
+            }
+            _ => true,
+        };
+        if transitions::truthful(answered, shown).is_err() || !replayed_first {
             state.broken.push(TRUTHFUL);
         }
     }

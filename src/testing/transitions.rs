@@ -92,6 +92,84 @@ pub enum Request<'a> {
     },
 }
 
+/// An answer the engine gave a delivery, as far as the store must show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Answered<'a> {
+    /// The handler ran (or a reconciler found its effect), and these outcome bytes were
+    /// recorded.
+    Executed(&'a [u8]),
+    /// These stored outcome bytes were replayed.
+    Replayed(&'a [u8]),
+    /// A retained failure (its bytes, where the answer carries them).
+    Failed(Option<&'a [u8]>),
+    /// Another attempt holds a live lease.
+    InProgress,
+    /// The record a takeover was sent for is gone (released, or deleted by TTL): the caller's
+    /// retry claims afresh.
+    RetryNow,
+    /// The attempt's lease was taken, or ran out, before it settled.
+    LeaseLost,
+    /// Held for an operator.
+    Indeterminate,
+    /// Anything else (a refusal, an outage outlasted, the handler's own error): the store need
+    /// show nothing of it.
+    Other,
+}
+
+/// What the store showed an attempt at its last request, the state its answer is judged
+/// against.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Shown<'a> {
+    /// The attempt's own lease token, once it claimed or took over.
+    pub own: Option<&'a str>,
+    /// The operation's record, as that request left it.
+    pub record: Option<&'a Record>,
+    /// Whether the business identity's evidence it read was INDETERMINATE.
+    pub evidence_indeterminate: bool,
+    /// The attempt's time when it answered (`None`: not known, and a lease counts as live).
+    pub now: Option<SystemTime>,
+}
+
+/// Whether `answer` is one the model gives from the state `shown`: `Err` names the untruth.
+/// An outcome answered is the record's, byte for byte; "in progress" only under another's
+/// lease; "lease lost" only where the record is no longer the attempt's, or its lease has run
+/// out by the attempt's clock (anyone may take it over then, and no effect may start).
+pub fn truthful(answer: Answered<'_>, shown: Shown<'_>) -> Result<(), String> {
+    let record = shown.record;
+    let holds = |status: Status, bytes: Option<&[u8]>| {
+        record.is_some_and(|record| {
+            record.status == status
+                && bytes.is_none_or(|bytes| record.outcome.as_deref() == Some(bytes))
+        })
+    };
+    let others = |record: &Record| shown.own.is_none_or(|own| record.lease.token != own);
+    let truthful = match answer {
+        Answered::Executed(bytes) | Answered::Replayed(bytes) => {
+            holds(Status::Completed, Some(bytes))
+        }
+        Answered::Failed(bytes) => holds(Status::Failed, bytes),
+        Answered::InProgress => {
+            record.is_some_and(|record| record.status == Status::InProgress && others(record))
+        }
+        Answered::RetryNow => record.is_none(),
+        Answered::LeaseLost => record.is_none_or(|record| {
+            others(record) || shown.now.is_some_and(|now| record.lease.is_expired(now))
+        }),
+        Answered::Indeterminate => {
+            holds(Status::Indeterminate, None) || shown.evidence_indeterminate
+        }
+        Answered::Other => true,
+    };
+    match truthful {
+        true => Ok(()),
+        false => Err(format!(
+            "answered {answer:?} where the store showed {:?}",
+            record.map(|record| (record.status, record.lease.attempt))
+        )),
+    }
+}
+
 /// Whether `request` may have turned the record `before` into `after`: `Err` names the
 /// transition the model forbids. A request that changed nothing is always allowed.
 pub fn allowed(
@@ -131,6 +209,19 @@ pub fn allowed(
             if expires_at < lease.expires_at {
                 return Err("a takeover's record is retained less long than its lease".into());
             }
+            if lease.token == previous.lease.token
+                || lease.attempt != previous.lease.attempt.saturating_add(1)
+            {
+                return Err(format!(
+                    "a takeover of attempt {} wrote attempt {} under {} token",
+                    previous.lease.attempt,
+                    lease.attempt,
+                    match lease.token == previous.lease.token {
+                        true => "the same",
+                        false => "a new",
+                    }
+                ));
+            }
             let expected = Record {
                 lease: lease.clone(),
                 expires_at,
@@ -151,29 +242,33 @@ pub fn allowed(
             unchanged_but(after, &expected, "a shortening")
         }
         Request::Settle { guard, settlement } => {
-            held(before, guard, "a settlement")?;
-            match after {
-                Some(after) if after.status == settlement.status => Ok(()),
-                // A settlement that releases for a fresh retry deletes nothing here: it writes
-                // its status; only `release` deletes.
-                _ => Err("a settlement left another status than its own".into()),
+            let before = held(before, guard, "a settlement")?;
+            let mut expected = Record {
+                status: settlement.status,
+                outcome: settlement.outcome.clone(),
+                expires_at: settlement.expires_at,
+                completed_at: Some(settlement.completed_at),
+                ..before.clone()
+            };
+            if let Some(steps) = &settlement.steps {
+                expected.steps.clone_from(steps);
+                expected.steps_version = before.steps_version + 1;
             }
+            if settlement.audit.is_some() {
+                expected.audit.clone_from(&settlement.audit);
+            }
+            // A settlement that releases for a fresh retry deletes nothing here: it writes
+            // its status; only `release` deletes.
+            unchanged_but(after, &expected, "a settlement")
         }
         Request::Steps { guard, steps } => {
             let before = held(before, guard, "a step write")?;
-            match after {
-                Some(after)
-                    if after.steps == steps
-                        && Record {
-                            steps: before.steps.clone(),
-                            steps_version: before.steps_version,
-                            ..after.clone()
-                        } == *before =>
-                {
-                    Ok(())
-                }
-                _ => Err("a step write changed more than the steps".into()),
-            }
+            let expected = Record {
+                steps: steps.to_vec(),
+                steps_version: before.steps_version + 1,
+                ..before.clone()
+            };
+            unchanged_but(after, &expected, "a step write")
         }
         Request::Release { guard } => {
             held(before, guard, "a release")?;

@@ -155,7 +155,7 @@ impl MemoryStore {
 }
 
 /// The model checker's view (src/model): a store built from a state, and read back into one.
-#[cfg(test)]
+#[cfg(all(test, feature = "testing"))]
 impl MemoryStore {
     /// A store holding `records` and `evidence` (keyed by identity).
     pub(crate) fn holding(records: Vec<Record>, evidence: Vec<(String, Evidence)>) -> Self {

@@ -19,7 +19,7 @@ use lambda_idempotency::store::{
 use shuttle::rand::{Rng, thread_rng};
 use tokio::sync::Notify;
 
-use super::Faults;
+use super::{Faults, shown};
 use lambda_idempotency::testing::transitions::{self, Request};
 
 tokio::task_local! {
@@ -129,7 +129,8 @@ impl Scheduled {
     }
 
     /// `apply`, a request concerning `key`'s record, checked as it applies against the
-    /// transitions the model allows ([`transitions::allowed`]), unless the case checks none.
+    /// transitions the model allows ([`transitions::allowed`]), unless the case checks none;
+    /// what it left is noted as what the store showed the delivery sending it.
     async fn specified<T>(
         &self,
         operation: &'static str,
@@ -137,19 +138,20 @@ impl Scheduled {
         request: Request<'_>,
         apply: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        if !self.checks_transitions {
-            return self.request(operation, apply).await;
-        }
         self.request(operation, async move {
             let before = self.inner.get(key).await?;
             let answer = apply.await;
             let after = self.inner.get(key).await?;
-            if let Err(forbidden) = transitions::allowed(request, before.as_ref(), after.as_ref()) {
+            if self.checks_transitions
+                && let Err(forbidden) =
+                    transitions::allowed(request, before.as_ref(), after.as_ref())
+            {
                 panic!(
                     "{operation} of {}: {forbidden} (a transition the model forbids)",
                     key.short()
                 );
             }
+            shown::record(operation, Some(request), after);
             answer
         })
         .await
@@ -303,14 +305,22 @@ impl Store for Scheduled {
         &'a self,
         key: &'a OperationKey,
     ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
-        Box::pin(self.request("get", self.inner.get(key)))
+        Box::pin(self.request("get", async move {
+            let found = self.inner.get(key).await?;
+            shown::record("get", None, found.clone());
+            Ok(found)
+        }))
     }
 
     fn evidence<'a>(
         &'a self,
         identity: &'a str,
     ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>> {
-        Box::pin(self.request("evidence", self.inner.evidence(identity)))
+        Box::pin(self.request("evidence", async move {
+            let found = self.inner.evidence(identity).await?;
+            shown::evidence(found.as_ref());
+            Ok(found)
+        }))
     }
 
     fn transactional(&self) -> Option<&dyn TransactionalStore> {
@@ -379,8 +389,9 @@ impl TransactionalStore for Scheduled {
 }
 
 /// The engine's manual clock (each sleeping task waits for its own end, the first due moving
-/// time there once the scheduler runs it again, each sleep so a scheduling point) or the case
-/// moving it; a deadline never ends before what it bounds (the cases set none).
+/// time there once the scheduler runs it again, each sleep a scheduling point of shuttle's
+/// own) or the case moving it; a deadline never ends before what it bounds (the cases set
+/// none).
 #[derive(Debug, Clone)]
 pub(super) struct ScheduledClock(pub(super) ManualClock);
 
@@ -396,7 +407,13 @@ impl Clock for ScheduledClock {
     }
 
     fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {
-        self.0.sleep(duration)
+        // Shuttle's own yield first, so that every scheduler (PCT's priorities included) may
+        // run another task before the sleeper moves the clock.
+        let sleep = self.0.sleep(duration);
+        Box::pin(async move {
+            shuttle::future::yield_now().await;
+            sleep.await;
+        })
     }
 
     fn deadline(&self, _: Duration) -> BoxFuture<'static, ()> {
