@@ -79,6 +79,9 @@ struct InProcess {
     db: Database,
     faults: Arc<Lossy>,
     applied: Applied,
+    /// A defect, for the harness's own check: each `UpdateItem` answered as applied, never
+    /// applied.
+    drops_updates: bool,
 }
 
 impl std::fmt::Debug for InProcess {
@@ -109,6 +112,9 @@ impl HttpConnector for InProcess {
             }
             let target = request.headers().get("x-amz-target").unwrap_or_default();
             let operation = target.rsplit('.').next().unwrap_or_default().to_owned();
+            if this.drops_updates && operation == "UpdateItem" {
+                return Ok(response(200, "{}".to_owned()));
+            }
             let body = request.body().bytes().unwrap_or_default();
             let body = std::str::from_utf8(body).expect("the SDK sends JSON");
             let answer = match dispatch(&this.db, &operation, body) {
@@ -175,12 +181,14 @@ impl AsyncSleep for Yield {
 }
 
 /// The real SDK client on `db`, its requests meeting the checker's `faults`, each that
-/// applied shown to `applied`: static credentials, us-east-1, the SDK's standard retries
+/// applied shown to `applied` (with `drops_updates`, a defect: an `UpdateItem` is answered
+/// as applied and never applied): static credentials, us-east-1, the SDK's standard retries
 /// (a fresh retry quota of its own), no timeouts.
 pub(super) fn client(
     db: Database,
     faults: Arc<Lossy>,
     applied: Applied,
+    drops_updates: bool,
 ) -> aws_sdk_dynamodb::Client {
     let partition = RetryPartition::custom("shuttle")
         .token_bucket(TokenBucket::new(500))
@@ -195,6 +203,7 @@ pub(super) fn client(
             db,
             faults,
             applied,
+            drops_updates,
         })
         .sleep_impl(SharedAsyncSleep::new(Yield))
         .retry_config(RetryConfig::standard())

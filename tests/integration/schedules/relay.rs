@@ -1,16 +1,18 @@
 //! The outbox's far side under the controlled scheduler: while the transactional deliveries
-//! commit a charge and its outbox event (as [`super::case`] runs them), the ledger table's
-//! DynamoDB stream is read as an event source mapping reads it, and the real relay
-//! ([`Relay::relay_batch`]) publishes what it holds, beside a real sweeper run; its marks go
-//! through the real SDK client to the in-process DynamoDB ([`in_process`]). The destination
-//! is in-process too, a consumer behind it that deduplicates on the event id. At each publish
-//! and each DynamoDB request of the relay's the checker may fail it before it applies, or
-//! apply it and lose its answer. Then the stream gives up, and a last sweep, without faults,
-//! publishes what is still pending.
+//! commit a charge and its outbox event (as [`super::case`] runs them; or, in a case of its
+//! own, two receipts beside it), the ledger table's DynamoDB stream is read as an event source
+//! mapping reads it, and the real relay ([`Relay::relay_batch`]) publishes what it holds,
+//! beside real sweeper runs; their marks go through the real SDK client to the in-process
+//! DynamoDB ([`in_process`]). The destination is in-process too, a consumer behind it that
+//! deduplicates on the event id. At each publish and each DynamoDB request of theirs the
+//! checker may fail it before it applies, or apply it and lose its answer. Then the stream
+//! gives up, and a last sweep, without faults, publishes what is still pending.
 //!
-//! After each schedule: every committed event was published at least once and acted on once;
-//! none was marked published before it was published (checked as each mark applies); none is
-//! left pending; and the deliveries' own invariants ([`super::check`]).
+//! Checked as it happens: an event is marked published only once it was published (as each
+//! mark applies), and every record the relay acknowledges has its event marked (Lambda never
+//! delivers it again). After each schedule: every committed event was published at least
+//! once and acted on once, none is left pending, and the deliveries' own invariants
+//! ([`super::check`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -19,15 +21,21 @@ use std::time::Duration;
 
 use aws_lambda_events::event::dynamodb::EventRecord;
 use futures_util::future::BoxFuture;
-use lambda_idempotency::Idempotency;
 use lambda_idempotency::clock::Clock;
-use lambda_idempotency::effects::{Outbox, OutboxMarks};
+use lambda_idempotency::effects::{
+    Destination as To, Outbox, OutboxEvent, OutboxMarks, Transaction, Writes,
+};
+use lambda_idempotency::lambda::current;
 use lambda_idempotency::lambda::relay::sweeper::Sweeper;
 use lambda_idempotency::lambda::relay::{
     Answers, Channel, Message, PublishError, Publisher, Relay, Transport, relay,
 };
+use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::store::MemoryStore;
 use lambda_idempotency::testing::conformance::start_time;
+use lambda_idempotency::{BoxError, Idempotency, Operation};
+use lambda_runtime::tower::{Layer, ServiceExt};
+use lambda_runtime::{Context, LambdaEvent, service_fn};
 use serde_json::{Value, json};
 use shuttle::rand::{Rng, thread_rng};
 use shuttle::scheduler::{PctScheduler, RandomScheduler, Scheduler};
@@ -37,7 +45,8 @@ use super::in_process::{self, Applied, Fault, Lossy};
 use super::ledger::Ledger;
 use super::scheduled::{Scheduled, ScheduledClock};
 use super::{
-    Faults, Handler, Operations, OrderId, Redelivery, Scenario, check, committed, deliver, key,
+    Answer, Faults, Handler, Operations, OrderId, Redelivery, Scenario, answered, check, committed,
+    deliver, key, order, policy, scope,
 };
 
 /// The mapping's polls of the stream, and the most of them that invoke the relay (a poll
@@ -48,6 +57,16 @@ const INVOCATIONS: usize = 2;
 /// The sweeps beside the relay.
 const SWEEPS: usize = 2;
 
+/// One case: what the deliveries commit, and a defect.
+#[derive(Debug, Clone, Copy)]
+struct Setup {
+    /// Whether each charge commits two receipts beside its event
+    /// ([`charge_with_receipts`]), else the charge alone (as [`super::transact`]).
+    receipts: bool,
+    /// A defect put in for the harness's own check.
+    defect: Option<Defect>,
+}
+
 /// A defect put on the relay's path from the test's side, for the harness's own check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Defect {
@@ -56,6 +75,8 @@ enum Defect {
     AcknowledgesFailures,
     /// The consumer acts on every delivery, not once per event id.
     ConsumerWithoutDeduplication,
+    /// The relay's DynamoDB client answers each mark as applied, and drops it.
+    MarksDropped,
 }
 
 /// What the destination received and its consumer did, by event id.
@@ -126,6 +147,54 @@ impl Transport for Destination {
             }
         })
     }
+}
+
+/// A delivery of o-1 (a trimmed [`deliver`], without crashes) whose transactional step
+/// commits the charge with its event and, with `receipts`, two more events for one ordering
+/// key on an SNS topic: three events of one transaction, on two channels.
+async fn deliver_receipts(idem: Idempotency, ledger: Ledger) -> Option<Answer> {
+    let operation = Operation::new(idem, scope(), policy()).with_recovery(Recovery::Steps);
+    let service = operation
+        .layer()
+        .executions()
+        .layer(service_fn(move |_: LambdaEvent<Value>| {
+            charge_with_receipts(ledger.clone())
+        }));
+    let event = LambdaEvent::new(order(OrderId(1)), Context::default());
+    Some(answered(service.oneshot(event).await))
+}
+
+/// The charge, its event and two receipts committed with a step, the completion with the
+/// settlement (as [`super::transact`] does, with the receipts).
+async fn charge_with_receipts(ledger: Ledger) -> Result<String, BoxError> {
+    let ctx = current().ok_or("no execution context in the handler")?;
+    let receipts: Vec<OutboxEvent> = (1..=2)
+        .map(|sequence| {
+            let topic = To::Sns {
+                topic_arn: "arn:aws:sns:us-east-1:000000000000:receipts.fifo".into(),
+            };
+            OutboxEvent::new(format!("receipt-{sequence}"), topic, &sequence)
+                .and_then(|receipt| receipt.ordered_by("o-1", sequence))
+                .expect("a receipt")
+        })
+        .collect();
+    let charged = ctx
+        .step("charge")
+        .transact(|_key| async move {
+            let ledger = &ledger;
+            let (outbox, event) = Ledger::charged(OrderId(1));
+            let run = ledger.charges() + 1;
+            let charged = Transaction::new(format!("o-1#{run}"))
+                .update(Ledger::charge())
+                .publish(&outbox, event);
+            let charged = receipts.into_iter().fold(charged, |charged, receipt| {
+                charged.publish(&outbox, receipt)
+            });
+            Ok::<_, BoxError>(charged)
+        })
+        .await?;
+    ctx.complete_with(Writes::default().update(Ledger::complete(OrderId(1))))?;
+    Ok(charged)
 }
 
 /// The ledger's table, as an outbox table is made (template.yaml's `OutboxTable`): a stream
@@ -201,6 +270,18 @@ async fn mapping(relay: Relay, db: dynoxide::Database) -> u64 {
         invoked += 1;
         let report = relay.relay_batch(&batch).await;
         published += report.published;
+        // What the relay does not report failed, Lambda never delivers again: it is settled.
+        for record in batch
+            .iter()
+            .filter(|record| !report.failed.contains(&sequence(record)))
+        {
+            let keys = serde_json::to_value(&record.change.keys).expect("the record's keys");
+            let id = keys["pk"]["S"].as_str().expect("the event id");
+            assert!(
+                settled(&db, id),
+                "the relay acknowledged the record of {id}, whose event is not marked: {report:?}"
+            );
+        }
         let first_failed = report.failed.iter().min();
         checkpoint = match first_failed {
             None => last,
@@ -213,6 +294,24 @@ async fn mapping(relay: Relay, db: dynoxide::Database) -> u64 {
         };
     }
     published
+}
+
+/// Whether the outbox event `pk` is marked published or parked.
+fn settled(db: &dynoxide::Database, pk: &str) -> bool {
+    let get = dynoxide::actions::get_item::GetItemRequest {
+        table_name: outbox().table().to_owned(),
+        key: HashMap::from([("pk".to_owned(), dynoxide::AttributeValue::S(pk.to_owned()))]),
+        consistent_read: Some(true),
+        ..Default::default()
+    };
+    let item = db
+        .get_item(get)
+        .expect("read the outbox")
+        .item
+        .unwrap_or_default();
+    let parked =
+        matches!(item.get("pending"), Some(dynoxide::AttributeValue::S(p)) if p == "parked");
+    item.contains_key("published_at") || parked
 }
 
 /// The sweeps beside the relay: [`SWEEPS`] runs of a sweeper that takes every pending event,
@@ -248,7 +347,7 @@ struct Counts {
 
 /// One schedule: two concurrent deliveries of o-1 with a relay's invocations and a sweep
 /// beside them, the redelivery, the stream given up, a last sweep; then the invariants.
-fn case(defect: Option<Defect>, counts: &Counts) {
+fn case(Setup { receipts, defect }: Setup, counts: &Counts) {
     counts.schedules.fetch_add(1, Ordering::SeqCst);
     let faults = Arc::clone(&counts.faults);
     shuttle::future::block_on(async move {
@@ -281,23 +380,36 @@ fn case(defect: Option<Defect>, counts: &Counts) {
             faults: Arc::clone(&faults),
             defect,
         };
-        let marks = OutboxMarks::new(
-            in_process::client(ledger.db.clone(), Arc::clone(&faults), marked(&destination)),
-            &outbox(),
-        );
+        // The relay's client and the sweepers' (functions of their own).
+        let marks = |drops_updates| {
+            let applied = marked(&destination);
+            let client = in_process::client(
+                ledger.db.clone(),
+                Arc::clone(&faults),
+                applied,
+                drops_updates,
+            );
+            OutboxMarks::new(client, &outbox())
+        };
         let publisher = Publisher::over(destination.clone());
-        let relay = relay(publisher.clone(), marks.clone()).with_clock(clock.clone());
+        let relay = relay(
+            publisher.clone(),
+            marks(defect == Some(Defect::MarksDropped)),
+        )
+        .with_clock(clock.clone());
+        let marks = marks(false);
         let runs = Arc::new(AtomicUsize::new(0));
-        let deliveries = [(); 2].map(|()| {
-            let delivery = deliver(
-                idem.clone(),
+        let delivery = |idem: Idempotency| match receipts {
+            true => Box::pin(deliver_receipts(idem, ledger.clone())) as BoxFuture<'static, _>,
+            false => Box::pin(deliver(
+                idem,
                 Handler::Transactional,
                 OrderId(1),
                 Arc::clone(&runs),
                 ledger.clone(),
-            );
-            shuttle::future::spawn(delivery)
-        });
+            )),
+        };
+        let deliveries = [(); 2].map(|()| shuttle::future::spawn(delivery(idem.clone())));
         let stream = shuttle::future::spawn(mapping(relay, ledger.db.clone()));
         let sweeper = Sweeper::new(publisher.clone(), marks.clone()).after(Duration::ZERO);
         let sweep = shuttle::future::spawn(sweeps(sweeper, clock.clone()));
@@ -318,20 +430,20 @@ fn case(defect: Option<Defect>, counts: &Counts) {
             faults: Faults::None,
             ..store.clone()
         };
-        let quiet = Idempotency::new(quiet).with_clock(clock.clone());
-        let last = deliver(
-            quiet,
-            Handler::Transactional,
-            OrderId(1),
-            Arc::clone(&runs),
-            ledger.clone(),
-        );
-        answers.push(last.await);
+        answers.push(delivery(Idempotency::new(quiet).with_clock(clock.clone())).await);
         let relayed = stream.await.expect("the mapping's task");
         let early = sweep.await.expect("the sweeps' task");
         counts.relayed.fetch_add(relayed as usize, Ordering::SeqCst);
         counts.early.fetch_add(early as usize, Ordering::SeqCst);
-        let charges = committed(&ledger, &store.inner, &answers).await;
+        let charges = match receipts {
+            false => committed(&ledger, &store.inner, &answers).await,
+            true => {
+                let charges = ledger.charges();
+                let events = ledger.events();
+                assert_eq!(events, 3 * charges.min(1), "{charges} charges: {answers:?}");
+                charges
+            }
+        };
         let orders = [OrderId(1); 3];
         check(
             scenario,
@@ -440,12 +552,12 @@ struct Explored {
 }
 
 /// Runs [`case`] under `scheduler` (stacks deep enough for the SDK's futures).
-fn explore(scheduler: impl Scheduler + 'static, defect: Option<Defect>) -> Explored {
+fn explore(scheduler: impl Scheduler + 'static, setup: Setup) -> Explored {
     let counts = Arc::new(Counts::default());
     let mut config = Config::new();
     config.stack_size = 4 << 20;
     let explored = Arc::clone(&counts);
-    Runner::new(scheduler, config).run(move || case(defect, &explored));
+    Runner::new(scheduler, config).run(move || case(setup, &explored));
     let explored = Explored {
         schedules: counts.schedules.load(Ordering::SeqCst),
         relayed: counts.relayed.load(Ordering::SeqCst),
@@ -454,38 +566,60 @@ fn explore(scheduler: impl Scheduler + 'static, defect: Option<Defect>) -> Explo
         redelivered: counts.redelivered.load(Ordering::SeqCst),
         faults: counts.faults.fired.load(Ordering::SeqCst),
     };
-    eprintln!("{defect:?}: {explored:?}");
+    eprintln!("{setup:?}: {explored:?}");
     explored
 }
 
+/// How many schedules [`relay_publishes_every_committed_event_once`] runs, a third of them:
+/// `SHUTTLE_RELAY_SCHEDULES` (a longer hunt), else 100.
+fn relay_schedules() -> usize {
+    std::env::var("SHUTTLE_RELAY_SCHEDULES").map_or(100, |n| {
+        n.parse().expect("SHUTTLE_RELAY_SCHEDULES is a number")
+    })
+}
+
 /// Random and PCT schedules of the deliveries, the relay and the sweeps, with faults at every
-/// publish and every request of the relay's: every committed event published, acted on once,
-/// and marked. The relay and the last sweep each publish in some schedules, and some event
+/// publish and every request of the relay's, the charge committing its event alone or with
+/// two receipts: every committed event published, acted on once, and marked. The relay and the last sweep each publish in some schedules, and some event
 /// reaches the consumer twice (which it deduplicates).
 #[test]
 fn relay_publishes_every_committed_event_once() {
-    let random = explore(RandomScheduler::new(200), None);
-    let pct = explore(PctScheduler::new(3, 100), None);
-    assert_eq!(random.schedules + pct.schedules, 300);
-    let both = |count: fn(&Explored) -> usize| count(&random) + count(&pct);
+    let alone = Setup {
+        receipts: false,
+        defect: None,
+    };
+    let receipts = Setup {
+        receipts: true,
+        ..alone
+    };
+    let base = relay_schedules();
+    let runs = [
+        explore(RandomScheduler::new(base * 3 / 2), alone),
+        explore(PctScheduler::new(3, base / 2), alone),
+        explore(RandomScheduler::new(base), receipts),
+    ];
+    let total = |count: fn(&Explored) -> usize| runs.iter().map(count).sum::<usize>();
+    assert_eq!(total(|e| e.schedules), base * 3, "{runs:?}");
     assert!(
-        both(|e| e.relayed) > 0 && both(|e| e.early) > 0 && both(|e| e.swept) > 0,
-        "one publisher never published: {random:?}, {pct:?}"
+        total(|e| e.relayed) > 0 && total(|e| e.early) > 0 && total(|e| e.swept) > 0,
+        "one publisher never published: {runs:?}"
     );
     assert!(
-        both(|e| e.redelivered) > 0,
-        "no event reached the consumer twice: {random:?}, {pct:?}"
+        total(|e| e.redelivered) > 0,
+        "no event reached the consumer twice: {runs:?}"
     );
     assert!(
-        random.faults > random.schedules && pct.faults > pct.schedules,
-        "hardly a fault: {random:?}, {pct:?}"
+        runs.iter().all(|e| e.faults > e.schedules),
+        "hardly a fault: {runs:?}"
     );
 }
 
 /// The harness finds the relay's path gone wrong, put in from the test's side or behind the
 /// crate's switch, each by the invariant it breaks, in 300 seeded random schedules: a
 /// transport that takes a failed request for published (its event is marked, never sent), a
-/// consumer that acts on every delivery of an event published twice, and 0.4's outbox
+/// consumer that acts on every delivery of an event published twice, a relay whose marks
+/// are answered as applied and dropped (it acknowledges a record whose event is still
+/// pending: the sweeper would cover it, the stream's contract does not), and 0.4's outbox
 /// without a sweeper (`defects::NO_SWEEPER`: an event the stream gave up on stays pending,
 /// never published, or published and never marked).
 #[test]
@@ -505,6 +639,12 @@ fn defects_on_the_relay_path_are_found() {
             &["the consumer acted on the event"],
         ),
         (
+            "a relay whose marks are answered and dropped",
+            Some(Defect::MarksDropped),
+            0,
+            &["the relay acknowledged the record of"],
+        ),
+        (
             "an outbox without a sweeper",
             None,
             defects::NO_SWEEPER,
@@ -517,7 +657,11 @@ fn defects_on_the_relay_path_are_found() {
     for (name, defect, switch, broken) in cases {
         let found = std::panic::catch_unwind(|| {
             defects::reintroduced(switch, || {
-                explore(RandomScheduler::new_from_seed(3, 300), defect)
+                let setup = Setup {
+                    receipts: false,
+                    defect,
+                };
+                explore(RandomScheduler::new_from_seed(3, 300), setup)
             })
         });
         let Err(panic) = found else {
@@ -560,6 +704,7 @@ fn the_marks_meet_dynoxide_as_they_would_dynamodb() {
                     ledger.db.clone(),
                     Arc::default(),
                     Arc::new(|_: &str, _: &Value| {}),
+                    false,
                 );
                 OutboxMarks::new(client, outbox)
             };
