@@ -38,7 +38,11 @@ use shuttle::scheduler::{DfsScheduler, PctScheduler, RandomScheduler, Scheduler}
 use shuttle::{Config, Runner};
 use tokio::sync::Notify;
 
+#[cfg(feature = "relay")]
+mod in_process;
 mod ledger;
+#[cfg(feature = "relay")]
+mod relay;
 mod scheduled;
 mod shown;
 
