@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use aws_lambda_events::event::dynamodb::EventRecord;
 use futures_util::future::BoxFuture;
-use lambda_idempotency::clock::Clock;
+use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::effects::{
     Destination as To, Outbox, OutboxEvent, OutboxMarks, Transaction, Writes,
 };
@@ -351,7 +351,7 @@ fn case(Setup { receipts, defect }: Setup, counts: &Counts) {
     counts.schedules.fetch_add(1, Ordering::SeqCst);
     let faults = Arc::clone(&counts.faults);
     shuttle::future::block_on(async move {
-        let clock = ScheduledClock(Arc::new(Mutex::new(start_time())));
+        let clock = ScheduledClock(ManualClock::new(start_time()));
         let ledger = streamed_ledger();
         let scenario = Scenario {
             faults: Faults::Lossy,
