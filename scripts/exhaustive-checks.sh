@@ -23,10 +23,11 @@ grep -E '^(model \(|test result)' "$log"
 echo "the model check: $((SECONDS - started)) s, its build included"
 
 shuttle_schedules="${SHUTTLE_SCHEDULES:-20000}"
-echo "== the real engine under shuttle's scheduler: $shuttle_schedules random and $((shuttle_schedules / 2)) PCT schedules per scenario"
+relay_schedules="${SHUTTLE_RELAY_SCHEDULES:-600}"
+echo "== the real engine under shuttle's scheduler: $shuttle_schedules random and $((shuttle_schedules / 2)) PCT schedules per scenario, $((relay_schedules * 3)) with the relay"
 started=$SECONDS
 # Each scenario prints what it explored; a failure prints shuttle's schedule, kept in the log.
-if ! SHUTTLE_SCHEDULES="$shuttle_schedules" cargo test --all-features -p lambda-idempotency \
+if ! SHUTTLE_SCHEDULES="$shuttle_schedules" SHUTTLE_RELAY_SCHEDULES="$relay_schedules" cargo test --all-features -p lambda-idempotency \
   --test integration schedules:: -- --nocapture >"$log" 2>&1; then
   cat "$log"
   exit 1
