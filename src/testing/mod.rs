@@ -1,7 +1,8 @@
 //! What tests, examples and third-party stores share (feature `testing`): the conformance
 //! suite any [`Store`](crate::store::Store) can run, a fault-injecting store decorator, a
-//! fault-injecting DynamoDB client interceptor, the local DynamoDB-compatible endpoint, and the
-//! seeded simulation of the protocol.
+//! fault-injecting DynamoDB client interceptor, the local DynamoDB-compatible endpoint, the
+//! seeded simulation of the protocol, and the protocol's specification ([`transitions`]: the
+//! store transitions and answers the model check allows).
 //!
 //! **Stability.** The feature follows the crate's version: a signature here changes only in a
 //! release whose CHANGELOG lists it. The conformance suite grows with each release, on
