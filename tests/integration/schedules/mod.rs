@@ -13,11 +13,13 @@
 //! Tokio runtime. A failing schedule prints shuttle's encoded schedule; `shuttle::replay(case,
 //! schedule)` replays it.
 
+use std::panic::AssertUnwindSafe;
 use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use futures_util::future::{Either, select};
 use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::effects::{Checked, Transaction, Writes};
@@ -36,8 +38,8 @@ use serde_json::{Value, json};
 use shuttle::rand::{Rng, thread_rng};
 use shuttle::scheduler::{DfsScheduler, PctScheduler, RandomScheduler, Scheduler};
 use shuttle::{Config, Runner};
-use tokio::sync::Notify;
 
+mod deliveries;
 #[cfg(feature = "relay")]
 mod in_process;
 mod ledger;
@@ -47,7 +49,7 @@ mod scheduled;
 mod shown;
 
 use ledger::Ledger;
-use scheduled::{CRASH, Defect, Scheduled, ScheduledClock};
+use scheduled::{Crashed, Defect, Scheduled, ScheduledClock};
 
 /// What the checker may do to one store request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +72,8 @@ struct Counts {
     faults: Arc<AtomicUsize>,
     /// Deliveries the checker stalled past every lease.
     stalls: Arc<AtomicUsize>,
+    /// Deliveries crashed by an unwinding panic.
+    unwound: Arc<AtomicUsize>,
 }
 
 /// What the delivered handler does.
@@ -157,7 +161,6 @@ async fn deliver(
     runs: Arc<AtomicUsize>,
     ledger: Ledger,
 ) -> Option<Answer> {
-    let crash = Arc::new(Notify::new());
     let clock = idem.clone();
     let operation = Operation::new(idem, scope(), policy());
     let operation = match handler {
@@ -174,14 +177,17 @@ async fn deliver(
             handle(handler, order_id, Arc::clone(&runs), ledger.clone())
         }));
     let event = LambdaEvent::new(order(order_id), Context::default());
-    let seen = Arc::default();
-    let delivery = CRASH.scope(Arc::clone(&crash), service.oneshot(event));
-    let delivery = shown::noting(Arc::clone(&seen), delivery);
-    match select(pin!(delivery), pin!(crash.notified())).await {
-        Either::Left((answer, _)) => {
-            shown::check(&key(order_id), clock.now(), &answer, &seen);
+    let begun = deliveries::begin();
+    let own = Arc::clone(&begun.delivery);
+    let delivery = AssertUnwindSafe(service.oneshot(event)).catch_unwind();
+    match select(pin!(delivery), pin!(own.crash.notified())).await {
+        Either::Left((Ok(answer), _)) => {
+            shown::check(&key(order_id), clock.now(), &answer, &own.seen);
             Some(answered(answer))
         }
+        // Crashed by an unwinding panic; any other panic is a check's, and goes on up.
+        Either::Left((Err(panic), _)) if panic.is::<Crashed>() => None,
+        Either::Left((Err(panic), _)) => std::panic::resume_unwind(panic),
         Either::Right(((), _)) => None,
     }
 }
@@ -342,6 +348,7 @@ fn case(scenario: Scenario, counts: &Counts) {
                 Handler::Transactional | Handler::CompletionTooLarge
             ))),
             stalls: Arc::clone(&counts.stalls),
+            unwound: Arc::clone(&counts.unwound),
             checks_transitions,
         };
         let idem = Idempotency::new(store.clone())
@@ -644,19 +651,21 @@ fn explore(scheduler: impl Scheduler + 'static, scenario: Scenario) -> Explored 
         give_backs: counts.give_backs.load(Ordering::SeqCst),
         faults: counts.faults.load(Ordering::SeqCst),
         stalls: counts.stalls.load(Ordering::SeqCst),
+        unwound: counts.unwound.load(Ordering::SeqCst),
     };
     eprintln!("{scenario:?}: {explored:?}");
     explored
 }
 
 /// What an exploration did: schedules run, give-back tasks run to their end, faults chosen,
-/// deliveries stalled.
+/// deliveries stalled, deliveries crashed by an unwinding panic.
 #[derive(Debug)]
 struct Explored {
     schedules: usize,
     give_backs: usize,
     faults: usize,
     stalls: usize,
+    unwound: usize,
 }
 
 /// Every handler and pair of operations, with the checker's `faults`.
@@ -716,6 +725,10 @@ fn crashes_at_any_request_never_run_the_effect_twice() {
     for scenario in scenarios(Faults::Crashing) {
         let random = explore(RandomScheduler::new(random_schedules()), scenario);
         let pct = explore(PctScheduler::new(3, random_schedules() / 2), scenario);
+        assert!(
+            random.unwound > 0 && pct.unwound > 0,
+            "{scenario:?}: no delivery crashed by an unwinding panic: {random:?}, {pct:?}"
+        );
         assert!(
             random.give_backs > 0 && pct.give_backs > 0,
             "{scenario:?}: no crashed delivery's claim was given back: {random:?}, {pct:?}"
@@ -849,7 +862,7 @@ fn the_transition_check_reports_what_the_outcome_does_not_show() {
 /// (`lambda_idempotency::defects`), each found by a seeded random exploration of the scenario
 /// where it shows, with the invariant it breaks. The rarest is the unfenced transaction (a
 /// delivery stalled past its lease right before its commit while the other one has not yet
-/// claimed): seed 6 finds it in its first 1000 schedules, as do 3 of the seeds 3 and 6 to 13.
+/// claimed): each of the seeds 1 to 8 finds it within 3000 schedules.
 #[test]
 fn historical_defects_put_back_in_the_engine_are_found() {
     use lambda_idempotency::defects;
@@ -864,76 +877,81 @@ fn historical_defects_put_back_in_the_engine_are_found() {
         operations: Operations::SharingAnIdentity,
         ..one(faults, handler)
     };
-    let cases = [
+    let cases: [(&str, _, Scenario, &[&str]); 10] = [
         (
             "a claim that does not recognise its own lost answer",
             defects::OWN_CLAIM_UNRECOGNISED,
             one(Faults::Lossy, Handler::Direct),
-            "answered InProgress where the store showed Some((InProgress, 1)), its own lease",
+            &["answered InProgress where the store showed Some((InProgress, 1)), its own lease"],
         ),
         (
             "a settlement that does not recognise its own lost answer",
             defects::OWN_SETTLEMENT_UNRECOGNISED,
             one(Faults::Lossy, Handler::Transactional),
-            "answered LeaseLost where the store showed Some((Completed, 1)), its own lease",
+            &["answered LeaseLost where the store showed Some((Completed, 1)), its own lease"],
         ),
         (
             "a settlement that gives up after two tries",
             defects::SETTLE_GIVES_UP_EARLY,
             one(Faults::Lossy, Handler::Direct),
-            "refused with Indeterminate",
+            &["refused with Indeterminate"],
         ),
         (
             "a takeover that keeps the crashed attempt's retention",
             defects::TAKEOVER_KEEPS_RETENTION,
             one(Faults::Crashing, Handler::Stepped),
-            "a takeover's record is retained less long than its lease",
+            &["a takeover's record is retained less long than its lease"],
         ),
         (
             "a takeover that runs an uncertain step again without its check",
             defects::UNCERTAIN_STEP_RERUN,
             one(Faults::Crashing, Handler::Stepped),
-            "the effect ran 2 times",
+            &["the effect ran 2 times"],
         ),
         (
             "a takeover that runs an uncertain step again, where it has no check",
             defects::UNCERTAIN_STEP_RERUN,
             one(Faults::Crashing, Handler::Unchecked),
-            "the effect ran 2 times",
+            &["the effect ran 2 times"],
         ),
         (
             "a claim that writes no evidence of its business identity",
             defects::IDENTITY_NOT_CLAIMED,
             sharing(Faults::None, Handler::Direct),
-            "the effect ran 2 times",
+            &["the effect ran 2 times"],
         ),
         (
             "a transaction committing the handler's writes outside its fence",
             defects::UNFENCED_TRANSACTION,
             one(Faults::Crashing, Handler::Transactional),
-            "completion writes and its record disagree",
+            // Its zombie's transaction commits beside the taker's: its completion writes, or
+            // its charge.
+            &[
+                "completion writes and its record disagree",
+                "the effect ran 2 times",
+            ],
         ),
         (
             "a give-back whose shortening is not fenced on its lease",
             defects::GIVE_BACK_UNFENCED,
             one(Faults::Crashing, Handler::Transactional),
-            "shortening fenced on one lease changed the record held by",
+            &["shortening fenced on one lease changed the record held by"],
         ),
         (
             "a completion the server refuses taken for an outcome kept after its effect",
             defects::REFUSED_TRANSACTION_APPLIED,
             one(Faults::None, Handler::CompletionTooLarge),
-            "refused with OutcomeTooLarge",
+            &["refused with OutcomeTooLarge"],
         ),
     ];
     for (defect, switch, scenario, broken) in cases {
         let found = std::panic::catch_unwind(|| {
             defects::reintroduced(switch, || {
-                explore(RandomScheduler::new_from_seed(6, 1000), scenario)
+                explore(RandomScheduler::new_from_seed(3, 3000), scenario)
             })
         });
         let Err(panic) = found else {
-            panic!("{defect}: not found in 1000 schedules of {scenario:?}");
+            panic!("{defect}: not found in 3000 schedules of {scenario:?}");
         };
         let message = panic
             .downcast_ref::<String>()
@@ -941,9 +959,9 @@ fn historical_defects_put_back_in_the_engine_are_found() {
             .or_else(|| panic.downcast_ref::<&str>().copied())
             .unwrap_or_default();
         assert!(
-            message.contains(broken),
-            "{defect}: found, but by another check than \"{broken}\": {message}"
+            broken.iter().any(|broken| message.contains(broken)),
+            "{defect}: found, but by another check than {broken:?}: {message}"
         );
-        eprintln!("{defect}: found ({broken})");
+        eprintln!("{defect}: found ({message})");
     }
 }

@@ -369,6 +369,7 @@ fn case(Setup { receipts, defect }: Setup, counts: &Counts) {
             clock: clock.clone(),
             stalled: Arc::new(AtomicBool::new(false)),
             stalls: Arc::new(AtomicUsize::new(0)),
+            unwound: Arc::new(AtomicUsize::new(0)),
             checks_transitions: true,
         };
         let idem = Idempotency::new(store.clone())

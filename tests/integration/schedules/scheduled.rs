@@ -17,15 +17,9 @@ use lambda_idempotency::store::{
     Claim, Committed, Fence, MemoryStore, Store, Target, TransactionalStore,
 };
 use shuttle::rand::{Rng, thread_rng};
-use tokio::sync::Notify;
 
-use super::{Faults, shown};
+use super::{Faults, deliveries, shown};
 use lambda_idempotency::testing::transitions::{self, Request};
-
-tokio::task_local! {
-    /// The crash signal of the delivery running on this task.
-    pub(super) static CRASH: Arc<Notify>;
-}
 
 /// A defect the harness must catch, put into the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +48,8 @@ pub(super) struct Scheduled {
     pub(super) stalled: Arc<AtomicBool>,
     /// Stalls chosen, counted.
     pub(super) stalls: Arc<AtomicUsize>,
+    /// Crashes by an unwinding panic, counted.
+    pub(super) unwound: Arc<AtomicUsize>,
     /// Whether each request is checked against the transitions the model allows.
     pub(super) checks_transitions: bool,
 }
@@ -74,7 +70,7 @@ impl Scheduled {
             Faults::None => 0,
             Faults::Lossy => 2,
             // A crash only where a delivery can crash (not in a give-back's own task).
-            Faults::Crashing if CRASH.try_with(|_| ()).is_ok() => 4,
+            Faults::Crashing if deliveries::current().is_some() => 4,
             Faults::Crashing => 2,
         };
         let unavailable = || StoreError::Unavailable {
@@ -113,11 +109,11 @@ impl Scheduled {
                 shuttle::future::yield_now().await;
                 Err(unavailable())
             }
-            3 => crash().await,
+            3 => self.crash().await,
             4 => {
                 let _ = apply.await;
                 self.check_after(operation).await;
-                crash().await
+                self.crash().await
             }
             _ => {
                 let answer = apply.await;
@@ -176,10 +172,25 @@ impl Scheduled {
     }
 }
 
-/// Crashes the calling delivery: signals it and never returns.
-async fn crash<T>() -> T {
-    let _ = CRASH.try_with(|crash| crash.notify_one());
-    std::future::pending().await
+/// The payload of a delivery's crash by an unwinding panic (a handler's bug, or the engine's,
+/// in a build that unwinds): the delivery tells it from a check's panic.
+#[derive(Debug)]
+pub(super) struct Crashed;
+
+impl Scheduled {
+    /// Crashes the calling delivery, as the checker chooses: its future dropped where it
+    /// stands (signalled, and never returning), or a panic unwinding through the engine's
+    /// futures from here (the handler's catch and the engine's guards run on the way up).
+    async fn crash<T>(&self) -> T {
+        if thread_rng().gen_bool(0.5) {
+            self.unwound.fetch_add(1, Ordering::SeqCst);
+            std::panic::resume_unwind(Box::new(Crashed));
+        }
+        if let Some(delivery) = deliveries::current() {
+            delivery.crash.notify_one();
+        }
+        std::future::pending().await
+    }
 }
 
 impl Store for Scheduled {

@@ -2,7 +2,7 @@
 //! by the specification's `transitions::truthful`: the answers' half of the conformance
 //! check (the requests' half is `transitions::allowed`, in [`super::scheduled`]).
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 use std::time::SystemTime;
 
 use lambda_idempotency::key::OperationKey;
@@ -11,10 +11,7 @@ use lambda_idempotency::record::{Evidence, Record, Status};
 use lambda_idempotency::testing::transitions::{Answered, Request, Shown, truthful};
 use lambda_idempotency::{BoxError, Error, ErrorKind, Execution, Origin};
 
-tokio::task_local! {
-    /// What the store showed the delivery running on this task.
-    static SHOWN: Arc<Mutex<Seen>>;
-}
+use super::deliveries;
 
 /// What the store showed one delivery: its own lease token once it claimed or took over, its
 /// operation's record as its last request on it left it (the state read with that request,
@@ -28,16 +25,17 @@ pub(super) struct Seen {
     last: &'static str,
 }
 
-/// Runs `delivery` noting what the store shows it.
-pub(super) async fn noting<F: Future>(seen: Arc<Mutex<Seen>>, delivery: F) -> F::Output {
-    SHOWN.scope(seen, delivery).await
+/// `note` on what the store showed the calling task's delivery, if it runs one.
+fn noting(note: impl FnOnce(&mut Seen)) {
+    if let Some(delivery) = deliveries::current() {
+        note(&mut delivery.seen.lock().unwrap_or_else(PoisonError::into_inner));
+    }
 }
 
 /// Notes that `request` (`operation`) left its operation's record as `after` (a read:
 /// `None`).
 pub(super) fn record(operation: &'static str, request: Option<Request<'_>>, after: Option<Record>) {
-    let _ = SHOWN.try_with(|seen| {
-        let mut seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
+    noting(|seen| {
         match request {
             Some(Request::Claim { record, .. }) => seen.own = Some(record.lease.token.clone()),
             Some(Request::TakeOver { lease, .. }) => seen.own = Some(lease.token.clone()),
@@ -50,9 +48,7 @@ pub(super) fn record(operation: &'static str, request: Option<Request<'_>>, afte
 
 /// Notes the evidence a read found.
 pub(super) fn evidence(found: Option<&Evidence>) {
-    let _ = SHOWN.try_with(|seen| {
-        seen.lock().unwrap_or_else(PoisonError::into_inner).evidence = found.cloned();
-    });
+    noting(|seen| seen.evidence = found.cloned());
 }
 
 /// Panics when `answer`, given at `now` to the delivery of `key`, is not one the model gives from
