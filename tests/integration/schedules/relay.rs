@@ -14,12 +14,13 @@
 //! once and acted on once, none is left pending, and the deliveries' own invariants
 //! ([`super::check`]).
 
-use std::collections::HashMap;
+mod destination;
+mod stream;
+
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use aws_lambda_events::event::dynamodb::EventRecord;
 use futures_util::future::BoxFuture;
 use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::effects::{
@@ -27,9 +28,7 @@ use lambda_idempotency::effects::{
 };
 use lambda_idempotency::lambda::current;
 use lambda_idempotency::lambda::relay::sweeper::Sweeper;
-use lambda_idempotency::lambda::relay::{
-    Answers, Channel, Message, PublishError, Publisher, Relay, Transport, relay,
-};
+use lambda_idempotency::lambda::relay::{Publisher, relay};
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::store::MemoryStore;
 use lambda_idempotency::testing::conformance::start_time;
@@ -41,19 +40,16 @@ use shuttle::rand::{Rng, thread_rng};
 use shuttle::scheduler::{PctScheduler, RandomScheduler, Scheduler};
 use shuttle::{Config, Runner};
 
-use super::in_process::{self, Applied, Fault, Lossy};
+use super::in_process::{self, Lossy};
 use super::ledger::Ledger;
 use super::scheduled::{Scheduled, ScheduledClock};
 use super::{
     Answer, Faults, Handler, Operations, OrderId, Redelivery, Scenario, answered, check, committed,
     deliver, key, order, policy, scope,
 };
+use destination::{Destination, marked};
+use stream::{mapping, outbox, streamed_ledger};
 
-/// The mapping's polls of the stream, and the most of them that invoke the relay (a poll
-/// that finds nothing new invokes nothing).
-const POLLS: usize = 4;
-/// See [`POLLS`].
-const INVOCATIONS: usize = 2;
 /// The sweeps beside the relay.
 const SWEEPS: usize = 2;
 
@@ -77,76 +73,6 @@ enum Defect {
     ConsumerWithoutDeduplication,
     /// The relay's DynamoDB client answers each mark as applied, and drops it.
     MarksDropped,
-}
-
-/// What the destination received and its consumer did, by event id.
-#[derive(Debug, Default)]
-struct Received {
-    /// Every delivery.
-    deliveries: HashMap<String, usize>,
-    /// Every time the consumer acted.
-    acted: HashMap<String, usize>,
-}
-
-/// The in-process destination, as the publisher's [`Transport`]: every request a scheduling
-/// point and a fault the checker may choose; behind it, the consumer.
-#[derive(Clone)]
-struct Destination {
-    /// What it received, shared with the check of each mark.
-    received: Arc<Mutex<Received>>,
-    /// The checker's faults, shared with the marks' client.
-    faults: Arc<Lossy>,
-    /// A defect put in for the harness's own check.
-    defect: Option<Defect>,
-}
-
-impl Destination {
-    /// What it received so far.
-    fn received(&self) -> std::sync::MutexGuard<'_, Received> {
-        self.received.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Delivers `envelope` to the consumer, which acts once per event id (unless the defect
-    /// says otherwise).
-    fn deliver(&self, envelope: &str) {
-        let envelope: Value = serde_json::from_str(envelope).expect("an envelope");
-        let id = envelope["event_id"]
-            .as_str()
-            .expect("the event id")
-            .to_owned();
-        let mut received = self.received();
-        let seen = received.deliveries.contains_key(&id);
-        *received.deliveries.entry(id.clone()).or_default() += 1;
-        if !seen || self.defect == Some(Defect::ConsumerWithoutDeduplication) {
-            *received.acted.entry(id).or_default() += 1;
-        }
-    }
-}
-
-impl Transport for Destination {
-    fn send<'a>(&'a self, _: &'a Channel, messages: &'a [Message<'a>]) -> BoxFuture<'a, Answers> {
-        Box::pin(async move {
-            shuttle::future::yield_now().await;
-            let fault = self.faults.draw();
-            let acknowledges = self.defect == Some(Defect::AcknowledgesFailures);
-            match fault {
-                Fault::Before if !acknowledges => {
-                    return Err(PublishError::failed("the checker's fault: not published"));
-                }
-                Fault::Before => {}
-                Fault::None | Fault::AnswerLost => {
-                    for message in messages {
-                        self.deliver(message.envelope);
-                    }
-                }
-            }
-            shuttle::future::yield_now().await;
-            match fault {
-                Fault::AnswerLost => Err(PublishError::failed("the checker lost the answer")),
-                Fault::None | Fault::Before => Ok(messages.iter().map(|_| Ok(())).collect()),
-            }
-        })
-    }
 }
 
 /// A delivery of o-1 (a trimmed [`deliver`], without crashes) whose transactional step
@@ -195,123 +121,6 @@ async fn charge_with_receipts(ledger: Ledger) -> Result<String, BoxError> {
         .await?;
     ctx.complete_with(Writes::default().update(Ledger::complete(OrderId(1))))?;
     Ok(charged)
-}
-
-/// The ledger's table, as an outbox table is made (template.yaml's `OutboxTable`): a stream
-/// of new images, and the sparse pending index.
-fn streamed_ledger() -> Ledger {
-    let db = dynoxide::Database::memory().expect("an in-process database");
-    let key = |name: &str, kind: &str| json!({"AttributeName": name, "KeyType": kind});
-    let attribute = |name: &str, kind: &str| json!({"AttributeName": name, "AttributeType": kind});
-    let table = serde_json::from_value(json!({
-        "TableName": outbox().table(),
-        "KeySchema": [key("pk", "HASH")],
-        "AttributeDefinitions": [
-            attribute("pk", "S"), attribute("pending", "S"), attribute("created_at", "N"),
-        ],
-        "BillingMode": "PAY_PER_REQUEST",
-        "GlobalSecondaryIndexes": [{
-            "IndexName": lambda_idempotency::effects::PENDING_INDEX,
-            "KeySchema": [key("pending", "HASH"), key("created_at", "RANGE")],
-            "Projection": {"ProjectionType": "ALL"},
-        }],
-        "StreamSpecification": {"StreamEnabled": true, "StreamViewType": "NEW_IMAGE"},
-    }))
-    .expect("a table definition");
-    db.create_table(table).expect("create the ledger");
-    Ledger { db }
-}
-
-/// The outbox the deliveries publish to: the ledger's own table.
-fn outbox() -> Outbox {
-    Ledger::charged(OrderId(1)).0
-}
-
-/// Whether the event source mapping passes `record` to the relay: an insertion that is an
-/// outbox event. The template's outbox has a table of its own and filters on `INSERT`; here
-/// the handler's table is the outbox, and the filter asks for `pending` in the new image too
-/// (`{"dynamodb": {"NewImage": {"pending": {"S": [{"exists": true}]}}}}`).
-fn filtered(record: &EventRecord) -> bool {
-    let image = serde_json::to_value(&record.change.new_image).expect("an image");
-    record.event_name == "INSERT" && image.get("pending").is_some()
-}
-
-/// The event source mapping: polls the stream [`POLLS`] times, invoking the relay with the
-/// records past its checkpoint (at most [`INVOCATIONS`] times), and moves the checkpoint as
-/// Lambda does with `ReportBatchItemFailures`: to the first record reported failed. Then it
-/// gives up. Returns how many events the relay published.
-async fn mapping(relay: Relay, db: dynoxide::Database) -> u64 {
-    let table = outbox().table().to_owned();
-    let mut checkpoint = String::new();
-    let (mut invoked, mut published) = (0, 0);
-    for _ in 0..POLLS {
-        shuttle::future::yield_now().await;
-        let sequence =
-            |record: &EventRecord| record.change.sequence_number.clone().unwrap_or_default();
-        let read: Vec<EventRecord> = in_process::stream_records(&db, &table)
-            .into_iter()
-            .filter(|record| sequence(record) > checkpoint)
-            .collect();
-        let Some(last) = read.last().map(sequence) else {
-            continue;
-        };
-        let batch: Vec<EventRecord> = read
-            .iter()
-            .filter(|record| filtered(record))
-            .cloned()
-            .collect();
-        if batch.is_empty() {
-            checkpoint = last;
-            continue;
-        }
-        if invoked == INVOCATIONS {
-            break;
-        }
-        invoked += 1;
-        let report = relay.relay_batch(&batch).await;
-        published += report.published;
-        // What the relay does not report failed, Lambda never delivers again: it is settled.
-        for record in batch
-            .iter()
-            .filter(|record| !report.failed.contains(&sequence(record)))
-        {
-            let keys = serde_json::to_value(&record.change.keys).expect("the record's keys");
-            let id = keys["pk"]["S"].as_str().expect("the event id");
-            assert!(
-                settled(&db, id),
-                "the relay acknowledged the record of {id}, whose event is not marked: {report:?}"
-            );
-        }
-        let first_failed = report.failed.iter().min();
-        checkpoint = match first_failed {
-            None => last,
-            Some(failed) => read
-                .iter()
-                .map(sequence)
-                .take_while(|at| at < failed)
-                .last()
-                .unwrap_or(checkpoint),
-        };
-    }
-    published
-}
-
-/// Whether the outbox event `pk` is marked published or parked.
-fn settled(db: &dynoxide::Database, pk: &str) -> bool {
-    let get = dynoxide::actions::get_item::GetItemRequest {
-        table_name: outbox().table().to_owned(),
-        key: HashMap::from([("pk".to_owned(), dynoxide::AttributeValue::S(pk.to_owned()))]),
-        consistent_read: Some(true),
-        ..Default::default()
-    };
-    let item = db
-        .get_item(get)
-        .expect("read the outbox")
-        .item
-        .unwrap_or_default();
-    let parked =
-        matches!(item.get("pending"), Some(dynoxide::AttributeValue::S(p)) if p == "parked");
-    item.contains_key("published_at") || parked
 }
 
 /// The sweeps beside the relay: [`SWEEPS`] runs of a sweeper that takes every pending event,
@@ -468,22 +277,6 @@ fn case(Setup { receipts, defect }: Setup, counts: &Counts) {
             .fetch_add(swept.republished as usize, Ordering::SeqCst);
         published_once(&ledger, &destination, counts);
     });
-}
-
-/// The check of every mark as it applies: an event marked published was delivered first.
-fn marked(destination: &Destination) -> Applied {
-    let destination = destination.clone();
-    Arc::new(move |operation: &str, body: &Value| {
-        let expression = body["UpdateExpression"].as_str().unwrap_or_default();
-        if operation != "UpdateItem" || !expression.contains("published_at =") {
-            return;
-        }
-        let id = body["Key"]["pk"]["S"].as_str().expect("the event id");
-        assert!(
-            destination.received().deliveries.contains_key(id),
-            "the event {id} was marked published, and was never published"
-        );
-    })
 }
 
 /// The invariants of the far side: every committed event delivered at least once, acted on
