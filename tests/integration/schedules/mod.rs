@@ -945,23 +945,34 @@ fn historical_defects_put_back_in_the_engine_are_found() {
         ),
     ];
     for (defect, switch, scenario, broken) in cases {
-        let found = std::panic::catch_unwind(|| {
+        let explored = format!("3000 schedules of {scenario:?}");
+        assert_found(defect, &explored, broken, || {
             defects::reintroduced(switch, || {
                 explore(RandomScheduler::new_from_seed(3, 3000), scenario)
             })
         });
-        let Err(panic) = found else {
-            panic!("{defect}: not found in 3000 schedules of {scenario:?}");
-        };
-        let message = panic
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| panic.downcast_ref::<&str>().copied())
-            .unwrap_or_default();
-        assert!(
-            broken.iter().any(|broken| message.contains(broken)),
-            "{defect}: found, but by another check than {broken:?}: {message}"
-        );
-        eprintln!("{defect}: found ({message})");
     }
+}
+
+/// Runs `explore` (over what `explored` names), which must panic with one of `broken` in its
+/// message: the defect `name` found by the check that names it.
+fn assert_found<R>(
+    name: &str,
+    explored: &str,
+    broken: &[&str],
+    explore: impl FnOnce() -> R + std::panic::UnwindSafe,
+) {
+    let Err(panic) = std::panic::catch_unwind(explore) else {
+        panic!("{name}: not found in {explored}");
+    };
+    let message = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or_default();
+    assert!(
+        broken.iter().any(|broken| message.contains(broken)),
+        "{name}: found, but by another check than {broken:?}: {message}"
+    );
+    eprintln!("{name}: found ({message})");
 }
