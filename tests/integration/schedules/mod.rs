@@ -642,10 +642,8 @@ fn explained(
 /// default, 32 KiB, is not), and answers what it did.
 fn explore(scheduler: impl Scheduler + 'static, scenario: Scenario) -> Explored {
     let counts = Arc::new(Counts::default());
-    let mut config = Config::new();
-    config.stack_size = 1 << 20;
     let explored = Arc::clone(&counts);
-    Runner::new(scheduler, config).run(move || case(scenario, &explored));
+    run(scheduler, 1 << 20, move || case(scenario, &explored));
     let explored = Explored {
         schedules: counts.schedules.load(Ordering::SeqCst),
         give_backs: counts.give_backs.load(Ordering::SeqCst),
@@ -655,6 +653,14 @@ fn explore(scheduler: impl Scheduler + 'static, scenario: Scenario) -> Explored 
     };
     eprintln!("{scenario:?}: {explored:?}");
     explored
+}
+
+/// Runs `case` under `scheduler` on stacks of `stack` bytes (shuttle's default, 32 KiB, is too
+/// small for the engine's futures).
+fn run(scheduler: impl Scheduler + 'static, stack: usize, case: impl Fn() + Send + Sync + 'static) {
+    let mut config = Config::new();
+    config.stack_size = stack;
+    Runner::new(scheduler, config).run(case);
 }
 
 /// What an exploration did: schedules run, give-back tasks run to their end, faults chosen,

@@ -45,7 +45,7 @@ use super::ledger::Ledger;
 use super::scheduled::{Scheduled, ScheduledClock};
 use super::{
     Answer, Faults, Handler, Operations, OrderId, Redelivery, Scenario, answered, assert_found,
-    check, committed, deliver, key, order, policy, scope,
+    check, committed, deliver, key, order, policy, run, scope,
 };
 use destination::{Destination, marked};
 use stream::{mapping, outbox, streamed_ledger};
@@ -348,10 +348,8 @@ struct Explored {
 /// Runs [`case`] under `scheduler` (stacks deep enough for the SDK's futures).
 fn explore(scheduler: impl Scheduler + 'static, setup: Setup) -> Explored {
     let counts = Arc::new(Counts::default());
-    let mut config = Config::new();
-    config.stack_size = 4 << 20;
     let explored = Arc::clone(&counts);
-    Runner::new(scheduler, config).run(move || case(setup, &explored));
+    run(scheduler, 4 << 20, move || case(setup, &explored));
     let explored = Explored {
         schedules: counts.schedules.load(Ordering::SeqCst),
         relayed: counts.relayed.load(Ordering::SeqCst),
