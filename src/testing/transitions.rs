@@ -133,8 +133,9 @@ pub struct Shown<'a> {
 
 /// Whether `answer` is one the model gives from the state `shown`: `Err` names the untruth.
 /// An outcome answered is the record's, byte for byte; "in progress" only under another's
-/// lease; "lease lost" only where the record is no longer the attempt's, or its lease has run
-/// out by the attempt's clock (anyone may take it over then, and no effect may start).
+/// lease; "lease lost" only to an attempt that claimed, where the record is no longer its own,
+/// or is still IN_PROGRESS under its lease run out by the attempt's clock (anyone may take it
+/// over then, and no effect may start).
 pub fn truthful(answer: Answered<'_>, shown: Shown<'_>) -> Result<(), String> {
     let record = shown.record;
     let holds = |status: Status, bytes: Option<&[u8]>| {
@@ -153,9 +154,14 @@ pub fn truthful(answer: Answered<'_>, shown: Shown<'_>) -> Result<(), String> {
             record.is_some_and(|record| record.status == Status::InProgress && others(record))
         }
         Answered::RetryNow => record.is_none(),
-        Answered::LeaseLost => record.is_none_or(|record| {
-            others(record) || shown.now.is_some_and(|now| record.lease.is_expired(now))
-        }),
+        Answered::LeaseLost => {
+            shown.own.is_some()
+                && record.is_none_or(|record| {
+                    others(record)
+                        || (record.status == Status::InProgress
+                            && shown.now.is_some_and(|now| record.lease.is_expired(now)))
+                })
+        }
         Answered::Indeterminate => {
             holds(Status::Indeterminate, None) || shown.evidence_indeterminate
         }
@@ -209,17 +215,11 @@ pub fn allowed(
             if expires_at < lease.expires_at {
                 return Err("a takeover's record is retained less long than its lease".into());
             }
-            if lease.token == previous.lease.token
-                || lease.attempt != previous.lease.attempt.saturating_add(1)
-            {
+            // The next attempt (under a new token, or the owner's own when it re-enters).
+            if lease.attempt != previous.lease.attempt.saturating_add(1) {
                 return Err(format!(
-                    "a takeover of attempt {} wrote attempt {} under {} token",
-                    previous.lease.attempt,
-                    lease.attempt,
-                    match lease.token == previous.lease.token {
-                        true => "the same",
-                        false => "a new",
-                    }
+                    "a takeover of attempt {} wrote attempt {}",
+                    previous.lease.attempt, lease.attempt
                 ));
             }
             let expected = Record {

@@ -34,6 +34,12 @@ pub(super) fn begin() -> Begun {
     Begun { task, delivery }
 }
 
+/// Forgets every delivery: a schedule's start (a failed schedule's tasks never end, and
+/// shuttle numbers the next one's tasks from the start again).
+pub(super) fn forget_all() {
+    DELIVERIES.with(|deliveries| deliveries.borrow_mut().clear());
+}
+
 /// The delivery the calling task runs, if it runs one (a give-back's task runs none).
 pub(super) fn current() -> Option<Arc<Delivery>> {
     let task = me();

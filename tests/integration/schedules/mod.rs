@@ -327,6 +327,7 @@ fn case(scenario: Scenario, counts: &Counts) {
         checks_transitions,
     } = scenario;
     counts.schedules.fetch_add(1, Ordering::SeqCst);
+    deliveries::forget_all();
     let give_backs = Arc::clone(&counts.give_backs);
     let fired = Arc::clone(&counts.faults);
     shuttle::future::block_on(async move {
@@ -349,6 +350,7 @@ fn case(scenario: Scenario, counts: &Counts) {
             ))),
             stalls: Arc::clone(&counts.stalls),
             unwound: Arc::clone(&counts.unwound),
+            broken: Arc::default(),
             checks_transitions,
         };
         let idem = Idempotency::new(store.clone())
@@ -414,6 +416,7 @@ fn case(scenario: Scenario, counts: &Counts) {
             )
             .await,
         );
+        store.reported();
         let effects = match handler {
             Handler::Transactional | Handler::CompletionTooLarge => {
                 committed(&ledger, &store.inner, &answers).await

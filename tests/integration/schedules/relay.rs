@@ -158,6 +158,7 @@ struct Counts {
 /// beside them, the redelivery, the stream given up, a last sweep; then the invariants.
 fn case(Setup { receipts, defect }: Setup, counts: &Counts) {
     counts.schedules.fetch_add(1, Ordering::SeqCst);
+    super::deliveries::forget_all();
     let faults = Arc::clone(&counts.faults);
     shuttle::future::block_on(async move {
         let clock = ScheduledClock(ManualClock::new(start_time()));
@@ -179,6 +180,7 @@ fn case(Setup { receipts, defect }: Setup, counts: &Counts) {
             stalled: Arc::new(AtomicBool::new(false)),
             stalls: Arc::new(AtomicUsize::new(0)),
             unwound: Arc::new(AtomicUsize::new(0)),
+            broken: Arc::default(),
             checks_transitions: true,
         };
         let idem = Idempotency::new(store.clone())
@@ -255,6 +257,7 @@ fn case(Setup { receipts, defect }: Setup, counts: &Counts) {
             }
         };
         let orders = [OrderId(1); 3];
+        store.reported();
         check(
             scenario,
             redelivery,

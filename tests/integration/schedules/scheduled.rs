@@ -3,8 +3,8 @@
 //! sleeping task's end comes or the case moves it.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::types::TransactWriteItem;
@@ -50,6 +50,10 @@ pub(super) struct Scheduled {
     pub(super) stalls: Arc<AtomicUsize>,
     /// Crashes by an unwinding panic, counted.
     pub(super) unwound: Arc<AtomicUsize>,
+    /// The first check this schedule failed, kept: a check's panic inside the handler meets
+    /// the engine's catch, whose next requests must not crash the delivery over it, and the
+    /// case reports it even if it never surfaces ([`Scheduled::reported`]).
+    pub(super) broken: Arc<Mutex<Option<String>>>,
     /// Whether each request is checked against the transitions the model allows.
     pub(super) checks_transitions: bool,
 }
@@ -65,8 +69,10 @@ impl Scheduled {
         apply: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         shuttle::future::yield_now().await;
-        // Each fault the case allows meets one request in ten, chosen by the checker.
+        // Each fault the case allows meets one request in ten, chosen by the checker (none
+        // once a check failed).
         let faults = match self.faults {
+            _ if self.broken().is_some() => 0,
             Faults::None => 0,
             Faults::Lossy => 2,
             // A crash only where a delivery can crash (not in a give-back's own task).
@@ -142,10 +148,10 @@ impl Scheduled {
                 && let Err(forbidden) =
                     transitions::allowed(request, before.as_ref(), after.as_ref())
             {
-                panic!(
+                self.fail(format!(
                     "{operation} of {}: {forbidden} (a transition the model forbids)",
                     key.short()
-                );
+                ));
             }
             shown::record(operation, Some(request), after);
             answer
@@ -160,14 +166,39 @@ impl Scheduled {
             let Ok(Some(record)) = self.inner.get(key).await else {
                 continue;
             };
-            assert!(
-                record.status != Status::InProgress || record.expires_at >= record.lease.expires_at,
-                "after {operation}, {}'s record (attempt {}) is retained until {:?}, before its lease ends at {:?}: TTL could delete it under a live lease",
-                key.short(),
-                record.lease.attempt,
-                record.expires_at,
-                record.lease.expires_at
-            );
+            if record.status == Status::InProgress && record.expires_at < record.lease.expires_at {
+                self.fail(format!(
+                    "after {operation}, {}'s record (attempt {}) is retained until {:?}, before its lease ends at {:?}: TTL could delete it under a live lease",
+                    key.short(),
+                    record.lease.attempt,
+                    record.expires_at,
+                    record.lease.expires_at
+                ));
+            }
+        }
+    }
+
+    /// Fails the schedule with `message`, kept as its first failed check.
+    fn fail(&self, message: String) -> ! {
+        self.broken
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert_with(|| message.clone());
+        panic!("{message}");
+    }
+
+    fn broken(&self) -> Option<String> {
+        self.broken
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Panics with the first check this schedule failed, if one did (a panic the engine
+    /// caught and turned into an answer, a give-back or a stored failure).
+    pub(super) fn reported(&self) {
+        if let Some(message) = self.broken() {
+            panic!("{message}");
         }
     }
 }
