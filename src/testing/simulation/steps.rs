@@ -172,7 +172,9 @@ impl<S: Store + Clone> World<S> {
     /// retention passed (second resolution, on the worker's clock), or gone where a release or
     /// a TTL sweep after its expiry removed it (or nothing claimed it yet), and no evidence
     /// stands for the identity this delivery declares. A record gone otherwise is a broken
-    /// invariant, never a new life.
+    /// invariant, never a new life. (A forgotten record beside the evidence of an earlier
+    /// execution is no new life either: that execution is adopted, and the forgotten record's
+    /// outcome no longer counts.)
     async fn is_forgotten(&mut self, op: usize, invocation: &Invocation, worker: usize) -> bool {
         self.observe_existence();
         let Ok(record) = self.store.inner().get(invocation.key()).await else {
@@ -185,15 +187,31 @@ impl<S: Store + Clone> World<S> {
             return false;
         }
         let now = Skewed::of(&self.clock, worker).now();
-        let record_forgotten = record.is_none_or(|record| {
+        let record_forgotten = record.as_ref().is_none_or(|record| {
             matches!(record.status, Status::Completed | Status::Failed)
                 && epoch_secs(record.expires_at) < epoch_secs(now)
         });
         let Some(evidence_key) = invocation.evidence_key() else {
             return record_forgotten;
         };
-        let evidence = self.store.inner().evidence(&evidence_key).await;
-        record_forgotten && matches!(evidence, Ok(None))
+        match self.store.inner().evidence(&evidence_key).await {
+            Ok(None) => record_forgotten,
+            // The evidence of another execution of this key than the forgotten record's (an
+            // earlier one, whose record TTL swept with its attempt unsettled, before a
+            // delivery that declared no identity ran afresh): this delivery adopts that
+            // execution. The forgotten record's outcome is no longer this life's, by design.
+            Ok(Some(evidence))
+                if record_forgotten
+                    && evidence.key == *invocation.key()
+                    && record
+                        .as_ref()
+                        .is_some_and(|record| record.created_at != evidence.created_at) =>
+            {
+                self.life_outcomes[op].clear();
+                false
+            }
+            _ => false,
+        }
     }
 
     /// Delivers `op` to `worker`; the answer, when the caller got one in this step.

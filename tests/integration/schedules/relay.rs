@@ -47,6 +47,7 @@ use super::{
     Answer, Faults, Handler, Operations, OrderId, Redelivery, Scenario, answered, assert_found,
     check, committed, deliver, key, order, policy, run, scope,
 };
+use super::{deliveries, shown};
 use destination::{Destination, marked};
 use stream::{mapping, outbox, streamed_ledger};
 
@@ -75,10 +76,12 @@ enum Defect {
     MarksDropped,
 }
 
-/// A delivery of o-1 (a trimmed [`deliver`], without crashes) whose transactional step
+/// A delivery of o-1 (a trimmed [`deliver`], without crashes, its answer judged as
+/// [`deliver`] judges it) whose transactional step
 /// commits the charge with its event and, with `receipts`, two more events for one ordering
 /// key on an SNS topic: three events of one transaction, on two channels.
 async fn deliver_receipts(idem: Idempotency, ledger: Ledger) -> Option<Answer> {
+    let clock = idem.clone();
     let operation = Operation::new(idem, scope(), policy()).with_recovery(Recovery::Steps);
     let service = operation
         .layer()
@@ -87,7 +90,10 @@ async fn deliver_receipts(idem: Idempotency, ledger: Ledger) -> Option<Answer> {
             charge_with_receipts(ledger.clone())
         }));
     let event = LambdaEvent::new(order(OrderId(1)), Context::default());
-    Some(answered(service.oneshot(event).await))
+    let begun = deliveries::begin();
+    let answer = service.oneshot(event).await;
+    shown::check(&key(OrderId(1)), clock.now(), &answer, &begun.delivery.seen);
+    Some(answered(answer))
 }
 
 /// The charge, its event and two receipts committed with a step, the completion with the
@@ -158,7 +164,7 @@ struct Counts {
 /// beside them, the redelivery, the stream given up, a last sweep; then the invariants.
 fn case(Setup { receipts, defect }: Setup, counts: &Counts) {
     counts.schedules.fetch_add(1, Ordering::SeqCst);
-    super::deliveries::forget_all();
+    deliveries::forget_all();
     let faults = Arc::clone(&counts.faults);
     shuttle::future::block_on(async move {
         let clock = ScheduledClock(ManualClock::new(start_time()));
