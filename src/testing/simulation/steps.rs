@@ -172,7 +172,7 @@ impl<S: Store + Clone> World<S> {
     /// retention passed (second resolution, on the worker's clock), or gone where a release or
     /// a TTL sweep after its expiry removed it (or nothing claimed it yet), and no evidence
     /// stands for the identity this delivery declares. A record gone otherwise is a broken
-    /// invariant, never a new life. (A forgotten record beside the evidence of an earlier
+    /// invariant, never a new life. (A forgotten record beside the evidence of an unsettled
     /// execution is no new life either: that execution is adopted, and the forgotten record's
     /// outcome no longer counts.)
     async fn is_forgotten(&mut self, op: usize, invocation: &Invocation, worker: usize) -> bool {
@@ -196,16 +196,15 @@ impl<S: Store + Clone> World<S> {
         };
         match self.store.inner().evidence(&evidence_key).await {
             Ok(None) => record_forgotten,
-            // The evidence of another execution of this key than the forgotten record's (an
-            // earlier one, whose record TTL swept with its attempt unsettled, before a
-            // delivery that declared no identity ran afresh): this delivery adopts that
-            // execution. The forgotten record's outcome is no longer this life's, by design.
+            // The evidence of an unsettled execution of this key (an earlier one, whose record
+            // TTL swept with its attempt unsettled, before a delivery that declared another
+            // identity, or none, ran afresh and completed): this delivery adopts that
+            // execution, which recorded no outcome. The forgotten record's outcome is no
+            // longer this life's, by design.
             Ok(Some(evidence))
                 if record_forgotten
                     && evidence.key == *invocation.key()
-                    && record
-                        .as_ref()
-                        .is_some_and(|record| record.created_at != evidence.created_at) =>
+                    && !evidence.status.is_settled() =>
             {
                 self.life_outcomes[op].clear();
                 false
