@@ -3,10 +3,10 @@
 //! A timeout is not proof of failure: the crashed worker may have charged the card before it
 //! died. When a claim takes over an expired lease, the [`Reconciler`] is asked first:
 //!
-//! - [`Reconciliation::Applied`] — the effect exists; its result is recorded as COMPLETED and
+//! - [`Checked::Applied`] — the effect exists; its result is recorded as COMPLETED and
 //!   returned, the handler does not run;
-//! - [`Reconciliation::NotApplied`] — no effect; the handler runs as the next attempt;
-//! - [`Reconciliation::Unknown`] — cannot tell; the record becomes INDETERMINATE and every
+//! - [`Checked::NotApplied`] — no effect; the handler runs as the next attempt;
+//! - [`Checked::Unknown`] — cannot tell; the record becomes INDETERMINATE and every
 //!   caller gets [`Error::Indeterminate`](crate::Error::Indeterminate) until an operator
 //!   resolves it ([`Idempotency::resolve`](crate::Idempotency::resolve)).
 //!
@@ -20,13 +20,13 @@
 //! Closures implement the trait:
 //!
 //! ```
-//! use lambda_idempotency::reconcile::{Reconciliation, Takeover};
+//! use lambda_idempotency::reconcile::{Checked, Takeover};
 //! use lambda_idempotency::BoxError;
 //!
 //! let reconciler = |takeover: Takeover| async move {
 //!     // e.g. look the payment up by takeover.key.downstream("charge") at the provider
 //!     let _ = takeover.attempt;
-//!     Ok::<_, BoxError>(Reconciliation::NotApplied)
+//!     Ok::<_, BoxError>(Checked::NotApplied)
 //! };
 //! # let _: &dyn lambda_idempotency::reconcile::Reconciler = &reconciler;
 //! ```
@@ -43,10 +43,10 @@ pub use futures_util::future::BoxFuture;
 
 /// What a check found downstream about an effect whose fate is unknown: a step's check
 /// ([`Step::checked_by`](crate::effects::Step::checked_by), `T` the step's result) about an
-/// uncertain step, or a [`Reconciler`] ([`Reconciliation`], `T` the handler's JSON result)
-/// about a crashed attempt.
+/// uncertain step, or a [`Reconciler`] (`Checked` as it stands, `T` the handler's result as
+/// JSON) about a crashed attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Checked<T> {
+pub enum Checked<T = serde_json::Value> {
     /// The effect exists; this is its result (as the step or the handler would have returned
     /// it), recorded as the step's or replayed as the operation's.
     Applied(T),
@@ -55,10 +55,6 @@ pub enum Checked<T> {
     /// It cannot be established; the operation is held INDETERMINATE for an operator.
     Unknown,
 }
-
-/// What the downstream evidence says about a crashed attempt: a [`Checked`] answer whose
-/// result is the handler's, as JSON.
-pub type Reconciliation = Checked<serde_json::Value>;
 
 /// What a takeover of a crashed attempt does: the operation's declared recovery policy
 /// ([`Operation::with_recovery`](crate::Operation::with_recovery)). Under `Steps` and
@@ -107,15 +103,15 @@ pub struct Takeover {
 /// Inspects downstream evidence before a takeover re-runs an operation: a one-method strategy.
 pub trait Reconciler: Send + Sync {
     /// What the downstream evidence says.
-    fn reconcile(&self, takeover: Takeover) -> BoxFuture<'_, Result<Reconciliation, BoxError>>;
+    fn reconcile(&self, takeover: Takeover) -> BoxFuture<'_, Result<Checked, BoxError>>;
 }
 
 impl<F, Fut> Reconciler for F
 where
     F: Fn(Takeover) -> Fut + Send + Sync,
-    Fut: Future<Output = Result<Reconciliation, BoxError>> + Send + 'static,
+    Fut: Future<Output = Result<Checked, BoxError>> + Send + 'static,
 {
-    fn reconcile(&self, takeover: Takeover) -> BoxFuture<'_, Result<Reconciliation, BoxError>> {
+    fn reconcile(&self, takeover: Takeover) -> BoxFuture<'_, Result<Checked, BoxError>> {
         Box::pin(self(takeover))
     }
 }

@@ -34,10 +34,8 @@ use std::time::{Duration, SystemTime};
 
 use lambda_idempotency::clock::ManualClock;
 use lambda_idempotency::key::JsonPointer;
-use lambda_idempotency::reconcile::{Reconciliation, Takeover};
-use lambda_idempotency::{
-    BoxError, Config, Error, Execution, ExecutionContext, Idempotency, KeyPolicy, OperationScope,
-};
+use lambda_idempotency::reconcile::{Checked, Takeover};
+use lambda_idempotency::{BoxError, Config, Error, Execution, ExecutionContext, Idempotency, KeyPolicy, OperationScope};
 use serde_json::{Value, json};
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -78,13 +76,13 @@ impl Ledger {
 /// Before a takeover re-runs a crashed charge, ask the provider whether it went through.
 fn reconciler(
     ledger: Ledger,
-) -> impl Fn(Takeover) -> std::future::Ready<Result<Reconciliation, BoxError>> + Send + Sync {
+) -> impl Fn(Takeover) -> std::future::Ready<Result<Checked, BoxError>> + Send + Sync {
     move |takeover: Takeover| {
         let answer = match ledger.lookup(&takeover.key.downstream("charge")) {
             Some(order) => {
-                Reconciliation::Applied(json!({"charged": order, "found_by": "reconciler"}))
+                Checked::Applied(json!({"charged": order, "found_by": "reconciler"}))
             }
-            None => Reconciliation::NotApplied,
+            None => Checked::NotApplied,
         };
         std::future::ready(Ok(answer))
     }

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use lambda_idempotency::clock::ManualClock;
 use lambda_idempotency::key::IdentityScope;
 use lambda_idempotency::record::Status;
-use lambda_idempotency::store::Store;
+use lambda_idempotency::store::StoreExt;
 use lambda_idempotency::testing::conformance::crash_after_claim;
 use lambda_idempotency::{Idempotency, KeyPolicy, Operation, OperationKey, OperationScope};
 use serde_json::{Value, json};

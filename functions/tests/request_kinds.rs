@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use lambda_idempotency::lambda::IdempotencyLayer;
 use lambda_idempotency::record::Status;
-use lambda_idempotency::store::Store;
+use lambda_idempotency::store::StoreExt;
 use lambda_idempotency::{
     DynamoDbStore, Idempotency, Invocation, KeyPolicy, Operation, OperationScope,
 };

@@ -53,7 +53,7 @@ use lambda_idempotency::record::{
 };
 use lambda_idempotency::record::{MAX_FAILURE_KIND_BYTES, MAX_FAILURE_MESSAGE_BYTES};
 use lambda_idempotency::store::{
-    AttributeNames, DynamoDbStore, ScanCursor, SortKey, Store, TABLE_VAR, TableProtection,
+    AttributeNames, DynamoDbStore, ScanCursor, SortKey, StoreExt, TABLE_VAR, TableProtection,
     UNIQUENESS_TABLE_VAR, dynamodb_config, stuck_since,
 };
 use lambda_idempotency::{BoxError, Config, Idempotency, OperationKey, Operator, Resolution};

@@ -86,7 +86,7 @@ pub use self::outbox_marks::{
     Found, MAX_PARKED_REASON_BYTES, Marked, OutboxError, OutboxMarks, PendingEvent, PublishedBy,
     SETTLED_READS,
 };
-pub use self::step::{NoCheck, NotApplied, StepCheck, StepError};
+pub use self::step::{NotApplied, StepCheck, StepError};
 pub use self::transaction::{Transaction, Writes};
 /// The step builder lives with the attempt, in the engine; its 0.4 path stays.
 pub use crate::engine::attempt::Step;

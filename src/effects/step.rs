@@ -1,5 +1,5 @@
-//! What a handler says about its steps: how an uncertain step is checked ([`StepCheck`],
-//! [`NoCheck`]), an effect that did not happen ([`NotApplied`]), and why a step gave no
+//! What a handler says about its steps: how an uncertain step is checked ([`StepCheck`]; `()`
+//! for none), an effect that did not happen ([`NotApplied`]), and why a step gave no
 //! result ([`StepError`]). The step builder lives with the attempt, in the engine.
 
 use std::future::{Future, Ready};
@@ -9,7 +9,7 @@ use crate::reconcile::Checked;
 
 /// A step's check: asked, with the step's downstream key, what became of an uncertain step.
 /// Closures `FnOnce(String) -> impl Future<Output = Result<Checked<T>, BoxError>>` implement
-/// it (their future `Send`, as a Lambda handler's is); [`NoCheck`] is the absence of one.
+/// it (their future `Send`, as a Lambda handler's is); `()` is the absence of one.
 pub trait StepCheck<T> {
     /// The check's future.
     type Future: Future<Output = Result<Checked<T>, BoxError>>;
@@ -30,11 +30,8 @@ where
     }
 }
 
-/// A step without a check: uncertain, it holds the operation for an operator.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoCheck;
-
-impl<T> StepCheck<T> for NoCheck {
+/// No check (a step's default): uncertain, the step holds the operation for an operator.
+impl<T> StepCheck<T> for () {
     type Future = Ready<Result<Checked<T>, BoxError>>;
 
     fn check(self, _: String) -> Option<Self::Future> {

@@ -12,7 +12,7 @@ use super::{AfterClaim, Held, Idempotency, answer};
 use crate::error::Error;
 use crate::execution::Invocation;
 use crate::record::{Evidence, Record};
-use crate::store::{Claim, Fence, Guard, Store, Target};
+use crate::store::{Claim, Fence, Guard, StoreExt, Target};
 
 impl Idempotency {
     /// Claims the key: a fresh claim, a takeover of an expired lease, or the adoption of this

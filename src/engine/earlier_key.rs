@@ -22,7 +22,7 @@ use tracing::info;
 use super::Idempotency;
 use crate::error::Error;
 use crate::execution::Invocation;
-use crate::store::Store;
+use crate::store::StoreExt;
 
 impl Idempotency {
     /// `invocation` as the compatibility rule reads it: unchanged when the rule is off, else

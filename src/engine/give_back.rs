@@ -8,7 +8,7 @@ use tracing::warn;
 
 use crate::clock::Clock;
 use crate::key::OperationKey;
-use crate::store::{AnyStore, Fence, Guard, Store, Target};
+use crate::store::{AnyStore, Fence, Guard, StoreExt, Target};
 
 /// Until when an effect a step started may still land downstream (its start plus its declared
 /// effect timeout, else the lease's end), shared by the attempt's ledger, which moves it, and

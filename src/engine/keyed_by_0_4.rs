@@ -28,7 +28,7 @@ use crate::error::Error;
 use crate::execution::Invocation;
 use crate::key::{Fingerprint, KeyRule};
 use crate::record::{Evidence, Status};
-use crate::store::Store;
+use crate::store::StoreExt;
 
 impl Idempotency {
     /// `Err` with the answer when 0.4 recorded this operation (or its identity), before the

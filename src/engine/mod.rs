@@ -51,7 +51,7 @@ use crate::observe::{self, Decision, NoObserver, Observation, Observer};
 use crate::policy::OperationPolicy;
 use crate::reconcile::{Reconciler, Recovery};
 use crate::record::Record;
-use crate::store::{AnyStore, Guard, Store, Target};
+use crate::store::{AnyStore, Guard, Store, StoreExt, Target};
 
 pub(crate) mod answer;
 pub(crate) mod attempt;

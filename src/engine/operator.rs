@@ -33,7 +33,7 @@ use crate::record::MAX_RESULT_REF_BYTES;
 use crate::record::{
     Audit, Evidence, FailureKind, Record, RetainedFailure, Settlement, Status, epoch_millis,
 };
-use crate::store::{Guard, Store, Target};
+use crate::store::{Guard, StoreExt, Target};
 
 /// How long an operator's resolution may retry a failing write.
 const OPERATOR_DEADLINE: Duration = Duration::from_secs(10);

@@ -10,7 +10,7 @@ use super::settle::{Completion, settle_patience};
 use super::{INDETERMINATE_RETENTION, Idempotency};
 use crate::error::Error;
 use crate::execution::{Execution, Invocation, Origin};
-use crate::reconcile::{Reconciliation, Takeover};
+use crate::reconcile::{Checked, Takeover};
 use crate::record::{Record, Settlement, StepRecord};
 use crate::store::Target;
 
@@ -51,8 +51,8 @@ impl Idempotency {
             previous,
         };
         let answer = match reconciler.reconcile(takeover).await {
-            Ok(Reconciliation::NotApplied) => return None,
-            Ok(Reconciliation::Applied(value)) => match serde_json::from_value::<T>(value) {
+            Ok(Checked::NotApplied) => return None,
+            Ok(Checked::Applied(value)) => match serde_json::from_value::<T>(value) {
                 Ok(value) => {
                     let origin = Origin::Reconciled { attempt };
                     self.record(
@@ -70,7 +70,7 @@ impl Idempotency {
                     reason: err.to_string(),
                 }),
             },
-            Ok(Reconciliation::Unknown) => {
+            Ok(Checked::Unknown) => {
                 warn!(
                     attempt,
                     "reconciliation unknown: holding the operation as indeterminate"

@@ -21,7 +21,7 @@ use crate::failure::{Classifier, FailureClass, Release, Terminal};
 use crate::observe::{self};
 use crate::record::MAX_FAILURE_MESSAGE_BYTES;
 use crate::record::{FailureKind, Record, RetainedFailure, Settlement, StepRecord};
-use crate::store::{Committed, Fence, Store, Target, writes_refused};
+use crate::store::{Committed, Fence, Store, StoreExt, Target, writes_refused};
 
 impl Idempotency {
     /// Records `value` (the handler's, or the reconciler's for it) as the operation's outcome.

@@ -17,7 +17,7 @@ use crate::execution::{Execution, ExecutionContext, Invocation};
 use crate::key::OperationKey;
 use crate::observe::Observation;
 use crate::record::Status;
-use crate::store::Store;
+use crate::store::StoreExt;
 
 /// The first pause before reading a held record again.
 const FIRST_PAUSE: Duration = Duration::from_millis(50);

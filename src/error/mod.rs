@@ -371,6 +371,16 @@ pub enum StoreError {
         key_short: String,
     },
 
+    /// A store answered a request with an answer of another kind (a claim with a fence, a
+    /// read with a write's answer): a defect of that store or of a decorator around it.
+    #[error(
+        "the idempotency store answered `{operation}` with an answer of another kind; fix the store (or the decorator around it) so that it answers each request in kind"
+    )]
+    WrongAnswer {
+        /// The store operation.
+        operation: &'static str,
+    },
+
     /// A stored record could not be decoded.
     #[error(
         "the stored record for operation {key_short} is corrupt ({reason}); inspect or delete it"

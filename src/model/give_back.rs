@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::state::{Held, Pc, State};
 use super::{Protocol, Revert, at, ready, tick};
 use crate::engine::decide;
-use crate::store::{Guard, Store, Target};
+use crate::store::{Guard, StoreExt, Target};
 use crate::testing::transitions::Request;
 
 /// The model's give-back grace, in ticks (the engine's is a few seconds of a lease of

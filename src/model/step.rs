@@ -15,7 +15,7 @@ use crate::error::Error;
 use crate::key::OperationKey;
 use crate::reconcile::Recovery;
 use crate::record::{FailureKind, Record, RetainedFailure, Settlement, Status, StepRecord};
-use crate::store::{Claim, Fence, Guard, MemoryStore, Store, Target};
+use crate::store::{Claim, Fence, Guard, MemoryStore, StoreExt, Target};
 use crate::testing::transitions::{self, Request};
 
 /// The stepped handler's one step.

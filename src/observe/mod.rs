@@ -196,6 +196,7 @@ impl StoreError {
             Self::TransactionalWritesUnsupported { .. } => "transactional_writes_unsupported",
             Self::EvidenceNotOwned { .. } => "evidence_not_owned",
             Self::CorruptRecord { .. } => "corrupt_record",
+            Self::WrongAnswer { .. } => "wrong_answer",
         }
     }
 }

@@ -3,16 +3,12 @@
 //! a user names carries a store parameter; decorators ([`CachedStore<S>`](super::CachedStore))
 //! stay generic, and erase with the store they wrap.
 
+use futures_util::future::BoxFuture;
 use std::any::Any;
 use std::sync::Arc;
-use std::time::SystemTime;
 
-use futures_util::future::BoxFuture;
-
-use super::{Claim, DynamoDbStore, Fence, MemoryStore, Store, Target, TransactionalStore};
+use super::{Answer, DynamoDbStore, MemoryStore, Request, Store, TransactionalStore};
 use crate::error::StoreError;
-use crate::key::OperationKey;
-use crate::record::{Evidence, Lease, Record, Settlement, StepRecord};
 
 /// Any store, erased; cheap to clone. What the engine holds ([`Idempotency::store`](crate::Idempotency::store)).
 ///
@@ -65,95 +61,11 @@ impl From<MemoryStore> for AnyStore {
     }
 }
 
-/// The one forwarding point: each method hands on the erased store's own future, boxed once
-/// by that store, never again here.
+/// Hands each request on to the erased store's own future, boxed once by that store, never
+/// again here.
 impl Store for AnyStore {
-    fn claim<'a>(
-        &'a self,
-        record: &'a Record,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        self.0.claim(record, now)
-    }
-
-    fn adopt<'a>(
-        &'a self,
-        record: &'a Record,
-        orphan: &'a Evidence,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        self.0.adopt(record, orphan, now)
-    }
-
-    fn take_over<'a>(
-        &'a self,
-        previous: &'a Record,
-        lease: &'a Lease,
-        expires_at: SystemTime,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        self.0.take_over(previous, lease, expires_at, now)
-    }
-
-    fn shorten<'a>(
-        &'a self,
-        target: Target<'a>,
-        until: SystemTime,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        self.0.shorten(target, until)
-    }
-
-    fn settle<'a>(
-        &'a self,
-        target: Target<'a>,
-        settlement: &'a Settlement,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        self.0.settle(target, settlement)
-    }
-
-    fn record_steps<'a>(
-        &'a self,
-        target: Target<'a>,
-        steps: &'a [StepRecord],
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        self.0.record_steps(target, steps)
-    }
-
-    fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        self.0.release(target)
-    }
-
-    fn release_by_operator<'a>(
-        &'a self,
-        seen: Option<&'a Record>,
-        evidence: Option<&'a Evidence>,
-        released: &'a Record,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.0.release_by_operator(seen, evidence, released, now)
-    }
-
-    fn settle_evidence<'a>(
-        &'a self,
-        seen: &'a Evidence,
-        settlement: &'a Settlement,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.0.settle_evidence(seen, settlement, now)
-    }
-
-    fn get<'a>(
-        &'a self,
-        key: &'a OperationKey,
-    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
-        self.0.get(key)
-    }
-
-    fn evidence<'a>(
-        &'a self,
-        identity: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>> {
-        self.0.evidence(identity)
+    fn call<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Answer, StoreError>> {
+        self.0.call(request)
     }
 
     fn transactional(&self) -> Option<&dyn TransactionalStore> {

@@ -10,10 +10,13 @@ use futures_util::future::BoxFuture;
 use quick_cache::sync::{Cache, DefaultLifecycle};
 use quick_cache::{DefaultHashBuilder, OptionsBuilder, Weighter};
 
-use super::{Claim, Committed, Fence, Guard, Store, Target, TransactionalStore, writes_refused};
+use super::{
+    Answer, Claim, Committed, Fence, Guard, Request, Store, StoreExt, Target, TransactionalStore,
+    writes_refused,
+};
 use crate::error::StoreError;
 use crate::key::OperationKey;
-use crate::record::{Evidence, Lease, Record, Settlement, StepRecord};
+use crate::record::{Lease, Record, Settlement, StepRecord};
 
 /// Room a cached record takes besides its outcome and key, in bytes.
 const RECORD_OVERHEAD: u64 = 256;
@@ -171,183 +174,149 @@ fn pending_key(key: &OperationKey, token: &str) -> PendingKey {
     (key.clone(), token.to_owned())
 }
 
+/// What the cache does around each request it keeps up to date; the reads and the rest hand
+/// on the wrapped store's own future.
 impl<S: Store> Store for CachedStore<S> {
-    fn claim<'a>(
-        &'a self,
-        record: &'a Record,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        Box::pin(async move {
-            if let Some(cached) = self.settled.get(&record.key) {
-                if !cached.counts_as_absent(now) {
-                    self.hits.fetch_add(1, Ordering::Relaxed);
-                    return Ok(Claim::Existing((*cached).clone()));
-                }
-                self.settled.remove(&record.key);
-            }
-            self.pending.insert(
-                pending_key(&record.key, &record.lease.token),
-                Arc::new(record.clone()),
-            );
-            let claim = self.inner.claim(record, now).await?;
-            match &claim {
-                Claim::Acquired => {}
-                // A live claim elsewhere may yet be taken over under this token: keep it.
-                Claim::Existing(existing) if !existing.status.is_settled() => {}
-                // A record of another intent may come without its outcome (a store need not read
-                // outcome parts for a payload conflict): only one this claim could replay is kept.
-                Claim::Existing(existing) => {
-                    if record.fingerprint.matches(&existing.fingerprint) {
-                        self.remember(existing);
-                    }
-                    self.pending
-                        .remove(&pending_key(&record.key, &record.lease.token));
-                }
+    fn call<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Answer, StoreError>> {
+        match request {
+            Request::Claim { record, now } => Box::pin(self.claim_cached(record, now)),
+            Request::Adopt { record, .. } => Box::pin(async move {
                 // An adoption writes its own pending claim.
-                Claim::IdentityTaken(_) => {
-                    self.pending
-                        .remove(&pending_key(&record.key, &record.lease.token));
+                self.pending.insert(
+                    pending_key(&record.key, &record.lease.token),
+                    Arc::new(record.clone()),
+                );
+                self.inner.call(request).await
+            }),
+            Request::TakeOver {
+                previous, lease, ..
+            } => Box::pin(self.take_over_cached(previous, lease, self.inner.call(request))),
+            Request::Settle { target, settlement } => {
+                Box::pin(self.settle_cached(target, settlement))
+            }
+            Request::RecordSteps { target, steps } => {
+                Box::pin(self.record_steps_cached(target, steps))
+            }
+            Request::Release { target } => Box::pin(async move {
+                self.settled.remove(target.key);
+                if let Guard::Lease(token) = target.guard {
+                    self.pending.remove(&pending_key(target.key, token));
                 }
-            }
-            Ok(claim)
-        })
-    }
-
-    fn adopt<'a>(
-        &'a self,
-        record: &'a Record,
-        orphan: &'a Evidence,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        Box::pin(async move {
-            self.pending.insert(
-                pending_key(&record.key, &record.lease.token),
-                Arc::new(record.clone()),
-            );
-            self.inner.adopt(record, orphan, now).await
-        })
-    }
-
-    fn take_over<'a>(
-        &'a self,
-        previous: &'a Record,
-        lease: &'a Lease,
-        expires_at: SystemTime,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(async move {
-            let fence = self
-                .inner
-                .take_over(previous, lease, expires_at, now)
-                .await?;
-            let pending = pending_key(&previous.key, &lease.token);
-            if let Some(mut claim) = self.pending.get(&pending).map(|claim| (*claim).clone()) {
-                // The record taken over: the previous one's creation, the new lease.
-                claim.lease = lease.clone();
-                claim.steps.clone_from(&previous.steps);
-                claim.steps_version = previous.steps_version;
-                claim.created_at = previous.created_at;
-                claim.request_id.clone_from(&previous.request_id);
-                claim.identity.clone_from(&previous.identity);
-                self.pending.insert(pending, Arc::new(claim));
-            }
-            Ok(fence)
-        })
-    }
-
-    fn shorten<'a>(
-        &'a self,
-        target: Target<'a>,
-        until: SystemTime,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        self.inner.shorten(target, until)
-    }
-
-    fn settle<'a>(
-        &'a self,
-        target: Target<'a>,
-        settlement: &'a Settlement,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(async move {
-            self.settled.remove(target.key);
-            let fence = self.inner.settle(target, settlement).await?;
-            if let Fence::Held = fence {
-                self.remember_settled(target, settlement);
-            }
-            Ok(fence)
-        })
-    }
-    fn record_steps<'a>(
-        &'a self,
-        target: Target<'a>,
-        steps: &'a [StepRecord],
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(async move {
-            let fence = self.inner.record_steps(target, steps).await?;
-            if let (Fence::Held, Guard::Lease(token)) = (&fence, target.guard) {
-                let pending = pending_key(target.key, token);
-                if let Some(claim) = self.pending.get(&pending) {
-                    let mut claim = (*claim).clone();
-                    claim.steps = steps.to_vec();
-                    claim.steps_version += 1;
-                    self.pending.insert(pending, Arc::new(claim));
-                }
-            }
-            Ok(fence)
-        })
-    }
-    fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(async move {
-            self.settled.remove(target.key);
-            if let Guard::Lease(token) = target.guard {
-                self.pending.remove(&pending_key(target.key, token));
-            }
-            self.inner.release(target).await
-        })
-    }
-
-    fn release_by_operator<'a>(
-        &'a self,
-        seen: Option<&'a Record>,
-        evidence: Option<&'a Evidence>,
-        released: &'a Record,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            self.settled.remove(&released.key);
-            self.inner
-                .release_by_operator(seen, evidence, released, now)
-                .await
-        })
-    }
-
-    fn settle_evidence<'a>(
-        &'a self,
-        seen: &'a Evidence,
-        settlement: &'a Settlement,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.settle_evidence(seen, settlement, now)
-    }
-
-    fn get<'a>(
-        &'a self,
-        key: &'a OperationKey,
-    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
-        self.inner.get(key)
-    }
-
-    fn evidence<'a>(
-        &'a self,
-        identity: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>> {
-        self.inner.evidence(identity)
+                self.inner.call(request).await
+            }),
+            Request::ReleaseByOperator { released, .. } => Box::pin(async move {
+                self.settled.remove(&released.key);
+                self.inner.call(request).await
+            }),
+            _ => self.inner.call(request),
+        }
     }
 
     fn transactional(&self) -> Option<&dyn TransactionalStore> {
         self.inner
             .transactional()
             .map(|_| self as &dyn TransactionalStore)
+    }
+}
+
+impl<S: Store> CachedStore<S> {
+    /// A claim answered from the cache when it holds the key's settled record, else sent with
+    /// its record kept as pending.
+    async fn claim_cached(&self, record: &Record, now: SystemTime) -> Result<Answer, StoreError> {
+        if let Some(cached) = self.settled.get(&record.key) {
+            if !cached.counts_as_absent(now) {
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(Answer::Claim(Claim::Existing((*cached).clone())));
+            }
+            self.settled.remove(&record.key);
+        }
+        self.pending.insert(
+            pending_key(&record.key, &record.lease.token),
+            Arc::new(record.clone()),
+        );
+        let claim = self.inner.claim(record, now).await?;
+        match &claim {
+            Claim::Acquired => {}
+            // A live claim elsewhere may yet be taken over under this token: keep it.
+            Claim::Existing(existing) if !existing.status.is_settled() => {}
+            // A record of another intent may come without its outcome (a store need not read
+            // outcome parts for a payload conflict): only one this claim could replay is kept.
+            Claim::Existing(existing) => {
+                if record.fingerprint.matches(&existing.fingerprint) {
+                    self.remember(existing);
+                }
+                self.pending
+                    .remove(&pending_key(&record.key, &record.lease.token));
+            }
+            // An adoption writes its own pending claim (`Request::Adopt`).
+            Claim::IdentityTaken(_) => {
+                self.pending
+                    .remove(&pending_key(&record.key, &record.lease.token));
+            }
+        }
+        Ok(Answer::Claim(claim))
+    }
+
+    /// `sent` (the takeover of `previous` under `lease`), then its pending claim moved to the
+    /// record taken over.
+    async fn take_over_cached(
+        &self,
+        previous: &Record,
+        lease: &Lease,
+        sent: BoxFuture<'_, Result<Answer, StoreError>>,
+    ) -> Result<Answer, StoreError> {
+        let answer = sent.await?;
+        let pending = pending_key(&previous.key, &lease.token);
+        if let Some(mut claim) = self.pending.get(&pending).map(|claim| (*claim).clone()) {
+            // The record taken over: the previous one's creation, the new lease.
+            claim.lease = lease.clone();
+            claim.steps.clone_from(&previous.steps);
+            claim.steps_version = previous.steps_version;
+            claim.created_at = previous.created_at;
+            claim.request_id.clone_from(&previous.request_id);
+            claim.identity.clone_from(&previous.identity);
+            self.pending.insert(pending, Arc::new(claim));
+        }
+        Ok(answer)
+    }
+
+    async fn settle_cached(
+        &self,
+        target: Target<'_>,
+        settlement: &Settlement,
+    ) -> Result<Answer, StoreError> {
+        self.settled.remove(target.key);
+        let fence = self.inner.settle(target, settlement).await?;
+        if let Fence::Held = fence {
+            self.remember_settled(target, settlement);
+        }
+        Ok(Answer::Fence(fence))
+    }
+
+    async fn record_steps_cached(
+        &self,
+        target: Target<'_>,
+        steps: &[StepRecord],
+    ) -> Result<Answer, StoreError> {
+        let fence = self.inner.record_steps(target, steps).await?;
+        if let Fence::Held = fence {
+            self.steps_recorded(target, steps);
+        }
+        Ok(Answer::Fence(fence))
+    }
+
+    /// The pending claim of `target`'s lease, with `steps` recorded.
+    fn steps_recorded(&self, target: Target<'_>, steps: &[StepRecord]) {
+        let Guard::Lease(token) = target.guard else {
+            return;
+        };
+        let pending = pending_key(target.key, token);
+        if let Some(claim) = self.pending.get(&pending) {
+            let mut claim = (*claim).clone();
+            claim.steps = steps.to_vec();
+            claim.steps_version += 1;
+            self.pending.insert(pending, Arc::new(claim));
+        }
     }
 }
 
@@ -365,14 +334,8 @@ impl<S: Store> TransactionalStore for CachedStore<S> {
                 return Ok(writes_refused("a transactional step needs"));
             };
             let committed = inner.commit_steps(target, steps, writes, token).await?;
-            if let (Committed::Applied, Guard::Lease(token)) = (&committed, target.guard) {
-                let pending = pending_key(target.key, token);
-                if let Some(claim) = self.pending.get(&pending) {
-                    let mut claim = (*claim).clone();
-                    claim.steps = steps.to_vec();
-                    claim.steps_version += 1;
-                    self.pending.insert(pending, Arc::new(claim));
-                }
+            if let Committed::Applied = committed {
+                self.steps_recorded(target, steps);
             }
             Ok(committed)
         })

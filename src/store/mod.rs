@@ -4,20 +4,20 @@
 //! status means. It offers conditional writes, each atomic, and every backend implements them
 //! with the same semantics, which the conformance suite (`tests/`) checks on all of them:
 //!
-//! - [`Store::claim`] writes an IN_PROGRESS record if its key is absent or its record is
+//! - [`StoreExt::claim`] writes an IN_PROGRESS record if its key is absent or its record is
 //!   settled (COMPLETED, FAILED) and expired (`expires_at < now`, second resolution): an
 //!   IN_PROGRESS or INDETERMINATE record never counts as absent ([`Record::counts_as_absent`]).
 //!   Otherwise it returns the existing record, read in the same request. When the record
 //!   declares a business identity, the claim also writes the identity's permanent
 //!   [`Evidence`], atomically, and fails with the standing evidence if there is one.
-//! - [`Store::adopt`] is the claim of an operation whose record TTL deleted while its evidence
+//! - [`StoreExt::adopt`] is the claim of an operation whose record TTL deleted while its evidence
 //!   still says IN_PROGRESS (a crashed attempt): it re-creates the record if the key is still
 //!   absent and the evidence still the orphan's.
-//! - [`Store::take_over`] replaces the lease of an IN_PROGRESS record whose lease ran out
+//! - [`StoreExt::take_over`] replaces the lease of an IN_PROGRESS record whose lease ran out
 //!   (millisecond resolution), conditioned on the expired holder's token (of two takers, one
 //!   wins) and on the record holding the steps the taker read (any step write of the expired
 //!   holder meanwhile fails the takeover), and moves its retention past the new lease.
-//! - [`Store::settle`], [`Store::release`], [`Store::shorten`], [`Store::record_steps`], and
+//! - [`StoreExt::settle`], [`StoreExt::release`], [`StoreExt::shorten`], [`StoreExt::record_steps`], and
 //!   the transactional capability's [`TransactionalStore::settle_with`] and
 //!   [`TransactionalStore::commit_steps`] are fenced by a [`Guard`]:
 //!   the caller's lease, or (for an operator's resolution) the INDETERMINATE status. With an
@@ -34,6 +34,7 @@ mod any;
 mod cached;
 mod dynamodb;
 mod memory;
+mod request;
 
 use std::any::Any;
 use std::fmt;
@@ -52,13 +53,14 @@ pub use dynamodb::{
     configured_endpoint, stuck_since,
 };
 pub use memory::MemoryStore;
+pub use request::{Answer, Request, StoreExt};
 
 use aws_sdk_dynamodb::types::TransactWriteItem;
 use futures_util::future::BoxFuture;
 
 use crate::error::StoreError;
 use crate::key::OperationKey;
-use crate::record::{Evidence, Lease, Record, Settlement, Status, StepRecord};
+use crate::record::{Evidence, Record, Settlement, Status, StepRecord};
 
 /// The answer to a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,63 +162,35 @@ pub struct Target<'a> {
 /// Storage primitives for idempotency records: the protocol's core, dyn-compatible (the engine
 /// holds one as `dyn Store` in an [`AnyStore`]), with no DynamoDB type in it.
 ///
-/// Every method returns a boxed future ([`BoxFuture`]): write `Box::pin(async move { .. })`,
-/// or hand on the wrapped store's future as it is (a decorator that changes nothing boxes
-/// nothing more; one that adds work boxes its own future around the wrapped one). Do a call's
-/// work inside its future, not when the method is called: a caller may drop the future
-/// unpolled (a fault injected before the call applies). Every method is required, so a
-/// decorator states what it does with each, [`Store::transactional`] included: no default
-/// answers for the store it wraps.
+/// A store answers every core [`Request`] at one point, [`Store::call`]; [`StoreExt`] gives
+/// each request its typed method (`store.claim(..)`, `store.get(..)`), for every store. A
+/// decorator matches the requests it changes and hands every other on to the store it wraps
+/// as it is (a decorator that changes nothing boxes nothing more), so that nothing reaches
+/// the wrapped store around it. Do a call's work inside its future, not when `call` is
+/// called: a caller may drop the future unpolled (a fault injected before the call applies).
+/// [`Store::transactional`] is required too, so that a decorator states what it does with the
+/// transactional capability.
 ///
 /// ```
-/// use std::time::SystemTime;
+/// use std::sync::atomic::{AtomicU64, Ordering};
 ///
 /// use lambda_idempotency::reconcile::BoxFuture;
-/// use lambda_idempotency::record::{Evidence, Lease, Record, Settlement, StepRecord};
-/// use lambda_idempotency::store::{Claim, Fence, MemoryStore, Store, Target, TransactionalStore};
-/// use lambda_idempotency::{OperationKey, StoreError};
+/// use lambda_idempotency::store::{Answer, MemoryStore, Request, Store, TransactionalStore};
+/// use lambda_idempotency::StoreError;
 ///
-/// /// Counts claims, and hands every call on to the store it wraps.
+/// /// Counts claims, and hands every request on to the store it wraps.
 /// #[derive(Debug, Default)]
 /// struct Counted {
 ///     inner: MemoryStore,
-///     claims: std::sync::atomic::AtomicU64,
+///     claims: AtomicU64,
 /// }
 ///
 /// impl Store for Counted {
-///     fn claim<'a>(&'a self, record: &'a Record, now: SystemTime) -> BoxFuture<'a, Result<Claim, StoreError>> {
-///         self.claims.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-///         self.inner.claim(record, now)
-///     }
-///     fn adopt<'a>(&'a self, record: &'a Record, orphan: &'a Evidence, now: SystemTime) -> BoxFuture<'a, Result<Claim, StoreError>> {
-///         self.inner.adopt(record, orphan, now)
-///     }
-///     fn take_over<'a>(&'a self, previous: &'a Record, lease: &'a Lease, expires_at: SystemTime, now: SystemTime) -> BoxFuture<'a, Result<Fence, StoreError>> {
-///         self.inner.take_over(previous, lease, expires_at, now)
-///     }
-///     fn shorten<'a>(&'a self, target: Target<'a>, until: SystemTime) -> BoxFuture<'a, Result<Fence, StoreError>> {
-///         self.inner.shorten(target, until)
-///     }
-///     fn settle<'a>(&'a self, target: Target<'a>, settlement: &'a Settlement) -> BoxFuture<'a, Result<Fence, StoreError>> {
-///         self.inner.settle(target, settlement)
-///     }
-///     fn record_steps<'a>(&'a self, target: Target<'a>, steps: &'a [StepRecord]) -> BoxFuture<'a, Result<Fence, StoreError>> {
-///         self.inner.record_steps(target, steps)
-///     }
-///     fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>> {
-///         self.inner.release(target)
-///     }
-///     fn release_by_operator<'a>(&'a self, seen: Option<&'a Record>, evidence: Option<&'a Evidence>, released: &'a Record, now: SystemTime) -> BoxFuture<'a, Result<bool, StoreError>> {
-///         self.inner.release_by_operator(seen, evidence, released, now)
-///     }
-///     fn settle_evidence<'a>(&'a self, seen: &'a Evidence, settlement: &'a Settlement, now: SystemTime) -> BoxFuture<'a, Result<bool, StoreError>> {
-///         self.inner.settle_evidence(seen, settlement, now)
-///     }
-///     fn get<'a>(&'a self, key: &'a OperationKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
-///         self.inner.get(key)
-///     }
-///     fn evidence<'a>(&'a self, identity: &'a str) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>> {
-///         self.inner.evidence(identity)
+///     fn call<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Answer, StoreError>> {
+///         if let Request::Claim { .. } = request {
+///             self.claims.fetch_add(1, Ordering::Relaxed);
+///         }
+///         self.inner.call(request)
 ///     }
 ///     // A plain memory store commits no DynamoDB writes; a decorator of a store that does
 ///     // implements `TransactionalStore` too and answers `Some(self)`.
@@ -229,112 +203,10 @@ pub struct Target<'a> {
 /// assert!(idem.store().downcast_ref::<Counted>().is_some());
 /// ```
 pub trait Store: Any + Send + Sync + fmt::Debug {
-    /// Writes `record` (IN_PROGRESS, with its identity's evidence) unless a live record holds
-    /// its key or its identity has evidence.
-    fn claim<'a>(
-        &'a self,
-        record: &'a Record,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Claim, StoreError>>;
-
-    /// Writes `record` (IN_PROGRESS, a takeover of a crashed attempt) if its key is absent or
-    /// its record settled and expired, and the identity's evidence is still `orphan` (this
-    /// operation's, IN_PROGRESS, created when `orphan` was).
-    fn adopt<'a>(
-        &'a self,
-        record: &'a Record,
-        orphan: &'a Evidence,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Claim, StoreError>>;
-
-    /// Gives `previous`'s record the new `lease` and the retention `expires_at` if it is still
-    /// IN_PROGRESS under `previous.lease.token`, that lease has run out at `now`, and it holds
-    /// the very steps `previous` holds (none when the attribute is absent). Compare the lease
-    /// with `now` as given, never the store's own clock: an owner re-entering its own live
-    /// claim ([`Invocation::with_owner`](crate::Invocation::with_owner)) passes a time past
-    /// the lease's end.
-    fn take_over<'a>(
-        &'a self,
-        previous: &'a Record,
-        lease: &'a Lease,
-        expires_at: SystemTime,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>>;
-
-    /// Moves the target's lease expiry to `until` (a claim given back early: a panicking or
-    /// cancelled handler), so that the next delivery takes over without waiting out the lease;
-    /// never later: a lease already running out by `until` stands as it is (answered
-    /// [`Fence::Held`] while the target holds it), so that a give-back sent after the claim was
-    /// cut shorter never lengthens it again.
-    fn shorten<'a>(
-        &'a self,
-        target: Target<'a>,
-        until: SystemTime,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>>;
-
-    /// Moves the target record to `settlement.status` with its outcome (and its evidence too:
-    /// settled alike, or deleted when the settlement [releases the identity](Settlement::releases_identity)).
-    /// Outcomes up to [`Config::max_outcome_bytes`](crate::Config::max_outcome_bytes) come
-    /// here, whatever the backend's item limit: a store keeps a large one its own way (the
-    /// DynamoDB store compresses it and keeps it in part items, [`OutcomeStorage`]) and never
-    /// lets a reader see part of one. A store that cannot keep it answers
-    /// [`StoreError::Rejected`]; the engine then retains the operation as FAILED.
-    fn settle<'a>(
-        &'a self,
-        target: Target<'a>,
-        settlement: &'a Settlement,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>>;
-
-    /// Writes the target record's steps as `steps` ([`crate::effects`]), fenced by the target's
-    /// guard (the record alone: the evidence is not touched). A store that does not keep steps
-    /// answers [`StoreError::Rejected`]; the engine then halts a handler at its first step (a
-    /// plain step, before its effect).
-    fn record_steps<'a>(
-        &'a self,
-        target: Target<'a>,
-        steps: &'a [StepRecord],
-    ) -> BoxFuture<'a, Result<Fence, StoreError>>;
-
-    /// Deletes the target record (and its evidence) so that a retry executes afresh.
-    fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>>;
-
-    /// An operator's release: writes `released` (an expired FAILED record carrying the
-    /// operator's audit, so that the next delivery claims afresh) where the record is still as
-    /// `seen` (the same status and lease token, and, IN_PROGRESS, its lease run out at `now`;
-    /// `None`: absent, or settled and expired), and
-    /// deletes `evidence` (as seen: the same operation, status and creation) in the same write.
-    /// `false`: one of them had changed; nothing was written.
-    fn release_by_operator<'a>(
-        &'a self,
-        seen: Option<&'a Record>,
-        evidence: Option<&'a Evidence>,
-        released: &'a Record,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
-
-    /// An operator's settlement of evidence whose record is gone: `seen` (the same operation,
-    /// status and creation) takes `settlement`'s status, result reference, time and audit, if
-    /// its operation's record is still absent, or settled and expired at `now` (a redelivery
-    /// that adopted the evidence meanwhile holds a live claim). `false`: either had changed;
-    /// nothing was written.
-    fn settle_evidence<'a>(
-        &'a self,
-        seen: &'a Evidence,
-        settlement: &'a Settlement,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
-
-    /// Reads the record of `key` as stored, expired or not.
-    fn get<'a>(
-        &'a self,
-        key: &'a OperationKey,
-    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>>;
-
-    /// Reads the permanent evidence of a business identity.
-    fn evidence<'a>(
-        &'a self,
-        identity: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>>;
+    /// Answers `request` with the [`Answer`] of its kind ([`StoreExt`] says what each request
+    /// asks): write `Box::pin(async move { .. })`, or hand on the wrapped store's future as it
+    /// is.
+    fn call<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Answer, StoreError>>;
 
     /// This store's transactional capability ([`TransactionalStore`]: the handler's own
     /// DynamoDB writes committed with a step or the settlement), or `None` when it has none.
@@ -363,12 +235,12 @@ pub trait TransactionalStore: Store {
         token: &'a str,
     ) -> BoxFuture<'a, Result<Committed, StoreError>>;
 
-    /// [`Store::settle`] together with the handler's own DynamoDB `writes`, in one
+    /// [`StoreExt::settle`] together with the handler's own DynamoDB `writes`, in one
     /// transaction sent under request `token` (1 to 36 characters, the same on every try of
     /// this settlement): the settlement and every write commit, or nothing does
     /// ([`ExecutionContext::complete_with`](crate::ExecutionContext::complete_with)). The
     /// answer is as for [`TransactionalStore::commit_steps`]. The engine calls it only with
-    /// writes (else [`Store::settle`]).
+    /// writes (else [`StoreExt::settle`]).
     fn settle_with<'a>(
         &'a self,
         target: Target<'a>,

@@ -12,7 +12,7 @@ use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::key::IdentityScope;
 use lambda_idempotency::reconcile::{BoxFuture, Recovery};
 use lambda_idempotency::record::{Record, Status};
-use lambda_idempotency::store::{MemoryStore, Store};
+use lambda_idempotency::store::{MemoryStore, Store, StoreExt};
 use lambda_idempotency::{
     Config, Error, Execution, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope,
     Origin,
@@ -231,7 +231,7 @@ pub fn invocation(material: &str, intent: &serde_json::Value) -> Invocation {
 }
 
 /// The evidence key of `identity` for the suite's operations ([`invocation`]'s namespace, no
-/// tenant): what [`Store::evidence`] reads.
+/// tenant): what [`StoreExt::evidence`](lambda_idempotency::store::StoreExt::evidence) reads.
 pub fn evidence_key(identity: &str) -> String {
     let key = invocation("any", &serde_json::json!(0)).key().clone();
     IdentityScope::default().evidence_key(identity, &key)

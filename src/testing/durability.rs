@@ -8,17 +8,14 @@ use std::time::Duration;
 use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::failure::{ByErrorType, FailureClass, HasFailureClass, Terminal};
 use lambda_idempotency::key::JsonPointer;
-use lambda_idempotency::reconcile::{Reconciliation, Takeover};
+use lambda_idempotency::reconcile::{Checked, Takeover};
 use lambda_idempotency::record::{Lease, Record, Status};
-use lambda_idempotency::store::{Claim, Store};
+use lambda_idempotency::store::{Claim, Store, StoreExt};
 use lambda_idempotency::{BoxError, Config, Error, Idempotency, Invocation, Origin, Resolution};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-use super::conformance::{
-    Capability, Fixture, LEASE, counted, crash_after_run, engine, evidence_key, invocation,
-    operator, race, rerunning, start_time, stored,
-};
+use super::conformance::{Capability, Fixture, LEASE, counted, crash_after_run, engine, evidence_key, invocation, operator, race, rerunning, start_time, stored};
 
 /// An invoice operation: it keeps permanent evidence under `identity`, with the invoice id as
 /// the result reference.
@@ -293,12 +290,12 @@ pub async fn retryable_failure_releases_evidence_and_reruns<S: Store>(fx: Fixtur
 /// A reconciler that answers from a script and records what it was asked.
 #[derive(Clone, Default)]
 struct ScriptedReconciler {
-    answers: Arc<Mutex<Vec<Result<Reconciliation, String>>>>,
+    answers: Arc<Mutex<Vec<Result<Checked, String>>>>,
     asked: Arc<Mutex<Vec<(u32, u32)>>>,
 }
 
 impl ScriptedReconciler {
-    fn answering(answers: Vec<Result<Reconciliation, String>>) -> Self {
+    fn answering(answers: Vec<Result<Checked, String>>) -> Self {
         let reconciler = Self::default();
         *reconciler.answers.lock().expect("lock") = answers.into_iter().rev().collect();
         reconciler
@@ -311,7 +308,7 @@ impl ScriptedReconciler {
 
     fn reconciler(
         &self,
-    ) -> impl Fn(Takeover) -> std::future::Ready<Result<Reconciliation, BoxError>> + Send + Sync + 'static
+    ) -> impl Fn(Takeover) -> std::future::Ready<Result<Checked, BoxError>> + Send + Sync + 'static
     {
         let this = self.clone();
         move |takeover: Takeover| {
@@ -334,7 +331,7 @@ impl ScriptedReconciler {
 /// next delivery of each is a takeover.
 async fn after_crashes<S: Store>(
     fx: Fixture<S>,
-    answers: Vec<Result<Reconciliation, String>>,
+    answers: Vec<Result<Checked, String>>,
     crashed: &[&Invocation],
 ) -> (
     Idempotency,
@@ -360,7 +357,7 @@ pub async fn takeover_reconciled_as_applied_records_without_running<S: Store>(fx
     let inv = invoice("order-27", "invoice:o-27:rev-1");
     let applied = json!({"invoice_id": "inv-provider", "total": 10});
     let (idem, _, script, runs) =
-        after_crashes(fx, vec![Ok(Reconciliation::Applied(applied))], &[&inv]).await;
+        after_crashes(fx, vec![Ok(Checked::Applied(applied))], &[&inv]).await;
 
     let done = idem
         .execute(&inv, |_| issue_invoice(&runs, "inv-again"))
@@ -397,7 +394,7 @@ pub async fn takeover_reconciled_as_applied_records_without_running<S: Store>(fx
 pub async fn takeover_reconciled_as_not_applied_runs_the_handler<S: Store>(fx: Fixture<S>) {
     let inv = invocation("order-28", &json!({"amount": 10}));
     let (idem, _, script, runs) =
-        after_crashes(fx, vec![Ok(Reconciliation::NotApplied)], &[&inv]).await;
+        after_crashes(fx, vec![Ok(Checked::NotApplied)], &[&inv]).await;
 
     let done = idem
         .execute(&inv, |ctx| counted(&runs, ctx.attempt()))
@@ -418,7 +415,7 @@ pub async fn takeover_reconciled_as_unknown_holds_for_an_operator<S: Store>(fx: 
     fx.require(Capability::Evidence);
     let resolved = invoice("order-29", "invoice:o-29:rev-1");
     let released = invoice("order-30", "invoice:o-30:rev-1");
-    let unknown = vec![Ok(Reconciliation::Unknown), Ok(Reconciliation::Unknown)];
+    let unknown = vec![Ok(Checked::Unknown), Ok(Checked::Unknown)];
     let (idem, clock, script, _) = after_crashes(fx, unknown, &[&resolved, &released]).await;
     let runs = AtomicUsize::new(0);
 
@@ -500,7 +497,7 @@ pub async fn a_failing_reconciler_gives_the_claim_back<S: Store>(fx: Fixture<S>)
     let inv = invocation("order-31", &json!({"amount": 10}));
     let answers = vec![
         Err("provider unreachable".into()),
-        Ok(Reconciliation::NotApplied),
+        Ok(Checked::NotApplied),
     ];
     let (idem, clock, script, _) = after_crashes(fx, answers, &[&inv]).await;
     let runs = AtomicUsize::new(0);

@@ -9,16 +9,13 @@ use std::time::Duration;
 use lambda_idempotency::clock::Clock;
 use lambda_idempotency::config::DEFAULT_MAX_OUTCOME_BYTES;
 use lambda_idempotency::key::JsonPointer;
-use lambda_idempotency::reconcile::{Reconciliation, Takeover};
+use lambda_idempotency::reconcile::{Checked, Takeover};
 use lambda_idempotency::record::Status;
-use lambda_idempotency::store::Store;
+use lambda_idempotency::store::{Store, StoreExt};
 use lambda_idempotency::{BoxError, Config, Error, Idempotency, Invocation, Origin, Resolution};
 use serde_json::{Value, json};
 
-use super::conformance::{
-    Capability, Fixture, LEASE, blocked_worker, counted, crash_after_claim, crash_after_run,
-    engine, evidence_key, invocation, operator, rerunning, stalled_worker, stored,
-};
+use super::conformance::{Capability, Fixture, LEASE, blocked_worker, counted, crash_after_claim, crash_after_run, engine, evidence_key, invocation, operator, rerunning, stalled_worker, stored};
 use super::faults::{Fault, FaultKind, FaultyStore, Primitive};
 
 /// How long a claim given back by a panicking or cancelled handler still holds.
@@ -26,8 +23,8 @@ const GIVE_BACK_GRACE: Duration = Duration::from_secs(5);
 
 /// A reconciler that always gives `answer`.
 fn always(
-    answer: Reconciliation,
-) -> impl Fn(Takeover) -> std::future::Ready<Result<Reconciliation, BoxError>> + Send + Sync + 'static
+    answer: Checked,
+) -> impl Fn(Takeover) -> std::future::Ready<Result<Checked, BoxError>> + Send + Sync + 'static
 {
     move |_| std::future::ready(Ok(answer.clone()))
 }
@@ -100,7 +97,7 @@ pub async fn takeover_extends_retention_past_its_lease<S: Store>(fx: Fixture<S>)
 /// replay) is taken over and reconciled, never run as a blind attempt 1.
 pub async fn stale_in_progress_is_reconciled_not_rerun<S: Store>(fx: Fixture<S>) {
     let (idem, clock, _) = engine(fx, retention(3600));
-    let idem = idem.with_reconciler(always(Reconciliation::Applied(json!("found"))));
+    let idem = idem.with_reconciler(always(Checked::Applied(json!("found"))));
     let inv = invocation("edge-2", &json!({"amount": 10}));
     let crashed = std::sync::Arc::new(AtomicUsize::new(0));
     crash_after_run(&idem, &inv, &crashed).await;
@@ -130,8 +127,8 @@ pub async fn orphaned_evidence_is_adopted_and_reconciled<S: Store>(fx: Fixture<S
     let (idem, clock, sweep) = engine(fx, retention(60));
     let not_applied = idem
         .clone()
-        .with_reconciler(always(Reconciliation::NotApplied));
-    let applied = idem.with_reconciler(always(Reconciliation::Applied(
+        .with_reconciler(always(Checked::NotApplied));
+    let applied = idem.with_reconciler(always(Checked::Applied(
         json!({"invoice_id": "inv-found", "total": 10}),
     )));
     let runs = AtomicUsize::new(0);
@@ -202,7 +199,7 @@ pub async fn in_progress_evidence_is_not_acknowledged<S: Store>(fx: Fixture<S>) 
 /// Case: an INDETERMINATE record never expires into a fresh claim, however old.
 pub async fn indeterminate_never_expires<S: Store>(fx: Fixture<S>) {
     let (idem, clock, _) = engine(fx, retention(60));
-    let idem = idem.with_reconciler(always(Reconciliation::Unknown));
+    let idem = idem.with_reconciler(always(Checked::Unknown));
     let inv = invocation("edge-5", &json!({"amount": 10}));
     crash_after_claim(&idem, &inv).await;
     clock.advance(LEASE + Duration::from_secs(1));
@@ -227,7 +224,7 @@ pub async fn indeterminate_never_expires<S: Store>(fx: Fixture<S>) {
 /// the lease; one that keeps failing leaves the claim to a reconciled takeover, never a re-run.
 pub async fn failed_completion_is_retried_then_reconciled<S: Store + Clone>(fx: Fixture<S>) {
     let (idem, store, clock, _) = faulty_engine(fx, Config::default());
-    let idem = idem.with_reconciler(always(Reconciliation::Applied(json!(7))));
+    let idem = idem.with_reconciler(always(Checked::Applied(json!(7))));
     let runs = AtomicUsize::new(0);
     let retried = invocation("edge-6a", &json!({"amount": 10}));
     store.inject(Primitive::Settle, Fault::FailBefore(FaultKind::Throttled));
@@ -441,7 +438,7 @@ pub async fn concurrent_callers_share_one_flight<S: Store>(fx: Fixture<S>) {
 /// reconciled), and the panic still reaches the caller.
 pub async fn panicking_handler_gives_the_claim_back<S: Store>(fx: Fixture<S>) {
     let (idem, clock, _) = engine(fx, Config::default());
-    let idem = idem.with_reconciler(always(Reconciliation::NotApplied));
+    let idem = idem.with_reconciler(always(Checked::NotApplied));
     let inv = invocation("edge-8", &json!({"amount": 10}));
 
     let panicked = tokio::spawn({
@@ -517,10 +514,10 @@ pub async fn values_are_type_checked_before_they_are_stored<S: Store>(fx: Fixtur
     let (idem, clock, _) = engine(fx, Config::default());
     let wrong = idem
         .clone()
-        .with_reconciler(always(Reconciliation::Applied(json!("not a number"))));
+        .with_reconciler(always(Checked::Applied(json!("not a number"))));
     let unknown = idem
         .clone()
-        .with_reconciler(always(Reconciliation::Unknown));
+        .with_reconciler(always(Checked::Unknown));
     let reconciled = invocation("edge-11a", &json!({"amount": 10}));
     let resolved = invocation("edge-11b", &json!({"amount": 10}));
     crash_after_claim(&idem, &reconciled).await;

@@ -31,38 +31,56 @@ use tokio::sync::Notify;
 use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::key::OperationKey;
-use crate::record::{Evidence, Lease, Record, Settlement, StepRecord};
-use crate::store::{Claim, Committed, Fence, Store, Target, TransactionalStore, writes_refused};
+use crate::record::{Settlement, StepRecord};
+use crate::store::{
+    Answer, Claim, Committed, Fence, Request, Store, Target, TransactionalStore, writes_refused,
+};
 
 /// A store primitive, as faults name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum Primitive {
-    /// [`Store::claim`].
+    /// [`StoreExt::claim`](crate::store::StoreExt::claim).
     Claim,
-    /// [`Store::adopt`].
+    /// [`StoreExt::adopt`](crate::store::StoreExt::adopt).
     Adopt,
-    /// [`Store::take_over`].
+    /// [`StoreExt::take_over`](crate::store::StoreExt::take_over).
     TakeOver,
-    /// [`Store::shorten`].
+    /// [`StoreExt::shorten`](crate::store::StoreExt::shorten).
     Shorten,
-    /// [`Store::settle`] and [`TransactionalStore::settle_with`].
+    /// [`StoreExt::settle`](crate::store::StoreExt::settle) and [`TransactionalStore::settle_with`].
     Settle,
-    /// [`Store::release`].
+    /// [`StoreExt::release`](crate::store::StoreExt::release).
     Release,
-    /// [`Store::record_steps`].
+    /// [`StoreExt::record_steps`](crate::store::StoreExt::record_steps).
     RecordSteps,
     /// [`TransactionalStore::commit_steps`].
     CommitSteps,
-    /// [`Store::get`].
+    /// [`StoreExt::get`](crate::store::StoreExt::get).
     Get,
-    /// [`Store::evidence`].
+    /// [`StoreExt::evidence`](crate::store::StoreExt::evidence).
     Evidence,
-    /// An operator's writes: [`Store::release_by_operator`], [`Store::settle_evidence`].
+    /// An operator's writes: [`StoreExt::release_by_operator`](crate::store::StoreExt::release_by_operator), [`StoreExt::settle_evidence`](crate::store::StoreExt::settle_evidence).
     Operator,
 }
 
 impl Primitive {
+    /// The primitive a core request is.
+    pub fn of(request: Request<'_>) -> Self {
+        match request {
+            Request::Claim { .. } => Self::Claim,
+            Request::Adopt { .. } => Self::Adopt,
+            Request::TakeOver { .. } => Self::TakeOver,
+            Request::Shorten { .. } => Self::Shorten,
+            Request::Settle { .. } => Self::Settle,
+            Request::RecordSteps { .. } => Self::RecordSteps,
+            Request::Release { .. } => Self::Release,
+            Request::ReleaseByOperator { .. } | Request::SettleEvidence { .. } => Self::Operator,
+            Request::Get { .. } => Self::Get,
+            Request::Evidence { .. } => Self::Evidence,
+        }
+    }
+
     /// Every primitive.
     pub const ALL: [Self; 11] = [
         Self::Claim,
@@ -332,15 +350,26 @@ impl<S> FaultyStore<S> {
         std::mem::take(&mut self.lock().existence)
     }
 
-    /// `apply`, noting the existence change its answer makes to `key`'s record.
-    async fn noting<T>(
+    /// `sent` (the wrapped store's answer to `request`), noting the existence change it makes
+    /// to the request's record: a claim that wrote it, a release that deleted it (as the caller
+    /// may never learn, when a fault then loses the answer).
+    async fn noting(
         &self,
-        key: &OperationKey,
-        apply: impl Future<Output = Result<T, StoreError>>,
-        change: impl FnOnce(&T) -> Option<Existence>,
-    ) -> Result<T, StoreError> {
-        let answer = apply.await;
-        if let Some(existence) = answer.as_ref().ok().and_then(change) {
+        request: Request<'_>,
+        sent: impl Future<Output = Result<Answer, StoreError>>,
+    ) -> Result<Answer, StoreError> {
+        let answer = sent.await;
+        let change = match (request, &answer) {
+            (
+                Request::Claim { record, .. } | Request::Adopt { record, .. },
+                Ok(Answer::Claim(Claim::Acquired)),
+            ) => Some((&record.key, Existence::Written)),
+            (Request::Release { target }, Ok(Answer::Fence(Fence::Held))) => {
+                Some((target.key, Existence::Released))
+            }
+            _ => None,
+        };
+        if let Some((key, existence)) = change {
             self.lock().existence.insert(key.clone(), existence);
         }
         answer
@@ -429,125 +458,9 @@ impl<S> FaultyStore<S> {
 }
 
 impl<S: Store + Clone> Store for FaultyStore<S> {
-    fn claim<'a>(
-        &'a self,
-        record: &'a Record,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        let claim = self.noting(
-            &record.key,
-            async move { self.inner.claim(record, now).await },
-            written,
-        );
-        Box::pin(self.around(Primitive::Claim, claim))
-    }
-
-    fn adopt<'a>(
-        &'a self,
-        record: &'a Record,
-        orphan: &'a Evidence,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        let adopt = self.noting(
-            &record.key,
-            async move { self.inner.adopt(record, orphan, now).await },
-            written,
-        );
-        Box::pin(self.around(Primitive::Adopt, adopt))
-    }
-
-    fn take_over<'a>(
-        &'a self,
-        previous: &'a Record,
-        lease: &'a Lease,
-        expires_at: SystemTime,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(self.around(Primitive::TakeOver, async move {
-            self.inner.take_over(previous, lease, expires_at, now).await
-        }))
-    }
-
-    fn shorten<'a>(
-        &'a self,
-        target: Target<'a>,
-        until: SystemTime,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(self.around(Primitive::Shorten, async move {
-            self.inner.shorten(target, until).await
-        }))
-    }
-
-    fn settle<'a>(
-        &'a self,
-        target: Target<'a>,
-        settlement: &'a Settlement,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(self.around(Primitive::Settle, async move {
-            self.inner.settle(target, settlement).await
-        }))
-    }
-    fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        let release = self.noting(
-            target.key,
-            async move { self.inner.release(target).await },
-            |fence| matches!(fence, Fence::Held).then_some(Existence::Released),
-        );
-        Box::pin(self.around(Primitive::Release, release))
-    }
-
-    fn record_steps<'a>(
-        &'a self,
-        target: Target<'a>,
-        steps: &'a [StepRecord],
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(self.around(Primitive::RecordSteps, async move {
-            self.inner.record_steps(target, steps).await
-        }))
-    }
-    fn release_by_operator<'a>(
-        &'a self,
-        seen: Option<&'a Record>,
-        evidence: Option<&'a Evidence>,
-        released: &'a Record,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let release = async move {
-                self.inner
-                    .release_by_operator(seen, evidence, released, now)
-                    .await
-            };
-            self.around(Primitive::Operator, release).await
-        })
-    }
-
-    fn settle_evidence<'a>(
-        &'a self,
-        seen: &'a Evidence,
-        settlement: &'a Settlement,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let settle = async move { self.inner.settle_evidence(seen, settlement, now).await };
-            self.around(Primitive::Operator, settle).await
-        })
-    }
-
-    fn get<'a>(
-        &'a self,
-        key: &'a OperationKey,
-    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
-        Box::pin(self.around(Primitive::Get, async move { self.inner.get(key).await }))
-    }
-
-    fn evidence<'a>(
-        &'a self,
-        identity: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>> {
-        Box::pin(self.around(Primitive::Evidence, async move {
-            self.inner.evidence(identity).await
-        }))
+    fn call<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Answer, StoreError>> {
+        let sent = self.noting(request, self.inner.call(request));
+        Box::pin(self.around(Primitive::of(request), sent))
     }
 
     fn transactional(&self) -> Option<&dyn TransactionalStore> {
@@ -601,11 +514,6 @@ impl<S: Store + Clone> TransactionalStore for FaultyStore<S> {
             None => Box::pin(async { Ok(()) }),
         }
     }
-}
-
-/// A claim's existence change: the record written when the claim acquired it.
-fn written(claim: &Claim) -> Option<Existence> {
-    matches!(claim, Claim::Acquired).then_some(Existence::Written)
 }
 
 #[cfg(test)]

@@ -8,16 +8,13 @@ use std::time::Duration;
 
 use lambda_idempotency::clock::Clock;
 use lambda_idempotency::key::JsonPointer;
-use lambda_idempotency::reconcile::{Reconciliation, Takeover};
+use lambda_idempotency::reconcile::{Checked, Takeover};
 use lambda_idempotency::record::{Audit, Status};
-use lambda_idempotency::store::Store;
+use lambda_idempotency::store::{Store, StoreExt};
 use lambda_idempotency::{BoxError, Config, Error, Invocation, Origin, Resolution};
 use serde_json::{Value, json};
 
-use super::conformance::{
-    Capability, Fixture, LEASE, counted, crash_after_claim, engine, invocation, operator,
-    rerunning, stalled_worker, stored,
-};
+use super::conformance::{Capability, Fixture, LEASE, counted, crash_after_claim, engine, invocation, operator, rerunning, stalled_worker, stored};
 use super::faults::{Fault, FaultKind, FaultyStore, Primitive};
 
 fn invoice(material: &str) -> Invocation {
@@ -54,7 +51,7 @@ async fn hold_for_an_operator(
     clock.advance(LEASE + Duration::from_secs(1));
     let unknown = idem
         .clone()
-        .with_reconciler(|_: Takeover| async { Ok::<_, BoxError>(Reconciliation::Unknown) });
+        .with_reconciler(|_: Takeover| async { Ok::<_, BoxError>(Checked::Unknown) });
     let held = unknown
         .execute(inv, |_| async { Ok::<_, std::io::Error>(json!(0)) })
         .await

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use lambda_idempotency::clock::{Clock, ManualClock};
-use lambda_idempotency::reconcile::{Reconciliation, Recovery, Takeover};
+use lambda_idempotency::reconcile::{Checked, Recovery, Takeover};
 use lambda_idempotency::record::Status;
 use lambda_idempotency::store::Store;
 use lambda_idempotency::{BoxError, Error, Idempotency, Invocation, Origin, StoreError};
@@ -134,7 +134,7 @@ pub async fn an_outage_past_the_deadline_leaves_the_claim_to_recovery<S: Store +
         .with_clock(clock.clone())
         .with_recovery(Recovery::Rerun);
     let reconciled = idem.clone().with_reconciler(|_: Takeover| async {
-        Ok::<_, BoxError>(Reconciliation::Applied(
+        Ok::<_, BoxError>(Checked::Applied(
             json!({"charged": true, "attempt": 1}),
         ))
     });

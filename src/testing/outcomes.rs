@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use lambda_idempotency::config::DEFAULT_MAX_OUTCOME_BYTES;
 use lambda_idempotency::record::{FailureKind, Status};
-use lambda_idempotency::store::Store;
+use lambda_idempotency::store::{Store, StoreExt};
 use lambda_idempotency::{
     Config, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope, Origin,
 };

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use crate::clock::Clock;
 use crate::key::{Fingerprint, OperationKey, OperationScope};
 use crate::record::{Lease, Record, Settlement, Status, retention_expiry};
-use crate::store::{Claim, Fence, Guard, Store, Target};
+use crate::store::{Claim, Fence, Guard, Store, StoreExt, Target};
 use crate::testing::conformance::{Capability, Fixture, invocation};
 use crate::testing::outcomes::incompressible;
 

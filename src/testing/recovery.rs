@@ -9,7 +9,7 @@ use std::time::Duration;
 use lambda_idempotency::effects::Checked;
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::record::{Status, StepRecord};
-use lambda_idempotency::store::Store;
+use lambda_idempotency::store::{Store, StoreExt};
 use lambda_idempotency::{BoxError, Config, Error, ExecutionContext, Idempotency, Origin};
 use tokio::sync::oneshot;
 

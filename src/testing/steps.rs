@@ -13,7 +13,7 @@ use lambda_idempotency::clock::Clock;
 use lambda_idempotency::effects::{Checked, NotApplied, StepError};
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::record::{Status, StepRecord};
-use lambda_idempotency::store::Store;
+use lambda_idempotency::store::{Store, StoreExt};
 use lambda_idempotency::{
     BoxError, Config, Error, ExecutionContext, Idempotency, Invocation, Origin,
 };

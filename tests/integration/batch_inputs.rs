@@ -11,7 +11,7 @@ use lambda_idempotency::failure::Panicked;
 use lambda_idempotency::lambda::batch::{BatchProcessor, RecordOutcome};
 use lambda_idempotency::lambda::sources;
 use lambda_idempotency::record::Status;
-use lambda_idempotency::store::{AnyStore, Store};
+use lambda_idempotency::store::{AnyStore, StoreExt};
 use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
 use lambda_idempotency::{Error, ExecutionContext, Idempotency, OperationScope};
 use serde_json::json;

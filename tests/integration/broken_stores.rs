@@ -1,14 +1,11 @@
 //! Memory stores with one defect put in, for the checks that must catch it: a harness shows
 //! that it catches a real defect (the conformance cases, the simulation).
 
-use std::time::SystemTime;
-
 use lambda_idempotency::error::StoreError;
-use lambda_idempotency::key::OperationKey;
 use lambda_idempotency::reconcile::BoxFuture;
-use lambda_idempotency::record::{Evidence, Lease, Record, Settlement, Status, StepRecord};
+use lambda_idempotency::record::{Settlement, Status};
 use lambda_idempotency::store::{
-    Claim, Fence, Guard, MemoryStore, Store, Target, TransactionalStore,
+    Answer, Fence, Guard, MemoryStore, Request, Store, StoreExt, Target, TransactionalStore,
 };
 
 /// The defect a [`Broken`] store has; everything else is the memory store's.
@@ -72,95 +69,17 @@ impl Broken {
 }
 
 impl Store for Broken {
-    fn claim<'a>(
-        &'a self,
-        record: &'a Record,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        self.inner.claim(record, now)
-    }
-
-    fn adopt<'a>(
-        &'a self,
-        record: &'a Record,
-        orphan: &'a Evidence,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        self.inner.adopt(record, orphan, now)
-    }
-
-    fn take_over<'a>(
-        &'a self,
-        previous: &'a Record,
-        lease: &'a Lease,
-        expires_at: SystemTime,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        self.inner.take_over(previous, lease, expires_at, now)
-    }
-
-    fn shorten<'a>(
-        &'a self,
-        target: Target<'a>,
-        until: SystemTime,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        self.inner.shorten(target, until)
-    }
-
-    fn settle<'a>(
-        &'a self,
-        target: Target<'a>,
-        settlement: &'a Settlement,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(self.settle_broken(target, settlement))
-    }
-
-    fn record_steps<'a>(
-        &'a self,
-        target: Target<'a>,
-        steps: &'a [StepRecord],
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        self.inner.record_steps(target, steps)
-    }
-
-    fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        self.inner.release(target)
-    }
-
-    fn release_by_operator<'a>(
-        &'a self,
-        seen: Option<&'a Record>,
-        evidence: Option<&'a Evidence>,
-        released: &'a Record,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner
-            .release_by_operator(seen, evidence, released, now)
-    }
-
-    fn settle_evidence<'a>(
-        &'a self,
-        seen: &'a Evidence,
-        settlement: &'a Settlement,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.settle_evidence(seen, settlement, now)
-    }
-
-    fn get<'a>(
-        &'a self,
-        key: &'a OperationKey,
-    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
-        self.inner.get(key)
-    }
-
-    fn evidence<'a>(
-        &'a self,
-        identity: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>> {
-        match self.defect {
-            Defect::LostEvidence => Box::pin(async { Ok(None) }),
-            _ => self.inner.evidence(identity),
+    fn call<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Answer, StoreError>> {
+        match (request, self.defect) {
+            (Request::Settle { target, settlement }, _) => Box::pin(async move {
+                self.settle_broken(target, settlement)
+                    .await
+                    .map(Answer::Fence)
+            }),
+            (Request::Evidence { .. }, Defect::LostEvidence) => {
+                Box::pin(async { Ok(Answer::Evidence(None)) })
+            }
+            _ => self.inner.call(request),
         }
     }
 

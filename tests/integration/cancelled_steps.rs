@@ -11,7 +11,7 @@ use lambda_idempotency::clock::Clock;
 use lambda_idempotency::effects::Checked;
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::record::StepRecord;
-use lambda_idempotency::store::Store;
+use lambda_idempotency::store::StoreExt;
 use lambda_idempotency::testing::conformance::invocation;
 use lambda_idempotency::{BoxError, ExecutionContext, Idempotency};
 use serde_json::json;

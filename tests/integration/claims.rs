@@ -13,7 +13,7 @@ use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::lambda::LeasePolicy;
 use lambda_idempotency::record::MAX_REQUEST_ID_BYTES;
 use lambda_idempotency::record::{Record, Status};
-use lambda_idempotency::store::{MemoryStore, Store};
+use lambda_idempotency::store::{MemoryStore, StoreExt};
 use lambda_idempotency::testing::conformance::{counted, invocation, start_time};
 use lambda_idempotency::testing::dynamo;
 use lambda_idempotency::testing::outcomes::{compressible, incompressible};

@@ -11,7 +11,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, Put};
 use lambda_idempotency::effects::{Destination, Outbox, OutboxEvent, StepError, Writes, event_id};
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::record::{FailureKind, Status};
-use lambda_idempotency::store::{MemoryStore, Store};
+use lambda_idempotency::store::{MemoryStore, StoreExt};
 use lambda_idempotency::testing::conformance::{evidence_key, invocation, stored};
 use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
 use lambda_idempotency::{BoxError, Error, ErrorKind, ExecutionContext, Idempotency, Origin};

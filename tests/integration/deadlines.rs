@@ -14,7 +14,7 @@ use lambda_idempotency::lambda::batch::BatchProcessor;
 use lambda_idempotency::lambda::http::CallerScope;
 use lambda_idempotency::lambda::sources;
 use lambda_idempotency::record::Record;
-use lambda_idempotency::store::{AnyStore, Store};
+use lambda_idempotency::store::{AnyStore, StoreExt};
 use lambda_idempotency::{ExecutionContext, Idempotency, KeyPolicy, LeasePolicy, OperationScope};
 use lambda_runtime::tower::{Layer, ServiceExt, service_fn};
 use lambda_runtime::{Context, LambdaEvent};

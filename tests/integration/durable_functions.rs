@@ -20,7 +20,7 @@ use aws_durable_execution_sdk::test_util::LocalRunner;
 use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::observe::{Decision, Observation};
 use lambda_idempotency::record::{Record, Status};
-use lambda_idempotency::store::{AnyStore, CachedStore, Store};
+use lambda_idempotency::store::{AnyStore, CachedStore, StoreExt};
 use lambda_idempotency::testing::faults::{FaultKind, FaultyStore, Primitive};
 use lambda_idempotency::{
     BoxError, Error, ExecutionContext, Idempotency, Invocation, KeyPolicy, Operation,

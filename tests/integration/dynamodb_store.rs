@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 use aws_sdk_dynamodb::types::AttributeValue;
 use lambda_idempotency::clock::ManualClock;
 use lambda_idempotency::reconcile::Recovery;
-use lambda_idempotency::store::{AttributeNames, DynamoDbStore, SortKey, Store};
+use lambda_idempotency::store::{AttributeNames, DynamoDbStore, SortKey, StoreExt};
 use lambda_idempotency::{
     Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope, StoreError,
 };

@@ -15,7 +15,7 @@ use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
 use lambda_idempotency::effects::{MAX_STEP_RESULTS_BYTES, MAX_STEPS};
 use lambda_idempotency::record::epoch_millis;
-use lambda_idempotency::store::{DynamoDbStore, OutcomeStorage, Store};
+use lambda_idempotency::store::{DynamoDbStore, OutcomeStorage, StoreExt};
 use lambda_idempotency::testing::{dynamo, local};
 use lambda_idempotency::{Fingerprint, OperationKey, OperationScope, StoreError};
 

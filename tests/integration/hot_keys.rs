@@ -11,7 +11,7 @@ use std::time::Duration;
 use aws_sdk_dynamodb::types::AttributeValue;
 use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::record::Status;
-use lambda_idempotency::store::{CachedStore, DynamoDbStore, Store};
+use lambda_idempotency::store::{CachedStore, DynamoDbStore, StoreExt};
 use lambda_idempotency::testing::conformance::{invocation, start_time};
 use lambda_idempotency::testing::dynamo::{self, Dynamo};
 use lambda_idempotency::testing::interceptor::{

@@ -19,7 +19,7 @@ use lambda_idempotency::Operation;
 use lambda_idempotency::failure::{Classifier, FailureClass};
 use lambda_idempotency::lambda::http::{CallerScope, REPLAYED_HEADER};
 use lambda_idempotency::lambda::sources;
-use lambda_idempotency::reconcile::{Reconciliation, Takeover};
+use lambda_idempotency::reconcile::{Checked, Takeover};
 use lambda_idempotency::store::AnyStore;
 use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
 use lambda_idempotency::{BoxError, Idempotency, OperationScope};
@@ -345,7 +345,7 @@ async fn a_damaged_stored_response_is_a_500_never_an_empty_success() {
         let damaged = json!({"status": 201, "headers": [], "body": "%%% not base64 %%%"});
         let idem = engine(backend).with_reconciler(move |_: Takeover| {
             let damaged = damaged.clone();
-            async move { Ok::<_, BoxError>(Reconciliation::Applied(damaged)) }
+            async move { Ok::<_, BoxError>(Checked::Applied(damaged)) }
         });
         let runs = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&runs);

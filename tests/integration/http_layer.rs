@@ -784,7 +784,7 @@ async fn call(
 
 /// The record of the request as the store reads it back, its outcome as text.
 async fn stored_outcome(store: &lambda_idempotency::store::AnyStore, request: &Request) -> String {
-    use lambda_idempotency::store::Store;
+    use lambda_idempotency::store::StoreExt;
     let scope = OperationScope::new("http-layer", "sessions").expect("scope");
     let (key, _) = HttpKeys::new()
         .policy()
@@ -921,7 +921,7 @@ async fn a_huge_handler_error_is_stored_cut_to_its_limit_on_dynamodb() {
     use lambda_idempotency::failure::Terminal;
     use lambda_idempotency::record::MAX_FAILURE_MESSAGE_BYTES;
     use lambda_idempotency::record::{RetainedFailure, Status};
-    use lambda_idempotency::store::Store;
+    use lambda_idempotency::store::StoreExt;
 
     let db = dynamo::start().await;
     let idem = Idempotency::new(db.store());

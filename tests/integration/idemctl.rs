@@ -5,12 +5,10 @@ use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use lambda_idempotency::clock::ManualClock;
-use lambda_idempotency::reconcile::{Reconciliation, Takeover};
+use lambda_idempotency::reconcile::{Checked, Takeover};
 use lambda_idempotency::testing::conformance::crash_after_claim;
 use lambda_idempotency::testing::dynamo;
-use lambda_idempotency::{
-    BoxError, Config, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope,
-};
+use lambda_idempotency::{BoxError, Config, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope};
 use serde_json::{Value, json};
 use sha2::Digest;
 
@@ -94,7 +92,7 @@ async fn an_operator_finds_and_resolves_stuck_work() {
     clock.advance(Duration::from_secs(60));
     let unknown = idem
         .clone()
-        .with_reconciler(|_: Takeover| async { Ok::<_, BoxError>(Reconciliation::Unknown) });
+        .with_reconciler(|_: Takeover| async { Ok::<_, BoxError>(Checked::Unknown) });
     let err = unknown
         .execute(&held, |_| async { Ok::<_, std::io::Error>(json!(0)) })
         .await

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use lambda_idempotency::Operation;
 use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::lambda::{IdempotencyLayer, current};
-use lambda_idempotency::store::{DynamoDbStore, Store};
+use lambda_idempotency::store::{DynamoDbStore, StoreExt};
 use lambda_idempotency::{
     Error, Idempotency, IdempotencyError, KeyPolicy, OperationKey, OperationScope,
 };

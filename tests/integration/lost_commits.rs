@@ -17,7 +17,7 @@ use aws_sdk_dynamodb::error::BoxError;
 use aws_sdk_dynamodb::operation::transact_write_items::{
     TransactWriteItemsError, TransactWriteItemsInput,
 };
-use lambda_idempotency::store::{DynamoDbStore, Store};
+use lambda_idempotency::store::{DynamoDbStore, StoreExt};
 use lambda_idempotency::testing::conformance::Capability;
 use lambda_idempotency::testing::conformance::invocation;
 use lambda_idempotency::testing::interceptor::{

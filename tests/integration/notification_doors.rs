@@ -10,7 +10,7 @@ use aws_lambda_events::event::s3::S3Event;
 use aws_lambda_events::event::sns::SnsEvent;
 use lambda_idempotency::lambda::batch::{BatchError, RecordOutcome};
 use lambda_idempotency::lambda::sources;
-use lambda_idempotency::store::Store;
+use lambda_idempotency::store::StoreExt;
 use lambda_idempotency::{
     Execution, ExecutionContext, Idempotency, KeyPolicy, Operation, OperationScope,
 };

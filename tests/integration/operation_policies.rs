@@ -9,12 +9,10 @@ use std::time::Duration;
 
 use lambda_idempotency::clock::ManualClock;
 use lambda_idempotency::failure::{Classifier, FailureClass};
-use lambda_idempotency::reconcile::{Reconciliation, Recovery, Takeover};
+use lambda_idempotency::reconcile::{Checked, Recovery, Takeover};
 use lambda_idempotency::record::Status;
 use lambda_idempotency::testing::conformance::{counted, crash_after_claim, stored};
-use lambda_idempotency::{
-    BoxError, ConfigError, Error, Idempotency, Invocation, KeyPolicy, Operation, OperationScope,
-};
+use lambda_idempotency::{BoxError, ConfigError, Error, Idempotency, Invocation, KeyPolicy, Operation, OperationScope};
 use serde_json::{Value, json};
 
 use super::backends::{Backend, both};
@@ -111,7 +109,7 @@ async fn a_reconciler_declared_on_an_operation_is_asked_for_it_alone() {
             let asked = Arc::clone(&asked);
             move |_: Takeover| {
                 asked.fetch_add(1, Ordering::SeqCst);
-                async { Ok::<_, BoxError>(Reconciliation::Applied(json!("found"))) }
+                async { Ok::<_, BoxError>(Checked::Applied(json!("found"))) }
             }
         });
         let plain = operation(&idem, "plain");

@@ -9,16 +9,12 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use lambda_idempotency::clock::ManualClock;
-use lambda_idempotency::reconcile::{Reconciliation, Recovery, Takeover};
+use lambda_idempotency::reconcile::{Checked, Recovery, Takeover};
 use lambda_idempotency::record::{Status, epoch_secs};
-use lambda_idempotency::store::{
-    DynamoDbStore, OutcomeStorage, PART_BYTES, PART_TTL_MARGIN, Store,
-};
+use lambda_idempotency::store::{DynamoDbStore, OutcomeStorage, PART_BYTES, PART_TTL_MARGIN, StoreExt};
 use lambda_idempotency::testing::conformance::{counted, invocation, start_time};
 use lambda_idempotency::testing::dynamo::{self, Dynamo, item_size};
-use lambda_idempotency::testing::interceptor::{
-    FaultInterceptor, SDK_ATTEMPTS, SdkFault, SdkOperation, client_with,
-};
+use lambda_idempotency::testing::interceptor::{FaultInterceptor, SDK_ATTEMPTS, SdkFault, SdkOperation, client_with};
 use lambda_idempotency::testing::outcomes::{compressible, incompressible};
 use lambda_idempotency::{BoxError, Config, Error, Idempotency, Invocation, Origin, StoreError};
 use serde_json::json;
@@ -371,7 +367,7 @@ async fn parts_throttled_past_every_retry_leave_no_outcome_to_replay() {
     let found = incompressible(1200 * 1024, 6);
     let reconciled = rig.idem.clone().with_reconciler(move |_: Takeover| {
         let found = found.clone();
-        async move { Ok::<_, BoxError>(Reconciliation::Applied(json!(found))) }
+        async move { Ok::<_, BoxError>(Checked::Applied(json!(found))) }
     });
     let done = reconciled
         .execute(&again, |_| counted(&runs, String::new()))

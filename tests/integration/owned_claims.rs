@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use lambda_idempotency::clock::Clock;
 use lambda_idempotency::reconcile::Recovery;
-use lambda_idempotency::store::{AnyStore, Store};
+use lambda_idempotency::store::{AnyStore, StoreExt};
 use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
 use lambda_idempotency::{BoxError, Idempotency, Invocation, KeyPolicy, Operation, OperationScope};
 use serde_json::{Value, json};

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use lambda_idempotency::record::Status;
-use lambda_idempotency::store::{DynamoDbStore, Store};
+use lambda_idempotency::store::{DynamoDbStore, StoreExt};
 use lambda_idempotency::testing::dynamo;
 use lambda_idempotency::testing::local::config_for;
 use lambda_idempotency::{Fingerprint, Idempotency, Invocation, OperationKey, OperationScope};

@@ -12,16 +12,13 @@ use aws_sdk_dynamodb::types::{AttributeValue, Put};
 use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::effects::{Checked, MAX_STEP_RESULTS_BYTES, NotApplied, StepError, Writes};
 use lambda_idempotency::failure::{Classifier, FailureClass, Terminal};
-use lambda_idempotency::reconcile::{Reconciliation, Recovery, Takeover};
+use lambda_idempotency::reconcile::{Recovery, Takeover};
 use lambda_idempotency::record::{Status, StepRecord};
-use lambda_idempotency::store::Store;
+use lambda_idempotency::store::StoreExt;
 use lambda_idempotency::testing::conformance::{LEASE, invocation, operator, stored};
 use lambda_idempotency::testing::faults::{FaultKind, FaultyStore, Primitive};
 use lambda_idempotency::testing::outcomes::incompressible;
-use lambda_idempotency::{
-    BoxError, Config, Error, Execution, ExecutionContext, Idempotency, Invocation, Origin,
-    Resolution,
-};
+use lambda_idempotency::{BoxError, Config, Error, Execution, ExecutionContext, Idempotency, Invocation, Origin, Resolution};
 use serde_json::json;
 use tokio::sync::oneshot;
 
@@ -521,7 +518,7 @@ async fn a_failing_reconcilers_give_back_after_steps_is_unmarked() {
                 async move {
                     match asked {
                         1 => Err::<_, BoxError>("the provider is unreachable".into()),
-                        _ => Ok(Reconciliation::NotApplied),
+                        _ => Ok(Checked::NotApplied),
                     }
                 }
             }
@@ -584,7 +581,7 @@ async fn a_reconcilers_not_applied_rerun_still_replays_recorded_results() {
             let seen = Arc::clone(&seen);
             move |takeover: Takeover| {
                 seen.lock().expect("seen").push(takeover.previous.steps);
-                async { Ok::<_, BoxError>(Reconciliation::NotApplied) }
+                async { Ok::<_, BoxError>(Checked::NotApplied) }
             }
         });
         let inv = invocation("reconciler-not-applied", &json!({"order": 7}));

@@ -6,7 +6,7 @@ use std::time::Duration;
 use lambda_idempotency::key::{Fingerprint, OperationKey};
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::record::Status;
-use lambda_idempotency::store::Store;
+use lambda_idempotency::store::StoreExt;
 use lambda_idempotency::{BoxError, Error, Idempotency, Invocation, OperationScope};
 use serde_json::{Value, json};
 

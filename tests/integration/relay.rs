@@ -17,7 +17,7 @@ use lambda_idempotency::effects::{
 use lambda_idempotency::lambda::relay::{self, Publisher, Relay, relay, relay_record};
 use lambda_idempotency::lambda::sources;
 use lambda_idempotency::reconcile::Recovery;
-use lambda_idempotency::store::Store;
+use lambda_idempotency::store::StoreExt;
 use lambda_idempotency::testing::conformance::invocation;
 use lambda_idempotency::testing::dynamo::{self, Dynamo};
 use lambda_idempotency::testing::interceptor::{self, FaultInterceptor};

@@ -14,18 +14,13 @@ const GIVE_BACK_GRACE: Duration = Duration::from_secs(5);
 use lambda_idempotency::BoxError;
 use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::failure::Terminal;
-use lambda_idempotency::reconcile::{Reconciliation, Recovery, Takeover};
+use lambda_idempotency::reconcile::{Checked, Recovery, Takeover};
 use lambda_idempotency::record::{Evidence, Record, Status};
-use lambda_idempotency::store::{DynamoDbStore, Store};
+use lambda_idempotency::store::{DynamoDbStore, StoreExt};
 use lambda_idempotency::testing::conformance::{counted, crash_after_claim, operator, start_time};
 use lambda_idempotency::testing::dynamo::{self, Dynamo};
-use lambda_idempotency::testing::interceptor::{
-    FaultInterceptor, SDK_ATTEMPTS, SdkFault, SdkOperation, client_with,
-};
-use lambda_idempotency::{
-    Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope, Origin, Resolution,
-    StoreError,
-};
+use lambda_idempotency::testing::interceptor::{FaultInterceptor, SDK_ATTEMPTS, SdkFault, SdkOperation, client_with};
+use lambda_idempotency::{Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope, Origin, Resolution, StoreError};
 use serde_json::json;
 
 /// The lease every invocation holds.
@@ -210,9 +205,9 @@ async fn panicking() -> Result<u32, std::io::Error> {
 /// A reconciler that always says the effect exists, with `value`.
 fn applied(
     value: u32,
-) -> impl Fn(Takeover) -> std::future::Ready<Result<Reconciliation, BoxError>> + Send + Sync + 'static
+) -> impl Fn(Takeover) -> std::future::Ready<Result<Checked, BoxError>> + Send + Sync + 'static
 {
-    move |_| std::future::ready(Ok(Reconciliation::Applied(json!(value))))
+    move |_| std::future::ready(Ok(Checked::Applied(json!(value))))
 }
 
 /// One `#[tokio::test]` per path for each case: `case::single` and `case::transaction`.
@@ -769,7 +764,7 @@ async fn dropped_resolution_response_is_recognised() {
                 crash_after_claim(&rig.idem, &inv).await;
                 rig.clock.advance(LEASE + Duration::from_secs(1));
                 let unknown = rig.idem.clone().with_reconciler(|_: Takeover| {
-                    std::future::ready(Ok::<_, BoxError>(Reconciliation::Unknown))
+                    std::future::ready(Ok::<_, BoxError>(Checked::Unknown))
                 });
                 let runs = AtomicUsize::new(0);
                 let held = unknown

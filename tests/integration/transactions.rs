@@ -13,7 +13,7 @@ use lambda_idempotency::effects::{
 };
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::record::Status;
-use lambda_idempotency::store::{AnyStore, MemoryStore, Store};
+use lambda_idempotency::store::{AnyStore, MemoryStore, Store, StoreExt};
 use lambda_idempotency::testing::conformance::invocation;
 use lambda_idempotency::testing::dynamo::{self, Dynamo};
 use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};

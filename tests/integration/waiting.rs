@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use lambda_idempotency::clock::{Clock, SystemClock};
 use lambda_idempotency::observe::Observation;
 use lambda_idempotency::reconcile::{BoxFuture, Recovery};
-use lambda_idempotency::store::{AnyStore, Store};
+use lambda_idempotency::store::{AnyStore, StoreExt};
 use lambda_idempotency::testing::conformance::invocation;
 use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
 use lambda_idempotency::{Error, Idempotency, Invocation, Origin, StoreError};

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::{Step, StepLedger};
-use crate::effects::{NoCheck, StepError, Writes};
+use crate::effects::{StepError, Writes};
 use crate::key::OperationKey;
 
 /// What the handler knows about the execution it runs, and where it runs its steps
@@ -26,7 +26,7 @@ impl ExecutionContext {
             name: name.into(),
             repeat_safe: false,
             effect_timeout: None,
-            check: NoCheck,
+            check: (),
         }
     }
 

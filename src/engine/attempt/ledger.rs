@@ -29,7 +29,7 @@ use crate::error::{BoxError, Error, StoreError};
 use crate::execution::Invocation;
 use crate::key::OperationKey;
 use crate::record::{FailureKind, Record, StepRecord};
-use crate::store::{Committed, Fence, Guard, Store, Target, writes_refused};
+use crate::store::{Committed, Fence, Guard, Store, StoreExt, Target, writes_refused};
 
 /// Why an attempt stopped at a step, and what the engine does about it.
 #[derive(Debug)]

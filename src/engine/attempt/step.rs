@@ -7,13 +7,13 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::ExecutionContext;
-use crate::effects::{NoCheck, StepCheck, StepError, Transaction};
+use crate::effects::{StepCheck, StepError, Transaction};
 use crate::error::BoxError;
 
 /// A named step, built by [`ExecutionContext::step`] and run by [`Step::run`].
 #[must_use = "a step does nothing until it is run"]
 #[derive(Debug)]
-pub struct Step<'a, C = NoCheck> {
+pub struct Step<'a, C = ()> {
     pub(crate) context: &'a ExecutionContext,
     pub(crate) name: String,
     pub(crate) repeat_safe: bool,
@@ -21,7 +21,7 @@ pub struct Step<'a, C = NoCheck> {
     pub(crate) check: C,
 }
 
-impl<'a> Step<'a, NoCheck> {
+impl<'a> Step<'a, ()> {
     /// Asks `check` about this step when an earlier attempt recorded its intent but no result:
     /// [`Checked::Applied`](crate::effects::Checked::Applied) records the result found, [`Checked::NotApplied`](crate::effects::Checked::NotApplied) runs the effect,
     /// [`Checked::Unknown`](crate::effects::Checked::Unknown) (or an error) leaves it to an operator (or the next delivery).
@@ -36,7 +36,7 @@ impl<'a> Step<'a, NoCheck> {
     }
 }
 
-impl Step<'_, NoCheck> {
+impl Step<'_, ()> {
     /// Runs a transactional step: `build` (given the step's downstream key) reads what it
     /// needs and returns the step's result with the handler's own DynamoDB writes
     /// ([`Transaction`]); they commit in one `TransactWriteItems` with the

@@ -10,9 +10,6 @@ use std::task::{Context, Poll};
 use lambda_runtime::tower::{Layer, Service};
 use metrics_cloudwatch_embedded::Collector;
 
-/// Where a document is written: stdout by default, locked for the one write (no other log line
-/// lands inside the document), where CloudWatch Logs picks it up.
-pub type Sink = fn() -> Box<dyn Write>;
 
 fn stdout() -> Box<dyn Write> {
     Box::new(std::io::stdout().lock())
@@ -47,7 +44,7 @@ fn stdout() -> Box<dyn Write> {
 pub struct Flushed<S> {
     collector: &'static Collector,
     inner: S,
-    sink: Sink,
+    sink: fn() -> Box<dyn Write>,
 }
 
 impl<S> Flushed<S> {
@@ -60,8 +57,10 @@ impl<S> Flushed<S> {
         }
     }
 
-    /// Writes each document to what `sink` gives instead (a test's buffer).
-    pub fn with_sink(mut self, sink: Sink) -> Self {
+    /// Writes each document to what `sink` gives (asked once per document: a test's buffer)
+    /// instead of stdout, which is locked for the one write so that no other log line lands
+    /// inside a document, and where CloudWatch Logs picks it up.
+    pub fn with_sink(mut self, sink: fn() -> Box<dyn Write>) -> Self {
         self.sink = sink;
         self
     }
@@ -103,7 +102,7 @@ where
 #[derive(Clone)]
 pub struct FlushLayer {
     collector: &'static Collector,
-    sink: Sink,
+    sink: fn() -> Box<dyn Write>,
 }
 
 impl FlushLayer {
@@ -134,7 +133,7 @@ impl<S> Layer<S> for FlushLayer {
 /// dropped, a panic unwinding included.
 struct FlushOnDrop {
     collector: &'static Collector,
-    sink: Sink,
+    sink: fn() -> Box<dyn Write>,
 }
 
 impl Drop for FlushOnDrop {

@@ -32,7 +32,7 @@
 pub use metrics_cloudwatch_embedded;
 
 mod flush;
-pub use flush::{FlushLayer, Flushed, Sink};
+pub use flush::{FlushLayer, Flushed};
 
 use super::{Observation, Observer, Phase};
 

@@ -24,7 +24,7 @@ impl DynamoDbStore {
     /// the next page starts. A record that does not decode is skipped and counted. Outcome
     /// part items are left out, and not read: a record whose outcome is kept in parts or
     /// compressed comes back with `outcome: None` (read it with
-    /// [`Store::get`](crate::store::Store::get)); its steps are decoded (within their bounds).
+    /// [`StoreExt::get`](crate::store::StoreExt::get)); its steps are decoded (within their bounds).
     /// To count or list records, [`Self::scan_summary_page`] reads far less.
     ///
     /// ```no_run

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::time::SystemTime;
 
 use aws_sdk_dynamodb::types::TransactWriteItem;
+use futures_util::TryFutureExt;
 use futures_util::future::BoxFuture;
 
 use super::decode::Parts;
@@ -18,7 +19,9 @@ use super::{DynamoDbStore, evidence, item};
 use crate::error::StoreError;
 use crate::key::OperationKey;
 use crate::record::{Evidence, Lease, Record, Settlement, Status, StepRecord};
-use crate::store::{Claim, Committed, Fence, Guard, Store, Target, TransactionalStore};
+use crate::store::{
+    Answer, Claim, Committed, Fence, Guard, Request, Store, Target, TransactionalStore,
+};
 
 impl DynamoDbStore {
     /// The record's condition and names/values for a guard.
@@ -261,260 +264,288 @@ impl DynamoDbStore {
 }
 
 impl Store for DynamoDbStore {
-    fn claim<'a>(
-        &'a self,
-        record: &'a Record,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        Box::pin(async move {
-            self.refused()?;
-            let mut writes = vec![self.claim_write(record, now)?];
-            if let Some(identity) = &record.identity {
-                let uniqueness = self.uniqueness()?;
-                writes.push(evidence::claim_write(uniqueness, record, identity)?);
-                writes.extend(evidence::global_before_0_5_check(uniqueness, identity)?);
-                if self.unscoped_evidence {
-                    writes.extend(evidence::unscoped_check(uniqueness, identity)?);
-                }
+    fn call<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Answer, StoreError>> {
+        match request {
+            Request::Claim { record, now } => {
+                Box::pin(self.send_claim(record, now).map_ok(Answer::Claim))
             }
-            self.claimed("claim", record, writes).await
-        })
-    }
-
-    fn adopt<'a>(
-        &'a self,
-        record: &'a Record,
-        orphan: &'a Evidence,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        Box::pin(async move {
-            self.refused()?;
-            let writes = vec![
-                self.claim_write(record, now)?,
-                evidence::adopt_write(self.uniqueness()?, orphan)?,
-            ];
-            self.claimed("adopt", record, writes).await
-        })
-    }
-
-    fn take_over<'a>(
-        &'a self,
-        previous: &'a Record,
-        lease: &'a Lease,
-        expires_at: SystemTime,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(async move {
-            let names = &self.names;
-            // The steps as the taker read them: a late write of the expired holder (an intent, a
-            // result, a commit, a withdrawal: any change of the list) between that read and this
-            // takeover fails it, so that the taker never starts from steps older than the record's.
-            // Conditioned on what writers store for that purpose (the list's write count, its
-            // length, each pending step's attempt), never on the list's bytes, which another build
-            // encodes otherwise.
-            let (steps_as_read, steps_expr) = steps_as_read(previous, names);
-            let write = Write::update(
-                &self.table,
-                names.key(&previous.key),
-                "SET #lease_token = :token, #attempt = :attempt, #lease_expires_at = :lease_expires_at, #expires_at = :expires_at",
-                &format!(
-                    "#status = :in_progress AND #lease_token = :previous AND #lease_expires_at < :now_ms AND {steps_as_read}"
-                ),
-                steps_expr
-                    .name("#status", &names.status)
-                    .name("#lease_token", &names.lease_token)
-                    .name("#attempt", &names.attempt)
-                    .name("#lease_expires_at", &names.lease_expires_at)
-                    .name("#expires_at", &names.expires_at)
-                    .value(":in_progress", s(Status::InProgress.as_str()))
-                    .value(":previous", s(&previous.lease.token))
-                    .value(":expires_at", secs(expires_at))
-                    .value(":now_ms", millis(now))
-                    .value(":token", s(&lease.token))
-                    .value(":attempt", n(u64::from(lease.attempt)))
-                    .value(":lease_expires_at", millis(lease.expires_at)),
-            )?;
-            let target = Target {
-                key: &previous.key,
-                identity: None,
-                guard: Guard::Lease(&previous.lease.token),
-            };
-            // The record that stands may be answered from (replayed): read it whole.
-            self.fenced("take_over", target, vec![write], Parts::Read)
-                .await
-        })
-    }
-
-    fn settle<'a>(
-        &'a self,
-        target: Target<'a>,
-        settlement: &'a Settlement,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(async move {
-            let (writes, placement) = self.settlement_writes(target, settlement)?;
-            self.put_parts(target.key, &placement, settlement.expires_at)
-                .await?;
-            // Lost: the caller only needs to know whether the record is its own settlement.
-            self.fenced(
-                "settle",
-                target,
-                writes,
-                Parts::Known(&placement, settlement),
-            )
-            .await
-        })
-    }
-    fn shorten<'a>(
-        &'a self,
-        target: Target<'a>,
-        until: SystemTime,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(async move {
-            let (condition, expr) = self.guard(target.guard);
-            // Never later: a lease already at or before `until` stands as it is.
-            let write = Write::update(
-                &self.table,
-                self.names.key(target.key),
-                "SET #lease_expires_at = :until",
-                &format!("{condition} AND #lease_expires_at > :until"),
-                expr.name("#lease_expires_at", &self.names.lease_expires_at)
-                    .value(":until", millis(until)),
-            )?;
-            let target = Target {
-                identity: None,
-                ..target
-            };
-            match self
-                .fenced("shorten", target, vec![write], Parts::Skip)
-                .await?
-            {
-                Fence::Lost {
-                    current: Some(current),
-                } if target.guard.admits(&current) && current.lease.expires_at <= until => {
-                    Ok(Fence::Held)
-                }
-                fence => Ok(fence),
+            Request::Adopt {
+                record,
+                orphan,
+                now,
+            } => Box::pin(self.send_adopt(record, orphan, now).map_ok(Answer::Claim)),
+            Request::TakeOver {
+                previous,
+                lease,
+                expires_at,
+                now,
+            } => Box::pin(
+                self.send_take_over(previous, lease, expires_at, now)
+                    .map_ok(Answer::Fence),
+            ),
+            Request::Shorten { target, until } => {
+                Box::pin(self.send_shorten(target, until).map_ok(Answer::Fence))
             }
-        })
-    }
-
-    fn record_steps<'a>(
-        &'a self,
-        target: Target<'a>,
-        steps: &'a [StepRecord],
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(async move {
-            let (condition, expr) = self.guard(target.guard);
-            let write = Write::update(
-                &self.table,
-                self.names.key(target.key),
-                &format!("SET #steps = :steps, {STEPS_VERSION_BUMP}"),
-                condition,
-                bump_steps_version(expr.name("#steps", &self.names.steps), &self.names)
-                    .value(":steps", steps_value(steps)),
-            )?;
-            let target = Target {
-                identity: None,
-                ..target
-            };
-            self.fenced("record_steps", target, vec![write], Parts::Skip)
-                .await
-        })
-    }
-    fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(async move {
-            let (condition, expr) = self.guard(target.guard);
-            let mut writes = vec![Write::delete(
-                &self.table,
-                self.names.key(target.key),
-                condition,
-                expr,
-            )?];
-            if let Some(identity) = target.identity {
-                writes.push(evidence::release_write(
-                    self.uniqueness()?,
-                    target,
-                    identity,
-                )?);
+            Request::Settle { target, settlement } => {
+                Box::pin(self.send_settle(target, settlement).map_ok(Answer::Fence))
             }
-            self.fenced("release", target, writes, Parts::Skip).await
-        })
-    }
-
-    fn release_by_operator<'a>(
-        &'a self,
-        seen: Option<&'a Record>,
-        evidence: Option<&'a Evidence>,
-        released: &'a Record,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let (condition, expr) = self.as_seen(seen, now);
-            let mut writes = vec![Write::put(
-                &self.table,
-                self.names.encode(released),
-                condition,
-                expr,
-            )?];
-            if let Some(evidence) = evidence {
-                writes.push(evidence::operator_delete_write(
-                    self.uniqueness()?,
-                    evidence,
-                )?);
+            Request::RecordSteps { target, steps } => {
+                Box::pin(self.send_record_steps(target, steps).map_ok(Answer::Fence))
             }
-            Ok(self.apply("release_by_operator", writes).await?.is_none())
-        })
-    }
-
-    fn settle_evidence<'a>(
-        &'a self,
-        seen: &'a Evidence,
-        settlement: &'a Settlement,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            // The record must still be gone: a redelivery that adopted the evidence holds a claim.
-            let (condition, expr) = self.as_seen(None, now);
-            let writes = vec![
-                Write::check(&self.table, self.names.key(&seen.key), condition, expr)?,
-                evidence::operator_settle_write(self.uniqueness()?, seen, settlement)?,
-            ];
-            Ok(self.apply("settle_evidence", writes).await?.is_none())
-        })
-    }
-
-    fn get<'a>(
-        &'a self,
-        key: &'a OperationKey,
-    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
-        Box::pin(self.get_with(key, Parts::Read, None))
-    }
-
-    fn evidence<'a>(
-        &'a self,
-        identity: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>> {
-        Box::pin(async move {
-            let table = self.uniqueness()?;
-            let output = sent(
-                self.client
-                    .get_item()
-                    .table_name(table)
-                    .set_key(Some(evidence::key(identity)))
-                    .consistent_read(true)
-                    .send(),
-            )
-            .await
-            .map_err(|err| match map_sdk_error("evidence", table, err) {
-                StoreError::TableNotFound { .. } => self.not_found(table),
-                other => other,
-            })?;
-            output.item().map(evidence::decode).transpose()
-        })
+            Request::Release { target } => {
+                Box::pin(self.send_release(target).map_ok(Answer::Fence))
+            }
+            Request::ReleaseByOperator {
+                seen,
+                evidence,
+                released,
+                now,
+            } => Box::pin(
+                self.send_release_by_operator(seen, evidence, released, now)
+                    .map_ok(Answer::Written),
+            ),
+            Request::SettleEvidence {
+                seen,
+                settlement,
+                now,
+            } => Box::pin(
+                self.send_settle_evidence(seen, settlement, now)
+                    .map_ok(Answer::Written),
+            ),
+            Request::Get { key } => {
+                Box::pin(self.get_with(key, Parts::Read, None).map_ok(Answer::Record))
+            }
+            Request::Evidence { identity } => {
+                Box::pin(self.send_evidence(identity).map_ok(Answer::Evidence))
+            }
+        }
     }
 
     fn transactional(&self) -> Option<&dyn TransactionalStore> {
         Some(self)
+    }
+}
+
+/// Each core request as the DynamoDB requests it sends.
+impl DynamoDbStore {
+    async fn send_claim(&self, record: &Record, now: SystemTime) -> Result<Claim, StoreError> {
+        self.refused()?;
+        let mut writes = vec![self.claim_write(record, now)?];
+        if let Some(identity) = &record.identity {
+            let uniqueness = self.uniqueness()?;
+            writes.push(evidence::claim_write(uniqueness, record, identity)?);
+            writes.extend(evidence::global_before_0_5_check(uniqueness, identity)?);
+            if self.unscoped_evidence {
+                writes.extend(evidence::unscoped_check(uniqueness, identity)?);
+            }
+        }
+        self.claimed("claim", record, writes).await
+    }
+
+    async fn send_adopt(
+        &self,
+        record: &Record,
+        orphan: &Evidence,
+        now: SystemTime,
+    ) -> Result<Claim, StoreError> {
+        self.refused()?;
+        let writes = vec![
+            self.claim_write(record, now)?,
+            evidence::adopt_write(self.uniqueness()?, orphan)?,
+        ];
+        self.claimed("adopt", record, writes).await
+    }
+
+    async fn send_take_over(
+        &self,
+        previous: &Record,
+        lease: &Lease,
+        expires_at: SystemTime,
+        now: SystemTime,
+    ) -> Result<Fence, StoreError> {
+        let names = &self.names;
+        // The steps as the taker read them: a late write of the expired holder (an intent, a
+        // result, a commit, a withdrawal: any change of the list) between that read and this
+        // takeover fails it, so that the taker never starts from steps older than the record's.
+        // Conditioned on what writers store for that purpose (the list's write count, its
+        // length, each pending step's attempt), never on the list's bytes, which another build
+        // encodes otherwise.
+        let (steps_as_read, steps_expr) = steps_as_read(previous, names);
+        let write = Write::update(
+            &self.table,
+            names.key(&previous.key),
+            "SET #lease_token = :token, #attempt = :attempt, #lease_expires_at = :lease_expires_at, #expires_at = :expires_at",
+            &format!(
+                "#status = :in_progress AND #lease_token = :previous AND #lease_expires_at < :now_ms AND {steps_as_read}"
+            ),
+            steps_expr
+                .name("#status", &names.status)
+                .name("#lease_token", &names.lease_token)
+                .name("#attempt", &names.attempt)
+                .name("#lease_expires_at", &names.lease_expires_at)
+                .name("#expires_at", &names.expires_at)
+                .value(":in_progress", s(Status::InProgress.as_str()))
+                .value(":previous", s(&previous.lease.token))
+                .value(":expires_at", secs(expires_at))
+                .value(":now_ms", millis(now))
+                .value(":token", s(&lease.token))
+                .value(":attempt", n(u64::from(lease.attempt)))
+                .value(":lease_expires_at", millis(lease.expires_at)),
+        )?;
+        let target = Target {
+            key: &previous.key,
+            identity: None,
+            guard: Guard::Lease(&previous.lease.token),
+        };
+        // The record that stands may be answered from (replayed): read it whole.
+        self.fenced("take_over", target, vec![write], Parts::Read)
+            .await
+    }
+
+    async fn send_settle(
+        &self,
+        target: Target<'_>,
+        settlement: &Settlement,
+    ) -> Result<Fence, StoreError> {
+        let (writes, placement) = self.settlement_writes(target, settlement)?;
+        self.put_parts(target.key, &placement, settlement.expires_at)
+            .await?;
+        // Lost: the caller only needs to know whether the record is its own settlement.
+        self.fenced(
+            "settle",
+            target,
+            writes,
+            Parts::Known(&placement, settlement),
+        )
+        .await
+    }
+
+    async fn send_shorten(
+        &self,
+        target: Target<'_>,
+        until: SystemTime,
+    ) -> Result<Fence, StoreError> {
+        let (condition, expr) = self.guard(target.guard);
+        // Never later: a lease already at or before `until` stands as it is.
+        let write = Write::update(
+            &self.table,
+            self.names.key(target.key),
+            "SET #lease_expires_at = :until",
+            &format!("{condition} AND #lease_expires_at > :until"),
+            expr.name("#lease_expires_at", &self.names.lease_expires_at)
+                .value(":until", millis(until)),
+        )?;
+        let target = Target {
+            identity: None,
+            ..target
+        };
+        match self
+            .fenced("shorten", target, vec![write], Parts::Skip)
+            .await?
+        {
+            Fence::Lost {
+                current: Some(current),
+            } if target.guard.admits(&current) && current.lease.expires_at <= until => {
+                Ok(Fence::Held)
+            }
+            fence => Ok(fence),
+        }
+    }
+
+    async fn send_record_steps(
+        &self,
+        target: Target<'_>,
+        steps: &[StepRecord],
+    ) -> Result<Fence, StoreError> {
+        let (condition, expr) = self.guard(target.guard);
+        let write = Write::update(
+            &self.table,
+            self.names.key(target.key),
+            &format!("SET #steps = :steps, {STEPS_VERSION_BUMP}"),
+            condition,
+            bump_steps_version(expr.name("#steps", &self.names.steps), &self.names)
+                .value(":steps", steps_value(steps)),
+        )?;
+        let target = Target {
+            identity: None,
+            ..target
+        };
+        self.fenced("record_steps", target, vec![write], Parts::Skip)
+            .await
+    }
+
+    async fn send_release(&self, target: Target<'_>) -> Result<Fence, StoreError> {
+        let (condition, expr) = self.guard(target.guard);
+        let mut writes = vec![Write::delete(
+            &self.table,
+            self.names.key(target.key),
+            condition,
+            expr,
+        )?];
+        if let Some(identity) = target.identity {
+            writes.push(evidence::release_write(
+                self.uniqueness()?,
+                target,
+                identity,
+            )?);
+        }
+        self.fenced("release", target, writes, Parts::Skip).await
+    }
+
+    async fn send_release_by_operator(
+        &self,
+        seen: Option<&Record>,
+        evidence: Option<&Evidence>,
+        released: &Record,
+        now: SystemTime,
+    ) -> Result<bool, StoreError> {
+        let (condition, expr) = self.as_seen(seen, now);
+        let mut writes = vec![Write::put(
+            &self.table,
+            self.names.encode(released),
+            condition,
+            expr,
+        )?];
+        if let Some(evidence) = evidence {
+            writes.push(evidence::operator_delete_write(
+                self.uniqueness()?,
+                evidence,
+            )?);
+        }
+        Ok(self.apply("release_by_operator", writes).await?.is_none())
+    }
+
+    async fn send_settle_evidence(
+        &self,
+        seen: &Evidence,
+        settlement: &Settlement,
+        now: SystemTime,
+    ) -> Result<bool, StoreError> {
+        // The record must still be gone: a redelivery that adopted the evidence holds a claim.
+        let (condition, expr) = self.as_seen(None, now);
+        let writes = vec![
+            Write::check(&self.table, self.names.key(&seen.key), condition, expr)?,
+            evidence::operator_settle_write(self.uniqueness()?, seen, settlement)?,
+        ];
+        Ok(self.apply("settle_evidence", writes).await?.is_none())
+    }
+
+    async fn send_evidence(&self, identity: &str) -> Result<Option<Evidence>, StoreError> {
+        let table = self.uniqueness()?;
+        let output = sent(
+            self.client
+                .get_item()
+                .table_name(table)
+                .set_key(Some(evidence::key(identity)))
+                .consistent_read(true)
+                .send(),
+        )
+        .await
+        .map_err(|err| match map_sdk_error("evidence", table, err) {
+            StoreError::TableNotFound { .. } => self.not_found(table),
+            other => other,
+        })?;
+        output.item().map(evidence::decode).transpose()
     }
 }
 

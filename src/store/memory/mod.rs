@@ -13,7 +13,7 @@ use crate::defects;
 use crate::error::StoreError;
 use crate::key::OperationKey;
 use crate::record::{Evidence, Lease, Record, Settlement, Status, StepRecord, epoch_millis};
-use crate::store::{Claim, Fence, Store, Target, TransactionalStore};
+use crate::store::{Answer, Claim, Fence, Request, Store, Target, TransactionalStore};
 
 /// Records in maps behind one mutex; clones share them.
 ///
@@ -185,222 +185,8 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
-    fn claim<'a>(
-        &'a self,
-        record: &'a Record,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        Box::pin(async move {
-            let mut tables = self.lock();
-            if let Some(existing) = tables.live(&record.key, now) {
-                return Ok(Claim::Existing(existing.clone()));
-            }
-            if let Some(identity) = &record.identity {
-                if let Some(evidence) = tables.evidence.get(identity) {
-                    return Ok(Claim::IdentityTaken(evidence.clone()));
-                }
-                if !defects::is_reintroduced(defects::IDENTITY_NOT_CLAIMED) {
-                    tables
-                        .evidence
-                        .insert(identity.clone(), Evidence::of_claim(record, identity));
-                }
-            }
-            tables.records.insert(record.key.clone(), record.clone());
-            Ok(Claim::Acquired)
-        })
-    }
-
-    fn adopt<'a>(
-        &'a self,
-        record: &'a Record,
-        orphan: &'a Evidence,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        Box::pin(async move {
-            let mut tables = self.lock();
-            if let Some(existing) = tables.live(&record.key, now) {
-                return Ok(Claim::Existing(existing.clone()));
-            }
-            let Some(identity) = record.identity.as_deref() else {
-                return Err(StoreError::CorruptRecord {
-                    key_short: record.key.short().to_owned(),
-                    reason: "an adopted claim must name its business identity".into(),
-                });
-            };
-            match tables.evidence.get(identity) {
-                Some(standing) if is_orphan(standing, orphan) => {
-                    tables.records.insert(record.key.clone(), record.clone());
-                    Ok(Claim::Acquired)
-                }
-                Some(standing) => Ok(Claim::IdentityTaken(standing.clone())),
-                // Released meanwhile (by an operator): a concurrent change, as on DynamoDB.
-                None => Err(StoreError::Contention { operation: "adopt" }),
-            }
-        })
-    }
-
-    fn take_over<'a>(
-        &'a self,
-        previous: &'a Record,
-        lease: &'a Lease,
-        expires_at: SystemTime,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(async move {
-            let mut tables = self.lock();
-            match tables.records.get_mut(&previous.key) {
-                Some(record)
-                    if record.lease.token == previous.lease.token
-                        && record.lease_is_takeable(now)
-                        && record.steps_version == previous.steps_version
-                        && record.steps == previous.steps =>
-                {
-                    record.lease = lease.clone();
-                    record.expires_at = expires_at;
-                    Ok(Fence::Held)
-                }
-                current => Ok(Fence::Lost {
-                    current: current.map(|record| Box::new(record.clone())),
-                }),
-            }
-        })
-    }
-
-    fn settle<'a>(
-        &'a self,
-        target: Target<'a>,
-        settlement: &'a Settlement,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(async move { self.fenced(target, |tables| tables.settle(target, settlement)) })
-    }
-
-    fn shorten<'a>(
-        &'a self,
-        target: Target<'a>,
-        until: SystemTime,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(async move {
-            // The record alone, as on DynamoDB: the evidence is not touched, so not checked.
-            let target = Target {
-                identity: None,
-                ..target
-            };
-            if defects::is_reintroduced(defects::GIVE_BACK_UNFENCED)
-                && let Some(record) = self.lock().records.get_mut(target.key)
-            {
-                record.lease.expires_at = until;
-            }
-            self.fenced(target, |tables| {
-                if let Some(record) = tables.records.get_mut(target.key) {
-                    record.lease.expires_at = record.lease.expires_at.min(until);
-                }
-            })
-        })
-    }
-
-    fn record_steps<'a>(
-        &'a self,
-        target: Target<'a>,
-        steps: &'a [StepRecord],
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(async move {
-            // The record alone, as on DynamoDB.
-            let target = Target {
-                identity: None,
-                ..target
-            };
-            self.fenced(target, |tables| tables.record_steps(target, steps))
-        })
-    }
-
-    fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        Box::pin(async move {
-            self.fenced(target, |tables| {
-                tables.records.remove(target.key);
-                if let Some(identity) = target.identity {
-                    tables.evidence.remove(identity);
-                }
-            })
-        })
-    }
-
-    fn release_by_operator<'a>(
-        &'a self,
-        seen: Option<&'a Record>,
-        evidence: Option<&'a Evidence>,
-        released: &'a Record,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let mut tables = self.lock();
-            let record_as_seen = match (tables.records.get(&released.key), seen) {
-                (Some(current), Some(seen)) => {
-                    current.status == seen.status
-                        && current.lease.token == seen.lease.token
-                        && (current.status != Status::InProgress || current.lease.is_expired(now))
-                }
-                (current, None) => current.is_none_or(|current| current.counts_as_absent(now)),
-                (None, Some(_)) => false,
-            };
-            let evidence_as_seen = evidence.is_none_or(|seen| {
-                tables
-                    .evidence
-                    .get(&seen.identity)
-                    .is_some_and(|current| is_as_seen(current, seen))
-            });
-            if !(record_as_seen && evidence_as_seen) {
-                return Ok(false);
-            }
-            if let Some(seen) = evidence {
-                tables.evidence.remove(&seen.identity);
-            }
-            tables
-                .records
-                .insert(released.key.clone(), released.clone());
-            Ok(true)
-        })
-    }
-
-    fn settle_evidence<'a>(
-        &'a self,
-        seen: &'a Evidence,
-        settlement: &'a Settlement,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let mut tables = self.lock();
-            let record_gone = tables
-                .records
-                .get(&seen.key)
-                .is_none_or(|record| record.counts_as_absent(now));
-            if !record_gone {
-                return Ok(false);
-            }
-            match tables.evidence.get_mut(&seen.identity) {
-                Some(current) if is_as_seen(current, seen) => {
-                    current.status = settlement.status;
-                    current.result_ref.clone_from(&settlement.result_ref);
-                    current.completed_at = Some(settlement.completed_at);
-                    current.audit.clone_from(&settlement.audit);
-                    Ok(true)
-                }
-                _ => Ok(false),
-            }
-        })
-    }
-
-    fn get<'a>(
-        &'a self,
-        key: &'a OperationKey,
-    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
-        Box::pin(async move { Ok(self.lock().records.get(key).cloned()) })
-    }
-
-    fn evidence<'a>(
-        &'a self,
-        identity: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>> {
-        Box::pin(async move { Ok(self.lock().evidence.get(identity).cloned()) })
+    fn call<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Answer, StoreError>> {
+        Box::pin(async move { self.apply(request) })
     }
 
     /// `Some` for a store given the handler's own tables ([`MemoryStore::with_tables`],
@@ -411,6 +197,221 @@ impl Store for MemoryStore {
             return Some(self);
         }
         None
+    }
+}
+
+/// Each request applied under the tables' lock, at once: the memory store does not wait.
+impl MemoryStore {
+    fn apply(&self, request: Request<'_>) -> Result<Answer, StoreError> {
+        Ok(match request {
+            Request::Claim { record, now } => Answer::Claim(self.apply_claim(record, now)?),
+            Request::Adopt {
+                record,
+                orphan,
+                now,
+            } => Answer::Claim(self.apply_adopt(record, orphan, now)?),
+            Request::TakeOver {
+                previous,
+                lease,
+                expires_at,
+                now,
+            } => Answer::Fence(self.apply_take_over(previous, lease, expires_at, now)?),
+            Request::Shorten { target, until } => Answer::Fence(self.apply_shorten(target, until)?),
+            Request::Settle { target, settlement } => {
+                Answer::Fence(self.fenced(target, |tables| tables.settle(target, settlement))?)
+            }
+            Request::RecordSteps { target, steps } => {
+                Answer::Fence(self.apply_record_steps(target, steps)?)
+            }
+            Request::Release { target } => Answer::Fence(self.apply_release(target)?),
+            Request::ReleaseByOperator {
+                seen,
+                evidence,
+                released,
+                now,
+            } => Answer::Written(self.apply_release_by_operator(seen, evidence, released, now)?),
+            Request::SettleEvidence {
+                seen,
+                settlement,
+                now,
+            } => Answer::Written(self.apply_settle_evidence(seen, settlement, now)?),
+            Request::Get { key } => Answer::Record(self.lock().records.get(key).cloned()),
+            Request::Evidence { identity } => {
+                Answer::Evidence(self.lock().evidence.get(identity).cloned())
+            }
+        })
+    }
+
+    fn apply_claim(&self, record: &Record, now: SystemTime) -> Result<Claim, StoreError> {
+        let mut tables = self.lock();
+        if let Some(existing) = tables.live(&record.key, now) {
+            return Ok(Claim::Existing(existing.clone()));
+        }
+        if let Some(identity) = &record.identity {
+            if let Some(evidence) = tables.evidence.get(identity) {
+                return Ok(Claim::IdentityTaken(evidence.clone()));
+            }
+            if !defects::is_reintroduced(defects::IDENTITY_NOT_CLAIMED) {
+                tables
+                    .evidence
+                    .insert(identity.clone(), Evidence::of_claim(record, identity));
+            }
+        }
+        tables.records.insert(record.key.clone(), record.clone());
+        Ok(Claim::Acquired)
+    }
+
+    fn apply_adopt(
+        &self,
+        record: &Record,
+        orphan: &Evidence,
+        now: SystemTime,
+    ) -> Result<Claim, StoreError> {
+        let mut tables = self.lock();
+        if let Some(existing) = tables.live(&record.key, now) {
+            return Ok(Claim::Existing(existing.clone()));
+        }
+        let Some(identity) = record.identity.as_deref() else {
+            return Err(StoreError::CorruptRecord {
+                key_short: record.key.short().to_owned(),
+                reason: "an adopted claim must name its business identity".into(),
+            });
+        };
+        match tables.evidence.get(identity) {
+            Some(standing) if is_orphan(standing, orphan) => {
+                tables.records.insert(record.key.clone(), record.clone());
+                Ok(Claim::Acquired)
+            }
+            Some(standing) => Ok(Claim::IdentityTaken(standing.clone())),
+            // Released meanwhile (by an operator): a concurrent change, as on DynamoDB.
+            None => Err(StoreError::Contention { operation: "adopt" }),
+        }
+    }
+
+    fn apply_take_over(
+        &self,
+        previous: &Record,
+        lease: &Lease,
+        expires_at: SystemTime,
+        now: SystemTime,
+    ) -> Result<Fence, StoreError> {
+        let mut tables = self.lock();
+        match tables.records.get_mut(&previous.key) {
+            Some(record)
+                if record.lease.token == previous.lease.token
+                    && record.lease_is_takeable(now)
+                    && record.steps_version == previous.steps_version
+                    && record.steps == previous.steps =>
+            {
+                record.lease = lease.clone();
+                record.expires_at = expires_at;
+                Ok(Fence::Held)
+            }
+            current => Ok(Fence::Lost {
+                current: current.map(|record| Box::new(record.clone())),
+            }),
+        }
+    }
+
+    fn apply_shorten(&self, target: Target<'_>, until: SystemTime) -> Result<Fence, StoreError> {
+        // The record alone, as on DynamoDB: the evidence is not touched, so not checked.
+        let target = Target {
+            identity: None,
+            ..target
+        };
+        if defects::is_reintroduced(defects::GIVE_BACK_UNFENCED)
+            && let Some(record) = self.lock().records.get_mut(target.key)
+        {
+            record.lease.expires_at = until;
+        }
+        self.fenced(target, |tables| {
+            if let Some(record) = tables.records.get_mut(target.key) {
+                record.lease.expires_at = record.lease.expires_at.min(until);
+            }
+        })
+    }
+
+    fn apply_record_steps(
+        &self,
+        target: Target<'_>,
+        steps: &[StepRecord],
+    ) -> Result<Fence, StoreError> {
+        // The record alone, as on DynamoDB.
+        let target = Target {
+            identity: None,
+            ..target
+        };
+        self.fenced(target, |tables| tables.record_steps(target, steps))
+    }
+
+    fn apply_release(&self, target: Target<'_>) -> Result<Fence, StoreError> {
+        self.fenced(target, |tables| {
+            tables.records.remove(target.key);
+            if let Some(identity) = target.identity {
+                tables.evidence.remove(identity);
+            }
+        })
+    }
+
+    fn apply_release_by_operator(
+        &self,
+        seen: Option<&Record>,
+        evidence: Option<&Evidence>,
+        released: &Record,
+        now: SystemTime,
+    ) -> Result<bool, StoreError> {
+        let mut tables = self.lock();
+        let record_as_seen = match (tables.records.get(&released.key), seen) {
+            (Some(current), Some(seen)) => {
+                current.status == seen.status
+                    && current.lease.token == seen.lease.token
+                    && (current.status != Status::InProgress || current.lease.is_expired(now))
+            }
+            (current, None) => current.is_none_or(|current| current.counts_as_absent(now)),
+            (None, Some(_)) => false,
+        };
+        let evidence_as_seen = evidence.is_none_or(|seen| {
+            tables
+                .evidence
+                .get(&seen.identity)
+                .is_some_and(|current| is_as_seen(current, seen))
+        });
+        if !(record_as_seen && evidence_as_seen) {
+            return Ok(false);
+        }
+        if let Some(seen) = evidence {
+            tables.evidence.remove(&seen.identity);
+        }
+        tables
+            .records
+            .insert(released.key.clone(), released.clone());
+        Ok(true)
+    }
+
+    fn apply_settle_evidence(
+        &self,
+        seen: &Evidence,
+        settlement: &Settlement,
+        now: SystemTime,
+    ) -> Result<bool, StoreError> {
+        let mut tables = self.lock();
+        let record_gone = tables
+            .records
+            .get(&seen.key)
+            .is_none_or(|record| record.counts_as_absent(now));
+        if !record_gone {
+            return Ok(false);
+        }
+        match tables.evidence.get_mut(&seen.identity) {
+            Some(current) if is_as_seen(current, seen) => {
+                current.status = settlement.status;
+                current.result_ref.clone_from(&settlement.result_ref);
+                current.completed_at = Some(settlement.completed_at);
+                current.audit.clone_from(&settlement.audit);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 }
 

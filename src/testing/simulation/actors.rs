@@ -17,7 +17,7 @@ use crate::error::BoxError;
 use crate::execution::{ExecutionContext, Invocation};
 use crate::failure::Terminal;
 use crate::key::OperationKey;
-use crate::reconcile::{Reconciliation, Takeover};
+use crate::reconcile::Takeover;
 use crate::testing::conformance::EffectTables;
 
 /// The largest clock skew between workers (within the lease margin).
@@ -575,32 +575,32 @@ impl Profile {
 /// is noted in the ledger: it excuses the run that follows.
 pub(super) fn reconciler(
     shared: Shared,
-) -> impl Fn(Takeover) -> std::future::Ready<Result<Reconciliation, BoxError>> + Send + Sync + 'static
+) -> impl Fn(Takeover) -> std::future::Ready<Result<Checked, BoxError>> + Send + Sync + 'static
 {
     move |takeover: Takeover| {
         let mut downstream = lock(&shared);
         let op = downstream.keys.iter().position(|key| *key == takeover.key);
         let answer = match (downstream.answer, op) {
             (Answer::Fails, _) => Err("the downstream could not be asked".into()),
-            (Answer::Unknown, _) | (_, None) => Ok(Reconciliation::Unknown),
+            (Answer::Unknown, _) | (_, None) => Ok(Checked::Unknown),
             (Answer::Truthful, Some(op)) if downstream.effects_of(op, &takeover.previous) > 0 => {
-                Ok(Reconciliation::Applied(
+                Ok(Checked::Applied(
                     json!({"op": op, "reconciled": true}),
                 ))
             }
             (Answer::Truthful, Some(op)) => {
                 downstream.ledger.not_applied(op);
-                Ok(Reconciliation::NotApplied)
+                Ok(Checked::NotApplied)
             }
         };
         let name = match &answer {
-            Ok(Reconciliation::Applied(_)) => "Applied",
-            Ok(Reconciliation::NotApplied) => "NotApplied",
-            Ok(Reconciliation::Unknown) => "Unknown",
+            Ok(Checked::Applied(_)) => "Applied",
+            Ok(Checked::NotApplied) => "NotApplied",
+            Ok(Checked::Unknown) => "Unknown",
             Err(_) => "Fails",
         };
         *downstream.reconciles.entry(name.to_owned()).or_default() += 1;
-        if let (Ok(Reconciliation::Applied(_) | Reconciliation::NotApplied), Some(op)) =
+        if let (Ok(Checked::Applied(_) | Checked::NotApplied), Some(op)) =
             (&answer, op)
         {
             downstream.decisions[op] += 1;

@@ -17,7 +17,7 @@ use crate::clock::Clock;
 use crate::error::Error;
 use crate::execution::Execution;
 use crate::record::{FailureKind, Record, Status};
-use crate::store::Store;
+use crate::store::{Store, StoreExt};
 
 /// How many deliveries the final sweep makes per operation before calling it stuck.
 const SETTLE_ROUNDS: usize = 6;

@@ -26,7 +26,7 @@ use crate::execution::{Execution, Invocation, Origin};
 use crate::key::JsonPointer;
 use crate::reconcile::Recovery;
 use crate::record::{Status, StepRecord, epoch_secs};
-use crate::store::Store;
+use crate::store::{Store, StoreExt};
 use crate::testing::faults::{FaultKind, Primitive};
 
 /// How long before its lease runs out a worker's invocation is killed (the lease policy's skew).

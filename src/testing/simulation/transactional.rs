@@ -18,7 +18,7 @@ use crate::error::BoxError;
 use crate::execution::ExecutionContext;
 use crate::failure::Terminal;
 use crate::record::Status;
-use crate::store::Store;
+use crate::store::{Store, StoreExt};
 use crate::testing::conformance::EffectTables;
 
 /// What the handler's tables show for one life of an operation.

@@ -27,7 +27,7 @@ use lambda_idempotency::lambda::IdempotencyError;
 use lambda_idempotency::lambda::current;
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::record::{Record, Status};
-use lambda_idempotency::store::{MemoryStore, Store};
+use lambda_idempotency::store::{MemoryStore, StoreExt};
 use lambda_idempotency::testing::conformance::start_time;
 use lambda_idempotency::{
     BoxError, ErrorKind, Execution, Idempotency, KeyPolicy, Operation, OperationScope, Origin,

@@ -12,14 +12,15 @@ use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::error::StoreError;
 use lambda_idempotency::key::OperationKey;
 use lambda_idempotency::reconcile::BoxFuture;
-use lambda_idempotency::record::{Evidence, Lease, Record, Settlement, Status, StepRecord};
+use lambda_idempotency::record::{Record, Settlement, Status, StepRecord};
 use lambda_idempotency::store::{
-    Claim, Committed, Fence, MemoryStore, Store, Target, TransactionalStore,
+    Answer, Claim, Committed, Fence, MemoryStore, Request, Store, StoreExt, Target,
+    TransactionalStore,
 };
 use shuttle::rand::{Rng, thread_rng};
 
 use super::{Faults, deliveries, shown};
-use lambda_idempotency::testing::transitions::{self, Request};
+use lambda_idempotency::testing::transitions::{self, Request as Transition};
 
 /// A defect the harness must catch, put into the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,7 +138,7 @@ impl Scheduled {
         &self,
         operation: &'static str,
         key: &OperationKey,
-        request: Request<'_>,
+        request: Transition<'_>,
         apply: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         self.request(operation, async move {
@@ -225,150 +226,103 @@ impl Scheduled {
 }
 
 impl Store for Scheduled {
-    fn claim<'a>(
-        &'a self,
-        record: &'a Record,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        let request = Request::Claim { record, now };
-        Box::pin(self.specified("claim", &record.key, request, async move {
-            match self.inner.claim(record, now).await? {
-                Claim::Existing(live) if self.defect == Some(Defect::StealsLiveLeases) => {
-                    let past_its_end = live.lease.expires_at + Duration::from_secs(1);
-                    let stolen =
-                        self.inner
-                            .take_over(&live, &record.lease, record.expires_at, past_its_end);
-                    match stolen.await? {
-                        Fence::Held => Ok(Claim::Acquired),
-                        Fence::Lost { .. } => Ok(Claim::Existing(live)),
-                    }
-                }
-                claim => Ok(claim),
+    fn call<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Answer, StoreError>> {
+        let operation = request.name();
+        let (key, transition) = match request {
+            Request::Claim { record, now } if self.defect == Some(Defect::StealsLiveLeases) => {
+                let transition = Transition::Claim { record, now };
+                let stealing = self.stealing(record, now);
+                return Box::pin(self.specified(operation, &record.key, transition, stealing));
             }
-        }))
-    }
-
-    fn adopt<'a>(
-        &'a self,
-        record: &'a Record,
-        orphan: &'a Evidence,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        let request = Request::Claim { record, now };
-        let adopt = self.inner.adopt(record, orphan, now);
-        Box::pin(self.specified("adopt", &record.key, request, adopt))
-    }
-
-    fn take_over<'a>(
-        &'a self,
-        previous: &'a Record,
-        lease: &'a Lease,
-        expires_at: SystemTime,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        let request = Request::TakeOver {
-            previous,
-            lease,
-            expires_at,
-            now,
+            Request::Claim { record, now } | Request::Adopt { record, now, .. } => {
+                (&record.key, Transition::Claim { record, now })
+            }
+            Request::TakeOver {
+                previous,
+                lease,
+                expires_at,
+                now,
+            } => (
+                &previous.key,
+                Transition::TakeOver {
+                    previous,
+                    lease,
+                    expires_at,
+                    now,
+                },
+            ),
+            Request::Shorten { target, until } => (
+                target.key,
+                Transition::Shorten {
+                    guard: target.guard,
+                    until,
+                },
+            ),
+            Request::Settle { target, settlement } => (
+                target.key,
+                Transition::Settle {
+                    guard: target.guard,
+                    settlement,
+                },
+            ),
+            Request::RecordSteps { target, steps } => (
+                target.key,
+                Transition::Steps {
+                    guard: target.guard,
+                    steps,
+                },
+            ),
+            Request::Release { target } => (
+                target.key,
+                Transition::Release {
+                    guard: target.guard,
+                },
+            ),
+            Request::Get { .. } | Request::Evidence { .. } => {
+                return Box::pin(self.request(operation, self.read(request)));
+            }
+            // An operator's writes: no scheduling point.
+            _ => return self.inner.call(request),
         };
-        let take_over = self.inner.take_over(previous, lease, expires_at, now);
-        Box::pin(self.specified("take_over", &previous.key, request, take_over))
-    }
-
-    fn shorten<'a>(
-        &'a self,
-        target: Target<'a>,
-        until: SystemTime,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        let request = Request::Shorten {
-            guard: target.guard,
-            until,
-        };
-        let shorten = self.inner.shorten(target, until);
-        Box::pin(self.specified("shorten", target.key, request, shorten))
-    }
-
-    fn settle<'a>(
-        &'a self,
-        target: Target<'a>,
-        settlement: &'a Settlement,
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        let request = Request::Settle {
-            guard: target.guard,
-            settlement,
-        };
-        let settle = self.inner.settle(target, settlement);
-        Box::pin(self.specified("settle", target.key, request, settle))
-    }
-
-    fn record_steps<'a>(
-        &'a self,
-        target: Target<'a>,
-        steps: &'a [StepRecord],
-    ) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        let request = Request::Steps {
-            guard: target.guard,
-            steps,
-        };
-        let record_steps = self.inner.record_steps(target, steps);
-        Box::pin(self.specified("record_steps", target.key, request, record_steps))
-    }
-
-    fn release<'a>(&'a self, target: Target<'a>) -> BoxFuture<'a, Result<Fence, StoreError>> {
-        let request = Request::Release {
-            guard: target.guard,
-        };
-        let release = self.inner.release(target);
-        Box::pin(self.specified("release", target.key, request, release))
-    }
-
-    fn release_by_operator<'a>(
-        &'a self,
-        seen: Option<&'a Record>,
-        evidence: Option<&'a Evidence>,
-        released: &'a Record,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner
-            .release_by_operator(seen, evidence, released, now)
-    }
-
-    fn settle_evidence<'a>(
-        &'a self,
-        seen: &'a Evidence,
-        settlement: &'a Settlement,
-        now: SystemTime,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.settle_evidence(seen, settlement, now)
-    }
-
-    fn get<'a>(
-        &'a self,
-        key: &'a OperationKey,
-    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
-        Box::pin(self.request("get", async move {
-            let found = self.inner.get(key).await?;
-            shown::record("get", None, found.clone());
-            Ok(found)
-        }))
-    }
-
-    fn evidence<'a>(
-        &'a self,
-        identity: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Evidence>, StoreError>> {
-        Box::pin(self.request("evidence", async move {
-            let found = self.inner.evidence(identity).await?;
-            shown::evidence(found.as_ref());
-            Ok(found)
-        }))
+        let sent = self.inner.call(request);
+        Box::pin(self.specified(operation, key, transition, sent))
     }
 
     fn transactional(&self) -> Option<&dyn TransactionalStore> {
         self.inner
             .transactional()
             .map(|_| self as &dyn TransactionalStore)
+    }
+}
+
+impl Scheduled {
+    /// A read, noted as what the store showed the delivery sending it.
+    async fn read(&self, request: Request<'_>) -> Result<Answer, StoreError> {
+        let answer = self.inner.call(request).await?;
+        match &answer {
+            Answer::Record(found) => shown::record("get", None, found.clone()),
+            Answer::Evidence(found) => shown::evidence(found.as_ref()),
+            _ => {}
+        }
+        Ok(answer)
+    }
+
+    /// The claim of [`Defect::StealsLiveLeases`]: a live claim met is taken over anyway.
+    async fn stealing(&self, record: &Record, now: SystemTime) -> Result<Answer, StoreError> {
+        let claim = match self.inner.claim(record, now).await? {
+            Claim::Existing(live) => {
+                let past_its_end = live.lease.expires_at + Duration::from_secs(1);
+                let stolen =
+                    self.inner
+                        .take_over(&live, &record.lease, record.expires_at, past_its_end);
+                match stolen.await? {
+                    Fence::Held => Claim::Acquired,
+                    Fence::Lost { .. } => Claim::Existing(live),
+                }
+            }
+            claim => claim,
+        };
+        Ok(Answer::Claim(claim))
     }
 }
 
@@ -391,7 +345,7 @@ impl TransactionalStore for Scheduled {
         token: &'a str,
     ) -> BoxFuture<'a, Result<Committed, StoreError>> {
         let commit = self.committing().commit_steps(target, steps, writes, token);
-        let request = Request::Steps {
+        let request = Transition::Steps {
             guard: target.guard,
             steps,
         };
@@ -418,7 +372,7 @@ impl TransactionalStore for Scheduled {
         let settle = self
             .committing()
             .settle_with(target, settlement, writes, token);
-        let request = Request::Settle {
+        let request = Transition::Settle {
             guard: target.guard,
             settlement,
         };
