@@ -35,7 +35,9 @@ use std::time::{Duration, SystemTime};
 use lambda_idempotency::clock::ManualClock;
 use lambda_idempotency::key::JsonPointer;
 use lambda_idempotency::reconcile::{Checked, Takeover};
-use lambda_idempotency::{BoxError, Config, Error, Execution, ExecutionContext, Idempotency, KeyPolicy, OperationScope};
+use lambda_idempotency::{
+    BoxError, Config, Error, Execution, ExecutionContext, Idempotency, KeyPolicy, OperationScope,
+};
 use serde_json::{Value, json};
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -79,9 +81,7 @@ fn reconciler(
 ) -> impl Fn(Takeover) -> std::future::Ready<Result<Checked, BoxError>> + Send + Sync {
     move |takeover: Takeover| {
         let answer = match ledger.lookup(&takeover.key.downstream("charge")) {
-            Some(order) => {
-                Checked::Applied(json!({"charged": order, "found_by": "reconciler"}))
-            }
+            Some(order) => Checked::Applied(json!({"charged": order, "found_by": "reconciler"})),
             None => Checked::NotApplied,
         };
         std::future::ready(Ok(answer))

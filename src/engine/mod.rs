@@ -231,7 +231,21 @@ impl Idempotency {
         self
     }
 
-    /// The store, erased ([`AnyStore`] implements [`Store`]).
+    /// The store, erased ([`AnyStore`] implements [`Store`]); bring
+    /// [`StoreExt`] into scope to read or write through it.
+    ///
+    /// ```
+    /// # async fn run() -> Result<(), lambda_idempotency::StoreError> {
+    /// use lambda_idempotency::store::{MemoryStore, StoreExt};
+    /// use lambda_idempotency::{Idempotency, OperationKey, OperationScope};
+    ///
+    /// let idem = Idempotency::new(MemoryStore::new());
+    /// let scope = OperationScope::new("orders", "charge").unwrap();
+    /// let key = OperationKey::derive(&scope, None, &"o-1").unwrap();
+    /// assert!(idem.store().get(&key).await?.is_none());
+    /// # Ok(()) }
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(run()).unwrap();
+    /// ```
     pub fn store(&self) -> &AnyStore {
         &self.store
     }

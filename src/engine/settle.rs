@@ -21,7 +21,7 @@ use crate::failure::{Classifier, FailureClass, Release, Terminal};
 use crate::observe::{self};
 use crate::record::MAX_FAILURE_MESSAGE_BYTES;
 use crate::record::{FailureKind, Record, RetainedFailure, Settlement, StepRecord};
-use crate::store::{Committed, Fence, Store, StoreExt, Target, writes_refused};
+use crate::store::{Committed, Fence, Request, Store, StoreExt, Target, writes_refused};
 
 impl Idempotency {
     /// Records `value` (the handler's, or the reconciler's for it) as the operation's outcome.
@@ -340,14 +340,13 @@ impl Idempotency {
         token: &str,
         patience: Patience,
     ) -> Result<Option<StepError>, Error> {
+        let request = Request::Settle { target, settlement };
         let committed = match self.store.transactional() {
             Some(store) => {
-                self.retrying(patience, || {
-                    store.settle_with(target, settlement, writes, token)
-                })
-                .await
+                self.retrying(patience, || store.commit(request, writes, token))
+                    .await
             }
-            None => Ok(writes_refused("writes committed with the completion need")),
+            None => Ok(writes_refused(request, false)),
         };
         let committed = match committed {
             // DynamoDB refused the transaction as invalid (an item over 400 KB, a table that

@@ -9,8 +9,7 @@ use std::time::Duration;
 use super::state::{Held, Pc, State};
 use super::{Protocol, Revert, at, ready, tick};
 use crate::engine::decide;
-use crate::store::{Guard, StoreExt, Target};
-use crate::testing::transitions::Request;
+use crate::store::{Guard, Request, StoreExt, Target};
 
 /// The model's give-back grace, in ticks (the engine's is a few seconds of a lease of
 /// minutes: here, a tick of a lease of three).
@@ -58,7 +57,7 @@ impl Protocol {
                 guard: Guard::Lease(&token),
             };
             let request = Request::Shorten {
-                guard: target.guard,
+                target,
                 until: at(until),
             };
             let token = &held.claim.lease.token;

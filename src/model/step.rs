@@ -15,8 +15,8 @@ use crate::error::Error;
 use crate::key::OperationKey;
 use crate::reconcile::Recovery;
 use crate::record::{FailureKind, Record, RetainedFailure, Settlement, Status, StepRecord};
-use crate::store::{Claim, Fence, Guard, MemoryStore, StoreExt, Target};
-use crate::testing::transitions::{self, Request};
+use crate::store::{Claim, Fence, Guard, MemoryStore, Request, StoreExt, Target};
+use crate::testing::transitions;
 
 /// The stepped handler's one step.
 const STEP: &str = "charge";
@@ -216,8 +216,8 @@ impl Protocol {
                     identity: None,
                     guard: Guard::Lease(&held.claim.lease.token),
                 };
-                let request = Request::Steps {
-                    guard: target.guard,
+                let request = Request::RecordSteps {
+                    target,
                     steps: &intent,
                 };
                 let token = &held.claim.lease.token;
@@ -369,8 +369,8 @@ impl Protocol {
         };
         let mut marked = held.steps.clone();
         marked.push(StepRecord::given_back(held.claim.lease.attempt));
-        let request = Request::Steps {
-            guard: target.guard,
+        let request = Request::RecordSteps {
+            target,
             steps: &marked,
         };
         let written = self.write(state, &held.claim.key, &token, request, |store| {
@@ -388,10 +388,7 @@ impl Protocol {
         let lease_end = held.claim.lease.expires_at;
         let until = decide::given_back_until(at(clock), lease_end, Duration::ZERO, lands_by);
         if until < lease_end {
-            let request = Request::Shorten {
-                guard: target.guard,
-                until,
-            };
+            let request = Request::Shorten { target, until };
             let _ = self.write(state, &held.claim.key, &token, request, |store| {
                 ready(store.shorten(target, until))
             });
@@ -532,8 +529,9 @@ impl Protocol {
             }
             Claimed::Adopt(orphan) => {
                 let record = decide::adoption(&claim, &orphan);
-                let request = Request::Claim {
+                let request = Request::Adopt {
                     record: &record,
+                    orphan: &orphan,
                     now: at(clock),
                 };
                 let token = &record.lease.token;
@@ -687,8 +685,8 @@ impl Protocol {
             guard,
         };
         let request = match &settlement {
-            Some(settlement) => Request::Settle { guard, settlement },
-            None => Request::Release { guard },
+            Some(settlement) => Request::Settle { target, settlement },
+            None => Request::Release { target },
         };
         let token = &held.claim.lease.token;
         let answer = self.write(

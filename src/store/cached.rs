@@ -190,7 +190,7 @@ impl<S: Store> Store for CachedStore<S> {
             }),
             Request::TakeOver {
                 previous, lease, ..
-            } => Box::pin(self.take_over_cached(previous, lease, self.inner.call(request))),
+            } => Box::pin(self.take_over_cached(request, previous, lease)),
             Request::Settle { target, settlement } => {
                 Box::pin(self.settle_cached(target, settlement))
             }
@@ -257,15 +257,15 @@ impl<S: Store> CachedStore<S> {
         Ok(Answer::Claim(claim))
     }
 
-    /// `sent` (the takeover of `previous` under `lease`), then its pending claim moved to the
+    /// `request`, the takeover of `previous` under `lease`, then its pending claim moved to the
     /// record taken over.
     async fn take_over_cached(
         &self,
+        request: Request<'_>,
         previous: &Record,
         lease: &Lease,
-        sent: BoxFuture<'_, Result<Answer, StoreError>>,
     ) -> Result<Answer, StoreError> {
-        let answer = sent.await?;
+        let answer = self.inner.call(request).await?;
         let pending = pending_key(&previous.key, &lease.token);
         if let Some(mut claim) = self.pending.get(&pending).map(|claim| (*claim).clone()) {
             // The record taken over: the previous one's creation, the new lease.
@@ -322,40 +322,28 @@ impl<S: Store> CachedStore<S> {
 
 /// The wrapped store's transactional capability, keeping the cache as the core writes do.
 impl<S: Store> TransactionalStore for CachedStore<S> {
-    fn commit_steps<'a>(
+    fn commit<'a>(
         &'a self,
-        target: Target<'a>,
-        steps: &'a [StepRecord],
+        request: Request<'a>,
         writes: &'a [TransactWriteItem],
         token: &'a str,
     ) -> BoxFuture<'a, Result<Committed, StoreError>> {
         Box::pin(async move {
             let Some(inner) = self.inner.transactional() else {
-                return Ok(writes_refused("a transactional step needs"));
+                return Ok(writes_refused(request, false));
             };
-            let committed = inner.commit_steps(target, steps, writes, token).await?;
-            if let Committed::Applied = committed {
-                self.steps_recorded(target, steps);
+            if let Request::Settle { target, .. } = request {
+                self.settled.remove(target.key);
             }
-            Ok(committed)
-        })
-    }
-
-    fn settle_with<'a>(
-        &'a self,
-        target: Target<'a>,
-        settlement: &'a Settlement,
-        writes: &'a [TransactWriteItem],
-        token: &'a str,
-    ) -> BoxFuture<'a, Result<Committed, StoreError>> {
-        Box::pin(async move {
-            let Some(inner) = self.inner.transactional() else {
-                return Ok(writes_refused("writes committed with the completion need"));
-            };
-            self.settled.remove(target.key);
-            let committed = inner.settle_with(target, settlement, writes, token).await?;
-            if let Committed::Applied = committed {
-                self.remember_settled(target, settlement);
+            let committed = inner.commit(request, writes, token).await?;
+            match (&committed, request) {
+                (Committed::Applied, Request::RecordSteps { target, steps }) => {
+                    self.steps_recorded(target, steps);
+                }
+                (Committed::Applied, Request::Settle { target, settlement }) => {
+                    self.remember_settled(target, settlement);
+                }
+                _ => {}
             }
             Ok(committed)
         })

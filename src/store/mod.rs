@@ -17,9 +17,9 @@
 //!   (millisecond resolution), conditioned on the expired holder's token (of two takers, one
 //!   wins) and on the record holding the steps the taker read (any step write of the expired
 //!   holder meanwhile fails the takeover), and moves its retention past the new lease.
-//! - [`StoreExt::settle`], [`StoreExt::release`], [`StoreExt::shorten`], [`StoreExt::record_steps`], and
-//!   the transactional capability's [`TransactionalStore::settle_with`] and
-//!   [`TransactionalStore::commit_steps`] are fenced by a [`Guard`]:
+//! - [`StoreExt::settle`], [`StoreExt::release`], [`StoreExt::shorten`],
+//!   [`StoreExt::record_steps`], and the transactional capability's
+//!   [`TransactionalStore::commit`] (of steps or a settlement) are fenced by a [`Guard`]:
 //!   the caller's lease, or (for an operator's resolution) the INDETERMINATE status. With an
 //!   identity, settle and release update or delete the evidence in the same transaction.
 //!
@@ -60,7 +60,7 @@ use futures_util::future::BoxFuture;
 
 use crate::error::StoreError;
 use crate::key::OperationKey;
-use crate::record::{Evidence, Record, Settlement, Status, StepRecord};
+use crate::record::{Evidence, Record, Status, StepRecord};
 
 /// The answer to a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,8 +101,7 @@ pub enum Committed {
     },
     /// The condition of the handler's write at this index failed; nothing was written.
     Refused {
-        /// The index in the writes ([`TransactionalStore::commit_steps`],
-        /// [`TransactionalStore::settle_with`]).
+        /// The index in the writes ([`TransactionalStore::commit`]).
         write: usize,
     },
     /// The handler's writes cannot be sent as built (over DynamoDB's 100 actions or 4 MB, two
@@ -187,10 +186,15 @@ pub struct Target<'a> {
 ///
 /// impl Store for Counted {
 ///     fn call<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Answer, StoreError>> {
-///         if let Request::Claim { .. } = request {
-///             self.claims.fetch_add(1, Ordering::Relaxed);
+///         match request {
+///             // Counted when the claim is sent (its future polled), not when it is made.
+///             Request::Claim { .. } => Box::pin(async move {
+///                 self.claims.fetch_add(1, Ordering::Relaxed);
+///                 self.inner.call(request).await
+///             }),
+///             // Every other request: the wrapped store's own future, boxed nothing more.
+///             _ => self.inner.call(request),
 ///         }
-///         self.inner.call(request)
 ///     }
 ///     // A plain memory store commits no DynamoDB writes; a decorator of a store that does
 ///     // implements `TransactionalStore` too and answers `Some(self)`.
@@ -221,30 +225,24 @@ pub trait Store: Any + Send + Sync + fmt::Debug {
 /// has it, a [`MemoryStore`] built with the handler's tables (`MemoryStore::with_tables`,
 /// feature `testing`) has it, and decorators hand on their store's.
 pub trait TransactionalStore: Store {
-    /// Writes the target record's steps as `steps` (fenced by its guard) together with the
-    /// handler's own `writes` (Put, Update, Delete, ConditionCheck on any table, in its order),
-    /// in one transaction sent under request `token` (1 to 36 characters, the same on every
-    /// try of this commit, another for another commit): all or nothing ([`crate::effects`]).
+    /// `request` together with the handler's own `writes` (Put, Update, Delete,
+    /// ConditionCheck on any table, in its order), in one transaction sent under request
+    /// `token` (1 to 36 characters, the same on every try of this commit, another for another
+    /// commit): all or nothing ([`crate::effects`]). Two requests commit so:
+    ///
+    /// - [`Request::RecordSteps`]: a transactional step, its step list written as the
+    ///   request's `steps` (fenced by its guard, the record alone) with its writes; a re-send
+    ///   after it applied (the step it adds already in the list) is recognised, never applied
+    ///   twice;
+    /// - [`Request::Settle`]: [`StoreExt::settle`] with the completion's writes
+    ///   ([`ExecutionContext::complete_with`](crate::ExecutionContext::complete_with)); the
+    ///   engine sends it only with writes (else [`StoreExt::settle`]).
+    ///
     /// [`Committed::Refused`] names the write (an index in `writes`) whose condition failed;
-    /// [`Committed::Invalid`] refuses writes that cannot be sent.
-    fn commit_steps<'a>(
+    /// [`Committed::Invalid`] refuses writes that cannot be sent, and any other request.
+    fn commit<'a>(
         &'a self,
-        target: Target<'a>,
-        steps: &'a [StepRecord],
-        writes: &'a [TransactWriteItem],
-        token: &'a str,
-    ) -> BoxFuture<'a, Result<Committed, StoreError>>;
-
-    /// [`StoreExt::settle`] together with the handler's own DynamoDB `writes`, in one
-    /// transaction sent under request `token` (1 to 36 characters, the same on every try of
-    /// this settlement): the settlement and every write commit, or nothing does
-    /// ([`ExecutionContext::complete_with`](crate::ExecutionContext::complete_with)). The
-    /// answer is as for [`TransactionalStore::commit_steps`]. The engine calls it only with
-    /// writes (else [`StoreExt::settle`]).
-    fn settle_with<'a>(
-        &'a self,
-        target: Target<'a>,
-        settlement: &'a Settlement,
+        request: Request<'a>,
         writes: &'a [TransactWriteItem],
         token: &'a str,
     ) -> BoxFuture<'a, Result<Committed, StoreError>>;
@@ -258,14 +256,23 @@ pub trait TransactionalStore: Store {
     fn check_transactional_writes(&self) -> BoxFuture<'_, Result<(), StoreError>>;
 }
 
-/// What the engine answers for a handler's writes on a store without the transactional
-/// capability (`which_need`: "a transactional step needs"): refused before anything is sent.
-pub(crate) fn writes_refused(which_need: &str) -> Committed {
-    Committed::Invalid {
-        message: format!(
-            "this store cannot commit DynamoDB writes: {which_need} the DynamoDB store"
+/// What a store answers for the handler's writes it cannot commit with `request`, refused
+/// before anything is sent: a store without the transactional capability, or a request that
+/// commits no writes ([`TransactionalStore::commit`]).
+pub(crate) fn writes_refused(request: Request<'_>, capable: bool) -> Committed {
+    let message = match (request, capable) {
+        (Request::RecordSteps { .. }, false) => {
+            "this store cannot commit DynamoDB writes: a transactional step needs the DynamoDB store".to_owned()
+        }
+        (Request::Settle { .. }, false) => {
+            "this store cannot commit DynamoDB writes: writes committed with the completion need the DynamoDB store".to_owned()
+        }
+        (other, _) => format!(
+            "only a step list or a settlement commits with the handler's writes, not `{}`",
+            other.name()
         ),
-    }
+    };
+    Committed::Invalid { message }
 }
 
 /// The most actions one `TransactWriteItems` holds.

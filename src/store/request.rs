@@ -14,8 +14,9 @@ use crate::key::OperationKey;
 use crate::record::{Evidence, Lease, Record, Settlement, StepRecord};
 
 /// One request to a store's core ([`Store::call`]); [`StoreExt`] documents what each asks.
+/// Exhaustive on purpose: a store of your own states what it does with every request (a
+/// request added in a later release is a breaking change, listed in the upgrade notes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Request<'a> {
     /// [`StoreExt::claim`].
     Claim {
@@ -358,5 +359,54 @@ fn evidence(answer: Answer) -> Option<Option<Evidence>> {
     match answer {
         Answer::Evidence(evidence) => Some(evidence),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::FutureExt;
+    use futures_util::future::BoxFuture;
+
+    use super::{Answer, Request, StoreExt};
+    use crate::error::StoreError;
+    use crate::key::{OperationKey, OperationScope};
+    use crate::store::{Store, TransactionalStore};
+
+    /// Answers every request with `0`.
+    #[derive(Debug)]
+    struct AlwaysAnswers(Answer);
+
+    impl Store for AlwaysAnswers {
+        fn call<'a>(&'a self, _: Request<'a>) -> BoxFuture<'a, Result<Answer, StoreError>> {
+            Box::pin(async move { Ok(self.0.clone()) })
+        }
+
+        fn transactional(&self) -> Option<&dyn TransactionalStore> {
+            None
+        }
+    }
+
+    #[test]
+    fn an_answer_of_another_kind_is_reported_and_one_in_kind_is_typed() {
+        let scope = OperationScope::new("orders", "charge").unwrap();
+        let key = OperationKey::derive(&scope, None, &"o-1").unwrap();
+        let confused = AlwaysAnswers(Answer::Written(true));
+        let read = confused.get(&key).now_or_never().unwrap();
+        assert!(
+            matches!(read, Err(StoreError::WrongAnswer { operation: "get" })),
+            "{read:?}"
+        );
+        let read = confused.evidence("order o-1").now_or_never().unwrap();
+        assert!(
+            matches!(
+                read,
+                Err(StoreError::WrongAnswer {
+                    operation: "evidence"
+                })
+            ),
+            "{read:?}"
+        );
+        let absent = AlwaysAnswers(Answer::Record(None));
+        assert_eq!(absent.get(&key).now_or_never().unwrap().unwrap(), None);
     }
 }

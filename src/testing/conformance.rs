@@ -231,7 +231,7 @@ pub fn invocation(material: &str, intent: &serde_json::Value) -> Invocation {
 }
 
 /// The evidence key of `identity` for the suite's operations ([`invocation`]'s namespace, no
-/// tenant): what [`StoreExt::evidence`](lambda_idempotency::store::StoreExt::evidence) reads.
+/// tenant): what [`StoreExt::evidence`] reads.
 pub fn evidence_key(identity: &str) -> String {
     let key = invocation("any", &serde_json::json!(0)).key().clone();
     IdentityScope::default().evidence_key(identity, &key)

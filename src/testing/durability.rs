@@ -15,7 +15,10 @@ use lambda_idempotency::{BoxError, Config, Error, Idempotency, Invocation, Origi
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-use super::conformance::{Capability, Fixture, LEASE, counted, crash_after_run, engine, evidence_key, invocation, operator, race, rerunning, start_time, stored};
+use super::conformance::{
+    Capability, Fixture, LEASE, counted, crash_after_run, engine, evidence_key, invocation,
+    operator, race, rerunning, start_time, stored,
+};
 
 /// An invoice operation: it keeps permanent evidence under `identity`, with the invoice id as
 /// the result reference.
@@ -393,8 +396,7 @@ pub async fn takeover_reconciled_as_applied_records_without_running<S: Store>(fx
 /// Case: Takeover reconciled as not applied runs the handler.
 pub async fn takeover_reconciled_as_not_applied_runs_the_handler<S: Store>(fx: Fixture<S>) {
     let inv = invocation("order-28", &json!({"amount": 10}));
-    let (idem, _, script, runs) =
-        after_crashes(fx, vec![Ok(Checked::NotApplied)], &[&inv]).await;
+    let (idem, _, script, runs) = after_crashes(fx, vec![Ok(Checked::NotApplied)], &[&inv]).await;
 
     let done = idem
         .execute(&inv, |ctx| counted(&runs, ctx.attempt()))
@@ -495,10 +497,7 @@ pub async fn takeover_reconciled_as_unknown_holds_for_an_operator<S: Store>(fx: 
 /// next delivery asks again without waiting out the lease, and nothing runs in parallel.
 pub async fn a_failing_reconciler_gives_the_claim_back<S: Store>(fx: Fixture<S>) {
     let inv = invocation("order-31", &json!({"amount": 10}));
-    let answers = vec![
-        Err("provider unreachable".into()),
-        Ok(Checked::NotApplied),
-    ];
+    let answers = vec![Err("provider unreachable".into()), Ok(Checked::NotApplied)];
     let (idem, clock, script, _) = after_crashes(fx, answers, &[&inv]).await;
     let runs = AtomicUsize::new(0);
 

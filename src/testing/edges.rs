@@ -15,7 +15,10 @@ use lambda_idempotency::store::{Store, StoreExt};
 use lambda_idempotency::{BoxError, Config, Error, Idempotency, Invocation, Origin, Resolution};
 use serde_json::{Value, json};
 
-use super::conformance::{Capability, Fixture, LEASE, blocked_worker, counted, crash_after_claim, crash_after_run, engine, evidence_key, invocation, operator, rerunning, stalled_worker, stored};
+use super::conformance::{
+    Capability, Fixture, LEASE, blocked_worker, counted, crash_after_claim, crash_after_run,
+    engine, evidence_key, invocation, operator, rerunning, stalled_worker, stored,
+};
 use super::faults::{Fault, FaultKind, FaultyStore, Primitive};
 
 /// How long a claim given back by a panicking or cancelled handler still holds.
@@ -24,8 +27,7 @@ const GIVE_BACK_GRACE: Duration = Duration::from_secs(5);
 /// A reconciler that always gives `answer`.
 fn always(
     answer: Checked,
-) -> impl Fn(Takeover) -> std::future::Ready<Result<Checked, BoxError>> + Send + Sync + 'static
-{
+) -> impl Fn(Takeover) -> std::future::Ready<Result<Checked, BoxError>> + Send + Sync + 'static {
     move |_| std::future::ready(Ok(answer.clone()))
 }
 
@@ -125,9 +127,7 @@ pub async fn stale_in_progress_is_reconciled_not_rerun<S: Store>(fx: Fixture<S>)
 pub async fn orphaned_evidence_is_adopted_and_reconciled<S: Store>(fx: Fixture<S>) {
     fx.require(Capability::Evidence);
     let (idem, clock, sweep) = engine(fx, retention(60));
-    let not_applied = idem
-        .clone()
-        .with_reconciler(always(Checked::NotApplied));
+    let not_applied = idem.clone().with_reconciler(always(Checked::NotApplied));
     let applied = idem.with_reconciler(always(Checked::Applied(
         json!({"invoice_id": "inv-found", "total": 10}),
     )));
@@ -515,9 +515,7 @@ pub async fn values_are_type_checked_before_they_are_stored<S: Store>(fx: Fixtur
     let wrong = idem
         .clone()
         .with_reconciler(always(Checked::Applied(json!("not a number"))));
-    let unknown = idem
-        .clone()
-        .with_reconciler(always(Checked::Unknown));
+    let unknown = idem.clone().with_reconciler(always(Checked::Unknown));
     let reconciled = invocation("edge-11a", &json!({"amount": 10}));
     let resolved = invocation("edge-11b", &json!({"amount": 10}));
     crash_after_claim(&idem, &reconciled).await;

@@ -31,9 +31,8 @@ use tokio::sync::Notify;
 use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::key::OperationKey;
-use crate::record::{Settlement, StepRecord};
 use crate::store::{
-    Answer, Claim, Committed, Fence, Request, Store, Target, TransactionalStore, writes_refused,
+    Answer, Claim, Committed, Fence, Request, Store, TransactionalStore, writes_refused,
 };
 
 /// A store primitive, as faults name it.
@@ -48,13 +47,14 @@ pub enum Primitive {
     TakeOver,
     /// [`StoreExt::shorten`](crate::store::StoreExt::shorten).
     Shorten,
-    /// [`StoreExt::settle`](crate::store::StoreExt::settle) and [`TransactionalStore::settle_with`].
+    /// [`StoreExt::settle`](crate::store::StoreExt::settle), and a settlement's
+    /// [`TransactionalStore::commit`].
     Settle,
     /// [`StoreExt::release`](crate::store::StoreExt::release).
     Release,
     /// [`StoreExt::record_steps`](crate::store::StoreExt::record_steps).
     RecordSteps,
-    /// [`TransactionalStore::commit_steps`].
+    /// A transactional step's [`TransactionalStore::commit`].
     CommitSteps,
     /// [`StoreExt::get`](crate::store::StoreExt::get).
     Get,
@@ -350,15 +350,14 @@ impl<S> FaultyStore<S> {
         std::mem::take(&mut self.lock().existence)
     }
 
-    /// `sent` (the wrapped store's answer to `request`), noting the existence change it makes
-    /// to the request's record: a claim that wrote it, a release that deleted it (as the caller
-    /// may never learn, when a fault then loses the answer).
-    async fn noting(
-        &self,
-        request: Request<'_>,
-        sent: impl Future<Output = Result<Answer, StoreError>>,
-    ) -> Result<Answer, StoreError> {
-        let answer = sent.await;
+    /// The wrapped store's answer to `request`, noting the existence change it makes to the
+    /// request's record: a claim that wrote it, a release that deleted it (as the caller may
+    /// never learn, when a fault then loses the answer).
+    async fn noting(&self, request: Request<'_>) -> Result<Answer, StoreError>
+    where
+        S: Store,
+    {
+        let answer = self.inner.call(request).await;
         let change = match (request, &answer) {
             (
                 Request::Claim { record, .. } | Request::Adopt { record, .. },
@@ -459,8 +458,7 @@ impl<S> FaultyStore<S> {
 
 impl<S: Store + Clone> Store for FaultyStore<S> {
     fn call<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Answer, StoreError>> {
-        let sent = self.noting(request, self.inner.call(request));
-        Box::pin(self.around(Primitive::of(request), sent))
+        Box::pin(self.around(Primitive::of(request), self.noting(request)))
     }
 
     fn transactional(&self) -> Option<&dyn TransactionalStore> {
@@ -472,37 +470,22 @@ impl<S: Store + Clone> Store for FaultyStore<S> {
 
 /// The wrapped store's transactional capability, with the same faults.
 impl<S: Store + Clone> TransactionalStore for FaultyStore<S> {
-    fn commit_steps<'a>(
+    fn commit<'a>(
         &'a self,
-        target: Target<'a>,
-        steps: &'a [StepRecord],
+        request: Request<'a>,
         writes: &'a [TransactWriteItem],
         token: &'a str,
     ) -> BoxFuture<'a, Result<Committed, StoreError>> {
         Box::pin(async move {
             let Some(inner) = self.inner.transactional() else {
-                return Ok(writes_refused("a transactional step needs"));
+                return Ok(writes_refused(request, false));
             };
-            self.around(Primitive::CommitSteps, async move {
-                inner.commit_steps(target, steps, writes, token).await
-            })
-            .await
-        })
-    }
-
-    fn settle_with<'a>(
-        &'a self,
-        target: Target<'a>,
-        settlement: &'a Settlement,
-        writes: &'a [TransactWriteItem],
-        token: &'a str,
-    ) -> BoxFuture<'a, Result<Committed, StoreError>> {
-        Box::pin(async move {
-            let Some(inner) = self.inner.transactional() else {
-                return Ok(writes_refused("writes committed with the completion need"));
+            let primitive = match request {
+                Request::RecordSteps { .. } => Primitive::CommitSteps,
+                other => Primitive::of(other),
             };
-            let settle = async move { inner.settle_with(target, settlement, writes, token).await };
-            self.around(Primitive::Settle, settle).await
+            self.around(primitive, inner.commit(request, writes, token))
+                .await
         })
     }
 

@@ -14,7 +14,10 @@ use lambda_idempotency::store::{Store, StoreExt};
 use lambda_idempotency::{BoxError, Config, Error, Invocation, Origin, Resolution};
 use serde_json::{Value, json};
 
-use super::conformance::{Capability, Fixture, LEASE, counted, crash_after_claim, engine, invocation, operator, rerunning, stalled_worker, stored};
+use super::conformance::{
+    Capability, Fixture, LEASE, counted, crash_after_claim, engine, invocation, operator,
+    rerunning, stalled_worker, stored,
+};
 use super::faults::{Fault, FaultKind, FaultyStore, Primitive};
 
 fn invoice(material: &str) -> Invocation {

@@ -134,9 +134,7 @@ pub async fn an_outage_past_the_deadline_leaves_the_claim_to_recovery<S: Store +
         .with_clock(clock.clone())
         .with_recovery(Recovery::Rerun);
     let reconciled = idem.clone().with_reconciler(|_: Takeover| async {
-        Ok::<_, BoxError>(Checked::Applied(
-            json!({"charged": true, "attempt": 1}),
-        ))
+        Ok::<_, BoxError>(Checked::Applied(json!({"charged": true, "attempt": 1})))
     });
     let held = idem.clone().with_recovery(Recovery::Indeterminate);
     for (case, taker) in [

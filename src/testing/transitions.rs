@@ -11,7 +11,8 @@
 //! use std::time::{Duration, UNIX_EPOCH};
 //! use lambda_idempotency::key::{Fingerprint, OperationKey, OperationScope};
 //! use lambda_idempotency::record::{Lease, Record, Status};
-//! use lambda_idempotency::testing::transitions::{Request, allowed};
+//! use lambda_idempotency::store::Request;
+//! use lambda_idempotency::testing::transitions::allowed;
 //!
 //! let scope = OperationScope::new("orders", "charge").unwrap();
 //! let now = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
@@ -39,58 +40,8 @@
 
 use std::time::SystemTime;
 
-use crate::record::{Lease, Record, Settlement, Status, StepRecord, epoch_millis, epoch_secs};
-use crate::store::Guard;
-
-/// One store request, as far as it concerns the record of its key.
-#[derive(Debug, Clone, Copy)]
-#[non_exhaustive]
-pub enum Request<'a> {
-    /// A claim (or an adoption) writing its record.
-    Claim {
-        /// The record the claim writes.
-        record: &'a Record,
-        /// The claimant's time.
-        now: SystemTime,
-    },
-    /// A takeover of an expired claim.
-    TakeOver {
-        /// The record the takeover read (its lease run out).
-        previous: &'a Record,
-        /// The new attempt's lease.
-        lease: &'a Lease,
-        /// The record's new retention.
-        expires_at: SystemTime,
-        /// The taker's time.
-        now: SystemTime,
-    },
-    /// A give-back's shortening of the lease.
-    Shorten {
-        /// Whose lease it must be.
-        guard: Guard<'a>,
-        /// The lease's new end.
-        until: SystemTime,
-    },
-    /// A settlement (with or without the handler's writes).
-    Settle {
-        /// Whose lease it must be.
-        guard: Guard<'a>,
-        /// What it writes.
-        settlement: &'a Settlement,
-    },
-    /// The steps written (with or without a transactional step's writes).
-    Steps {
-        /// Whose lease it must be.
-        guard: Guard<'a>,
-        /// Every step the record then holds.
-        steps: &'a [StepRecord],
-    },
-    /// The record deleted for a fresh retry.
-    Release {
-        /// Whose lease it must be.
-        guard: Guard<'a>,
-    },
-}
+use crate::record::{Record, Status, epoch_millis, epoch_secs};
+use crate::store::{Guard, Request};
 
 /// An answer the engine gave a delivery, as far as the store must show it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,8 +127,11 @@ pub fn truthful(answer: Answered<'_>, shown: Shown<'_>) -> Result<(), String> {
     }
 }
 
-/// Whether `request` may have turned the record `before` into `after`: `Err` names the
-/// transition the model forbids. A request that changed nothing is always allowed.
+/// Whether the store request `request` may have turned the record of its key from `before`
+/// into `after`: `Err` names the transition the model forbids. A request that changed nothing
+/// is always allowed; an adoption is judged as the claim it is; a read changes nothing; an
+/// operator's release or settlement of evidence is the operator's, outside this
+/// specification.
 pub fn allowed(
     request: Request<'_>,
     before: Option<&Record>,
@@ -187,7 +141,7 @@ pub fn allowed(
         return Ok(());
     }
     match request {
-        Request::Claim { record, now } => {
+        Request::Claim { record, now } | Request::Adopt { record, now, .. } => {
             if before.is_some_and(|before| !absent_at(before, now)) {
                 return Err(
                     "a claim replaced a record that stands (live, or settled and retained)".into(),
@@ -229,8 +183,8 @@ pub fn allowed(
             };
             unchanged_but(after, &expected, "a takeover")
         }
-        Request::Shorten { guard, until } => {
-            let before = held(before, guard, "a shortening")?;
+        Request::Shorten { target, until } => {
+            let before = held(before, target.guard, "a shortening")?;
             if until > before.lease.expires_at {
                 return Err(format!(
                     "a give-back's shortening extended the lease of attempt {} from {:?} to {until:?}",
@@ -241,8 +195,8 @@ pub fn allowed(
             expected.lease.expires_at = until;
             unchanged_but(after, &expected, "a shortening")
         }
-        Request::Settle { guard, settlement } => {
-            let before = held(before, guard, "a settlement")?;
+        Request::Settle { target, settlement } => {
+            let before = held(before, target.guard, "a settlement")?;
             let mut expected = Record {
                 status: settlement.status,
                 outcome: settlement.outcome.clone(),
@@ -261,8 +215,8 @@ pub fn allowed(
             // its status; only `release` deletes.
             unchanged_but(after, &expected, "a settlement")
         }
-        Request::Steps { guard, steps } => {
-            let before = held(before, guard, "a step write")?;
+        Request::RecordSteps { target, steps } => {
+            let before = held(before, target.guard, "a step write")?;
             let expected = Record {
                 steps: steps.to_vec(),
                 steps_version: before.steps_version + 1,
@@ -270,13 +224,15 @@ pub fn allowed(
             };
             unchanged_but(after, &expected, "a step write")
         }
-        Request::Release { guard } => {
-            held(before, guard, "a release")?;
+        Request::Release { target } => {
+            held(before, target.guard, "a release")?;
             match after {
                 None => Ok(()),
                 Some(_) => Err("a release left a record".into()),
             }
         }
+        Request::Get { .. } | Request::Evidence { .. } => Err("a read changed the record".into()),
+        Request::ReleaseByOperator { .. } | Request::SettleEvidence { .. } => Ok(()),
     }
 }
 

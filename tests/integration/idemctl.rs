@@ -8,7 +8,9 @@ use lambda_idempotency::clock::ManualClock;
 use lambda_idempotency::reconcile::{Checked, Takeover};
 use lambda_idempotency::testing::conformance::crash_after_claim;
 use lambda_idempotency::testing::dynamo;
-use lambda_idempotency::{BoxError, Config, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope};
+use lambda_idempotency::{
+    BoxError, Config, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope,
+};
 use serde_json::{Value, json};
 use sha2::Digest;
 

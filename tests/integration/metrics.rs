@@ -11,7 +11,9 @@ use lambda_idempotency::reconcile::{Checked, Recovery, Takeover};
 use lambda_idempotency::store::DynamoDbStore;
 use lambda_idempotency::testing::conformance::start_time;
 use lambda_idempotency::testing::dynamo;
-use lambda_idempotency::{BoxError, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope, Origin};
+use lambda_idempotency::{
+    BoxError, Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope, Origin,
+};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
@@ -71,9 +73,8 @@ async fn decisions_and_latencies_come_out_as_embedded_metric_format() {
             .with_recovery(Recovery::Rerun)
     };
     let idem = engine(db.store());
-    let reconciling = engine(db.store()).with_reconciler(|_: Takeover| async {
-        Ok::<_, BoxError>(Checked::Applied(json!(7)))
-    });
+    let reconciling = engine(db.store())
+        .with_reconciler(|_: Takeover| async { Ok::<_, BoxError>(Checked::Applied(json!(7))) });
     let holding = engine(db.store()).with_recovery(Recovery::Indeterminate);
     let ok = |value: u32| async move { Ok::<_, std::io::Error>(value) };
 

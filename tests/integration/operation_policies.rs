@@ -12,7 +12,9 @@ use lambda_idempotency::failure::{Classifier, FailureClass};
 use lambda_idempotency::reconcile::{Checked, Recovery, Takeover};
 use lambda_idempotency::record::Status;
 use lambda_idempotency::testing::conformance::{counted, crash_after_claim, stored};
-use lambda_idempotency::{BoxError, ConfigError, Error, Idempotency, Invocation, KeyPolicy, Operation, OperationScope};
+use lambda_idempotency::{
+    BoxError, ConfigError, Error, Idempotency, Invocation, KeyPolicy, Operation, OperationScope,
+};
 use serde_json::{Value, json};
 
 use super::backends::{Backend, both};

@@ -11,10 +11,14 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use lambda_idempotency::clock::ManualClock;
 use lambda_idempotency::reconcile::{Checked, Recovery, Takeover};
 use lambda_idempotency::record::{Status, epoch_secs};
-use lambda_idempotency::store::{DynamoDbStore, OutcomeStorage, PART_BYTES, PART_TTL_MARGIN, StoreExt};
+use lambda_idempotency::store::{
+    DynamoDbStore, OutcomeStorage, PART_BYTES, PART_TTL_MARGIN, StoreExt,
+};
 use lambda_idempotency::testing::conformance::{counted, invocation, start_time};
 use lambda_idempotency::testing::dynamo::{self, Dynamo, item_size};
-use lambda_idempotency::testing::interceptor::{FaultInterceptor, SDK_ATTEMPTS, SdkFault, SdkOperation, client_with};
+use lambda_idempotency::testing::interceptor::{
+    FaultInterceptor, SDK_ATTEMPTS, SdkFault, SdkOperation, client_with,
+};
 use lambda_idempotency::testing::outcomes::{compressible, incompressible};
 use lambda_idempotency::{BoxError, Config, Error, Idempotency, Invocation, Origin, StoreError};
 use serde_json::json;

@@ -18,7 +18,10 @@ use lambda_idempotency::store::StoreExt;
 use lambda_idempotency::testing::conformance::{LEASE, invocation, operator, stored};
 use lambda_idempotency::testing::faults::{FaultKind, FaultyStore, Primitive};
 use lambda_idempotency::testing::outcomes::incompressible;
-use lambda_idempotency::{BoxError, Config, Error, Execution, ExecutionContext, Idempotency, Invocation, Origin, Resolution};
+use lambda_idempotency::{
+    BoxError, Config, Error, Execution, ExecutionContext, Idempotency, Invocation, Origin,
+    Resolution,
+};
 use serde_json::json;
 use tokio::sync::oneshot;
 

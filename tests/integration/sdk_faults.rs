@@ -19,8 +19,13 @@ use lambda_idempotency::record::{Evidence, Record, Status};
 use lambda_idempotency::store::{DynamoDbStore, StoreExt};
 use lambda_idempotency::testing::conformance::{counted, crash_after_claim, operator, start_time};
 use lambda_idempotency::testing::dynamo::{self, Dynamo};
-use lambda_idempotency::testing::interceptor::{FaultInterceptor, SDK_ATTEMPTS, SdkFault, SdkOperation, client_with};
-use lambda_idempotency::{Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope, Origin, Resolution, StoreError};
+use lambda_idempotency::testing::interceptor::{
+    FaultInterceptor, SDK_ATTEMPTS, SdkFault, SdkOperation, client_with,
+};
+use lambda_idempotency::{
+    Error, Fingerprint, Idempotency, Invocation, OperationKey, OperationScope, Origin, Resolution,
+    StoreError,
+};
 use serde_json::json;
 
 /// The lease every invocation holds.
@@ -205,8 +210,7 @@ async fn panicking() -> Result<u32, std::io::Error> {
 /// A reconciler that always says the effect exists, with `value`.
 fn applied(
     value: u32,
-) -> impl Fn(Takeover) -> std::future::Ready<Result<Checked, BoxError>> + Send + Sync + 'static
-{
+) -> impl Fn(Takeover) -> std::future::Ready<Result<Checked, BoxError>> + Send + Sync + 'static {
     move |_| std::future::ready(Ok(Checked::Applied(json!(value))))
 }
 

@@ -29,7 +29,7 @@ use crate::error::{BoxError, Error, StoreError};
 use crate::execution::Invocation;
 use crate::key::OperationKey;
 use crate::record::{FailureKind, Record, StepRecord};
-use crate::store::{Committed, Fence, Guard, Store, StoreExt, Target, writes_refused};
+use crate::store::{Committed, Fence, Guard, Request, Store, StoreExt, Target, writes_refused};
 
 /// Why an attempt stopped at a step, and what the engine does about it.
 #[derive(Debug)]
@@ -715,14 +715,15 @@ impl StepLedger {
         writes: &[TransactWriteItem],
         token: &str,
     ) -> Result<Committed, Halt> {
-        let Some(store) = self.idem.store().transactional() else {
-            return Ok(writes_refused("a transactional step needs"));
+        let request = Request::RecordSteps {
+            target: self.target(),
+            steps,
         };
-        let target = self.target();
+        let Some(store) = self.idem.store().transactional() else {
+            return Ok(writes_refused(request, false));
+        };
         self.idem
-            .retrying(self.patience(), || {
-                store.commit_steps(target, steps, writes, token)
-            })
+            .retrying(self.patience(), || store.commit(request, writes, token))
             .await
             .map_err(|err| Halt::GiveBack(err.into()))
     }

@@ -10,7 +10,6 @@ use std::task::{Context, Poll};
 use lambda_runtime::tower::{Layer, Service};
 use metrics_cloudwatch_embedded::Collector;
 
-
 fn stdout() -> Box<dyn Write> {
     Box::new(std::io::stdout().lock())
 }

@@ -17,8 +17,9 @@ use crate::store::{Committed, Target, shows_commit, too_many_actions};
 pub(crate) const MAX_TRANSACTION_BYTES: usize = 4 * 1024 * 1024;
 
 impl DynamoDbStore {
-    /// [`TransactionalStore::commit_steps`](crate::store::TransactionalStore::commit_steps) on DynamoDB.
-    pub(crate) async fn commit(
+    /// A transactional step's commit ([`TransactionalStore::commit`](crate::store::TransactionalStore::commit)
+    /// of [`Request::RecordSteps`](crate::store::Request::RecordSteps)) on DynamoDB.
+    pub(crate) async fn commit_steps(
         &self,
         target: Target<'_>,
         steps: &[StepRecord],
@@ -79,8 +80,10 @@ impl DynamoDbStore {
         }
     }
 
-    /// [`TransactionalStore::settle_with`](crate::store::TransactionalStore::settle_with) on DynamoDB: the settlement's
-    /// writes (the record's, the evidence's), then the handler's.
+    /// A settlement's commit with the completion's writes
+    /// ([`TransactionalStore::commit`](crate::store::TransactionalStore::commit) of
+    /// [`Request::Settle`](crate::store::Request::Settle)) on DynamoDB: the settlement's writes
+    /// (the record's, the evidence's), then the handler's.
     pub(crate) async fn settle_committing(
         &self,
         target: Target<'_>,

@@ -10,8 +10,8 @@
 //! | release | `DeleteItem` (+ evidence `Delete` in one transaction) | same |
 //! | shorten | `UpdateItem`: lease expiry | same |
 //! | record_steps | `UpdateItem`: the step list | same |
-//! | commit_steps | `TransactWriteItems`: the step list `Update` and the handler's own writes, with a `ClientRequestToken` | same, and the step it adds not in the list yet |
-//! | settle_with | `TransactWriteItems`: settle's writes and the handler's own, with a `ClientRequestToken` | same |
+//! | commit (of record_steps) | `TransactWriteItems`: the step list `Update` and the handler's own writes, with a `ClientRequestToken` | same, and the step it adds not in the list yet |
+//! | commit (of settle) | `TransactWriteItems`: settle's writes and the handler's own, with a `ClientRequestToken` | same |
 //! | get, evidence | `GetItem`, strongly consistent | — |
 //!
 //! Every conditional write asks for `ReturnValuesOnConditionCheckFailure=ALL_OLD`: a duplicate

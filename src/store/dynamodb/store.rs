@@ -21,6 +21,7 @@ use crate::key::OperationKey;
 use crate::record::{Evidence, Lease, Record, Settlement, Status, StepRecord};
 use crate::store::{
     Answer, Claim, Committed, Fence, Guard, Request, Store, Target, TransactionalStore,
+    writes_refused,
 };
 
 impl DynamoDbStore {
@@ -550,24 +551,21 @@ impl DynamoDbStore {
 }
 
 impl TransactionalStore for DynamoDbStore {
-    fn commit_steps<'a>(
+    fn commit<'a>(
         &'a self,
-        target: Target<'a>,
-        steps: &'a [StepRecord],
+        request: Request<'a>,
         writes: &'a [TransactWriteItem],
         token: &'a str,
     ) -> BoxFuture<'a, Result<Committed, StoreError>> {
-        Box::pin(self.commit(target, steps, writes, token))
-    }
-
-    fn settle_with<'a>(
-        &'a self,
-        target: Target<'a>,
-        settlement: &'a Settlement,
-        writes: &'a [TransactWriteItem],
-        token: &'a str,
-    ) -> BoxFuture<'a, Result<Committed, StoreError>> {
-        Box::pin(self.settle_committing(target, settlement, writes, token))
+        match request {
+            Request::RecordSteps { target, steps } => {
+                Box::pin(self.commit_steps(target, steps, writes, token))
+            }
+            Request::Settle { target, settlement } => {
+                Box::pin(self.settle_committing(target, settlement, writes, token))
+            }
+            other => Box::pin(async move { Ok(writes_refused(other, true)) }),
+        }
     }
 
     /// Checks the tables' replication unless a check (`prime`'s) already described the

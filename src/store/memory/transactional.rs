@@ -14,7 +14,10 @@ use crate::defects;
 use crate::error::StoreError;
 use crate::record::{Settlement, StepRecord};
 use crate::store::dynamodb::{map_cancellation, transaction_limits};
-use crate::store::{Committed, Fence, Target, TransactionalStore, shows_commit, too_many_actions};
+use crate::store::{
+    Committed, Fence, Request, Target, TransactionalStore, shows_commit, too_many_actions,
+    writes_refused,
+};
 
 /// The handler's own tables: an in-process DynamoDB its writes are committed to.
 #[derive(Clone)]
@@ -48,12 +51,13 @@ impl MemoryStore {
         }
     }
 
-    /// Commits `writes` into the handler's tables, then `own` into the store's, while the
-    /// store's lock is held and the target's fence (`None`) admits it. `own_actions`: how
-    /// many actions the record's own write takes on DynamoDB (for its limits).
+    /// Commits `writes` into the handler's tables, then `own` into the store's (`committing`:
+    /// the request they commit with), while the store's lock is held and the target's fence
+    /// (`None`) admits it. `own_actions`: how many actions the record's own write takes on
+    /// DynamoDB (for its limits).
     fn commit_with(
         &self,
-        operation: &'static str,
+        committing: Request<'_>,
         own_actions: usize,
         writes: &[TransactWriteItem],
         token: &str,
@@ -61,7 +65,11 @@ impl MemoryStore {
         own: impl FnOnce(&mut Tables),
     ) -> Result<Committed, StoreError> {
         let Some(OwnTables(database)) = &self.own_tables else {
-            return Ok(crate::store::writes_refused("a transactional write needs"));
+            return Ok(writes_refused(committing, false));
+        };
+        let operation = match committing {
+            Request::RecordSteps { .. } => "commit_steps",
+            other => other.name(),
         };
         // Refused before anything is written, as the DynamoDB store refuses them before
         // sending (the record's own write is not a DynamoDB item here: counted, not sized).
@@ -97,73 +105,22 @@ impl MemoryStore {
 }
 
 impl TransactionalStore for MemoryStore {
-    fn commit_steps<'a>(
+    fn commit<'a>(
         &'a self,
-        target: Target<'a>,
-        steps: &'a [StepRecord],
+        request: Request<'a>,
         writes: &'a [TransactWriteItem],
         token: &'a str,
     ) -> BoxFuture<'a, Result<Committed, StoreError>> {
-        // The record alone, as on DynamoDB: the evidence is not touched, so not checked.
-        let target = Target {
-            identity: None,
-            ..target
-        };
         Box::pin(async move {
-            self.commit_with(
-                "commit_steps",
-                1,
-                writes,
-                token,
-                |tables| {
-                    // As DynamoDB's condition: the step this commit adds must not be in the
-                    // list yet, so that a re-send after it applied never applies the writes
-                    // twice, and is recognised as this commit.
-                    let current = tables.records.get(target.key);
-                    let resent = steps.split_last().is_some_and(|(adding, before)| {
-                        current
-                            .and_then(|record| record.steps.get(before.len()))
-                            .is_some_and(|at| {
-                                at.name == adding.name && at.attempt == adding.attempt
-                            })
-                    });
-                    if !resent && tables.fence(target)?.is_none() {
-                        return Ok(None);
-                    }
-                    Ok(Some(match current {
-                        Some(current) if shows_commit(current, target, steps) => Committed::Applied,
-                        current => Committed::LeaseLost {
-                            current: current.cloned().map(Box::new),
-                        },
-                    }))
-                },
-                |tables| tables.record_steps(target, steps),
-            )
-        })
-    }
-
-    fn settle_with<'a>(
-        &'a self,
-        target: Target<'a>,
-        settlement: &'a Settlement,
-        writes: &'a [TransactWriteItem],
-        token: &'a str,
-    ) -> BoxFuture<'a, Result<Committed, StoreError>> {
-        let own_actions = 1 + usize::from(target.identity.is_some());
-        Box::pin(async move {
-            self.commit_with(
-                "settle",
-                own_actions,
-                writes,
-                token,
-                |tables| {
-                    Ok(tables.fence(target)?.map(|lost| match lost {
-                        Fence::Lost { current } => Committed::LeaseLost { current },
-                        Fence::Held => Committed::Applied,
-                    }))
-                },
-                |tables| tables.settle(target, settlement),
-            )
+            match request {
+                Request::RecordSteps { target, steps } => {
+                    self.commit_steps(target, steps, writes, token)
+                }
+                Request::Settle { target, settlement } => {
+                    self.settle_with(target, settlement, writes, token)
+                }
+                other => Ok(writes_refused(other, true)),
+            }
         })
     }
 
@@ -178,6 +135,74 @@ impl TransactionalStore for MemoryStore {
                 }),
             }
         })
+    }
+}
+
+impl MemoryStore {
+    /// A transactional step's commit, under the lock.
+    fn commit_steps(
+        &self,
+        target: Target<'_>,
+        steps: &[StepRecord],
+        writes: &[TransactWriteItem],
+        token: &str,
+    ) -> Result<Committed, StoreError> {
+        // The record alone, as on DynamoDB: the evidence is not touched, so not checked.
+        let target = Target {
+            identity: None,
+            ..target
+        };
+        self.commit_with(
+            Request::RecordSteps { target, steps },
+            1,
+            writes,
+            token,
+            |tables| {
+                // As DynamoDB's condition: the step this commit adds must not be in the
+                // list yet, so that a re-send after it applied never applies the writes
+                // twice, and is recognised as this commit.
+                let current = tables.records.get(target.key);
+                let resent = steps.split_last().is_some_and(|(adding, before)| {
+                    current
+                        .and_then(|record| record.steps.get(before.len()))
+                        .is_some_and(|at| at.name == adding.name && at.attempt == adding.attempt)
+                });
+                if !resent && tables.fence(target)?.is_none() {
+                    return Ok(None);
+                }
+                Ok(Some(match current {
+                    Some(current) if shows_commit(current, target, steps) => Committed::Applied,
+                    current => Committed::LeaseLost {
+                        current: current.cloned().map(Box::new),
+                    },
+                }))
+            },
+            |tables| tables.record_steps(target, steps),
+        )
+    }
+
+    /// A settlement's commit with the completion's writes, under the lock.
+    fn settle_with(
+        &self,
+        target: Target<'_>,
+        settlement: &Settlement,
+        writes: &[TransactWriteItem],
+        token: &str,
+    ) -> Result<Committed, StoreError> {
+        let own_actions = 1 + usize::from(target.identity.is_some());
+        self.commit_with(
+            Request::Settle { target, settlement },
+            own_actions,
+            writes,
+            token,
+            |tables| {
+                Ok(tables.fence(target)?.map(|lost| match lost {
+                    Fence::Lost { current } => Committed::LeaseLost { current },
+                    Fence::Held => Committed::Applied,
+                }))
+            },
+            |tables| tables.settle(target, settlement),
+        )
     }
 }
 

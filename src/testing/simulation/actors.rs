@@ -575,8 +575,7 @@ impl Profile {
 /// is noted in the ledger: it excuses the run that follows.
 pub(super) fn reconciler(
     shared: Shared,
-) -> impl Fn(Takeover) -> std::future::Ready<Result<Checked, BoxError>> + Send + Sync + 'static
-{
+) -> impl Fn(Takeover) -> std::future::Ready<Result<Checked, BoxError>> + Send + Sync + 'static {
     move |takeover: Takeover| {
         let mut downstream = lock(&shared);
         let op = downstream.keys.iter().position(|key| *key == takeover.key);
@@ -584,9 +583,7 @@ pub(super) fn reconciler(
             (Answer::Fails, _) => Err("the downstream could not be asked".into()),
             (Answer::Unknown, _) | (_, None) => Ok(Checked::Unknown),
             (Answer::Truthful, Some(op)) if downstream.effects_of(op, &takeover.previous) > 0 => {
-                Ok(Checked::Applied(
-                    json!({"op": op, "reconciled": true}),
-                ))
+                Ok(Checked::Applied(json!({"op": op, "reconciled": true})))
             }
             (Answer::Truthful, Some(op)) => {
                 downstream.ledger.not_applied(op);
@@ -600,9 +597,7 @@ pub(super) fn reconciler(
             Err(_) => "Fails",
         };
         *downstream.reconciles.entry(name.to_owned()).or_default() += 1;
-        if let (Ok(Checked::Applied(_) | Checked::NotApplied), Some(op)) =
-            (&answer, op)
-        {
+        if let (Ok(Checked::Applied(_) | Checked::NotApplied), Some(op)) = (&answer, op) {
             downstream.decisions[op] += 1;
         }
         std::future::ready(answer)

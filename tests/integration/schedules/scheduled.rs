@@ -12,15 +12,14 @@ use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::error::StoreError;
 use lambda_idempotency::key::OperationKey;
 use lambda_idempotency::reconcile::BoxFuture;
-use lambda_idempotency::record::{Record, Settlement, Status, StepRecord};
+use lambda_idempotency::record::{Record, Status};
 use lambda_idempotency::store::{
-    Answer, Claim, Committed, Fence, MemoryStore, Request, Store, StoreExt, Target,
-    TransactionalStore,
+    Answer, Claim, Committed, Fence, MemoryStore, Request, Store, StoreExt, TransactionalStore,
 };
 use shuttle::rand::{Rng, thread_rng};
 
 use super::{Faults, deliveries, shown};
-use lambda_idempotency::testing::transitions::{self, Request as Transition};
+use lambda_idempotency::testing::transitions;
 
 /// A defect the harness must catch, put into the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,7 +137,7 @@ impl Scheduled {
         &self,
         operation: &'static str,
         key: &OperationKey,
-        request: Transition<'_>,
+        request: Request<'_>,
         apply: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         self.request(operation, async move {
@@ -228,64 +227,25 @@ impl Scheduled {
 impl Store for Scheduled {
     fn call<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Answer, StoreError>> {
         let operation = request.name();
-        let (key, transition) = match request {
+        let key = match request {
             Request::Claim { record, now } if self.defect == Some(Defect::StealsLiveLeases) => {
-                let transition = Transition::Claim { record, now };
                 let stealing = self.stealing(record, now);
-                return Box::pin(self.specified(operation, &record.key, transition, stealing));
+                return Box::pin(self.specified(operation, &record.key, request, stealing));
             }
-            Request::Claim { record, now } | Request::Adopt { record, now, .. } => {
-                (&record.key, Transition::Claim { record, now })
-            }
-            Request::TakeOver {
-                previous,
-                lease,
-                expires_at,
-                now,
-            } => (
-                &previous.key,
-                Transition::TakeOver {
-                    previous,
-                    lease,
-                    expires_at,
-                    now,
-                },
-            ),
-            Request::Shorten { target, until } => (
-                target.key,
-                Transition::Shorten {
-                    guard: target.guard,
-                    until,
-                },
-            ),
-            Request::Settle { target, settlement } => (
-                target.key,
-                Transition::Settle {
-                    guard: target.guard,
-                    settlement,
-                },
-            ),
-            Request::RecordSteps { target, steps } => (
-                target.key,
-                Transition::Steps {
-                    guard: target.guard,
-                    steps,
-                },
-            ),
-            Request::Release { target } => (
-                target.key,
-                Transition::Release {
-                    guard: target.guard,
-                },
-            ),
+            Request::Claim { record, .. } | Request::Adopt { record, .. } => &record.key,
+            Request::TakeOver { previous, .. } => &previous.key,
+            Request::Shorten { target, .. }
+            | Request::Settle { target, .. }
+            | Request::RecordSteps { target, .. }
+            | Request::Release { target } => target.key,
             Request::Get { .. } | Request::Evidence { .. } => {
                 return Box::pin(self.request(operation, self.read(request)));
             }
             // An operator's writes: no scheduling point.
             _ => return self.inner.call(request),
         };
-        let sent = self.inner.call(request);
-        Box::pin(self.specified(operation, key, transition, sent))
+        let sent = async move { self.inner.call(request).await };
+        Box::pin(self.specified(operation, key, request, sent))
     }
 
     fn transactional(&self) -> Option<&dyn TransactionalStore> {
@@ -337,46 +297,29 @@ impl Scheduled {
 }
 
 impl TransactionalStore for Scheduled {
-    fn commit_steps<'a>(
+    fn commit<'a>(
         &'a self,
-        target: Target<'a>,
-        steps: &'a [StepRecord],
+        request: Request<'a>,
         writes: &'a [TransactWriteItem],
         token: &'a str,
     ) -> BoxFuture<'a, Result<Committed, StoreError>> {
-        let commit = self.committing().commit_steps(target, steps, writes, token);
-        let request = Transition::Steps {
-            guard: target.guard,
-            steps,
+        let (operation, key) = match request {
+            Request::RecordSteps { target, .. } => ("commit_steps", target.key),
+            Request::Settle { target, .. } => ("settle_with", target.key),
+            _ => return self.committing().commit(request, writes, token),
         };
-        if self.defect != Some(Defect::ForgetsCommittedSteps) {
-            return Box::pin(self.specified("commit_steps", target.key, request, commit));
-        }
+        let sent = async move { self.committing().commit(request, writes, token).await };
+        let (Request::RecordSteps { target, steps }, Some(Defect::ForgetsCommittedSteps)) =
+            (request, self.defect)
+        else {
+            return Box::pin(self.specified(operation, key, request, sent));
+        };
         let before = &steps[..steps.len().saturating_sub(1)];
-        Box::pin(
-            self.specified("commit_steps", target.key, request, async move {
-                let committed = commit.await?;
-                self.inner.record_steps(target, before).await?;
-                Ok(committed)
-            }),
-        )
-    }
-
-    fn settle_with<'a>(
-        &'a self,
-        target: Target<'a>,
-        settlement: &'a Settlement,
-        writes: &'a [TransactWriteItem],
-        token: &'a str,
-    ) -> BoxFuture<'a, Result<Committed, StoreError>> {
-        let settle = self
-            .committing()
-            .settle_with(target, settlement, writes, token);
-        let request = Transition::Settle {
-            guard: target.guard,
-            settlement,
-        };
-        Box::pin(self.specified("settle_with", target.key, request, settle))
+        Box::pin(self.specified(operation, key, request, async move {
+            let committed = sent.await?;
+            self.inner.record_steps(target, before).await?;
+            Ok(committed)
+        }))
     }
 
     fn check_transactional_writes(&self) -> BoxFuture<'_, Result<(), StoreError>> {

@@ -8,7 +8,8 @@ use std::time::SystemTime;
 use lambda_idempotency::key::OperationKey;
 use lambda_idempotency::lambda::IdempotencyError;
 use lambda_idempotency::record::{Evidence, Record, Status};
-use lambda_idempotency::testing::transitions::{Answered, Request, Shown, truthful};
+use lambda_idempotency::store::Request;
+use lambda_idempotency::testing::transitions::{Answered, Shown, truthful};
 use lambda_idempotency::{BoxError, Error, ErrorKind, Execution, Origin};
 
 use super::deliveries;
@@ -37,7 +38,9 @@ fn noting(note: impl FnOnce(&mut Seen)) {
 pub(super) fn record(operation: &'static str, request: Option<Request<'_>>, after: Option<Record>) {
     noting(|seen| {
         match request {
-            Some(Request::Claim { record, .. }) => seen.own = Some(record.lease.token.clone()),
+            Some(Request::Claim { record, .. } | Request::Adopt { record, .. }) => {
+                seen.own = Some(record.lease.token.clone());
+            }
             Some(Request::TakeOver { lease, .. }) => seen.own = Some(lease.token.clone()),
             _ => {}
         }
