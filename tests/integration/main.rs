@@ -9,6 +9,7 @@ mod cancelled_steps;
 mod claims;
 mod completion_writes;
 mod deadlines;
+mod decorators;
 mod durable_functions;
 mod dynamodb_store;
 mod event_door;
