@@ -346,7 +346,7 @@ impl Idempotency {
                 self.retrying(patience, || store.commit(request, writes, token))
                     .await
             }
-            None => Ok(writes_refused(request, false)),
+            None => Ok(writes_refused(request)),
         };
         let committed = match committed {
             // DynamoDB refused the transaction as invalid (an item over 400 KB, a table that

@@ -208,7 +208,11 @@ impl<S: Store> Store for CachedStore<S> {
                 self.settled.remove(&released.key);
                 self.inner.call(request).await
             }),
-            _ => self.inner.call(request),
+            // The rest change no record the cache keeps.
+            Request::Shorten { .. }
+            | Request::SettleEvidence { .. }
+            | Request::Get { .. }
+            | Request::Evidence { .. } => self.inner.call(request),
         }
     }
 
@@ -330,7 +334,7 @@ impl<S: Store> TransactionalStore for CachedStore<S> {
     ) -> BoxFuture<'a, Result<Committed, StoreError>> {
         Box::pin(async move {
             let Some(inner) = self.inner.transactional() else {
-                return Ok(writes_refused(request, false));
+                return Ok(writes_refused(request));
             };
             if let Request::Settle { target, .. } = request {
                 self.settled.remove(target.key);

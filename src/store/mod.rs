@@ -106,7 +106,7 @@ pub enum Committed {
     },
     /// The handler's writes cannot be sent as built (over DynamoDB's 100 actions or 4 MB, two
     /// actions on one item, a write of no single kind, a store that does not commit DynamoDB
-    /// writes); nothing was written, or sent.
+    /// writes, a request that commits no writes); nothing was written, or sent.
     Invalid {
         /// What is wrong with them, for the operator.
         message: String,
@@ -257,17 +257,17 @@ pub trait TransactionalStore: Store {
 }
 
 /// What a store answers for the handler's writes it cannot commit with `request`, refused
-/// before anything is sent: a store without the transactional capability, or a request that
-/// commits no writes ([`TransactionalStore::commit`]).
-pub(crate) fn writes_refused(request: Request<'_>, capable: bool) -> Committed {
-    let message = match (request, capable) {
-        (Request::RecordSteps { .. }, false) => {
+/// before anything is sent: a request that commits no writes ([`TransactionalStore::commit`]),
+/// or, for a step list or a settlement, a store without the transactional capability.
+pub(crate) fn writes_refused(request: Request<'_>) -> Committed {
+    let message = match request {
+        Request::RecordSteps { .. } => {
             "this store cannot commit DynamoDB writes: a transactional step needs the DynamoDB store".to_owned()
         }
-        (Request::Settle { .. }, false) => {
+        Request::Settle { .. } => {
             "this store cannot commit DynamoDB writes: writes committed with the completion need the DynamoDB store".to_owned()
         }
-        (other, _) => format!(
+        other => format!(
             "only a step list or a settlement commits with the handler's writes, not `{}`",
             other.name()
         ),

@@ -478,14 +478,16 @@ impl<S: Store + Clone> TransactionalStore for FaultyStore<S> {
     ) -> BoxFuture<'a, Result<Committed, StoreError>> {
         Box::pin(async move {
             let Some(inner) = self.inner.transactional() else {
-                return Ok(writes_refused(request, false));
+                return Ok(writes_refused(request));
             };
             let primitive = match request {
                 Request::RecordSteps { .. } => Primitive::CommitSteps,
-                other => Primitive::of(other),
+                Request::Settle { .. } => Primitive::Settle,
+                // Commits no writes: refused as the wrapped store refuses it, with no fault.
+                other => return inner.commit(other, writes, token).await,
             };
-            self.around(primitive, inner.commit(request, writes, token))
-                .await
+            let commit = async move { inner.commit(request, writes, token).await };
+            self.around(primitive, commit).await
         })
     }
 

@@ -129,9 +129,9 @@ pub fn truthful(answer: Answered<'_>, shown: Shown<'_>) -> Result<(), String> {
 
 /// Whether the store request `request` may have turned the record of its key from `before`
 /// into `after`: `Err` names the transition the model forbids. A request that changed nothing
-/// is always allowed; an adoption is judged as the claim it is; a read changes nothing; an
-/// operator's release or settlement of evidence is the operator's, outside this
-/// specification.
+/// is always allowed; an adoption is judged as the claim it is; an operator's release writes
+/// its released record only over the record the operator saw; a read and an operator's
+/// settlement of evidence change no record.
 pub fn allowed(
     request: Request<'_>,
     before: Option<&Record>,
@@ -231,8 +231,36 @@ pub fn allowed(
                 Some(_) => Err("a release left a record".into()),
             }
         }
+        Request::ReleaseByOperator {
+            seen,
+            released,
+            now,
+            ..
+        } => {
+            let as_seen = match (before, seen) {
+                (Some(before), Some(seen)) => {
+                    before.status == seen.status
+                        && before.lease.token == seen.lease.token
+                        && (before.status != Status::InProgress || before.lease.is_expired(now))
+                }
+                (before, None) => before.is_none_or(|before| before.counts_as_absent(now)),
+                (None, Some(_)) => false,
+            };
+            if !as_seen {
+                return Err(
+                    "an operator's release replaced a record that was not as the operator saw it"
+                        .into(),
+                );
+            }
+            match after == Some(released) {
+                true => Ok(()),
+                false => Err("an operator's release wrote another record than its own".into()),
+            }
+        }
+        Request::SettleEvidence { .. } => {
+            Err("an operator's settlement of evidence changed the record".into())
+        }
         Request::Get { .. } | Request::Evidence { .. } => Err("a read changed the record".into()),
-        Request::ReleaseByOperator { .. } | Request::SettleEvidence { .. } => Ok(()),
     }
 }
 
@@ -274,5 +302,96 @@ fn unchanged_but(after: Option<&Record>, expected: &Record, what: &str) -> Resul
     match after == Some(expected) {
         true => Ok(()),
         false => Err(format!("{what} changed more than it writes")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::allowed;
+    use crate::key::{Fingerprint, OperationKey, OperationScope};
+    use crate::record::{Evidence, Lease, Record, Settlement, Status};
+    use crate::store::Request;
+
+    fn record(status: Status, token: &str, at_secs: u64) -> Record {
+        let now = UNIX_EPOCH + Duration::from_secs(at_secs);
+        let scope = OperationScope::new("orders", "charge").unwrap();
+        Record {
+            key: OperationKey::derive(&scope, None, &"o-1").unwrap(),
+            status,
+            fingerprint: Fingerprint::of(&"o-1").unwrap(),
+            lease: Lease {
+                token: token.into(),
+                attempt: 1,
+                expires_at: now + Duration::from_secs(60),
+            },
+            expires_at: now + Duration::from_secs(3600),
+            outcome: None,
+            created_at: now,
+            completed_at: None,
+            request_id: None,
+            identity: None,
+            audit: None,
+            steps: Vec::new(),
+            steps_version: 0,
+        }
+    }
+
+    #[test]
+    fn an_operators_release_writes_its_record_only_over_the_one_it_saw() {
+        let stuck = record(Status::InProgress, "attempt-a", 1_800_000_000);
+        let past_lease = stuck.lease.expires_at + Duration::from_secs(1);
+        let released = Record {
+            status: Status::Failed,
+            expires_at: past_lease,
+            ..stuck.clone()
+        };
+        let release = |seen| Request::ReleaseByOperator {
+            seen,
+            evidence: None,
+            released: &released,
+            now: past_lease,
+        };
+        assert!(allowed(release(Some(&stuck)), Some(&stuck), Some(&released)).is_ok());
+        // Another attempt took the claim over meanwhile: not the record the operator saw.
+        let taken = record(Status::InProgress, "attempt-b", 1_800_000_000);
+        assert!(allowed(release(Some(&stuck)), Some(&taken), Some(&released)).is_err());
+        // A live lease is never released by an operator.
+        let early = Request::ReleaseByOperator {
+            seen: Some(&stuck),
+            evidence: None,
+            released: &released,
+            now: stuck.created_at,
+        };
+        assert!(allowed(early, Some(&stuck), Some(&released)).is_err());
+        // Something else written in its place.
+        assert!(allowed(release(Some(&stuck)), Some(&stuck), Some(&taken)).is_err());
+    }
+
+    #[test]
+    fn an_operators_settlement_of_evidence_and_a_read_change_no_record() {
+        let stuck = record(Status::InProgress, "attempt-a", 1_800_000_000);
+        let now = stuck.lease.expires_at;
+        let evidence = Evidence::of_claim(&stuck, "order o-1");
+        let settlement = Settlement {
+            status: Status::Completed,
+            outcome: None,
+            expires_at: now,
+            completed_at: now,
+            steps: None,
+            audit: None,
+            result_ref: None,
+            releases_identity: false,
+        };
+        let settle = Request::SettleEvidence {
+            seen: &evidence,
+            settlement: &settlement,
+            now,
+        };
+        assert!(allowed(settle, Some(&stuck), Some(&stuck)).is_ok());
+        assert!(allowed(settle, Some(&stuck), None).is_err());
+        let read = Request::Get { key: &stuck.key };
+        assert!(allowed(read, None, Some(&stuck)).is_err());
     }
 }

@@ -720,7 +720,7 @@ impl StepLedger {
             steps,
         };
         let Some(store) = self.idem.store().transactional() else {
-            return Ok(writes_refused(request, false));
+            return Ok(writes_refused(request));
         };
         self.idem
             .retrying(self.patience(), || store.commit(request, writes, token))

@@ -564,7 +564,7 @@ impl TransactionalStore for DynamoDbStore {
             Request::Settle { target, settlement } => {
                 Box::pin(self.settle_committing(target, settlement, writes, token))
             }
-            other => Box::pin(async move { Ok(writes_refused(other, true)) }),
+            other => Box::pin(async move { Ok(writes_refused(other)) }),
         }
     }
 

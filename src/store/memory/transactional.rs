@@ -65,7 +65,7 @@ impl MemoryStore {
         own: impl FnOnce(&mut Tables),
     ) -> Result<Committed, StoreError> {
         let Some(OwnTables(database)) = &self.own_tables else {
-            return Ok(writes_refused(committing, false));
+            return Ok(writes_refused(committing));
         };
         let operation = match committing {
             Request::RecordSteps { .. } => "commit_steps",
@@ -119,7 +119,7 @@ impl TransactionalStore for MemoryStore {
                 Request::Settle { target, settlement } => {
                     self.settle_with(target, settlement, writes, token)
                 }
-                other => Ok(writes_refused(other, true)),
+                other => Ok(writes_refused(other)),
             }
         })
     }

@@ -242,7 +242,9 @@ impl Store for Scheduled {
                 return Box::pin(self.request(operation, self.read(request)));
             }
             // An operator's writes: no scheduling point.
-            _ => return self.inner.call(request),
+            Request::ReleaseByOperator { .. } | Request::SettleEvidence { .. } => {
+                return self.inner.call(request);
+            }
         };
         let sent = async move { self.inner.call(request).await };
         Box::pin(self.specified(operation, key, request, sent))
