@@ -310,37 +310,21 @@ mod tests {
     use std::time::{Duration, UNIX_EPOCH};
 
     use super::allowed;
-    use crate::key::{Fingerprint, OperationKey, OperationScope};
-    use crate::record::{Evidence, Lease, Record, Settlement, Status};
+    use crate::engine::decide::claim_record;
+    use crate::record::{Evidence, Record, Settlement, Status};
     use crate::store::Request;
+    use crate::testing::conformance::invocation;
 
-    fn record(status: Status, token: &str, at_secs: u64) -> Record {
-        let now = UNIX_EPOCH + Duration::from_secs(at_secs);
-        let scope = OperationScope::new("orders", "charge").unwrap();
-        Record {
-            key: OperationKey::derive(&scope, None, &"o-1").unwrap(),
-            status,
-            fingerprint: Fingerprint::of(&"o-1").unwrap(),
-            lease: Lease {
-                token: token.into(),
-                attempt: 1,
-                expires_at: now + Duration::from_secs(60),
-            },
-            expires_at: now + Duration::from_secs(3600),
-            outcome: None,
-            created_at: now,
-            completed_at: None,
-            request_id: None,
-            identity: None,
-            audit: None,
-            steps: Vec::new(),
-            steps_version: 0,
-        }
+    /// A fresh claim of the conformance suite's operation under `token`.
+    fn claim(token: &str) -> Record {
+        let invocation = invocation("operator", &serde_json::json!({"order": "o-1"}));
+        let now = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        claim_record(&invocation, token.into(), now, Duration::from_secs(3600))
     }
 
     #[test]
     fn an_operators_release_writes_its_record_only_over_the_one_it_saw() {
-        let stuck = record(Status::InProgress, "attempt-a", 1_800_000_000);
+        let stuck = claim("attempt-a");
         let past_lease = stuck.lease.expires_at + Duration::from_secs(1);
         let released = Record {
             status: Status::Failed,
@@ -355,7 +339,7 @@ mod tests {
         };
         assert!(allowed(release(Some(&stuck)), Some(&stuck), Some(&released)).is_ok());
         // Another attempt took the claim over meanwhile: not the record the operator saw.
-        let taken = record(Status::InProgress, "attempt-b", 1_800_000_000);
+        let taken = claim("attempt-b");
         assert!(allowed(release(Some(&stuck)), Some(&taken), Some(&released)).is_err());
         // A live lease is never released by an operator.
         let early = Request::ReleaseByOperator {
@@ -371,19 +355,10 @@ mod tests {
 
     #[test]
     fn an_operators_settlement_of_evidence_and_a_read_change_no_record() {
-        let stuck = record(Status::InProgress, "attempt-a", 1_800_000_000);
+        let stuck = claim("attempt-a");
         let now = stuck.lease.expires_at;
         let evidence = Evidence::of_claim(&stuck, "order o-1");
-        let settlement = Settlement {
-            status: Status::Completed,
-            outcome: None,
-            expires_at: now,
-            completed_at: now,
-            steps: None,
-            audit: None,
-            result_ref: None,
-            releases_identity: false,
-        };
+        let settlement = Settlement::completed(b"{}".to_vec(), None, now, Duration::ZERO);
         let settle = Request::SettleEvidence {
             seen: &evidence,
             settlement: &settlement,
