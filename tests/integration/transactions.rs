@@ -13,7 +13,7 @@ use lambda_idempotency::effects::{
 };
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::record::Status;
-use lambda_idempotency::store::{AnyStore, MemoryStore, Store, StoreExt};
+use lambda_idempotency::store::{AnyStore, Committed, MemoryStore, Request, Store, StoreExt};
 use lambda_idempotency::testing::conformance::invocation;
 use lambda_idempotency::testing::dynamo::{self, Dynamo};
 use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
@@ -997,4 +997,58 @@ fn limited_engine(shop: &Shop) -> Idempotency {
         .build()
         .expect("a config");
     shop.engine(shop.store()).with_config(config)
+}
+
+#[tokio::test]
+async fn a_commit_of_a_request_that_commits_no_writes_is_refused_before_anything_is_sent() {
+    for shop in Shop::both().await {
+        let store = shop.store();
+        let inv = invocation("tx-no-writes", &serde_json::json!({"order": "o-9"}));
+        let idem = shop.engine(store.clone());
+        // A record that stands, so that a claim or a read sent by mistake would find it.
+        idem.execute(&inv, |_| async {
+            Ok::<_, BoxError>("placed o-9".to_owned())
+        })
+        .await
+        .expect("executed");
+        let before = store
+            .get(inv.key())
+            .await
+            .expect("read")
+            .expect("the record");
+        let put = Put::builder()
+            .table_name(&shop.orders)
+            .item("pk", AttributeValue::S("o-9".into()))
+            .build()
+            .expect("put");
+        let writes = [aws_sdk_dynamodb::types::TransactWriteItem::builder()
+            .put(put)
+            .build()];
+        let transactional = store
+            .transactional()
+            .expect("the shop's stores commit writes");
+        for request in [
+            Request::Get { key: inv.key() },
+            Request::Claim {
+                record: &before,
+                now: SystemTime::now(),
+            },
+        ] {
+            let committed = transactional
+                .commit(request, &writes, "token-no-writes")
+                .await
+                .expect("answered");
+            assert!(
+                matches!(committed, Committed::Invalid { .. }),
+                "{}: {committed:?}",
+                request.name()
+            );
+        }
+        assert!(!shop.has_order("o-9").await, "nothing was written");
+        assert_eq!(
+            store.get(inv.key()).await.expect("read"),
+            Some(before),
+            "the record stands as it was"
+        );
+    }
 }
