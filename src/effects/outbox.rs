@@ -391,7 +391,7 @@ impl OutboxRecord {
 
     /// The item read through `field(name, type)` (`"S"` or `"N"`); `None` when it is not an
     /// outbox event (an ordering key without a sequence number included).
-    fn from_fields(field: impl Fn(&str, &str) -> Option<String>) -> Option<Self> {
+    pub(crate) fn from_fields(field: impl Fn(&str, &str) -> Option<String>) -> Option<Self> {
         let text = |name: &str| field(name, "S");
         let order = match (text("ordering_key"), field("sequence", "N")) {
             (Some(key), Some(sequence)) => Some(EventOrder {

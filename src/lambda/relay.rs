@@ -119,8 +119,16 @@ pub fn inserted(record: &DynamoDbRecord) -> Option<OutboxRecord> {
     if record.event_name != "INSERT" {
         return None;
     }
-    let image = serde_json::to_value(&record.change.new_image).ok()?;
-    OutboxRecord::from_image(&image)
+    OutboxRecord::from_fields(|name, kind| image_field(record, name, kind).map(str::to_owned))
+}
+
+/// Field `name` of the item a record writes, when it has type `kind` (`"S"` or `"N"`).
+fn image_field<'a>(record: &'a DynamoDbRecord, name: &str, kind: &str) -> Option<&'a str> {
+    match (record.change.new_image.get(name)?, kind) {
+        (serde_dynamo::AttributeValue::S(text), "S")
+        | (serde_dynamo::AttributeValue::N(text), "N") => Some(text),
+        _ => None,
+    }
 }
 
 /// Relays one stream record at `now`, alone: publishes the outbox event it inserts and marks
@@ -361,8 +369,7 @@ fn sequence_number(record: &DynamoDbRecord) -> String {
 
 /// When the event a record inserts was committed (its item's `created_at`).
 fn committed_at(record: &DynamoDbRecord) -> Option<SystemTime> {
-    let image = serde_json::to_value(&record.change.new_image).ok()?;
-    let millis: u64 = image.get("created_at")?.get("N")?.as_str()?.parse().ok()?;
+    let millis: u64 = image_field(record, "created_at", "N")?.parse().ok()?;
     SystemTime::UNIX_EPOCH.checked_add(Duration::from_millis(millis))
 }
 

@@ -3,19 +3,21 @@
 //! [`MAX_BATCH_ENTRIES`] entries and [`MAX_BATCH_BYTES`] per request, with each entry's
 //! failure reported on its own event.
 //!
-//! A destination's requests leave in waves of up to [`REQUESTS_IN_FLIGHT`], in the order the
-//! events came (commit order, on one stream shard).
+//! A destination's requests leave in the order the events came (commit order, on one stream
+//! shard), up to [`REQUESTS_IN_FLIGHT`] at once, the next as soon as one is answered.
 //!
-//! **Order per ordering key.** A wave never carries two events of one ordering key (a
-//! per-entry failure, or a request answered before another, could otherwise let the later one
-//! through alone): the second waits for the next wave, which leaves once this one is answered;
-//! and once an event fails, the later events of its ordering key in the same batch are held
-//! (failed, not sent), so that none overtakes it. A refused (parked) event holds nothing back:
+//! **Order per ordering key.** At most one event of an ordering key is in flight (a per-entry
+//! failure, or a request answered before another, could otherwise let a later one through
+//! alone): the next waits, and so does everything behind it, until that event's request is
+//! answered; and once an event fails, the later events of its ordering key in the same batch
+//! are held (failed, not sent), so that none overtakes it. A refused (parked) event holds nothing back:
 //! its sequence number is a gap the consumer sees.
 
 use std::collections::{HashSet, VecDeque};
 
+use futures_util::StreamExt;
 use futures_util::future::join_all;
+use futures_util::stream::FuturesUnordered;
 use tokio::sync::mpsc;
 
 use super::publisher::{Prepared, Publisher};
@@ -26,7 +28,7 @@ use crate::effects::outbox::{MAX_EVENT_BYTES, OutboxRecord};
 /// each take 10 (their documented quotas).
 pub const MAX_BATCH_ENTRIES: usize = 10;
 
-/// How many requests to one destination are in flight at once (a wave: see
+/// How many requests to one destination are in flight at once (see
 /// [`Publisher::publish_batch`]).
 pub const REQUESTS_IN_FLIGHT: usize = 4;
 
@@ -47,21 +49,22 @@ impl Entry<'_> {
     }
 }
 
-/// Takes the next wave's requests from the front of `entries`: up to [`REQUESTS_IN_FLIGHT`]
-/// requests of up to [`MAX_BATCH_ENTRIES`] entries and [`MAX_BATCH_BYTES`] each, stopping at
-/// the first event whose ordering key the wave carries already (it waits for the next wave, and
-/// so does everything behind it). An event whose ordering key failed is answered held.
-fn next_wave<'a>(
+/// Takes the next request from the front of `entries`: up to [`MAX_BATCH_ENTRIES`] entries
+/// and [`MAX_BATCH_BYTES`], stopping at the first event whose ordering key is in flight
+/// (`in_flight`) or in this request already (it waits for that request's answer, and so does
+/// everything behind it). An event whose ordering key failed is answered held. Empty when
+/// nothing may leave now.
+fn next_request<'a>(
     entries: &mut VecDeque<Entry<'a>>,
     failed_keys: &HashSet<String>,
+    in_flight: &HashSet<String>,
     sink: &Sink,
-) -> Vec<Vec<Entry<'a>>> {
-    let mut wave: Vec<Vec<Entry<'a>>> = Vec::new();
-    let mut keys: HashSet<String> = HashSet::new();
+) -> Vec<Entry<'a>> {
+    let mut request: Vec<Entry<'a>> = Vec::new();
     let mut bytes = 0;
     while let Some(next) = entries.pop_front() {
-        let key = next.ordering_key().map(str::to_owned);
-        if key.as_ref().is_some_and(|key| failed_keys.contains(key)) {
+        let key = next.ordering_key();
+        if key.is_some_and(|key| failed_keys.contains(key)) {
             answer(
                 sink,
                 next.index,
@@ -71,28 +74,19 @@ fn next_wave<'a>(
             );
             continue;
         }
-        if key.as_ref().is_some_and(|key| keys.contains(key)) {
+        let waits = key.is_some_and(|key| {
+            in_flight.contains(key) || request.iter().any(|sent| sent.ordering_key() == Some(key))
+        });
+        let full = request.len() == MAX_BATCH_ENTRIES
+            || (!request.is_empty() && bytes + next.prepared.bytes > MAX_BATCH_BYTES);
+        if waits || full {
             entries.push_front(next);
             break;
         }
-        let fits = wave.last().is_some_and(|request| {
-            request.len() < MAX_BATCH_ENTRIES && bytes + next.prepared.bytes <= MAX_BATCH_BYTES
-        });
-        if !fits {
-            if wave.len() == REQUESTS_IN_FLIGHT {
-                entries.push_front(next);
-                break;
-            }
-            wave.push(Vec::new());
-            bytes = 0;
-        }
         bytes += next.prepared.bytes;
-        keys.extend(key);
-        if let Some(request) = wave.last_mut() {
-            request.push(next);
-        }
+        request.push(next);
     }
-    wave
+    request
 }
 
 /// Where each event's answer goes, with the event's place in the caller's slice.
@@ -171,10 +165,9 @@ impl Publisher {
         .await;
     }
 
-    /// One destination's events, in order, in waves of up to [`REQUESTS_IN_FLIGHT`] requests
-    /// sent together: a wave carries at most one event of an ordering key, and the next wave
-    /// leaves once this one is answered; an event is held when an earlier one of its ordering
-    /// key failed.
+    /// One destination's events, in order, up to [`REQUESTS_IN_FLIGHT`] requests at once, the
+    /// next leaving as soon as one is answered: at most one event of an ordering key is in
+    /// flight, and an event is held when an earlier one of its ordering key failed.
     async fn publish_channel(
         &self,
         channel: Channel,
@@ -182,21 +175,43 @@ impl Publisher {
         sink: &Sink,
     ) {
         let mut failed_keys: HashSet<String> = HashSet::new();
+        let mut keys_in_flight: HashSet<String> = HashSet::new();
+        let mut in_flight = FuturesUnordered::new();
         loop {
-            let wave = next_wave(&mut entries, &failed_keys, sink);
-            if wave.is_empty() {
-                return;
+            while in_flight.len() < REQUESTS_IN_FLIGHT {
+                let request = next_request(&mut entries, &failed_keys, &keys_in_flight, sink);
+                if request.is_empty() {
+                    break;
+                }
+                keys_in_flight.extend(
+                    request
+                        .iter()
+                        .filter_map(Entry::ordering_key)
+                        .map(str::to_owned),
+                );
+                let channel = &channel;
+                in_flight.push(async move {
+                    let results = self.send(channel, &request).await;
+                    (request, results)
+                });
             }
-            let sent = join_all(wave.iter().map(|request| self.send(&channel, request))).await;
-            for (request, results) in wave.iter().zip(sent) {
-                for (entry, result) in request.iter().zip(results) {
-                    if let (Err(PublishError::Failed { .. }), Some(key)) =
-                        (&result, entry.ordering_key())
-                    {
+            let Some((request, results)) = in_flight.next().await else {
+                return;
+            };
+            let mut results = results.into_iter();
+            for entry in &request {
+                let result = results.next().unwrap_or_else(|| {
+                    Err(PublishError::failed(
+                        "the destination gave no answer for it",
+                    ))
+                });
+                if let Some(key) = entry.ordering_key() {
+                    keys_in_flight.remove(key);
+                    if matches!(result, Err(PublishError::Failed { .. })) {
                         failed_keys.insert(key.to_owned());
                     }
-                    answer(sink, entry.index, result);
                 }
+                answer(sink, entry.index, result);
             }
         }
     }
@@ -248,5 +263,144 @@ impl Publisher {
             })
             .collect();
         self.transport.send(channel, &messages).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use futures_util::future::BoxFuture;
+    use tokio::sync::Notify;
+
+    use super::super::transport::{Answers, Channel, Message, Transport};
+    use super::{MAX_BATCH_ENTRIES, Publisher, REQUESTS_IN_FLIGHT};
+    use crate::effects::destinations::Destination;
+    use crate::effects::outbox::{EventOrder, OutboxRecord};
+
+    /// Holds the first request open (when `hold`) until the request after a full window has
+    /// left, answers every other at once, and counts an ordering key found in two requests in
+    /// flight.
+    #[derive(Default)]
+    struct HoldsTheFirst {
+        hold: bool,
+        sent: Mutex<usize>,
+        window_moved: Notify,
+        keys_in_flight: Mutex<HashSet<String>>,
+        overlaps: Mutex<usize>,
+    }
+
+    impl Transport for HoldsTheFirst {
+        fn send<'a>(
+            &'a self,
+            _: &'a Channel,
+            messages: &'a [Message<'a>],
+        ) -> BoxFuture<'a, Answers> {
+            Box::pin(async move {
+                let keys: Vec<String> = messages
+                    .iter()
+                    .filter_map(|message| message.event.order.as_ref())
+                    .map(|order| order.key.clone())
+                    .collect();
+                {
+                    let mut in_flight = self.keys_in_flight.lock().expect("keys");
+                    for key in &keys {
+                        if !in_flight.insert(key.clone()) {
+                            *self.overlaps.lock().expect("overlaps") += 1;
+                        }
+                    }
+                }
+                let sent = {
+                    let mut sent = self.sent.lock().expect("sent");
+                    *sent += 1;
+                    *sent
+                };
+                if sent == REQUESTS_IN_FLIGHT + 1 {
+                    self.window_moved.notify_one();
+                }
+                if self.hold && sent == 1 {
+                    self.window_moved.notified().await;
+                } else {
+                    // In flight beside the others: they are polled before it is answered.
+                    tokio::task::yield_now().await;
+                }
+                let mut in_flight = self.keys_in_flight.lock().expect("keys");
+                for key in &keys {
+                    in_flight.remove(key);
+                }
+                Ok(messages.iter().map(|_| Ok(())).collect())
+            })
+        }
+    }
+
+    fn event(n: usize, key: Option<&str>) -> OutboxRecord {
+        OutboxRecord {
+            id: format!("event-{n}"),
+            name: "placed".into(),
+            destination: Destination::Sqs {
+                queue_url: "https://sqs.us-east-1.amazonaws.com/123456789012/orders".into(),
+            },
+            payload: format!("{{\"n\":{n}}}"),
+            order: key.map(|key| EventOrder {
+                key: key.into(),
+                sequence: n as u64,
+            }),
+        }
+    }
+
+    /// A slow request holds up only itself: the next request leaves when any in flight is
+    /// answered (in waves, the first request's wave would wait for it, and it for a request
+    /// that never leaves).
+    #[tokio::test]
+    async fn the_next_request_leaves_when_any_in_flight_is_answered() {
+        let transport = std::sync::Arc::new(HoldsTheFirst {
+            hold: true,
+            ..HoldsTheFirst::default()
+        });
+        let publisher = Publisher::over(ArcTransport(transport.clone()));
+        let events: Vec<OutboxRecord> = (0..MAX_BATCH_ENTRIES * (REQUESTS_IN_FLIGHT + 2))
+            .map(|n| event(n, None))
+            .collect();
+        let answers =
+            tokio::time::timeout(Duration::from_secs(30), publisher.publish_batch(&events))
+                .await
+                .expect("a request left while the first was held");
+        assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+        assert_eq!(
+            *transport.sent.lock().expect("sent"),
+            REQUESTS_IN_FLIGHT + 2
+        );
+    }
+
+    /// One ordering key is never in two requests in flight, and every event leaves.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_ordering_key_is_never_in_flight_twice() {
+        let transport = std::sync::Arc::new(HoldsTheFirst::default());
+        let publisher = Publisher::over(ArcTransport(transport.clone()));
+        let keys = ["a", "b", "c"];
+        let events: Vec<OutboxRecord> = (0..90)
+            .map(|n| event(n, keys.get(n % 4).copied()))
+            .collect();
+        let answers =
+            tokio::time::timeout(Duration::from_secs(30), publisher.publish_batch(&events))
+                .await
+                .expect("every event answered");
+        assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+        assert_eq!(*transport.overlaps.lock().expect("overlaps"), 0);
+    }
+
+    /// The shared transport, so that the test reads its counts afterwards.
+    struct ArcTransport(std::sync::Arc<HoldsTheFirst>);
+
+    impl Transport for ArcTransport {
+        fn send<'a>(
+            &'a self,
+            channel: &'a Channel,
+            messages: &'a [Message<'a>],
+        ) -> BoxFuture<'a, Answers> {
+            self.0.send(channel, messages)
+        }
     }
 }
