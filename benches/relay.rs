@@ -11,7 +11,9 @@
 //! Each round commits fresh events to a fresh outbox table on a fresh embedded server (its
 //! SQLite store slows every write as earlier rounds' tables and stream records accumulate: a
 //! mark took 0.8 to 1.2 ms after six rounds against 0.4 ms on a fresh server, which DynamoDB's
-//! per-request latency does not do); the figures are the rounds' medians.
+//! per-request latency does not do; an earlier round's server stays in memory, idle; with
+//! `DYNAMODB_ENDPOINT` set, every round uses that one server); the figures are the rounds'
+//! medians.
 //!
 //! ```text
 //! cargo bench --bench relay --features testing,relay [-- --events 500 --rounds 3]

@@ -10,8 +10,8 @@
 //! failure, or a request answered before another, could otherwise let a later one through
 //! alone): the next waits, and so does everything behind it, until that event's request is
 //! answered; and once an event fails, the later events of its ordering key in the same batch
-//! are held (failed, not sent), so that none overtakes it. A refused (parked) event holds nothing back:
-//! its sequence number is a gap the consumer sees.
+//! are held (failed, not sent), so that none overtakes it. A refused (parked) event holds
+//! nothing back: its sequence number is a gap the consumer sees.
 
 use std::collections::{HashSet, VecDeque};
 
@@ -28,8 +28,7 @@ use crate::effects::outbox::{MAX_EVENT_BYTES, OutboxRecord};
 /// each take 10 (their documented quotas).
 pub const MAX_BATCH_ENTRIES: usize = 10;
 
-/// How many requests to one destination are in flight at once (see
-/// [`Publisher::publish_batch`]).
+/// How many requests to one destination are in flight at once (see the [module](self)).
 pub const REQUESTS_IN_FLIGHT: usize = 4;
 
 /// The most bytes one request carries: the entries of `PutEvents`, `SendMessageBatch` and
@@ -269,73 +268,106 @@ impl Publisher {
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
     use futures_util::future::BoxFuture;
     use tokio::sync::Notify;
 
-    use super::super::transport::{Answers, Channel, Message, Transport};
+    use super::super::transport::{Answers, Channel, Message, PublishError, Transport};
     use super::{MAX_BATCH_ENTRIES, Publisher, REQUESTS_IN_FLIGHT};
     use crate::effects::destinations::Destination;
     use crate::effects::outbox::{EventOrder, OutboxRecord};
 
-    /// Holds the first request open (when `hold`) until the request after a full window has
-    /// left, answers every other at once, and counts an ordering key found in two requests in
-    /// flight.
+    /// A destination that records what it was sent. It holds the first request open (when
+    /// `hold_first`) until the request after a full window has left, fails the events named in
+    /// `fails`, answers the first request for one message fewer than it carried (when
+    /// `short_first`), and counts an ordering key found in two requests in flight.
     #[derive(Default)]
-    struct HoldsTheFirst {
-        hold: bool,
-        sent: Mutex<usize>,
+    struct RecordingDestination {
+        hold_first: bool,
+        short_first: bool,
+        fails: HashSet<String>,
+        sent: Mutex<Vec<String>>,
+        requests: Mutex<usize>,
         window_moved: Notify,
         keys_in_flight: Mutex<HashSet<String>>,
         overlaps: Mutex<usize>,
     }
 
-    impl Transport for HoldsTheFirst {
+    impl RecordingDestination {
+        fn publisher(self: &Arc<Self>) -> Publisher {
+            Publisher::over(Shared(self.clone()))
+        }
+
+        fn sent(&self) -> Vec<String> {
+            self.sent.lock().expect("sent").clone()
+        }
+
+        async fn send(&self, messages: &[Message<'_>]) -> Answers {
+            let keys: Vec<String> = messages
+                .iter()
+                .filter_map(|message| message.event.order.as_ref())
+                .map(|order| order.key.clone())
+                .collect();
+            {
+                let mut in_flight = self.keys_in_flight.lock().expect("keys");
+                for key in &keys {
+                    if !in_flight.insert(key.clone()) {
+                        *self.overlaps.lock().expect("overlaps") += 1;
+                    }
+                }
+            }
+            self.sent
+                .lock()
+                .expect("sent")
+                .extend(messages.iter().map(|message| message.event.id.clone()));
+            let request = {
+                let mut requests = self.requests.lock().expect("requests");
+                *requests += 1;
+                *requests
+            };
+            if request == REQUESTS_IN_FLIGHT + 1 {
+                self.window_moved.notify_one();
+            }
+            if self.hold_first && request == 1 {
+                self.window_moved.notified().await;
+            } else {
+                // In flight beside the others: they are polled before it is answered.
+                tokio::task::yield_now().await;
+            }
+            let mut in_flight = self.keys_in_flight.lock().expect("keys");
+            for key in &keys {
+                in_flight.remove(key);
+            }
+            let mut answers: Vec<Result<(), PublishError>> = messages
+                .iter()
+                .map(|message| match self.fails.contains(&message.event.id) {
+                    true => Err(PublishError::failed("throttled")),
+                    false => Ok(()),
+                })
+                .collect();
+            if self.short_first && request == 1 {
+                answers.pop();
+            }
+            Ok(answers)
+        }
+    }
+
+    /// The destination behind an `Arc`, so that the test reads it afterwards.
+    struct Shared(Arc<RecordingDestination>);
+
+    impl Transport for Shared {
         fn send<'a>(
             &'a self,
             _: &'a Channel,
             messages: &'a [Message<'a>],
         ) -> BoxFuture<'a, Answers> {
-            Box::pin(async move {
-                let keys: Vec<String> = messages
-                    .iter()
-                    .filter_map(|message| message.event.order.as_ref())
-                    .map(|order| order.key.clone())
-                    .collect();
-                {
-                    let mut in_flight = self.keys_in_flight.lock().expect("keys");
-                    for key in &keys {
-                        if !in_flight.insert(key.clone()) {
-                            *self.overlaps.lock().expect("overlaps") += 1;
-                        }
-                    }
-                }
-                let sent = {
-                    let mut sent = self.sent.lock().expect("sent");
-                    *sent += 1;
-                    *sent
-                };
-                if sent == REQUESTS_IN_FLIGHT + 1 {
-                    self.window_moved.notify_one();
-                }
-                if self.hold && sent == 1 {
-                    self.window_moved.notified().await;
-                } else {
-                    // In flight beside the others: they are polled before it is answered.
-                    tokio::task::yield_now().await;
-                }
-                let mut in_flight = self.keys_in_flight.lock().expect("keys");
-                for key in &keys {
-                    in_flight.remove(key);
-                }
-                Ok(messages.iter().map(|_| Ok(())).collect())
-            })
+            Box::pin(self.0.send(messages))
         }
     }
 
-    fn event(n: usize, key: Option<&str>) -> OutboxRecord {
+    fn event(n: usize, key: Option<String>) -> OutboxRecord {
         OutboxRecord {
             id: format!("event-{n}"),
             name: "placed".into(),
@@ -344,10 +376,29 @@ mod tests {
             },
             payload: format!("{{\"n\":{n}}}"),
             order: key.map(|key| EventOrder {
-                key: key.into(),
+                key,
                 sequence: n as u64,
             }),
         }
+    }
+
+    /// `count` events, event `n` of ordering key `k{n % keys}`.
+    fn keyed_events(count: usize, keys: usize) -> Vec<OutboxRecord> {
+        (0..count)
+            .map(|n| event(n, Some(format!("k{}", n % keys))))
+            .collect()
+    }
+
+    async fn publish(
+        destination: &Arc<RecordingDestination>,
+        events: &[OutboxRecord],
+    ) -> Vec<Result<(), PublishError>> {
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            destination.publisher().publish_batch(events),
+        )
+        .await
+        .expect("every event answered")
     }
 
     /// A slow request holds up only itself: the next request leaves when any in flight is
@@ -355,52 +406,78 @@ mod tests {
     /// that never leaves).
     #[tokio::test]
     async fn the_next_request_leaves_when_any_in_flight_is_answered() {
-        let transport = std::sync::Arc::new(HoldsTheFirst {
-            hold: true,
-            ..HoldsTheFirst::default()
+        let destination = Arc::new(RecordingDestination {
+            hold_first: true,
+            ..RecordingDestination::default()
         });
-        let publisher = Publisher::over(ArcTransport(transport.clone()));
         let events: Vec<OutboxRecord> = (0..MAX_BATCH_ENTRIES * (REQUESTS_IN_FLIGHT + 2))
             .map(|n| event(n, None))
             .collect();
-        let answers =
-            tokio::time::timeout(Duration::from_secs(30), publisher.publish_batch(&events))
-                .await
-                .expect("a request left while the first was held");
+        let answers = publish(&destination, &events).await;
         assert!(answers.iter().all(Result::is_ok), "{answers:?}");
         assert_eq!(
-            *transport.sent.lock().expect("sent"),
+            *destination.requests.lock().expect("requests"),
             REQUESTS_IN_FLIGHT + 2
         );
     }
 
-    /// One ordering key is never in two requests in flight, and every event leaves.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    /// Thirty keys over ninety events: several requests are in flight while a key's next event
+    /// waits, and one ordering key is never in two of them; every event leaves once.
+    #[tokio::test]
     async fn an_ordering_key_is_never_in_flight_twice() {
-        let transport = std::sync::Arc::new(HoldsTheFirst::default());
-        let publisher = Publisher::over(ArcTransport(transport.clone()));
-        let keys = ["a", "b", "c"];
-        let events: Vec<OutboxRecord> = (0..90)
-            .map(|n| event(n, keys.get(n % 4).copied()))
-            .collect();
-        let answers =
-            tokio::time::timeout(Duration::from_secs(30), publisher.publish_batch(&events))
-                .await
-                .expect("every event answered");
+        let destination = Arc::new(RecordingDestination::default());
+        let events = keyed_events(90, 30);
+        let answers = publish(&destination, &events).await;
         assert!(answers.iter().all(Result::is_ok), "{answers:?}");
-        assert_eq!(*transport.overlaps.lock().expect("overlaps"), 0);
+        assert_eq!(*destination.overlaps.lock().expect("overlaps"), 0);
+        let mut sent = destination.sent();
+        sent.sort();
+        let mut all: Vec<String> = events.iter().map(|event| event.id.clone()).collect();
+        all.sort();
+        assert_eq!(sent, all, "each event sent once");
     }
 
-    /// The shared transport, so that the test reads its counts afterwards.
-    struct ArcTransport(std::sync::Arc<HoldsTheFirst>);
-
-    impl Transport for ArcTransport {
-        fn send<'a>(
-            &'a self,
-            channel: &'a Channel,
-            messages: &'a [Message<'a>],
-        ) -> BoxFuture<'a, Answers> {
-            self.0.send(channel, messages)
+    /// An event that fails holds back the later events of its ordering key (answered failed,
+    /// never sent), and nothing of another key.
+    #[tokio::test]
+    async fn a_failed_event_holds_back_its_key_only() {
+        let destination = Arc::new(RecordingDestination {
+            fails: HashSet::from(["event-13".to_owned()]),
+            ..RecordingDestination::default()
+        });
+        let events = keyed_events(60, 10);
+        let answers = publish(&destination, &events).await;
+        let sent = destination.sent();
+        for (n, answer) in answers.iter().enumerate() {
+            let held = n % 10 == 3 && n > 13;
+            match answer {
+                Err(PublishError::Failed { .. }) if n == 13 || held => {}
+                Ok(()) if n != 13 && !held => {}
+                other => panic!("event {n}: {other:?}"),
+            }
+            assert_eq!(
+                sent.contains(&format!("event-{n}")),
+                !held,
+                "event {n} sent only if not held"
+            );
         }
+    }
+
+    /// A destination that answers for fewer events than it was sent: the unanswered event is
+    /// failed, and the later events of its key are held, not sent after it.
+    #[tokio::test]
+    async fn an_event_left_unanswered_fails_and_holds_back_its_key() {
+        let destination = Arc::new(RecordingDestination {
+            short_first: true,
+            ..RecordingDestination::default()
+        });
+        let events = keyed_events(40, 20);
+        let answers = publish(&destination, &events).await;
+        // The first request carries events 0 to 9; event 9 (key k9) goes unanswered.
+        assert!(matches!(answers[9], Err(PublishError::Failed { .. })));
+        assert!(matches!(answers[29], Err(PublishError::Failed { .. })));
+        assert!(!destination.sent().contains(&"event-29".to_owned()));
+        let failed = answers.iter().filter(|answer| answer.is_err()).count();
+        assert_eq!(failed, 2, "{answers:?}");
     }
 }

@@ -80,8 +80,9 @@ pub struct Message<'a> {
 /// sent again one at a time), else one answer per message, in the request's order.
 pub type Answers = Result<Vec<Result<(), PublishError>>, PublishError>;
 
-/// Sends publish requests. The relay's batching (waves, order per ordering key, a refused
-/// request split) stays in [`Publisher`](super::Publisher); a transport only sends.
+/// Sends publish requests. The relay's batching (a window of requests, order per ordering
+/// key, a refused request split) stays in [`Publisher`](super::Publisher); a transport only
+/// sends.
 ///
 /// ```
 /// use futures_util::future::BoxFuture;
