@@ -28,7 +28,8 @@ use crate::effects::outbox::{MAX_EVENT_BYTES, OutboxRecord};
 /// each take 10 (their documented quotas).
 pub const MAX_BATCH_ENTRIES: usize = 10;
 
-/// How many requests to one destination are in flight at once (see the [module](self)).
+/// How many requests to one destination are in flight at once (see
+/// [`Publisher::publish_batch`]).
 pub const REQUESTS_IN_FLIGHT: usize = 4;
 
 /// The most bytes one request carries: the entries of `PutEvents`, `SendMessageBatch` and
@@ -102,6 +103,10 @@ impl Publisher {
     /// [`PublishError::Refused`] when the destination refuses that event (park it),
     /// [`PublishError::Failed`] when it should be published again later (its request failed,
     /// its entry was throttled, or an earlier event of its ordering key failed in this batch).
+    ///
+    /// Up to [`REQUESTS_IN_FLIGHT`] requests to one destination are in flight at once, the next
+    /// leaving as soon as one is answered, in the order the events came; at most one event of
+    /// an ordering key is in flight, and none leaves once an earlier one of its key failed.
     ///
     /// ```no_run
     /// # async fn demo(events: Vec<lambda_idempotency::effects::OutboxRecord>) {
