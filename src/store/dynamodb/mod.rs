@@ -118,6 +118,40 @@ fn endpoint_from(var: impl Fn(&str) -> Option<String>) -> Option<String> {
     set(SDK_ENDPOINT_VAR).or_else(|| set(SDK_GLOBAL_ENDPOINT_VAR))
 }
 
+/// Records in a DynamoDB table (`pk` string key, TTL on `expires_at` by default), and optional
+/// permanent evidence in a uniqueness table (`pk` string key, no TTL).
+#[derive(Debug, Clone)]
+pub struct DynamoDbStore {
+    client: Client,
+    table: String,
+    uniqueness_table: Option<String>,
+    names: AttributeNames,
+    outcomes: OutcomeStorage,
+    unscoped_evidence: bool,
+    accept_eventual: bool,
+    prime_namespace: Option<String>,
+    verdict: replication::Verdict,
+    strong: replication::Strong,
+}
+
+impl DynamoDbStore {
+    fn uniqueness(&self) -> Result<&str, StoreError> {
+        self.uniqueness_table
+            .as_deref()
+            .ok_or(StoreError::NoUniquenessTable)
+    }
+
+    /// The not-found error for `table`, named by its role.
+    fn not_found(&self, table: &str) -> StoreError {
+        let table = table.to_owned();
+        if self.uniqueness_table.as_deref() == Some(table.as_str()) {
+            StoreError::UniquenessTableNotFound { table }
+        } else {
+            StoreError::TableNotFound { table }
+        }
+    }
+}
+
 #[cfg(test)]
 mod endpoint_tests {
     use std::collections::HashMap;
@@ -174,39 +208,5 @@ mod endpoint_tests {
             endpoint(&[ignored, ("DYNAMODB_ENDPOINT", "http://crate")]).as_deref(),
             Some("http://crate")
         );
-    }
-}
-
-/// Records in a DynamoDB table (`pk` string key, TTL on `expires_at` by default), and optional
-/// permanent evidence in a uniqueness table (`pk` string key, no TTL).
-#[derive(Debug, Clone)]
-pub struct DynamoDbStore {
-    client: Client,
-    table: String,
-    uniqueness_table: Option<String>,
-    names: AttributeNames,
-    outcomes: OutcomeStorage,
-    unscoped_evidence: bool,
-    accept_eventual: bool,
-    prime_namespace: Option<String>,
-    verdict: replication::Verdict,
-    strong: replication::Strong,
-}
-
-impl DynamoDbStore {
-    fn uniqueness(&self) -> Result<&str, StoreError> {
-        self.uniqueness_table
-            .as_deref()
-            .ok_or(StoreError::NoUniquenessTable)
-    }
-
-    /// The not-found error for `table`, named by its role.
-    fn not_found(&self, table: &str) -> StoreError {
-        let table = table.to_owned();
-        if self.uniqueness_table.as_deref() == Some(table.as_str()) {
-            StoreError::UniquenessTableNotFound { table }
-        } else {
-            StoreError::TableNotFound { table }
-        }
     }
 }
