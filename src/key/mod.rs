@@ -452,7 +452,8 @@ pub(crate) fn invalid_event(err: serde_json::Error) -> Error {
     }
 }
 
-fn is_empty_material(value: &Value) -> bool {
+/// Whether key material names nothing: null, a blank string, or only such values.
+pub(crate) fn is_empty_material(value: &Value) -> bool {
     match value {
         Value::Null => true,
         Value::String(s) => s.trim().is_empty(),

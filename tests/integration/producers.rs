@@ -151,3 +151,43 @@ async fn a_redelivery_0_4_keyed_without_its_producer_is_not_run_again() {
         assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}: not run again");
     }
 }
+
+/// A blank key is no key, whoever sent it: the producer's part of the key material must not
+/// make `{"producer": …, "key": null}` look like one (every such message would be one
+/// operation, the later ones acknowledged as replays and lost).
+#[tokio::test]
+async fn a_message_whose_key_is_blank_is_refused_whatever_its_producer() {
+    for backend in both().await {
+        let name = backend.name;
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let batch =
+            Operation::new(idem, scope(), sources::sqs(Some("/order_id")).expect("sqs")).batch();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let place = |_message: SqsMessage, _| {
+            let runs = Arc::clone(&runs);
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, BoxError>(())
+            }
+        };
+        let context = Context::default();
+        for (n, blank) in [json!(null), json!(""), json!("  ")]
+            .into_iter()
+            .enumerate()
+        {
+            let mut message = from("AROAPRODUCERA:i-0aaa", &format!("m-{n}"));
+            message.body = Some(json!({"order_id": blank, "amount": 5}).to_string());
+            let report = batch.process(vec![message], &context, place).await;
+            assert!(
+                matches!(
+                    &report.records[0].1,
+                    RecordOutcome::Failed(lambda_idempotency::Error::MissingKey { .. })
+                        | RecordOutcome::Poison(lambda_idempotency::Error::MissingKey { .. })
+                ),
+                "{name}: order_id {blank} names no operation: {:?}",
+                report.records[0].1
+            );
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "{name}: nothing ran");
+    }
+}

@@ -128,7 +128,7 @@ impl Select<Request> for HttpKeys {
             true => structured_string(raw)?,
             false => raw.to_owned(),
         };
-        if key.is_empty() {
+        if key.trim().is_empty() {
             return Ok(None);
         }
         let caller = self.caller(request)?;
@@ -282,5 +282,15 @@ mod tests {
         let policy = HttpKeys::new().policy();
         let refused = scope.map(|scope| policy.derive(&scope, &request()));
         assert!(matches!(refused, Some(Err(Error::CallerUnidentified))));
+    }
+
+    #[test]
+    fn a_quoted_blank_key_is_no_key() {
+        let mut blank = request();
+        blank.headers_mut().insert(
+            IDEMPOTENCY_KEY_HEADER,
+            http::HeaderValue::from_static("\"  \""),
+        );
+        assert!(matches!(HttpKeys::new().select(&blank), Ok(None)));
     }
 }

@@ -49,10 +49,12 @@ pub fn sns_by_key_attribute() -> KeyPolicy<SnsRecord> {
     KeyPolicy::from_fns(
         |record: &SnsRecord| {
             let attribute = record.sns.message_attributes.get(ID_ATTRIBUTE);
-            Some(match attribute {
-                Some(key) => json!({"topic": record.sns.topic_arn, "key": key.value}),
-                None => json!(record.sns.message_id),
-            })
+            match attribute {
+                // A blank key names no operation: the record has none (`MissingKey`).
+                Some(key) if key.value.trim().is_empty() => None,
+                Some(key) => Some(json!({"topic": record.sns.topic_arn, "key": key.value})),
+                None => Some(json!(record.sns.message_id)),
+            }
         },
         |record: &SnsRecord| Some(body_json(Some(&record.sns.message))),
     )
@@ -86,5 +88,29 @@ impl BatchRecord for SnsRecord {
 
     fn ordering_group(&self) -> Option<String> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_lambda_events::event::sns::{MessageAttribute, SnsRecord};
+
+    use super::sns_by_key_attribute;
+    use crate::{Error, OperationScope};
+
+    #[test]
+    fn a_blank_key_attribute_is_no_key() {
+        let mut record = SnsRecord::default();
+        record.sns.message_id = "m-1".into();
+        let mut attribute = MessageAttribute::default();
+        attribute.data_type = "String".into();
+        attribute.value = "  ".into();
+        record
+            .sns
+            .message_attributes
+            .insert(crate::effects::ID_ATTRIBUTE.into(), attribute);
+        let scope = OperationScope::new("shop", "orders");
+        let derived = scope.map(|scope| sns_by_key_attribute().derive(&scope, &record));
+        assert!(matches!(derived, Ok(Err(Error::MissingKey { .. }))));
     }
 }

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::body_json;
 use crate::error::ConfigError;
-use crate::key::{JsonPointer, KeyPolicy};
+use crate::key::{JsonPointer, KeyPolicy, is_empty_material};
 use crate::lambda::batch::{BatchRecord, BatchReport};
 
 /// The SQS message attribute that carries an explicit idempotency key.
@@ -67,11 +67,14 @@ fn key_material(body_pointer: Option<&str>) -> Result<Material, ConfigError> {
             .get(SQS_KEY_ATTRIBUTE)
             .and_then(|attribute| attribute.string_value.clone())
             .map(Value::String);
-        attribute.or_else(|| {
-            pointer
-                .as_ref()
-                .and_then(|p| p.find(&body_json(message.body.as_deref())).cloned())
-        })
+        attribute
+            .or_else(|| {
+                pointer
+                    .as_ref()
+                    .and_then(|p| p.find(&body_json(message.body.as_deref())).cloned())
+            })
+            // Checked before the producer wraps it: `{"producer": …, "key": null}` is not empty.
+            .filter(|key| !is_empty_material(key))
     }))
 }
 
