@@ -6,7 +6,7 @@ use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 use tracing::{debug, warn};
 
-use crate::error::Error;
+use crate::error::{Error, decode_failure};
 use crate::execution::{Execution, Invocation, Origin};
 use crate::key::OperationKey;
 use crate::record::MAX_RESULT_REF_BYTES;
@@ -66,7 +66,7 @@ pub(super) fn decode_outcome<T: DeserializeOwned>(
         Ok(value) => Ok((value, raw)),
         Err(err) => Err(Error::StoredOutcomeUnreadable {
             key: key.clone(),
-            reason: err.to_string(),
+            reason: decode_failure(&err),
         }),
     }
 }
@@ -91,8 +91,9 @@ pub(crate) fn answer_existing<T: DeserializeOwned>(
     match existing.status {
         Status::Completed => {
             let json = String::from_utf8(existing.outcome.unwrap_or_default())
-                .map_err(|err| unreadable(err.to_string()))?;
-            let raw = RawValue::from_string(json).map_err(|err| unreadable(err.to_string()))?;
+                .map_err(|_| unreadable("not UTF-8".to_owned()))?;
+            let raw =
+                RawValue::from_string(json).map_err(|err| unreadable(decode_failure(&err)))?;
             let (value, raw) = decode_outcome(&key, raw)?;
             debug!("replayed");
             Ok(Execution {
@@ -103,7 +104,7 @@ pub(crate) fn answer_existing<T: DeserializeOwned>(
         }
         Status::Failed => {
             let failure = serde_json::from_slice(existing.outcome.as_deref().unwrap_or_default())
-                .map_err(|err| unreadable(err.to_string()))?;
+                .map_err(|err| unreadable(decode_failure(&err)))?;
             Err(Error::Failed { key, failure })
         }
         Status::InProgress => Err(Error::AlreadyInProgress {

@@ -27,7 +27,7 @@ use tracing::warn;
 
 use super::Idempotency;
 use super::retry::Patience;
-use crate::error::{ConfigError, Error};
+use crate::error::{ConfigError, Error, decode_failure};
 use crate::key::OperationKey;
 use crate::record::MAX_RESULT_REF_BYTES;
 use crate::record::{
@@ -265,7 +265,7 @@ impl Idempotency {
                 if let Err(err) = serde_json::from_value::<T>(value.clone()) {
                     return Err(Error::OutcomeMismatch {
                         key: key.clone(),
-                        reason: err.to_string(),
+                        reason: decode_failure(&err),
                     });
                 }
                 Settlement::completed(value.to_string().into_bytes(), None, now, retention)

@@ -8,7 +8,7 @@ use tracing::warn;
 use super::decide::Recover;
 use super::settle::{Completion, settle_patience};
 use super::{INDETERMINATE_RETENTION, Idempotency};
-use crate::error::Error;
+use crate::error::{Error, decode_failure};
 use crate::execution::{Execution, Invocation, Origin};
 use crate::reconcile::{Checked, Takeover};
 use crate::record::{Record, Settlement, StepRecord};
@@ -67,7 +67,7 @@ impl Idempotency {
                 }
                 Err(err) => Err(Error::OutcomeMismatch {
                     key: key.clone(),
-                    reason: err.to_string(),
+                    reason: decode_failure(&err),
                 }),
             },
             Ok(Checked::Unknown) => {

@@ -224,7 +224,10 @@ fn time_to_run(invocation: &Invocation, since: SystemTime) -> SystemTime {
 /// When a caller that started waiting at `since` stops: at its patience, and never past the
 /// end of its time less the margin it needs to answer.
 fn wait_until(invocation: &Invocation, since: SystemTime) -> SystemTime {
-    let patience = since + invocation.wait_for_result.unwrap_or_default();
     let end = time_to_run(invocation, since);
+    // A patience past what a clock can count is no patience limit: the end bounds it.
+    let patience = since
+        .checked_add(invocation.wait_for_result.unwrap_or_default())
+        .unwrap_or(end);
     patience.min(end.checked_sub(SETTLE_MARGIN).unwrap_or(since))
 }

@@ -151,13 +151,13 @@ pub enum Error {
 
     /// The stored outcome does not decode as the handler's output type.
     #[error(
-        "the stored result of operation {} does not decode ({reason}); if the output type changed, bump the key version",
+        "the stored result of operation {} does not decode ({reason}); if a deploy changed the handler's output type, let the new type read the old results (serde defaults, aliases or an untagged enum): a new key version would run again the operations still being retried",
         key.short()
     )]
     StoredOutcomeUnreadable {
         /// The operation key.
         key: OperationKey,
-        /// The decoder's message.
+        /// Where it failed to decode (never the stored values).
         reason: String,
     },
 
@@ -205,6 +205,18 @@ pub enum Error {
 }
 
 /// The message of [`Error::KeyExpiredConflict`]: it names the caller's own operation only.
+/// Where and how JSON failed to decode, without serde's text: that quotes the values it met,
+/// which are the operation's stored data, never to reach a log or a caller.
+pub(crate) fn decode_failure(err: &serde_json::Error) -> String {
+    let what = match err.classify() {
+        serde_json::error::Category::Data => "not the type's shape",
+        serde_json::error::Category::Syntax => "not valid JSON",
+        serde_json::error::Category::Eof => "cut short",
+        serde_json::error::Category::Io => "unreadable",
+    };
+    format!("{what} at line {} column {}", err.line(), err.column())
+}
+
 fn key_expired_message(key: &OperationKey, evidence: &Evidence) -> String {
     let standing = match evidence.key == *key {
         true => "its replayable record has expired, but its permanent evidence stands",

@@ -728,3 +728,63 @@ async fn a_record_still_in_progress_elsewhere_comes_back_as_a_failure() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 0, "not run beside the holder");
 }
+
+/// A deploy that changes the handler's output type still acknowledges what an earlier build
+/// completed: the batch door never decodes a stored result (it answers only which records to
+/// deliver again), so the redelivery is a replay, not an unreadable record sent to the DLQ and
+/// run again after a redrive. On both stores.
+#[tokio::test]
+async fn a_new_output_type_still_replays_the_records_an_earlier_build_completed() {
+    #[derive(serde::Serialize)]
+    struct Placed {
+        order: u64,
+        lines: Vec<String>,
+    }
+    for backend in super::backends::both().await {
+        let name = backend.name;
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let scope = OperationScope::new("deploys", "orders").expect("scope");
+        let batch =
+            Operation::new(idem, scope, sources::sqs(Some("/order_id")).expect("sqs")).batch();
+        let context = Context::default();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let order = || super::backends::sqs_message("m-1", json!({"order_id": "o-1"}));
+
+        let before = batch
+            .process(vec![order()], &context, |_, _| {
+                let runs = Arc::clone(&runs);
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, lambda_idempotency::BoxError>("placed o-1".to_owned())
+                }
+            })
+            .await;
+        assert!(
+            matches!(before.records[0].1, RecordOutcome::Executed),
+            "{name}"
+        );
+
+        let after = batch
+            .process(vec![order()], &context, |_, _| {
+                let runs = Arc::clone(&runs);
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, lambda_idempotency::BoxError>(Placed {
+                        order: 1,
+                        lines: vec![],
+                    })
+                }
+            })
+            .await;
+        assert!(
+            matches!(after.records[0].1, RecordOutcome::Replayed),
+            "{name}: {:?}",
+            after.records[0].1
+        );
+        assert!(
+            after.sqs_response().batch_item_failures.is_empty(),
+            "{name}"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}: run once");
+    }
+}

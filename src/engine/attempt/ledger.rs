@@ -25,7 +25,7 @@ const STEP_OVERHEAD_BYTES: usize = 32;
 use crate::engine::decide::{self, StepStanding};
 use crate::engine::retry::Patience;
 use crate::engine::{Idempotency, LandsBy};
-use crate::error::{BoxError, Error, StoreError};
+use crate::error::{BoxError, Error, StoreError, decode_failure};
 use crate::execution::Invocation;
 use crate::key::OperationKey;
 use crate::record::{FailureKind, Record, StepRecord};
@@ -423,9 +423,16 @@ impl StepLedger {
             },
         }
         // On every clock: a takeover's clock may run ahead of this one by the skew.
-        let lands_by = effect_timeout.map_or(self.lease_expires_at, |timeout| {
-            (self.idem.now() + timeout + self.clock_skew).min(self.lease_expires_at)
-        });
+        // A timeout past what a clock can count is none: the lease bounds it.
+        let lands_by = effect_timeout
+            .and_then(|timeout| {
+                self.idem
+                    .now()
+                    .checked_add(timeout.saturating_add(self.clock_skew))
+            })
+            .map_or(self.lease_expires_at, |lands| {
+                lands.min(self.lease_expires_at)
+            });
         // From its start the effect may land: a step cancelled mid-effect (a timeout around
         // it) leaves the mark, which a result recorded lifts.
         let before = self.lands_by.get();
@@ -515,7 +522,7 @@ impl StepLedger {
                 Err(err) => {
                     let unreadable = Error::StoredOutcomeUnreadable {
                         key: self.key.clone(),
-                        reason: format!("the recorded result of a step: {err}"),
+                        reason: format!("the recorded result of a step: {}", decode_failure(&err)),
                     };
                     return Err(self.halt(&mut state, name, Halt::Hold(unreadable)));
                 }

@@ -45,10 +45,9 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, SystemTime};
 
-use futures_util::{FutureExt, StreamExt};
+use futures_util::{FutureExt, StreamExt, TryFutureExt};
 use lambda_runtime::Context;
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tracing::{error, warn};
 
 pub use self::failed::BatchError;
@@ -58,7 +57,9 @@ use super::operation::{Operation, deadline_of};
 use crate::error::{BoxError, Error};
 use crate::execution::{ExecutionContext, Invocation, Origin};
 use crate::failure::Panicked;
+use discarded::Discarded;
 
+mod discarded;
 mod failed;
 mod report;
 mod service;
@@ -174,7 +175,7 @@ impl<R: BatchRecord> BatchProcessor<R> {
     where
         F: Fn(R, ExecutionContext) -> Fut,
         Fut: Future<Output = Result<T, E>>,
-        T: Serialize + DeserializeOwned,
+        T: Serialize,
         E: Into<BoxError>,
     {
         let prepared = records.into_iter().enumerate().map(|(index, record)| {
@@ -223,7 +224,7 @@ impl<R: BatchRecord> BatchProcessor<R> {
     where
         F: Fn(R, ExecutionContext) -> Fut,
         Fut: Future<Output = Result<T, E>>,
-        T: Serialize + DeserializeOwned,
+        T: Serialize,
         E: Into<BoxError>,
     {
         let mut outcomes = Vec::with_capacity(group.len());
@@ -299,13 +300,15 @@ impl<R: BatchRecord> BatchProcessor<R> {
     where
         F: Fn(R, ExecutionContext) -> Fut,
         Fut: Future<Output = Result<T, E>>,
-        T: Serialize + DeserializeOwned,
+        T: Serialize,
         E: Into<BoxError>,
     {
         let run = self
             .operation
             .idem
-            .execute::<T, E, _, _>(invocation, |ctx| handler(record, ctx));
+            .execute::<Discarded<T>, E, _, _>(invocation, |ctx| {
+                handler(record, ctx).map_ok(Discarded::Fresh)
+            });
         // A panic is this record's failure: the engine gave its claim back; the other records
         // are answered as usual instead of the whole batch coming back.
         let Ok(answer) = AssertUnwindSafe(run).catch_unwind().await else {

@@ -9,7 +9,6 @@ use std::task::{Context, Poll};
 use lambda_runtime::LambdaEvent;
 use lambda_runtime::tower::Service;
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 
 use super::{BatchProcessor, BatchRecord};
 use crate::error::BoxError;
@@ -61,7 +60,7 @@ where
     R::Event: 'static,
     F: Fn(R, ExecutionContext) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<T, E>> + Send,
-    T: Serialize + DeserializeOwned + Send,
+    T: Serialize + Send,
     E: Into<BoxError> + Send,
 {
     type Response = R::Response;
