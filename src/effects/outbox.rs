@@ -26,7 +26,8 @@
 //! | `payload` (S) | the event's JSON, as serialized |
 //! | `created_at` (N) | epoch milliseconds: the sort key of [`PENDING_INDEX`] |
 //! | `ordering_key` (S), `sequence` (N) | the event's [`EventOrder`], when it names one |
-//! | `pending` (S) | while pending: `p0` … `pf` (the id's first hex digit, spreading the index's partitions); [`PARKED`] once parked; absent once published |
+//! | `pending` (S) | while pending: `p0` … `pf` (the id's first hex digit, spreading the index's partitions), `r0` … `rf` once a sweep failed to publish it; [`PARKED`] once parked; absent once published |
+//! | `sweep_failures` (N), `sweep_failed_at` (N) | once a sweep failed to publish it: how often, and when last (epoch milliseconds); the next sweeps wait longer each time before trying it again |
 //! | `published_at` (N), `published_by` (S) | once published: epoch milliseconds, and `relay`, `sweeper` or `pipe` |
 //! | `parked_at` (N), `parked_reason` (S) | once parked: epoch milliseconds, and the destination's refusal |
 //! | `redriven_at` (N), `redrives` (N) | while a sweeper asks a Pipe to publish it again: when it last did (the Pipe's filter passes the modification) and how often |
@@ -82,14 +83,30 @@ pub const PENDING_SHARDS: [&str; 16] = [
     "p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9", "pa", "pb", "pc", "pd", "pe", "pf",
 ];
 
+/// The `pending` values of pending events a sweep failed to publish (`r` and the same digit):
+/// apart from [`PENDING_SHARDS`], so that events whose destination keeps failing never stand
+/// before the ones no sweep has tried yet.
+pub(crate) const RETRY_SHARDS: [&str; 16] = [
+    "r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8", "r9", "ra", "rb", "rc", "rd", "re", "rf",
+];
+
 /// The `pending` shard of event `id` (by its digest's first hex digit).
 pub(crate) fn pending_shard(id: &str) -> &'static str {
+    PENDING_SHARDS[shard_digit(id)]
+}
+
+/// The retry shard of event `id`: its [`pending_shard`]'s digit.
+pub(crate) fn retry_shard(id: &str) -> &'static str {
+    RETRY_SHARDS[shard_digit(id)]
+}
+
+fn shard_digit(id: &str) -> usize {
     let digit = id_digest(id)
         .chars()
         .next()
         .and_then(|first| first.to_digit(16))
         .unwrap_or(0);
-    PENDING_SHARDS[digit as usize % PENDING_SHARDS.len()]
+    digit as usize % PENDING_SHARDS.len()
 }
 
 /// The most bytes of an ordering key: SQS's and SNS's `MessageGroupId` (128 characters of

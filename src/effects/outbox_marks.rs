@@ -14,7 +14,8 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use tracing::warn;
 
 use super::outbox::{
-    OUTBOX_RETENTION, Outbox, OutboxRecord, PARKED, PENDING_INDEX, PENDING_SHARDS, pending_shard,
+    OUTBOX_RETENTION, Outbox, OutboxRecord, PARKED, PENDING_INDEX, PENDING_SHARDS, RETRY_SHARDS,
+    pending_shard, retry_shard,
 };
 use crate::error::BoxError;
 use crate::record::{epoch_millis, epoch_secs};
@@ -331,7 +332,7 @@ impl OutboxMarks {
             .table_name(&self.table)
             .key("pk", AttributeValue::S(id.to_owned()))
             .update_expression(
-                "SET pending = :shard REMOVE parked_at, parked_reason, redrives, redriven_at",
+                "SET pending = :shard REMOVE parked_at, parked_reason, redrives, redriven_at, sweep_failures, sweep_failed_at",
             )
             .condition_expression("pending = :parked")
             .expression_attribute_values(":parked", AttributeValue::S(PARKED.to_owned()))
@@ -341,9 +342,11 @@ impl OutboxMarks {
         settled(update, "UpdateItem")
     }
 
-    /// Up to `limit` pending events committed before `created_before`, oldest first within
-    /// each of the index's partitions, each partition read up to its share of `limit` (so that
-    /// events stuck in one partition never hide the others').
+    /// About `limit` pending events committed before `created_before`, oldest first within
+    /// each of the index's partitions: each partition of events no sweep has tried is read up
+    /// to its share of `limit` (a sixteenth, at least one: events stuck in one partition never
+    /// hide the others'), then each partition of events a sweep failed to publish up to its
+    /// share of what is left (at least one).
     ///
     /// # Errors
     /// [`OutboxError::Request`] when DynamoDB fails a query.
@@ -352,17 +355,68 @@ impl OutboxMarks {
         created_before: SystemTime,
         limit: usize,
     ) -> Result<Found, OutboxError> {
-        let share = limit.div_ceil(PENDING_SHARDS.len()).max(1);
+        self.read_shares(created_before, limit, None).await
+    }
+
+    /// [`OutboxMarks::pending`] for a sweep at `now`: an event a sweep failed to publish is
+    /// read past, without taking a share, until its turn comes again (`backoff` after its last
+    /// failure, doubled for each earlier one, up to 64 times), so that events whose
+    /// destination keeps failing neither hide the others nor are tried at every sweep.
+    pub(crate) async fn due(
+        &self,
+        created_before: SystemTime,
+        limit: usize,
+        now: SystemTime,
+        backoff: Duration,
+    ) -> Result<Found, OutboxError> {
+        self.read_shares(created_before, limit, Some((now, backoff)))
+            .await
+    }
+
+    async fn read_shares(
+        &self,
+        created_before: SystemTime,
+        limit: usize,
+        due: Option<(SystemTime, Duration)>,
+    ) -> Result<Found, OutboxError> {
+        let share = |of: usize| of.div_ceil(PENDING_SHARDS.len()).max(1);
         let mut found = Found::default();
         for shard in PENDING_SHARDS {
-            let wanted = share.min(limit.saturating_sub(found.events.len()));
-            if wanted == 0 {
-                break;
-            }
-            self.query(shard, Some(created_before), wanted, &mut found)
+            self.query(shard, Some(created_before), share(limit), None, &mut found)
+                .await?;
+        }
+        let retries = share(limit.saturating_sub(found.events.len()));
+        for shard in RETRY_SHARDS {
+            self.query(shard, Some(created_before), retries, due, &mut found)
                 .await?;
         }
         Ok(found)
+    }
+
+    /// Records that a sweep at `now` failed to publish pending event `id`: counted
+    /// (`sweep_failures`), timed (`sweep_failed_at`) and moved to its retry partition of the
+    /// index ([`OutboxMarks::due`]).
+    pub(crate) async fn sweep_failed(
+        &self,
+        id: &str,
+        now: SystemTime,
+    ) -> Result<Marked, OutboxError> {
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", AttributeValue::S(id.to_owned()))
+            .update_expression("SET pending = :retry, sweep_failed_at = :now ADD sweep_failures :one")
+            .condition_expression(
+                "attribute_exists(pk) AND attribute_not_exists(published_at) AND pending <> :parked",
+            )
+            .expression_attribute_values(":retry", AttributeValue::S(retry_shard(id).to_owned()))
+            .expression_attribute_values(":parked", AttributeValue::S(PARKED.to_owned()))
+            .expression_attribute_values(":now", number(epoch_millis(now)))
+            .expression_attribute_values(":one", number(1))
+            .send()
+            .await;
+        settled(update, "UpdateItem")
     }
 
     /// Up to `limit` parked events, oldest first.
@@ -371,20 +425,21 @@ impl OutboxMarks {
     /// As [`OutboxMarks::pending`].
     pub async fn parked(&self, limit: usize) -> Result<Found, OutboxError> {
         let mut found = Found::default();
-        self.query(PARKED, None, limit, &mut found).await?;
+        self.query(PARKED, None, limit, None, &mut found).await?;
         Ok(found)
     }
 
     /// When the oldest pending event was committed; `None` when nothing is pending. One
-    /// single-item query per index partition.
+    /// single-item query per index partition (32: those of events no sweep has tried, and
+    /// those of events a sweep failed to publish).
     ///
     /// # Errors
     /// As [`OutboxMarks::pending`].
     pub async fn oldest_pending(&self) -> Result<Option<SystemTime>, OutboxError> {
         let mut oldest: Option<SystemTime> = None;
-        for shard in PENDING_SHARDS {
+        for shard in PENDING_SHARDS.into_iter().chain(RETRY_SHARDS) {
             let mut found = Found::default();
-            self.query(shard, None, 1, &mut found).await?;
+            self.query(shard, None, 1, None, &mut found).await?;
             if let Some(event) = found.events.first() {
                 oldest = Some(oldest.map_or(event.created_at, |o| o.min(event.created_at)));
             }
@@ -392,20 +447,25 @@ impl OutboxMarks {
         Ok(oldest)
     }
 
-    /// Appends to `found` up to `limit` items of one index partition, oldest first (created
-    /// before `before`, when given).
+    /// Appends to `found` up to `limit` events of one index partition, oldest first (created
+    /// before `before`, when given). With `due` (a sweep's time and backoff), an event whose
+    /// turn has not come is read past, and so is an unreadable item, up to
+    /// [`READ_PAST`] times `limit` items.
     async fn query(
         &self,
         partition: &str,
         before: Option<SystemTime>,
         limit: usize,
+        due: Option<(SystemTime, Duration)>,
         found: &mut Found,
     ) -> Result<(), OutboxError> {
         let mut start: Option<HashMap<String, AttributeValue>> = None;
         let mut taken = 0;
+        let mut read = 0;
+        let budget = limit.saturating_mul(READ_PAST);
         loop {
             let wanted = limit.saturating_sub(taken);
-            if wanted == 0 {
+            if wanted == 0 || read >= budget {
                 return Ok(());
             }
             let mut query = self
@@ -414,7 +474,7 @@ impl OutboxMarks {
                 .table_name(&self.table)
                 .index_name(PENDING_INDEX)
                 .scan_index_forward(true)
-                .limit(i32::try_from(wanted.min(100)).unwrap_or(100))
+                .limit(i32::try_from(wanted.clamp(10, 100)).unwrap_or(100))
                 .expression_attribute_values(":p", AttributeValue::S(partition.to_owned()))
                 .set_exclusive_start_key(start.take());
             query = match before {
@@ -428,9 +488,18 @@ impl OutboxMarks {
                 .await
                 .map_err(|err| OutboxError::request("Query", err))?;
             for item in page.items() {
-                taken += 1;
+                read += 1;
+                if taken == limit {
+                    break;
+                }
+                if due.is_some_and(|(now, backoff)| !is_due(item, now, backoff)) {
+                    continue;
+                }
                 match pending_event(item) {
-                    Ok(event) => found.events.push(event),
+                    Ok(event) => {
+                        taken += 1;
+                        found.events.push(event);
+                    }
                     Err(not_an_event) => {
                         warn!(error = %not_an_event, "an item of the outbox's pending index is not an outbox event: left as it is");
                         found.unreadable.push(
@@ -448,6 +517,29 @@ impl OutboxMarks {
             }
         }
     }
+}
+
+/// How many items, per event wanted, a sweep reads past in one partition (events whose turn
+/// has not come, unreadable items) before it leaves the rest to the next sweep.
+const READ_PAST: usize = 20;
+
+/// The longest a sweep waits to try again an event it failed to publish: its backoff doubled
+/// six times.
+const MAX_BACKOFF_DOUBLINGS: u32 = 6;
+
+/// Whether a sweep at `now` tries the indexed `item`: no sweep failed to publish it, or the
+/// last failed at least `backoff` × 2^(failures − 1) (at most 2^[`MAX_BACKOFF_DOUBLINGS`]) ago.
+fn is_due(item: &HashMap<String, AttributeValue>, now: SystemTime, backoff: Duration) -> bool {
+    let read = |name: &str| -> Option<u64> { item.get(name)?.as_n().ok()?.parse().ok() };
+    let Some(failed_at) = read("sweep_failed_at") else {
+        return true;
+    };
+    let failures = read("sweep_failures").unwrap_or(1).max(1);
+    let doublings =
+        u32::try_from(failures - 1).map_or(MAX_BACKOFF_DOUBLINGS, |n| n.min(MAX_BACKOFF_DOUBLINGS));
+    let wait = backoff.saturating_mul(1 << doublings);
+    let failed_at = UNIX_EPOCH + Duration::from_millis(failed_at);
+    failed_at.checked_add(wait).is_some_and(|turn| turn <= now)
 }
 
 fn number(value: impl ToString) -> AttributeValue {

@@ -559,3 +559,144 @@ async fn an_unreadable_pending_item_is_reported_and_never_stops_a_sweep() {
     assert_eq!((report.republished, report.unreadable), (1, 1), "{report}");
     assert_eq!(rig.drain(&rig.orders_queue).await.len(), 1);
 }
+
+/// Writes a pending event `id` for the SQS queue `queue_url`, committed at `created` (epoch
+/// milliseconds), as the crate's producers write it.
+async fn write_event(rig: &Rig, id: &str, queue_url: &str, created: u128) {
+    let s = |value: &str| AttributeValue::S(value.to_owned());
+    rig.db
+        .client
+        .put_item()
+        .table_name(rig.outbox.table())
+        .item("pk", s(id))
+        .item("event", s("placed"))
+        .item("operation", s("elsewhere"))
+        .item("destination", s("sqs"))
+        .item("target", s(queue_url))
+        .item("payload", s(&json!({"id": id}).to_string()))
+        .item("created_at", AttributeValue::N(created.to_string()))
+        .item("pending", s(&format!("p{}", &id[..1])))
+        .send()
+        .await
+        .expect("written");
+}
+
+/// Events whose destination keeps failing (a queue deleted but still allowed) never stand
+/// before the events behind them: a failed event leaves its partition for the retry partition
+/// and waits longer after each failure, so that a sweep reads past it. On the old sweeper the
+/// three failing events at the head of the partition took its share at every sweep and the
+/// event behind them was never published.
+#[tokio::test]
+async fn events_whose_destination_keeps_failing_never_stand_before_the_others() {
+    let rig = Rig::open().await;
+    let deleted = format!("{}-deleted", rig.orders_queue);
+    let committed = rig
+        .clock
+        .now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after epoch")
+        .as_millis();
+    for n in 0..3u128 {
+        let id = format!("3{}", n.to_string().repeat(63));
+        write_event(&rig, &id, &deleted, committed + n).await;
+    }
+    let behind = format!("3{}", "f".repeat(63));
+    write_event(&rig, &behind, &rig.orders_queue, committed + 10).await;
+
+    // One event per partition and sweep: the smallest share, the hardest case.
+    let sweeper = Sweeper::new(rig.publisher(), rig.marks()).limit(16);
+    rig.clock.advance(A_WEEKEND);
+    let mut failed = 0;
+    let mut sweeps = 0;
+    while rig.drain(&rig.orders_queue).await.is_empty() {
+        sweeps += 1;
+        assert!(
+            sweeps <= 4,
+            "the event behind is published within four sweeps"
+        );
+        let report = sweeper.sweep(rig.clock.now()).await.expect("swept");
+        failed += report.failed;
+        rig.clock.advance(Duration::from_secs(60));
+    }
+    assert_eq!(
+        failed, 3,
+        "each failing event tried once, none again before its wait"
+    );
+    let stuck: Vec<Item> = items(&rig)
+        .await
+        .into_iter()
+        .filter(|item| text(item, "target") == Some(deleted.as_str()))
+        .collect();
+    assert_eq!(stuck.len(), 3);
+    for item in &stuck {
+        assert_eq!(text(item, "pending"), Some("r3"), "in the retry partition");
+        assert_eq!(number(item, "sweep_failures"), Some(1));
+        assert!(item.get("expires_at").is_none(), "still pending, no TTL");
+    }
+    assert!(
+        rig.marks()
+            .oldest_pending()
+            .await
+            .expect("oldest")
+            .is_some(),
+        "still counted pending"
+    );
+
+    // After the sweeper's threshold they are tried again (by a sweeper whose share of the
+    // retry partition takes all three), and wait twice as long after that.
+    let sweeper = Sweeper::new(rig.publisher(), rig.marks());
+    rig.clock.advance(Duration::from_secs(10 * 60));
+    let again = sweeper.sweep(rig.clock.now()).await.expect("swept");
+    assert_eq!(again.failed, 3, "{again}");
+    let next = sweeper
+        .sweep(rig.clock.now() + Duration::from_secs(11 * 60))
+        .await
+        .expect("swept");
+    assert_eq!(next.failed, 0, "the second wait is twice the first: {next}");
+}
+
+/// One aggregate's events of one commit share their `created_at`, and their ids' hashes pick
+/// their partitions: the sweeper still publishes them in their sequence.
+#[tokio::test]
+async fn one_commits_events_of_one_aggregate_are_swept_in_their_sequence() {
+    let rig = Rig::open().await;
+    let committed = rig
+        .clock
+        .now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after epoch")
+        .as_millis();
+    // The second event's id sorts before the first's, in an earlier partition.
+    for (id, sequence) in [("9".repeat(64), 1), ("2".repeat(64), 2)] {
+        write_event(&rig, &id, &rig.orders_queue, committed).await;
+        rig.db
+            .client
+            .update_item()
+            .table_name(rig.outbox.table())
+            .key("pk", AttributeValue::S(id.clone()))
+            .update_expression("SET ordering_key = :key, #sequence = :sequence")
+            .expression_attribute_names("#sequence", "sequence")
+            .expression_attribute_values(":key", AttributeValue::S("order-1".into()))
+            .expression_attribute_values(":sequence", AttributeValue::N(sequence.to_string()))
+            .send()
+            .await
+            .expect("ordered");
+    }
+    rig.clock.advance(A_WEEKEND);
+    let report = Sweeper::new(rig.publisher(), rig.marks())
+        .sweep(rig.clock.now())
+        .await
+        .expect("swept");
+    assert_eq!(report.republished, 2, "{report}");
+    let received: Vec<String> = rig
+        .drain(&rig.orders_queue)
+        .await
+        .iter()
+        .map(|message| {
+            let body: serde_json::Value =
+                serde_json::from_str(message.body().unwrap_or_default()).expect("json");
+            body["sequence"].to_string()
+        })
+        .collect();
+    assert_eq!(received, ["1", "2"]);
+}

@@ -47,13 +47,19 @@ const MARKS = [
   'parked_at', 'parked_reason', 'redriven_at', 'redrives',
 ];
 
-/** UpdateItem on the outbox of the marks' attributes only (and naming them: `Null`). */
-export function outboxMarks(outboxArn: string): iam.PolicyStatement {
+/** What a sweep writes besides: that it failed to publish an event, how often and when. */
+const SWEEP_FAILURES = ['sweep_failures', 'sweep_failed_at'];
+
+/** UpdateItem on the outbox of the marks' attributes only (and naming them: `Null`); with
+ * `sweeper`, the sweep's failures too. */
+export function outboxMarks(outboxArn: string, sweeper = false): iam.PolicyStatement {
   return new iam.PolicyStatement({
     actions: ['dynamodb:UpdateItem'],
     resources: [outboxArn],
     conditions: {
-      'ForAllValues:StringEquals': { 'dynamodb:Attributes': MARKS },
+      'ForAllValues:StringEquals': {
+        'dynamodb:Attributes': sweeper ? [...MARKS, ...SWEEP_FAILURES] : MARKS,
+      },
       'Null': { 'dynamodb:Attributes': 'false' },
     },
   });

@@ -1,6 +1,7 @@
 //! The outbox sweeper's binary: an event the stream never delivered (no relay ran) is
-//! published by the scheduled sweeper, under its id, and the gauges say so; its requests are
-//! recorded for the IAM check. The Pipe path's marker marks what the Pipe carried.
+//! published by the scheduled sweeper, under its id, and the gauges say so; one whose queue
+//! is gone for a while is tried again only after its wait; its requests are recorded for the
+//! IAM check. The Pipe path's marker marks what the Pipe carried.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -93,6 +94,56 @@ async fn the_sweeper_publishes_what_the_stream_never_delivered() {
     )
     .await;
     let schedule = json!({"source": "aws.events", "detail-type": "Scheduled Event", "detail": {}});
+
+    // The queue is gone for a while: the publish fails, the sweeper records it (a request the
+    // IAM check must find allowed), and the next sweep leaves the event to its turn.
+    let queue_name = queue.rsplit('/').next().expect("a queue name").to_owned();
+    sqs.delete_queue()
+        .queue_url(&queue)
+        .send()
+        .await
+        .expect("deleted");
+    let failed = sweeper.api.invoke(schedule.clone()).await.expect("swept");
+    assert_eq!(failed["OutboxSweepFailed"], 1, "{failed}");
+    assert_eq!(failed["OutboxRepublished"], 0, "{failed}");
+    let recreated = sqs
+        .create_queue()
+        .queue_name(&queue_name)
+        .send()
+        .await
+        .expect("the queue again");
+    assert_eq!(recreated.queue_url(), Some(queue.as_str()));
+    let waiting = sweeper.api.invoke(schedule.clone()).await.expect("swept");
+    assert_eq!(
+        (
+            waiting["OutboxSweepFailed"].as_u64(),
+            waiting["OutboxRepublished"].as_u64()
+        ),
+        (Some(0), Some(0)),
+        "not tried again before its wait: {waiting}"
+    );
+    let item = client
+        .get_item()
+        .table_name(&outbox)
+        .key("pk", AttributeValue::S(id.clone()))
+        .send()
+        .await
+        .expect("read")
+        .item()
+        .cloned()
+        .expect("the event");
+    assert_eq!(item["sweep_failures"].as_n().map(String::as_str), Ok("1"));
+    // Its wait over (the failure set back, as the commit was).
+    client
+        .update_item()
+        .table_name(&outbox)
+        .key("pk", AttributeValue::S(id.clone()))
+        .update_expression("SET sweep_failed_at = :then")
+        .expression_attribute_values(":then", AttributeValue::N(millis.to_string()))
+        .send()
+        .await
+        .expect("set the failure back");
+
     let first = sweeper.api.invoke(schedule.clone()).await.expect("swept");
     let second = sweeper.api.invoke(schedule).await.expect("swept");
     sweeper.stop().await;

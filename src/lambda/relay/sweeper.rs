@@ -5,7 +5,10 @@
 //! Run it on a schedule (template.yaml's `OutboxSweeperFunction`, every five minutes) or by
 //! hand (`idemctl outbox sweep`). Together with the relay, every committed event is published at
 //! least once: an event stays pending, without a TTL, until something marks it published. An
-//! event its destination refuses is parked and never blocks the others. On the Pipe path
+//! event its destination refuses is parked and never blocks the others; one whose publish
+//! fails (a queue deleted, a grant missing) stays pending, moves to its partition's retry
+//! partition of the index, and is tried again after a wait that doubles with each failure, so
+//! that it never stands before the events no sweep has tried. On the Pipe path
 //! ([`Sweeper::redriving`]) the sweeper hands each pending event back to the stream instead, so
 //! that the Pipe publishes it exactly as it publishes every event.
 //!
@@ -74,7 +77,9 @@ pub struct SweepReport {
     pub republished: u64,
     /// Events their destination refused: parked by this sweep.
     pub parked: u64,
-    /// Events whose publish or mark failed: still pending, tried again by the next sweep.
+    /// Events whose publish or mark failed: still pending, tried again by a later sweep (the
+    /// sweeper's threshold after the failure, twice that after a second, up to 64 times it),
+    /// out of the way of the events no sweep has tried yet.
     pub failed: u64,
     /// Indexed items that are no outbox event this build reads: left as they are
     /// ([`Found::unreadable`](crate::effects::Found::unreadable)).
@@ -150,7 +155,10 @@ impl Sweeper {
         self
     }
 
-    /// Republishes at most `limit` events per sweep.
+    /// Republishes about `limit` events per sweep: each of the pending index's sixteen
+    /// partitions is read up to a sixteenth of it (at least one event), then each partition of
+    /// events an earlier sweep failed to publish up to a sixteenth of what is left (at least
+    /// one).
     #[must_use]
     pub fn limit(mut self, limit: usize) -> Self {
         self.limit = limit;
@@ -169,31 +177,51 @@ impl Sweeper {
             return Ok(SweepReport::default());
         }
         let cutoff = now.checked_sub(self.after).unwrap_or(now);
-        let found = self.marks.pending(cutoff, self.limit).await?;
+        let found = self.marks.due(cutoff, self.limit, now, self.after).await?;
         let mut report = SweepReport {
             unreadable: u64::try_from(found.unreadable.len()).unwrap_or(u64::MAX),
             found: u64::try_from(found.events.len()).unwrap_or(u64::MAX),
             ..SweepReport::default()
         };
-        // Oldest first across the index's partitions (each is read oldest first): one
-        // aggregate's older event is published before its newer one.
+        // Oldest first across the index's partitions (each is read oldest first), and one
+        // aggregate's events of one commit (one `created_at`, in partitions the ids' hashes
+        // chose) in their sequence: an older event is published before its newer one.
         let mut found = found;
-        found.events.sort_by_key(|event| event.created_at);
+        found.events.sort_by(|a, b| {
+            let order = |event: &crate::effects::PendingEvent| {
+                event
+                    .record
+                    .order
+                    .as_ref()
+                    .map(|order| (order.key.clone(), order.sequence))
+            };
+            (a.created_at, order(a)).cmp(&(b.created_at, order(b)))
+        });
         match &self.via {
             Via::Publisher(publisher) => {
-                let committed: Vec<(String, SystemTime)> = found
+                let committed: Vec<(String, String, SystemTime)> = found
                     .events
                     .iter()
-                    .map(|event| (event.record.name.clone(), event.created_at))
+                    .map(|event| {
+                        let record = &event.record;
+                        (record.id.clone(), record.name.clone(), event.created_at)
+                    })
                     .collect();
                 let records = found.events.into_iter().map(|event| event.record).collect();
                 let answers =
                     deliver_all(publisher, &self.marks, records, PublishedBy::Sweeper, now).await;
-                for ((name, created_at), answer) in committed.iter().zip(answers) {
+                for ((id, name, created_at), answer) in committed.iter().zip(answers) {
                     let published = matches!(answer, Ok(Relayed::Published { .. }));
                     if published {
                         let lag = now.duration_since(*created_at).ok();
                         report.max_lag = report.max_lag.max(lag);
+                    }
+                    if answer.is_err() {
+                        // Out of the way of the events no sweep has tried, and tried again
+                        // later each time; the count says it failed either way.
+                        if let Err(err) = self.marks.sweep_failed(id, now).await {
+                            warn!(event = %name, error = %err, "a failed outbox event's retry could not be recorded: tried again at the next sweep");
+                        }
                     }
                     report.count(name, answer.map(|_| Some(published)));
                 }
