@@ -30,7 +30,7 @@ use std::time::{Duration, Instant, SystemTime};
 use futures_util::FutureExt;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use self::answer::answer_existing;
 use self::attempt::{ExecutionContext, Halt, StepLedger};
@@ -402,8 +402,11 @@ impl Idempotency {
         now: SystemTime,
     ) -> Result<Execution<T>, Error> {
         match self.store.get(&invocation.key).await? {
-            Some(record) => answer_existing(record, invocation, now),
-            None => Err(Error::AlreadyInProgress {
+            Some(record) if !record.counts_as_absent(now) => {
+                answer_existing(record, invocation, now)
+            }
+            // None stands yet (or none that answers): the run in flight is making it.
+            _ => Err(Error::AlreadyInProgress {
                 key: invocation.key.clone(),
                 attempt: 1,
                 retry_after: Duration::ZERO,
@@ -459,7 +462,16 @@ impl Idempotency {
             armed: invocation.owner.is_none(),
         };
         let claiming = Instant::now();
-        let claimed = self.claim(&claim, invocation, now).await;
+        let mut claimed = self.claim(&claim, invocation, now).await;
+        // A record whose retention has run out answers nothing: one that stood in the claim's
+        // way and was settled meanwhile as expired (an operator's release, written to let the
+        // next delivery run) is claimed again, once.
+        if let Ok(AfterClaim::Answer(existing)) = &claimed
+            && existing.counts_as_absent(now)
+        {
+            debug!("the record that answered the claim has expired: claimed again");
+            claimed = self.claim(&claim, invocation, now).await;
+        }
         self.observe_latency(key, observe::Phase::Claim, claiming);
         let held = match claimed {
             Ok(AfterClaim::Run(held)) => {

@@ -59,6 +59,7 @@ mod refusals;
 mod relay;
 #[cfg(feature = "relay")]
 mod relay_batches;
+mod released_claims;
 mod schedules;
 mod sdk_faults;
 mod simulation;
