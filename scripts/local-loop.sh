@@ -41,6 +41,9 @@ grep -q "tables ready" "$work/stack.log" || { cat "$work/stack.log" >&2; exit 1;
 export DYNAMODB_ENDPOINT="http://127.0.0.1:$db_port"
 export IDEMPOTENCY_TABLE=local-idempotency UNIQUENESS_TABLE=local-uniqueness LEDGER_TABLE=local-ledger
 export OUTBOX_TABLE=local-outbox ORDER_EVENTS_QUEUE_URL=http://127.0.0.1/000000000000/order-events
+# The producers' and the relay's allow-list: the checkout's queue, and the one the stream
+# record in functions/events/dynamodb_stream.json names (moto's, below).
+export OUTBOX_DESTINATIONS="$ORDER_EVENTS_QUEUE_URL http://127.0.0.1:18001/123456789012/order-events"
 export AWS_REGION=us-east-1 AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test
 
 # moto's SQS, for the outbox relay to publish the checkout's event to (and for us to read back).

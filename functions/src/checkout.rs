@@ -35,10 +35,10 @@ pub struct Checkout {
 
 impl Checkout {
     /// From `OUTBOX_TABLE`, `ORDER_EVENTS_QUEUE_URL` and the allowed destinations
-    /// (`OUTBOX_DESTINATIONS`, when set).
+    /// (`OUTBOX_DESTINATIONS`).
     ///
     /// # Errors
-    /// When either is not set.
+    /// When one is not set.
     pub fn from_env(ledger: Ledger) -> Result<Self, String> {
         let var = |name: &str| std::env::var(name).map_err(|_| format!("set {name}"));
         Ok(Self {

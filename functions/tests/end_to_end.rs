@@ -301,6 +301,10 @@ async fn checkout_places_the_order_with_its_event_and_mails_once() {
                 "ORDER_EVENTS_QUEUE_URL",
                 "http://127.0.0.1/000000000000/order-events",
             ),
+            (
+                "OUTBOX_DESTINATIONS",
+                "http://127.0.0.1/000000000000/order-events",
+            ),
         ],
     )
     .await;

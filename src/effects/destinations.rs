@@ -7,7 +7,8 @@
 //!
 //! How both ends share it: the variable [`DESTINATIONS_VAR`] (`OUTBOX_DESTINATIONS`), set from
 //! the same template value on the producing functions, the relay and the sweeper
-//! (template.yaml gives each `!Ref OrderEventsQueue`). A destination is named as its event
+//! (template.yaml gives each `!Ref OrderEventsQueue`); [`Destinations::from_env`] refuses to
+//! start without it (`*` allows any destination, on purpose). A destination is named as its event
 //! names it: the queue URL, the topic ARN, the bus name or ARN.
 //!
 //! ```
@@ -92,28 +93,45 @@ impl Destinations {
         }
     }
 
-    /// The list [`DESTINATIONS_VAR`] names; [`Destinations::any`] when it is not set.
+    /// The list [`DESTINATIONS_VAR`] names (separated by commas or whitespace); `*` allows
+    /// any destination ([`Destinations::any`]), which must be asked for: a relay deployed
+    /// without the variable would otherwise publish wherever an item says.
     ///
     /// # Errors
-    /// [`Error::InvalidEvent`] when it is set but names nothing (a template value that did not
-    /// resolve, say): an empty list would refuse every event.
+    /// [`Error::InvalidEvent`] when it is not set, or names nothing (a template value that did
+    /// not resolve, say): set it to the destinations the outbox publishes to, or `*`.
+    ///
+    /// ```
+    /// use lambda_idempotency::effects::{DESTINATIONS_VAR, Destinations};
+    ///
+    /// assert_eq!(Destinations::parse("*"), Some(Destinations::any()));
+    /// assert_eq!(
+    ///     Destinations::parse("https://sqs.eu-west-1.amazonaws.com/1/orders, orders-bus"),
+    ///     Some(Destinations::only(["https://sqs.eu-west-1.amazonaws.com/1/orders", "orders-bus"]))
+    /// );
+    /// assert_eq!(Destinations::parse(" , "), None);
+    /// # let _ = DESTINATIONS_VAR;
+    /// ```
     pub fn from_env() -> Result<Self, Error> {
-        match std::env::var(DESTINATIONS_VAR) {
-            Err(_) => Ok(Self::any()),
-            Ok(list) => {
-                let targets: Vec<&str> = list
-                    .split(|c: char| c == ',' || c.is_whitespace())
-                    .filter(|target| !target.is_empty())
-                    .collect();
-                if targets.is_empty() {
-                    return Err(Error::InvalidEvent {
-                        reason: format!(
-                            "{DESTINATIONS_VAR} is set but names no destination: name the queue URLs, topic ARNs or buses the outbox publishes to, or unset it"
-                        ),
-                    });
-                }
-                Ok(Self::only(targets))
-            }
+        let list = std::env::var(DESTINATIONS_VAR).unwrap_or_default();
+        Self::parse(&list).ok_or_else(|| Error::InvalidEvent {
+            reason: format!(
+                "{DESTINATIONS_VAR} names no destination: set it to the queue URLs, topic ARNs or buses the outbox publishes to (the same value on the producers, the relay and the sweeper), or to `*` to allow any"
+            ),
+        })
+    }
+
+    /// The destinations `list` names, as [`DESTINATIONS_VAR`] holds them: `None` when it names
+    /// none.
+    pub fn parse(list: &str) -> Option<Self> {
+        let targets: Vec<&str> = list
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .filter(|target| !target.is_empty())
+            .collect();
+        match targets.as_slice() {
+            [] => None,
+            targets if targets.contains(&"*") => Some(Self::any()),
+            targets => Some(Self::only(targets.iter().copied())),
         }
     }
 

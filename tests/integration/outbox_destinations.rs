@@ -108,3 +108,23 @@ async fn the_relay_parks_an_item_naming_a_destination_off_its_list() {
     let (_, reason) = parked[0].parked.clone().expect("its reason");
     assert!(reason.contains(DESTINATIONS_VAR), "{reason}");
 }
+
+/// The deployed functions read their allow-list from `OUTBOX_DESTINATIONS`: without it they
+/// refuse to start rather than publish wherever an item says; `*` allows any, on purpose.
+#[test]
+fn the_allow_list_must_be_named_and_any_destination_is_asked_for() {
+    let queue = Destination::Sqs {
+        queue_url: "https://sqs.eu-west-1.amazonaws.com/1/orders".into(),
+    };
+    assert_eq!(
+        Destinations::parse(""),
+        None,
+        "unset or empty names nothing"
+    );
+    assert_eq!(Destinations::parse(" ,\n"), None);
+    let any = Destinations::parse("*").expect("any, asked for");
+    assert!(any.allows(&queue));
+    let only = Destinations::parse("https://sqs.eu-west-1.amazonaws.com/1/other orders-bus")
+        .expect("a list");
+    assert!(!only.allows(&queue));
+}

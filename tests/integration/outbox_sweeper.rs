@@ -382,6 +382,7 @@ async fn idemctl_lists_pending_and_parked_events_and_sweeps() {
             .args(args)
             .env("DYNAMODB_ENDPOINT", &rig.db.endpoint)
             .env("OUTBOX_TABLE", rig.outbox.table())
+            .env("OUTBOX_DESTINATIONS", &rig.orders_queue)
             .env("AWS_ENDPOINT_URL_SQS", rig.moto_endpoint())
             .env("AWS_ACCESS_KEY_ID", "test")
             .env("AWS_SECRET_ACCESS_KEY", "test")
