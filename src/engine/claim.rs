@@ -1,7 +1,8 @@
 //! Claiming a key: a fresh claim, a takeover of an expired lease, or the adoption of an
 //! operation's orphaned evidence.
 
-use std::time::{Duration, SystemTime};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::SystemTime;
 
 use tracing::{debug, warn};
 
@@ -17,11 +18,14 @@ use crate::store::{Claim, Fence, Guard, StoreExt, Target};
 impl Idempotency {
     /// Claims the key: a fresh claim, a takeover of an expired lease, or the adoption of this
     /// operation's orphaned evidence; `Err` is the answer when the key is not ours to run.
+    /// `fresh` is cleared before anything but a fresh claim is sent (a takeover, a re-entry,
+    /// an adoption): a cancellation gives those back, never releases them.
     pub(super) async fn claim(
         &self,
         claim: &Record,
         invocation: &Invocation,
         now: SystemTime,
+        fresh: &AtomicBool,
     ) -> Result<AfterClaim, Error> {
         let key = &invocation.key;
         let deadline = claim.lease.expires_at;
@@ -65,6 +69,7 @@ impl Idempotency {
             Claim::Existing(existing)
                 if invocation.owner.is_some() && decide::reenters(&existing, claim) =>
             {
+                fresh.store(false, Ordering::SeqCst);
                 return Box::pin(self.reenter(existing, claim, invocation, now)).await;
             }
             claimed => claimed,
@@ -72,6 +77,7 @@ impl Idempotency {
         let existing = match decide::claimed(claimed, claim, now) {
             Claimed::Run => return Ok(AfterClaim::Run(Held::Fresh)),
             Claimed::Adopt(evidence) => {
+                fresh.store(false, Ordering::SeqCst);
                 return Box::pin(self.adopt(claim, invocation, evidence, now)).await;
             }
             Claimed::IdentityTaken(evidence) => {
@@ -81,6 +87,7 @@ impl Idempotency {
             Claimed::Answer(existing) => return Ok(AfterClaim::Answer(Box::new(existing))),
             Claimed::TakeOver(existing) => existing,
         };
+        fresh.store(false, Ordering::SeqCst);
         Box::pin(self.take_over(existing, claim, invocation, now, false)).await
     }
 
@@ -138,11 +145,9 @@ impl Idempotency {
         match decide::took_over(fence, &lease) {
             TookOver::Held => {}
             TookOver::Answer(current) => return Ok(AfterClaim::Answer(current)),
-            TookOver::InProgress => {
-                return Err(Error::AlreadyInProgress {
-                    key: key.clone(),
+            TookOver::Gone => {
+                return Ok(AfterClaim::Gone {
                     attempt: lease.attempt,
-                    retry_after: Duration::ZERO,
                 });
             }
         }

@@ -1,6 +1,7 @@
 //! A held claim given back when the task running it is cancelled, and what a build that
 //! aborts on panic gives instead.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
@@ -32,7 +33,10 @@ impl LandsBy {
 /// Armed while an execution may hold its lease. Dropped armed (the execution's future was
 /// cancelled: a timeout, a dropped request, an aborted task), it shortens the lease to a short
 /// grace from now in a task of its own, so that the next delivery takes over (after
-/// reconciliation) instead of waiting out the rest of the lease.
+/// reconciliation) instead of waiting out the rest of the lease; a fresh claim whose handler
+/// has not started (`unstarted`) is released whole instead, as a claim whose answer was lost
+/// is: nothing ran under it, and a takeover would find no sign of that (under
+/// `Recovery::Indeterminate` it would hold the operation for an operator).
 /// It borrows what it needs and copies it only when it gives a claim back: an execution that
 /// ends by itself (every duplicate) pays nothing for it.
 pub(super) struct GiveBack<'a> {
@@ -44,6 +48,11 @@ pub(super) struct GiveBack<'a> {
     pub(super) lease_expires_at: SystemTime,
     pub(super) lands_by: &'a LandsBy,
     pub(super) armed: bool,
+    /// The identity a fresh claim writes evidence for, released with it.
+    pub(super) identity: Option<&'a str>,
+    /// Set while the claim is a fresh one (or being made) and no handler has started; cleared
+    /// before a takeover, a re-entry or an adoption is sent, and before the handler runs.
+    pub(super) unstarted: &'a AtomicBool,
 }
 
 impl GiveBack<'_> {
@@ -66,7 +75,31 @@ impl Drop for GiveBack<'_> {
         );
         let key = self.key.clone();
         let token = self.token.to_owned();
+        let unstarted = self
+            .unstarted
+            .load(Ordering::SeqCst)
+            .then(|| self.identity.map(str::to_owned));
         let give_back = Box::pin(async move {
+            if let Some(identity) = unstarted {
+                let target = Target {
+                    key: &key,
+                    identity: identity.as_deref(),
+                    guard: Guard::Lease(&token),
+                };
+                match store.release(target).await {
+                    Ok(Fence::Held) => {
+                        warn!(
+                            key = key.short(),
+                            "cancelled before the handler ran: claim released"
+                        );
+                    }
+                    Ok(Fence::Lost { .. }) => {}
+                    Err(err) => {
+                        warn!(key = key.short(), error = %err, "cancelled: could not release the claim; it waits out its lease")
+                    }
+                }
+                return;
+            }
             let target = Target {
                 key: &key,
                 identity: None,

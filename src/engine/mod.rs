@@ -23,6 +23,7 @@ use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::future::BoxFuture;
 use std::time::{Duration, Instant, SystemTime};
@@ -451,6 +452,7 @@ impl Idempotency {
         // An owned claim is kept for its owner's return: the durable SDK cancels its handler at
         // every suspension.
         let lands_by = LandsBy::default();
+        let unstarted = AtomicBool::new(true);
         let mut give_back = GiveBack {
             store: &self.store,
             clock: &*self.clock,
@@ -460,17 +462,22 @@ impl Idempotency {
             lease_expires_at: deadline,
             lands_by: &lands_by,
             armed: invocation.owner.is_none(),
+            identity: claim.identity.as_deref(),
+            unstarted: &unstarted,
         };
         let claiming = Instant::now();
-        let mut claimed = self.claim(&claim, invocation, now).await;
-        // A record whose retention has run out answers nothing: one that stood in the claim's
-        // way and was settled meanwhile as expired (an operator's release, written to let the
-        // next delivery run) is claimed again, once.
-        if let Ok(AfterClaim::Answer(existing)) = &claimed
-            && existing.counts_as_absent(now)
-        {
-            debug!("the record that answered the claim has expired: claimed again");
-            claimed = self.claim(&claim, invocation, now).await;
+        let mut claimed = self.claim(&claim, invocation, now, &unstarted).await;
+        // A record that went, or whose retention has run out, answers nothing: one that stood
+        // in the claim's way and was released meanwhile (by its own cancelled claimer, by an
+        // operator, whose release is written already expired) is claimed again, once.
+        let again = match &claimed {
+            Ok(AfterClaim::Answer(existing)) => existing.counts_as_absent(now),
+            Ok(AfterClaim::Gone { .. }) => true,
+            _ => false,
+        };
+        if again {
+            debug!("the record in the claim's way went meanwhile: claimed again");
+            claimed = self.claim(&claim, invocation, now, &unstarted).await;
         }
         self.observe_latency(key, observe::Phase::Claim, claiming);
         let held = match claimed {
@@ -491,6 +498,16 @@ impl Idempotency {
                 let answer = answer_existing(*existing, invocation, now);
                 return Ran::unrun(answer, invocation, handler);
             }
+            // Gone twice: another caller is at work on it.
+            Ok(AfterClaim::Gone { attempt }) => {
+                give_back.disarm();
+                let busy = Error::AlreadyInProgress {
+                    key: key.clone(),
+                    attempt,
+                    retry_after: Duration::ZERO,
+                };
+                return Ran::unrun(Err(busy), invocation, handler);
+            }
             Err(err) => {
                 give_back.disarm();
                 return Ran::unrun(Err(err), invocation, handler);
@@ -509,6 +526,8 @@ impl Idempotency {
             identity: identity.as_deref(),
             guard: Guard::Lease(&claim.lease.token),
         };
+        // From here a cancellation gives the claim back: the handler may run.
+        unstarted.store(false, Ordering::SeqCst);
         let answer = self
             .run_held(target, invocation, &claim, held, &lands_by, handler)
             .await;
@@ -722,6 +741,11 @@ enum AfterClaim {
     Run(Held),
     /// Another record stands: answer from it (replay, retained failure, wait).
     Answer(Box<Record>),
+    /// The record a takeover (of `attempt`) was for went meanwhile: claim again.
+    Gone {
+        /// The attempt the takeover would have been.
+        attempt: u32,
+    },
 }
 
 /// How the caller came to hold the lease.

@@ -108,7 +108,8 @@ impl Protocol {
                     TookOver::Answer(current) => {
                         Pc::Done(self.answer_from(state, w, *current, clock))
                     }
-                    TookOver::InProgress => Pc::Done(Answer::RetryNow),
+                    // The engine claims again once, as a caller told to retry at once would.
+                    TookOver::Gone => Pc::Done(Answer::RetryNow),
                 }
             }
             Pc::Running(held) if stepped && held.phase != Phase::Acted => {

@@ -272,7 +272,9 @@ impl<S: Store> CachedStore<S> {
         let answer = self.inner.call(request).await?;
         let pending = pending_key(&previous.key, &lease.token);
         if let Some(mut claim) = self.pending.get(&pending).map(|claim| (*claim).clone()) {
-            // The record taken over: the previous one's creation, the new lease.
+            // The record taken over: the previous one's creation and fingerprint (a takeover
+            // rewrites neither: a record an earlier rule wrote keeps its digest), the new lease.
+            claim.fingerprint.clone_from(&previous.fingerprint);
             claim.lease = lease.clone();
             claim.steps.clone_from(&previous.steps);
             claim.steps_version = previous.steps_version;

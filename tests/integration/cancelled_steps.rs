@@ -113,3 +113,87 @@ async fn a_cancelled_handlers_pending_result_comes_back_uncertain_and_its_check_
         assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}: not charged again");
     }
 }
+
+/// Applies each claim it is sent, then never answers: the claim committed and its answer is
+/// in flight when the task is cancelled.
+#[derive(Debug)]
+struct ClaimsThenHangs {
+    inner: lambda_idempotency::store::AnyStore,
+    claimed: std::sync::Mutex<Option<oneshot::Sender<()>>>,
+}
+
+impl lambda_idempotency::store::Store for ClaimsThenHangs {
+    fn call<'a>(
+        &'a self,
+        request: lambda_idempotency::store::Request<'a>,
+    ) -> lambda_idempotency::reconcile::BoxFuture<
+        'a,
+        Result<lambda_idempotency::store::Answer, lambda_idempotency::StoreError>,
+    > {
+        Box::pin(async move {
+            let answer = self.inner.call(request).await;
+            if matches!(request, lambda_idempotency::store::Request::Claim { .. }) {
+                if let Some(claimed) = self.claimed.lock().expect("claimed").take() {
+                    let _ = claimed.send(());
+                }
+                std::future::pending::<()>().await;
+            }
+            answer
+        })
+    }
+
+    fn transactional(&self) -> Option<&dyn lambda_idempotency::store::TransactionalStore> {
+        self.inner.transactional()
+    }
+}
+
+/// A task cancelled while its fresh claim's answer is in flight ran no handler: the claim is
+/// released whole, and the next delivery runs, even under the default recovery (a shortened
+/// lease would have looked like a crash there, and held the operation for an operator).
+#[tokio::test]
+async fn a_task_cancelled_before_its_handler_started_releases_its_claim() {
+    for backend in both().await {
+        let name = backend.name;
+        let (claimed_tx, claimed_rx) = oneshot::channel();
+        let hanging = ClaimsThenHangs {
+            inner: backend.store.clone(),
+            claimed: std::sync::Mutex::new(Some(claimed_tx)),
+        };
+        let given_back = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let idem = Idempotency::new(hanging)
+            .with_clock(backend.clock.clone())
+            .with_spawner({
+                let given_back = Arc::clone(&given_back);
+                move |task| given_back.lock().expect("tasks").push(task)
+            });
+        let inv = invocation("cancelled-claiming", &json!({"order": 31}));
+        let runs = Arc::new(AtomicUsize::new(0));
+        let worker = tokio::spawn({
+            let (idem, inv, runs) = (idem.clone(), inv.clone(), Arc::clone(&runs));
+            async move {
+                idem.execute(&inv, |_| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, BoxError>(1)
+                })
+                .await
+            }
+        });
+        claimed_rx.await.expect("claimed");
+        worker.abort();
+        let _ = worker.await;
+        let tasks: Vec<_> = std::mem::take(&mut *given_back.lock().expect("tasks"));
+        assert_eq!(tasks.len(), 1, "{name}: one give-back");
+        for task in tasks {
+            task.await;
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "{name}: nothing ran");
+
+        let redelivery = Idempotency::new(backend.store).with_clock(backend.clock.clone());
+        let done = redelivery
+            .execute(&inv, |_| async { Ok::<_, BoxError>(2) })
+            .await
+            .unwrap_or_else(|err| panic!("{name}: the redelivery runs: {err}"));
+        assert!(!done.is_replay(), "{name}");
+        assert_eq!(*done.value(), 2, "{name}");
+    }
+}

@@ -189,8 +189,9 @@ pub(crate) enum TookOver {
     Held,
     /// Another write came first: answer from the record as it stands.
     Answer(Box<Record>),
-    /// Another write came first and the record is gone: another caller is at work.
-    InProgress,
+    /// Another write came first and the record is gone (released, given back whole, deleted
+    /// by TTL): the key is claimed again.
+    Gone,
 }
 
 /// What the fenced answer `fence` to a takeover that wrote `lease` means.
@@ -203,7 +204,7 @@ pub(crate) fn took_over(fence: Fence, lease: &Lease) -> TookOver {
         Fence::Lost {
             current: Some(current),
         } => TookOver::Answer(current),
-        Fence::Lost { current: None } => TookOver::InProgress,
+        Fence::Lost { current: None } => TookOver::Gone,
     }
 }
 

@@ -98,7 +98,7 @@ fn a_lost_takeover_answer_is_recognised_only_by_its_own_lease() {
     ));
     assert!(matches!(
         took_over(Fence::Lost { current: None }, &mine.lease),
-        TookOver::InProgress
+        TookOver::Gone
     ));
 }
 

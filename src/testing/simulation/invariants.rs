@@ -87,6 +87,11 @@ impl<S: Store + Clone> World<S> {
                 .await
                 .ok()
                 .flatten();
+            if record.is_none() {
+                // A give-back released in a task of its own may have applied since the
+                // account above was taken: take it again, after the read.
+                self.observe_existence();
+            }
             let counted = lock(&self.shared).ledger.check(op);
             let broken = counted
                 .err()

@@ -180,6 +180,11 @@ impl<S: Store + Clone> World<S> {
         let Ok(record) = self.store.inner().get(invocation.key()).await else {
             return false;
         };
+        if record.is_none() {
+            // A give-back released in a task of its own may have applied since the account
+            // above was taken: take it again, after the read.
+            self.observe_existence();
+        }
         if record.is_none() && self.absence[op] == Absence::Stands {
             self.pending_violation.get_or_insert(format!(
                 "operation {op}: its record is missing, though no release, operator or TTL sweep after its expiry removed it"
