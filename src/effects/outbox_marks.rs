@@ -167,6 +167,17 @@ impl OutboxMarks {
         &self.table
     }
 
+    /// An `UpdateItem` of event `id`'s item: every mark is one.
+    fn update(
+        &self,
+        id: &str,
+    ) -> aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder {
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", AttributeValue::S(id.to_owned()))
+    }
+
     /// Marks event `id` published by `by` at `now`: out of the pending index, expiring
     /// [`OUTBOX_RETENTION`] later.
     ///
@@ -179,10 +190,7 @@ impl OutboxMarks {
         now: SystemTime,
     ) -> Result<Marked, OutboxError> {
         let update = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key("pk", AttributeValue::S(id.to_owned()))
+            .update(id)
             .update_expression(
                 "SET published_at = :now, published_by = :by, expires_at = :expires REMOVE pending, redriven_at, redrives",
             )
@@ -271,10 +279,7 @@ impl OutboxMarks {
     /// [`OutboxError::Request`] when DynamoDB fails the write.
     pub async fn redrive(&self, id: &str, now: SystemTime) -> Result<Marked, OutboxError> {
         let update = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key("pk", AttributeValue::S(id.to_owned()))
+            .update(id)
             .update_expression("SET redriven_at = :now ADD redrives :one")
             .condition_expression(
                 "attribute_exists(pk) AND attribute_not_exists(published_at) AND pending <> :parked",
@@ -300,10 +305,7 @@ impl OutboxMarks {
         now: SystemTime,
     ) -> Result<Marked, OutboxError> {
         let update = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key("pk", AttributeValue::S(id.to_owned()))
+            .update(id)
             .update_expression(
                 "SET pending = :parked, parked_at = :now, parked_reason = :reason REMOVE expires_at, redriven_at",
             )
@@ -327,10 +329,7 @@ impl OutboxMarks {
     /// [`OutboxError::Request`] when DynamoDB fails the write.
     pub async fn unpark(&self, id: &str) -> Result<Marked, OutboxError> {
         let update = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key("pk", AttributeValue::S(id.to_owned()))
+            .update(id)
             .update_expression(
                 "SET pending = :shard REMOVE parked_at, parked_reason, redrives, redriven_at, sweep_failures, sweep_failed_at",
             )
@@ -402,10 +401,7 @@ impl OutboxMarks {
         now: SystemTime,
     ) -> Result<Marked, OutboxError> {
         let update = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key("pk", AttributeValue::S(id.to_owned()))
+            .update(id)
             .update_expression("SET pending = :retry, sweep_failed_at = :now ADD sweep_failures :one")
             .condition_expression(
                 "attribute_exists(pk) AND attribute_not_exists(published_at) AND pending <> :parked",

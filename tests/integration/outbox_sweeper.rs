@@ -91,28 +91,13 @@ async fn write_too_large(rig: &Rig, id: &str) {
         .is_err(),
         "refused at commit"
     );
-    let s = |value: &str| AttributeValue::S(value.to_owned());
     let created = rig
         .clock
         .now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("after epoch")
         .as_millis();
-    rig.db
-        .client
-        .put_item()
-        .table_name(rig.outbox.table())
-        .item("pk", s(id))
-        .item("event", s("too-large"))
-        .item("operation", s("elsewhere"))
-        .item("destination", s("sqs"))
-        .item("target", s(&rig.orders_queue))
-        .item("payload", s(&too_large))
-        .item("created_at", AttributeValue::N(created.to_string()))
-        .item("pending", s(&format!("p{}", &id[..1])))
-        .send()
-        .await
-        .expect("written");
+    write_event(rig, id, &rig.orders_queue, created, &too_large).await;
 }
 
 #[tokio::test]
@@ -562,8 +547,8 @@ async fn an_unreadable_pending_item_is_reported_and_never_stops_a_sweep() {
 }
 
 /// Writes a pending event `id` for the SQS queue `queue_url`, committed at `created` (epoch
-/// milliseconds), as the crate's producers write it.
-async fn write_event(rig: &Rig, id: &str, queue_url: &str, created: u128) {
+/// milliseconds), with `payload`, as a producer writes it.
+async fn write_event(rig: &Rig, id: &str, queue_url: &str, created: u128, payload: &str) {
     let s = |value: &str| AttributeValue::S(value.to_owned());
     rig.db
         .client
@@ -574,7 +559,7 @@ async fn write_event(rig: &Rig, id: &str, queue_url: &str, created: u128) {
         .item("operation", s("elsewhere"))
         .item("destination", s("sqs"))
         .item("target", s(queue_url))
-        .item("payload", s(&json!({"id": id}).to_string()))
+        .item("payload", s(payload))
         .item("created_at", AttributeValue::N(created.to_string()))
         .item("pending", s(&format!("p{}", &id[..1])))
         .send()
@@ -599,10 +584,10 @@ async fn events_whose_destination_keeps_failing_never_stand_before_the_others() 
         .as_millis();
     for n in 0..3u128 {
         let id = format!("3{}", n.to_string().repeat(63));
-        write_event(&rig, &id, &deleted, committed + n).await;
+        write_event(&rig, &id, &deleted, committed + n, "{}").await;
     }
     let behind = format!("3{}", "f".repeat(63));
-    write_event(&rig, &behind, &rig.orders_queue, committed + 10).await;
+    write_event(&rig, &behind, &rig.orders_queue, committed + 10, "{}").await;
 
     // One event per partition and sweep: the smallest share, the hardest case.
     let sweeper = Sweeper::new(rig.publisher(), rig.marks()).limit(16);
@@ -669,7 +654,7 @@ async fn one_commits_events_of_one_aggregate_are_swept_in_their_sequence() {
         .as_millis();
     // The second event's id sorts before the first's, in an earlier partition.
     for (id, sequence) in [("9".repeat(64), 1), ("2".repeat(64), 2)] {
-        write_event(&rig, &id, &rig.orders_queue, committed).await;
+        write_event(&rig, &id, &rig.orders_queue, committed, "{}").await;
         rig.db
             .client
             .update_item()
