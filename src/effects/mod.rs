@@ -70,6 +70,7 @@
 pub(crate) mod destinations;
 pub(crate) mod outbox;
 pub(crate) mod outbox_marks;
+pub(crate) mod pending_index;
 mod step;
 mod transaction;
 
@@ -80,12 +81,13 @@ pub(crate) const COMPLETION_EVENTS: &str = "";
 pub use self::destinations::{DESTINATIONS_VAR, Destination, Destinations};
 pub use self::outbox::{
     EventOrder, ID_ATTRIBUTE, MAX_EVENT_BYTES, MAX_ORDERING_KEY_BYTES, OUTBOX_RETENTION, Outbox,
-    OutboxEvent, OutboxRecord, PARKED, PENDING_INDEX, PENDING_SHARDS, event_id,
+    OutboxEvent, OutboxRecord, event_id,
 };
 pub use self::outbox_marks::{
     Found, MAX_PARKED_REASON_BYTES, Marked, OutboxError, OutboxMarks, PendingEvent, PublishedBy,
     SETTLED_READS,
 };
+pub use self::pending_index::{PARKED, PENDING_INDEX, PENDING_SHARDS};
 pub use self::step::{NotApplied, StepCheck, StepError};
 pub use self::transaction::{Transaction, Writes};
 /// The step builder lives with the attempt, in the engine; its 0.4 path stays.

@@ -49,6 +49,9 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::destinations::{DESTINATIONS_VAR, Destination, Destinations};
+use super::pending_index::pending_shard;
+#[cfg(doc)]
+use super::pending_index::{PARKED, PENDING_INDEX};
 use crate::error::Error;
 use crate::key::OperationKey;
 use crate::record::epoch_millis;
@@ -65,49 +68,9 @@ pub const OUTBOX_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// park one written otherwise.
 pub const MAX_EVENT_BYTES: usize = 256 * 1024;
 
-/// The outbox table's sparse global secondary index of pending and parked events: partition
-/// key `pending` (S), sort key `created_at` (N), all attributes projected. Only items carrying
-/// `pending` are in it, so reading it costs what is pending.
-pub const PENDING_INDEX: &str = "pending";
-
 /// The SNS and SQS message attribute that carries the event id, which the crate's SQS door keys
 /// by.
 pub const ID_ATTRIBUTE: &str = "idempotency-key";
-
-/// The `pending` value of a parked event (its destination refused it).
-pub const PARKED: &str = "parked";
-
-/// The `pending` values of pending events: the event id's first hex digit after a `p`, so that
-/// the index's writes spread over sixteen partitions.
-pub const PENDING_SHARDS: [&str; 16] = [
-    "p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9", "pa", "pb", "pc", "pd", "pe", "pf",
-];
-
-/// The `pending` values of pending events a sweep failed to publish (`r` and the same digit):
-/// apart from [`PENDING_SHARDS`], so that events whose destination keeps failing never stand
-/// before the ones no sweep has tried yet.
-pub(crate) const RETRY_SHARDS: [&str; 16] = [
-    "r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8", "r9", "ra", "rb", "rc", "rd", "re", "rf",
-];
-
-/// The `pending` shard of event `id` (by its digest's first hex digit).
-pub(crate) fn pending_shard(id: &str) -> &'static str {
-    PENDING_SHARDS[shard_digit(id)]
-}
-
-/// The retry shard of event `id`: its [`pending_shard`]'s digit.
-pub(crate) fn retry_shard(id: &str) -> &'static str {
-    RETRY_SHARDS[shard_digit(id)]
-}
-
-fn shard_digit(id: &str) -> usize {
-    let digit = id_digest(id)
-        .chars()
-        .next()
-        .and_then(|first| first.to_digit(16))
-        .unwrap_or(0);
-    digit as usize % PENDING_SHARDS.len()
-}
 
 /// The most bytes of an ordering key: SQS's and SNS's `MessageGroupId` (128 characters of
 /// ASCII letters, digits and punctuation).

@@ -13,9 +13,9 @@ use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_sdk_dynamodb::types::AttributeValue;
 use tracing::warn;
 
-use super::outbox::{
-    OUTBOX_RETENTION, Outbox, OutboxRecord, PARKED, PENDING_INDEX, PENDING_SHARDS, RETRY_SHARDS,
-    pending_shard, retry_shard,
+use super::outbox::{OUTBOX_RETENTION, Outbox, OutboxRecord};
+use super::pending_index::{
+    PARKED, PENDING_INDEX, PENDING_SHARDS, RETRY_SHARDS, pending_shard, retry_shard,
 };
 use crate::error::BoxError;
 use crate::record::{epoch_millis, epoch_secs};
@@ -394,12 +394,13 @@ impl OutboxMarks {
 
     /// Records that a sweep at `now` failed to publish pending event `id`: counted
     /// (`sweep_failures`), timed (`sweep_failed_at`) and moved to its retry partition of the
-    /// index ([`OutboxMarks::due`]).
+    /// index ([`OutboxMarks::due`]). The failures counted so far, `None` when the event is no
+    /// longer pending (published or parked meanwhile).
     pub(crate) async fn sweep_failed(
         &self,
         id: &str,
         now: SystemTime,
-    ) -> Result<Marked, OutboxError> {
+    ) -> Result<Option<u32>, OutboxError> {
         let update = self
             .update(id)
             .update_expression("SET pending = :retry, sweep_failed_at = :now ADD sweep_failures :one")
@@ -410,9 +411,27 @@ impl OutboxMarks {
             .expression_attribute_values(":parked", AttributeValue::S(PARKED.to_owned()))
             .expression_attribute_values(":now", number(epoch_millis(now)))
             .expression_attribute_values(":one", number(1))
+            .return_values(aws_sdk_dynamodb::types::ReturnValue::UpdatedNew)
             .send()
             .await;
-        settled(update, "UpdateItem")
+        match update {
+            Ok(updated) => Ok(Some(
+                updated
+                    .attributes()
+                    .and_then(|new| new.get("sweep_failures"))
+                    .and_then(|count| count.as_n().ok())
+                    .and_then(|count| count.parse().ok())
+                    .unwrap_or(1),
+            )),
+            Err(err)
+                if err
+                    .as_service_error()
+                    .is_some_and(|service| service.is_conditional_check_failed_exception()) =>
+            {
+                Ok(None)
+            }
+            Err(err) => Err(OutboxError::request("UpdateItem", err)),
+        }
     }
 
     /// Up to `limit` parked events, oldest first.
@@ -470,7 +489,11 @@ impl OutboxMarks {
                 .table_name(&self.table)
                 .index_name(PENDING_INDEX)
                 .scan_index_forward(true)
-                .limit(i32::try_from(wanted.clamp(10, 100)).unwrap_or(100))
+                // Reading past events whose turn has not come: whole pages.
+                .limit(match due {
+                    Some(_) => 100,
+                    None => i32::try_from(wanted.clamp(1, 100)).unwrap_or(100),
+                })
                 .expression_attribute_values(":p", AttributeValue::S(partition.to_owned()))
                 .set_exclusive_start_key(start.take());
             query = match before {
@@ -521,7 +544,7 @@ const READ_PAST: usize = 20;
 
 /// The longest a sweep waits to try again an event it failed to publish: its backoff doubled
 /// six times.
-const MAX_BACKOFF_DOUBLINGS: u32 = 6;
+pub(crate) const MAX_BACKOFF_DOUBLINGS: u32 = 6;
 
 /// Whether a sweep at `now` tries the indexed `item`: no sweep failed to publish it, or the
 /// last failed at least `backoff` × 2^(failures − 1) (at most 2^[`MAX_BACKOFF_DOUBLINGS`]) ago.

@@ -477,6 +477,9 @@ impl Idempotency {
         };
         if again {
             debug!("the record in the claim's way went meanwhile: claimed again");
+            // No write of ours stands (a takeover that committed answers `Held`): the claim
+            // starts afresh, and a cancellation before the handler releases it whole.
+            unstarted.store(true, Ordering::SeqCst);
             claimed = self.claim(&claim, invocation, now, &unstarted).await;
         }
         self.observe_latency(key, observe::Phase::Claim, claiming);

@@ -788,3 +788,76 @@ async fn a_new_output_type_still_replays_the_records_an_earlier_build_completed(
         assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}: run once");
     }
 }
+
+/// A reconciler's `Applied` value, given in the handler's place on a batch door, is stored as
+/// given: the door reads results as JSON, whatever the handler's type, and keeps them so.
+#[tokio::test]
+async fn a_reconcilers_value_is_stored_as_given_on_a_batch_door() {
+    for backend in super::backends::both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        let store = backend.store.clone();
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let scope = OperationScope::new("reconciled", "orders").expect("scope");
+        let policy = sources::sqs(Some("/order_id")).expect("sqs");
+        let order = super::backends::sqs_message("m-1", json!({"order_id": "o-9"}));
+        let (key, _) = policy.derive(&scope, &order).expect("key");
+        let context = Context::default();
+
+        // The first delivery's process dies mid-handler: its claim stays.
+        let crashed = Operation::new(idem.clone(), scope.clone(), policy.clone()).batch();
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let started_tx = Arc::new(Mutex::new(Some(started_tx)));
+        let worker = tokio::spawn({
+            let order = order.clone();
+            async move {
+                crashed
+                    .process(
+                        vec![order],
+                        &context_with_deadline(start_time() + Duration::from_secs(60)),
+                        |_, _| {
+                            let started_tx = Arc::clone(&started_tx);
+                            async move {
+                                if let Some(started) = started_tx.lock().expect("started").take() {
+                                    let _ = started.send(());
+                                }
+                                std::future::pending::<Result<u64, lambda_idempotency::BoxError>>()
+                                    .await
+                            }
+                        },
+                    )
+                    .await
+            }
+        });
+        started_rx.await.expect("started");
+        drop(worker); // detached, pending for ever: a crash, not a cancellation
+        clock.advance(Duration::from_secs(3600));
+
+        let reconciled = Operation::new(idem, scope, policy)
+            .with_reconciler(|_: lambda_idempotency::reconcile::Takeover| async {
+                Ok::<_, lambda_idempotency::BoxError>(
+                    lambda_idempotency::effects::Checked::Applied(json!({"charge": "ch_9"})),
+                )
+            })
+            .batch();
+        let report = reconciled
+            .process(vec![order], &context, |_, _| async {
+                Ok::<_, lambda_idempotency::BoxError>(0_u64)
+            })
+            .await;
+        assert!(
+            matches!(report.records[0].1, RecordOutcome::AlreadyDone),
+            "{name}: {:?}",
+            report.records[0].1
+        );
+        let record = lambda_idempotency::store::StoreExt::get(&store, &key)
+            .await
+            .expect("read")
+            .expect("the record");
+        assert_eq!(
+            record.outcome.as_deref(),
+            Some(br#"{"charge":"ch_9"}"#.as_slice()),
+            "{name}: stored as the reconciler gave it"
+        );
+    }
+}

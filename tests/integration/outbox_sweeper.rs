@@ -686,3 +686,43 @@ async fn one_commits_events_of_one_aggregate_are_swept_in_their_sequence() {
         .collect();
     assert_eq!(received, ["1", "2"]);
 }
+
+/// A destination that never comes back: its events are tried at longer and longer waits, then
+/// parked with a reason an operator can act on (and alarmed through the parked count), so that
+/// the retry partitions neither grow for ever nor hide the events behind them.
+#[tokio::test]
+async fn events_whose_destination_never_comes_back_are_parked_after_the_last_try() {
+    let rig = Rig::open().await;
+    let deleted = format!("{}-deleted", rig.orders_queue);
+    let committed = rig
+        .clock
+        .now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after epoch")
+        .as_millis();
+    write_event(&rig, &"5".repeat(64), &deleted, committed, "{}").await;
+    let sweeper = Sweeper::new(rig.publisher(), rig.marks());
+    rig.clock.advance(A_WEEKEND);
+    let (mut failed, mut parked, mut sweeps) = (0, 0, 0);
+    while parked == 0 {
+        sweeps += 1;
+        assert!(
+            sweeps <= 200,
+            "parked within a day of sweeps every five minutes"
+        );
+        let report = sweeper.sweep(rig.clock.now()).await.expect("swept");
+        failed += report.failed;
+        parked += report.parked;
+        rig.clock.advance(Duration::from_secs(5 * 60));
+    }
+    assert_eq!(
+        failed + 1,
+        u64::from(lambda_idempotency::lambda::relay::sweeper::MAX_SWEEP_FAILURES),
+        "tried at each of its turns, parked at the last"
+    );
+    let parked = rig.marks().parked(10).await.expect("parked").events;
+    assert_eq!(parked.len(), 1);
+    let (_, reason) = parked[0].parked.clone().expect("parked with its reason");
+    assert!(reason.contains("unpark"), "{reason}");
+    assert_eq!(rig.marks().oldest_pending().await.expect("oldest"), None);
+}

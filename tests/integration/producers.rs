@@ -191,3 +191,20 @@ async fn a_message_whose_key_is_blank_is_refused_whatever_its_producer() {
         assert_eq!(runs.load(Ordering::SeqCst), 0, "{name}: nothing ran");
     }
 }
+
+/// A blank `idempotency-key` attribute names nothing: the body's key is the message's.
+#[tokio::test]
+async fn a_blank_key_attribute_falls_back_to_the_bodys_key() {
+    let scope = scope();
+    let policy = sources::sqs(Some("/order_id")).expect("sqs");
+    let mut blank = from("AROAPRODUCERA:i-0aaa", "m-1");
+    blank.message_attributes.insert(
+        "idempotency-key".into(),
+        serde_json::from_value(json!({"stringValue": "  ", "dataType": "String"}))
+            .expect("an attribute"),
+    );
+    let plain = from("AROAPRODUCERA:i-0aaa", "m-2");
+    let (with_blank, _) = policy.derive(&scope, &blank).expect("keyed by the body");
+    let (by_body, _) = policy.derive(&scope, &plain).expect("keyed by the body");
+    assert_eq!(with_blank, by_body);
+}

@@ -33,7 +33,9 @@ use std::time::{Duration, SystemTime};
 use tracing::warn;
 
 use super::{Publisher, Relayed, deliver_all};
-use crate::effects::outbox_marks::{Marked, OutboxError, OutboxMarks, PublishedBy};
+use crate::effects::outbox_marks::{
+    MAX_BACKOFF_DOUBLINGS, Marked, OutboxError, OutboxMarks, PublishedBy,
+};
 use crate::error::BoxError;
 
 /// How long an event may be pending before the sweeper republishes it, by default: the relay
@@ -43,6 +45,11 @@ pub const DEFAULT_SWEEP_AFTER: Duration = Duration::from_secs(10 * 60);
 
 /// The most events one sweep republishes, by default (a scheduled run's time is bounded).
 pub const DEFAULT_SWEEP_LIMIT: usize = 1000;
+
+/// How many sweeps fail to publish one event before it is parked (with the waits between them,
+/// which double from the sweeper's threshold: about 11 hours at the default ten minutes): a
+/// destination that failed that long (a queue deleted, a grant missing) needs an operator.
+pub const MAX_SWEEP_FAILURES: u32 = 7;
 
 /// How often a redriving sweeper hands one event back to the stream before it parks it: a Pipe
 /// that did not publish it (its destination refuses it, its retries run out) or whose marker
@@ -216,14 +223,11 @@ impl Sweeper {
                         let lag = now.duration_since(*created_at).ok();
                         report.max_lag = report.max_lag.max(lag);
                     }
-                    if answer.is_err() {
-                        // Out of the way of the events no sweep has tried, and tried again
-                        // later each time; the count says it failed either way.
-                        if let Err(err) = self.marks.sweep_failed(id, now).await {
-                            warn!(event = %name, error = %err, "a failed outbox event's retry could not be recorded: tried again at the next sweep");
-                        }
-                    }
-                    report.count(name, answer.map(|_| Some(published)));
+                    let answer = match answer {
+                        Ok(_) => Ok(Some(published)),
+                        Err(err) => self.failed(id, name, now, err).await,
+                    };
+                    report.count(name, answer);
                 }
             }
             Via::Stream => {
@@ -239,6 +243,43 @@ impl Sweeper {
             .await?
             .map(|oldest| now.duration_since(oldest).unwrap_or_default());
         Ok(report)
+    }
+
+    /// What becomes of event `id`, whose publish failed (`err`): out of the way of the events
+    /// no sweep has tried, tried again later each time, and parked (`Ok(Some(false))`) once it
+    /// failed [`MAX_SWEEP_FAILURES`] sweeps, so that a destination that never comes back
+    /// neither holds the retry partitions for ever nor hides the events behind it there.
+    async fn failed(
+        &self,
+        id: &str,
+        name: &str,
+        now: SystemTime,
+        err: BoxError,
+    ) -> Result<Option<bool>, BoxError> {
+        match self.marks.sweep_failed(id, now).await {
+            Ok(Some(failures)) if failures >= MAX_SWEEP_FAILURES => {
+                let reason = format!(
+                    "its destination failed every publish at {failures} sweeps (about {} hours): see the sweeper's logs and OutboxSweepFailed, fix the destination, then unpark it",
+                    self.patience().as_secs() / 3600
+                );
+                let marked = self.marks.park(id, &reason, now).await?;
+                Ok((marked == Marked::Now).then_some(false))
+            }
+            Ok(_) => Err(err),
+            Err(not_recorded) => {
+                warn!(event = %name, error = %not_recorded, "a failed outbox event's retry could not be recorded: tried again at the next sweep");
+                Err(err)
+            }
+        }
+    }
+
+    /// How long an event keeps being tried before it is parked: the sweeper's threshold, then
+    /// each wait between two of its [`MAX_SWEEP_FAILURES`] tries.
+    fn patience(&self) -> Duration {
+        (0..MAX_SWEEP_FAILURES - 1).fold(self.after, |total, failure| {
+            let doublings = failure.min(MAX_BACKOFF_DOUBLINGS);
+            total.saturating_add(self.after.saturating_mul(1 << doublings))
+        })
     }
 
     /// Hands `event` back to the stream, unless the last redrive is recent (committed before

@@ -62,19 +62,20 @@ type Material = Arc<dyn Fn(&SqsMessage) -> Option<Value> + Send + Sync>;
 fn key_material(body_pointer: Option<&str>) -> Result<Material, ConfigError> {
     let pointer = body_pointer.map(JsonPointer::new).transpose()?;
     Ok(Arc::new(move |message: &SqsMessage| {
+        // Each checked before the producer wraps it (`{"producer": …, "key": null}` is not
+        // empty): a blank attribute falls back to the body, a blank body key is none.
         let attribute = message
             .message_attributes
             .get(SQS_KEY_ATTRIBUTE)
             .and_then(|attribute| attribute.string_value.clone())
-            .map(Value::String);
-        attribute
-            .or_else(|| {
-                pointer
-                    .as_ref()
-                    .and_then(|p| p.find(&body_json(message.body.as_deref())).cloned())
-            })
-            // Checked before the producer wraps it: `{"producer": …, "key": null}` is not empty.
-            .filter(|key| !is_empty_material(key))
+            .map(Value::String)
+            .filter(|key| !is_empty_material(key));
+        attribute.or_else(|| {
+            pointer
+                .as_ref()
+                .and_then(|p| p.find(&body_json(message.body.as_deref())).cloned())
+                .filter(|key| !is_empty_material(key))
+        })
     }))
 }
 
