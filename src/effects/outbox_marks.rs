@@ -395,7 +395,8 @@ impl OutboxMarks {
     /// Records that a sweep at `now` failed to publish pending event `id`: counted
     /// (`sweep_failures`), timed (`sweep_failed_at`) and moved to its retry partition of the
     /// index ([`OutboxMarks::due`]). The failures counted so far, `None` when the event is no
-    /// longer pending (published or parked meanwhile).
+    /// longer pending (published or parked meanwhile) or this failure is counted already (the
+    /// write's answer was lost and its retry found it done).
     pub(crate) async fn sweep_failed(
         &self,
         id: &str,
@@ -404,8 +405,9 @@ impl OutboxMarks {
         let update = self
             .update(id)
             .update_expression("SET pending = :retry, sweep_failed_at = :now ADD sweep_failures :one")
+            // A retry of this very write (its answer lost) counts nothing twice.
             .condition_expression(
-                "attribute_exists(pk) AND attribute_not_exists(published_at) AND pending <> :parked",
+                "attribute_exists(pk) AND attribute_not_exists(published_at) AND pending <> :parked AND (attribute_not_exists(sweep_failed_at) OR sweep_failed_at <> :now)",
             )
             .expression_attribute_values(":retry", AttributeValue::S(retry_shard(id).to_owned()))
             .expression_attribute_values(":parked", AttributeValue::S(PARKED.to_owned()))
