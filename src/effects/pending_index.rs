@@ -8,7 +8,8 @@ use super::outbox::id_digest;
 /// `pending` are in it, so reading it costs what is pending.
 pub const PENDING_INDEX: &str = "pending";
 
-/// The `pending` value of a parked event (its destination refused it).
+/// The `pending` value of a parked event (its destination refused it, or failed every publish
+/// of the sweeper's tries).
 pub const PARKED: &str = "parked";
 
 /// The `pending` values of pending events: the event id's first hex digit after a `p`, so that

@@ -6,15 +6,15 @@
 
 use serde::de::{Deserialize, Deserializer};
 use serde::{Serialize, Serializer};
-use serde_json::Value;
+use serde_json::value::RawValue;
 
 /// The handler's fresh result, or one read as JSON: a stored result, or one given in the
 /// handler's place (a reconciler's `Applied` value, stored as given).
 pub(super) enum Discarded<T> {
     /// What the handler returned: stored as it serializes.
     Fresh(T),
-    /// A result read as JSON, whatever its shape.
-    Read(Value),
+    /// A result read as JSON text, kept as it is (any depth, any number).
+    Read(Box<RawValue>),
 }
 
 impl<T: Serialize> Serialize for Discarded<T> {
@@ -28,7 +28,7 @@ impl<T: Serialize> Serialize for Discarded<T> {
 
 impl<'de, T> Deserialize<'de> for Discarded<T> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Value::deserialize(deserializer).map(Self::Read)
+        Box::<RawValue>::deserialize(deserializer).map(Self::Read)
     }
 }
 
@@ -42,7 +42,15 @@ mod tests {
     fn a_fresh_result_is_stored_as_the_handler_wrote_it_and_any_read_one_as_read() {
         let fresh = serde_json::to_string(&Discarded::Fresh(vec!["a", "b"])).ok();
         assert_eq!(fresh.as_deref(), Some(r#"["a","b"]"#));
-        for stored in [r#""a string""#, r#"{"placed":7}"#, "null", "[1,2]"] {
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        for stored in [
+            r#""a string""#,
+            r#"{"placed":7}"#,
+            "null",
+            "[1,2]",
+            "1e400",
+            &deep,
+        ] {
             let read = serde_json::from_str::<Discarded<u64>>(stored);
             assert!(matches!(read, Ok(Discarded::Read(_))), "{stored}");
         }

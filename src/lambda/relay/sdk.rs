@@ -1,6 +1,7 @@
 //! The transport through the AWS SDK: `PutEvents` for EventBridge, `PublishBatch` for an SNS
 //! topic, `SendMessageBatch` for an SQS queue, each entry's failure told apart (a refusal by
-//! the sender's fault parks the event; anything else is retried).
+//! the sender's fault parks the event; anything else is retried: by the stream on the relay's
+//! path, and by the sweeper at longer and longer waits, which parks it after its last try).
 
 use futures_util::future::BoxFuture;
 
@@ -38,7 +39,8 @@ where
 
 /// An EventBridge entry's failure: a malformed or invalid entry refuses the event; anything
 /// else (throttling, an internal error, access denied, a code this build does not know) is
-/// retried, never parked: a grant or a bus policy can be fixed.
+/// retried, not parked at once: a grant or a bus policy can be fixed (the sweeper parks it
+/// only after its last try).
 fn entry_failure(code: &str) -> PublishError {
     if code == "MalformedDetail" || REFUSALS.contains(&code) {
         PublishError::Refused {

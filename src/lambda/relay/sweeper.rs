@@ -8,7 +8,8 @@
 //! event its destination refuses is parked and never blocks the others; one whose publish
 //! fails (a queue deleted, a grant missing) stays pending, moves to its partition's retry
 //! partition of the index, and is tried again after a wait that doubles with each failure, so
-//! that it never stands before the events no sweep has tried. On the Pipe path
+//! that it never stands before the events no sweep has tried; after [`MAX_SWEEP_FAILURES`]
+//! failed sweeps it is parked too, for an operator. On the Pipe path
 //! ([`Sweeper::redriving`]) the sweeper hands each pending event back to the stream instead, so
 //! that the Pipe publishes it exactly as it publishes every event.
 //!
@@ -85,7 +86,8 @@ pub struct SweepReport {
     /// Events their destination refused: parked by this sweep.
     pub parked: u64,
     /// Events whose publish or mark failed: still pending, tried again by a later sweep (the
-    /// sweeper's threshold after the failure, twice that after a second, up to 64 times it),
+    /// sweeper's threshold after the failure, twice that after a second, up to 32 times it;
+    /// parked at the [seventh](MAX_SWEEP_FAILURES)),
     /// out of the way of the events no sweep has tried yet.
     pub failed: u64,
     /// Indexed items that are no outbox event this build reads: left as they are
@@ -225,7 +227,11 @@ impl Sweeper {
                     }
                     let answer = match answer {
                         Ok(_) => Ok(Some(published)),
-                        Err(err) => self.failed(id, name, now, err).await,
+                        // Its own publish failed: counted, and it waits its turn. One held
+                        // behind another of its key, or published but not marked, is left as
+                        // it is, for the next sweep.
+                        Err(err) if publish_failed(&err) => self.failed(id, name, now, err).await,
+                        Err(err) => Err(err),
                     };
                     report.count(name, answer);
                 }
@@ -259,8 +265,8 @@ impl Sweeper {
         match self.marks.sweep_failed(id, now).await {
             Ok(Some(failures)) if failures >= MAX_SWEEP_FAILURES => {
                 let reason = format!(
-                    "its destination failed every publish at {failures} sweeps (about {} hours): see the sweeper's logs and OutboxSweepFailed, fix the destination, then unpark it",
-                    self.patience().as_secs() / 3600
+                    "its destination failed every publish at {failures} sweeps over {}: see the sweeper's logs and OutboxSweepFailed, fix the destination, then unpark it",
+                    about(self.patience())
                 );
                 let marked = self.marks.park(id, &reason, now).await?;
                 Ok((marked == Marked::Now).then_some(false))
@@ -274,7 +280,8 @@ impl Sweeper {
     }
 
     /// How long an event keeps being tried before it is parked: the sweeper's threshold, then
-    /// each wait between two of its [`MAX_SWEEP_FAILURES`] tries.
+    /// each wait between two of its [`MAX_SWEEP_FAILURES`] tries (the longest 32 times the
+    /// threshold).
     fn patience(&self) -> Duration {
         (0..MAX_SWEEP_FAILURES - 1).fold(self.after, |total, failure| {
             let doublings = failure.min(MAX_BACKOFF_DOUBLINGS);
@@ -307,5 +314,48 @@ impl Sweeper {
                 Ok((marked == Marked::Now).then_some(true))
             }
         }
+    }
+}
+
+/// Whether a sweep's answer for an event is its own publish failing (not an event held behind
+/// another of its key, nor one published whose mark failed).
+fn publish_failed(err: &BoxError) -> bool {
+    matches!(
+        err.downcast_ref::<super::PublishError>(),
+        Some(super::PublishError::Failed { .. })
+    )
+}
+
+/// `duration` for a reason an operator reads: hours from two hours up, else minutes.
+fn about(duration: Duration) -> String {
+    let minutes = duration.as_secs().div_ceil(60);
+    match minutes {
+        0..120 => format!("about {minutes} minutes"),
+        _ => format!("about {} hours", (minutes + 30) / 60),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{about, publish_failed};
+    use crate::error::BoxError;
+    use crate::lambda::relay::PublishError;
+
+    #[test]
+    fn only_an_events_own_failed_publish_counts_toward_parking() {
+        let failed: BoxError = PublishError::failed("throttled").into();
+        let held: BoxError = PublishError::Held.into();
+        let mark_failed: BoxError = "the mark's write failed".into();
+        assert!(publish_failed(&failed));
+        assert!(!publish_failed(&held));
+        assert!(!publish_failed(&mark_failed));
+    }
+
+    #[test]
+    fn a_reasons_duration_reads_in_minutes_then_hours() {
+        assert_eq!(about(Duration::from_secs(64 * 30)), "about 32 minutes");
+        assert_eq!(about(Duration::from_secs(64 * 600)), "about 11 hours");
     }
 }

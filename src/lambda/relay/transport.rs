@@ -31,6 +31,10 @@ pub enum PublishError {
         #[source]
         source: BoxError,
     },
+    /// Not sent: an earlier event of its ordering key failed, and it waits behind it (it is
+    /// published again with it, later). Its own destination was not asked.
+    #[error("held behind an earlier event of its ordering key that failed; it is retried")]
+    Held,
 }
 
 impl PublishError {

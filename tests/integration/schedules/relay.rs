@@ -274,7 +274,8 @@ fn case(Setup { receipts, defect }: Setup, counts: &Counts) {
         )
         .await;
         // The stream gave up; past the sweeper's threshold and the longest wait it gives an
-        // event whose publish failed (64 times it), its last run meets no fault.
+        // event whose publish failed (32 times it, for its sixth failure), its last run meets
+        // no fault.
         faults.on.store(false, Ordering::SeqCst);
         clock.advance(Duration::from_secs(11 * 3600));
         let swept = Sweeper::new(publisher, marks)
