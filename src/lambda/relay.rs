@@ -28,10 +28,12 @@
 //! | SNS | `PublishBatch` (`MessageGroupId`: the ordering key, else the id; `MessageDeduplicationId`: the id; on a `.fifo` topic) | `event_id` in the body; the `idempotency-key` message attribute (an SQS subscriber sees it with raw message delivery) |
 //! | SQS | `SendMessageBatch` (the same on a `.fifo` queue) | the same |
 //!
-//! A consumer behind the crate's SQS door keys by the `idempotency-key` attribute by default
-//! ([`sources::sqs`](crate::lambda::sources::sqs), which keys each producer apart:
-//! [`sources::sqs_across_senders`](crate::lambda::sources::sqs_across_senders) when more than one
-//! role publishes the events); a Lambda subscribed to the topic by
+//! A consumer behind the crate's SQS door keys by the `idempotency-key` attribute with
+//! [`sources::sqs_across_senders`](crate::lambda::sources::sqs_across_senders)`(None)`: the
+//! relay, the sweeper and an operator's `idemctl outbox sweep` publish under three roles, and
+//! [`sources::sqs`](crate::lambda::sources::sqs) keys each sender's messages apart, so the
+//! sweeper's republication of an event the relay published would take effect again (let only
+//! those roles send to the queue, by its queue policy); a Lambda subscribed to the topic by
 //! [`sources::sns_by_key_attribute`](crate::lambda::sources::sns_by_key_attribute); an
 //! EventBridge consumer by
 //! [`sources::eventbridge_detail`](crate::lambda::sources::eventbridge_detail)`("/event_id")`,

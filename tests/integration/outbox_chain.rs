@@ -21,7 +21,7 @@ use lambda_idempotency::{BoxError, ExecutionContext, Idempotency, Operation, Ope
 use lambda_runtime::Context;
 use serde_json::{Value, json};
 
-use crate::relay::{Rig, deliver, event_ids};
+use crate::relay::{RELAY_ROLE, Rig, SWEEPER_ROLE, deliver, event_ids};
 
 /// Past the sweeper's threshold and the stream's 24 hours.
 const A_WEEKEND: std::time::Duration = std::time::Duration::from_secs(3 * 24 * 3600);
@@ -127,6 +127,7 @@ async fn each_event_takes_effect_once_at_its_consumer_through_a_crash_an_expired
     let answer = deliver(&mut crashed, batch).await;
     assert_eq!(answer.batch_item_failures.len(), 7, "{answer:?}");
     assert_eq!(faults.pending(), 0, "every mark failed");
+    let relayed = rig.drain(&rig.orders_queue).await;
 
     // The stream's position is discarded (its 24 hours passed): the batch never comes back. The
     // sweeper finds every event still pending, republishes six under their ids, parks the
@@ -146,17 +147,26 @@ async fn each_event_takes_effect_once_at_its_consumer_through_a_crash_an_expired
         "the poison is never published"
     );
 
-    // The orders queue holds each event twice (the relay's and the sweeper's), and delivers
-    // one message a second time: the SQS consumer acts once per event.
-    let mut orders = rig.drain(&rig.orders_queue).await;
-    assert_eq!(orders.len(), 6, "three events, each published twice");
-    let ids = event_ids(&orders, false);
+    // The orders queue got each event twice (the relay's and the sweeper's, each under its
+    // own role), and delivers one message a second time: the SQS consumer acts once per event.
+    let swept = rig.drain(&rig.orders_queue).await;
     assert_eq!(
-        ids.iter().collect::<std::collections::BTreeSet<_>>().len(),
-        3
+        (relayed.len(), swept.len()),
+        (3, 3),
+        "three events, each published twice"
     );
-    orders.push(orders[0].clone());
-    assert_eq!(rig.consume(&orders).await, 3, "one effect per event");
+    assert_eq!(event_ids(&relayed, false), event_ids(&swept, false));
+    let again = [relayed[0].clone()];
+    assert_eq!(
+        rig.consume(&[
+            (RELAY_ROLE, &relayed),
+            (SWEEPER_ROLE, &swept),
+            (RELAY_ROLE, &again)
+        ])
+        .await,
+        3,
+        "one effect per event"
+    );
 
     // The bus's rule fed its queue the same way: the EventBridge consumer acts once per event,
     // each republication (a new EventBridge id and time) a replay.

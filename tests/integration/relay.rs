@@ -272,16 +272,28 @@ impl Rig {
         serde_json::from_value(json!({"Records": records})).expect("a DynamoDB Streams event")
     }
 
-    /// Delivers `messages` to a consumer behind the crate's SQS door (keyed by the event id
-    /// the relay sets), as one batch: how often its effect ran.
-    pub(crate) async fn consume(&self, messages: &[aws_sdk_sqs::types::Message]) -> usize {
+    /// Delivers what each sender published to a consumer behind the crate's SQS door (keyed by
+    /// the event id the relay sets, across senders), as one batch: how often its effect ran.
+    /// moto gives every sender one `SenderId`; SQS gives each role its own
+    /// ([`RELAY_ROLE`], [`SWEEPER_ROLE`]), so each message carries its publisher's.
+    pub(crate) async fn consume(
+        &self,
+        published: &[(&str, &[aws_sdk_sqs::types::Message])],
+    ) -> usize {
         let consumer = lambda_idempotency::Operation::new(
             Idempotency::new(self.db.store()),
             OperationScope::new("consumer", "orders").expect("scope"),
-            sources::sqs(None).expect("policy"),
+            sources::sqs_across_senders(None).expect("policy"),
         );
         let effects = Arc::new(AtomicUsize::new(0));
-        let messages: Vec<SqsMessage> = messages.iter().map(lambda_message).collect();
+        let messages: Vec<SqsMessage> = published
+            .iter()
+            .flat_map(|(sender, messages)| {
+                messages
+                    .iter()
+                    .map(|message| lambda_message(message, sender))
+            })
+            .collect();
         let report = consumer
             .batch()
             .process(messages, &Context::default(), |_message, _ctx| {
@@ -443,7 +455,11 @@ async fn a_relay_that_published_but_never_marked_republishes_under_the_same_id_a
     assert_eq!(ids[0], ids[1], "under the same event id");
 
     // A consumer behind the crate's SQS door deduplicates on it: one effect.
-    assert_eq!(rig.consume(&orders).await, 1, "one effect per event");
+    assert_eq!(
+        rig.consume(&[(RELAY_ROLE, &orders)]).await,
+        1,
+        "one effect per event"
+    );
 }
 
 /// A mark that applies and loses its response (the SDK retries; the retry finds the event
@@ -545,8 +561,13 @@ async fn a_failed_publish_is_reported_so_the_stream_retries_it() {
     assert_eq!(answer.batch_item_failures.len(), 1, "reported, not skipped");
 }
 
-/// An SQS message as the Lambda event delivers it.
-fn lambda_message(message: &aws_sdk_sqs::types::Message) -> SqsMessage {
+/// The `SenderId` SQS gives what the relay's role sends (the role's unique id and a session).
+pub(crate) const RELAY_ROLE: &str = "AROARELAYROLE0000001:outbox-relay";
+/// The `SenderId` SQS gives what the sweeper's role sends: a role of its own.
+pub(crate) const SWEEPER_ROLE: &str = "AROASWEEPERROLE00001:outbox-sweeper";
+
+/// An SQS message as the Lambda event delivers it, sent by `sender`.
+fn lambda_message(message: &aws_sdk_sqs::types::Message, sender: &str) -> SqsMessage {
     let attributes: HashMap<String, Value> = message
         .message_attributes()
         .into_iter()
@@ -562,6 +583,7 @@ fn lambda_message(message: &aws_sdk_sqs::types::Message) -> SqsMessage {
         "messageId": message.message_id(),
         "body": message.body(),
         "messageAttributes": attributes,
+        "attributes": {"SenderId": sender},
     }))
     .expect("an SQS message")
 }

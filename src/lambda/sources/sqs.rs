@@ -44,7 +44,9 @@ pub fn sqs(body_pointer: Option<&str>) -> Result<KeyPolicy<SqsMessage>, ConfigEr
 
 /// [`sqs`] without the producer in the key: every producer's same key names one operation.
 /// For queues whose producers share one key space on purpose (one business id, whoever
-/// sends it); any producer can then suppress another's message by sending its key first.
+/// sends it), such as the outbox's events, which the relay and the sweeper publish under
+/// roles of their own; any producer can then suppress another's message by sending its key
+/// first, so let only those producers send to the queue.
 pub fn sqs_across_senders(
     body_pointer: Option<&str>,
 ) -> Result<KeyPolicy<SqsMessage>, ConfigError> {
