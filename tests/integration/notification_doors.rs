@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use aws_lambda_events::event::s3::S3Event;
 use aws_lambda_events::event::sns::SnsEvent;
+use lambda_idempotency::clock::Clock;
 use lambda_idempotency::lambda::batch::{BatchError, RecordOutcome};
 use lambda_idempotency::lambda::sources;
 use lambda_idempotency::store::StoreExt;
@@ -328,4 +329,133 @@ fn a_batch_outcome_says_whether_it_replayed() {
     assert!(RecordOutcome::Replayed.is_replay());
     assert!(!RecordOutcome::Executed.is_replay());
     assert!(!RecordOutcome::AlreadyDone.is_replay());
+}
+
+/// An S3 event whose record S3 gave no sequencer (it gives one to PUTs' and DELETEs' events
+/// only): the object's record as a restore, a lifecycle transition or a tagging sees it.
+fn unsequenced(event_name: &str, time: &str, request_id: &str) -> S3Event {
+    let mut event = serde_json::to_value(s3_event(&[(event_name, "", 10)])).expect("json");
+    let record = &mut event["Records"][0];
+    record["eventTime"] = json!(time);
+    record["responseElements"]["x-amz-request-id"] = json!(request_id);
+    record["s3"]["object"]["sequencer"] = Value::Null;
+    serde_json::from_value(event).expect("an S3 event")
+}
+
+/// A restore's start and its completion name one object and version and carry no sequencer:
+/// two operations (0.4 answered the completion as a replay of the start, and it never ran),
+/// each of whose redeliveries is a replay.
+#[tokio::test]
+async fn an_s3_event_without_a_sequencer_is_told_apart_by_its_name_and_time() {
+    for backend in both().await {
+        let name = backend.name;
+        let ledger = Ledger::default();
+        let service = Operation::new(engine(&backend), scope("s3-restore"), sources::s3())
+            .batch()
+            .service({
+                let ledger = ledger.clone();
+                move |record: aws_lambda_events::event::s3::S3EventRecord,
+                      _ctx: ExecutionContext| {
+                    let ledger = ledger.clone();
+                    async move { ledger.run(record.event_name.unwrap_or_default()) }
+                }
+            });
+        let started = unsequenced("ObjectRestore:Post", "2026-12-04T05:00:00.000Z", "REQ1");
+        let completed = unsequenced(
+            "ObjectRestore:Completed",
+            "2026-12-04T09:12:00.000Z",
+            "REQ2",
+        );
+
+        for event in [&started, &completed, &started, &completed] {
+            let answer = service
+                .clone()
+                .oneshot(LambdaEvent::new(event.clone(), Context::default()))
+                .await;
+            assert_eq!(answer, Ok(()), "{name}");
+        }
+        assert_eq!(ledger.runs("ObjectRestore:Post"), 1, "{name}");
+        assert_eq!(
+            ledger.runs("ObjectRestore:Completed"),
+            1,
+            "{name}: the completion is an operation of its own, run once"
+        );
+    }
+}
+
+/// A redelivery of an unsequenced S3 event that 0.4 recorded under its object's key alone is
+/// answered by that record once the cut-over rule names it: not run again.
+#[tokio::test]
+async fn an_unsequenced_s3_event_0_4_recorded_is_not_run_again() {
+    for backend in both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        let config = lambda_idempotency::Config::builder()
+            .keyed_by_0_4_before(clock.now() + std::time::Duration::from_secs(60))
+            .build()
+            .expect("config");
+        // 0.4's `sources::s3`: the object's bucket, key, version and sequencer alone.
+        let by_0_4 = KeyPolicy::from_fns(
+            |record: &aws_lambda_events::event::s3::S3EventRecord| {
+                let object = &record.s3.object;
+                Some(json!([
+                    record.s3.bucket.name,
+                    object.key,
+                    object.version_id,
+                    object.sequencer
+                ]))
+            },
+            |record: &aws_lambda_events::event::s3::S3EventRecord| {
+                let object = &record.s3.object;
+                Some(json!([
+                    record.s3.bucket.name,
+                    object.key,
+                    object.version_id,
+                    object.e_tag,
+                    object.size
+                ]))
+            },
+        );
+        let v0_4 = Idempotency::new(backend.store.clone()).with_clock(clock.clone());
+        let event = unsequenced(
+            "ObjectRestore:Completed",
+            "2026-12-04T09:12:00.000Z",
+            "REQ2",
+        );
+        let today = Operation::new(v0_4.clone(), scope("s3-upgrade"), by_0_4)
+            .invocation(&event.records[0], &Context::default())
+            .expect("invocation");
+        let recorded_by_0_4 = lambda_idempotency::Invocation::new(
+            today.key().clone(),
+            lambda_idempotency::key::Fingerprint::from_stored(today.fingerprint().as_str()),
+            std::time::Duration::from_secs(60),
+        );
+        let ledger = Ledger::default();
+        v0_4.execute(&recorded_by_0_4, |_| async {
+            ledger.run("restored".into())
+        })
+        .await
+        .expect("0.4's run");
+        clock.advance(std::time::Duration::from_secs(120));
+
+        let v0_5 = Operation::new(
+            engine(&backend).with_config(config),
+            scope("s3-upgrade"),
+            sources::s3(),
+        );
+        let report = v0_5
+            .batch()
+            .process(event.records, &Context::default(), |_record, _ctx| {
+                let ledger = ledger.clone();
+                async move { ledger.run("restored".into()) }
+            })
+            .await;
+        assert!(
+            !report.records[0].1.is_failure()
+                && !matches!(report.records[0].1, RecordOutcome::Executed),
+            "{name}: {:?}",
+            report.records[0].1
+        );
+        assert_eq!(ledger.runs("restored"), 1, "{name}: not run again");
+    }
 }

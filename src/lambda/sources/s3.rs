@@ -8,19 +8,26 @@ use crate::key::KeyPolicy;
 use crate::lambda::batch::{BatchError, BatchRecord, BatchReport};
 
 /// S3: bucket, key, version and sequencer; fingerprint adds size and ETag.
+///
+/// S3 gives a sequencer to the events of PUTs and DELETEs only: an event without one (a
+/// restore's start and end, a lifecycle transition or expiry, replication, tagging, an ACL)
+/// is told apart from the object's other events by its name, its time and its request id as
+/// well, which S3's duplicates and Lambda's retries keep. (0.4 keyed those by the object and
+/// version alone, so that a restore's completion replayed its start: its records answer a
+/// redelivery that spans the upgrade, with
+/// [`ConfigBuilder::keyed_by_0_4_before`](crate::config::ConfigBuilder::keyed_by_0_4_before).)
 pub fn s3() -> KeyPolicy<S3EventRecord> {
     KeyPolicy::from_fns(
         |record: &S3EventRecord| {
-            let object = &record.s3.object;
-            let parts = [
-                &record.s3.bucket.name,
-                &object.key,
-                &object.version_id,
-                &object.sequencer,
-            ];
-            Some(Value::Array(
-                parts.into_iter().map(|part| part.clone().into()).collect(),
-            ))
+            let mut parts = object_version(record);
+            if sequencer(record).is_none() {
+                parts.extend([
+                    record.event_name.clone().into(),
+                    serde_json::to_value(record.event_time).ok()?,
+                    record.response_elements.get(REQUEST_ID).cloned().into(),
+                ]);
+            }
+            Some(Value::Array(parts))
         },
         |record: &S3EventRecord| {
             let object = &record.s3.object;
@@ -35,6 +42,33 @@ pub fn s3() -> KeyPolicy<S3EventRecord> {
             Some(Value::Array(parts))
         },
     )
+    .with_key_as_0_4(|record: &S3EventRecord| Some(Value::Array(object_version(record))))
+}
+
+/// The response element naming the request that caused an event.
+const REQUEST_ID: &str = "x-amz-request-id";
+
+/// Bucket, key, version and sequencer: all of 0.4's key, and the key of a PUT's or a DELETE's
+/// event.
+fn object_version(record: &S3EventRecord) -> Vec<Value> {
+    let object = &record.s3.object;
+    let parts = [
+        &record.s3.bucket.name,
+        &object.key,
+        &object.version_id,
+        &object.sequencer,
+    ];
+    parts.into_iter().map(|part| part.clone().into()).collect()
+}
+
+/// The event's sequencer, unless S3 gave it none (or a blank one).
+fn sequencer(record: &S3EventRecord) -> Option<&str> {
+    record
+        .s3
+        .object
+        .sequencer
+        .as_deref()
+        .filter(|sequencer| !sequencer.trim().is_empty())
 }
 
 /// An S3 event notification's record (one per invocation in practice): its own operation.
