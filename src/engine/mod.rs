@@ -694,7 +694,7 @@ impl Idempotency {
                 Err(err)
             }
             Halt::GiveBack(err) => {
-                steps.give_back().await;
+                steps.give_back().await?;
                 Err(err)
             }
             Halt::Lost(err) => Err(err),

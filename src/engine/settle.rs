@@ -204,7 +204,7 @@ impl Idempotency {
         match decide::after_failure(failure, &class, self.recovery, recorded) {
             AfterFailure::GiveBack => {
                 if let Some(steps) = steps {
-                    steps.give_back().await;
+                    steps.give_back().await?;
                 }
             }
             AfterFailure::Release => self.release_claim(target, attempt, patience).await?,

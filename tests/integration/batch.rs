@@ -861,3 +861,101 @@ async fn a_reconcilers_value_is_stored_as_given_on_a_batch_door() {
         );
     }
 }
+
+/// Code the handler calls reads its record's context with `lambda::current()`, as it does
+/// behind the layer and the HTTP door: each record's own, and none outside the handler.
+#[tokio::test]
+async fn a_batch_handler_reads_its_records_context_with_current() {
+    let processor = processor().await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let records = vec![
+        message("m-1", "orders", None, json!({"order_id": "o-1"})),
+        message("m-2", "orders", None, json!({"order_id": "o-2"})),
+    ];
+    let report = processor
+        .process(records, &Context::default(), |_message, ctx| {
+            let seen = Arc::clone(&seen);
+            async move {
+                let current = lambda_idempotency::lambda::current()
+                    .ok_or_else(|| std::io::Error::other("no execution context"))?;
+                seen.lock()
+                    .expect("seen")
+                    .push((current.key().clone(), ctx.key().clone()));
+                Ok::<_, std::io::Error>(())
+            }
+        })
+        .await;
+
+    assert!(report.sqs_response().batch_item_failures.is_empty());
+    let seen = seen.lock().expect("seen").clone();
+    assert_eq!(seen.len(), 2);
+    assert!(seen.iter().all(|(current, own)| current == own), "{seen:?}");
+    assert_ne!(seen[0].0, seen[1].0, "each record's own");
+    assert!(lambda_idempotency::lambda::current().is_none());
+}
+
+/// Two FIFO message groups that carry one operation key run one after the other: the second
+/// is a replay, not reported in progress (which skipped the rest of its group until
+/// redelivered), and a failure stops only its own group.
+#[tokio::test]
+async fn two_fifo_groups_sharing_a_key_run_one_after_the_other() {
+    for backend in super::backends::both().await {
+        let name = backend.name;
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let scope = OperationScope::new("batch-test", "fifo-keys").expect("scope");
+        let batch = Operation::new(
+            idem,
+            scope,
+            sources::sqs(Some("/order_id")).expect("policy"),
+        )
+        .batch();
+        let runs = Arc::new(Mutex::new(Vec::new()));
+        let records = vec![
+            message("m-1", "orders.fifo", Some("A"), json!({"order_id": "o-1"})),
+            message("m-2", "orders.fifo", Some("B"), json!({"order_id": "o-1"})),
+            message("m-3", "orders.fifo", Some("B"), json!({"order_id": "o-2"})),
+            message(
+                "m-4",
+                "orders.fifo",
+                Some("C"),
+                json!({"order_id": "o-3", "fail": true}),
+            ),
+            message("m-5", "orders.fifo", Some("C"), json!({"order_id": "o-4"})),
+            message("m-6", "orders.fifo", Some("D"), json!({"order_id": "o-5"})),
+        ];
+        let report = batch
+            .process(records, &Context::default(), |message: SqsMessage, _ctx| {
+                let runs = Arc::clone(&runs);
+                async move {
+                    // Still running when another group's record is started.
+                    tokio::task::yield_now().await;
+                    let body: serde_json::Value =
+                        serde_json::from_str(message.body.as_deref().unwrap_or("{}"))?;
+                    if body["fail"] == json!(true) {
+                        return Err(std::io::Error::other("inventory service unavailable"));
+                    }
+                    runs.lock().expect("runs").push(body["order_id"].clone());
+                    Ok::<_, std::io::Error>(())
+                }
+            })
+            .await;
+
+        let outcomes: Vec<&RecordOutcome> = report.records.iter().map(|(_, o)| o).collect();
+        assert!(
+            matches!(outcomes[1], RecordOutcome::Replayed),
+            "{name}: {outcomes:?}"
+        );
+        assert!(matches!(outcomes[2], RecordOutcome::Executed), "{name}");
+        assert!(
+            outcomes[3].is_failure() && outcomes[4].is_failure(),
+            "{name}"
+        );
+        assert!(
+            matches!(outcomes[5], RecordOutcome::Executed),
+            "{name}: another group is not stopped"
+        );
+        let mut runs = runs.lock().expect("runs").clone();
+        runs.sort_by_key(ToString::to_string);
+        assert_eq!(runs, [json!("o-1"), json!("o-2"), json!("o-5")], "{name}");
+    }
+}

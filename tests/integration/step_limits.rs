@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lambda_idempotency::effects::StepError;
-use lambda_idempotency::reconcile::Recovery;
+use lambda_idempotency::reconcile::{Checked, Recovery};
 use lambda_idempotency::testing::conformance::invocation;
 use lambda_idempotency::{BoxError, Error, ExecutionContext, Idempotency};
 use serde_json::json;
@@ -208,5 +208,71 @@ async fn the_contexts_debug_shows_the_attempts_steps_and_the_short_key() {
         inv.key().short(),
     ] {
         assert!(shown.contains(part), "{part} not in {shown}");
+    }
+}
+
+/// The step `charge`, whose check finds its effect applied once it ran (an uncertain charge
+/// is looked up, not run again).
+async fn checked_charge(ctx: &ExecutionContext, runs: &AtomicUsize) -> Result<u32, StepError> {
+    let ran = runs.load(Ordering::SeqCst) > 0;
+    ctx.step("charge")
+        .checked_by(move |_key: String| async move {
+            Ok::<_, BoxError>(match ran {
+                true => Checked::Applied(1_u32),
+                false => Checked::NotApplied,
+            })
+        })
+        .run(|_key| async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, BoxError>(1_u32)
+        })
+        .await
+}
+
+/// A handler that recorded a step and then fails retryably after another worker took its
+/// expired lease over cannot give the claim back: its caller is told the lease was lost
+/// (logged and counted), not the handler's error, and the new owner's record stands.
+#[tokio::test]
+async fn a_give_back_after_a_takeover_answers_the_lost_lease() {
+    for backend in both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        let idem = Idempotency::new(backend.store)
+            .with_clock(backend.clock)
+            .with_recovery(Recovery::Steps);
+        let runs = AtomicUsize::new(0);
+        let inv = invocation("give-back-lost", &json!({}));
+        let (runs, clock, engine, inv_ref) = (&runs, &clock, &idem, &inv);
+        let answer = idem
+            .execute(inv_ref, |ctx| async move {
+                checked_charge(&ctx, runs).await?;
+                // The handler outlives its lease; a redelivery takes over and completes.
+                clock.advance(Duration::from_secs(3600));
+                let taken_over = engine
+                    .execute(inv_ref, |ctx| async move {
+                        checked_charge(&ctx, runs).await?;
+                        Ok::<_, BoxError>("done by the second worker".to_owned())
+                    })
+                    .await;
+                assert!(taken_over.is_ok(), "{taken_over:?}");
+                Err::<String, BoxError>(std::io::Error::other("downstream timed out").into())
+            })
+            .await;
+        assert!(
+            matches!(answer, Err(Error::LeaseLost { attempt: 1, .. })),
+            "{name}: {answer:?}"
+        );
+        let replay = idem
+            .execute(&inv, |_ctx| async {
+                Ok::<_, BoxError>("ran a third time".to_owned())
+            })
+            .await
+            .expect("replayed");
+        assert_eq!(*replay.value(), "done by the second worker", "{name}");
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "{name}: the step ran once (the takeover checked it)"
+        );
     }
 }

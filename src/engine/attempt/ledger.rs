@@ -307,10 +307,18 @@ impl StepLedger {
     /// pending steps written first, then the lease cut to now, or to when the effect of a step
     /// that ended without a result can have landed (the next attempt's check must see it). A
     /// failed write of the steps still cuts the lease (what the store holds is an earlier
-    /// prefix: the steps it lacks come back uncertain); a lost lease is left alone.
-    pub(crate) async fn give_back(&self) {
+    /// prefix: the steps it lacks come back uncertain); a lost lease is left alone, and is
+    /// the caller's answer ([`Error::LeaseLost`]).
+    pub(crate) async fn give_back(&self) -> Result<(), Error> {
         if let Flushed::Lost = self.mark_given_back().await {
-            return;
+            warn!(
+                attempt = self.attempt,
+                "lease lost before the claim was given back"
+            );
+            return Err(Error::LeaseLost {
+                key: self.key.clone(),
+                attempt: self.attempt,
+            });
         }
         let store = self.idem.store();
         let target = self.target();
@@ -325,7 +333,7 @@ impl StepLedger {
                 attempt = self.attempt,
                 "a step's effect may land until the lease's end: the claim is kept"
             );
-            return;
+            return Ok(());
         }
         // No retry starts once the caller's answer is due (a patient step write before may
         // have used the time up).
@@ -342,6 +350,7 @@ impl StepLedger {
                 "the claim could not be given back: its lease runs out"
             );
         }
+        Ok(())
     }
 
     /// Stops the attempt; the step's error for the handler.

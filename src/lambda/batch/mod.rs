@@ -39,7 +39,7 @@
 //! }
 //! ```
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -188,6 +188,7 @@ impl<R: BatchRecord> BatchProcessor<R> {
                 });
             Prepared {
                 index,
+                joins: joins(&record, &invocation),
                 record,
                 invocation,
             }
@@ -214,7 +215,8 @@ impl<R: BatchRecord> BatchProcessor<R> {
         }
     }
 
-    /// Runs one group's records in order; after a failure, the rest are skipped.
+    /// Runs one group's records in order; after a failure, the rest of its ordering group (or
+    /// of its operation key, without one) are skipped.
     async fn run_group<F, Fut, T, E>(
         &self,
         group: Vec<Prepared<R>>,
@@ -228,14 +230,16 @@ impl<R: BatchRecord> BatchProcessor<R> {
         E: Into<BoxError>,
     {
         let mut outcomes = Vec::with_capacity(group.len());
-        let mut failed = false;
+        let mut stopped: HashSet<String> = HashSet::new();
         for Prepared {
             index,
+            joins,
             record,
             invocation,
         } in group
         {
             let id = record.item_identifier();
+            let failed = joins.iter().any(|name| stopped.contains(name));
             let outcome = match invocation {
                 _ if failed => RecordOutcome::Skipped,
                 _ if self.too_late(deadline) => {
@@ -259,7 +263,9 @@ impl<R: BatchRecord> BatchProcessor<R> {
                     self.run_record(record, &invocation, handler).await
                 }
             };
-            failed |= outcome.is_failure();
+            if outcome.is_failure() {
+                stopped.extend(joins);
+            }
             outcomes.push((index, id, outcome));
         }
         outcomes
@@ -307,7 +313,8 @@ impl<R: BatchRecord> BatchProcessor<R> {
             .operation
             .idem
             .execute::<Discarded<T>, E, _, _>(invocation, |ctx| {
-                handler(record, ctx).map_ok(Discarded::Fresh)
+                crate::lambda::context::scope(ctx.clone(), handler(record, ctx))
+                    .map_ok(Discarded::Fresh)
             });
         // A panic is this record's failure: the engine gave its claim back; the other records
         // are answered as usual instead of the whole batch coming back.
@@ -367,34 +374,69 @@ impl<R: BatchRecord> BatchProcessor<R> {
 /// A record with its place in the batch and its operation (or why it has none).
 struct Prepared<R> {
     index: usize,
+    /// The names of what it runs in order with ([`joins`]).
+    joins: Vec<String>,
     record: R,
     invocation: Result<Invocation, Error>,
 }
 
-/// Splits records into groups run one at a time, each in batch order: an ordering group, else
-/// the records of one operation key; a record without an operation stands alone. Groups come
-/// in order of their first record.
+/// What a record runs in order with: its ordering group (a FIFO message group, a shard's
+/// partition key), and its operation key.
+fn joins<R: BatchRecord>(record: &R, invocation: &Result<Invocation, Error>) -> Vec<String> {
+    let group = record
+        .ordering_group()
+        .map(|group| format!("group:{group}"));
+    let key = invocation
+        .as_ref()
+        .ok()
+        .map(|invocation| format!("key:{}", invocation.key()));
+    group.into_iter().chain(key).collect()
+}
+
+/// Splits records into groups run one at a time, each in batch order: records that share an
+/// ordering group or an operation key are in one group (two FIFO message groups that carry one
+/// key run one after the other, so that the second is a replay rather than in progress); a
+/// record with neither stands alone. Groups come in order of their first record.
 fn group_in_order<R: BatchRecord>(
     records: impl Iterator<Item = Prepared<R>>,
 ) -> Vec<Vec<Prepared<R>>> {
-    let mut groups: Vec<Vec<Prepared<R>>> = Vec::new();
-    let mut by_name: HashMap<String, usize> = HashMap::new();
-    for prepared in records {
-        let name = match (&prepared.invocation, prepared.record.ordering_group()) {
-            (_, Some(group)) => Some(format!("group:{group}")),
-            (Ok(invocation), None) => Some(format!("key:{}", invocation.key())),
-            (Err(_), None) => None,
-        };
-        match name.and_then(|name| match by_name.get(&name) {
-            Some(&group) => Some(group),
-            None => {
-                by_name.insert(name, groups.len());
-                None
+    let records: Vec<Prepared<R>> = records.collect();
+    // Each set's root is its first record: a union links the later root to the earlier.
+    let mut parent: Vec<usize> = (0..records.len()).collect();
+    let mut first_with: HashMap<&str, usize> = HashMap::new();
+    for (at, prepared) in records.iter().enumerate() {
+        for name in &prepared.joins {
+            match first_with.get(name.as_str()) {
+                Some(&first) => {
+                    let (a, b) = (root(&mut parent, first), root(&mut parent, at));
+                    parent[a.max(b)] = a.min(b);
+                }
+                None => {
+                    first_with.insert(name, at);
+                }
             }
-        }) {
-            Some(group) => groups[group].push(prepared),
-            None => groups.push(vec![prepared]),
+        }
+    }
+    let roots: Vec<usize> = (0..records.len()).map(|at| root(&mut parent, at)).collect();
+    let mut groups: Vec<Vec<Prepared<R>>> = Vec::new();
+    let mut slot_of: HashMap<usize, usize> = HashMap::new();
+    for (prepared, root) in records.into_iter().zip(roots) {
+        match slot_of.get(&root) {
+            Some(&slot) => groups[slot].push(prepared),
+            None => {
+                slot_of.insert(root, groups.len());
+                groups.push(vec![prepared]);
+            }
         }
     }
     groups
+}
+
+/// The first record of the set `at` is in, halving the path on the way.
+fn root(parent: &mut [usize], mut at: usize) -> usize {
+    while parent[at] != at {
+        parent[at] = parent[parent[at]];
+        at = parent[at];
+    }
+    at
 }

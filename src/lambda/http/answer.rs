@@ -83,7 +83,7 @@ impl ErrorAnswer {
             ErrorKind::KeyExpiredConflict if another_operations(err) => (
                 409,
                 "business_identity_taken",
-                "another request's operation holds this business identity, and it runs at most once; do not send it again under a new Idempotency-Key",
+                "another request's operation holds this business identity, which runs at most once: this request was not run (look the operation up before sending it again under a new Idempotency-Key)",
                 None,
             ),
             ErrorKind::KeyExpiredConflict if err.already_took_effect() => (
