@@ -308,7 +308,9 @@ pub trait StoreExt: Store {
         )
     }
 
-    /// Reads the record of `key` as stored, expired or not.
+    /// Reads the record of `key` as stored, expired or not. A record past its retention may
+    /// come without its outcome (`None`): the DynamoDB store's TTL deletes an outcome kept in
+    /// part items an hour after the record's retention, and may do so before the record.
     fn get<'a>(
         &'a self,
         key: &'a OperationKey,

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use lambda_idempotency::clock::ManualClock;
+use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::reconcile::{Checked, Recovery, Takeover};
 use lambda_idempotency::record::{Status, epoch_secs};
 use lambda_idempotency::store::{
@@ -287,6 +287,89 @@ async fn a_missing_part_is_a_corrupt_record_never_a_partial_replay_or_a_rerun() 
             .map(String::as_str),
         Some(Status::Completed.as_str()),
         "the record is left for an operator"
+    );
+}
+
+/// TTL deletes a record's parts an hour past its retention, in its own time, which can come
+/// before the record's: the record, read as stored (`StoreExt::get`), comes without its
+/// outcome, so that what reads it for its state (the 0.4 key rule, the 0.1 rule, a waiting
+/// caller, an operator) sees an expired record, not a corrupt one; with the 0.4 key rule on,
+/// the redelivery of an SQS message whose record expired so runs again instead of failing
+/// until TTL gets to the record too.
+#[tokio::test]
+async fn an_expired_record_whose_parts_ttl_deleted_first_reads_as_expired_not_corrupt() {
+    let rig = Rig::new(OutcomeStorage::default()).await;
+    let config = Config::builder()
+        .keyed_by_0_4_before(rig.clock.now() + Duration::from_secs(60))
+        .build()
+        .expect("config");
+    let operation = lambda_idempotency::Operation::new(
+        rig.idem.clone().with_config(config),
+        lambda_idempotency::OperationScope::new("outcomes", "orders").expect("scope"),
+        lambda_idempotency::lambda::sources::sqs(Some("/order_id")).expect("policy"),
+    );
+    let mut message = crate::backends::sqs_message("m-1", json!({"order_id": "o-1"}));
+    message
+        .attributes
+        .insert("SenderId".into(), "AROAPRODUCER:i-1".into());
+    let key = operation
+        .invocation(&message, &lambda_runtime::Context::default())
+        .expect("invocation")
+        .key()
+        .clone();
+    let batch = operation.batch();
+    let runs = AtomicUsize::new(0);
+    let place = |_message, _ctx| counted(&runs, incompressible(900 * 1024, 5));
+    let first = batch
+        .process(
+            vec![message.clone()],
+            &lambda_runtime::Context::default(),
+            place,
+        )
+        .await;
+    assert!(first.sqs_response().batch_item_failures.is_empty());
+
+    rig.clock
+        .advance(Config::DEFAULT_RETENTION + PART_TTL_MARGIN + Duration::from_secs(60));
+    let parts: Vec<Item> = rig
+        .items()
+        .await
+        .into_iter()
+        .filter(|item| {
+            item["pk"]
+                .as_s()
+                .is_ok_and(|pk| pk.starts_with(&format!("{}#outcome#", key.as_str())))
+        })
+        .collect();
+    assert!(!parts.is_empty(), "the outcome is in parts");
+    for part in parts {
+        rig.dynamo
+            .client
+            .delete_item()
+            .table_name(&rig.dynamo.table)
+            .key("pk", part["pk"].clone())
+            .send()
+            .await
+            .expect("TTL deletes a part");
+    }
+
+    let read = rig.idem.store().get(&key).await.expect("read, not corrupt");
+    let record = read.expect("the record stands");
+    assert_eq!(record.status, Status::Completed);
+    assert_eq!(record.outcome, None, "its outcome left out");
+
+    let again = batch
+        .process(vec![message], &lambda_runtime::Context::default(), place)
+        .await;
+    assert!(
+        again.sqs_response().batch_item_failures.is_empty(),
+        "{:?}",
+        again.records
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "past its retention, the redelivery runs as a new operation"
     );
 }
 

@@ -1,8 +1,10 @@
 //! A record read back from an item: its outcome, when stored compressed or in part items, is
 //! read and decompressed only as far as the caller needs ([`Parts`]).
 
+use tracing::warn;
+
 use super::DynamoDbStore;
-use super::item::{Deferred, Item};
+use super::item::{Deferred, Item, corrupt};
 use super::outcome;
 use crate::error::StoreError;
 use crate::record::{Record, Settlement};
@@ -30,8 +32,26 @@ impl DynamoDbStore {
                 let (manifest, stored) = match deferred {
                     Deferred::Inline { manifest, stored } => (manifest, stored),
                     Deferred::Parts { manifest, refs } => {
-                        let stored = self.read_parts(&record.key, &refs).await?;
-                        (manifest, stored)
+                        match self.read_parts(&record.key, &refs).await? {
+                            Some(stored) => (manifest, stored),
+                            // Read as stored, expired or not: TTL deletes a record's parts an
+                            // hour past its retention, in its own time, which can come before
+                            // the record's. The outcome is left out; the record's times say
+                            // whether it still counts.
+                            None if matches!(parts, Parts::Kept) => {
+                                warn!(
+                                    key = record.key.short(),
+                                    "an outcome part is missing (deleted by TTL past the record's retention?): the record is read without its outcome"
+                                );
+                                return Ok(Some(record));
+                            }
+                            None => {
+                                return Err(corrupt(
+                                    record.key.short(),
+                                    "an outcome part is missing".into(),
+                                ));
+                            }
+                        }
                     }
                 };
                 record.outcome =
@@ -48,6 +68,12 @@ impl DynamoDbStore {
 pub(super) enum Parts<'a> {
     /// Read the parts: the record may be answered from (replayed).
     Read,
+    /// Read the parts TTL has left: a plain read of the record as stored, expired or not
+    /// ([`StoreExt::get`](crate::store::StoreExt::get)), mostly for its state. A missing part
+    /// leaves the outcome out (`None`) instead of failing the read, since TTL deletes a
+    /// record's parts an hour past its retention and may do so before it deletes the record;
+    /// an answer from the record then finds no outcome to replay.
+    Kept,
     /// Read the parts only if the record may be replayed to a caller with this fingerprint;
     /// otherwise leave the outcome out (`None`): the caller's answer is a payload conflict,
     /// which costs no part read.
@@ -65,7 +91,7 @@ impl Parts<'_> {
     /// Whether `record`'s outcome parts are read.
     fn reads(self, record: &Record) -> bool {
         match self {
-            Self::Read => true,
+            Self::Read | Self::Kept => true,
             Self::ReplayableTo(fingerprint) => {
                 fingerprint.names(&record.fingerprint, record.created_at)
             }

@@ -314,7 +314,7 @@ impl Store for DynamoDbStore {
                     .map_ok(Answer::Written),
             ),
             Request::Get { key } => {
-                Box::pin(self.get_with(key, Parts::Read, None).map_ok(Answer::Record))
+                Box::pin(self.get_with(key, Parts::Kept, None).map_ok(Answer::Record))
             }
             Request::Evidence { identity } => {
                 Box::pin(self.send_evidence(identity).map_ok(Answer::Evidence))

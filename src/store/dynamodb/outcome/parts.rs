@@ -67,8 +67,9 @@ impl DynamoDbStore {
     }
 
     /// Reads an outcome's part items and checks them against the manifest: the stored bytes,
-    /// whole, or a corrupt-record error (also, before any read, when the manifest names more
-    /// stored bytes than the store's outcome limit). Eventually consistent first, at half the read units: a
+    /// whole; `None` when a part is missing (TTL deleted it, or something else did); or a
+    /// corrupt-record error (bytes that do not match the manifest, or, before any read, a
+    /// manifest naming more stored bytes than the store's outcome limit). Eventually consistent first, at half the read units: a
     /// part's name is its content's digest, so a read gives the right bytes or nothing (a part
     /// written moments ago may not have reached that replica yet); what is missing is read
     /// again strongly consistent (it was written before the manifest that names it).
@@ -76,7 +77,7 @@ impl DynamoDbStore {
         &self,
         key: &OperationKey,
         parts: &PartsRef,
-    ) -> Result<Vec<u8>, StoreError> {
+    ) -> Result<Option<Vec<u8>>, StoreError> {
         let count = usize::try_from(parts.count)
             .ok()
             .filter(|count| (1..=MAX_PARTS).contains(count))
@@ -109,13 +110,10 @@ impl DynamoDbStore {
             }
         }
         let mut stored = Vec::with_capacity(bytes);
-        for (index, chunk) in chunks.into_iter().enumerate() {
-            let chunk = chunk.ok_or_else(|| {
-                corrupt(
-                    key.short(),
-                    format!("outcome part {} of {count} is missing", index + 1),
-                )
-            })?;
+        for chunk in chunks {
+            let Some(chunk) = chunk else {
+                return Ok(None);
+            };
             stored.extend_from_slice(&chunk);
         }
         if stored.len() as u64 != parts.bytes
@@ -126,7 +124,7 @@ impl DynamoDbStore {
                 "outcome parts do not match their digest".into(),
             ));
         }
-        Ok(stored)
+        Ok(Some(stored))
     }
 
     /// The stored bytes of the parts at `indexes`, in that order (`None`: no such item).
