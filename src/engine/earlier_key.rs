@@ -9,7 +9,10 @@
 //! Before claiming such a key, the engine reads the record under the key 0.1 derived once:
 //! when one 0.1 may have written stands there for this very intent (its fingerprint matches,
 //! as written then), the operation goes on under it (a replay, a wait, a takeover), instead of
-//! running again under the new key. A record of another intent there is another operation that
+//! running again under the new key. Only what 0.1 wrote is continued there: when it goes before
+//! the engine's claim lands (an operator released it, TTL deleted it), the claim there is given
+//! back whole and the operation is claimed under today's key, where every later duplicate
+//! looks. A record of another intent there is another operation that
 //! collided under the old rule, and is left alone. (One of the same intent cannot be told apart
 //! from it: a record 0.1 wrote does not keep its key material, so for as long as such records
 //! live a colliding id is answered as 0.1 answered it.)

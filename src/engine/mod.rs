@@ -426,6 +426,7 @@ impl Idempotency {
         Fut: Future<Output = Result<T, E>>,
     {
         let now = self.clock.now();
+        let asked = invocation;
         let invocation = match self.under_earlier_key(invocation, now).await {
             Ok(invocation) => invocation,
             Err(err) => return Ran::Answered(Err(err)),
@@ -481,6 +482,34 @@ impl Idempotency {
             // starts afresh, and a cancellation before the handler releases it whole.
             unstarted.store(true, Ordering::SeqCst);
             claimed = self.claim(&claim, invocation, now, &unstarted).await;
+        }
+        // At the key 0.1 derived, only what 0.1 wrote is continued. Gone meanwhile (an operator
+        // released it, TTL deleted it), a claim there would start the operation afresh under
+        // today's rule, where no later duplicate looks (they read 0.1's records only): it is
+        // given back whole, and the operation is claimed under today's key.
+        if invocation.key != asked.key
+            && matches!(
+                claimed,
+                Ok(AfterClaim::Run(Held::Fresh) | AfterClaim::Gone { .. })
+            )
+        {
+            if let Ok(AfterClaim::Run(Held::Fresh)) = claimed {
+                let target = Target {
+                    key,
+                    identity: claim.identity.as_deref(),
+                    guard: Guard::Lease(&claim.lease.token),
+                };
+                let patience = settle_patience(invocation, &claim, self.clock.now());
+                if let Err(err) = self.release_claim(target, 1, patience).await {
+                    give_back.disarm();
+                    return Ran::unrun(Err(err), invocation, handler);
+                }
+            }
+            give_back.disarm();
+            debug!("0.1's record went meanwhile: claimed under today's key");
+            let mut today = asked.clone();
+            today.earlier_key = None;
+            return Box::pin(self.run(&today, handler)).await;
         }
         self.observe_latency(key, observe::Phase::Claim, claiming);
         let held = match claimed {

@@ -6,6 +6,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
+use lambda_idempotency::store::StoreExt;
 use lambda_idempotency::testing::conformance::start_time;
 use lambda_idempotency::{
     Config, Error, Fingerprint, Idempotency, Invocation, KeyPolicy, OperationKey, OperationScope,
@@ -240,5 +241,117 @@ async fn an_operation_recorded_under_its_key_before_exact_integers_is_continued_
             .expect("its own operation");
         assert!(!own.is_replay(), "{name}");
         assert_eq!(own.value(), &json!("charged o-2"), "{name}");
+    }
+}
+
+/// Releases the record at `key` by an operator's hand just after the engine first reads it:
+/// a record 0.1 left that goes while the engine turns to it.
+#[derive(Debug)]
+struct ReleasedAfterRead {
+    inner: lambda_idempotency::AnyStore,
+    operator: Idempotency,
+    key: OperationKey,
+    fired: std::sync::atomic::AtomicBool,
+}
+
+impl lambda_idempotency::store::Store for ReleasedAfterRead {
+    fn call<'a>(
+        &'a self,
+        request: lambda_idempotency::store::Request<'a>,
+    ) -> lambda_idempotency::reconcile::BoxFuture<
+        'a,
+        Result<lambda_idempotency::store::Answer, lambda_idempotency::StoreError>,
+    > {
+        Box::pin(async move {
+            let read_here = matches!(
+                request,
+                lambda_idempotency::store::Request::Get { key } if *key == self.key
+            );
+            let answer = self.inner.call(request).await;
+            if read_here && !self.fired.swap(true, Ordering::SeqCst) {
+                let released = self
+                    .operator
+                    .resolve::<Value>(
+                        &self.key,
+                        lambda_idempotency::engine::Resolution::Release,
+                        &lambda_idempotency::testing::conformance::operator(),
+                    )
+                    .await;
+                assert_eq!(released.ok(), Some(true), "released by the operator");
+            }
+            answer
+        })
+    }
+
+    fn transactional(&self) -> Option<&dyn lambda_idempotency::store::TransactionalStore> {
+        None
+    }
+}
+
+/// A crashed attempt 0.1 left under its key, released by an operator while the engine turns to
+/// it, is not claimed afresh there: today's rule would name that claim, no later duplicate
+/// would look there, and the operation would run again under today's key. It runs under
+/// today's key, once, and every later duplicate replays it.
+#[tokio::test]
+async fn a_0_1_record_that_goes_meanwhile_is_not_claimed_afresh_at_its_key() {
+    for backend in both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        let inner = backend.store.clone();
+        let policy = KeyPolicy::<Value>::pointer("/order_id")
+            .expect("pointer")
+            .with_intent(lambda_idempotency::key::JsonPointer::new("/amount").expect("pointer"));
+        let rounded = json!({"order_id": (1_u64 << 60) as f64, "amount": 10});
+        let derived = policy
+            .invocation(&scope(), &rounded, Duration::from_secs(30))
+            .expect("invocation");
+        let before = Invocation::new(
+            derived.key().clone(),
+            Fingerprint::from_stored(derived.fingerprint().as_str()),
+            Duration::from_secs(30),
+        );
+        let plain = Idempotency::new(inner.clone()).with_clock(clock.clone());
+        lambda_idempotency::testing::conformance::crash_after_claim(&plain, &before).await;
+        clock.advance(Duration::from_secs(60));
+
+        let store = ReleasedAfterRead {
+            inner,
+            operator: plain.clone(),
+            key: before.key().clone(),
+            fired: std::sync::atomic::AtomicBool::new(false),
+        };
+        let config = Config::builder()
+            .rfc8785_records_before(after_the_records())
+            .build()
+            .expect("config");
+        let idem = Idempotency::new(store)
+            .with_clock(clock.clone())
+            .with_config(config);
+        let redelivered = policy
+            .invocation(
+                &scope(),
+                &json!({"order_id": FIRST, "amount": 10}),
+                Duration::from_secs(30),
+            )
+            .expect("invocation");
+        let runs = AtomicUsize::new(0);
+        for delivery in 0..2 {
+            let answer = idem
+                .execute(&redelivered, |_| async {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, std::io::Error>(json!("charged"))
+                })
+                .await
+                .expect("answered");
+            assert_eq!(answer.is_replay(), delivery == 1, "{name}: {delivery}");
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}: one run");
+        let today = plain.store().get(redelivered.key()).await.expect("read");
+        assert!(
+            today.is_some_and(
+                |record| record.status == lambda_idempotency::record::Status::Completed
+            ),
+            "{name}: settled under today's key"
+        );
     }
 }

@@ -366,6 +366,59 @@ async fn a_second_mark_changes_nothing() {
     assert_eq!(items(&rig).await, first, "the first mark stands");
 }
 
+/// The pending index is read eventually consistent: it may still list an event the relay
+/// published and marked a moment ago. The sweeper reads the found events' marks strongly
+/// consistent first and publishes only those still pending.
+#[tokio::test]
+async fn the_sweeper_never_republishes_what_the_index_lists_but_the_relay_marked() {
+    let rig = Rig::open().await;
+    for (name, order) in [("listed-but-published", "o-1"), ("still-pending", "o-2")] {
+        commit(
+            &rig,
+            name,
+            Destination::Sqs {
+                queue_url: rig.orders_queue.clone(),
+            },
+            json!({"order": order}),
+        )
+        .await;
+    }
+    let pending = rig
+        .marks()
+        .pending(rig.clock.now() + Duration::from_secs(1), 10)
+        .await
+        .expect("pending")
+        .events;
+    assert_eq!(pending.len(), 2);
+    // The relay's mark as the item has it, before the index catches up: published, still
+    // listed (the index follows `pending`, which the mark's write removes).
+    let published = &pending[0].record.id;
+    rig.db
+        .client
+        .update_item()
+        .table_name(rig.outbox.table())
+        .key("pk", AttributeValue::S(published.clone()))
+        .update_expression("SET published_at = :now, published_by = :by")
+        .expression_attribute_values(":now", AttributeValue::N("1".into()))
+        .expression_attribute_values(":by", AttributeValue::S("relay".into()))
+        .send()
+        .await
+        .expect("the relay's mark");
+
+    rig.clock.advance(A_WEEKEND);
+    let report = Sweeper::new(rig.publisher(), rig.marks())
+        .sweep(rig.clock.now())
+        .await
+        .expect("swept");
+    assert_eq!((report.found, report.republished), (2, 1), "{report}");
+    let sent = rig.drain(&rig.orders_queue).await;
+    assert_eq!(
+        event_ids(&sent, false),
+        [pending[1].record.id.clone()],
+        "only the event still pending is published"
+    );
+}
+
 /// `idemctl outbox` on the same table: what is pending (oldest first), what is parked and why
 /// (escaped: an outbox holds what producers wrote), and a sweep on demand.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -80,6 +80,7 @@ export function checkoutWithOutbox(stack: Construct, tables: ExampleTables): sqs
     describes: [],
   });
   sweeper.addToRolePolicy(allow(['dynamodb:Query'], [`${outbox.tableArn}/index/pending`]));
+  sweeper.addToRolePolicy(outboxMarksRead(outbox.tableArn));
   sweeper.addToRolePolicy(outboxMarks(outbox.tableArn, true));
   sweeper.addToRolePolicy(allow(['sqs:SendMessage'], [orderEvents.queueArn]));
   everyFiveMinutes(stack, 'OutboxSweeperSchedule', sweeper);

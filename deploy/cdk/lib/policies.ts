@@ -65,7 +65,8 @@ export function outboxMarks(outboxArn: string, sweeper = false): iam.PolicyState
   });
 }
 
-/** A batch's marks read before the relay publishes it: never an event's payload. */
+/** A batch's marks read before the relay (or the sweeper) publishes it: never an event's
+ * payload. */
 export function outboxMarksRead(outboxArn: string): iam.PolicyStatement {
   return new iam.PolicyStatement({
     actions: ['dynamodb:BatchGetItem'],

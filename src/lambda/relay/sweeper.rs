@@ -34,6 +34,7 @@ use std::time::{Duration, SystemTime};
 use tracing::warn;
 
 use super::{Publisher, Relayed, deliver_all};
+use crate::effects::PendingEvent;
 use crate::effects::outbox_marks::{
     MAX_BACKOFF_DOUBLINGS, Marked, OutboxError, OutboxMarks, PublishedBy,
 };
@@ -197,7 +198,7 @@ impl Sweeper {
         // chose) in their sequence: an older event is published before its newer one.
         let mut found = found;
         found.events.sort_by(|a, b| {
-            let order = |event: &crate::effects::PendingEvent| {
+            let order = |event: &PendingEvent| {
                 event
                     .record
                     .order
@@ -208,15 +209,15 @@ impl Sweeper {
         });
         match &self.via {
             Via::Publisher(publisher) => {
-                let committed: Vec<(String, String, SystemTime)> = found
-                    .events
+                let events = self.unpublished(found.events).await;
+                let committed: Vec<(String, String, SystemTime)> = events
                     .iter()
                     .map(|event| {
                         let record = &event.record;
                         (record.id.clone(), record.name.clone(), event.created_at)
                     })
                     .collect();
-                let records = found.events.into_iter().map(|event| event.record).collect();
+                let records = events.into_iter().map(|event| event.record).collect();
                 let answers =
                     deliver_all(publisher, &self.marks, records, PublishedBy::Sweeper, now).await;
                 for ((id, name, created_at), answer) in committed.iter().zip(answers) {
@@ -249,6 +250,28 @@ impl Sweeper {
             .await?
             .map(|oldest| now.duration_since(oldest).unwrap_or_default());
         Ok(report)
+    }
+
+    /// The `found` events that are still pending: the index is read eventually consistent, so
+    /// an event the relay published and marked moments ago may still be listed. One strongly
+    /// consistent read of their marks leaves those out; when it fails, every one is published
+    /// (at least once, as ever).
+    async fn unpublished(&self, found: Vec<PendingEvent>) -> Vec<PendingEvent> {
+        let ids: Vec<&str> = found.iter().map(|event| event.record.id.as_str()).collect();
+        match self.marks.settled(&ids).await {
+            Ok(settled) if !settled.is_empty() => found
+                .into_iter()
+                .filter(|event| !settled.contains(&event.record.id))
+                .collect(),
+            Ok(_) => found,
+            Err(err) => {
+                warn!(
+                    error = %err,
+                    "the found events' marks could not be read: each is published again"
+                );
+                found
+            }
+        }
     }
 
     /// What becomes of event `id`, whose publish failed (`err`): out of the way of the events
