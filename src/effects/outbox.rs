@@ -62,8 +62,10 @@ use crate::record::epoch_millis;
 pub const OUTBOX_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// The largest message a destination takes, in bytes: EventBridge's `PutEvents` entry (its
-/// `Source`, `DetailType` and `Detail` together), an SNS message and an SQS message are 256 KiB
-/// each (their documented quotas). An event whose envelope would pass it is refused when it is
+/// `Source`, `DetailType` and `Detail` together) and an SNS message are 256 KiB each (their
+/// documented quotas); SQS has taken 1 MiB since 2025, but one bound for every destination keeps
+/// an event movable between them (and an outbox item is a DynamoDB item, 400 KB at most).
+/// An event whose envelope would pass it is refused when it is
 /// committed ([`OutboxEvent::new`]), so it never reaches the outbox; the relay and the sweeper
 /// park one written otherwise.
 pub const MAX_EVENT_BYTES: usize = 256 * 1024;
