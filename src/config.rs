@@ -145,10 +145,8 @@ impl ConfigBuilder {
     /// [`sources::sqs`](crate::lambda::sources::sqs)): it keyed every tenant's and producer's
     /// operations alike, and 0.5 keys them apart. It also took a quoted HTTP `Idempotency-Key`
     /// with its quotes, where 0.5 reads the Structured Field String inside
-    /// ([`sources::http`](crate::lambda::sources::http)), and keyed an S3 event without a
-    /// sequencer (a restore's, a lifecycle transition's) by its object alone, where 0.5 adds
-    /// the event's name, time and request id ([`sources::s3`](crate::lambda::sources::s3)).
-    /// Without the rule, a redelivery (or a client's retry) that spans the upgrade runs again.
+    /// ([`sources::http`](crate::lambda::sources::http)). Without the rule, a redelivery (or a
+    /// client's retry) that spans the upgrade runs again.
     ///
     /// With it, such an invocation whose new key holds no live record first reads under the
     /// key 0.4 derived (one or two more `GetItem`s, for those invocations only). Only what 0.4
@@ -167,8 +165,7 @@ impl ConfigBuilder {
     /// affected.
     ///
     /// Off by default. Turn it on for a function that ran 0.4 and gets tenants from Lambda,
-    /// reads SQS messages with [`sources::sqs`](crate::lambda::sources::sqs), S3 events other
-    /// than PUTs' and DELETEs' with [`sources::s3`](crate::lambda::sources::s3) or serves HTTP
+    /// reads SQS messages with [`sources::sqs`](crate::lambda::sources::sqs) or serves HTTP
     /// clients that quote their `Idempotency-Key`, naming the instant
     /// its last 0.4 instance stopped writing (in a rolling deploy, when the deploy ends). Turn it
     /// off one retention later, unless the function declares business identities: their

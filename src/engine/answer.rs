@@ -6,7 +6,7 @@ use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 use tracing::{debug, warn};
 
-use crate::error::{Error, decode_failure};
+use crate::error::{Error, StoreError, decode_failure};
 use crate::execution::{Execution, Invocation, Origin};
 use crate::key::OperationKey;
 use crate::record::MAX_RESULT_REF_BYTES;
@@ -90,8 +90,16 @@ pub(crate) fn answer_existing<T: DeserializeOwned>(
     };
     match existing.status {
         Status::Completed => {
-            let json = String::from_utf8(existing.outcome.unwrap_or_default())
-                .map_err(|_| unreadable("not UTF-8".to_owned()))?;
+            // A store reads a record without its outcome only past its retention (its parts
+            // deleted by TTL): one in force without it is damaged.
+            let Some(outcome) = existing.outcome else {
+                return Err(Error::Store(StoreError::CorruptRecord {
+                    key_short: key.short().to_owned(),
+                    reason: "its outcome is missing".into(),
+                }));
+            };
+            let json =
+                String::from_utf8(outcome).map_err(|_| unreadable("not UTF-8".to_owned()))?;
             let raw =
                 RawValue::from_string(json).map_err(|err| unreadable(decode_failure(&err)))?;
             let (value, raw) = decode_outcome(&key, raw)?;

@@ -3,8 +3,7 @@
 //! 0.4 read neither the tenant Lambda's tenant isolation mode gives an invocation nor the
 //! producer of an SQS message, so it keyed every tenant's and producer's operations (and their
 //! identities' evidence) alike. 0.5 keys them apart. 0.4 also keyed a quoted HTTP
-//! `Idempotency-Key` with its quotes; 0.5 reads the Structured Field String inside. 0.4 keyed an
-//! S3 event without a sequencer by its object alone; 0.5 adds its name, time and request id. A redelivery that spans the upgrade must
+//! `Idempotency-Key` with its quotes; 0.5 reads the Structured Field String inside. A redelivery that spans the upgrade must
 //! not run again, and must not be answered with what may be another tenant's result.
 //!
 //! Before claiming a key that differs from 0.4's, and only when no live record stands under

@@ -501,14 +501,20 @@ impl Idempotency {
                 };
                 let patience = settle_patience(invocation, &claim, self.clock.now());
                 if let Err(err) = self.release_claim(target, 1, patience).await {
-                    give_back.disarm();
+                    // Left armed: the guard gives the unstarted claim back whole as it drops.
                     return Ran::unrun(Err(err), invocation, handler);
                 }
             }
             give_back.disarm();
             debug!("0.1's record went meanwhile: claimed under today's key");
+            // The lease and the wait count from the invocation's deadline: the time spent at
+            // 0.1's key comes off them.
             let mut today = asked.clone();
             today.earlier_key = None;
+            today.lease = today.lease.saturating_sub(claiming.elapsed());
+            today.wait_for_result = today
+                .wait_for_result
+                .map(|max| max.saturating_sub(claiming.elapsed()));
             return Box::pin(self.run(&today, handler)).await;
         }
         self.observe_latency(key, observe::Phase::Claim, claiming);

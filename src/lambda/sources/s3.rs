@@ -11,11 +11,11 @@ use crate::lambda::batch::{BatchError, BatchRecord, BatchReport};
 ///
 /// S3 gives a sequencer to the events of PUTs and DELETEs only: an event without one (a
 /// restore's start and end, a lifecycle transition or expiry, replication, tagging, an ACL)
-/// is told apart from the object's other events by its name, its time and its request id as
-/// well, which S3's duplicates and Lambda's retries keep. (0.4 keyed those by the object and
-/// version alone, so that a restore's completion replayed its start: its records answer a
-/// redelivery that spans the upgrade, with
-/// [`ConfigBuilder::keyed_by_0_4_before`](crate::config::ConfigBuilder::keyed_by_0_4_before).)
+/// is told apart from the object's other events by its name, its time (in milliseconds since
+/// the epoch) and its request id as well, which S3's duplicates and Lambda's retries keep.
+/// (0.4 keyed those by the object and version alone, so that a restore's completion replayed
+/// its start. No 0.4 key rule reads those records: it could not tell a redelivery from the
+/// object's next event.)
 pub fn s3() -> KeyPolicy<S3EventRecord> {
     KeyPolicy::from_fns(
         |record: &S3EventRecord| {
@@ -23,7 +23,7 @@ pub fn s3() -> KeyPolicy<S3EventRecord> {
             if sequencer(record).is_none() {
                 parts.extend([
                     record.event_name.clone().into(),
-                    serde_json::to_value(record.event_time).ok()?,
+                    record.event_time.timestamp_millis().into(),
                     record.response_elements.get(REQUEST_ID).cloned().into(),
                 ]);
             }
@@ -42,14 +42,12 @@ pub fn s3() -> KeyPolicy<S3EventRecord> {
             Some(Value::Array(parts))
         },
     )
-    .with_key_as_0_4(|record: &S3EventRecord| Some(Value::Array(object_version(record))))
 }
 
 /// The response element naming the request that caused an event.
 const REQUEST_ID: &str = "x-amz-request-id";
 
-/// Bucket, key, version and sequencer: all of 0.4's key, and the key of a PUT's or a DELETE's
-/// event.
+/// Bucket, key, version and sequencer: the key of a PUT's or a DELETE's event.
 fn object_version(record: &S3EventRecord) -> Vec<Value> {
     let object = &record.s3.object;
     let parts = [

@@ -44,7 +44,7 @@ impl Consumer {
                         .retention(Duration::from_secs(24 * 3600))
                         .build()?,
                 ),
-            policy: sources::sqs(None)?.with_identity(identity),
+            policy: sources::sqs_across_senders(None)?.with_identity(identity),
             scope: OperationScope::new("simulation", "consumer")?,
             effects: Arc::default(),
         })
