@@ -105,17 +105,20 @@ pub enum SdkOperation {
     GetItem,
     /// `DescribeTable`: the replication check at start-up.
     DescribeTable,
+    /// `BatchGetItem`: the outbox marks the relay and the sweeper read before they publish.
+    BatchGetItem,
 }
 
 impl SdkOperation {
     /// Every operation.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::PutItem,
         Self::UpdateItem,
         Self::DeleteItem,
         Self::TransactWriteItems,
         Self::GetItem,
         Self::DescribeTable,
+        Self::BatchGetItem,
     ];
 
     /// The operation's name, as the `x-amz-target` header ends.
@@ -127,6 +130,7 @@ impl SdkOperation {
             Self::TransactWriteItems => "TransactWriteItems",
             Self::GetItem => "GetItem",
             Self::DescribeTable => "DescribeTable",
+            Self::BatchGetItem => "BatchGetItem",
         }
     }
 

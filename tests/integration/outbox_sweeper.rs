@@ -19,6 +19,9 @@ use lambda_idempotency::lambda::relay::{Relayed, relay_record};
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::testing::conformance::invocation;
 use lambda_idempotency::testing::dynamo::sweep_table;
+use lambda_idempotency::testing::interceptor::{
+    FaultInterceptor, SdkFault, SdkOperation, client_with,
+};
 use lambda_idempotency::{BoxError, ExecutionContext, Idempotency};
 use serde_json::json;
 
@@ -417,6 +420,41 @@ async fn the_sweeper_never_republishes_what_the_index_lists_but_the_relay_marked
         [pending[1].record.id.clone()],
         "only the event still pending is published"
     );
+}
+
+/// The marks read failing (refused, throttled past its retries): every event the sweep found
+/// is published, at least once, as before the read existed.
+#[tokio::test]
+async fn a_sweep_whose_marks_read_fails_publishes_what_it_found() {
+    let rig = Rig::open().await;
+    commit(
+        &rig,
+        "marks-unread",
+        Destination::Sqs {
+            queue_url: rig.orders_queue.clone(),
+        },
+        json!({"order": "o-7"}),
+    )
+    .await;
+    let faults = FaultInterceptor::new();
+    faults.inject_times(
+        SdkOperation::BatchGetItem,
+        SdkFault::Error {
+            status: 400,
+            code: "AccessDeniedException",
+        },
+        1,
+    );
+    let marks = OutboxMarks::new(client_with(rig.db.endpoint.clone(), &faults), &rig.outbox);
+
+    rig.clock.advance(A_WEEKEND);
+    let report = Sweeper::new(rig.publisher(), marks)
+        .sweep(rig.clock.now())
+        .await
+        .expect("swept");
+    assert_eq!(faults.pending(), 0, "the marks read failed");
+    assert_eq!(report.republished, 1, "{report}");
+    assert_eq!(rig.drain(&rig.orders_queue).await.len(), 1, "published");
 }
 
 /// `idemctl outbox` on the same table: what is pending (oldest first), what is parked and why
