@@ -24,7 +24,7 @@ pub fn init() -> Result<(&'static Collector, MetricsObserver), lambda_runtime::E
         .with_dimension("function", function)
         .init()
         .map_err(|err| format!("the metrics recorder cannot be installed: {err}"))?;
-    Ok((collector, MetricsObserver::new()))
+    Ok((collector, MetricsObserver::new().flushing(collector)))
 }
 
 /// One gauge of a scheduled function's document: its name, its CloudWatch unit, its value.

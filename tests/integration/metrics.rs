@@ -238,6 +238,8 @@ async fn decisions_and_latencies_come_out_as_embedded_metric_format() {
                 assert!(!document[name].is_null(), "each metric has a value: {name}");
                 if name.ends_with("_latency") {
                     assert_eq!(metric["Unit"], "Milliseconds");
+                } else {
+                    assert_eq!(metric["Unit"], "Count", "{name} is a count");
                 }
                 if let Some(count) = document[name].as_u64()
                     && !name.ends_with("_latency")
@@ -273,4 +275,51 @@ async fn decisions_and_latencies_come_out_as_embedded_metric_format() {
         counts, expected,
         "every counter, each decision counted once"
     );
+
+    // More latencies in one invocation than an EMF document holds (a batch of 250 records):
+    // the observer writes a document before a histogram passes 100 values, so none is lost.
+    let flushing = Idempotency::new(db.store())
+        .with_clock(clock.clone())
+        .with_observer(MetricsObserver::new().flushing(collector).with_sink(buffer));
+    for order in 0..250 {
+        flushing
+            .execute(&invocation(&format!("batch-{order}"), 1), |_| ok(order))
+            .await
+            .expect("first execution");
+    }
+    let mut out = early_documents();
+    collector.flush(&mut out).expect("flush");
+    let mut claims = 0;
+    for line in String::from_utf8(out).expect("utf-8").lines() {
+        let document: Value = serde_json::from_str(line).expect("one JSON document a line");
+        if let Some(values) = document["idempotency.claim_latency"].as_array() {
+            assert!(values.len() <= 100, "EMF's bound: {}", values.len());
+            claims += values.len();
+        }
+    }
+    assert_eq!(claims, 250, "every claim's latency, across documents");
+}
+
+static EARLY: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
+
+struct EarlyBuffer;
+
+impl std::io::Write for EarlyBuffer {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        EARLY.lock().expect("one writer").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn buffer() -> Box<dyn std::io::Write> {
+    Box::new(EarlyBuffer)
+}
+
+/// The documents the observer wrote early, taken.
+fn early_documents() -> Vec<u8> {
+    std::mem::take(&mut *EARLY.lock().expect("read"))
 }

@@ -3,7 +3,8 @@
 //! `metrics` facade, with the operation always a dimension. `metrics_cloudwatch_embedded`
 //! (re-exported, without its `lambda` feature) is the recorder that writes them as EMF: flush
 //! it after each invocation (one JSON document per operation) to stdout, where CloudWatch
-//! picks it up.
+//! picks it up. An invocation recording more than 100 latencies of one operation needs
+//! [`MetricsObserver::flushing`]: one EMF document holds at most 100 values of a metric.
 //!
 //! ```no_run
 //! use lambda_idempotency::observe::emf::{MetricsObserver, metrics_cloudwatch_embedded};
@@ -34,7 +35,21 @@ pub use metrics_cloudwatch_embedded;
 mod flush;
 pub use flush::{FlushLayer, Flushed};
 
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use metrics_cloudwatch_embedded::Collector;
+
 use super::{Observation, Observer, Phase};
+
+/// EMF's bound on one metric's values in one document, which the recorder's histograms keep:
+/// a value past it, before the next flush, is dropped with an error log.
+const VALUES_PER_DOCUMENT: usize = 100;
+
+fn stdout() -> Box<dyn Write> {
+    Box::new(std::io::stdout().lock())
+}
 
 /// Declares the latency histograms' unit (milliseconds) once, to the recorder installed by then.
 fn describe_latencies(prefix: &'static str) {
@@ -54,6 +69,7 @@ fn describe_latencies(prefix: &'static str) {
 #[derive(Debug, Clone)]
 pub struct MetricsObserver {
     prefix: &'static str,
+    early_flush: Option<EarlyFlush>,
 }
 
 impl Default for MetricsObserver {
@@ -67,7 +83,102 @@ impl MetricsObserver {
     pub fn new() -> Self {
         Self {
             prefix: "idempotency",
+            early_flush: None,
         }
+    }
+
+    /// Writes `collector`'s document to stdout before a latency histogram passes EMF's 100
+    /// values, so that an invocation recording more (a batch of hundreds of records) loses
+    /// none: without it, the recorder drops each value past the 100th until the next flush.
+    ///
+    /// ```no_run
+    /// use lambda_idempotency::observe::emf::{MetricsObserver, metrics_cloudwatch_embedded};
+    ///
+    /// # fn demo() -> Result<(), lambda_idempotency::BoxError> {
+    /// let collector = metrics_cloudwatch_embedded::Builder::new()
+    ///     .cloudwatch_namespace("Orders")
+    ///     .init()?;
+    /// let observer = MetricsObserver::new().flushing(collector);
+    /// # Ok(()) }
+    /// ```
+    pub fn flushing(mut self, collector: &'static Collector) -> Self {
+        self.early_flush = Some(EarlyFlush {
+            collector,
+            sink: stdout,
+            recorded: Arc::default(),
+        });
+        self
+    }
+
+    /// Writes the documents [`flushing`](Self::flushing) writes early to what `sink` gives
+    /// instead of stdout (a test's buffer).
+    pub fn with_sink(mut self, sink: fn() -> Box<dyn Write>) -> Self {
+        if let Some(early_flush) = &mut self.early_flush {
+            early_flush.sink = sink;
+        }
+        self
+    }
+
+    fn count(&self, name: String, operation: &str, increment: u64) {
+        metrics::describe_counter!(
+            name.clone(),
+            metrics::Unit::Count,
+            "what the idempotency engine decided"
+        );
+        metrics::counter!(name, "operation" => operation.to_owned()).increment(increment);
+    }
+
+    fn time(&self, name: String, operation: &str, elapsed: std::time::Duration) {
+        describe_latencies(self.prefix);
+        let record = || {
+            metrics::histogram!(name.clone(), "operation" => operation.to_owned())
+                .record(elapsed.as_secs_f64() * 1000.0);
+        };
+        match &self.early_flush {
+            Some(early_flush) => early_flush.record(&name, operation, record),
+            None => record(),
+        }
+    }
+}
+
+/// The collector [`MetricsObserver::flushing`] writes before a histogram overflows, and the
+/// values each histogram holds since the observer's last write (a flush by anyone else only
+/// makes the next early one smaller).
+#[derive(Clone)]
+struct EarlyFlush {
+    collector: &'static Collector,
+    sink: fn() -> Box<dyn Write>,
+    recorded: Arc<Mutex<HashMap<(String, String), usize>>>,
+}
+
+impl std::fmt::Debug for EarlyFlush {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EarlyFlush").finish_non_exhaustive()
+    }
+}
+
+impl EarlyFlush {
+    fn record(&self, name: &str, operation: &str, record: impl FnOnce()) {
+        // One value at a time, so that no other thread's value lands between the count and
+        // the write; a poisoned count only ever held counts.
+        let mut recorded = self
+            .recorded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let held = recorded
+            .entry((name.to_owned(), operation.to_owned()))
+            .or_default();
+        if *held >= VALUES_PER_DOCUMENT {
+            // The flush empties every histogram of the recorder.
+            if let Err(err) = self.collector.flush((self.sink)()) {
+                tracing::warn!(error = %err, "the metrics document was not written");
+            }
+            recorded.clear();
+        }
+        record();
+        *recorded
+            .entry((name.to_owned(), operation.to_owned()))
+            .or_default() += 1;
     }
 }
 
@@ -79,7 +190,7 @@ impl Observer for MetricsObserver {
                 decision,
             } => {
                 let name = format!("{}.{}", self.prefix, decision.metric_name());
-                metrics::counter!(name, "operation" => operation.to_string()).increment(1);
+                self.count(name, operation, 1);
             }
             Observation::Latency {
                 operation,
@@ -90,23 +201,19 @@ impl Observer for MetricsObserver {
                     Phase::Claim => "claim_latency",
                     Phase::Completion => "completion_latency",
                 };
-                let name = format!("{}.{step}", self.prefix);
-                describe_latencies(self.prefix);
-                metrics::histogram!(name, "operation" => operation.to_string())
-                    .record(elapsed.as_secs_f64() * 1000.0);
+                self.time(format!("{}.{step}", self.prefix), operation, *elapsed);
             }
             Observation::Waited {
                 operation,
                 reads,
                 elapsed,
             } => {
-                let reads_name = format!("{}.wait_reads", self.prefix);
-                metrics::counter!(reads_name, "operation" => operation.to_string())
-                    .increment(u64::from(*reads));
-                let name = format!("{}.wait_latency", self.prefix);
-                describe_latencies(self.prefix);
-                metrics::histogram!(name, "operation" => operation.to_string())
-                    .record(elapsed.as_secs_f64() * 1000.0);
+                self.count(
+                    format!("{}.wait_reads", self.prefix),
+                    operation,
+                    u64::from(*reads),
+                );
+                self.time(format!("{}.wait_latency", self.prefix), operation, *elapsed);
             }
         }
     }
