@@ -237,3 +237,91 @@ async fn a_redelivery_whose_clock_runs_ahead_waits_for_the_late_effect_too() {
         );
     }
 }
+
+/// What a handler does after its charge step was cut off mid-effect (a timeout around it).
+#[derive(Debug, Clone, Copy)]
+enum AfterCutOff {
+    /// Runs the charge again, under its name.
+    RetriesIt,
+    /// Goes on to its next step.
+    GoesOn,
+}
+
+#[tokio::test]
+async fn a_step_cut_off_mid_effect_is_not_checked_in_the_same_attempt() {
+    for after in [AfterCutOff::RetriesIt, AfterCutOff::GoesOn] {
+        for backend in both().await {
+            let name = format!("{} ({after:?})", backend.name);
+            let clock = backend.clock.clone();
+            let idem = Idempotency::new(backend.store)
+                .with_clock(backend.clock)
+                .with_recovery(Recovery::Steps);
+            let inv = invocation("cut-off-charge", &serde_json::json!({"order": "o-again"}));
+            let provider = Arc::new(Provider::default());
+            let (sender, sent_at) = (Arc::clone(&provider), clock.clone());
+            let (checked, check_clock) = (Arc::clone(&provider), clock.clone());
+            let first = idem
+                .execute(&inv, |ctx: ExecutionContext| async move {
+                    let (sent_tx, sent_rx) = tokio::sync::oneshot::channel::<()>();
+                    let charging = ctx
+                        .step("charge")
+                        .effect_timeout(Duration::from_secs(10))
+                        .run(|_key| async move {
+                            sender.sends.fetch_add(1, Ordering::SeqCst);
+                            let lands = sent_at.now() + Duration::from_secs(4);
+                            sender.sent.lock().expect("charges").push(lands);
+                            let _ = sent_tx.send(());
+                            std::future::pending::<Result<String, BoxError>>().await
+                        });
+                    tokio::select! {
+                        charged = charging => panic!("the charge never answers: {charged:?}"),
+                        sent = sent_rx => sent.expect("the charge was sent"),
+                    }
+                    // The charge has not landed: a check asked now would answer NotApplied.
+                    let again = match after {
+                        AfterCutOff::RetriesIt => {
+                            ctx.step("charge")
+                                .checked_by(move |_key: String| async move {
+                                    Ok::<_, BoxError>(match checked.landed(&check_clock) {
+                                        0 => Checked::NotApplied,
+                                        _ => Checked::Applied(String::from("ch_1")),
+                                    })
+                                })
+                                .run(|_key| async {
+                                    Ok::<_, BoxError>(String::from("charged again"))
+                                })
+                                .await
+                        }
+                        AfterCutOff::GoesOn => {
+                            ctx.step("receipt")
+                                .run(|_key| async { Ok::<_, BoxError>(String::from("sent")) })
+                                .await
+                        }
+                    };
+                    Ok::<_, BoxError>(again?)
+                })
+                .await;
+            assert!(
+                matches!(first, Err(Error::AlreadyInProgress { .. })),
+                "{name}: the attempt gives its claim back while the charge may land: {first:?}"
+            );
+            // Past the declared 10 s and the clocks' 5 s skew, the next delivery's check finds
+            // the charge.
+            clock.advance(Duration::from_secs(16));
+            let later = attempt(
+                &idem,
+                &inv,
+                &provider,
+                &clock,
+                Some(Duration::from_secs(10)),
+            )
+            .await;
+            assert_eq!(later.expect("taken over, checked"), "ch_1", "{name}");
+            assert_eq!(
+                provider.sends.load(Ordering::SeqCst),
+                1,
+                "{name}: charged once"
+            );
+        }
+    }
+}

@@ -8,6 +8,7 @@ mod cached_store;
 mod cancelled_steps;
 mod claims;
 mod completion_writes;
+mod cut_off_steps;
 mod deadlines;
 mod decorators;
 mod durable_functions;

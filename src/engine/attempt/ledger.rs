@@ -3,6 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -132,6 +133,43 @@ struct Flight<'a>(&'a StepLedger);
 impl Drop for Flight<'_> {
     fn drop(&mut self) {
         self.0.lock().in_flight = false;
+    }
+}
+
+/// Armed while a transactional step's commit is awaited. Dropped armed (the step's future
+/// cancelled: a timeout around it), the commit may have applied, or may still: the steps are
+/// left as the store has them (frozen, never overwritten nor released) and the attempt stops,
+/// given back, so that the next attempt reads whether it did.
+struct Committing<'a> {
+    ledger: &'a StepLedger,
+    step: &'a str,
+    /// Whether the commit carries the handler's writes (else it is the step's record alone,
+    /// which the next write of the steps settles either way).
+    writes: bool,
+    armed: bool,
+}
+
+impl Committing<'_> {
+    /// The commit answered: the step settles by its answer.
+    fn answered(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Committing<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut state = self.ledger.lock();
+        if self.writes {
+            state.frozen = true;
+        }
+        let cancelled = Halt::GiveBack(Error::Store(StoreError::Unavailable {
+            operation: "TransactWriteItems",
+            source: "the step was cancelled before its commit answered".into(),
+        }));
+        let _ = self.ledger.halt(&mut state, self.step, cancelled);
     }
 }
 
@@ -423,6 +461,12 @@ impl StepLedger {
                     "an uncertain repeat-safe step runs again"
                 );
             }
+            // Its own intent, this attempt's effect cut off (a timeout around the step): that
+            // effect may still land, so no check can tell yet; the next attempt asks it once
+            // the effect can have landed.
+            Standing::Uncertain if self.cut_off_here(&self.lock()) => {
+                return Err(self.give_back_cut_off(&name));
+            }
             Standing::Uncertain => match self.check(&name, check, downstream.clone()).await? {
                 Some(value) => return self.saved(&name, Ok(value)).await,
                 None => debug!(
@@ -515,6 +559,11 @@ impl StepLedger {
             })
         };
         let standing = match decide::step_standing(&state.steps, cursor, name) {
+            // Another step after this attempt's own was cut off: not another order.
+            StepStanding::Mismatch(Some(_)) if self.cut_off_here(&state) => {
+                drop(state);
+                return Err(self.give_back_cut_off(name));
+            }
             StepStanding::Mismatch(expected) => {
                 let expected = expected.map(str::to_owned);
                 return Err(self.halt(&mut state, name, mismatch(expected)));
@@ -541,6 +590,32 @@ impl StepLedger {
         state.in_flight = true;
         drop(state);
         Ok((standing, Flight(self)))
+    }
+
+    /// Whether the step at the cursor is this attempt's own intent: a step of this attempt
+    /// whose future was dropped mid-effect (a timeout around it), whose effect may still land.
+    fn cut_off_here(&self, state: &State) -> bool {
+        state.steps.get(state.cursor).is_some_and(|step| {
+            step.result.is_none() && !step.is_mark() && step.attempt == self.attempt
+        })
+    }
+
+    /// Stops the attempt at step `name`, after a step of its own was cut off mid-effect: the
+    /// claim is given back until that effect can have landed, and the caller answered that
+    /// the operation is in progress until then.
+    fn give_back_cut_off(&self, name: &str) -> StepError {
+        let now = self.idem.now();
+        let retry_after = self
+            .lands_by
+            .get()
+            .and_then(|lands_by| lands_by.duration_since(now).ok())
+            .unwrap_or_default();
+        let in_progress = Halt::GiveBack(Error::AlreadyInProgress {
+            key: self.key.clone(),
+            attempt: self.attempt,
+            retry_after,
+        });
+        self.halt(&mut self.lock(), name, in_progress)
     }
 
     /// Runs transactional step `name` (see [`Step::transact`](super::Step::transact)).
@@ -602,11 +677,20 @@ impl StepLedger {
         let writes = self
             .with_events(&name, &transaction)
             .map_err(|err| rejected(err.to_string()))?;
+        let mut committing = Committing {
+            ledger: self,
+            step: &name,
+            writes: !writes.is_empty(),
+            armed: true,
+        };
+        let unknown = AtomicBool::new(false);
         let committed = match writes.is_empty() {
             // Nothing of the handler's: the step's record alone, on any store.
             true => self.write(&steps).await.map(|()| Committed::Applied),
-            false => self.commit(&steps, &writes, &token).await,
+            false => self.commit(&steps, &writes, &token, &unknown).await,
         };
+        committing.answered();
+        drop(committing);
         let mut state = self.lock();
         match committed {
             Ok(Committed::Applied) => {
@@ -633,14 +717,17 @@ impl StepLedger {
                 // store alone knows, so its steps are kept as they are. A refusal before
                 // anything applied (no permission, no table) and a step without writes (its
                 // record written alone) leave nothing unknown.
-                let refused = matches!(
-                    &halt,
-                    Halt::GiveBack(Error::Store(
-                        StoreError::AccessDenied { .. }
-                            | StoreError::TableNotFound { .. }
-                            | StoreError::UniquenessTableNotFound { .. }
-                    ))
-                );
+                // A refusal after a try whose answer was lost is not one: that try may have
+                // applied.
+                let refused = !unknown.load(Ordering::SeqCst)
+                    && matches!(
+                        &halt,
+                        Halt::GiveBack(Error::Store(
+                            StoreError::AccessDenied { .. }
+                                | StoreError::TableNotFound { .. }
+                                | StoreError::UniquenessTableNotFound { .. }
+                        ))
+                    );
                 if !writes.is_empty() && !refused {
                     state.frozen = true;
                 }
@@ -725,11 +812,13 @@ impl StepLedger {
 
     /// One commit of `steps` with the handler's `writes`, retried under one token (see
     /// [`StepLedger::patience`]).
+    /// `unknown` is set when a try's answer was lost (it may have applied).
     async fn commit(
         &self,
         steps: &[StepRecord],
         writes: &[TransactWriteItem],
         token: &str,
+        unknown: &AtomicBool,
     ) -> Result<Committed, Halt> {
         let request = Request::RecordSteps {
             target: self.target(),
@@ -739,7 +828,16 @@ impl StepLedger {
             return Ok(writes_refused(request));
         };
         self.idem
-            .retrying(self.patience(), || store.commit(request, writes, token))
+            .retrying(self.patience(), || {
+                let tried = store.commit(request, writes, token);
+                async move {
+                    let answer = tried.await;
+                    if let Err(StoreError::Unavailable { .. }) = &answer {
+                        unknown.store(true, Ordering::SeqCst);
+                    }
+                    answer
+                }
+            })
             .await
             .map_err(|err| Halt::GiveBack(err.into()))
     }

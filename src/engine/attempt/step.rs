@@ -25,6 +25,10 @@ impl<'a> Step<'a, ()> {
     /// Asks `check` about this step when an earlier attempt recorded its intent but no result:
     /// [`Checked::Applied`](crate::effects::Checked::Applied) records the result found, [`Checked::NotApplied`](crate::effects::Checked::NotApplied) runs the effect,
     /// [`Checked::Unknown`](crate::effects::Checked::Unknown) (or an error) leaves it to an operator (or the next delivery).
+    /// Under [`Recovery::Rerun`](crate::reconcile::Recovery::Rerun), which declares every
+    /// effect safe to repeat, the check is not asked: the step runs again. A step cut off in
+    /// this same attempt (a timeout around it) is not checked either while its effect may
+    /// still land: the claim is given back and the next attempt asks.
     pub fn checked_by<C>(self, check: C) -> Step<'a, C> {
         Step {
             context: self.context,
