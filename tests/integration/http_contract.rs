@@ -578,3 +578,44 @@ async fn a_store_failure_never_puts_the_sdks_message_in_the_body() {
         assert_eq!(runs.load(Ordering::SeqCst), 0);
     }
 }
+
+/// A completion that cannot be written (every try failed, the lease run out meanwhile): the
+/// payment happened, so the caller gets the handler's response, not a 503 asking for a retry
+/// that would find the operation in progress.
+#[tokio::test]
+async fn a_response_whose_completion_failed_still_reaches_its_caller() {
+    let db = dynamo::start().await;
+    let store = FaultyStore::new(db.store());
+    let clock = ManualClock::new(start_time());
+    let lease = Duration::from_secs(30);
+    let idem = Idempotency::new(store.clone()).with_clock(clock.clone());
+    let http = EventDoor::new(
+        Operation::new(
+            idem,
+            OperationScope::new("http-test", "pay").expect("scope"),
+            sources::http(),
+        )
+        .with_lease_policy(LeasePolicy {
+            without_deadline: lease,
+            max: lease,
+            ..LeasePolicy::default()
+        }),
+    );
+    let runs = AtomicUsize::new(0);
+    store.inject(Primitive::Settle, Fault::FailBefore(FaultKind::Unavailable));
+
+    let answer = http
+        .handle(request(Some("k-30"), json!({"amount": 30})), |r, _| async {
+            let paid = pay(&runs, 201, r).await;
+            // The handler ran to the end of its lease: no time is left to retry the write.
+            clock.advance(lease + Duration::from_secs(1));
+            paid
+        })
+        .await;
+
+    assert_eq!(answer.status_code, 201, "the response the handler produced");
+    assert_eq!(body(&answer)["payment"], "pay-1");
+    assert_eq!(header(&answer, "idempotent-replayed"), None);
+    assert_eq!(store.pending(), 0, "the completion failed");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

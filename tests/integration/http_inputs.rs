@@ -390,3 +390,21 @@ async fn a_damaged_stored_response_is_a_500_never_an_empty_success() {
         assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}");
     }
 }
+
+/// Two `Idempotency-Key` field lines (a proxy adding its own, a client sending two) are no one
+/// key: refused with 400 whichever door reads them, the handler not run.
+#[tokio::test]
+async fn two_idempotency_keys_are_refused_not_one_picked() {
+    for backend in both().await {
+        let name = backend.name;
+        let (service, runs) = layered(engine(backend), CallerScope::Shared, &[]);
+        let mut request = v2_request("k-1", Value::Null);
+        request
+            .headers_mut()
+            .append("idempotency-key", http::HeaderValue::from_static("k-2"));
+        let answer = service.oneshot(request).await.expect("answer");
+        assert_eq!(answer.status(), StatusCode::BAD_REQUEST, "{name}");
+        assert_eq!(code(&answer), "invalid_request", "{name}");
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "{name}: not run");
+    }
+}

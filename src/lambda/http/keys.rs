@@ -138,9 +138,17 @@ impl Select<Request> for HttpKeys {
 
 /// The header's value, trimmed; `None` when it is absent or blank.
 fn raw_key(request: &Request) -> Result<Option<&str>, Error> {
-    let Some(value) = request.headers().get(IDEMPOTENCY_KEY_HEADER) else {
+    let mut values = request.headers().get_all(IDEMPOTENCY_KEY_HEADER).iter();
+    let Some(value) = values.next() else {
         return Ok(None);
     };
+    // Field lines are combined before they are parsed (RFC 9651 §4.2): two keys are no one
+    // key, and which one a door kept would differ by door.
+    if values.next().is_some() {
+        return Err(Error::InvalidEvent {
+            reason: "the request carries more than one Idempotency-Key: send one".into(),
+        });
+    }
     let Ok(value) = value.to_str() else {
         return Err(Error::InvalidEvent {
             reason: "the Idempotency-Key holds a byte that is not visible ASCII".into(),

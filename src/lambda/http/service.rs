@@ -159,15 +159,25 @@ where
                 respond(&ErrorAnswer::for_error(&unreadable))
             }
         },
-        Err(err @ Error::OutcomeTooLarge { .. }) => {
-            // Applied, retained as failed so that it never runs again; this caller still gets
-            // the response it produced, later ones a 409.
+        // The handler answered and its effect happened, but its response was not recorded:
+        // too large (retained as failed so that it never runs again: later callers get a
+        // 409), or its completion failed (the store, a lost lease: later callers get what the
+        // record comes to). This caller still gets the response it produced, not a "retry"
+        // that would find the operation in progress.
+        Err(err @ (Error::OutcomeTooLarge { .. } | Error::Store(_) | Error::LeaseLost { .. })) => {
             let kept = applied
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .take();
             match kept.map(|stored| stored.response()) {
-                Some(Ok(response)) => response,
+                Some(Ok(response)) => {
+                    warn!(
+                        key = invocation.key().short(),
+                        kind = err.kind().name(),
+                        "the response was not recorded: answered as the handler gave it"
+                    );
+                    response
+                }
                 _ => respond(&ErrorAnswer::for_error(&err)),
             }
         }
