@@ -31,9 +31,11 @@ pub fn orders(
     + Send,
     lambda_runtime::Error,
 > {
-    // Outlive the queue's 4-day retention (template.yaml), so a late redelivery still replays.
+    // Outlive the longest a message can live, so that a late redelivery still replays: the
+    // queue's retention (template.yaml's QueueRetentionSeconds, at most SQS's 14 days), plus
+    // the dead-letter queue's 14 days before a redrive sends it back.
     let orders = Operation::new(idem, scope, sources::sqs(Some("/order_id"))?)
-        .with_retention(Duration::from_secs(5 * 24 * 3600))?;
+        .with_retention(Duration::from_secs(28 * 24 * 3600))?;
     Ok(orders
         .batch()
         .service(move |message, ctx| place_order(ledger.clone(), message, ctx)))

@@ -400,6 +400,7 @@ fn layout(tables: &Tables) -> Result<AttributeNames, BoxError> {
             "partition_key" => &mut names.partition_key,
             "status" => &mut names.status,
             "fingerprint" => &mut names.fingerprint,
+            "key_rule" => &mut names.key_rule,
             "lease_token" => &mut names.lease_token,
             "attempt" => &mut names.attempt,
             "lease_expires_at" => &mut names.lease_expires_at,
@@ -412,6 +413,7 @@ fn layout(tables: &Tables) -> Result<AttributeNames, BoxError> {
             "identity" => &mut names.identity,
             "audit" => &mut names.audit,
             "steps" => &mut names.steps,
+            "steps_version" => &mut names.steps_version,
             other => {
                 return Err(format!("--attribute: no field `{other}` (see AttributeNames)").into());
             }
@@ -467,6 +469,19 @@ fn record_json(record: &Record) -> Value {
             .map(step_json)
             .collect::<Vec<_>>(),
     })
+}
+
+/// A record as the stuck scan reads it: its summary only. The parts it does not read
+/// (identity, steps, audit, request id, outcome) are left out rather than shown empty: `get`
+/// shows them.
+fn summary_json(record: &Record) -> Value {
+    let mut shown = record_json(record);
+    if let Some(fields) = shown.as_object_mut() {
+        for unread in ["outcome_bytes", "request_id", "identity", "audit", "steps"] {
+            fields.remove(unread);
+        }
+    }
+    shown
 }
 
 /// A step as an operator sees it: whether its result is recorded, and its size (an uncertain
@@ -544,7 +559,7 @@ async fn stuck(store: &DynamoDbStore, older_than: Duration, json: bool) -> Resul
     let (stuck, orphans) = (found.records, found.orphans);
     if json {
         for record in &stuck {
-            println!("{}", show::json(&record_json(record)));
+            println!("{}", show::json(&summary_json(record)));
         }
         for evidence in &orphans {
             println!("{}", show::json(&evidence_json(evidence)));

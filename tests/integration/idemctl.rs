@@ -119,6 +119,12 @@ async fn an_operator_finds_and_resolves_stuck_work() {
         listed.iter().all(|r| r.get("outcome").is_none()),
         "no outcome bytes shown"
     );
+    assert!(
+        listed.iter().all(|r| ["steps", "identity", "audit"]
+            .iter()
+            .all(|unread| r.get(unread).is_none())),
+        "what the scan does not read is not shown as empty: {listed:?}"
+    );
 
     let stats: Value =
         serde_json::from_str(&stdout(&idemctl(&db, &["stats", "--json"]))).expect("JSON stats");

@@ -104,6 +104,14 @@ pub(crate) async fn run(command: OutboxCommand, table: Option<String>) -> Result
             };
             let report = sweeper.after(older_than).limit(limit).sweep(now).await?;
             println!("{report}");
+            // A script (or an operator's shell) sees that some events are still pending.
+            if report.failed > 0 {
+                return Err(format!(
+                    "{} events failed to publish and wait for a later sweep (or check the destinations' permissions)",
+                    report.failed
+                )
+                .into());
+            }
         }
         OutboxCommand::Unpark { id } => match marks.unpark(&id).await? {
             Marked::Now => println!("{} is pending again", show::text(&id)),

@@ -83,9 +83,9 @@ impl DynamoDbStore {
 
     /// Keeps permanent evidence in the table `UNIQUENESS_TABLE` names, if set.
     fn with_uniqueness_from_env(self) -> Self {
-        match std::env::var(UNIQUENESS_TABLE_VAR) {
-            Ok(uniqueness) => self.with_uniqueness_table(uniqueness),
-            Err(_) => self,
+        match named(std::env::var(UNIQUENESS_TABLE_VAR).ok()) {
+            Some(uniqueness) => self.with_uniqueness_table(uniqueness),
+            None => self,
         }
     }
 
@@ -242,15 +242,29 @@ async fn within(
 
 /// The idempotency table's name, from `IDEMPOTENCY_TABLE`.
 fn table_from_env() -> Result<String, ConfigError> {
-    std::env::var(TABLE_VAR).map_err(|_| ConfigError::MissingEnv {
+    named(std::env::var(TABLE_VAR).ok()).ok_or(ConfigError::MissingEnv {
         name: TABLE_VAR,
         hint: "set it to the idempotency table's name (template.yaml outputs it)",
     })
 }
 
+/// A table's name from a variable's `value`: blank is unset (a template's
+/// `!If [HasIdentity, !Ref Table, ""]`), never a name DynamoDB would refuse at the first call.
+fn named(value: Option<String>) -> Option<String> {
+    value.filter(|name| !name.trim().is_empty())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_blank_table_variable_is_unset() {
+        assert_eq!(named(None), None);
+        assert_eq!(named(Some(String::new())), None);
+        assert_eq!(named(Some("  ".into())), None);
+        assert_eq!(named(Some("orders".into())).as_deref(), Some("orders"));
+    }
 
     #[test]
     fn prime_reads_inside_the_namespace_a_least_privilege_policy_allows() {
