@@ -319,6 +319,22 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                     show::text(caller.recorded())
                 );
             }
+            // Evidence keeps no failure of its own: the kind and message go into its trace's
+            // reason, where a later reader finds them.
+            let reason = match (&identity, &resolution) {
+                (Some(_), Resolution::Failed(failure)) => {
+                    let failure = format!("failed {}: {}", failure.kind.as_str(), failure.message);
+                    let joined = match reason {
+                        Some(reason) => format!("{reason} ({failure})"),
+                        None => failure,
+                    };
+                    if joined.len() > 1024 {
+                        return Err("--reason, --failed and --message take at most 1024 bytes together with --identity: the evidence keeps them in its trace's reason".into());
+                    }
+                    Some(joined)
+                }
+                _ => reason,
+            };
             let operator = match &reason {
                 Some(reason) => Operator::new(caller.recorded())?.with_reason(reason),
                 None => Operator::new(caller.recorded())?,
@@ -638,6 +654,16 @@ async fn resolve(
         yes,
     } = decision;
     let found = describe(&store, &held).await?;
+    if let Some(ago) = found.lease_ended_ago
+        && ago < CLOCK_MARGIN
+    {
+        return Err(format!(
+            "its lease ran out only {} ago by this machine's clock, which may run ahead of the holder's: look again in {}; nothing changed",
+            humantime::format_duration(Duration::from_secs(ago.as_secs())),
+            humantime::format_duration(Duration::from_secs((CLOCK_MARGIN - ago).as_secs().max(1)))
+        )
+        .into());
+    }
     let change = what_it_writes(&held, &found, &resolution);
     eprintln!("{}", show::text(&found.summary));
     eprintln!("will: {}", show::text(&change));
@@ -877,9 +903,17 @@ struct Found {
     steps: Vec<(String, bool)>,
     /// The evidence a release deletes: the record's identity, when its evidence is its own.
     evidence: Option<String>,
-    /// What the write will be conditional on, to tell whether it changed.
+    /// What the write will be conditional on, to tell whether it changed (with the steps'
+    /// version: a step recorded meanwhile changes what was decided on).
     state: String,
+    /// How long ago, by this machine's clock, an IN_PROGRESS record's lease ran out.
+    lease_ended_ago: Option<Duration>,
 }
+
+/// How long after its lease's end, by the operator's clock, a stuck claim may be resolved: the
+/// operator's machine may run ahead of the holder's (a laptop's clock after sleep), and a
+/// release while the holder still runs would let its effect happen twice.
+const CLOCK_MARGIN: Duration = Duration::from_secs(120);
 
 async fn describe(store: &DynamoDbStore, held: &Held) -> Result<Found, BoxError> {
     let now = SystemTime::now();
@@ -923,9 +957,12 @@ async fn describe(store: &DynamoDbStore, held: &Held) -> Result<Found, BoxError>
                     .collect(),
                 evidence,
                 state: format!(
-                    "{} {} {}",
-                    record.status, record.lease.token, record.lease.attempt
+                    "{} {} {} {}",
+                    record.status, record.lease.token, record.lease.attempt, record.steps_version
                 ),
+                lease_ended_ago: (record.status == Status::InProgress)
+                    .then(|| now.duration_since(record.lease.expires_at).ok())
+                    .flatten(),
             })
         }
         Held::Evidence(identity) => {
@@ -949,6 +986,7 @@ async fn describe(store: &DynamoDbStore, held: &Held) -> Result<Found, BoxError>
                     evidence.key.as_str(),
                     epoch_millis(evidence.created_at)
                 ),
+                lease_ended_ago: None,
             })
         }
     }

@@ -386,6 +386,15 @@ impl Idempotency {
         answer
     }
 
+    /// Counts a call refused before it reached the engine (no key, an unreadable event, no
+    /// tenant): [`Decision::Other`] of the error's kind.
+    pub(crate) fn observe_refusal(&self, operation: &str, err: &Error) {
+        self.observer.observe(&Observation::Decision {
+            operation,
+            decision: Decision::Other(err.kind().name()),
+        });
+    }
+
     fn observe_latency(&self, key: &OperationKey, step: observe::Phase, started: Instant) {
         self.observer.observe(&Observation::Latency {
             operation: key.operation(),
@@ -574,6 +583,11 @@ impl Idempotency {
             Ok(answer) => Ran::Answered(answer),
             Err(panic) => {
                 warn!("the handler panicked: its claim is given back for a reconciled takeover");
+                // Counted before the panic goes on: it never reaches the answer's count.
+                self.observer.observe(&Observation::Decision {
+                    operation: key.operation(),
+                    decision: Decision::HandlerFailed,
+                });
                 let _ = self.shorten(target, deadline, lands_by.get()).await;
                 std::panic::resume_unwind(panic)
             }

@@ -297,10 +297,19 @@ impl<E> Operation<E> {
         // Lambda's tenant isolation mode names the invocation's tenant in its context: it
         // scopes the operation on every door, whatever the event says.
         let tenant = context.and_then(|context| context.tenant_id.as_deref());
-        let invocation = self
-            .policy
-            .invocation_for_tenant(&self.scope, payload, lease, tenant)?
-            .with_clock_skew(self.lease.skew);
+        let invocation =
+            match self
+                .policy
+                .invocation_for_tenant(&self.scope, payload, lease, tenant)
+            {
+                Ok(invocation) => invocation.with_clock_skew(self.lease.skew),
+                Err(err) => {
+                    // Never reaches the engine: counted here, so that a producer that stopped
+                    // sending the key field shows on a dashboard, not only in a log.
+                    self.idem.observe_refusal(self.scope.operation(), &err);
+                    return Err(err);
+                }
+            };
         let invocation = match context {
             Some(context) => invocation.with_request_id(context.request_id.clone()),
             None => invocation,

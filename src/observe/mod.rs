@@ -49,7 +49,8 @@ pub enum Decision {
     KeyExpiredConflict,
     /// The lease was taken over before this worker settled.
     LeaseLost,
-    /// The handler failed (released or retained by its class).
+    /// The handler failed (released or retained by its class), or panicked (its claim given
+    /// back).
     HandlerFailed,
     /// A retained failure was replayed.
     FailureReplayed,

@@ -408,3 +408,63 @@ async fn two_idempotency_keys_are_refused_not_one_picked() {
         assert_eq!(runs.load(Ordering::SeqCst), 0, "{name}: not run");
     }
 }
+
+/// A reconciler that finds the payment records the response in the door's stored form
+/// (`stored_response`): the takeover and every retry are answered with it, byte for byte.
+#[tokio::test]
+async fn a_reconciled_response_in_the_stored_form_is_replayed() {
+    for backend in both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        let found = lambda_idempotency::lambda::http::stored_response(
+            StatusCode::CREATED,
+            &headers,
+            br#"{"payment":"p-found"}"#,
+        );
+        let idem = engine(backend).with_reconciler(move |_: Takeover| {
+            let found = found.clone();
+            async move { Ok::<_, BoxError>(Checked::Applied(found)) }
+        });
+        let handler = service_fn(move |_: Request| async move {
+            panic!("the handler dies mid-request");
+            #[allow(unreachable_code)]
+            Ok::<Response<Body>, Infallible>(Response::new(Body::Empty))
+        });
+        let service = Operation::new(
+            idem,
+            scope(),
+            HttpKeys::new().with_callers(CallerScope::Shared).policy(),
+        )
+        .http_layer()
+        .layer(handler);
+
+        let crashed = AssertUnwindSafe(service.clone().oneshot(v2_request("k-1", Value::Null)))
+            .catch_unwind()
+            .await;
+        assert!(crashed.is_err(), "{name}: the first request panicked");
+        clock.advance(Duration::from_secs(6)); // past the given-back claim's grace
+        for attempt in ["the takeover", "the replay"] {
+            let answer = service
+                .clone()
+                .oneshot(v2_request("k-1", Value::Null))
+                .await
+                .expect("answer");
+            assert_eq!(answer.status(), StatusCode::CREATED, "{name}: {attempt}");
+            assert_eq!(
+                answer.headers()[http::header::CONTENT_TYPE],
+                "application/json",
+                "{name}: {attempt}"
+            );
+            assert_eq!(
+                answer.body().as_ref(),
+                br#"{"payment":"p-found"}"#,
+                "{name}: {attempt}"
+            );
+        }
+    }
+}

@@ -394,6 +394,51 @@ async fn an_operator_resolves_every_held_state_on_a_single_table_layout_and_leav
         "a file that is not JSON is refused"
     );
     let _ = std::fs::remove_file(unchecked);
+
+    // Evidence resolved as failed keeps the failure's kind and message in its trace.
+    let declined = invocation("orphan-2")
+        .with_identity("invoice:orphan-2")
+        .expect("a valid identity");
+    crash_after_claim(&idem, &declined).await;
+    db.client
+        .delete_item()
+        .table_name(&table)
+        .key(
+            "pk",
+            aws_sdk_dynamodb::types::AttributeValue::S(declined.key().to_string()),
+        )
+        .key(
+            "sk",
+            aws_sdk_dynamodb::types::AttributeValue::S("idempotency".into()),
+        )
+        .send()
+        .await
+        .expect("TTL's deletion");
+    let declined_identity = declined.evidence_key().expect("identity");
+    stdout(&cli(&[
+        "resolve",
+        "--identity",
+        &declined_identity,
+        "--retention",
+        "24h",
+        "--failed",
+        "declined",
+        "--message",
+        "the card was declined at the provider",
+        "--reason",
+        "checked the provider",
+        "--operator",
+        "bob",
+        "--yes",
+    ]));
+    let evidence: Value =
+        serde_json::from_str(&stdout(&cli(&["get", "--identity", &declined_identity])))
+            .expect("JSON");
+    assert_eq!(evidence["status"], "FAILED");
+    assert_eq!(
+        evidence["audit"]["reason"],
+        "checked the provider (failed declined: the card was declined at the provider)"
+    );
 }
 
 /// `tables create` against moto's DynamoDB (the embedded server keeps no backups): both tables
@@ -961,4 +1006,38 @@ async fn a_failure_longer_than_a_record_keeps_is_refused() {
             String::from_utf8_lossy(&output.stderr)
         );
     }
+}
+
+/// A claim whose lease ran out moments ago by the operator's clock (which may run ahead of the
+/// holder's) is not resolved: the holder may still be running its effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_just_ran_out_is_not_resolved() {
+    let db = dynamo::start().await;
+    // The claim was made 40 s ago with a 30 s lease: it ran out 10 s ago.
+    let clock = ManualClock::new(SystemTime::now() - Duration::from_secs(40));
+    let idem = Idempotency::new(db.store()).with_clock(clock);
+    let inv = invocation("just-expired");
+    let crashed = crash_after_claim(&idem, &inv).await;
+
+    let output = idemctl(
+        &db,
+        &[
+            "resolve",
+            "--key",
+            inv.key().as_str(),
+            "--retention",
+            "24h",
+            "--release",
+            "--operator",
+            "alice",
+            "--yes",
+        ],
+    );
+    assert!(!output.status.success(), "refused");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("may run ahead"), "{stderr}");
+    let record = lambda_idempotency::store::StoreExt::get(&db.store(), inv.key())
+        .await
+        .expect("read");
+    assert_eq!(record, Some(crashed), "nothing changed");
 }

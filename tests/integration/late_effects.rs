@@ -10,7 +10,7 @@ use std::time::Duration;
 use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::effects::Checked;
 use lambda_idempotency::reconcile::Recovery;
-use lambda_idempotency::testing::conformance::invocation;
+use lambda_idempotency::testing::conformance::{LEASE, invocation};
 use lambda_idempotency::{BoxError, Error, ExecutionContext, Idempotency, Invocation};
 
 use super::backends::both;
@@ -323,5 +323,57 @@ async fn a_step_cut_off_mid_effect_is_not_checked_in_the_same_attempt() {
                 "{name}: charged once"
             );
         }
+    }
+}
+
+/// A check that outlasts the attempt's lease: a takeover may be asking the same check and
+/// running the effect, so this attempt does not start it after the check answers.
+#[tokio::test]
+async fn no_effect_starts_after_a_check_that_outlasted_the_lease() {
+    for backend in both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        let idem = Idempotency::new(backend.store)
+            .with_clock(backend.clock)
+            .with_recovery(Recovery::Steps);
+        let inv = invocation("slow-check", &serde_json::json!({"order": "o-slow"}));
+        // A charge that never lands within the test.
+        let provider = Arc::new(Provider::landing_after(Duration::from_secs(24 * 3600)));
+        let timeout = Some(Duration::from_secs(10));
+        let first = attempt(&idem, &inv, &provider, &clock, timeout).await;
+        assert!(first.is_err(), "{name}: the first attempt gave up");
+        clock.advance(Duration::from_secs(16));
+
+        let (sender, checked, check_clock) =
+            (Arc::clone(&provider), Arc::clone(&provider), clock.clone());
+        let second = idem
+            .execute(&inv, |ctx: ExecutionContext| async move {
+                let charged = ctx
+                    .step("charge")
+                    .checked_by(move |_key: String| async move {
+                        // The provider's search is slow: past this attempt's lease.
+                        check_clock.advance(LEASE + Duration::from_secs(1));
+                        Ok::<_, BoxError>(match checked.landed(&check_clock) {
+                            0 => Checked::NotApplied,
+                            _ => Checked::Applied(String::from("ch_1")),
+                        })
+                    })
+                    .run(|_key| async move {
+                        sender.sends.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, BoxError>(String::from("ch_2"))
+                    })
+                    .await?;
+                Ok::<_, BoxError>(charged)
+            })
+            .await;
+        assert!(
+            matches!(second, Err(Error::LeaseLost { .. })),
+            "{name}: the lease ran out during the check: {second:?}"
+        );
+        assert_eq!(
+            provider.sends.load(Ordering::SeqCst),
+            1,
+            "{name}: not charged by an attempt whose lease ran out"
+        );
     }
 }

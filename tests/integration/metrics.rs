@@ -198,6 +198,28 @@ async fn decisions_and_latencies_come_out_as_embedded_metric_format() {
         "got {err:?}"
     );
 
+    // other.MissingKey: an event without its key, refused before the engine.
+    let keyed = lambda_idempotency::Operation::new(
+        idem.clone(),
+        OperationScope::new("metrics-test", "charge").expect("scope"),
+        lambda_idempotency::KeyPolicy::<Value>::pointer("/order_id").expect("policy"),
+    );
+    let err = keyed
+        .invocation(&json!({"amount": 3}), &lambda_runtime::Context::default())
+        .expect_err("no key");
+    assert!(matches!(err, Error::MissingKey { .. }), "got {err:?}");
+
+    // handler_failed again: a handler that panics is counted before its panic goes on.
+    let panicked = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(
+        idem.execute(&invocation("o-11", 1), |_| async {
+            panic!("a handler bug");
+            #[allow(unreachable_code)]
+            Ok::<u32, std::io::Error>(0)
+        }),
+    ))
+    .await;
+    assert!(panicked.is_err(), "the panic goes on");
+
     let mut out = Vec::new();
     collector.flush(&mut out).expect("flush");
     let documents: Vec<Value> = String::from_utf8(out)
@@ -263,10 +285,12 @@ async fn decisions_and_latencies_come_out_as_embedded_metric_format() {
         ("indeterminate", 1),
         ("key_expired_conflict", 1),
         ("lease_lost", 1),
-        ("handler_failed", 1),
+        // o-8's terminal failure, o-11's panic.
+        ("handler_failed", 2),
         ("failure_replayed", 1),
         ("store_error.table_not_found", 1),
         ("wait_reads", 6),
+        ("other.MissingKey", 1),
     ]
     .into_iter()
     .map(|(name, count)| (format!("idempotency.{name}"), count))

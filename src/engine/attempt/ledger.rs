@@ -475,6 +475,15 @@ impl StepLedger {
                 ),
             },
         }
+        // The check (however long it took) or the intent's write may have outlasted the
+        // lease: a takeover may be checking, and running, this step itself.
+        if self.past_lease() {
+            let lost = Halt::Lost(Error::LeaseLost {
+                key: self.key.clone(),
+                attempt: self.attempt,
+            });
+            return Err(self.halt(&mut self.lock(), &name, lost));
+        }
         // On every clock: a takeover's clock may run ahead of this one by the skew.
         // A timeout past what a clock can count is none: the lease bounds it.
         let lands_by = effect_timeout
@@ -543,7 +552,7 @@ impl StepLedger {
             ));
         }
         // Past its lease the claim may be taken over: no effect starts then.
-        if self.idem.now() >= self.lease_expires_at {
+        if self.past_lease() {
             let lost = Halt::Lost(Error::LeaseLost {
                 key: self.key.clone(),
                 attempt: self.attempt,
@@ -590,6 +599,15 @@ impl StepLedger {
         state.in_flight = true;
         drop(state);
         Ok((standing, Flight(self)))
+    }
+
+    /// Whether the lease may be past on another clock (one running ahead of this one by the
+    /// invocation's clock skew): a takeover may then hold the claim, and no effect starts.
+    fn past_lease(&self) -> bool {
+        self.idem
+            .now()
+            .checked_add(self.clock_skew)
+            .is_none_or(|now| now >= self.lease_expires_at)
     }
 
     /// Whether the step at the cursor is this attempt's own intent: a step of this attempt

@@ -93,6 +93,38 @@ use super::operation::Operation;
 /// The header that marks a replayed response.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 
+/// The stored form of a response with `status`, `headers` and `body`: what a reconciler's
+/// [`Checked::Applied`](crate::effects::Checked::Applied) or an operator's
+/// [`Resolution::Completed`](crate::Resolution::Completed) (`idemctl resolve --completed
+/// FILE`) records for an HTTP operation, so that every retry is answered with it. Any other
+/// value is answered 500 `stored_response_unreadable`. The form is
+/// `{"status": 201, "headers": [["content-type", "application/json"]], "body": "<base64>"}`
+/// (a header value that is not visible ASCII is `b64:` and its base64); the
+/// [withheld](WITHHELD_HEADERS) headers are left out.
+///
+/// ```
+/// use lambda_idempotency::lambda::http::stored_response;
+///
+/// let mut headers = http::HeaderMap::new();
+/// headers.insert("content-type", "application/json".parse()?);
+/// let found = stored_response(http::StatusCode::CREATED, &headers, br#"{"payment":"p-1"}"#);
+/// assert_eq!(found["status"], 201);
+/// assert_eq!(found["body"], "eyJwYXltZW50IjoicC0xIn0=");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn stored_response(
+    status: http::StatusCode,
+    headers: &http::HeaderMap,
+    body: &[u8],
+) -> serde_json::Value {
+    let mut response = http::Response::new(());
+    *response.status_mut() = status;
+    *response.headers_mut() = headers.clone();
+    let (parts, ()) = response.into_parts();
+    // Strings and a number: its serialization cannot fail.
+    serde_json::to_value(stored::StoredResponse::new(&parts, body)).unwrap_or_default()
+}
+
 /// Makes the wrapped HTTP service idempotent for `POST` and `PATCH`; configuration only (one
 /// [`Operation`] over requests, [`Operation::http_layer`]).
 pub struct HttpIdempotencyLayer {

@@ -28,6 +28,7 @@
 //! | `idempotency.first_execution`, `.replay`, `.payload_conflict`, `.in_progress_collision`, `.takeover`, `.reconciled`, `.indeterminate`, `.key_expired_conflict`, `.lease_lost`, `.handler_failed`, `.failure_replayed`, `.store_error.<kind>` | Count | `operation` (+ yours) |
 //! | `idempotency.claim_latency`, `idempotency.completion_latency` | Milliseconds | `operation` (+ yours) |
 //! | `idempotency.wait_reads` (the reads a duplicate spent waiting for a result in flight) | Count | `operation` (+ yours) |
+//! | `idempotency.other.<kind>` (a call refused before the engine: `MissingKey`, `InvalidEvent`, `TenantMissing`, …; another error's `ErrorKind::name`) | Count | `operation` (+ yours) |
 //! | `idempotency.wait_latency` (how long it waited) | Milliseconds | `operation` (+ yours) |
 
 pub use metrics_cloudwatch_embedded;
