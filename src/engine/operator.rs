@@ -153,15 +153,6 @@ impl Idempotency {
                     .await?;
                 return self.or_own_release(applied, &released).await;
             }
-            // The identity's evidence keeps a reference to the result, as a completion's does,
-            // for a duplicate that meets it once the record is gone.
-            Resolution::Completed(value) => {
-                let result_ref = reference(&value);
-                let mut settlement =
-                    self.resolved::<T>(key, Resolution::Completed(value), audit, now)?;
-                settlement.result_ref = result_ref;
-                settlement
-            }
             resolution => self.resolved::<T>(key, resolution, audit, now)?,
         };
         let target = Target {

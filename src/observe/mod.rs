@@ -50,7 +50,7 @@ pub enum Decision {
     /// The lease was taken over before this worker settled.
     LeaseLost,
     /// The handler failed (released or retained by its class), or panicked (its claim given
-    /// back).
+    /// back; in a build with `panic = "abort"` the process ends first, uncounted).
     HandlerFailed,
     /// A retained failure was replayed.
     FailureReplayed,

@@ -377,3 +377,109 @@ async fn no_effect_starts_after_a_check_that_outlasted_the_lease() {
         );
     }
 }
+
+/// The same, when the step cut off is an earlier attempt's uncertain step that a takeover
+/// checked (not applied) and ran: the intent names the earlier attempt, yet the effect in
+/// flight is this attempt's.
+#[tokio::test]
+async fn a_taken_over_step_cut_off_mid_effect_is_not_checked_in_the_same_attempt() {
+    for after in [AfterCutOff::RetriesIt, AfterCutOff::GoesOn] {
+        for backend in both().await {
+            let name = format!("{} ({after:?})", backend.name);
+            let clock = backend.clock.clone();
+            let idem = Idempotency::new(backend.store)
+                .with_clock(backend.clock)
+                .with_recovery(Recovery::Steps);
+            let inv = invocation("taken-cut-off", &serde_json::json!({"order": "o-taken"}));
+            let provider = Arc::new(Provider::default());
+            // Attempt 1 records the intent; its call fails before anything is sent.
+            let first = idem
+                .execute(&inv, |ctx: ExecutionContext| async move {
+                    let charged = ctx
+                        .step("charge")
+                        .effect_timeout(Duration::from_secs(10))
+                        .run(|_key| async {
+                            Err::<String, BoxError>("the connection dropped".into())
+                        })
+                        .await?;
+                    Ok::<_, BoxError>(charged)
+                })
+                .await;
+            assert!(first.is_err(), "{name}");
+            clock.advance(Duration::from_secs(16));
+
+            // Attempt 2: the check finds nothing, the charge is sent and cut off.
+            let (sender, sent_at) = (Arc::clone(&provider), clock.clone());
+            let (checked, check_clock) = (Arc::clone(&provider), clock.clone());
+            let (checked_again, check_clock_again) = (Arc::clone(&provider), clock.clone());
+            let second = idem
+                .execute(&inv, |ctx: ExecutionContext| async move {
+                    let (sent_tx, sent_rx) = tokio::sync::oneshot::channel::<()>();
+                    let check = move |_key: String| async move {
+                        Ok::<_, BoxError>(match checked.landed(&check_clock) {
+                            0 => Checked::NotApplied,
+                            _ => Checked::Applied(String::from("ch_1")),
+                        })
+                    };
+                    let charging = ctx
+                        .step("charge")
+                        .effect_timeout(Duration::from_secs(10))
+                        .checked_by(check)
+                        .run(|_key| async move {
+                            sender.sends.fetch_add(1, Ordering::SeqCst);
+                            let lands = sent_at.now() + Duration::from_secs(4);
+                            sender.sent.lock().expect("charges").push(lands);
+                            let _ = sent_tx.send(());
+                            std::future::pending::<Result<String, BoxError>>().await
+                        });
+                    tokio::select! {
+                        charged = charging => panic!("the charge never answers: {charged:?}"),
+                        sent = sent_rx => sent.expect("the charge was sent"),
+                    }
+                    let again = match after {
+                        AfterCutOff::RetriesIt => {
+                            ctx.step("charge")
+                                .checked_by(move |_key: String| async move {
+                                    Ok::<_, BoxError>(
+                                        match checked_again.landed(&check_clock_again) {
+                                            0 => Checked::NotApplied,
+                                            _ => Checked::Applied(String::from("ch_1")),
+                                        },
+                                    )
+                                })
+                                .run(|_key| async {
+                                    Ok::<_, BoxError>(String::from("charged again"))
+                                })
+                                .await
+                        }
+                        AfterCutOff::GoesOn => {
+                            ctx.step("receipt")
+                                .run(|_key| async { Ok::<_, BoxError>(String::from("sent")) })
+                                .await
+                        }
+                    };
+                    Ok::<_, BoxError>(again?)
+                })
+                .await;
+            assert!(
+                matches!(second, Err(Error::AlreadyInProgress { .. })),
+                "{name}: given back while the charge may land: {second:?}"
+            );
+            clock.advance(Duration::from_secs(16));
+            let later = attempt(
+                &idem,
+                &inv,
+                &provider,
+                &clock,
+                Some(Duration::from_secs(10)),
+            )
+            .await;
+            assert_eq!(later.expect("taken over, checked"), "ch_1", "{name}");
+            assert_eq!(
+                provider.sends.load(Ordering::SeqCst),
+                1,
+                "{name}: charged once"
+            );
+        }
+    }
+}

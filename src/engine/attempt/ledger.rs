@@ -108,6 +108,10 @@ struct State {
     cursor: usize,
     /// Whether a step is running (from its start to its end, however it ends).
     in_flight: bool,
+    /// The position of the step whose effect this attempt started, from the effect's start
+    /// to its answer: still set when the step's future was dropped mid-effect (a timeout
+    /// around it), whose effect may still land.
+    started: Option<usize>,
     /// Whether the handler has returned: no step runs after.
     closed: bool,
     /// Why the attempt stopped, once it has.
@@ -268,6 +272,12 @@ impl StepLedger {
     pub(crate) fn has_recorded(&self) -> bool {
         let state = self.lock();
         state.frozen || !state.steps.is_empty()
+    }
+
+    /// Whether the attempt stopped at a step (its answer is then the stop's, whatever the
+    /// handler returns).
+    pub(crate) fn stopped(&self) -> bool {
+        self.lock().halt.is_some()
     }
 
     /// Declares the attempt's result a refusal ([`ExecutionContext::refuse`]).
@@ -464,7 +474,7 @@ impl StepLedger {
             // Its own intent, this attempt's effect cut off (a timeout around the step): that
             // effect may still land, so no check can tell yet; the next attempt asks it once
             // the effect can have landed.
-            Standing::Uncertain if self.cut_off_here(&self.lock()) => {
+            Standing::Uncertain if self.cut_off_here(&self.lock()) && self.may_still_land() => {
                 return Err(self.give_back_cut_off(&name));
             }
             Standing::Uncertain => match self.check(&name, check, downstream.clone()).await? {
@@ -499,7 +509,12 @@ impl StepLedger {
         // it) leaves the mark, which a result recorded lifts.
         let before = self.lands_by.get();
         self.lands_by.set(before.max(Some(lands_by)));
+        {
+            let mut state = self.lock();
+            state.started = Some(state.cursor);
+        }
         let ran: Result<T, BoxError> = effect(downstream).await.map_err(Into::into);
+        self.lock().started = None;
         // A result, or the effect's word that it did nothing: nothing left to land.
         if ran
             .as_ref()
@@ -601,21 +616,25 @@ impl StepLedger {
         Ok((standing, Flight(self)))
     }
 
-    /// Whether the lease may be past on another clock (one running ahead of this one by the
-    /// invocation's clock skew): a takeover may then hold the claim, and no effect starts.
+    /// Whether the lease is past: a takeover may then hold the claim, and no effect starts.
     fn past_lease(&self) -> bool {
-        self.idem
-            .now()
-            .checked_add(self.clock_skew)
-            .is_none_or(|now| now >= self.lease_expires_at)
+        self.idem.now() >= self.lease_expires_at
     }
 
-    /// Whether the step at the cursor is this attempt's own intent: a step of this attempt
-    /// whose future was dropped mid-effect (a timeout around it), whose effect may still land.
+    /// Whether the step at the cursor is one whose effect this attempt started and whose
+    /// future was dropped mid-effect (a timeout around it): not another order, nor an
+    /// earlier attempt's uncertain step. Known from this attempt's memory, not from the
+    /// intent's attempt number (a takeover runs an earlier attempt's intent without writing
+    /// its own).
     fn cut_off_here(&self, state: &State) -> bool {
-        state.steps.get(state.cursor).is_some_and(|step| {
-            step.result.is_none() && !step.is_mark() && step.attempt == self.attempt
-        })
+        state.started == Some(state.cursor)
+    }
+
+    /// Whether an effect this attempt started may still land (its declared timeout, or the
+    /// lease, not yet past): a check asked now could not see it.
+    fn may_still_land(&self) -> bool {
+        let now = self.idem.now();
+        self.lands_by.get().is_some_and(|lands_by| lands_by > now)
     }
 
     /// Stops the attempt at step `name`, after a step of its own was cut off mid-effect: the

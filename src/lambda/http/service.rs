@@ -126,8 +126,13 @@ where
                         ctx.refuse();
                     }
                     let stored = StoredResponse::new(&parts, &bytes);
-                    // Kept in case the store cannot take it: the client still gets it.
-                    *applied.lock().unwrap_or_else(PoisonError::into_inner) = Some(stored.clone());
+                    // Kept in case the store cannot take it: the client still gets it. Not when
+                    // the attempt stopped at a step (the handler answered past a step's error):
+                    // the answer is then the stop's, and the next delivery goes on.
+                    if !ctx.steps.stopped() {
+                        *applied.lock().unwrap_or_else(PoisonError::into_inner) =
+                            Some(stored.clone());
+                    }
                     Ok(stored)
                 } else {
                     Err(BoxError::from(Release::new(NotStored(
@@ -161,10 +166,11 @@ where
         },
         // The handler answered and its effect happened, but its response was not recorded:
         // too large (retained as failed so that it never runs again: later callers get a
-        // 409), or its completion failed (the store, a lost lease: later callers get what the
-        // record comes to). This caller still gets the response it produced, not a "retry"
-        // that would find the operation in progress.
-        Err(err @ (Error::OutcomeTooLarge { .. } | Error::Store(_) | Error::LeaseLost { .. })) => {
+        // 409), or its completion failed in the store (the record is still this attempt's:
+        // later callers get what it comes to). This caller still gets the response it
+        // produced, not a "retry" that would find the operation in progress. A lost lease is
+        // not one of them: a takeover may have recorded another answer, which the retry gets.
+        Err(err @ (Error::OutcomeTooLarge { .. } | Error::Store(_))) => {
             let kept = applied
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)

@@ -71,6 +71,7 @@ fn describe_latencies(prefix: &'static str) {
 pub struct MetricsObserver {
     prefix: &'static str,
     early_flush: Option<EarlyFlush>,
+    sink: fn() -> Box<dyn Write>,
 }
 
 impl Default for MetricsObserver {
@@ -85,6 +86,7 @@ impl MetricsObserver {
         Self {
             prefix: "idempotency",
             early_flush: None,
+            sink: stdout,
         }
     }
 
@@ -105,7 +107,6 @@ impl MetricsObserver {
     pub fn flushing(mut self, collector: &'static Collector) -> Self {
         self.early_flush = Some(EarlyFlush {
             collector,
-            sink: stdout,
             recorded: Arc::default(),
         });
         self
@@ -114,9 +115,7 @@ impl MetricsObserver {
     /// Writes the documents [`flushing`](Self::flushing) writes early to what `sink` gives
     /// instead of stdout (a test's buffer).
     pub fn with_sink(mut self, sink: fn() -> Box<dyn Write>) -> Self {
-        if let Some(early_flush) = &mut self.early_flush {
-            early_flush.sink = sink;
-        }
+        self.sink = sink;
         self
     }
 
@@ -136,7 +135,7 @@ impl MetricsObserver {
                 .record(elapsed.as_secs_f64() * 1000.0);
         };
         match &self.early_flush {
-            Some(early_flush) => early_flush.record(&name, operation, record),
+            Some(early_flush) => early_flush.record(&name, operation, self.sink, record),
             None => record(),
         }
     }
@@ -148,7 +147,6 @@ impl MetricsObserver {
 #[derive(Clone)]
 struct EarlyFlush {
     collector: &'static Collector,
-    sink: fn() -> Box<dyn Write>,
     recorded: Arc<Mutex<HashMap<(String, String), usize>>>,
 }
 
@@ -159,7 +157,13 @@ impl std::fmt::Debug for EarlyFlush {
 }
 
 impl EarlyFlush {
-    fn record(&self, name: &str, operation: &str, record: impl FnOnce()) {
+    fn record(
+        &self,
+        name: &str,
+        operation: &str,
+        sink: fn() -> Box<dyn Write>,
+        record: impl FnOnce(),
+    ) {
         // One value at a time, so that no other thread's value lands between the count and
         // the write; a poisoned count only ever held counts.
         let mut recorded = self
@@ -171,7 +175,7 @@ impl EarlyFlush {
             .or_default();
         if *held >= VALUES_PER_DOCUMENT {
             // The flush empties every histogram of the recorder.
-            if let Err(err) = self.collector.flush((self.sink)()) {
+            if let Err(err) = self.collector.flush(sink()) {
                 tracing::warn!(error = %err, "the metrics document was not written");
             }
             recorded.clear();
