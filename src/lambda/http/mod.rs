@@ -25,7 +25,8 @@
 //! | same key, another method, path, query, content type or body | 422 `idempotency_key_reused` |
 //! | the handler failed terminally (now or before) | 409 `operation_previously_failed`, to this caller and every retry |
 //! | the operation was applied but its response is too large to keep | the response, to this caller; 409 `operation_already_applied` to retries |
-//! | the store is unavailable | 503, `Retry-After` |
+//! | the store is unavailable | 503, `Retry-After` (when only the completion failed, the handler's response to this caller) |
+//! | two `Idempotency-Key` field lines | 400 `invalid_request` |
 //!
 //! **What is stored is what a retry must get.** The headers that carry a credential or a
 //! session ([`WITHHELD_HEADERS`]: `Set-Cookie`, `Authorization`, `X-Amz-Security-Token`, …) reach
