@@ -17,7 +17,8 @@ use crate::key::{KeyPolicy, Select};
 
 /// The HTTP header that carries the idempotency key (IETF draft).
 pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
-/// The longest `Idempotency-Key` accepted, in bytes.
+/// The longest `Idempotency-Key` accepted, in bytes, as it is sent (a quoted key's quotes and
+/// escapes included).
 pub const MAX_KEY_BYTES: usize = 255;
 
 /// Reads the caller's principal from a request.
@@ -66,8 +67,9 @@ impl HttpKeys {
     }
 
     /// Reads the caller's principal with `principal` instead of from the authorizer context:
-    /// for what the built-in reading cannot see (an HTTP API Lambda authorizer's simple
-    /// response, an ALB listener that authenticates with OIDC). Read only what the gateway
+    /// for what the built-in reading cannot see (an HTTP API Lambda authorizer's context
+    /// naming its caller other than `principalId` or `sub`, an ALB listener that
+    /// authenticates with OIDC). Read only what the gateway
     /// vouches for, never a header the client can set.
     pub fn with_principal(
         mut self,
