@@ -202,12 +202,41 @@ struct Intent;
 
 impl Select<Request> for Intent {
     fn select(&self, request: &Request) -> Result<Option<Value>, Error> {
-        let mut query: Vec<(String, String)> =
-            form_urlencoded::parse(request.uri().query().unwrap_or_default().as_bytes())
-                .map(|(name, value)| (name.into_owned(), value.into_owned()))
-                .collect();
-        query.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(Some(intent(request, json!(query))))
+        let query = request.uri().query().unwrap_or_default();
+        let mut pairs: Vec<(Vec<u8>, Value)> = query
+            .split('&')
+            .filter(|pair| !pair.is_empty())
+            .map(|raw| {
+                let (name, value) = raw.split_once('=').unwrap_or((raw, ""));
+                let name = form_decoded(name);
+                (
+                    name.clone(),
+                    json!([text_or_bytes(name), text_or_bytes(form_decoded(value))]),
+                )
+            })
+            .collect();
+        pairs.sort_by(|a, b| a.0.cmp(&b.0));
+        let query: Vec<Value> = pairs.into_iter().map(|(_, pair)| pair).collect();
+        Ok(Some(intent(request, Value::Array(query))))
+    }
+}
+
+/// A query name or value decoded as `application/x-www-form-urlencoded` does (`+` is a space,
+/// then percent-decoding), to its bytes: nothing is replaced, so `%FF` and `%FE` stay two.
+fn form_decoded(part: &str) -> Vec<u8> {
+    let spaced: Vec<u8> = part
+        .bytes()
+        .map(|byte| if byte == b'+' { b' ' } else { byte })
+        .collect();
+    percent_encoding::percent_decode(&spaced).collect()
+}
+
+/// Decoded bytes as the intent holds them: a string when they are UTF-8, else the bytes as an
+/// array of numbers, which no string equals.
+fn text_or_bytes(bytes: Vec<u8>) -> Value {
+    match String::from_utf8(bytes) {
+        Ok(text) => Value::String(text),
+        Err(not_utf8) => json!(not_utf8.into_bytes()),
     }
 }
 
@@ -292,6 +321,36 @@ mod tests {
         let policy = HttpKeys::new().policy();
         let refused = scope.map(|scope| policy.derive(&scope, &request()));
         assert!(matches!(refused, Some(Err(Error::CallerUnidentified))));
+    }
+
+    fn fingerprint_with(query: &str) -> Result<Fingerprint, Error> {
+        let mut request = request();
+        *request.uri_mut() = format!("https://api.example/payments{query}")
+            .parse()
+            .unwrap_or_default();
+        let scope = OperationScope::new("shop", "payments").map_err(|err| Error::InvalidEvent {
+            reason: err.to_string(),
+        })?;
+        let policy = HttpKeys::new().with_callers(CallerScope::Shared).policy();
+        Ok(policy.derive(&scope, &request)?.1)
+    }
+
+    /// Bytes that are not UTF-8 are not all one replacement character: a changed query is
+    /// another intent, and a UTF-8 query keeps the fingerprint 0.5 gave it.
+    #[test]
+    fn queries_that_are_not_utf8_are_told_apart() -> Result<(), Error> {
+        assert_ne!(fingerprint_with("?q=%FF")?, fingerprint_with("?q=%FE")?);
+        assert_ne!(
+            fingerprint_with("?q=%FF")?,
+            fingerprint_with("?q=%EF%BF%BD")?
+        );
+        assert_ne!(fingerprint_with("?%FF=1")?, fingerprint_with("?%FE=1")?);
+        assert_eq!(
+            fingerprint_with("?b=2&a=%41+x")?,
+            fingerprint_with("?a=A%20x&b=2")?
+        );
+        assert_eq!(fingerprint_with("?&a=1&&")?, fingerprint_with("?a=1")?);
+        Ok(())
     }
 
     #[test]
