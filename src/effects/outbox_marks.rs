@@ -345,7 +345,9 @@ impl OutboxMarks {
     /// each of the index's partitions: each partition of events no sweep has tried is read up
     /// to its share of `limit` (a sixteenth, at least one: events stuck in one partition never
     /// hide the others'), then each partition of events a sweep failed to publish up to its
-    /// share of what is left (at least one).
+    /// share of what is left (at least one). A read stops once its events' payloads reach
+    /// [`MAX_FOUND_BYTES`]: a backlog of large events is swept over several runs, within a
+    /// function's memory.
     ///
     /// # Errors
     /// [`OutboxError::Request`] when DynamoDB fails a query.
@@ -480,9 +482,14 @@ impl OutboxMarks {
         let mut taken = 0;
         let mut read = 0;
         let budget = limit.saturating_mul(READ_PAST);
+        let mut bytes: usize = found
+            .events
+            .iter()
+            .map(|event| event.record.payload.len())
+            .sum();
         loop {
             let wanted = limit.saturating_sub(taken);
-            if wanted == 0 || read >= budget {
+            if wanted == 0 || read >= budget || bytes >= MAX_FOUND_BYTES {
                 return Ok(());
             }
             let mut query = self
@@ -510,7 +517,7 @@ impl OutboxMarks {
                 .map_err(|err| OutboxError::request("Query", err))?;
             for item in page.items() {
                 read += 1;
-                if taken == limit {
+                if taken == limit || bytes >= MAX_FOUND_BYTES {
                     break;
                 }
                 if due.is_some_and(|(now, backoff)| !is_due(item, now, backoff)) {
@@ -519,6 +526,7 @@ impl OutboxMarks {
                 match pending_event(item) {
                     Ok(event) => {
                         taken += 1;
+                        bytes += event.record.payload.len();
                         found.events.push(event);
                     }
                     Err(not_an_event) => {
@@ -539,6 +547,12 @@ impl OutboxMarks {
         }
     }
 }
+
+/// The most payload bytes one read of the pending index returns (a sweep's events, each read
+/// whole, then each sent in an envelope): it stops at the event that reaches them, so that a
+/// backlog of events near their destination's 256 KiB is swept over several runs instead of
+/// exhausting the sweeper's memory at the same oldest events on every run.
+pub const MAX_FOUND_BYTES: usize = 32 * 1024 * 1024;
 
 /// How many items, per event wanted, a sweep reads past in one partition (events whose turn
 /// has not come, unreadable items) before it leaves the rest to the next sweep.

@@ -831,3 +831,45 @@ async fn events_whose_destination_never_comes_back_are_parked_after_the_last_try
     assert!(reason.contains("unpark"), "{reason}");
     assert_eq!(rig.marks().oldest_pending().await.expect("oldest"), None);
 }
+
+/// A backlog of large events is read a part at a time: one read holds at most
+/// `MAX_FOUND_BYTES` of payloads (and the event that reached them), so that a sweeper meeting
+/// hundreds of events near 256 KiB neither exhausts its memory nor fails on the same oldest
+/// events at every run; the next read starts where the index still lists them. On the old
+/// sweeper the read took all 140 events (41 MB of payloads) at once.
+#[tokio::test]
+async fn a_backlog_of_large_events_is_read_a_part_at_a_time() {
+    use lambda_idempotency::effects::MAX_FOUND_BYTES;
+
+    let rig = Rig::open().await;
+    let committed = rig
+        .clock
+        .now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after epoch")
+        .as_millis();
+    let payload = "x".repeat(300 * 1024);
+    let events = 140u128;
+    for n in 0..events {
+        let id = format!("{:x}{:063x}", n % 16, n);
+        write_event(&rig, &id, &rig.orders_queue, committed + n, &payload).await;
+    }
+    rig.clock.advance(A_WEEKEND);
+
+    let found = rig
+        .marks()
+        .pending(rig.clock.now(), 1000)
+        .await
+        .expect("read");
+    let bytes: usize = found.events.iter().map(|e| e.record.payload.len()).sum();
+    assert!(
+        bytes < MAX_FOUND_BYTES + payload.len(),
+        "{bytes} bytes read at once"
+    );
+    assert_eq!(
+        found.events.len(),
+        MAX_FOUND_BYTES.div_ceil(payload.len()),
+        "it stops at the event that reaches the bound"
+    );
+    assert!(found.events.len() < events as usize);
+}
