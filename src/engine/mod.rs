@@ -676,7 +676,11 @@ impl Idempotency {
             attempt,
             steps: Arc::clone(&steps),
         };
-        let ran = AssertUnwindSafe(handler(context)).catch_unwind().await;
+        // The handler is called inside the guard too: a panic before its future's first poll
+        // (in a closure's synchronous part) is the handler's panic like any other.
+        let ran = AssertUnwindSafe(async move { handler(context).await })
+            .catch_unwind()
+            .await;
         steps.close();
         let ran = match ran {
             Ok(ran) => ran,

@@ -92,6 +92,59 @@ async fn a_panicking_record_fails_alone_and_the_rest_of_the_batch_is_answered() 
     }
 }
 
+/// A handler that panics in its closure's synchronous part, before it returns its future (an
+/// `unwrap` on the message's body), is answered as one that panics inside it: the record fails
+/// alone and its claim is given back at once. On the old engine the closure was called outside
+/// the panic guard: the claim was held for the invocation's whole lease.
+#[tokio::test]
+async fn a_handler_that_panics_before_its_future_is_answered_as_a_panic() {
+    for backend in both().await {
+        let name = backend.name;
+        let store = backend.store.clone();
+        let clock = backend.clock.clone();
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let processor: BatchProcessor<SqsMessage> = Operation::new(
+            idem,
+            scope(),
+            sources::sqs(Some("/order_id")).expect("policy"),
+        )
+        .batch();
+        let batch = vec![
+            sqs_message("m-1", json!({"order_id": "o-1"})),
+            sqs_message("m-2", json!({"order_id": "poison"})),
+        ];
+        let deadline = clock.now_plus(Duration::from_secs(60));
+        let report = processor
+            .process(
+                batch,
+                &context_with_deadline(deadline),
+                |message, _: ExecutionContext| {
+                    let body = message.body.unwrap_or_default();
+                    assert!(!body.contains("poison"), "a bug in the handler");
+                    async move { Ok::<_, std::io::Error>(body.len()) }
+                },
+            )
+            .await;
+
+        assert_eq!(
+            report.failed_identifiers(),
+            vec!["m-2".to_owned()],
+            "{name}"
+        );
+        let key = processor_key(&sqs_message("m-2", json!({"order_id": "poison"})));
+        let record = store
+            .get(&key)
+            .await
+            .expect("get")
+            .expect("the claim stands");
+        assert_eq!(record.status, Status::InProgress, "{name}");
+        assert!(
+            record.lease.expires_at <= clock.now_plus(Duration::from_secs(5)),
+            "{name}: the lease was cut to the grace, not held to the deadline"
+        );
+    }
+}
+
 /// The key the processor derives for `message`.
 fn processor_key(message: &SqsMessage) -> lambda_idempotency::OperationKey {
     sources::sqs(Some("/order_id"))
