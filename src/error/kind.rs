@@ -98,7 +98,8 @@ impl Error {
     /// Whether delivering the same event again can never succeed: [`ErrorKind::is_permanent`],
     /// a [`Error::KeyExpiredConflict`] whose evidence is FAILED (evidence never expires), and a
     /// stored record that is corrupt ([`StoreError::CorruptRecord`](super::StoreError::CorruptRecord): it stays corrupt until an
-    /// operator repairs it). A batch's [`PoisonPolicy`](crate::PoisonPolicy) applies to these.
+    /// operator repairs it). A batch's [`PoisonPolicy`](crate::PoisonPolicy) applies to these,
+    /// but never acknowledges a corrupt record's event.
     pub fn is_permanent(&self) -> bool {
         match self {
             Self::KeyExpiredConflict { evidence, .. } => {

@@ -5,7 +5,9 @@ use super::BatchError;
 use crate::error::Error;
 
 /// What a batch does with a record that can never succeed ([`Error::is_permanent`]): a
-/// payload conflict, a retained terminal failure, an unreadable event. (A record that took
+/// payload conflict, a retained terminal failure, an unreadable event. A stored record the
+/// build cannot read is reported failed under either policy: the event is not at fault, and
+/// the record may be a newer build's claim (a rolling deploy, a rollback). (A record that took
 /// effect but whose result was not kept is always acknowledged: [`RecordOutcome::AppliedNotKept`].)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
