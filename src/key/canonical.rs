@@ -22,6 +22,10 @@ pub(super) struct Canonical<T> {
     pub(super) written: T,
     /// Whether an integer was written whose digits RFC 8785 would have changed.
     pub(super) differs_from_rfc8785: bool,
+    /// Whether a number was written that may have been rounded when it was read: a double of
+    /// magnitude 2^53 or more (an integer beyond `u64`, `9007199254740993.0`), which two
+    /// different numbers can have been read as.
+    pub(super) holds_rounded_number: bool,
 }
 
 /// Where canonical bytes go: a buffer ([`canonicalize`]) or straight into a digest
@@ -70,6 +74,7 @@ pub(super) fn digest(value: &Value, strip: Strip) -> Result<Canonical<[u8; 32]>,
     Ok(Canonical {
         written: hashed.written.finalize().into(),
         differs_from_rfc8785: hashed.differs_from_rfc8785,
+        holds_rounded_number: hashed.holds_rounded_number,
     })
 }
 
@@ -77,6 +82,7 @@ fn written_into<S: Sink>(value: &Value, strip: Strip, sink: S) -> Result<Canonic
     let mut canonical = Canonical {
         written: sink,
         differs_from_rfc8785: false,
+        holds_rounded_number: false,
     };
     write(value, strip, &mut canonical)?;
     Ok(canonical)
@@ -209,6 +215,10 @@ impl Shape {
 
 /// A double (a fraction, an exponent, an integer beyond `u64`), exactly as RFC 8785 writes it.
 fn write_double<S: Sink>(number: &Value, out: &mut Canonical<S>) -> Result<(), Error> {
+    const EXACT_INTEGERS: f64 = 9_007_199_254_740_992.0; // 2^53
+    out.holds_rounded_number |= number
+        .as_f64()
+        .is_some_and(|double| double.abs() >= EXACT_INTEGERS);
     out.written.put(&rfc8785(number)?);
     Ok(())
 }

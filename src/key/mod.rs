@@ -159,6 +159,9 @@ fn check_component(field: &'static str, value: &str) -> Result<(), ConfigError> 
     Ok(())
 }
 
+/// Why key material holding a number that may have been rounded is refused (it names no value).
+const ROUNDED_KEY: &str = "the key material holds a number of magnitude 2^53 or more that is not a 64-bit integer (an integer beyond u64, or one written with a fraction or an exponent): JSON readers round it, so two ids would share one key; send the id as a string";
+
 /// The identity of one intended operation: `scope#sha256(canonical key material)`.
 ///
 /// It holds no payload data: the material is hashed, so a key is safe to log.
@@ -167,6 +170,12 @@ pub struct OperationKey(String);
 
 impl OperationKey {
     /// Derives the key for `material` in `scope`, optionally under a tenant.
+    ///
+    /// # Errors
+    /// [`Error::MissingKey`] for empty material; [`Error::InvalidEvent`] for material that is
+    /// not JSON, a malformed tenant, or a number that JSON readers may have rounded (magnitude
+    /// 2^53 or more, held as a double: an integer beyond `u64`, `9007199254740993.0`), which
+    /// would key two ids alike: send such an id as a string.
     pub fn derive<M: Serialize + ?Sized>(
         scope: &OperationScope,
         tenant: Option<&str>,
@@ -204,6 +213,11 @@ impl OperationKey {
             });
         }
         let digest = canonical::digest(material, Strip::Nothing)?;
+        if digest.holds_rounded_number {
+            return Err(Error::InvalidEvent {
+                reason: ROUNDED_KEY.into(),
+            });
+        }
         let key = Self(scope.key_of(tenant, &digest.written));
         let earlier = match digest.differs_from_rfc8785 {
             true => Some(Self(scope.key_of(

@@ -45,11 +45,53 @@ fn ids_and_amounts_that_differ_above_2_53_are_told_apart() {
     assert_eq!(fp_a, fp_b, "the same amount");
     assert_ne!(fp_a, fp_c, "two amounts, two intents");
     // Within ±2^53 every key is what RFC 8785 alone gives (the same as before 0.2).
-    let small = OperationKey::derive(&scope(), None, &json!({"id": 9_007_199_254_740_992_u64}))
+    let small = OperationKey::derive(&scope(), None, &json!({"id": 9_007_199_254_740_991_u64}))
         .expect("key");
     let same =
-        OperationKey::derive(&scope(), None, &json!({"id": 9_007_199_254_740_992.0})).expect("key");
+        OperationKey::derive(&scope(), None, &json!({"id": 9_007_199_254_740_991.0})).expect("key");
     assert_eq!(small, same);
+}
+
+/// An id that JSON readers round (an integer beyond `u64`, one written with a fraction or an
+/// exponent past 2^53) is refused as key material by variant, never keyed: two such ids are
+/// read as one double and would share one operation, the second replaying the first's result.
+/// A 64-bit integer keys exactly, and such a number elsewhere in the event (in the intent) is
+/// no refusal. Before, both ids beyond `u64` derived one key.
+#[test]
+fn an_id_that_json_readers_round_is_refused_not_keyed() {
+    let policy = KeyPolicy::<Value>::pointer("/order_id").expect("pointer");
+    let event = |text: &str| -> Value { serde_json::from_str(text).expect("JSON") };
+    for id in [
+        "18446744073709551616",
+        "18446744073709551617",
+        "100000000000000000000000000000000000001",
+        "9007199254740993.0",
+        "-9007199254740993.0",
+        "1e20",
+    ] {
+        let refused = policy.derive(&scope(), &event(&format!(r#"{{"order_id": {id}}}"#)));
+        assert!(
+            matches!(&refused, Err(Error::InvalidEvent { reason }) if !reason.contains(id)),
+            "{id}: {refused:?}"
+        );
+    }
+    let nested = OperationKey::derive(
+        &scope(),
+        None,
+        &event(r#"{"ids": [1, 18446744073709551616]}"#),
+    );
+    assert!(
+        matches!(nested, Err(Error::InvalidEvent { .. })),
+        "{nested:?}"
+    );
+    assert!(
+        policy
+            .derive(
+                &scope(),
+                &event(r#"{"order_id": 18446744073709551615, "amount": 1e30}"#)
+            )
+            .is_ok()
+    );
 }
 
 #[test]
@@ -181,6 +223,33 @@ async fn a_record_of_this_version_never_reads_as_0_1s_even_before_the_cutover() 
     }
 }
 
+/// What a version before 0.2 derived for order 2^60 + 1 under `policy` (amount 10): the key of
+/// the id read as the double 2^60, written by RFC 8785 alone, which today's keys refuse.
+fn derived_by_0_1(policy: &KeyPolicy<Value>) -> Invocation {
+    use sha2::Digest;
+    let rounded = serde_json_canonicalizer::to_vec(&json!((1_u64 << 60) as f64)).expect("JSON");
+    let today = OperationKey::derive(&scope(), None, &json!(1)).expect("key");
+    let (scope_part, _) = today.as_str().rsplit_once('#').expect("a digest");
+    let key = format!(
+        "{scope_part}#{}",
+        hex::encode(sha2::Sha256::digest(rounded))
+    );
+    let fingerprint = policy
+        .invocation(
+            &scope(),
+            &json!({"order_id": 1, "amount": 10}),
+            Duration::from_secs(30),
+        )
+        .expect("invocation")
+        .fingerprint()
+        .clone();
+    Invocation::new(
+        OperationKey::from_stored(key),
+        fingerprint,
+        Duration::from_secs(30),
+    )
+}
+
 #[tokio::test]
 async fn an_operation_recorded_under_its_key_before_exact_integers_is_continued_there() {
     for backend in both().await {
@@ -189,13 +258,8 @@ async fn an_operation_recorded_under_its_key_before_exact_integers_is_continued_
         let policy = KeyPolicy::<Value>::pointer("/order_id")
             .expect("pointer")
             .with_intent(lambda_idempotency::key::JsonPointer::new("/amount").expect("pointer"));
-        // What a version before 0.2 derived for order 2^60 + 1: the key and the fingerprint of
-        // the document with the id read as the double 2^60 (as the same document with that
-        // double still derives them).
-        let rounded = json!({"order_id": (1_u64 << 60) as f64, "amount": 10});
-        let derived = policy
-            .invocation(&scope(), &rounded, Duration::from_secs(30))
-            .expect("invocation");
+        // What a version before 0.2 derived for order 2^60 + 1.
+        let derived = derived_by_0_1(&policy);
         // As 0.1 wrote it: no rule marker.
         let before = Invocation::new(
             derived.key().clone(),
@@ -301,10 +365,7 @@ async fn a_0_1_record_that_goes_meanwhile_is_not_claimed_afresh_at_its_key() {
         let policy = KeyPolicy::<Value>::pointer("/order_id")
             .expect("pointer")
             .with_intent(lambda_idempotency::key::JsonPointer::new("/amount").expect("pointer"));
-        let rounded = json!({"order_id": (1_u64 << 60) as f64, "amount": 10});
-        let derived = policy
-            .invocation(&scope(), &rounded, Duration::from_secs(30))
-            .expect("invocation");
+        let derived = derived_by_0_1(&policy);
         let before = Invocation::new(
             derived.key().clone(),
             Fingerprint::from_stored(derived.fingerprint().as_str()),
