@@ -356,3 +356,60 @@ async fn two_tenants_records_with_the_same_identity_each_run() {
         );
     }
 }
+
+/// Two messages of one business identity under two keys (a producer that sent the invoice
+/// twice, each send its own message id) in one batch run one after the other: the second finds
+/// the first's evidence settled and is acknowledged as done, not failed for meeting it in
+/// progress (and, on a FIFO queue, holding its message group back until a redelivery). On the
+/// old batch they ran side by side and the second was reported failed.
+#[tokio::test]
+async fn two_keys_of_one_identity_in_a_batch_run_one_after_the_other() {
+    for backend in both().await {
+        let name = backend.name;
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let policy = sources::sqs(Some("/request_id"))
+            .expect("policy")
+            .with_identity(|message: &SqsMessage| {
+                let body: serde_json::Value =
+                    serde_json::from_str(message.body.as_deref()?).ok()?;
+                Some(format!("invoice:{}", body["order_id"].as_str()?))
+            });
+        let processor: BatchProcessor<SqsMessage> = Operation::new(idem, scope(), policy).batch();
+        let runs = AtomicUsize::new(0);
+        let report = processor
+            .process(
+                vec![
+                    sqs_message("m-1", json!({"request_id": "r-1", "order_id": "o-7"})),
+                    sqs_message("m-2", json!({"request_id": "r-2", "order_id": "o-7"})),
+                ],
+                &Default::default(),
+                |_, _: ExecutionContext| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    async {
+                        // Long enough for the other record to start, were it run beside it.
+                        for _ in 0..20 {
+                            tokio::task::yield_now().await;
+                        }
+                        Ok::<_, std::io::Error>(String::from("invoiced"))
+                    }
+                },
+            )
+            .await;
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "{name}: one invoice: {:?}",
+            report.records
+        );
+        assert!(
+            report.failed_identifiers().is_empty(),
+            "{name}: {:?}",
+            report.records
+        );
+        assert!(
+            matches!(report.records[1].1, RecordOutcome::AlreadyDone),
+            "{name}: {:?}",
+            report.records[1].1
+        );
+    }
+}

@@ -384,20 +384,24 @@ struct Prepared<R> {
 }
 
 /// What a record runs in order with: its ordering group (a FIFO message group, a shard's
-/// partition key), and its operation key.
+/// partition key), its operation key, and its business identity's evidence (two keys of one
+/// identity: the second meets the first's evidence settled, not in progress).
 fn joins<R: BatchRecord>(record: &R, invocation: &Result<Invocation, Error>) -> Vec<String> {
     let group = record
         .ordering_group()
         .map(|group| format!("group:{group}"));
-    let key = invocation
-        .as_ref()
-        .ok()
-        .map(|invocation| format!("key:{}", invocation.key()));
-    group.into_iter().chain(key).collect()
+    let Ok(invocation) = invocation else {
+        return group.into_iter().collect();
+    };
+    let key = format!("key:{}", invocation.key());
+    let identity = invocation
+        .evidence_key()
+        .map(|evidence| format!("identity:{evidence}"));
+    group.into_iter().chain([key]).chain(identity).collect()
 }
 
 /// Splits records into groups run one at a time, each in batch order: records that share an
-/// ordering group or an operation key are in one group (two FIFO message groups that carry one
+/// ordering group, an operation key or a business identity are in one group (two FIFO message groups that carry one
 /// key run one after the other, so that the second is a replay rather than in progress); a
 /// record with neither stands alone. Groups come in order of their first record.
 fn group_in_order<R: BatchRecord>(
