@@ -345,9 +345,9 @@ impl OutboxMarks {
     /// each of the index's partitions: each partition of events no sweep has tried is read up
     /// to its share of `limit` (a sixteenth, at least one: events stuck in one partition never
     /// hide the others'), then each partition of events a sweep failed to publish up to its
-    /// share of what is left (at least one). A read stops once its events' payloads reach
-    /// [`MAX_FOUND_BYTES`]: a backlog of large events is swept over several runs, within a
-    /// function's memory.
+    /// share of what is left (at least one), and each up to its share of [`MAX_FOUND_BYTES`]
+    /// of payloads: a backlog of large events is swept over several runs, within a function's
+    /// memory.
     ///
     /// # Errors
     /// [`OutboxError::Request`] when DynamoDB fails a query.
@@ -482,14 +482,13 @@ impl OutboxMarks {
         let mut taken = 0;
         let mut read = 0;
         let budget = limit.saturating_mul(READ_PAST);
-        let mut bytes: usize = found
-            .events
-            .iter()
-            .map(|event| event.record.payload.len())
-            .sum();
+        // Each partition its share of the bytes, so that large events in one never leave the
+        // others unread.
+        let byte_share = MAX_FOUND_BYTES / (PENDING_SHARDS.len() + RETRY_SHARDS.len());
+        let mut bytes = 0;
         loop {
             let wanted = limit.saturating_sub(taken);
-            if wanted == 0 || read >= budget || bytes >= MAX_FOUND_BYTES {
+            if wanted == 0 || read >= budget || bytes >= byte_share {
                 return Ok(());
             }
             let mut query = self
@@ -517,7 +516,7 @@ impl OutboxMarks {
                 .map_err(|err| OutboxError::request("Query", err))?;
             for item in page.items() {
                 read += 1;
-                if taken == limit || bytes >= MAX_FOUND_BYTES {
+                if taken == limit || bytes >= byte_share {
                     break;
                 }
                 if due.is_some_and(|(now, backoff)| !is_due(item, now, backoff)) {
@@ -548,10 +547,11 @@ impl OutboxMarks {
     }
 }
 
-/// The most payload bytes one read of the pending index returns (a sweep's events, each read
-/// whole, then each sent in an envelope): it stops at the event that reaches them, so that a
-/// backlog of events near their destination's 256 KiB is swept over several runs instead of
-/// exhausting the sweeper's memory at the same oldest events on every run.
+/// About the most payload bytes one read of the pending index returns (a sweep's events, each
+/// read whole, then each sent in an envelope): each of its partitions is read up to its equal
+/// share, stopping at the event that reaches it (one event at least), so that a backlog of
+/// events near their destination's 256 KiB is swept over several runs, every partition in
+/// each, instead of exhausting the sweeper's memory at the same oldest events on every run.
 pub const MAX_FOUND_BYTES: usize = 32 * 1024 * 1024;
 
 /// How many items, per event wanted, a sweep reads past in one partition (events whose turn

@@ -413,3 +413,54 @@ async fn two_keys_of_one_identity_in_a_batch_run_one_after_the_other() {
         );
     }
 }
+
+/// Joining by identity orders, and stops nothing: when the first key of an identity fails
+/// (retryably, its claim released), the second key still runs in this batch instead of being
+/// skipped after it (which would hold back its own FIFO group and count toward its receives).
+#[tokio::test]
+async fn a_failed_key_of_an_identity_does_not_skip_the_others() {
+    for backend in both().await {
+        let name = backend.name;
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let policy = sources::sqs(Some("/request_id"))
+            .expect("policy")
+            .with_identity(|message: &SqsMessage| {
+                let body: serde_json::Value =
+                    serde_json::from_str(message.body.as_deref()?).ok()?;
+                Some(format!("invoice:{}", body["order_id"].as_str()?))
+            });
+        let processor: BatchProcessor<SqsMessage> = Operation::new(idem, scope(), policy).batch();
+        let runs = AtomicUsize::new(0);
+        let report = processor
+            .process(
+                vec![
+                    sqs_message("m-1", json!({"request_id": "r-1", "order_id": "o-8"})),
+                    sqs_message("m-2", json!({"request_id": "r-2", "order_id": "o-8"})),
+                ],
+                &Default::default(),
+                |message, _: ExecutionContext| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    let first = message.message_id.as_deref() == Some("m-1");
+                    async move {
+                        match first {
+                            true => Err(std::io::Error::other("the invoicing API timed out")),
+                            false => Ok(String::from("invoiced")),
+                        }
+                    }
+                },
+            )
+            .await;
+        assert_eq!(
+            report.failed_identifiers(),
+            vec!["m-1".to_owned()],
+            "{name}: {:?}",
+            report.records
+        );
+        assert!(
+            matches!(report.records[1].1, RecordOutcome::Executed),
+            "{name}: {:?}",
+            report.records[1].1
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "{name}");
+    }
+}

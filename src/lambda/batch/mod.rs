@@ -263,8 +263,10 @@ impl<R: BatchRecord> BatchProcessor<R> {
                     self.run_record(record, &invocation, handler).await
                 }
             };
+            // A failure stops what must follow it: its ordering group and its key. Another key
+            // of its identity only ran after it to find its evidence settled, and may run.
             if outcome.is_failure() {
-                stopped.extend(joins);
+                stopped.extend(joins.into_iter().filter(|name| !name.starts_with(IDENTITY)));
             }
             outcomes.push((index, id, outcome));
         }
@@ -383,6 +385,9 @@ struct Prepared<R> {
     invocation: Result<Invocation, Error>,
 }
 
+/// The prefix of a join by business identity (which orders, and stops nothing).
+const IDENTITY: &str = "identity:";
+
 /// What a record runs in order with: its ordering group (a FIFO message group, a shard's
 /// partition key), its operation key, and its business identity's evidence (two keys of one
 /// identity: the second meets the first's evidence settled, not in progress).
@@ -396,7 +401,7 @@ fn joins<R: BatchRecord>(record: &R, invocation: &Result<Invocation, Error>) -> 
     let key = format!("key:{}", invocation.key());
     let identity = invocation
         .evidence_key()
-        .map(|evidence| format!("identity:{evidence}"));
+        .map(|evidence| format!("{IDENTITY}{evidence}"));
     group.into_iter().chain([key]).chain(identity).collect()
 }
 

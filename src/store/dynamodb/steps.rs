@@ -48,6 +48,10 @@ pub(crate) const MAX_STEP_ENTRIES: usize = MAX_STEPS + 2;
 /// the takeover's condition about 0.3 KB). Past it the list's write count and length still hold.
 const PENDING_CHECKED: usize = 24;
 
+/// A takeover's condition before [`steps_as_read`]'s: the expired lease of the holder it read.
+pub(crate) const TAKEOVER_OF_EXPIRED: &str =
+    "#status = :in_progress AND #lease_token = :previous AND #lease_expires_at < :now_ms";
+
 /// The longest expression DynamoDB takes, in bytes.
 #[cfg(test)]
 const MAX_EXPRESSION_BYTES: usize = 4096;
@@ -234,7 +238,7 @@ mod tests {
     #[test]
     fn a_takeovers_condition_fits_an_expression_whatever_is_pending() {
         let names = AttributeNames::default();
-        let takeover = "#status = :in_progress AND #lease_token = :previous AND #lease_expires_at < :now_ms AND ";
+        let takeover = format!("{TAKEOVER_OF_EXPIRED} AND ");
         for pending in [1, PENDING_CHECKED, MAX_STEP_ENTRIES] {
             let steps: Vec<StepRecord> = (0..MAX_STEP_ENTRIES)
                 .map(|index| match index + pending >= MAX_STEP_ENTRIES {

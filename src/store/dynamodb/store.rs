@@ -13,7 +13,9 @@ use super::decode::Parts;
 use super::error::map_sdk_error;
 use super::item::{millis, n, s, secs};
 use super::outcome::Placement;
-use super::steps::{STEPS_VERSION_BUMP, bump_steps_version, steps_as_read, steps_value};
+use super::steps::{
+    STEPS_VERSION_BUMP, TAKEOVER_OF_EXPIRED, bump_steps_version, steps_as_read, steps_value,
+};
 use super::writes::{Check, Expr, Write, sent};
 use super::{DynamoDbStore, evidence, item};
 use crate::error::StoreError;
@@ -376,9 +378,7 @@ impl DynamoDbStore {
             &self.table,
             names.key(&previous.key),
             "SET #lease_token = :token, #attempt = :attempt, #lease_expires_at = :lease_expires_at, #expires_at = :expires_at",
-            &format!(
-                "#status = :in_progress AND #lease_token = :previous AND #lease_expires_at < :now_ms AND {steps_as_read}"
-            ),
+            &format!("{TAKEOVER_OF_EXPIRED} AND {steps_as_read}"),
             steps_expr
                 .name("#status", &names.status)
                 .name("#lease_token", &names.lease_token)
