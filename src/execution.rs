@@ -24,6 +24,12 @@ pub const MAX_IDENTITY_BYTES: usize = 1024;
 /// The longest lease an invocation holds (a year: far past Lambda's 15 minutes).
 pub const MAX_LEASE: Duration = Duration::from_secs(366 * 24 * 3600);
 
+/// The shortest lease a claim holds. A lease of zero (a lease policy's `without_deadline` or
+/// `max` set to zero, or [`Invocation::with_lease`]`(Duration::ZERO)`) would write a claim
+/// that has already expired, which a concurrent duplicate takes over at once: two executions
+/// in parallel. A claim's lease is raised to this instead.
+pub const MIN_LEASE: Duration = Duration::from_secs(1);
+
 /// How far apart the clocks of two invocations may run, unless the lease policy says
 /// otherwise: the margin a lease keeps past the deadline, and a step's effect past its
 /// declared timeout.
@@ -81,7 +87,7 @@ impl LeaseOwner {
 impl Invocation {
     /// `key` with intent `fingerprint`, holding a lease of `lease` while the handler runs (set it
     /// to the time the invocation may still run, plus a small margin).
-    /// The lease is capped at [`MAX_LEASE`].
+    /// The lease is capped at [`MAX_LEASE`]; a claim holds at least [`MIN_LEASE`].
     pub fn new(key: OperationKey, fingerprint: Fingerprint, lease: Duration) -> Self {
         Self {
             key,
@@ -134,9 +140,9 @@ impl Invocation {
         self
     }
 
-    /// The same invocation with a lease of `lease` from its claim (capped at [`MAX_LEASE`]): a
-    /// batch record's lease counts from when the record starts, not from when its batch did;
-    /// a durable execution's covers its longest suspension
+    /// The same invocation with a lease of `lease` from its claim (capped at [`MAX_LEASE`]; a
+    /// claim holds at least [`MIN_LEASE`]): a batch record's lease counts from when the record
+    /// starts, not from when its batch did; a durable execution's covers its longest suspension
     /// ([`Invocation::with_owner`]).
     pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease.min(MAX_LEASE);

@@ -367,7 +367,8 @@ pub(crate) fn deadline_of(context: &Context, now: SystemTime) -> Option<SystemTi
     (deadline > now).then_some(deadline)
 }
 
-/// How long a claim's lease lasts: the invocation's remaining time plus a margin, capped.
+/// How long a claim's lease lasts: the invocation's remaining time plus a margin, capped. A
+/// claim holds at least [`MIN_LEASE`](crate::execution::MIN_LEASE) whatever the policy says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeasePolicy {
     /// Added to the remaining time, so that a lease outlives the invocation it guards.

@@ -417,3 +417,57 @@ async fn a_result_no_reader_could_replay_is_retained_as_unserializable_once() {
         );
     }
 }
+
+/// A lease of zero (a policy's `without_deadline` set to zero) would write a claim that has
+/// already expired: a duplicate at the same instant would take it over and run beside it. A
+/// claim holds `MIN_LEASE` instead, on both stores.
+#[tokio::test]
+async fn a_zero_lease_claims_the_shortest_lease_and_a_duplicate_waits() {
+    for backend in crate::backends::both().await {
+        let idem = Idempotency::new(backend.store.clone()).with_clock(backend.clock.clone());
+        let leader_inv = invocation("zero-lease", &json!({"amount": 1})).with_lease(Duration::ZERO);
+        let (started_tx, started_rx) = oneshot::channel();
+        let (finish_tx, finish_rx) = oneshot::channel::<()>();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let leader = tokio::spawn({
+            let (idem, inv, runs) = (idem.clone(), leader_inv.clone(), Arc::clone(&runs));
+            async move {
+                idem.execute(&inv, |_| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    let _ = started_tx.send(());
+                    let _ = finish_rx.await;
+                    Ok::<_, std::io::Error>(1_u32)
+                })
+                .await
+            }
+        });
+        started_rx.await.expect("the leader runs");
+        let record = backend
+            .store
+            .get(leader_inv.key())
+            .await
+            .expect("get")
+            .expect("claimed");
+        assert_eq!(
+            record
+                .lease
+                .expires_at
+                .duration_since(backend.clock.now())
+                .expect("ahead"),
+            lambda_idempotency::execution::MIN_LEASE,
+            "{}",
+            backend.name
+        );
+
+        let duplicate = idem.execute(&leader_inv, |_| counted(&runs, 2_u32)).await;
+        assert!(
+            matches!(duplicate, Err(Error::AlreadyInProgress { .. })),
+            "{}: {duplicate:?}",
+            backend.name
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{}", backend.name);
+        let _ = finish_tx.send(());
+        let first = leader.await.expect("join").expect("completes");
+        assert_eq!(first.origin(), Origin::Executed { attempt: 1 });
+    }
+}

@@ -10,7 +10,7 @@
 use std::time::{Duration, SystemTime};
 
 use crate::defects;
-use crate::execution::Invocation;
+use crate::execution::{Invocation, MIN_LEASE};
 use crate::reconcile::Recovery;
 use crate::record::{
     Evidence, Lease, Record, Settlement, Status, StepRecord, epoch_millis, retention_expiry,
@@ -18,14 +18,15 @@ use crate::record::{
 use crate::store::{Claim, Fence, Guard};
 
 /// The record a fresh claim of `invocation` writes at `now` under the random `token`: attempt
-/// 1, a lease of the invocation's, and a retention expiry that outlives it.
+/// 1, a lease of the invocation's (at least [`MIN_LEASE`]: a claim never starts expired), and a
+/// retention expiry that outlives it.
 pub(crate) fn claim_record(
     invocation: &Invocation,
     token: String,
     now: SystemTime,
     retention: Duration,
 ) -> Record {
-    let lease_expires_at = now + invocation.lease;
+    let lease_expires_at = now + invocation.lease.max(MIN_LEASE);
     Record {
         key: invocation.key.clone(),
         status: Status::InProgress,
