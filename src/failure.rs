@@ -208,6 +208,43 @@ impl StdError for Release {
     }
 }
 
+/// A handler error that came after its operation took effect: the HTTP door's handler
+/// answered a status the door stores, then the response's body failed. Retained as
+/// [`FailureKind::OutcomeUnstorable`](crate::record::FailureKind::OutcomeUnstorable) whatever
+/// the classifier says (a retry is told that the operation was applied), never released for
+/// a retry to run the effect again.
+#[derive(Debug)]
+pub(crate) struct AfterEffect {
+    source: BoxError,
+}
+
+impl AfterEffect {
+    /// Wraps `source`, an error met after the operation took effect.
+    #[cfg(feature = "http")]
+    pub(crate) fn new(source: impl Into<BoxError>) -> Self {
+        Self {
+            source: source.into(),
+        }
+    }
+
+    /// Whether `error` is an [`AfterEffect`] (the handler's error itself, not one it wraps).
+    pub(crate) fn is(error: &(dyn StdError + 'static)) -> bool {
+        error.is::<Self>()
+    }
+}
+
+impl fmt::Display for AfterEffect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "failed after the operation took effect: {}", self.source)
+    }
+}
+
+impl StdError for AfterEffect {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(&*self.source)
+    }
+}
+
 /// A handler that panicked instead of returning: the error a batch reports for that record
 /// (its claim was given back for a reconciled takeover), while the rest of the batch is
 /// answered. The panic's message is not kept: it may carry payload data.

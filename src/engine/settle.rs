@@ -17,7 +17,7 @@ use crate::defects;
 use crate::effects::{COMPLETION, StepError};
 use crate::error::{BoxError, Error, StoreError};
 use crate::execution::{Execution, Invocation, Origin};
-use crate::failure::{Classifier, FailureClass, Release, Terminal};
+use crate::failure::{AfterEffect, Classifier, FailureClass, Release, Terminal};
 use crate::observe::{self};
 use crate::record::MAX_FAILURE_MESSAGE_BYTES;
 use crate::record::{FailureKind, Record, RetainedFailure, Settlement, StepRecord};
@@ -561,12 +561,16 @@ fn nesting_depth(json: &str) -> usize {
     deepest
 }
 
-/// The class of a handler's error: retryable when it asks for a release ([`Release`]), else
+/// The class of a handler's error: retained as unstorable when it came after the effect
+/// ([`AfterEffect`]), retryable when it asks for a release ([`Release`]), else
 /// `classifier`'s.
 fn class_by(
     classifier: &dyn Classifier,
     error: &(dyn std::error::Error + 'static),
 ) -> FailureClass {
+    if AfterEffect::is(error) {
+        return FailureClass::terminal(FailureKind::OutcomeUnstorable.as_str());
+    }
     match Release::is(error) {
         true => FailureClass::Retryable,
         false => classifier.classify(error),

@@ -101,7 +101,7 @@ impl ErrorAnswer {
             ErrorKind::Failed if applied_but_not_kept(err) => (
                 409,
                 "operation_already_applied",
-                "this operation was applied but its response was too large to keep; do not retry it",
+                "this operation was applied but its response could not be kept; do not retry it",
                 None,
             ),
             ErrorKind::KeyExpiredConflict => (
@@ -129,12 +129,7 @@ impl ErrorAnswer {
                 "the request could not be completed now; retry with the same Idempotency-Key",
                 unavailable,
             ),
-            ErrorKind::OutcomeTooLarge => (
-                500,
-                "response_not_kept",
-                "the operation was applied but its response could not be kept; do not retry it",
-                None,
-            ),
+            ErrorKind::OutcomeTooLarge => return Self::applied_not_kept(),
             ErrorKind::StoredOutcomeUnreadable | ErrorKind::OutcomeMismatch => (
                 500,
                 "stored_response_unreadable",
@@ -153,6 +148,17 @@ impl ErrorAnswer {
             code,
             message,
             retry_after,
+        }
+    }
+
+    /// The answer to the attempt whose operation was applied but whose response could not be
+    /// kept (too large, or its body failed): retries are answered `operation_already_applied`.
+    pub(crate) fn applied_not_kept() -> Self {
+        Self {
+            status: 500,
+            code: "response_not_kept",
+            message: "the operation was applied but its response could not be kept; do not retry it",
+            retry_after: None,
         }
     }
 

@@ -119,8 +119,9 @@ impl From<HttpKeys> for KeyPolicy<Request> {
 /// The key material: the caller and the `Idempotency-Key` (1 to 255 bytes). A value that
 /// starts with a double quote is a Structured Field String (RFC 9651, as the IETF draft sends
 /// it: `"k"` and `k` are one key); any other value is taken raw, trimmed (a bare UUID is
-/// neither a String nor a Token). A request without the header, or with an empty key, has
-/// none ([`Error::MissingKey`]).
+/// neither a String nor a Token), and holds no comma (an HTTP API joins repeated field lines
+/// with one). A request without the header, or with an empty key, has none
+/// ([`Error::MissingKey`]).
 impl Select<Request> for HttpKeys {
     fn select(&self, request: &Request) -> Result<Option<Value>, Error> {
         let Some(raw) = raw_key(request)? else {
@@ -157,6 +158,13 @@ fn raw_key(request: &Request) -> Result<Option<&str>, Error> {
         });
     };
     let value = value.trim();
+    // An HTTP API (and a Function URL) joins repeated field lines with a comma: a bare key
+    // holding one is two keys, refused as two field lines are (a quoted key may hold one).
+    if !value.starts_with('"') && value.contains(',') {
+        return Err(Error::InvalidEvent {
+            reason: "the Idempotency-Key holds a comma (repeated field lines are joined with one): send one key, quoted as a Structured Field String if it must hold a comma".into(),
+        });
+    }
     if value.len() > MAX_KEY_BYTES {
         return Err(Error::InvalidEvent {
             reason: format!("the Idempotency-Key is over {MAX_KEY_BYTES} bytes"),

@@ -15,7 +15,7 @@ use super::answer::ErrorAnswer;
 use super::stored::{StoredResponse, body_of, is_definitive};
 use super::{IDEMPOTENCY_KEY_HEADER, REPLAYED_HEADER};
 use crate::error::{BoxError, Error};
-use crate::failure::Release;
+use crate::failure::{AfterEffect, Release};
 use crate::lambda::context;
 use crate::lambda::operation::Operation;
 use crate::reconcile::BoxFuture;
@@ -118,8 +118,15 @@ where
             let applied = Arc::clone(&applied);
             context::scope(ctx.clone(), async move {
                 let response = inner.call(request).await.map_err(Into::into)?;
-                let (parts, bytes) = collect(response).await?;
-                if is_definitive(parts.status) {
+                let definitive = is_definitive(response.status());
+                let (parts, bytes) = match collect(response).await {
+                    Ok(read) => read,
+                    // The handler answered a status that says it is done, so its effect
+                    // happened: retained, never released for a retry to run it again.
+                    Err(err) if definitive => return Err(BoxError::from(AfterEffect::new(err))),
+                    Err(err) => return Err(BoxError::from(Release::new(err))),
+                };
+                if definitive {
                     if parts.status.is_client_error() {
                         // The application refused the request: replayed to this key, but it
                         // holds no business identity.
@@ -186,6 +193,14 @@ where
                 }
                 _ => respond(&ErrorAnswer::for_error(&err)),
             }
+        }
+        // Its status said done, its body failed: applied, and answered so to every retry.
+        Err(Error::Handler { source }) if AfterEffect::is(&*source) => {
+            warn!(
+                key = invocation.key().short(),
+                "the handler's response body failed after a definitive status: retained as applied"
+            );
+            respond(&ErrorAnswer::applied_not_kept())
         }
         Err(Error::Handler { source }) => match Release::take::<NotStored>(source) {
             Ok(not_stored) => not_stored.0,
