@@ -209,11 +209,13 @@ impl StdError for Release {
 }
 
 /// A handler error that came after its operation took effect: the HTTP door's handler
-/// answered a status the door stores, then the response's body failed. Retained as
+/// answered a status that says done (2xx, 3xx) with no writes waiting for the completion,
+/// then the response's body failed. Retained as
 /// [`FailureKind::OutcomeUnstorable`](crate::record::FailureKind::OutcomeUnstorable) whatever
 /// the classifier says (a retry is told that the operation was applied), never released for
 /// a retry to run the effect again.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
 pub(crate) struct AfterEffect {
     source: BoxError,
 }

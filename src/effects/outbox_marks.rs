@@ -344,10 +344,11 @@ impl OutboxMarks {
     /// About `limit` pending events committed before `created_before`, oldest first within
     /// each of the index's partitions: each partition of events no sweep has tried is read up
     /// to its share of `limit` (a sixteenth, at least one: events stuck in one partition never
-    /// hide the others'), then each partition of events a sweep failed to publish up to its
-    /// share of what is left (at least one), and each up to its share of [`MAX_FOUND_BYTES`]
-    /// of payloads: a backlog of large events is swept over several runs, within a function's
-    /// memory.
+    /// hide the others'), then what the others left is shared among those that filled theirs
+    /// (two events in one partition are both found); then the partitions of events a sweep
+    /// failed to publish, the same way, with what is left of `limit`. Each partition reads up
+    /// to its share of [`MAX_FOUND_BYTES`] of payloads: a backlog of large events is swept
+    /// over several runs, within a function's memory.
     ///
     /// # Errors
     /// [`OutboxError::Request`] when DynamoDB fails a query.
@@ -380,18 +381,67 @@ impl OutboxMarks {
         limit: usize,
         due: Option<(SystemTime, Duration)>,
     ) -> Result<Found, OutboxError> {
-        let share = |of: usize| of.div_ceil(PENDING_SHARDS.len()).max(1);
         let mut found = Found::default();
-        for shard in PENDING_SHARDS {
-            self.query(shard, Some(created_before), share(limit), None, &mut found)
-                .await?;
-        }
-        let retries = share(limit.saturating_sub(found.events.len()));
-        for shard in RETRY_SHARDS {
-            self.query(shard, Some(created_before), retries, due, &mut found)
-                .await?;
-        }
+        // Boxed: a sweep's future holds these reads inside the runtime's, and an unboxed
+        // layout past the compiler's depth limit fails a caller's build.
+        Box::pin(self.read_partitions(&PENDING_SHARDS, created_before, limit, None, &mut found))
+            .await?;
+        let retries = limit.saturating_sub(found.events.len());
+        Box::pin(self.read_partitions(&RETRY_SHARDS, created_before, retries, due, &mut found))
+            .await?;
         Ok(found)
+    }
+
+    /// Appends to `found` about `limit` events of `partitions`: each its share first (at
+    /// least one), then what the others left, shared among those that filled theirs (events
+    /// of one partition never hide another's, and a few partitions holding every event still
+    /// give `limit`).
+    async fn read_partitions(
+        &self,
+        partitions: &[&str],
+        created_before: SystemTime,
+        limit: usize,
+        due: Option<(SystemTime, Duration)>,
+        found: &mut Found,
+    ) -> Result<(), OutboxError> {
+        let share = limit.div_ceil(partitions.len()).max(1);
+        let at_start = found.events.len();
+        // What an earlier read found (an event a concurrent sweep moved to its retry
+        // partition meanwhile) is not found twice.
+        let found_before = found_ids(found);
+        let mut filled = Vec::new();
+        for partition in partitions {
+            let before = found.events.len();
+            self.query(
+                partition,
+                Some(created_before),
+                share,
+                due,
+                &found_before,
+                found,
+            )
+            .await?;
+            if found.events.len() - before == share {
+                filled.push((*partition, share));
+            }
+        }
+        let left = limit.saturating_sub(found.events.len() - at_start);
+        if left == 0 || filled.is_empty() {
+            return Ok(());
+        }
+        let more = left.div_ceil(filled.len());
+        for (partition, taken) in filled {
+            let left = limit.saturating_sub(found.events.len() - at_start);
+            if left == 0 {
+                break;
+            }
+            // Read again from the partition's oldest, past what was found already.
+            let seen = found_ids(found);
+            let wanted = taken + more.min(left);
+            self.query(partition, Some(created_before), wanted, due, &seen, found)
+                .await?;
+        }
+        Ok(())
     }
 
     /// Records that a sweep at `now` failed to publish pending event `id`: counted
@@ -444,7 +494,8 @@ impl OutboxMarks {
     /// As [`OutboxMarks::pending`].
     pub async fn parked(&self, limit: usize) -> Result<Found, OutboxError> {
         let mut found = Found::default();
-        self.query(PARKED, None, limit, None, &mut found).await?;
+        self.query(PARKED, None, limit, None, &HashSet::new(), &mut found)
+            .await?;
         Ok(found)
     }
 
@@ -458,7 +509,8 @@ impl OutboxMarks {
         let mut oldest: Option<SystemTime> = None;
         for shard in PENDING_SHARDS.into_iter().chain(RETRY_SHARDS) {
             let mut found = Found::default();
-            self.query(shard, None, 1, None, &mut found).await?;
+            self.query(shard, None, 1, None, &HashSet::new(), &mut found)
+                .await?;
             if let Some(event) = found.events.first() {
                 oldest = Some(oldest.map_or(event.created_at, |o| o.min(event.created_at)));
             }
@@ -467,15 +519,17 @@ impl OutboxMarks {
     }
 
     /// Appends to `found` up to `limit` events of one index partition, oldest first (created
-    /// before `before`, when given). With `due` (a sweep's time and backoff), an event whose
-    /// turn has not come is read past, and so is an unreadable item, up to
-    /// [`READ_PAST`] times `limit` items.
+    /// before `before`, when given), counting but not appending those in `seen` (found by an
+    /// earlier read). With `due` (a sweep's time and backoff), an event whose turn has not
+    /// come is read past, and so is an unreadable item, up to [`READ_PAST`] times `limit`
+    /// items.
     async fn query(
         &self,
         partition: &str,
         before: Option<SystemTime>,
         limit: usize,
         due: Option<(SystemTime, Duration)>,
+        seen: &HashSet<String>,
         found: &mut Found,
     ) -> Result<(), OutboxError> {
         let mut start: Option<HashMap<String, AttributeValue>> = None;
@@ -522,7 +576,17 @@ impl OutboxMarks {
                 if due.is_some_and(|(now, backoff)| !is_due(item, now, backoff)) {
                     continue;
                 }
+                let seen_before = item
+                    .get("pk")
+                    .and_then(|pk| pk.as_s().ok())
+                    .is_some_and(|id| seen.contains(id));
                 match pending_event(item) {
+                    // Found by an earlier read: counted in this partition's share, kept once.
+                    Ok(event) if seen_before => {
+                        taken += 1;
+                        bytes += event.record.payload.len();
+                    }
+                    Err(_) if seen_before => {}
                     Ok(event) => {
                         taken += 1;
                         bytes += event.record.payload.len();
@@ -553,6 +617,14 @@ impl OutboxMarks {
 /// events near their destination's 256 KiB is swept over several runs, every partition in
 /// each, instead of exhausting the sweeper's memory at the same oldest events on every run.
 pub const MAX_FOUND_BYTES: usize = 32 * 1024 * 1024;
+
+/// The ids of the events (and unreadable items) `found` holds.
+fn found_ids(found: &Found) -> HashSet<String> {
+    (found.events.iter().map(|event| &event.record.id))
+        .chain(&found.unreadable)
+        .cloned()
+        .collect()
+}
 
 /// How many items, per event wanted, a sweep reads past in one partition (events whose turn
 /// has not come, unreadable items) before it leaves the rest to the next sweep.

@@ -21,7 +21,7 @@ use crate::failure::{AfterEffect, Classifier, FailureClass, Release, Terminal};
 use crate::observe::{self};
 use crate::record::MAX_FAILURE_MESSAGE_BYTES;
 use crate::record::{FailureKind, Record, RetainedFailure, Settlement, StepRecord};
-use crate::store::{Committed, Fence, Request, Store, StoreExt, Target, writes_refused};
+use crate::store::{Committed, Fence, Guard, Request, Store, StoreExt, Target, writes_refused};
 
 impl Idempotency {
     /// Records `value` (the handler's, or the reconciler's for it) as the operation's outcome.
@@ -156,8 +156,33 @@ impl Idempotency {
             kind,
             message: message.clone(),
         };
-        self.retain_as(target, attempt, failure, patience, steps, refusal)
-            .await?;
+        match &writes {
+            None => {
+                self.retain_as(target, attempt, failure, patience, steps, refusal)
+                    .await?;
+            }
+            // The writes waiting for the completion are the operation's effect: they commit
+            // with the retained failure, which then tells every caller the truth (applied,
+            // its result not kept), or nothing commits and the writes' refusal answers.
+            Some((writes, token)) => {
+                let settlement =
+                    Settlement::failed(&failure.bounded(), now, self.config.retention())
+                        .with_steps(steps.clone())
+                        .releasing_identity(refusal);
+                let committed = self
+                    .settle_committing(target, attempt, &settlement, writes, token, patience)
+                    .await?;
+                if let Some(refused) = committed {
+                    let failed = RefusedCompletion {
+                        attempt,
+                        patience,
+                        steps: completion.steps,
+                        pending: steps,
+                    };
+                    return Err(self.refused(target, refused, failed).await);
+                }
+            }
+        }
         match unstorable {
             // The effect happened and its result cannot be kept: the caller is told what every
             // later caller is (the retained failure), never that its event was invalid.
@@ -251,7 +276,8 @@ impl Idempotency {
         matches!(class_by(classifier, error), FailureClass::Terminal { .. })
     }
 
-    /// Releases a held claim (and its evidence) so that the next delivery runs afresh.
+    /// Releases a held claim (and its evidence) so that the next delivery runs afresh;
+    /// [`Error::LeaseLost`] when another worker took the lease over first.
     pub(super) async fn release_claim(
         &self,
         target: Target<'_>,
@@ -261,11 +287,33 @@ impl Idempotency {
         let fence = self
             .retrying(patience, || self.store.release(target))
             .await?;
-        // Gone already: this release committed before its answer was lost.
-        if let Fence::Lost { current: Some(_) } = fence {
-            warn!(attempt, "handler failed after its lease was taken over");
+        let own_token = match target.guard {
+            Guard::Lease(token) => Some(token),
+            _ => None,
+        };
+        match fence {
+            // A later attempt holds (or settled) the record: a takeover of this claim; or the
+            // claim stands with this attempt's token, changed (an operator resolved it). A
+            // fresh claim after this release committed (its answer lost) is attempt 1, with a
+            // token of its own.
+            Fence::Lost {
+                current: Some(current),
+            } if current.lease.attempt > attempt
+                || own_token.is_some_and(|token| current.lease.token == token) =>
+            {
+                warn!(
+                    attempt,
+                    holder = current.lease.attempt,
+                    "handler failed after its lease was taken over"
+                );
+                Err(Error::LeaseLost {
+                    key: target.key.clone(),
+                    attempt,
+                })
+            }
+            // Gone, or claimed afresh: this release committed before its answer was lost.
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// Records a terminal failure, replayed to every later caller.

@@ -108,9 +108,12 @@ impl Idempotency {
             return invocation.lease;
         }
         match invocation.deadline {
-            Some(deadline) => invocation
-                .lease
-                .min(deadline.duration_since(now).unwrap_or_default() + invocation.clock_skew),
+            Some(deadline) => invocation.lease.min(
+                deadline
+                    .duration_since(now)
+                    .unwrap_or_default()
+                    .saturating_add(invocation.clock_skew),
+            ),
             None => invocation
                 .lease
                 .saturating_sub(now.duration_since(since).unwrap_or_default()),

@@ -395,7 +395,7 @@ impl LeasePolicy {
     /// (an emulator's: Lambda's deadline is always ahead when a handler starts).
     pub fn lease(&self, deadline: Option<SystemTime>, now: SystemTime) -> Duration {
         match deadline.and_then(|deadline| deadline.duration_since(now).ok()) {
-            Some(left) if !left.is_zero() => (left + self.skew).min(self.max),
+            Some(left) if !left.is_zero() => left.saturating_add(self.skew).min(self.max),
             _ => self.without_deadline,
         }
     }
@@ -410,6 +410,17 @@ mod tests {
     use crate::{Idempotency, OperationScope};
 
     use super::Operation;
+
+    #[test]
+    fn a_skew_past_any_lease_gives_the_longest_lease_not_a_panic() {
+        let policy = super::LeasePolicy {
+            skew: Duration::MAX,
+            ..super::LeasePolicy::default()
+        };
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let lease = policy.lease(Some(now + Duration::from_secs(10)), now);
+        assert_eq!(lease, policy.max);
+    }
 
     #[test]
     fn the_operations_wait_reaches_every_invocation_it_builds() {

@@ -692,7 +692,7 @@ pub async fn zombie_cannot_complete_over_a_live_takeover<S: Store>(fx: Fixture<S
     assert_eq!(replay.value(), "owner");
 }
 
-/// Case: Zombie release is fenced.
+/// Case: Zombie release is fenced, and told so (`LeaseLost`).
 pub async fn zombie_release_is_fenced<S: Store>(fx: Fixture<S>) {
     let (idem, clock, _) = rerunning(fx, Config::default());
     let inv = invocation("order-10", &serde_json::json!({"amount": 10}));
@@ -707,7 +707,11 @@ pub async fn zombie_release_is_fenced<S: Store>(fx: Fixture<S>) {
     let _ = resume.send(());
     let err = zombie.await.expect("join").expect_err("zombie failed");
 
-    assert!(matches!(err, Error::Handler { .. }), "got {err:?}");
+    // A lost fence is never silent: the zombie is told its lease was lost, not its own error.
+    assert!(
+        matches!(err, Error::LeaseLost { attempt: 1, .. }),
+        "got {err:?}"
+    );
     let record = stored(&idem, inv.key(), "the new owner's record survives").await;
     assert_eq!(record.status, Status::Completed);
 }

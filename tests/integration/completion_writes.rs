@@ -732,3 +732,47 @@ async fn a_write_to_a_missing_table_is_answered_alike_on_both_stores() {
         "the DynamoDB store's answer, then the memory store's"
     );
 }
+
+/// A result over the outcome limit from a handler whose writes wait for the completion: the
+/// writes are the effect, so they commit with the retained failure (every caller is told the
+/// operation was applied, which is then true), on both stores. They were dropped: the order
+/// never written, its callers told it was applied.
+#[tokio::test]
+async fn a_result_too_large_to_keep_commits_the_writes_with_its_failure() {
+    for shop in Shop::both().await {
+        let store = if shop.in_memory() {
+            "memory"
+        } else {
+            "dynamodb"
+        };
+        let config = lambda_idempotency::Config::builder()
+            .max_outcome_bytes(64)
+            .build()
+            .expect("config");
+        let idem = shop.engine(shop.store()).with_config(config);
+        let inv = invocation("too-large", &serde_json::json!({"order": "c-9"}));
+        let runs = AtomicUsize::new(0);
+        let (shop, runs_ref) = (&shop, &runs);
+        let large = |ctx: ExecutionContext| async move {
+            place(shop, ctx, "c-9", runs_ref).await?;
+            Ok::<_, BoxError>("x".repeat(100))
+        };
+        let first = idem.execute(&inv, large).await;
+        assert!(
+            matches!(first, Err(Error::OutcomeTooLarge { .. })),
+            "{store}: {first:?}"
+        );
+        assert!(shop.has_order("c-9").await, "{store}: committed");
+        assert_eq!(shop.reserved().await, 1, "{store}");
+        let record = stored(&idem, inv.key(), "record").await;
+        assert_eq!(record.status, Status::Failed, "{store}");
+
+        let again = idem.execute(&inv, large).await;
+        assert!(
+            matches!(&again, Err(Error::Failed { failure, .. }) if failure.kind.took_effect()),
+            "{store}: {again:?}"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{store}: run once");
+        assert_eq!(shop.reserved().await, 1, "{store}: reserved once");
+    }
+}

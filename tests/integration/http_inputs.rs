@@ -38,11 +38,11 @@ impl Classifier for RetainEverything {
     }
 }
 
-fn scope() -> OperationScope {
+pub(crate) fn scope() -> OperationScope {
     OperationScope::new("http-inputs", "payments").expect("scope")
 }
 
-fn engine(backend: Backend) -> Idempotency {
+pub(crate) fn engine(backend: Backend) -> Idempotency {
     Idempotency::new(backend.store).with_clock(backend.clock)
 }
 
@@ -88,7 +88,7 @@ fn v2_json(key: &str, authorizer: Value) -> Value {
     })
 }
 
-fn v2_request(key: &str, authorizer: Value) -> Request {
+pub(crate) fn v2_request(key: &str, authorizer: Value) -> Request {
     lambda_http::request::from_str(&v2_json(key, authorizer).to_string())
         .expect("an HTTP API event")
 }
@@ -140,7 +140,7 @@ fn layered(
     (layer.layer(handler), runs)
 }
 
-fn code(response: &Response<Body>) -> String {
+pub(crate) fn code(response: &Response<Body>) -> String {
     let body: Value = serde_json::from_slice(response.body().as_ref()).unwrap_or_default();
     body["error"].as_str().unwrap_or_default().to_owned()
 }
@@ -494,110 +494,5 @@ async fn two_keys_an_http_api_joined_are_refused_and_a_quoted_comma_is_one_key()
             assert_eq!(quoted.status(), StatusCode::CREATED, "{name}: {attempt}");
         }
         assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}: one run");
-    }
-}
-
-/// A response body that yields a part, then fails (a stream from elsewhere, cut off).
-struct FailingBody {
-    sent: bool,
-}
-
-impl http_body::Body for FailingBody {
-    type Data = &'static [u8];
-    type Error = std::io::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        if self.sent {
-            return std::task::Poll::Ready(Some(Err(std::io::Error::other("the stream was cut"))));
-        }
-        self.sent = true;
-        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(&b"{\"payment\":"[..]))))
-    }
-}
-
-/// A handler that answers `status` with a body that fails after its first part, counting runs.
-fn failing_body_service(
-    idem: Idempotency,
-    status: u16,
-) -> (
-    impl lambda_runtime::tower::Service<
-        Request,
-        Response = Response<Body>,
-        Error = BoxError,
-        Future = impl Send,
-    > + Clone,
-    Arc<AtomicUsize>,
-) {
-    let runs = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&runs);
-    let handler = service_fn(move |_: Request| {
-        counted.fetch_add(1, Ordering::SeqCst);
-        async move {
-            Ok::<_, Infallible>(
-                Response::builder()
-                    .status(status)
-                    .body(FailingBody { sent: false })
-                    .expect("response"),
-            )
-        }
-    });
-    let layer = Operation::new(
-        idem,
-        scope(),
-        HttpKeys::new().with_callers(CallerScope::Shared).policy(),
-    )
-    .http_layer();
-    (layer.layer(handler), runs)
-}
-
-/// A handler that answered 201 has taken effect, even when its body then fails to stream:
-/// the claim is retained as applied (a retry is told so, never run again), whatever the
-/// classifier says; a body that fails after a 503 is released, as a 503 is.
-#[tokio::test]
-async fn a_body_that_fails_after_a_stored_status_is_applied_never_run_again() {
-    for backend in both().await {
-        let name = backend.name;
-        let idem = engine(backend);
-        let (service, runs) = failing_body_service(idem.clone(), 201);
-        let first = service
-            .clone()
-            .oneshot(v2_request("k-1", Value::Null))
-            .await
-            .expect("answer");
-        assert_eq!(first.status(), StatusCode::INTERNAL_SERVER_ERROR, "{name}");
-        assert_eq!(code(&first), "response_not_kept", "{name}");
-        for attempt in ["retry", "second retry"] {
-            let retry = service
-                .clone()
-                .oneshot(v2_request("k-1", Value::Null))
-                .await
-                .expect("answer");
-            assert_eq!(retry.status(), StatusCode::CONFLICT, "{name}: {attempt}");
-            assert_eq!(
-                code(&retry),
-                "operation_already_applied",
-                "{name}: {attempt}"
-            );
-        }
-        assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}: run once");
-
-        let (unavailable, runs) = failing_body_service(idem, 503);
-        for _ in 0..2 {
-            let answer = unavailable
-                .clone()
-                .oneshot(v2_request("k-2", Value::Null))
-                .await
-                .expect("answer");
-            assert_eq!(answer.status(), StatusCode::INTERNAL_SERVER_ERROR, "{name}");
-            assert_eq!(code(&answer), "operation_failed", "{name}");
-        }
-        assert_eq!(
-            runs.load(Ordering::SeqCst),
-            2,
-            "{name}: released, run again"
-        );
     }
 }

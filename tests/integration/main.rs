@@ -19,6 +19,7 @@ mod global_tables;
 mod held_runs;
 mod hostile_table;
 mod hot_keys;
+mod http_bodies;
 mod http_contract;
 mod http_identities;
 mod http_inputs;

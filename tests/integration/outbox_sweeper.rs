@@ -672,6 +672,40 @@ async fn write_event(rig: &Rig, id: &str, queue_url: &str, created: u128, payloa
         .expect("written");
 }
 
+/// Events of one partition of the index are all found while the limit allows: a partition
+/// keeps to its share only where others hold events too (two events of one partition and a
+/// limit of ten found one).
+#[tokio::test]
+async fn events_of_one_partition_are_all_found_within_the_limit() {
+    let rig = Rig::open().await;
+    let committed = rig
+        .clock
+        .now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after epoch")
+        .as_millis();
+    let ids: Vec<String> = (0..3u128)
+        .map(|n| format!("5{}", n.to_string().repeat(63)))
+        .collect();
+    for (n, id) in (0u128..).zip(&ids) {
+        write_event(&rig, id, &rig.orders_queue, committed + n, "{}").await;
+    }
+    let found = |limit| {
+        let marks = rig.marks();
+        let before = rig.clock.now() + Duration::from_secs(1);
+        async move {
+            let found = marks.pending(before, limit).await.expect("pending");
+            found
+                .events
+                .iter()
+                .map(|event| event.record.id.clone())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(found(10).await, ids, "every event, oldest first, once");
+    assert_eq!(found(2).await, ids[..2], "the two oldest");
+}
+
 /// Events whose destination keeps failing (a queue deleted but still allowed) never stand
 /// before the events behind them: a failed event leaves its partition for the retry partition
 /// and waits longer after each failure, so that a sweep reads past it. On the old sweeper the

@@ -280,6 +280,12 @@ impl StepLedger {
         self.lock().halt.is_some()
     }
 
+    /// Whether writes wait to commit with the completion ([`ExecutionContext::complete_with`]).
+    #[cfg(feature = "http")]
+    pub(crate) fn completes_with_writes(&self) -> bool {
+        !self.lock().completion.is_empty()
+    }
+
     /// Declares the attempt's result a refusal ([`ExecutionContext::refuse`]).
     pub(crate) fn refuse(&self) {
         self.lock().refused = true;

@@ -119,11 +119,18 @@ where
             context::scope(ctx.clone(), async move {
                 let response = inner.call(request).await.map_err(Into::into)?;
                 let definitive = is_definitive(response.status());
+                // A status that says done, from a handler whose effect is not waiting to
+                // commit with the completion (a refusal took none).
+                let took_effect = definitive
+                    && !response.status().is_client_error()
+                    && !ctx.steps.completes_with_writes();
                 let (parts, bytes) = match collect(response).await {
                     Ok(read) => read,
-                    // The handler answered a status that says it is done, so its effect
-                    // happened: retained, never released for a retry to run it again.
-                    Err(err) if definitive => return Err(BoxError::from(AfterEffect::new(err))),
+                    // Its effect happened: retained, never released for a retry to run it
+                    // again.
+                    Err(err) if took_effect => return Err(BoxError::from(AfterEffect::new(err))),
+                    // Nothing took effect, or it waits for the completion, which is not
+                    // written: the retry runs the handler again.
                     Err(err) => return Err(BoxError::from(Release::new(err))),
                 };
                 if definitive {

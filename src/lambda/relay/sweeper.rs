@@ -166,9 +166,10 @@ impl Sweeper {
     }
 
     /// Republishes about `limit` events per sweep: each of the pending index's sixteen
-    /// partitions is read up to a sixteenth of it (at least one event), then each partition of
-    /// events an earlier sweep failed to publish up to a sixteenth of what is left (at least
-    /// one).
+    /// partitions is read up to a sixteenth of it (at least one event), and what the others
+    /// leave is shared among those that filled theirs; then the partitions of events an
+    /// earlier sweep failed to publish, the same way, with what is left
+    /// ([`OutboxMarks::pending`](crate::effects::OutboxMarks::pending)).
     #[must_use]
     pub fn limit(mut self, limit: usize) -> Self {
         self.limit = limit;

@@ -106,7 +106,12 @@ pub fn configured_endpoint() -> Option<String> {
 
 /// [`configured_endpoint`] from the variables `var` reads.
 fn endpoint_from(var: impl Fn(&str) -> Option<String>) -> Option<String> {
-    let set = |name: &str| var(name).filter(|value| !value.trim().is_empty());
+    // Trimmed: a value pasted with a space or a newline names the same endpoint.
+    let set = |name: &str| {
+        var(name)
+            .map(|value| value.trim().to_owned())
+            .filter(|value| !value.is_empty())
+    };
     if let Some(endpoint) = set(ENDPOINT_VAR) {
         return Some(endpoint);
     }
@@ -194,6 +199,11 @@ mod endpoint_tests {
             .as_deref(),
             Some("http://service"),
             "a blank variable is unset"
+        );
+        assert_eq!(
+            endpoint(&[("DYNAMODB_ENDPOINT", " http://127.0.0.1:8000\n")]).as_deref(),
+            Some("http://127.0.0.1:8000"),
+            "a value pasted with spaces is trimmed"
         );
     }
 
