@@ -108,7 +108,9 @@ pub fn truthful(answer: Answered<'_>, shown: Shown<'_>) -> Result<(), String> {
         Answered::LeaseLost => {
             shown.own.is_some()
                 && record.is_none_or(|record| {
+                    // Another worker's, or an operator resolved this attempt's claim.
                     others(record)
+                        || record.audit.is_some()
                         || (record.status == Status::InProgress
                             && shown.now.is_some_and(|now| record.lease.is_expired(now)))
                 })

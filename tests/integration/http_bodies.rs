@@ -1,7 +1,8 @@
-//! A response body that fails to stream after the handler answered, on the HTTP door and both
-//! stores: a handler whose status says done has taken effect (retained as applied, never run
-//! again); a refusal took none, and writes that wait for the completion were never written
-//! (released: the retry runs and commits them).
+//! What the HTTP door answers once the handler has: a body that fails to stream after a status
+//! that says done has taken effect (retained as applied, never run again); a refusal took
+//! none, and writes that wait for the completion were never written (released: the retry runs
+//! and commits them); a completion whose writes fail is never answered as done. On both
+//! stores.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -89,6 +90,17 @@ fn answering(
     )
     .http_layer();
     (layer.layer(handler), runs)
+}
+
+/// The HTTP door over `shop`'s engine, its handler's writes committed with the completion.
+fn shop_door(shop: &Shop) -> lambda_idempotency::HttpIdempotencyLayer {
+    Operation::new(
+        shop.engine(shop.store()),
+        scope(),
+        HttpKeys::new().with_callers(CallerScope::Shared).policy(),
+    )
+    .with_transactional_writes()
+    .http_layer()
 }
 
 /// A handler that answered 201 has taken effect, even when its body then fails to stream:
@@ -185,14 +197,7 @@ async fn a_body_that_fails_before_the_completion_writes_is_released_and_the_retr
                 }
             }
         });
-        let service = Operation::new(
-            shop.engine(shop.store()),
-            scope(),
-            HttpKeys::new().with_callers(CallerScope::Shared).policy(),
-        )
-        .with_transactional_writes()
-        .http_layer()
-        .layer(handler);
+        let service = shop_door(&shop).layer(handler);
         let first = service
             .clone()
             .oneshot(v2_request("k-1", Value::Null))
@@ -212,5 +217,46 @@ async fn a_body_that_fails_before_the_completion_writes_is_released_and_the_retr
         assert!(shop.has_order("h-1").await, "committed by the retry");
         assert_eq!(shop.reserved().await, 1, "once");
         assert_eq!(runs.load(Ordering::SeqCst), 2);
+    }
+}
+
+/// A handler that answered 201 with writes waiting for the completion, whose completion then
+/// failed in the store (a write to a table that does not exist): nothing is done, so the
+/// caller is told to retry, never given the 201 (it was, while the record stayed in progress
+/// and the order unwritten).
+#[tokio::test]
+async fn a_completion_whose_writes_fail_is_never_answered_as_done() {
+    for shop in Shop::both().await {
+        let handler = service_fn(move |request: Request| async move {
+            let ctx = request
+                .extensions()
+                .get::<ExecutionContext>()
+                .cloned()
+                .ok_or("no execution context")?;
+            let put = aws_sdk_dynamodb::types::Put::builder()
+                .table_name("no-such-table")
+                .item(
+                    "pk",
+                    aws_sdk_dynamodb::types::AttributeValue::S("h-2".into()),
+                )
+                .build()?;
+            ctx.complete_with(Writes::default().put(put))?;
+            Ok::<_, BoxError>(
+                Response::builder()
+                    .status(201)
+                    .body(PartBody {
+                        sent: false,
+                        fails: false,
+                    })
+                    .expect("response"),
+            )
+        });
+        let service = shop_door(&shop).layer(handler);
+        let answer = service
+            .oneshot(v2_request("k-1", Value::Null))
+            .await
+            .expect("answer");
+        assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(code(&answer), "temporarily_unavailable");
     }
 }

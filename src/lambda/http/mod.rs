@@ -26,7 +26,7 @@
 //! | the handler failed terminally (now or before) | 409 `operation_previously_failed`, to this caller and every retry |
 //! | the operation was applied but its response is too large to keep | the response, to this caller; 409 `operation_already_applied` to retries |
 //! | the handler answered 2xx or 3xx, then its response body failed | 500 `response_not_kept` to this caller (the operation was applied), 409 `operation_already_applied` to retries: never run again; after a refusal (4xx), a status not stored, or with writes waiting for the completion (`complete_with`, never written): released, the retry runs |
-//! | the store is unavailable | 503, `Retry-After` (when only the completion failed, the handler's response to this caller) |
+//! | the store is unavailable | 503, `Retry-After` (when only the completion failed, the handler's response to this caller, unless writes waited for the completion: they were not written) |
 //! | two `Idempotency-Key` field lines (an ALB's multi-value headers; an HTTP API or Function URL joins them with a comma, refused in a bare key) | 400 `invalid_request`; a REST API's event, as `lambda_http` reads it, keeps the last line alone |
 //!
 //! **What is stored is what a retry must get.** The headers that carry a credential or a

@@ -118,19 +118,23 @@ where
             let applied = Arc::clone(&applied);
             context::scope(ctx.clone(), async move {
                 let response = inner.call(request).await.map_err(Into::into)?;
-                let definitive = is_definitive(response.status());
-                // A status that says done, from a handler whose effect is not waiting to
-                // commit with the completion (a refusal took none).
-                let took_effect = definitive
-                    && !response.status().is_client_error()
-                    && !ctx.steps.completes_with_writes();
+                let status = response.status();
+                let definitive = is_definitive(status);
                 let (parts, bytes) = match collect(response).await {
                     Ok(read) => read,
-                    // Its effect happened: retained, never released for a retry to run it
-                    // again.
-                    Err(err) if took_effect => return Err(BoxError::from(AfterEffect::new(err))),
-                    // Nothing took effect, or it waits for the completion, which is not
-                    // written: the retry runs the handler again.
+                    // A status that says done, from a handler whose effect is not waiting to
+                    // commit with the completion (read once the body has ended: a body may
+                    // queue writes as it streams): its effect happened, retained, never
+                    // released for a retry to run it again.
+                    Err(err)
+                        if definitive
+                            && !status.is_client_error()
+                            && !ctx.steps.completes_with_writes() =>
+                    {
+                        return Err(BoxError::from(AfterEffect::new(err)));
+                    }
+                    // Nothing took effect (a refusal took none), or it waits for the
+                    // completion, which is not written: the retry runs the handler again.
                     Err(err) => return Err(BoxError::from(Release::new(err))),
                 };
                 if definitive {
@@ -142,8 +146,9 @@ where
                     let stored = StoredResponse::new(&parts, &bytes);
                     // Kept in case the store cannot take it: the client still gets it. Not when
                     // the attempt stopped at a step (the handler answered past a step's error):
-                    // the answer is then the stop's, and the next delivery goes on.
-                    if !ctx.steps.stopped() {
+                    // the answer is then the stop's, and the next delivery goes on. Nor when
+                    // writes wait for the completion: until it commits, nothing is done.
+                    if !ctx.steps.stopped() && !ctx.steps.completes_with_writes() {
                         *applied.lock().unwrap_or_else(PoisonError::into_inner) =
                             Some(stored.clone());
                     }

@@ -586,7 +586,10 @@ impl<S: Store + Clone> World<S> {
                 })
             }
             Error::LeaseLost { attempt, .. } => {
-                let taken = record.is_none_or(|record| record.lease.attempt != *attempt);
+                // Taken over, gone, or resolved by an operator (its trace on the record).
+                let taken = record.is_none_or(|record| {
+                    record.lease.attempt != *attempt || record.audit.is_some()
+                });
                 (!taken && !seen.faulted).then(|| {
                     format!(
                         "operation {op}: answered LeaseLost (attempt {attempt}) with no fault in the step, but its attempt still holds the record: {}",
