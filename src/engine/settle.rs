@@ -85,36 +85,11 @@ impl Idempotency {
                 let limit = self.config.max_outcome_bytes();
                 if raw.get().len() <= limit {
                     let completing = Instant::now();
-                    let settled = match &writes {
-                        None => self.settle(target, attempt, &settlement, patience).await,
-                        Some((writes, token)) => {
-                            let committed = self
-                                .settle_committing(
-                                    target,
-                                    attempt,
-                                    &settlement,
-                                    writes,
-                                    token,
-                                    patience,
-                                )
-                                .await;
-                            match committed {
-                                Ok(Some(refusal)) => {
-                                    let failed = RefusedCompletion {
-                                        attempt,
-                                        patience,
-                                        steps: completion.steps,
-                                        pending: steps,
-                                    };
-                                    return Err(self.refused(target, refusal, failed).await);
-                                }
-                                Ok(None) => Ok(()),
-                                Err(err) => Err(err),
-                            }
-                        }
-                    };
+                    let settled = self
+                        .settle_completion(target, attempt, &settlement, writes.as_ref(), patience)
+                        .await;
                     self.observe_latency(key, observe::Phase::Completion, completing);
-                    match settled {
+                    let refused = match settled {
                         Err(Error::Store(StoreError::Rejected { message, .. })) => {
                             warn!(attempt, "the store rejected the outcome after the effect");
                             let failure = RetainedFailure {
@@ -130,6 +105,11 @@ impl Idempotency {
                             });
                         }
                         settled => settled?,
+                    };
+                    if let Some(refusal) = refused {
+                        let failed =
+                            self.refused_completion(attempt, patience, &completion, &steps);
+                        return Err(self.refused(target, refusal, failed).await);
                     }
                     debug!(attempt, "completed");
                     return Ok(raw);
@@ -156,32 +136,16 @@ impl Idempotency {
             kind,
             message: message.clone(),
         };
-        match &writes {
-            None => {
-                self.retain_as(target, attempt, failure, patience, steps, refusal)
-                    .await?;
-            }
-            // The writes waiting for the completion are the operation's effect: they commit
-            // with the retained failure, which then tells every caller the truth (applied,
-            // its result not kept), or nothing commits and the writes' refusal answers.
-            Some((writes, token)) => {
-                let settlement =
-                    Settlement::failed(&failure.bounded(), now, self.config.retention())
-                        .with_steps(steps.clone())
-                        .releasing_identity(refusal);
-                let committed = self
-                    .settle_committing(target, attempt, &settlement, writes, token, patience)
-                    .await?;
-                if let Some(refused) = committed {
-                    let failed = RefusedCompletion {
-                        attempt,
-                        patience,
-                        steps: completion.steps,
-                        pending: steps,
-                    };
-                    return Err(self.refused(target, refused, failed).await);
-                }
-            }
+        // The writes waiting for the completion are the operation's effect: they commit
+        // with the retained failure, which then tells every caller the truth (applied, its
+        // result not kept), or nothing commits and the writes' refusal answers.
+        let settlement = self.failed_settlement(failure, steps.clone(), refusal);
+        let committed = self
+            .settle_completion(target, attempt, &settlement, writes.as_ref(), patience)
+            .await?;
+        if let Some(refused) = committed {
+            let failed = self.refused_completion(attempt, patience, &completion, &steps);
+            return Err(self.refused(target, refused, failed).await);
         }
         match unstorable {
             // The effect happened and its result cannot be kept: the caller is told what every
@@ -348,13 +312,65 @@ impl Idempotency {
         steps: Option<Vec<StepRecord>>,
         releases_identity: bool,
     ) -> Result<(), Error> {
+        let settlement = self.failed_settlement(failure, steps, releases_identity);
+        self.settle(target, attempt, &settlement, patience).await
+    }
+
+    /// The FAILED settlement retaining `failure` with `steps`, deleting the identity's
+    /// evidence instead of settling it when `releases_identity`.
+    fn failed_settlement(
+        &self,
+        failure: RetainedFailure,
+        steps: Option<Vec<StepRecord>>,
+        releases_identity: bool,
+    ) -> Settlement {
         // A handler's error text (and its classifier's kind) can be any length: only its
         // start is kept.
-        let failure = failure.bounded();
-        let settlement = Settlement::failed(&failure, self.clock.now(), self.config.retention())
-            .with_steps(steps)
-            .releasing_identity(releases_identity);
-        self.settle(target, attempt, &settlement, patience).await
+        Settlement::failed(
+            &failure.bounded(),
+            self.clock.now(),
+            self.config.retention(),
+        )
+        .with_steps(steps)
+        .releasing_identity(releases_identity)
+    }
+
+    /// [`Self::settle`], or [`Self::settle_committing`] in one transaction with the
+    /// completion's `writes` when it queued any.
+    async fn settle_completion(
+        &self,
+        target: Target<'_>,
+        attempt: u32,
+        settlement: &Settlement,
+        writes: Option<&(Vec<TransactWriteItem>, String)>,
+        patience: Patience,
+    ) -> Result<Option<StepError>, Error> {
+        match writes {
+            None => self
+                .settle(target, attempt, settlement, patience)
+                .await
+                .map(|()| None),
+            Some((writes, token)) => {
+                self.settle_committing(target, attempt, settlement, writes, token, patience)
+                    .await
+            }
+        }
+    }
+
+    /// What [`Self::refused`] needs of a completion whose writes did not commit.
+    fn refused_completion<'a>(
+        &self,
+        attempt: u32,
+        patience: Patience,
+        completion: &Completion<'a>,
+        pending: &Option<Vec<StepRecord>>,
+    ) -> RefusedCompletion<'a> {
+        RefusedCompletion {
+            attempt,
+            patience,
+            steps: completion.steps,
+            pending: pending.clone(),
+        }
     }
 
     /// A fenced settlement, retried while transient; a lost fence is [`Error::LeaseLost`],
