@@ -95,13 +95,16 @@ impl Idempotency {
                             let failure = RetainedFailure {
                                 kind: FailureKind::OutcomeUnstorable,
                                 message,
-                            };
-                            self.retain_as(target, attempt, failure, patience, steps, refusal)
+                            }
+                            .bounded();
+                            let retained = failure.clone();
+                            self.retain_as(target, attempt, retained, patience, steps, refusal)
                                 .await?;
-                            return Err(Error::OutcomeTooLarge {
+                            // Within the limit: told what every later caller is (applied,
+                            // its result not kept), never that it was too large.
+                            return Err(Error::Failed {
                                 key: key.clone(),
-                                size: raw.get().len(),
-                                limit,
+                                failure,
                             });
                         }
                         settled => settled?,

@@ -125,8 +125,9 @@ pub enum Error {
         reason: String,
     },
 
-    /// The handler's result is over [`Config::max_outcome_bytes`](crate::Config::max_outcome_bytes)
-    /// (or the store refused it); the operation ran and is retained as failed.
+    /// The handler's result is over [`Config::max_outcome_bytes`](crate::Config::max_outcome_bytes);
+    /// the operation ran and is retained as failed (one the store refuses within the limit is
+    /// [`Error::Failed`] with [`FailureKind::OutcomeUnstorable`](crate::record::FailureKind::OutcomeUnstorable)).
     #[error(
         "the result of operation {} is {size} bytes, over the {limit}-byte limit; return a reference instead of the full result",
         key.short()

@@ -126,6 +126,9 @@ pub enum FaultKind {
     Contention,
     /// [`StoreError::CorruptRecord`]: a stored record that does not decode.
     Corrupt,
+    /// [`StoreError::Rejected`]: a request the store refuses as invalid (DynamoDB's
+    /// `ValidationException`: an item over 400 KB, an attribute it cannot take).
+    Rejected,
 }
 
 impl FaultKind {
@@ -144,6 +147,10 @@ impl FaultKind {
             Self::Corrupt => StoreError::CorruptRecord {
                 key_short: "injected".into(),
                 reason: format!("injected corruption read by `{operation}`"),
+            },
+            Self::Rejected => StoreError::Rejected {
+                operation,
+                message: String::from("injected rejection"),
             },
         }
     }

@@ -77,4 +77,5 @@ mod stored_formats;
 mod streams;
 mod tenants;
 mod transactions;
+mod unkept_outcomes;
 mod waiting;

@@ -184,12 +184,13 @@ where
             }
         },
         // The handler answered and its effect happened, but its response was not recorded:
-        // too large (retained as failed so that it never runs again: later callers get a
-        // 409), or its completion failed in the store (the record is still this attempt's:
-        // later callers get what it comes to). This caller still gets the response it
-        // produced, not a "retry" that would find the operation in progress. A lost lease is
-        // not one of them: a takeover may have recorded another answer, which the retry gets.
-        Err(err @ (Error::OutcomeTooLarge { .. } | Error::Store(_))) => {
+        // too large or refused by the store (retained as failed so that it never runs again:
+        // later callers get a 409), or its completion failed in the store (the record is
+        // still this attempt's: later callers get what it comes to). This caller still gets
+        // the response it produced, not a "retry" that would find the operation in progress.
+        // A lost lease is not one of them: a takeover may have recorded another answer, which
+        // the retry gets.
+        Err(err) if err.applied_but_not_kept() || matches!(err, Error::Store(_)) => {
             let kept = applied
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
