@@ -6,8 +6,8 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use lambda_idempotency::observe::emf::MetricsObserver;
 use lambda_idempotency::observe::emf::metrics_cloudwatch_embedded::{Builder, Collector};
+use lambda_idempotency::observe::emf::{MetricsObserver, document_level};
 use serde_json::{Map, Value, json};
 
 /// The CloudWatch namespace of the functions' metrics.
@@ -40,7 +40,8 @@ pub struct Gauge {
 
 /// A scheduled function's `gauges` at `now` as one Embedded Metric Format document, namespace
 /// [`NAMESPACE`], dimension `Function` (the stuck check's and the outbox sweeper's: one log
-/// line a run, which CloudWatch turns into the gauges the stack's alarms watch).
+/// line a run, which CloudWatch turns into the gauges the stack's alarms watch), at the
+/// function's log level ([`document_level`]).
 pub fn gauges_document(function: &str, gauges: &[Gauge], now: SystemTime) -> Value {
     let millis = now
         .duration_since(UNIX_EPOCH)
@@ -61,6 +62,8 @@ pub fn gauges_document(function: &str, gauges: &[Gauge], now: SystemTime) -> Val
             }]
         }),
     );
+    // Kept by Lambda's log-level filtering whatever the function's level.
+    document.insert("level".into(), json!(document_level()));
     document.insert("Function".into(), json!(function));
     for gauge in gauges {
         document.insert(gauge.name.into(), json!(gauge.value));

@@ -58,6 +58,10 @@ async fn quickstart_replays_the_first_answer() {
         assert_eq!(document["function"], "quickstart");
         assert_eq!(document["operation"], "charge");
         assert_eq!(
+            document["level"], "WARN",
+            "the function's log level (AWS_LAMBDA_LOG_LEVEL): filtering at WARN keeps it"
+        );
+        assert_eq!(
             document["_aws"]["CloudWatchMetrics"][0]["Namespace"],
             lambda_idempotency_functions::metrics::NAMESPACE
         );

@@ -47,8 +47,10 @@ pub struct Flushed<S> {
 }
 
 impl<S> Flushed<S> {
-    /// Wraps `inner`, writing to stdout.
+    /// Wraps `inner`, writing to stdout; every document carries
+    /// [`document_level`](super::document_level).
     pub fn new(collector: &'static Collector, inner: S) -> Self {
+        super::level_every_document(collector);
         Self {
             collector,
             inner,
@@ -105,8 +107,10 @@ pub struct FlushLayer {
 }
 
 impl FlushLayer {
-    /// Flushes `collector` to stdout after each request.
+    /// Flushes `collector` to stdout after each request; every document carries
+    /// [`document_level`](super::document_level).
     pub fn new(collector: &'static Collector) -> Self {
+        super::level_every_document(collector);
         Self {
             collector,
             sink: stdout,
@@ -212,6 +216,10 @@ mod tests {
         for (document, ending) in documents.iter().zip(["answers", "fails", "panics"]) {
             assert_eq!(document["ending"], ending);
             assert_eq!(document["calls"], 1);
+            assert_eq!(
+                document["level"], "INFO",
+                "kept by Lambda's log-level filtering"
+            );
         }
     }
 }

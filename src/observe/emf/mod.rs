@@ -7,7 +7,7 @@
 //! [`MetricsObserver::flushing`]: one EMF document holds at most 100 values of a metric.
 //!
 //! ```no_run
-//! use lambda_idempotency::observe::emf::{MetricsObserver, metrics_cloudwatch_embedded};
+//! use lambda_idempotency::observe::emf::{self, MetricsObserver, metrics_cloudwatch_embedded};
 //! use lambda_idempotency::{DynamoDbStore, Idempotency};
 //!
 //! # async fn demo() -> Result<(), lambda_idempotency::BoxError> {
@@ -15,6 +15,8 @@
 //!     .cloudwatch_namespace("Payments")
 //!     .with_dimension("service", "checkout")
 //!     .init()?;
+//! // Kept by Lambda's log-level filtering at any level ([`document_level`]).
+//! metrics.set_property("level", emf::document_level());
 //! let idem: Idempotency = Idempotency::new(DynamoDbStore::from_env().await?)
 //!     .with_observer(MetricsObserver::new());
 //! // ... after each invocation ([`Flushed`] does it for a service: the dependency comes
@@ -50,6 +52,43 @@ const VALUES_PER_DOCUMENT: usize = 100;
 
 fn stdout() -> Box<dyn Write> {
     Box::new(std::io::stdout().lock())
+}
+
+/// The levels Lambda's log-level filtering knows, least severe first.
+const LOG_LEVELS: [&str; 6] = ["TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL"];
+
+/// The `level` every EMF document carries so that Lambda's log-level filtering never drops
+/// it: the function's application log level (`AWS_LAMBDA_LOG_LEVEL`, which Lambda sets when
+/// the function filters its JSON logs), else `INFO`. Lambda takes a JSON line without a
+/// `level` as INFO and drops it when the function logs at WARN or above: its metrics with it.
+/// [`Flushed`], [`FlushLayer`] and [`MetricsObserver::flushing`] set it on their collector;
+/// a document written otherwise takes it as a property:
+///
+/// ```no_run
+/// # fn demo() -> Result<(), lambda_idempotency::BoxError> {
+/// use lambda_idempotency::observe::emf::{document_level, metrics_cloudwatch_embedded};
+///
+/// let metrics = metrics_cloudwatch_embedded::Builder::new()
+///     .cloudwatch_namespace("Payments")
+///     .init()?;
+/// metrics.set_property("level", document_level());
+/// # Ok(()) }
+/// ```
+pub fn document_level() -> &'static str {
+    level_named(&std::env::var("AWS_LAMBDA_LOG_LEVEL").unwrap_or_default())
+}
+
+/// The filtering level `name` names (any case), else `INFO`.
+fn level_named(name: &str) -> &'static str {
+    LOG_LEVELS
+        .into_iter()
+        .find(|level| level.eq_ignore_ascii_case(name.trim()))
+        .unwrap_or("INFO")
+}
+
+/// Has `collector` write [`document_level`] into every document it writes from now on.
+fn level_every_document(collector: &'static Collector) {
+    collector.set_property("level", document_level());
 }
 
 /// Declares the latency histograms' unit (milliseconds) once, to the recorder installed by then.
@@ -105,6 +144,7 @@ impl MetricsObserver {
     /// # Ok(()) }
     /// ```
     pub fn flushing(mut self, collector: &'static Collector) -> Self {
+        level_every_document(collector);
         self.early_flush = Some(EarlyFlush {
             collector,
             recorded: Arc::default(),
@@ -221,5 +261,22 @@ impl Observer for MetricsObserver {
                 self.time(format!("{}.wait_latency", self.prefix), operation, *elapsed);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::level_named;
+
+    #[test]
+    fn a_document_carries_the_functions_log_level_so_filtering_keeps_it() {
+        assert_eq!(level_named("WARN"), "WARN");
+        assert_eq!(level_named("fatal"), "FATAL", "any case");
+        assert_eq!(level_named(""), "INFO", "no filtering: INFO");
+        assert_eq!(
+            level_named("VERBOSE"),
+            "INFO",
+            "a level Lambda does not know"
+        );
     }
 }
