@@ -13,7 +13,7 @@ use lambda_idempotency::lambda::sources;
 use lambda_idempotency::record::Status;
 use lambda_idempotency::store::{AnyStore, StoreExt};
 use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
-use lambda_idempotency::{Error, ExecutionContext, Idempotency, OperationScope};
+use lambda_idempotency::{BoxError, Error, ExecutionContext, Idempotency, OperationScope};
 use serde_json::json;
 
 use super::backends::{both, context_with_deadline, sqs_message};
@@ -462,5 +462,69 @@ async fn a_failed_key_of_an_identity_does_not_skip_the_others() {
             report.records[1].1
         );
         assert_eq!(runs.load(Ordering::SeqCst), 2, "{name}");
+    }
+}
+
+/// A step's recorded result this build cannot read (its type changed in a deploy) holds the
+/// operation INDETERMINATE for an operator: its stream record is reported failed, never
+/// acknowledged as poison (the operator's release would find no delivery left to run it, the
+/// operation half applied). Acknowledged on streams before.
+#[tokio::test]
+async fn a_step_result_the_build_cannot_read_is_never_acknowledged_on_a_stream() {
+    for backend in both().await {
+        let name = backend.name;
+        let store = backend.store.clone();
+        let clock = backend.clock.clone();
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let operation = Operation::new(idem, scope(), sources::kinesis());
+        let key = operation
+            .invocation(&kinesis_record("1"), &Default::default())
+            .expect("invocation")
+            .key()
+            .clone();
+        let stream: BatchProcessor<KinesisEventRecord> = operation.batch();
+
+        // The earlier build records the step's result as text, then fails retryably: the
+        // claim is given back with its step for the next delivery to take over.
+        let earlier = stream
+            .process(
+                vec![kinesis_record("1")],
+                &Default::default(),
+                |_, ctx: ExecutionContext| async move {
+                    ctx.step("charge")
+                        .run(|_key| async { Ok::<_, BoxError>(String::from("ch-1")) })
+                        .await?;
+                    Err::<String, BoxError>(BoxError::from("the next call timed out"))
+                },
+            )
+            .await;
+        assert_eq!(earlier.failed_identifiers(), vec!["1".to_owned()], "{name}");
+
+        // The given-back lease runs out; this build reads the step's result as a number.
+        clock.advance(Duration::from_secs(3600));
+        let report = stream
+            .process(
+                vec![kinesis_record("1")],
+                &Default::default(),
+                |_, ctx: ExecutionContext| async move {
+                    let charge: u64 = ctx
+                        .step("charge")
+                        .run(|_key| async { Ok::<_, BoxError>(7) })
+                        .await?;
+                    Ok::<_, BoxError>(charge.to_string())
+                },
+            )
+            .await;
+        assert!(
+            matches!(
+                &report.records[0].1,
+                RecordOutcome::Failed(Error::StoredOutcomeUnreadable { .. })
+            ),
+            "{name}: {:?}",
+            report.records[0].1
+        );
+        assert_eq!(report.failed_identifiers(), vec!["1".to_owned()], "{name}");
+        let held = store.get(&key).await.expect("read").expect("held");
+        assert_eq!(held.status, Status::Indeterminate, "{name}");
     }
 }

@@ -360,10 +360,13 @@ impl<R: BatchRecord> BatchProcessor<R> {
     /// A failed record's outcome: reported failed, or acknowledged as poison when it can never
     /// succeed and the poison policy says so. A stored record this build cannot read is never
     /// acknowledged: the event is not at fault, and the record may be a claim a newer build
-    /// holds (a rolling deploy, a rollback) whose event would be lost.
+    /// holds (a rolling deploy, a rollback) whose event would be lost, or a step's result of
+    /// another type, which holds the operation for an operator whose release needs a delivery
+    /// left to run it (the batch doors never decode a stored result of their own).
     fn failed(&self, invocation: Option<&Invocation>, err: Error) -> RecordOutcome {
         let policy = self.poison.unwrap_or_else(R::default_poison_policy);
-        let unreadable_record = matches!(&err, Error::Store(store) if store.is_corrupt_record());
+        let unreadable_record = matches!(&err, Error::Store(store) if store.is_corrupt_record())
+            || matches!(err, Error::StoredOutcomeUnreadable { .. });
         if policy == PoisonPolicy::Acknowledge && err.is_permanent() && !unreadable_record {
             error!(
                 key = invocation.map(|inv| inv.key().short()),
