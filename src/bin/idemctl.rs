@@ -693,12 +693,13 @@ async fn resolve(
                 Held::Record(key) => ("record", key.as_str()),
                 Held::Evidence(identity) => ("evidence", identity.as_str()),
             };
+            let kept: Vec<String> = writes.iter().map(|line| on_the_trail(line)).collect();
             let entry = Entry {
                 target_kind,
                 target,
                 by: &trace.by,
                 reason: trace.reason.as_deref(),
-                writes: &writes,
+                writes: &kept,
             };
             Some(trail.attempt(&entry, SystemTime::now()).await?)
         }
@@ -801,7 +802,24 @@ fn exact_writes(held: &Held, found: &Found, resolution: &Resolution, trace: &Tra
     lines
 }
 
-/// An outcome's exact bytes as the confirmation shows them.
+/// The start of the confirmation's outcome line.
+const OUTCOME_LINE: &str = "outcome    ";
+
+/// A confirmation line as the audit trail keeps it: an outcome by its length and digest alone.
+/// The trail has no TTL and the stuck check's role scans its table, while the record drops
+/// the outcome (a payment's answer, an address) when its retention ends.
+fn on_the_trail(line: &str) -> String {
+    match line.strip_prefix(OUTCOME_LINE) {
+        Some(outcome) => {
+            let sized = outcome.split_once(": ").map_or(outcome, |(sized, _)| sized);
+            format!("{OUTCOME_LINE}{sized} (its text shown to the operator, not kept)")
+        }
+        None => line.to_owned(),
+    }
+}
+
+/// An outcome's exact bytes as the confirmation shows them: `OUTCOME_LINE`, its length and
+/// digest, then `: ` and its start.
 fn outcome_line(bytes: &[u8]) -> String {
     let digest = hex::encode(Sha256::digest(bytes));
     let text = match serde_json::from_slice::<Value>(bytes) {
@@ -814,7 +832,7 @@ fn outcome_line(bytes: &[u8]) -> String {
         false => "",
     };
     format!(
-        "outcome    {} bytes, sha256 {digest}: {shown}{cut}",
+        "{OUTCOME_LINE}{} bytes, sha256 {digest}: {shown}{cut}",
         bytes.len()
     )
 }

@@ -1041,3 +1041,69 @@ async fn a_lease_that_just_ran_out_is_not_resolved() {
         .expect("read");
     assert_eq!(record, Some(crashed), "nothing changed");
 }
+
+/// The audit trail keeps a completed resolution's outcome by its length and digest, never its
+/// text: the trail has no TTL and the stuck check's role scans its table, while the record
+/// drops the outcome with its retention. The operator still sees the text before confirming.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_trail_keeps_an_outcomes_digest_never_its_text() {
+    let clock = ManualClock::new(SystemTime::now() - Duration::from_secs(3600));
+    let db = dynamo::start_with_clock(clock.clone()).await;
+    let idem = Idempotency::new(db.store()).with_clock(clock.clone());
+    let held = invocation("audited-outcome");
+    crash_after_claim(&idem, &held).await;
+    clock.advance(Duration::from_secs(600));
+    let outcome = r#"{"card":"4111-1111-1111-1111"}"#;
+    let result = std::env::temp_dir().join(format!("idemctl-trail-{}.json", std::process::id()));
+    std::fs::write(&result, outcome).expect("write");
+    let path = result.to_string_lossy().to_string();
+
+    let output = idemctl(
+        &db,
+        &[
+            "resolve",
+            "--key",
+            held.key().as_str(),
+            "--retention",
+            "24h",
+            "--completed",
+            &path,
+            "--operator",
+            "alice",
+            "--yes",
+        ],
+    );
+    stdout(&output);
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("4111-1111-1111-1111"),
+        "the operator sees what is written"
+    );
+
+    let trail = db
+        .client
+        .scan()
+        .table_name(&db.uniqueness_table)
+        .filter_expression("begins_with(pk, :audit)")
+        .expression_attribute_values(":audit", AttributeValue::S("#audit#".into()))
+        .send()
+        .await
+        .expect("scan");
+    let writes: Vec<String> = trail
+        .items()
+        .iter()
+        .filter_map(|item| item.get("writes").and_then(|writes| writes.as_l().ok()))
+        .flatten()
+        .filter_map(|line| line.as_s().ok().cloned())
+        .collect();
+    let digest = hex::encode(sha2::Sha256::digest(outcome.as_bytes()));
+    assert!(
+        writes.iter().any(
+            |line| line.contains(&digest) && line.contains(&format!("{} bytes", outcome.len()))
+        ),
+        "the outcome by its length and digest: {writes:?}"
+    );
+    assert!(
+        !writes.iter().any(|line| line.contains("4111")),
+        "never its text: {writes:?}"
+    );
+}
