@@ -26,7 +26,7 @@ use lambda_idempotency::effects::{Checked, Transaction, Writes};
 use lambda_idempotency::lambda::IdempotencyError;
 use lambda_idempotency::lambda::current;
 use lambda_idempotency::reconcile::Recovery;
-use lambda_idempotency::record::{Record, Status};
+use lambda_idempotency::record::{Record, RetainedFailure, Status};
 use lambda_idempotency::store::{MemoryStore, StoreExt};
 use lambda_idempotency::testing::conformance::start_time;
 use lambda_idempotency::{
@@ -522,11 +522,23 @@ async fn check(
     // that completed, and the last delivery of o-1 was answered (its result, or the other
     // order's standing payment).
     if scenario.handler == Handler::CompletionTooLarge {
-        // Nothing of the completion committed: no order completes, and o-1 is retained FAILED.
+        // Nothing of the completion committed: no order completes, and o-1 is retained FAILED,
+        // by a kind that says so (never one that tells every caller it was applied).
         assert_eq!(
             first,
             Some(Status::Failed),
             "a completion the server refused: {answers:?}"
+        );
+        let retained = store
+            .get(&key(OrderId(1)))
+            .await
+            .expect("the memory store answers")
+            .and_then(|record| record.outcome)
+            .and_then(|bytes| serde_json::from_slice::<RetainedFailure>(&bytes).ok())
+            .map(|failure| failure.kind);
+        assert!(
+            retained.as_ref().is_some_and(|kind| !kind.took_effect()),
+            "a completion the server refused was retained as applied ({retained:?}): {answers:?}"
         );
     } else if scenario.faults == Faults::None {
         assert_eq!(runs, 1, "no fault, and the effect never ran: {answers:?}");
@@ -950,7 +962,7 @@ fn historical_defects_put_back_in_the_engine_are_found() {
             "a completion the server refuses taken for an outcome kept after its effect",
             defects::REFUSED_TRANSACTION_APPLIED,
             one(Faults::None, Handler::CompletionTooLarge),
-            &["refused with OutcomeTooLarge"],
+            &["retained as applied"],
         ),
     ];
     for (defect, switch, scenario, broken) in cases {
