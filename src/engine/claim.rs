@@ -28,14 +28,16 @@ impl Idempotency {
         fresh: &AtomicBool,
     ) -> Result<AfterClaim, Error> {
         let key = &invocation.key;
-        let deadline = claim.lease.expires_at;
         let target = Target {
             key,
             identity: claim.identity.as_deref(),
             guard: Guard::Lease(&claim.lease.token),
         };
         let claimed = match self
-            .retrying(Patience::Brief(deadline), || self.store.claim(claim, now))
+            .retrying(
+                Patience::before_running(claim.lease.expires_at, invocation.deadline),
+                || self.store.claim(claim, now),
+            )
             .await
         {
             Ok(claimed) => claimed,
@@ -104,17 +106,20 @@ impl Idempotency {
         reentered: bool,
     ) -> Result<AfterClaim, Error> {
         let key = &invocation.key;
-        let deadline = claim.lease.expires_at;
+        let lease_end = claim.lease.expires_at;
         let (lease, expires_at) =
             decide::takeover(&existing, &claim.lease, self.config.retention());
         // The owner takes its own claim back whether or not its lease ran out: the store's
         // expiry condition is given a time past the lease's end.
         let expired_at = decide::reentry_time(&existing, now, reentered);
         let fence = match self
-            .retrying(Patience::Brief(deadline), || {
-                self.store
-                    .take_over(&existing, &lease, expires_at, expired_at)
-            })
+            .retrying(
+                Patience::before_running(lease_end, invocation.deadline),
+                || {
+                    self.store
+                        .take_over(&existing, &lease, expires_at, expired_at)
+                },
+            )
             .await
         {
             Ok(fence) => fence,
@@ -217,9 +222,10 @@ impl Idempotency {
         // (this one may stop before it settles anything).
         let record = decide::adoption(claim, &orphan);
         let adopted = match self
-            .retrying(Patience::Brief(claim.lease.expires_at), || {
-                self.store.adopt(&record, &orphan, now)
-            })
+            .retrying(
+                Patience::before_running(claim.lease.expires_at, invocation.deadline),
+                || self.store.adopt(&record, &orphan, now),
+            )
             .await
         {
             Ok(adopted) => adopted,

@@ -40,8 +40,12 @@ pub(super) const MAX_PATIENCE: Duration = Duration::from_secs(15 * 60);
 /// How long a failing write is retried.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Patience {
-    /// A few tries ([`BRIEF_TRIES`]), none starting after the time given.
-    Brief(SystemTime),
+    /// A few tries ([`BRIEF_TRIES`]), none starting after `until`; with a `cut`, a try still
+    /// in flight then is abandoned, as [`Patience::Until`]'s.
+    Brief {
+        until: SystemTime,
+        cut: Option<SystemTime>,
+    },
     /// Every try that can start before `until`: the effect may have happened. With a `cut`
     /// (shortly before the invocation's deadline), a try still in flight then is abandoned, so
     /// that the caller is answered before the invocation ends (an abandoned write may still
@@ -56,13 +60,32 @@ impl Patience {
     /// The time no try may start at or after, and the most tries.
     pub(crate) fn limits(self) -> (SystemTime, u32) {
         match self {
-            Self::Brief(until) => (until, BRIEF_TRIES),
+            Self::Brief { until, .. } => (until, BRIEF_TRIES),
             Self::Until { until, .. }
                 if defects::is_reintroduced(defects::SETTLE_GIVES_UP_EARLY) =>
             {
                 (until, 2)
             }
             Self::Until { until, .. } => (until, u32::MAX),
+        }
+    }
+
+    /// A few tries, none starting after `until`, none cut.
+    pub(crate) fn brief(until: SystemTime) -> Self {
+        Self::Brief { until, cut: None }
+    }
+
+    /// The patience of a write before the handler runs (a claim, a takeover, an adoption): a
+    /// few tries, none starting after the lease ends or, when the invocation has a `deadline`,
+    /// after its caller's answer is due ([`Patience::answer_due`]), a try in flight cut
+    /// [`ANSWER_MARGIN`] before the deadline. A store that stalls then answers this caller
+    /// (a batch record reported failed) instead of Lambda's timeout ending the invocation.
+    pub(crate) fn before_running(lease_end: SystemTime, deadline: Option<SystemTime>) -> Self {
+        Self::Brief {
+            until: deadline.map_or(lease_end, |deadline| {
+                lease_end.min(Self::answer_due(deadline))
+            }),
+            cut: deadline.map(|deadline| deadline.checked_sub(ANSWER_MARGIN).unwrap_or(deadline)),
         }
     }
 
@@ -108,10 +131,7 @@ impl Idempotency {
         Fut: Future<Output = Result<T, StoreError>> + Send + 'a,
     {
         let (until, max_tries) = patience.limits();
-        let cut = match patience {
-            Patience::Brief(_) => None,
-            Patience::Until { cut, .. } => cut,
-        };
+        let (Patience::Brief { cut, .. } | Patience::Until { cut, .. }) = patience;
         let mut ceiling = FIRST_BACKOFF;
         let mut tries = 1;
         loop {
@@ -176,6 +196,28 @@ mod tests {
             "a try in flight is abandoned before Lambda ends the invocation"
         );
         assert!(until < deadline && cut < Some(deadline));
+    }
+
+    #[test]
+    fn a_claim_stops_trying_when_its_answer_is_due_not_when_its_lease_ends() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let deadline = now + Duration::from_secs(3);
+        // A Lambda claim's lease runs past the deadline by the clock skew.
+        let lease_end = deadline + Duration::from_secs(5);
+        let Patience::Brief { until, cut } = Patience::before_running(lease_end, Some(deadline))
+        else {
+            panic!("a claim is brief");
+        };
+        assert_eq!(until, deadline - SETTLE_MARGIN);
+        assert_eq!(cut, Some(deadline - ANSWER_MARGIN));
+        let Patience::Brief { until, cut } = Patience::before_running(lease_end, None) else {
+            panic!("a claim is brief");
+        };
+        assert_eq!(
+            (until, cut),
+            (lease_end, None),
+            "without a deadline: the lease"
+        );
     }
 
     #[test]

@@ -539,7 +539,7 @@ impl Idempotency {
     ) -> Result<Fence, Error> {
         let until = given_back_until(self.clock.now(), deadline, lands_by);
         Ok(self
-            .retrying(Patience::Brief(deadline), || {
+            .retrying(Patience::brief(deadline), || {
                 self.store.shorten(target, until)
             })
             .await?)
@@ -552,7 +552,7 @@ impl Idempotency {
     pub(super) async fn give_back_now(&self, target: Target<'_>, claim: &Record) {
         let now = self.clock.now();
         let given_back = self
-            .retrying(Patience::Brief(claim.lease.expires_at), || {
+            .retrying(Patience::brief(claim.lease.expires_at), || {
                 self.store.shorten(target, now)
             })
             .await;

@@ -10,12 +10,16 @@ use aws_lambda_events::event::sqs::SqsMessage;
 use lambda_http::{Body, Request, RequestExt};
 use lambda_idempotency::HttpKeys;
 use lambda_idempotency::Operation;
+use lambda_idempotency::clock::Clock;
 use lambda_idempotency::lambda::batch::BatchProcessor;
 use lambda_idempotency::lambda::http::CallerScope;
 use lambda_idempotency::lambda::sources;
 use lambda_idempotency::record::Record;
 use lambda_idempotency::store::{AnyStore, StoreExt};
-use lambda_idempotency::{ExecutionContext, Idempotency, KeyPolicy, LeasePolicy, OperationScope};
+use lambda_idempotency::testing::faults::{Fault, FaultyStore, Primitive};
+use lambda_idempotency::{
+    BoxError, Error, ExecutionContext, Idempotency, KeyPolicy, LeasePolicy, OperationScope,
+};
 use lambda_runtime::tower::{Layer, ServiceExt, service_fn};
 use lambda_runtime::{Context, LambdaEvent};
 use serde_json::{Value, json};
@@ -186,4 +190,57 @@ fn http_json(key: &str) -> Value {
 
 fn http_event(key: &str) -> ApiGatewayV2httpRequest {
     serde_json::from_value(http_json(key)).expect("request")
+}
+
+/// A claim that stalls in the store (tries that never answer) is abandoned shortly before the
+/// invocation's deadline, each try of it, and answered as a store failure while the
+/// invocation can still answer (a batch record reported failed): it was awaited for as long
+/// as the store held it, past the deadline, where Lambda's timeout ends the invocation (a
+/// batch wholly retried, a claim left standing). On the memory store, with Tokio's time
+/// paused: the cut of a try in flight is on Tokio's timer, which then moves when every task
+/// waits (the embedded server's requests would be cut by it too).
+#[tokio::test(start_paused = true)]
+async fn a_claim_that_stalls_is_abandoned_before_the_deadline() {
+    let fixture = lambda_idempotency::testing::conformance::memory_fixture(
+        lambda_idempotency::testing::conformance::start_time(),
+    );
+    let clock = fixture.clock.clone();
+    let faulty = FaultyStore::new(fixture.store);
+    let idem = Idempotency::new(faulty.clone()).with_clock(fixture.clock);
+    let deadline = clock.now() + Duration::from_secs(3);
+    let scope = scope();
+    let key =
+        lambda_idempotency::OperationKey::derive(&scope, None, &json!("stalls")).expect("key");
+    let fingerprint = lambda_idempotency::Fingerprint::of(&json!({})).expect("fingerprint");
+    let invocation = lambda_idempotency::Invocation::new(key, fingerprint, Duration::ZERO)
+        .with_deadline(deadline);
+    for _ in 0..5 {
+        faulty.inject(Primitive::Claim, Fault::Hold);
+    }
+    let started = tokio::time::Instant::now();
+
+    let answer = tokio::time::timeout(
+        Duration::from_secs(60),
+        idem.execute(&invocation, |_ctx| async {
+            Ok::<_, BoxError>(json!("ran"))
+        }),
+    )
+    .await
+    .expect("answered, not held as long as the store holds it");
+
+    assert!(
+        matches!(answer, Err(Error::Store(ref err)) if err.is_transient()),
+        "{answer:?}"
+    );
+    assert_eq!(
+        faulty.calls().get(&Primitive::Claim),
+        Some(&5),
+        "every try abandoned"
+    );
+    assert!(
+        started.elapsed() <= Duration::from_secs(3) * 5,
+        "each try cut by the deadline: {:?}",
+        started.elapsed()
+    );
+    faulty.let_go();
 }

@@ -396,7 +396,7 @@ impl StepLedger {
         });
         let given_back = self
             .idem
-            .retrying(Patience::Brief(answer_due), || store.shorten(target, until))
+            .retrying(Patience::brief(answer_due), || store.shorten(target, until))
             .await;
         if given_back.is_err() {
             warn!(
@@ -427,7 +427,7 @@ impl StepLedger {
     fn patience(&self) -> Patience {
         match self.lock().unsaved_result {
             true => Patience::settling(self.lease_expires_at, self.deadline, self.idem.now()),
-            false => Patience::Brief(self.lease_expires_at),
+            false => Patience::brief(self.lease_expires_at),
         }
     }
 
