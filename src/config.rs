@@ -199,7 +199,11 @@ impl ConfigBuilder {
     /// old rule, so two ids that differ above 2^53 stay two operations. A record 0.1 wrote
     /// cannot tell two ids it keyed alike apart: while it lives, a second such id is answered as
     /// 0.1 answered it. In a rolling deploy straight from 0.1, name the instant the deploy
-    /// ends (records 0.1 writes meanwhile are read under its rule; 0.5's own never are).
+    /// ends (records 0.1 writes meanwhile are read under its rule; 0.5's own never are). 0.1
+    /// read neither Lambda's tenant nor an SQS producer: a function that gets tenants from
+    /// Lambda or reads [`sources::sqs`](crate::lambda::sources::sqs) also turns on
+    /// [`ConfigBuilder::keyed_by_0_4_before`] (the same instant will do), under which a record
+    /// 0.1 wrote where it keyed the event answers by its state.
     ///
     /// ```
     /// use std::time::{Duration, SystemTime};

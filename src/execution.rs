@@ -8,15 +8,15 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{ConfigError, Error};
 use crate::failure::Classifier;
-use crate::key::{
-    Fingerprint, IdentityScope, JsonPointer, KeyPolicy, OperationKey, OperationScope,
-};
+use crate::key::{Fingerprint, IdentityScope, JsonPointer, OperationKey};
 use crate::policy::OperationPolicy;
 use crate::reconcile::{Reconciler, Recovery};
 use crate::record::MAX_REQUEST_ID_BYTES;
 
 /// The handler's view of its attempt lives with the attempt, in the engine; its 0.4 path stays.
 pub use crate::engine::attempt::ExecutionContext;
+
+mod from_policy;
 
 /// The longest business identity accepted, in bytes.
 pub const MAX_IDENTITY_BYTES: usize = 1024;
@@ -44,6 +44,9 @@ pub struct Invocation {
     /// The key 0.4 derived for this operation, when the tenant Lambda's context gave (which
     /// 0.4 never read) changed it.
     pub(crate) key_by_0_4: Option<OperationKey>,
+    /// The key versions before 0.2 derived for the material and tenant 0.4 read, when it is
+    /// another than 0.4's and today's.
+    pub(crate) key_by_0_1_as_0_4: Option<OperationKey>,
     pub(crate) fingerprint: Fingerprint,
     pub(crate) lease: Duration,
     pub(crate) deadline: Option<SystemTime>,
@@ -93,6 +96,7 @@ impl Invocation {
             key,
             earlier_key: None,
             key_by_0_4: None,
+            key_by_0_1_as_0_4: None,
             fingerprint,
             lease: lease.min(MAX_LEASE),
             deadline: None,
@@ -125,11 +129,17 @@ impl Invocation {
         self
     }
 
-    /// The key 0.4 derived for the same event, when Lambda's tenant changed it: an operation
-    /// 0.4 recorded there before the cut-over is answered without running again
+    /// The key 0.4 derived for the same event, when Lambda's tenant changed it, and the one
+    /// versions before 0.2 derived for what 0.4 read: an operation 0.4 (or 0.1) recorded
+    /// there before the cut-over is answered without running again
     /// ([`ConfigBuilder::keyed_by_0_4_before`](crate::config::ConfigBuilder::keyed_by_0_4_before)).
-    pub(crate) fn with_key_by_0_4(mut self, key: Option<OperationKey>) -> Self {
+    pub(crate) fn with_keys_by_0_4(
+        mut self,
+        key: Option<OperationKey>,
+        by_0_1: Option<OperationKey>,
+    ) -> Self {
         self.key_by_0_4 = key;
+        self.key_by_0_1_as_0_4 = by_0_1;
         self
     }
 
@@ -337,47 +347,6 @@ impl Invocation {
     pub fn with_max_outcome_bytes(mut self, bytes: usize) -> Result<Self, ConfigError> {
         self.policy = self.policy.with_max_outcome_bytes(bytes)?;
         Ok(self)
-    }
-}
-
-/// The invocation a key policy derives for an event: built here, beside the invocation, so
-/// that the key module builds none.
-impl<E> KeyPolicy<E> {
-    /// The invocation for `event` in `scope`: key, fingerprint and business identity, with a
-    /// lease of `lease`.
-    ///
-    /// # Errors
-    /// As [`KeyPolicy::derive`]; and [`Error::InvalidEvent`] for an empty business identity or
-    /// one over 1024 bytes.
-    pub fn invocation(
-        &self,
-        scope: &OperationScope,
-        event: &E,
-        lease: Duration,
-    ) -> Result<Invocation, Error> {
-        self.invocation_for_tenant(scope, event, lease, None)
-    }
-
-    /// [`Self::invocation`] under the tenant Lambda's tenant isolation mode gave the
-    /// invocation, if it gave one: that tenant scopes the key (and the identity's evidence)
-    /// instead of the policy's.
-    pub(crate) fn invocation_for_tenant(
-        &self,
-        scope: &OperationScope,
-        event: &E,
-        lease: Duration,
-        context_tenant: Option<&str>,
-    ) -> Result<Invocation, Error> {
-        let derived = self.derive_for_tenant(scope, event, context_tenant)?;
-        let invocation = Invocation::new(derived.key, derived.fingerprint, lease)
-            .with_earlier_key(derived.earlier)
-            .with_key_by_0_4(derived.key_by_0_4);
-        match self.identity_of(event) {
-            None => Ok(invocation),
-            Some(identity) => Ok(invocation
-                .with_identity(identity)?
-                .with_identity_scope(self.identity_scope())),
-        }
     }
 }
 

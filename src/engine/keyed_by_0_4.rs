@@ -7,7 +7,10 @@
 //! not run again, and must not be answered with what may be another tenant's result.
 //!
 //! Before claiming a key that differs from 0.4's, and only when no live record stands under
-//! it, the engine reads what 0.4 would have written for the same event. It applies only to
+//! it, the engine reads what 0.4 would have written for the same event, and, with the 0.1
+//! rule on too ([`ConfigBuilder::rfc8785_records_before`](crate::config::ConfigBuilder::rfc8785_records_before)),
+//! what 0.1 would have (0.4's material with its integers past ±2^53 read as doubles), for
+//! what 0.1 wrote before that rule's cut-over. It applies only to
 //! what 0.4 wrote: a record or evidence that names no key rule (0.5 writes one) and was created
 //! before the cut-over.
 //! - A record of this very intent answers by its state alone, never with its result (0.4 did
@@ -51,22 +54,39 @@ impl Idempotency {
         }
         // Written by 0.4 or before: it names no key rule (0.5 writes one) and predates the
         // cut-over.
-        let by_0_4 = |created_at: SystemTime, fingerprint: &Fingerprint| {
-            created_at < cutover && fingerprint.rule() == KeyRule::Unstated
+        let written_before =
+            |cutover: SystemTime, created_at: SystemTime, fingerprint: &Fingerprint| {
+                created_at < cutover && fingerprint.rule() == KeyRule::Unstated
+            };
+        let by_0_4 = |created_at, fingerprint: &Fingerprint| {
+            written_before(cutover, created_at, fingerprint)
         };
         let of_this_intent = |created_at: SystemTime, fingerprint: &Fingerprint| {
             invocation.fingerprint.names(fingerprint, created_at)
         };
+        // Where 0.4 keyed the event, then, with the 0.1 rule on, where 0.1 keyed what 0.4
+        // read (its integers past ±2^53 as doubles): neither read Lambda's tenant nor an SQS
+        // producer, so a redelivery across a 0.1 → 0.5 upgrade finds 0.1's record there.
+        let by_0_1 = self
+            .config
+            .rfc8785_records_before()
+            .zip(invocation.key_by_0_1_as_0_4.as_ref())
+            .map(|(rfc8785_before, key)| (key, rfc8785_before.min(cutover)));
         let key = invocation.key.clone();
-        if let Some(record) = self.store.get(before).await?
-            && !record.counts_as_absent(now)
-            && by_0_4(record.created_at, &record.fingerprint)
-            && of_this_intent(record.created_at, &record.fingerprint)
-        {
+        for (stored_under, cutover) in std::iter::once((before, cutover)).chain(by_0_1) {
+            let Some(record) = self.store.get(stored_under).await? else {
+                continue;
+            };
+            if record.counts_as_absent(now)
+                || !written_before(cutover, record.created_at, &record.fingerprint)
+                || !of_this_intent(record.created_at, &record.fingerprint)
+            {
+                continue;
+            }
             info!(
-                key = before.short(),
+                key = stored_under.short(),
                 status = %record.status,
-                "0.4 recorded this operation under the key it derived: answered by its state"
+                "an earlier version recorded this operation under the key it derived: answered by its state"
             );
             return Err(match record.status {
                 Status::InProgress if !record.lease.is_expired(now) => Error::AlreadyInProgress {

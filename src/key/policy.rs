@@ -53,6 +53,10 @@ pub(crate) struct Derived {
     /// The key 0.4 derived for the event, when it is another: 0.4 never read Lambda's tenant
     /// nor an SQS producer.
     pub(crate) key_by_0_4: Option<OperationKey>,
+    /// The key versions before 0.2 derived for the material and tenant 0.4 read, when 0.4's
+    /// key is another and so is this one (an integer past ±2^53 in the material): 0.1 read
+    /// neither Lambda's tenant nor an SQS producer either.
+    pub(crate) key_by_0_1_as_0_4: Option<OperationKey>,
     pub(crate) fingerprint: Fingerprint,
 }
 
@@ -195,7 +199,8 @@ impl<E> KeyPolicy<E> {
         self.identity_scope
     }
 
-    /// The operation key and fingerprint of `event` in `scope`.
+    /// The operation key and fingerprint of `event` in `scope`, under the policy's tenant (not
+    /// Lambda's: [`KeyPolicy::invocation_in_context`] reads that).
     ///
     /// # Errors
     /// [`Error::MissingKey`] when the key material is absent or empty; [`Error::InvalidEvent`]
@@ -270,26 +275,26 @@ impl<E> KeyPolicy<E> {
             None => self.policy_tenant(scope, tenant_by_0_4.as_deref())?,
         };
         let (key, earlier) = OperationKey::with_earlier(scope, tenant.as_deref(), material)?;
-        let key_by_0_4_of = |material: &Value| {
-            OperationKey::with_earlier(scope, tenant_by_0_4.as_deref(), material)
-                .ok()
-                .map(|(by_0_4, _)| by_0_4)
+        let keys_by_0_4_of = |material: &Value| {
+            OperationKey::with_earlier(scope, tenant_by_0_4.as_deref(), material).ok()
         };
-        let key_by_0_4 = match &self.key_as_0_4 {
+        let (key_by_0_4, key_by_0_1_as_0_4) = match &self.key_as_0_4 {
             Some(select) => select
                 .select(event)
                 .ok()
                 .flatten()
-                .and_then(|material| key_by_0_4_of(&material)),
+                .and_then(|material| keys_by_0_4_of(&material)),
             // The same material under the same tenant is the same key: not derived twice.
             None if tenant_by_0_4 == tenant => None,
-            None => key_by_0_4_of(material),
+            None => keys_by_0_4_of(material),
         }
-        .filter(|by_0_4| *by_0_4 != key);
+        .filter(|(by_0_4, _)| *by_0_4 != key)
+        .map_or((None, None), |(by_0_4, by_0_1)| (Some(by_0_4), by_0_1));
         Ok(Derived {
             key,
             earlier,
             key_by_0_4,
+            key_by_0_1_as_0_4,
             fingerprint,
         })
     }

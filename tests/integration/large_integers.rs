@@ -416,3 +416,78 @@ async fn a_0_1_record_that_goes_meanwhile_is_not_claimed_afresh_at_its_key() {
         );
     }
 }
+
+/// 0.1 keyed an SQS message by its body's id alone (it read no producer) with the id read as
+/// a double. A redelivery across a 0.1 → 0.5 upgrade, whose key now names the producer, with
+/// both compatibility rules on, finds 0.1's record there and is answered by its state, never
+/// run again (it was looked for only under the producer's key, where 0.1 never wrote).
+#[tokio::test]
+async fn a_0_1_record_of_an_sqs_message_is_found_though_0_5_keys_its_producer() {
+    use lambda_idempotency::Operation;
+    use lambda_idempotency::lambda::batch::{BatchProcessor, RecordOutcome};
+    use lambda_idempotency::lambda::sources;
+    for backend in both().await {
+        let name = backend.name;
+        let config = Config::builder()
+            .rfc8785_records_before(after_the_records())
+            .keyed_by_0_4_before(after_the_records())
+            .build()
+            .expect("config");
+        let idem = engine(backend).with_config(config);
+        // What 0.1 wrote: the key of the id read as the double 2^60, the body's digest as 0.1
+        // wrote it, no rule marker.
+        let rounded_id =
+            serde_json_canonicalizer::to_vec(&json!((1_u64 << 60) as f64)).expect("JSON");
+        let today = OperationKey::derive(&scope(), None, &json!(1)).expect("key");
+        let (scope_part, _) = today.as_str().rsplit_once('#').expect("a digest");
+        let key_by_0_1 = {
+            use sha2::Digest;
+            format!(
+                "{scope_part}#{}",
+                hex::encode(sha2::Sha256::digest(rounded_id))
+            )
+        };
+        let fingerprint_by_0_1 =
+            Fingerprint::of(&json!({"order_id": (1_u64 << 60) as f64, "amount": 10}))
+                .expect("fingerprint");
+        let runs = AtomicUsize::new(0);
+        idem.execute(
+            &Invocation::new(
+                OperationKey::from_stored(key_by_0_1),
+                Fingerprint::from_stored(fingerprint_by_0_1.as_str()),
+                Duration::from_secs(30),
+            ),
+            |_| async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, std::io::Error>(json!("charged"))
+            },
+        )
+        .await
+        .expect("0.1's delivery");
+
+        let mut message =
+            super::backends::sqs_message("m-1", json!({"order_id": FIRST, "amount": 10}));
+        message
+            .attributes
+            .insert("SenderId".into(), "AROAEXAMPLE:session-1".into());
+        let queue: BatchProcessor<aws_lambda_events::event::sqs::SqsMessage> = Operation::new(
+            idem,
+            scope(),
+            sources::sqs(Some("/order_id")).expect("policy"),
+        )
+        .batch();
+        let report = queue
+            .process(vec![message], &Default::default(), |_, _| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, std::io::Error>(String::from("charged again")) }
+            })
+            .await;
+
+        assert!(
+            matches!(report.records[0].1, RecordOutcome::AlreadyDone),
+            "{name}: {:?}",
+            report.records[0].1
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}: not run again");
+    }
+}

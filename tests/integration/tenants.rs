@@ -500,3 +500,52 @@ async fn an_identity_0_4_settled_is_not_run_again_after_the_upgrade() {
         assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}");
     }
 }
+
+/// A key policy used below the doors (`KeyPolicy::invocation_in_context`, for a function that
+/// calls the engine itself) keys by Lambda's tenant as the doors do: two tenants' events of one
+/// order are two operations, each replayed to its own tenant, never one tenant's result to
+/// the other.
+#[tokio::test]
+async fn lambdas_tenant_scopes_an_invocation_a_key_policy_builds() {
+    for backend in both().await {
+        let name = backend.name;
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let policy = KeyPolicy::<Value>::pointer("/order_id").expect("policy");
+        let event = json!({"order_id": "o-1"});
+        let runs = AtomicUsize::new(0);
+        let run = |tenant: &'static str| {
+            let invocation = policy
+                .invocation_in_context(
+                    &scope(),
+                    &event,
+                    Duration::from_secs(60),
+                    &context(Some(tenant)),
+                )
+                .expect("invocation");
+            let (idem, runs) = (&idem, &runs);
+            async move {
+                idem.execute(&invocation, |_| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, BoxError>(json!(format!("for {tenant}")))
+                })
+                .await
+                .expect("answered")
+                .value()
+                .clone()
+            }
+        };
+
+        assert_eq!(run("tenant-a").await, json!("for tenant-a"), "{name}");
+        assert_eq!(
+            run("tenant-b").await,
+            json!("for tenant-b"),
+            "{name}: its own run"
+        );
+        assert_eq!(
+            run("tenant-a").await,
+            json!("for tenant-a"),
+            "{name}: a replay"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "{name}");
+    }
+}
