@@ -344,38 +344,6 @@ async fn kinesis_partitions_keep_their_order() {
 }
 
 #[tokio::test]
-async fn a_batch_close_to_its_deadline_starts_no_new_record() {
-    let processor = processor()
-        .await
-        .with_deadline_margin(Duration::from_secs(2));
-    let orders = Orders::default();
-    let batch = vec![
-        message("m-1", "orders", None, json!({"order_id": "o-late-1"})),
-        message("m-2", "orders", None, json!({"order_id": "o-late-2"})),
-    ];
-    let context = context_with_deadline(start_time() + Duration::from_secs(1));
-
-    let report = processor
-        .process(batch, &context, |m, ctx| orders.place(m, ctx))
-        .await;
-
-    assert!(orders.placed().is_empty(), "no record started");
-    assert!(
-        report
-            .records
-            .iter()
-            .all(|(_, outcome)| matches!(outcome, RecordOutcome::NotStarted)),
-        "got {:?}",
-        report.records
-    );
-    assert_eq!(
-        report.failed_identifiers(),
-        ["m-1", "m-2"],
-        "both come back"
-    );
-}
-
-#[tokio::test]
 async fn a_deadline_already_past_at_the_start_is_an_emulators_and_ignored() {
     // `cargo lambda watch` sends a deadline that has passed before the function sees the
     // event; Lambda never does (it stops the sandbox at the deadline).

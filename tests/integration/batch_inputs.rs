@@ -528,3 +528,61 @@ async fn a_step_result_the_build_cannot_read_is_never_acknowledged_on_a_stream()
         assert_eq!(held.status, Status::Indeterminate, "{name}");
     }
 }
+
+/// A function whose timeout is the deadline margin or shorter (a batch starting with 1.5 s
+/// left, under the default 2 s margin) still runs its records, keeping half the time left:
+/// every record was reported not started, on every delivery, until its dead-letter queue took
+/// it unrun. A record reached with less than that left is not started, and reported failed
+/// for redelivery.
+#[tokio::test]
+async fn a_batch_with_less_time_than_its_margin_still_runs_its_records() {
+    use lambda_idempotency::clock::Clock;
+    for backend in both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let processor: BatchProcessor<SqsMessage> = Operation::new(
+            idem,
+            scope(),
+            sources::sqs(Some("/order_id")).expect("policy"),
+        )
+        .batch()
+        .with_concurrency(1);
+        let deadline = clock.now() + Duration::from_millis(1500);
+        let batch = vec![
+            sqs_message("m-1", json!({"order_id": "o-1"})),
+            sqs_message("m-2", json!({"order_id": "o-2"})),
+        ];
+        let runs = AtomicUsize::new(0);
+
+        let report = processor
+            .process(
+                batch,
+                &context_with_deadline(deadline),
+                |_, _: ExecutionContext| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    // The first record takes a second: 0.5 s is left, under half of 1.5 s.
+                    clock.advance(Duration::from_secs(1));
+                    async { Ok::<_, std::io::Error>(String::from("placed")) }
+                },
+            )
+            .await;
+
+        assert!(
+            matches!(report.records[0].1, RecordOutcome::Executed),
+            "{name}: {:?}",
+            report.records[0].1
+        );
+        assert!(
+            matches!(report.records[1].1, RecordOutcome::NotStarted),
+            "{name}: {:?}",
+            report.records[1].1
+        );
+        assert_eq!(
+            report.failed_identifiers(),
+            ["m-2"],
+            "{name}: it comes back"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}");
+    }
+}

@@ -149,7 +149,9 @@ impl<R: BatchRecord> BatchProcessor<R> {
 
     /// Starts no record once less than `margin` is left before the invocation's deadline
     /// (default 2 s): those are reported failed and delivered again, instead of being cut off
-    /// by the timeout mid-effect with their claims held. Size it to one record's run time.
+    /// by the timeout mid-effect with their claims held. Size it to one record's run time. A
+    /// batch that starts with no more than `margin` left (a function timeout of 2 s or less
+    /// under the default) keeps half the time left instead, logged at error level.
     pub fn with_deadline_margin(mut self, margin: Duration) -> Self {
         self.deadline_margin = margin;
         self
@@ -195,13 +197,14 @@ impl<R: BatchRecord> BatchProcessor<R> {
         });
         let handler = &handler;
         let deadline = self.usable_deadline(context);
+        let margin = self.margin_before(deadline);
         let groups = group_in_order(prepared);
         let concurrency = self
             .concurrency
             .unwrap_or_else(|| groups.len().clamp(1, Self::MAX_DEFAULT_CONCURRENCY));
         let mut outcomes: Vec<(usize, Option<String>, RecordOutcome)> =
             futures_util::stream::iter(groups)
-                .map(|group| self.run_group(group, deadline, handler))
+                .map(|group| self.run_group(group, (deadline, margin), handler))
                 .buffer_unordered(concurrency)
                 .flat_map(futures_util::stream::iter)
                 .collect()
@@ -220,7 +223,7 @@ impl<R: BatchRecord> BatchProcessor<R> {
     async fn run_group<F, Fut, T, E>(
         &self,
         group: Vec<Prepared<R>>,
-        deadline: Option<SystemTime>,
+        (deadline, margin): (Option<SystemTime>, Duration),
         handler: &F,
     ) -> Vec<(usize, Option<String>, RecordOutcome)>
     where
@@ -242,11 +245,11 @@ impl<R: BatchRecord> BatchProcessor<R> {
             let failed = joins.iter().any(|name| stopped.contains(name));
             let outcome = match invocation {
                 _ if failed => RecordOutcome::Skipped,
-                _ if self.too_late(deadline) => {
+                _ if self.too_late(deadline, margin) => {
                     warn!(
                         message_id = id.as_deref(),
                         left_ms = self.time_left(deadline).as_millis() as u64,
-                        margin_ms = self.deadline_margin.as_millis() as u64,
+                        margin_ms = margin.as_millis() as u64,
                         "record not started: too close to the invocation's deadline; it is reported failed for redelivery"
                     );
                     RecordOutcome::NotStarted
@@ -285,9 +288,26 @@ impl<R: BatchRecord> BatchProcessor<R> {
         deadline
     }
 
-    /// Whether less than the margin is left before `deadline`.
-    fn too_late(&self, deadline: Option<SystemTime>) -> bool {
-        deadline.is_some() && self.time_left(deadline) < self.deadline_margin
+    /// The margin this batch keeps before `deadline`: the processor's, or half the time left
+    /// when the batch starts with no more than that (a function whose timeout is the margin or
+    /// shorter), so that such a function still runs its records instead of reporting every
+    /// one not started on every delivery, until they reach a dead-letter queue unrun.
+    fn margin_before(&self, deadline: Option<SystemTime>) -> Duration {
+        let left = self.time_left(deadline);
+        if deadline.is_none() || left > self.deadline_margin {
+            return self.deadline_margin;
+        }
+        error!(
+            left_ms = left.as_millis() as u64,
+            margin_ms = self.deadline_margin.as_millis() as u64,
+            "the batch starts with no more than its deadline margin left: records start until half of it is left; raise the function's timeout or lower with_deadline_margin"
+        );
+        left / 2
+    }
+
+    /// Whether less than `margin` is left before `deadline`.
+    fn too_late(&self, deadline: Option<SystemTime>, margin: Duration) -> bool {
+        deadline.is_some() && self.time_left(deadline) < margin
     }
 
     /// The time left before `deadline` (`None`: no deadline, all the time in the world).
