@@ -136,7 +136,10 @@ impl Idempotency {
                     identity: claim.identity.as_deref(),
                     guard: Guard::Lease(&claim.lease.token),
                 };
-                let _ = self.store.shorten(target, now).await;
+                let patience = Patience::last_try(invocation.deadline, self.clock.now());
+                let _ = self
+                    .retrying(patience, || self.store.shorten(target, now))
+                    .await;
                 return Err(err.into());
             }
         };
@@ -236,7 +239,10 @@ impl Idempotency {
                     identity: None,
                     guard: Guard::Lease(&record.lease.token),
                 };
-                let _ = self.store.shorten(target, now).await;
+                let patience = Patience::last_try(invocation.deadline, self.clock.now());
+                let _ = self
+                    .retrying(patience, || self.store.shorten(target, now))
+                    .await;
                 return Err(err.into());
             }
         };

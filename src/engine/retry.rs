@@ -77,14 +77,26 @@ impl Patience {
 
     /// The patience of a write before the handler runs (a claim, a takeover, an adoption): a
     /// few tries, none starting after the lease ends or, when the invocation has a `deadline`,
-    /// after its caller's answer is due ([`Patience::answer_due`]), a try in flight cut
-    /// [`ANSWER_MARGIN`] before the deadline. A store that stalls then answers this caller
-    /// (a batch record reported failed) instead of Lambda's timeout ending the invocation.
+    /// after its caller's answer is due ([`Patience::answer_due`]), a try in flight cut twice
+    /// [`ANSWER_MARGIN`] before the deadline, leaving one for its clean-up ([`Self::last_try`]).
+    /// A store that stalls then answers this caller (a batch record reported failed) instead
+    /// of Lambda's timeout ending the invocation.
     pub(crate) fn before_running(lease_end: SystemTime, deadline: Option<SystemTime>) -> Self {
         Self::Brief {
             until: deadline.map_or(lease_end, |deadline| {
                 lease_end.min(Self::answer_due(deadline))
             }),
+            cut: deadline
+                .map(|deadline| deadline.checked_sub(ANSWER_MARGIN * 2).unwrap_or(deadline)),
+        }
+    }
+
+    /// One try, cut [`ANSWER_MARGIN`] before `deadline`: the clean-up of a write before the
+    /// handler that failed (the lease a takeover may hold cut short), which must not keep the
+    /// caller past its deadline.
+    pub(crate) fn last_try(deadline: Option<SystemTime>, now: SystemTime) -> Self {
+        Self::Brief {
+            until: now,
             cut: deadline.map(|deadline| deadline.checked_sub(ANSWER_MARGIN).unwrap_or(deadline)),
         }
     }
@@ -209,7 +221,11 @@ mod tests {
             panic!("a claim is brief");
         };
         assert_eq!(until, deadline - SETTLE_MARGIN);
-        assert_eq!(cut, Some(deadline - ANSWER_MARGIN));
+        assert_eq!(
+            cut,
+            Some(deadline - ANSWER_MARGIN * 2),
+            "room left for its clean-up"
+        );
         let Patience::Brief { until, cut } = Patience::before_running(lease_end, None) else {
             panic!("a claim is brief");
         };

@@ -192,55 +192,116 @@ fn http_event(key: &str) -> ApiGatewayV2httpRequest {
     serde_json::from_value(http_json(key)).expect("request")
 }
 
-/// A claim that stalls in the store (tries that never answer) is abandoned shortly before the
-/// invocation's deadline, each try of it, and answered as a store failure while the
-/// invocation can still answer (a batch record reported failed): it was awaited for as long
-/// as the store held it, past the deadline, where Lambda's timeout ends the invocation (a
-/// batch wholly retried, a claim left standing). On the memory store, with Tokio's time
-/// paused: the cut of a try in flight is on Tokio's timer, which then moves when every task
-/// waits (the embedded server's requests would be cut by it too).
+/// A clock that reads Tokio's time (paused in a test, where it moves when every task waits),
+/// as the cut of a write in flight does.
+#[derive(Debug, Clone, Copy)]
+struct TokioClock {
+    start: SystemTime,
+    origin: tokio::time::Instant,
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> SystemTime {
+        self.start + self.origin.elapsed()
+    }
+}
+
+/// `answer`'s output, failing the test when it never comes: Tokio's paused time moves to the
+/// timeout as soon as every task waits.
+async fn answered_at_all<T>(answer: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(3600), answer)
+        .await
+        .expect("answered, not held as long as the store holds it")
+}
+
+/// A claim and a takeover whose writes stall in the store (a try that never answers), and
+/// their clean-ups with them (the release of a claim that may have committed, the shortening
+/// of a takeover's lease): abandoned before the invocation's deadline and answered as a store
+/// failure while the invocation can still answer (a batch record reported failed). They were
+/// tried until the lease's end, past the deadline, each try awaited for as long as the store
+/// held it, so Lambda's timeout ended the invocation (a batch wholly retried). On the memory
+/// store, with Tokio's time paused: the cut of a try in flight is on Tokio's timer, which then
+/// moves when every task waits (the embedded server's requests would be cut by it too).
 #[tokio::test(start_paused = true)]
-async fn a_claim_that_stalls_is_abandoned_before_the_deadline() {
+async fn a_claim_or_takeover_that_stalls_is_answered_before_the_deadline() {
     let fixture = lambda_idempotency::testing::conformance::memory_fixture(
         lambda_idempotency::testing::conformance::start_time(),
     );
-    let clock = fixture.clock.clone();
+    let clock = TokioClock {
+        start: fixture.clock.now(),
+        origin: tokio::time::Instant::now(),
+    };
+    let store_clock = fixture.clock.clone();
     let faulty = FaultyStore::new(fixture.store);
-    let idem = Idempotency::new(faulty.clone()).with_clock(fixture.clock);
-    let deadline = clock.now() + Duration::from_secs(3);
+    let idem = Idempotency::new(faulty.clone()).with_clock(clock);
     let scope = scope();
-    let key =
-        lambda_idempotency::OperationKey::derive(&scope, None, &json!("stalls")).expect("key");
-    let fingerprint = lambda_idempotency::Fingerprint::of(&json!({})).expect("fingerprint");
-    let invocation = lambda_idempotency::Invocation::new(key, fingerprint, Duration::ZERO)
-        .with_deadline(deadline);
-    for _ in 0..5 {
-        faulty.inject(Primitive::Claim, Fault::Hold);
-    }
-    let started = tokio::time::Instant::now();
+    let invocation = |order: &str, deadline: SystemTime| {
+        let key =
+            lambda_idempotency::OperationKey::derive(&scope, None, &json!(order)).expect("key");
+        let fingerprint = lambda_idempotency::Fingerprint::of(&json!({})).expect("fingerprint");
+        lambda_idempotency::Invocation::new(key, fingerprint, Duration::from_secs(60))
+            .with_deadline(deadline)
+    };
+    let stalled = |cases: &[Primitive]| {
+        for primitive in cases {
+            for _ in 0..5 {
+                faulty.inject(*primitive, Fault::Hold);
+            }
+        }
+    };
+    let answered_by =
+        |deadline: SystemTime, answer: Result<lambda_idempotency::Execution<Value>, Error>| {
+            assert!(
+                matches!(answer, Err(Error::Store(ref err)) if err.is_transient()),
+                "{answer:?}"
+            );
+            assert!(clock.now() < deadline, "answered before the deadline");
+        };
 
-    let answer = tokio::time::timeout(
-        Duration::from_secs(60),
-        idem.execute(&invocation, |_ctx| async {
-            Ok::<_, BoxError>(json!("ran"))
-        }),
-    )
-    .await
-    .expect("answered, not held as long as the store holds it");
-
-    assert!(
-        matches!(answer, Err(Error::Store(ref err)) if err.is_transient()),
-        "{answer:?}"
-    );
+    // A fresh claim, and the release of what it may have committed.
+    let deadline = clock.now() + Duration::from_secs(3);
+    stalled(&[Primitive::Claim, Primitive::Release]);
+    let answer = answered_at_all(idem.execute(&invocation("fresh", deadline), |_ctx| async {
+        Ok::<_, BoxError>(json!("ran"))
+    }))
+    .await;
+    answered_by(deadline, answer);
     assert_eq!(
         faulty.calls().get(&Primitive::Claim),
-        Some(&5),
-        "every try abandoned"
+        Some(&1),
+        "no try after its answer is due"
     );
-    assert!(
-        started.elapsed() <= Duration::from_secs(3) * 5,
-        "each try cut by the deadline: {:?}",
-        started.elapsed()
+    // The tries left unsent (no let-go: the cut dropped the held ones).
+    faulty.clear();
+
+    // A takeover of a crashed claim, and the shortening of the lease it may hold.
+    // Crashed without a deadline: nothing of it wakes once the clock moves.
+    let crashed = invocation("crashed", clock.now() + Duration::from_secs(60));
+    let crashed = lambda_idempotency::Invocation::new(
+        crashed.key().clone(),
+        crashed.fingerprint().clone(),
+        Duration::from_secs(60),
     );
-    faulty.let_go();
+    lambda_idempotency::testing::conformance::crash_after_claim(&idem, &crashed).await;
+    // Past its lease on the engine's clock and on the store's.
+    tokio::time::advance(Duration::from_secs(120)).await;
+    store_clock.set(clock.now());
+    let deadline = clock.now() + Duration::from_secs(3);
+    stalled(&[Primitive::TakeOver, Primitive::Shorten]);
+    // Run again once its lease ran out (the default holds it for an operator, unwritten).
+    let rerun = invocation("crashed", deadline)
+        .with_recovery(lambda_idempotency::reconcile::Recovery::Rerun);
+    let answer =
+        answered_at_all(idem.execute(&rerun, |_ctx| async { Ok::<_, BoxError>(json!("ran")) }))
+            .await;
+    answered_by(deadline, answer);
+    let calls = faulty.calls();
+    assert_eq!(calls.get(&Primitive::TakeOver), Some(&1), "{calls:?}");
+    assert_eq!(
+        calls.get(&Primitive::Shorten),
+        Some(&1),
+        "its clean-up tried: {calls:?}"
+    );
+    // The tries left unsent.
+    faulty.clear();
 }
