@@ -2,8 +2,9 @@
 //! destinations an outbox may publish to, which its deployer names once and hands to both
 //! ends. A producer's [`Outbox`](super::Outbox) refuses, at commit, an event for a
 //! destination not on it (nothing is written); the relay's and the sweeper's
-//! [`Publisher`](crate::lambda::relay::Publisher) parks an item that names one anyway (written by
-//! another producer, or before the list changed), never publishing it.
+//! [`Publisher`](crate::lambda::relay::Publisher) never publishes an item that names one anyway
+//! (written by another producer, or by one that runs with a longer list mid-deploy): it fails
+//! and stays pending, retried by the stream and then the sweeper, whose last try parks it.
 //!
 //! How both ends share it: the variable [`DESTINATIONS_VAR`] (`OUTBOX_DESTINATIONS`), set from
 //! the same template value on the producing functions, the relay and the sweeper

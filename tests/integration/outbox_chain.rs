@@ -13,7 +13,7 @@ use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use lambda_idempotency::clock::Clock;
 use lambda_idempotency::effects::{Destination, Destinations, OutboxEvent, Transaction};
 use lambda_idempotency::lambda::relay::relay;
-use lambda_idempotency::lambda::relay::sweeper::Sweeper;
+use lambda_idempotency::lambda::relay::sweeper::{MAX_SWEEP_FAILURES, Sweeper};
 use lambda_idempotency::lambda::sources;
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::testing::conformance::invocation;
@@ -121,8 +121,9 @@ async fn each_event_takes_effect_once_at_its_consumer_through_a_crash_an_expired
         "six events and the poison, one batch"
     );
 
-    // The relay publishes, then dies before any mark applies: every record is reported.
-    let (faults, unmarked) = rig.failing_marks(7);
+    // The relay publishes, then dies before any mark applies: every record is reported (the
+    // poison's too: its destination is off the relay's list, never published, not marked).
+    let (faults, unmarked) = rig.failing_marks(6);
     let mut crashed = relay(publisher.clone(), unmarked).with_clock(rig.clock.clone());
     let answer = deliver(&mut crashed, batch).await;
     assert_eq!(answer.batch_item_failures.len(), 7, "{answer:?}");
@@ -130,14 +131,27 @@ async fn each_event_takes_effect_once_at_its_consumer_through_a_crash_an_expired
     let relayed = rig.drain(&rig.orders_queue).await;
 
     // The stream's position is discarded (its 24 hours passed): the batch never comes back. The
-    // sweeper finds every event still pending, republishes six under their ids, parks the
-    // poison.
+    // sweeper finds every event still pending and republishes six under their ids. The poison
+    // fails at each sweep its wait allows (its destination may be on the next deploy's list)
+    // and is parked at the last.
     rig.clock.advance(A_WEEKEND);
-    let report = Sweeper::new(publisher, rig.marks())
-        .sweep(rig.clock.now())
-        .await
-        .expect("swept");
-    assert_eq!((report.republished, report.parked), (6, 1), "{report}");
+    let sweeper = Sweeper::new(publisher, rig.marks());
+    let report = sweeper.sweep(rig.clock.now()).await.expect("swept");
+    assert_eq!(
+        (report.republished, report.parked, report.failed),
+        (6, 0, 1),
+        "{report}"
+    );
+    let mut parked_later = 0;
+    for _ in 1..MAX_SWEEP_FAILURES {
+        // Past the longest wait between two tries.
+        rig.clock.advance(std::time::Duration::from_secs(11 * 3600));
+        let report = sweeper.sweep(rig.clock.now()).await.expect("swept");
+        assert_eq!(report.republished, 0, "{report}");
+        parked_later += report.parked;
+    }
+    assert_eq!(parked_later, 1, "parked at the last try");
+    let report = sweeper.sweep(rig.clock.now()).await.expect("swept");
     assert_eq!(report.oldest_pending_age, None, "nothing left pending");
     let parked = rig.marks().parked(10).await.expect("parked").events;
     assert_eq!(parked.len(), 1);

@@ -48,8 +48,9 @@ impl Publisher {
     }
 
     /// Publishes only to `destinations` (the list the producers commit against); an event
-    /// naming another is refused ([`PublishError::Refused`]), so the relay and the sweeper park
-    /// it.
+    /// naming another fails ([`PublishError::Failed`]): the stream retries it, then the
+    /// sweeper, whose last try parks it. (A deploy that adds a destination updates producers
+    /// and relay in no order: the relay may meet the new destination's events first.)
     #[must_use]
     pub fn with_destinations(mut self, destinations: Destinations) -> Self {
         self.destinations = destinations;
@@ -76,10 +77,9 @@ impl Publisher {
     /// ([`Publisher::publish_batch`]).
     ///
     /// # Errors
-    /// [`PublishError::Refused`] when the destination is not allowed
-    /// ([`Publisher::with_destinations`]) or refuses the event itself (larger than
+    /// [`PublishError::Refused`] when the destination refuses the event itself (larger than
     /// [`MAX_EVENT_BYTES`], an entry refused as malformed or invalid), [`PublishError::Failed`]
-    /// otherwise.
+    /// otherwise, a destination not allowed ([`Publisher::with_destinations`]) included.
     pub async fn publish(&self, event: &OutboxRecord) -> Result<(), PublishError> {
         self.publish_batch(std::slice::from_ref(event))
             .await
@@ -90,12 +90,13 @@ impl Publisher {
     /// The event ready to send: allowed, its envelope built, its size within
     /// [`MAX_EVENT_BYTES`].
     pub(super) fn prepare(&self, event: &OutboxRecord) -> Result<Prepared, PublishError> {
+        // Failed, not refused: in a deploy that adds a destination, producers may run with the
+        // new list while this function still runs with the old one. The stream retries it, the
+        // sweeper after it, and only the sweeper's last try parks it.
         if !self.destinations.allows(&event.destination) {
-            return Err(PublishError::Refused {
-                reason: format!(
-                    "its destination is not among the relay's {DESTINATIONS_VAR}: not published"
-                ),
-            });
+            return Err(PublishError::failed(format!(
+                "its destination is not among the relay's {DESTINATIONS_VAR} (yet): not published, retried"
+            )));
         }
         let (envelope, bytes) = event.published().map_err(|err| PublishError::Refused {
             reason: err.to_string(),
