@@ -1,6 +1,8 @@
 //! The two stores every production-input test runs on: the in-memory store and the DynamoDB
 //! store on the embedded server, each with the clock its backend reads.
 
+use lambda_idempotency::Idempotency;
+use lambda_idempotency::clock::ManualClock;
 use lambda_idempotency::store::AnyStore;
 use lambda_idempotency::testing::conformance::{Fixture, memory_fixture, start_time};
 use lambda_idempotency::testing::dynamo;
@@ -12,7 +14,15 @@ pub struct Backend {
     /// The store, empty.
     pub store: AnyStore,
     /// The clock its backend reads (give it to the engine).
-    pub clock: lambda_idempotency::clock::ManualClock,
+    pub clock: ManualClock,
+}
+
+impl Backend {
+    /// Its name, its store, its clock and an engine on both.
+    pub fn parts(self) -> (&'static str, AnyStore, ManualClock, Idempotency) {
+        let idem = Idempotency::new(self.store.clone()).with_clock(self.clock.clone());
+        (self.name, self.store, self.clock, idem)
+    }
 }
 
 fn backend<S: lambda_idempotency::store::Store>(name: &'static str, fx: Fixture<S>) -> Backend {

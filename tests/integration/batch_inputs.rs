@@ -25,10 +25,7 @@ fn scope() -> OperationScope {
 #[tokio::test]
 async fn a_panicking_record_fails_alone_and_the_rest_of_the_batch_is_answered() {
     for backend in both().await {
-        let name = backend.name;
-        let store = backend.store.clone();
-        let clock = backend.clock.clone();
-        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let (name, store, clock, idem) = backend.parts();
         let processor: BatchProcessor<SqsMessage> = Operation::new(
             idem,
             scope(),
@@ -99,10 +96,7 @@ async fn a_panicking_record_fails_alone_and_the_rest_of_the_batch_is_answered() 
 #[tokio::test]
 async fn a_handler_that_panics_before_its_future_is_answered_as_a_panic() {
     for backend in both().await {
-        let name = backend.name;
-        let store = backend.store.clone();
-        let clock = backend.clock.clone();
-        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let (name, store, clock, idem) = backend.parts();
         let processor: BatchProcessor<SqsMessage> = Operation::new(
             idem,
             scope(),
@@ -472,10 +466,7 @@ async fn a_failed_key_of_an_identity_does_not_skip_the_others() {
 #[tokio::test]
 async fn a_step_result_the_build_cannot_read_is_never_acknowledged_on_a_stream() {
     for backend in both().await {
-        let name = backend.name;
-        let store = backend.store.clone();
-        let clock = backend.clock.clone();
-        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let (name, store, clock, idem) = backend.parts();
         let operation = Operation::new(idem, scope(), sources::kinesis());
         let key = operation
             .invocation(&kinesis_record("1"), &Default::default())

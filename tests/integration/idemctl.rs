@@ -1,5 +1,6 @@
 //! The operator CLI against the embedded server: stuck, stats, get, resolve, tables create.
 
+use std::collections::HashMap;
 use std::process::{Command, Output};
 use std::time::{Duration, SystemTime};
 
@@ -64,6 +65,20 @@ fn idemctl_with(db: &dynamo::Dynamo, args: &[&str], sts: &str, stdin: Option<&st
     }
     drop(input);
     child.wait_with_output().expect("idemctl ends")
+}
+
+/// Every item of the audit trail on the uniqueness table.
+async fn audit_trail(db: &dynamo::Dynamo) -> Vec<HashMap<String, AttributeValue>> {
+    db.client
+        .scan()
+        .table_name(&db.uniqueness_table)
+        .filter_expression("begins_with(pk, :audit)")
+        .expression_attribute_values(":audit", AttributeValue::S("#audit#".into()))
+        .send()
+        .await
+        .expect("scan")
+        .items
+        .unwrap_or_default()
 }
 
 fn stdout(output: &Output) -> String {
@@ -896,16 +911,7 @@ async fn a_resolution_stays_on_the_audit_trail_after_the_next_claim_and_ttl() {
     clock.advance(Duration::from_secs(2 * 24 * 3600));
     assert!(db.sweep().await >= 1, "TTL deleted the operation's record");
 
-    let trail = db
-        .client
-        .scan()
-        .table_name(&db.uniqueness_table)
-        .filter_expression("begins_with(pk, :audit)")
-        .expression_attribute_values(":audit", AttributeValue::S("#audit#".into()))
-        .send()
-        .await
-        .expect("scan");
-    let items = trail.items();
+    let items = audit_trail(&db).await;
     let attempt = items
         .iter()
         .find(|item| item.get("event") == Some(&AttributeValue::S("resolution".into())))
@@ -1079,17 +1085,8 @@ async fn the_audit_trail_keeps_an_outcomes_digest_never_its_text() {
         "the operator sees what is written"
     );
 
-    let trail = db
-        .client
-        .scan()
-        .table_name(&db.uniqueness_table)
-        .filter_expression("begins_with(pk, :audit)")
-        .expression_attribute_values(":audit", AttributeValue::S("#audit#".into()))
-        .send()
+    let writes: Vec<String> = audit_trail(&db)
         .await
-        .expect("scan");
-    let writes: Vec<String> = trail
-        .items()
         .iter()
         .filter_map(|item| item.get("writes").and_then(|writes| writes.as_l().ok()))
         .flatten()
