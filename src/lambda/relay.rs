@@ -25,7 +25,7 @@
 //! | destination | request | the event id travels as |
 //! |---|---|---|
 //! | EventBridge | `PutEvents` (`Source`, `DetailType`, the bus) | `detail.event_id` |
-//! | SNS | `PublishBatch` (`MessageGroupId`: the ordering key, else the id; `MessageDeduplicationId`: the id; on a `.fifo` topic) | `event_id` in the body; the `idempotency-key` message attribute (an SQS subscriber sees it with raw message delivery) |
+//! | SNS | `PublishBatch` (`MessageGroupId`: the ordering key, else the id; `MessageDeduplicationId`: the id; on a `.fifo` topic) | `event_id` in the body; the `idempotency-key` message attribute (an SQS subscriber's message attribute with raw message delivery, else in the notification its body holds, which the SQS door reads too) |
 //! | SQS | `SendMessageBatch` (the same on a `.fifo` queue) | the same |
 //!
 //! A consumer behind the crate's SQS door keys by the `idempotency-key` attribute with

@@ -79,3 +79,5 @@ mod tenants;
 mod transactions;
 mod unkept_outcomes;
 mod waiting;
+#[cfg(feature = "relay")]
+mod wrapped_deliveries;

@@ -55,37 +55,9 @@ impl Rig {
         let moto = moto::start().await.expect("moto's server");
         let config = moto.sdk_config();
         let sqs = aws_sdk_sqs::Client::new(&config);
-        let queue = |name: String| {
-            let sqs = sqs.clone();
-            async move {
-                let url = sqs
-                    .create_queue()
-                    .queue_name(name)
-                    .send()
-                    .await
-                    .expect("queue")
-                    .queue_url()
-                    .expect("url")
-                    .to_owned();
-                let arn = sqs
-                    .get_queue_attributes()
-                    .queue_url(&url)
-                    .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
-                    .send()
-                    .await
-                    .expect("attributes")
-                    .attributes()
-                    .and_then(|attributes| {
-                        attributes.get(&aws_sdk_sqs::types::QueueAttributeName::QueueArn)
-                    })
-                    .expect("arn")
-                    .clone();
-                (url, arn)
-            }
-        };
-        let (orders_queue, _) = queue(unique_table_name("orders")).await;
-        let (topic_queue, topic_queue_arn) = queue(unique_table_name("topic-feed")).await;
-        let (bus_queue, bus_queue_arn) = queue(unique_table_name("bus-feed")).await;
+        let (orders_queue, _) = new_queue(&sqs, unique_table_name("orders")).await;
+        let (topic_queue, topic_queue_arn) = new_queue(&sqs, unique_table_name("topic-feed")).await;
+        let (bus_queue, bus_queue_arn) = new_queue(&sqs, unique_table_name("bus-feed")).await;
         let sns = aws_sdk_sns::Client::new(&config);
         let topic_arn = sns
             .create_topic()
@@ -280,10 +252,21 @@ impl Rig {
         &self,
         published: &[(&str, &[aws_sdk_sqs::types::Message])],
     ) -> usize {
+        let policy = sources::sqs_across_senders(None).expect("policy");
+        self.consume_keyed("orders", policy, published).await
+    }
+
+    /// [`Self::consume`] by the consumer of `operation` keyed by `policy`.
+    pub(crate) async fn consume_keyed(
+        &self,
+        operation: &str,
+        policy: lambda_idempotency::KeyPolicy<SqsMessage>,
+        published: &[(&str, &[aws_sdk_sqs::types::Message])],
+    ) -> usize {
         let consumer = lambda_idempotency::Operation::new(
             Idempotency::new(self.db.store()),
-            OperationScope::new("consumer", "orders").expect("scope"),
-            sources::sqs_across_senders(None).expect("policy"),
+            OperationScope::new("consumer", operation).expect("scope"),
+            policy,
         );
         let effects = Arc::new(AtomicUsize::new(0));
         let messages: Vec<SqsMessage> = published
@@ -337,6 +320,31 @@ impl Rig {
             all.extend(messages);
         }
     }
+}
+
+/// A new standard queue on moto named `name`: its URL and ARN.
+pub(crate) async fn new_queue(sqs: &aws_sdk_sqs::Client, name: String) -> (String, String) {
+    let url = sqs
+        .create_queue()
+        .queue_name(name)
+        .send()
+        .await
+        .expect("queue")
+        .queue_url()
+        .expect("url")
+        .to_owned();
+    let arn = sqs
+        .get_queue_attributes()
+        .queue_url(&url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .expect("attributes")
+        .attributes()
+        .and_then(|attributes| attributes.get(&aws_sdk_sqs::types::QueueAttributeName::QueueArn))
+        .expect("arn")
+        .clone();
+    (url, arn)
 }
 
 /// Delivers `event` to the relay as Lambda would; its partial-batch response.

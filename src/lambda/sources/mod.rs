@@ -9,8 +9,8 @@
 //!
 //! | source | key | fingerprint |
 //! |---|---|---|
-//! | SQS ([`sqs`]) | the producer (`SenderId`'s role part) + the `idempotency-key` message attribute, else the body field you name | body |
-//! | SQS ([`sqs_across_senders`]) | as [`sqs`], without the producer: every producer shares one key space | body |
+//! | SQS ([`sqs`]) | the producer (`SenderId`'s role part) + the `idempotency-key` message attribute, else the body field you name (in a body SNS or EventBridge wrapped: the notification's `idempotency-key` attribute, else the field in the message or `detail`) | body (what SNS or EventBridge wrapped) |
+//! | SQS ([`sqs_across_senders`]) | as [`sqs`], without the producer: every producer shares one key space | as [`sqs`] |
 //! | SQS ([`sqs_message_id`]) | `messageId` (a republish gets a new id: opt in) | body |
 //! | SNS ([`sns`]) | `MessageId` (a republish gets a new id) | message |
 //! | SNS ([`sns_by_key_attribute`]) | the topic + the `idempotency-key` message attribute (an outbox event's id), else `MessageId` | message |
@@ -46,6 +46,8 @@ mod s3;
 mod sns;
 #[cfg(feature = "sqs")]
 mod sqs;
+#[cfg(feature = "sqs")]
+mod wrapped;
 
 #[cfg(feature = "dynamodb")]
 #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]

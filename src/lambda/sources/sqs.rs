@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::body_json;
+use super::{body_json, wrapped};
 use crate::error::ConfigError;
 use crate::key::{JsonPointer, KeyPolicy, is_empty_material};
 use crate::lambda::batch::{BatchRecord, BatchReport};
@@ -26,9 +26,39 @@ pub const SQS_KEY_ATTRIBUTE: &str = crate::effects::ID_ATTRIBUTE;
 /// by hand (from the console, a redrive script under another role) is another producer's:
 /// keep the original's key and producer by redriving with SQS's own DLQ redrive, which
 /// keeps the message's attributes, or key with [`sqs_across_senders`].
+///
+/// A body that SNS or EventBridge wrapped (a topic's subscription without raw message
+/// delivery, a rule's target) is read for what was published, since each delivery wraps it
+/// anew: the key is the notification's `idempotency-key` attribute, else the field at
+/// `body_pointer` in the SNS message or the event's `detail`, else in the body as delivered
+/// (`/detail/order_id` still finds it); the fingerprint is over the message or the detail.
+///
+/// ```
+/// use aws_lambda_events::event::sqs::SqsMessage;
+/// use lambda_idempotency::lambda::sources;
+/// use serde_json::json;
+///
+/// // An outbox event the relay published to a topic, delivered twice to a subscribed queue.
+/// let delivered = |message_id: &str, timestamp: &str| {
+///     let mut message = SqsMessage::default();
+///     message.body = Some(json!({
+///         "Type": "Notification", "MessageId": message_id,
+///         "TopicArn": "arn:aws:sns:eu-west-1:1:orders", "Timestamp": timestamp,
+///         "Message": r#"{"event_id":"shop#7f3a","payload":{"order":"o-1"}}"#,
+///         "MessageAttributes": {"idempotency-key": {"Type": "String", "Value": "shop#7f3a"}},
+///     }).to_string());
+///     message
+/// };
+/// let scope = lambda_idempotency::OperationScope::new("shop", "orders")?;
+/// let policy = sources::sqs(None)?;
+/// let first = policy.derive(&scope, &delivered("m-1", "2026-12-06T10:00:00Z"))?;
+/// let again = policy.derive(&scope, &delivered("m-2", "2026-12-06T10:05:00Z"))?;
+/// assert_eq!(first, again);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn sqs(body_pointer: Option<&str>) -> Result<KeyPolicy<SqsMessage>, ConfigError> {
     let material = key_material(body_pointer)?;
-    let by_0_4 = material.clone();
+    let by_0_4 = key_material_as_0_4(body_pointer)?;
     Ok(KeyPolicy::from_fns(
         move |message: &SqsMessage| {
             let key = material(message)?;
@@ -37,9 +67,10 @@ pub fn sqs(body_pointer: Option<&str>) -> Result<KeyPolicy<SqsMessage>, ConfigEr
                 None => key,
             })
         },
-        |message: &SqsMessage| Some(body_json(message.body.as_deref())),
+        published_body,
     )
-    .with_key_as_0_4(move |message: &SqsMessage| by_0_4(message)))
+    .with_key_as_0_4(move |message: &SqsMessage| by_0_4(message))
+    .with_intent_as_0_4(whole_body))
 }
 
 /// [`sqs`] without the producer in the key: every producer's same key names one operation.
@@ -53,32 +84,75 @@ pub fn sqs_across_senders(
     let material = key_material(body_pointer)?;
     Ok(KeyPolicy::from_fns(
         move |message: &SqsMessage| material(message),
-        |message: &SqsMessage| Some(body_json(message.body.as_deref())),
-    ))
+        published_body,
+    )
+    .with_intent_as_0_4(whole_body))
 }
 
 /// Reads a message's key material.
 type Material = Arc<dyn Fn(&SqsMessage) -> Option<Value> + Send + Sync>;
 
-/// The key material: the `idempotency-key` attribute, else the body field at `body_pointer`.
+/// The key material: the `idempotency-key` attribute; else, in a body SNS or EventBridge
+/// wrapped, the SNS notification's `idempotency-key` attribute, else the field at
+/// `body_pointer` in what was published (the message, the detail); else the body field at
+/// `body_pointer`.
 fn key_material(body_pointer: Option<&str>) -> Result<Material, ConfigError> {
     let pointer = body_pointer.map(JsonPointer::new).transpose()?;
     Ok(Arc::new(move |message: &SqsMessage| {
-        // Each checked before the producer wraps it (`{"producer": …, "key": null}` is not
-        // empty): a blank attribute falls back to the body, a blank body key is none.
-        let attribute = message
-            .message_attributes
-            .get(SQS_KEY_ATTRIBUTE)
-            .and_then(|attribute| attribute.string_value.clone())
-            .map(Value::String)
-            .filter(|key| !is_empty_material(key));
-        attribute.or_else(|| {
+        let find = |document: &Value| {
+            pointer
+                .as_ref()
+                .and_then(|p| p.find(document).cloned())
+                .filter(|key| !is_empty_material(key))
+        };
+        key_attribute(message).or_else(|| {
+            let body = body_json(message.body.as_deref());
+            wrapped::unwrap(&body)
+                .and_then(|wrapped| wrapped.key_attribute.or_else(|| find(&wrapped.published)))
+                .or_else(|| find(&body))
+        })
+    }))
+}
+
+/// The key material as 0.4 read it: the `idempotency-key` attribute, else the body field at
+/// `body_pointer` (a wrapped body's wrapping included).
+fn key_material_as_0_4(body_pointer: Option<&str>) -> Result<Material, ConfigError> {
+    let pointer = body_pointer.map(JsonPointer::new).transpose()?;
+    Ok(Arc::new(move |message: &SqsMessage| {
+        key_attribute(message).or_else(|| {
             pointer
                 .as_ref()
                 .and_then(|p| p.find(&body_json(message.body.as_deref())).cloned())
                 .filter(|key| !is_empty_material(key))
         })
     }))
+}
+
+/// The message's `idempotency-key` attribute, when it is not blank. Each material is checked
+/// before the producer wraps it (`{"producer": …, "key": null}` is not empty): a blank
+/// attribute falls back to the body, a blank body key is none.
+fn key_attribute(message: &SqsMessage) -> Option<Value> {
+    message
+        .message_attributes
+        .get(SQS_KEY_ATTRIBUTE)
+        .and_then(|attribute| attribute.string_value.clone())
+        .map(Value::String)
+        .filter(|key| !is_empty_material(key))
+}
+
+/// What the body's producer published: the message or detail of a body SNS or EventBridge
+/// wrapped (a new wrapping per delivery), else the body.
+fn published_body(message: &SqsMessage) -> Option<Value> {
+    let body = body_json(message.body.as_deref());
+    Some(match wrapped::unwrap(&body) {
+        Some(wrapped) => wrapped.published,
+        None => body,
+    })
+}
+
+/// The body as 0.4 fingerprinted it: whole.
+fn whole_body(message: &SqsMessage) -> Option<Value> {
+    Some(body_json(message.body.as_deref()))
 }
 
 /// The producer of `message`: the role part of its `SenderId` (`AROA…:session` → `AROA…`).
@@ -94,7 +168,7 @@ fn sender_role(message: &SqsMessage) -> Option<&str> {
 pub fn sqs_message_id() -> KeyPolicy<SqsMessage> {
     KeyPolicy::from_fns(
         |message: &SqsMessage| message.message_id.clone(),
-        |message: &SqsMessage| Some(body_json(message.body.as_deref())),
+        whole_body,
     )
 }
 
@@ -143,5 +217,62 @@ impl BatchReport {
             failure
         });
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::{Fingerprint, KeyRule, OperationScope};
+    use std::time::SystemTime;
+
+    fn notification(message_id: &str, message: &str) -> SqsMessage {
+        let mut delivered = SqsMessage::default();
+        delivered.body = Some(
+            json!({"Type": "Notification", "MessageId": message_id, "Message": message,
+                "TopicArn": "arn:aws:sns:us-east-1:1:orders", "Signature": message_id,
+                "MessageAttributes": {"idempotency-key": {"Type": "String", "Value": "shop#1"}}})
+            .to_string(),
+        );
+        delivered
+    }
+
+    #[test]
+    fn a_changed_message_under_the_same_key_is_another_intent() {
+        let scope = OperationScope::new("shop", "orders").expect("scope");
+        let policy = sqs_across_senders(None).expect("policy");
+        let (key, placed) = policy
+            .derive(&scope, &notification("m-1", r#"{"order":"o-1"}"#))
+            .expect("derived");
+        let (again, changed) = policy
+            .derive(&scope, &notification("m-2", r#"{"order":"o-2"}"#))
+            .expect("derived");
+        assert_eq!(key, again, "keyed by the notification's attribute");
+        assert!(!changed.matches(&placed), "fingerprinted by its message");
+    }
+
+    #[test]
+    fn a_record_0_4_wrote_for_a_wrapped_body_is_read_as_of_the_same_intent() {
+        let scope = OperationScope::new("shop", "orders").expect("scope");
+        let delivered = notification("m-1", r#"{"order":"o-1"}"#);
+        let whole = body_json(delivered.body.as_deref());
+        let by_0_4 = Fingerprint::of_value(&whole).expect("0.4's fingerprint");
+        for policy in [sqs(None), sqs_across_senders(None)] {
+            let (_, fingerprint) = policy
+                .expect("policy")
+                .derive(&scope, &delivered)
+                .expect("derived");
+            assert!(!fingerprint.matches(&by_0_4), "another projection");
+            let unstated = Fingerprint::from_stored(by_0_4.as_str());
+            assert!(
+                fingerprint.names(&unstated, SystemTime::now()),
+                "0.4's record"
+            );
+            let stated = Fingerprint::from_stored_under(by_0_4.as_str(), KeyRule::CURRENT);
+            assert!(
+                !fingerprint.names(&stated, SystemTime::now()),
+                "0.5's never"
+            );
+        }
     }
 }
