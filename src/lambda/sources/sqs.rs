@@ -29,9 +29,10 @@ pub const SQS_KEY_ATTRIBUTE: &str = crate::effects::ID_ATTRIBUTE;
 ///
 /// A body that SNS or EventBridge wrapped (a topic's subscription without raw message
 /// delivery, a rule's target) is read for what was published, since each delivery wraps it
-/// anew: the key is the notification's `idempotency-key` attribute, else the field at
-/// `body_pointer` in the SNS message or the event's `detail`, else in the body as delivered
-/// (`/detail/order_id` still finds it); the fingerprint is over the message or the detail.
+/// anew: where the body as delivered has no key (no field at `body_pointer`), the key is the
+/// notification's `idempotency-key` attribute, else the field at `body_pointer` in the SNS
+/// message or the event's `detail`; the fingerprint is over the topic, subject and message, or
+/// the event's source, detail type, resources and detail.
 ///
 /// ```
 /// use aws_lambda_events::event::sqs::SqsMessage;
@@ -58,7 +59,7 @@ pub const SQS_KEY_ATTRIBUTE: &str = crate::effects::ID_ATTRIBUTE;
 /// ```
 pub fn sqs(body_pointer: Option<&str>) -> Result<KeyPolicy<SqsMessage>, ConfigError> {
     let material = key_material(body_pointer)?;
-    let by_0_4 = key_material_as_0_4(body_pointer)?;
+    let by_0_4 = Arc::clone(&material);
     Ok(KeyPolicy::from_fns(
         move |message: &SqsMessage| {
             let key = material(message)?;
@@ -92,10 +93,10 @@ pub fn sqs_across_senders(
 /// Reads a message's key material.
 type Material = Arc<dyn Fn(&SqsMessage) -> Option<Value> + Send + Sync>;
 
-/// The key material: the `idempotency-key` attribute; else, in a body SNS or EventBridge
-/// wrapped, the SNS notification's `idempotency-key` attribute, else the field at
-/// `body_pointer` in what was published (the message, the detail); else the body field at
-/// `body_pointer`.
+/// The key material: the `idempotency-key` attribute, else the body field at `body_pointer`
+/// (every key 0.4 derived); else, in a body SNS or EventBridge wrapped, the notification's
+/// `idempotency-key` attribute, else the field at `body_pointer` in what was published (the
+/// message, the detail).
 fn key_material(body_pointer: Option<&str>) -> Result<Material, ConfigError> {
     let pointer = body_pointer.map(JsonPointer::new).transpose()?;
     Ok(Arc::new(move |message: &SqsMessage| {
@@ -107,23 +108,10 @@ fn key_material(body_pointer: Option<&str>) -> Result<Material, ConfigError> {
         };
         key_attribute(message).or_else(|| {
             let body = body_json(message.body.as_deref());
-            wrapped::unwrap(&body)
-                .and_then(|wrapped| wrapped.key_attribute.or_else(|| find(&wrapped.published)))
-                .or_else(|| find(&body))
-        })
-    }))
-}
-
-/// The key material as 0.4 read it: the `idempotency-key` attribute, else the body field at
-/// `body_pointer` (a wrapped body's wrapping included).
-fn key_material_as_0_4(body_pointer: Option<&str>) -> Result<Material, ConfigError> {
-    let pointer = body_pointer.map(JsonPointer::new).transpose()?;
-    Ok(Arc::new(move |message: &SqsMessage| {
-        key_attribute(message).or_else(|| {
-            pointer
-                .as_ref()
-                .and_then(|p| p.find(&body_json(message.body.as_deref())).cloned())
-                .filter(|key| !is_empty_material(key))
+            find(&body).or_else(|| {
+                wrapped::unwrap(&body)
+                    .and_then(|wrapped| wrapped.key_attribute.or_else(|| find(&wrapped.published)))
+            })
         })
     }))
 }
@@ -140,12 +128,12 @@ fn key_attribute(message: &SqsMessage) -> Option<Value> {
         .filter(|key| !is_empty_material(key))
 }
 
-/// What the body's producer published: the message or detail of a body SNS or EventBridge
-/// wrapped (a new wrapping per delivery), else the body.
+/// The intent: of a body SNS or EventBridge wrapped (a new wrapping per delivery), what was
+/// published and where; else the body.
 fn published_body(message: &SqsMessage) -> Option<Value> {
     let body = body_json(message.body.as_deref());
     Some(match wrapped::unwrap(&body) {
-        Some(wrapped) => wrapped.published,
+        Some(wrapped) => wrapped.intent,
         None => body,
     })
 }
@@ -249,6 +237,47 @@ mod tests {
             .expect("derived");
         assert_eq!(key, again, "keyed by the notification's attribute");
         assert!(!changed.matches(&placed), "fingerprinted by its message");
+    }
+
+    fn rule_target(id: &str, detail_type: &str) -> SqsMessage {
+        let mut delivered = SqsMessage::default();
+        delivered.body = Some(
+            json!({"version": "0", "id": id, "detail-type": detail_type, "source": "shop.orders",
+                "time": id, "resources": [], "detail": {"id": "finding-1", "order_id": "o-1"}})
+            .to_string(),
+        );
+        delivered
+    }
+
+    #[test]
+    fn a_key_0_4_found_in_the_body_as_delivered_is_kept() {
+        let scope = OperationScope::new("shop", "orders").expect("scope");
+        let by_id = sqs_across_senders(Some("/id")).expect("policy");
+        let (first, _) = by_id
+            .derive(&scope, &rule_target("e-1", "OrderPlaced"))
+            .expect("derived");
+        let (second, _) = by_id
+            .derive(&scope, &rule_target("e-2", "OrderPlaced"))
+            .expect("derived");
+        assert_ne!(first, second, "the event's own id, not the detail's");
+    }
+
+    #[test]
+    fn two_kinds_of_event_with_one_detail_are_two_intents() {
+        let scope = OperationScope::new("shop", "orders").expect("scope");
+        let policy = sqs_across_senders(Some("/detail/order_id")).expect("policy");
+        let (key, placed) = policy
+            .derive(&scope, &rule_target("e-1", "OrderPlaced"))
+            .expect("derived");
+        let (_, again) = policy
+            .derive(&scope, &rule_target("e-2", "OrderPlaced"))
+            .expect("derived");
+        let (same_key, cancelled) = policy
+            .derive(&scope, &rule_target("e-3", "OrderCancelled"))
+            .expect("derived");
+        assert_eq!(key, same_key);
+        assert!(again.matches(&placed), "delivered again: a replay");
+        assert!(!cancelled.matches(&placed), "another detail type: refused");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! `Signature`; a new event `id` and `time`), so the SQS door keys and fingerprints what was
 //! published, not the wrapping.
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::body_json;
 use crate::effects::ID_ATTRIBUTE;
@@ -15,15 +15,20 @@ pub(super) struct Wrapped {
     /// The SNS notification's `idempotency-key` message attribute (what the outbox relay sets
     /// to the event id), when it has one that is not blank.
     pub(super) key_attribute: Option<Value>,
-    /// What was published: the SNS message (as JSON when it is JSON) or the EventBridge
-    /// event's `detail`.
+    /// What was published, where a body pointer looks for the key when the body as delivered
+    /// has none there: the SNS message (as JSON when it is JSON) or the EventBridge event's
+    /// `detail`.
     pub(super) published: Value,
+    /// The intent, without what each delivery renews: the SNS topic, subject and message; the
+    /// EventBridge event's source, detail type, resources and detail.
+    pub(super) intent: Value,
 }
 
 /// What `body` wraps, when it is an SNS notification or an EventBridge event; `None` for any
 /// other body.
 pub(super) fn unwrap(body: &Value) -> Option<Wrapped> {
     let wrapping = body.as_object()?;
+    let field = |name: &str| wrapping.get(name).cloned().unwrap_or(Value::Null);
     let text = |name: &str| wrapping.get(name).and_then(Value::as_str);
     if text("Type") == Some("Notification")
         && text("TopicArn").is_some()
@@ -36,15 +41,20 @@ pub(super) fn unwrap(body: &Value) -> Option<Wrapped> {
             .and_then(Value::as_str)
             .map(|key| Value::String(key.to_owned()))
             .filter(|key| !is_empty_material(key));
+        let message = body_json(Some(text("Message")?));
         return Some(Wrapped {
             key_attribute,
-            published: body_json(Some(text("Message")?)),
+            intent: json!({"topic": field("TopicArn"), "subject": field("Subject"), "message": message}),
+            published: message,
         });
     }
     if text("detail-type").is_some() && text("source").is_some() && text("id").is_some() {
+        let detail = wrapping.get("detail")?.clone();
         return Some(Wrapped {
             key_attribute: None,
-            published: wrapping.get("detail")?.clone(),
+            intent: json!({"source": field("source"), "detail-type": field("detail-type"),
+                "resources": field("resources"), "detail": detail}),
+            published: detail,
         });
     }
     None
@@ -53,7 +63,6 @@ pub(super) fn unwrap(body: &Value) -> Option<Wrapped> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     fn notification(message_id: &str, key: Option<&str>) -> Value {
         let mut body = json!({
@@ -74,6 +83,8 @@ mod tests {
         let wrapped = unwrap(&notification("m-1", Some("shop#1"))).expect("a notification");
         assert_eq!(wrapped.key_attribute, Some(json!("shop#1")));
         assert_eq!(wrapped.published["payload"]["order"], "o-1");
+        assert_eq!(wrapped.intent["topic"], "arn:aws:sns:us-east-1:1:orders");
+        assert_eq!(wrapped.intent["message"], wrapped.published);
         let blank = unwrap(&notification("m-1", Some(" "))).expect("a notification");
         assert_eq!(blank.key_attribute, None, "a blank key is none");
     }
@@ -84,6 +95,11 @@ mod tests {
             "source": "shop.orders", "time": "2026-12-06T10:00:00Z", "detail": {"event_id": "shop#1"}});
         let wrapped = unwrap(&event).expect("an event");
         assert_eq!(wrapped.published, json!({"event_id": "shop#1"}));
+        assert_eq!(
+            wrapped.intent,
+            json!({"source": "shop.orders", "detail-type": "OrderPlaced", "resources": null,
+                "detail": {"event_id": "shop#1"}})
+        );
         assert_eq!(wrapped.key_attribute, None);
     }
 
