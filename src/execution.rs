@@ -66,6 +66,9 @@ pub struct Invocation {
     pub(crate) owner: Option<LeaseOwner>,
     /// What the operation declares for itself; the engine's defaults fill the rest.
     pub(crate) policy: OperationPolicy,
+    /// Whether its single-flight turn came after another caller's: with too little time left
+    /// it answers from the record rather than run the handler.
+    pub(crate) turn_came_late: bool,
 }
 
 /// The owner of a claim that outlives its invocation (a durable execution's ARN), as the
@@ -109,6 +112,7 @@ impl Invocation {
             wait_for_result: None,
             owner: None,
             policy: OperationPolicy::default(),
+            turn_came_late: false,
         }
     }
 

@@ -152,7 +152,10 @@ impl Idempotency {
     /// Single flight: concurrent callers of one operation key through this engine (and its
     /// clones) take turns, each waiting at most its lease (and never past 1 s before its
     /// invocation's deadline), so that a copy replays the first
-    /// one's outcome instead of failing with [`Error::AlreadyInProgress`]. For many invocations
+    /// one's outcome instead of failing with [`Error::AlreadyInProgress`]. A copy whose turn
+    /// comes with under 2 s left before its deadline answers from the record as it stands (in
+    /// progress when the turn before released its claim) rather than start the handler for
+    /// Lambda to cut off. For many invocations
     /// in one process (`lambda_runtime::run_concurrent`, concurrent batches). Callers in other
     /// processes still meet the store's live lease.
     pub fn with_single_flight(mut self) -> Self {
@@ -355,16 +358,22 @@ impl Idempotency {
                     .wait_for_result
                     .map_or(patience, |max| patience.min(max));
                 flight
-                    .in_turn(&invocation.key, &*self.clock, patience, async {
-                        // The lease counts from the invocation's deadline: time spent waiting
-                        // for the turn comes off it.
-                        let mut invocation = invocation.clone();
-                        invocation.lease = invocation.lease.saturating_sub(entered.elapsed());
-                        invocation.wait_for_result = invocation
-                            .wait_for_result
-                            .map(|max| max.saturating_sub(entered.elapsed()));
-                        Box::pin(self.run_or_wait(&invocation, handler)).await
-                    })
+                    .in_turn(
+                        &invocation.key,
+                        &*self.clock,
+                        patience,
+                        |waited| async move {
+                            // The lease counts from the invocation's deadline: time spent waiting
+                            // for the turn comes off it.
+                            let mut invocation = invocation.clone();
+                            invocation.lease = invocation.lease.saturating_sub(entered.elapsed());
+                            invocation.wait_for_result = invocation
+                                .wait_for_result
+                                .map(|max| max.saturating_sub(entered.elapsed()));
+                            invocation.turn_came_late = waited;
+                            Box::pin(self.run_or_wait(&invocation, handler)).await
+                        },
+                    )
                     .instrument(span)
                     .await
             }
@@ -403,10 +412,11 @@ impl Idempotency {
         });
     }
 
-    /// The answer to a sibling of an owned run in flight in this process (a durable `map` or
-    /// `parallel` branch of the same execution, with the same operation): the record as it
+    /// The answer of a caller that must not run the handler (a sibling of an owned run in
+    /// flight in this process: a durable `map` or `parallel` branch of the same execution,
+    /// with the same operation; a caller whose turn came too late to run): the record as it
     /// stands, as any duplicate is answered; in progress when there is none yet.
-    async fn answer_sibling<T: DeserializeOwned>(
+    async fn answer_as_it_stands<T: DeserializeOwned>(
         &self,
         invocation: &Invocation,
         now: SystemTime,
@@ -445,13 +455,17 @@ impl Idempotency {
             return Ran::Answered(Err(err));
         }
         let key = &invocation.key;
+        if invocation.turn_came_late && self.too_late_to_run(invocation) {
+            let answer = self.answer_as_it_stands(invocation, now).await;
+            return Ran::unrun(answer, invocation, handler);
+        }
         // One run of an owner's operation at a time in this process: a second is a sibling.
         let _owned_run = match &invocation.owner {
             None => None,
             Some(owner) => match OwnedRun::start(key, owner.token()) {
                 Some(run) => Some(run),
                 None => {
-                    let answer = self.answer_sibling(invocation, now).await;
+                    let answer = self.answer_as_it_stands(invocation, now).await;
                     return Ran::unrun(answer, invocation, handler);
                 }
             },

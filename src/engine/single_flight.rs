@@ -36,24 +36,34 @@ pub(super) struct Turn<'a> {
 
 impl SingleFlight {
     /// Runs `run` in `key`'s turn, after waiting at most `patience` for it (a caller that waited
-    /// that long goes on and meets the store's answer, as without single flight). A call made
-    /// from inside the turn of the same key runs at once.
-    pub(super) async fn in_turn<T>(
+    /// that long goes on and meets the store's answer, as without single flight), telling it
+    /// whether it waited (another caller's turn came first). A call made from inside the turn
+    /// of the same key runs at once.
+    pub(super) async fn in_turn<T, Fut: Future<Output = T>>(
         &self,
         key: &OperationKey,
         clock: &dyn Clock,
         patience: Duration,
-        run: impl Future<Output = T>,
+        run: impl FnOnce(bool) -> Fut,
     ) -> T {
         let mut held = HOLDING.try_with(Clone::clone).unwrap_or_default();
         if held.contains(key) {
-            return run.await;
+            return run(false).await;
         }
         let mut turn = self.join(key);
         let lock = turn.lock();
-        turn.guard = within(clock, patience, lock.lock_owned()).await;
+        let waited = match Arc::clone(&lock).try_lock_owned() {
+            Ok(guard) => {
+                turn.guard = Some(guard);
+                false
+            }
+            Err(_) => {
+                turn.guard = within(clock, patience, lock.lock_owned()).await;
+                true
+            }
+        };
         held.push(key.clone());
-        HOLDING.scope(held, run).await
+        HOLDING.scope(held, run(waited)).await
     }
 
     fn join(&self, key: &OperationKey) -> Turn<'_> {
@@ -115,11 +125,14 @@ mod tests {
         let flight = SingleFlight::default();
         let (a, b) = (key("a"), key("b"));
         let clock = crate::clock::SystemClock;
-        let nested = flight.in_turn(&a, &clock, FOREVER, async {
+        let nested = flight.in_turn(&a, &clock, FOREVER, |_| async {
             flight
-                .in_turn(&b, &clock, FOREVER, async {
+                .in_turn(&b, &clock, FOREVER, |_| async {
                     flight
-                        .in_turn(&a, &clock, FOREVER, async { "A inside B inside A" })
+                        .in_turn(&a, &clock, FOREVER, |waited| async move {
+                            assert!(!waited, "never waits on its own turn");
+                            "A inside B inside A"
+                        })
                         .await
                 })
                 .await

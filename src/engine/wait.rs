@@ -97,6 +97,22 @@ impl Idempotency {
         }
     }
 
+    /// Whether `invocation` has less than [`LEAST_TIME_TO_RUN`] left before its deadline: a
+    /// caller whose single-flight turn came that late answers from the record as it stands
+    /// (in progress when the turn before it released its claim) rather than start an effect
+    /// Lambda would cut off; checked once its key is resolved (a record under an earlier
+    /// key, 0.4's) so that it answers as any duplicate. An owned invocation's time is its
+    /// owner's, not one invocation's.
+    pub(super) fn too_late_to_run(&self, invocation: &Invocation) -> bool {
+        invocation.owner.is_none()
+            && invocation.deadline.is_some_and(|deadline| {
+                deadline
+                    .duration_since(self.clock.now())
+                    .unwrap_or_default()
+                    < LEAST_TIME_TO_RUN
+            })
+    }
+
     /// The lease of a claim made now by `invocation`, which arrived at `since`: what it was
     /// given, and never past its deadline plus the clock skew (the lease's own meaning), or
     /// without a deadline, less the time spent since. An owned claim's lease covers its

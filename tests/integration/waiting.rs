@@ -502,3 +502,104 @@ async fn a_read_failing_for_now_is_read_again_and_one_refused_for_good_ends_the_
         holder.abort();
     }
 }
+
+/// The store's clock for the time, with a signal for each deadline of a wait in flight (a
+/// write's cut, a caller's wait for its single-flight turn), which never ends: a caller waiting
+/// for its turn gets it only when the turn before ends.
+#[derive(Debug, Clone)]
+struct SignalledTurns {
+    time: lambda_idempotency::clock::ManualClock,
+    deadlines: mpsc::UnboundedSender<Duration>,
+}
+
+impl Clock for SignalledTurns {
+    fn now(&self) -> SystemTime {
+        self.time.now()
+    }
+
+    fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {
+        self.time.sleep(duration)
+    }
+
+    fn deadline(&self, duration: Duration) -> BoxFuture<'static, ()> {
+        let _ = self.deadlines.send(duration);
+        Box::pin(std::future::pending())
+    }
+}
+
+/// A copy whose single-flight turn comes with under 2 s left before its deadline (the turn
+/// before failed, releasing its claim, late) does not start the handler for Lambda to cut off:
+/// it answers in progress, and the redelivery runs it.
+#[tokio::test]
+async fn a_turn_that_comes_too_close_to_the_deadline_does_not_start_the_handler() {
+    for backend in both().await {
+        let name = backend.name;
+        let time = backend.clock.clone();
+        let (deadlines_tx, mut deadlines) = mpsc::unbounded_channel();
+        let clock = SignalledTurns {
+            time: time.clone(),
+            deadlines: deadlines_tx,
+        };
+        let idem = Idempotency::new(backend.store)
+            .with_clock(clock)
+            .with_single_flight();
+        let deadline = time.now() + Duration::from_secs(10);
+        let inv = invocation("order-late-turn", &json!({"amount": 10})).with_deadline(deadline);
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (holding, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let first = tokio::spawn({
+            let (idem, inv, runs, time) =
+                (idem.clone(), inv.clone(), Arc::clone(&runs), time.clone());
+            let (holding, release) = (Arc::clone(&holding), Arc::clone(&release));
+            async move {
+                idem.execute::<Value, _, _, _>(&inv, |_ctx| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    holding.notify_one();
+                    release.notified().await;
+                    // A slow downstream call that fails 1.5 s before the deadline.
+                    time.advance(Duration::from_millis(8_500));
+                    Err(std::io::Error::other("the payment service timed out"))
+                })
+                .await
+            }
+        });
+        holding.notified().await;
+        let copy = tokio::spawn({
+            let (idem, inv, runs) = (idem.clone(), inv.clone(), Arc::clone(&runs));
+            async move {
+                idem.execute(&inv, |_ctx| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, std::io::Error>(json!({"charged": "late"}))
+                })
+                .await
+            }
+        });
+        // The copy waits for its turn at most 1 s short of the 10 s it has left (the first's
+        // writes are cut 500 ms before the deadline: 9.5 s).
+        while deadlines.recv().await.expect("the copy waits for its turn") != Duration::from_secs(9)
+        {
+        }
+        release.notify_one();
+        assert!(first.await.expect("first").is_err(), "{name}: it failed");
+
+        let answer = copy.await.expect("copy");
+        assert!(
+            matches!(answer, Err(Error::AlreadyInProgress { .. })),
+            "{name}: {answer:?}"
+        );
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "{name}: no handler started 1.5 s before the deadline"
+        );
+        // The redelivery, with its own time, runs it.
+        let redelivered = inv.with_deadline(time.now() + Duration::from_secs(10));
+        let ran = idem
+            .execute(&redelivered, |_ctx| async {
+                Ok::<_, std::io::Error>(json!({"charged": "redelivered"}))
+            })
+            .await
+            .expect("the redelivery runs");
+        assert!(matches!(ran.origin(), Origin::Executed { .. }), "{name}");
+    }
+}
