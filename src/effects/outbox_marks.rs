@@ -14,9 +14,9 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use tracing::warn;
 
 use super::outbox::{OUTBOX_RETENTION, Outbox, OutboxRecord};
-use super::pending_index::{
-    PARKED, PENDING_INDEX, PENDING_SHARDS, RETRY_SHARDS, pending_shard, retry_shard,
-};
+#[cfg(feature = "relay")]
+use super::pending_index::retry_shard;
+use super::pending_index::{PARKED, PENDING_INDEX, PENDING_SHARDS, RETRY_SHARDS, pending_shard};
 use crate::error::BoxError;
 use crate::record::{epoch_millis, epoch_secs};
 
@@ -364,6 +364,7 @@ impl OutboxMarks {
     /// read past, without taking a share, until its turn comes again (`backoff` after its last
     /// failure, doubled for each earlier one, up to 64 times), so that events whose
     /// destination keeps failing neither hide the others nor are tried at every sweep.
+    #[cfg(feature = "relay")]
     pub(crate) async fn due(
         &self,
         created_before: SystemTime,
@@ -449,6 +450,7 @@ impl OutboxMarks {
     /// index ([`OutboxMarks::due`]). The failures counted so far, `None` when the event is no
     /// longer pending (published or parked meanwhile) or this failure is counted already (the
     /// write's answer was lost and its retry found it done).
+    #[cfg(feature = "relay")]
     pub(crate) async fn sweep_failed(
         &self,
         id: &str,

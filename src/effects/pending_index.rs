@@ -31,6 +31,7 @@ pub(crate) fn pending_shard(id: &str) -> &'static str {
 }
 
 /// The retry shard of event `id`: its [`pending_shard`]'s digit.
+#[cfg(feature = "relay")]
 pub(crate) fn retry_shard(id: &str) -> &'static str {
     RETRY_SHARDS[shard_digit(id)]
 }

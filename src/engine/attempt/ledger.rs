@@ -276,6 +276,7 @@ impl StepLedger {
 
     /// Whether the attempt stopped at a step (its answer is then the stop's, whatever the
     /// handler returns).
+    #[cfg(feature = "http")]
     pub(crate) fn stopped(&self) -> bool {
         self.lock().halt.is_some()
     }
