@@ -157,8 +157,8 @@ impl StdError for Terminal {
 
 /// Marks a handler error whose claim is released whatever the engine's [`Classifier`] says:
 /// the handler produced nothing that must not run again. The HTTP doors wrap the responses
-/// they do not store (408, 409, 425, 429, 5xx) in it, so that a classifier that retains
-/// every error cannot turn "try again" into a retained failure.
+/// they do not store (401, 407, 408, 409, 412, 425, 428, 429, 5xx) in it, so that a
+/// classifier that retains every error cannot turn "try again" into a retained failure.
 ///
 /// ```
 /// use lambda_idempotency::failure::Release;

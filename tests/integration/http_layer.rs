@@ -659,6 +659,10 @@ async fn a_patch_is_keyed_like_a_post() {
 #[tokio::test]
 async fn statuses_that_ask_for_a_retry_are_not_stored_and_the_others_are() {
     for (status, stored) in [
+        (401, false),
+        (407, false),
+        (412, false),
+        (428, false),
         (408, false),
         (409, false),
         (425, false),

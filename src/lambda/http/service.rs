@@ -227,9 +227,9 @@ where
     })
 }
 
-/// A response the handler gave that is not stored (408, 409, 425, 429, 5xx): the claim is
-/// released whatever the operation's classifier says ([`Release`]) and the response passed
-/// through.
+/// A response the handler gave that is not stored (401, 407, 408, 409, 412, 425, 428, 429,
+/// 5xx): the claim is released whatever the operation's classifier says ([`Release`]) and the
+/// response passed through.
 #[derive(Debug)]
 struct NotStored(Response<Body>);
 

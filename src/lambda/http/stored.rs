@@ -10,11 +10,18 @@ use serde::{Deserialize, Serialize};
 
 /// Whether a response with `status` is stored and replayed to a retry: 2xx, 3xx (a `303 See
 /// Other` after the effect), and 4xx that a retry must see again. 408, 409, 425 and 429 say
-/// "try again", and 5xx may pass on a retry: those are not stored, so that the retry runs.
+/// "try again"; 401 and 407 "try again with (other) credentials", which the caller's key and
+/// fingerprint do not see (a step-up token has the same subject); 412 and 428 answer the
+/// request's preconditions (`If-Match`…), which its fingerprint does not cover either; and 5xx
+/// may pass on a retry: those are not stored, so that the retry runs.
 pub(crate) fn is_definitive(status: StatusCode) -> bool {
     status.is_success()
         || status.is_redirection()
-        || (status.is_client_error() && !matches!(status.as_u16(), 408 | 409 | 425 | 429))
+        || (status.is_client_error()
+            && !matches!(
+                status.as_u16(),
+                401 | 407 | 408 | 409 | 412 | 425 | 428 | 429
+            ))
 }
 
 /// Response headers the HTTP door does not store (compared without regard to case), unless the
@@ -32,8 +39,7 @@ pub(crate) fn is_definitive(status: StatusCode) -> bool {
 ///
 /// The caller whose request ran the handler gets every header the handler gave; a replay gets
 /// the others (with `Idempotent-Replayed: true`) and none of these. `WWW-Authenticate` and
-/// `Proxy-Authenticate` are stored: they are challenges, not credentials, and a replayed `401`
-/// or `407` must carry its challenge.
+/// `Proxy-Authenticate` are stored: they are challenges, not credentials.
 ///
 /// ```
 /// use lambda_idempotency::lambda::http::WITHHELD_HEADERS;
