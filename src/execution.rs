@@ -75,18 +75,32 @@ pub struct Invocation {
 /// lease token every invocation of that owner writes: `owner-` and 32 hex digits of its
 /// SHA-256, so that the owner's name itself is never stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct LeaseOwner(String);
+pub(crate) struct LeaseOwner {
+    token: String,
+    /// For a durable execution's invocation: whether its durable context was replaying what
+    /// an earlier invocation checkpointed when the invocation was made (`false`: a branch
+    /// that never ran before). `None` for any other owner.
+    replaying: Option<bool>,
+}
 
 impl LeaseOwner {
     /// The lease token of `owner`.
     fn of(owner: &str) -> Self {
         let digest = Sha256::digest(owner.as_bytes());
-        Self(format!("owner-{}", hex::encode(&digest[..16])))
+        Self {
+            token: format!("owner-{}", hex::encode(&digest[..16])),
+            replaying: None,
+        }
     }
 
     /// The lease token every invocation of this owner claims under.
     pub(crate) fn token(&self) -> &str {
-        &self.0
+        &self.token
+    }
+
+    /// Whether the owner's durable context replayed ([`Invocation::with_durable_owner`]).
+    pub(crate) fn replaying(&self) -> Option<bool> {
+        self.replaying
     }
 }
 
@@ -283,6 +297,17 @@ impl Invocation {
     /// ```
     pub fn with_owner(mut self, owner: &str) -> Self {
         self.owner = Some(LeaseOwner::of(owner));
+        self
+    }
+
+    /// Owned by the durable execution `owner`, as [`Invocation::with_owner`], made while its
+    /// durable context was `replaying` (or not: a branch that never ran before), which tells
+    /// a branch started beside a parked run of the same execution from the execution's replay.
+    #[cfg(feature = "durable")]
+    pub(crate) fn with_durable_owner(mut self, owner: &str, replaying: bool) -> Self {
+        let mut owner = LeaseOwner::of(owner);
+        owner.replaying = Some(replaying);
+        self.owner = Some(owner);
         self
     }
 

@@ -460,9 +460,9 @@ impl Idempotency {
             return Ran::unrun(answer, invocation, handler);
         }
         // One run of an owner's operation at a time in this process: a second is a sibling.
-        let _owned_run = match &invocation.owner {
+        let owned_run = match &invocation.owner {
             None => None,
-            Some(owner) => match OwnedRun::start(key, owner.token()) {
+            Some(owner) => match OwnedRun::start(key, owner.token(), owner.replaying()) {
                 Some(run) => Some(run),
                 None => {
                     let answer = self.answer_as_it_stands(invocation, now).await;
@@ -470,6 +470,30 @@ impl Idempotency {
                 }
             },
         };
+        let ran = self.claim_and_run(invocation, asked, now, handler).await;
+        // Dropped before this (the durable SDK parks the handler), an owned run stays parked.
+        if let Some(run) = owned_run {
+            run.finish();
+        }
+        ran
+    }
+
+    /// Claims `invocation` (`asked`, perhaps under an earlier version's key) and runs, or
+    /// answers.
+    async fn claim_and_run<T, E, F, Fut>(
+        &self,
+        invocation: &Invocation,
+        asked: &Invocation,
+        now: SystemTime,
+        handler: F,
+    ) -> Ran<T, F>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Into<BoxError>,
+        F: FnOnce(ExecutionContext) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let key = &invocation.key;
         let claim = self.new_claim(invocation, now);
         let deadline = claim.lease.expires_at;
         // Armed from the first write: a cancellation while claiming gives back what committed.

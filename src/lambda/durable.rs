@@ -69,7 +69,10 @@ impl<E> Operation<E> {
     /// invocations ([`Invocation::with_lease`]: the operation's lease policy counts from the
     /// invocation's deadline), or run the operation inside one durable step, which never
     /// suspends. Branches of one execution (`map`, `parallel`, child contexts) share its ARN:
-    /// two of them running the same operation at once are one run and a duplicate.
+    /// two of them running the same operation at once are one run and a duplicate, and so is a
+    /// branch that starts after the first parked on a wait (the SDK drops a parked branch and
+    /// goes on with its siblings): only the execution's replay of the parked branch takes the
+    /// run back.
     ///
     /// # Errors
     /// As [`Operation::invocation`]: the payload does not give the operation key.
@@ -80,6 +83,6 @@ impl<E> Operation<E> {
     ) -> Result<Invocation, Error> {
         Ok(self
             .invocation(payload, durable.lambda_context())?
-            .with_owner(durable.execution_arn()))
+            .with_durable_owner(durable.execution_arn(), durable.is_replaying()))
     }
 }

@@ -33,7 +33,7 @@ use super::held_runs::HeldRun;
 use super::transactions::Shop;
 
 /// The lease of an owned claim in these tests: a week, past the retention (24 hours).
-const LONG_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
+pub(super) const LONG_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Another durable execution's ARN.
 const OTHER_EXECUTION: &str =
@@ -43,7 +43,7 @@ type DurableFuture = Pin<Box<dyn Future<Output = Result<Value, BoxError>> + Send
 
 /// What ran, across every invocation of a durable execution.
 #[derive(Debug, Default)]
-struct Ran {
+pub(super) struct Ran {
     /// Invocations of the durable handler (the first and every replay).
     invocations: AtomicUsize,
     /// The crate's step `reserve` (before the durable wait).
@@ -72,7 +72,7 @@ impl Ran {
 }
 
 /// The `fulfil` operation on `backend`, its takeovers counted in `ran`.
-fn fulfil(backend: &Backend, ran: &Arc<Ran>) -> Operation<Value> {
+pub(super) fn fulfil(backend: &Backend, ran: &Arc<Ran>) -> Operation<Value> {
     fulfil_on(backend.store.clone(), backend, ran)
 }
 

@@ -11,6 +11,7 @@ mod completion_writes;
 mod cut_off_steps;
 mod deadlines;
 mod decorators;
+mod durable_branches;
 mod durable_functions;
 mod dynamodb_store;
 mod event_door;

@@ -1,0 +1,159 @@
+//! Durable `map` branches of one execution that run the same operation: they share the
+//! execution's ARN, so the first branch runs it and every other one is a duplicate, even one
+//! that starts after the first parked on a durable wait (the SDK drops a parked branch and goes
+//! on with its siblings in the same invocation), on both stores.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_durable_execution_sdk::DurableContext;
+use aws_durable_execution_sdk::test_util::LocalRunner;
+use lambda_idempotency::{BoxError, Error, ExecutionContext, Operation};
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+
+use super::backends::both;
+use super::durable_functions::{LONG_LEASE, Ran, fulfil};
+
+/// What the branches did.
+#[derive(Debug, Default)]
+struct Branches {
+    /// The branch indexes whose operation body ran, once per run (replays included).
+    bodies: Mutex<Vec<usize>>,
+    /// The durable step `charge`, run in any branch.
+    charges: AtomicUsize,
+    /// The first branch parked (its future dropped by the SDK).
+    parked: AtomicBool,
+    parked_signal: Notify,
+}
+
+/// Sets `parked` as the branch's future is dropped.
+struct OnDrop(Arc<Branches>);
+
+impl Drop for OnDrop {
+    fn drop(&mut self) {
+        self.0.parked.store(true, Ordering::SeqCst);
+        self.0.parked_signal.notify_waiters();
+    }
+}
+
+/// One branch: the operation for `order` reserves (a crate step), waits an hour (the branch
+/// parks), then charges (a durable step). Branch 1 starts only once branch 0 has parked.
+async fn branch(
+    operation: Operation<Value>,
+    branches: Arc<Branches>,
+    durable: DurableContext,
+    order: Value,
+    index: usize,
+) -> Result<Value, BoxError> {
+    if index == 0 {
+        let _parks = OnDrop(Arc::clone(&branches));
+        return run(&operation, &branches, &durable, &order, index).await;
+    }
+    while !branches.parked.load(Ordering::SeqCst) {
+        let notified = branches.parked_signal.notified();
+        if branches.parked.load(Ordering::SeqCst) {
+            break;
+        }
+        notified.await;
+    }
+    run(&operation, &branches, &durable, &order, index).await
+}
+
+async fn run(
+    operation: &Operation<Value>,
+    branches: &Arc<Branches>,
+    durable: &DurableContext,
+    order: &Value,
+    index: usize,
+) -> Result<Value, BoxError> {
+    let invocation = operation
+        .durable_invocation(order, durable)?
+        .with_lease(LONG_LEASE);
+    let charged_by = Arc::clone(branches);
+    let answer = operation
+        .engine()
+        .execute(&invocation, |ctx: ExecutionContext| async move {
+            branches.bodies.lock().expect("bodies").push(index);
+            let reserved: String = ctx
+                .step("reserve")
+                .run(|_key| async { Ok::<_, BoxError>(String::from("rsv-1")) })
+                .await?;
+            durable
+                .wait(Duration::from_secs(3600))
+                .name("cool-off")
+                .await?;
+            let charged: String = durable
+                .step(move |_| {
+                    let branches = Arc::clone(&charged_by);
+                    async move {
+                        branches.charges.fetch_add(1, Ordering::SeqCst);
+                        Ok(String::from("ch-1"))
+                    }
+                })
+                .name("charge")
+                .await?;
+            Ok::<_, BoxError>(json!({"reserved": reserved, "charged": charged}))
+        })
+        .await;
+    match answer {
+        Ok(execution) => Ok(execution.into_value()),
+        // The order is another branch's: this one reports it and ends.
+        Err(Error::AlreadyInProgress { .. }) => Ok(json!({"in_progress": true})),
+        Err(err) => Err(err.into()),
+    }
+}
+
+#[tokio::test]
+async fn a_branch_started_beside_a_parked_one_is_a_duplicate() {
+    for backend in both().await {
+        let name = backend.name;
+        let operation = fulfil(&backend, &Arc::new(Ran::default()));
+        let branches = Arc::new(Branches::default());
+        let order = json!({"order_id": "o-map", "amount": 30});
+
+        let (handler_operation, handler_branches) = (operation.clone(), Arc::clone(&branches));
+        let result = LocalRunner::new()
+            .run(
+                move |order: Value, durable: DurableContext| {
+                    let (operation, branches) =
+                        (handler_operation.clone(), Arc::clone(&handler_branches));
+                    async move {
+                        let results: Vec<Value> = durable
+                            .map(vec![order.clone(), order], move |child, order, index| {
+                                branch(
+                                    operation.clone(),
+                                    Arc::clone(&branches),
+                                    child,
+                                    order,
+                                    index,
+                                )
+                            })
+                            .name("fulfil-each")
+                            .max_concurrency(2)
+                            .await?;
+                        Ok::<_, BoxError>(json!(results))
+                    }
+                },
+                order,
+            )
+            .await;
+
+        assert!(result.is_success(), "{name}: {:?}", result.error_message());
+        assert_eq!(
+            result.output(),
+            Some(&json!([
+                {"reserved": "rsv-1", "charged": "ch-1"},
+                {"in_progress": true}
+            ])),
+            "{name}"
+        );
+        let bodies = branches.bodies.lock().expect("bodies").clone();
+        assert!(
+            !bodies.is_empty() && bodies.iter().all(|index| *index == 0),
+            "{name}: only the first branch runs the operation: {bodies:?}"
+        );
+        assert_eq!(branches.charges.load(Ordering::SeqCst), 1, "{name}");
+    }
+}
