@@ -282,7 +282,12 @@ impl Invocation {
     /// claim over (after the usual checks of what the owner's steps did), and the owner then
     /// finds it taken. Give the invocation a lease that covers the owner's longest pause
     /// ([`Invocation::with_lease`]; it counts from the claim, waiting or not), or
-    /// claim inside one durable step (see the guide's durable functions section).
+    /// claim inside one durable step (see the guide's durable functions section). The record,
+    /// settled too, is retained for at least that lease (when it is longer than the
+    /// operation's retention), so that the owner's replay after a pause that follows the
+    /// operation is answered from its outcome; an owner that goes on for longer after the
+    /// operation settled needs a retention that covers it
+    /// ([`Operation::with_retention`](crate::Operation::with_retention)).
     ///
     /// ```
     /// # use std::time::Duration;

@@ -49,7 +49,6 @@ use crate::execution::{Execution, Invocation, Origin};
 use crate::failure::{Classifier, DefaultClassifier};
 use crate::key::OperationKey;
 use crate::observe::{self, Decision, NoObserver, Observation, Observer};
-use crate::policy::OperationPolicy;
 use crate::reconcile::{Reconciler, Recovery};
 use crate::record::Record;
 use crate::store::{AnyStore, Guard, Store, StoreExt, Target};
@@ -297,18 +296,19 @@ impl Idempotency {
         // The operation's own policy (recovery, reconciler, classifier, retention, outcome
         // limit) over the engine's defaults, for this execution only.
         let declared;
-        let idem = match invocation.policy.is_default() {
+        let idem = match invocation.policy.is_default() && invocation.owner.is_none() {
             true => self,
             false => {
-                declared = self.under(&invocation.policy);
+                declared = self.under(invocation);
                 &declared
             }
         };
         idem.execute_declared(invocation, handler).await
     }
 
-    /// This engine with `policy`'s settings in place of its defaults.
-    fn under(&self, policy: &OperationPolicy) -> Self {
+    /// This engine with the settings `invocation`'s operation declares in place of its defaults.
+    fn under(&self, invocation: &Invocation) -> Self {
+        let policy = &invocation.policy;
         let mut idem = self.clone();
         if let Some(recovery) = policy.recovery {
             idem.recovery = recovery;
@@ -319,9 +319,17 @@ impl Idempotency {
         if let Some(classifier) = &policy.classifier {
             idem.classifier = Arc::clone(classifier);
         }
+        let mut retention = policy.retention;
+        if invocation.owner.is_some() {
+            // An owned claim's record outlives the owner's longest pause (its lease), settled
+            // too: the execution's replay after a pause that follows the operation finds its
+            // outcome, not a key to run afresh.
+            let declared = retention.unwrap_or(self.config.retention());
+            retention = Some(declared.max(invocation.lease));
+        }
         idem.config = self
             .config
-            .for_operation(policy.retention, policy.max_outcome_bytes);
+            .for_operation(retention, policy.max_outcome_bytes);
         idem
     }
 

@@ -13,6 +13,7 @@ mod deadlines;
 mod decorators;
 mod durable_branches;
 mod durable_functions;
+mod durable_retention;
 mod dynamodb_store;
 mod event_door;
 mod exact_ids;
