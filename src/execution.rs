@@ -407,6 +407,10 @@ pub struct Execution<T> {
     pub(crate) value: T,
     pub(crate) raw: Box<RawValue>,
     pub(crate) origin: Origin,
+    /// The owner's own claim ([`Invocation::with_owner`]): its run re-entered and completed, or
+    /// its own outcome read back by its replay. Counted as the operation's execution, not as a
+    /// takeover's or a duplicate's.
+    pub(crate) owners_own: bool,
 }
 
 impl<T> Execution<T> {

@@ -656,6 +656,13 @@ impl Idempotency {
         F: FnOnce(ExecutionContext) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        let reentered_own = matches!(
+            held,
+            Held::TakenOver {
+                reentered: true,
+                ..
+            }
+        );
         let (attempt, recorded, created_at) = match held {
             Held::Fresh => (1, Vec::new(), claim.created_at),
             Held::TakenOver {
@@ -761,6 +768,10 @@ impl Idempotency {
                 };
                 self.record(target, invocation, claim, value, origin, completion)
                     .await
+                    .map(|mut execution| {
+                        execution.owners_own = reentered_own;
+                        execution
+                    })
             }
             Err(err) => self
                 .fail(target, attempt, err.into(), patience, Some(&steps))

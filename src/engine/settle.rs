@@ -42,7 +42,12 @@ impl Idempotency {
         let raw = self
             .complete(target, invocation, claim, attempt, serialized, completion)
             .await?;
-        Ok(Execution { value, raw, origin })
+        Ok(Execution {
+            value,
+            raw,
+            origin,
+            owners_own: false,
+        })
     }
 
     /// Stores a result as COMPLETED (with the steps, when they changed, and the handler's

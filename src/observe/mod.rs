@@ -31,9 +31,13 @@ use crate::execution::{Execution, Origin};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Decision {
-    /// The handler ran as attempt 1.
+    /// The handler ran as attempt 1, or an owner's run ([`Invocation::with_owner`]: a
+    /// durable execution's replay) re-entered its own claim and completed it.
+    ///
+    /// [`Invocation::with_owner`]: crate::Invocation::with_owner
     FirstExecution,
-    /// A stored outcome was replayed; the handler did not run.
+    /// A stored outcome was replayed; the handler did not run. An owner's replay of its own
+    /// outcome answers no duplicate and is not counted.
     Replay,
     /// The key was used before with another payload.
     PayloadConflict,
@@ -72,9 +76,14 @@ impl Decision {
         match answer {
             Ok(done) => match done.origin() {
                 Origin::Executed { attempt: 1 } => Some(Self::FirstExecution),
+                // An owner's run that re-entered its own claim (a durable execution's replay
+                // after a suspension) completes the operation's execution.
+                Origin::Executed { .. } if done.owners_own => Some(Self::FirstExecution),
                 // The takeover itself is reported when the lease is taken.
                 Origin::Executed { .. } => None,
                 Origin::Reconciled { .. } => Some(Self::Reconciled),
+                // An owner's replay reading its own outcome back answers no duplicate.
+                Origin::Replayed if done.owners_own => None,
                 Origin::Replayed => Some(Self::Replay),
             },
             Err(err) => Some(match err {

@@ -52,6 +52,8 @@ pub(super) struct Ran {
     charges: AtomicUsize,
     /// Takeovers the engine reported.
     takeovers: AtomicUsize,
+    /// Every decision the engine reported, in order.
+    pub(super) decisions: Mutex<Vec<Decision>>,
     /// The errors the engine answered the handler with.
     errors: Mutex<Vec<Error>>,
     /// Another execution of the same order arrives while this one is suspended (just before
@@ -82,12 +84,11 @@ fn fulfil_on(store: AnyStore, backend: &Backend, ran: &Arc<Ran>) -> Operation<Va
     let engine = Idempotency::new(store)
         .with_clock(backend.clock.clone())
         .with_observer(move |observation: &Observation<'_>| {
-            if let Observation::Decision {
-                decision: Decision::Takeover,
-                ..
-            } = observation
-            {
-                seen.takeovers.fetch_add(1, Ordering::SeqCst);
+            if let Observation::Decision { decision, .. } = observation {
+                if *decision == Decision::Takeover {
+                    seen.takeovers.fetch_add(1, Ordering::SeqCst);
+                }
+                seen.decisions.lock().expect("decisions").push(*decision);
             }
         });
     Operation::new(
@@ -288,6 +289,13 @@ async fn a_replay_of_the_same_execution_re_enters_its_claim_and_its_steps_replay
             assert_eq!(
                 later.value(),
                 &json!({"reserved": "rsv-1", "charged": "ch-1"}),
+                "{name}"
+            );
+            // Counted once as executed (its completion after the re-entry), the later caller
+            // as a replay.
+            assert_eq!(
+                *ran.decisions.lock().expect("decisions"),
+                [Decision::FirstExecution, Decision::Replay],
                 "{name}"
             );
         }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use aws_durable_execution_sdk::DurableContext;
 use aws_durable_execution_sdk::test_util::LocalRunner;
+use lambda_idempotency::observe::Decision;
 use lambda_idempotency::{BoxError, ExecutionContext};
 use serde_json::{Value, json};
 
@@ -21,7 +22,8 @@ const PAUSE: Duration = Duration::from_secs(2 * 24 * 3600);
 async fn a_replay_after_a_pause_past_the_retention_replays_the_outcome() {
     for backend in both().await {
         let name = backend.name;
-        let operation = fulfil(&backend, &Arc::new(Ran::default()));
+        let ran = Arc::new(Ran::default());
+        let operation = fulfil(&backend, &ran);
         let (reserves, replays, invocations) = (
             Arc::new(AtomicUsize::new(0)),
             Arc::new(AtomicUsize::new(0)),
@@ -76,6 +78,12 @@ async fn a_replay_after_a_pause_past_the_retention_replays_the_outcome() {
             replays.load(Ordering::SeqCst),
             1,
             "{name}: the replay's answer"
+        );
+        // The execution's own replay is no duplicate: counted once, as executed.
+        assert_eq!(
+            *ran.decisions.lock().expect("decisions"),
+            [Decision::FirstExecution],
+            "{name}"
         );
     }
 }
