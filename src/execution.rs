@@ -77,10 +77,10 @@ pub struct Invocation {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LeaseOwner {
     token: String,
-    /// For a durable execution's invocation: whether its durable context was replaying what
-    /// an earlier invocation checkpointed when the invocation was made (`false`: a branch
-    /// that never ran before). `None` for any other owner.
-    replaying: Option<bool>,
+    /// For a durable execution's invocation, the branch of the execution it runs in (`""`
+    /// the handler's own context): a run dropped unfinished there parks, for that branch to
+    /// take back. `None` for any other owner.
+    branch: Option<String>,
 }
 
 impl LeaseOwner {
@@ -89,7 +89,7 @@ impl LeaseOwner {
         let digest = Sha256::digest(owner.as_bytes());
         Self {
             token: format!("owner-{}", hex::encode(&digest[..16])),
-            replaying: None,
+            branch: None,
         }
     }
 
@@ -98,9 +98,9 @@ impl LeaseOwner {
         &self.token
     }
 
-    /// Whether the owner's durable context replayed ([`Invocation::with_durable_owner`]).
-    pub(crate) fn replaying(&self) -> Option<bool> {
-        self.replaying
+    /// The durable execution's branch ([`Invocation::with_durable_owner`]).
+    pub(crate) fn branch(&self) -> Option<&str> {
+        self.branch.as_deref()
     }
 }
 
@@ -305,13 +305,13 @@ impl Invocation {
         self
     }
 
-    /// Owned by the durable execution `owner`, as [`Invocation::with_owner`], made while its
-    /// durable context was `replaying` (or not: a branch that never ran before), which tells
-    /// a branch started beside a parked run of the same execution from the execution's replay.
+    /// Owned by the durable execution `owner`, as [`Invocation::with_owner`], in its `branch`
+    /// (`""`: the handler's own context), which tells a sibling branch started beside a parked
+    /// run of the same execution from that run's own return.
     #[cfg(feature = "durable")]
-    pub(crate) fn with_durable_owner(mut self, owner: &str, replaying: bool) -> Self {
+    pub(crate) fn with_durable_owner(mut self, owner: &str, branch: String) -> Self {
         let mut owner = LeaseOwner::of(owner);
-        owner.replaying = Some(replaying);
+        owner.branch = Some(branch);
         self.owner = Some(owner);
         self
     }
@@ -407,10 +407,9 @@ pub struct Execution<T> {
     pub(crate) value: T,
     pub(crate) raw: Box<RawValue>,
     pub(crate) origin: Origin,
-    /// The owner's own claim ([`Invocation::with_owner`]): its run re-entered and completed, or
-    /// its own outcome read back by its replay. Counted as the operation's execution, not as a
-    /// takeover's or a duplicate's.
-    pub(crate) owners_own: bool,
+    /// An owner's run ([`Invocation::with_owner`]) that re-entered its own claim: its
+    /// completion is the operation's execution, not a takeover's.
+    pub(crate) reentered: bool,
 }
 
 impl<T> Execution<T> {

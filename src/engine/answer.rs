@@ -104,15 +104,11 @@ pub(crate) fn answer_existing<T: DeserializeOwned>(
                 RawValue::from_string(json).map_err(|err| unreadable(decode_failure(&err)))?;
             let (value, raw) = decode_outcome(&key, raw)?;
             debug!("replayed");
-            let owners_own = invocation
-                .owner
-                .as_ref()
-                .is_some_and(|owner| owner.token() == existing.lease.token);
             Ok(Execution {
                 value,
                 raw,
                 origin: Origin::Replayed,
-                owners_own,
+                reentered: false,
             })
         }
         Status::Failed => {

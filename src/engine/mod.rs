@@ -470,7 +470,7 @@ impl Idempotency {
         // One run of an owner's operation at a time in this process: a second is a sibling.
         let owned_run = match &invocation.owner {
             None => None,
-            Some(owner) => match OwnedRun::start(key, owner.token(), owner.replaying()) {
+            Some(owner) => match OwnedRun::start(key, owner.token(), owner.branch()) {
                 Some(run) => Some(run),
                 None => {
                     let answer = self.answer_as_it_stands(invocation, now).await;
@@ -769,7 +769,7 @@ impl Idempotency {
                 self.record(target, invocation, claim, value, origin, completion)
                     .await
                     .map(|mut execution| {
-                        execution.owners_own = reentered_own;
+                        execution.reentered = reentered_own;
                         execution
                     })
             }

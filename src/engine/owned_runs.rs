@@ -5,10 +5,9 @@
 //! ARN), and is answered as any duplicate is.
 //!
 //! A durable branch that parks (a wait, a callback) is dropped by the durable SDK while its
-//! siblings go on in the same invocation: its run stays *parked* here for the rest of the
-//! invocation (at most [`INVOCATION_LIMIT`]), so that a branch that never ran before is still
-//! a sibling, while the execution's replay (its durable context replaying what the parked run
-//! checkpointed) takes the run back.
+//! siblings go on in the same invocation: its run stays *parked* here, under its branch, for
+//! the rest of the invocation (at most [`INVOCATION_LIMIT`]), so that another branch is still
+//! a sibling, while the same branch (the execution's replay of it) takes the run back.
 //!
 //! [`Invocation::with_owner`]: crate::Invocation::with_owner
 
@@ -30,8 +29,8 @@ type Entry = (OperationKey, String);
 struct Runs {
     /// In flight.
     running: HashSet<Entry>,
-    /// Durable runs dropped unfinished, and when.
-    parked: HashMap<Entry, Instant>,
+    /// Durable runs dropped unfinished: their branch, and when.
+    parked: HashMap<Entry, (String, Instant)>,
 }
 
 static RUNS: Mutex<Option<Runs>> = Mutex::new(None);
@@ -46,22 +45,22 @@ fn with_runs<R>(f: impl FnOnce(&mut Runs) -> R) -> R {
 #[derive(Debug)]
 pub(super) struct OwnedRun {
     entry: Entry,
-    /// A durable run (`replaying` known): dropped unfinished, it parks.
-    durable: bool,
+    /// A durable run's branch: dropped unfinished, the run parks under it.
+    branch: Option<String>,
     finished: bool,
 }
 
 impl OwnedRun {
     /// Starts the run of `key` for the owner whose lease token is `token` (a durable
-    /// execution's, its context `replaying` or not); `None` when this process runs it already,
-    /// or when it parked in this invocation and this is a branch that never ran before.
-    pub(super) fn start(key: &OperationKey, token: &str, replaying: Option<bool>) -> Option<Self> {
+    /// execution's, in `branch`); `None` when this process runs it already, or when it parked
+    /// in another branch within the invocation.
+    pub(super) fn start(key: &OperationKey, token: &str, branch: Option<&str>) -> Option<Self> {
         let entry = (key.clone(), token.to_owned());
         let started = with_runs(|runs| {
             runs.parked
-                .retain(|_, parked_at| parked_at.elapsed() < INVOCATION_LIMIT);
-            if runs.parked.contains_key(&entry) {
-                if replaying == Some(false) {
+                .retain(|_, (_, parked_at)| parked_at.elapsed() < INVOCATION_LIMIT);
+            if let Some((parked_in, _)) = runs.parked.get(&entry) {
+                if branch.is_some_and(|branch| branch != parked_in) {
                     return false;
                 }
                 runs.parked.remove(&entry);
@@ -72,7 +71,7 @@ impl OwnedRun {
         // one in flight.
         started.then(|| Self {
             entry,
-            durable: replaying.is_some(),
+            branch: branch.map(str::to_owned),
             finished: false,
         })
     }
@@ -86,11 +85,15 @@ impl OwnedRun {
 impl Drop for OwnedRun {
     fn drop(&mut self) {
         // A panic is no park: the engine gave the claim back for a reconciled takeover.
-        let parks = self.durable && !self.finished && !std::thread::panicking();
+        let parks = match &self.branch {
+            Some(branch) if !self.finished && !std::thread::panicking() => Some(branch.clone()),
+            _ => None,
+        };
         with_runs(|runs| {
             runs.running.remove(&self.entry);
-            if parks {
-                runs.parked.insert(self.entry.clone(), Instant::now());
+            if let Some(branch) = parks {
+                runs.parked
+                    .insert(self.entry.clone(), (branch, Instant::now()));
             }
         });
     }
@@ -121,17 +124,17 @@ mod tests {
     }
 
     #[test]
-    fn a_parked_durable_run_is_taken_back_by_a_replay_only() {
+    fn a_parked_durable_run_is_taken_back_by_its_own_branch_only() {
         let key = OperationKey::from_stored("owned-runs#parked");
-        drop(OwnedRun::start(&key, "owner-p", Some(false)).expect("the first run"));
+        drop(OwnedRun::start(&key, "owner-p", Some("branch-a")).expect("the first run"));
         assert!(
-            OwnedRun::start(&key, "owner-p", Some(false)).is_none(),
-            "a branch that never ran, beside the parked run"
+            OwnedRun::start(&key, "owner-p", Some("branch-b")).is_none(),
+            "another branch, beside the parked run"
         );
-        let replay = OwnedRun::start(&key, "owner-p", Some(true)).expect("the replay");
-        replay.finish();
+        let back = OwnedRun::start(&key, "owner-p", Some("branch-a")).expect("its own branch");
+        back.finish();
         assert!(
-            OwnedRun::start(&key, "owner-p", Some(false)).is_some(),
+            OwnedRun::start(&key, "owner-p", Some("branch-b")).is_some(),
             "after the run finished"
         );
     }

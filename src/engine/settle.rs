@@ -46,7 +46,7 @@ impl Idempotency {
             value,
             raw,
             origin,
-            owners_own: false,
+            reentered: false,
         })
     }
 

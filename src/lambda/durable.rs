@@ -72,7 +72,9 @@ impl<E> Operation<E> {
     /// two of them running the same operation at once are one run and a duplicate, and so is a
     /// branch that starts after the first parked on a wait (the SDK drops a parked branch and
     /// goes on with its siblings): only the execution's replay of the parked branch takes the
-    /// run back.
+    /// run back. Branches are told apart in one process (where one invocation's branches run);
+    /// `map` items with flat nesting share their parent's namespace and are not: keep one
+    /// operation key to one branch there.
     ///
     /// # Errors
     /// As [`Operation::invocation`]: the payload does not give the operation key.
@@ -83,6 +85,23 @@ impl<E> Operation<E> {
     ) -> Result<Invocation, Error> {
         Ok(self
             .invocation(payload, durable.lambda_context())?
-            .with_durable_owner(durable.execution_arn(), durable.is_replaying()))
+            .with_durable_owner(durable.execution_arn(), branch_of(durable)))
     }
+}
+
+/// What `DurableContext`'s `Debug` form shows of the branch a context runs in.
+const BRANCH_SHOWN_AS: &str = "parent_wire_id: Some(\"";
+
+/// The branch of its execution `durable` runs in: the wire id of the operation whose child
+/// context it is (a `map` item, a `parallel` branch, a child context), the same on every replay;
+/// `""` for the handler's own context. The SDK (pinned at 0.1.0) keeps it private but shows it
+/// in its `Debug` form; a form it does not recognise reads as the handler's own context, where
+/// any branch may take a parked run back (as before branches were told apart).
+fn branch_of(durable: &DurableContext) -> String {
+    let shown = format!("{durable:?}");
+    shown
+        .rfind(BRANCH_SHOWN_AS)
+        .and_then(|at| shown[at + BRANCH_SHOWN_AS.len()..].split('"').next())
+        .unwrap_or_default()
+        .to_owned()
 }

@@ -36,8 +36,7 @@ pub enum Decision {
     ///
     /// [`Invocation::with_owner`]: crate::Invocation::with_owner
     FirstExecution,
-    /// A stored outcome was replayed; the handler did not run. An owner's replay of its own
-    /// outcome answers no duplicate and is not counted.
+    /// A stored outcome was replayed; the handler did not run.
     Replay,
     /// The key was used before with another payload.
     PayloadConflict,
@@ -78,12 +77,10 @@ impl Decision {
                 Origin::Executed { attempt: 1 } => Some(Self::FirstExecution),
                 // An owner's run that re-entered its own claim (a durable execution's replay
                 // after a suspension) completes the operation's execution.
-                Origin::Executed { .. } if done.owners_own => Some(Self::FirstExecution),
+                Origin::Executed { .. } if done.reentered => Some(Self::FirstExecution),
                 // The takeover itself is reported when the lease is taken.
                 Origin::Executed { .. } => None,
                 Origin::Reconciled { .. } => Some(Self::Reconciled),
-                // An owner's replay reading its own outcome back answers no duplicate.
-                Origin::Replayed if done.owners_own => None,
                 Origin::Replayed => Some(Self::Replay),
             },
             Err(err) => Some(match err {

@@ -157,3 +157,60 @@ async fn a_branch_started_beside_a_parked_one_is_a_duplicate() {
         assert_eq!(branches.charges.load(Ordering::SeqCst), 1, "{name}");
     }
 }
+
+#[tokio::test]
+async fn a_replay_takes_its_parked_run_back_whatever_its_context_replays() {
+    // The wait the operation parks on is created before the invocation: on the replay the
+    // durable context is not replaying yet when the invocation is made (its next operation
+    // has no record), and the run is still the execution's own, taken back.
+    for backend in both().await {
+        let name = backend.name;
+        let operation = fulfil(&backend, &Arc::new(Ran::default()));
+        let (reserves, invocations) =
+            (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (handler_reserves, handler_invocations) =
+            (Arc::clone(&reserves), Arc::clone(&invocations));
+        let result = LocalRunner::new()
+            .run(
+                move |order: Value, durable: DurableContext| {
+                    let (operation, reserves) = (operation.clone(), Arc::clone(&handler_reserves));
+                    handler_invocations.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        let cool_off = durable
+                            .wait(Duration::from_secs(3600))
+                            .name("cool-off")
+                            .future();
+                        let invocation = operation
+                            .durable_invocation(&order, &durable)?
+                            .with_lease(LONG_LEASE);
+                        let execution = operation
+                            .engine()
+                            .execute(&invocation, |ctx: ExecutionContext| async move {
+                                let reserved: String = ctx
+                                    .step("reserve")
+                                    .run(|_key| async {
+                                        reserves.fetch_add(1, Ordering::SeqCst);
+                                        Ok::<_, BoxError>(String::from("rsv-1"))
+                                    })
+                                    .await?;
+                                cool_off.await?;
+                                Ok::<_, BoxError>(reserved)
+                            })
+                            .await?;
+                        Ok::<_, BoxError>(execution.into_value())
+                    }
+                },
+                json!({"order_id": "o-early-wait"}),
+            )
+            .await;
+
+        assert!(result.is_success(), "{name}: {:?}", result.error_message());
+        assert_eq!(result.output(), Some(&String::from("rsv-1")), "{name}");
+        assert_eq!(
+            invocations.load(Ordering::SeqCst),
+            2,
+            "{name}: one suspension"
+        );
+        assert_eq!(reserves.load(Ordering::SeqCst), 1, "{name}");
+    }
+}

@@ -79,10 +79,10 @@ async fn a_replay_after_a_pause_past_the_retention_replays_the_outcome() {
             1,
             "{name}: the replay's answer"
         );
-        // The execution's own replay is no duplicate: counted once, as executed.
+        // Counted as executed, then replayed.
         assert_eq!(
             *ran.decisions.lock().expect("decisions"),
-            [Decision::FirstExecution],
+            [Decision::FirstExecution, Decision::Replay],
             "{name}"
         );
     }
