@@ -32,7 +32,13 @@ pub const SQS_KEY_ATTRIBUTE: &str = crate::effects::ID_ATTRIBUTE;
 /// anew: where the body as delivered has no key (no field at `body_pointer`), the key is the
 /// notification's `idempotency-key` attribute, else the field at `body_pointer` in the SNS
 /// message or the event's `detail`; the fingerprint is over the topic, subject and message, or
-/// the event's source, detail type, resources and detail.
+/// the event's source, detail type, resources and detail. A key read from a wrapped body (as
+/// delivered or as published) is scoped to the publisher the wrapping names, the SNS topic or
+/// the event's source and account, instead of
+/// `SenderId` (which is then the delivering service's, the same for every topic and rule): a
+/// topic or source that shares the queue cannot suppress another's message by publishing its
+/// key first. With raw message delivery nothing says which topic published a body: give each
+/// publisher's topic its own queue.
 ///
 /// ```
 /// use aws_lambda_events::event::sqs::SqsMessage;
@@ -62,15 +68,16 @@ pub fn sqs(body_pointer: Option<&str>) -> Result<KeyPolicy<SqsMessage>, ConfigEr
     let by_0_4 = Arc::clone(&material);
     Ok(KeyPolicy::from_fns(
         move |message: &SqsMessage| {
-            let key = material(message)?;
-            Some(match sender_role(message) {
-                Some(producer) => json!({"producer": producer, "key": key}),
-                None => key,
+            let Found { key, wrapped_by } = material(message)?;
+            Some(match (wrapped_by, sender_role(message)) {
+                (Some(origin), _) => json!({"wrapped_by": origin, "key": key}),
+                (None, Some(producer)) => json!({"producer": producer, "key": key}),
+                (None, None) => key,
             })
         },
         published_body,
     )
-    .with_key_as_0_4(move |message: &SqsMessage| by_0_4(message))
+    .with_key_as_0_4(move |message: &SqsMessage| by_0_4(message).map(|found| found.key))
     .with_intent_as_0_4(whole_body))
 }
 
@@ -84,19 +91,26 @@ pub fn sqs_across_senders(
 ) -> Result<KeyPolicy<SqsMessage>, ConfigError> {
     let material = key_material(body_pointer)?;
     Ok(KeyPolicy::from_fns(
-        move |message: &SqsMessage| material(message),
+        move |message: &SqsMessage| material(message).map(|found| found.key),
         published_body,
     )
     .with_intent_as_0_4(whole_body))
 }
 
+/// A message's key material, and who published it when it was read from a wrapping.
+struct Found {
+    key: Value,
+    /// The wrapping's origin ([`wrapped::Wrapped::origin`]) when the key came from it.
+    wrapped_by: Option<Value>,
+}
+
 /// Reads a message's key material.
-type Material = Arc<dyn Fn(&SqsMessage) -> Option<Value> + Send + Sync>;
+type Material = Arc<dyn Fn(&SqsMessage) -> Option<Found> + Send + Sync>;
 
 /// The key material: the `idempotency-key` attribute, else the body field at `body_pointer`
 /// (every key 0.4 derived); else, in a body SNS or EventBridge wrapped, the notification's
 /// `idempotency-key` attribute, else the field at `body_pointer` in what was published (the
-/// message, the detail).
+/// message, the detail). A key read from a wrapped body comes with the wrapping's origin.
 fn key_material(body_pointer: Option<&str>) -> Result<Material, ConfigError> {
     let pointer = body_pointer.map(JsonPointer::new).transpose()?;
     Ok(Arc::new(move |message: &SqsMessage| {
@@ -106,12 +120,23 @@ fn key_material(body_pointer: Option<&str>) -> Result<Material, ConfigError> {
                 .and_then(|p| p.find(document).cloned())
                 .filter(|key| !is_empty_material(key))
         };
-        key_attribute(message).or_else(|| {
-            let body = body_json(message.body.as_deref());
-            find(&body).or_else(|| {
-                wrapped::unwrap(&body)
-                    .and_then(|wrapped| wrapped.key_attribute.or_else(|| find(&wrapped.published)))
-            })
+        let as_delivered = |key| Found {
+            key,
+            wrapped_by: None,
+        };
+        if let Some(key) = key_attribute(message) {
+            return Some(as_delivered(key));
+        }
+        let body = body_json(message.body.as_deref());
+        let Some(wrapped) = wrapped::unwrap(&body) else {
+            return find(&body).map(as_delivered);
+        };
+        let key = find(&body)
+            .or(wrapped.key_attribute)
+            .or_else(|| find(&wrapped.published))?;
+        Some(Found {
+            key,
+            wrapped_by: Some(wrapped.origin),
         })
     }))
 }
@@ -237,6 +262,56 @@ mod tests {
             .expect("derived");
         assert_eq!(key, again, "keyed by the notification's attribute");
         assert!(!changed.matches(&placed), "fingerprinted by its message");
+    }
+
+    /// `delivered` as SNS or EventBridge delivers to a queue: `SenderId` the service's own.
+    fn from_the_service(mut delivered: SqsMessage) -> SqsMessage {
+        delivered
+            .attributes
+            .insert("SenderId".into(), "AIDAIT2UOQQY3AUEKVGXU".into());
+        delivered
+    }
+
+    /// `delivered` with its wrapping's `field` set to `value`.
+    fn rewrapped(delivered: &SqsMessage, field: &str, value: &str) -> SqsMessage {
+        let mut body: Value =
+            serde_json::from_str(delivered.body.as_deref().expect("a body")).expect("JSON");
+        body[field] = json!(value);
+        let mut again = delivered.clone();
+        again.body = Some(body.to_string());
+        again
+    }
+
+    #[test]
+    fn a_wrapped_key_is_scoped_to_its_topic_or_source_not_the_delivering_service() {
+        let scope = OperationScope::new("shop", "orders").expect("scope");
+        let policy = sqs(Some("/detail/order_id")).expect("policy");
+        let key = |message: &SqsMessage| policy.derive(&scope, message).expect("derived").0;
+        let placed = from_the_service(notification("m-1", r#"{"order":"o-1"}"#));
+        assert_eq!(
+            key(&placed),
+            key(&from_the_service(notification("m-2", r#"{"order":"o-1"}"#))),
+            "the same topic's message delivered again"
+        );
+        let partners = rewrapped(&placed, "TopicArn", "arn:aws:sns:us-east-1:2:partner");
+        assert_ne!(key(&placed), key(&partners), "another topic's same key");
+
+        let event = from_the_service(rule_target("e-1", "OrderPlaced"));
+        assert_eq!(
+            key(&event),
+            key(&from_the_service(rule_target("e-2", "OrderPlaced"))),
+            "the same source's event delivered again"
+        );
+        assert_ne!(
+            key(&event),
+            key(&rewrapped(&event, "source", "partner.orders")),
+            "another source"
+        );
+        assert_ne!(
+            key(&event),
+            key(&rewrapped(&event, "account", "222222222222")),
+            "another account"
+        );
     }
 
     fn rule_target(id: &str, detail_type: &str) -> SqsMessage {

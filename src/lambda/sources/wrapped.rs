@@ -22,6 +22,10 @@ pub(super) struct Wrapped {
     /// The intent, without what each delivery renews: the SNS topic, subject and message; the
     /// EventBridge event's source, detail type, resources and detail.
     pub(super) intent: Value,
+    /// Who published it, as the wrapping says (SQS's `SenderId` is then the delivering
+    /// service's, the same for every topic and rule): the SNS topic's ARN; the EventBridge
+    /// event's source and account.
+    pub(super) origin: Value,
 }
 
 /// What `body` wraps, when it is an SNS notification or an EventBridge event; `None` for any
@@ -46,6 +50,7 @@ pub(super) fn unwrap(body: &Value) -> Option<Wrapped> {
             key_attribute,
             intent: json!({"topic": field("TopicArn"), "subject": field("Subject"), "message": message}),
             published: message,
+            origin: field("TopicArn"),
         });
     }
     if text("detail-type").is_some() && text("source").is_some() && text("id").is_some() {
@@ -55,6 +60,7 @@ pub(super) fn unwrap(body: &Value) -> Option<Wrapped> {
             intent: json!({"source": field("source"), "detail-type": field("detail-type"),
                 "resources": field("resources"), "detail": detail}),
             published: detail,
+            origin: json!({"source": field("source"), "account": field("account")}),
         });
     }
     None
