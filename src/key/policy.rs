@@ -118,7 +118,7 @@ impl<E: 'static> KeyPolicy<E> {
 
     /// The same policy, naming the intent 0.4 projected for an event where this one projects
     /// another: a record 0.4 wrote of that intent is of this one.
-    #[cfg(any(feature = "sqs", feature = "http"))]
+    #[cfg(any(feature = "sqs", feature = "http", feature = "eventbridge"))]
     pub(crate) fn with_intent_as_0_4(mut self, intent: impl Select<E> + 'static) -> Self {
         self.intent_as_0_4 = Some(Arc::new(intent));
         self

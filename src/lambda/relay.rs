@@ -37,7 +37,8 @@
 //! [`sources::sns_by_key_attribute`](crate::lambda::sources::sns_by_key_attribute); an
 //! EventBridge consumer by
 //! [`sources::eventbridge_detail`](crate::lambda::sources::eventbridge_detail)`("/event_id")`,
-//! which fingerprints the envelope alone: the same event published again is a replay.
+//! which fingerprints the event's source, detail type, resources and envelope, none of which a
+//! republication changes: the same event published again is a replay.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {

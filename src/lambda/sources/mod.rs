@@ -14,7 +14,7 @@
 //! | SQS ([`sqs_message_id`]) | `messageId` (a republish gets a new id: opt in) | body |
 //! | SNS ([`sns`]) | `MessageId` (a republish gets a new id) | message |
 //! | SNS ([`sns_by_key_attribute`]) | the topic + the `idempotency-key` message attribute (an outbox event's id), else `MessageId` | message |
-//! | EventBridge ([`eventbridge`], [`eventbridge_detail`]) | `id`, or a `detail` field | detail |
+//! | EventBridge ([`eventbridge`], [`eventbridge_detail`]) | `id`, or a `detail` field | detail; with a `detail` field, the source, detail type and resources too |
 //! | HTTP: API Gateway REST/HTTP, Function URLs, ALB ([`http()`]) | caller + `Idempotency-Key` header (a Structured Field String when quoted) | method, path, decoded query sorted by name, content type, body bytes |
 //! | DynamoDB Streams ([`dynamodb_stream`]) | `eventID` | keys and new image |
 //! | Kinesis ([`kinesis`]) | shard sequence number (`eventID`) | data |
@@ -94,4 +94,20 @@ pub(crate) fn object<const N: usize>(fields: [(&str, serde_json::Value); N]) -> 
             .map(|(name, value)| (name.to_owned(), value))
             .collect(),
     )
+}
+
+/// Asserts that `fingerprint`, of another projection than 0.4's (`by_0_4`), names a record
+/// 0.4 wrote with `by_0_4` (no key rule stated) and never one a later version wrote with it.
+#[cfg(all(test, any(feature = "sqs", feature = "eventbridge")))]
+pub(crate) fn assert_reads_0_4s_record_only(
+    fingerprint: &crate::key::Fingerprint,
+    by_0_4: &crate::key::Fingerprint,
+) {
+    use crate::key::{Fingerprint, KeyRule};
+    let now = std::time::SystemTime::now();
+    assert!(!fingerprint.matches(by_0_4), "another projection");
+    let unstated = Fingerprint::from_stored(by_0_4.as_str());
+    assert!(fingerprint.names(&unstated, now), "0.4's record");
+    let stated = Fingerprint::from_stored_under(by_0_4.as_str(), KeyRule::CURRENT);
+    assert!(!fingerprint.names(&stated, now), "0.5's never");
 }

@@ -236,8 +236,7 @@ impl BatchReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key::{Fingerprint, KeyRule, OperationScope};
-    use std::time::SystemTime;
+    use crate::key::{Fingerprint, OperationScope};
 
     fn notification(message_id: &str, message: &str) -> SqsMessage {
         let mut delivered = SqsMessage::default();
@@ -366,17 +365,7 @@ mod tests {
                 .expect("policy")
                 .derive(&scope, &delivered)
                 .expect("derived");
-            assert!(!fingerprint.matches(&by_0_4), "another projection");
-            let unstated = Fingerprint::from_stored(by_0_4.as_str());
-            assert!(
-                fingerprint.names(&unstated, SystemTime::now()),
-                "0.4's record"
-            );
-            let stated = Fingerprint::from_stored_under(by_0_4.as_str(), KeyRule::CURRENT);
-            assert!(
-                !fingerprint.names(&stated, SystemTime::now()),
-                "0.5's never"
-            );
+            super::super::assert_reads_0_4s_record_only(&fingerprint, &by_0_4);
         }
     }
 }
