@@ -39,7 +39,7 @@ use self::decide::Recover;
 use self::give_back::GiveBack;
 pub(crate) use self::give_back::LandsBy;
 pub use self::operator::{Operator, Resolution};
-use self::owned_runs::OwnedRun;
+use self::owned_runs::{OwnedRun, Refused};
 use self::settle::{Completion, settle_patience};
 use self::single_flight::SingleFlight;
 use crate::clock::{Clock, SystemClock};
@@ -442,6 +442,14 @@ impl Idempotency {
         }
     }
 
+    /// Whether a record of `key` stands (one that answers); a read that fails says it does.
+    async fn record_stands(&self, key: &OperationKey, now: SystemTime) -> bool {
+        match self.store.get(key).await {
+            Ok(record) => record.is_some_and(|record| !record.counts_as_absent(now)),
+            Err(_) => true,
+        }
+    }
+
     /// Claims and runs, or answers; `Busy` gives the handler back, unrun, when another
     /// environment holds a live claim and the invocation waits for results
     /// ([`Invocation::with_wait_for_result`]).
@@ -470,13 +478,23 @@ impl Idempotency {
         // One run of an owner's operation at a time in this process: a second is a sibling.
         let owned_run = match &invocation.owner {
             None => None,
-            Some(owner) => match OwnedRun::start(key, owner.token(), owner.branch()) {
-                Some(run) => Some(run),
-                None => {
-                    let answer = self.answer_as_it_stands(invocation, now).await;
-                    return Ran::unrun(answer, invocation, handler);
+            Some(owner) => {
+                let (token, branch) = (owner.token(), owner.branch());
+                let mut started = OwnedRun::start(key, token, branch);
+                // A run parked in another branch whose claim went meanwhile parks nothing.
+                if started.as_ref().err() == Some(&Refused::ParkedInAnotherBranch)
+                    && !self.record_stands(key, now).await
+                {
+                    started = OwnedRun::start_unparked(key, token, branch);
                 }
-            },
+                match started {
+                    Ok(run) => Some(run),
+                    Err(_) => {
+                        let answer = self.answer_as_it_stands(invocation, now).await;
+                        return Ran::unrun(answer, invocation, handler);
+                    }
+                }
+            }
         };
         let ran = self.claim_and_run(invocation, asked, now, handler).await;
         // Dropped before this (the durable SDK parks the handler), an owned run stays parked.

@@ -6,8 +6,10 @@
 //!
 //! A durable branch that parks (a wait, a callback) is dropped by the durable SDK while its
 //! siblings go on in the same invocation: its run stays *parked* here, under its branch, for
-//! the rest of the invocation (at most [`INVOCATION_LIMIT`]), so that another branch is still
-//! a sibling, while the same branch (the execution's replay of it) takes the run back.
+//! up to [`INVOCATION_LIMIT`] (the longest an invocation runs), so that another branch is
+//! still a sibling, while the same branch (the execution's replay of it) takes the run back.
+//! A parked run whose claim went meanwhile (given back after a failure, released) parks
+//! nothing: the engine starts the next run over.
 //!
 //! [`Invocation::with_owner`]: crate::Invocation::with_owner
 
@@ -41,6 +43,15 @@ fn with_runs<R>(f: impl FnOnce(&mut Runs) -> R) -> R {
     f(runs.get_or_insert_with(Runs::default))
 }
 
+/// Why a run did not start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Refused {
+    /// This process runs it.
+    Running,
+    /// It parked in another branch within the last [`INVOCATION_LIMIT`].
+    ParkedInAnotherBranch,
+}
+
 /// An owned run in flight, until finished ([`OwnedRun::finish`]) or dropped.
 #[derive(Debug)]
 pub(super) struct OwnedRun {
@@ -52,24 +63,50 @@ pub(super) struct OwnedRun {
 
 impl OwnedRun {
     /// Starts the run of `key` for the owner whose lease token is `token` (a durable
-    /// execution's, in `branch`); `None` when this process runs it already, or when it parked
-    /// in another branch within the invocation.
-    pub(super) fn start(key: &OperationKey, token: &str, branch: Option<&str>) -> Option<Self> {
+    /// execution's, in `branch`), unless this process runs it already or it parked in another
+    /// branch.
+    pub(super) fn start(
+        key: &OperationKey,
+        token: &str,
+        branch: Option<&str>,
+    ) -> Result<Self, Refused> {
+        Self::start_with(key, token, branch, false)
+    }
+
+    /// [`Self::start`] of a run whose parked claim went (given back, released, expired):
+    /// nothing of it stays parked.
+    pub(super) fn start_unparked(
+        key: &OperationKey,
+        token: &str,
+        branch: Option<&str>,
+    ) -> Result<Self, Refused> {
+        Self::start_with(key, token, branch, true)
+    }
+
+    fn start_with(
+        key: &OperationKey,
+        token: &str,
+        branch: Option<&str>,
+        unpark: bool,
+    ) -> Result<Self, Refused> {
         let entry = (key.clone(), token.to_owned());
-        let started = with_runs(|runs| {
+        with_runs(|runs| {
             runs.parked
                 .retain(|_, (_, parked_at)| parked_at.elapsed() < INVOCATION_LIMIT);
             if let Some((parked_in, _)) = runs.parked.get(&entry) {
-                if branch.is_some_and(|branch| branch != parked_in) {
-                    return false;
+                if !unpark && branch.is_some_and(|branch| branch != parked_in) {
+                    return Err(Refused::ParkedInAnotherBranch);
                 }
                 runs.parked.remove(&entry);
             }
-            runs.running.insert(entry.clone())
-        });
+            match runs.running.insert(entry.clone()) {
+                true => Ok(()),
+                false => Err(Refused::Running),
+            }
+        })?;
         // Built only once started (and the lock let go): a run dropped unstarted would end the
         // one in flight.
-        started.then(|| Self {
+        Ok(Self {
             entry,
             branch: branch.map(str::to_owned),
             finished: false,
@@ -101,7 +138,7 @@ impl Drop for OwnedRun {
 
 #[cfg(test)]
 mod tests {
-    use super::OwnedRun;
+    use super::{OwnedRun, Refused};
     use crate::key::OperationKey;
 
     #[test]
@@ -109,15 +146,16 @@ mod tests {
         let key = OperationKey::from_stored("owned-runs#test");
         let other = OperationKey::from_stored("owned-runs#other");
         let first = OwnedRun::start(&key, "owner-a", None).expect("the first run");
-        assert!(
-            OwnedRun::start(&key, "owner-a", None).is_none(),
+        assert_eq!(
+            OwnedRun::start(&key, "owner-a", None).err(),
+            Some(Refused::Running),
             "a sibling"
         );
         let another_key = OwnedRun::start(&other, "owner-a", None).expect("another key");
         let another_owner = OwnedRun::start(&key, "owner-b", None).expect("another owner");
         drop(first);
         assert!(
-            OwnedRun::start(&key, "owner-a", None).is_some(),
+            OwnedRun::start(&key, "owner-a", None).is_ok(),
             "after it ended"
         );
         drop((another_key, another_owner));
@@ -127,15 +165,28 @@ mod tests {
     fn a_parked_durable_run_is_taken_back_by_its_own_branch_only() {
         let key = OperationKey::from_stored("owned-runs#parked");
         drop(OwnedRun::start(&key, "owner-p", Some("branch-a")).expect("the first run"));
-        assert!(
-            OwnedRun::start(&key, "owner-p", Some("branch-b")).is_none(),
+        assert_eq!(
+            OwnedRun::start(&key, "owner-p", Some("branch-b")).err(),
+            Some(Refused::ParkedInAnotherBranch),
             "another branch, beside the parked run"
         );
         let back = OwnedRun::start(&key, "owner-p", Some("branch-a")).expect("its own branch");
         back.finish();
         assert!(
-            OwnedRun::start(&key, "owner-p", Some("branch-b")).is_some(),
+            OwnedRun::start(&key, "owner-p", Some("branch-b")).is_ok(),
             "after the run finished"
+        );
+    }
+
+    #[test]
+    fn a_parked_run_whose_claim_went_is_started_over() {
+        let key = OperationKey::from_stored("owned-runs#went");
+        drop(OwnedRun::start(&key, "owner-w", Some("branch-a")).expect("the first run"));
+        let over = OwnedRun::start_unparked(&key, "owner-w", Some("branch-b")).expect("over");
+        over.finish();
+        assert!(
+            OwnedRun::start(&key, "owner-w", Some("branch-c")).is_ok(),
+            "nothing stays parked"
         );
     }
 }

@@ -9,7 +9,7 @@
 //!
 //! | source | key | fingerprint |
 //! |---|---|---|
-//! | SQS ([`sqs`]) | the producer (`SenderId`'s role part) + the `idempotency-key` message attribute, else the body field you name, else (in a body SNS or EventBridge wrapped) the notification's `idempotency-key` attribute, else the field in the message or `detail` | body (of a wrapped one: the topic, subject and message; the source, detail type, resources and detail) |
+//! | SQS ([`sqs`]) | the producer (`SenderId`'s role part; of a wrapped body, also the topic or the source and account) + the `idempotency-key` message attribute, else the body field you name, else (in a body SNS or EventBridge wrapped) the notification's `idempotency-key` attribute, else the field in the message or `detail` | body (of a wrapped one: the topic, subject and message; the source, detail type, resources and detail) |
 //! | SQS ([`sqs_across_senders`]) | as [`sqs`], without the producer: every producer shares one key space | as [`sqs`] |
 //! | SQS ([`sqs_message_id`]) | `messageId` (a republish gets a new id: opt in) | body |
 //! | SNS ([`sns`]) | `MessageId` (a republish gets a new id) | message |

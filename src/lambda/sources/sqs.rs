@@ -33,12 +33,12 @@ pub const SQS_KEY_ATTRIBUTE: &str = crate::effects::ID_ATTRIBUTE;
 /// notification's `idempotency-key` attribute, else the field at `body_pointer` in the SNS
 /// message or the event's `detail`; the fingerprint is over the topic, subject and message, or
 /// the event's source, detail type, resources and detail. A key read from a wrapped body (as
-/// delivered or as published) is scoped to the publisher the wrapping names, the SNS topic or
-/// the event's source and account, instead of
-/// `SenderId` (which is then the delivering service's, the same for every topic and rule): a
-/// topic or source that shares the queue cannot suppress another's message by publishing its
-/// key first. With raw message delivery nothing says which topic published a body: give each
-/// publisher's topic its own queue.
+/// delivered or as published) is scoped to the publisher the wrapping names too, the SNS topic
+/// or the event's source and account, since `SenderId` is then the delivering service's, the
+/// same for every topic and rule: a topic or source that shares the queue cannot suppress
+/// another's message by publishing its key first, and a sender that writes a wrapping of its
+/// own into a body stays scoped to its own `SenderId`. With raw message delivery nothing says
+/// which topic published a body: give each publisher's topic its own queue.
 ///
 /// ```
 /// use aws_lambda_events::event::sqs::SqsMessage;
@@ -69,9 +69,14 @@ pub fn sqs(body_pointer: Option<&str>) -> Result<KeyPolicy<SqsMessage>, ConfigEr
     Ok(KeyPolicy::from_fns(
         move |message: &SqsMessage| {
             let Found { key, wrapped_by } = material(message)?;
-            Some(match (wrapped_by, sender_role(message)) {
-                (Some(origin), _) => json!({"wrapped_by": origin, "key": key}),
-                (None, Some(producer)) => json!({"producer": producer, "key": key}),
+            Some(match (sender_role(message), wrapped_by) {
+                // The sender SQS vouches for, and (a service's SenderId being the same for
+                // every topic and rule) the publisher the wrapping names.
+                (Some(producer), Some(origin)) => {
+                    json!({"producer": producer, "wrapped_by": origin, "key": key})
+                }
+                (Some(producer), None) => json!({"producer": producer, "key": key}),
+                (None, Some(origin)) => json!({"wrapped_by": origin, "key": key}),
                 (None, None) => key,
             })
         },
@@ -294,6 +299,15 @@ mod tests {
         );
         let partners = rewrapped(&placed, "TopicArn", "arn:aws:sns:us-east-1:2:partner");
         assert_ne!(key(&placed), key(&partners), "another topic's same key");
+        let mut forged = notification("m-9", r#"{"order":"o-1"}"#);
+        forged
+            .attributes
+            .insert("SenderId".into(), "AROAPARTNER:session-1".into());
+        assert_ne!(
+            key(&placed),
+            key(&forged),
+            "a wrapping a sender wrote itself stays its own"
+        );
 
         let event = from_the_service(rule_target("e-1", "OrderPlaced"));
         assert_eq!(
