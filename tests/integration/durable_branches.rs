@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use aws_durable_execution_sdk::DurableContext;
 use aws_durable_execution_sdk::test_util::LocalRunner;
+use lambda_idempotency::store::{Guard, StoreExt, Target};
 use lambda_idempotency::{BoxError, Error, ExecutionContext, Operation};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
@@ -26,6 +27,9 @@ struct Branches {
     /// The first branch parked (its future dropped by the SDK).
     parked: AtomicBool,
     parked_signal: Notify,
+    /// Once the first branch parked, its claim is given back (as a failed replay elsewhere
+    /// would): the second branch finds no claim standing.
+    give_back_the_parked_claim: bool,
 }
 
 /// Sets `parked` as the branch's future is dropped.
@@ -57,6 +61,18 @@ async fn branch(
             break;
         }
         notified.await;
+    }
+    if branches.give_back_the_parked_claim {
+        let invocation = operation.durable_invocation(&order, &durable)?;
+        let store = operation.engine().store();
+        if let Some(record) = store.get(invocation.key()).await? {
+            let target = Target {
+                key: invocation.key(),
+                identity: None,
+                guard: Guard::Lease(&record.lease.token),
+            };
+            store.release(target).await?;
+        }
     }
     run(&operation, &branches, &durable, &order, index).await
 }
@@ -105,6 +121,40 @@ async fn run(
     }
 }
 
+/// Runs the map of two branches over `order` on `operation` to its end.
+async fn run_map(
+    operation: &Operation<Value>,
+    branches: &Arc<Branches>,
+    order: Value,
+) -> aws_durable_execution_sdk::test_util::TestResult<Value> {
+    let (handler_operation, handler_branches) = (operation.clone(), Arc::clone(branches));
+    LocalRunner::new()
+        .run(
+            move |order: Value, durable: DurableContext| {
+                let (operation, branches) =
+                    (handler_operation.clone(), Arc::clone(&handler_branches));
+                async move {
+                    let results: Vec<Value> = durable
+                        .map(vec![order.clone(), order], move |child, order, index| {
+                            branch(
+                                operation.clone(),
+                                Arc::clone(&branches),
+                                child,
+                                order,
+                                index,
+                            )
+                        })
+                        .name("fulfil-each")
+                        .max_concurrency(2)
+                        .await?;
+                    Ok::<_, BoxError>(json!(results))
+                }
+            },
+            order,
+        )
+        .await
+}
+
 #[tokio::test]
 async fn a_branch_started_beside_a_parked_one_is_a_duplicate() {
     for backend in both().await {
@@ -113,32 +163,7 @@ async fn a_branch_started_beside_a_parked_one_is_a_duplicate() {
         let branches = Arc::new(Branches::default());
         let order = json!({"order_id": "o-map", "amount": 30});
 
-        let (handler_operation, handler_branches) = (operation.clone(), Arc::clone(&branches));
-        let result = LocalRunner::new()
-            .run(
-                move |order: Value, durable: DurableContext| {
-                    let (operation, branches) =
-                        (handler_operation.clone(), Arc::clone(&handler_branches));
-                    async move {
-                        let results: Vec<Value> = durable
-                            .map(vec![order.clone(), order], move |child, order, index| {
-                                branch(
-                                    operation.clone(),
-                                    Arc::clone(&branches),
-                                    child,
-                                    order,
-                                    index,
-                                )
-                            })
-                            .name("fulfil-each")
-                            .max_concurrency(2)
-                            .await?;
-                        Ok::<_, BoxError>(json!(results))
-                    }
-                },
-                order,
-            )
-            .await;
+        let result = run_map(&operation, &branches, order).await;
 
         assert!(result.is_success(), "{name}: {:?}", result.error_message());
         assert_eq!(
@@ -153,6 +178,41 @@ async fn a_branch_started_beside_a_parked_one_is_a_duplicate() {
         assert!(
             !bodies.is_empty() && bodies.iter().all(|index| *index == 0),
             "{name}: only the first branch runs the operation: {bodies:?}"
+        );
+        assert_eq!(branches.charges.load(Ordering::SeqCst), 1, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_branch_started_after_the_parked_claim_went_claims_afresh() {
+    // The parked run's claim was given back meanwhile: nothing runs it, so the next branch
+    // claims and runs instead of being told it is in progress; the parked branch's replay
+    // then reads its outcome.
+    for backend in both().await {
+        let name = backend.name;
+        let operation = fulfil(&backend, &Arc::new(Ran::default()));
+        let branches = Arc::new(Branches {
+            give_back_the_parked_claim: true,
+            ..Branches::default()
+        });
+        let order = json!({"order_id": "o-map-gone", "amount": 30});
+
+        let result = run_map(&operation, &branches, order).await;
+
+        assert!(result.is_success(), "{name}: {:?}", result.error_message());
+        let bodies = branches.bodies.lock().expect("bodies").clone();
+        assert!(
+            bodies.contains(&1),
+            "{name}: the second branch ran the operation: {bodies:?}"
+        );
+        // The parked branch, replayed, is the duplicate now: in progress while the second
+        // branch's run stands parked, its outcome once it completed.
+        let outcome = json!({"reserved": "rsv-1", "charged": "ch-1"});
+        let output = result.output().cloned().unwrap_or_default();
+        assert_eq!(output[1], outcome, "{name}: {output}");
+        assert!(
+            output[0] == outcome || output[0] == json!({"in_progress": true}),
+            "{name}: {output}"
         );
         assert_eq!(branches.charges.load(Ordering::SeqCst), 1, "{name}");
     }
