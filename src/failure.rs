@@ -7,8 +7,8 @@
 //!
 //! A handler error that is a [`Release`] is released without asking the classifier.
 //!
-//! The default, [`DefaultClassifier`], treats every error as retryable unless it is (or wraps)
-//! a [`Terminal`]. Let the handler's own error type decide with [`ByErrorType`]:
+//! The default (an operation that sets no classifier) treats every error as retryable unless it
+//! is (or wraps) a [`Terminal`]. Let the handler's own error type decide with [`ByErrorType`]:
 //!
 //! ```
 //! use lambda_idempotency::failure::{ByErrorType, Classifier, FailureClass, HasFailureClass, Terminal};
@@ -34,9 +34,10 @@
 //! assert_eq!(classifier.classify(&PaymentError::Declined), FailureClass::terminal("card_declined"));
 //! assert_eq!(classifier.classify(&PaymentError::GatewayTimeout), FailureClass::Retryable);
 //!
-//! // Without a classifier of its own, a handler marks a failure terminal by wrapping it:
+//! // An error of another type is classified as by default: a handler marks it terminal by
+//! // wrapping it.
 //! let marked = Terminal::new("invoice_rejected", std::io::Error::other("rejected by the ledger"));
-//! assert_eq!(lambda_idempotency::failure::DefaultClassifier.classify(&marked), FailureClass::terminal("invoice_rejected"));
+//! assert_eq!(classifier.classify(&marked), FailureClass::terminal("invoice_rejected"));
 //! ```
 
 use std::error::Error as StdError;
@@ -73,7 +74,7 @@ pub trait Classifier: Send + Sync {
 
 /// Terminal if the error or any error in its source chain is a [`Terminal`]; else retryable.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct DefaultClassifier;
+pub(crate) struct DefaultClassifier;
 
 impl Classifier for DefaultClassifier {
     fn classify(&self, error: &(dyn StdError + 'static)) -> FailureClass {

@@ -7,11 +7,11 @@
 //! write per event, what the relay spends on its mark too.
 
 use lambda_idempotency::BoxError;
-use lambda_idempotency::effects::{Marked, OutboxMarks, PublishedBy};
+use lambda_idempotency::effects::{OutboxMarks, PublishedBy};
 use serde_json::Value;
 
 /// Marks the outbox event carried by the Pipe in `event` (an EventBridge event whose `detail`
-/// is the outbox envelope) published at `now`.
+/// is the outbox envelope) published at `now`: `true`, or `false` when it was marked already.
 ///
 /// # Errors
 /// When the event carries no `detail.event_id`, or the mark's write fails (EventBridge retries
@@ -20,7 +20,7 @@ pub async fn mark(
     marks: &OutboxMarks,
     event: &Value,
     now: std::time::SystemTime,
-) -> Result<Marked, BoxError> {
+) -> Result<bool, BoxError> {
     let id = event["detail"]["event_id"]
         .as_str()
         .filter(|id| !id.is_empty())

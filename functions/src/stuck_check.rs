@@ -8,7 +8,8 @@
 
 use std::time::{Duration, SystemTime};
 
-use lambda_idempotency::store::{DynamoDbStore, StuckCounts};
+use lambda_idempotency::record::Status;
+use lambda_idempotency::store::{DynamoDbStore, Stuck};
 use serde_json::Value;
 
 use crate::metrics::{Gauge, gauges_document};
@@ -65,25 +66,24 @@ pub async fn run(
     let stuck = store
         .find_stuck(now, settings.older_than, settings.max_pages)
         .await?;
-    Ok(emf_document(
-        function,
-        stuck.counts(now),
-        stuck.complete,
-        now,
-    ))
+    Ok(emf_document(function, &stuck, now))
 }
 
 /// The gauges as one Embedded Metric Format document, dimension `Function`.
-pub fn emf_document(function: &str, counts: StuckCounts, complete: bool, now: SystemTime) -> Value {
+pub fn emf_document(function: &str, stuck: &Stuck, now: SystemTime) -> Value {
     let gauge = |name, unit, value| Gauge { name, unit, value };
     gauges_document(
         function,
         &[
-            gauge("StuckInProgress", "Count", counts.in_progress),
-            gauge("Indeterminate", "Count", counts.indeterminate),
-            gauge("OrphanedEvidence", "Count", counts.orphaned_evidence),
-            gauge("ReconciliationAge", "Seconds", counts.oldest.as_secs()),
-            gauge("StuckCheckIncomplete", "Count", u64::from(!complete)),
+            gauge("StuckInProgress", "Count", stuck.count(Status::InProgress)),
+            gauge("Indeterminate", "Count", stuck.count(Status::Indeterminate)),
+            gauge("OrphanedEvidence", "Count", stuck.orphans.len() as u64),
+            gauge(
+                "ReconciliationAge",
+                "Seconds",
+                stuck.oldest_wait(now).as_secs(),
+            ),
+            gauge("StuckCheckIncomplete", "Count", u64::from(!stuck.complete)),
         ],
         now,
     )

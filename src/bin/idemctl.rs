@@ -53,7 +53,7 @@ use lambda_idempotency::record::{
 };
 use lambda_idempotency::record::{MAX_FAILURE_KIND_BYTES, MAX_FAILURE_MESSAGE_BYTES};
 use lambda_idempotency::store::{
-    AttributeNames, DynamoDbStore, ScanCursor, SortKey, StoreExt, TABLE_VAR, TableProtection,
+    AttributeNames, DynamoDbStore, SortKey, StoreExt, TABLE_VAR, TableProtection,
     UNIQUENESS_TABLE_VAR, dynamodb_config, stuck_since,
 };
 use lambda_idempotency::{BoxError, Config, Idempotency, OperationKey, Operator, Resolution};
@@ -543,21 +543,21 @@ fn audit_json(audit: &Audit) -> Value {
 /// page, with progress on stderr for long scans.
 async fn scan_summaries(store: &DynamoDbStore) -> Result<Vec<Record>, BoxError> {
     let mut all = Vec::new();
-    let mut cursor: Option<ScanCursor> = None;
+    let mut start = None;
     let mut pages = 0;
     let mut skipped_all = 0;
     loop {
-        let (records, skipped, next) = store.scan_summary_page(cursor.take()).await?;
+        let (records, skipped, next) = store.scan_summary_page(start).await?;
         pages += 1;
         all.extend(records);
         skipped_all += skipped;
-        if !next.has_more() {
+        start = next;
+        if start.is_none() {
             break;
         }
         if pages % 10 == 0 {
             eprintln!("scanned {pages} pages, {} records…", all.len());
         }
-        cursor = Some(next);
     }
     if skipped_all > 0 {
         eprintln!("skipped {skipped_all} items that do not decode as idempotency records");

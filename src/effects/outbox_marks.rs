@@ -3,7 +3,7 @@
 //!
 //! Every mark is one conditional `UpdateItem`: it applies only to an item that exists and was
 //! not published yet, so a late or repeated mark (the relay and the sweeper both published an
-//! event) changes nothing and reports [`Marked::Already`].
+//! event) changes nothing and answers `false` (`true`: marked now).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -48,17 +48,6 @@ impl PublishedBy {
             Self::Pipe => "pipe",
         }
     }
-}
-
-/// What a mark did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Marked {
-    /// The item was pending (or parked) and is marked now.
-    Now,
-    /// The item was published already, or is gone (its TTL ran after its publication): nothing
-    /// changed.
-    Already,
 }
 
 /// An outbox request that failed.
@@ -179,7 +168,8 @@ impl OutboxMarks {
     }
 
     /// Marks event `id` published by `by` at `now`: out of the pending index, expiring
-    /// [`OUTBOX_RETENTION`] later.
+    /// [`OUTBOX_RETENTION`] later: `true`, or `false` when it was published already or is
+    /// gone (nothing changed).
     ///
     /// # Errors
     /// [`OutboxError::Request`] when DynamoDB fails the write.
@@ -188,7 +178,7 @@ impl OutboxMarks {
         id: &str,
         by: PublishedBy,
         now: SystemTime,
-    ) -> Result<Marked, OutboxError> {
+    ) -> Result<bool, OutboxError> {
         let update = self
             .update(id)
             .update_expression(
@@ -273,11 +263,11 @@ impl OutboxMarks {
     /// Redrives pending event `id` at `now` for a publisher that reads the table's stream (an
     /// EventBridge Pipe): sets `redriven_at` (and counts `redrives`), a modification whose new image the Pipe's filter
     /// lets through, so the Pipe publishes the event again as it did the first time. The mark
-    /// that follows removes `redriven_at`.
+    /// that follows removes `redriven_at`. `false` when it is no longer pending.
     ///
     /// # Errors
     /// [`OutboxError::Request`] when DynamoDB fails the write.
-    pub async fn redrive(&self, id: &str, now: SystemTime) -> Result<Marked, OutboxError> {
+    pub async fn redrive(&self, id: &str, now: SystemTime) -> Result<bool, OutboxError> {
         let update = self
             .update(id)
             .update_expression("SET redriven_at = :now ADD redrives :one")
@@ -294,16 +284,11 @@ impl OutboxMarks {
 
     /// Parks event `id` at `now` with its destination's refusal (`reason`, cut to
     /// [`MAX_PARKED_REASON_BYTES`]): kept without a TTL, out of the sweeper's way, listed by
-    /// [`OutboxMarks::parked`].
+    /// [`OutboxMarks::parked`]. `false` when it was published meanwhile.
     ///
     /// # Errors
     /// [`OutboxError::Request`] when DynamoDB fails the write.
-    pub async fn park(
-        &self,
-        id: &str,
-        reason: &str,
-        now: SystemTime,
-    ) -> Result<Marked, OutboxError> {
+    pub async fn park(&self, id: &str, reason: &str, now: SystemTime) -> Result<bool, OutboxError> {
         let update = self
             .update(id)
             .update_expression(
@@ -322,12 +307,12 @@ impl OutboxMarks {
     }
 
     /// Puts parked event `id` back among the pending ones (its destination takes it now: a
-    /// grant added, a queue created), for the next sweep to publish. [`Marked::Already`] when
-    /// it is not parked (published, pending already, or no such event).
+    /// grant added, a queue created), for the next sweep to publish: `true`, or `false` when it
+    /// is not parked (published, pending already, or no such event).
     ///
     /// # Errors
     /// [`OutboxError::Request`] when DynamoDB fails the write.
-    pub async fn unpark(&self, id: &str) -> Result<Marked, OutboxError> {
+    pub async fn unpark(&self, id: &str) -> Result<bool, OutboxError> {
         let update = self
             .update(id)
             .update_expression(
@@ -674,15 +659,15 @@ fn settled<T>(
         >,
     >,
     operation: &'static str,
-) -> Result<Marked, OutboxError> {
+) -> Result<bool, OutboxError> {
     match update {
-        Ok(_) => Ok(Marked::Now),
+        Ok(_) => Ok(true),
         Err(err)
             if err
                 .as_service_error()
                 .is_some_and(|service| service.is_conditional_check_failed_exception()) =>
         {
-            Ok(Marked::Already)
+            Ok(false)
         }
         Err(err) => Err(OutboxError::request(operation, err)),
     }

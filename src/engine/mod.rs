@@ -48,7 +48,7 @@ use crate::error::{BoxError, Error};
 use crate::execution::{Execution, Invocation, Origin};
 use crate::failure::{Classifier, DefaultClassifier};
 use crate::key::OperationKey;
-use crate::observe::{self, Decision, NoObserver, Observation, Observer};
+use crate::observe::{self, Decision, Observation, Observer};
 use crate::reconcile::{Reconciler, Recovery};
 use crate::record::Record;
 use crate::store::{AnyStore, Guard, Store, StoreExt, Target};
@@ -134,7 +134,7 @@ impl Idempotency {
             classifier: Arc::new(DefaultClassifier),
             reconciler: None,
             recovery: Recovery::default(),
-            observer: Arc::new(NoObserver),
+            observer: Arc::new(()),
             single_flight: None,
             spawner: None,
         }

@@ -6,11 +6,14 @@ use std::sync::Arc;
 use lambda_runtime::tower::Layer;
 
 use super::operation::Operation;
-use super::service::{ExecutionService, IdempotencyService};
+use super::service::IdempotencyService;
 
 /// Makes the wrapped Lambda handler idempotent: `ServiceBuilder::new().layer(layer)`, built
 /// from an [`Operation`] ([`Operation::layer`]).
-pub struct IdempotencyLayer<E> {
+///
+/// Its service answers the handler's value; [`IdempotencyLayer::executions`] gives the same
+/// layer answering the whole [`Execution`](crate::Execution) (`EXECUTIONS = true`).
+pub struct IdempotencyLayer<E, const EXECUTIONS: bool = false> {
     pub(crate) operation: Arc<Operation<E>>,
 }
 
@@ -20,11 +23,6 @@ impl<E> IdempotencyLayer<E> {
         Self {
             operation: Arc::new(operation),
         }
-    }
-
-    /// Wraps `service` (the same as `.layer(service)`).
-    pub fn wrap<Svc>(&self, service: Svc) -> IdempotencyService<Svc, E> {
-        self.layer(service)
     }
 
     /// The same layer, answering the whole [`Execution`](crate::Execution) instead of the
@@ -59,41 +57,18 @@ impl<E> IdempotencyLayer<E> {
     ///     lambda_runtime::run(service).await
     /// }
     /// ```
-    pub fn executions(self) -> ExecutionLayer<E> {
-        ExecutionLayer {
+    pub fn executions(self) -> IdempotencyLayer<E, true> {
+        IdempotencyLayer {
             operation: self.operation,
         }
     }
 }
 
-/// An [`IdempotencyLayer`] whose service answers the whole [`Execution`](crate::Execution)
-/// ([`IdempotencyLayer::executions`]).
-pub struct ExecutionLayer<E> {
-    operation: Arc<Operation<E>>,
-}
-
-impl<E> Clone for ExecutionLayer<E> {
-    fn clone(&self) -> Self {
-        Self {
-            operation: Arc::clone(&self.operation),
-        }
-    }
-}
-
-impl<E> fmt::Debug for ExecutionLayer<E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ExecutionLayer")
-            .field("operation", &self.operation)
-            .finish()
-    }
-}
-
-impl<Svc, E> Layer<Svc> for ExecutionLayer<E> {
-    type Service = ExecutionService<Svc, E>;
-
-    fn layer(&self, inner: Svc) -> Self::Service {
-        ExecutionService {
-            inner,
+impl<E, const EXECUTIONS: bool> IdempotencyLayer<E, EXECUTIONS> {
+    /// Wraps `service` (the same as `.layer(service)`).
+    pub fn wrap<Svc>(&self, service: Svc) -> IdempotencyService<Svc, E, EXECUTIONS> {
+        IdempotencyService {
+            inner: service,
             operation: Arc::clone(&self.operation),
         }
     }
@@ -113,7 +88,7 @@ impl<E> From<Operation<E>> for IdempotencyLayer<E> {
     }
 }
 
-impl<E> Clone for IdempotencyLayer<E> {
+impl<E, const EXECUTIONS: bool> Clone for IdempotencyLayer<E, EXECUTIONS> {
     fn clone(&self) -> Self {
         Self {
             operation: Arc::clone(&self.operation),
@@ -121,23 +96,19 @@ impl<E> Clone for IdempotencyLayer<E> {
     }
 }
 
-impl<E> fmt::Debug for IdempotencyLayer<E> {
+impl<E, const EXECUTIONS: bool> fmt::Debug for IdempotencyLayer<E, EXECUTIONS> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyLayer")
             .field("operation", &self.operation)
+            .field("executions", &EXECUTIONS)
             .finish()
     }
 }
 
-impl<Svc, E> Layer<Svc> for IdempotencyLayer<E> {
-    type Service = IdempotencyService<Svc, E>;
+impl<Svc, E, const EXECUTIONS: bool> Layer<Svc> for IdempotencyLayer<E, EXECUTIONS> {
+    type Service = IdempotencyService<Svc, E, EXECUTIONS>;
 
     fn layer(&self, inner: Svc) -> Self::Service {
-        IdempotencyService {
-            execution: ExecutionService {
-                inner,
-                operation: Arc::clone(&self.operation),
-            },
-        }
+        self.wrap(inner)
     }
 }

@@ -40,6 +40,6 @@ pub mod sources;
 
 pub use context::current;
 pub use error::IdempotencyError;
-pub use layer::{ExecutionLayer, IdempotencyLayer};
+pub use layer::IdempotencyLayer;
 pub use operation::{LeasePolicy, Operation};
-pub use service::{ExecutionService, IdempotencyService};
+pub use service::IdempotencyService;

@@ -178,11 +178,8 @@ where
     }
 }
 
-/// The default observer: sees nothing.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoObserver;
-
-impl Observer for NoObserver {
+/// The default observer, `()`: sees nothing (`with_observer(())` puts it back).
+impl Observer for () {
     fn observe(&self, _: &Observation<'_>) {}
 }
 

@@ -49,8 +49,8 @@ pub(crate) use dynamodb::value_size;
 pub use dynamodb::{
     ATTEMPT_TIMEOUT, AttributeNames, DYNAMODB_ITEM_LIMIT, DynamoDbStore, ENDPOINT_VAR,
     OPERATION_TIMEOUT, OutcomeStorage, PART_BYTES, PART_TTL_MARGIN, Replication, SDK_ENDPOINT_VAR,
-    ScanCursor, SortKey, Stuck, StuckCounts, TABLE_VAR, TableProtection, UNIQUENESS_TABLE_VAR,
-    configured_endpoint, stuck_since,
+    SortKey, Stuck, TABLE_VAR, TableProtection, UNIQUENESS_TABLE_VAR, configured_endpoint,
+    stuck_since,
 };
 pub use memory::MemoryStore;
 pub use request::{Answer, Request, StoreExt};

@@ -11,8 +11,7 @@ use aws_lambda_events::event::dynamodb::Event as DynamoDbEvent;
 use aws_sdk_dynamodb::types::AttributeValue;
 use lambda_idempotency::clock::Clock;
 use lambda_idempotency::effects::{
-    Destination, Marked, OUTBOX_RETENTION, Outbox, OutboxEvent, OutboxMarks, PublishedBy,
-    Transaction,
+    Destination, OUTBOX_RETENTION, Outbox, OutboxEvent, OutboxMarks, PublishedBy, Transaction,
 };
 use lambda_idempotency::lambda::relay::sweeper::{MAX_REDRIVES, Sweeper};
 use lambda_idempotency::lambda::relay::{Relayed, relay_record};
@@ -365,7 +364,7 @@ async fn a_second_mark_changes_nothing() {
         .published(&event_id, PublishedBy::Sweeper, rig.clock.now())
         .await
         .expect("marked");
-    assert_eq!(again, Marked::Already);
+    assert!(!again, "marked already");
     assert_eq!(items(&rig).await, first, "the first mark stands");
 }
 
@@ -604,10 +603,7 @@ async fn a_redriving_sweeper_waits_between_redrives_and_parks_after_the_last() {
     assert!(reason.contains("redrives"), "{reason}");
 
     // Once the Pipe is fixed, an operator unparks it: pending again, redriven afresh.
-    assert_eq!(
-        marks.unpark(&parked[0].record.id).await.expect("unparked"),
-        Marked::Now
-    );
+    assert!(marks.unpark(&parked[0].record.id).await.expect("unparked"));
     rig.clock.advance(eleven_minutes);
     let report = sweeper.sweep(rig.clock.now()).await.expect("swept");
     assert_eq!(report.republished, 1, "{report}");

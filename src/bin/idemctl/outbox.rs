@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use clap::Subcommand;
 use lambda_idempotency::BoxError;
-use lambda_idempotency::effects::{Destination, Destinations, Found, Marked, Outbox, OutboxMarks};
+use lambda_idempotency::effects::{Destination, Destinations, Found, Outbox, OutboxMarks};
 use lambda_idempotency::lambda::relay::Publisher;
 use lambda_idempotency::lambda::relay::sweeper::Sweeper;
 use lambda_idempotency::store::dynamodb_config;
@@ -113,10 +113,12 @@ pub(crate) async fn run(command: OutboxCommand, table: Option<String>) -> Result
                 .into());
             }
         }
-        OutboxCommand::Unpark { id } => match marks.unpark(&id).await? {
-            Marked::Now => println!("{} is pending again", show::text(&id)),
-            _ => return Err(format!("{} is not parked", show::text(&id)).into()),
-        },
+        OutboxCommand::Unpark { id } => {
+            if !marks.unpark(&id).await? {
+                return Err(format!("{} is not parked", show::text(&id)).into());
+            }
+            println!("{} is pending again", show::text(&id));
+        }
     }
     Ok(())
 }

@@ -35,9 +35,7 @@ use tracing::warn;
 
 use super::{Publisher, Relayed, deliver_all};
 use crate::effects::PendingEvent;
-use crate::effects::outbox_marks::{
-    MAX_BACKOFF_DOUBLINGS, Marked, OutboxError, OutboxMarks, PublishedBy,
-};
+use crate::effects::outbox_marks::{MAX_BACKOFF_DOUBLINGS, OutboxError, OutboxMarks, PublishedBy};
 use crate::error::BoxError;
 
 /// How long an event may be pending before the sweeper republishes it, by default: the relay
@@ -293,7 +291,7 @@ impl Sweeper {
                     about(self.patience())
                 );
                 let marked = self.marks.park(id, &reason, now).await?;
-                Ok((marked == Marked::Now).then_some(false))
+                Ok(marked.then_some(false))
             }
             Ok(_) => Err(err),
             Err(not_recorded) => {
@@ -330,12 +328,12 @@ impl Sweeper {
                     "the Pipe did not publish it after {MAX_REDRIVES} redrives: see the Pipe's dead-letter queue and the marker's errors, then unpark it"
                 );
                 let marked = self.marks.park(&event.record.id, &reason, now).await?;
-                Ok((marked == Marked::Now).then_some(false))
+                Ok(marked.then_some(false))
             }
             // Published or parked since the query: nothing to redrive.
             _ => {
                 let marked = self.marks.redrive(&event.record.id, now).await?;
-                Ok((marked == Marked::Now).then_some(true))
+                Ok(marked.then_some(true))
             }
         }
     }

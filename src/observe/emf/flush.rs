@@ -14,8 +14,8 @@ fn stdout() -> Box<dyn Write> {
     Box::new(std::io::stdout().lock())
 }
 
-/// `inner`, writing the collector's document after each request ([`FlushLayer`] builds it in
-/// a `ServiceBuilder`).
+/// `inner`, writing the collector's document after each request ([`Flushed::layer`] builds it
+/// in a `ServiceBuilder`).
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), lambda_runtime::Error> {
@@ -99,36 +99,35 @@ where
     }
 }
 
-/// The layer of [`Flushed`], for a `ServiceBuilder`.
-#[derive(Clone)]
-pub struct FlushLayer {
-    collector: &'static Collector,
-    sink: fn() -> Box<dyn Write>,
-}
-
-impl FlushLayer {
-    /// Flushes `collector` to stdout after each request; every document carries
-    /// [`document_level`](super::document_level).
-    pub fn new(collector: &'static Collector) -> Self {
-        super::level_every_document(collector);
-        Self {
-            collector,
-            sink: stdout,
-        }
+impl Flushed<()> {
+    /// The layer of [`Flushed`], for a `ServiceBuilder`: flushes `collector` to stdout after
+    /// each request; every document carries [`document_level`](super::document_level).
+    ///
+    /// ```no_run
+    /// # fn demo() -> Result<(), lambda_idempotency::BoxError> {
+    /// use lambda_idempotency::observe::emf::{Flushed, metrics_cloudwatch_embedded};
+    /// use lambda_runtime::tower::ServiceBuilder;
+    ///
+    /// let collector = metrics_cloudwatch_embedded::Builder::new()
+    ///     .cloudwatch_namespace("Payments")
+    ///     .init()?;
+    /// let builder = ServiceBuilder::new().layer(Flushed::layer(collector));
+    /// # Ok(()) }
+    /// ```
+    pub fn layer(collector: &'static Collector) -> Self {
+        Self::new(collector, ())
     }
 }
 
-impl std::fmt::Debug for FlushLayer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FlushLayer").finish_non_exhaustive()
-    }
-}
-
-impl<S> Layer<S> for FlushLayer {
+impl<S> Layer<S> for Flushed<()> {
     type Service = Flushed<S>;
 
     fn layer(&self, inner: S) -> Flushed<S> {
-        Flushed::new(self.collector, inner).with_sink(self.sink)
+        Flushed {
+            collector: self.collector,
+            inner,
+            sink: self.sink,
+        }
     }
 }
 
@@ -194,7 +193,7 @@ mod tests {
             .cloudwatch_namespace("FlushTest")
             .init()
             .expect("the only recorder of the crate's unit tests");
-        let service = FlushLayer::new(collector)
+        let service = Flushed::layer(collector)
             .layer(service_fn(|ending: &'static str| async move {
                 metrics::counter!("calls", "ending" => ending).increment(1);
                 match ending {

@@ -36,7 +36,7 @@
 pub use metrics_cloudwatch_embedded;
 
 mod flush;
-pub use flush::{FlushLayer, Flushed};
+pub use flush::Flushed;
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -61,8 +61,8 @@ const LOG_LEVELS: [&str; 6] = ["TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL
 /// it: the function's application log level (`AWS_LAMBDA_LOG_LEVEL`, which Lambda sets when
 /// the function filters its JSON logs), else `INFO`. Lambda takes a JSON line without a
 /// `level` as INFO and drops it when the function logs at WARN or above: its metrics with it.
-/// [`Flushed`], [`FlushLayer`] and [`MetricsObserver::flushing`] set it on their collector;
-/// a document written otherwise takes it as a property:
+/// [`Flushed`] (and its [`layer`](Flushed::layer)) and [`MetricsObserver::flushing`] set it on
+/// their collector; a document written otherwise takes it as a property:
 ///
 /// ```no_run
 /// # fn demo() -> Result<(), lambda_idempotency::BoxError> {

@@ -64,8 +64,7 @@ pub(crate) use item::value_size;
 pub use item::{AttributeNames, DYNAMODB_ITEM_LIMIT, SortKey};
 pub use outcome::{OutcomeStorage, PART_BYTES, PART_TTL_MARGIN};
 pub use replication::Replication;
-pub use scan::ScanCursor;
-pub use stuck::{Stuck, StuckCounts, stuck_since};
+pub use stuck::{Stuck, stuck_since};
 pub use table::TableProtection;
 /// What the memory store's transactional capability shares with this store's (feature
 /// `testing`).

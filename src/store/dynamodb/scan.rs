@@ -8,20 +8,10 @@ use crate::error::StoreError;
 use crate::record::{Evidence, Record, Status};
 use aws_sdk_dynamodb::types::{AttributeValue, Select};
 
-/// Where a scan goes on: `None` before the first page and after the last.
-#[derive(Debug, Clone, Default)]
-pub struct ScanCursor(Option<Item>);
-
-impl ScanCursor {
-    /// Whether the table has more pages.
-    pub fn has_more(&self) -> bool {
-        self.0.is_some()
-    }
-}
-
 impl DynamoDbStore {
-    /// One page of the idempotency table's records (a `Scan`, eventually consistent), and where
-    /// the next page starts. A record that does not decode is skipped and counted. Outcome
+    /// One page of the idempotency table's records (a `Scan`, eventually consistent) from
+    /// `start` (`None`: the first page), and where the next page starts (DynamoDB's
+    /// `LastEvaluatedKey`; `None` after the last page). A record that does not decode is skipped and counted. Outcome
     /// part items are left out, and not read: a record whose outcome is kept in parts or
     /// compressed comes back with `outcome: None` (read it with
     /// [`StoreExt::get`](crate::store::StoreExt::get)); its steps are decoded (within their bounds).
@@ -29,20 +19,20 @@ impl DynamoDbStore {
     ///
     /// ```no_run
     /// # async fn demo(store: lambda_idempotency::store::DynamoDbStore) -> Result<(), lambda_idempotency::StoreError> {
-    /// let mut cursor = None;
+    /// let mut start = None;
     /// loop {
-    ///     let (records, _skipped, next) = store.scan_page(cursor.take()).await?;
+    ///     let (records, _skipped, next) = store.scan_page(start).await?;
     ///     println!("{} records", records.len());
-    ///     if !next.has_more() { break; }
-    ///     cursor = Some(next);
+    ///     start = next;
+    ///     if start.is_none() { break; }
     /// }
     /// # Ok(()) }
     /// ```
     pub async fn scan_page(
         &self,
-        cursor: Option<ScanCursor>,
-    ) -> Result<(Vec<Record>, usize, ScanCursor), StoreError> {
-        self.scan_records(cursor, false).await
+        start: Option<Item>,
+    ) -> Result<(Vec<Record>, usize, Option<Item>), StoreError> {
+        self.scan_records(start, false).await
     }
 
     /// One page of the records' summaries only: key, status, fingerprint, lease and times
@@ -60,22 +50,22 @@ impl DynamoDbStore {
     /// ```
     pub async fn scan_summary_page(
         &self,
-        cursor: Option<ScanCursor>,
-    ) -> Result<(Vec<Record>, usize, ScanCursor), StoreError> {
-        self.scan_records(cursor, true).await
+        start: Option<Item>,
+    ) -> Result<(Vec<Record>, usize, Option<Item>), StoreError> {
+        self.scan_records(start, true).await
     }
 
     /// One page of records, all their attributes or (`summaries`) only their summaries'.
     async fn scan_records(
         &self,
-        cursor: Option<ScanCursor>,
+        start: Option<Item>,
         summaries: bool,
-    ) -> Result<(Vec<Record>, usize, ScanCursor), StoreError> {
+    ) -> Result<(Vec<Record>, usize, Option<Item>), StoreError> {
         let mut scan = self
             .client
             .scan()
             .table_name(&self.table)
-            .set_exclusive_start_key(cursor.and_then(|cursor| cursor.0));
+            .set_exclusive_start_key(start);
         if summaries {
             let (projection, names) = self.names.summary_projection();
             scan = scan
@@ -103,7 +93,7 @@ impl DynamoDbStore {
         let mut records = Vec::new();
         let mut skipped = 0;
         let summary = summaries.then(|| self.names.summary());
-        let cursor = ScanCursor(output.last_evaluated_key);
+        let next = output.last_evaluated_key;
         for mut item in output.items.unwrap_or_default() {
             // A summary is decoded from the summary's attributes alone, whatever a server
             // returned beside them: nothing else is read, no outcome or step is decompressed.
@@ -116,25 +106,25 @@ impl DynamoDbStore {
                 Err(_) => skipped += 1,
             }
         }
-        Ok((records, skipped, cursor))
+        Ok((records, skipped, next))
     }
 }
 
 impl DynamoDbStore {
     /// One page of the uniqueness table's evidence that is not settled (IN_PROGRESS or
-    /// INDETERMINATE: a `Scan` with a filter, eventually consistent), and where the next page
-    /// starts: what an operator looks at for evidence whose record may be gone
+    /// INDETERMINATE: a `Scan` with a filter, eventually consistent) from `start`, and where the
+    /// next page starts (as for [`Self::scan_page`]): what an operator looks at for evidence whose record may be gone
     /// (`idemctl stuck`). Evidence that does not decode is skipped and counted.
     pub async fn scan_unsettled_evidence(
         &self,
-        cursor: Option<ScanCursor>,
-    ) -> Result<(Vec<Evidence>, usize, ScanCursor), StoreError> {
+        start: Option<Item>,
+    ) -> Result<(Vec<Evidence>, usize, Option<Item>), StoreError> {
         let table = self.uniqueness()?;
         let output = self
             .client
             .scan()
             .table_name(table)
-            .set_exclusive_start_key(cursor.and_then(|cursor| cursor.0))
+            .set_exclusive_start_key(start)
             .filter_expression("#status IN (:in_progress, :indeterminate)")
             .expression_attribute_names("#status", "status")
             .expression_attribute_values(
@@ -159,10 +149,6 @@ impl DynamoDbStore {
                 Err(_) => skipped += 1,
             }
         }
-        Ok((
-            found,
-            skipped,
-            ScanCursor(output.last_evaluated_key().cloned()),
-        ))
+        Ok((found, skipped, output.last_evaluated_key))
     }
 }

@@ -5,7 +5,6 @@
 use std::time::{Duration, SystemTime};
 
 use super::DynamoDbStore;
-use super::scan::ScanCursor;
 use crate::error::StoreError;
 use crate::record::{Evidence, Record, Status};
 
@@ -27,44 +26,26 @@ pub struct Stuck {
     pub complete: bool,
 }
 
-/// A [`Stuck`]'s figures, as a scheduled check reports them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct StuckCounts {
-    /// IN_PROGRESS records past their lease.
-    pub in_progress: u64,
-    /// INDETERMINATE records.
-    pub indeterminate: u64,
-    /// Orphaned unsettled evidence.
-    pub orphaned_evidence: u64,
-    /// How long the oldest of them has waited (the reconciliation age); zero when none.
-    pub oldest: Duration,
-}
-
 impl Stuck {
-    /// The figures at `now`.
-    pub fn counts(&self, now: SystemTime) -> StuckCounts {
-        let count = |status: Status| {
-            self.records
-                .iter()
-                .filter(|record| record.status == status)
-                .count() as u64
-        };
-        let waited = |since: SystemTime| now.duration_since(since).unwrap_or_default();
-        let oldest = self
-            .records
+    /// How many of the records are IN_PROGRESS past their lease (`Status::InProgress`) or
+    /// INDETERMINATE (`Status::Indeterminate`).
+    pub fn count(&self, status: Status) -> u64 {
+        self.records
+            .iter()
+            .filter(|record| record.status == status)
+            .count() as u64
+    }
+
+    /// How long the oldest of the records and orphans has waited at `now` (the reconciliation
+    /// age); zero when none.
+    pub fn oldest_wait(&self, now: SystemTime) -> Duration {
+        self.records
             .iter()
             .filter_map(stuck_since)
             .chain(self.orphans.iter().map(|evidence| evidence.created_at))
-            .map(waited)
+            .map(|since| now.duration_since(since).unwrap_or_default())
             .max()
-            .unwrap_or_default();
-        StuckCounts {
-            in_progress: count(Status::InProgress),
-            indeterminate: count(Status::Indeterminate),
-            orphaned_evidence: self.orphans.len() as u64,
-            oldest,
-        }
+            .unwrap_or_default()
     }
 }
 
@@ -97,12 +78,18 @@ impl DynamoDbStore {
     ///
     /// ```no_run
     /// # async fn demo(store: lambda_idempotency::store::DynamoDbStore) -> Result<(), lambda_idempotency::StoreError> {
+    /// use lambda_idempotency::record::Status;
     /// use std::time::{Duration, SystemTime};
     ///
     /// let now = SystemTime::now();
     /// let stuck = store.find_stuck(now, Duration::from_secs(300), 100).await?;
-    /// let counts = stuck.counts(now);
-    /// println!("{} in progress, {} indeterminate, oldest {:?}", counts.in_progress, counts.indeterminate, counts.oldest);
+    /// println!(
+    ///     "{} in progress, {} indeterminate, {} orphans, oldest {:?}",
+    ///     stuck.count(Status::InProgress),
+    ///     stuck.count(Status::Indeterminate),
+    ///     stuck.orphans.len(),
+    ///     stuck.oldest_wait(now),
+    /// );
     /// # Ok(()) }
     /// ```
     pub async fn find_stuck(
@@ -120,13 +107,13 @@ impl DynamoDbStore {
             complete: true,
             ..Stuck::default()
         };
-        let mut cursor: Option<ScanCursor> = None;
+        let mut start = None;
         loop {
             if found.pages >= max_pages {
                 found.complete = false;
                 return Ok(found);
             }
-            let (records, skipped, next) = self.scan_summary_page(cursor.take()).await?;
+            let (records, skipped, next) = self.scan_summary_page(start).await?;
             found.pages += 1;
             found.skipped += skipped;
             found.records.extend(
@@ -134,21 +121,21 @@ impl DynamoDbStore {
                     .into_iter()
                     .filter(|record| stuck_since(record).is_some_and(old_enough)),
             );
-            if !next.has_more() {
+            start = next;
+            if start.is_none() {
                 break;
             }
-            cursor = Some(next);
         }
         if self.uniqueness_table().is_none() {
             return Ok(found);
         }
-        let mut cursor: Option<ScanCursor> = None;
+        let mut start = None;
         loop {
             if found.pages >= max_pages {
                 found.complete = false;
                 return Ok(found);
             }
-            let (unsettled, skipped, next) = self.scan_unsettled_evidence(cursor.take()).await?;
+            let (unsettled, skipped, next) = self.scan_unsettled_evidence(start).await?;
             found.pages += 1;
             found.skipped += skipped;
             for evidence in unsettled {
@@ -169,10 +156,10 @@ impl DynamoDbStore {
                     Err(err) => return Err(err),
                 }
             }
-            if !next.has_more() {
+            start = next;
+            if start.is_none() {
                 return Ok(found);
             }
-            cursor = Some(next);
         }
     }
 }
