@@ -37,6 +37,8 @@ pub enum ErrorKind {
     OutcomeMismatch,
     /// [`Error::StepMismatch`].
     StepMismatch,
+    /// [`Error::RecordsFailed`].
+    RecordsFailed,
     /// [`Error::Store`].
     Store,
     /// [`Error::Handler`].
@@ -63,6 +65,7 @@ impl ErrorKind {
             Self::StoredOutcomeUnreadable => "StoredOutcomeUnreadable",
             Self::OutcomeMismatch => "OutcomeMismatch",
             Self::StepMismatch => "StepMismatch",
+            Self::RecordsFailed => "RecordsFailed",
             Self::Store => "Store",
             Self::Handler => "Handler",
         }
@@ -88,6 +91,7 @@ impl ErrorKind {
             | Self::LeaseLost
             | Self::OutcomeMismatch
             | Self::StepMismatch
+            | Self::RecordsFailed
             | Self::Store
             | Self::Handler => false,
         }
@@ -128,6 +132,7 @@ impl Error {
             Self::Failed { .. } => ErrorKind::Failed,
             Self::StoredOutcomeUnreadable { .. } => ErrorKind::StoredOutcomeUnreadable,
             Self::OutcomeMismatch { .. } => ErrorKind::OutcomeMismatch,
+            Self::RecordsFailed { .. } => ErrorKind::RecordsFailed,
             Self::StepMismatch { .. } => ErrorKind::StepMismatch,
             Self::Store(_) => ErrorKind::Store,
             Self::Handler { .. } => ErrorKind::Handler,

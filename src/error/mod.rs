@@ -193,6 +193,21 @@ pub enum Error {
         expected: Option<String>,
     },
 
+    /// Records of an event from a source that reads no partial-batch response (SNS, S3) must
+    /// be delivered again: the batch door fails the invocation so that Lambda retries the whole
+    /// event (an asynchronous invocation: twice, then its on-failure destination or dead-letter
+    /// queue), and the records that succeeded replay their stored outcomes instead of running
+    /// again.
+    #[error(
+        "{failed} of the event's {records} records must be delivered again: the invocation fails so that Lambda retries the event (records that succeeded replay)"
+    )]
+    RecordsFailed {
+        /// The records to deliver again (failed, skipped or not started).
+        failed: usize,
+        /// The records of the event.
+        records: usize,
+    },
+
     /// The idempotency store failed.
     #[error(transparent)]
     Store(#[from] StoreError),

@@ -1,7 +1,6 @@
 //! What a batch answers: each record's outcome, the poison policy that decides the outcome
 //! of a record that can never succeed, and the partial-batch failures.
 
-use super::BatchError;
 use crate::error::Error;
 
 /// What a batch does with a record that can never succeed ([`Error::is_permanent`]): a
@@ -83,10 +82,10 @@ impl BatchReport {
     /// `Err` when a record must be delivered again: the answer of a source that reads no
     /// partial-batch response (SNS, S3), whose invocation then fails so that Lambda retries
     /// the event.
-    pub fn records_failed(&self) -> Result<(), BatchError> {
+    pub fn records_failed(&self) -> Result<(), Error> {
         match self.failed_identifiers().len() {
             0 => Ok(()),
-            failed => Err(BatchError::RecordsFailed {
+            failed => Err(Error::RecordsFailed {
                 failed,
                 records: self.records.len(),
             }),

@@ -19,7 +19,7 @@ use crate::reconcile::BoxFuture;
 /// partial-batch response (SQS, Kinesis, DynamoDB Streams) it never fails: every record's
 /// failure is in the response, so that Lambda delivers only those again. On SNS and S3, which
 /// read none, a record to deliver again fails the invocation
-/// ([`BatchError::RecordsFailed`](super::BatchError::RecordsFailed)):
+/// ([`Error::RecordsFailed`](crate::Error::RecordsFailed)):
 /// Lambda retries the whole event, and the records that succeeded replay.
 pub struct BatchService<R, F> {
     processor: Arc<BatchProcessor<R>>,

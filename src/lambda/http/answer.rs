@@ -136,7 +136,7 @@ impl ErrorAnswer {
                 "the stored response of this operation could not be read",
                 None,
             ),
-            ErrorKind::Handler => (
+            ErrorKind::Handler | ErrorKind::RecordsFailed => (
                 500,
                 "operation_failed",
                 "the request failed; retry with the same Idempotency-Key",

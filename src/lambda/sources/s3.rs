@@ -4,8 +4,9 @@
 use aws_lambda_events::event::s3::{S3Event, S3EventRecord};
 use serde_json::{Value, json};
 
+use crate::error::Error;
 use crate::key::KeyPolicy;
-use crate::lambda::batch::{BatchError, BatchRecord, BatchReport};
+use crate::lambda::batch::{BatchRecord, BatchReport};
 
 /// S3: bucket, key, version and sequencer; fingerprint adds size and ETag.
 ///
@@ -72,14 +73,14 @@ fn sequencer(record: &S3EventRecord) -> Option<&str> {
 /// An S3 event notification's record (one per invocation in practice): its own operation.
 /// Records of one object run in order, one at a time. S3 invokes asynchronously and reads no
 /// partial-batch response: a record to deliver again fails the invocation
-/// ([`BatchError::RecordsFailed`]), Lambda
+/// ([`Error::RecordsFailed`]), Lambda
 /// retries the event twice, then hands it to the function's on-failure destination or
 /// dead-letter queue; a record that succeeded replays. A record that can never succeed is
 /// retried by default too, so that it reaches the dead-letter queue.
 impl BatchRecord for S3EventRecord {
     type Event = S3Event;
     type Response = ();
-    type Error = BatchError;
+    type Error = Error;
 
     fn records(event: S3Event) -> Vec<Self> {
         event.records
@@ -87,7 +88,7 @@ impl BatchRecord for S3EventRecord {
 
     fn response(_report: &BatchReport) {}
 
-    fn answer(report: &BatchReport) -> Result<(), BatchError> {
+    fn answer(report: &BatchReport) -> Result<(), Error> {
         report.records_failed()
     }
 

@@ -6,8 +6,9 @@ use serde_json::json;
 
 use super::body_json;
 use crate::effects::ID_ATTRIBUTE;
+use crate::error::Error;
 use crate::key::KeyPolicy;
-use crate::lambda::batch::{BatchError, BatchRecord, BatchReport};
+use crate::lambda::batch::{BatchRecord, BatchReport};
 
 /// SNS: `MessageId`; fingerprint over the message. A message published again (an outbox event
 /// the sweeper republished) gets a new `MessageId`: for those, [`sns_by_key_attribute`].
@@ -63,14 +64,14 @@ pub fn sns_by_key_attribute() -> KeyPolicy<SnsRecord> {
 /// An SNS record of the event Lambda delivers (one per invocation in practice): its own
 /// operation. SNS invokes asynchronously and reads no partial-batch response: a record to
 /// deliver again fails the invocation
-/// ([`BatchError::RecordsFailed`]), Lambda
+/// ([`Error::RecordsFailed`]), Lambda
 /// retries the event twice, then hands it to the function's on-failure destination or
 /// dead-letter queue; a record that succeeded replays. A record that can never succeed is
 /// retried by default too, so that it reaches the dead-letter queue.
 impl BatchRecord for SnsRecord {
     type Event = SnsEvent;
     type Response = ();
-    type Error = BatchError;
+    type Error = Error;
 
     fn records(event: SnsEvent) -> Vec<Self> {
         event.records
@@ -78,7 +79,7 @@ impl BatchRecord for SnsRecord {
 
     fn response(_report: &BatchReport) {}
 
-    fn answer(report: &BatchReport) -> Result<(), BatchError> {
+    fn answer(report: &BatchReport) -> Result<(), Error> {
         report.records_failed()
     }
 

@@ -628,7 +628,8 @@ impl<S: Store + Clone> World<S> {
             | Error::OutcomeTooLarge { .. }
             | Error::StoredOutcomeUnreadable { .. }
             | Error::OutcomeMismatch { .. }
-            | Error::StepMismatch { .. } => {
+            | Error::StepMismatch { .. }
+            | Error::RecordsFailed { .. } => {
                 lie("nothing in this simulation provokes it (well-formed invocations, outcomes within the limit, deterministic steps)")
             }
         }
