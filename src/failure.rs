@@ -85,7 +85,8 @@ impl Classifier for DefaultClassifier {
 }
 
 /// Classifies by the handler's own error type `E` (found anywhere in the source chain);
-/// other errors fall back to the [`DefaultClassifier`].
+/// other errors are classified as by default: terminal when they are (or wrap) a [`Terminal`],
+/// else retryable.
 pub struct ByErrorType<E>(PhantomData<fn() -> E>);
 
 impl<E> ByErrorType<E> {

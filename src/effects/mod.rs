@@ -84,8 +84,8 @@ pub use self::outbox::{
     OutboxEvent, OutboxRecord, event_id,
 };
 pub use self::outbox_marks::{
-    Found, MAX_FOUND_BYTES, MAX_PARKED_REASON_BYTES, OutboxError, OutboxMarks, PendingEvent,
-    PublishedBy, SETTLED_READS,
+    Found, MAX_FOUND_BYTES, MAX_PARKED_REASON_BYTES, OutboxError, OutboxMarks, PublishedBy,
+    SETTLED_READS,
 };
 pub use self::pending_index::{PARKED, PENDING_INDEX, PENDING_SHARDS};
 pub use self::step::{NotApplied, StepCheck, StepError};

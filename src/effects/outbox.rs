@@ -41,7 +41,7 @@
 //! (`/detail/event_id` for an EventBridge event).
 
 use std::collections::HashMap;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::types::{AttributeValue, Put};
 use serde::Serialize;
@@ -214,6 +214,9 @@ impl OutboxEvent {
             destination: self.destination.clone(),
             payload: self.payload.clone(),
             order: self.order.clone(),
+            created_at: None,
+            parked: None,
+            redriven: None,
         }
     }
 
@@ -339,7 +342,8 @@ pub(crate) fn id_digest(id: &str) -> &str {
     id.rsplit('#').next().unwrap_or(id)
 }
 
-/// An outbox event as its item stands, read from the outbox table's stream.
+/// An outbox event as its item stands, read from the outbox table's stream or found pending
+/// (or parked) in its index ([`OutboxMarks::pending`](super::OutboxMarks::pending)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxRecord {
     /// The event id.
@@ -352,6 +356,12 @@ pub struct OutboxRecord {
     pub payload: String,
     /// Its place in its aggregate's history, when it names one.
     pub order: Option<EventOrder>,
+    /// When it was committed (`created_at`; every event read from the pending index has it).
+    pub created_at: Option<SystemTime>,
+    /// For a parked event: when it was parked and why.
+    pub parked: Option<(SystemTime, String)>,
+    /// How often a sweeper handed it back to the stream for a Pipe, and when it last did.
+    pub redriven: Option<(u32, SystemTime)>,
 }
 
 impl OutboxRecord {
@@ -394,12 +404,24 @@ impl OutboxRecord {
             "sqs" => Destination::Sqs { queue_url: target },
             _ => return None,
         };
+        let millis = |name: &str| -> Option<SystemTime> {
+            let value: u64 = field(name, "N")?.parse().ok()?;
+            UNIX_EPOCH.checked_add(Duration::from_millis(value))
+        };
+        let parked = millis("parked_at").map(|at| (at, text("parked_reason").unwrap_or_default()));
+        let redriven = millis("redriven_at").map(|at| {
+            let count = field("redrives", "N").and_then(|count| count.parse().ok());
+            (count.unwrap_or(1), at)
+        });
         Some(Self {
             id: text("pk")?,
             name: text("event")?,
             destination,
             payload: text("payload")?,
             order,
+            created_at: millis("created_at"),
+            parked,
+            redriven,
         })
     }
 

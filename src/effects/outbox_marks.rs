@@ -92,25 +92,12 @@ impl OutboxError {
     }
 }
 
-/// An event found pending (or parked) in the outbox's index.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingEvent {
-    /// The event, as its item stands.
-    pub record: OutboxRecord,
-    /// When it was committed.
-    pub created_at: SystemTime,
-    /// For a parked event: when it was parked and why.
-    pub parked: Option<(SystemTime, String)>,
-    /// How often a sweeper handed it back to the stream for a Pipe, and when it last did.
-    pub redriven: Option<(u32, SystemTime)>,
-}
-
 /// What a read of the pending index found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Found {
-    /// The events, oldest first within each index partition.
-    pub events: Vec<PendingEvent>,
+    /// The events (each with its `created_at`), oldest first within each index partition.
+    pub events: Vec<OutboxRecord>,
     /// The ids of indexed items this build cannot read as outbox events (a destination kind a
     /// later build added, an item another writer put there): left as they are, and reported.
     pub unreadable: Vec<String>,
@@ -498,8 +485,9 @@ impl OutboxMarks {
             let mut found = Found::default();
             self.query(shard, None, 1, None, &HashSet::new(), &mut found)
                 .await?;
-            if let Some(event) = found.events.first() {
-                oldest = Some(oldest.map_or(event.created_at, |o| o.min(event.created_at)));
+            // Every event read from the index has its `created_at` (its sort key).
+            if let Some(at) = found.events.first().and_then(|event| event.created_at) {
+                oldest = Some(oldest.map_or(at, |o| o.min(at)));
             }
         }
         Ok(oldest)
@@ -571,12 +559,12 @@ impl OutboxMarks {
                     // Found by an earlier read: counted in this partition's share, kept once.
                     Ok(event) if seen_before => {
                         taken += 1;
-                        bytes += event.record.payload.len();
+                        bytes += event.payload.len();
                     }
                     Err(_) if seen_before => {}
                     Ok(event) => {
                         taken += 1;
-                        bytes += event.record.payload.len();
+                        bytes += event.payload.len();
                         found.events.push(event);
                     }
                     Err(not_an_event) => {
@@ -607,7 +595,7 @@ pub const MAX_FOUND_BYTES: usize = 32 * 1024 * 1024;
 
 /// The ids of the events (and unreadable items) `found` holds.
 fn found_ids(found: &Found) -> HashSet<String> {
-    (found.events.iter().map(|event| &event.record.id))
+    (found.events.iter().map(|event| &event.id))
         .chain(&found.unreadable)
         .cloned()
         .collect()
@@ -674,7 +662,7 @@ fn settled<T>(
 }
 
 /// An indexed item as a pending (or parked) event.
-fn pending_event(item: &HashMap<String, AttributeValue>) -> Result<PendingEvent, OutboxError> {
+fn pending_event(item: &HashMap<String, AttributeValue>) -> Result<OutboxRecord, OutboxError> {
     let id = item
         .get("pk")
         .and_then(|pk| pk.as_s().ok())
@@ -685,33 +673,10 @@ fn pending_event(item: &HashMap<String, AttributeValue>) -> Result<PendingEvent,
         reason,
     };
     let record = OutboxRecord::from_item(item).ok_or_else(|| not_an_event("a field is missing"))?;
-    let millis = |name: &str| -> Option<SystemTime> {
-        let value: u64 = item.get(name)?.as_n().ok()?.parse().ok()?;
-        Some(UNIX_EPOCH + Duration::from_millis(value))
-    };
-    let created_at = millis("created_at").ok_or_else(|| not_an_event("no created_at"))?;
-    let parked = millis("parked_at").map(|at| {
-        let reason = item
-            .get("parked_reason")
-            .and_then(|reason| reason.as_s().ok())
-            .cloned()
-            .unwrap_or_default();
-        (at, reason)
-    });
-    let redriven = millis("redriven_at").map(|at| {
-        let count = item
-            .get("redrives")
-            .and_then(|count| count.as_n().ok())
-            .and_then(|count| count.parse().ok())
-            .unwrap_or(1);
-        (count, at)
-    });
-    Ok(PendingEvent {
-        record,
-        created_at,
-        parked,
-        redriven,
-    })
+    if record.created_at.is_none() {
+        return Err(not_an_event("no created_at"));
+    }
+    Ok(record)
 }
 
 #[cfg(test)]

@@ -109,8 +109,8 @@ impl fmt::Debug for Idempotency {
 
 impl Idempotency {
     /// An engine over `store` with the default [`Config`] (24 h retention, 6 MiB outcomes),
-    /// reading the system clock; handler errors are classified by the [`DefaultClassifier`],
-    /// and a takeover of a crashed attempt that recorded no step holds the operation for an
+    /// reading the system clock; a handler error is retryable unless it is (or wraps) a
+    /// [`Terminal`](crate::failure::Terminal) (the default classifier), and a takeover of a crashed attempt that recorded no step holds the operation for an
     /// operator ([`Recovery::Indeterminate`]) unless a reconciler is set or another
     /// [`Recovery`] is declared. The store is boxed once ([`AnyStore`]; an `AnyStore` is taken as it
     /// is).

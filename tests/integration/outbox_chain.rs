@@ -155,7 +155,7 @@ async fn each_event_takes_effect_once_at_its_consumer_through_a_crash_an_expired
     assert_eq!(report.oldest_pending_age, None, "nothing left pending");
     let parked = rig.marks().parked(10).await.expect("parked").events;
     assert_eq!(parked.len(), 1);
-    assert_eq!(parked[0].record.name, "order-placed-0");
+    assert_eq!(parked[0].name, "order-placed-0");
     assert!(
         rig.drain(&rig.topic_queue).await.is_empty(),
         "the poison is never published"

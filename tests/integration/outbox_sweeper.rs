@@ -310,7 +310,7 @@ async fn a_poison_event_is_parked_and_never_blocks_the_events_behind_it() {
     let (_, reason) = parked[0].parked.clone().expect("parked with its reason");
     assert!(reason.contains("bytes"), "{reason}");
     assert!(
-        parked[0].record.payload.len() > 300 * 1024,
+        parked[0].payload.len() > 300 * 1024,
         "kept with its payload"
     );
     assert_eq!(marks.oldest_pending().await.expect("oldest"), None);
@@ -394,7 +394,7 @@ async fn the_sweeper_never_republishes_what_the_index_lists_but_the_relay_marked
     assert_eq!(pending.len(), 2);
     // The relay's mark as the item has it, before the index catches up: published, still
     // listed (the index follows `pending`, which the mark's write removes).
-    let published = &pending[0].record.id;
+    let published = &pending[0].id;
     rig.db
         .client
         .update_item()
@@ -416,7 +416,7 @@ async fn the_sweeper_never_republishes_what_the_index_lists_but_the_relay_marked
     let sent = rig.drain(&rig.orders_queue).await;
     assert_eq!(
         event_ids(&sent, false),
-        [pending[1].record.id.clone()],
+        [pending[1].id.clone()],
         "only the event still pending is published"
     );
 }
@@ -603,7 +603,7 @@ async fn a_redriving_sweeper_waits_between_redrives_and_parks_after_the_last() {
     assert!(reason.contains("redrives"), "{reason}");
 
     // Once the Pipe is fixed, an operator unparks it: pending again, redriven afresh.
-    assert!(marks.unpark(&parked[0].record.id).await.expect("unparked"));
+    assert!(marks.unpark(&parked[0].id).await.expect("unparked"));
     rig.clock.advance(eleven_minutes);
     let report = sweeper.sweep(rig.clock.now()).await.expect("swept");
     assert_eq!(report.republished, 1, "{report}");
@@ -694,7 +694,7 @@ async fn events_of_one_partition_are_all_found_within_the_limit() {
             found
                 .events
                 .iter()
-                .map(|event| event.record.id.clone())
+                .map(|event| event.id.clone())
                 .collect::<Vec<_>>()
         }
     };
@@ -893,13 +893,9 @@ async fn a_backlog_of_large_events_is_read_a_part_at_a_time() {
         .pending(rig.clock.now(), 1000)
         .await
         .expect("read");
-    let bytes: usize = found.events.iter().map(|e| e.record.payload.len()).sum();
+    let bytes: usize = found.events.iter().map(|e| e.payload.len()).sum();
     assert!(bytes <= MAX_FOUND_BYTES, "{bytes} bytes read at once");
-    let mut from: Vec<&str> = found
-        .events
-        .iter()
-        .map(|event| &event.record.id[..1])
-        .collect();
+    let mut from: Vec<&str> = found.events.iter().map(|event| &event.id[..1]).collect();
     from.sort_unstable();
     from.dedup();
     assert_eq!(

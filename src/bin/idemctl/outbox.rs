@@ -135,15 +135,17 @@ fn list(found: &Found, now: SystemTime, json: bool) {
             "DESTINATION", "EVENT", "WAITING", "ID"
         );
     }
-    for event in &found.events {
-        let record = &event.record;
+    for record in &found.events {
         let (kind, target) = match &record.destination {
             Destination::EventBridge { bus, .. } => ("eventbridge", bus.as_str()),
             Destination::Sns { topic_arn } => ("sns", topic_arn.as_str()),
             Destination::Sqs { queue_url } => ("sqs", queue_url.as_str()),
             _ => ("other", ""),
         };
-        let waiting = now.duration_since(event.created_at).unwrap_or_default();
+        let waiting = record
+            .created_at
+            .and_then(|at| now.duration_since(at).ok())
+            .unwrap_or_default();
         if json {
             let line = json!({
                 "event_id": record.id,
@@ -151,7 +153,7 @@ fn list(found: &Found, now: SystemTime, json: bool) {
                 "destination": kind,
                 "target": target,
                 "waiting_seconds": waiting.as_secs(),
-                "parked_reason": event.parked.as_ref().map(|(_, reason)| reason),
+                "parked_reason": record.parked.as_ref().map(|(_, reason)| reason),
             });
             println!("{}", show::json(&line));
             continue;
@@ -164,7 +166,7 @@ fn list(found: &Found, now: SystemTime, json: bool) {
             show::text(&record.id),
             show::text(target)
         );
-        if let Some((_, reason)) = &event.parked {
+        if let Some((_, reason)) = &record.parked {
             println!("    refused: {}", show::text(reason));
         }
     }

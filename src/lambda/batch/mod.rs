@@ -1,6 +1,6 @@
 //! Batch processing for SQS, Kinesis and DynamoDB Streams, and for the events of SNS and S3
 //! (which hold records but read no partial-batch response: a record to deliver again fails the
-//! invocation, [`Error::RecordsFailed`](crate::Error::RecordsFailed)): each record is its own operation.
+//! invocation, [`Error::RecordsFailed`]): each record is its own operation.
 //!
 //! Records run concurrently (the whole batch in one wave by default, up to
 //! [`BatchProcessor::MAX_DEFAULT_CONCURRENCY`]), except that records of one ordering group (an
@@ -71,7 +71,7 @@ pub trait BatchRecord: Send + Sized {
     /// which read none).
     type Response: Serialize + Send;
     /// The batch service's error: `Infallible` where every failure is in the partial-batch
-    /// response; [`Error`](crate::Error) for SNS and S3.
+    /// response; [`Error`] for SNS and S3.
     type Error: Send + 'static;
     /// The event's records, in order.
     fn records(event: Self::Event) -> Vec<Self>;

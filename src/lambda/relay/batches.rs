@@ -378,6 +378,9 @@ mod tests {
                 key,
                 sequence: n as u64,
             }),
+            created_at: None,
+            parked: None,
+            redriven: None,
         }
     }
 

@@ -29,12 +29,12 @@
 //! ```
 
 use std::fmt;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tracing::warn;
 
 use super::{Publisher, Relayed, deliver_all};
-use crate::effects::PendingEvent;
+use crate::effects::OutboxRecord;
 use crate::effects::outbox_marks::{MAX_BACKOFF_DOUBLINGS, OutboxError, OutboxMarks, PublishedBy};
 use crate::error::BoxError;
 
@@ -197,28 +197,23 @@ impl Sweeper {
         // chose) in their sequence: an older event is published before its newer one.
         let mut found = found;
         found.events.sort_by(|a, b| {
-            let order = |event: &PendingEvent| {
+            let order = |event: &OutboxRecord| {
                 event
-                    .record
                     .order
                     .as_ref()
                     .map(|order| (order.key.clone(), order.sequence))
             };
-            (a.created_at, order(a)).cmp(&(b.created_at, order(b)))
+            (committed_at(a), order(a)).cmp(&(committed_at(b), order(b)))
         });
         match &self.via {
             Via::Publisher(publisher) => {
                 let events = self.unpublished(found.events).await;
                 let committed: Vec<(String, String, SystemTime)> = events
                     .iter()
-                    .map(|event| {
-                        let record = &event.record;
-                        (record.id.clone(), record.name.clone(), event.created_at)
-                    })
+                    .map(|event| (event.id.clone(), event.name.clone(), committed_at(event)))
                     .collect();
-                let records = events.into_iter().map(|event| event.record).collect();
                 let answers =
-                    deliver_all(publisher, &self.marks, records, PublishedBy::Sweeper, now).await;
+                    deliver_all(publisher, &self.marks, events, PublishedBy::Sweeper, now).await;
                 for ((id, name, created_at), answer) in committed.iter().zip(answers) {
                     let published = matches!(answer, Ok(Relayed::Published { .. }));
                     if published {
@@ -239,7 +234,7 @@ impl Sweeper {
             Via::Stream => {
                 for event in &found.events {
                     let done = self.redrive(event, cutoff, now).await;
-                    report.count(&event.record.name, done);
+                    report.count(&event.name, done);
                 }
             }
         }
@@ -255,12 +250,12 @@ impl Sweeper {
     /// an event the relay published and marked moments ago may still be listed. One strongly
     /// consistent read of their marks leaves those out; when it fails, every one is published
     /// (at least once, as ever).
-    async fn unpublished(&self, found: Vec<PendingEvent>) -> Vec<PendingEvent> {
-        let ids: Vec<&str> = found.iter().map(|event| event.record.id.as_str()).collect();
+    async fn unpublished(&self, found: Vec<OutboxRecord>) -> Vec<OutboxRecord> {
+        let ids: Vec<&str> = found.iter().map(|event| event.id.as_str()).collect();
         match self.marks.settled(&ids).await {
             Ok(settled) if !settled.is_empty() => found
                 .into_iter()
-                .filter(|event| !settled.contains(&event.record.id))
+                .filter(|event| !settled.contains(&event.id))
                 .collect(),
             Ok(_) => found,
             Err(err) => {
@@ -317,7 +312,7 @@ impl Sweeper {
     /// parked, `None` left as it is.
     async fn redrive(
         &self,
-        event: &crate::effects::PendingEvent,
+        event: &OutboxRecord,
         cutoff: SystemTime,
         now: SystemTime,
     ) -> Result<Option<bool>, BoxError> {
@@ -327,12 +322,12 @@ impl Sweeper {
                 let reason = format!(
                     "the Pipe did not publish it after {MAX_REDRIVES} redrives: see the Pipe's dead-letter queue and the marker's errors, then unpark it"
                 );
-                let marked = self.marks.park(&event.record.id, &reason, now).await?;
+                let marked = self.marks.park(&event.id, &reason, now).await?;
                 Ok(marked.then_some(false))
             }
             // Published or parked since the query: nothing to redrive.
             _ => {
-                let marked = self.marks.redrive(&event.record.id, now).await?;
+                let marked = self.marks.redrive(&event.id, now).await?;
                 Ok(marked.then_some(true))
             }
         }
@@ -355,6 +350,12 @@ fn about(duration: Duration) -> String {
         0..120 => format!("about {minutes} minutes"),
         _ => format!("about {} hours", (minutes + 30) / 60),
     }
+}
+
+/// When a pending event was committed: every event read from the pending index has its
+/// `created_at` (the index's sort key).
+fn committed_at(event: &OutboxRecord) -> SystemTime {
+    event.created_at.unwrap_or(UNIX_EPOCH)
 }
 
 #[cfg(test)]
