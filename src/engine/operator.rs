@@ -127,6 +127,7 @@ impl Idempotency {
             Status::InProgress if record.lease.is_expired(now) => Guard::Expired {
                 token: &record.lease.token,
                 now,
+                steps_version: record.steps_version,
             },
             _ => return Ok(false),
         };

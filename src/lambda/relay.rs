@@ -342,14 +342,14 @@ impl Relay {
             .partition(|(_, event)| settled.contains(&event.id));
         report.already = done.len() as u64;
         let (records, due): (Vec<&DynamoDbRecord>, Vec<OutboxRecord>) = due.into_iter().unzip();
+        let committed: Vec<Option<SystemTime>> = due.iter().map(|event| event.created_at).collect();
         let answers = deliver_all(&self.publisher, &self.marks, due, PublishedBy::Relay, now).await;
         let published_by = self.clock.now();
-        for (record, answer) in records.into_iter().zip(answers) {
+        for ((record, committed_at), answer) in records.into_iter().zip(committed).zip(answers) {
             match answer {
                 Ok(Relayed::Published { .. }) => {
                     report.published += 1;
-                    let lag =
-                        committed_at(record).and_then(|at| published_by.duration_since(at).ok());
+                    let lag = committed_at.and_then(|at| published_by.duration_since(at).ok());
                     report.max_lag = report.max_lag.max(lag);
                 }
                 Ok(Relayed::Parked { .. }) => report.parked += 1,
@@ -370,12 +370,6 @@ fn sequence_number(record: &DynamoDbRecord) -> String {
     record.change.sequence_number.clone().unwrap_or_default()
 }
 
-/// When the event a record inserts was committed (its item's `created_at`).
-fn committed_at(record: &DynamoDbRecord) -> Option<SystemTime> {
-    let millis: u64 = image_field(record, "created_at", "N")?.parse().ok()?;
-    SystemTime::UNIX_EPOCH.checked_add(Duration::from_millis(millis))
-}
-
 impl lambda_runtime::tower::Service<LambdaEvent<DynamoDbEvent>> for Relay {
     type Response = DynamoDbEventResponse;
     type Error = Infallible;
@@ -393,26 +387,33 @@ impl lambda_runtime::tower::Service<LambdaEvent<DynamoDbEvent>> for Relay {
 
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use serde_json::json;
+
+    use crate::effects::OutboxRecord;
     use crate::record::epoch_millis;
 
+    /// What the relay measures its lag from and the sweeper orders by, read with the item.
     #[test]
-    fn a_commit_time_reads_back_from_the_image() {
-        let at =
-            std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(1_700_000_000_123);
-        let record: aws_lambda_events::event::dynamodb::EventRecord =
-            serde_json::from_value(serde_json::json!({
-                "eventID": "1",
-                "eventName": "INSERT",
-                "eventSource": "aws:dynamodb",
-                "eventVersion": "1.1",
-                "awsRegion": "us-east-1",
-                "dynamodb": {
-                    "NewImage": {"created_at": {"N": epoch_millis(at).to_string()}},
-                    "SequenceNumber": "1",
-                    "SizeBytes": 10,
-                },
-            }))
-            .expect("a record");
-        assert_eq!(super::committed_at(&record), Some(at));
+    fn a_commit_time_a_parking_and_a_redrive_read_back_from_the_image() {
+        let at = UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
+        let millis = json!({"N": epoch_millis(at).to_string()});
+        let image = json!({
+            "pk": {"S": "e-1"},
+            "event": {"S": "placed"},
+            "destination": {"S": "sqs"},
+            "target": {"S": "https://sqs.us-east-1.amazonaws.com/123456789012/orders"},
+            "payload": {"S": "{}"},
+            "created_at": millis,
+            "parked_at": millis,
+            "parked_reason": {"S": "refused"},
+            "redriven_at": millis,
+            "redrives": {"N": "3"},
+        });
+        let record = OutboxRecord::from_image(&image).expect("an outbox item");
+        assert_eq!(record.created_at, Some(at));
+        assert_eq!(record.parked, Some((at, "refused".to_owned())));
+        assert_eq!(record.redriven, Some((3, at)));
     }
 }

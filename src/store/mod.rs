@@ -120,13 +120,17 @@ pub enum Guard<'a> {
     Lease(&'a str),
     /// INDETERMINATE: an operator resolves it.
     Indeterminate,
-    /// IN_PROGRESS under this lease token, its lease run out at `now`: an operator resolves a
-    /// stuck claim (never a live one).
+    /// IN_PROGRESS under this lease token, its lease run out at `now`, its steps written as
+    /// often as when the operator saw it: an operator resolves a stuck claim (never a live one,
+    /// nor one whose holder recorded a step since).
     Expired {
         /// The token the operator saw.
         token: &'a str,
         /// The operator's time.
         now: SystemTime,
+        /// How often the record's steps had been written when the operator saw it
+        /// ([`Record::steps_version`](crate::record::Record::steps_version)).
+        steps_version: u64,
     },
 }
 
@@ -138,10 +142,15 @@ impl Guard<'_> {
                 record.status == Status::InProgress && record.lease.token == *token
             }
             Self::Indeterminate => record.status == Status::Indeterminate,
-            Self::Expired { token, now } => {
+            Self::Expired {
+                token,
+                now,
+                steps_version,
+            } => {
                 record.status == Status::InProgress
                     && record.lease.token == *token
                     && record.lease.is_expired(*now)
+                    && record.steps_version == *steps_version
             }
         }
     }

@@ -243,6 +243,7 @@ pub fn allowed(
                 (Some(before), Some(seen)) => {
                     before.status == seen.status
                         && before.lease.token == seen.lease.token
+                        && before.steps_version == seen.steps_version
                         && (before.status != Status::InProgress || before.lease.is_expired(now))
                 }
                 (before, None) => before.is_none_or(|before| before.counts_as_absent(now)),
@@ -284,10 +285,15 @@ fn held<'r>(
     let admitted = match guard {
         Guard::Lease(token) => before.status == Status::InProgress && before.lease.token == token,
         Guard::Indeterminate => before.status == Status::Indeterminate,
-        Guard::Expired { token, now } => {
+        Guard::Expired {
+            token,
+            now,
+            steps_version,
+        } => {
             before.status == Status::InProgress
                 && before.lease.token == token
                 && epoch_millis(before.lease.expires_at) < epoch_millis(now)
+                && before.steps_version == steps_version
         }
     };
     match admitted {
@@ -343,6 +349,12 @@ mod tests {
         // Another attempt took the claim over meanwhile: not the record the operator saw.
         let taken = claim("attempt-b");
         assert!(allowed(release(Some(&stuck)), Some(&taken), Some(&released)).is_err());
+        // Its holder recorded a step since the operator looked.
+        let stepped = Record {
+            steps_version: stuck.steps_version + 1,
+            ..stuck.clone()
+        };
+        assert!(allowed(release(Some(&stuck)), Some(&stepped), Some(&released)).is_err());
         // A live lease is never released by an operator.
         let early = Request::ReleaseByOperator {
             seen: Some(&stuck),

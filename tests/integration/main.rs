@@ -56,6 +56,7 @@ mod panic_strategy;
 mod producers;
 mod raw_fixtures;
 
+mod operator_sees_steps;
 mod readme_links;
 mod recovery_cells;
 mod refusals;

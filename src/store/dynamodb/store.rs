@@ -41,36 +41,74 @@ impl DynamoDbStore {
                 "#status = :indeterminate",
                 expr.value(":indeterminate", s(Status::Indeterminate.as_str())),
             ),
-            Guard::Expired { token, now } => (
-                "#status = :in_progress AND #lease_token = :mine AND #lease_expires_at < :now_ms",
-                expr.name("#lease_token", &self.names.lease_token)
+            Guard::Expired {
+                token,
+                now,
+                steps_version,
+            } => {
+                let expr = expr
+                    .name("#lease_token", &self.names.lease_token)
                     .name("#lease_expires_at", &self.names.lease_expires_at)
                     .value(":in_progress", s(Status::InProgress.as_str()))
                     .value(":mine", s(token))
-                    .value(":now_ms", millis(now)),
-            ),
+                    .value(":now_ms", millis(now));
+                // A step its holder recorded after the operator looked fails the resolution.
+                match steps_version {
+                    0 => (
+                        "#status = :in_progress AND #lease_token = :mine AND #lease_expires_at < :now_ms AND attribute_not_exists(#steps_version)",
+                        expr.name("#steps_version", &self.names.steps_version),
+                    ),
+                    seen => (
+                        "#status = :in_progress AND #lease_token = :mine AND #lease_expires_at < :now_ms AND #steps_version = :seen_steps_version",
+                        expr.name("#steps_version", &self.names.steps_version)
+                            .value(":seen_steps_version", n(seen)),
+                    ),
+                }
+            }
         }
     }
 
-    /// The condition that the record is still as an operator saw it (the same status and lease
-    /// token), or, when it saw none, that it is absent or settled and expired.
+    /// The first of `conditions` when `seen`'s steps were never written, else the second (its
+    /// step writes counted as seen), with `seen`'s status and token.
+    fn steps_as_seen(
+        &self,
+        seen: &Record,
+        [never_written, written]: [&'static str; 2],
+        expr: Expr,
+    ) -> (&'static str, Expr) {
+        let expr = expr
+            .name("#lease_token", &self.names.lease_token)
+            .name("#steps_version", &self.names.steps_version)
+            .value(":seen_status", s(seen.status.as_str()))
+            .value(":seen_token", s(&seen.lease.token));
+        match seen.steps_version {
+            0 => (never_written, expr),
+            version => (written, expr.value(":seen_steps_version", n(version))),
+        }
+    }
+
+    /// The condition that the record is still as an operator saw it (the same status, lease
+    /// token and step writes), or, when it saw none, that it is absent or settled and expired.
     fn as_seen(&self, seen: Option<&Record>, now: SystemTime) -> (&'static str, Expr) {
         let names = &self.names;
         let expr = Expr::default().name("#status", &names.status);
         match seen {
-            Some(seen) if seen.status == Status::InProgress => (
-                "#status = :seen_status AND #lease_token = :seen_token AND #lease_expires_at < :now_ms",
-                expr.name("#lease_token", &names.lease_token)
-                    .name("#lease_expires_at", &names.lease_expires_at)
-                    .value(":seen_status", s(seen.status.as_str()))
-                    .value(":seen_token", s(&seen.lease.token))
+            Some(seen) if seen.status == Status::InProgress => self.steps_as_seen(
+                seen,
+                [
+                    "#status = :seen_status AND #lease_token = :seen_token AND #lease_expires_at < :now_ms AND attribute_not_exists(#steps_version)",
+                    "#status = :seen_status AND #lease_token = :seen_token AND #lease_expires_at < :now_ms AND #steps_version = :seen_steps_version",
+                ],
+                expr.name("#lease_expires_at", &names.lease_expires_at)
                     .value(":now_ms", millis(now)),
             ),
-            Some(seen) => (
-                "#status = :seen_status AND #lease_token = :seen_token",
-                expr.name("#lease_token", &names.lease_token)
-                    .value(":seen_status", s(seen.status.as_str()))
-                    .value(":seen_token", s(&seen.lease.token)),
+            Some(seen) => self.steps_as_seen(
+                seen,
+                [
+                    "#status = :seen_status AND #lease_token = :seen_token AND attribute_not_exists(#steps_version)",
+                    "#status = :seen_status AND #lease_token = :seen_token AND #steps_version = :seen_steps_version",
+                ],
+                expr,
             ),
             None => (
                 "attribute_not_exists(#pk) OR (#expires_at < :now_s AND #status IN (:completed, :failed))",

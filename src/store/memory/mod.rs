@@ -365,6 +365,7 @@ impl MemoryStore {
             (Some(current), Some(seen)) => {
                 current.status == seen.status
                     && current.lease.token == seen.lease.token
+                    && current.steps_version == seen.steps_version
                     && (current.status != Status::InProgress || current.lease.is_expired(now))
             }
             (current, None) => current.is_none_or(|current| current.counts_as_absent(now)),
