@@ -263,7 +263,8 @@ pub trait StoreExt: Store {
 
     /// An operator's release: writes `released` (an expired FAILED record carrying the
     /// operator's audit, so that the next delivery claims afresh) where the record is still as
-    /// `seen` (the same status and lease token, and, IN_PROGRESS, its lease run out at `now`;
+    /// `seen` (the same status, lease token and [`Record::steps_version`] (no step recorded
+    /// since), and, IN_PROGRESS, its lease run out at `now`;
     /// `None`: absent, or settled and expired), and
     /// deletes `evidence` (as seen: the same operation, status and creation) in the same write.
     /// `false`: one of them had changed; nothing was written.

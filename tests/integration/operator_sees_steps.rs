@@ -52,7 +52,8 @@ impl HolderWritesFirst {
             .await
             .expect("read")
             .expect("the stuck claim");
-        let steps = [StepRecord::intent("charge", record.lease.attempt)];
+        let mut steps = record.steps.clone();
+        steps.push(StepRecord::intent("charge", record.lease.attempt));
         let target = Target {
             key,
             identity: None,
@@ -97,14 +98,29 @@ async fn a_step_recorded_after_the_operator_looked_fails_the_resolution() {
             }),
         ),
     ];
-    for (what, resolution) in resolutions {
+    // The holder crashed before any step (no step count stored), or after one (a count).
+    for ((what, resolution), earlier_steps) in resolutions
+        .into_iter()
+        .flat_map(|resolution| [(resolution.clone(), 0), (resolution, 1)])
+    {
         for backend in both().await {
-            let name = format!("{} {what}", backend.name);
+            let name = format!("{} {what} after {earlier_steps} steps", backend.name);
             let clock = backend.clock.clone();
             let idem = Idempotency::new(backend.store.clone()).with_clock(clock.clone());
-            let inv = invocation(&format!("stepped-{what}"), &json!({"order": "o-41"}));
+            let material = format!("stepped-{what}-{earlier_steps}");
+            let inv = invocation(&material, &json!({"order": "o-41"}));
             let runs = Arc::new(AtomicUsize::new(0));
-            crash_after_run(&idem, &inv, &runs).await;
+            let stuck = crash_after_run(&idem, &inv, &runs).await;
+            if earlier_steps > 0 {
+                let target = Target {
+                    key: inv.key(),
+                    identity: None,
+                    guard: Guard::Lease(&stuck.lease.token),
+                };
+                let reserve = [StepRecord::intent("reserve", stuck.lease.attempt)];
+                let fence = backend.store.record_steps(target, &reserve).await;
+                assert_eq!(fence.expect("recorded"), Fence::Held, "{name}");
+            }
             clock.advance(Duration::from_secs(3600));
 
             let racing = HolderWritesFirst {
@@ -124,8 +140,12 @@ async fn a_step_recorded_after_the_operator_looked_fails_the_resolution() {
             let record = backend.store.get(inv.key()).await.expect("read");
             let record = record.unwrap_or_else(|| panic!("{name}: the claim stands"));
             assert_eq!(record.status, Status::InProgress, "{name}");
-            assert_eq!(record.steps.len(), 1, "{name}: the holder's step stands");
-            assert_eq!(record.steps[0].name, "charge", "{name}");
+            let names: Vec<&str> = record.steps.iter().map(|step| step.name.as_str()).collect();
+            let expected: &[&str] = match earlier_steps {
+                0 => &["charge"],
+                _ => &["reserve", "charge"],
+            };
+            assert_eq!(names, expected, "{name}: the holder's steps stand");
         }
     }
 }
