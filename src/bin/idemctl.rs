@@ -664,6 +664,12 @@ async fn resolve(
         )
         .into());
     }
+    if let Some(why) = &found.not_held {
+        return Err(format!(
+            "not resolved: {why}; nothing changed (and nothing added to the audit trail)"
+        )
+        .into());
+    }
     let change = what_it_writes(&held, &found, &resolution);
     eprintln!("{}", show::text(&found.summary));
     eprintln!("will: {}", show::text(&change));
@@ -706,18 +712,24 @@ async fn resolve(
         None => None,
     };
     let idem = Idempotency::new(store).with_config(config);
-    let resolved = match &held {
-        Held::Record(key) => idem.resolve::<Value>(key, resolution, operator).await?,
+    let answer = match &held {
+        Held::Record(key) => idem.resolve::<Value>(key, resolution, operator).await,
         Held::Evidence(identity) => {
             idem.resolve_evidence::<Value>(identity, resolution, operator)
-                .await?
+                .await
         }
     };
-    if let (Some(trail), Some(attempt)) = (&trail, &attempt)
-        && let Err(err) = trail.result(attempt, resolved, SystemTime::now()).await
-    {
-        eprintln!("{}", show::text(&err.to_string()));
+    // Every attempt on the trail gets its result, an error's kind included.
+    if let (Some(trail), Some(attempt)) = (&trail, &attempt) {
+        let result = match &answer {
+            Ok(resolved) => Ok(*resolved),
+            Err(err) => Err(err.kind().name()),
+        };
+        if let Err(err) = trail.result(attempt, result, SystemTime::now()).await {
+            eprintln!("{}", show::text(&err.to_string()));
+        }
     }
+    let resolved = answer?;
     if !resolved {
         return Err(
             "not resolved: it is not held for an operator (a live lease, settled, gone, or changed since it was read); nothing changed"
@@ -926,6 +938,9 @@ struct Found {
     state: String,
     /// How long ago, by this machine's clock, an IN_PROGRESS record's lease ran out.
     lease_ended_ago: Option<Duration>,
+    /// Why it is not held for an operator (a live lease, settled), if it is not: the engine
+    /// would refuse its resolution.
+    not_held: Option<String>,
 }
 
 /// How long after its lease's end, by the operator's clock, a stuck claim may be resolved: the
@@ -981,6 +996,14 @@ async fn describe(store: &DynamoDbStore, held: &Held) -> Result<Found, BoxError>
                 lease_ended_ago: (record.status == Status::InProgress)
                     .then(|| now.duration_since(record.lease.expires_at).ok())
                     .flatten(),
+                not_held: match record.status {
+                    Status::Indeterminate => None,
+                    Status::InProgress if record.lease.is_expired(now) => None,
+                    Status::InProgress => {
+                        Some("its lease is live: its holder may still run".into())
+                    }
+                    status => Some(format!("it is {status}, settled")),
+                },
             })
         }
         Held::Evidence(identity) => {
@@ -1005,6 +1028,8 @@ async fn describe(store: &DynamoDbStore, held: &Held) -> Result<Found, BoxError>
                     epoch_millis(evidence.created_at)
                 ),
                 lease_ended_ago: None,
+                not_held: (!matches!(evidence.status, Status::InProgress | Status::Indeterminate))
+                    .then(|| format!("the evidence is {}, settled", evidence.status)),
             })
         }
     }

@@ -1104,3 +1104,100 @@ async fn the_audit_trail_keeps_an_outcomes_digest_never_its_text() {
         "never its text: {writes:?}"
     );
 }
+
+/// A resolution the engine would refuse (a live lease, a settled record) is refused before
+/// anything is written: no attempt on the audit trail, the record as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolution_of_what_no_operator_holds_leaves_no_trail() {
+    let db = dynamo::start().await;
+    let idem = Idempotency::new(db.store());
+    let live = invocation("still-running");
+    let held = crash_after_claim(&idem, &live).await;
+    let settled = invocation("settled");
+    idem.execute(&settled, |_| async {
+        Ok::<_, std::io::Error>(json!("done"))
+    })
+    .await
+    .expect("completes");
+    let completed = lambda_idempotency::store::StoreExt::get(&db.store(), settled.key())
+        .await
+        .expect("read");
+
+    for (key, why) in [
+        (live.key(), "its lease is live"),
+        (settled.key(), "COMPLETED, settled"),
+    ] {
+        let output = idemctl(
+            &db,
+            &[
+                "resolve",
+                "--key",
+                key.as_str(),
+                "--retention",
+                "24h",
+                "--release",
+                "--operator",
+                "alice",
+                "--yes",
+            ],
+        );
+        assert!(!output.status.success(), "refused");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(why), "{stderr}");
+    }
+    assert_eq!(audit_trail(&db).await, Vec::new(), "nothing on the trail");
+    let store = db.store();
+    for (key, was) in [(live.key(), Some(held)), (settled.key(), completed)] {
+        let now = lambda_idempotency::store::StoreExt::get(&store, key).await;
+        assert_eq!(now.expect("read"), was, "nothing changed");
+    }
+}
+
+/// An attempt on the trail always gets its result: when the engine's call fails (here an
+/// outcome over the limit), the result says not resolved, and the error's kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_that_ends_in_an_error_has_its_result_on_the_trail() {
+    let clock = ManualClock::new(SystemTime::now() - Duration::from_secs(3600));
+    let db = dynamo::start_with_clock(clock.clone()).await;
+    let idem = Idempotency::new(db.store()).with_clock(clock.clone());
+    let held = invocation("too-large-resolution");
+    crash_after_claim(&idem, &held).await;
+    clock.advance(Duration::from_secs(600));
+    let result =
+        std::env::temp_dir().join(format!("idemctl-too-large-{}.json", std::process::id()));
+    let outcome = json!("x".repeat(lambda_idempotency::config::DEFAULT_MAX_OUTCOME_BYTES));
+    std::fs::write(&result, outcome.to_string()).expect("write");
+    let path = result.to_string_lossy().to_string();
+
+    let output = idemctl(
+        &db,
+        &[
+            "resolve",
+            "--key",
+            held.key().as_str(),
+            "--retention",
+            "24h",
+            "--completed",
+            &path,
+            "--operator",
+            "alice",
+            "--yes",
+        ],
+    );
+    let _ = std::fs::remove_file(&result);
+    assert!(!output.status.success(), "the engine refused it");
+    let items = audit_trail(&db).await;
+    let event = |name: &str| {
+        items
+            .iter()
+            .find(|item| item.get("event") == Some(&AttributeValue::S(name.into())))
+            .cloned()
+    };
+    assert!(event("resolution").is_some(), "the attempt: {items:?}");
+    let outcome = event("resolution_result").expect("its result");
+    assert_eq!(outcome.get("resolved"), Some(&AttributeValue::Bool(false)));
+    assert_eq!(
+        outcome.get("error"),
+        Some(&AttributeValue::S("OutcomeTooLarge".into()))
+    );
+}

@@ -486,33 +486,40 @@ async fn idemctl_lists_pending_and_parked_events_and_sweeps() {
             "idemctl {args:?}: {}",
             String::from_utf8_lossy(&output.stderr)
         );
-        String::from_utf8(output.stdout).expect("utf-8")
+        let text = |bytes: Vec<u8>| String::from_utf8(bytes).expect("utf-8");
+        (text(output.stdout), text(output.stderr))
     };
+    let stdout = |args: &[&str]| idemctl(args).0;
 
-    let pending = idemctl(&["outbox", "pending", "--json"]);
+    // Under --json, stdout is one JSON object per line and nothing else (a script pipes it
+    // to jq); the count goes to stderr, and says when --limit cut the list short.
+    let (pending, counted) = idemctl(&["outbox", "pending", "--json"]);
     let lines: Vec<serde_json::Value> = pending
         .lines()
-        .filter_map(|line| serde_json::from_str(line).ok())
+        .map(|line| serde_json::from_str(line).expect("every stdout line is JSON"))
         .collect();
     assert_eq!(lines.len(), 2, "{pending}");
     assert!(lines.iter().all(|line| line["destination"] == "sqs"));
-    assert!(pending.ends_with("2 pending\n"), "{pending}");
+    assert!(counted.ends_with("2 pending\n"), "{counted}");
+    let (first, counted) = idemctl(&["outbox", "pending", "--json", "--limit", "1"]);
+    assert_eq!(first.lines().count(), 1, "at most --limit: {first}");
+    assert!(counted.contains("more may wait"), "{counted}");
 
     // The poison event is parked by a sweep; the other is published.
     rig.clock.advance(A_WEEKEND);
-    let swept = idemctl(&["outbox", "sweep", "--older-than", "0s"]);
+    let swept = stdout(&["outbox", "sweep", "--older-than", "0s"]);
     assert!(
         swept.starts_with("republished 1, parked 1, failed 0"),
         "{swept}"
     );
     assert_eq!(rig.drain(&rig.orders_queue).await.len(), 1);
-    let parked = idemctl(&["outbox", "parked"]);
+    let parked = stdout(&["outbox", "parked"]);
     assert!(
         parked.contains("refused: the event is") && parked.contains("bytes as published"),
         "{parked}"
     );
     assert!(parked.ends_with("1 parked\n"), "{parked}");
-    assert!(idemctl(&["outbox", "pending"]).ends_with("0 pending\n"));
+    assert!(stdout(&["outbox", "pending"]).ends_with("0 pending\n"));
 }
 
 /// On the Pipe path the sweeper publishes nothing itself: it redrives a pending event (a

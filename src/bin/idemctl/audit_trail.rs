@@ -95,22 +95,27 @@ impl Trail<'_> {
         Ok(key)
     }
 
-    /// Appends the result of the attempt at `attempt`: whether the resolution was written.
+    /// Appends the result of the attempt at `attempt`: whether the resolution was written, or
+    /// the kind of the error that stopped it (`resolved` false, with `error`).
     pub(crate) async fn result(
         &self,
         attempt: &str,
-        resolved: bool,
+        result: Result<bool, &str>,
         at: SystemTime,
     ) -> Result<(), BoxError> {
-        self.client
+        let mut put = self
+            .client
             .put_item()
             .table_name(self.table)
             .item("pk", AttributeValue::S(format!("{attempt}#result")))
             .item("event", AttributeValue::S("resolution_result".into()))
             .item("attempt", AttributeValue::S(attempt.into()))
-            .item("resolved", AttributeValue::Bool(resolved))
-            .item("at", AttributeValue::N(epoch_millis(at).to_string()))
-            .condition_expression("attribute_not_exists(pk)")
+            .item("resolved", AttributeValue::Bool(result == Ok(true)))
+            .item("at", AttributeValue::N(epoch_millis(at).to_string()));
+        if let Err(kind) = result {
+            put = put.item("error", AttributeValue::S(kind.into()));
+        }
+        put.condition_expression("attribute_not_exists(pk)")
             .send()
             .await
             .map_err(|err| {

@@ -82,13 +82,13 @@ pub(crate) async fn run(command: OutboxCommand, table: Option<String>) -> Result
         } => {
             let before = now.checked_sub(older_than).unwrap_or(now) + Duration::from_millis(1);
             let found = marks.pending(before, limit).await?;
-            list(&found, now, json);
-            println!("{} pending", found.events.len());
+            list(&found, now, limit, json);
+            summary(found.events.len(), limit, "pending", json);
         }
         OutboxCommand::Parked { limit, json } => {
             let found = marks.parked(limit).await?;
-            list(&found, now, json);
-            println!("{} parked", found.events.len());
+            list(&found, now, limit, json);
+            summary(found.events.len(), limit, "parked", json);
         }
         OutboxCommand::Sweep {
             older_than,
@@ -123,9 +123,23 @@ pub(crate) async fn run(command: OutboxCommand, table: Option<String>) -> Result
     Ok(())
 }
 
-/// Prints what was `found`, escaped (an outbox holds what producers wrote); the ids of
-/// unreadable items on stderr.
-fn list(found: &Found, now: SystemTime, json: bool) {
+/// Prints how many were listed (`what`: pending or parked), and whether `--limit` cut the
+/// list short; on stderr under `--json`, so that stdout stays one JSON object per line.
+fn summary(found: usize, limit: usize, what: &str, json: bool) {
+    let line = match found >= limit {
+        true => format!("{limit} {what} listed: the --limit; more may wait (raise --limit)"),
+        false => format!("{found} {what}"),
+    };
+    match json {
+        true => eprintln!("{line}"),
+        false => println!("{line}"),
+    }
+}
+
+/// Prints what was `found`, escaped (an outbox holds what producers wrote), at most `limit`
+/// events (a read gives each index partition at least one); the ids of unreadable items on
+/// stderr.
+fn list(found: &Found, now: SystemTime, limit: usize, json: bool) {
     for id in &found.unreadable {
         eprintln!("not an outbox event this idemctl reads: {}", show::text(id));
     }
@@ -135,7 +149,7 @@ fn list(found: &Found, now: SystemTime, json: bool) {
             "DESTINATION", "EVENT", "WAITING", "ID"
         );
     }
-    for record in &found.events {
+    for record in found.events.iter().take(limit) {
         let (kind, target) = match &record.destination {
             Destination::EventBridge { bus, .. } => ("eventbridge", bus.as_str()),
             Destination::Sns { topic_arn } => ("sns", topic_arn.as_str()),
