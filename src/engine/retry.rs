@@ -117,15 +117,17 @@ impl Patience {
     }
 
     /// The patience of a write after an effect happened (a settlement, a release after the
-    /// handler, a step's result): until the invocation's `deadline`, or the lease's end when
-    /// sooner (or when there is no deadline), less [`SETTLE_MARGIN`], each try cut
-    /// [`ANSWER_MARGIN`] before the deadline.
+    /// handler, a step's result): until the invocation's `deadline` (the lease's end when
+    /// there is none), less [`SETTLE_MARGIN`], each try cut [`ANSWER_MARGIN`] before the
+    /// deadline. Past the lease's end too: the write is fenced on the lease token, so a try
+    /// after a takeover fails its condition, and one before it stores the effect's outcome
+    /// that giving up would leave to a takeover.
     pub(crate) fn settling(
         lease_end: SystemTime,
         deadline: Option<SystemTime>,
         now: SystemTime,
     ) -> Self {
-        let end = deadline.map_or(lease_end, |deadline| deadline.min(lease_end));
+        let end = deadline.unwrap_or(lease_end);
         Self::until(end, deadline, now)
     }
 }
@@ -234,6 +236,23 @@ mod tests {
             (lease_end, None),
             "without a deadline: the lease"
         );
+    }
+
+    /// A lease shorter than the invocation (a `LeasePolicy` capped below the function's
+    /// timeout): the settlement after the effect keeps trying to the deadline, fenced on its
+    /// token, instead of leaving the effect to a takeover at the lease's end.
+    #[test]
+    fn a_settlement_outlasts_a_lease_shorter_than_the_invocation() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let lease_end = now + Duration::from_secs(2);
+        let deadline = now + Duration::from_secs(240);
+        let Patience::Until { until, cut } = Patience::settling(lease_end, Some(deadline), now)
+        else {
+            panic!("a settlement is patient");
+        };
+        assert_eq!(until, (now + MAX_PATIENCE).min(deadline) - SETTLE_MARGIN);
+        assert!(until > lease_end, "past the lease's end");
+        assert_eq!(cut, Some(deadline - ANSWER_MARGIN));
     }
 
     #[test]
