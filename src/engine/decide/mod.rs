@@ -125,7 +125,9 @@ pub(crate) fn holds(stored: &Lease, mine: &Lease) -> bool {
 
 /// The record an adoption of `orphan` (the operation's own evidence, IN_PROGRESS, whose
 /// record TTL deleted) re-creates from the caller's `claim`: attempt 2, the orphan's identity,
-/// and a mark that the crashed attempt's steps are lost (for every later takeover).
+/// its execution's `created_at` (which names the execution's outbox events, on every later
+/// takeover too), and a mark that the crashed attempt's steps are lost (for every later
+/// takeover).
 pub(crate) fn adoption(claim: &Record, orphan: &Evidence) -> Record {
     Record {
         lease: Lease {
@@ -133,6 +135,7 @@ pub(crate) fn adoption(claim: &Record, orphan: &Evidence) -> Record {
             ..claim.lease.clone()
         },
         identity: Some(orphan.identity.clone()),
+        created_at: orphan.created_at,
         steps: vec![StepRecord::steps_lost()],
         steps_version: 1,
         ..claim.clone()

@@ -207,7 +207,9 @@ fn an_adoption_and_its_orphan_are_what_the_reconciler_is_told() {
     assert_eq!(adopted.identity.as_deref(), Some("payment p-1"));
     assert_eq!(adopted.steps, vec![StepRecord::steps_lost()]);
     assert_eq!(adopted.steps_version, 1);
-    assert_eq!(adopted.created_at, claim.created_at);
+    // The execution's start, as the crashed attempt had it: its outbox events' ids derive
+    // from it, so that a takeover of the adopted record commits them under the same ids.
+    assert_eq!(adopted.created_at, orphan.created_at);
 
     let crashed = orphaned_record(&adopted, &orphan);
     assert_eq!(crashed.lease.attempt, 1);
