@@ -8,6 +8,7 @@ use aws_lambda_events::event::kinesis::KinesisEventRecord;
 use aws_lambda_events::event::sqs::SqsMessage;
 use lambda_idempotency::Operation;
 use lambda_idempotency::failure::Panicked;
+use lambda_idempotency::key::KeyPolicy;
 use lambda_idempotency::lambda::batch::{BatchProcessor, RecordOutcome};
 use lambda_idempotency::lambda::sources;
 use lambda_idempotency::record::Status;
@@ -20,6 +21,55 @@ use super::backends::{both, context_with_deadline, sqs_message};
 
 fn scope() -> OperationScope {
     OperationScope::new("batch-inputs", "orders").expect("scope")
+}
+
+/// A key function that panics on one record (an `unwrap` on a malformed message) fails that
+/// record as unreadable; the others run, instead of the whole batch coming back unrun.
+#[tokio::test]
+async fn a_key_policy_that_panics_on_one_record_fails_that_record_alone() {
+    for backend in both().await {
+        let (name, _store, clock, idem) = backend.parts();
+        let order_id = |message: &SqsMessage| -> Option<String> {
+            let body: serde_json::Value =
+                serde_json::from_str(message.body.as_deref()?).expect("a JSON body");
+            Some(body["order_id"].as_str()?.to_owned())
+        };
+        let policy = KeyPolicy::from_fns(order_id, order_id);
+        let processor: BatchProcessor<SqsMessage> = Operation::new(idem, scope(), policy).batch();
+        let mut malformed = sqs_message("m-2", json!({}));
+        malformed.body = Some("not json".to_owned());
+        let batch = vec![
+            sqs_message("m-1", json!({"order_id": "o-1"})),
+            malformed,
+            sqs_message("m-3", json!({"order_id": "o-3"})),
+        ];
+        let runs = AtomicUsize::new(0);
+        let deadline = clock.now_plus(Duration::from_secs(60));
+        let report = processor
+            .process(batch, &context_with_deadline(deadline), |_, _| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, std::io::Error>(String::from("placed")) }
+            })
+            .await;
+
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            2,
+            "{name}: the readable records ran"
+        );
+        let outcomes: Vec<_> = report.records.iter().map(|(_, outcome)| outcome).collect();
+        assert!(matches!(outcomes[0], RecordOutcome::Executed), "{name}");
+        assert!(matches!(outcomes[2], RecordOutcome::Executed), "{name}");
+        assert!(
+            matches!(
+                outcomes[1],
+                RecordOutcome::Failed(Error::InvalidEvent { .. })
+                    | RecordOutcome::Poison(Error::InvalidEvent { .. })
+            ),
+            "{name}: {:?}",
+            outcomes[1]
+        );
+    }
 }
 
 #[tokio::test]

@@ -179,9 +179,18 @@ impl<R: BatchRecord> BatchProcessor<R> {
         E: Into<BoxError>,
     {
         let prepared = records.into_iter().enumerate().map(|(index, record)| {
-            let invocation = self
-                .operation
-                .invocation(&record, context)
+            // A key, tenant or identity function that panics on one record (an `unwrap` on a
+            // malformed message) fails that record, as an unreadable one: never the batch.
+            let derived = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                self.operation.invocation(&record, context)
+            }));
+            let invocation = derived
+                .unwrap_or_else(|_| {
+                    error!("the operation's key policy panicked on a record: reported unreadable");
+                    Err(Error::InvalidEvent {
+                        reason: "the operation's key policy panicked on this record".into(),
+                    })
+                })
                 .map(|invocation| match record.item_identifier() {
                     Some(id) => invocation.with_message_id(id),
                     None => invocation,
