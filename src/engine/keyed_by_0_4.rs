@@ -24,7 +24,7 @@
 
 use std::time::SystemTime;
 
-use tracing::info;
+use tracing::{info, warn};
 
 use super::Idempotency;
 use crate::error::Error;
@@ -98,9 +98,17 @@ impl Idempotency {
                         .duration_since(now)
                         .unwrap_or_default(),
                 },
-                // A crashed 0.4 attempt: held for an operator (`idemctl resolve` on its key),
-                // never re-run blind under the new key.
-                Status::InProgress | Status::Indeterminate => Error::Indeterminate { key },
+                // A crashed 0.4 attempt: held for an operator (`idemctl resolve` on its key,
+                // which the error names), never re-run blind under the new key.
+                Status::InProgress | Status::Indeterminate => {
+                    warn!(
+                        key = stored_under.short(),
+                        "a crashed attempt of an earlier version holds this operation under the key it derived: resolve that key"
+                    );
+                    Error::Indeterminate {
+                        key: stored_under.clone(),
+                    }
+                }
                 status => settled_as(invocation, status, record.created_at, record.completed_at),
             });
         }
