@@ -33,8 +33,9 @@
 //! | `redriven_at` (N), `redrives` (N) | while a sweeper asks a Pipe to publish it again: when it last did (the Pipe's filter passes the modification) and how often |
 //! | `expires_at` (N) | epoch seconds, the table's TTL: [`OUTBOX_RETENTION`] after publication; absent while pending or parked |
 //!
-//! Items 0.4 wrote have no `pending` and a TTL from their creation: they were published from
-//! the stream as before, and are not swept.
+//! Items 0.4 wrote have no `pending` and a TTL from their creation: they are published from
+//! the stream as before, and one the relay fails to publish it puts in the pending index
+//! (dropping its TTL) for the sweeper.
 //!
 //! What a consumer receives is the [envelope](OutboxRecord::envelope)
 //! `{"event_id": …, "event": …, "payload": …}`; with the crate's doors, key it by `/event_id`

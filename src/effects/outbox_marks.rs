@@ -293,6 +293,26 @@ impl OutboxMarks {
         settled(update, "UpdateItem")
     }
 
+    /// Puts event `id`, an item 0.4 wrote (no `pending`, a TTL from its commit), in the pending
+    /// index and drops its TTL, so that the sweeper publishes it once the stream gives up on
+    /// it: what the relay does when it fails to publish one. `false` when it is indexed
+    /// already, published, or gone.
+    ///
+    /// # Errors
+    /// [`OutboxError::Request`] when DynamoDB fails the write.
+    pub(crate) async fn adopt(&self, id: &str) -> Result<bool, OutboxError> {
+        let update = self
+            .update(id)
+            .update_expression("SET pending = :shard REMOVE expires_at")
+            .condition_expression(
+                "attribute_exists(pk) AND attribute_not_exists(pending) AND attribute_not_exists(published_at)",
+            )
+            .expression_attribute_values(":shard", AttributeValue::S(pending_shard(id).to_owned()))
+            .send()
+            .await;
+        settled(update, "UpdateItem")
+    }
+
     /// Puts parked event `id` back among the pending ones (its destination takes it now: a
     /// grant added, a queue created), for the next sweep to publish: `true`, or `false` when it
     /// is not parked (published, pending already, or no such event).

@@ -153,10 +153,31 @@ pub async fn relay_record(
         }
         return Ok(Relayed::Skipped);
     };
-    deliver_all(publisher, marks, vec![event], PublishedBy::Relay, now)
+    let id = event.id.clone();
+    let answer = deliver_all(publisher, marks, vec![event], PublishedBy::Relay, now)
         .await
         .pop()
-        .unwrap_or_else(|| Err("the event was not published".into()))
+        .unwrap_or_else(|| Err("the event was not published".into()));
+    if answer.is_err() && written_by_0_4(record) {
+        adopt(marks, &id).await;
+    }
+    answer
+}
+
+/// Whether `record` inserts an item 0.4 wrote: no `pending` (so out of the sweeper's sight)
+/// and a TTL from its commit.
+fn written_by_0_4(record: &DynamoDbRecord) -> bool {
+    record.change.new_image.get("pending").is_none()
+}
+
+/// Adopts event `id`, which 0.4 wrote and the relay failed to publish, into the pending index
+/// ([`OutboxMarks::adopt`]): once the stream gives up on its record, the sweeper publishes it,
+/// where 0.4's TTL would have deleted it unpublished. A failed adoption is tried again with
+/// the stream's retry of the record.
+async fn adopt(marks: &OutboxMarks, id: &str) {
+    if let Err(err) = marks.adopt(id).await {
+        warn!(error = %err, "an outbox event 0.4 wrote could not be put in the pending index: the stream's retry tries again");
+    }
 }
 
 /// The error of an inserted item that is no outbox event: never acknowledged unpublished, it
@@ -342,10 +363,16 @@ impl Relay {
             .partition(|(_, event)| settled.contains(&event.id));
         report.already = done.len() as u64;
         let (records, due): (Vec<&DynamoDbRecord>, Vec<OutboxRecord>) = due.into_iter().unzip();
-        let committed: Vec<Option<SystemTime>> = due.iter().map(|event| event.created_at).collect();
+        let committed: Vec<(Option<SystemTime>, String)> = due
+            .iter()
+            .map(|event| (event.created_at, event.id.clone()))
+            .collect();
         let answers = deliver_all(&self.publisher, &self.marks, due, PublishedBy::Relay, now).await;
         let published_by = self.clock.now();
-        for ((record, committed_at), answer) in records.into_iter().zip(committed).zip(answers) {
+        let mut unindexed = Vec::new();
+        for ((record, (committed_at, id)), answer) in
+            records.into_iter().zip(committed).zip(answers)
+        {
             match answer {
                 Ok(Relayed::Published { .. }) => {
                     report.published += 1;
@@ -357,8 +384,14 @@ impl Relay {
                 Err(err) => {
                     warn!(error = %err, "an outbox event was not published or not marked: the stream retries it");
                     report.failed.push(sequence_number(record));
+                    if written_by_0_4(record) {
+                        unindexed.push(id);
+                    }
                 }
             }
+        }
+        for id in unindexed {
+            adopt(&self.marks, &id).await;
         }
         report
     }

@@ -912,3 +912,74 @@ async fn a_backlog_of_large_events_is_read_a_part_at_a_time() {
     );
     assert!(found.events.len() < (per_partition * partitions) as usize);
 }
+
+/// During a rolling deploy a 0.4 producer writes an item with no `pending` and a TTL from its
+/// commit, out of the sweeper's sight. When the relay fails to publish one (its destination
+/// down), it puts the item in the pending index and drops its TTL: once the stream gives up
+/// on the record, the sweeper publishes it, where the TTL would have deleted it unpublished.
+#[tokio::test]
+async fn an_event_0_4_wrote_that_the_relay_fails_to_publish_is_left_to_the_sweeper() {
+    let rig = Rig::open().await;
+    let down = format!("{}-recreated-later", rig.orders_queue);
+    let id = format!("7{}", "0".repeat(63));
+    let committed = rig
+        .clock
+        .now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after epoch");
+    let s = |value: &str| AttributeValue::S(value.to_owned());
+    rig.db
+        .client
+        .put_item()
+        .table_name(rig.outbox.table())
+        .item("pk", s(&id))
+        .item("event", s("placed"))
+        .item("operation", s("elsewhere"))
+        .item("destination", s("sqs"))
+        .item("target", s(&down))
+        .item("payload", s("{}"))
+        .item(
+            "created_at",
+            AttributeValue::N(committed.as_millis().to_string()),
+        )
+        .item(
+            "expires_at",
+            AttributeValue::N((committed.as_secs() + OUTBOX_RETENTION.as_secs()).to_string()),
+        )
+        .send()
+        .await
+        .expect("written as 0.4 writes it");
+
+    let answer = deliver(&mut rig.relay(), rig.stream_batch().await).await;
+    assert_eq!(answer.batch_item_failures.len(), 1, "{answer:?}");
+    let item = items(&rig)
+        .await
+        .into_iter()
+        .find(|item| text(item, "pk") == Some(id.as_str()))
+        .expect("the item");
+    assert_eq!(text(&item, "pending"), Some("p7"), "in the pending index");
+    assert_eq!(number(&item, "expires_at"), None, "no TTL while pending");
+    let found = rig
+        .marks()
+        .pending(rig.clock.now() + Duration::from_secs(1), 10)
+        .await
+        .expect("pending");
+    let found: Vec<&str> = found.events.iter().map(|event| event.id.as_str()).collect();
+    assert_eq!(found, vec![id.as_str()], "the sweeper finds it");
+
+    // Past the 0.4 TTL it is still there, and still pending.
+    rig.clock.advance(OUTBOX_RETENTION + A_WEEKEND);
+    sweep_table(
+        &rig.db.client,
+        rig.outbox.table(),
+        "expires_at",
+        rig.clock.now(),
+    )
+    .await;
+    let kept = items(&rig).await;
+    assert!(
+        kept.iter()
+            .any(|item| text(item, "pk") == Some(id.as_str()) && item.contains_key("pending")),
+        "not deleted by the TTL 0.4 gave it"
+    );
+}
