@@ -85,9 +85,7 @@ impl ExecutionContext {
     /// refusal.
     ///
     /// A refusal that recorded a step or queued writes with the completion
-    /// ([`Self::complete_with`]) may have taken effect, and so may the crashed attempt a
-    /// takeover follows (its handler may refuse because that effect is there): their identity
-    /// is settled as usual.
+    /// ([`Self::complete_with`]) may have taken effect: its identity is settled as usual.
     ///
     /// ```no_run
     /// # async fn demo(idem: lambda_idempotency::Idempotency, invocation: lambda_idempotency::Invocation) -> Result<(), Box<dyn std::error::Error>> {

@@ -293,17 +293,11 @@ impl StepLedger {
     }
 
     /// Whether the attempt's result is a refusal that took no effect: declared one, with no
-    /// step recorded and no write queued with the completion, by the execution's first
-    /// attempt (a takeover's or an adoption's handler may refuse because a crashed attempt's
-    /// effect is there: "already exists"). Its settlement then releases the business
-    /// identity instead of settling it.
+    /// step recorded and no write queued with the completion. Its settlement then releases the
+    /// business identity instead of settling it.
     pub(crate) fn refused_without_effect(&self) -> bool {
         let state = self.lock();
-        self.attempt == 1
-            && state.refused
-            && !state.frozen
-            && state.steps.is_empty()
-            && state.completion.is_empty()
+        state.refused && !state.frozen && state.steps.is_empty() && state.completion.is_empty()
     }
 
     /// Ends the attempt's steps: the handler has returned (or panicked), and a step started
