@@ -1011,6 +1011,19 @@ async fn describe(store: &DynamoDbStore, held: &Held) -> Result<Found, BoxError>
                 .evidence(identity)
                 .await?
                 .ok_or("no evidence under this key")?;
+            // The engine resolves evidence only once its record is gone (or settled and
+            // expired); while it stands, the record is what an operator resolves.
+            let stands = store
+                .get(&evidence.key)
+                .await?
+                .filter(|record| !record.counts_as_absent(now))
+                .map(|record| {
+                    format!(
+                        "its record still stands ({}): resolve it with --key {}",
+                        record.status,
+                        show::text(evidence.key.as_str())
+                    )
+                });
             Ok(Found {
                 summary: format!(
                     "found evidence {identity} {} of operation {}",
@@ -1028,8 +1041,10 @@ async fn describe(store: &DynamoDbStore, held: &Held) -> Result<Found, BoxError>
                     epoch_millis(evidence.created_at)
                 ),
                 lease_ended_ago: None,
-                not_held: (!matches!(evidence.status, Status::InProgress | Status::Indeterminate))
-                    .then(|| format!("the evidence is {}, settled", evidence.status)),
+                not_held: match evidence.status {
+                    Status::InProgress | Status::Indeterminate => stands,
+                    status => Some(format!("the evidence is {status}, settled")),
+                },
             })
         }
     }

@@ -1123,16 +1123,28 @@ async fn a_resolution_of_what_no_operator_holds_leaves_no_trail() {
         .await
         .expect("read");
 
-    for (key, why) in [
-        (live.key(), "its lease is live"),
-        (settled.key(), "COMPLETED, settled"),
+    // Evidence whose record still stands: the record is what an operator resolves.
+    let with_identity = invocation("with-evidence")
+        .with_identity("payment:p-9")
+        .expect("identity");
+    crash_after_claim(&idem, &with_identity).await;
+    let evidence_key = with_identity.evidence_key().expect("an identity");
+
+    for (flag, target, why) in [
+        ("--key", live.key().as_str(), "its lease is live"),
+        ("--key", settled.key().as_str(), "COMPLETED, settled"),
+        (
+            "--identity",
+            evidence_key.as_str(),
+            "its record still stands",
+        ),
     ] {
         let output = idemctl(
             &db,
             &[
                 "resolve",
-                "--key",
-                key.as_str(),
+                flag,
+                target,
                 "--retention",
                 "24h",
                 "--release",

@@ -180,15 +180,16 @@ impl<R: BatchRecord> BatchProcessor<R> {
     {
         let prepared = records.into_iter().enumerate().map(|(index, record)| {
             // A key, tenant or identity function that panics on one record (an `unwrap` on a
-            // malformed message) fails that record, as an unreadable one: never the batch.
+            // malformed message) fails that record as a panicking handler does, for
+            // redelivery whatever the poison policy (a bug a deploy fixes): never the batch.
             let derived = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 self.operation.invocation(&record, context)
             }));
             let invocation = derived
                 .unwrap_or_else(|_| {
-                    error!("the operation's key policy panicked on a record: reported unreadable");
-                    Err(Error::InvalidEvent {
-                        reason: "the operation's key policy panicked on this record".into(),
+                    error!("the operation's key policy panicked on a record: reported failed for redelivery");
+                    Err(Error::Handler {
+                        source: Box::new(Panicked),
                     })
                 })
                 .map(|invocation| match record.item_identifier() {
