@@ -300,6 +300,7 @@ impl OutboxMarks {
     ///
     /// # Errors
     /// [`OutboxError::Request`] when DynamoDB fails the write.
+    #[cfg(feature = "relay")]
     pub(crate) async fn adopt(&self, id: &str) -> Result<bool, OutboxError> {
         let update = self
             .update(id)
