@@ -332,132 +332,166 @@ fn a_batch_outcome_says_whether_it_replayed() {
     assert!(!RecordOutcome::AlreadyDone.is_replay());
 }
 
-/// An S3 event whose record S3 gave no sequencer (it gives one to PUTs' and DELETEs' events
-/// only): the object's record as a restore, a lifecycle transition or a tagging sees it.
-fn unsequenced(event_name: &str, time: &str, request_id: &str) -> S3Event {
+/// An S3 event of the object `s3_event` uploads, other than its creation or removal: a
+/// restore, a lifecycle transition or a tagging, carrying `sequencer` (S3 gives such an event
+/// the object version's sequencer, its upload's, or none: `""`).
+fn object_event(event_name: &str, time: &str, request_id: &str, sequencer: &str) -> S3Event {
     let mut event = serde_json::to_value(s3_event(&[(event_name, "", 10)])).expect("json");
     let record = &mut event["Records"][0];
     record["eventTime"] = json!(time);
     record["responseElements"]["x-amz-request-id"] = json!(request_id);
-    record["s3"]["object"]["sequencer"] = Value::Null;
+    record["s3"]["object"]["sequencer"] = match sequencer {
+        "" => Value::Null,
+        sequencer => json!(sequencer),
+    };
     serde_json::from_value(event).expect("an S3 event")
 }
 
-/// A restore's start and its completion name one object and version and carry no sequencer:
-/// two operations (0.4 answered the completion as a replay of the start, and it never ran),
-/// each of whose redeliveries is a replay.
+/// An object's upload, its restore's start and the restore's completion name one object and
+/// version, and the restore's events carry the upload's sequencer (as S3 sends them) or none:
+/// three operations (0.4 answered the restore as a replay of the upload, and its completion as
+/// a replay of its start: neither ran), each of whose redeliveries is a replay.
 #[tokio::test]
-async fn an_s3_event_without_a_sequencer_is_told_apart_by_its_name_and_time() {
+async fn an_s3_restore_is_told_apart_from_the_upload_by_its_name_and_time() {
     for backend in both().await {
-        let name = backend.name;
-        let ledger = Ledger::default();
-        let service = Operation::new(engine(&backend), scope("s3-restore"), sources::s3())
-            .batch()
-            .service({
-                let ledger = ledger.clone();
-                move |record: aws_lambda_events::event::s3::S3EventRecord,
-                      _ctx: ExecutionContext| {
+        for (restore_sequencer, operation) in [
+            ("0055AED6DCD90281E5", "s3-restore"),
+            ("", "s3-unsequenced-restore"),
+        ] {
+            let name = format!("{} (restore sequencer {restore_sequencer:?})", backend.name);
+            let ledger = Ledger::default();
+            let service = Operation::new(engine(&backend), scope(operation), sources::s3())
+                .batch()
+                .service({
                     let ledger = ledger.clone();
-                    async move { ledger.run(record.event_name.unwrap_or_default()) }
-                }
-            });
-        let started = unsequenced("ObjectRestore:Post", "2026-12-04T05:00:00.000Z", "REQ1");
-        let completed = unsequenced(
-            "ObjectRestore:Completed",
-            "2026-12-04T09:12:00.000Z",
-            "REQ2",
-        );
+                    move |record: aws_lambda_events::event::s3::S3EventRecord,
+                          _ctx: ExecutionContext| {
+                        let ledger = ledger.clone();
+                        async move { ledger.run(record.event_name.unwrap_or_default()) }
+                    }
+                });
+            let mut uploaded = s3_event(&[("ObjectCreated:Put", "0055AED6DCD90281E5", 10)]);
+            uploaded.records[0].event_time = "2026-12-01T05:00:00.000Z".parse().expect("time");
+            let started = object_event(
+                "ObjectRestore:Post",
+                "2026-12-04T05:00:00.000Z",
+                "REQ1",
+                restore_sequencer,
+            );
+            let completed = object_event(
+                "ObjectRestore:Completed",
+                "2026-12-04T09:12:00.000Z",
+                "REQ2",
+                restore_sequencer,
+            );
 
-        for event in [&started, &completed, &started, &completed] {
-            let answer = service
-                .clone()
-                .oneshot(LambdaEvent::new(event.clone(), Context::default()))
-                .await;
-            assert!(answer.is_ok(), "{name}: {answer:?}");
+            for event in [
+                &uploaded, &started, &completed, &uploaded, &started, &completed,
+            ] {
+                let answer = service
+                    .clone()
+                    .oneshot(LambdaEvent::new(event.clone(), Context::default()))
+                    .await;
+                assert!(answer.is_ok(), "{name}: {answer:?}");
+            }
+            assert_eq!(ledger.runs("ObjectCreated:Put"), 1, "{name}");
+            assert_eq!(
+                ledger.runs("ObjectRestore:Post"),
+                1,
+                "{name}: the restore is an operation of its own, run once"
+            );
+            assert_eq!(
+                ledger.runs("ObjectRestore:Completed"),
+                1,
+                "{name}: the completion is an operation of its own, run once"
+            );
         }
-        assert_eq!(ledger.runs("ObjectRestore:Post"), 1, "{name}");
-        assert_eq!(
-            ledger.runs("ObjectRestore:Completed"),
-            1,
-            "{name}: the completion is an operation of its own, run once"
-        );
     }
 }
 
-/// 0.4 keyed an unsequenced S3 event by its object alone: the cut-over rule does not read those
-/// records, so that the object's next event (a restore's completion after 0.4 recorded its
-/// start) runs, even with the rule on.
+/// 0.4 keyed an S3 event other than a creation or removal by its object, version and sequencer
+/// (the upload's, or none) alone: the cut-over rule does not read those records, so that the
+/// object's next event (a restore's completion after 0.4 recorded its start) runs, even with
+/// the rule on.
 #[tokio::test]
-async fn the_next_unsequenced_s3_event_runs_where_0_4_recorded_its_object() {
-    for backend in both().await {
-        let name = backend.name;
-        let clock = backend.clock.clone();
-        let config = lambda_idempotency::Config::builder()
-            .keyed_by_0_4_before(clock.now() + std::time::Duration::from_secs(60))
-            .build()
-            .expect("config");
-        // 0.4's `sources::s3`: the object's bucket, key, version and sequencer alone.
-        let by_0_4 = KeyPolicy::from_fns(
-            |record: &aws_lambda_events::event::s3::S3EventRecord| {
-                let object = &record.s3.object;
-                Some(json!([
-                    record.s3.bucket.name,
-                    object.key,
-                    object.version_id,
-                    object.sequencer
-                ]))
-            },
-            |record: &aws_lambda_events::event::s3::S3EventRecord| {
-                let object = &record.s3.object;
-                Some(json!([
-                    record.s3.bucket.name,
-                    object.key,
-                    object.version_id,
-                    object.e_tag,
-                    object.size
-                ]))
-            },
-        );
-        let v0_4 = Idempotency::new(backend.store.clone()).with_clock(clock.clone());
-        let started = unsequenced("ObjectRestore:Post", "2026-12-04T05:00:00.000Z", "REQ1");
-        let event = unsequenced(
-            "ObjectRestore:Completed",
-            "2026-12-04T09:12:00.000Z",
-            "REQ2",
-        );
-        let today = Operation::new(v0_4.clone(), scope("s3-upgrade"), by_0_4)
-            .invocation(&started.records[0], &Context::default())
-            .expect("invocation");
-        let recorded_by_0_4 = lambda_idempotency::Invocation::new(
-            today.key().clone(),
-            lambda_idempotency::key::Fingerprint::from_stored(today.fingerprint().as_str()),
-            std::time::Duration::from_secs(60),
-        );
-        let ledger = Ledger::default();
-        v0_4.execute(&recorded_by_0_4, |_| async {
-            ledger.run("restored".into())
-        })
-        .await
-        .expect("0.4's run");
-        clock.advance(std::time::Duration::from_secs(120));
-
-        let v0_5 = Operation::new(
-            engine(&backend).with_config(config),
-            scope("s3-upgrade"),
-            sources::s3(),
-        );
-        let report = v0_5
-            .batch()
-            .process(event.records, &Context::default(), |_record, _ctx| {
-                let ledger = ledger.clone();
-                async move { ledger.run("restored".into()) }
+async fn the_next_s3_object_event_runs_where_0_4_recorded_its_object() {
+    for sequencer in ["0055AED6DCD90281E5", ""] {
+        for backend in both().await {
+            let name = format!("{} (sequencer {sequencer:?})", backend.name);
+            let clock = backend.clock.clone();
+            let config = lambda_idempotency::Config::builder()
+                .keyed_by_0_4_before(clock.now() + std::time::Duration::from_secs(60))
+                .build()
+                .expect("config");
+            // 0.4's `sources::s3`: the object's bucket, key, version and sequencer alone.
+            let by_0_4 = KeyPolicy::from_fns(
+                |record: &aws_lambda_events::event::s3::S3EventRecord| {
+                    let object = &record.s3.object;
+                    Some(json!([
+                        record.s3.bucket.name,
+                        object.key,
+                        object.version_id,
+                        object.sequencer
+                    ]))
+                },
+                |record: &aws_lambda_events::event::s3::S3EventRecord| {
+                    let object = &record.s3.object;
+                    Some(json!([
+                        record.s3.bucket.name,
+                        object.key,
+                        object.version_id,
+                        object.e_tag,
+                        object.size
+                    ]))
+                },
+            );
+            let v0_4 = Idempotency::new(backend.store.clone()).with_clock(clock.clone());
+            let started = object_event(
+                "ObjectRestore:Post",
+                "2026-12-04T05:00:00.000Z",
+                "REQ1",
+                sequencer,
+            );
+            let event = object_event(
+                "ObjectRestore:Completed",
+                "2026-12-04T09:12:00.000Z",
+                "REQ2",
+                sequencer,
+            );
+            let today = Operation::new(v0_4.clone(), scope("s3-upgrade"), by_0_4)
+                .invocation(&started.records[0], &Context::default())
+                .expect("invocation");
+            let recorded_by_0_4 = lambda_idempotency::Invocation::new(
+                today.key().clone(),
+                lambda_idempotency::key::Fingerprint::from_stored(today.fingerprint().as_str()),
+                std::time::Duration::from_secs(60),
+            );
+            let ledger = Ledger::default();
+            v0_4.execute(&recorded_by_0_4, |_| async {
+                ledger.run("restored".into())
             })
-            .await;
-        assert!(
-            matches!(report.records[0].1, RecordOutcome::Executed),
-            "{name}: {:?}",
-            report.records[0].1
-        );
-        assert_eq!(ledger.runs("restored"), 2, "{name}: the completion ran");
+            .await
+            .expect("0.4's run");
+            clock.advance(std::time::Duration::from_secs(120));
+
+            let v0_5 = Operation::new(
+                engine(&backend).with_config(config),
+                scope("s3-upgrade"),
+                sources::s3(),
+            );
+            let report = v0_5
+                .batch()
+                .process(event.records, &Context::default(), |_record, _ctx| {
+                    let ledger = ledger.clone();
+                    async move { ledger.run("restored".into()) }
+                })
+                .await;
+            assert!(
+                matches!(report.records[0].1, RecordOutcome::Executed),
+                "{name}: {:?}",
+                report.records[0].1
+            );
+            assert_eq!(ledger.runs("restored"), 2, "{name}: the completion ran");
+        }
     }
 }

@@ -10,18 +10,21 @@ use crate::lambda::batch::{BatchRecord, BatchReport};
 
 /// S3: bucket, key, version and sequencer; fingerprint adds size and ETag.
 ///
-/// S3 gives a sequencer to the events of PUTs and DELETEs only: an event without one (a
-/// restore's start and end, a lifecycle transition or expiry, replication, tagging, an ACL)
-/// is told apart from the object's other events by its name, its time (in milliseconds since
-/// the epoch) and its request id as well, which S3's duplicates and Lambda's retries keep.
-/// (0.4 keyed those by the object and version alone, so that a restore's completion replayed
-/// its start. No 0.4 key rule reads those records: it could not tell a redelivery from the
-/// object's next event.)
+/// An object's creation and removal (`ObjectCreated:*`, `ObjectRemoved:*`) each get a
+/// sequencer of their own: those four name the event. Every other event (a restore's start and
+/// end, a lifecycle transition or expiry, replication, tagging, an ACL) carries the object
+/// version's sequencer (its upload's), or none: it is told apart from the object's other events
+/// by its name, its time (in milliseconds since the epoch) and its request id as well, which
+/// S3's duplicates and Lambda's retries keep. So is a creation or removal that comes without a
+/// sequencer. (0.4 keyed those by the object, version and sequencer alone, so that a restore was
+/// answered as a replay of the upload and a restore's completion as a replay of its start. No
+/// 0.4 key rule reads those records: it could not tell a redelivery from the object's next
+/// event.)
 pub fn s3() -> KeyPolicy<S3EventRecord> {
     KeyPolicy::from_fns(
         |record: &S3EventRecord| {
             let mut parts = object_version(record);
-            if sequencer(record).is_none() {
+            if !(creates_or_removes(record) && sequencer(record).is_some()) {
                 parts.extend([
                     record.event_name.clone().into(),
                     record.event_time.timestamp_millis().into(),
@@ -48,7 +51,7 @@ pub fn s3() -> KeyPolicy<S3EventRecord> {
 /// The response element naming the request that caused an event.
 const REQUEST_ID: &str = "x-amz-request-id";
 
-/// Bucket, key, version and sequencer: the key of a PUT's or a DELETE's event.
+/// Bucket, key, version and sequencer: the key of an object's creation or removal.
 fn object_version(record: &S3EventRecord) -> Vec<Value> {
     let object = &record.s3.object;
     let parts = [
@@ -58,6 +61,16 @@ fn object_version(record: &S3EventRecord) -> Vec<Value> {
         &object.sequencer,
     ];
     parts.into_iter().map(|part| part.clone().into()).collect()
+}
+
+/// Whether the event is an object's creation or removal (`ObjectCreated:*`, `ObjectRemoved:*`,
+/// with or without the `s3:` prefix of a notification configuration's names), whose
+/// sequencer is its own.
+fn creates_or_removes(record: &S3EventRecord) -> bool {
+    record.event_name.as_deref().is_some_and(|name| {
+        let name = name.strip_prefix("s3:").unwrap_or(name);
+        name.starts_with("ObjectCreated:") || name.starts_with("ObjectRemoved:")
+    })
 }
 
 /// The event's sequencer, unless S3 gave it none (or a blank one).
