@@ -10,6 +10,11 @@
 //! plain invocation would instead give its claim back at the first suspension and meet its own
 //! claim on the replay as another caller's.
 //!
+//! Run the operation with [`Operation::durable_execute`], which runs it inside one durable child
+//! context: the durable SDK numbers a handler's operations by their place in it, and an
+//! operation the engine answers from its record (settled before the replay) runs none of its
+//! handler's durable operations, which would shift every later one onto another's checkpoint.
+//!
 //! To start durable executions exactly once from a queue or an API instead, run the crate in a
 //! plain dispatcher function and start the execution under
 //! [`ExecutionContext::durable_execution_name`](crate::ExecutionContext::durable_execution_name):
@@ -33,29 +38,35 @@
 //!             let invocation = fulfil
 //!                 .durable_invocation(&order, &ctx)?
 //!                 .with_lease(Duration::from_secs(2 * 3600));
-//!             let execution = fulfil
-//!                 .engine()
-//!                 .execute(&invocation, |_| async {
-//!                     let reserved = ctx
+//!             // One durable child context: the handler's durable operations live in it.
+//!             let reserved = fulfil
+//!                 .durable_execute(invocation, &ctx, |_steps, child| async move {
+//!                     let reserved = child
 //!                         .step(|_| async { Ok(json!({"reserved": true})) })
 //!                         .name("reserve")
 //!                         .await?;
-//!                     ctx.wait(Duration::from_secs(3600)).name("cool-off").await?;
+//!                     child.wait(Duration::from_secs(3600)).name("cool-off").await?;
 //!                     Ok::<_, BoxError>(reserved)
 //!                 })
 //!                 .await?;
-//!             Ok(execution.into_value())
+//!             // Durable operations after it replay in their places.
+//!             ctx.wait(Duration::from_secs(60)).name("follow-up").await?;
+//!             Ok(reserved)
 //!         }
 //!     })
 //!     .await
 //! }
 //! ```
 
+use std::future::Future;
+
 use aws_durable_execution_sdk::DurableContext;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use super::Operation;
-use crate::error::Error;
-use crate::execution::Invocation;
+use crate::error::{BoxError, Error};
+use crate::execution::{Execution, ExecutionContext, Invocation};
 
 impl<E> Operation<E> {
     /// The invocation for `payload` inside a durable handler: as [`Operation::invocation`] for
@@ -86,6 +97,50 @@ impl<E> Operation<E> {
         Ok(self
             .invocation(payload, durable.lambda_context())?
             .with_durable_owner(durable.execution_arn(), branch_of(durable)))
+    }
+
+    /// Runs `invocation` (from [`Operation::durable_invocation`]) inside one durable child
+    /// context named after the operation, and answers the handler's value: `handler` gets the
+    /// operation's [`ExecutionContext`] (the crate's steps) and the child's [`DurableContext`],
+    /// on which its durable operations (steps, waits, callbacks) belong.
+    ///
+    /// The durable SDK numbers a handler's durable operations by their place, and checks each
+    /// against what it checkpointed there on every replay. Once the operation settled, the
+    /// engine answers a replay from its record without running `handler`: durable operations
+    /// made inside it on the handler's own context would then be missing from the count, and
+    /// every one after the operation would meet another's checkpoint (the execution fails as
+    /// non-deterministic). In a child context they are the child's: the child counts as one
+    /// operation whether `handler` ran or not, and once it completed the SDK replays its value
+    /// without reading the record.
+    ///
+    /// # Errors
+    /// The child context's failure, which carries the handler's error or the engine's
+    /// ([`Error`]: a duplicate in progress, a payload conflict, an outcome held for an
+    /// operator) as its message; the durable service keeps it as the child's outcome, so a
+    /// replay answers the same failure.
+    pub async fn durable_execute<T, F, Fut>(
+        &self,
+        invocation: Invocation,
+        durable: &DurableContext,
+        handler: F,
+    ) -> Result<T, BoxError>
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+        F: FnOnce(ExecutionContext, DurableContext) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, BoxError>> + Send + 'static,
+    {
+        let engine = self.idem.clone();
+        durable
+            .run_in_child_context(move |child: DurableContext| async move {
+                engine
+                    .execute(&invocation, move |steps| handler(steps, child))
+                    .await
+                    .map(Execution::into_value)
+                    .map_err(BoxError::from)
+            })
+            .name(self.scope.operation())
+            .await
+            .map_err(BoxError::from)
     }
 }
 

@@ -733,3 +733,115 @@ async fn a_cached_store_keeps_one_owners_operations_apart() {
         assert_eq!(settled_b.value(), &json!("B-result"), "{name}");
     }
 }
+
+/// A handler whose operation settles before the execution suspends again: the operation (the
+/// crate's step `reserve`, then a durable wait) runs in a durable child context
+/// (`Operation::durable_execute`) when `in_child`, else straight on the handler's context;
+/// after it, the durable step `notify` and the wait `follow-up`.
+fn settled_then_suspended(
+    operation: Operation<Value>,
+    in_child: bool,
+    ran: Arc<Ran>,
+) -> impl Fn(Value, DurableContext) -> DurableFuture + Send + Sync + 'static {
+    move |order: Value, durable: DurableContext| {
+        let (operation, ran) = (operation.clone(), Arc::clone(&ran));
+        Box::pin(async move {
+            ran.invocations.fetch_add(1, Ordering::SeqCst);
+            let invocation = operation
+                .durable_invocation(&order, &durable)?
+                .with_lease(LONG_LEASE);
+            let counted = Arc::clone(&ran);
+            let reserve = move |steps: ExecutionContext| async move {
+                steps
+                    .step("reserve")
+                    .run(|_key| async move {
+                        counted.reserves.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, BoxError>(String::from("rsv-1"))
+                    })
+                    .await
+            };
+            let reserved: String = match in_child {
+                true => {
+                    operation
+                        .durable_execute(invocation, &durable, |steps, child| async move {
+                            let reserved = reserve(steps).await?;
+                            child
+                                .wait(Duration::from_secs(3600))
+                                .name("cool-off")
+                                .await?;
+                            Ok(reserved)
+                        })
+                        .await?
+                }
+                false => operation
+                    .engine()
+                    .execute(&invocation, |steps| async {
+                        let reserved = reserve(steps).await?;
+                        durable
+                            .wait(Duration::from_secs(3600))
+                            .name("cool-off")
+                            .await?;
+                        Ok::<_, BoxError>(reserved)
+                    })
+                    .await?
+                    .into_value(),
+            };
+            let notified: String = durable
+                .step(|_| async { Ok(String::from("sent")) })
+                .name("notify")
+                .await?;
+            durable
+                .wait(Duration::from_secs(3600))
+                .name("follow-up")
+                .await?;
+            Ok(json!({"reserved": reserved, "notified": notified}))
+        })
+    }
+}
+
+/// The durable SDK numbers a handler's durable operations by their place. Once the operation
+/// settled, a replay is answered from its record without running its handler: inside a child
+/// context (`durable_execute`) that changes no place, and the durable operations after it
+/// replay in theirs; straight on the handler's context, the handler's durable operations are
+/// missing from the count and the next one meets another's checkpoint.
+#[tokio::test]
+async fn an_operation_settled_before_a_later_suspension_keeps_the_replay_deterministic() {
+    for backend in both().await {
+        for in_child in [true, false] {
+            let name = format!("{} (in a child context: {in_child})", backend.name);
+            let ran = Arc::new(Ran::default());
+            let operation = fulfil(&backend, &ran);
+            let order = json!({"order_id": format!("o-settled-{in_child}"), "amount": 30});
+
+            let handler = settled_then_suspended(operation, in_child, Arc::clone(&ran));
+            let result = LocalRunner::new().run(handler, order).await;
+
+            assert_eq!(
+                Ran::count(&ran.reserves),
+                1,
+                "{name}: the crate's step replayed"
+            );
+            if in_child {
+                assert!(result.is_success(), "{name}: {:?}", result.error_message());
+                assert_eq!(
+                    result.output(),
+                    Some(&json!({"reserved": "rsv-1", "notified": "sent"})),
+                    "{name}"
+                );
+                assert_eq!(result.invocation_count(), 3, "{name}: two suspensions");
+            } else {
+                assert!(
+                    result.is_failure(),
+                    "{name}: the plain form replays out of place"
+                );
+                assert!(
+                    result
+                        .error_message()
+                        .is_some_and(|message| message.contains("non_deterministic")),
+                    "{name}: {:?}",
+                    result.error_message()
+                );
+            }
+        }
+    }
+}
