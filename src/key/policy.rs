@@ -278,7 +278,14 @@ impl<E> KeyPolicy<E> {
         let keys_by_0_4_of = |material: &Value| {
             OperationKey::with_earlier(scope, tenant_by_0_4.as_deref(), material).ok()
         };
+        // An event naming another tenant than Lambda's context: 0.4 keyed it in that tenant's
+        // key space, which this tenant never reads.
+        let another_tenants = matches!(
+            (context_tenant, tenant_by_0_4.as_deref()),
+            (Some(context), Some(named)) if context != named
+        );
         let (key_by_0_4, key_by_0_1_as_0_4) = match &self.key_as_0_4 {
+            _ if another_tenants => None,
             Some(select) => select
                 .select(event)
                 .ok()

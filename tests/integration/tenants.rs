@@ -462,6 +462,63 @@ async fn a_redelivery_across_the_upgrade_is_neither_run_again_nor_misread() {
     }
 }
 
+/// 0.4 keyed an event under the tenant its policy read from the event. When the event names
+/// another tenant than Lambda's context, that key is the other tenant's: the rule never reads
+/// it (neither its record nor its identity's evidence), so the caller learns nothing of the
+/// other tenant's operation, and what its own tenant recorded still answers.
+#[tokio::test]
+async fn the_0_4_rule_never_reads_the_key_of_a_tenant_the_event_names_against_lambdas() {
+    for backend in both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        let (upgraded, rule_off) = engines(&backend, clock.now() + Duration::from_secs(3600));
+        let policy = orders_policy()
+            .with_tenant(|event: &Value| event["tenant"].as_str().map(str::to_owned))
+            .with_identity(|event: &Value| {
+                event["invoice"].as_str().map(|id| format!("invoice:{id}"))
+            });
+        let operation = |idem: &Idempotency| Operation::new(idem.clone(), scope(), policy.clone());
+        let runs = AtomicUsize::new(0);
+        let order = json!({"tenant": "globex", "order_id": "o-9", "invoice": "i-9"});
+
+        // 0.4 recorded two of globex's orders under globex's key, and their invoices' evidence.
+        let kept = json!({"tenant": "globex", "order_id": "o-10", "invoice": "i-10"});
+        for payload in [&order, &kept] {
+            charge(
+                &rule_off,
+                &as_0_4(&operation(&rule_off), payload, MINUTE),
+                &runs,
+            )
+            .await
+            .expect("0.4's run");
+        }
+        clock.advance(Duration::from_secs(2 * 3600));
+
+        // Tenant acme sends an event naming globex: acme's own operation, which runs.
+        let from_acme = |payload: &Value| {
+            operation(&upgraded)
+                .invocation(payload, &context(Some("acme")))
+                .expect("invocation")
+        };
+        let answer = charge(&upgraded, &from_acme(&order), &runs).await;
+        assert!(
+            answer.is_ok(),
+            "{name}: answered from globex's record: {answer:?}"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 3, "{name}");
+
+        // Past the records' retention, only globex's evidence stands: not read for acme either.
+        clock.advance(Config::DEFAULT_RETENTION);
+        let same_invoice = json!({"tenant": "globex", "order_id": "o-11", "invoice": "i-10"});
+        let answer = charge(&upgraded, &from_acme(&same_invoice), &runs).await;
+        assert!(
+            answer.is_ok(),
+            "{name}: answered from globex's evidence: {answer:?}"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 4, "{name}");
+    }
+}
+
 /// The evidence 0.4 kept for an identity (without Lambda's tenant) keeps protecting it under
 /// the rule, after its record expired: the same event is answered as applied, and another
 /// event with the identity learns only that it is held.
