@@ -19,9 +19,11 @@
 //! ```
 
 use std::fmt;
+use std::sync::Once;
 use std::time::{Duration, SystemTime};
 
 use lambda_runtime::Context;
+use tracing::warn;
 
 use crate::engine::Idempotency;
 use crate::error::ConfigError;
@@ -371,9 +373,13 @@ pub(crate) fn deadline_of(context: &Context, now: SystemTime) -> Option<SystemTi
 /// claim holds at least [`MIN_LEASE`](crate::execution::MIN_LEASE) whatever the policy says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeasePolicy {
-    /// Added to the remaining time, so that a lease outlives the invocation it guards.
+    /// Added to the remaining time, so that a lease outlives the invocation it guards. Raise
+    /// [`Self::max`] with it: the cap applies to the sum.
     pub skew: Duration,
-    /// The longest lease (Lambda's 15-minute limit plus the skew, by default).
+    /// The longest lease (Lambda's 15-minute limit plus the default skew, by default). Keep it
+    /// at least the function's timeout plus the skew: a lease it cuts shorter can run out
+    /// while the handler still runs, and another invocation take the operation over beside
+    /// it (the engine logs a warning once when it cuts one).
     pub max: Duration,
     /// The lease when the invocation has no deadline (local runs).
     pub without_deadline: Duration,
@@ -395,7 +401,21 @@ impl LeasePolicy {
     /// (an emulator's: Lambda's deadline is always ahead when a handler starts).
     pub fn lease(&self, deadline: Option<SystemTime>, now: SystemTime) -> Duration {
         match deadline.and_then(|deadline| deadline.duration_since(now).ok()) {
-            Some(left) if !left.is_zero() => left.saturating_add(self.skew).min(self.max),
+            Some(left) if !left.is_zero() => {
+                let covered = left.saturating_add(self.skew);
+                if covered > self.max {
+                    static CUT: Once = Once::new();
+                    CUT.call_once(|| {
+                        warn!(
+                            max_secs = self.max.as_secs(),
+                            skew_secs = self.skew.as_secs(),
+                            left_secs = left.as_secs(),
+                            "the lease policy's max cuts a lease below the invocation's remaining time plus the skew: a takeover could start while the handler still runs; set LeasePolicy::max to at least the function's timeout plus the skew"
+                        );
+                    });
+                }
+                covered.min(self.max)
+            }
             _ => self.without_deadline,
         }
     }
