@@ -496,3 +496,63 @@ async fn two_keys_an_http_api_joined_are_refused_and_a_quoted_comma_is_one_key()
         assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}: one run");
     }
 }
+
+/// An HTTP API request carrying a `multipart/form-data` body under `boundary` (base64, as the
+/// API delivers a binary body), its file holding `file`.
+fn multipart_upload(key: &str, boundary: &str, file: &str) -> Request {
+    use base64::Engine as _;
+    let form = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"title\"\r\n\r\nQ3 report\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"q3.csv\"\r\nContent-Type: text/csv\r\n\r\n{file}\r\n--{boundary}--\r\n"
+    );
+    let mut event = v2_json(key, jwt("alice"));
+    event["headers"]["content-type"] = json!(format!("multipart/form-data; boundary={boundary}"));
+    event["body"] = json!(base64::engine::general_purpose::STANDARD.encode(form));
+    event["isBase64Encoded"] = json!(true);
+    lambda_http::request::from_str(&event.to_string()).expect("an HTTP API event")
+}
+
+/// A client that sends a form again (a retry after a timeout) builds it anew under another
+/// boundary: the same form is a replay, never a changed payload; another file under the key is.
+#[tokio::test]
+async fn a_form_sent_again_under_another_boundary_is_a_replay() {
+    for backend in both().await {
+        let name = backend.name;
+        let (service, runs) = layered(engine(backend), CallerScope::Principal, &[]);
+
+        let first = service
+            .clone()
+            .oneshot(multipart_upload(
+                "u-1",
+                "----WebKitFormBoundary7MA4YWxk",
+                "1,2",
+            ))
+            .await
+            .expect("answer");
+        let again = service
+            .clone()
+            .oneshot(multipart_upload("u-1", "a1b2c3d4e5f60718293a4b5c", "1,2"))
+            .await
+            .expect("answer");
+        let changed = service
+            .clone()
+            .oneshot(multipart_upload(
+                "u-1",
+                "----9051914041544843365972754266",
+                "1,3",
+            ))
+            .await
+            .expect("answer");
+
+        assert_eq!(first.status(), StatusCode::CREATED, "{name}");
+        assert_eq!(
+            again.status(),
+            StatusCode::CREATED,
+            "{name}: {}",
+            code(&again)
+        );
+        assert!(again.headers().contains_key(REPLAYED_HEADER), "{name}");
+        assert_eq!(changed.status(), StatusCode::UNPROCESSABLE_ENTITY, "{name}");
+        assert_eq!(code(&changed), "idempotency_key_reused", "{name}");
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}");
+    }
+}

@@ -1,7 +1,8 @@
 //! The one HTTP key derivation: a [`KeyPolicy`] over `lambda_http` requests. The key is the
 //! caller and the `Idempotency-Key` header (a Structured Field String when it is quoted, as the
 //! IETF draft sends it, else the raw value); the fingerprint is the method, the path, the
-//! query (percent-decoded, sorted by name), the content type and the exact body bytes.
+//! query (percent-decoded, sorted by name), the content type and the exact body bytes (a
+//! `multipart/*` body's parts, without the boundary a client picks anew for each request).
 
 use std::fmt;
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::caller::{self, CallerScope};
+use super::multipart;
 use crate::error::Error;
 use crate::key::{KeyPolicy, Select};
 
@@ -204,7 +206,8 @@ impl Select<Request> for KeysAs04 {
 }
 
 /// The intent: method, path, query (percent-decoded as `application/x-www-form-urlencoded`,
-/// sorted by name), content type, and the SHA-256 of the exact body bytes.
+/// sorted by name), content type, and the SHA-256 of the exact body bytes; a complete
+/// `multipart/*` body's parts instead, its content type without the boundary.
 #[derive(Debug, Clone, Copy)]
 struct Intent;
 
@@ -225,7 +228,7 @@ impl Select<Request> for Intent {
             .collect();
         pairs.sort_by(|a, b| a.0.cmp(&b.0));
         let query: Vec<Value> = pairs.into_iter().map(|(_, pair)| pair).collect();
-        Ok(Some(intent(request, Value::Array(query))))
+        Ok(Some(intent(request, Value::Array(query), true)))
     }
 }
 
@@ -266,25 +269,40 @@ impl Select<Request> for IntentAs04 {
             .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
             .collect();
         query.sort_by(|a, b| a.0.cmp(b.0));
-        Ok(Some(intent(request, json!(query))))
+        Ok(Some(intent(request, json!(query), false)))
     }
 }
 
 /// The intent of `request` with its `query` pairs ordered by name (values of one name in their
 /// order: the same for a retry however the gateway rebuilt the string; REST and ALB requests
-/// come through a hash map).
-fn intent(request: &Request, query: Value) -> Value {
+/// come through a hash map). With `forms`, a complete `multipart/*` body is its parts, and its
+/// content type is read without the boundary, which a client picks anew for each request.
+fn intent(request: &Request, query: Value, forms: bool) -> Value {
     let content_type = request
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|value| value.to_str().ok());
-    json!({
-        "method": request.method().as_str(),
-        "path": request.uri().path(),
-        "query": query,
-        "content_type": content_type,
-        "body_sha256": hex::encode(Sha256::digest(request.body().as_ref())),
-    })
+    let body = request.body().as_ref();
+    let form = content_type.filter(|_| forms).and_then(|sent| {
+        let (_, boundary) = multipart::boundary_of(sent)?;
+        Some((sent, multipart::parts(body, &boundary)?))
+    });
+    match form {
+        Some((sent, parts)) => json!({
+            "method": request.method().as_str(),
+            "path": request.uri().path(),
+            "query": query,
+            "content_type": multipart::without_boundary(sent),
+            "parts": parts,
+        }),
+        None => json!({
+            "method": request.method().as_str(),
+            "path": request.uri().path(),
+            "query": query,
+            "content_type": content_type,
+            "body_sha256": hex::encode(Sha256::digest(body)),
+        }),
+    }
 }
 
 #[cfg(test)]

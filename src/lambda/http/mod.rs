@@ -7,7 +7,8 @@
 //! `POST` and `PATCH` requests are keyed by their `Idempotency-Key` header (the IETF draft's
 //! wire format: a quoted value is a Structured Field String, so `"k"` and `k` are one key; any
 //! other value is taken raw), **scoped to the caller** ([`CallerScope`]) and fingerprinted by
-//! method, path, percent-decoded query sorted by name, content type and exact body bytes; other
+//! method, path, percent-decoded query sorted by name, content type and exact body bytes (a
+//! multipart body's parts, without the boundary a client picks anew for each request); other
 //! methods pass through untouched. Errors are RFC 9457 problem details
 //! (`application/problem+json`, with the stable code as the `error` member).
 //!
@@ -77,6 +78,7 @@
 pub(crate) mod answer;
 pub(crate) mod caller;
 mod keys;
+mod multipart;
 mod service;
 pub(crate) mod stored;
 
