@@ -18,8 +18,9 @@ use crate::error::StoreError;
 use crate::key::OperationKey;
 use crate::record::{Lease, Record, Settlement, StepRecord};
 
-/// Room a cached record takes besides its outcome and key, in bytes.
-const RECORD_OVERHEAD: u64 = 256;
+/// Room a cached record takes besides the strings and bytes [`ByBytes`] counts, in bytes: its
+/// own fields and its fingerprint's digests (64 hex digits each, up to three).
+const RECORD_OVERHEAD: u64 = 512;
 /// Claims waiting for their settlement, at most (a crashed claim's entry is evicted).
 const PENDING_CLAIMS: usize = 4096;
 /// The smallest share of the cache one shard holds: a shard keeps no record heavier than
@@ -68,19 +69,33 @@ impl<S: std::fmt::Debug> std::fmt::Debug for CachedStore<S> {
     }
 }
 
-/// Weighs a record by its outcome, its steps, its key and a fixed overhead.
+/// Weighs a record by what it holds on the heap (its outcome, its steps, its key, its lease
+/// token, its request id, its identity, its operator's audit) and a fixed overhead (the
+/// fingerprint's digests, the record's own fields).
 #[derive(Debug, Clone, Copy)]
 struct ByBytes;
 
 impl Weighter<OperationKey, Arc<Record>> for ByBytes {
     fn weight(&self, key: &OperationKey, record: &Arc<Record>) -> u64 {
+        let text = |text: Option<&String>| text.map_or(0, String::len);
         let outcome = record.outcome.as_ref().map_or(0, Vec::len);
         let steps: usize = record
             .steps
             .iter()
             .map(|step| step.name.len() + step.result.as_ref().map_or(0, Vec::len))
             .sum();
-        u64::try_from(outcome + steps + key.as_str().len())
+        let audit = record.audit.as_ref().map_or(0, |audit| {
+            audit.by.len() + audit.action.len() + text(audit.reason.as_ref())
+        });
+        let held = outcome
+            + steps
+            + key.as_str().len()
+            + record.key.as_str().len()
+            + record.lease.token.len()
+            + text(record.request_id.as_ref())
+            + text(record.identity.as_ref())
+            + audit;
+        u64::try_from(held)
             .unwrap_or(u64::MAX)
             .saturating_add(RECORD_OVERHEAD)
     }
@@ -362,5 +377,54 @@ impl<S: Store> TransactionalStore for CachedStore<S> {
             Some(inner) => inner.check_transactional_writes(),
             None => Box::pin(async { Ok(()) }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use quick_cache::Weighter;
+
+    use super::{ByBytes, RECORD_OVERHEAD};
+    use crate::key::{Fingerprint, OperationKey};
+    use crate::record::{Audit, Lease, Record, Status};
+
+    /// A record's weight counts every string it holds, not only its outcome: a small outcome
+    /// beside a long identity, request id and operator's reason weighs what they hold.
+    #[test]
+    fn a_record_weighs_its_identity_request_id_and_audit_too() {
+        let key = OperationKey::from_stored("shop#charge#v1#00");
+        let at = UNIX_EPOCH + Duration::from_secs(1_000);
+        let record = Record {
+            key: key.clone(),
+            status: Status::Completed,
+            fingerprint: Fingerprint::from_stored("ab"),
+            lease: Lease {
+                token: "t".repeat(36),
+                attempt: 1,
+                expires_at: at,
+            },
+            expires_at: at,
+            outcome: Some(vec![b'x'; 100]),
+            created_at: at,
+            completed_at: Some(at),
+            request_id: Some("r".repeat(256)),
+            identity: Some("i".repeat(1024)),
+            audit: Some(Audit {
+                by: "b".repeat(100),
+                at,
+                action: "completed from INDETERMINATE".into(),
+                reason: Some("w".repeat(1024)),
+            }),
+            steps: Vec::new(),
+            steps_version: 0,
+        };
+        let held = 100 + 2 * key.as_str().len() + 36 + 256 + 1024 + 100 + 28 + 1024;
+        assert_eq!(
+            ByBytes.weight(&key, &Arc::new(record)),
+            u64::try_from(held).unwrap_or(u64::MAX) + RECORD_OVERHEAD
+        );
     }
 }
