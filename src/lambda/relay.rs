@@ -67,7 +67,7 @@ use std::time::{Duration, SystemTime};
 use aws_lambda_events::event::dynamodb::{Event as DynamoDbEvent, EventRecord as DynamoDbRecord};
 use aws_lambda_events::event::streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse};
 use futures_util::StreamExt;
-use futures_util::future::BoxFuture;
+use futures_util::future::{BoxFuture, join_all};
 use lambda_runtime::LambdaEvent;
 use serde::{Deserialize, Serialize};
 use tracing::{error, warn};
@@ -153,15 +153,13 @@ pub async fn relay_record(
         }
         return Ok(Relayed::Skipped);
     };
-    let id = event.id.clone();
-    let answer = deliver_all(publisher, marks, vec![event], PublishedBy::Relay, now)
+    if written_by_0_4(record) {
+        adopt(marks, &event.id).await;
+    }
+    deliver_all(publisher, marks, vec![event], PublishedBy::Relay, now)
         .await
         .pop()
-        .unwrap_or_else(|| Err("the event was not published".into()));
-    if answer.is_err() && written_by_0_4(record) {
-        adopt(marks, &id).await;
-    }
-    answer
+        .unwrap_or_else(|| Err("the event was not published".into()))
 }
 
 /// Whether `record` inserts an item 0.4 wrote: no `pending` (so out of the sweeper's sight)
@@ -170,10 +168,11 @@ fn written_by_0_4(record: &DynamoDbRecord) -> bool {
     record.change.new_image.get("pending").is_none()
 }
 
-/// Adopts event `id`, which 0.4 wrote and the relay failed to publish, into the pending index
-/// ([`OutboxMarks::adopt`]): once the stream gives up on its record, the sweeper publishes it,
-/// where 0.4's TTL would have deleted it unpublished. A failed adoption is tried again with
-/// the stream's retry of the record.
+/// Adopts event `id`, which 0.4 wrote, into the pending index ([`OutboxMarks::adopt`]) before
+/// the relay publishes it: should the publish fail, or the relay be cut off before it is
+/// answered (its timeout, its memory), the sweeper publishes it once the stream gives up on
+/// its record, where 0.4's TTL would have deleted it unpublished. A failed adoption is tried
+/// again with the stream's next delivery of the record.
 async fn adopt(marks: &OutboxMarks, id: &str) {
     if let Err(err) = marks.adopt(id).await {
         warn!(error = %err, "an outbox event 0.4 wrote could not be put in the pending index: the stream's retry tries again");
@@ -363,16 +362,19 @@ impl Relay {
             .partition(|(_, event)| settled.contains(&event.id));
         report.already = done.len() as u64;
         let (records, due): (Vec<&DynamoDbRecord>, Vec<OutboxRecord>) = due.into_iter().unzip();
-        let committed: Vec<(Option<SystemTime>, String)> = due
-            .iter()
-            .map(|event| (event.created_at, event.id.clone()))
-            .collect();
+        let committed: Vec<Option<SystemTime>> = due.iter().map(|event| event.created_at).collect();
+        // 0.4's items are put in the pending index before they are published.
+        join_all(
+            records
+                .iter()
+                .zip(&due)
+                .filter(|(record, _)| written_by_0_4(record))
+                .map(|(_, event)| adopt(&self.marks, &event.id)),
+        )
+        .await;
         let answers = deliver_all(&self.publisher, &self.marks, due, PublishedBy::Relay, now).await;
         let published_by = self.clock.now();
-        let mut unindexed = Vec::new();
-        for ((record, (committed_at, id)), answer) in
-            records.into_iter().zip(committed).zip(answers)
-        {
+        for ((record, committed_at), answer) in records.into_iter().zip(committed).zip(answers) {
             match answer {
                 Ok(Relayed::Published { .. }) => {
                     report.published += 1;
@@ -384,14 +386,8 @@ impl Relay {
                 Err(err) => {
                     warn!(error = %err, "an outbox event was not published or not marked: the stream retries it");
                     report.failed.push(sequence_number(record));
-                    if written_by_0_4(record) {
-                        unindexed.push(id);
-                    }
                 }
             }
-        }
-        for id in unindexed {
-            adopt(&self.marks, &id).await;
         }
         report
     }

@@ -14,7 +14,7 @@ use lambda_idempotency::effects::{
     Destination, OUTBOX_RETENTION, Outbox, OutboxEvent, OutboxMarks, PublishedBy, Transaction,
 };
 use lambda_idempotency::lambda::relay::sweeper::{MAX_REDRIVES, Sweeper};
-use lambda_idempotency::lambda::relay::{Relayed, relay_record};
+use lambda_idempotency::lambda::relay::{Publisher, Relayed, relay_record};
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::testing::conformance::invocation;
 use lambda_idempotency::testing::dynamo::sweep_table;
@@ -913,15 +913,9 @@ async fn a_backlog_of_large_events_is_read_a_part_at_a_time() {
     assert!(found.events.len() < (per_partition * partitions) as usize);
 }
 
-/// During a rolling deploy a 0.4 producer writes an item with no `pending` and a TTL from its
-/// commit, out of the sweeper's sight. When the relay fails to publish one (its destination
-/// down), it puts the item in the pending index and drops its TTL: once the stream gives up
-/// on the record, the sweeper publishes it, where the TTL would have deleted it unpublished.
-#[tokio::test]
-async fn an_event_0_4_wrote_that_the_relay_fails_to_publish_is_left_to_the_sweeper() {
-    let rig = Rig::open().await;
-    let down = format!("{}-recreated-later", rig.orders_queue);
-    let id = format!("7{}", "0".repeat(63));
+/// Writes event `id` as a 0.4 producer writes it (no `pending`, a TTL from its commit), for
+/// the queue `target`.
+async fn write_as_0_4(rig: &Rig, id: &str, target: &str) {
     let committed = rig
         .clock
         .now()
@@ -932,11 +926,11 @@ async fn an_event_0_4_wrote_that_the_relay_fails_to_publish_is_left_to_the_sweep
         .client
         .put_item()
         .table_name(rig.outbox.table())
-        .item("pk", s(&id))
+        .item("pk", s(id))
         .item("event", s("placed"))
         .item("operation", s("elsewhere"))
         .item("destination", s("sqs"))
-        .item("target", s(&down))
+        .item("target", s(target))
         .item("payload", s("{}"))
         .item(
             "created_at",
@@ -949,6 +943,19 @@ async fn an_event_0_4_wrote_that_the_relay_fails_to_publish_is_left_to_the_sweep
         .send()
         .await
         .expect("written as 0.4 writes it");
+}
+
+/// During a rolling deploy a 0.4 producer writes an item with no `pending` and a TTL from its
+/// commit, out of the sweeper's sight. The relay puts it in the pending index and drops its
+/// TTL before it publishes it: when the publish fails (its destination down), once the stream
+/// gives up on the record, the sweeper publishes it, where the TTL would have deleted it
+/// unpublished.
+#[tokio::test]
+async fn an_event_0_4_wrote_that_the_relay_fails_to_publish_is_left_to_the_sweeper() {
+    let rig = Rig::open().await;
+    let down = format!("{}-recreated-later", rig.orders_queue);
+    let id = format!("7{}", "0".repeat(63));
+    write_as_0_4(&rig, &id, &down).await;
 
     let answer = deliver(&mut rig.relay(), rig.stream_batch().await).await;
     assert_eq!(answer.batch_item_failures.len(), 1, "{answer:?}");
@@ -982,4 +989,43 @@ async fn an_event_0_4_wrote_that_the_relay_fails_to_publish_is_left_to_the_sweep
             .any(|item| text(item, "pk") == Some(id.as_str()) && item.contains_key("pending")),
         "not deleted by the TTL 0.4 gave it"
     );
+}
+
+/// A relay cut off while its publish is on the way (Lambda's timeout: the destination never
+/// answers) is no error it could adopt on: the 0.4 item it was publishing is in the pending
+/// index already, without its TTL, for the sweeper.
+#[tokio::test]
+async fn an_event_0_4_wrote_is_in_the_pending_index_before_the_relay_publishes_it() {
+    let rig = Rig::open().await;
+    let id = format!("7{}", "1".repeat(63));
+    write_as_0_4(&rig, &id, &rig.orders_queue).await;
+    // A destination that takes the request and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a listener");
+    let endpoint = format!("http://{}", silent.local_addr().expect("address"));
+    let config = rig
+        .moto_config()
+        .to_builder()
+        .endpoint_url(endpoint)
+        .build();
+    let mut relay = rig.relay_publishing(Publisher::from_conf(&config));
+    let batch = rig.stream_batch().await;
+
+    tokio::select! {
+        answer = deliver(&mut relay, batch) => panic!("answered by a silent destination: {answer:?}"),
+        accepted = silent.accept() => {
+            let (_held_open, _) = accepted.expect("the publish request's connection");
+            // The relay is cut off here, its publish unanswered.
+        }
+    }
+    drop(relay);
+
+    let item = items(&rig)
+        .await
+        .into_iter()
+        .find(|item| text(item, "pk") == Some(id.as_str()))
+        .expect("the item");
+    assert_eq!(text(&item, "pending"), Some("p7"), "in the pending index");
+    assert_eq!(number(&item, "expires_at"), None, "no TTL while pending");
 }
