@@ -111,7 +111,8 @@ impl OutboxEvent {
     /// for `destination`.
     ///
     /// # Errors
-    /// [`Error::InvalidEvent`] for a blank name, a payload that does not serialize, or an event
+    /// [`Error::InvalidEvent`] for a blank name (or one holding `#`, the event id's
+    /// separator), a payload that does not serialize, or an event
     /// larger than its destination takes ([`MAX_EVENT_BYTES`], with the envelope).
     ///
     /// ```
@@ -131,9 +132,12 @@ impl OutboxEvent {
         payload: &impl Serialize,
     ) -> Result<Self, Error> {
         let name = name.into();
-        if name.trim().is_empty() || name.len() > super::MAX_STEP_NAME_BYTES {
+        // No `#`: the event's id hashes `{step}#event={name}#…`, which a name holding the
+        // separator could make another step's event's.
+        if name.trim().is_empty() || name.len() > super::MAX_STEP_NAME_BYTES || name.contains('#') {
             return Err(Error::InvalidEvent {
-                reason: "an outbox event's name is 1 to 255 bytes and not blank".into(),
+                reason: "an outbox event's name is 1 to 255 bytes, not blank and without '#'"
+                    .into(),
             });
         }
         let payload = serde_json::to_string(payload).map_err(|err| Error::InvalidEvent {
@@ -492,5 +496,26 @@ impl OutboxRecord {
             sequence: self.order.as_ref().map(|order| order.sequence),
         })
         .map_err(invalid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Destination, OutboxEvent};
+    use crate::error::Error;
+
+    /// A name holding the id's separator could give two events of one execution one id (step
+    /// `a#event=b` publishing `c`, step `a` publishing `b#event=c`): refused at commit.
+    #[test]
+    fn an_event_name_with_the_ids_separator_is_refused() {
+        let queue = || Destination::Sqs {
+            queue_url: "https://sqs.us-east-1.amazonaws.com/1/orders".into(),
+        };
+        let refused = OutboxEvent::new("b#event=c", queue(), &"{}");
+        assert!(
+            matches!(refused, Err(Error::InvalidEvent { .. })),
+            "{refused:?}"
+        );
+        assert!(OutboxEvent::new("order.placed", queue(), &"{}").is_ok());
     }
 }
