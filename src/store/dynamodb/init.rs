@@ -36,6 +36,7 @@ impl DynamoDbStore {
             prime_namespace: None,
             verdict: replication::Verdict::default(),
             strong: replication::Strong::default(),
+            owed: replication::Owed::default(),
         }
     }
 
@@ -119,7 +120,8 @@ impl DynamoDbStore {
     /// [`StoreError::EventuallyConsistentReplicas`], [`StoreError::TransactionsUnsupported`],
     /// or a transient error ([`StoreError::is_transient`]: throttled, unavailable, or no answer
     /// within 2 s) that the first event's own requests will retry (a replication check left
-    /// undone by one is done by the next cold start's).
+    /// undone is tried again by the claims, one at a time, until it completes: until then
+    /// they claim unchecked).
     pub async fn prime(&self) -> Result<(), StoreError> {
         let key = OperationKey::from_stored(prime_key(self.prime_namespace.as_deref()));
         let read = self
@@ -135,6 +137,8 @@ impl DynamoDbStore {
                 .map(drop)
                 .map_err(|err| map_sdk_error("prime", &self.table, err))
         };
+        // Owed until it completes: should it fail for now, claims try it again.
+        self.owe_replication_check();
         let (read, checked) = futures_util::future::join(
             within(PRIME_TIMEOUT, read),
             within(PRIME_TIMEOUT, async {
@@ -222,11 +226,12 @@ fn prime_key(namespace: Option<&str>) -> String {
         _ => PRIME_KEY.to_owned(),
     }
 }
-/// How long [`DynamoDbStore::prime`] waits for its read.
-const PRIME_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long [`DynamoDbStore::prime`] waits for its read, and a claim for a replication check
+/// it owes.
+pub(super) const PRIME_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// `request`'s answer, or [`StoreError::Unavailable`] when it has none within `limit`.
-async fn within(
+pub(super) async fn within(
     limit: Duration,
     request: impl Future<Output = Result<(), StoreError>>,
 ) -> Result<(), StoreError> {

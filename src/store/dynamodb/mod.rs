@@ -136,6 +136,7 @@ pub struct DynamoDbStore {
     prime_namespace: Option<String>,
     verdict: replication::Verdict,
     strong: replication::Strong,
+    owed: replication::Owed,
 }
 
 impl DynamoDbStore {

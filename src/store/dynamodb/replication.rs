@@ -7,10 +7,12 @@
 //! | global, multi-Region strong consistency (MRSC) | safe: every conditional write is decided against the latest write in any Region | refused: they need `TransactWriteItems`, which MRSC tables do not accept |
 //! | global, multi-Region eventual consistency (MREC) | refused unless opted in: the last writer wins across Regions, so two Regions can both claim and both run | the same |
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use aws_sdk_dynamodb::types::{MultiRegionConsistency, TableDescription};
-use futures_util::future;
+use futures_util::{FutureExt, future};
+use tracing::warn;
 
 use super::DynamoDbStore;
 use super::error::map_sdk_error;
@@ -92,6 +94,11 @@ pub(crate) type Verdict = Arc<OnceLock<Refusal>>;
 /// when it has not. Shared by a store and its clones.
 pub(crate) type Strong = Arc<OnceLock<Option<String>>>;
 
+/// Whether a replication check is owed: [`DynamoDbStore::prime`] asked for one that has not
+/// completed (it failed for now, or ran out of time). Claims try it again, one at a time (the
+/// flag is taken while one runs), until it completes. Shared by a store and its clones.
+pub(crate) type Owed = Arc<AtomicBool>;
+
 impl DynamoDbStore {
     /// Accepts global tables with multi-Region eventual consistency (MREC), which
     /// [`Self::check_replication`] refuses otherwise. Opt in only when a single Region ever
@@ -123,7 +130,9 @@ impl DynamoDbStore {
     /// multi-Region strong consistency by [`Operation::prime`](crate::lambda::Operation::prime),
     /// which asks [`TransactionalStore::check_transactional_writes`](crate::store::TransactionalStore::check_transactional_writes);
     /// other operations run there.) After a refusal, every claim of this store (and
-    /// its clones) fails with the same error. [`Self::prime`] runs it. Returns the idempotency table's replication.
+    /// its clones) fails with the same error. [`Self::prime`] runs it; when its check does not
+    /// complete (throttled, no answer in time), the claims run it again, one at a time, until
+    /// it does. Returns the idempotency table's replication.
     ///
     /// Global tables of the legacy version 2017.11.29 are not described by `DescribeTable` and
     /// pass as single-Region tables.
@@ -164,6 +173,32 @@ impl DynamoDbStore {
             }
             None => Ok(replication),
         }
+    }
+
+    /// Marks a replication check owed until one completes ([`Owed`]).
+    pub(crate) fn owe_replication_check(&self) {
+        self.owed.store(true, Ordering::Release);
+    }
+
+    /// `Err` when a check has refused this store's tables; first, when [`Self::prime`]'s check
+    /// did not complete and no other claim is running it, runs it again (within
+    /// [`PRIME_TIMEOUT`](super::init::PRIME_TIMEOUT)): a check that fails for now leaves it
+    /// owed, and this claim goes on unchecked, as it would have.
+    pub(crate) async fn checked_replication(&self) -> Result<(), StoreError> {
+        if !self.described() && self.owed.swap(false, Ordering::AcqRel) {
+            let checked = super::init::within(
+                super::init::PRIME_TIMEOUT,
+                self.check_replication().map(|checked| checked.map(drop)),
+            )
+            .await;
+            if let Err(err) = &checked
+                && !self.described()
+            {
+                warn!(error = %err, "the tables' replication could not be checked: claims go on unchecked and try again");
+                self.owe_replication_check();
+            }
+        }
+        self.refused()
     }
 
     /// `Err` when a check has refused this store's tables.

@@ -370,7 +370,7 @@ impl Store for DynamoDbStore {
 /// Each core request as the DynamoDB requests it sends.
 impl DynamoDbStore {
     async fn send_claim(&self, record: &Record, now: SystemTime) -> Result<Claim, StoreError> {
-        self.refused()?;
+        self.checked_replication().await?;
         let mut writes = vec![self.claim_write(record, now)?];
         if let Some(identity) = &record.identity {
             let uniqueness = self.uniqueness()?;
@@ -389,7 +389,7 @@ impl DynamoDbStore {
         orphan: &Evidence,
         now: SystemTime,
     ) -> Result<Claim, StoreError> {
-        self.refused()?;
+        self.checked_replication().await?;
         let writes = vec![
             self.claim_write(record, now)?,
             evidence::adopt_write(self.uniqueness()?, orphan)?,
