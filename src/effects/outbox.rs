@@ -498,24 +498,3 @@ impl OutboxRecord {
         .map_err(invalid)
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::{Destination, OutboxEvent};
-    use crate::error::Error;
-
-    /// A name holding the id's separator could give two events of one execution one id (step
-    /// `a#event=b` publishing `c`, step `a` publishing `b#event=c`): refused at commit.
-    #[test]
-    fn an_event_name_with_the_ids_separator_is_refused() {
-        let queue = || Destination::Sqs {
-            queue_url: "https://sqs.us-east-1.amazonaws.com/1/orders".into(),
-        };
-        let refused = OutboxEvent::new("b#event=c", queue(), &"{}");
-        assert!(
-            matches!(refused, Err(Error::InvalidEvent { .. })),
-            "{refused:?}"
-        );
-        assert!(OutboxEvent::new("order.placed", queue(), &"{}").is_ok());
-    }
-}

@@ -111,13 +111,16 @@ impl<E> Operation<E> {
     /// every one after the operation would meet another's checkpoint (the execution fails as
     /// non-deterministic). In a child context they are the child's: the child counts as one
     /// operation whether `handler` ran or not, and once it completed the SDK replays its value
-    /// without reading the record.
+    /// (one larger than the SDK checkpoints whole runs the child again, which reads the
+    /// record: keep the operation's retention longer than the execution).
     ///
     /// # Errors
     /// The child context's failure, which carries the handler's error or the engine's
     /// ([`Error`]: a duplicate in progress, a payload conflict, an outcome held for an
-    /// operator) as its message; the durable service keeps it as the child's outcome, so a
-    /// replay answers the same failure.
+    /// operator) by its message alone, never as a type to match: the durable service keeps
+    /// the message as the child's outcome, and a replay answers the same failure, so a
+    /// handler takes the same branch on either. To match the engine's [`Error`], call
+    /// [`Idempotency::execute`](crate::Idempotency::execute) with no durable operation inside.
     pub async fn durable_execute<T, F, Fut>(
         &self,
         invocation: Invocation,
@@ -132,11 +135,13 @@ impl<E> Operation<E> {
         let engine = self.idem.clone();
         durable
             .run_in_child_context(move |child: DurableContext| async move {
+                // The failure by its message alone: a replay of the failed child gives the
+                // message only, and the handler must take the same branch on both.
                 engine
                     .execute(&invocation, move |steps| handler(steps, child))
                     .await
                     .map(Execution::into_value)
-                    .map_err(BoxError::from)
+                    .map_err(|err| BoxError::from(err.to_string()))
             })
             .name(self.scope.operation())
             .await

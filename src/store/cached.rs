@@ -381,7 +381,7 @@ impl<S: Store> TransactionalStore for CachedStore<S> {
 }
 
 #[cfg(test)]
-mod tests {
+mod weight {
     use std::sync::Arc;
     use std::time::{Duration, UNIX_EPOCH};
 

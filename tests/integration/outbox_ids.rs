@@ -9,7 +9,7 @@ use std::time::Duration;
 use aws_sdk_dynamodb::types::{AttributeValue, Put};
 use lambda_idempotency::effects::{Destination, Outbox, OutboxEvent, Transaction};
 use lambda_idempotency::testing::conformance::invocation;
-use lambda_idempotency::{BoxError, Idempotency, Invocation, Operator, Resolution};
+use lambda_idempotency::{BoxError, Error, Idempotency, Invocation, Operator, Resolution};
 use tokio::sync::oneshot;
 
 use super::transactions::{Shop, outbox_items};
@@ -126,4 +126,19 @@ async fn after_ttl_deleted_an_unsettled_record_the_step_runs_again_under_new_ids
     let after = ids(&outbox_items(&shop).await);
     assert_eq!(after.len(), 2, "a new execution, a new item: {after:?}");
     assert!(first.iter().all(|id| after.contains(id)), "the first stays");
+}
+
+/// A name holding the id's separator could give two events of one execution one id (step
+/// `a#event=b` publishing `c`, step `a` publishing `b#event=c`): refused at commit.
+#[test]
+fn an_event_name_with_the_ids_separator_is_refused() {
+    let queue = || Destination::Sqs {
+        queue_url: "https://sqs.us-east-1.amazonaws.com/1/orders".into(),
+    };
+    let refused = OutboxEvent::new("b#event=c", queue(), &"{}");
+    assert!(
+        matches!(refused, Err(Error::InvalidEvent { .. })),
+        "{refused:?}"
+    );
+    assert!(OutboxEvent::new("order.placed", queue(), &"{}").is_ok());
 }

@@ -4,12 +4,17 @@
 //! changes the `Content-Type` value and every delimiter in the body, not the form.
 //!
 //! The body is read as RFC 2046 frames it: the preamble before the first delimiter and the
-//! epilogue after the last are not part of the message; each part is its header lines and its
-//! content. A body that does not parse so (no closing delimiter, a part without its blank line)
-//! has no such intent: the caller keeps its exact bytes.
+//! epilogue after the last are not part of the message, nor is the transport padding after a
+//! delimiter; each part is its exact bytes (header lines and content). A body that does not
+//! parse so (no closing delimiter, a boundary longer than RFC 2046's 70 bytes) has no such
+//! intent: the caller keeps its exact bytes.
 
-use serde_json::{Value, json};
+use memchr::memmem;
+use serde_json::Value;
 use sha2::{Digest, Sha256};
+
+/// The longest boundary RFC 2046 allows: a longer one is no multipart body's.
+const MAX_BOUNDARY_BYTES: usize = 70;
 
 /// The media type of a `Content-Type` value, lowercased, and its boundary parameter, when the
 /// type is `multipart/*` and names one (quoted or not).
@@ -25,7 +30,7 @@ pub(super) fn boundary_of(content_type: &str) -> Option<(String, String)> {
             .eq_ignore_ascii_case("boundary")
             .then(|| value.trim().trim_matches('"').to_owned())
     })?;
-    (!boundary.is_empty()).then_some((media_type, boundary))
+    (!boundary.is_empty() && boundary.len() <= MAX_BOUNDARY_BYTES).then_some((media_type, boundary))
 }
 
 /// The `Content-Type` value without its boundary parameter: the media type, lowercased, and
@@ -51,17 +56,19 @@ pub(super) fn without_boundary(content_type: &str) -> String {
     kept.join("; ")
 }
 
-/// The parts of `body` delimited by `boundary`, each as its header lines (in order, as sent)
-/// and the SHA-256 of its content; `None` when the body is not a complete multipart body.
+/// The parts of `body` delimited by `boundary`, each as the SHA-256 of its exact bytes (its
+/// header lines and content: only the delimiters change from one request to the next); `None`
+/// when the body is not a complete multipart body.
 pub(super) fn parts(body: &[u8], boundary: &str) -> Option<Value> {
     let delimiter = [b"--", boundary.as_bytes()].concat();
     // The first delimiter starts the body or a line.
-    let first = find(body, &delimiter)?;
+    let first = memmem::find(body, &delimiter)?;
     if first != 0 && !body[..first].ends_with(b"\r\n") {
         return None;
     }
     let mut rest = &body[first + delimiter.len()..];
-    let next_delimiter = [b"\r\n--", boundary.as_bytes()].concat();
+    let next_delimiter =
+        memmem::Finder::new(&[b"\r\n--", boundary.as_bytes()].concat()).into_owned();
     let mut parts = Vec::new();
     loop {
         if rest.starts_with(b"--") {
@@ -69,7 +76,7 @@ pub(super) fn parts(body: &[u8], boundary: &str) -> Option<Value> {
             return Some(Value::Array(parts));
         }
         // Transport padding (spaces and tabs), then the line break that ends the delimiter.
-        let line_end = find(rest, b"\r\n")?;
+        let line_end = memmem::find(rest, b"\r\n")?;
         if !rest[..line_end]
             .iter()
             .all(|byte| matches!(byte, b' ' | b'\t'))
@@ -77,38 +84,10 @@ pub(super) fn parts(body: &[u8], boundary: &str) -> Option<Value> {
             return None;
         }
         rest = &rest[line_end + 2..];
-        let end = find(rest, &next_delimiter)?;
-        parts.push(part(&rest[..end])?);
-        rest = &rest[end + next_delimiter.len()..];
+        let end = next_delimiter.find(rest)?;
+        parts.push(Value::String(hex::encode(Sha256::digest(&rest[..end]))));
+        rest = &rest[end + next_delimiter.needle().len()..];
     }
-}
-
-/// One part: its header lines, then its content after the blank line.
-fn part(part: &[u8]) -> Option<Value> {
-    let (headers, content) = match part.strip_prefix(b"\r\n") {
-        // No header lines: the content follows the blank line at once.
-        Some(content) => (&part[..0], content),
-        None => {
-            let blank = find(part, b"\r\n\r\n")?;
-            (&part[..blank], &part[blank + 4..])
-        }
-    };
-    let headers: Vec<Value> = headers
-        .split(|byte| *byte == b'\n')
-        .map(|line| Value::String(String::from_utf8_lossy(line.trim_ascii_end()).into_owned()))
-        .filter(|line| line.as_str().is_some_and(|line| !line.is_empty()))
-        .collect();
-    Some(json!({
-        "headers": headers,
-        "content_sha256": hex::encode(Sha256::digest(content)),
-    }))
-}
-
-/// Where `needle` first occurs in `haystack`.
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack
-        .windows(needle.len())
-        .position(|window| window == needle)
 }
 
 #[cfg(test)]
@@ -149,7 +128,35 @@ mod tests {
         let cut = form("b", "1,2");
         assert_eq!(parts(&cut[..cut.len() - 8], "b"), None);
         assert_eq!(parts(b"not a form", "b"), None);
-        assert_eq!(parts(b"--b\r\nno blank line\r\n--b--", "b"), None);
+        assert_eq!(parts(b"--b junk\r\npart\r\n--b--", "b"), None);
+    }
+
+    /// Parts are their exact bytes: a blank line or a trailing space in a part's content, or a
+    /// header's byte that is not UTF-8, is another intent.
+    #[test]
+    fn parts_differing_in_any_byte_are_another_intent() {
+        let with = |content: &[u8]| {
+            let mut body = b"--b\r\nContent-Disposition: form-data; name=\"f\"\r\n\r\n".to_vec();
+            body.extend_from_slice(content);
+            body.extend_from_slice(b"\r\n--b--");
+            parts(&body, "b")
+        };
+        assert!(with(b"a\r\n\r\nb").is_some());
+        assert_ne!(with(b"a\r\n\r\nb"), with(b"a\r\nb"));
+        assert_ne!(with(b"a "), with(b"a"));
+        assert_ne!(with(b"\xe9"), with(b"\xe8"));
+    }
+
+    #[test]
+    fn a_boundary_longer_than_rfc_2046_allows_is_no_multipart_body() {
+        let long = "-".repeat(71);
+        assert_eq!(
+            boundary_of(&format!("multipart/form-data; boundary={long}")),
+            None
+        );
+        assert!(
+            boundary_of(&format!("multipart/form-data; boundary={}", "-".repeat(70))).is_some()
+        );
     }
 
     #[test]

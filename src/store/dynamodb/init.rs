@@ -166,7 +166,7 @@ impl DynamoDbStore {
     /// Keeps permanent evidence of business identities in `table`.
     pub fn with_uniqueness_table(mut self, table: impl Into<String>) -> Self {
         self.uniqueness_table = Some(table.into());
-        self.verdict = replication::Verdict::default();
+        self.reset_replication_check();
         self
     }
 

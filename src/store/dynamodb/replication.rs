@@ -9,6 +9,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::{MultiRegionConsistency, TableDescription};
 use futures_util::{FutureExt, future};
@@ -94,10 +95,24 @@ pub(crate) type Verdict = Arc<OnceLock<Refusal>>;
 /// when it has not. Shared by a store and its clones.
 pub(crate) type Strong = Arc<OnceLock<Option<String>>>;
 
-/// Whether a replication check is owed: [`DynamoDbStore::prime`] asked for one that has not
-/// completed (it failed for now, or ran out of time). Claims try it again, one at a time (the
-/// flag is taken while one runs), until it completes. Shared by a store and its clones.
-pub(crate) type Owed = Arc<AtomicBool>;
+/// A replication check [`DynamoDbStore::prime`] asked for that has not completed (it failed
+/// for now, or ran out of time): the claims try it again, one at a time (the others wait for
+/// it), at most once per [`RETRY_OWED_CHECK_AFTER`], until it completes or fails for good.
+/// Shared by a store and its clones.
+#[derive(Debug, Default)]
+pub(crate) struct OwedCheck {
+    owed: AtomicBool,
+    /// When a claim may try it next; held by the claim trying it.
+    next_try: tokio::sync::Mutex<Option<Instant>>,
+}
+
+/// The shared [`OwedCheck`].
+pub(crate) type Owed = Arc<OwedCheck>;
+
+/// How long claims wait between two tries of a check that failed for now: `DescribeTable` is
+/// throttled by the burst of cold starts that failed `prime`'s, and one try per claim would
+/// keep it so.
+const RETRY_OWED_CHECK_AFTER: Duration = Duration::from_secs(5);
 
 impl DynamoDbStore {
     /// Accepts global tables with multi-Region eventual consistency (MREC), which
@@ -107,7 +122,7 @@ impl DynamoDbStore {
     /// same key and both run the handler, since the last writer wins across Regions.
     pub fn accept_eventually_consistent_replicas(mut self) -> Self {
         self.accept_eventual = true;
-        self.verdict = Verdict::default();
+        self.reset_replication_check();
         self
     }
 
@@ -175,30 +190,57 @@ impl DynamoDbStore {
         }
     }
 
-    /// Marks a replication check owed until one completes ([`Owed`]).
+    /// Marks a replication check owed until one completes ([`OwedCheck`]).
     pub(crate) fn owe_replication_check(&self) {
-        self.owed.store(true, Ordering::Release);
+        self.owed.owed.store(true, Ordering::Release);
+    }
+
+    /// Whether [`Self::prime`]'s check is owed and not done.
+    fn check_owed(&self) -> bool {
+        !self.described() && self.owed.owed.load(Ordering::Acquire)
     }
 
     /// `Err` when a check has refused this store's tables; first, when [`Self::prime`]'s check
-    /// did not complete and no other claim is running it, runs it again (within
-    /// [`PRIME_TIMEOUT`](super::init::PRIME_TIMEOUT)): a check that fails for now leaves it
-    /// owed, and this claim goes on unchecked, as it would have.
+    /// did not complete, runs it again (within [`PRIME_TIMEOUT`](super::init::PRIME_TIMEOUT);
+    /// a claim that finds another running it waits for it): one that fails for now stays owed
+    /// for a try [`RETRY_OWED_CHECK_AFTER`] later, and this claim goes on unchecked, as it
+    /// would have; one that fails for good (access denied) is no longer tried.
     pub(crate) async fn checked_replication(&self) -> Result<(), StoreError> {
-        if !self.described() && self.owed.swap(false, Ordering::AcqRel) {
-            let checked = super::init::within(
-                super::init::PRIME_TIMEOUT,
-                self.check_replication().map(|checked| checked.map(drop)),
-            )
-            .await;
-            if let Err(err) = &checked
-                && !self.described()
-            {
-                warn!(error = %err, "the tables' replication could not be checked: claims go on unchecked and try again");
-                self.owe_replication_check();
+        if self.check_owed() {
+            let mut next_try = self.owed.next_try.lock().await;
+            let now = Instant::now();
+            if self.check_owed() && next_try.is_none_or(|at| now >= at) {
+                *next_try = Some(now + RETRY_OWED_CHECK_AFTER);
+                let checked = super::init::within(
+                    super::init::PRIME_TIMEOUT,
+                    self.check_replication().map(|checked| checked.map(drop)),
+                )
+                .await;
+                match checked {
+                    Err(err) if !self.described() => {
+                        warn!(error = %err, transient = err.is_transient(), "the tables' replication could not be checked: claims go on unchecked");
+                        if !err.is_transient() {
+                            self.owed.owed.store(false, Ordering::Release);
+                        }
+                    }
+                    _ => self.owed.owed.store(false, Ordering::Release),
+                }
             }
         }
         self.refused()
+    }
+
+    /// What a builder that changes what the check depends on (the tables it describes, what it
+    /// accepts) leaves: a fresh verdict and description, and the check owed when the store's
+    /// was asked for (owed, or done for the settings before).
+    pub(crate) fn reset_replication_check(&mut self) {
+        let asked = self.described() || self.owed.owed.load(Ordering::Acquire);
+        self.verdict = Verdict::default();
+        self.strong = Strong::default();
+        self.owed = Owed::default();
+        if asked {
+            self.owe_replication_check();
+        }
     }
 
     /// `Err` when a check has refused this store's tables.
