@@ -40,12 +40,12 @@ impl Checkout {
     /// # Errors
     /// When one is not set.
     pub fn from_env(ledger: Ledger) -> Result<Self, String> {
-        let var = |name: &str| std::env::var(name).map_err(|_| format!("set {name}"));
+        use crate::settings::required;
         Ok(Self {
             ledger,
-            outbox: Outbox::new(var(OUTBOX_TABLE_VAR)?)
+            outbox: Outbox::new(required(OUTBOX_TABLE_VAR, "the outbox table's name")?)
                 .with_destinations(Destinations::from_env().map_err(|err| err.to_string())?),
-            events_queue: var(ORDER_EVENTS_QUEUE_VAR)?,
+            events_queue: required(ORDER_EVENTS_QUEUE_VAR, "the order events queue's URL")?,
         })
     }
 

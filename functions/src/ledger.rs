@@ -28,8 +28,7 @@ impl Ledger {
 
     /// The ledger in the table named by `LEDGER_TABLE`.
     pub fn from_env(client: Client) -> Result<Self, String> {
-        let table = std::env::var(LEDGER_TABLE_VAR)
-            .map_err(|_| format!("set {LEDGER_TABLE_VAR} to the ledger table's name"))?;
+        let table = crate::settings::required(LEDGER_TABLE_VAR, "the ledger table's name")?;
         Ok(Self::new(client, table))
     }
 

@@ -19,6 +19,7 @@ pub mod outbox_relay;
 pub mod outbox_sweeper;
 pub mod payments;
 pub mod quickstart;
+pub mod settings;
 pub mod shipments;
 pub mod stuck_check;
 

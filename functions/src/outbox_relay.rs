@@ -21,8 +21,7 @@ pub fn from_env(
     client: aws_sdk_dynamodb::Client,
     publisher: Publisher,
 ) -> Result<Relay, lambda_runtime::Error> {
-    let table = std::env::var(OUTBOX_TABLE_VAR)
-        .map_err(|_| format!("set {OUTBOX_TABLE_VAR} to the outbox table's name"))?;
+    let table = crate::settings::required(OUTBOX_TABLE_VAR, "the outbox table's name")?;
     Ok(relay(
         publisher,
         OutboxMarks::new(client, &Outbox::new(table)),

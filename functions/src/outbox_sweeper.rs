@@ -21,6 +21,11 @@ pub const SWEEP_LIMIT_VAR: &str = "OUTBOX_SWEEP_LIMIT";
 /// How the sweeper publishes again: `publish` (itself, as the relay: the default) or
 /// `redrive` (hands each event back to the stream, for the Pipe).
 pub const SWEEP_MODE_VAR: &str = "OUTBOX_SWEEP_MODE";
+/// The longest threshold [`SWEEP_AFTER_VAR`] takes: a week (an event pending longer than the
+/// stream's 24 hours waits for the sweeper alone).
+pub const MAX_SWEEP_AFTER_SECS: u64 = 7 * 24 * 3600;
+/// The most events one sweep takes ([`SWEEP_LIMIT_VAR`]).
+pub const MAX_SWEEP_LIMIT: u64 = 100_000;
 /// The most parked events one run counts (the `ParkedEvents` gauge stops there).
 pub const PARKED_COUNTED: usize = 100;
 
@@ -37,24 +42,13 @@ impl OutboxSweeper {
     ///
     /// # Errors
     /// When `OUTBOX_TABLE` is not set, the mode is neither `publish` nor `redrive`, or a
-    /// setting is not a positive whole number.
+    /// setting is not a whole number within its bound ([`MAX_SWEEP_AFTER_SECS`], [`MAX_SWEEP_LIMIT`]).
     pub fn from_env(
         client: aws_sdk_dynamodb::Client,
         publisher: Publisher,
     ) -> Result<Self, lambda_runtime::Error> {
-        let table = std::env::var(OUTBOX_TABLE_VAR)
-            .map_err(|_| format!("set {OUTBOX_TABLE_VAR} to the outbox table's name"))?;
-        let read = |name: &str, default: u64| -> Result<u64, lambda_runtime::Error> {
-            match std::env::var(name) {
-                Err(_) => Ok(default),
-                Ok(value) => value
-                    .trim()
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|n| *n > 0)
-                    .ok_or_else(|| format!("{name} must be a positive whole number").into()),
-            }
-        };
+        use crate::settings::{bounded, required};
+        let table = required(OUTBOX_TABLE_VAR, "the outbox table's name")?;
         let marks = OutboxMarks::new(client, &Outbox::new(table));
         let sweeper = match std::env::var(SWEEP_MODE_VAR).as_deref() {
             Err(_) | Ok("publish") => Sweeper::new(publisher, marks.clone()),
@@ -62,8 +56,15 @@ impl OutboxSweeper {
             Ok(_) => return Err(format!("{SWEEP_MODE_VAR} is `publish` or `redrive`").into()),
         };
         let sweeper = sweeper
-            .after(Duration::from_secs(read(SWEEP_AFTER_VAR, 600)?))
-            .limit(usize::try_from(read(SWEEP_LIMIT_VAR, 1000)?).unwrap_or(usize::MAX));
+            .after(Duration::from_secs(bounded(
+                SWEEP_AFTER_VAR,
+                600,
+                MAX_SWEEP_AFTER_SECS,
+            )?))
+            .limit(
+                usize::try_from(bounded(SWEEP_LIMIT_VAR, 1000, MAX_SWEEP_LIMIT)?)
+                    .unwrap_or(usize::MAX),
+            );
         Ok(Self { sweeper, marks })
     }
 

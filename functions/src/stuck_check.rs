@@ -18,6 +18,11 @@ use crate::metrics::{Gauge, gauges_document};
 pub const OLDER_THAN_VAR: &str = "STUCK_OLDER_THAN_SECONDS";
 /// The most scan pages one run reads (default 100: up to 100 MB of table).
 pub const MAX_PAGES_VAR: &str = "STUCK_MAX_PAGES";
+/// The longest [`OLDER_THAN_VAR`] takes: two weeks (longer, and the alarm says nothing for
+/// longer than anyone waits on a stuck operation).
+pub const MAX_OLDER_THAN_SECS: u64 = 14 * 24 * 3600;
+/// The most pages [`MAX_PAGES_VAR`] takes.
+pub const MAX_PAGES: u64 = 10_000;
 
 /// What a run reads, from the function's environment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,22 +37,12 @@ impl Settings {
     /// From [`OLDER_THAN_VAR`] and [`MAX_PAGES_VAR`], with their defaults.
     ///
     /// # Errors
-    /// When one is set but is not a positive whole number.
+    /// When one is set but is not a whole number within its bound ([`MAX_OLDER_THAN_SECS`], [`MAX_PAGES`]).
     pub fn from_env() -> Result<Self, lambda_runtime::Error> {
-        let read = |name: &str, default: u64| -> Result<u64, lambda_runtime::Error> {
-            match std::env::var(name) {
-                Err(_) => Ok(default),
-                Ok(value) => value
-                    .trim()
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|n| *n > 0)
-                    .ok_or_else(|| format!("{name} must be a positive whole number").into()),
-            }
-        };
+        use crate::settings::bounded;
         Ok(Self {
-            older_than: Duration::from_secs(read(OLDER_THAN_VAR, 300)?),
-            max_pages: u32::try_from(read(MAX_PAGES_VAR, 100)?).unwrap_or(u32::MAX),
+            older_than: Duration::from_secs(bounded(OLDER_THAN_VAR, 300, MAX_OLDER_THAN_SECS)?),
+            max_pages: u32::try_from(bounded(MAX_PAGES_VAR, 100, MAX_PAGES)?).unwrap_or(u32::MAX),
         })
     }
 }

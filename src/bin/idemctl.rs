@@ -568,6 +568,11 @@ async fn scan_summaries(store: &DynamoDbStore) -> Result<Vec<Record>, BoxError> 
 async fn stuck(store: &DynamoDbStore, older_than: Duration, json: bool) -> Result<(), BoxError> {
     let now = SystemTime::now();
     let found = store.find_stuck(now, older_than, u32::MAX).await?;
+    if store.uniqueness_table().is_none() {
+        eprintln!(
+            "evidence not read (no uniqueness table given): unsettled evidence whose record is gone is not listed; pass --uniqueness-table (or set UNIQUENESS_TABLE) to read it"
+        );
+    }
     if found.skipped > 0 {
         eprintln!("skipped {} items that do not decode", found.skipped);
     }
@@ -1065,11 +1070,22 @@ fn shape(value: &Value) -> String {
     }
 }
 
+/// The status `stats` counts a record under: a settled record past its retention counts as
+/// absent everywhere (TTL deletes it lazily, days late at times, and a release writes one
+/// already expired), so it is counted apart, not as COMPLETED or FAILED.
+fn counted_as(record: &Record, now: SystemTime) -> &'static str {
+    match record.counts_as_absent(now) {
+        true => "EXPIRED",
+        false => record.status.as_str(),
+    }
+}
+
 async fn stats(store: &DynamoDbStore, json: bool) -> Result<(), BoxError> {
+    let now = SystemTime::now();
     let mut counts: BTreeMap<(String, &'static str), u64> = BTreeMap::new();
     for record in scan_summaries(store).await? {
         *counts
-            .entry((record.key.operation().to_owned(), record.status.as_str()))
+            .entry((record.key.operation().to_owned(), counted_as(&record, now)))
             .or_default() += 1;
     }
     if json {

@@ -99,8 +99,10 @@ impl Destinations {
     /// without the variable would otherwise publish wherever an item says.
     ///
     /// # Errors
-    /// [`Error::InvalidEvent`] when it is not set, or names nothing (a template value that did
-    /// not resolve, say): set it to the destinations the outbox publishes to, or `*`.
+    /// [`Error::InvalidEvent`] when it is not set, names nothing (a template value that did
+    /// not resolve, say), or names `*` beside destinations (which of the two was meant is
+    /// unclear; the wider would be taken): set it to the destinations the outbox publishes
+    /// to, or to `*` alone.
     ///
     /// ```
     /// use lambda_idempotency::effects::{DESTINATIONS_VAR, Destinations};
@@ -111,19 +113,20 @@ impl Destinations {
     ///     Some(Destinations::only(["https://sqs.eu-west-1.amazonaws.com/1/orders", "orders-bus"]))
     /// );
     /// assert_eq!(Destinations::parse(" , "), None);
+    /// assert_eq!(Destinations::parse("orders-bus, *"), None);
     /// # let _ = DESTINATIONS_VAR;
     /// ```
     pub fn from_env() -> Result<Self, Error> {
         let list = std::env::var(DESTINATIONS_VAR).unwrap_or_default();
         Self::parse(&list).ok_or_else(|| Error::InvalidEvent {
             reason: format!(
-                "{DESTINATIONS_VAR} names no destination: set it to the queue URLs, topic ARNs or buses the outbox publishes to (the same value on the producers, the relay and the sweeper), or to `*` to allow any"
+                "{DESTINATIONS_VAR} names no destination, or `*` beside destinations: set it to the queue URLs, topic ARNs or buses the outbox publishes to (the same value on the producers, the relay and the sweeper), or to `*` alone to allow any"
             ),
         })
     }
 
     /// The destinations `list` names, as [`DESTINATIONS_VAR`] holds them: `None` when it names
-    /// none.
+    /// none, or `*` beside destinations.
     pub fn parse(list: &str) -> Option<Self> {
         let targets: Vec<&str> = list
             .split(|c: char| c == ',' || c.is_whitespace())
@@ -131,7 +134,8 @@ impl Destinations {
             .collect();
         match targets.as_slice() {
             [] => None,
-            targets if targets.contains(&"*") => Some(Self::any()),
+            ["*"] => Some(Self::any()),
+            targets if targets.contains(&"*") => None,
             targets => Some(Self::only(targets.iter().copied())),
         }
     }

@@ -123,7 +123,9 @@ impl Idempotency {
         };
         let now = self.clock.now();
         let guard = match record.status {
-            Status::Indeterminate => Guard::Indeterminate,
+            Status::Indeterminate => Guard::Indeterminate {
+                token: &record.lease.token,
+            },
             Status::InProgress if record.lease.is_expired(now) => Guard::Expired {
                 token: &record.lease.token,
                 now,

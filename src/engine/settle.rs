@@ -237,8 +237,7 @@ impl Idempotency {
     }
 
     /// Whether a handler's error is retained as a terminal failure by `classifier` (an
-    /// operation's own), else the engine's (the HTTP door's status).
-    #[cfg(feature = "http")]
+    /// operation's own), else the engine's (the HTTP door's status, the batch doors' poison).
     pub(crate) fn is_terminal(
         &self,
         error: &(dyn std::error::Error + 'static),

@@ -333,8 +333,7 @@ impl<E> Operation<E> {
     }
 
     /// Whether `error` from this operation's handler is retained as a terminal failure, by
-    /// its classifier (the HTTP door's status).
-    #[cfg(feature = "http")]
+    /// its classifier (the HTTP door's status, the batch doors' poison).
     pub(crate) fn is_terminal(&self, error: &(dyn std::error::Error + 'static)) -> bool {
         self.idem.is_terminal(error, self.own.classifier.as_deref())
     }

@@ -118,8 +118,12 @@ pub enum Committed {
 pub enum Guard<'a> {
     /// IN_PROGRESS under this lease token: the caller still holds the claim.
     Lease(&'a str),
-    /// INDETERMINATE: an operator resolves it.
-    Indeterminate,
+    /// INDETERMINATE under this lease token: an operator resolves the attempt it read (never
+    /// one a redelivery claimed, after a release, and that was held again meanwhile).
+    Indeterminate {
+        /// The token the operator saw.
+        token: &'a str,
+    },
     /// IN_PROGRESS under this lease token, its lease run out at `now`, its steps written as
     /// often as when the operator saw it: an operator resolves a stuck claim (never a live one,
     /// nor one whose holder recorded a step since).
@@ -141,7 +145,9 @@ impl Guard<'_> {
             Self::Lease(token) => {
                 record.status == Status::InProgress && record.lease.token == *token
             }
-            Self::Indeterminate => record.status == Status::Indeterminate,
+            Self::Indeterminate { token } => {
+                record.status == Status::Indeterminate && record.lease.token == *token
+            }
             Self::Expired {
                 token,
                 now,

@@ -284,7 +284,9 @@ fn held<'r>(
     let before = before.ok_or_else(|| format!("{what} wrote a record that was absent"))?;
     let admitted = match guard {
         Guard::Lease(token) => before.status == Status::InProgress && before.lease.token == token,
-        Guard::Indeterminate => before.status == Status::Indeterminate,
+        Guard::Indeterminate { token } => {
+            before.status == Status::Indeterminate && before.lease.token == token
+        }
         Guard::Expired {
             token,
             now,

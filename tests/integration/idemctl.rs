@@ -223,6 +223,42 @@ async fn an_operator_finds_and_resolves_stuck_work() {
         !unconfirmed.status.success(),
         "no --yes and no answer: nothing changed"
     );
+    // A release leaves a FAILED record already past its retention (the next delivery runs
+    // afresh): `stats` counts it apart, not as a failure.
+    stdout(&idemctl(
+        &db,
+        &[
+            "resolve",
+            "--key",
+            crashed.key().as_str(),
+            "--retention",
+            "24h",
+            "--release",
+            "--operator",
+            "alice",
+            "--yes",
+        ],
+    ));
+    let stats: Value =
+        serde_json::from_str(&stdout(&idemctl(&db, &["stats", "--json"]))).expect("JSON stats");
+    let count = |status: &str| {
+        stats
+            .as_array()
+            .expect("rows")
+            .iter()
+            .find(|row| row["status"] == status && row["operation"] == "charge")
+            .map_or(0, |row| row["count"].as_u64().expect("count"))
+    };
+    assert_eq!(
+        (
+            count("COMPLETED"),
+            count("IN_PROGRESS"),
+            count("FAILED"),
+            count("EXPIRED")
+        ),
+        (2, 0, 0, 1),
+        "{stats}"
+    );
     let _ = std::fs::remove_file(result);
 
     let fresh = format!("{}-created", db.table);

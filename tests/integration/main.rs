@@ -56,6 +56,7 @@ mod panic_strategy;
 mod producers;
 mod raw_fixtures;
 
+mod operator_resolves_what_it_read;
 mod operator_sees_steps;
 mod readme_links;
 mod recovery_cells;
@@ -79,6 +80,7 @@ mod stored_formats;
 #[path = "../common/streams.rs"]
 mod streams;
 mod tenants;
+mod terminal_on_streams;
 mod transactions;
 mod unkept_outcomes;
 mod waiting;

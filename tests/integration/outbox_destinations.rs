@@ -153,4 +153,9 @@ fn the_allow_list_must_be_named_and_any_destination_is_asked_for() {
     let only = Destinations::parse("https://sqs.eu-west-1.amazonaws.com/1/other orders-bus")
         .expect("a list");
     assert!(!only.allows(&queue));
+    assert_eq!(
+        Destinations::parse("https://sqs.eu-west-1.amazonaws.com/1/other, *"),
+        None,
+        "`*` beside a destination is refused, not taken as any"
+    );
 }

@@ -14,8 +14,10 @@ use serde_json::Value;
 async fn main() -> Result<(), lambda_runtime::Error> {
     logging::init();
     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let outbox = std::env::var(OUTBOX_TABLE_VAR)
-        .map_err(|_| format!("set {OUTBOX_TABLE_VAR} to the outbox table's name"))?;
+    let outbox = lambda_idempotency_functions::settings::required(
+        OUTBOX_TABLE_VAR,
+        "the outbox table's name",
+    )?;
     let marks = OutboxMarks::new(
         aws_sdk_dynamodb::Client::from_conf(dynamodb_config(&config)),
         &Outbox::new(outbox),

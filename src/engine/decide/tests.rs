@@ -103,8 +103,8 @@ fn a_lost_takeover_answer_is_recognised_only_by_its_own_lease() {
 }
 
 /// A settlement's failed fence shows the caller's own settlement only when the record
-/// holds its status, its outcome and its completion time, under its token (any token for
-/// an operator's resolution of an INDETERMINATE record).
+/// holds its status, its outcome and its completion time, under its token (the token the
+/// operator read, for a resolution of an INDETERMINATE record).
 #[test]
 fn a_lost_settlement_answer_is_recognised_only_by_what_it_wrote() {
     let claim = claim_at("settler", at(1_000));
@@ -120,7 +120,12 @@ fn a_lost_settlement_answer_is_recognised_only_by_what_it_wrote() {
     assert!(shows_settlement(&settled, mine, &settlement));
     assert!(shows_settlement(
         &settled,
-        Guard::Indeterminate,
+        Guard::Indeterminate { token: "settler" },
+        &settlement
+    ));
+    assert!(!shows_settlement(
+        &settled,
+        Guard::Indeterminate { token: "another" },
         &settlement
     ));
     assert!(!shows_settlement(

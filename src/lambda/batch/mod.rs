@@ -13,7 +13,8 @@
 //! still in progress, failed or indeterminate is reported failed. A batch close to its deadline
 //! starts no new record ([`BatchProcessor::with_deadline_margin`]): those are reported failed
 //! and come back, rather than being cut off mid-effect. A record that can never succeed (a
-//! payload conflict, a retained failure, an unreadable event) follows the [`PoisonPolicy`]: SQS
+//! payload conflict, a retained failure, a handler's error its classifier calls terminal, from its
+//! first delivery on, an unreadable event) follows the [`PoisonPolicy`]: SQS
 //! retries it until its DLQ takes it; Kinesis and DynamoDB Streams acknowledge it with an error
 //! log, so that one record does not stall the shard. A record that took effect but whose result
 //! could not be kept ([`Error::applied_but_not_kept`]: an oversized or unstorable result) is
@@ -39,7 +40,7 @@
 //! }
 //! ```
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -57,8 +58,10 @@ use crate::error::{BoxError, Error};
 use crate::execution::{ExecutionContext, Invocation, Origin};
 use crate::failure::Panicked;
 use discarded::Discarded;
+use groups::{IDENTITY, Prepared, group_in_order, joins};
 
 mod discarded;
+mod groups;
 mod report;
 mod service;
 
@@ -262,7 +265,7 @@ impl<R: BatchRecord> BatchProcessor<R> {
                     );
                     RecordOutcome::NotStarted
                 }
-                Err(err) => self.failed(None, err),
+                Err(err) => self.failed(id.as_deref(), None, err),
                 Ok(invocation) => {
                     // The lease (and single-flight patience) counts from the record's start: a
                     // record started late must not hold its claim past the deadline.
@@ -354,6 +357,7 @@ impl<R: BatchRecord> BatchProcessor<R> {
                 "the record's handler panicked: reported failed for redelivery"
             );
             return self.failed(
+                invocation.message_id.as_deref(),
                 Some(invocation),
                 Error::Handler {
                     source: Box::new(Panicked),
@@ -381,7 +385,7 @@ impl<R: BatchRecord> BatchProcessor<R> {
                 );
                 RecordOutcome::AppliedNotKept(err)
             }
-            Err(err) => self.failed(Some(invocation), err),
+            Err(err) => self.failed(invocation.message_id.as_deref(), Some(invocation), err),
         }
     }
 
@@ -390,96 +394,40 @@ impl<R: BatchRecord> BatchProcessor<R> {
     /// acknowledged: the event is not at fault, and the record may be a claim a newer build
     /// holds (a rolling deploy, a rollback) whose event would be lost, or a step's result of
     /// another type, which holds the operation for an operator whose release needs a delivery
-    /// left to run it (the batch doors never decode a stored result of their own).
-    fn failed(&self, invocation: Option<&Invocation>, err: Error) -> RecordOutcome {
+    /// left to run it (the batch doors never decode a stored result of their own). A handler's
+    /// error that the operation classifies terminal is retained by the engine as FAILED, which
+    /// every redelivery is answered with: poison from its first delivery (on a stream, reporting
+    /// it would hold its shard for a redelivery that can only acknowledge it). Each is logged
+    /// with the record's identifier (`message_id`), so that an operator can find the event.
+    fn failed(
+        &self,
+        id: Option<&str>,
+        invocation: Option<&Invocation>,
+        err: Error,
+    ) -> RecordOutcome {
         let policy = self.poison.unwrap_or_else(R::default_poison_policy);
         let unreadable_record = matches!(&err, Error::Store(store) if store.is_corrupt_record())
             || matches!(err, Error::StoredOutcomeUnreadable { .. });
-        if policy == PoisonPolicy::Acknowledge && err.is_permanent() && !unreadable_record {
+        let retained =
+            matches!(&err, Error::Handler { source } if self.operation.is_terminal(&**source));
+        let key = invocation.map(|inv| inv.key().short());
+        let kind = err.kind().name();
+        if policy == PoisonPolicy::Acknowledge
+            && (err.is_permanent() || retained)
+            && !unreadable_record
+        {
             error!(
-                key = invocation.map(|inv| inv.key().short()),
-                kind = err.kind().name(),
+                message_id = id,
+                key,
+                kind,
                 "record can never succeed: acknowledged as poison (PoisonPolicy::Acknowledge)"
             );
             return RecordOutcome::Poison(err);
         }
+        warn!(
+            message_id = id,
+            key, kind, "record failed: reported in the batch's failures for redelivery"
+        );
         RecordOutcome::Failed(err)
     }
-}
-
-/// A record with its place in the batch and its operation (or why it has none).
-struct Prepared<R> {
-    index: usize,
-    /// The names of what it runs in order with ([`joins`]).
-    joins: Vec<String>,
-    record: R,
-    invocation: Result<Invocation, Error>,
-}
-
-/// The prefix of a join by business identity (which orders, and stops nothing).
-const IDENTITY: &str = "identity:";
-
-/// What a record runs in order with: its ordering group (a FIFO message group, a shard's
-/// partition key), its operation key, and its business identity's evidence (two keys of one
-/// identity: the second meets the first's evidence settled, not in progress).
-fn joins<R: BatchRecord>(record: &R, invocation: &Result<Invocation, Error>) -> Vec<String> {
-    let group = record
-        .ordering_group()
-        .map(|group| format!("group:{group}"));
-    let Ok(invocation) = invocation else {
-        return group.into_iter().collect();
-    };
-    let key = format!("key:{}", invocation.key());
-    let identity = invocation
-        .evidence_key()
-        .map(|evidence| format!("{IDENTITY}{evidence}"));
-    group.into_iter().chain([key]).chain(identity).collect()
-}
-
-/// Splits records into groups run one at a time, each in batch order: records that share an
-/// ordering group, an operation key or a business identity are in one group (two FIFO message groups that carry one
-/// key run one after the other, so that the second is a replay rather than in progress); a
-/// record with neither stands alone. Groups come in order of their first record.
-fn group_in_order<R: BatchRecord>(
-    records: impl Iterator<Item = Prepared<R>>,
-) -> Vec<Vec<Prepared<R>>> {
-    let records: Vec<Prepared<R>> = records.collect();
-    // Each set's root is its first record: a union links the later root to the earlier.
-    let mut parent: Vec<usize> = (0..records.len()).collect();
-    let mut first_with: HashMap<&str, usize> = HashMap::new();
-    for (at, prepared) in records.iter().enumerate() {
-        for name in &prepared.joins {
-            match first_with.get(name.as_str()) {
-                Some(&first) => {
-                    let (a, b) = (root(&mut parent, first), root(&mut parent, at));
-                    parent[a.max(b)] = a.min(b);
-                }
-                None => {
-                    first_with.insert(name, at);
-                }
-            }
-        }
-    }
-    let roots: Vec<usize> = (0..records.len()).map(|at| root(&mut parent, at)).collect();
-    let mut groups: Vec<Vec<Prepared<R>>> = Vec::new();
-    let mut slot_of: HashMap<usize, usize> = HashMap::new();
-    for (prepared, root) in records.into_iter().zip(roots) {
-        match slot_of.get(&root) {
-            Some(&slot) => groups[slot].push(prepared),
-            None => {
-                slot_of.insert(root, groups.len());
-                groups.push(vec![prepared]);
-            }
-        }
-    }
-    groups
-}
-
-/// The first record of the set `at` is in, halving the path on the way.
-fn root(parent: &mut [usize], mut at: usize) -> usize {
-    while parent[at] != at {
-        parent[at] = parent[parent[at]];
-        at = parent[at];
-    }
-    at
 }

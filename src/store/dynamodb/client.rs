@@ -99,10 +99,13 @@ pub(super) async fn from_env() -> aws_sdk_dynamodb::Config {
 #[cfg_attr(docsrs, doc(cfg(feature = "from-env")))]
 pub fn dynamodb_config(sdk: &SdkConfig) -> aws_sdk_dynamodb::Config {
     let config = aws_sdk_dynamodb::config::Builder::from(sdk);
-    match std::env::var(ENDPOINT_VAR)
-        .ok()
-        .filter(|endpoint| !endpoint.trim().is_empty())
-    {
+    // Read as `configured_endpoint` reads it (trimmed: a value pasted with a space or a
+    // newline names the same endpoint); the SDK's own variables are `sdk`'s already.
+    let ours = |name: &str| match name {
+        ENDPOINT_VAR => std::env::var(name).ok(),
+        _ => None,
+    };
+    match super::endpoint_from(ours) {
         Some(endpoint) => config.endpoint_url(endpoint).build(),
         None => config.build(),
     }

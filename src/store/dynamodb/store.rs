@@ -37,9 +37,11 @@ impl DynamoDbStore {
                     .value(":in_progress", s(Status::InProgress.as_str()))
                     .value(":mine", s(token)),
             ),
-            Guard::Indeterminate => (
-                "#status = :indeterminate",
-                expr.value(":indeterminate", s(Status::Indeterminate.as_str())),
+            Guard::Indeterminate { token } => (
+                "#status = :indeterminate AND #lease_token = :mine",
+                expr.name("#lease_token", &self.names.lease_token)
+                    .value(":indeterminate", s(Status::Indeterminate.as_str()))
+                    .value(":mine", s(token)),
             ),
             Guard::Expired {
                 token,

@@ -1,0 +1,136 @@
+//! An operator resolves the INDETERMINATE attempt it read, never another: when, between the
+//! operator's read and its write, the record is released, claimed again by a redelivery and
+//! held INDETERMINATE again (under a new lease token), the resolution changes nothing; the
+//! operator's result would otherwise settle an execution nobody inspected. On both stores.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use lambda_idempotency::clock::ManualClock;
+use lambda_idempotency::engine::Resolution;
+use lambda_idempotency::reconcile::{BoxFuture, Checked, Takeover};
+use lambda_idempotency::record::{RetainedFailure, Status};
+use lambda_idempotency::store::{
+    Answer, AnyStore, Guard, Request, Store, StoreExt, TransactionalStore,
+};
+use lambda_idempotency::testing::conformance::{LEASE, crash_after_claim, invocation, operator};
+use lambda_idempotency::{BoxError, Error, Idempotency, Invocation, StoreError};
+use serde_json::{Value, json};
+
+use super::backends::both;
+
+/// An engine that holds a crashed attempt INDETERMINATE (its reconciler cannot tell).
+fn holding(store: AnyStore, clock: ManualClock) -> Idempotency {
+    Idempotency::new(store)
+        .with_clock(clock)
+        .with_reconciler(|_: Takeover| std::future::ready(Ok::<_, BoxError>(Checked::Unknown)))
+}
+
+/// Holds `inv` INDETERMINATE: a claim whose worker crashed, taken over past its lease by a
+/// delivery whose reconciler cannot tell whether it acted. Returns the held record's token.
+async fn held_indeterminate(idem: &Idempotency, clock: &ManualClock, inv: &Invocation) -> String {
+    crash_after_claim(idem, inv).await;
+    clock.advance(LEASE + Duration::from_secs(1));
+    let err = idem
+        .execute(inv, |_| async { Ok::<_, std::io::Error>(1_u32) })
+        .await
+        .expect_err("held");
+    assert!(matches!(err, Error::Indeterminate { .. }), "got {err:?}");
+    let record = idem
+        .store()
+        .get(inv.key())
+        .await
+        .expect("read")
+        .expect("held");
+    assert_eq!(record.status, Status::Indeterminate);
+    record.lease.token
+}
+
+/// Before the operator's write reaches the store: another operator releases the record, and a
+/// redelivery claims it and is held INDETERMINATE again.
+struct HeldAgainMeanwhile {
+    inner: AnyStore,
+    clock: ManualClock,
+    inv: Invocation,
+    done: AtomicBool,
+}
+
+impl std::fmt::Debug for HeldAgainMeanwhile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldAgainMeanwhile").finish_non_exhaustive()
+    }
+}
+
+impl Store for HeldAgainMeanwhile {
+    fn call<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Answer, StoreError>> {
+        Box::pin(async move {
+            let resolving = matches!(
+                &request,
+                Request::Settle { target, .. } if matches!(target.guard, Guard::Indeterminate { .. })
+            );
+            if resolving && !self.done.swap(true, Ordering::SeqCst) {
+                let idem = holding(self.inner.clone(), self.clock.clone());
+                let released = idem
+                    .resolve::<Value>(self.inv.key(), Resolution::Release, &operator())
+                    .await
+                    .expect("released");
+                assert!(released, "the other operator's release");
+                held_indeterminate(&idem, &self.clock, &self.inv).await;
+            }
+            self.inner.call(request).await
+        })
+    }
+
+    fn transactional(&self) -> Option<&dyn TransactionalStore> {
+        self.inner.transactional()
+    }
+}
+
+#[tokio::test]
+async fn a_resolution_never_settles_an_attempt_held_again_after_the_operator_read() {
+    let resolutions = [
+        ("completed", Resolution::Completed(json!({"charged": true}))),
+        (
+            "failed",
+            Resolution::Failed(RetainedFailure {
+                kind: "refunded_by_hand".into(),
+                message: "refunded".into(),
+            }),
+        ),
+    ];
+    for (what, resolution) in resolutions {
+        for backend in both().await {
+            let name = format!("{} {what}", backend.name);
+            let clock = backend.clock.clone();
+            let inv = invocation(&format!("held-again-{what}"), &json!({"order": "o-7"}));
+            let first =
+                held_indeterminate(&holding(backend.store.clone(), clock.clone()), &clock, &inv)
+                    .await;
+
+            let racing = HeldAgainMeanwhile {
+                inner: backend.store.clone(),
+                clock: clock.clone(),
+                inv: inv.clone(),
+                done: AtomicBool::new(false),
+            };
+            let operator_engine = Idempotency::new(racing).with_clock(clock.clone());
+            let resolved = operator_engine
+                .resolve::<Value>(inv.key(), resolution.clone(), &operator())
+                .await
+                .unwrap_or_else(|err| panic!("{name}: {err}"));
+
+            assert!(
+                !resolved,
+                "{name}: the attempt the operator read is gone; another is held"
+            );
+            let record = backend.store.get(inv.key()).await.expect("read");
+            let record = record.unwrap_or_else(|| panic!("{name}: the record stands"));
+            assert_eq!(record.status, Status::Indeterminate, "{name}");
+            assert_ne!(record.lease.token, first, "{name}: the new attempt is held");
+            assert!(
+                record.outcome.is_none(),
+                "{name}: no result of the operator's"
+            );
+        }
+    }
+}
