@@ -11,6 +11,7 @@ import * as dynamodb from 'aws-cdk-lib/aws-dynamodb';
 import * as events from 'aws-cdk-lib/aws-events';
 import * as targets from 'aws-cdk-lib/aws-events-targets';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
+import { SqsDestination } from 'aws-cdk-lib/aws-lambda-destinations';
 import { SqsEventSource } from 'aws-cdk-lib/aws-lambda-event-sources';
 import * as sqs from 'aws-cdk-lib/aws-sqs';
 import { Construct } from 'constructs';
@@ -143,6 +144,12 @@ export class ExampleStack extends Stack {
       eventPattern: { source: ['shop.fulfilment'], detailType: ['OrderShipped'] },
       targets: [new targets.LambdaFunction(notices)],
     });
+    // EventBridge invokes it asynchronously: a notice that fails Lambda's two retries is kept
+    // in a queue (Lambda's invocation record, the event inside), not discarded.
+    const failed = sameLogicalId(new sqs.Queue(this, 'ShipmentNoticesFailedQueue', {
+      retentionPeriod: Duration.days(14),
+    }), 'ShipmentNoticesFailedQueue');
+    notices.configureAsyncInvoke({ retryAttempts: 2, onFailure: new SqsDestination(failed) });
   }
 
   /** Every five minutes, what waits for a takeover or an operator, as EMF gauges. Bounded
