@@ -21,6 +21,10 @@ use crate::ledger::Ledger;
 pub const OUTBOX_TABLE_VAR: &str = "OUTBOX_TABLE";
 /// The environment variable naming the queue the `order-placed` events go to.
 pub const ORDER_EVENTS_QUEUE_VAR: &str = "ORDER_EVENTS_QUEUE_URL";
+/// The environment variable naming who publishes the outbox's events: `relay` (the default)
+/// or `pipe` (template.yaml's `OutboxPublisher`), whose envelope each event is checked
+/// against at commit ([`Outbox::through_pipe`]).
+pub const OUTBOX_PUBLISHER_VAR: &str = "OUTBOX_PUBLISHER";
 
 /// Where the checkout writes: the ledger (orders and e-mails), the outbox, the events' queue.
 #[derive(Debug, Clone)]
@@ -34,17 +38,26 @@ pub struct Checkout {
 }
 
 impl Checkout {
-    /// From `OUTBOX_TABLE`, `ORDER_EVENTS_QUEUE_URL` and the allowed destinations
-    /// (`OUTBOX_DESTINATIONS`).
+    /// From `OUTBOX_TABLE`, `ORDER_EVENTS_QUEUE_URL`, the allowed destinations
+    /// (`OUTBOX_DESTINATIONS`) and who publishes (`OUTBOX_PUBLISHER`, `relay` when unset).
     ///
     /// # Errors
-    /// When one is not set.
+    /// When one is not set, or the publisher is neither `relay` nor `pipe`.
     pub fn from_env(ledger: Ledger) -> Result<Self, String> {
         use crate::settings::required;
+        let outbox = Outbox::new(required(OUTBOX_TABLE_VAR, "the outbox table's name")?)
+            .with_destinations(Destinations::from_env().map_err(|err| err.to_string())?);
+        let outbox = match std::env::var(OUTBOX_PUBLISHER_VAR)
+            .as_deref()
+            .map(str::trim)
+        {
+            Err(_) | Ok("relay") => outbox,
+            Ok("pipe") => outbox.through_pipe(),
+            Ok(_) => return Err(format!("{OUTBOX_PUBLISHER_VAR} is `relay` or `pipe`")),
+        };
         Ok(Self {
             ledger,
-            outbox: Outbox::new(required(OUTBOX_TABLE_VAR, "the outbox table's name")?)
-                .with_destinations(Destinations::from_env().map_err(|err| err.to_string())?),
+            outbox,
             events_queue: required(ORDER_EVENTS_QUEUE_VAR, "the order events queue's URL")?,
         })
     }

@@ -68,6 +68,7 @@
 //! [`ExecutionContext`]: crate::ExecutionContext
 
 pub(crate) mod destinations;
+mod envelope;
 pub(crate) mod outbox;
 pub(crate) mod outbox_marks;
 pub(crate) mod pending_index;

@@ -47,7 +47,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use aws_sdk_dynamodb::types::{AttributeValue, Put};
 use serde::Serialize;
 use serde_json::Value;
-use serde_json::value::RawValue;
 
 use super::destinations::{DESTINATIONS_VAR, Destination, Destinations};
 use super::pending_index::pending_shard;
@@ -211,6 +210,21 @@ impl OutboxEvent {
         Ok(())
     }
 
+    /// Refuses this event when, under `id`, an EventBridge Pipe's envelope of it would pass
+    /// [`MAX_EVENT_BYTES`] ([`Outbox::through_pipe`]).
+    fn fits_the_pipe(&self, id: &str) -> Result<(), Error> {
+        let size = self.record(id).through_pipe_bytes();
+        if size > MAX_EVENT_BYTES {
+            return Err(Error::InvalidEvent {
+                reason: format!(
+                    "the outbox event `{}` would reach the Pipe's bus as about {size} bytes (its payload escaped inside a JSON string), past the {MAX_EVENT_BYTES} the bus takes: publish a reference (an id, an S3 key) instead, or publish with the relay",
+                    self.name
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// The event as its item will stand under `id`.
     fn record(&self, id: &str) -> OutboxRecord {
         OutboxRecord {
@@ -241,6 +255,7 @@ impl OutboxEvent {
 pub struct Outbox {
     table: String,
     destinations: Destinations,
+    through_pipe: bool,
 }
 
 impl Outbox {
@@ -250,6 +265,7 @@ impl Outbox {
         Self {
             table: table.into(),
             destinations: Destinations::any(),
+            through_pipe: false,
         }
     }
 
@@ -258,6 +274,25 @@ impl Outbox {
     #[must_use]
     pub fn with_destinations(mut self, destinations: Destinations) -> Self {
         self.destinations = destinations;
+        self
+    }
+
+    /// Checks each event at commit against what an EventBridge Pipe publishes to its bus
+    /// (template.yaml's `OutboxPipe`, when `OutboxPublisher` is `pipe`), whatever destination
+    /// the event names: the Pipe's envelope carries the payload as an escaped JSON string, so
+    /// its quotes and backslashes count twice, and an event whose envelope would pass
+    /// [`MAX_EVENT_BYTES`] that way is refused, nothing written, instead of being refused by
+    /// the bus after its commit (then redriven and parked).
+    ///
+    /// ```
+    /// use lambda_idempotency::effects::Outbox;
+    ///
+    /// let outbox = Outbox::new("outbox").through_pipe();
+    /// # let _ = outbox;
+    /// ```
+    #[must_use]
+    pub fn through_pipe(mut self) -> Self {
+        self.through_pipe = true;
         self
     }
 
@@ -283,6 +318,9 @@ impl Outbox {
             });
         }
         event.fits(id)?;
+        if self.through_pipe {
+            event.fits_the_pipe(id)?;
+        }
         let s = |value: &str| AttributeValue::S(value.to_owned());
         let mut put = Put::builder()
             .table_name(&self.table)
@@ -442,59 +480,5 @@ impl OutboxRecord {
     /// a namespace may be long).
     pub fn deduplication_id(&self) -> &str {
         id_digest(&self.id)
-    }
-
-    /// The envelope, and the bytes the destination counts once the event is published: the
-    /// envelope and EventBridge's `Source` and `DetailType`, or on SNS and SQS the event id's
-    /// message attribute (its name, type and value).
-    ///
-    /// # Errors
-    /// As [`OutboxRecord::envelope`].
-    pub fn published(&self) -> Result<(String, usize), Error> {
-        let envelope = self.envelope()?;
-        let extra = match &self.destination {
-            Destination::EventBridge {
-                source,
-                detail_type,
-                ..
-            } => source.len() + detail_type.len(),
-            Destination::Sns { .. } | Destination::Sqs { .. } => {
-                ID_ATTRIBUTE.len() + "String".len() + self.id.len()
-            }
-        };
-        let bytes = envelope.len() + extra;
-        Ok((envelope, bytes))
-    }
-
-    /// What consumers receive: `{"event_id": …, "event": …, "payload": …}`, the payload's
-    /// bytes as written, and `"ordering_key"` and `"sequence"` when the event names an
-    /// [`EventOrder`].
-    ///
-    /// # Errors
-    /// [`Error::InvalidEvent`] when the stored payload is not JSON (an item not written by
-    /// this crate).
-    pub fn envelope(&self) -> Result<String, Error> {
-        #[derive(Serialize)]
-        struct Envelope<'a> {
-            event_id: &'a str,
-            event: &'a str,
-            payload: &'a RawValue,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            ordering_key: Option<&'a str>,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            sequence: Option<u64>,
-        }
-        let invalid = |err: serde_json::Error| Error::InvalidEvent {
-            reason: format!("the outbox item's payload is not JSON: {err}"),
-        };
-        let payload = RawValue::from_string(self.payload.clone()).map_err(invalid)?;
-        serde_json::to_string(&Envelope {
-            event_id: &self.id,
-            event: &self.name,
-            payload: &payload,
-            ordering_key: self.order.as_ref().map(|order| order.key.as_str()),
-            sequence: self.order.as_ref().map(|order| order.sequence),
-        })
-        .map_err(invalid)
     }
 }

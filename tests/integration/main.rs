@@ -50,6 +50,7 @@ mod outbox_destinations;
 mod outbox_ids;
 #[cfg(feature = "relay")]
 mod outbox_sweeper;
+mod outbox_through_pipe;
 mod outcome_storage;
 mod owned_claims;
 mod panic_strategy;

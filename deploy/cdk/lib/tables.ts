@@ -45,7 +45,10 @@ export function outboxTable(scope: Construct, id: string): dynamodb.Table {
 
 /** Gives `construct`'s resource the logical id `id`, template.yaml's (not the CDK's hashed
  * one): the IAM check names resources by them, and a stack moved between the two keeps its
- * tables and queues. */
+ * tables and queues. Not its functions' names: each deploy generates them from the stack and
+ * the logical id, and a function's name is its keys' namespace, so a move (or a renamed
+ * logical id) starts a new key space: pin the names first (`functionName`, `FunctionName`;
+ * docs/guide/deploy.md, "The namespace is part of every key"). */
 export function sameLogicalId<T extends Construct>(construct: T, id: string): T {
   (construct.node.defaultChild as CfnResource).overrideLogicalId(id);
   return construct;
