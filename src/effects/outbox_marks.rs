@@ -387,9 +387,9 @@ impl OutboxMarks {
     }
 
     /// Appends to `found` about `limit` events of `partitions`: each its share first (at
-    /// least one), then what the others left, shared among those that filled theirs (events
-    /// of one partition never hide another's, and a few partitions holding every event still
-    /// give `limit`).
+    /// least one), then what the others left, shared among those that filled theirs, round
+    /// after round while one fills what it was given (events of one partition never hide
+    /// another's, and a few partitions holding every event still give `limit`).
     async fn read_partitions(
         &self,
         partitions: &[&str],
@@ -419,23 +419,38 @@ impl OutboxMarks {
                 filled.push((*partition, share));
             }
         }
-        let left = limit.saturating_sub(found.events.len() - at_start);
-        if left == 0 || filled.is_empty() {
-            return Ok(());
-        }
-        let more = left.div_ceil(filled.len());
-        for (partition, taken) in filled {
+        loop {
             let left = limit.saturating_sub(found.events.len() - at_start);
-            if left == 0 {
-                break;
+            if left == 0 || filled.is_empty() {
+                return Ok(());
             }
-            // Read again from the partition's oldest, past what was found already.
-            let seen = found_ids(found);
-            let wanted = taken + more.min(left);
-            self.query(partition, Some(created_before), wanted, due, &seen, found)
+            let more = left.div_ceil(filled.len());
+            let mut still_filled = Vec::new();
+            for (partition, taken) in filled {
+                let left = limit.saturating_sub(found.events.len() - at_start);
+                if left == 0 {
+                    break;
+                }
+                // Read again from the partition's oldest, past what was found already.
+                let seen = found_ids(found);
+                let given = more.min(left);
+                let before = found.events.len();
+                self.query(
+                    partition,
+                    Some(created_before),
+                    taken + given,
+                    due,
+                    &seen,
+                    found,
+                )
                 .await?;
+                let added = found.events.len() - before;
+                if added == given {
+                    still_filled.push((partition, taken + given));
+                }
+            }
+            filled = still_filled;
         }
-        Ok(())
     }
 
     /// Records that a sweep at `now` failed to publish pending event `id`: counted

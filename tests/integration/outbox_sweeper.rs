@@ -709,6 +709,34 @@ async fn events_of_one_partition_are_all_found_within_the_limit() {
     assert_eq!(found(2).await, ids[..2], "the two oldest");
 }
 
+/// Two partitions holding every event, one more than the other: what the emptier leaves is
+/// given to the fuller, round after round, until the limit or the events run out (one round
+/// listed 70 of 80 events under a limit of 100, and said nothing of the 10).
+#[tokio::test]
+async fn what_a_partition_leaves_goes_to_the_fuller_round_after_round() {
+    let rig = Rig::open().await;
+    let committed = rig
+        .clock
+        .now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after epoch")
+        .as_millis();
+    for (first, count) in [("3", 60u128), ("7", 20)] {
+        for n in 0..count {
+            let id = format!("{first}{n:063x}");
+            write_event(&rig, &id, &rig.orders_queue, committed + n, "{}").await;
+        }
+    }
+    let before = rig.clock.now() + Duration::from_secs(1);
+    let found = rig.marks().pending(before, 100).await.expect("pending");
+    assert_eq!(found.events.len(), 80, "every event under the limit");
+    let distinct: std::collections::HashSet<&str> =
+        found.events.iter().map(|event| event.id.as_str()).collect();
+    assert_eq!(distinct.len(), 80, "each once");
+    let found = rig.marks().pending(before, 50).await.expect("pending");
+    assert_eq!(found.events.len(), 50, "the limit");
+}
+
 /// Events whose destination keeps failing (a queue deleted but still allowed) never stand
 /// before the events behind them: a failed event leaves its partition for the retry partition
 /// and waits longer after each failure, so that a sweep reads past it. On the old sweeper the
