@@ -15,7 +15,7 @@ use lambda_idempotency::lambda::batch::RecordOutcome;
 use lambda_idempotency::lambda::sources;
 use lambda_idempotency::record::Status;
 use lambda_idempotency::store::StoreExt;
-use lambda_idempotency::{BoxError, ErrorKind, Idempotency, Operation, OperationScope};
+use lambda_idempotency::{BoxError, ErrorKind, Idempotency, KeyPolicy, Operation, OperationScope};
 use lambda_runtime::Context;
 use serde_json::json;
 
@@ -160,6 +160,84 @@ async fn the_operations_own_classifier_decides_what_is_poison() {
             .process(vec![kinesis_record("8", "Yg==")], &Context::default(), busy)
             .await;
         assert_eq!(report.failed_identifiers(), ["8"], "{name}: retryable");
+    }
+}
+
+/// Terminal for every error: a panic is still no retained failure.
+struct EverythingIsTerminal;
+
+impl Classifier for EverythingIsTerminal {
+    fn classify(&self, _: &(dyn StdError + 'static)) -> FailureClass {
+        FailureClass::terminal("failed")
+    }
+}
+
+/// A panic, the handler's or the key policy's, is never acknowledged, even by a classifier
+/// that calls every error terminal: nothing retained it, and only a redelivery takes its
+/// claim over (acknowledged, the record stayed IN_PROGRESS with no delivery left to end it).
+#[tokio::test]
+async fn a_panic_is_redelivered_whatever_the_classifier_says() {
+    for backend in both().await {
+        let name = backend.name;
+        let idem = Idempotency::new(backend.store.clone()).with_clock(backend.clock.clone());
+        let scope = OperationScope::new("streams", "panics").expect("scope");
+        let operation = || {
+            Operation::new(idem.clone(), scope.clone(), sources::kinesis())
+                .with_classifier(EverythingIsTerminal)
+        };
+        let processor = operation().batch();
+        let panics = |_: KinesisEventRecord, _| async {
+            if true {
+                panic!("a bug a deploy fixes");
+            }
+            Ok::<(), BoxError>(())
+        };
+        let report = processor
+            .process(
+                vec![kinesis_record("5", "YQ==")],
+                &Context::default(),
+                panics,
+            )
+            .await;
+        assert!(
+            matches!(report.records[0].1, RecordOutcome::Failed(_)),
+            "{name}: {:?}",
+            report.records
+        );
+        assert_eq!(report.failed_identifiers(), ["5"], "{name}");
+        let claimed = operation()
+            .invocation(&kinesis_record("5", "YQ=="), &Context::default())
+            .expect("invocation");
+        let record = backend.store.get(claimed.key()).await.expect("read");
+        assert_eq!(
+            record.map(|r| r.status),
+            Some(Status::InProgress),
+            "{name}: the claim waits for the redelivery's takeover"
+        );
+
+        let keyless = Operation::new(
+            idem.clone(),
+            scope.clone(),
+            KeyPolicy::from_fns(
+                |_: &KinesisEventRecord| -> Option<String> { panic!("a key policy's bug") },
+                |record: &KinesisEventRecord| Some(record.kinesis.sequence_number.clone()),
+            ),
+        )
+        .with_classifier(EverythingIsTerminal)
+        .batch();
+        let report = keyless
+            .process(
+                vec![kinesis_record("6", "YQ==")],
+                &Context::default(),
+                |_, _| async { Ok::<(), BoxError>(()) },
+            )
+            .await;
+        assert_eq!(
+            report.failed_identifiers(),
+            ["6"],
+            "{name}: {:?}",
+            report.records
+        );
     }
 }
 

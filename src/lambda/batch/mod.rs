@@ -265,7 +265,7 @@ impl<R: BatchRecord> BatchProcessor<R> {
                     );
                     RecordOutcome::NotStarted
                 }
-                Err(err) => self.failed(id.as_deref(), None, err),
+                Err(err) => self.failed(id.as_deref(), None, err, Retained::No),
                 Ok(invocation) => {
                     // The lease (and single-flight patience) counts from the record's start: a
                     // record started late must not hold its claim past the deadline.
@@ -362,6 +362,7 @@ impl<R: BatchRecord> BatchProcessor<R> {
                 Error::Handler {
                     source: Box::new(Panicked),
                 },
+                Retained::No,
             );
         };
         match answer {
@@ -385,7 +386,21 @@ impl<R: BatchRecord> BatchProcessor<R> {
                 );
                 RecordOutcome::AppliedNotKept(err)
             }
-            Err(err) => self.failed(invocation.message_id.as_deref(), Some(invocation), err),
+            Err(err) => {
+                // The engine's answer: a handler's error it classified terminal, it retained.
+                let retained = match &err {
+                    Error::Handler { source } if self.operation.is_terminal(&**source) => {
+                        Retained::AsFailed
+                    }
+                    _ => Retained::No,
+                };
+                self.failed(
+                    invocation.message_id.as_deref(),
+                    Some(invocation),
+                    err,
+                    retained,
+                )
+            }
         }
     }
 
@@ -395,25 +410,26 @@ impl<R: BatchRecord> BatchProcessor<R> {
     /// holds (a rolling deploy, a rollback) whose event would be lost, or a step's result of
     /// another type, which holds the operation for an operator whose release needs a delivery
     /// left to run it (the batch doors never decode a stored result of their own). A handler's
-    /// error that the operation classifies terminal is retained by the engine as FAILED, which
-    /// every redelivery is answered with: poison from its first delivery (on a stream, reporting
-    /// it would hold its shard for a redelivery that can only acknowledge it). Each is logged
-    /// with the record's identifier (`message_id`), so that an operator can find the event.
+    /// error that the engine retained as FAILED (`retained`: its classifier called it
+    /// terminal), which every redelivery is answered with, is poison from its first delivery
+    /// (on a stream, reporting it would hold its shard for a redelivery that can only
+    /// acknowledge it); a panic, the handler's or the key policy's, never is: nothing retained
+    /// it, and only a redelivery takes its claim over. Each is logged with the record's
+    /// identifier (`message_id`), so that an operator can find the event.
     fn failed(
         &self,
         id: Option<&str>,
         invocation: Option<&Invocation>,
         err: Error,
+        retained: Retained,
     ) -> RecordOutcome {
         let policy = self.poison.unwrap_or_else(R::default_poison_policy);
         let unreadable_record = matches!(&err, Error::Store(store) if store.is_corrupt_record())
             || matches!(err, Error::StoredOutcomeUnreadable { .. });
-        let retained =
-            matches!(&err, Error::Handler { source } if self.operation.is_terminal(&**source));
         let key = invocation.map(|inv| inv.key().short());
         let kind = err.kind().name();
         if policy == PoisonPolicy::Acknowledge
-            && (err.is_permanent() || retained)
+            && (err.is_permanent() || retained == Retained::AsFailed)
             && !unreadable_record
         {
             error!(
@@ -430,4 +446,14 @@ impl<R: BatchRecord> BatchProcessor<R> {
         );
         RecordOutcome::Failed(err)
     }
+}
+
+/// Whether the engine retained a failed record's error as FAILED (a handler's error its
+/// classifier called terminal), which only the engine's own answer can say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retained {
+    /// Retained: every redelivery is answered with it.
+    AsFailed,
+    /// Not retained (a panic, a key policy's failure, any other error).
+    No,
 }
