@@ -81,6 +81,21 @@ async fn audit_trail(db: &dynamo::Dynamo) -> Vec<HashMap<String, AttributeValue>
         .unwrap_or_default()
 }
 
+/// `idemctl stats --json`.
+fn stats_of(db: &dynamo::Dynamo) -> Value {
+    serde_json::from_str(&stdout(&idemctl(db, &["stats", "--json"]))).expect("JSON stats")
+}
+
+/// How many records of operation `charge` `stats` counts under `status`.
+fn charge_count(stats: &Value, status: &str) -> u64 {
+    stats
+        .as_array()
+        .expect("rows")
+        .iter()
+        .find(|row| row["status"] == status && row["operation"] == "charge")
+        .map_or(0, |row| row["count"].as_u64().expect("count"))
+}
+
 fn stdout(output: &Output) -> String {
     assert!(
         output.status.success(),
@@ -141,16 +156,8 @@ async fn an_operator_finds_and_resolves_stuck_work() {
         "what the scan does not read is not shown as empty: {listed:?}"
     );
 
-    let stats: Value =
-        serde_json::from_str(&stdout(&idemctl(&db, &["stats", "--json"]))).expect("JSON stats");
-    let count = |status: &str| {
-        stats
-            .as_array()
-            .expect("rows")
-            .iter()
-            .find(|row| row["status"] == status && row["operation"] == "charge")
-            .map_or(0, |row| row["count"].as_u64().expect("count"))
-    };
+    let stats = stats_of(&db);
+    let count = |status: &str| charge_count(&stats, status);
     assert_eq!(
         (
             count("COMPLETED"),
@@ -239,16 +246,8 @@ async fn an_operator_finds_and_resolves_stuck_work() {
             "--yes",
         ],
     ));
-    let stats: Value =
-        serde_json::from_str(&stdout(&idemctl(&db, &["stats", "--json"]))).expect("JSON stats");
-    let count = |status: &str| {
-        stats
-            .as_array()
-            .expect("rows")
-            .iter()
-            .find(|row| row["status"] == status && row["operation"] == "charge")
-            .map_or(0, |row| row["count"].as_u64().expect("count"))
-    };
+    let stats = stats_of(&db);
+    let count = |status: &str| charge_count(&stats, status);
     assert_eq!(
         (
             count("COMPLETED"),

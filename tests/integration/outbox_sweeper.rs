@@ -49,6 +49,15 @@ fn number(item: &Item, name: &str) -> Option<u64> {
     item.get(name)?.as_n().ok()?.parse().ok()
 }
 
+/// The rig's clock, in epoch milliseconds (an outbox item's `created_at`).
+fn now_ms(rig: &Rig) -> u128 {
+    rig.clock
+        .now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after epoch")
+        .as_millis()
+}
+
 fn epoch_secs(at: std::time::SystemTime) -> u64 {
     at.duration_since(std::time::UNIX_EPOCH)
         .expect("after epoch")
@@ -93,12 +102,7 @@ async fn write_too_large(rig: &Rig, id: &str) {
         .is_err(),
         "refused at commit"
     );
-    let created = rig
-        .clock
-        .now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after epoch")
-        .as_millis();
+    let created = now_ms(rig);
     write_event(rig, id, &rig.orders_queue, created, &too_large).await;
 }
 
@@ -681,12 +685,7 @@ async fn write_event(rig: &Rig, id: &str, queue_url: &str, created: u128, payloa
 #[tokio::test]
 async fn events_of_one_partition_are_all_found_within_the_limit() {
     let rig = Rig::open().await;
-    let committed = rig
-        .clock
-        .now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after epoch")
-        .as_millis();
+    let committed = now_ms(&rig);
     let ids: Vec<String> = (0..3u128)
         .map(|n| format!("5{}", n.to_string().repeat(63)))
         .collect();
@@ -715,12 +714,7 @@ async fn events_of_one_partition_are_all_found_within_the_limit() {
 #[tokio::test]
 async fn what_a_partition_leaves_goes_to_the_fuller_round_after_round() {
     let rig = Rig::open().await;
-    let committed = rig
-        .clock
-        .now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after epoch")
-        .as_millis();
+    let committed = now_ms(&rig);
     for (first, count) in [("3", 60u128), ("7", 20)] {
         for n in 0..count {
             let id = format!("{first}{n:063x}");
@@ -746,12 +740,7 @@ async fn what_a_partition_leaves_goes_to_the_fuller_round_after_round() {
 async fn events_whose_destination_keeps_failing_never_stand_before_the_others() {
     let rig = Rig::open().await;
     let deleted = format!("{}-deleted", rig.orders_queue);
-    let committed = rig
-        .clock
-        .now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after epoch")
-        .as_millis();
+    let committed = now_ms(&rig);
     for n in 0..3u128 {
         let id = format!("3{}", n.to_string().repeat(63));
         write_event(&rig, &id, &deleted, committed + n, "{}").await;
@@ -816,12 +805,7 @@ async fn events_whose_destination_keeps_failing_never_stand_before_the_others() 
 #[tokio::test]
 async fn one_commits_events_of_one_aggregate_are_swept_in_their_sequence() {
     let rig = Rig::open().await;
-    let committed = rig
-        .clock
-        .now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after epoch")
-        .as_millis();
+    let committed = now_ms(&rig);
     // The second event's id sorts before the first's, in an earlier partition.
     for (id, sequence) in [("9".repeat(64), 1), ("2".repeat(64), 2)] {
         write_event(&rig, &id, &rig.orders_queue, committed, "{}").await;
@@ -864,12 +848,7 @@ async fn one_commits_events_of_one_aggregate_are_swept_in_their_sequence() {
 async fn events_whose_destination_never_comes_back_are_parked_after_the_last_try() {
     let rig = Rig::open().await;
     let deleted = format!("{}-deleted", rig.orders_queue);
-    let committed = rig
-        .clock
-        .now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after epoch")
-        .as_millis();
+    let committed = now_ms(&rig);
     write_event(&rig, &"5".repeat(64), &deleted, committed, "{}").await;
     let sweeper = Sweeper::new(rig.publisher(), rig.marks());
     rig.clock.advance(A_WEEKEND);
@@ -908,12 +887,7 @@ async fn a_backlog_of_large_events_is_read_a_part_at_a_time() {
     use lambda_idempotency::effects::{MAX_FOUND_BYTES, PENDING_SHARDS};
 
     let rig = Rig::open().await;
-    let committed = rig
-        .clock
-        .now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after epoch")
-        .as_millis();
+    let committed = now_ms(&rig);
     let payload = "x".repeat(300 * 1024);
     let per_partition = 6u128;
     let partitions = PENDING_SHARDS.len() as u128;
