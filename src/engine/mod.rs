@@ -429,7 +429,10 @@ impl Idempotency {
         invocation: &Invocation,
         now: SystemTime,
     ) -> Result<Execution<T>, Error> {
-        match self.store.get(&invocation.key).await? {
+        match self
+            .read_before(&invocation.key, invocation.deadline)
+            .await?
+        {
             Some(record) if !record.counts_as_absent(now) => {
                 answer_existing(record, invocation, now)
             }
@@ -652,7 +655,9 @@ impl Idempotency {
                     operation: key.operation(),
                     decision: Decision::HandlerFailed,
                 });
-                let _ = self.shorten(target, deadline, lands_by.get()).await;
+                let _ = self
+                    .shorten(target, deadline, invocation.deadline, lands_by.get())
+                    .await;
                 std::panic::resume_unwind(panic)
             }
         }

@@ -83,7 +83,7 @@ impl Idempotency {
                 // As after a failed step check: the claim is given back at once, so that the
                 // next delivery asks again instead of waiting out a whole lease (a reconciler
                 // only reads, so nothing of this attempt can still land).
-                self.give_back_now(target, claim).await;
+                self.give_back_now(target, claim, invocation.deadline).await;
                 Err(Error::ReconcileFailed {
                     key: key.clone(),
                     source,

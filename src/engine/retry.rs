@@ -22,6 +22,9 @@ use super::decide::{self, SETTLE_MARGIN};
 use crate::clock::within;
 use crate::defects;
 use crate::error::StoreError;
+use crate::key::OperationKey;
+use crate::record::Record;
+use crate::store::StoreExt;
 
 /// Tries of a write made before the handler runs, the first included.
 const BRIEF_TRIES: u32 = 5;
@@ -70,9 +73,16 @@ impl Patience {
         }
     }
 
-    /// A few tries, none starting after `until`, none cut.
-    pub(crate) fn brief(until: SystemTime) -> Self {
-        Self::Brief { until, cut: None }
+    /// A few tries, none starting after the lease ends (`lease_end`) or, when the invocation
+    /// has a `deadline`, after its caller's answer is due, a try in flight cut [`ANSWER_MARGIN`]
+    /// before the deadline: a write that loses nothing when it fails (a give-back, whose lease
+    /// then runs out; a step's intent, which the next delivery checks) never keeps its caller
+    /// past the deadline, the lease's end being the deadline plus the clock skew.
+    pub(crate) fn brief(lease_end: SystemTime, deadline: Option<SystemTime>) -> Self {
+        Self::Brief {
+            until: Self::last_start(lease_end, deadline),
+            cut: cut_of(deadline),
+        }
     }
 
     /// The patience of a write before the handler runs (a claim, a takeover, an adoption): a
@@ -83,9 +93,7 @@ impl Patience {
     /// of Lambda's timeout ending the invocation.
     pub(crate) fn before_running(lease_end: SystemTime, deadline: Option<SystemTime>) -> Self {
         Self::Brief {
-            until: deadline.map_or(lease_end, |deadline| {
-                lease_end.min(Self::answer_due(deadline))
-            }),
+            until: Self::last_start(lease_end, deadline),
             cut: deadline
                 .map(|deadline| deadline.checked_sub(ANSWER_MARGIN * 2).unwrap_or(deadline)),
         }
@@ -97,7 +105,7 @@ impl Patience {
     pub(crate) fn last_try(deadline: Option<SystemTime>, now: SystemTime) -> Self {
         Self::Brief {
             until: now,
-            cut: deadline.map(|deadline| deadline.checked_sub(ANSWER_MARGIN).unwrap_or(deadline)),
+            cut: cut_of(deadline),
         }
     }
 
@@ -107,8 +115,16 @@ impl Patience {
         let end = end.min(now + MAX_PATIENCE);
         Self::Until {
             until: end.checked_sub(SETTLE_MARGIN).unwrap_or(end),
-            cut: deadline.map(|deadline| deadline.checked_sub(ANSWER_MARGIN).unwrap_or(deadline)),
+            cut: cut_of(deadline),
         }
+    }
+
+    /// The last moment a try of a brief patience starts: the lease's end, or the caller's
+    /// answer's when that comes first.
+    fn last_start(lease_end: SystemTime, deadline: Option<SystemTime>) -> SystemTime {
+        deadline.map_or(lease_end, |deadline| {
+            lease_end.min(Self::answer_due(deadline))
+        })
     }
 
     /// When the caller's answer is due before `deadline`: no retry starts after it.
@@ -133,6 +149,23 @@ impl Patience {
 }
 
 impl Idempotency {
+    /// One strongly consistent read of `key`'s record, cut [`ANSWER_MARGIN`] before the
+    /// invocation's `deadline` (a read that stalls fails as unavailable, while the caller can
+    /// still answer, instead of Lambda's timeout ending the invocation).
+    pub(super) async fn read_before(
+        &self,
+        key: &OperationKey,
+        deadline: Option<SystemTime>,
+    ) -> Result<Option<Record>, StoreError> {
+        let read = self.store.get(key);
+        match time_before(cut_of(deadline), self.clock.now()) {
+            Some(left) => within(&*self.clock, left, read)
+                .await
+                .unwrap_or_else(|| Err(cut_off("read"))),
+            None => read.await,
+        }
+    }
+
     /// Sends `write` until it answers, fails for good, or patience runs out. Every try sends
     /// the same write (the same lease token), so that one which committed before its answer
     /// was lost is recognised by the next try's failed condition.
@@ -150,18 +183,10 @@ impl Idempotency {
         let mut tries = 1;
         loop {
             let attempt = write();
-            // A try that starts past the cut (its first) still ends by the deadline itself;
-            // past the deadline (a caller's own, or a test's clock) tries are not cut.
-            let left = cut.and_then(|cut| {
-                let now = self.clock.now();
-                cut.duration_since(now)
-                    .or_else(|_| (cut + ANSWER_MARGIN).duration_since(now))
-                    .ok()
-            });
-            let answer = match left {
+            let answer = match time_before(cut, self.clock.now()) {
                 Some(left) => within(&*self.clock, left, attempt)
                     .await
-                    .unwrap_or_else(|| Err(cut_off())),
+                    .unwrap_or_else(|| Err(cut_off("write"))),
                 None => attempt.await,
             };
             match answer {
@@ -182,10 +207,26 @@ impl Idempotency {
     }
 }
 
-/// The error of a try abandoned at the invocation's deadline.
-fn cut_off() -> StoreError {
+/// How long a request started `now` may take before `cut` ([`ANSWER_MARGIN`] before the
+/// invocation's deadline): one that starts past the cut still ends by the deadline itself;
+/// `None` without a cut, or past the deadline (a caller's own, or a test's clock): not cut.
+pub(super) fn time_before(cut: Option<SystemTime>, now: SystemTime) -> Option<Duration> {
+    cut.and_then(|cut| {
+        cut.duration_since(now)
+            .or_else(|_| (cut + ANSWER_MARGIN).duration_since(now))
+            .ok()
+    })
+}
+
+/// The cut of a request made for an invocation with `deadline`: [`ANSWER_MARGIN`] before it.
+pub(super) fn cut_of(deadline: Option<SystemTime>) -> Option<SystemTime> {
+    deadline.map(|deadline| deadline.checked_sub(ANSWER_MARGIN).unwrap_or(deadline))
+}
+
+/// The error of a try (a `write`, a `read`) abandoned at the invocation's deadline.
+fn cut_off(operation: &'static str) -> StoreError {
     StoreError::Unavailable {
-        operation: "write",
+        operation,
         source: "no answer before the invocation's deadline".into(),
     }
 }

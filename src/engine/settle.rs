@@ -532,18 +532,20 @@ impl Idempotency {
         }
     }
 
-    /// Gives a held claim back: its lease runs out after a short grace (for what the handler
-    /// left in flight), or when a step's effect can have landed (`lands_by`), never later than
-    /// it would have.
+    /// Gives a held claim back: its lease (ending at `lease_end`) runs out after a short grace
+    /// (for what the handler left in flight), or when a step's effect can have landed
+    /// (`lands_by`), never later than it would have; retried briefly, never past the
+    /// invocation's `deadline`.
     pub(super) async fn shorten(
         &self,
         target: Target<'_>,
-        deadline: SystemTime,
+        lease_end: SystemTime,
+        deadline: Option<SystemTime>,
         lands_by: Option<SystemTime>,
     ) -> Result<Fence, Error> {
-        let until = given_back_until(self.clock.now(), deadline, lands_by);
+        let until = given_back_until(self.clock.now(), lease_end, lands_by);
         Ok(self
-            .retrying(Patience::brief(deadline), || {
+            .retrying(Patience::brief(lease_end, deadline), || {
                 self.store.shorten(target, until)
             })
             .await?)
@@ -551,12 +553,18 @@ impl Idempotency {
 }
 
 impl Idempotency {
-    /// Gives a held claim back at once (its lease cut to now), retried briefly: the next
-    /// delivery takes over without waiting. A failed give-back leaves the lease to run out.
-    pub(super) async fn give_back_now(&self, target: Target<'_>, claim: &Record) {
+    /// Gives a held claim back at once (its lease cut to now), retried briefly, never past the
+    /// invocation's `deadline`: the next delivery takes over without waiting. A failed
+    /// give-back leaves the lease to run out.
+    pub(super) async fn give_back_now(
+        &self,
+        target: Target<'_>,
+        claim: &Record,
+        deadline: Option<SystemTime>,
+    ) {
         let now = self.clock.now();
         let given_back = self
-            .retrying(Patience::brief(claim.lease.expires_at), || {
+            .retrying(Patience::brief(claim.lease.expires_at, deadline), || {
                 self.store.shorten(target, now)
             })
             .await;

@@ -17,7 +17,6 @@ use crate::execution::{Execution, ExecutionContext, Invocation};
 use crate::key::OperationKey;
 use crate::observe::Observation;
 use crate::record::Status;
-use crate::store::StoreExt;
 
 /// The first pause before reading a held record again.
 const FIRST_PAUSE: Duration = Duration::from_millis(50);
@@ -78,7 +77,13 @@ impl Idempotency {
             };
             handler = back;
             let waited = self
-                .wait_for_change(&key, until, time_to_run(invocation, since), &mut reads)
+                .wait_for_change(
+                    &key,
+                    until,
+                    time_to_run(invocation, since),
+                    invocation.deadline,
+                    &mut reads,
+                )
                 .await;
             let held_until = match waited {
                 Ok(Waited::Changed) => None,
@@ -154,12 +159,14 @@ impl Idempotency {
     /// Reads `key`'s record, pausing longer each time, until it changes or `until` comes. A
     /// pause never outlasts the holder's lease: once it runs out the claim is the caller's to
     /// take over, when the caller still has `time_to_run` (the end of its time) far enough away.
-    /// A read refused for good (access denied, a missing table) ends the wait with its error.
+    /// A read refused for good (access denied, a missing table) ends the wait with its error;
+    /// one that stalls is cut before the invocation's `deadline`, as a failed read.
     async fn wait_for_change(
         &self,
         key: &OperationKey,
         until: SystemTime,
         time_to_run: SystemTime,
+        deadline: Option<SystemTime>,
         reads: &mut u32,
     ) -> Result<Waited, Error> {
         let mut pause = FIRST_PAUSE;
@@ -175,7 +182,7 @@ impl Idempotency {
                 .map_or(pause, |left| left + Duration::from_millis(1));
             self.clock.sleep(pause.min(left).min(to_lease_end)).await;
             *reads += 1;
-            match self.seen(key).await? {
+            match self.seen(key, deadline).await? {
                 Some(Seen::Settled) => return Ok(Waited::Changed),
                 Some(Seen::Claimable) => {
                     let runway = time_to_run
@@ -195,9 +202,14 @@ impl Idempotency {
         }
     }
 
-    /// One strongly consistent read of the held record; `Ok(None)`: the read failed for now.
-    async fn seen(&self, key: &OperationKey) -> Result<Option<Seen>, Error> {
-        let record = match self.store.get(key).await {
+    /// One strongly consistent read of the held record; `Ok(None)`: the read failed for now
+    /// (or stalled until the invocation's `deadline` was near).
+    async fn seen(
+        &self,
+        key: &OperationKey,
+        deadline: Option<SystemTime>,
+    ) -> Result<Option<Seen>, Error> {
+        let record = match self.read_before(key, deadline).await {
             Ok(record) => record,
             Err(err) if err.is_transient() => {
                 warn!(

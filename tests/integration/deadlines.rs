@@ -305,3 +305,111 @@ async fn a_claim_or_takeover_that_stalls_is_answered_before_the_deadline() {
     // The tries left unsent.
     faulty.clear();
 }
+
+/// The same harness as above, for the reads and give-backs around a claim another holds.
+struct Stalling {
+    idem: Idempotency,
+    faulty: FaultyStore<lambda_idempotency::MemoryStore>,
+    clock: TokioClock,
+    store_clock: lambda_idempotency::clock::ManualClock,
+}
+
+impl Stalling {
+    fn new() -> Self {
+        let fixture = lambda_idempotency::testing::conformance::memory_fixture(
+            lambda_idempotency::testing::conformance::start_time(),
+        );
+        let clock = TokioClock {
+            start: fixture.clock.now(),
+            origin: tokio::time::Instant::now(),
+        };
+        let faulty = FaultyStore::new(fixture.store);
+        Self {
+            idem: Idempotency::new(faulty.clone()).with_clock(clock),
+            faulty,
+            clock,
+            store_clock: fixture.clock,
+        }
+    }
+
+    /// `order`'s invocation, its deadline at `deadline` when there is one.
+    fn invocation(
+        &self,
+        order: &str,
+        deadline: Option<SystemTime>,
+    ) -> lambda_idempotency::Invocation {
+        let key =
+            lambda_idempotency::OperationKey::derive(&scope(), None, &json!(order)).expect("key");
+        let fingerprint = lambda_idempotency::Fingerprint::of(&json!({})).expect("fingerprint");
+        let invocation =
+            lambda_idempotency::Invocation::new(key, fingerprint, Duration::from_secs(60));
+        match deadline {
+            Some(deadline) => invocation.with_deadline(deadline),
+            None => invocation,
+        }
+    }
+
+    fn stall(&self, primitive: Primitive, times: usize) {
+        for _ in 0..times {
+            self.faulty.inject(primitive, Fault::Hold);
+        }
+    }
+}
+
+/// A duplicate that waits for the holder's outcome, its reads stalling in the store: the read
+/// in flight is cut before the invocation's deadline and the caller is answered in progress.
+/// The read was awaited for as long as the store held it (the SDK's 5 s, past the deadline).
+#[tokio::test(start_paused = true)]
+async fn a_waiting_duplicates_read_that_stalls_is_answered_before_the_deadline() {
+    let rig = Stalling::new();
+    let held = rig.invocation("held elsewhere", None);
+    lambda_idempotency::testing::conformance::crash_after_claim(&rig.idem, &held).await;
+
+    let deadline = rig.clock.now() + Duration::from_secs(3);
+    let waiting = rig
+        .invocation("held elsewhere", Some(deadline))
+        .with_wait_for_result(Duration::from_secs(60));
+    rig.stall(Primitive::Get, 50);
+    let answer = answered_at_all(
+        rig.idem
+            .execute(&waiting, |_ctx| async { Ok::<_, BoxError>(json!("ran")) }),
+    )
+    .await;
+    assert!(
+        matches!(answer, Err(Error::AlreadyInProgress { .. })),
+        "{answer:?}"
+    );
+    assert!(rig.clock.now() < deadline, "answered before the deadline");
+    rig.faulty.clear();
+}
+
+/// A takeover whose reconciler fails gives the claim back at once; when that write stalls it
+/// is cut before the deadline and the caller is answered. It was retried until the lease's
+/// end (the deadline plus the clock skew), each try uncut.
+#[tokio::test(start_paused = true)]
+async fn a_give_back_that_stalls_is_answered_before_the_deadline() {
+    let rig = Stalling::new();
+    let crashed = rig.invocation("crashed", None);
+    lambda_idempotency::testing::conformance::crash_after_claim(&rig.idem, &crashed).await;
+    tokio::time::advance(Duration::from_secs(120)).await;
+    rig.store_clock.set(rig.clock.now());
+
+    let deadline = rig.clock.now() + Duration::from_secs(3);
+    let retried = rig.invocation("crashed", Some(deadline));
+    let asking =
+        rig.idem
+            .clone()
+            .with_reconciler(|_: lambda_idempotency::reconcile::Takeover| async {
+                Err::<lambda_idempotency::reconcile::Checked, BoxError>("the ledger is down".into())
+            });
+    rig.stall(Primitive::Shorten, 5);
+    let answer =
+        answered_at_all(asking.execute(&retried, |_ctx| async { Ok::<_, BoxError>(json!("ran")) }))
+            .await;
+    assert!(
+        matches!(answer, Err(Error::ReconcileFailed { .. })),
+        "{answer:?}"
+    );
+    assert!(rig.clock.now() < deadline, "answered before the deadline");
+    rig.faulty.clear();
+}

@@ -391,13 +391,11 @@ impl StepLedger {
             return Ok(());
         }
         // No retry starts once the caller's answer is due (a patient step write before may
-        // have used the time up).
-        let answer_due = self.deadline.map_or(self.lease_expires_at, |deadline| {
-            Patience::answer_due(deadline).min(self.lease_expires_at)
-        });
+        // have used the time up), and none outlasts the deadline.
+        let patience = Patience::brief(self.lease_expires_at, self.deadline);
         let given_back = self
             .idem
-            .retrying(Patience::brief(answer_due), || store.shorten(target, until))
+            .retrying(patience, || store.shorten(target, until))
             .await;
         if given_back.is_err() {
             warn!(
@@ -428,7 +426,7 @@ impl StepLedger {
     fn patience(&self) -> Patience {
         match self.lock().unsaved_result {
             true => Patience::settling(self.lease_expires_at, self.deadline, self.idem.now()),
-            false => Patience::brief(self.lease_expires_at),
+            false => Patience::brief(self.lease_expires_at, self.deadline),
         }
     }
 

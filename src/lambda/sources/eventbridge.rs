@@ -10,6 +10,11 @@ use crate::error::ConfigError;
 use crate::key::{JsonPointer, KeyPolicy};
 
 /// EventBridge: the event `id`; fingerprint over `detail`.
+///
+/// The `id` is EventBridge's, one per `PutEvents` entry it accepted: its retries of a delivery
+/// keep it, but a producer that publishes the same event again (its `PutEvents` answer lost,
+/// an outbox republishing) makes a new one, which runs again. Key such events by a business
+/// field ([`eventbridge_detail`]), or declare a business identity.
 pub fn eventbridge<T: Serialize + DeserializeOwned + 'static>() -> KeyPolicy<EventBridgeEvent<T>> {
     KeyPolicy::from_fns(
         |event: &EventBridgeEvent<T>| event.id.clone(),
