@@ -12,6 +12,7 @@ use tracing::{debug, warn};
 
 use super::decide::SETTLE_MARGIN;
 use super::{Idempotency, Ran};
+use crate::clock::Clock;
 use crate::error::{BoxError, Error};
 use crate::execution::{Execution, ExecutionContext, Invocation};
 use crate::key::OperationKey;
@@ -180,7 +181,10 @@ impl Idempotency {
             let to_lease_end = held_until
                 .and_then(|end| end.duration_since(now).ok())
                 .map_or(pause, |left| left + Duration::from_millis(1));
-            self.clock.sleep(pause.min(left).min(to_lease_end)).await;
+            let pause_now = spread(&*self.clock, pause);
+            self.clock
+                .sleep(pause_now.min(left).min(to_lease_end))
+                .await;
             *reads += 1;
             match self.seen(key, deadline).await? {
                 Some(Seen::Settled) => return Ok(Waited::Changed),
@@ -261,4 +265,39 @@ fn wait_until(invocation: &Invocation, since: SystemTime) -> SystemTime {
         .checked_add(invocation.wait_for_result.unwrap_or_default())
         .unwrap_or(end);
     patience.min(end.checked_sub(SETTLE_MARGIN).unwrap_or(since))
+}
+
+/// Half of `pause`, and a random share of the other half: duplicates that arrived together (a
+/// fan-out, a client's retry storm) do not read the record in lockstep.
+fn spread(clock: &dyn Clock, pause: Duration) -> Duration {
+    pause / 2 + clock.jitter(pause - pause / 2)
+}
+
+#[cfg(test)]
+mod pauses {
+    use std::time::{Duration, SystemTime};
+
+    use super::spread;
+    use crate::clock::Clock;
+
+    /// A clock whose jitter draws nothing.
+    #[derive(Debug)]
+    struct NoJitter;
+
+    impl Clock for NoJitter {
+        fn now(&self) -> SystemTime {
+            SystemTime::UNIX_EPOCH
+        }
+        fn jitter(&self, _: Duration) -> Duration {
+            Duration::ZERO
+        }
+    }
+
+    #[test]
+    fn a_pause_is_at_least_half_and_at_most_whole() {
+        let pause = Duration::from_millis(800);
+        assert_eq!(spread(&NoJitter, pause), Duration::from_millis(400));
+        let whole = crate::clock::ManualClock::new(SystemTime::UNIX_EPOCH);
+        assert_eq!(spread(&whole, pause), pause);
+    }
 }
