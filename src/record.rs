@@ -480,7 +480,9 @@ pub enum FailureKind {
     OutcomeTooLarge,
     /// The operation ran, but the store refused its result (`outcome_unstorable`).
     OutcomeUnstorable,
-    /// The handler's result does not serialize to JSON (`outcome_unserializable`).
+    /// The operation ran, but its result (or a step's) could never be replayed: it does not
+    /// serialize to JSON, nests too deep, or does not read back as its own type
+    /// (`outcome_unserializable`).
     OutcomeUnserializable,
     /// An operator released the operation for the next delivery to run (`released`).
     Released,

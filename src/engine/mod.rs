@@ -50,7 +50,7 @@ use crate::failure::{Classifier, DefaultClassifier};
 use crate::key::OperationKey;
 use crate::observe::{self, Decision, Observation, Observer};
 use crate::reconcile::{Reconciler, Recovery};
-use crate::record::Record;
+use crate::record::{Record, RetainedFailure};
 use crate::store::{AnyStore, Guard, Store, StoreExt, Target};
 
 pub(crate) mod answer;
@@ -65,6 +65,7 @@ mod keyed_by_0_4;
 mod operator;
 mod owned_runs;
 mod reconcile;
+pub(crate) mod replayable;
 pub(crate) mod retry;
 pub(crate) mod settle;
 mod single_flight;
@@ -833,10 +834,28 @@ impl Idempotency {
             Halt::Lost(err) => Err(err),
             Halt::Retain(kind, err) => {
                 let patience = settle_patience(invocation, claim, self.clock.now());
-                let message = err.to_string();
-                self.retain(target, attempt, kind, message, patience, steps.pending())
-                    .await?;
-                Err(err)
+                let message = match &err {
+                    Error::InvalidEvent { reason } => reason.clone(),
+                    other => other.to_string(),
+                };
+                self.retain(
+                    target,
+                    attempt,
+                    kind.clone(),
+                    message.clone(),
+                    patience,
+                    steps.pending(),
+                )
+                .await?;
+                match err {
+                    // The effect happened and its result cannot be kept: the caller is told
+                    // what every later caller is, never that its event was invalid.
+                    Error::InvalidEvent { .. } => Err(Error::Failed {
+                        key: invocation.key.clone(),
+                        failure: RetainedFailure { kind, message }.bounded(),
+                    }),
+                    err => Err(err),
+                }
             }
         }
     }

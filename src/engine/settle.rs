@@ -4,10 +4,12 @@
 use std::time::{Instant, SystemTime};
 
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 use tracing::{debug, warn};
 
 use super::decide::{AfterFailure, Failure};
+use super::replayable::replayable;
 use super::retry::Patience;
 use super::{GIVE_BACK_GRACE, INDETERMINATE_RETENTION, Idempotency, answer, decide};
 use aws_sdk_dynamodb::types::TransactWriteItem;
@@ -25,7 +27,7 @@ use crate::store::{Committed, Fence, Guard, Request, Store, StoreExt, Target, wr
 
 impl Idempotency {
     /// Records `value` (the handler's, or the reconciler's for it) as the operation's outcome.
-    pub(super) async fn record<T: Serialize>(
+    pub(super) async fn record<T: Serialize + DeserializeOwned>(
         &self,
         target: Target<'_>,
         invocation: &Invocation,
@@ -38,7 +40,7 @@ impl Idempotency {
             Origin::Executed { attempt } | Origin::Reconciled { attempt } => attempt,
             Origin::Replayed => claim.lease.attempt,
         };
-        let serialized = serde_json::value::to_raw_value(&value);
+        let serialized = replayable("the handler's result", &value);
         let raw = self
             .complete(target, invocation, claim, attempt, serialized, completion)
             .await?;
@@ -61,7 +63,7 @@ impl Idempotency {
         invocation: &Invocation,
         claim: &Record,
         attempt: u32,
-        serialized: serde_json::Result<Box<RawValue>>,
+        serialized: Result<Box<RawValue>, String>,
         completion: Completion<'_>,
     ) -> Result<Box<RawValue>, Error> {
         let refusal = completion
@@ -73,11 +75,6 @@ impl Idempotency {
         let now = self.clock.now();
         let patience = settle_patience(invocation, claim, now);
         let unstorable = match serialized {
-            Ok(raw) if nesting_depth(raw.get()) >= MAX_READABLE_DEPTH => Error::InvalidEvent {
-                reason: format!(
-                    "the handler's result nests {MAX_READABLE_DEPTH} levels or deeper, which JSON readers refuse: it could never be replayed"
-                ),
-            },
             Ok(raw) => {
                 let settlement = Settlement::completed(
                     raw.get().as_bytes().to_vec(),
@@ -128,9 +125,7 @@ impl Idempotency {
                     limit,
                 }
             }
-            Err(err) => Error::InvalidEvent {
-                reason: format!("the handler's result does not serialize to JSON: {err}"),
-            },
+            Err(reason) => Error::InvalidEvent { reason },
         };
         let kind = match unstorable {
             Error::OutcomeTooLarge { .. } => FailureKind::OutcomeTooLarge,
@@ -615,31 +610,6 @@ pub(super) fn given_back_until(
     decide::given_back_until(now, lease_expires_at, GIVE_BACK_GRACE, lands_by)
 }
 
-/// The nesting depth serde_json refuses to read (its recursion limit): a result that deep is
-/// written but could never be replayed, so it is refused before it is written.
-const MAX_READABLE_DEPTH: usize = 128;
-
-/// How deep arrays and objects nest in the JSON text `json`.
-fn nesting_depth(json: &str) -> usize {
-    let (mut depth, mut deepest, mut in_string, mut escaped) = (0_usize, 0, false, false);
-    for byte in json.bytes() {
-        match (in_string, escaped, byte) {
-            (true, true, _) => escaped = false,
-            (true, false, b'\\') => escaped = true,
-            (true, false, b'"') => in_string = false,
-            (true, false, _) => {}
-            (false, _, b'"') => in_string = true,
-            (false, _, b'[' | b'{') => {
-                depth += 1;
-                deepest = deepest.max(depth);
-            }
-            (false, _, b']' | b'}') => depth = depth.saturating_sub(1),
-            (false, _, _) => {}
-        }
-    }
-    deepest
-}
-
 /// The class of a handler's error: retained as unstorable when it came after the effect
 /// ([`AfterEffect`]), retryable when it asks for a release ([`Release`]), else
 /// `classifier`'s.
@@ -653,26 +623,5 @@ fn class_by(
     match Release::is(error) {
         true => FailureClass::Retryable,
         false => classifier.classify(error),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{MAX_READABLE_DEPTH, nesting_depth};
-
-    fn nested(depth: usize) -> String {
-        format!("{}{}", "[".repeat(depth), "]".repeat(depth))
-    }
-
-    #[test]
-    fn the_depth_refused_is_the_depth_serde_json_cannot_read() {
-        assert_eq!(nesting_depth(r#"{"a":["[{\"",{"b":1}]}"#), 3);
-        assert_eq!(nesting_depth("1"), 0);
-        let readable = nested(MAX_READABLE_DEPTH - 1);
-        assert_eq!(nesting_depth(&readable), MAX_READABLE_DEPTH - 1);
-        assert!(serde_json::from_str::<serde_json::Value>(&readable).is_ok());
-        let unreadable = nested(MAX_READABLE_DEPTH);
-        assert_eq!(nesting_depth(&unreadable), MAX_READABLE_DEPTH);
-        assert!(serde_json::from_str::<serde_json::Value>(&unreadable).is_err());
     }
 }

@@ -67,6 +67,7 @@ mod relay;
 #[cfg(feature = "relay")]
 mod relay_batches;
 mod released_claims;
+mod replayable_results;
 mod schedules;
 mod sdk_faults;
 mod simulation;

@@ -24,6 +24,7 @@ use crate::reconcile::Checked;
 const STEP_OVERHEAD_BYTES: usize = 32;
 
 use crate::engine::decide::{self, StepStanding};
+use crate::engine::replayable::replayable;
 use crate::engine::retry::Patience;
 use crate::engine::{Idempotency, LandsBy};
 use crate::error::{BoxError, Error, StoreError, decode_failure};
@@ -694,11 +695,11 @@ impl StepLedger {
             step: name.clone(),
             message,
         };
-        let bytes = serde_json::to_vec(&transaction.value).map_err(|err| {
-            rejected(format!(
-                "the step's result does not serialize to JSON: {err}"
-            ))
-        })?;
+        let bytes = replayable("the step's result", &transaction.value)
+            .map_err(rejected)?
+            .get()
+            .as_bytes()
+            .to_vec();
         let (steps, token) = {
             let mut state = self.lock();
             let limit = MAX_STEP_RESULTS_BYTES.min(self.idem.config().max_outcome_bytes());
@@ -928,7 +929,7 @@ impl StepLedger {
         downstream: String,
     ) -> Result<Option<T>, StepError>
     where
-        T: Serialize,
+        T: Serialize + DeserializeOwned,
         C: StepCheck<T>,
         C::Future: Send,
     {
@@ -971,7 +972,7 @@ impl StepLedger {
 
     /// Records what the step at the cursor came to: its result (written with the next write),
     /// or its failure (uncertain, or withdrawn when [`NotApplied`]).
-    fn settle<T: Serialize>(
+    fn settle<T: Serialize + DeserializeOwned>(
         &self,
         name: &str,
         ran: Result<T, BoxError>,
@@ -998,12 +999,10 @@ impl StepLedger {
                 });
             }
         };
-        let bytes = match serde_json::to_vec(&value) {
-            Ok(bytes) => bytes,
-            Err(err) => {
-                let unserializable = Error::InvalidEvent {
-                    reason: format!("a step's result does not serialize to JSON: {err}"),
-                };
+        let bytes = match replayable("a step's result", &value) {
+            Ok(raw) => raw.get().as_bytes().to_vec(),
+            Err(reason) => {
+                let unserializable = Error::InvalidEvent { reason };
                 let halt = Halt::Retain(FailureKind::OutcomeUnserializable, unserializable);
                 return Err(self.halt(&mut state, name, halt));
             }
