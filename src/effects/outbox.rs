@@ -192,32 +192,30 @@ impl OutboxEvent {
     /// a Lambda function's namespace (64 characters); [`Outbox`] checks it again under its real
     /// id when it is committed.
     fn checked(self) -> Result<Self, Error> {
-        self.fits(&format!("{}#{}", "f".repeat(64), "0".repeat(64)))?;
+        self.fits(&format!("{}#{}", "f".repeat(64), "0".repeat(64)), false)?;
         Ok(self)
     }
 
-    /// Refuses this event when, published under `id`, it would pass [`MAX_EVENT_BYTES`].
-    fn fits(&self, id: &str) -> Result<(), Error> {
-        let (_, size) = self.record(id).published()?;
+    /// Refuses this event when, under `id`, it would pass [`MAX_EVENT_BYTES`]: as the relay
+    /// publishes it, or (`through_pipe`) inside an EventBridge Pipe's envelope
+    /// ([`Outbox::through_pipe`]).
+    fn fits(&self, id: &str, through_pipe: bool) -> Result<(), Error> {
+        let record = self.record(id);
+        let (size, reaches) = match through_pipe {
+            false => (record.published()?.1, "would be published as"),
+            true => (
+                record.through_pipe_bytes(),
+                "would reach the Pipe's bus (its payload escaped inside a JSON string) as about",
+            ),
+        };
         if size > MAX_EVENT_BYTES {
+            let instead = match through_pipe {
+                false => "",
+                true => ", or publish with the relay",
+            };
             return Err(Error::InvalidEvent {
                 reason: format!(
-                    "the outbox event `{}` would be published as {size} bytes, past the {MAX_EVENT_BYTES} its destination takes: publish a reference (an id, an S3 key) instead",
-                    self.name
-                ),
-            });
-        }
-        Ok(())
-    }
-
-    /// Refuses this event when, under `id`, an EventBridge Pipe's envelope of it would pass
-    /// [`MAX_EVENT_BYTES`] ([`Outbox::through_pipe`]).
-    fn fits_the_pipe(&self, id: &str) -> Result<(), Error> {
-        let size = self.record(id).through_pipe_bytes();
-        if size > MAX_EVENT_BYTES {
-            return Err(Error::InvalidEvent {
-                reason: format!(
-                    "the outbox event `{}` would reach the Pipe's bus as about {size} bytes (its payload escaped inside a JSON string), past the {MAX_EVENT_BYTES} the bus takes: publish a reference (an id, an S3 key) instead, or publish with the relay",
+                    "the outbox event `{}` {reaches} {size} bytes, past the {MAX_EVENT_BYTES} its destination takes: publish a reference (an id, an S3 key) instead{instead}",
                     self.name
                 ),
             });
@@ -317,9 +315,9 @@ impl Outbox {
                 ),
             });
         }
-        event.fits(id)?;
+        event.fits(id, false)?;
         if self.through_pipe {
-            event.fits_the_pipe(id)?;
+            event.fits(id, true)?;
         }
         let s = |value: &str| AttributeValue::S(value.to_owned());
         let mut put = Put::builder()
