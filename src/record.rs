@@ -508,10 +508,14 @@ impl FailureKind {
         }
     }
 
-    /// Whether the operation took effect though its response was not kept (too large, or
-    /// refused by the store): a retry is told it was applied, not that it failed.
+    /// Whether the operation took effect though its response was not kept (too large,
+    /// refused by the store, or never replayable): a retry is told it was applied, not that it
+    /// failed.
     pub fn took_effect(&self) -> bool {
-        matches!(self, Self::OutcomeTooLarge | Self::OutcomeUnstorable)
+        matches!(
+            self,
+            Self::OutcomeTooLarge | Self::OutcomeUnstorable | Self::OutcomeUnserializable
+        )
     }
 }
 

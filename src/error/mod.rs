@@ -262,12 +262,9 @@ impl Error {
     /// letting it reach a dead-letter queue, whose late redrive, once the record expired, would
     /// run it again.
     pub fn applied_but_not_kept(&self) -> bool {
-        use crate::record::FailureKind;
         match self {
             Self::OutcomeTooLarge { .. } => true,
-            Self::Failed { failure, .. } => {
-                failure.kind.took_effect() || failure.kind == FailureKind::OutcomeUnserializable
-            }
+            Self::Failed { failure, .. } => failure.kind.took_effect(),
             _ => false,
         }
     }

@@ -2,7 +2,8 @@
 //! (a NaN serialized as `null`, a field skipped when written but required when read) would
 //! have answered its first caller and failed every duplicate with `StoredOutcomeUnreadable`.
 //! It is retained as FAILED instead, the same answer for every caller, and never run again; on
-//! both stores, through the direct door and in a step.
+//! both stores, through the direct door, in a step, and behind the HTTP door (applied, its
+//! response not kept: never "failed, send a new key", which would run the effect again).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -133,5 +134,57 @@ async fn a_step_result_its_own_type_cannot_read_holds_the_operation_once() {
             1,
             "{name}: the effect ran once"
         );
+    }
+}
+
+#[tokio::test]
+async fn an_http_step_result_that_cannot_be_kept_is_answered_as_applied_not_as_failed() {
+    for backend in both().await {
+        let name = backend.name;
+        let idem = lambda_idempotency::Idempotency::new(backend.store)
+            .with_clock(backend.clock)
+            .with_recovery(Recovery::Steps);
+        let layer = Operation::new(
+            idem,
+            OperationScope::new("replayable", "payments").expect("scope"),
+            lambda_idempotency::lambda::sources::http(),
+        )
+        .http_layer();
+        let charges = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&charges);
+        let app = service_fn(move |_request: lambda_http::Request| {
+            let counted = Arc::clone(&counted);
+            async move {
+                let ctx = lambda_idempotency::lambda::current().ok_or("no context")?;
+                let rate = ctx
+                    .step("charge")
+                    .run(|_key| async move {
+                        counted.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, BoxError>(f64::NAN)
+                    })
+                    .await?;
+                Ok::<_, BoxError>(lambda_http::Response::new(lambda_http::Body::from(
+                    rate.to_string(),
+                )))
+            }
+        });
+        let service = lambda_runtime::tower::Layer::layer(&layer, app);
+        let request = || {
+            crate::http_inputs::v2_request("k-nan", json!({"jwt": {"claims": {"sub": "alice"}}}))
+        };
+        for attempt in ["first", "retry"] {
+            let answer = service.clone().oneshot(request()).await.expect("answer");
+            assert_eq!(
+                answer.status(),
+                http::StatusCode::CONFLICT,
+                "{name} {attempt}"
+            );
+            assert_eq!(
+                crate::http_inputs::code(&answer),
+                "operation_already_applied",
+                "{name} {attempt}"
+            );
+        }
+        assert_eq!(charges.load(Ordering::SeqCst), 1, "{name}: charged once");
     }
 }

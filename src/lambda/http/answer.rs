@@ -18,12 +18,6 @@ pub(crate) struct ErrorAnswer {
     pub(crate) retry_after: Option<Duration>,
 }
 
-/// A retained failure that is really an applied operation whose response could not be kept.
-fn applied_but_not_kept(err: &Error) -> bool {
-    matches!(err, Error::Failed { failure, .. }
-        if failure.kind.took_effect())
-}
-
 /// Evidence of another operation (another `Idempotency-Key`, or another caller's) that holds
 /// the request's business identity: its status and result are that operation's, not this
 /// caller's to learn.
@@ -98,7 +92,7 @@ impl ErrorAnswer {
                 "this operation failed and will not be run again; send a new Idempotency-Key for a new attempt",
                 None,
             ),
-            ErrorKind::Failed if applied_but_not_kept(err) => (
+            ErrorKind::Failed if err.applied_but_not_kept() => (
                 409,
                 "operation_already_applied",
                 "this operation was applied but its response could not be kept; do not retry it",
