@@ -38,8 +38,11 @@
 //! (dropping its TTL) for the sweeper.
 //!
 //! What a consumer receives is the [envelope](OutboxRecord::envelope)
-//! `{"event_id": …, "event": …, "payload": …}`; with the crate's doors, key it by `/event_id`
-//! (`/detail/event_id` for an EventBridge event).
+//! `{"event_id": …, "event": …, "payload": …}`; with the crate's doors, key it by its id
+//! (`sources::eventbridge_detail("/event_id")`, `sources::sns_by_key_attribute()`, and on an SQS
+//! queue the relay sends to, `sources::sqs_across_senders(None)`: the relay and the sweeper
+//! send under roles of their own, which `sources::sqs` would key apart, so that a sweeper's
+//! republication would take effect again). See [the relay](crate::lambda::relay).
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -137,6 +137,15 @@ impl Idempotency {
                     guard: Guard::Lease(&claim.lease.token),
                 };
                 let patience = Patience::last_try(invocation.deadline, self.clock.now());
+                // An attempt that had given its claim back knowingly is continued from its
+                // steps: this one, which ran nothing, hands its mark on (fenced on this
+                // takeover's token, so only if it committed), or the next takeover would read
+                // an attempt that crashed and hold the operation for an operator.
+                if let Some(handed_on) = decide::handed_on(&existing, lease.attempt) {
+                    let _ = self
+                        .retrying(patience, || self.store.record_steps(target, &handed_on))
+                        .await;
+                }
                 let _ = self
                     .retrying(patience, || self.store.shorten(target, now))
                     .await;

@@ -81,6 +81,7 @@ mod stored_formats;
 #[cfg(feature = "relay")]
 #[path = "../common/streams.rs"]
 mod streams;
+mod takeover_outages;
 mod tenants;
 mod terminal_on_streams;
 mod transactions;

@@ -278,6 +278,19 @@ pub(crate) fn inherited(previous: &Record) -> Inherited {
     }
 }
 
+/// The steps a takeover by `attempt` that ran nothing writes over `previous`'s when
+/// `previous` ended in a give-back's mark ([`inherited`]): the same steps, the mark now
+/// `attempt`'s; `None` when there is no mark to hand on.
+pub(crate) fn handed_on(previous: &Record, attempt: u32) -> Option<Vec<StepRecord>> {
+    if !inherited(previous).given_back {
+        return None;
+    }
+    let mut steps = previous.steps.clone();
+    steps.pop();
+    steps.push(StepRecord::given_back(attempt));
+    Some(steps)
+}
+
 /// How a takeover recovers, under the engine's `recovery` policy: `adopted` when the record
 /// was re-created from orphaned evidence (its steps went with TTL), from what it `inherited`,
 /// `reconciler` when one is set.
