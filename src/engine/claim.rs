@@ -7,6 +7,7 @@ use std::time::SystemTime;
 use tracing::{debug, warn};
 
 use super::decide::{self, Claimed, TookOver};
+use super::give_back::HandedOn;
 use super::retry::Patience;
 use super::settle::settle_patience;
 use super::{AfterClaim, Held, Idempotency, answer};
@@ -19,13 +20,15 @@ impl Idempotency {
     /// Claims the key: a fresh claim, a takeover of an expired lease, or the adoption of this
     /// operation's orphaned evidence; `Err` is the answer when the key is not ours to run.
     /// `fresh` is cleared before anything but a fresh claim is sent (a takeover, a re-entry,
-    /// an adoption): a cancellation gives those back, never releases them.
+    /// an adoption): a cancellation gives those back, never releases them. A takeover sets
+    /// what a cancellation hands on (`handed_on`).
     pub(super) async fn claim(
         &self,
         claim: &Record,
         invocation: &Invocation,
         now: SystemTime,
         fresh: &AtomicBool,
+        handed_on: &HandedOn,
     ) -> Result<AfterClaim, Error> {
         let key = &invocation.key;
         let target = Target {
@@ -90,25 +93,35 @@ impl Idempotency {
             Claimed::TakeOver(existing) => existing,
         };
         fresh.store(false, Ordering::SeqCst);
-        Box::pin(self.take_over(existing, claim, invocation, now, false)).await
+        Box::pin(self.take_over(existing, claim, invocation, now, Some(handed_on))).await
     }
 
     /// Takes over `existing`: a crashed attempt's, whose lease ran out, or (`reentered`) the
     /// caller's owner's own, left by an earlier invocation of it, live or not. Either way the
     /// write gives the next attempt number, a lease from now and a retention that outlives it,
-    /// fenced on the record's token and the steps as read.
+    /// fenced on the record's token and the steps as read. A takeover that is no re-entry
+    /// (`handed_on` given) sets there the give-back's mark it hands on should its task be
+    /// cancelled before its handler runs.
     async fn take_over(
         &self,
         existing: Record,
         claim: &Record,
         invocation: &Invocation,
         now: SystemTime,
-        reentered: bool,
+        handed_on: Option<&HandedOn>,
     ) -> Result<AfterClaim, Error> {
         let key = &invocation.key;
+        let reentered = handed_on.is_none();
         let lease_end = claim.lease.expires_at;
         let (lease, expires_at) =
             decide::takeover(&existing, &claim.lease, self.config.retention());
+        // An attempt that had given its claim back knowingly is continued from its steps:
+        // this one, should it end before its handler runs, hands its mark on (fenced on this
+        // takeover's token, so only if it committed), or the next takeover would read an
+        // attempt that crashed and hold the operation for an operator.
+        if let Some(handed_on) = handed_on {
+            handed_on.set(decide::handed_on(&existing, lease.attempt));
+        }
         // The owner takes its own claim back whether or not its lease ran out: the store's
         // expiry condition is given a time past the lease's end.
         let expired_at = decide::reentry_time(&existing, now, reentered);
@@ -137,13 +150,9 @@ impl Idempotency {
                     guard: Guard::Lease(&claim.lease.token),
                 };
                 let patience = Patience::last_try(invocation.deadline, self.clock.now());
-                // An attempt that had given its claim back knowingly is continued from its
-                // steps: this one, which ran nothing, hands its mark on (fenced on this
-                // takeover's token, so only if it committed), or the next takeover would read
-                // an attempt that crashed and hold the operation for an operator.
-                if let Some(handed_on) = decide::handed_on(&existing, lease.attempt) {
+                if let Some(steps) = handed_on.and_then(HandedOn::take) {
                     let _ = self
-                        .retrying(patience, || self.store.record_steps(target, &handed_on))
+                        .retrying(patience, || self.store.record_steps(target, &steps))
                         .await;
                 }
                 let _ = self
@@ -159,7 +168,11 @@ impl Idempotency {
         {
             debug!("the takeover committed before its answer was lost");
         }
-        match decide::took_over(fence, &lease) {
+        let took_over = decide::took_over(fence, &lease);
+        if !matches!(took_over, TookOver::Held) {
+            handed_on.map(HandedOn::take);
+        }
+        match took_over {
             TookOver::Held => {}
             TookOver::Answer(current) => return Ok(AfterClaim::Answer(current)),
             TookOver::Gone => {
@@ -203,7 +216,7 @@ impl Idempotency {
         {
             return Err(Error::PayloadConflict { key: key.clone() });
         }
-        self.take_over(existing, claim, invocation, now, true).await
+        self.take_over(existing, claim, invocation, now, None).await
     }
 
     /// Whether the record of `claim`'s key is `claim` itself, as it committed (an owned claim

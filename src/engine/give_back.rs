@@ -9,6 +9,7 @@ use tracing::warn;
 
 use crate::clock::Clock;
 use crate::key::OperationKey;
+use crate::record::StepRecord;
 use crate::store::{AnyStore, Fence, Guard, StoreExt, Target};
 
 /// Until when an effect a step started may still land downstream (its start plus its declared
@@ -27,6 +28,25 @@ impl LandsBy {
     /// Sets the instant (`None`: nothing left to land).
     pub(crate) fn set(&self, lands_by: Option<SystemTime>) {
         *self.0.lock().unwrap_or_else(PoisonError::into_inner) = lands_by;
+    }
+}
+
+/// The steps a takeover that has run nothing hands on if it ends before its handler runs:
+/// the attempt it took over ended in a give-back's mark, which becomes its own
+/// ([`decide::handed_on`](super::decide::handed_on)). Set as the takeover is sent, taken once
+/// the handler may run.
+#[derive(Debug, Default)]
+pub(super) struct HandedOn(Mutex<Option<Vec<StepRecord>>>);
+
+impl HandedOn {
+    /// Sets (or clears) the steps handed on.
+    pub(super) fn set(&self, steps: Option<Vec<StepRecord>>) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = steps;
+    }
+
+    /// Takes the steps handed on, if any.
+    pub(super) fn take(&self) -> Option<Vec<StepRecord>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
     }
 }
 
@@ -53,6 +73,8 @@ pub(super) struct GiveBack<'a> {
     /// Set while the claim is a fresh one (or being made) and no handler has started; cleared
     /// before a takeover, a re-entry or an adoption is sent, and before the handler runs.
     pub(super) unstarted: &'a AtomicBool,
+    /// What a takeover cancelled before its handler ran writes before it gives the claim back.
+    pub(super) handed_on: &'a HandedOn,
 }
 
 impl GiveBack<'_> {
@@ -79,6 +101,7 @@ impl Drop for GiveBack<'_> {
             .unstarted
             .load(Ordering::SeqCst)
             .then(|| self.identity.map(str::to_owned));
+        let handed_on = self.handed_on.take();
         let give_back = Box::pin(async move {
             if let Some(identity) = unstarted {
                 let target = Target {
@@ -105,6 +128,10 @@ impl Drop for GiveBack<'_> {
                 identity: None,
                 guard: Guard::Lease(&token),
             };
+            if let Some(steps) = handed_on {
+                // Fenced on the takeover's token: written only if the takeover committed.
+                let _ = store.record_steps(target, &steps).await;
+            }
             match store.shorten(target, until).await {
                 Ok(Fence::Held) => warn!(key = key.short(), "cancelled: claim given back"),
                 Ok(Fence::Lost { .. }) => {}

@@ -36,8 +36,8 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use self::answer::answer_existing;
 use self::attempt::{ExecutionContext, Halt, StepLedger};
 use self::decide::Recover;
-use self::give_back::GiveBack;
 pub(crate) use self::give_back::LandsBy;
+use self::give_back::{GiveBack, HandedOn};
 pub use self::operator::{Operator, Resolution};
 use self::owned_runs::{OwnedRun, Refused};
 use self::settle::{Completion, settle_patience};
@@ -531,6 +531,7 @@ impl Idempotency {
         // every suspension.
         let lands_by = LandsBy::default();
         let unstarted = AtomicBool::new(true);
+        let handed_on = HandedOn::default();
         let mut give_back = GiveBack {
             store: &self.store,
             clock: &*self.clock,
@@ -542,9 +543,12 @@ impl Idempotency {
             armed: invocation.owner.is_none(),
             identity: claim.identity.as_deref(),
             unstarted: &unstarted,
+            handed_on: &handed_on,
         };
         let claiming = Instant::now();
-        let mut claimed = self.claim(&claim, invocation, now, &unstarted).await;
+        let mut claimed = self
+            .claim(&claim, invocation, now, &unstarted, &handed_on)
+            .await;
         // A record that went, or whose retention has run out, answers nothing: one that stood
         // in the claim's way and was released meanwhile (by its own cancelled claimer, by an
         // operator, whose release is written already expired) is claimed again, once.
@@ -558,7 +562,9 @@ impl Idempotency {
             // No write of ours stands (a takeover that committed answers `Held`): the claim
             // starts afresh, and a cancellation before the handler releases it whole.
             unstarted.store(true, Ordering::SeqCst);
-            claimed = self.claim(&claim, invocation, now, &unstarted).await;
+            claimed = self
+                .claim(&claim, invocation, now, &unstarted, &handed_on)
+                .await;
         }
         // At the key 0.1 derived, only what 0.1 wrote is continued. Gone meanwhile (an operator
         // released it, TTL deleted it), a claim there would start the operation afresh under
@@ -643,6 +649,7 @@ impl Idempotency {
         };
         // From here a cancellation gives the claim back: the handler may run.
         unstarted.store(false, Ordering::SeqCst);
+        handed_on.set(None);
         let answer = self
             .run_held(target, invocation, &claim, held, &lands_by, handler)
             .await;

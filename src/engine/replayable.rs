@@ -14,13 +14,18 @@ const MAX_READABLE_DEPTH: usize = 128;
 /// `value` as JSON, once it is known to replay: it serializes, nests less than JSON readers
 /// allow, and reads back as its own type (a NaN serializes as `null`, which no float reads; a
 /// field skipped when written may be required when read). Else why `what` (the handler's
-/// result, a step's) could never be replayed.
+/// result, a step's) could never be replayed. JSON over `limit` bytes is given back unread:
+/// the caller refuses it as too large, without a second copy of the value in memory.
 pub(crate) fn replayable<T: Serialize + DeserializeOwned>(
     what: &str,
     value: &T,
+    limit: usize,
 ) -> Result<Box<RawValue>, String> {
     let raw = serde_json::value::to_raw_value(value)
         .map_err(|err| format!("{what} does not serialize to JSON: {err}"))?;
+    if raw.get().len() > limit {
+        return Ok(raw);
+    }
     if nesting_depth(raw.get()) >= MAX_READABLE_DEPTH {
         return Err(format!(
             "{what} nests {MAX_READABLE_DEPTH} levels or deeper, which JSON readers refuse: it could never be replayed"
@@ -84,28 +89,26 @@ mod tests {
         note: String,
     }
 
+    const LIMIT: usize = 1024;
+
     /// A result whose JSON its own type cannot read is refused; one that reads back is kept
-    /// as it serialized.
+    /// as it serialized; one past the limit is given back unread, for the caller to refuse.
     #[test]
     fn a_result_that_does_not_read_back_as_its_type_is_refused() {
-        assert!(replayable("r", &f64::NAN).is_err());
-        assert!(replayable("r", &f64::INFINITY).is_err());
-        assert!(
-            replayable(
-                "r",
-                &Skipping {
-                    note: String::new()
-                }
-            )
-            .is_err()
-        );
-        let kept = replayable("r", &Skipping { note: "n".into() }).map(|raw| raw.get().to_owned());
+        let skipped = Skipping {
+            note: String::new(),
+        };
+        assert!(replayable("r", &f64::NAN, LIMIT).is_err());
+        assert!(replayable("r", &f64::INFINITY, LIMIT).is_err());
+        assert!(replayable("r", &skipped, LIMIT).is_err());
+        let kept = Skipping { note: "n".into() };
+        let kept = replayable("r", &kept, LIMIT).map(|raw| raw.get().to_owned());
         assert_eq!(kept.as_deref(), Ok(r#"{"note":"n"}"#));
+        let unread = replayable("r", &f64::NAN, 3).map(|raw| raw.get().to_owned());
         assert_eq!(
-            replayable("r", &1.5_f64)
-                .map(|raw| raw.get().to_owned())
-                .as_deref(),
-            Ok("1.5")
+            unread.as_deref(),
+            Ok("null"),
+            "4 bytes: past the limit, not read"
         );
     }
 }

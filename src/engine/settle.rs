@@ -40,7 +40,8 @@ impl Idempotency {
             Origin::Executed { attempt } | Origin::Reconciled { attempt } => attempt,
             Origin::Replayed => claim.lease.attempt,
         };
-        let serialized = replayable("the handler's result", &value);
+        let limit = self.config.max_outcome_bytes();
+        let serialized = replayable("the handler's result", &value, limit);
         let raw = self
             .complete(target, invocation, claim, attempt, serialized, completion)
             .await?;

@@ -2,7 +2,9 @@
 //! of its patience (a throttling burst), ran nothing. When the attempt it took over had given
 //! its claim back knowingly (its steps are all it did), it hands that give-back's mark on, so
 //! that the next delivery continues from the steps as this one would have, instead of reading
-//! an attempt that crashed and holding the operation for an operator. On both stores.
+//! an attempt that crashed and holding the operation for an operator. So does one whose task
+//! is cancelled as its takeover commits (a timeout around the handler's service). On both
+//! stores.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -16,8 +18,26 @@ use serde_json::json;
 
 use crate::backends::both;
 
+/// How attempt 2 ends before its handler runs, its takeover committed.
+#[derive(Debug, Clone, Copy)]
+enum Lost {
+    /// The takeover's answer lost, every retry throttled.
+    ToAnOutage,
+    /// The task cancelled as the takeover commits.
+    ToACancellation,
+}
+
 #[tokio::test]
 async fn a_takeover_lost_to_an_outage_hands_the_give_back_on() {
+    a_lost_takeover_hands_the_give_back_on(Lost::ToAnOutage).await;
+}
+
+#[tokio::test]
+async fn a_takeover_cancelled_as_it_commits_hands_the_give_back_on() {
+    a_lost_takeover_hands_the_give_back_on(Lost::ToACancellation).await;
+}
+
+async fn a_lost_takeover_hands_the_give_back_on(lost: Lost) {
     for backend in both().await {
         let name = backend.name;
         let faulty = FaultyStore::new(backend.store.clone());
@@ -60,31 +80,51 @@ async fn a_takeover_lost_to_an_outage_hands_the_give_back_on() {
         );
         backend.clock.advance(Duration::from_secs(1));
 
-        // Attempt 2's takeover commits, its answer lost; every retry is throttled.
-        faulty.inject(Primitive::TakeOver, Fault::FailAfter(FaultKind::Throttled));
-        let outage_ends = backend.clock.now() + Duration::from_secs(600);
-        faulty.outage(
-            &[Primitive::TakeOver],
-            FaultKind::Throttled,
-            outage_ends,
-            backend.clock.clone(),
-        );
-        let lost = idem
-            .execute(&inv, handler)
-            .await
-            .expect_err("the store failed");
-        assert!(matches!(lost, Error::Store(_)), "{name}: {lost:?}");
+        // Attempt 2's takeover commits, and attempt 2 ends before its handler runs.
+        match lost {
+            Lost::ToAnOutage => {
+                faulty.inject(Primitive::TakeOver, Fault::FailAfter(FaultKind::Throttled));
+                let outage_ends = backend.clock.now() + Duration::from_secs(600);
+                faulty.outage(
+                    &[Primitive::TakeOver],
+                    FaultKind::Throttled,
+                    outage_ends,
+                    backend.clock.clone(),
+                );
+                let err = idem
+                    .execute(&inv, handler)
+                    .await
+                    .expect_err("the store failed");
+                assert!(matches!(err, Error::Store(_)), "{name}: {err:?}");
+            }
+            Lost::ToACancellation => {
+                faulty.inject(Primitive::TakeOver, Fault::CancelAfter);
+                let cut = faulty.cancellable(idem.execute(&inv, handler)).await;
+                assert!(cut.is_none(), "{name}: cancelled");
+            }
+        }
         assert_eq!(
             runs.load(Ordering::SeqCst),
             1,
             "{name}: attempt 2 ran nothing"
         );
-        let taken = backend
-            .store
-            .get(inv.key())
-            .await
-            .expect("read")
-            .expect("kept");
+        // A cancelled task's give-back runs in a task of its own: a bounded number of reads
+        // lets it on.
+        let mut taken = None;
+        for _ in 0..10_000 {
+            let record = backend
+                .store
+                .get(inv.key())
+                .await
+                .expect("read")
+                .expect("kept");
+            if record.steps.last().is_some_and(|mark| mark.attempt == 2) {
+                taken = Some(record);
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        let taken = taken.expect("attempt 2 handed the give-back on");
         assert_eq!(taken.lease.attempt, 2, "{name}: the takeover committed");
 
         // The next delivery continues from the step: not held for an operator.

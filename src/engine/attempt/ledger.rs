@@ -695,14 +695,14 @@ impl StepLedger {
             step: name.clone(),
             message,
         };
-        let bytes = replayable("the step's result", &transaction.value)
+        let limit = MAX_STEP_RESULTS_BYTES.min(self.idem.config().max_outcome_bytes());
+        let bytes = replayable("the step's result", &transaction.value, limit)
             .map_err(rejected)?
             .get()
             .as_bytes()
             .to_vec();
         let (steps, token) = {
             let mut state = self.lock();
-            let limit = MAX_STEP_RESULTS_BYTES.min(self.idem.config().max_outcome_bytes());
             if recorded_bytes(&state.steps) + step_bytes(&name, &bytes) > limit {
                 return Err(rejected(format!(
                     "the step results would take more than {limit} bytes: keep a reference instead"
@@ -999,7 +999,8 @@ impl StepLedger {
                 });
             }
         };
-        let bytes = match replayable("a step's result", &value) {
+        let limit = MAX_STEP_RESULTS_BYTES.min(self.idem.config().max_outcome_bytes());
+        let bytes = match replayable("a step's result", &value, limit) {
             Ok(raw) => raw.get().as_bytes().to_vec(),
             Err(reason) => {
                 let unserializable = Error::InvalidEvent { reason };
@@ -1007,7 +1008,6 @@ impl StepLedger {
                 return Err(self.halt(&mut state, name, halt));
             }
         };
-        let limit = MAX_STEP_RESULTS_BYTES.min(self.idem.config().max_outcome_bytes());
         let recorded = recorded_bytes(&state.steps) - step_bytes(name, &[]);
         if recorded + step_bytes(name, &bytes) > limit {
             let too_large = Error::OutcomeTooLarge {
