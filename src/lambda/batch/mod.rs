@@ -21,6 +21,12 @@
 //! acknowledged on every source, logged at error level ([`RecordOutcome::AppliedNotKept`]): in
 //! a DLQ, a redrive after its retained failure expired would run it again.
 //!
+//! **The trigger must report batch item failures**: Lambda reads the partial-batch response
+//! only from an event source mapping with `FunctionResponseTypes: [ReportBatchItemFailures]`
+//! (SAM: `FunctionResponseTypes` on the `SQS`, `Kinesis` or `DynamoDB` event); without it a
+//! batch whose invocation succeeds counts as done whole, and SQS deletes, or a stream moves
+//! past, every record reported failed, whose effect never happened.
+//!
 //! ```no_run
 //! use aws_lambda_events::event::sqs::SqsMessage;
 //! use lambda_idempotency::lambda::sources;

@@ -5,10 +5,16 @@ use aws_lambda_events::event::kinesis::{KinesisEvent, KinesisEventRecord};
 use aws_lambda_events::event::streams::{KinesisBatchItemFailure, KinesisEventResponse};
 
 use super::to_json;
-use crate::key::KeyPolicy;
+use crate::error::ConfigError;
+use crate::key::{JsonPointer, KeyPolicy};
 use crate::lambda::batch::{BatchRecord, BatchReport, PoisonPolicy};
 
 /// Kinesis: `eventID` (shard and sequence number); fingerprint over the data.
+///
+/// The sequence number is one record the stream stored, not one operation: it keeps Lambda's
+/// redeliveries of that record to one effect, but a producer's `PutRecord` retried after a
+/// lost answer stores the same data again under a new sequence number, which runs again. Key
+/// such streams by a business id in the data ([`kinesis_data`]).
 pub fn kinesis() -> KeyPolicy<KinesisEventRecord> {
     KeyPolicy::from_fns(
         |record: &KinesisEventRecord| {
@@ -19,6 +25,46 @@ pub fn kinesis() -> KeyPolicy<KinesisEventRecord> {
         },
         |record: &KinesisEventRecord| to_json(&record.kinesis.data),
     )
+}
+
+/// Kinesis: a field of the record's data read as JSON (a business id the producer writes, which
+/// its retries keep), at `data_pointer`; fingerprint over the data. A record whose data is no
+/// JSON, or has no such field, has no key ([`Error::MissingKey`](crate::Error::MissingKey)):
+/// acknowledged as poison under the default policy, and logged. As with any key read from a
+/// field a producer sets, every producer that can write to the stream names one operation by
+/// the same id.
+///
+/// ```
+/// use aws_lambda_events::event::kinesis::KinesisEventRecord;
+/// use lambda_idempotency::lambda::sources;
+/// use lambda_idempotency::OperationScope;
+///
+/// let stored = |sequence_number: &str| {
+///     let mut record = KinesisEventRecord::default();
+///     record.kinesis.sequence_number = sequence_number.into();
+///     record.kinesis.data.0 = br#"{"order_id":"o-1","amount":5}"#.to_vec();
+///     record
+/// };
+/// let scope = OperationScope::new("shop", "orders")?;
+/// let policy = sources::kinesis_data("/order_id")?;
+/// // A producer's retry stored the same data under another sequence number: one operation.
+/// let (first, _) = policy.derive(&scope, &stored("4954"))?;
+/// let (retried, _) = policy.derive(&scope, &stored("4955"))?;
+/// assert_eq!(first, retried);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// [`ConfigError`] for a `data_pointer` that is no JSON pointer.
+pub fn kinesis_data(data_pointer: &str) -> Result<KeyPolicy<KinesisEventRecord>, ConfigError> {
+    let pointer = JsonPointer::new(data_pointer)?;
+    Ok(KeyPolicy::from_fns(
+        move |record: &KinesisEventRecord| {
+            let data: serde_json::Value = serde_json::from_slice(&record.kinesis.data.0).ok()?;
+            pointer.find(&data).cloned()
+        },
+        |record: &KinesisEventRecord| to_json(&record.kinesis.data),
+    ))
 }
 
 impl BatchRecord for KinesisEventRecord {
@@ -61,5 +107,48 @@ impl BatchReport {
             failure
         });
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+    use crate::key::OperationScope;
+
+    fn stored(sequence_number: &str, data: &[u8]) -> KinesisEventRecord {
+        let mut record = KinesisEventRecord::default();
+        record.kinesis.sequence_number = sequence_number.into();
+        record.event_id = Some(format!("shardId-000:{sequence_number}"));
+        record.kinesis.data.0 = data.to_vec();
+        record
+    }
+
+    /// A producer's retry (the same data, a new sequence number) is one operation by the data's
+    /// field, two by `eventID`; other data under the same id is another intent; data that is no
+    /// JSON, or lacks the field, has no key.
+    #[test]
+    fn a_retried_put_is_one_operation_by_the_datas_field() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let scope = OperationScope::new("shop", "orders")?;
+        let by_field = kinesis_data("/order_id")?;
+        let data = br#"{"order_id":"o-1","amount":5}"#;
+        let (first, intent) = by_field.derive(&scope, &stored("1", data))?;
+        let (retried, same_intent) = by_field.derive(&scope, &stored("2", data))?;
+        assert_eq!((first, intent.clone()), (retried, same_intent));
+        let changed = br#"{"order_id":"o-1","amount":6}"#;
+        let (_, other_intent) = by_field.derive(&scope, &stored("3", changed))?;
+        assert_ne!(intent, other_intent);
+        let (by_id, _) = kinesis().derive(&scope, &stored("1", data))?;
+        let (retried_by_id, _) = kinesis().derive(&scope, &stored("2", data))?;
+        assert_ne!(by_id, retried_by_id);
+        for keyless in [&b"not json"[..], br#"{"amount":5}"#, br#"{"order_id":" "}"#] {
+            let derived = by_field.derive(&scope, &stored("4", keyless));
+            assert!(
+                matches!(derived, Err(Error::MissingKey { .. })),
+                "{derived:?}"
+            );
+        }
+        Ok(())
     }
 }

@@ -17,7 +17,7 @@
 //! | EventBridge ([`eventbridge`], [`eventbridge_detail`]) | `id`, or a `detail` field | detail; with a `detail` field, the source, detail type and resources too |
 //! | HTTP: API Gateway REST/HTTP, Function URLs, ALB ([`http()`]) | caller + `Idempotency-Key` header (a Structured Field String when quoted) | method, path, decoded query sorted by name, content type, body bytes |
 //! | DynamoDB Streams ([`dynamodb_stream`]) | `eventID` | keys and new image |
-//! | Kinesis ([`kinesis`]) | shard sequence number (`eventID`) | data |
+//! | Kinesis ([`kinesis`], [`kinesis_data`]) | shard sequence number (`eventID`: one stored record, which a producer's retry stores again), or a field of the data | data |
 //! | S3 ([`s3`]) | bucket, key, version, sequencer | the same, with size and ETag |
 //!
 //! ```
@@ -60,7 +60,7 @@ pub use eventbridge::{eventbridge, eventbridge_detail};
 pub use http::http;
 #[cfg(feature = "kinesis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kinesis")))]
-pub use kinesis::kinesis;
+pub use kinesis::{kinesis, kinesis_data};
 #[cfg(feature = "s3")]
 #[cfg_attr(docsrs, doc(cfg(feature = "s3")))]
 pub use s3::s3;
