@@ -150,7 +150,8 @@ impl Idempotency {
                     guard: Guard::Lease(&claim.lease.token),
                 };
                 let patience = Patience::last_try(invocation.deadline, self.clock.now());
-                if let Some(steps) = handed_on.and_then(HandedOn::take) {
+                // Kept for the guard until written: a cancellation meanwhile still hands it on.
+                if let Some(steps) = handed_on.and_then(HandedOn::get) {
                     let _ = self
                         .retrying(patience, || self.store.record_steps(target, &steps))
                         .await;

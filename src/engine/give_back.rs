@@ -44,6 +44,14 @@ impl HandedOn {
         *self.0.lock().unwrap_or_else(PoisonError::into_inner) = steps;
     }
 
+    /// The steps handed on, if any, left in place.
+    pub(super) fn get(&self) -> Option<Vec<StepRecord>> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// Takes the steps handed on, if any.
     pub(super) fn take(&self) -> Option<Vec<StepRecord>> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).take()

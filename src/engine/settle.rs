@@ -77,16 +77,16 @@ impl Idempotency {
         let patience = settle_patience(invocation, claim, now);
         let unstorable = match serialized {
             Ok(raw) => {
-                let settlement = Settlement::completed(
-                    raw.get().as_bytes().to_vec(),
-                    answer::result_ref(invocation, &raw),
-                    now,
-                    self.config.retention(),
-                )
-                .with_steps(steps.clone())
-                .releasing_identity(refusal);
                 let limit = self.config.max_outcome_bytes();
                 if raw.get().len() <= limit {
+                    let settlement = Settlement::completed(
+                        raw.get().as_bytes().to_vec(),
+                        answer::result_ref(invocation, &raw),
+                        now,
+                        self.config.retention(),
+                    )
+                    .with_steps(steps.clone())
+                    .releasing_identity(refusal);
                     let completing = Instant::now();
                     let settled = self
                         .settle_completion(target, attempt, &settlement, writes.as_ref(), patience)

@@ -14,7 +14,7 @@ use crate::lambda::batch::{BatchRecord, BatchReport, PoisonPolicy};
 /// The sequence number is one record the stream stored, not one operation: it keeps Lambda's
 /// redeliveries of that record to one effect, but a producer's `PutRecord` retried after a
 /// lost answer stores the same data again under a new sequence number, which runs again. Key
-/// such streams by a business id in the data ([`kinesis_data`]).
+/// such streams by an event id in the data ([`kinesis_data`]).
 pub fn kinesis() -> KeyPolicy<KinesisEventRecord> {
     KeyPolicy::from_fns(
         |record: &KinesisEventRecord| {
@@ -27,12 +27,17 @@ pub fn kinesis() -> KeyPolicy<KinesisEventRecord> {
     )
 }
 
-/// Kinesis: a field of the record's data read as JSON (a business id the producer writes, which
-/// its retries keep), at `data_pointer`; fingerprint over the data. A record whose data is no
-/// JSON, or has no such field, has no key ([`Error::MissingKey`](crate::Error::MissingKey)):
-/// acknowledged as poison under the default policy, and logged. As with any key read from a
-/// field a producer sets, every producer that can write to the stream names one operation by
-/// the same id.
+/// Kinesis: a field of the record's data read as JSON, at `data_pointer`, that names one event:
+/// an id the producer writes once per event and its retries keep (an outbox's `event_id`, a
+/// UUID made before the first `PutRecord`); fingerprint over the data. Not an entity's id (an
+/// order's, which many events share): the order's next event would be another intent under the
+/// same key, a payload conflict, which a stream acknowledges as poison under the default
+/// policy. A record whose data is no JSON, or has no such field (a mistyped pointer, a KPL
+/// aggregate, compressed data), has no key ([`Error::MissingKey`](crate::Error::MissingKey)):
+/// acknowledged as poison too, and logged at error level; set
+/// [`PoisonPolicy::Retry`] ([`BatchProcessor::with_poison_policy`](crate::BatchProcessor::with_poison_policy)) with an on-failure destination to keep them
+/// instead. As with any key read from a field a producer sets, every producer that can write to
+/// the stream names one operation by the same id.
 ///
 /// ```
 /// use aws_lambda_events::event::kinesis::KinesisEventRecord;
@@ -42,11 +47,11 @@ pub fn kinesis() -> KeyPolicy<KinesisEventRecord> {
 /// let stored = |sequence_number: &str| {
 ///     let mut record = KinesisEventRecord::default();
 ///     record.kinesis.sequence_number = sequence_number.into();
-///     record.kinesis.data.0 = br#"{"order_id":"o-1","amount":5}"#.to_vec();
+///     record.kinesis.data.0 = br#"{"event_id":"7f3a","order_id":"o-1","amount":5}"#.to_vec();
 ///     record
 /// };
 /// let scope = OperationScope::new("shop", "orders")?;
-/// let policy = sources::kinesis_data("/order_id")?;
+/// let policy = sources::kinesis_data("/event_id")?;
 /// // A producer's retry stored the same data under another sequence number: one operation.
 /// let (first, _) = policy.derive(&scope, &stored("4954"))?;
 /// let (retried, _) = policy.derive(&scope, &stored("4955"))?;
@@ -131,18 +136,18 @@ mod tests {
     fn a_retried_put_is_one_operation_by_the_datas_field() -> Result<(), Box<dyn std::error::Error>>
     {
         let scope = OperationScope::new("shop", "orders")?;
-        let by_field = kinesis_data("/order_id")?;
-        let data = br#"{"order_id":"o-1","amount":5}"#;
+        let by_field = kinesis_data("/event_id")?;
+        let data = br#"{"event_id":"e-1","amount":5}"#;
         let (first, intent) = by_field.derive(&scope, &stored("1", data))?;
         let (retried, same_intent) = by_field.derive(&scope, &stored("2", data))?;
         assert_eq!((first, intent.clone()), (retried, same_intent));
-        let changed = br#"{"order_id":"o-1","amount":6}"#;
+        let changed = br#"{"event_id":"e-1","amount":6}"#;
         let (_, other_intent) = by_field.derive(&scope, &stored("3", changed))?;
         assert_ne!(intent, other_intent);
         let (by_id, _) = kinesis().derive(&scope, &stored("1", data))?;
         let (retried_by_id, _) = kinesis().derive(&scope, &stored("2", data))?;
         assert_ne!(by_id, retried_by_id);
-        for keyless in [&b"not json"[..], br#"{"amount":5}"#, br#"{"order_id":" "}"#] {
+        for keyless in [&b"not json"[..], br#"{"amount":5}"#, br#"{"event_id":" "}"#] {
             let derived = by_field.derive(&scope, &stored("4", keyless));
             assert!(
                 matches!(derived, Err(Error::MissingKey { .. })),
