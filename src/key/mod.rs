@@ -408,14 +408,19 @@ impl Fingerprint {
     }
 
     /// Whether the record stored with `stored` at `created_at` is of this intent: the same
-    /// digest, or, for a record the compatibility rule reads as 0.1's, the digest 0.1 derived,
-    /// or, for a record that names no rule, the digest 0.4's door derived.
+    /// digest, or, for a record the compatibility rule reads as 0.1's, the digest 0.1 derived.
+    /// A record that names no rule, where 0.4's door derived another digest for this request,
+    /// is of this intent by that digest only: it was written under 0.4's projection, so
+    /// today's digest in it names another request (`?a=%41` recorded raw by 0.4 is not
+    /// `?a=%2541`, which decodes to it today).
     pub(crate) fn names(&self, stored: &Fingerprint, created_at: SystemTime) -> bool {
-        self.matches(stored)
+        let by_its_projection = match (&self.digest_by_0_4, stored.rule) {
+            (Some(by_0_4), KeyRule::Unstated) => *by_0_4 == stored.digest,
+            _ => self.matches(stored),
+        };
+        by_its_projection
             || (self.reads_as_rfc8785(stored, created_at)
                 && self.rfc8785_digest.as_deref() == Some(stored.digest.as_str()))
-            || (stored.rule == KeyRule::Unstated
-                && self.digest_by_0_4.as_deref() == Some(stored.digest.as_str()))
     }
 }
 

@@ -242,6 +242,27 @@ async fn a_raw_query_never_matches_a_record_0_5_wrote() {
 }
 
 #[tokio::test]
+async fn a_record_0_4_wrote_never_matches_another_request_by_todays_decoded_query() {
+    for backend in both().await {
+        let name = backend.name;
+        // 0.4 recorded `?a=%41` by its raw pair `a=%41`; today `?a=%2541` decodes to that
+        // same pair, yet it is another request (0.4 would have recorded `a=%2541`).
+        recorded_by_0_4(&backend, "k-other", fingerprint_by_0_4(&[("a", "%41")])).await;
+        let layer = operation(&backend, Config::default()).http_layer();
+        let runs = Arc::new(AtomicUsize::new(0));
+
+        let other = send(&layer, &runs, post("?a=%2541", Some("k-other"))).await;
+
+        assert_eq!(
+            (other.status, other.replayed),
+            (StatusCode::UNPROCESSABLE_ENTITY, false),
+            "{name}: today's projection answers only for records 0.5 wrote"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "{name}");
+    }
+}
+
+#[tokio::test]
 async fn a_retry_of_a_quoted_key_0_4_recorded_raw_is_not_run_again_after_the_cut_over() {
     for backend in both().await {
         let name = backend.name;
