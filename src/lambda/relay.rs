@@ -43,11 +43,13 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! use lambda_idempotency::lambda::relay::{Publisher, relay};
-//! use lambda_idempotency::effects::{Outbox, OutboxMarks};
+//! use lambda_idempotency::effects::{Destinations, Outbox, OutboxMarks};
 //!
 //! let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
 //! let marks = OutboxMarks::new(aws_sdk_dynamodb::Client::new(&config), &Outbox::new("outbox"));
-//! lambda_runtime::run(relay(Publisher::from_conf(&config), marks)).await?;
+//! // Only where the deployer's OUTBOX_DESTINATIONS says, never where an item says.
+//! let publisher = Publisher::from_conf(&config).with_destinations(Destinations::from_env()?);
+//! lambda_runtime::run(relay(publisher, marks)).await?;
 //! # Ok(()) }
 //! ```
 

@@ -103,16 +103,17 @@ impl Publisher {
     /// an ordering key is in flight, and none leaves once an earlier one of its key failed.
     ///
     /// ```no_run
-    /// # async fn demo(events: Vec<lambda_idempotency::effects::OutboxRecord>) {
+    /// # async fn demo(events: Vec<lambda_idempotency::effects::OutboxRecord>) -> Result<(), lambda_idempotency::Error> {
+    /// use lambda_idempotency::effects::Destinations;
     /// use lambda_idempotency::lambda::relay::Publisher;
     ///
-    /// let publisher = Publisher::from_env().await;
+    /// let publisher = Publisher::from_env().await.with_destinations(Destinations::from_env()?);
     /// for (event, published) in events.iter().zip(publisher.publish_batch(&events).await) {
     ///     if let Err(err) = published {
     ///         eprintln!("{} not published: {err}", event.id);
     ///     }
     /// }
-    /// # }
+    /// # Ok(()) }
     /// ```
     pub async fn publish_batch(&self, events: &[OutboxRecord]) -> Vec<Result<(), PublishError>> {
         let (sink, mut answered) = mpsc::unbounded_channel();

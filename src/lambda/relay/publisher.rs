@@ -25,7 +25,9 @@ impl fmt::Debug for Publisher {
 }
 
 impl Publisher {
-    /// A publisher over these clients.
+    /// A publisher over these clients, to any destination until
+    /// [`Publisher::with_destinations`] names the deployer's list: a relay deployed without it
+    /// publishes wherever an outbox item says.
     pub fn new(
         eventbridge: aws_sdk_eventbridge::Client,
         sns: aws_sdk_sns::Client,
@@ -38,8 +40,8 @@ impl Publisher {
         })
     }
 
-    /// A publisher that sends its requests through `transport`, to any destination (narrow it
-    /// with [`Publisher::with_destinations`]).
+    /// A publisher that sends its requests through `transport`, to any destination until
+    /// [`Publisher::with_destinations`] names the deployer's list.
     pub fn over(transport: impl Transport) -> Self {
         Self {
             transport: Arc::new(transport),
@@ -58,13 +60,16 @@ impl Publisher {
     }
 
     /// A publisher configured from the environment (the SDK's default chain: in Lambda, the
-    /// function's region and role).
+    /// function's region and role), to any destination until
+    /// [`Publisher::with_destinations`] names the deployer's list
+    /// ([`Destinations::from_env`]).
     pub async fn from_env() -> Self {
         let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
         Self::from_conf(&config)
     }
 
-    /// A publisher whose three clients share `config` (region, credentials, endpoint).
+    /// A publisher whose three clients share `config` (region, credentials, endpoint), to any
+    /// destination until [`Publisher::with_destinations`] names the deployer's list.
     pub fn from_conf(config: &aws_config::SdkConfig) -> Self {
         Self::new(
             aws_sdk_eventbridge::Client::new(config),

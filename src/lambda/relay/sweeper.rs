@@ -17,11 +17,12 @@
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! use std::time::SystemTime;
 //! use lambda_idempotency::lambda::relay::{Publisher, sweeper::Sweeper};
-//! use lambda_idempotency::effects::{Outbox, OutboxMarks};
+//! use lambda_idempotency::effects::{Destinations, Outbox, OutboxMarks};
 //!
 //! let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
 //! let marks = OutboxMarks::new(aws_sdk_dynamodb::Client::new(&config), &Outbox::new("outbox"));
-//! let report = Sweeper::new(Publisher::from_conf(&config), marks)
+//! let publisher = Publisher::from_conf(&config).with_destinations(Destinations::from_env()?);
+//! let report = Sweeper::new(publisher, marks)
 //!     .sweep(SystemTime::now())
 //!     .await?;
 //! println!("{report}");
