@@ -62,6 +62,7 @@ mod operator_sees_steps;
 mod readme_links;
 mod recovery_cells;
 mod refusals;
+mod refused_commits;
 #[cfg(feature = "relay")]
 mod relay;
 #[cfg(feature = "relay")]

@@ -756,22 +756,12 @@ impl StepLedger {
                 Err(rejected(message))
             }
             Err(halt) => {
-                // A commit whose every try failed may have applied (an answer lost): the
-                // store alone knows, so its steps are kept as they are. A refusal before
-                // anything applied (no permission, no table) and a step without writes (its
-                // record written alone) leave nothing unknown.
-                // A refusal after a try whose answer was lost is not one: that try may have
-                // applied.
-                let refused = !unknown.load(Ordering::SeqCst)
-                    && matches!(
-                        &halt,
-                        Halt::GiveBack(Error::Store(
-                            StoreError::AccessDenied { .. }
-                                | StoreError::TableNotFound { .. }
-                                | StoreError::UniquenessTableNotFound { .. }
-                        ))
-                    );
-                if !writes.is_empty() && !refused {
+                // A commit one of whose tries may have applied (its answer lost, or never
+                // come) is known to the store alone, so its steps are kept as they are. Tries
+                // each refused whole (a transaction conflict, throttling, no permission, no
+                // table) and a step without writes (its record written alone) leave nothing
+                // unknown: the next delivery runs the step again.
+                if !writes.is_empty() && unknown.load(Ordering::SeqCst) {
                     state.frozen = true;
                 }
                 Err(self.halt(&mut state, &name, halt))
@@ -874,15 +864,34 @@ impl StepLedger {
             .retrying(self.patience(), || {
                 let tried = store.commit(request, writes, token);
                 async move {
+                    // Unknown until answered: a try dropped unanswered (at the invocation's
+                    // cut, by a cancellation) may have applied.
+                    let before = unknown.swap(true, Ordering::SeqCst);
                     let answer = tried.await;
-                    if let Err(StoreError::Unavailable { .. }) = &answer {
-                        unknown.store(true, Ordering::SeqCst);
+                    if Self::refused_whole(&answer) {
+                        unknown.store(before, Ordering::SeqCst);
                     }
                     answer
                 }
             })
             .await
             .map_err(|err| Halt::GiveBack(err.into()))
+    }
+
+    /// Whether a commit's try was answered (applied, or refused by its conditions), or refused
+    /// whole before anything applied: DynamoDB cancels a conflicting or throttled transaction
+    /// entirely, and refuses one it may not make or whose tables are missing.
+    fn refused_whole(answer: &Result<Committed, StoreError>) -> bool {
+        matches!(
+            answer,
+            Ok(_)
+                | Err(StoreError::Contention { .. }
+                    | StoreError::Throttled { .. }
+                    | StoreError::AccessDenied { .. }
+                    | StoreError::TableNotFound { .. }
+                    | StoreError::UniquenessTableNotFound { .. }
+                    | StoreError::Rejected { .. })
+        )
     }
 
     /// Writes what step `name` came to now, not with the next write: an owned claim's handler
