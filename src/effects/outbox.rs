@@ -108,6 +108,10 @@ pub struct OutboxEvent {
     pub(crate) order: Option<EventOrder>,
 }
 
+/// The characters SQS refuses in a message (its allowed set skips U+FFFE and U+FFFF), which
+/// JSON may hold unescaped.
+const SQS_REFUSED: [char; 2] = ['\u{fffe}', '\u{ffff}'];
+
 impl OutboxEvent {
     /// The event `name` (unique within its step: it names the event's id) carrying `payload`,
     /// for `destination`.
@@ -136,15 +140,28 @@ impl OutboxEvent {
         let name = name.into();
         // No `#`: the event's id hashes `{step}#event={name}#…`, which a name holding the
         // separator could make another step's event's.
-        if name.trim().is_empty() || name.len() > super::MAX_STEP_NAME_BYTES || name.contains('#') {
+        if name.trim().is_empty()
+            || name.len() > super::MAX_STEP_NAME_BYTES
+            || name.contains('#')
+            || name.contains(SQS_REFUSED)
+        {
             return Err(Error::InvalidEvent {
-                reason: "an outbox event's name is 1 to 255 bytes, not blank and without '#'"
+                reason: "an outbox event's name is 1 to 255 bytes, not blank, without '#' and without U+FFFE or U+FFFF"
                     .into(),
             });
         }
         let payload = serde_json::to_string(payload).map_err(|err| Error::InvalidEvent {
             reason: format!("an outbox event's payload does not serialize to JSON: {err}"),
         })?;
+        // SQS refuses a message holding U+FFFE or U+FFFF, which serde_json writes as they are
+        // (inside a string only): escaped, the payload is the same JSON and every destination
+        // takes it, rather than the relay parking it.
+        let payload = match payload.contains(SQS_REFUSED) {
+            true => payload
+                .replace('\u{fffe}', "\\ufffe")
+                .replace('\u{ffff}', "\\uffff"),
+            false => payload,
+        };
         Self {
             name,
             destination,

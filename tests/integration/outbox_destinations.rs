@@ -135,6 +135,57 @@ async fn the_relay_retries_an_item_naming_a_destination_off_its_list() {
     );
 }
 
+/// A payload holding U+FFFE or U+FFFF (which SQS refuses in a message) is committed escaped,
+/// the same JSON: the relay publishes it to the queue, and nothing is parked.
+#[tokio::test]
+async fn a_payload_with_characters_sqs_refuses_is_published_as_the_same_json() {
+    let rig = Rig::open().await;
+    let queue = Destination::Sqs {
+        queue_url: rig.orders_queue.clone(),
+    };
+    let note = "before\u{ffff}between\u{fffe}after";
+    let idem = Idempotency::new(rig.db.store())
+        .with_clock(rig.clock.clone())
+        .with_recovery(Recovery::Steps);
+    let outbox = &rig.outbox;
+    idem.execute(
+        &invocation("noncharacters", &json!({"note": note})),
+        |ctx: ExecutionContext| async move {
+            ctx.step("place")
+                .transact(|_key| async move {
+                    let event = OutboxEvent::new("noted", queue, &json!({"note": note}))?;
+                    Ok::<_, BoxError>(Transaction::new(()).publish(outbox, event))
+                })
+                .await
+        },
+    )
+    .await
+    .expect("committed");
+
+    let mut relay = rig.relay();
+    let answer = deliver(&mut relay, rig.stream_batch().await).await;
+
+    assert!(answer.batch_item_failures.is_empty(), "{answer:?}");
+    let received = rig.drain(&rig.orders_queue).await;
+    assert_eq!(received.len(), 1, "published, not parked");
+    let sent = received[0].body().expect("a body");
+    // moto takes these characters; SQS refuses a message holding them (InvalidMessageContents).
+    assert!(
+        !sent.contains(['\u{fffe}', '\u{ffff}']),
+        "within SQS's character set: {sent}"
+    );
+    let body: serde_json::Value = serde_json::from_str(sent).expect("JSON");
+    assert_eq!(body["payload"]["note"], note, "the same JSON");
+    assert!(
+        rig.marks()
+            .parked(10)
+            .await
+            .expect("parked")
+            .events
+            .is_empty()
+    );
+}
+
 /// The deployed functions read their allow-list from `OUTBOX_DESTINATIONS`: without it they
 /// refuse to start rather than publish wherever an item says; `*` allows any, on purpose.
 #[test]
