@@ -691,8 +691,8 @@ async fn resolve(
         if !matches!(answer.trim(), "y" | "Y" | "yes") {
             return Err("not confirmed: nothing changed".into());
         }
-        // What was confirmed is what is written: a change meanwhile stops here (the write is
-        // conditional on the state read from now on).
+        // What was confirmed is what is written: a change meanwhile stops here (a record's
+        // write is conditional on the attempt read, however long the confirmation took).
         if describe(&store, &held).await?.state != found.state {
             return Err("it changed while you decided: nothing changed; look again".into());
         }
@@ -718,7 +718,13 @@ async fn resolve(
     };
     let idem = Idempotency::new(store).with_config(config);
     let answer = match &held {
-        Held::Record(key) => idem.resolve::<Value>(key, resolution, operator).await,
+        Held::Record(key) => match &found.read {
+            Some(read) => {
+                idem.resolve_as_read::<Value>(read, resolution, operator)
+                    .await
+            }
+            None => idem.resolve::<Value>(key, resolution, operator).await,
+        },
         Held::Evidence(identity) => {
             idem.resolve_evidence::<Value>(identity, resolution, operator)
                 .await
@@ -941,6 +947,8 @@ struct Found {
     /// What the write will be conditional on, to tell whether it changed (with the steps'
     /// version: a step recorded meanwhile changes what was decided on).
     state: String,
+    /// The record as read (a record's resolution), which the engine's write is conditional on.
+    read: Option<Record>,
     /// How long ago, by this machine's clock, an IN_PROGRESS record's lease ran out.
     lease_ended_ago: Option<Duration>,
     /// Why it is not held for an operator (a live lease, settled), if it is not: the engine
@@ -1001,6 +1009,7 @@ async fn describe(store: &DynamoDbStore, held: &Held) -> Result<Found, BoxError>
                 lease_ended_ago: (record.status == Status::InProgress)
                     .then(|| now.duration_since(record.lease.expires_at).ok())
                     .flatten(),
+                read: Some(record.clone()),
                 not_held: match record.status {
                     Status::Indeterminate => None,
                     Status::InProgress if record.lease.is_expired(now) => None,
@@ -1046,6 +1055,7 @@ async fn describe(store: &DynamoDbStore, held: &Held) -> Result<Found, BoxError>
                     epoch_millis(evidence.created_at)
                 ),
                 lease_ended_ago: None,
+                read: None,
                 not_held: match evidence.status {
                     Status::InProgress | Status::Indeterminate => stands,
                     status => Some(format!("the evidence is {status}, settled")),

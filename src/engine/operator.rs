@@ -118,9 +118,49 @@ impl Idempotency {
         resolution: Resolution,
         operator: &Operator,
     ) -> Result<bool, Error> {
-        let Some(record) = self.store.get(key).await? else {
-            return Ok(false);
-        };
+        match self.store.get(key).await? {
+            Some(record) => {
+                self.resolve_as_read::<T>(&record, resolution, operator)
+                    .await
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Resolves the operation as the operator read it (`read`, the record shown to them, as
+    /// [`StoreExt::get`] returned it): the write is conditional on that attempt (its lease
+    /// token, and its steps while IN_PROGRESS), so that an attempt that took over or recorded a
+    /// step after the operator looked is never resolved on what they saw. Otherwise as
+    /// [`Idempotency::resolve`], which resolves the record as it reads it itself.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use lambda_idempotency::store::{MemoryStore, StoreExt};
+    /// use lambda_idempotency::{Idempotency, OperationKey, OperationScope, Operator, Resolution};
+    ///
+    /// let idem = Idempotency::new(MemoryStore::new());
+    /// let key = OperationKey::derive(&OperationScope::new("shop", "charge")?, None, "o-1")?;
+    /// let operator = Operator::new("alice@ops")?;
+    /// if let Some(shown) = idem.store().get(&key).await? {
+    ///     // ... shown to the operator, who decides ...
+    ///     idem.resolve_as_read::<serde_json::Value>(&shown, Resolution::Release, &operator)
+    ///         .await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Store`] when the store fails (a write that may have applied is looked for
+    /// first); [`Error::OutcomeMismatch`] or [`Error::OutcomeTooLarge`] for a
+    /// [`Resolution::Completed`] result that does not decode as `T` or exceeds the outcome
+    /// limit.
+    pub async fn resolve_as_read<T: DeserializeOwned>(
+        &self,
+        read: &Record,
+        resolution: Resolution,
+        operator: &Operator,
+    ) -> Result<bool, Error> {
+        let (key, record) = (&read.key, read);
         let now = self.clock.now();
         let guard = match record.status {
             Status::Indeterminate => Guard::Indeterminate {
@@ -146,8 +186,8 @@ impl Idempotency {
                         .filter(|evidence| evidence.key == *key),
                     None => None,
                 };
-                let released = released(&record, audit, now);
-                let seen = Some(&record);
+                let released = released(record, audit, now);
+                let seen = Some(record);
                 let applied = self
                     .retrying(patience, || {
                         self.store

@@ -134,3 +134,58 @@ async fn a_resolution_never_settles_an_attempt_held_again_after_the_operator_rea
         }
     }
 }
+
+/// The record an operator was shown is what the engine resolves (`resolve_as_read`, which
+/// idemctl calls with the record it showed): when, after the operator looked and before the
+/// engine reads, the attempt was released and another held in its place, nothing is resolved.
+#[tokio::test]
+async fn a_resolution_as_read_never_resolves_an_attempt_held_after_the_operator_looked() {
+    for backend in both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        let inv = invocation("shown-then-held-again", &json!({"order": "o-8"}));
+        let idem = holding(backend.store.clone(), clock.clone());
+        held_indeterminate(&idem, &clock, &inv).await;
+        let shown = idem
+            .store()
+            .get(inv.key())
+            .await
+            .expect("read")
+            .expect("held");
+
+        // While the operator decides: released by another, claimed again and held again.
+        let released = idem
+            .resolve::<Value>(inv.key(), Resolution::Release, &operator())
+            .await
+            .expect("released");
+        assert!(released, "{name}: the other operator's release");
+        let held_again = held_indeterminate(&idem, &clock, &inv).await;
+
+        let resolved = Idempotency::new(backend.store.clone())
+            .with_clock(clock.clone())
+            .resolve_as_read::<Value>(
+                &shown,
+                Resolution::Completed(json!({"charged": true})),
+                &operator(),
+            )
+            .await
+            .unwrap_or_else(|err| panic!("{name}: {err}"));
+
+        assert!(!resolved, "{name}: the attempt shown is gone");
+        let record = backend
+            .store
+            .get(inv.key())
+            .await
+            .expect("read")
+            .expect("the record stands");
+        assert_eq!(record.status, Status::Indeterminate, "{name}");
+        assert_eq!(
+            record.lease.token, held_again,
+            "{name}: the new attempt is held"
+        );
+        assert!(
+            record.outcome.is_none(),
+            "{name}: no result of the operator's"
+        );
+    }
+}
