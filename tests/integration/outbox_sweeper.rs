@@ -841,6 +841,79 @@ async fn one_commits_events_of_one_aggregate_are_swept_in_their_sequence() {
     assert_eq!(received, ["1", "2"]);
 }
 
+/// Sets event `id`'s ordering key and sequence.
+async fn order(rig: &Rig, id: &str, key: &str, sequence: u64) {
+    rig.db
+        .client
+        .update_item()
+        .table_name(rig.outbox.table())
+        .key("pk", AttributeValue::S(id.to_owned()))
+        .update_expression("SET ordering_key = :key, #sequence = :sequence")
+        .expression_attribute_names("#sequence", "sequence")
+        .expression_attribute_values(":key", AttributeValue::S(key.into()))
+        .expression_attribute_values(":sequence", AttributeValue::N(sequence.to_string()))
+        .send()
+        .await
+        .expect("ordered");
+}
+
+/// An aggregate's event that a sweep failed to publish waits out its backoff in the retry
+/// partition, and its later events wait behind it: a sweep meanwhile publishes none of them
+/// (on the old sweeper it published the later event, which overtook the earlier in the FIFO
+/// group), and the sweep after the backoff publishes both, in their sequence.
+#[tokio::test]
+async fn an_aggregates_later_events_wait_behind_one_that_waits_for_its_retry() {
+    let rig = Rig::open().await;
+    let committed = now_ms(&rig);
+    let (first, second) = ("4".repeat(64), "6".repeat(64));
+    write_event(&rig, &first, &rig.orders_queue, committed, "{}").await;
+    write_event(&rig, &second, &rig.orders_queue, committed + 1, "{}").await;
+    order(&rig, &first, "order-1", 1).await;
+    order(&rig, &second, "order-1", 2).await;
+    rig.clock.advance(A_WEEKEND);
+    // A sweep just failed to publish the first (throttled, say): it waits for its turn.
+    rig.db
+        .client
+        .update_item()
+        .table_name(rig.outbox.table())
+        .key("pk", AttributeValue::S(first.clone()))
+        .update_expression("SET pending = :retry, sweep_failed_at = :now, sweep_failures = :one")
+        .expression_attribute_values(":retry", AttributeValue::S("r4".into()))
+        .expression_attribute_values(":now", AttributeValue::N(now_ms(&rig).to_string()))
+        .expression_attribute_values(":one", AttributeValue::N("1".into()))
+        .send()
+        .await
+        .expect("failed once");
+    let sweeper = Sweeper::new(rig.publisher(), rig.marks());
+
+    let meanwhile = sweeper
+        .sweep(rig.clock.now() + Duration::from_secs(5 * 60))
+        .await
+        .expect("swept");
+
+    assert_eq!(meanwhile.republished, 0, "{meanwhile}");
+    assert!(
+        rig.drain(&rig.orders_queue).await.is_empty(),
+        "the later event never overtakes the earlier"
+    );
+    let after = sweeper
+        .sweep(rig.clock.now() + Duration::from_secs(11 * 60))
+        .await
+        .expect("swept");
+    assert_eq!(after.republished, 2, "{after}");
+    let received: Vec<String> = rig
+        .drain(&rig.orders_queue)
+        .await
+        .iter()
+        .map(|message| {
+            let body: serde_json::Value =
+                serde_json::from_str(message.body().unwrap_or_default()).expect("json");
+            body["sequence"].to_string()
+        })
+        .collect();
+    assert_eq!(received, ["1", "2"]);
+}
+
 /// A destination that never comes back: its events are tried at longer and longer waits, then
 /// parked with a reason an operator can act on (and alarmed through the parked count), so that
 /// the retry partitions neither grow for ever nor hide the events behind them.
