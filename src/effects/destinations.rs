@@ -71,6 +71,22 @@ impl Destination {
     }
 }
 
+/// The characters SQS refuses in a message (its allowed set skips U+FFFE and U+FFFF), which
+/// JSON may hold unescaped.
+pub(crate) const SQS_REFUSED: [char; 2] = ['\u{fffe}', '\u{ffff}'];
+
+/// `json` with [`SQS_REFUSED`] escaped: serde_json writes them as they are (inside strings
+/// only), and SQS would refuse the message; escaped, it is the same JSON, which every
+/// destination takes.
+pub(crate) fn escaped_for_sqs(json: String) -> String {
+    match json.contains(SQS_REFUSED) {
+        true => json
+            .replace('\u{fffe}', "\\ufffe")
+            .replace('\u{ffff}', "\\uffff"),
+        false => json,
+    }
+}
+
 /// The variable that names the allowed destinations, separated by commas or whitespace.
 pub const DESTINATIONS_VAR: &str = "OUTBOX_DESTINATIONS";
 

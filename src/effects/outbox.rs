@@ -51,7 +51,9 @@ use aws_sdk_dynamodb::types::{AttributeValue, Put};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::destinations::{DESTINATIONS_VAR, Destination, Destinations};
+use super::destinations::{
+    DESTINATIONS_VAR, Destination, Destinations, SQS_REFUSED, escaped_for_sqs,
+};
 use super::pending_index::pending_shard;
 #[cfg(doc)]
 use super::pending_index::{PARKED, PENDING_INDEX};
@@ -108,10 +110,6 @@ pub struct OutboxEvent {
     pub(crate) order: Option<EventOrder>,
 }
 
-/// The characters SQS refuses in a message (its allowed set skips U+FFFE and U+FFFF), which
-/// JSON may hold unescaped.
-const SQS_REFUSED: [char; 2] = ['\u{fffe}', '\u{ffff}'];
-
 impl OutboxEvent {
     /// The event `name` (unique within its step: it names the event's id) carrying `payload`,
     /// for `destination`.
@@ -153,15 +151,7 @@ impl OutboxEvent {
         let payload = serde_json::to_string(payload).map_err(|err| Error::InvalidEvent {
             reason: format!("an outbox event's payload does not serialize to JSON: {err}"),
         })?;
-        // SQS refuses a message holding U+FFFE or U+FFFF, which serde_json writes as they are
-        // (inside a string only): escaped, the payload is the same JSON and every destination
-        // takes it, rather than the relay parking it.
-        let payload = match payload.contains(SQS_REFUSED) {
-            true => payload
-                .replace('\u{fffe}', "\\ufffe")
-                .replace('\u{ffff}', "\\uffff"),
-            false => payload,
-        };
+        let payload = escaped_for_sqs(payload);
         Self {
             name,
             destination,
