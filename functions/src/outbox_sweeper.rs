@@ -99,6 +99,7 @@ pub fn emf_document(function: &str, report: &SweepReport, parked: usize, now: Sy
                 u64::try_from(parked).unwrap_or(u64::MAX),
             ),
             gauge("OutboxSweepFound", "Count", report.found),
+            gauge("OutboxUnreadable", "Count", report.unreadable),
             gauge(
                 "OutboxPublishLag",
                 "Seconds",

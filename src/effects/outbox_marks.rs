@@ -536,11 +536,23 @@ impl OutboxMarks {
     pub async fn oldest_pending(&self) -> Result<Option<SystemTime>, OutboxError> {
         let mut oldest: Option<SystemTime> = None;
         for shard in PENDING_SHARDS.into_iter().chain(RETRY_SHARDS) {
-            let mut found = Found::default();
-            self.query(shard, None, 1, None, &HashSet::new(), &mut found)
-                .await?;
-            // Every event read from the index has its `created_at` (its sort key).
-            if let Some(at) = found.events.first().and_then(|event| event.created_at) {
+            // The partition's first item, whether this build reads it as an event or not (one
+            // a later build wrote is pending too): its `created_at` is the index's sort key.
+            let page = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .index_name(PENDING_INDEX)
+                .key_condition_expression("pending = :p")
+                .expression_attribute_values(":p", AttributeValue::S(shard.to_owned()))
+                .scan_index_forward(true)
+                .limit(1)
+                .send()
+                .await
+                .map_err(|err| OutboxError::request("Query", err))?;
+            let first = page.items().first().and_then(|item| item.get("created_at"));
+            if let Some(millis) = first.and_then(|at| at.as_n().ok()?.parse::<u64>().ok()) {
+                let at = UNIX_EPOCH + Duration::from_millis(millis);
                 oldest = Some(oldest.map_or(at, |o| o.min(at)));
             }
         }

@@ -5,7 +5,7 @@
 //! Real parts only: the embedded server's table, stream and index, moto's SQS, SNS and
 //! EventBridge.
 
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use aws_lambda_events::event::dynamodb::Event as DynamoDbEvent;
 use aws_sdk_dynamodb::types::AttributeValue;
@@ -656,6 +656,18 @@ async fn an_unreadable_pending_item_is_reported_and_never_stops_a_sweep() {
         .expect("swept");
     assert_eq!((report.republished, report.unreadable), (1, 1), "{report}");
     assert_eq!(rig.drain(&rig.orders_queue).await.len(), 1);
+    // Still pending, and the oldest: its age is what the pending-age alarm watches (on the old
+    // sweeper it was read past, and the gauge said nothing was pending).
+    let age = report.oldest_pending_age.expect("an item is still pending");
+    assert!(
+        age >= rig
+            .clock
+            .now()
+            .duration_since(UNIX_EPOCH)
+            .expect("after epoch")
+            - Duration::from_secs(1),
+        "the unreadable item's age (committed at the epoch's first millisecond): {age:?}"
+    );
 }
 
 /// Writes a pending event `id` for the SQS queue `queue_url`, committed at `created` (epoch
