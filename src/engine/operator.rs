@@ -20,6 +20,9 @@
 //! # Ok(()) }
 //! ```
 
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use serde::de::DeserializeOwned;
@@ -27,7 +30,7 @@ use tracing::warn;
 
 use super::Idempotency;
 use super::retry::Patience;
-use crate::error::{ConfigError, Error, decode_failure};
+use crate::error::{ConfigError, Error, StoreError, decode_failure};
 use crate::key::OperationKey;
 use crate::record::MAX_RESULT_REF_BYTES;
 use crate::record::{
@@ -188,13 +191,13 @@ impl Idempotency {
                 };
                 let released = released(record, audit, now);
                 let seen = Some(record);
-                let applied = self
-                    .retrying(patience, || {
+                let written = self
+                    .noting_lost_answers(patience, || {
                         self.store
                             .release_by_operator(seen, evidence.as_ref(), &released, now)
                     })
                     .await?;
-                return self.or_own_release(applied, &released).await;
+                return self.or_own_release(written, &released).await;
             }
             resolution => self.resolved::<T>(key, resolution, audit, now)?,
         };
@@ -244,13 +247,13 @@ impl Idempotency {
         let settlement = match resolution {
             Resolution::Release => {
                 let released = released(&orphan_record(&evidence), audit, now);
-                let applied = self
-                    .retrying(patience, || {
+                let written = self
+                    .noting_lost_answers(patience, || {
                         self.store
                             .release_by_operator(None, Some(&evidence), &released, now)
                     })
                     .await?;
-                return self.or_own_release(applied, &released).await;
+                return self.or_own_release(written, &released).await;
             }
             Resolution::Completed(value) => {
                 let mut settlement = self.resolved::<T>(
@@ -264,33 +267,66 @@ impl Idempotency {
             }
             resolution => self.resolved::<T>(&evidence.key, resolution, audit, now)?,
         };
-        let applied = self
-            .retrying(patience, || {
+        let written = self
+            .noting_lost_answers(patience, || {
                 self.store.settle_evidence(&evidence, &settlement, now)
             })
             .await?;
-        if applied {
+        if written.applied {
             return Ok(true);
         }
         // A write that committed and lost its answer meets its own result on the retry.
         let current = self.store.evidence(evidence_key).await?;
-        Ok(current.is_some_and(|current| {
+        let own = current.is_some_and(|current| {
             current.status == settlement.status && same_audit(&current.audit, &settlement.audit)
-        }))
+        });
+        written.or_own(own, "settle_evidence")
     }
 
-    /// `applied`, or whether the record shows this very release (it committed before its
-    /// answer was lost, and the retry's condition met it).
-    async fn or_own_release(&self, applied: bool, released: &Record) -> Result<bool, Error> {
-        if applied {
+    /// Whether the release was written, or the record shows this very release (it committed
+    /// before its answer was lost, and the retry's condition met it).
+    async fn or_own_release(&self, written: Written, released: &Record) -> Result<bool, Error> {
+        if written.applied {
             return Ok(true);
         }
         let current = self.store.get(&released.key).await?;
-        Ok(current.is_some_and(|current| {
+        let own = current.is_some_and(|current| {
             current.status == released.status
                 && current.lease.token == released.lease.token
                 && same_audit(&current.audit, &released.audit)
-        }))
+        });
+        written.or_own(own, "release_by_operator")
+    }
+
+    /// An operator's conditional `write`, retried as a settlement is, noting whether a try went
+    /// unanswered (lost, or cut at the deadline): it may have applied.
+    async fn noting_lost_answers<'a, Fut>(
+        &'a self,
+        patience: Patience,
+        write: impl Fn() -> Fut,
+    ) -> Result<Written, StoreError>
+    where
+        Fut: Future<Output = Result<bool, StoreError>> + Send + 'a,
+    {
+        let unanswered = Arc::new(AtomicBool::new(false));
+        let applied = self
+            .retrying(patience, || {
+                let tried = write();
+                let unanswered = Arc::clone(&unanswered);
+                async move {
+                    let before = unanswered.swap(true, Ordering::SeqCst);
+                    let answer = tried.await;
+                    if !matches!(answer, Err(StoreError::Unavailable { .. })) {
+                        unanswered.store(before, Ordering::SeqCst);
+                    }
+                    answer
+                }
+            })
+            .await?;
+        Ok(Written {
+            applied,
+            lost: unanswered.load(Ordering::SeqCst),
+        })
     }
 
     /// The settlement of a COMPLETED or FAILED resolution, checked: a result decodes as `T`
@@ -326,6 +362,31 @@ impl Idempotency {
             });
         }
         Ok(settlement.with_audit(audit))
+    }
+}
+
+/// What an operator's conditional write came to.
+#[derive(Debug, Clone, Copy)]
+struct Written {
+    /// Whether the last try applied.
+    applied: bool,
+    /// Whether an earlier try went unanswered: it may have applied.
+    lost: bool,
+}
+
+impl Written {
+    /// Resolved when `own` (the store shows this very write), else not: never "nothing
+    /// changed" after a lost answer, since that try may have applied and been replaced since
+    /// (a delivery claimed what it released).
+    fn or_own(self, own: bool, operation: &'static str) -> Result<bool, Error> {
+        match (own, self.lost) {
+            (true, _) => Ok(true),
+            (false, false) => Ok(false),
+            (false, true) => Err(Error::Store(StoreError::Unavailable {
+                operation,
+                source: "an earlier try's answer was lost and what it wrote has changed since: it may have applied; look at the record again before acting".into(),
+            })),
+        }
     }
 }
 

@@ -189,3 +189,79 @@ async fn a_resolution_as_read_never_resolves_an_attempt_held_after_the_operator_
         );
     }
 }
+
+/// The operator's release applies and its answer is lost; before the retry a delivery claims
+/// what it released and completes. The retry's condition fails, and the record no longer shows
+/// the release: the answer is an error that says it may have applied, never "not resolved,
+/// nothing changed" (which the old engine answered, while the delivery it let in ran).
+#[derive(Debug)]
+struct ClaimedAfterALostRelease {
+    inner: AnyStore,
+    clock: ManualClock,
+    inv: Invocation,
+    releases: std::sync::atomic::AtomicUsize,
+}
+
+impl Store for ClaimedAfterALostRelease {
+    fn call<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Answer, StoreError>> {
+        Box::pin(async move {
+            if !matches!(request, Request::ReleaseByOperator { .. }) {
+                return self.inner.call(request).await;
+            }
+            match self.releases.fetch_add(1, Ordering::SeqCst) {
+                0 => {
+                    self.inner.call(request).await?;
+                    Err(StoreError::Unavailable {
+                        operation: "release_by_operator",
+                        source: "the answer was lost".into(),
+                    })
+                }
+                _ => {
+                    Idempotency::new(self.inner.clone())
+                        .with_clock(self.clock.clone())
+                        .execute(&self.inv, |_| async { Ok::<_, std::io::Error>(2_u32) })
+                        .await
+                        .expect("the next delivery runs");
+                    self.inner.call(request).await
+                }
+            }
+        })
+    }
+
+    fn transactional(&self) -> Option<&dyn TransactionalStore> {
+        self.inner.transactional()
+    }
+}
+
+#[tokio::test]
+async fn a_release_whose_answer_was_lost_is_never_reported_as_nothing_changed() {
+    for backend in both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        let inv = invocation("lost-release", &json!({"order": "o-9"}));
+        held_indeterminate(&holding(backend.store.clone(), clock.clone()), &clock, &inv).await;
+        let racing = ClaimedAfterALostRelease {
+            inner: backend.store.clone(),
+            clock: clock.clone(),
+            inv: inv.clone(),
+            releases: std::sync::atomic::AtomicUsize::new(0),
+        };
+
+        let answer = Idempotency::new(racing)
+            .with_clock(clock.clone())
+            .resolve::<Value>(inv.key(), Resolution::Release, &operator())
+            .await;
+
+        assert!(
+            matches!(answer, Err(Error::Store(StoreError::Unavailable { .. }))),
+            "{name}: may have applied, not `false`: {answer:?}"
+        );
+        let record = backend
+            .store
+            .get(inv.key())
+            .await
+            .expect("read")
+            .expect("the record stands");
+        assert_eq!(record.status, Status::Completed, "{name}: the delivery ran");
+    }
+}
