@@ -268,7 +268,9 @@ pub struct Outbox {
 
 impl Outbox {
     /// The outbox in `table` (`pk` string key, TTL on `expires_at`, a stream of new images, the
-    /// sparse [`PENDING_INDEX`]).
+    /// sparse [`PENDING_INDEX`]), for any destination until [`Outbox::with_destinations`] names
+    /// the relay's list ([`Destinations::from_env`]): only then is an event for a destination the
+    /// relay will not publish to refused at commit.
     pub fn new(table: impl Into<String>) -> Self {
         Self {
             table: table.into(),

@@ -222,7 +222,7 @@ async fn a_body_that_fails_before_the_completion_writes_is_released_and_the_retr
 
 /// A handler that answered 201 with writes waiting for the completion, whose completion then
 /// failed in the store (a write to a table that does not exist): nothing is done, so the
-/// caller is told to retry, never given the 201 (it was, while the record stayed in progress
+/// caller is told it was not, never given the 201 (it was, while the record stayed in progress
 /// and the order unwritten).
 #[tokio::test]
 async fn a_completion_whose_writes_fail_is_never_answered_as_done() {
@@ -256,7 +256,9 @@ async fn a_completion_whose_writes_fail_is_never_answered_as_done() {
             .oneshot(v2_request("k-1", Value::Null))
             .await
             .expect("answer");
-        assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(code(&answer), "temporarily_unavailable");
+        // No retry clears a missing table: not 503 with `Retry-After`.
+        assert_eq!(answer.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(code(&answer), "service_cannot_store");
+        assert!(answer.headers().get("retry-after").is_none());
     }
 }

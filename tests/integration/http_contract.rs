@@ -382,6 +382,52 @@ async fn a_blank_key_is_no_key_and_a_shared_scope_ignores_the_caller() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+/// A store refusal no retry clears (no permission, no table, a request refused as built) is
+/// not answered "retry in a second" (503 with `Retry-After`, as it was): 500, no `Retry-After`.
+#[tokio::test]
+async fn a_store_refusal_no_retry_clears_is_500_without_retry_after() {
+    let db = dynamo::start().await;
+    for (kind, status, code) in [
+        (FaultKind::Rejected, 500, "service_cannot_store"),
+        (FaultKind::Unavailable, 503, "temporarily_unavailable"),
+    ] {
+        let store = FaultyStore::new(db.store());
+        let idem = Idempotency::new(store.clone()).with_clock(ManualClock::new(start_time()));
+        let http = EventDoor::new(Operation::new(
+            idem,
+            OperationScope::new("http-test", "pay").expect("scope"),
+            sources::http(),
+        ));
+        let runs = AtomicUsize::new(0);
+        // Every try the engine makes before the handler: five of a transient failure, one of
+        // a refusal.
+        let tries = if status == 503 { 5 } else { 1 };
+        for _ in 0..tries {
+            store.inject(Primitive::Claim, Fault::FailBefore(kind));
+        }
+
+        let answer = http
+            .handle(
+                request(Some(&format!("k-{code}")), json!({"amount": 7})),
+                |r, _| pay(&runs, 201, r),
+            )
+            .await;
+
+        assert_eq!(answer.status_code, status, "{kind:?}");
+        assert_eq!(body(&answer)["error"], code, "{kind:?}");
+        assert_eq!(
+            header(&answer, "retry-after").is_some(),
+            status == 503,
+            "{kind:?}"
+        );
+        assert!(
+            !body(&answer).to_string().contains("injected"),
+            "no store message"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+    }
+}
+
 #[tokio::test]
 async fn a_store_failure_is_503_temporarily_unavailable_with_retry_after() {
     let db = dynamo::start().await;

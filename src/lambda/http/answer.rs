@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::error::{Error, ErrorKind};
+use crate::error::{Error, ErrorKind, StoreError};
 use crate::record::Status;
 
 /// An error answer: status, a stable code and a message written for the client, never the
@@ -115,6 +115,26 @@ impl ErrorAnswer {
                 500,
                 "stored_record_corrupt",
                 "the stored record of this operation is damaged and needs an operator; do not retry it",
+                None,
+            ),
+            // An operator released or rewrote the identity's evidence under this attempt: held
+            // for them, as an INDETERMINATE operation is.
+            ErrorKind::Store
+                if matches!(err, Error::Store(StoreError::EvidenceNotOwned { .. })) =>
+            {
+                (
+                    409,
+                    "operation_indeterminate",
+                    "the outcome of this operation is being checked; do not retry it with a new key",
+                    None,
+                )
+            }
+            // No permission, no table, a request the store refuses as built: no retry clears it
+            // before the service is fixed.
+            ErrorKind::Store if matches!(err, Error::Store(store) if !store.is_transient()) => (
+                500,
+                "service_cannot_store",
+                "the service cannot keep a record of this request (its configuration or a limit); retrying now will not help",
                 None,
             ),
             ErrorKind::Store | ErrorKind::LeaseLost | ErrorKind::ReconcileFailed => (
