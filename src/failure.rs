@@ -86,7 +86,27 @@ impl Classifier for DefaultClassifier {
 
 /// Classifies by the handler's own error type `E` (found anywhere in the source chain);
 /// other errors are classified as by default: terminal when they are (or wrap) a [`Terminal`],
-/// else retryable.
+/// else retryable. A [`Terminal`] wrapping an `E` is terminal, whatever `E` says: the handler
+/// marked it so (a timeout after which the effect may exist).
+///
+/// ```
+/// use lambda_idempotency::failure::{ByErrorType, Classifier, FailureClass, HasFailureClass, Terminal};
+///
+/// #[derive(Debug, thiserror::Error)]
+/// #[error("the gateway timed out")]
+/// struct GatewayTimeout;
+///
+/// impl HasFailureClass for GatewayTimeout {
+///     fn failure_class(&self) -> FailureClass {
+///         FailureClass::Retryable
+///     }
+/// }
+///
+/// let classifier = ByErrorType::<GatewayTimeout>::new();
+/// assert_eq!(classifier.classify(&GatewayTimeout), FailureClass::Retryable);
+/// let marked = Terminal::new("charge_uncertain", GatewayTimeout);
+/// assert_eq!(classifier.classify(&marked), FailureClass::terminal("charge_uncertain"));
+/// ```
 pub struct ByErrorType<E>(PhantomData<fn() -> E>);
 
 impl<E> ByErrorType<E> {
@@ -110,10 +130,19 @@ impl<E> fmt::Debug for ByErrorType<E> {
 
 impl<E: HasFailureClass + StdError + 'static> Classifier for ByErrorType<E> {
     fn classify(&self, error: &(dyn StdError + 'static)) -> FailureClass {
-        match find_in_chain::<E>(error) {
-            Some(typed) => typed.failure_class(),
-            None => DefaultClassifier.classify(error),
+        // From the outside in, the first that says: a `Terminal` the handler wrapped around its
+        // own error is the handler's verdict on that error.
+        let mut current = Some(error);
+        while let Some(error) = current {
+            if let Some(terminal) = error.downcast_ref::<Terminal>() {
+                return FailureClass::terminal(&terminal.kind);
+            }
+            if let Some(typed) = error.downcast_ref::<E>() {
+                return typed.failure_class();
+            }
+            current = error.source();
         }
+        FailureClass::Retryable
     }
 }
 

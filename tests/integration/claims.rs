@@ -383,6 +383,50 @@ async fn a_terminal_failures_long_message_is_kept_cut_to_its_limit() {
     }
 }
 
+/// Under `ByErrorType`, a `Terminal` the handler wrapped around its own (retryable) error is
+/// retained and replayed, never re-run: the old classifier found the wrapped error first and
+/// released the claim, and the next delivery charged again.
+#[tokio::test]
+async fn a_terminal_wrapping_the_handlers_own_error_is_retained_under_by_error_type() {
+    use lambda_idempotency::failure::{ByErrorType, FailureClass, HasFailureClass, Terminal};
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("the gateway timed out")]
+    struct GatewayTimeout;
+
+    impl HasFailureClass for GatewayTimeout {
+        fn failure_class(&self) -> FailureClass {
+            FailureClass::Retryable
+        }
+    }
+
+    for backend in super::backends::both().await {
+        let name = backend.name;
+        let idem = Idempotency::new(backend.store)
+            .with_clock(backend.clock)
+            .with_classifier(ByErrorType::<GatewayTimeout>::new());
+        let inv = invocation("charge-uncertain", &json!({"order": "o-charge"}));
+        let runs = AtomicUsize::new(0);
+        for _ in 0..2 {
+            let answer = idem
+                .execute(&inv, |_| async {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Err::<u32, _>(Terminal::new("charge_uncertain", GatewayTimeout))
+                })
+                .await;
+            assert!(
+                matches!(answer, Err(Error::Handler { .. } | Error::Failed { .. })),
+                "{name}: {answer:?}"
+            );
+        }
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "{name}: retained, not re-run"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_result_no_reader_could_replay_is_retained_as_unserializable_once() {
     use lambda_idempotency::record::FailureKind;
