@@ -25,7 +25,15 @@ impl DynamoDbStore {
             return Ok(Some(record));
         };
         match parts {
-            Parts::Known(placement, settlement) if placement.describes(deferred.manifest()) => {
+            // The very bytes this settlement wrote: a compressed outcome in the record is
+            // compared too, since its manifest names only its length.
+            Parts::Known(placement, settlement)
+                if placement.describes(deferred.manifest())
+                    && match &deferred {
+                        Deferred::Inline { stored, .. } => placement.stores(stored),
+                        Deferred::Parts { .. } => true,
+                    } =>
+            {
                 record.outcome.clone_from(&settlement.outcome);
             }
             parts if parts.reads(&record) => {

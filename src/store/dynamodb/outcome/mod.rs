@@ -309,6 +309,11 @@ impl Placement {
         self.manifest.as_ref().map(Manifest::to_attribute)
     }
 
+    /// Whether `stored` are this placement's stored bytes.
+    pub(crate) fn stores(&self, stored: &[u8]) -> bool {
+        self.stored == stored
+    }
+
     /// Whether `manifest` names exactly the stored bytes of this placement.
     pub(crate) fn describes(&self, manifest: &Manifest) -> bool {
         self.manifest.as_ref() == Some(manifest)
