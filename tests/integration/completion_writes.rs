@@ -65,7 +65,12 @@ fn is_refused(err: &Error, index: usize) -> bool {
 #[tokio::test]
 async fn the_writes_commit_with_the_completion_in_its_one_request() {
     let shop = Shop::open().await;
-    let idem = shop.engine(shop.db.store());
+    let store = shop.db.store();
+    store
+        .prime()
+        .await
+        .expect("primed: its replication checked");
+    let idem = shop.engine(store);
     let inv = invocation("done-with", &serde_json::json!({"order": "c-1"}));
     let runs = AtomicUsize::new(0);
     let before = shop.db.requests.count();

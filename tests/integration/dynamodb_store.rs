@@ -90,8 +90,18 @@ async fn ok(value: u32) -> Result<u32, std::io::Error> {
 async fn round_trips_first_execution_two_duplicate_one() {
     let db = dynamo::start().await;
     let idem = Idempotency::new(db.store());
-    let inv = invocation("round-trips");
 
+    // A store never primed checks its tables' replication once, before its first claim.
+    let before = db.requests.count();
+    idem.execute(&invocation("first-of-the-store"), |_| ok(0))
+        .await
+        .expect("the store's first");
+    assert_eq!(
+        db.requests.since(before),
+        ["DescribeTable", "DescribeTable", "PutItem", "UpdateItem"],
+        "the replication check of both tables, once; then claim + complete"
+    );
+    let inv = invocation("round-trips");
     let before = db.requests.count();
     idem.execute(&inv, |_| ok(1)).await.expect("first");
     let first = db.requests.since(before);
@@ -114,7 +124,12 @@ async fn round_trips_first_execution_two_duplicate_one() {
 #[tokio::test]
 async fn round_trips_failure_two() {
     let db = dynamo::start().await;
-    let idem = Idempotency::new(db.store());
+    let store = db.store();
+    store
+        .prime()
+        .await
+        .expect("primed: its replication checked");
+    let idem = Idempotency::new(store);
     let inv = invocation("failure-round-trips");
 
     let before = db.requests.count();
@@ -313,7 +328,12 @@ async fn round_trips_takeover_three() {
 #[tokio::test]
 async fn round_trips_with_evidence_are_transactions() {
     let db = dynamo::start().await;
-    let idem = Idempotency::new(db.store());
+    let store = db.store();
+    store
+        .prime()
+        .await
+        .expect("primed: its replication checked");
+    let idem = Idempotency::new(store);
     let inv = invocation("evidence-round-trips")
         .with_identity("invoice:rt:1")
         .expect("a valid identity");

@@ -191,6 +191,28 @@ async fn an_eventually_consistent_global_table_is_refused_at_start_up_and_so_are
     );
 }
 
+/// A store never primed (as `Idempotency::from_env` and the README build it) checks on its
+/// first claim: an eventually consistent global table is refused before the handler runs, where
+/// every claim went on unchecked (two Regions could each claim one key and run it twice).
+#[tokio::test]
+async fn a_store_never_primed_refuses_an_eventually_consistent_global_table_at_its_first_claim() {
+    let dynamo = dynamo::start().await;
+    let (store, faults) = store_with(&dynamo, Some(mrec(vec![dynamo.table.clone()])), false).await;
+    let runs = AtomicUsize::new(0);
+
+    let err = run_once(store, &runs).await.expect_err("refused");
+
+    assert!(
+        matches!(
+            err,
+            Error::Store(StoreError::EventuallyConsistentReplicas { .. })
+        ),
+        "got {err:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the handler never ran");
+    assert_eq!(faults.requests(SdkOperation::PutItem), 0, "nothing claimed");
+}
+
 #[tokio::test]
 async fn an_eventually_consistent_uniqueness_table_is_refused_too() {
     let dynamo = dynamo::start().await;

@@ -25,7 +25,7 @@ impl DynamoDbStore {
     /// [`ATTEMPT_TIMEOUT`]: super::ATTEMPT_TIMEOUT
     pub fn new(client: Client, table: impl Into<String>) -> Self {
         let client = client::with_timeouts(client.config()).map_or(client, Client::from_conf);
-        Self {
+        let store = Self {
             client,
             table: table.into(),
             uniqueness_table: None,
@@ -37,7 +37,12 @@ impl DynamoDbStore {
             verdict: replication::Verdict::default(),
             strong: replication::Strong::default(),
             owed: replication::Owed::default(),
-        }
+        };
+        // The first claim checks the tables' replication when `prime` did not (a store that is
+        // never primed, as `Idempotency::from_env` builds it): a global table whose Regions
+        // could both claim one key is refused on every path, not only the primed one.
+        store.owe_replication_check();
+        store
     }
 
     /// A store on the tables named by `IDEMPOTENCY_TABLE` and (if set) `UNIQUENESS_TABLE`, with

@@ -95,8 +95,9 @@ pub(crate) type Verdict = Arc<OnceLock<Refusal>>;
 /// when it has not. Shared by a store and its clones.
 pub(crate) type Strong = Arc<OnceLock<Option<String>>>;
 
-/// A replication check [`DynamoDbStore::prime`] asked for that has not completed (it failed
-/// for now, or ran out of time): the claims try it again, one at a time (the others wait for
+/// A replication check owed and not completed (every store owes one from its creation;
+/// [`DynamoDbStore::prime`] runs it at init, and one that failed for now, or ran out of time,
+/// stays owed): the claims try it, one at a time (the others wait for
 /// it), at most once per [`RETRY_OWED_CHECK_AFTER`], until it completes or fails for good.
 /// Shared by a store and its clones.
 #[derive(Debug, Default)]
@@ -195,7 +196,7 @@ impl DynamoDbStore {
         self.owed.owed.store(true, Ordering::Release);
     }
 
-    /// Whether [`Self::prime`]'s check is owed and not done.
+    /// Whether the replication check is owed and not done.
     fn check_owed(&self) -> bool {
         !self.described() && self.owed.owed.load(Ordering::Acquire)
     }
