@@ -165,7 +165,8 @@ impl ConfigBuilder {
     /// affected.
     ///
     /// Off by default. Turn it on for a function that ran 0.4 and gets tenants from Lambda,
-    /// reads SQS messages with [`sources::sqs`](crate::lambda::sources::sqs) or serves HTTP
+    /// reads SQS messages with [`sources::sqs`](crate::lambda::sources::sqs) or Kinesis records
+    /// with [`sources::kinesis`](crate::lambda::sources::kinesis), or serves HTTP
     /// clients that quote their `Idempotency-Key`, naming the instant
     /// its last 0.4 instance stopped writing (in a rolling deploy, when the deploy ends). Turn it
     /// off one retention later, unless the function declares business identities: their

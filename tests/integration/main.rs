@@ -32,6 +32,7 @@ mod http_wire_format;
 mod idemctl;
 mod identity_scopes;
 mod keys;
+mod kinesis_streams;
 mod lambda_layer;
 mod large_integers;
 mod late_effects;

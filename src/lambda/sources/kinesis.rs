@@ -4,12 +4,20 @@
 use aws_lambda_events::event::kinesis::{KinesisEvent, KinesisEventRecord};
 use aws_lambda_events::event::streams::{KinesisBatchItemFailure, KinesisEventResponse};
 
+use serde_json::{Value, json};
+
 use super::to_json;
 use crate::error::ConfigError;
 use crate::key::{JsonPointer, KeyPolicy};
 use crate::lambda::batch::{BatchRecord, BatchReport, PoisonPolicy};
 
-/// Kinesis: `eventID` (shard and sequence number); fingerprint over the data.
+/// Kinesis: `eventID` (shard and sequence number) within its stream (`eventSourceARN`);
+/// fingerprint over the data.
+///
+/// A sequence number is unique within its shard, and every stream numbers its shards from
+/// `shardId-000000000000`: a function reading two streams keys their records apart by the
+/// stream (0.4 keyed by `eventID` alone; a redelivery 0.4 recorded is answered under
+/// [`ConfigBuilder::keyed_by_0_4_before`](crate::config::ConfigBuilder::keyed_by_0_4_before)).
 ///
 /// The sequence number is one record the stream stored, not one operation: it keeps Lambda's
 /// redeliveries of that record to one effect, but a producer's `PutRecord` retried after a
@@ -18,13 +26,23 @@ use crate::lambda::batch::{BatchRecord, BatchReport, PoisonPolicy};
 pub fn kinesis() -> KeyPolicy<KinesisEventRecord> {
     KeyPolicy::from_fns(
         |record: &KinesisEventRecord| {
-            record
-                .event_id
-                .clone()
-                .or_else(|| Some(record.kinesis.sequence_number.clone()))
+            let id = stored_id(record)?;
+            Some(match record.event_source_arn.as_deref() {
+                Some(stream) if !stream.is_empty() => json!({"stream": stream, "id": id}),
+                _ => Value::String(id),
+            })
         },
         |record: &KinesisEventRecord| to_json(&record.kinesis.data),
     )
+    .with_key_as_0_4(stored_id)
+}
+
+/// The record's id in its stream: `eventID`, else its sequence number.
+fn stored_id(record: &KinesisEventRecord) -> Option<String> {
+    record
+        .event_id
+        .clone()
+        .or_else(|| Some(record.kinesis.sequence_number.clone()))
 }
 
 /// Kinesis: a field of the record's data read as JSON, at `data_pointer`, that names one event:

@@ -17,7 +17,7 @@
 //! | EventBridge ([`eventbridge`], [`eventbridge_detail`]) | `id`, or a `detail` field | detail; with a `detail` field, the source, detail type and resources too |
 //! | HTTP: API Gateway REST/HTTP, Function URLs, ALB ([`http()`]) | caller + `Idempotency-Key` header (a Structured Field String when quoted) | method, path, decoded query sorted by name, content type, body bytes |
 //! | DynamoDB Streams ([`dynamodb_stream`]) | `eventID` | keys and new image |
-//! | Kinesis ([`kinesis`], [`kinesis_data`]) | shard sequence number (`eventID`: one stored record, which a producer's retry stores again), or a field of the data | data |
+//! | Kinesis ([`kinesis`], [`kinesis_data`]) | shard sequence number within its stream (`eventID` and `eventSourceARN`: one stored record, which a producer's retry stores again), or a field of the data | data |
 //! | S3 ([`s3`]) | bucket, key, version, sequencer | the same, with size and ETag |
 //!
 //! ```
