@@ -490,6 +490,10 @@ pub enum FailureKind {
     /// transactions): retained, since the same handler would send them again
     /// (`completion_rejected`).
     CompletionRejected,
+    /// A transactional step's writes cannot be sent as built (over DynamoDB's limits, two
+    /// actions on one item, an invalid expression), and the handler returned that error:
+    /// retained, since the same handler would build them again (`step_rejected`).
+    StepRejected,
     /// A handler's terminal failure, of the kind its classifier named. The engine's names
     /// above are taken: a classifier's kind of the same name reads as the engine's.
     Terminal(String),
@@ -504,6 +508,7 @@ impl FailureKind {
             Self::OutcomeUnserializable => "outcome_unserializable",
             Self::Released => "released",
             Self::CompletionRejected => "completion_rejected",
+            Self::StepRejected => "step_rejected",
             Self::Terminal(kind) => kind,
         }
     }
@@ -527,6 +532,7 @@ impl From<&str> for FailureKind {
             "outcome_unserializable" => Self::OutcomeUnserializable,
             "released" => Self::Released,
             "completion_rejected" => Self::CompletionRejected,
+            "step_rejected" => Self::StepRejected,
             other => Self::Terminal(other.to_owned()),
         }
     }

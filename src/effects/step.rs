@@ -100,7 +100,9 @@ pub enum StepError {
     },
     /// A transactional step's transaction cannot be sent as built (over DynamoDB's 100
     /// actions or 4 MB, two actions on one item, an invalid expression, a store that does not
-    /// commit DynamoDB writes): nothing was committed.
+    /// commit DynamoDB writes): nothing was committed. A handler that returns it has its
+    /// operation retained FAILED `step_rejected`, whatever its classifier says: the same
+    /// handler would build the same writes again.
     #[error("step `{step}`: the transaction was not sent: {message}")]
     Rejected {
         /// The step's name.

@@ -612,8 +612,8 @@ pub(super) fn given_back_until(
 }
 
 /// The class of a handler's error: retained as unstorable when it came after the effect
-/// ([`AfterEffect`]), retryable when it asks for a release ([`Release`]), else
-/// `classifier`'s.
+/// ([`AfterEffect`]), retryable when it asks for a release ([`Release`]), retained as
+/// `step_rejected` when it is a step's writes that cannot be sent, else `classifier`'s.
 fn class_by(
     classifier: &dyn Classifier,
     error: &(dyn std::error::Error + 'static),
@@ -623,6 +623,14 @@ fn class_by(
     }
     match Release::is(error) {
         true => FailureClass::Retryable,
+        false if rejected_step(error) => FailureClass::terminal(FailureKind::StepRejected.as_str()),
         false => classifier.classify(error),
     }
+}
+
+/// Whether `error` is (or wraps) a transactional step's writes that cannot be sent as built
+/// ([`StepError::Rejected`]): every retry would build and send them again.
+fn rejected_step(error: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(error), |error| error.source())
+        .any(|error| matches!(error.downcast_ref(), Some(StepError::Rejected { .. })))
 }

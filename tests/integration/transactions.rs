@@ -12,7 +12,7 @@ use lambda_idempotency::effects::{
     Destination, Outbox, OutboxEvent, StepError, Transaction, event_id,
 };
 use lambda_idempotency::reconcile::Recovery;
-use lambda_idempotency::record::Status;
+use lambda_idempotency::record::{FailureKind, Status};
 use lambda_idempotency::store::{AnyStore, Committed, MemoryStore, Request, Store, StoreExt};
 use lambda_idempotency::testing::conformance::invocation;
 use lambda_idempotency::testing::dynamo::{self, Dynamo};
@@ -522,6 +522,17 @@ async fn dynamodbs_limits_are_refused_before_sending_on(shop: Shop) {
         assert!(
             !sent.iter().any(|request| request == "TransactWriteItems"),
             "{case}: refused before sending, sent {sent:?}"
+        );
+        // The same handler would build the same writes: retained, never run again (it was
+        // released, and every redelivery built and refused them until the source gave up).
+        shop.clock.advance(Duration::from_millis(2));
+        let again = idem
+            .execute(&inv, |_| async { Ok::<_, BoxError>(1_u32) })
+            .await
+            .expect_err(case);
+        assert!(
+            matches!(&again, Error::Failed { failure, .. } if failure.kind == FailureKind::StepRejected),
+            "{case}: {again:?}"
         );
     }
     // At the bound, 98 writes and one event (99 actions with the step's record) commit.
