@@ -578,8 +578,11 @@ impl OutboxMarks {
         let mut read = 0;
         let budget = limit.saturating_mul(READ_PAST);
         // Each partition its share of the bytes, so that large events in one never leave the
-        // others unread.
-        let byte_share = MAX_FOUND_BYTES / (PENDING_SHARDS.len() + RETRY_SHARDS.len());
+        // others unread; the parked events, read alone, take them all.
+        let byte_share = match partition {
+            PARKED => MAX_FOUND_BYTES,
+            _ => MAX_FOUND_BYTES / (PENDING_SHARDS.len() + RETRY_SHARDS.len()),
+        };
         let mut bytes = 0;
         loop {
             let wanted = limit.saturating_sub(taken);

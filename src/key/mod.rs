@@ -297,7 +297,13 @@ pub struct Fingerprint {
 }
 
 impl Fingerprint {
-    /// The fingerprint of `intent`.
+    /// The fingerprint of `intent`: the SHA-256 of its canonical JSON, every integer that
+    /// `serde_json` holds as an `i64` or a `u64` written exactly. A number past those (an
+    /// integer beyond `u64`, a fraction of more than 17 significant digits) is read as the
+    /// double `serde_json` makes of it before it is fingerprinted, as the handler reading the
+    /// same JSON sees it: two intents that differ only past a double's precision are one
+    /// intent. (An operation *key* holding such a number is refused instead: its digits would
+    /// not name one operation.)
     pub fn of<I: Serialize + ?Sized>(intent: &I) -> Result<Self, Error> {
         let intent = serde_json::to_value(intent).map_err(invalid_event)?;
         Self::of_value(&intent)

@@ -853,6 +853,31 @@ async fn one_commits_events_of_one_aggregate_are_swept_in_their_sequence() {
     assert_eq!(received, ["1", "2"]);
 }
 
+/// Parked events are counted and listed up to the limit asked, large ones too: the parked
+/// partition was read with one partition's share of the bytes (1 MiB), which five events of
+/// 200 KB filled, so `OutboxParkedEvents` and `idemctl outbox parked` said 5 of 8.
+#[tokio::test]
+async fn large_parked_events_are_all_counted() {
+    let rig = Rig::open().await;
+    let committed = now_ms(&rig);
+    let payload = json!({"blob": "x".repeat(200 * 1024)}).to_string();
+    let marks = rig.marks();
+    for n in 0..8u128 {
+        let id = format!("{n:x}{}", "0".repeat(63));
+        write_event(&rig, &id, &rig.orders_queue, committed + n, &payload).await;
+        assert!(
+            marks
+                .park(&id, "refused", rig.clock.now())
+                .await
+                .expect("parked")
+        );
+    }
+
+    let parked = marks.parked(100).await.expect("parked");
+
+    assert_eq!(parked.events.len(), 8);
+}
+
 /// Sets event `id`'s ordering key and sequence.
 async fn order(rig: &Rig, id: &str, key: &str, sequence: u64) {
     rig.db

@@ -757,10 +757,10 @@ impl StepLedger {
             }
             Err(halt) => {
                 // A commit one of whose tries may have applied (its answer lost, or never
-                // come) is known to the store alone, so its steps are kept as they are. Tries
-                // each refused whole (a transaction conflict, throttling, no permission, no
-                // table) and a step without writes (its record written alone) leave nothing
-                // unknown: the next delivery runs the step again.
+                // come, or throttled after the SDK's own retry) is known to the store alone, so
+                // its steps are kept as they are. Tries each refused whole (a transaction
+                // conflict, no permission, no table) and a step without writes (its record
+                // written alone) leave nothing unknown: the next delivery runs the step again.
                 if !writes.is_empty() && unknown.load(Ordering::SeqCst) {
                     state.frozen = true;
                 }
@@ -879,14 +879,16 @@ impl StepLedger {
     }
 
     /// Whether a commit's try was answered (applied, or refused by its conditions), or refused
-    /// whole before anything applied: DynamoDB cancels a conflicting or throttled transaction
-    /// entirely, and refuses one it may not make or whose tables are missing.
+    /// whole before anything applied: DynamoDB cancels a conflicting transaction entirely (a
+    /// re-send of one that applied, under its token, is answered as applied or in progress,
+    /// never as a conflict), and refuses one it may not make or whose tables are missing.
+    /// Throttling is not one: it may answer the SDK's own retry of an attempt that timed out
+    /// after it applied.
     fn refused_whole(answer: &Result<Committed, StoreError>) -> bool {
         matches!(
             answer,
             Ok(_)
                 | Err(StoreError::Contention { .. }
-                    | StoreError::Throttled { .. }
                     | StoreError::AccessDenied { .. }
                     | StoreError::TableNotFound { .. }
                     | StoreError::UniquenessTableNotFound { .. }
