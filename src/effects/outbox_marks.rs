@@ -101,24 +101,6 @@ pub struct Found {
     /// The ids of indexed items this build cannot read as outbox events (a destination kind a
     /// later build added, an item another writer put there): left as they are, and reported.
     pub unreadable: Vec<String>,
-    /// The events read past because their turn had not come (a sweep's backoff after a
-    /// failure), as their ordering key, sequence and commit time: the later events of those
-    /// keys wait behind them.
-    #[cfg(feature = "relay")]
-    pub(crate) waiting: Vec<(String, u64, SystemTime)>,
-}
-
-#[cfg(feature = "relay")]
-impl Found {
-    /// Whether `event` comes after an event of its ordering key that waits for its turn.
-    pub(crate) fn is_behind_a_waiting_event(&self, event: &OutboxRecord) -> bool {
-        let (Some(order), Some(committed)) = (&event.order, event.created_at) else {
-            return false;
-        };
-        self.waiting.iter().any(|(key, sequence, created_at)| {
-            *key == order.key && (*created_at, *sequence) < (committed, order.sequence)
-        })
-    }
 }
 
 /// The marks and the pending index of one outbox table.
@@ -618,13 +600,6 @@ impl OutboxMarks {
                     break;
                 }
                 if due.is_some_and(|(now, backoff)| !is_due(item, now, backoff)) {
-                    #[cfg(feature = "relay")]
-                    if let Some(waiting) = OutboxRecord::from_item(item).and_then(|event| {
-                        let order = event.order?;
-                        Some((order.key, order.sequence, event.created_at?))
-                    }) {
-                        found.waiting.push(waiting);
-                    }
                     continue;
                 }
                 let seen_before = item

@@ -206,17 +206,9 @@ impl Sweeper {
             };
             (committed_at(a), order(a)).cmp(&(committed_at(b), order(b)))
         });
-        // An event behind one of its ordering key that waits for its turn (a failure's
-        // backoff) waits too: published before it, it would overtake it in the FIFO group.
-        let (behind, events): (Vec<_>, Vec<_>) = std::mem::take(&mut found.events)
-            .into_iter()
-            .partition(|event| found.is_behind_a_waiting_event(event));
-        for event in &behind {
-            report.count(&event.name, Err(super::PublishError::Held.into()));
-        }
         match &self.via {
             Via::Publisher(publisher) => {
-                let events = self.unpublished(events).await;
+                let events = self.unpublished(found.events).await;
                 let committed: Vec<(String, String, SystemTime)> = events
                     .iter()
                     .map(|event| (event.id.clone(), event.name.clone(), committed_at(event)))
@@ -241,7 +233,7 @@ impl Sweeper {
                 }
             }
             Via::Stream => {
-                for event in &events {
+                for event in &found.events {
                     let done = self.redrive(event, cutoff, now).await;
                     report.count(&event.name, done);
                 }
