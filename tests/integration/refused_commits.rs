@@ -3,33 +3,17 @@
 //! again, under the default recovery too, and is never held for an operator. (Throttling is
 //! not such a refusal: it may answer the SDK's retry of an attempt that applied.)
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
+use lambda_idempotency::Idempotency;
 use lambda_idempotency::clock::Clock;
-use lambda_idempotency::effects::StepError;
 use lambda_idempotency::record::Status;
 use lambda_idempotency::store::StoreExt;
 use lambda_idempotency::testing::conformance::invocation;
 use lambda_idempotency::testing::faults::{FaultKind, FaultyStore, Primitive};
-use lambda_idempotency::{BoxError, ExecutionContext, Idempotency};
 
-use crate::transactions::Shop;
-
-async fn place(
-    shop: &Shop,
-    ctx: ExecutionContext,
-    order: &str,
-    builds: &AtomicUsize,
-) -> Result<String, StepError> {
-    ctx.step("place")
-        .transact(|_key| async {
-            builds.fetch_add(1, Ordering::SeqCst);
-            let seen = shop.stock_item("version").await;
-            Ok::<_, BoxError>(shop.place(order, seen))
-        })
-        .await
-}
+use crate::transactions::{Shop, place};
 
 #[tokio::test]
 async fn a_step_whose_every_commit_was_refused_runs_again_on_the_next_delivery() {

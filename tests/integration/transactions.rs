@@ -168,7 +168,7 @@ impl Shop {
 }
 
 /// The handler: one transactional step placing `order` against the stock's version as read.
-async fn place(
+pub(crate) async fn place(
     shop: &Shop,
     ctx: ExecutionContext,
     order: &str,
