@@ -161,7 +161,7 @@ enum StoreCommand {
         /// The operation failed for good: record a failure of this kind.
         #[arg(long, group = "decision", requires = "message")]
         failed: Option<String>,
-        /// The failure's message (with --failed).
+        /// The failure's message (with --failed, and only with it).
         #[arg(long)]
         message: Option<String>,
         /// The effect does not exist: the next delivery runs (the record stays, released and
@@ -267,6 +267,15 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 return Err(
                     "--by is gone: the trace names the caller as AWS identifies it (STS \
                      GetCallerIdentity); pass --operator NAME only if AWS cannot say"
+                        .into(),
+                );
+            }
+            // A message recorded nowhere is refused, never dropped unsaid (clap does not
+            // enforce `requires` on a member of a group another member filled).
+            if message.is_some() && failed.is_none() {
+                return Err(
+                    "--message goes with --failed only: drop it, or say --failed KIND \
+                            --message TEXT"
                         .into(),
                 );
             }

@@ -356,12 +356,9 @@ impl Idempotency {
         );
         let answer = match &self.single_flight {
             Some(flight) => {
-                let entered = Instant::now();
-                let patience = decide::single_flight_patience(
-                    invocation.lease,
-                    invocation.deadline,
-                    self.clock.now(),
-                );
+                let entered = self.clock.now();
+                let patience =
+                    decide::single_flight_patience(invocation.lease, invocation.deadline, entered);
                 // A caller that waits for results waits at most that long, its turn included.
                 let patience = invocation
                     .wait_for_result
@@ -374,11 +371,13 @@ impl Idempotency {
                         |waited| async move {
                             // The lease counts from the invocation's deadline: time spent waiting
                             // for the turn comes off it.
+                            let waited_for =
+                                self.clock.now().duration_since(entered).unwrap_or_default();
                             let mut invocation = invocation.clone();
-                            invocation.lease = invocation.lease.saturating_sub(entered.elapsed());
+                            invocation.lease = invocation.lease.saturating_sub(waited_for);
                             invocation.wait_for_result = invocation
                                 .wait_for_result
-                                .map(|max| max.saturating_sub(entered.elapsed()));
+                                .map(|max| max.saturating_sub(waited_for));
                             invocation.turn_came_late = waited;
                             Box::pin(self.run_or_wait(&invocation, handler)).await
                         },
@@ -405,11 +404,16 @@ impl Idempotency {
     }
 
     /// Counts a call refused before it reached the engine (no key, an unreadable event, no
-    /// tenant): [`Decision::Other`] of the error's kind.
+    /// tenant): [`Decision::Other`] of the error's kind; a key policy that panicked as a
+    /// handler that failed.
     pub(crate) fn observe_refusal(&self, operation: &str, err: &Error) {
+        let decision = match err {
+            Error::Handler { .. } => Decision::HandlerFailed,
+            other => Decision::Other(other.kind().name()),
+        };
         self.observer.observe(&Observation::Decision {
             operation,
-            decision: Decision::Other(err.kind().name()),
+            decision,
         });
     }
 
@@ -592,12 +596,11 @@ impl Idempotency {
             debug!("0.1's record went meanwhile: claimed under today's key");
             // The lease and the wait count from the invocation's deadline: the time spent at
             // 0.1's key comes off them.
+            let spent = self.clock.now().duration_since(now).unwrap_or_default();
             let mut today = asked.clone();
             today.earlier_key = None;
-            today.lease = today.lease.saturating_sub(claiming.elapsed());
-            today.wait_for_result = today
-                .wait_for_result
-                .map(|max| max.saturating_sub(claiming.elapsed()));
+            today.lease = today.lease.saturating_sub(spent);
+            today.wait_for_result = today.wait_for_result.map(|max| max.saturating_sub(spent));
             return Box::pin(self.run(&today, handler)).await;
         }
         self.observe_latency(key, observe::Phase::Claim, claiming);

@@ -173,6 +173,7 @@ impl Idempotency {
                 token: &record.lease.token,
                 now,
                 steps_version: record.steps_version,
+                steps: &record.steps,
             },
             _ => return Ok(false),
         };

@@ -181,8 +181,8 @@ impl Idempotency {
             .await
     }
 
-    /// Acts on a `failure` by the decision table ([`decide::after_failure`]); the error for
-    /// the caller.
+    /// Acts on a `failure` by the decision table ([`decide::after_failure`]), its writes
+    /// timed as the completion's are; the error for the caller.
     async fn failed(
         &self,
         failure: Failure,
@@ -194,36 +194,42 @@ impl Idempotency {
     ) -> Result<Error, Error> {
         let class = self.failure_class(&*source);
         let recorded = steps.is_some_and(StepLedger::has_recorded);
-        match decide::after_failure(failure, &class, self.recovery, recorded) {
-            AfterFailure::GiveBack => {
-                if let Some(steps) = steps {
-                    steps.give_back().await?;
+        let settling = Instant::now();
+        let written = async {
+            match decide::after_failure(failure, &class, self.recovery, recorded) {
+                AfterFailure::GiveBack => {
+                    if let Some(steps) = steps {
+                        steps.give_back().await?;
+                    }
+                }
+                AfterFailure::Release => self.release_claim(target, attempt, patience).await?,
+                AfterFailure::Retain(kind) => {
+                    warn!(attempt, kind = kind.as_str(), "terminal failure retained");
+                    let kind = FailureKind::from(kind);
+                    let steps = steps.and_then(StepLedger::pending);
+                    self.retain(target, attempt, kind, source.to_string(), patience, steps)
+                        .await?;
+                }
+                AfterFailure::Hold => {
+                    warn!(
+                        attempt,
+                        "the completion was refused after a handler whose effects are not declared repeatable: held for an operator"
+                    );
+                    let pending = steps.and_then(StepLedger::pending);
+                    let settlement =
+                        Settlement::indeterminate(self.clock.now(), INDETERMINATE_RETENTION)
+                            .with_steps(pending);
+                    self.settle(target, attempt, &settlement, patience).await?;
+                    return Ok(Some(Error::Indeterminate {
+                        key: target.key.clone(),
+                    }));
                 }
             }
-            AfterFailure::Release => self.release_claim(target, attempt, patience).await?,
-            AfterFailure::Retain(kind) => {
-                warn!(attempt, kind = kind.as_str(), "terminal failure retained");
-                let kind = FailureKind::from(kind);
-                let steps = steps.and_then(StepLedger::pending);
-                self.retain(target, attempt, kind, source.to_string(), patience, steps)
-                    .await?;
-            }
-            AfterFailure::Hold => {
-                warn!(
-                    attempt,
-                    "the completion was refused after a handler whose effects are not declared repeatable: held for an operator"
-                );
-                let pending = steps.and_then(StepLedger::pending);
-                let settlement =
-                    Settlement::indeterminate(self.clock.now(), INDETERMINATE_RETENTION)
-                        .with_steps(pending);
-                self.settle(target, attempt, &settlement, patience).await?;
-                return Ok(Error::Indeterminate {
-                    key: target.key.clone(),
-                });
-            }
+            Ok::<_, Error>(None)
         }
-        Ok(Error::Handler { source })
+        .await;
+        self.observe_latency(target.key, observe::Phase::Completion, settling);
+        Ok(written?.unwrap_or(Error::Handler { source }))
     }
 
     /// The class of a handler's error: retryable when it asks for a release ([`Release`]),

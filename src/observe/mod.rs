@@ -123,7 +123,8 @@ impl Decision {
 pub enum Phase {
     /// Claiming the key (with takeover or adoption), up to the answer or the handler's start.
     Claim,
-    /// Storing the outcome (or the retained failure), retries included.
+    /// Storing the outcome, or after a failure keeping it, releasing the claim or holding it
+    /// for an operator, retries included.
     Completion,
 }
 

@@ -124,9 +124,9 @@ pub enum Guard<'a> {
         /// The token the operator saw.
         token: &'a str,
     },
-    /// IN_PROGRESS under this lease token, its lease run out at `now`, its steps written as
-    /// often as when the operator saw it: an operator resolves a stuck claim (never a live one,
-    /// nor one whose holder recorded a step since).
+    /// IN_PROGRESS under this lease token, its lease run out at `now`, its steps as the
+    /// operator saw them: an operator resolves a stuck claim (never a live one, nor one whose
+    /// holder recorded a step since).
     Expired {
         /// The token the operator saw.
         token: &'a str,
@@ -135,6 +135,9 @@ pub enum Guard<'a> {
         /// How often the record's steps had been written when the operator saw it
         /// ([`Record::steps_version`](crate::record::Record::steps_version)).
         steps_version: u64,
+        /// The step list the operator saw: a list a version before 0.5 wrote counts none of
+        /// its writes, so its length and its pending steps are what a store checks.
+        steps: &'a [StepRecord],
     },
 }
 
@@ -152,11 +155,13 @@ impl Guard<'_> {
                 token,
                 now,
                 steps_version,
+                steps,
             } => {
                 record.status == Status::InProgress
                     && record.lease.token == *token
                     && record.lease.is_expired(*now)
                     && record.steps_version == *steps_version
+                    && record.steps == *steps
             }
         }
     }

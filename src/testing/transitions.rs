@@ -288,14 +288,16 @@ fn held<'r>(
             before.status == Status::Indeterminate && before.lease.token == token
         }
         Guard::Expired {
-            token,
             now,
+            token,
+            steps,
             steps_version,
         } => {
             before.status == Status::InProgress
                 && before.lease.token == token
                 && epoch_millis(before.lease.expires_at) < epoch_millis(now)
                 && before.steps_version == steps_version
+                && before.steps == steps
         }
     };
     match admitted {

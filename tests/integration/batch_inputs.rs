@@ -11,6 +11,7 @@ use lambda_idempotency::failure::Panicked;
 use lambda_idempotency::key::KeyPolicy;
 use lambda_idempotency::lambda::batch::{BatchProcessor, RecordOutcome};
 use lambda_idempotency::lambda::sources;
+use lambda_idempotency::observe::Observation;
 use lambda_idempotency::record::Status;
 use lambda_idempotency::store::{AnyStore, StoreExt};
 use lambda_idempotency::testing::faults::{Fault, FaultKind, FaultyStore, Primitive};
@@ -31,6 +32,20 @@ fn scope() -> OperationScope {
 async fn a_key_policy_that_panics_on_one_record_fails_that_record_alone() {
     for backend in both().await {
         let (name, _store, clock, idem) = backend.parts();
+        let decisions = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let idem = idem.with_observer({
+            let decisions = std::sync::Arc::clone(&decisions);
+            move |observation: &Observation<'_>| {
+                if let Observation::Decision {
+                    operation,
+                    decision,
+                } = observation
+                {
+                    let mut decisions = decisions.lock().expect("unpoisoned");
+                    decisions.push(format!("{operation} {}", decision.metric_name()));
+                }
+            }
+        });
         let order_id = |message: &SqsMessage| -> Option<String> {
             let body: serde_json::Value =
                 serde_json::from_str(message.body.as_deref()?).expect("a JSON body");
@@ -72,6 +87,17 @@ async fn a_key_policy_that_panics_on_one_record_fails_that_record_alone() {
             report.failed_identifiers(),
             vec!["m-2".to_owned()],
             "{name}"
+        );
+        let mut counted = decisions.lock().expect("unpoisoned").clone();
+        counted.sort();
+        assert_eq!(
+            counted,
+            [
+                "orders first_execution",
+                "orders first_execution",
+                "orders handler_failed"
+            ],
+            "{name}: the record whose key policy panicked is counted too"
         );
     }
 }

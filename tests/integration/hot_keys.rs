@@ -505,3 +505,53 @@ async fn a_duplicate_queued_in_single_flight_replays_from_the_store() {
         (Status::Completed, 1)
     );
 }
+
+/// A caller queued for its key's turn has the time it waited taken off its lease, measured on
+/// the engine's clock: the leader's handler moves the clock 20 s and fails for a retryable
+/// reason, and the queued caller, which then claims and runs, holds the key until its deadline,
+/// not 20 s past it (the real clock, which barely moved, took nothing off).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_waited_for_comes_off_the_lease_on_the_engines_clock() {
+    for backend in crate::backends::both().await {
+        let (name, store, clock, idem) = backend.parts();
+        let idem = idem.with_single_flight();
+        let deadline = start_time() + Duration::from_secs(60);
+        let inv = invocation("late-turn", &serde_json::json!({"order": "o-9"}))
+            .with_lease(Duration::from_secs(60))
+            .with_deadline(deadline);
+        let (started_tx, started_rx) = oneshot::channel();
+        let (resume_tx, resume_rx) = oneshot::channel::<()>();
+        let leader = tokio::spawn({
+            let (idem, inv, clock) = (idem.clone(), inv.clone(), clock.clone());
+            async move {
+                idem.execute(&inv, |_| async move {
+                    let _ = started_tx.send(());
+                    let _ = resume_rx.await;
+                    clock.advance(Duration::from_secs(20));
+                    Err::<Value, _>(std::io::Error::other("the payment service timed out"))
+                })
+                .await
+            }
+        });
+        started_rx.await.expect("the leader runs");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (queued, polled) = duplicate(&idem, &inv, &runs);
+        polled.await.expect("queued for the turn");
+        let _ = resume_tx.send(());
+        let err = leader.await.expect("join").expect_err("the leader failed");
+        assert!(matches!(err, Error::Handler { .. }), "{name}: got {err:?}");
+        let done = queued.await.expect("join").expect("the queued caller runs");
+        assert_eq!(done.origin(), Origin::Executed { attempt: 1 }, "{name}");
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "{name}: ran once, in its turn"
+        );
+        let record = store.get(inv.key()).await.expect("read").expect("settled");
+        assert!(
+            record.lease.expires_at <= deadline,
+            "{name}: the queued caller's claim holds until {:?}, past its deadline {deadline:?}",
+            record.lease.expires_at
+        );
+    }
+}

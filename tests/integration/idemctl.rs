@@ -685,6 +685,30 @@ async fn the_trace_names_the_caller_as_aws_identifies_it() {
     let said = String::from_utf8_lossy(&unknown.stderr);
     assert!(said.contains("AWS cannot say who you are"), "{said}");
     assert_eq!(status().await, "IN_PROGRESS", "nothing was written");
+    // A blank name names nobody: as if none were passed.
+    let blank = idemctl(&db, &args(&resolve(&["--operator", " ", "--yes"])));
+    assert!(
+        !blank.status.success(),
+        "STS out of reach, a blank --operator"
+    );
+    let said = String::from_utf8_lossy(&blank.stderr);
+    assert!(said.contains("AWS cannot say who you are"), "{said}");
+    assert_eq!(status().await, "IN_PROGRESS", "nothing was written");
+    // A failure's message is refused where no failure is recorded, never dropped unsaid.
+    let message = idemctl(
+        &db,
+        &args(&resolve(&[
+            "--message",
+            "provider confirms",
+            "--operator",
+            "alice",
+            "--yes",
+        ])),
+    );
+    assert!(!message.status.success(), "--message without --failed");
+    let said = String::from_utf8_lossy(&message.stderr);
+    assert!(said.contains("--failed"), "{said}");
+    assert_eq!(status().await, "IN_PROGRESS", "nothing was written");
 
     let declined = idemctl_with(&db, &args(&resolve(&[])), &moto.endpoint, Some("n\n"));
     assert!(!declined.status.success(), "not confirmed");

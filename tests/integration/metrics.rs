@@ -347,3 +347,56 @@ fn buffer() -> Box<dyn std::io::Write> {
 fn early_documents() -> Vec<u8> {
     std::mem::take(&mut *EARLY.lock().expect("read"))
 }
+
+/// The completion's latency covers what a call stores after its handler, whatever the ending:
+/// an outcome, a terminal failure kept, a retryable one released (each one observation of
+/// `Phase::Completion`, on both stores).
+#[tokio::test]
+async fn every_ending_of_a_run_is_timed_as_its_completion() {
+    use lambda_idempotency::observe::{Observation, Phase};
+    use std::sync::{Arc, Mutex};
+
+    for backend in crate::backends::both().await {
+        let (name, _store, _clock, idem) = backend.parts();
+        let timed = Arc::new(Mutex::new(0_usize));
+        let idem = idem.with_observer({
+            let timed = Arc::clone(&timed);
+            move |observation: &Observation<'_>| {
+                if let Observation::Latency {
+                    step: Phase::Completion,
+                    ..
+                } = observation
+                {
+                    *timed.lock().expect("unpoisoned") += 1;
+                }
+            }
+        });
+        let completions = || *timed.lock().expect("unpoisoned");
+
+        idem.execute(&invocation("ends-ok", 1), |_| async {
+            Ok::<_, std::io::Error>(1_u32)
+        })
+        .await
+        .expect("completed");
+        assert_eq!(completions(), 1, "{name}: an outcome stored");
+
+        let err = idem
+            .execute(&invocation("ends-terminal", 1), |_| async {
+                Err::<u32, _>(Terminal::new(
+                    "card_declined",
+                    std::io::Error::other("declined"),
+                ))
+            })
+            .await
+            .expect_err("failed");
+        assert!(matches!(err, Error::Handler { .. }), "{name}: {err:?}");
+        assert_eq!(completions(), 2, "{name}: a terminal failure kept");
+
+        idem.execute(&invocation("ends-retryable", 1), |_| async {
+            Err::<u32, _>(std::io::Error::other("the provider timed out"))
+        })
+        .await
+        .expect_err("failed");
+        assert_eq!(completions(), 3, "{name}: a retryable failure released");
+    }
+}

@@ -384,3 +384,79 @@ async fn a_crashed_attempt_whose_steps_another_build_encoded_is_taken_over() {
         assert_eq!(record.lease.attempt, 2, "{case}: attempt 2 took over");
     }
 }
+
+/// An operator resolves a stuck attempt as it read it, also when a build before 0.5 holds it
+/// (a build that counts none of its step writes: no `steps_version`): when that holder, its
+/// lease run out but still running, records its charge's result after the operator looked, the
+/// release fails instead of letting a redelivery charge again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_never_resolves_past_a_step_a_holder_before_0_5_recorded_after_it_looked() {
+    use lambda_idempotency::engine::Resolution;
+    use lambda_idempotency::record::Status;
+    use lambda_idempotency::testing::conformance::operator;
+
+    let clock = ManualClock::new(start_time());
+    let db = dynamo::start_with_clock(clock.clone()).await;
+    let idem = Idempotency::new(db.store()).with_clock(clock);
+    for (case, resolution) in [
+        ("release", Resolution::Release),
+        (
+            "completed",
+            Resolution::Completed(serde_json::json!({"charged": true})),
+        ),
+    ] {
+        let inv = invocation(
+            &format!("operator-past-0-4-step-{case}"),
+            &serde_json::json!({"order": case}),
+        );
+        let mut item = record_0_1(
+            &inv,
+            "IN_PROGRESS",
+            None,
+            start_time() - Duration::from_secs(600),
+        );
+        item.insert(
+            "steps".to_owned(),
+            AttributeValue::L(vec![step_item("charge", None, "plain")]),
+        );
+        db.client
+            .put_item()
+            .table_name(&db.table)
+            .set_item(Some(item))
+            .send()
+            .await
+            .expect("a stuck attempt of a build before 0.5");
+        let shown = stored(&idem, inv.key(), "shown").await;
+
+        // The holder records the charge's result as its build does: no write count.
+        db.client
+            .update_item()
+            .table_name(&db.table)
+            .key("pk", AttributeValue::S(inv.key().to_string()))
+            .update_expression("SET steps[0].#result = :result")
+            .expression_attribute_names("#result", "result")
+            .expression_attribute_values(
+                ":result",
+                AttributeValue::B(Blob::new(b"\"ch-1\"".to_vec())),
+            )
+            .send()
+            .await
+            .expect("the holder's step result");
+
+        let resolved = idem
+            .resolve_as_read::<serde_json::Value>(&shown, resolution, &operator())
+            .await
+            .expect("answered");
+        assert!(
+            !resolved,
+            "{case}: the record changed since the operator looked"
+        );
+        let record = stored(&idem, inv.key(), "kept").await;
+        assert_eq!(record.status, Status::InProgress, "{case}: not resolved");
+        assert_eq!(
+            record.steps[0].result.as_deref(),
+            Some(&b"\"ch-1\""[..]),
+            "{case}: the charge's result stands"
+        );
+    }
+}

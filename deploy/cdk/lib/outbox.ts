@@ -34,6 +34,9 @@ export function checkoutWithOutbox(stack: Construct, tables: ExampleTables): sqs
     binary: 'checkout',
     description: 'Checkout with steps, a transactional order write and its outbox event.',
     environment: { ...destinations, ORDER_EVENTS_QUEUE_URL: orderEvents.queueUrl },
+    // A transaction DynamoDB answers ResourceNotFound names no table: each of its tables is
+    // described to name the missing one.
+    describes: [tables.idempotency, tables.ledger, outbox],
   });
   checkout.addToRolePolicy(allow(
     ['dynamodb:GetItem', 'dynamodb:PutItem', 'dynamodb:UpdateItem'], [tables.ledger.tableArn]));

@@ -49,14 +49,15 @@ impl Caller {
 /// STS does not answer.
 ///
 /// # Errors
-/// When STS does not answer and no `operator` was passed: nothing may be written.
+/// When STS does not answer and no `operator` was passed (or a blank one, which would name
+/// nobody): nothing may be written.
 pub(crate) async fn identify(
     sdk: &aws_config::SdkConfig,
     operator: Option<&str>,
 ) -> Result<Caller, String> {
     match caller_arn(sdk).await {
         Ok(arn) => Ok(Caller::Verified(arn)),
-        Err(sts_error) => match operator {
+        Err(sts_error) => match operator.filter(|name| !name.trim().is_empty()) {
             Some(name) => Ok(Caller::Unverified {
                 recorded: format!("{UNVERIFIED}{name}"),
                 sts_error,

@@ -1,7 +1,8 @@
 //! `idemctl outbox`: what waits in an outbox table, and a sweep on demand.
 //!
-//! `pending` lists the events not yet published, oldest first, and `parked` the events their
-//! destination refused, with the refusal; both read the table's sparse pending index only.
+//! `pending` lists the events not yet published, oldest first among those read (each of the
+//! index's partitions gives its share of `--limit`), and `parked` the events their destination
+//! refused, with the refusal; both read the table's sparse pending index only.
 //! `sweep` does what the scheduled sweeper does: publishes again, under their ids, the events
 //! pending longer than `--older-than`, and marks them (`published_by` = `sweeper`).
 
@@ -20,7 +21,8 @@ use super::show;
 /// `idemctl outbox …`.
 #[derive(Subcommand)]
 pub(crate) enum OutboxCommand {
-    /// List the events not yet published, oldest first, committed more than --older-than ago.
+    /// List the events not yet published (oldest first among those read), committed more
+    /// than --older-than ago.
     Pending {
         /// How long since its commit, e.g. 10m, 2h (0s: every pending event).
         #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
@@ -149,7 +151,10 @@ fn list(found: &Found, now: SystemTime, limit: usize, json: bool) {
             "DESTINATION", "EVENT", "WAITING", "ID"
         );
     }
-    for record in found.events.iter().take(limit) {
+    // Oldest first across the index's partitions, which are each read oldest first.
+    let mut events: Vec<_> = found.events.iter().collect();
+    events.sort_by_key(|record| record.created_at);
+    for record in events.into_iter().take(limit) {
         let (kind, target) = match &record.destination {
             Destination::EventBridge { bus, .. } => ("eventbridge", bus.as_str()),
             Destination::Sns { topic_arn } => ("sns", topic_arn.as_str()),

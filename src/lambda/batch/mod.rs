@@ -197,9 +197,14 @@ impl<R: BatchRecord> BatchProcessor<R> {
             let invocation = derived
                 .unwrap_or_else(|_| {
                     error!("the operation's key policy panicked on a record: reported failed for redelivery");
-                    Err(Error::Handler {
+                    let err = Error::Handler {
                         source: Box::new(Panicked),
-                    })
+                    };
+                    // Never reaches the engine: counted here, as a handler that panicked is.
+                    self.operation
+                        .idem
+                        .observe_refusal(self.operation.scope.operation(), &err);
+                    Err(err)
                 })
                 .map(|invocation| match record.item_identifier() {
                     Some(id) => invocation.with_message_id(id),

@@ -45,7 +45,7 @@ impl DynamoDbStore {
                     .value(":adding_name", s(&adding.name))
                     .value(":adding_attempt", n(u64::from(adding.attempt))),
             ),
-            None => (guard.to_owned(), expr),
+            None => (guard.into_owned(), expr),
         };
         let own = Write::update(
             &self.table,

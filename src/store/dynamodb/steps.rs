@@ -80,12 +80,23 @@ pub(crate) fn steps_as_read(previous: &Record, names: &AttributeNames) -> (Strin
             .value(":steps_as_read", steps_value(&previous.steps));
         return ("#steps = :steps_as_read".to_owned(), expr);
     }
-    list_as_read(&previous.steps, previous.steps_version, names)
+    list_as_read(
+        &previous.steps,
+        previous.steps_version,
+        names,
+        Expr::default(),
+    )
 }
 
-/// [`steps_as_read`] of a list of `steps` written `version` times.
-fn list_as_read(steps: &[StepRecord], version: u64, names: &AttributeNames) -> (String, Expr) {
-    let mut expr = Expr::default()
+/// [`steps_as_read`] of a list of `steps` written `version` times, its names and values
+/// added to `expr`.
+pub(crate) fn list_as_read(
+    steps: &[StepRecord],
+    version: u64,
+    names: &AttributeNames,
+    expr: Expr,
+) -> (String, Expr) {
+    let mut expr = expr
         .name("#steps", &names.steps)
         .name("#steps_version", &names.steps_version)
         .value(":steps_count", n(steps.len() as u64));
@@ -250,7 +261,7 @@ mod tests {
                     },
                 })
                 .collect();
-            let (condition, _) = list_as_read(&steps, u64::MAX, &names);
+            let (condition, _) = list_as_read(&steps, u64::MAX, &names, Expr::default());
             let bytes = takeover.len() + condition.len();
             assert!(
                 bytes <= MAX_EXPRESSION_BYTES,

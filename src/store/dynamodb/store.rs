@@ -2,6 +2,7 @@
 //! and the helpers only they use: the guard and as-seen conditions, the claim's write, and
 //! the reading of claimed and fenced answers.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::SystemTime;
 
@@ -14,7 +15,8 @@ use super::error::map_sdk_error;
 use super::item::{millis, n, s, secs};
 use super::outcome::Placement;
 use super::steps::{
-    STEPS_VERSION_BUMP, TAKEOVER_OF_EXPIRED, bump_steps_version, steps_as_read, steps_value,
+    STEPS_VERSION_BUMP, TAKEOVER_OF_EXPIRED, bump_steps_version, list_as_read, steps_as_read,
+    steps_value,
 };
 use super::writes::{Check, Expr, Write, sent};
 use super::{DynamoDbStore, evidence, item};
@@ -28,17 +30,17 @@ use crate::store::{
 
 impl DynamoDbStore {
     /// The record's condition and names/values for a guard.
-    pub(crate) fn guard(&self, guard: Guard<'_>) -> (&'static str, Expr) {
+    pub(crate) fn guard(&self, guard: Guard<'_>) -> (Cow<'static, str>, Expr) {
         let expr = Expr::default().name("#status", &self.names.status);
         match guard {
             Guard::Lease(token) => (
-                "#status = :in_progress AND #lease_token = :mine",
+                Cow::Borrowed("#status = :in_progress AND #lease_token = :mine"),
                 expr.name("#lease_token", &self.names.lease_token)
                     .value(":in_progress", s(Status::InProgress.as_str()))
                     .value(":mine", s(token)),
             ),
             Guard::Indeterminate { token } => (
-                "#status = :indeterminate AND #lease_token = :mine",
+                Cow::Borrowed("#status = :indeterminate AND #lease_token = :mine"),
                 expr.name("#lease_token", &self.names.lease_token)
                     .value(":indeterminate", s(Status::Indeterminate.as_str()))
                     .value(":mine", s(token)),
@@ -47,6 +49,7 @@ impl DynamoDbStore {
                 token,
                 now,
                 steps_version,
+                steps,
             } => {
                 let expr = expr
                     .name("#lease_token", &self.names.lease_token)
@@ -54,71 +57,54 @@ impl DynamoDbStore {
                     .value(":in_progress", s(Status::InProgress.as_str()))
                     .value(":mine", s(token))
                     .value(":now_ms", millis(now));
-                // A step its holder recorded after the operator looked fails the resolution.
-                match steps_version {
-                    0 => (
-                        "#status = :in_progress AND #lease_token = :mine AND #lease_expires_at < :now_ms AND attribute_not_exists(#steps_version)",
-                        expr.name("#steps_version", &self.names.steps_version),
-                    ),
-                    seen => (
-                        "#status = :in_progress AND #lease_token = :mine AND #lease_expires_at < :now_ms AND #steps_version = :seen_steps_version",
-                        expr.name("#steps_version", &self.names.steps_version)
-                            .value(":seen_steps_version", n(seen)),
-                    ),
-                }
+                // A step its holder recorded after the operator looked fails the resolution,
+                // a holder before 0.5 (which counts no step writes) included.
+                let (steps, expr) = list_as_read(steps, steps_version, &self.names, expr);
+                (
+                    Cow::Owned(format!(
+                        "#status = :in_progress AND #lease_token = :mine AND #lease_expires_at < :now_ms AND {steps}"
+                    )),
+                    expr,
+                )
             }
         }
     }
 
-    /// The first of `conditions` when `seen`'s steps were never written, else the second (its
-    /// step writes counted as seen), with `seen`'s status and token.
-    fn steps_as_seen(
-        &self,
-        seen: &Record,
-        [never_written, written]: [&'static str; 2],
-        expr: Expr,
-    ) -> (&'static str, Expr) {
-        let expr = expr
-            .name("#lease_token", &self.names.lease_token)
-            .name("#steps_version", &self.names.steps_version)
-            .value(":seen_status", s(seen.status.as_str()))
-            .value(":seen_token", s(&seen.lease.token));
-        match seen.steps_version {
-            0 => (never_written, expr),
-            version => (written, expr.value(":seen_steps_version", n(version))),
-        }
-    }
-
     /// The condition that the record is still as an operator saw it (the same status, lease
-    /// token and step writes), or, when it saw none, that it is absent or settled and expired.
-    fn as_seen(&self, seen: Option<&Record>, now: SystemTime) -> (&'static str, Expr) {
+    /// token and step list), or, when it saw none, that it is absent or settled and expired.
+    fn as_seen(&self, seen: Option<&Record>, now: SystemTime) -> (Cow<'static, str>, Expr) {
         let names = &self.names;
         let expr = Expr::default().name("#status", &names.status);
-        match seen {
-            Some(seen) if seen.status == Status::InProgress => self.steps_as_seen(
-                seen,
-                [
-                    "#status = :seen_status AND #lease_token = :seen_token AND #lease_expires_at < :now_ms AND attribute_not_exists(#steps_version)",
-                    "#status = :seen_status AND #lease_token = :seen_token AND #lease_expires_at < :now_ms AND #steps_version = :seen_steps_version",
-                ],
-                expr.name("#lease_expires_at", &names.lease_expires_at)
-                    .value(":now_ms", millis(now)),
-            ),
-            Some(seen) => self.steps_as_seen(
-                seen,
-                [
-                    "#status = :seen_status AND #lease_token = :seen_token AND attribute_not_exists(#steps_version)",
-                    "#status = :seen_status AND #lease_token = :seen_token AND #steps_version = :seen_steps_version",
-                ],
-                expr,
-            ),
-            None => (
-                "attribute_not_exists(#pk) OR (#expires_at < :now_s AND #status IN (:completed, :failed))",
+        let Some(seen) = seen else {
+            return (
+                Cow::Borrowed(
+                    "attribute_not_exists(#pk) OR (#expires_at < :now_s AND #status IN (:completed, :failed))",
+                ),
                 expr.name("#pk", &names.partition_key)
                     .name("#expires_at", &names.expires_at)
                     .value(":now_s", secs(now))
                     .value(":completed", s(Status::Completed.as_str()))
                     .value(":failed", s(Status::Failed.as_str())),
+            );
+        };
+        let expr = expr
+            .name("#lease_token", &names.lease_token)
+            .value(":seen_status", s(seen.status.as_str()))
+            .value(":seen_token", s(&seen.lease.token));
+        let (steps, expr) = list_as_read(&seen.steps, seen.steps_version, names, expr);
+        match seen.status {
+            Status::InProgress => (
+                Cow::Owned(format!(
+                    "#status = :seen_status AND #lease_token = :seen_token AND #lease_expires_at < :now_ms AND {steps}"
+                )),
+                expr.name("#lease_expires_at", &names.lease_expires_at)
+                    .value(":now_ms", millis(now)),
+            ),
+            _ => (
+                Cow::Owned(format!(
+                    "#status = :seen_status AND #lease_token = :seen_token AND {steps}"
+                )),
+                expr,
             ),
         }
     }
@@ -255,7 +241,7 @@ impl DynamoDbStore {
             &self.table,
             names.key(target.key),
             &update,
-            condition,
+            &condition,
             expr,
         )?];
         if let Some(identity) = target.identity {
@@ -503,7 +489,7 @@ impl DynamoDbStore {
             &self.table,
             self.names.key(target.key),
             &format!("SET #steps = :steps, {STEPS_VERSION_BUMP}"),
-            condition,
+            &condition,
             bump_steps_version(expr.name("#steps", &self.names.steps), &self.names)
                 .value(":steps", steps_value(steps)),
         )?;
@@ -520,7 +506,7 @@ impl DynamoDbStore {
         let mut writes = vec![Write::delete(
             &self.table,
             self.names.key(target.key),
-            condition,
+            &condition,
             expr,
         )?];
         if let Some(identity) = target.identity {
@@ -544,7 +530,7 @@ impl DynamoDbStore {
         let mut writes = vec![Write::put(
             &self.table,
             self.names.encode(released),
-            condition,
+            &condition,
             expr,
         )?];
         if let Some(evidence) = evidence {
@@ -565,7 +551,7 @@ impl DynamoDbStore {
         // The record must still be gone: a redelivery that adopted the evidence holds a claim.
         let (condition, expr) = self.as_seen(None, now);
         let writes = vec![
-            Write::check(&self.table, self.names.key(&seen.key), condition, expr)?,
+            Write::check(&self.table, self.names.key(&seen.key), &condition, expr)?,
             evidence::operator_settle_write(self.uniqueness()?, seen, settlement)?,
         ];
         Ok(self.apply("settle_evidence", writes).await?.is_none())
