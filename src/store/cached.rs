@@ -259,9 +259,14 @@ impl<S: Store> CachedStore<S> {
             // A live claim elsewhere may yet be taken over under this token: keep it.
             Claim::Existing(existing) if !existing.status.is_settled() => {}
             // A record of another intent may come without its outcome (a store need not read
-            // outcome parts for a payload conflict): only one this claim could replay is kept.
+            // outcome parts for a payload conflict): only one this claim could replay is kept,
+            // by the test the store read it by (a record 0.4 wrote is of this intent by 0.4's
+            // digest only).
             Claim::Existing(existing) => {
-                if record.fingerprint.matches(&existing.fingerprint) {
+                if record
+                    .fingerprint
+                    .names(&existing.fingerprint, existing.created_at)
+                {
                     self.remember(existing);
                 }
                 self.pending

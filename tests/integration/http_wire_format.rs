@@ -113,12 +113,22 @@ fn fingerprint_by_0_4(query: &[(&str, &str)]) -> Fingerprint {
 /// Writes the record 0.4 wrote for a request keyed by `raw_key` (its header as sent) and
 /// fingerprinted as `fingerprint`: no key rule, an answered 201.
 async fn recorded_by_0_4(backend: &Backend, raw_key: &str, fingerprint: Fingerprint) {
+    recorded_by_0_4_answering(backend, raw_key, fingerprint, "").await;
+}
+
+/// [`recorded_by_0_4`], the 201 answered with `body`.
+async fn recorded_by_0_4_answering(
+    backend: &Backend,
+    raw_key: &str,
+    fingerprint: Fingerprint,
+    body: &str,
+) {
     let key = OperationKey::derive(&scope(), None, &json!({"caller": null, "key": raw_key}))
         .expect("key");
     let v0_4 = Idempotency::new(backend.store.clone()).with_clock(backend.clock.clone());
     v0_4.execute(
         &Invocation::new(key, fingerprint, Duration::from_secs(60)),
-        |_| async { Ok::<_, Infallible>(json!({"status": 201, "headers": [], "body": ""})) },
+        |_| async move { Ok::<_, Infallible>(json!({"status": 201, "headers": [], "body": body})) },
     )
     .await
     .expect("0.4's run");
@@ -317,5 +327,46 @@ async fn the_optional_key_mode_passes_unkeyed_requests_through() {
             "{name}: a key still protects"
         );
         assert_eq!(runs.load(Ordering::SeqCst), 3, "{name}");
+    }
+}
+
+/// A request of another intent that meets a record 0.4 wrote leaves no copy of that record
+/// without its outcome in the environment's cache: a large outcome is stored compressed, and a
+/// store reads it only for a claim that could replay it. The record's own retry, next in the
+/// same environment, is replayed, not answered from a cached record missing its outcome.
+#[tokio::test]
+async fn a_conflict_with_a_record_0_4_wrote_leaves_its_retry_replayable_through_the_cache() {
+    use lambda_idempotency::store::{AnyStore, CachedStore};
+
+    for backend in both().await {
+        let name = backend.name;
+        // Base64, as the door stores a body: long enough to be stored compressed.
+        let body = "cmVjZWlw".repeat(400);
+        recorded_by_0_4_answering(
+            &backend,
+            "k-cached",
+            fingerprint_by_0_4(&[("a", "%41")]),
+            &body,
+        )
+        .await;
+        let cached = Backend {
+            name,
+            store: AnyStore::new(CachedStore::new(backend.store.clone(), 1 << 20)),
+            clock: backend.clock.clone(),
+        };
+        let layer = operation(&cached, Config::default()).http_layer();
+        let runs = Arc::new(AtomicUsize::new(0));
+
+        let other = send(&layer, &runs, post("?a=%2541", Some("k-cached"))).await;
+        let retry = send(&layer, &runs, post("?a=%41", Some("k-cached"))).await;
+
+        assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY, "{name}");
+        assert_eq!(
+            (retry.status, retry.replayed),
+            (StatusCode::CREATED, true),
+            "{name}: the retry is replayed: {}",
+            retry.body
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "{name}");
     }
 }

@@ -1,6 +1,7 @@
 //! Where a business identity's evidence lives: a global identity spelled like a scoped key
 //! squats nothing, on both stores, and the evidence 0.2 to 0.4 kept bare for a global identity
-//! holding `#` still refuses a second run on DynamoDB.
+//! holding `#` still refuses a second run on DynamoDB; an identity whose scope a deploy
+//! narrowed from global still meets the evidence it recorded, on both stores.
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -127,4 +128,56 @@ async fn evidence_0_4_kept_bare_for_a_global_identity_still_refuses() {
     let spelled = scoped.evidence_key().expect("an identity");
     let squatter = invocation("other", None, "s-1", &spelled, IdentityScope::Global);
     assert_eq!(run(&idem, &squatter).await.ok(), Some(true));
+}
+
+/// An operation recorded `invoice:o-1` as a global identity; a deploy narrows its identity
+/// scope to its namespace (or its tenant). The evidence kept under the bare identity, of an
+/// operation in that scope, still refuses a second run on both stores; another namespace's
+/// global evidence does not.
+#[tokio::test]
+async fn an_identity_narrowed_from_global_still_meets_what_it_recorded() {
+    for backend in both().await {
+        let name = backend.name;
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let billing = |key, tenant, scope| invocation("billing", tenant, key, "invoice:o-1", scope);
+
+        assert_eq!(
+            run(&idem, &billing("k-1", Some("acme"), IdentityScope::Global))
+                .await
+                .ok(),
+            Some(true),
+            "{name}: recorded as a global identity"
+        );
+        for (case, tenant, scope) in [
+            ("namespace", None, IdentityScope::Namespace),
+            ("tenant", Some("acme"), IdentityScope::Tenant),
+        ] {
+            let narrowed = billing("k-2", tenant, scope);
+            assert!(
+                matches!(
+                    run(&idem, &narrowed).await,
+                    Err(Error::KeyExpiredConflict { .. })
+                ),
+                "{name}: narrowed to its {case}, the identity is still held"
+            );
+        }
+        let other_tenant = billing("k-3", Some("globex"), IdentityScope::Tenant);
+        assert_eq!(
+            run(&idem, &other_tenant).await.ok(),
+            Some(true),
+            "{name}: another tenant's identity is its own"
+        );
+        let elsewhere = invocation(
+            "shipping",
+            None,
+            "k-4",
+            "invoice:o-1",
+            IdentityScope::Namespace,
+        );
+        assert_eq!(
+            run(&idem, &elsewhere).await.ok(),
+            Some(true),
+            "{name}: another namespace's identity is its own"
+        );
+    }
 }

@@ -11,14 +11,14 @@
 //! |---|---|---|
 //! | SQS ([`sqs`]) | the producer (`SenderId`'s role part; of a wrapped body, also the topic or the source and account) + the `idempotency-key` message attribute, else the body field you name, else (in a body SNS or EventBridge wrapped) the notification's `idempotency-key` attribute, else the field in the message or `detail` | body (of a wrapped one: the topic, subject and message; the source, detail type, resources and detail) |
 //! | SQS ([`sqs_across_senders`]) | as [`sqs`], without the producer: every producer shares one key space | as [`sqs`] |
-//! | SQS ([`sqs_message_id`]) | `messageId` (a republish gets a new id: opt in) | body |
+//! | SQS ([`sqs_message_id`]) | `messageId` (opt in: a republish, and a redrive from a dead-letter queue, get a new id) | body |
 //! | SNS ([`sns`]) | `MessageId` (a republish gets a new id) | message |
 //! | SNS ([`sns_by_key_attribute`]) | the topic + the `idempotency-key` message attribute (an outbox event's id), else `MessageId` | message |
 //! | EventBridge ([`eventbridge`], [`eventbridge_detail`]) | `id`, or a `detail` field | detail; with a `detail` field, the source, detail type and resources too |
 //! | HTTP: API Gateway REST/HTTP, Function URLs, ALB ([`http()`]) | caller + `Idempotency-Key` header (a Structured Field String when quoted) | method, path, decoded query sorted by name, content type, body bytes |
 //! | DynamoDB Streams ([`dynamodb_stream`]) | `eventID` | keys and new image |
 //! | Kinesis ([`kinesis`], [`kinesis_data`]) | shard sequence number within its stream (`eventID` and `eventSourceARN`: one stored record, which a producer's retry stores again), or a field of the data | data |
-//! | S3 ([`s3`]) | bucket, key, version, sequencer | the same, with size and ETag |
+//! | S3 ([`s3`]) | bucket, key, version, sequencer; for an event other than `ObjectCreated:*` and `ObjectRemoved:*`, or one without a sequencer, also its name, time and `x-amz-request-id` | bucket, key, version, ETag and size |
 //!
 //! ```
 //! use lambda_idempotency::lambda::sources;

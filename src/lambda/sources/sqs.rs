@@ -182,7 +182,12 @@ fn sender_role(message: &SqsMessage) -> Option<&str> {
     (!role.trim().is_empty()).then_some(role)
 }
 
-/// SQS keyed by `messageId`: right only when producers never republish a message.
+/// SQS keyed by `messageId`: right only when producers never republish a message and nothing
+/// is redriven from a dead-letter queue. SQS gives a redriven message a new `messageId` (the
+/// console's redrive and `StartMessageMoveTask` alike), so a message that reached its
+/// dead-letter queue after its effect (a crash before the completion, a batch that kept
+/// timing out) runs again when redriven: on a queue with a redrive policy, key on what the
+/// producer sets ([`sqs`]).
 pub fn sqs_message_id() -> KeyPolicy<SqsMessage> {
     KeyPolicy::from_fns(
         |message: &SqsMessage| message.message_id.clone(),

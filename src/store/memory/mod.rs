@@ -11,7 +11,8 @@ use futures_util::future::BoxFuture;
 
 use crate::defects;
 use crate::error::StoreError;
-use crate::key::OperationKey;
+use crate::key::{OperationKey, Scoped};
+
 use crate::record::{Evidence, Lease, Record, Settlement, Status, StepRecord, epoch_millis};
 use crate::store::{Answer, Claim, Fence, Request, Store, Target, TransactionalStore};
 
@@ -251,6 +252,12 @@ impl MemoryStore {
             if let Some(evidence) = tables.evidence.get(identity) {
                 return Ok(Claim::IdentityTaken(evidence.clone()));
             }
+            // Evidence of this scope under the bare identity (the layout before 0.2, and a
+            // global identity's) refuses the claim, as on DynamoDB: an operation whose identity
+            // scope a deploy narrowed from global still meets what it recorded before.
+            if let Some(bare) = bare_evidence_in_scope(&tables.evidence, identity) {
+                return Ok(Claim::IdentityTaken(bare.clone()));
+            }
             if !defects::is_reintroduced(defects::IDENTITY_NOT_CLAIMED) {
                 tables
                     .evidence
@@ -428,4 +435,21 @@ fn is_as_seen(standing: &Evidence, seen: &Evidence) -> bool {
     standing.key == seen.key
         && standing.status == seen.status
         && epoch_millis(standing.created_at) == epoch_millis(seen.created_at)
+}
+
+/// The evidence kept under the bare identity of the scoped `evidence_key`, when it is of an
+/// operation in that key's scope (its namespace, and its tenant when the key has one): what
+/// the DynamoDB store's claim checks too (`unscoped_check`).
+fn bare_evidence_in_scope<'a>(
+    evidence: &'a HashMap<String, Evidence>,
+    evidence_key: &str,
+) -> Option<&'a Evidence> {
+    let scoped = Scoped::parse(evidence_key)?;
+    let bare = evidence.get(scoped.identity)?;
+    let key = bare.key.as_str();
+    let in_scope = key.starts_with(&format!("{}#", scoped.namespace))
+        && scoped
+            .tenant
+            .is_none_or(|tenant| key.contains(&format!("#t={tenant}#")));
+    in_scope.then_some(bare)
 }
