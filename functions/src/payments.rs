@@ -44,7 +44,7 @@ async fn pay(
     body: Bytes,
 ) -> Result<Response, PaymentError> {
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let Some(amount) = body["amount"].as_u64() else {
+    let Some(amount) = body["amount"].as_u64().filter(|amount| *amount > 0) else {
         return Ok(json_response(
             StatusCode::BAD_REQUEST,
             json!({"error": "invalid_amount", "message": "send a positive whole amount"}),

@@ -181,6 +181,10 @@ async fn api_payments_replays_a_retried_request() {
     let mut other_caller = request.clone();
     other_caller["requestContext"]["authorizer"]["iam"]["userArn"] =
         json!("arn:aws:sts::123456789012:assumed-role/payments-client/another-service");
+    // A payment of nothing, under a key of its own: refused, nothing charged.
+    let mut nothing = request.clone();
+    nothing["headers"]["idempotency-key"] = json!("payment-of-nothing");
+    nothing["body"] = json!(r#"{"amount":0}"#);
     // A route deployed without the authorizer: nobody to scope the key to.
     let mut anonymous = request.clone();
     anonymous["requestContext"]
@@ -197,6 +201,7 @@ async fn api_payments_replays_a_retried_request() {
     let conflict = function.api.invoke(changed).await.expect("answered");
     let other = function.api.invoke(other_caller).await.expect("answered");
     let refused = function.api.invoke(anonymous).await.expect("answered");
+    let zero = function.api.invoke(nothing).await.expect("answered");
     function.stop().await;
 
     assert_eq!(first["statusCode"], 201);
@@ -217,6 +222,9 @@ async fn api_payments_replays_a_retried_request() {
     let refusal: Value =
         serde_json::from_str(refused["body"].as_str().expect("a body")).expect("JSON");
     assert_eq!(refusal["error"], "caller_unidentified");
+    assert_eq!(zero["statusCode"], 400, "{zero}");
+    let zero: Value = serde_json::from_str(zero["body"].as_str().expect("a body")).expect("JSON");
+    assert_eq!(zero["error"], "invalid_amount");
     let body: Value = serde_json::from_str(first["body"].as_str().expect("a body")).expect("JSON");
     let payment = format!("payment#{}", body["payment_id"].as_str().expect("an id"));
     assert_eq!(tables.ledger.count(&payment).await.expect("ledger"), 1);

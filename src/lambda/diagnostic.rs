@@ -1,16 +1,31 @@
-//! Errors as the Lambda Runtime API reports them.
+//! Errors as the Lambda Runtime API reports them: the kind for a Step Functions `Retry` or
+//! `Catch`, and a message for the caller that never carries the store's internals (its table,
+//! its SDK's text), which go to the function's log.
 
 use lambda_runtime::Diagnostic;
+use tracing::error;
 
 use super::error::IdempotencyError;
 use crate::effects::StepError;
-use crate::error::Error;
+use crate::error::{BoxError, Error};
+use crate::failure::Terminal;
 
 impl From<Error> for Diagnostic {
     fn from(error: Error) -> Self {
+        let error_message = match &error {
+            Error::Store(store) => {
+                error!(error = %store, "the idempotency store failed: the caller is told its kind only");
+                match store.is_transient() {
+                    true => "the idempotency store is unavailable or throttled: retry with the same event",
+                    false => "the service cannot record this request, and retrying will not help until its operator fixes it: see the function's logs",
+                }
+                .to_owned()
+            }
+            other => other.to_string(),
+        };
         Diagnostic {
             error_type: format!("Idempotency.{}", error.kind().name()),
-            error_message: error.to_string(),
+            error_message,
         }
     }
 }
@@ -19,18 +34,54 @@ impl<E: Into<Diagnostic>> From<IdempotencyError<E>> for Diagnostic {
     fn from(error: IdempotencyError<E>) -> Self {
         match error {
             IdempotencyError::Handler(handler) => handler.into(),
-            // A completion the store refused (its writes' condition failed) is the engine's
-            // `StepError`, not the handler's type: named as what it is.
-            IdempotencyError::Idempotency(Error::Handler { source }) => Diagnostic {
-                error_type: match source.is::<StepError>() {
-                    true => std::any::type_name::<StepError>(),
-                    false => std::any::type_name::<E>(),
-                }
-                .to_owned(),
-                error_message: source.to_string(),
+            // Writes the store refused or rejected (a completion's, a step's) are the engine's
+            // `StepError`, not the handler's type: named as what they are.
+            IdempotencyError::Idempotency(Error::Handler { source }) => match refusal(&source) {
+                Some(refused) => Diagnostic {
+                    error_type: std::any::type_name::<StepError>().to_owned(),
+                    error_message: refusal_message(refused),
+                },
+                None => Diagnostic {
+                    error_type: std::any::type_name::<E>().to_owned(),
+                    error_message: source.to_string(),
+                },
             },
             IdempotencyError::Idempotency(error) => error.into(),
         }
+    }
+}
+
+/// The refusal the engine made that `source` is (writes the store refused or rejected), as
+/// it is or marked terminal; `None` for the handler's own error.
+pub(crate) fn refusal(source: &BoxError) -> Option<&StepError> {
+    let source: &(dyn std::error::Error + 'static) = &**source;
+    refused(source).or_else(|| {
+        source
+            .downcast_ref::<Terminal>()
+            .and_then(std::error::Error::source)
+            .and_then(refused)
+    })
+}
+
+/// `error` as writes the store refused or rejected.
+fn refused<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a StepError> {
+    match error.downcast_ref::<StepError>() {
+        Some(step @ (StepError::Refused { .. } | StepError::Rejected { .. })) => Some(step),
+        _ => None,
+    }
+}
+
+/// A refusal's message for the caller: a rejection's reason is the store's text, which goes to
+/// the function's log only.
+fn refusal_message(refused: &StepError) -> String {
+    match refused {
+        StepError::Rejected { step, message } => {
+            error!(step = %step, reason = %message, "the store rejected the writes");
+            format!(
+                "step `{step}`: the store rejected the writes; nothing was committed (see the function's logs)"
+            )
+        }
+        other => other.to_string(),
     }
 }
 
@@ -51,11 +102,12 @@ mod tests {
         }
     }
 
-    /// The handler's error carried by the engine is named by the handler's type; a completion
-    /// the store refused, which the engine made, by its own.
+    /// The handler's error carried by the engine is named by the handler's type; writes the
+    /// store refused or rejected, which the engine made, by its own, also marked terminal, and
+    /// without the store's text.
     #[test]
     fn an_engine_made_refusal_is_not_named_as_the_handlers_error() {
-        let carried = |source: crate::error::BoxError| {
+        let carried = |source: BoxError| {
             Diagnostic::from(IdempotencyError::<Declined>::Idempotency(Error::Handler {
                 source,
             }))
@@ -67,5 +119,30 @@ mod tests {
             write: 0,
         }));
         assert!(refused.error_type.ends_with("StepError"), "{refused:?}");
+        let rejected = carried(Box::new(Terminal::new(
+            "completion_rejected",
+            StepError::Rejected {
+                step: "(completion)".into(),
+                message: "Item size has exceeded the maximum allowed size in table prod-idem"
+                    .into(),
+            },
+        )));
+        assert!(rejected.error_type.ends_with("StepError"), "{rejected:?}");
+        assert!(
+            !rejected.error_message.contains("prod-idem"),
+            "{rejected:?}"
+        );
+    }
+
+    /// A store's failure tells the caller its kind and what to do, never the table or the
+    /// SDK's text.
+    #[test]
+    fn a_store_failure_keeps_its_internals_from_the_caller() {
+        let missing = Diagnostic::from(Error::Store(crate::error::StoreError::TableNotFound {
+            table: "prod-idem".into(),
+        }));
+        assert_eq!(missing.error_type, "Idempotency.Store");
+        assert!(!missing.error_message.contains("prod-idem"), "{missing:?}");
+        assert!(missing.error_message.contains("retrying will not help"));
     }
 }

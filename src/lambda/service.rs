@@ -11,6 +11,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::context;
+use super::diagnostic::refusal;
 use super::error::IdempotencyError;
 use super::operation::Operation;
 use crate::error::{BoxError, Error};
@@ -93,10 +94,13 @@ answering!(true, Execution<R>, std::convert::identity);
 
 /// The engine's answer as the service's error: a handler's own error given back as it was
 /// returned when its type is the box the engine keeps it as (`lambda_runtime::Error`, any
-/// `Box<dyn Error + Send + Sync>`), else the engine's [`Error::Handler`] carrying it.
+/// `Box<dyn Error + Send + Sync>`), else the engine's [`Error::Handler`] carrying it. Writes
+/// the store refused or rejected stay the engine's, whatever the handler's error type.
 fn handler_error<H: 'static>(err: Error) -> IdempotencyError<H> {
     match err {
-        Error::Handler { source } if TypeId::of::<H>() == TypeId::of::<BoxError>() => {
+        Error::Handler { source }
+            if TypeId::of::<H>() == TypeId::of::<BoxError>() && refusal(&source).is_none() =>
+        {
             let boxed: Box<dyn Any> = Box::new(source);
             match boxed.downcast::<H>() {
                 Ok(handler) => IdempotencyError::Handler(*handler),

@@ -309,3 +309,61 @@ async fn a_handlers_own_error_comes_back_through_the_layer() {
         .expect("reached by its type");
     assert_eq!(io.to_string(), "the ledger is read-only");
 }
+
+/// Writes the store refused with the completion are the engine's answer, not the handler's
+/// error, also when the handler's error type is `lambda_runtime::Error` (which the layer
+/// otherwise gives back as the handler returned it): Lambda reports them as `StepError`.
+#[tokio::test]
+async fn a_refused_completion_is_the_engines_answer_through_the_layer() {
+    use aws_sdk_dynamodb::types::{AttributeValue, Put};
+    use lambda_idempotency::effects::{StepError, Writes};
+    use lambda_idempotency::reconcile::Recovery;
+
+    let db = dynamo::start().await;
+    let clock = whole_second_clock();
+    let table = db.table.clone();
+    let refused = service_fn(move |_: LambdaEvent<Value>| {
+        let table = table.clone();
+        async move {
+            // A stock item that is not there: the completion's condition fails.
+            let put = Put::builder()
+                .table_name(table)
+                .item("pk", AttributeValue::S("stock#sku-1".into()))
+                .condition_expression("attribute_exists(pk)")
+                .build()?;
+            current()
+                .expect("run by the engine")
+                .complete_with(Writes::default().put(put))?;
+            Ok::<Value, lambda_runtime::Error>(json!("placed"))
+        }
+    });
+    let idem = Idempotency::new(db.store())
+        .with_clock(clock.clone())
+        .with_recovery(Recovery::Rerun);
+    let err = Operation::new(
+        idem,
+        scope(),
+        KeyPolicy::pointer("/order_id").expect("pointer"),
+    )
+    .layer()
+    .wrap(refused)
+    .oneshot(event(
+        json!({"order_id": "o-refused"}),
+        &clock,
+        Duration::from_secs(10),
+    ))
+    .await
+    .expect_err("the completion was refused");
+    assert!(
+        matches!(
+            &err,
+            IdempotencyError::Idempotency(Error::Handler { source }) if source.is::<StepError>()
+        ),
+        "the engine's refusal, got {err:?}"
+    );
+    let diagnostic = Diagnostic::from(err);
+    assert!(
+        diagnostic.error_type.ends_with("StepError"),
+        "{diagnostic:?}"
+    );
+}

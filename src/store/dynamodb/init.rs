@@ -258,10 +258,13 @@ fn table_from_env() -> Result<String, ConfigError> {
     })
 }
 
-/// A table's name from a variable's `value`: blank is unset (a template's
+/// A table's name from a variable's `value`, trimmed (a value pasted with a space or a
+/// newline names the same table): blank is unset (a template's
 /// `!If [HasIdentity, !Ref Table, ""]`), never a name DynamoDB would refuse at the first call.
 fn named(value: Option<String>) -> Option<String> {
-    value.filter(|name| !name.trim().is_empty())
+    value
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
 }
 
 #[cfg(test)]
@@ -273,6 +276,7 @@ mod tests {
         assert_eq!(named(None), None);
         assert_eq!(named(Some(String::new())), None);
         assert_eq!(named(Some("  ".into())), None);
+        assert_eq!(named(Some(" orders\n".into())), Some("orders".to_owned()));
         assert_eq!(named(Some("orders".into())).as_deref(), Some("orders"));
     }
 
