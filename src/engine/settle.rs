@@ -144,9 +144,12 @@ impl Idempotency {
         // with the retained failure, which then tells every caller the truth (applied, its
         // result not kept), or nothing commits and the writes' refusal answers.
         let settlement = self.failed_settlement(failure, steps.clone(), refusal);
+        let completing = Instant::now();
         let committed = self
             .settle_completion(target, attempt, &settlement, writes.as_ref(), patience)
-            .await?;
+            .await;
+        self.observe_latency(key, observe::Phase::Completion, completing);
+        let committed = committed?;
         if let Some(refused) = committed {
             let failed = self.refused_completion(attempt, patience, &completion, &steps);
             return Err(self.refused(target, refused, failed).await);
@@ -177,12 +180,17 @@ impl Idempotency {
         patience: Patience,
         steps: Option<&StepLedger>,
     ) -> Result<Error, Error> {
-        self.failed(Failure::Handler, target, attempt, source, patience, steps)
-            .await
+        // Timed as the completion is: the writes that keep, release or hold the failure.
+        let settling = Instant::now();
+        let answer = self
+            .failed(Failure::Handler, target, attempt, source, patience, steps)
+            .await;
+        self.observe_latency(target.key, observe::Phase::Completion, settling);
+        answer
     }
 
-    /// Acts on a `failure` by the decision table ([`decide::after_failure`]), its writes
-    /// timed as the completion's are; the error for the caller.
+    /// Acts on a `failure` by the decision table ([`decide::after_failure`]); the error for
+    /// the caller.
     async fn failed(
         &self,
         failure: Failure,
@@ -194,42 +202,36 @@ impl Idempotency {
     ) -> Result<Error, Error> {
         let class = self.failure_class(&*source);
         let recorded = steps.is_some_and(StepLedger::has_recorded);
-        let settling = Instant::now();
-        let written = async {
-            match decide::after_failure(failure, &class, self.recovery, recorded) {
-                AfterFailure::GiveBack => {
-                    if let Some(steps) = steps {
-                        steps.give_back().await?;
-                    }
-                }
-                AfterFailure::Release => self.release_claim(target, attempt, patience).await?,
-                AfterFailure::Retain(kind) => {
-                    warn!(attempt, kind = kind.as_str(), "terminal failure retained");
-                    let kind = FailureKind::from(kind);
-                    let steps = steps.and_then(StepLedger::pending);
-                    self.retain(target, attempt, kind, source.to_string(), patience, steps)
-                        .await?;
-                }
-                AfterFailure::Hold => {
-                    warn!(
-                        attempt,
-                        "the completion was refused after a handler whose effects are not declared repeatable: held for an operator"
-                    );
-                    let pending = steps.and_then(StepLedger::pending);
-                    let settlement =
-                        Settlement::indeterminate(self.clock.now(), INDETERMINATE_RETENTION)
-                            .with_steps(pending);
-                    self.settle(target, attempt, &settlement, patience).await?;
-                    return Ok(Some(Error::Indeterminate {
-                        key: target.key.clone(),
-                    }));
+        match decide::after_failure(failure, &class, self.recovery, recorded) {
+            AfterFailure::GiveBack => {
+                if let Some(steps) = steps {
+                    steps.give_back().await?;
                 }
             }
-            Ok::<_, Error>(None)
+            AfterFailure::Release => self.release_claim(target, attempt, patience).await?,
+            AfterFailure::Retain(kind) => {
+                warn!(attempt, kind = kind.as_str(), "terminal failure retained");
+                let kind = FailureKind::from(kind);
+                let steps = steps.and_then(StepLedger::pending);
+                self.retain(target, attempt, kind, source.to_string(), patience, steps)
+                    .await?;
+            }
+            AfterFailure::Hold => {
+                warn!(
+                    attempt,
+                    "the completion was refused after a handler whose effects are not declared repeatable: held for an operator"
+                );
+                let pending = steps.and_then(StepLedger::pending);
+                let settlement =
+                    Settlement::indeterminate(self.clock.now(), INDETERMINATE_RETENTION)
+                        .with_steps(pending);
+                self.settle(target, attempt, &settlement, patience).await?;
+                return Ok(Error::Indeterminate {
+                    key: target.key.clone(),
+                });
+            }
         }
-        .await;
-        self.observe_latency(target.key, observe::Phase::Completion, settling);
-        Ok(written?.unwrap_or(Error::Handler { source }))
+        Ok(Error::Handler { source })
     }
 
     /// The class of a handler's error: retryable when it asks for a release ([`Release`]),

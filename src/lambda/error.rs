@@ -10,7 +10,9 @@ use crate::error::Error;
 ///
 /// A handler's error comes back as `Handler`, as the handler returned it, when its type is
 /// `lambda_runtime::Error` (any `Box<dyn Error + Send + Sync>`): the type the engine keeps a
-/// handler's error as, to classify it. An error of another type comes back inside
+/// handler's error as, to classify it. Writes the store refused or rejected (a completion's, or
+/// a transactional step's that the handler returned) stay `Idempotency` ([`Error::Handler`]
+/// carrying the [`StepError`](crate::effects::StepError)), reported as `StepError`. An error of another type comes back inside
 /// [`Error::Handler`] (reach it with [`IdempotencyError::downcast_handler`]); its diagnostic's
 /// `errorType` is the type's name, as `lambda_runtime` reports a type without a diagnostic of
 /// its own. A `From<MyError> for Diagnostic` of your own is not applied to it: stable Rust

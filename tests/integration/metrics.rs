@@ -349,8 +349,8 @@ fn early_documents() -> Vec<u8> {
 }
 
 /// The completion's latency covers what a call stores after its handler, whatever the ending:
-/// an outcome, a terminal failure kept, a retryable one released (each one observation of
-/// `Phase::Completion`, on both stores).
+/// an outcome, a terminal failure kept, a retryable one released (on both stores), a
+/// completion refused and held (on DynamoDB): each one observation of `Phase::Completion`.
 #[tokio::test]
 async fn every_ending_of_a_run_is_timed_as_its_completion() {
     use lambda_idempotency::observe::{Observation, Phase};
@@ -399,4 +399,46 @@ async fn every_ending_of_a_run_is_timed_as_its_completion() {
         .expect_err("failed");
         assert_eq!(completions(), 3, "{name}: a retryable failure released");
     }
+
+    // A completion whose writes' condition fails (on DynamoDB, where such writes commit): one
+    // ending, held for an operator, one observation.
+    let db = dynamo::start_with_clock(ManualClock::new(start_time())).await;
+    let timed = Arc::new(Mutex::new(0_usize));
+    let idem = Idempotency::new(db.store()).with_observer({
+        let timed = Arc::clone(&timed);
+        move |observation: &Observation<'_>| {
+            if let Observation::Latency {
+                step: Phase::Completion,
+                ..
+            } = observation
+            {
+                *timed.lock().expect("unpoisoned") += 1;
+            }
+        }
+    });
+    let table = db.table.clone();
+    let err = idem
+        .execute(&invocation("ends-refused", 1), |ctx| async move {
+            let put = aws_sdk_dynamodb::types::Put::builder()
+                .table_name(table)
+                .item(
+                    "pk",
+                    aws_sdk_dynamodb::types::AttributeValue::S("stock#sku-1".into()),
+                )
+                .condition_expression("attribute_exists(pk)")
+                .build()?;
+            ctx.complete_with(lambda_idempotency::effects::Writes::default().put(put))?;
+            Ok::<_, BoxError>(1_u32)
+        })
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(err, Error::Indeterminate { .. }),
+        "held for an operator, got {err:?}"
+    );
+    assert_eq!(
+        *timed.lock().expect("unpoisoned"),
+        1,
+        "a refused completion, timed once"
+    );
 }

@@ -180,8 +180,11 @@ impl DynamoDbStore {
     /// evidence by namespace and tenant ([`IdentityScope`](crate::key::IdentityScope)); with
     /// the check, such evidence of an operation in the claim's scope still refuses it (one
     /// more `ConditionCheck` item in the claim's transaction, which needs
-    /// `dynamodb:ConditionCheckItem` on the uniqueness table). Turn it off only on a uniqueness
-    /// table that no version before 0.2 wrote to.
+    /// `dynamodb:ConditionCheckItem` on the uniqueness table). The same check finds the
+    /// evidence of a [`Global`](crate::key::IdentityScope::Global) identity (without `#`, which
+    /// is kept under the bare identity too) once a deploy narrows the operation's scope to its
+    /// namespace or tenant, as the memory store always does. Turn it off only on a uniqueness
+    /// table that no version before 0.2 wrote to and no operation keeps a global identity on.
     pub fn with_unscoped_evidence_check(mut self, check: bool) -> Self {
         self.unscoped_evidence = check;
         self

@@ -253,8 +253,9 @@ impl MemoryStore {
                 return Ok(Claim::IdentityTaken(evidence.clone()));
             }
             // Evidence of this scope under the bare identity (the layout before 0.2, and a
-            // global identity's) refuses the claim, as on DynamoDB: an operation whose identity
-            // scope a deploy narrowed from global still meets what it recorded before.
+            // global identity's without `#`) refuses the claim, as on DynamoDB with its default
+            // check: an operation whose identity scope a deploy narrowed from global still meets
+            // what it recorded before (one with `#` was kept under `#g#`, which is not looked at).
             if let Some(bare) = bare_evidence_in_scope(&tables.evidence, identity) {
                 return Ok(Claim::IdentityTaken(bare.clone()));
             }
