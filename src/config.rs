@@ -142,8 +142,10 @@ impl ConfigBuilder {
     /// Answers an invocation that 0.5 keys otherwise than 0.4 did from what 0.4 kept for the
     /// same event before `cutover`. 0.4 read neither the tenant Lambda's tenant isolation mode
     /// gives an invocation nor an SQS message's producer (`SenderId`,
-    /// [`sources::sqs`](crate::lambda::sources::sqs)): it keyed every tenant's and producer's
-    /// operations alike, and 0.5 keys them apart. It also took a quoted HTTP `Idempotency-Key`
+    /// [`sources::sqs`](crate::lambda::sources::sqs)), a Kinesis record's stream, nor an
+    /// EventBridge event's source and account
+    /// ([`sources::eventbridge_detail`](crate::lambda::sources::eventbridge_detail)): it keyed
+    /// every tenant's and producer's operations alike, and 0.5 keys them apart. It also took a quoted HTTP `Idempotency-Key`
     /// with its quotes, where 0.5 reads the Structured Field String inside
     /// ([`sources::http`](crate::lambda::sources::http)). Without the rule, a redelivery (or a
     /// client's retry) that spans the upgrade runs again.
@@ -165,8 +167,9 @@ impl ConfigBuilder {
     /// affected.
     ///
     /// Off by default. Turn it on for a function that ran 0.4 and gets tenants from Lambda,
-    /// reads SQS messages with [`sources::sqs`](crate::lambda::sources::sqs) or Kinesis records
-    /// with [`sources::kinesis`](crate::lambda::sources::kinesis), or serves HTTP
+    /// reads SQS messages with [`sources::sqs`](crate::lambda::sources::sqs), Kinesis records
+    /// with [`sources::kinesis`](crate::lambda::sources::kinesis) or EventBridge events with
+    /// [`sources::eventbridge_detail`](crate::lambda::sources::eventbridge_detail), or serves HTTP
     /// clients that quote their `Idempotency-Key`, naming the instant
     /// its last 0.4 instance stopped writing (in a rolling deploy, when the deploy ends). Turn it
     /// off one retention later, unless the function declares business identities: their

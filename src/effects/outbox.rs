@@ -30,6 +30,7 @@
 //! | `sweep_failures` (N), `sweep_failed_at` (N) | once a sweep failed to publish it: how often, and when last (epoch milliseconds); the next sweeps wait longer each time before trying it again |
 //! | `published_at` (N), `published_by` (S) | once published: epoch milliseconds, and `relay`, `sweeper` or `pipe` |
 //! | `parked_at` (N), `parked_reason` (S) | once parked: epoch milliseconds, and the destination's refusal |
+//! | `unparked_by` (S) | once an operator unparked it: a token of that write, by which a retry of it knows its own |
 //! | `redriven_at` (N), `redrives` (N) | while a sweeper asks a Pipe to publish it again: when it last did (the Pipe's filter passes the modification) and how often |
 //! | `expires_at` (N) | epoch seconds, the table's TTL: [`OUTBOX_RETENTION`] after publication; absent while pending or parked |
 //!

@@ -255,18 +255,55 @@ impl OutboxMarks {
     /// # Errors
     /// [`OutboxError::Request`] when DynamoDB fails the write.
     pub async fn redrive(&self, id: &str, now: SystemTime) -> Result<bool, OutboxError> {
+        self.redrive_unless_since(id, now, now).await
+    }
+
+    /// [`OutboxMarks::redrive`], unless a redrive after `cutoff` is recorded: a sweep beside
+    /// this one (its sweep overlapping, an operator's `idemctl outbox sweep`) redrove it
+    /// meanwhile, or this very write applied and lost its answer (the SDK's retry then counts
+    /// nothing twice).
+    pub(crate) async fn redrive_unless_since(
+        &self,
+        id: &str,
+        now: SystemTime,
+        cutoff: SystemTime,
+    ) -> Result<bool, OutboxError> {
         let update = self
             .update(id)
             .update_expression("SET redriven_at = :now ADD redrives :one")
             .condition_expression(
-                "attribute_exists(pk) AND attribute_not_exists(published_at) AND pending <> :parked",
+                "attribute_exists(pk) AND attribute_not_exists(published_at) AND pending <> :parked AND (attribute_not_exists(redriven_at) OR (redriven_at <= :cutoff AND redriven_at <> :now))",
             )
             .expression_attribute_values(":parked", AttributeValue::S(PARKED.to_owned()))
             .expression_attribute_values(":now", number(epoch_millis(now)))
+            .expression_attribute_values(":cutoff", number(epoch_millis(cutoff)))
             .expression_attribute_values(":one", number(1))
+            .return_values_on_condition_check_failure(
+                aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure::AllOld,
+            )
             .send()
             .await;
-        settled(update, "UpdateItem")
+        // Refused with this very redrive in place (its answer lost, the SDK's retry refused):
+        // redriven.
+        let own = |item: &HashMap<String, AttributeValue>| {
+            item.get("redriven_at").and_then(|at| at.as_n().ok())
+                == Some(&epoch_millis(now).to_string())
+                && !item.contains_key("published_at")
+        };
+        match update {
+            Err(err)
+                if err
+                    .as_service_error()
+                    .and_then(|service| match service {
+                        aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(failed) => failed.item(),
+                        _ => None,
+                    })
+                    .is_some_and(own) =>
+            {
+                Ok(true)
+            }
+            update => settled(update, "UpdateItem"),
+        }
     }
 
     /// Parks event `id` at `now` with its destination's refusal (`reason`, cut to
@@ -316,7 +353,9 @@ impl OutboxMarks {
 
     /// Puts parked event `id` back among the pending ones (its destination takes it now: a
     /// grant added, a queue created), for the next sweep to publish: `true`, or `false` when it
-    /// is not parked (published, pending already, or no such event).
+    /// is not parked (published, pending already, or no such event). The write names itself
+    /// (`unparked_by`, a token of this call), so that when it applies and loses its answer the
+    /// SDK's retry finds its own write, `true`, not an event that is "not parked".
     ///
     /// # Errors
     /// [`OutboxError::Request`] when DynamoDB fails the write.
@@ -324,11 +363,15 @@ impl OutboxMarks {
         let update = self
             .update(id)
             .update_expression(
-                "SET pending = :shard REMOVE parked_at, parked_reason, redrives, redriven_at, sweep_failures, sweep_failed_at",
+                "SET pending = :shard, unparked_by = :token REMOVE parked_at, parked_reason, redrives, redriven_at, sweep_failures, sweep_failed_at",
             )
-            .condition_expression("pending = :parked")
+            .condition_expression("pending = :parked OR unparked_by = :token")
             .expression_attribute_values(":parked", AttributeValue::S(PARKED.to_owned()))
             .expression_attribute_values(":shard", AttributeValue::S(pending_shard(id).to_owned()))
+            .expression_attribute_values(
+                ":token",
+                AttributeValue::S(uuid::Uuid::new_v4().to_string()),
+            )
             .send()
             .await;
         settled(update, "UpdateItem")
@@ -456,23 +499,26 @@ impl OutboxMarks {
     /// Records that a sweep at `now` failed to publish pending event `id`: counted
     /// (`sweep_failures`), timed (`sweep_failed_at`) and moved to its retry partition of the
     /// index ([`OutboxMarks::due`]). The failures counted so far, `None` when the event is no
-    /// longer pending (published or parked meanwhile) or this failure is counted already (the
-    /// write's answer was lost and its retry found it done).
+    /// longer pending (published or parked meanwhile) or this failure is counted already: the
+    /// write's answer was lost and its retry found it done, or a sweep beside this one (within
+    /// `backoff`, the shortest wait between two tries) counted its own failure of it.
     #[cfg(feature = "relay")]
     pub(crate) async fn sweep_failed(
         &self,
         id: &str,
         now: SystemTime,
+        backoff: Duration,
     ) -> Result<Option<u32>, OutboxError> {
+        let due = now.checked_sub(backoff).unwrap_or(UNIX_EPOCH);
         let update = self
             .update(id)
             .update_expression("SET pending = :retry, sweep_failed_at = :now ADD sweep_failures :one")
-            // A retry of this very write (its answer lost) counts nothing twice.
             .condition_expression(
-                "attribute_exists(pk) AND attribute_not_exists(published_at) AND pending <> :parked AND (attribute_not_exists(sweep_failed_at) OR sweep_failed_at <> :now)",
+                "attribute_exists(pk) AND attribute_not_exists(published_at) AND pending <> :parked AND (attribute_not_exists(sweep_failed_at) OR (sweep_failed_at <= :due AND sweep_failed_at <> :now))",
             )
             .expression_attribute_values(":retry", AttributeValue::S(retry_shard(id).to_owned()))
             .expression_attribute_values(":parked", AttributeValue::S(PARKED.to_owned()))
+            .expression_attribute_values(":due", number(epoch_millis(due)))
             .expression_attribute_values(":now", number(epoch_millis(now)))
             .expression_attribute_values(":one", number(1))
             .return_values(aws_sdk_dynamodb::types::ReturnValue::UpdatedNew)

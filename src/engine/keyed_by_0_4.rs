@@ -1,7 +1,8 @@
 //! The 0.4 key rule, where the deployer turns it on
 //! ([`ConfigBuilder::keyed_by_0_4_before`](crate::config::ConfigBuilder::keyed_by_0_4_before)):
-//! 0.4 read neither the tenant Lambda's tenant isolation mode gives an invocation nor the
-//! producer of an SQS message, so it keyed every tenant's and producer's operations (and their
+//! 0.4 read neither the tenant Lambda's tenant isolation mode gives an invocation, the
+//! producer of an SQS message, a Kinesis record's stream nor an EventBridge event's source and
+//! account, so it keyed every tenant's and producer's operations (and their
 //! identities' evidence) alike. 0.5 keys them apart. 0.4 also keyed a quoted HTTP
 //! `Idempotency-Key` with its quotes; 0.5 reads the Structured Field String inside. A redelivery that spans the upgrade must
 //! not run again, and must not be answered with what may be another tenant's result.

@@ -393,8 +393,13 @@ impl Idempotency {
                     .await
             }
         };
+        let (answer, counted) = answer;
         let operation = invocation.key.operation();
-        if let Some(decision) = Decision::of_answer(&answer) {
+        let decision = match counted {
+            Counted::ByAnswer => Decision::of_answer(&answer),
+            Counted::AsRun(decision) => decision,
+        };
+        if let Some(decision) = decision {
             self.observer.observe(&Observation::Decision {
                 operation,
                 decision,
@@ -653,11 +658,24 @@ impl Idempotency {
         // From here a cancellation gives the claim back: the handler may run.
         unstarted.store(false, Ordering::SeqCst);
         handed_on.set(None);
+        // A failure this run retains (its outcome could not be kept) is its own execution's,
+        // not a replay, and a result too large to keep is one that ran: counted as the run it
+        // was (a takeover is counted when taken).
+        let counted = match held {
+            Held::Fresh
+            | Held::TakenOver {
+                reentered: true, ..
+            } => Some(Decision::FirstExecution),
+            Held::TakenOver { .. } => None,
+        };
         let answer = self
             .run_held(target, invocation, &claim, held, &lands_by, handler)
             .await;
         give_back.disarm();
         match answer {
+            Ok(answer @ Err(Error::Failed { .. } | Error::OutcomeTooLarge { .. })) => {
+                Ran::Executed { answer, counted }
+            }
             Ok(answer) => Ran::Answered(answer),
             Err(panic) => {
                 warn!("the handler panicked: its claim is given back for a reconciled takeover");
@@ -875,6 +893,12 @@ impl Idempotency {
 enum Ran<T, F> {
     /// The answer for the caller.
     Answered(Result<Execution<T>, Error>),
+    /// The answer of a run this call executed that is not counted by its answer (a failure it
+    /// retained reads as a replayed one): counted as `counted`.
+    Executed {
+        answer: Result<Execution<T>, Error>,
+        counted: Option<Decision>,
+    },
     /// Another environment holds a live claim on `key`; the handler did not run.
     Busy {
         handler: F,
@@ -898,6 +922,14 @@ impl<T, F> Ran<T, F> {
             answer => Ran::Answered(answer),
         }
     }
+}
+
+/// How a call's answer is counted.
+enum Counted {
+    /// By [`Decision::of_answer`].
+    ByAnswer,
+    /// As the run this call executed (none: counted when its lease was taken).
+    AsRun(Option<Decision>),
 }
 
 /// What a claim leads to.

@@ -408,7 +408,9 @@ fn released(record: &Record, audit: Audit, now: SystemTime) -> Record {
         outcome: Some(released_failure().to_json().into_bytes()),
         // Well in the past: a reader whose clock runs behind the operator's must not see a
         // live FAILED record (seconds of skew), yet recent enough for TTL to delete it.
-        expires_at: now - RELEASED_AGE,
+        expires_at: now
+            .checked_sub(RELEASED_AGE)
+            .unwrap_or(SystemTime::UNIX_EPOCH),
         completed_at: Some(now),
         identity: None,
         audit: Some(audit),

@@ -65,10 +65,25 @@ impl Idempotency {
                     )
                     .await
                 }
-                Err(err) => Err(Error::OutcomeMismatch {
-                    key: key.clone(),
-                    reason: decode_failure(&err),
-                }),
+                // The effect happened, and its value cannot be recorded as the handler's: held
+                // for an operator, who records it typed (`idemctl resolve`), instead of left in
+                // progress for the next takeover to ask again, lease after lease.
+                Err(err) => {
+                    let reason = decode_failure(&err);
+                    warn!(
+                        attempt,
+                        reason = %reason,
+                        "the reconciler's value does not decode as the handler's output: held as indeterminate"
+                    );
+                    self.hold(target, invocation, claim, attempt, None)
+                        .await
+                        .and_then(|()| {
+                            Err(Error::OutcomeMismatch {
+                                key: key.clone(),
+                                reason,
+                            })
+                        })
+                }
             },
             Ok(Checked::Unknown) => {
                 warn!(

@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use tracing::{debug, warn};
 
 use super::decide::SETTLE_MARGIN;
-use super::{Idempotency, Ran};
+use super::{Counted, Idempotency, Ran};
 use crate::clock::Clock;
 use crate::error::{BoxError, Error};
 use crate::execution::{Execution, ExecutionContext, Invocation};
@@ -50,12 +50,12 @@ enum Waited {
 impl Idempotency {
     /// Runs, and while another environment holds the key and the invocation waits for
     /// results, reads its record (backed off) until it changes, then runs again: the claim
-    /// then answers its outcome, or takes over an expired lease.
+    /// then answers its outcome, or takes over an expired lease; with how the answer is counted.
     pub(super) async fn run_or_wait<T, E, F, Fut>(
         &self,
         invocation: &Invocation,
         handler: F,
-    ) -> Result<Execution<T>, Error>
+    ) -> (Result<Execution<T>, Error>, Counted)
     where
         T: Serialize + DeserializeOwned,
         E: Into<BoxError>,
@@ -72,7 +72,11 @@ impl Idempotency {
             let (back, key, busy) = match self.run(&current, handler).await {
                 Ran::Answered(answer) => {
                     self.observe_wait(&current.key, reads, since);
-                    return answer;
+                    return (answer, Counted::ByAnswer);
+                }
+                Ran::Executed { answer, counted } => {
+                    self.observe_wait(&current.key, reads, since);
+                    return (answer, Counted::AsRun(counted));
                 }
                 Ran::Busy { handler, key, busy } => (handler, key, busy),
             };
@@ -91,13 +95,13 @@ impl Idempotency {
                 Ok(Waited::GaveUp(held_until)) => Some(held_until),
                 Err(err) => {
                     self.observe_wait(&current.key, reads, since);
-                    return Err(err);
+                    return (Err(err), Counted::ByAnswer);
                 }
             };
             if let Some(held_until) = held_until {
                 debug!(reads, "gave up waiting for the holder's outcome");
                 self.observe_wait(&current.key, reads, since);
-                return Err(self.still_busy(busy, held_until));
+                return (Err(self.still_busy(busy, held_until)), Counted::ByAnswer);
             }
             current.to_mut().lease = self.lease_left(invocation, since);
         }

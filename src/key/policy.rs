@@ -110,7 +110,12 @@ impl<E: 'static> KeyPolicy<E> {
     /// The same policy, naming the key material 0.4 selected for an event where this one
     /// selects another: the engine answers a redelivery that 0.4 recorded there
     /// ([`ConfigBuilder::keyed_by_0_4_before`](crate::config::ConfigBuilder::keyed_by_0_4_before)).
-    #[cfg(any(feature = "sqs", feature = "http", feature = "kinesis"))]
+    #[cfg(any(
+        feature = "sqs",
+        feature = "http",
+        feature = "kinesis",
+        feature = "eventbridge"
+    ))]
     pub(crate) fn with_key_as_0_4(mut self, key: impl Select<E> + 'static) -> Self {
         self.key_as_0_4 = Some(Arc::new(key));
         self

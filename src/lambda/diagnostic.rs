@@ -9,24 +9,51 @@ use super::error::IdempotencyError;
 use crate::effects::StepError;
 use crate::error::{BoxError, Error};
 use crate::failure::Terminal;
+use crate::record::FailureKind;
 
 impl From<Error> for Diagnostic {
     fn from(error: Error) -> Self {
-        let error_message = match &error {
-            Error::Store(store) => {
-                error!(error = %store, "the idempotency store failed: the caller is told its kind only");
-                match store.is_transient() {
-                    true => "the idempotency store is unavailable or throttled: retry with the same event",
-                    false => "the service cannot record this request, and retrying will not help until its operator fixes it: see the function's logs",
-                }
-                .to_owned()
-            }
-            other => other.to_string(),
-        };
         Diagnostic {
             error_type: format!("Idempotency.{}", error.kind().name()),
-            error_message,
+            error_message: caller_message(&error),
         }
+    }
+}
+
+/// What the caller is told of `error`: the store's failures by their kind and what to do, and
+/// a failure the engine retained (a result or writes the store refused, a result that cannot
+/// be replayed) by its kind, since its stored message is the store's or serde's text; the rest
+/// as they read.
+pub(crate) fn caller_message(error: &Error) -> String {
+    match error {
+        Error::Store(store) => {
+            error!(error = %store, "the idempotency store failed: the caller is told its kind only");
+            match store.is_transient() {
+                true => "the idempotency store is unavailable or throttled: retry with the same event",
+                false => "the service cannot record this request, and retrying will not help until its operator fixes it: see the function's logs",
+            }
+            .to_owned()
+        }
+        Error::Failed { key, failure } if !matches!(failure.kind, FailureKind::Terminal(_)) => {
+            // The stored message stays in the record (`idemctl show`): it may quote the result.
+            error!(
+                key = key.short(),
+                kind = failure.kind.as_str(),
+                "a failure the engine retained was answered: its message is in the record"
+            );
+            let what = match failure.kind.took_effect() {
+                true => "it was applied, but its result could not be kept: do not send it again",
+                false => {
+                    "its writes cannot be sent as built: fix the handler or the table, then send a new operation"
+                }
+            };
+            format!(
+                "operation {} failed before and is not re-run ({}): {what}",
+                key.short(),
+                failure.kind.as_str()
+            )
+        }
+        other => other.to_string(),
     }
 }
 
@@ -131,6 +158,50 @@ mod tests {
         assert!(
             !rejected.error_message.contains("prod-idem"),
             "{rejected:?}"
+        );
+    }
+
+    /// A failure the engine retained tells the caller its kind and what to do, never the
+    /// store's text it keeps; a handler's terminal failure reads as the handler wrote it.
+    #[test]
+    fn a_retained_engine_failure_keeps_the_stores_text_from_the_caller() {
+        let key = crate::key::OperationKey::derive(
+            &crate::key::OperationScope::new("fn", "op").expect("scope"),
+            None,
+            &serde_json::json!("k"),
+        )
+        .expect("key");
+        let failed = |kind: FailureKind, message: &str| {
+            Diagnostic::from(Error::Failed {
+                key: key.clone(),
+                failure: crate::record::RetainedFailure {
+                    kind,
+                    message: message.into(),
+                },
+            })
+        };
+        let rejected = failed(
+            FailureKind::CompletionRejected,
+            "table `prod-idem` has multi-Region strong consistency",
+        );
+        assert!(
+            !rejected.error_message.contains("prod-idem"),
+            "{rejected:?}"
+        );
+        assert!(rejected.error_message.contains("completion_rejected"));
+        let unstorable = failed(
+            FailureKind::OutcomeUnstorable,
+            "Item size has exceeded the maximum allowed size in table prod-idem",
+        );
+        assert!(
+            !unstorable.error_message.contains("prod-idem"),
+            "{unstorable:?}"
+        );
+        assert!(unstorable.error_message.contains("do not send it again"));
+        let declined = failed(FailureKind::Terminal("declined".into()), "card declined");
+        assert!(
+            declined.error_message.contains("card declined"),
+            "{declined:?}"
         );
     }
 

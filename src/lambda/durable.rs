@@ -135,13 +135,14 @@ impl<E> Operation<E> {
         let engine = self.idem.clone();
         durable
             .run_in_child_context(move |child: DurableContext| async move {
-                // The failure by its message alone: a replay of the failed child gives the
-                // message only, and the handler must take the same branch on both.
+                // The failure by its message alone (the store's text in the log only): a
+                // replay of the failed child gives the message only, and the handler must
+                // take the same branch on both.
                 engine
                     .execute(&invocation, move |steps| handler(steps, child))
                     .await
                     .map(Execution::into_value)
-                    .map_err(|err| BoxError::from(err.to_string()))
+                    .map_err(|err| BoxError::from(super::diagnostic::caller_message(&err)))
             })
             .name(self.scope.operation())
             .await

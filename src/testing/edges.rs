@@ -509,7 +509,7 @@ async fn taken_over_after_the_grace(
 
 /// Case: a value given in the handler's place (a reconciler's `Applied`, an operator's
 /// `Completed`) that does not decode as the handler's output, or is over the outcome limit,
-/// is refused before it is stored.
+/// is refused before it is stored (a reconciler's holds the operation for an operator).
 pub async fn values_are_type_checked_before_they_are_stored<S: Store>(fx: Fixture<S>) {
     let (idem, clock, _) = engine(fx, Config::default());
     let wrong = idem
@@ -528,7 +528,12 @@ pub async fn values_are_type_checked_before_they_are_stored<S: Store>(fx: Fixtur
         .expect_err("mismatch");
     assert!(matches!(err, Error::OutcomeMismatch { .. }), "got {err:?}");
     let record = stored(&idem, reconciled.key(), "kept").await;
-    assert_eq!((record.status, record.outcome), (Status::InProgress, None));
+    // Held for an operator with nothing stored, not left in progress for the next takeover to
+    // ask again.
+    assert_eq!(
+        (record.status, record.outcome),
+        (Status::Indeterminate, None)
+    );
 
     let err = unknown
         .execute(&resolved, |_| async { Ok::<_, std::io::Error>(1_u32) })

@@ -438,7 +438,22 @@ async fn a_result_no_reader_could_replay_is_retained_as_unserializable_once() {
     }
     for backend in super::backends::both().await {
         let name = backend.name;
-        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let decisions = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let idem = Idempotency::new(backend.store)
+            .with_clock(backend.clock)
+            .with_observer({
+                let decisions = Arc::clone(&decisions);
+                move |observation: &lambda_idempotency::observe::Observation<'_>| {
+                    if let lambda_idempotency::observe::Observation::Decision { decision, .. } =
+                        observation
+                    {
+                        decisions
+                            .lock()
+                            .expect("unpoisoned")
+                            .push(decision.metric_name());
+                    }
+                }
+            });
         let inv = invocation("deep-result", &json!({"order": "o-deep"}));
         let runs = AtomicUsize::new(0);
         let handler = |_| {
@@ -458,6 +473,13 @@ async fn a_result_no_reader_could_replay_is_retained_as_unserializable_once() {
             runs.load(Ordering::SeqCst),
             1,
             "{name}: the effect is not run again"
+        );
+        // The run that retained the failure is counted as the execution it was; only the
+        // retry replays it.
+        assert_eq!(
+            *decisions.lock().expect("unpoisoned"),
+            ["first_execution", "failure_replayed"],
+            "{name}"
         );
     }
 }
@@ -513,5 +535,103 @@ async fn a_zero_lease_claims_the_shortest_lease_and_a_duplicate_waits() {
         let _ = finish_tx.send(());
         let first = leader.await.expect("join").expect("completes");
         assert_eq!(first.origin(), Origin::Executed { attempt: 1 });
+    }
+}
+
+/// A reconciler's `Applied` value that does not decode as the handler's output says the
+/// effect happened, yet cannot be recorded: the operation is held for an operator, not left
+/// in progress for another takeover to ask again, lease after lease, without end.
+#[tokio::test]
+async fn a_reconciled_value_of_another_type_is_held_for_an_operator() {
+    use lambda_idempotency::reconcile::{Checked, Takeover};
+
+    for backend in super::backends::both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        let idem = Idempotency::new(backend.store)
+            .with_clock(backend.clock)
+            .with_reconciler(|_: Takeover| async {
+                Ok::<_, lambda_idempotency::BoxError>(Checked::Applied(json!("not a number")))
+            });
+        let inv = invocation("mistyped-reconciliation", &json!({"order": "o-typed"}));
+        let runs = Arc::new(AtomicUsize::new(0));
+        lambda_idempotency::testing::conformance::crash_after_run(&idem, &inv, &runs).await;
+        clock.advance(Duration::from_secs(3600));
+
+        let first = idem.execute(&inv, |_| counted(&runs, 7_u64)).await;
+        assert!(
+            matches!(first, Err(Error::OutcomeMismatch { .. })),
+            "{name}: {first:?}"
+        );
+        let held = idem
+            .store()
+            .get(inv.key())
+            .await
+            .expect("get")
+            .expect("kept");
+        assert_eq!(held.status, Status::Indeterminate, "{name}");
+        clock.advance(Duration::from_secs(3600));
+        let again = idem.execute(&inv, |_| counted(&runs, 7_u64)).await;
+        assert!(
+            matches!(again, Err(Error::Indeterminate { .. })),
+            "{name}: {again:?}"
+        );
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "{name}: only the crashed attempt ran"
+        );
+    }
+}
+
+/// A result over the outcome limit was an execution (the handler ran, its effect applied):
+/// counted as one, and its retry as the failure it replays.
+#[tokio::test]
+async fn a_result_too_large_to_keep_is_counted_as_the_execution_it_was() {
+    for backend in super::backends::both().await {
+        let name = backend.name;
+        let decisions = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let config = lambda_idempotency::Config::builder()
+            .max_outcome_bytes(64)
+            .build()
+            .expect("config");
+        let idem = Idempotency::new(backend.store)
+            .with_clock(backend.clock)
+            .with_config(config)
+            .with_observer({
+                let decisions = Arc::clone(&decisions);
+                move |observation: &lambda_idempotency::observe::Observation<'_>| {
+                    if let lambda_idempotency::observe::Observation::Decision { decision, .. } =
+                        observation
+                    {
+                        decisions
+                            .lock()
+                            .expect("unpoisoned")
+                            .push(decision.metric_name());
+                    }
+                }
+            });
+        let inv = invocation("too-large", &json!({"order": "o-large"}));
+        let runs = AtomicUsize::new(0);
+        let first = idem
+            .execute(&inv, |_| counted(&runs, "x".repeat(200)))
+            .await;
+        assert!(
+            matches!(first, Err(Error::OutcomeTooLarge { .. })),
+            "{name}: {first:?}"
+        );
+        let again = idem
+            .execute(&inv, |_| counted(&runs, "x".repeat(200)))
+            .await;
+        assert!(
+            matches!(again, Err(Error::Failed { .. })),
+            "{name}: {again:?}"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}");
+        assert_eq!(
+            *decisions.lock().expect("unpoisoned"),
+            ["first_execution", "failure_replayed"],
+            "{name}"
+        );
     }
 }

@@ -16,6 +16,7 @@ mod durable_functions;
 mod durable_retention;
 mod dynamodb_store;
 mod event_door;
+mod eventbridge_senders;
 mod exact_ids;
 mod global_tables;
 mod held_runs;

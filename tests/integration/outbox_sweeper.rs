@@ -1068,3 +1068,62 @@ async fn an_event_0_4_wrote_is_in_the_pending_index_before_the_relay_publishes_i
     assert_eq!(text(&item, "pending"), Some("p7"), "in the pending index");
     assert_eq!(number(&item, "expires_at"), None, "no TTL while pending");
 }
+
+/// The marks' own writes, when one applies and loses its answer (the SDK retries it; the
+/// retry's condition meets the write itself): a redrive is counted once, so that the event
+/// keeps its `MAX_REDRIVES` chances; an operator's unpark is reported done, not "not parked".
+#[tokio::test]
+async fn a_redrive_or_unpark_that_lost_its_answer_counts_once_and_is_done() {
+    let rig = Rig::open().await;
+    commit(
+        &rig,
+        "lost-answers",
+        Destination::Sqs {
+            queue_url: rig.orders_queue.clone(),
+        },
+        json!({"order": "o-13"}),
+    )
+    .await;
+    rig.clock.advance(A_WEEKEND);
+    let faults = FaultInterceptor::new();
+    let faulty = OutboxMarks::new(client_with(rig.db.endpoint.clone(), &faults), &rig.outbox);
+    faults.inject(SdkOperation::UpdateItem, SdkFault::DropResponse);
+    let report = Sweeper::redriving(faulty.clone())
+        .sweep(rig.clock.now())
+        .await
+        .expect("swept");
+    assert_eq!(report.republished, 1, "{report}");
+    assert_eq!(
+        faults.fired(SdkOperation::UpdateItem, SdkFault::DropResponse),
+        1
+    );
+    let [item] = items(&rig).await.try_into().expect("one item");
+    assert_eq!(number(&item, "redrives"), Some(1), "counted once");
+
+    let id = text(&item, "pk").expect("id").to_owned();
+    assert!(
+        rig.marks()
+            .park(&id, "its queue is gone", rig.clock.now())
+            .await
+            .expect("parked")
+    );
+    faults.inject(SdkOperation::UpdateItem, SdkFault::DropResponse);
+    assert!(
+        faulty.unpark(&id).await.expect("unparked"),
+        "its own write, not an event that is not parked"
+    );
+    assert_eq!(
+        faults.fired(SdkOperation::UpdateItem, SdkFault::DropResponse),
+        2
+    );
+    let [item] = items(&rig).await.try_into().expect("one item");
+    assert!(
+        text(&item, "pending").is_some_and(|pending| pending.starts_with('p')),
+        "pending again: {item:?}"
+    );
+    assert!(!item.contains_key("parked_at"));
+    assert!(
+        !rig.marks().unpark(&id).await.expect("answered"),
+        "a second unpark finds it not parked"
+    );
+}

@@ -280,7 +280,7 @@ impl Sweeper {
         now: SystemTime,
         err: BoxError,
     ) -> Result<Option<bool>, BoxError> {
-        match self.marks.sweep_failed(id, now).await {
+        match self.marks.sweep_failed(id, now, self.after).await {
             Ok(Some(failures)) if failures >= MAX_SWEEP_FAILURES => {
                 let reason = format!(
                     "its destination failed every publish at {failures} sweeps over {}: see the sweeper's logs and OutboxSweepFailed, fix the destination, then unpark it",
@@ -328,7 +328,10 @@ impl Sweeper {
             }
             // Published or parked since the query: nothing to redrive.
             _ => {
-                let marked = self.marks.redrive(&event.id, now).await?;
+                let marked = self
+                    .marks
+                    .redrive_unless_since(&event.id, now, cutoff)
+                    .await?;
                 Ok(marked.then_some(true))
             }
         }

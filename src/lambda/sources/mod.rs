@@ -14,7 +14,7 @@
 //! | SQS ([`sqs_message_id`]) | `messageId` (opt in: a republish, and a redrive from a dead-letter queue, get a new id) | body |
 //! | SNS ([`sns`]) | `MessageId` (a republish gets a new id) | message |
 //! | SNS ([`sns_by_key_attribute`]) | the topic + the `idempotency-key` message attribute (an outbox event's id), else `MessageId` | message |
-//! | EventBridge ([`eventbridge`], [`eventbridge_detail`]) | `id`, or a `detail` field | detail; with a `detail` field, the source, detail type and resources too |
+//! | EventBridge ([`eventbridge`], [`eventbridge_detail`]) | `id`, or a `detail` field with the event's source and account | detail; with a `detail` field, the source, detail type and resources too |
 //! | HTTP: API Gateway REST/HTTP, Function URLs, ALB ([`http()`]) | caller + `Idempotency-Key` header (a Structured Field String when quoted) | method, path, decoded query sorted by name, content type, body bytes |
 //! | DynamoDB Streams ([`dynamodb_stream`]) | `eventID` | keys and new image |
 //! | Kinesis ([`kinesis`], [`kinesis_data`]) | shard sequence number within its stream (`eventID` and `eventSourceARN`: one stored record, which a producer's retry stores again), or a field of the data | data |
