@@ -321,6 +321,11 @@ async fn keys_are_scoped_to_the_caller_and_an_unidentified_caller_is_refused() {
     assert_eq!(runs.load(Ordering::SeqCst), 2, "one operation per caller");
     assert_eq!(nobody.status_code, 401);
     assert_eq!(body(&nobody)["error"], "caller_unidentified");
+    assert_eq!(
+        header(&nobody, "www-authenticate"),
+        Some("Bearer"),
+        "a 401 carries a challenge"
+    );
 }
 
 #[tokio::test]

@@ -21,7 +21,7 @@
 //! | repeated request, same caller and payload | the first status, every header value (multi-value headers in order) except the [withheld](WITHHELD_HEADERS) ones, and the exact body bytes, plus `Idempotent-Replayed: true` |
 //! | no `Idempotency-Key` header | 400 `missing_idempotency_key` (with [`HttpIdempotencyLayer::with_optional_key`]: passed through, unprotected) |
 //! | a quoted key that is not a Structured Field String | 400 `invalid_request` |
-//! | no caller principal ([`CallerScope::Principal`]) | 401 `caller_unidentified` |
+//! | no caller principal ([`CallerScope::Principal`]) | 401 `caller_unidentified`, with `WWW-Authenticate: Bearer` |
 //! | the original is still running | 409 `request_in_progress`, `Retry-After` |
 //! | same key, another method, path, query, content type or body | 422 `idempotency_key_reused` |
 //! | the handler failed terminally (now or before) | 409 `operation_previously_failed`, to this caller and every retry |

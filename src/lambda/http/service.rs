@@ -270,5 +270,12 @@ fn error_response(answer: &ErrorAnswer, longest_lease: std::time::Duration) -> R
     {
         response.headers_mut().insert(header::RETRY_AFTER, value);
     }
+    // A 401 carries a challenge (RFC 9110 §15.5.2): the scheme an authorizer in front of the
+    // door most often takes (a JWT or Cognito authorizer's bearer token).
+    if response.status() == StatusCode::UNAUTHORIZED {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
     response
 }
