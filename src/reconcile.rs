@@ -5,8 +5,8 @@
 //!
 //! - [`Checked::Applied`] — the effect exists; its result is recorded as COMPLETED and
 //!   returned, the handler does not run (a result that does not decode as the handler's
-//!   output is answered [`Error::OutcomeMismatch`](crate::Error::OutcomeMismatch) and the
-//!   operation held INDETERMINATE, for an operator to record it typed);
+//!   output holds the operation INDETERMINATE, as [`Checked::Unknown`] does, the reason in the
+//!   log, for an operator to record it typed);
 //! - [`Checked::NotApplied`] — no effect; the handler runs as the next attempt;
 //! - [`Checked::Unknown`] — cannot tell; the record becomes INDETERMINATE and every
 //!   caller gets [`Error::Indeterminate`](crate::Error::Indeterminate) until an operator

@@ -49,7 +49,8 @@ use std::time::{Duration, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
 use lambda_idempotency::record::{
-    Audit, Evidence, Record, RetainedFailure, Settlement, Status, StepRecord, epoch_millis,
+    Audit, Evidence, FailureKind, Record, RetainedFailure, Settlement, Status, StepRecord,
+    epoch_millis,
 };
 use lambda_idempotency::record::{MAX_FAILURE_KIND_BYTES, MAX_FAILURE_MESSAGE_BYTES};
 use lambda_idempotency::store::{
@@ -133,7 +134,7 @@ enum StoreCommand {
     },
     /// List IN_PROGRESS records past their lease and INDETERMINATE ones, older than a duration.
     Stuck {
-        /// How long past its lease (or since its claim, for INDETERMINATE), e.g. 10m, 2h, 1d.
+        /// How long past its lease (or, for INDETERMINATE, since it was held), e.g. 10m, 2h, 1d.
         #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
         older_than: Duration,
         /// One JSON object per line instead of a table.
@@ -290,6 +291,28 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 if let Some(text) = text {
                     show::typed(what, text)?;
                 }
+            }
+            // Blank is no value, and what is kept says something (`--operator` blank names
+            // nobody, and is read so above).
+            for (what, text) in [
+                ("--reason", &reason),
+                ("--failed", &failed),
+                ("--message", &message),
+            ] {
+                if text.as_deref().is_some_and(|text| text.trim().is_empty()) {
+                    return Err(format!("{what} takes a value that is not blank").into());
+                }
+            }
+            // The engine's own kinds say what the engine found (an effect applied but its result
+            // not kept, an operator's release): an operator's failure is named as a handler's.
+            if let Some(kind) = &failed
+                && !matches!(FailureKind::from(kind.as_str()), FailureKind::Terminal(_))
+            {
+                return Err(format!(
+                    "--failed {}: that name is the engine's own; name the failure as the handler's classifier would (e.g. declined), or use --release",
+                    show::text(kind)
+                )
+                .into());
             }
             // Refused, not cut: what the confirmation shows is exactly what is written.
             let limits = [

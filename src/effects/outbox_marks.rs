@@ -255,55 +255,49 @@ impl OutboxMarks {
     /// # Errors
     /// [`OutboxError::Request`] when DynamoDB fails the write.
     pub async fn redrive(&self, id: &str, now: SystemTime) -> Result<bool, OutboxError> {
-        self.redrive_unless_since(id, now, now).await
+        let update = self
+            .update(id)
+            .update_expression("SET redriven_at = :now ADD redrives :one")
+            // A retry of this very write (its answer lost) counts nothing twice.
+            .condition_expression(
+                "attribute_exists(pk) AND attribute_not_exists(published_at) AND pending <> :parked AND (attribute_not_exists(redriven_at) OR redriven_at <> :now)",
+            )
+            .expression_attribute_values(":parked", AttributeValue::S(PARKED.to_owned()))
+            .expression_attribute_values(":now", number(epoch_millis(now)))
+            .expression_attribute_values(":one", number(1))
+            .send()
+            .await;
+        settled(update, "UpdateItem")
     }
 
-    /// [`OutboxMarks::redrive`], unless a redrive after `cutoff` is recorded: a sweep beside
-    /// this one (its sweep overlapping, an operator's `idemctl outbox sweep`) redrove it
-    /// meanwhile, or this very write applied and lost its answer (the SDK's retry then counts
-    /// nothing twice).
-    pub(crate) async fn redrive_unless_since(
+    /// A sweep's [`OutboxMarks::redrive`] of an event it read redriven `read` times, last
+    /// before `cutoff` (or never): refused when a sweep beside this one (overlapping, an
+    /// operator's `idemctl outbox sweep`) redrove it meanwhile. The write sets the count it
+    /// read plus one rather than adding one, so that when it applies and loses its answer the
+    /// SDK's retry, meeting it in place, applies the same again (no change, no stream record)
+    /// and answers redriven.
+    #[cfg(feature = "relay")]
+    pub(crate) async fn redrive_as_read(
         &self,
         id: &str,
         now: SystemTime,
         cutoff: SystemTime,
+        read: u32,
     ) -> Result<bool, OutboxError> {
         let update = self
             .update(id)
-            .update_expression("SET redriven_at = :now ADD redrives :one")
+            .update_expression("SET redriven_at = :now, redrives = :next")
             .condition_expression(
-                "attribute_exists(pk) AND attribute_not_exists(published_at) AND pending <> :parked AND (attribute_not_exists(redriven_at) OR (redriven_at <= :cutoff AND redriven_at <> :now))",
+                "attribute_exists(pk) AND attribute_not_exists(published_at) AND pending <> :parked AND (((attribute_not_exists(redriven_at) OR redriven_at <= :cutoff) AND (attribute_not_exists(redrives) OR redrives = :read)) OR (redriven_at = :now AND redrives = :next))",
             )
             .expression_attribute_values(":parked", AttributeValue::S(PARKED.to_owned()))
             .expression_attribute_values(":now", number(epoch_millis(now)))
             .expression_attribute_values(":cutoff", number(epoch_millis(cutoff)))
-            .expression_attribute_values(":one", number(1))
-            .return_values_on_condition_check_failure(
-                aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure::AllOld,
-            )
+            .expression_attribute_values(":read", number(read))
+            .expression_attribute_values(":next", number(read.saturating_add(1)))
             .send()
             .await;
-        // Refused with this very redrive in place (its answer lost, the SDK's retry refused):
-        // redriven.
-        let own = |item: &HashMap<String, AttributeValue>| {
-            item.get("redriven_at").and_then(|at| at.as_n().ok())
-                == Some(&epoch_millis(now).to_string())
-                && !item.contains_key("published_at")
-        };
-        match update {
-            Err(err)
-                if err
-                    .as_service_error()
-                    .and_then(|service| match service {
-                        aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(failed) => failed.item(),
-                        _ => None,
-                    })
-                    .is_some_and(own) =>
-            {
-                Ok(true)
-            }
-            update => settled(update, "UpdateItem"),
-        }
+        settled(update, "UpdateItem")
     }
 
     /// Parks event `id` at `now` with its destination's refusal (`reason`, cut to

@@ -77,12 +77,7 @@ impl Idempotency {
                     );
                     self.hold(target, invocation, claim, attempt, None)
                         .await
-                        .and_then(|()| {
-                            Err(Error::OutcomeMismatch {
-                                key: key.clone(),
-                                reason,
-                            })
-                        })
+                        .and_then(|()| Err(self.indeterminate(invocation)))
                 }
             },
             Ok(Checked::Unknown) => {

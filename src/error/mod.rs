@@ -162,8 +162,9 @@ pub enum Error {
         reason: String,
     },
 
-    /// A result given in the handler's place (a reconciler's `Applied` value, an operator's
-    /// `Completed` resolution) does not decode as the handler's output type; nothing was stored.
+    /// A result given in the handler's place (an operator's `Completed` resolution) does not
+    /// decode as the handler's output type; nothing was stored. (A reconciler's `Applied` value
+    /// that does not holds the operation [`Error::Indeterminate`] for an operator.)
     #[error(
         "the result given for operation {} does not decode as the handler's output ({reason}); nothing was stored: give a value of the handler's output type",
         key.short()

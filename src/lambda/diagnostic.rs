@@ -20,10 +20,10 @@ impl From<Error> for Diagnostic {
     }
 }
 
-/// What the caller is told of `error`: the store's failures by their kind and what to do, and
-/// a failure the engine retained (a result or writes the store refused, a result that cannot
-/// be replayed) by its kind, since its stored message is the store's or serde's text; the rest
-/// as they read.
+/// What the caller is told of `error`: the store's failures by their kind and what to do; a
+/// failure the engine retained (a result or writes the store refused, a result that cannot be
+/// replayed) by its kind, since its stored message is the store's or serde's text; writes the
+/// store rejected without the store's reason; the rest as they read.
 pub(crate) fn caller_message(error: &Error) -> String {
     match error {
         Error::Store(store) => {
@@ -34,7 +34,12 @@ pub(crate) fn caller_message(error: &Error) -> String {
             }
             .to_owned()
         }
-        Error::Failed { key, failure } if !matches!(failure.kind, FailureKind::Terminal(_)) => {
+        Error::Failed { key, failure }
+            if !matches!(
+                failure.kind,
+                FailureKind::Terminal(_) | FailureKind::Released
+            ) =>
+        {
             // The stored message stays in the record (`idemctl show`): it may quote the result.
             error!(
                 key = key.short(),
@@ -52,6 +57,11 @@ pub(crate) fn caller_message(error: &Error) -> String {
                 key.short(),
                 failure.kind.as_str()
             )
+        }
+        // Writes the store refused or rejected, which the engine made: its reason stays in the
+        // log.
+        Error::Handler { source } if let Some(refused) = refusal(source) => {
+            format!("handler failed: {}", refusal_message(refused))
         }
         other => other.to_string(),
     }
@@ -203,6 +213,18 @@ mod tests {
             declined.error_message.contains("card declined"),
             "{declined:?}"
         );
+        // The first caller's answer, before the failure is retained (the durable door's
+        // message): the store's reason stays in the log.
+        let rejected_now = caller_message(&Error::Handler {
+            source: Box::new(Terminal::new(
+                "completion_rejected",
+                StepError::Rejected {
+                    step: "(completion)".into(),
+                    message: "table `prod-idem` has multi-Region strong consistency".into(),
+                },
+            )),
+        });
+        assert!(!rejected_now.contains("prod-idem"), "{rejected_now}");
     }
 
     /// A store's failure tells the caller its kind and what to do, never the table or the

@@ -525,8 +525,8 @@ pub async fn values_are_type_checked_before_they_are_stored<S: Store>(fx: Fixtur
     let err = wrong
         .execute(&reconciled, |_| async { Ok::<_, std::io::Error>(1_u32) })
         .await
-        .expect_err("mismatch");
-    assert!(matches!(err, Error::OutcomeMismatch { .. }), "got {err:?}");
+        .expect_err("held");
+    assert!(matches!(err, Error::Indeterminate { .. }), "got {err:?}");
     let record = stored(&idem, reconciled.key(), "kept").await;
     // Held for an operator with nothing stored, not left in progress for the next takeover to
     // ask again.

@@ -560,7 +560,7 @@ async fn a_reconciled_value_of_another_type_is_held_for_an_operator() {
 
         let first = idem.execute(&inv, |_| counted(&runs, 7_u64)).await;
         assert!(
-            matches!(first, Err(Error::OutcomeMismatch { .. })),
+            matches!(first, Err(Error::Indeterminate { .. })),
             "{name}: {first:?}"
         );
         let held = idem

@@ -709,6 +709,37 @@ async fn the_trace_names_the_caller_as_aws_identifies_it() {
     let said = String::from_utf8_lossy(&message.stderr);
     assert!(said.contains("--failed"), "{said}");
     assert_eq!(status().await, "IN_PROGRESS", "nothing was written");
+    // A failure named as the engine names its own (an effect applied, its result not kept;
+    // a release), or a blank value, is refused: what is kept says what the operator found.
+    for (failed, refused) in [
+        ("outcome_too_large", "the engine's own"),
+        ("released", "the engine's own"),
+        (" ", "not blank"),
+    ] {
+        let answer = idemctl(
+            &db,
+            &[
+                "resolve",
+                "--key",
+                &key,
+                "--failed",
+                failed,
+                "--message",
+                "the provider refused it",
+                "--retention",
+                "2h",
+                "--reason",
+                "checked the ledger",
+                "--operator",
+                "alice",
+                "--yes",
+            ],
+        );
+        assert!(!answer.status.success(), "--failed {failed:?}");
+        let said = String::from_utf8_lossy(&answer.stderr);
+        assert!(said.contains(refused), "--failed {failed:?}: {said}");
+        assert_eq!(status().await, "IN_PROGRESS", "nothing was written");
+    }
 
     let declined = idemctl_with(&db, &args(&resolve(&[])), &moto.endpoint, Some("n\n"));
     assert!(!declined.status.success(), "not confirmed");

@@ -328,9 +328,10 @@ impl Sweeper {
             }
             // Published or parked since the query: nothing to redrive.
             _ => {
+                let read = event.redriven.map_or(0, |(count, _)| count);
                 let marked = self
                     .marks
-                    .redrive_unless_since(&event.id, now, cutoff)
+                    .redrive_as_read(&event.id, now, cutoff, read)
                     .await?;
                 Ok(marked.then_some(true))
             }
