@@ -258,9 +258,8 @@ impl OutboxMarks {
         let update = self
             .update(id)
             .update_expression("SET redriven_at = :now ADD redrives :one")
-            // A retry of this very write (its answer lost) counts nothing twice.
             .condition_expression(
-                "attribute_exists(pk) AND attribute_not_exists(published_at) AND pending <> :parked AND (attribute_not_exists(redriven_at) OR redriven_at <> :now)",
+                "attribute_exists(pk) AND attribute_not_exists(published_at) AND pending <> :parked",
             )
             .expression_attribute_values(":parked", AttributeValue::S(PARKED.to_owned()))
             .expression_attribute_values(":now", number(epoch_millis(now)))
@@ -359,7 +358,9 @@ impl OutboxMarks {
             .update_expression(
                 "SET pending = :shard, unparked_by = :token REMOVE parked_at, parked_reason, redrives, redriven_at, sweep_failures, sweep_failed_at",
             )
-            .condition_expression("pending = :parked OR unparked_by = :token")
+            .condition_expression(
+                "pending = :parked OR (unparked_by = :token AND attribute_not_exists(published_at))",
+            )
             .expression_attribute_values(":parked", AttributeValue::S(PARKED.to_owned()))
             .expression_attribute_values(":shard", AttributeValue::S(pending_shard(id).to_owned()))
             .expression_attribute_values(

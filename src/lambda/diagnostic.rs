@@ -60,9 +60,10 @@ pub(crate) fn caller_message(error: &Error) -> String {
         }
         // Writes the store refused or rejected, which the engine made: its reason stays in the
         // log.
-        Error::Handler { source } if let Some(refused) = refusal(source) => {
-            format!("handler failed: {}", refusal_message(refused))
-        }
+        Error::Handler { source } => match refusal(source) {
+            Some(refused) => format!("handler failed: {}", refusal_message(refused)),
+            None => error.to_string(),
+        },
         other => other.to_string(),
     }
 }

@@ -427,6 +427,30 @@ async fn a_terminal_wrapping_the_handlers_own_error_is_retained_under_by_error_t
     }
 }
 
+/// The decisions an engine reported, by their metric names, in order.
+#[derive(Clone, Default)]
+struct Decisions(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Decisions {
+    /// An observer that notes each decision here.
+    fn observer(&self) -> impl lambda_idempotency::observe::Observer + use<> {
+        let noted = Arc::clone(&self.0);
+        move |observation: &lambda_idempotency::observe::Observation<'_>| {
+            if let lambda_idempotency::observe::Observation::Decision { decision, .. } = observation
+            {
+                noted
+                    .lock()
+                    .expect("unpoisoned")
+                    .push(decision.metric_name());
+            }
+        }
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.0.lock().expect("unpoisoned").clone()
+    }
+}
+
 #[tokio::test]
 async fn a_result_no_reader_could_replay_is_retained_as_unserializable_once() {
     use lambda_idempotency::record::FailureKind;
@@ -438,22 +462,10 @@ async fn a_result_no_reader_could_replay_is_retained_as_unserializable_once() {
     }
     for backend in super::backends::both().await {
         let name = backend.name;
-        let decisions = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let decisions = Decisions::default();
         let idem = Idempotency::new(backend.store)
             .with_clock(backend.clock)
-            .with_observer({
-                let decisions = Arc::clone(&decisions);
-                move |observation: &lambda_idempotency::observe::Observation<'_>| {
-                    if let lambda_idempotency::observe::Observation::Decision { decision, .. } =
-                        observation
-                    {
-                        decisions
-                            .lock()
-                            .expect("unpoisoned")
-                            .push(decision.metric_name());
-                    }
-                }
-            });
+            .with_observer(decisions.observer());
         let inv = invocation("deep-result", &json!({"order": "o-deep"}));
         let runs = AtomicUsize::new(0);
         let handler = |_| {
@@ -477,7 +489,7 @@ async fn a_result_no_reader_could_replay_is_retained_as_unserializable_once() {
         // The run that retained the failure is counted as the execution it was; only the
         // retry replays it.
         assert_eq!(
-            *decisions.lock().expect("unpoisoned"),
+            decisions.names(),
             ["first_execution", "failure_replayed"],
             "{name}"
         );
@@ -590,7 +602,7 @@ async fn a_reconciled_value_of_another_type_is_held_for_an_operator() {
 async fn a_result_too_large_to_keep_is_counted_as_the_execution_it_was() {
     for backend in super::backends::both().await {
         let name = backend.name;
-        let decisions = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let decisions = Decisions::default();
         let config = lambda_idempotency::Config::builder()
             .max_outcome_bytes(64)
             .build()
@@ -598,19 +610,7 @@ async fn a_result_too_large_to_keep_is_counted_as_the_execution_it_was() {
         let idem = Idempotency::new(backend.store)
             .with_clock(backend.clock)
             .with_config(config)
-            .with_observer({
-                let decisions = Arc::clone(&decisions);
-                move |observation: &lambda_idempotency::observe::Observation<'_>| {
-                    if let lambda_idempotency::observe::Observation::Decision { decision, .. } =
-                        observation
-                    {
-                        decisions
-                            .lock()
-                            .expect("unpoisoned")
-                            .push(decision.metric_name());
-                    }
-                }
-            });
+            .with_observer(decisions.observer());
         let inv = invocation("too-large", &json!({"order": "o-large"}));
         let runs = AtomicUsize::new(0);
         let first = idem
@@ -629,7 +629,7 @@ async fn a_result_too_large_to_keep_is_counted_as_the_execution_it_was() {
         );
         assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}");
         assert_eq!(
-            *decisions.lock().expect("unpoisoned"),
+            decisions.names(),
             ["first_execution", "failure_replayed"],
             "{name}"
         );
