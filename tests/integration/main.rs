@@ -37,6 +37,7 @@ mod kinesis_streams;
 mod lambda_layer;
 mod large_integers;
 mod late_effects;
+mod lease_bounded_effects;
 mod lost_commits;
 mod managed_instances;
 mod memory_store;

@@ -468,6 +468,7 @@ impl StepLedger {
     {
         let (standing, _flight) = self.begin::<T>(&name)?;
         let downstream = self.key.downstream(&name);
+        let recorded_here = matches!(standing, Standing::New);
         match standing {
             Standing::Done(value) => return Ok(value),
             Standing::New => self.record_intent(&name).await?,
@@ -499,6 +500,9 @@ impl StepLedger {
                 attempt: self.attempt,
             });
             return Err(self.halt(&mut self.lock(), &name, lost));
+        }
+        if let Some(refused) = self.outlasts_lease(&name, effect_timeout, recorded_here) {
+            return Err(refused);
         }
         // On every clock: a takeover's clock may run ahead of this one by the skew.
         // A timeout past what a clock can count is none: the lease bounds it.
@@ -625,6 +629,40 @@ impl StepLedger {
     /// Whether the lease is past: a takeover may then hold the claim, and no effect starts.
     fn past_lease(&self) -> bool {
         self.idem.now() >= self.lease_expires_at
+    }
+
+    /// Refuses to start an effect declared to land within `timeout` that could land after the
+    /// lease's end (now, the timeout and the clock skew past it): a takeover may check the step
+    /// before the effect lands, find nothing and run it again. The step's intent, when this
+    /// attempt `recorded` it, is withdrawn (nothing started) and the claim given back at once,
+    /// so that the next delivery runs the step under a fresh lease.
+    fn outlasts_lease(
+        &self,
+        name: &str,
+        timeout: Option<Duration>,
+        recorded: bool,
+    ) -> Option<StepError> {
+        let needed = timeout?.saturating_add(self.clock_skew);
+        let lands = self.idem.now().checked_add(needed);
+        if lands.is_some_and(|lands| lands <= self.lease_expires_at) {
+            return None;
+        }
+        warn!(
+            attempt = self.attempt,
+            lands_within_ms = u64::try_from(needed.as_millis()).unwrap_or(u64::MAX),
+            "a step's effect could land after the lease's end: not started, the claim is given back for a delivery with more time (a function whose timeout is shorter than the step's effect timeout never starts it)"
+        );
+        let mut state = self.lock();
+        if recorded && state.cursor + 1 == state.steps.len() {
+            state.steps.pop();
+            state.dirty = true;
+        }
+        let in_progress = Halt::GiveBack(Error::AlreadyInProgress {
+            key: self.key.clone(),
+            attempt: self.attempt,
+            retry_after: Duration::ZERO,
+        });
+        Some(self.halt(&mut state, name, in_progress))
     }
 
     /// Whether the step at the cursor is one whose effect this attempt started and whose

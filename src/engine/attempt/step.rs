@@ -81,10 +81,12 @@ impl<C> Step<'_, C> {
     /// began, plus the lease policy's clock skew (the next attempt's clock may run ahead), so
     /// that the next attempt's check sees an effect that lands late. Without one the
     /// claim is kept until its lease runs out (the invocation's remaining time bounds the effect).
-    /// The claim is never kept past its lease: an effect started less than the timeout (plus the
-    /// skew) before the lease's end may land after a takeover checked it, so keep the lease
-    /// (the function's timeout) well above the step's timeout, or let the effect's provider
-    /// deduplicate on the downstream key ([`Step::repeat_safe`]).
+    /// The claim is never kept past its lease, so an effect is not started less than the
+    /// timeout (plus the skew) before the lease's end, where it could land after a takeover
+    /// checked it: the step answers [`StepError::Stopped`] instead (its intent withdrawn), and
+    /// the claim is given back at once for a delivery with more time. A Lambda door's lease is
+    /// the invocation's remaining time plus the skew: a step starts only while the invocation
+    /// has at least its timeout left, so keep the function's timeout above the step's.
     ///
     /// ```no_run
     /// # use std::time::Duration;
