@@ -13,7 +13,10 @@ use crate::error::Error;
 pub enum PoisonPolicy {
     /// Report it failed: the source delivers it again until its redrive policy moves it to a
     /// dead-letter queue. The default for SQS, where a DLQ ends the retries (configure one: a
-    /// FIFO group waits behind a failing message until it moves).
+    /// FIFO group waits behind a failing message until it moves). On a FIFO queue the messages
+    /// of its group behind it in the same batch are reported failed with it (skipped, to keep
+    /// the order), so their receive counts rise with its own and the DLQ takes them together:
+    /// redrive them from it once the poison message is dealt with.
     Retry,
     /// Acknowledge it, logged at error level with its key hash and error kind, and reported as
     /// [`RecordOutcome::Poison`]: the stream moves on instead of retrying the shard or the
