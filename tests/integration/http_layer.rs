@@ -660,6 +660,7 @@ async fn a_patch_is_keyed_like_a_post() {
 async fn statuses_that_ask_for_a_retry_are_not_stored_and_the_others_are() {
     for (status, stored) in [
         (401, false),
+        (403, false),
         (407, false),
         (412, false),
         (428, false),

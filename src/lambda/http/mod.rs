@@ -15,7 +15,7 @@
 //! | situation | answer |
 //! |---|---|
 //! | first request | the handler's response; 2xx, 3xx and definitive 4xx are stored for replay |
-//! | 401, 407, 408, 409, 412, 425, 428, 429 or 5xx from the handler | passed through, not stored: the retry runs |
+//! | 401, 403, 407, 408, 409, 412, 425, 428, 429 or 5xx from the handler | passed through, not stored: the retry runs |
 //! | another 4xx from the handler (a refusal) | stored and replayed to this key, but it holds no business identity: a corrected request under a new key may run |
 //! | the business identity is held by another request's operation | 409 `business_identity_taken`, whatever that operation's state (nothing about it is revealed) |
 //! | repeated request, same caller and payload | the first status, every header value (multi-value headers in order) except the [withheld](WITHHELD_HEADERS) ones, and the exact body bytes, plus `Idempotent-Replayed: true` |

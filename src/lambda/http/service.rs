@@ -227,7 +227,7 @@ where
     })
 }
 
-/// A response the handler gave that is not stored (401, 407, 408, 409, 412, 425, 428, 429,
+/// A response the handler gave that is not stored (401, 403, 407, 408, 409, 412, 425, 428, 429,
 /// 5xx): the claim is released whatever the operation's classifier says ([`Release`]) and the
 /// response passed through.
 #[derive(Debug)]

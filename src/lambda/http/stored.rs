@@ -10,8 +10,9 @@ use serde::{Deserialize, Serialize};
 
 /// Whether a response with `status` is stored and replayed to a retry: 2xx, 3xx (a `303 See
 /// Other` after the effect), and 4xx that a retry must see again. 408, 409, 425 and 429 say
-/// "try again"; 401 and 407 "try again with (other) credentials", which the caller's key and
-/// fingerprint do not see (a step-up token has the same subject); 412 and 428 answer the
+/// "try again"; 401, 403 and 407 "try again with (other) credentials or permissions", which
+/// the caller's key and fingerprint do not see (a step-up token, or a role granted since, has
+/// the same subject); 412 and 428 answer the
 /// request's preconditions (`If-Match`…), which its fingerprint does not cover either; and 5xx
 /// may pass on a retry: those are not stored, so that the retry runs.
 pub(crate) fn is_definitive(status: StatusCode) -> bool {
@@ -20,7 +21,7 @@ pub(crate) fn is_definitive(status: StatusCode) -> bool {
         || (status.is_client_error()
             && !matches!(
                 status.as_u16(),
-                401 | 407 | 408 | 409 | 412 | 425 | 428 | 429
+                401 | 403 | 407 | 408 | 409 | 412 | 425 | 428 | 429
             ))
 }
 
