@@ -21,8 +21,12 @@ use crate::record::{Lease, Record, Settlement, StepRecord};
 /// Room a cached record takes besides the strings and bytes [`ByBytes`] counts, in bytes: its
 /// own fields and its fingerprint's digests (64 hex digits each, up to three).
 const RECORD_OVERHEAD: u64 = 512;
-/// Claims waiting for their settlement, at most (a crashed claim's entry is evicted).
+/// Claims waiting for their settlement, about (a crashed claim's entry is evicted).
 const PENDING_CLAIMS: usize = 4096;
+/// What the claims waiting for their settlement hold, at most, in bytes: a takeover's claim
+/// carries the steps it took over, up to 256 KiB. An evicted claim costs only the replay
+/// from memory of its settled record.
+const PENDING_BYTES: u64 = 16 * 1024 * 1024;
 /// The smallest share of the cache one shard holds: a shard keeps no record heavier than
 /// about its share, so large outcomes need large shards.
 const MIN_SHARD_BYTES: u64 = 8 * 1024 * 1024;
@@ -54,7 +58,7 @@ pub struct CachedStore<S> {
     /// Claim records by key and lease token, until they settle: what a settlement is applied
     /// to. By both: an owner's claims share its token across keys
     /// ([`Invocation::with_owner`](crate::Invocation::with_owner)).
-    pending: Arc<Cache<PendingKey, Arc<Record>>>,
+    pending: Arc<Cache<PendingKey, Arc<Record>, ByBytes>>,
     hits: Arc<AtomicU64>,
 }
 
@@ -101,6 +105,13 @@ impl Weighter<OperationKey, Arc<Record>> for ByBytes {
     }
 }
 
+impl Weighter<PendingKey, Arc<Record>> for ByBytes {
+    fn weight(&self, (key, token): &PendingKey, record: &Arc<Record>) -> u64 {
+        let token = u64::try_from(token.len()).unwrap_or(u64::MAX);
+        Weighter::<OperationKey, Arc<Record>>::weight(self, key, record).saturating_add(token)
+    }
+}
+
 impl<S> CachedStore<S> {
     /// `inner`, with up to `max_bytes` of settled records cached. The cache is split into
     /// shards of at least 8 MiB (fewer, larger shards for a small cache), since a shard keeps
@@ -135,7 +146,7 @@ impl<S> CachedStore<S> {
         Self {
             inner,
             settled: Arc::new(settled),
-            pending: Arc::new(Cache::new(PENDING_CLAIMS)),
+            pending: Arc::new(Cache::with_weighter(PENDING_CLAIMS, PENDING_BYTES, ByBytes)),
             hits: Arc::default(),
         }
     }
