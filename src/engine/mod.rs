@@ -849,11 +849,8 @@ impl Idempotency {
                 Err(err)
             }
             // Nothing of the operation's steps is in the store: nothing happened, it is
-            // released for the next delivery to run afresh, unless the answer is that a lease
-            // stands (a step not started for want of lease: given back, as it says).
-            Halt::GiveBack(err)
-                if !steps.has_recorded() && !matches!(err, Error::AlreadyInProgress { .. }) =>
-            {
+            // released for the next delivery to run afresh.
+            Halt::GiveBack(err) if !steps.has_recorded() => {
                 let patience = settle_patience(invocation, claim, self.clock.now());
                 self.release_claim(target, attempt, patience).await?;
                 Err(err)

@@ -77,8 +77,9 @@ pub enum Error {
     },
 
     /// This worker's lease was taken over, or ran out, before it completed (past its lease no
-    /// step's effect starts: another attempt may take the claim over); its result was not
-    /// recorded.
+    /// step's effect starts: another attempt may take the claim over), or a step's declared
+    /// effect timeout would outlast it (the step was not started and, nothing recorded, the
+    /// claim released); its result was not recorded.
     #[error(
         "lease on operation {} was taken over or ran out (this was attempt {attempt}); its result was not recorded, raise the lease if handlers outlive it",
         key.short()

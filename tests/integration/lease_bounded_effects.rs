@@ -78,9 +78,9 @@ async fn an_effect_that_could_outlast_the_lease_is_not_started_and_runs_once_lat
     for backend in both().await {
         let name = backend.name;
         let clock = backend.clock.clone();
-        let idem = Idempotency::new(backend.store)
-            .with_clock(backend.clock)
-            .with_recovery(Recovery::Steps);
+        // The default recovery: a takeover of a crashed attempt would be held, so the
+        // refusal must leave nothing that reads as one.
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
         let inv = invocation("late-in-lease", &serde_json::json!({"order": "o-late"}));
         let provider = Arc::new(Provider::default());
 
@@ -95,8 +95,8 @@ async fn an_effect_that_could_outlast_the_lease_is_not_started_and_runs_once_lat
         )
         .await;
         assert!(
-            matches!(late, Err(Error::AlreadyInProgress { retry_after, .. }) if retry_after.is_zero()),
-            "{name}: the step is not started and the caller may retry at once: {late:?}"
+            matches!(late, Err(Error::LeaseLost { attempt: 1, .. })),
+            "{name}: the step is not started, nothing recorded, the claim released: {late:?}"
         );
         assert_eq!(
             provider.sends.load(Ordering::SeqCst),
@@ -104,10 +104,9 @@ async fn an_effect_that_could_outlast_the_lease_is_not_started_and_runs_once_lat
             "{name}: nothing sent"
         );
 
-        // The claim was given back at once: the next delivery, with a whole lease, sends the
-        // charge without asking a check (the intent was withdrawn); its request times out and
+        // The claim was released: the next delivery, with a whole lease, runs afresh and sends
+        // the charge without asking a check (no intent was written); its request times out and
         // the claim is kept until the charge can have landed, where the check finds it.
-        clock.advance(Duration::from_millis(1));
         let next = attempt(&idem, &inv, &provider, &clock, Duration::ZERO).await;
         assert!(next.is_err(), "{name}: the charge timed out on our side");
         assert_eq!(provider.sends.load(Ordering::SeqCst), 1, "{name}");
@@ -141,5 +140,83 @@ async fn an_effect_that_lands_inside_the_lease_starts_late_in_it() {
         let later = attempt(&idem, &inv, &provider, &clock, Duration::ZERO).await;
         assert_eq!(later.expect("checked, applied"), "ch_1", "{name}");
         assert_eq!(provider.sends.load(Ordering::SeqCst), 1, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_step_refused_after_a_recorded_one_gives_the_claim_back_with_it() {
+    for backend in both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let inv = invocation("after-a-step", &serde_json::json!({"order": "o-two"}));
+        let (reserved, shipped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let run = |into_lease: Duration| {
+            let (reserved, shipped, clock) =
+                (Arc::clone(&reserved), Arc::clone(&shipped), clock.clone());
+            idem.execute(&inv, move |ctx: ExecutionContext| async move {
+                let stock: u32 = ctx
+                    .step("reserve")
+                    .run(|_key| async move {
+                        reserved.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, BoxError>(7)
+                    })
+                    .await?;
+                clock.advance(into_lease);
+                ctx.step("ship")
+                    .effect_timeout(EFFECT_TIMEOUT)
+                    .run(|_key| async move {
+                        shipped.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, BoxError>(stock)
+                    })
+                    .await
+                    .map_err(BoxError::from)
+            })
+        };
+
+        let late = run(LEASE - Duration::from_secs(5)).await;
+        assert!(
+            matches!(late, Err(Error::AlreadyInProgress { attempt: 1, retry_after, .. }) if retry_after.is_zero()),
+            "{name}: given back with its recorded step, at once: {late:?}"
+        );
+        assert_eq!(shipped.load(Ordering::SeqCst), 0, "{name}: not shipped");
+
+        // Under the default recovery the given-back steps replay: the reservation is not made
+        // again, and the shipment runs once.
+        clock.advance(Duration::from_millis(1));
+        let next = run(Duration::ZERO).await.expect("taken over, continued");
+        assert_eq!(next.value(), &7, "{name}");
+        assert_eq!(reserved.load(Ordering::SeqCst), 1, "{name}: reserved once");
+        assert_eq!(shipped.load(Ordering::SeqCst), 1, "{name}: shipped once");
+    }
+}
+
+#[tokio::test]
+async fn an_owned_claims_step_is_not_refused_its_lease_is_the_owners() {
+    for backend in both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let inv = invocation("owned-late", &serde_json::json!({"order": "o-own"}))
+            .with_owner("arn:aws:lambda:eu-west-1:111122223333:function:orders:durable/exec-1");
+        let shipped = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&shipped);
+        let ran = idem
+            .execute(&inv, move |ctx: ExecutionContext| async move {
+                clock.advance(LEASE - Duration::from_secs(5));
+                ctx.step("ship")
+                    .effect_timeout(EFFECT_TIMEOUT)
+                    .run(|_key| async move {
+                        counted.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, BoxError>(String::from("shipped"))
+                    })
+                    .await
+                    .map_err(BoxError::from)
+            })
+            .await;
+        // A durable execution replays its steps under its own token: a refusal would be
+        // checkpointed and met on every replay.
+        assert_eq!(ran.expect("ran").value(), "shipped", "{name}");
+        assert_eq!(shipped.load(Ordering::SeqCst), 1, "{name}");
     }
 }

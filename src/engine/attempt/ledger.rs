@@ -471,7 +471,12 @@ impl StepLedger {
         let recorded_here = matches!(standing, Standing::New);
         match standing {
             Standing::Done(value) => return Ok(value),
-            Standing::New => self.record_intent(&name).await?,
+            Standing::New => {
+                if let Some(refused) = self.outlasts_lease(&name, effect_timeout, false) {
+                    return Err(refused);
+                }
+                self.record_intent(&name).await?;
+            }
             Standing::Uncertain if decide::rerun_uncertain(repeat_safe, self.recovery) => {
                 debug!(
                     attempt = self.attempt,
@@ -633,36 +638,66 @@ impl StepLedger {
 
     /// Refuses to start an effect declared to land within `timeout` that could land after the
     /// lease's end (now, the timeout and the clock skew past it): a takeover may check the step
-    /// before the effect lands, find nothing and run it again. The step's intent, when this
-    /// attempt `recorded` it, is withdrawn (nothing started) and the claim given back at once,
-    /// so that the next delivery runs the step under a fresh lease.
+    /// before the effect lands, find nothing and run it again. Checked before the step's intent
+    /// is written, and again after (the write may have used the time up), when the intent this
+    /// attempt `recorded` is withdrawn: nothing started.
+    ///
+    /// The attempt stops, given back for a delivery with more time: released when no step is
+    /// recorded (the caller answered [`Error::LeaseLost`], which says to raise the lease), else
+    /// kept given back until the steps' effects can have landed
+    /// ([`Error::AlreadyInProgress`] until then). An owned claim's lease is its owner's to size
+    /// ([`Invocation::with_lease`]): its steps are not refused, as a durable execution's
+    /// replay would meet the same refusal for ever.
     fn outlasts_lease(
         &self,
         name: &str,
         timeout: Option<Duration>,
         recorded: bool,
     ) -> Option<StepError> {
+        if self.saves_each_result {
+            return None;
+        }
         let needed = timeout?.saturating_add(self.clock_skew);
-        let lands = self.idem.now().checked_add(needed);
-        if lands.is_some_and(|lands| lands <= self.lease_expires_at) {
+        let now = self.idem.now();
+        if now
+            .checked_add(needed)
+            .is_some_and(|lands| lands <= self.lease_expires_at)
+        {
             return None;
         }
         warn!(
             attempt = self.attempt,
             lands_within_ms = u64::try_from(needed.as_millis()).unwrap_or(u64::MAX),
-            "a step's effect could land after the lease's end: not started, the claim is given back for a delivery with more time (a function whose timeout is shorter than the step's effect timeout never starts it)"
+            left_ms = u64::try_from(
+                self.lease_expires_at
+                    .duration_since(now)
+                    .unwrap_or_default()
+                    .as_millis()
+            )
+            .unwrap_or(u64::MAX),
+            "a step's effect could land after the lease's end: not started, the claim is given back for a delivery with more time; raise the function's timeout (the lease) above the step's effect timeout, or it never starts"
         );
         let mut state = self.lock();
         if recorded && state.cursor + 1 == state.steps.len() {
             state.steps.pop();
             state.dirty = true;
         }
-        let in_progress = Halt::GiveBack(Error::AlreadyInProgress {
-            key: self.key.clone(),
-            attempt: self.attempt,
-            retry_after: Duration::ZERO,
-        });
-        Some(self.halt(&mut state, name, in_progress))
+        let stop = match state.frozen || !state.steps.is_empty() {
+            true => Error::AlreadyInProgress {
+                key: self.key.clone(),
+                attempt: self.attempt,
+                retry_after: self
+                    .lands_by
+                    .get()
+                    .and_then(|lands_by| lands_by.duration_since(now).ok())
+                    .unwrap_or_default(),
+            },
+            false => Error::LeaseLost {
+                key: self.key.clone(),
+                attempt: self.attempt,
+            },
+        };
+        Some(self.halt(&mut state, name, Halt::GiveBack(stop)))
     }
 
     /// Whether the step at the cursor is one whose effect this attempt started and whose

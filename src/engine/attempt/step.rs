@@ -83,10 +83,13 @@ impl<C> Step<'_, C> {
     /// claim is kept until its lease runs out (the invocation's remaining time bounds the effect).
     /// The claim is never kept past its lease, so an effect is not started less than the
     /// timeout (plus the skew) before the lease's end, where it could land after a takeover
-    /// checked it: the step answers [`StepError::Stopped`] instead (its intent withdrawn), and
-    /// the claim is given back at once for a delivery with more time. A Lambda door's lease is
-    /// the invocation's remaining time plus the skew: a step starts only while the invocation
-    /// has at least its timeout left, so keep the function's timeout above the step's.
+    /// checked it: the step answers [`StepError::Stopped`] instead (no intent left recorded),
+    /// and the claim is given back at once for a delivery with more time (released when no
+    /// step is recorded: the caller is answered [`Error::LeaseLost`](crate::Error::LeaseLost)).
+    /// A Lambda door's lease is the invocation's remaining time plus the skew: a step starts
+    /// only while the invocation has at least its timeout left, so keep the function's timeout
+    /// above the step's. An owned claim's steps ([`Invocation::with_owner`](crate::Invocation::with_owner))
+    /// are not refused: size its lease ([`Invocation::with_lease`](crate::Invocation::with_lease)).
     ///
     /// ```no_run
     /// # use std::time::Duration;
