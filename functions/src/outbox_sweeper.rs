@@ -50,7 +50,7 @@ impl OutboxSweeper {
         use crate::settings::{bounded, required};
         let table = required(OUTBOX_TABLE_VAR, "the outbox table's name")?;
         let marks = OutboxMarks::new(client, &Outbox::new(table));
-        let sweeper = match std::env::var(SWEEP_MODE_VAR).as_deref() {
+        let sweeper = match std::env::var(SWEEP_MODE_VAR).as_deref().map(str::trim) {
             Err(_) | Ok("publish") => Sweeper::new(publisher, marks.clone()),
             Ok("redrive") => Sweeper::redriving(marks.clone()),
             Ok(_) => return Err(format!("{SWEEP_MODE_VAR} is `publish` or `redrive`").into()),

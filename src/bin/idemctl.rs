@@ -215,7 +215,8 @@ enum TablesCommand {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    cli.tables = cli.tables.named();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -408,6 +409,23 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
         StoreCommand::Stats { json } => stats(&store, json).await?,
     }
     Ok(())
+}
+
+impl Tables {
+    /// The table names trimmed, a blank one (an empty variable, a pasted line break) taken as
+    /// unset, as the functions read them: a blank name would be sent to DynamoDB as a table.
+    fn named(self) -> Self {
+        let named = |name: Option<String>| {
+            name.map(|name| name.trim().to_owned())
+                .filter(|name| !name.is_empty())
+        };
+        Self {
+            table: named(self.table),
+            uniqueness_table: named(self.uniqueness_table),
+            outbox_table: named(self.outbox_table),
+            ..self
+        }
+    }
 }
 
 /// The store, and the SDK configuration it was built from (for STS).

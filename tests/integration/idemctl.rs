@@ -1067,6 +1067,46 @@ async fn a_resolution_without_a_uniqueness_table_needs_to_say_so() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("--without-audit-trail"));
 }
 
+/// A blank table variable (an empty export, a pasted line break) reads as unset, and a padded
+/// name as the name, as the functions read them: never a table named "" or "t\n".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blank_and_padded_table_variables_read_as_the_functions_read_them() {
+    let db = dynamo::start().await;
+    let output = Command::new(env!("CARGO_BIN_EXE_idemctl"))
+        .args([
+            "resolve",
+            "--key",
+            "ns#op#v1#00",
+            "--retention",
+            "24h",
+            "--release",
+            "--operator",
+            "alice",
+            "--yes",
+        ])
+        .env("DYNAMODB_ENDPOINT", &db.endpoint)
+        .env("AWS_ENDPOINT_URL_STS", unreachable())
+        .env("IDEMPOTENCY_TABLE", format!(" {}\n", db.table))
+        .env("UNIQUENESS_TABLE", "")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .output()
+        .expect("idemctl runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--without-audit-trail"),
+        "the blank uniqueness table is none: {stderr}"
+    );
+    let mut padded = db.table.clone();
+    padded.insert(0, ' ');
+    padded.push('\n');
+    let stats = stdout(&idemctl(&db, &["stats", "--json", "--table", &padded]));
+    assert!(stats.trim_start().starts_with('['), "{stats}");
+}
+
 /// What the confirmation shows is what is written: a failure kind or message past what a
 /// record keeps is refused, not cut on the way to the table.
 #[tokio::test]
