@@ -188,7 +188,7 @@ impl StdError for Terminal {
 
 /// Marks a handler error whose claim is released whatever the engine's [`Classifier`] says:
 /// the handler produced nothing that must not run again. The HTTP doors wrap the responses
-/// they do not store (401, 407, 408, 409, 412, 425, 428, 429, 5xx) in it, so that a
+/// they do not store (401, 403, 407, 408, 409, 412, 425, 428, 429, 5xx) in it, so that a
 /// classifier that retains every error cannot turn "try again" into a retained failure.
 ///
 /// ```

@@ -81,7 +81,7 @@ pub enum Error {
     /// effect timeout would outlast it (the step was not started and, nothing recorded, the
     /// claim released); its result was not recorded.
     #[error(
-        "lease on operation {} was taken over or ran out (this was attempt {attempt}); its result was not recorded, raise the lease if handlers outlive it",
+        "lease on operation {} was taken over, ran out, or is shorter than a step's declared effect timeout (this was attempt {attempt}); its result was not recorded, raise the lease if handlers outlive it",
         key.short()
     )]
     LeaseLost {

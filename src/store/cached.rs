@@ -21,12 +21,15 @@ use crate::record::{Lease, Record, Settlement, StepRecord};
 /// Room a cached record takes besides the strings and bytes [`ByBytes`] counts, in bytes: its
 /// own fields and its fingerprint's digests (64 hex digits each, up to three).
 const RECORD_OVERHEAD: u64 = 512;
-/// Claims waiting for their settlement, about (a crashed claim's entry is evicted).
+/// How many claims waiting for their settlement the cache expects to hold (a sizing hint).
 const PENDING_CLAIMS: usize = 4096;
-/// What the claims waiting for their settlement hold, at most, in bytes: a takeover's claim
-/// carries the steps it took over, up to 256 KiB. An evicted claim costs only the replay
-/// from memory of its settled record.
+/// What the claims waiting for their settlement hold, at most, in bytes (a crashed claim's
+/// entry is evicted): a takeover's claim carries the steps it took over, up to 256 KiB. An
+/// evicted claim costs only the replay from memory of its settled record.
 const PENDING_BYTES: u64 = 16 * 1024 * 1024;
+/// The shards of the pending claims: each holds a quarter of [`PENDING_BYTES`], so that a
+/// claim with the most steps fits whatever the machine's CPUs.
+const PENDING_SHARDS: usize = 4;
 /// The smallest share of the cache one shard holds: a shard keeps no record heavier than
 /// about its share, so large outcomes need large shards.
 const MIN_SHARD_BYTES: u64 = 8 * 1024 * 1024;
@@ -127,26 +130,11 @@ impl<S> CachedStore<S> {
         let shards = usize::try_from(1_u64 << fitting.ilog2())
             .unwrap_or(MAX_SHARDS)
             .min(MAX_SHARDS);
-        let settled = OptionsBuilder::new()
-            .shards(shards)
-            .estimated_items_capacity(estimated)
-            .weight_capacity(max_bytes)
-            .build()
-            .map_or_else(
-                |_| Cache::with_weighter(estimated, max_bytes, ByBytes),
-                |options| {
-                    Cache::with_options(
-                        options,
-                        ByBytes,
-                        DefaultHashBuilder::default(),
-                        DefaultLifecycle::default(),
-                    )
-                },
-            );
+        let settled = by_bytes(shards, estimated, max_bytes);
         Self {
             inner,
             settled: Arc::new(settled),
-            pending: Arc::new(Cache::with_weighter(PENDING_CLAIMS, PENDING_BYTES, ByBytes)),
+            pending: Arc::new(by_bytes(PENDING_SHARDS, PENDING_CLAIMS, PENDING_BYTES)),
             hits: Arc::default(),
         }
     }
@@ -195,6 +183,32 @@ impl<S> CachedStore<S> {
 
 /// A pending claim's place: its key and its lease token.
 type PendingKey = (OperationKey, String);
+
+/// A cache of up to `bytes` as [`ByBytes`] weighs its entries, in `shards`, sized for about
+/// `items` entries.
+fn by_bytes<K, V>(shards: usize, items: usize, bytes: u64) -> Cache<K, V, ByBytes>
+where
+    K: Eq + std::hash::Hash + Clone,
+    V: Clone,
+    ByBytes: Weighter<K, V>,
+{
+    OptionsBuilder::new()
+        .shards(shards)
+        .estimated_items_capacity(items)
+        .weight_capacity(bytes)
+        .build()
+        .map_or_else(
+            |_| Cache::with_weighter(items, bytes, ByBytes),
+            |options| {
+                Cache::with_options(
+                    options,
+                    ByBytes,
+                    DefaultHashBuilder::default(),
+                    DefaultLifecycle::default(),
+                )
+            },
+        )
+}
 
 fn pending_key(key: &OperationKey, token: &str) -> PendingKey {
     (key.clone(), token.to_owned())

@@ -1038,10 +1038,11 @@ async fn a_resolution_stays_on_the_audit_trail_after_the_next_claim_and_ttl() {
     assert_eq!((evidence.len(), skipped), (0, 0));
 }
 
-#[tokio::test]
-async fn a_resolution_without_a_uniqueness_table_needs_to_say_so() {
-    let db = dynamo::start().await;
-    let output = Command::new(env!("CARGO_BIN_EXE_idemctl"))
+/// `idemctl resolve --release` of a key no table holds, with `table` in `IDEMPOTENCY_TABLE`
+/// and `uniqueness` in `UNIQUENESS_TABLE` (`None`: unset).
+fn release_with(db: &dynamo::Dynamo, table: &str, uniqueness: Option<&str>) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_idemctl"));
+    command
         .args([
             "resolve",
             "--key",
@@ -1055,14 +1056,22 @@ async fn a_resolution_without_a_uniqueness_table_needs_to_say_so() {
         ])
         .env("DYNAMODB_ENDPOINT", &db.endpoint)
         .env("AWS_ENDPOINT_URL_STS", unreachable())
-        .env("IDEMPOTENCY_TABLE", &db.table)
-        .env_remove("UNIQUENESS_TABLE")
+        .env("IDEMPOTENCY_TABLE", table)
         .env("AWS_ACCESS_KEY_ID", "test")
         .env("AWS_SECRET_ACCESS_KEY", "test")
         .env("AWS_REGION", "us-east-1")
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .output()
-        .expect("idemctl runs");
+        .env("AWS_EC2_METADATA_DISABLED", "true");
+    match uniqueness {
+        Some(uniqueness) => command.env("UNIQUENESS_TABLE", uniqueness),
+        None => command.env_remove("UNIQUENESS_TABLE"),
+    };
+    command.output().expect("idemctl runs")
+}
+
+#[tokio::test]
+async fn a_resolution_without_a_uniqueness_table_needs_to_say_so() {
+    let db = dynamo::start().await;
+    let output = release_with(&db, &db.table, None);
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("--without-audit-trail"));
 }
@@ -1072,28 +1081,7 @@ async fn a_resolution_without_a_uniqueness_table_needs_to_say_so() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blank_and_padded_table_variables_read_as_the_functions_read_them() {
     let db = dynamo::start().await;
-    let output = Command::new(env!("CARGO_BIN_EXE_idemctl"))
-        .args([
-            "resolve",
-            "--key",
-            "ns#op#v1#00",
-            "--retention",
-            "24h",
-            "--release",
-            "--operator",
-            "alice",
-            "--yes",
-        ])
-        .env("DYNAMODB_ENDPOINT", &db.endpoint)
-        .env("AWS_ENDPOINT_URL_STS", unreachable())
-        .env("IDEMPOTENCY_TABLE", format!(" {}\n", db.table))
-        .env("UNIQUENESS_TABLE", "")
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "test")
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .output()
-        .expect("idemctl runs");
+    let output = release_with(&db, &format!(" {}\n", db.table), Some(""));
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(

@@ -16,11 +16,11 @@ use lambda_idempotency::{BoxError, Error, ExecutionContext, Idempotency, Invocat
 use super::backends::both;
 
 /// A payment provider whose charge lands `delay` after it was sent, whatever the caller saw.
-struct Provider {
+pub(super) struct Provider {
     /// When each charge sent lands, by the injected clock.
     sent: std::sync::Mutex<Vec<std::time::SystemTime>>,
     /// How many charges were sent.
-    sends: AtomicUsize,
+    pub(super) sends: AtomicUsize,
     /// How long after it is sent a charge lands.
     delay: Duration,
 }
@@ -33,7 +33,7 @@ impl Default for Provider {
 
 impl Provider {
     /// A provider whose charges land `delay` after they are sent.
-    fn landing_after(delay: Duration) -> Self {
+    pub(super) fn landing_after(delay: Duration) -> Self {
         Self {
             sent: std::sync::Mutex::default(),
             sends: AtomicUsize::new(0),
@@ -58,9 +58,22 @@ async fn attempt(
     clock: &ManualClock,
     timeout: Option<Duration>,
 ) -> Result<String, Error> {
+    attempt_after(idem, inv, provider, clock, timeout, Duration::ZERO).await
+}
+
+/// [`attempt`], whose handler starts its charge `into_lease` after its claim.
+pub(super) async fn attempt_after(
+    idem: &Idempotency,
+    inv: &Invocation,
+    provider: &Arc<Provider>,
+    clock: &ManualClock,
+    timeout: Option<Duration>,
+    into_lease: Duration,
+) -> Result<String, Error> {
     idem.execute(inv, |ctx: ExecutionContext| {
         let (provider, clock) = (Arc::clone(provider), clock.clone());
         async move {
+            clock.advance(into_lease);
             let checked = Arc::clone(&provider);
             let check_clock = clock.clone();
             let mut step = ctx.step("charge");

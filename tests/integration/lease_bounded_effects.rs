@@ -5,36 +5,23 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use lambda_idempotency::clock::{Clock, ManualClock};
-use lambda_idempotency::effects::Checked;
-use lambda_idempotency::reconcile::Recovery;
+use lambda_idempotency::clock::ManualClock;
+use lambda_idempotency::reconcile::{BoxFuture, Recovery};
+use lambda_idempotency::store::{Answer, AnyStore, Request, Store, TransactionalStore};
 use lambda_idempotency::testing::conformance::{LEASE, invocation};
-use lambda_idempotency::{BoxError, Error, ExecutionContext, Idempotency, Invocation};
+use lambda_idempotency::{BoxError, Error, ExecutionContext, Idempotency, Invocation, StoreError};
 
 use super::backends::both;
+use super::late_effects::{Provider, attempt_after};
 
 /// How long after it is sent a charge lands downstream, and the step's declared timeout.
 const LANDS_AFTER: Duration = Duration::from_secs(8);
 const EFFECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A payment provider whose charges land [`LANDS_AFTER`] they are sent.
-#[derive(Default)]
-struct Provider {
-    sent: std::sync::Mutex<Vec<SystemTime>>,
-    sends: AtomicUsize,
-}
-
-impl Provider {
-    fn landed(&self, now: SystemTime) -> usize {
-        let sent = self.sent.lock().expect("charges");
-        sent.iter().filter(|lands| **lands <= now).count()
-    }
-}
-
 /// One attempt whose handler starts its charge `into_lease` after its claim; the charge's
-/// request times out on our side while the provider lands it later.
+/// request times out on our side while the provider lands it [`LANDS_AFTER`] it was sent.
 async fn attempt(
     idem: &Idempotency,
     inv: &Invocation,
@@ -42,35 +29,7 @@ async fn attempt(
     clock: &ManualClock,
     into_lease: Duration,
 ) -> Result<String, Error> {
-    idem.execute(inv, |ctx: ExecutionContext| {
-        let (provider, clock) = (Arc::clone(provider), clock.clone());
-        async move {
-            clock.advance(into_lease);
-            let (checked, check_clock) = (Arc::clone(&provider), clock.clone());
-            let charged = ctx
-                .step("charge")
-                .effect_timeout(EFFECT_TIMEOUT)
-                .checked_by(move |_key: String| async move {
-                    Ok::<_, BoxError>(match checked.landed(check_clock.now()) {
-                        0 => Checked::NotApplied,
-                        _ => Checked::Applied(String::from("ch_1")),
-                    })
-                })
-                .run(|_key| async move {
-                    provider.sends.fetch_add(1, Ordering::SeqCst);
-                    provider
-                        .sent
-                        .lock()
-                        .expect("charges")
-                        .push(clock.now() + LANDS_AFTER);
-                    Err::<String, BoxError>("the provider timed out".into())
-                })
-                .await?;
-            Ok::<_, BoxError>(charged)
-        }
-    })
-    .await
-    .map(|execution| execution.value().clone())
+    attempt_after(idem, inv, provider, clock, Some(EFFECT_TIMEOUT), into_lease).await
 }
 
 #[tokio::test]
@@ -82,7 +41,7 @@ async fn an_effect_that_could_outlast_the_lease_is_not_started_and_runs_once_lat
         // refusal must leave nothing that reads as one.
         let idem = Idempotency::new(backend.store).with_clock(backend.clock);
         let inv = invocation("late-in-lease", &serde_json::json!({"order": "o-late"}));
-        let provider = Arc::new(Provider::default());
+        let provider = Arc::new(Provider::landing_after(LANDS_AFTER));
 
         // 25 s into a 30 s lease a charge declared to land within 10 s (plus 5 s of skew) could
         // land after a takeover at 30 s checked it: it is not sent.
@@ -130,7 +89,7 @@ async fn an_effect_that_lands_inside_the_lease_starts_late_in_it() {
             .with_clock(backend.clock)
             .with_recovery(Recovery::Steps);
         let inv = invocation("inside-lease", &serde_json::json!({"order": "o-in"}));
-        let provider = Arc::new(Provider::default());
+        let provider = Arc::new(Provider::landing_after(LANDS_AFTER));
 
         // 15 s into the lease, 10 s plus 5 s of skew still end within it: the charge is sent.
         let first = attempt(&idem, &inv, &provider, &clock, Duration::from_secs(15)).await;
@@ -218,5 +177,84 @@ async fn an_owned_claims_step_is_not_refused_its_lease_is_the_owners() {
         // checkpointed and met on every replay.
         assert_eq!(ran.expect("ran").value(), "shipped", "{name}");
         assert_eq!(shipped.load(Ordering::SeqCst), 1, "{name}");
+    }
+}
+
+/// A store whose first write of the steps (a step's intent) takes `slow` on the injected clock:
+/// an outage the write's retries rode out.
+#[derive(Debug)]
+struct SlowFirstStepWrite {
+    inner: AnyStore,
+    clock: ManualClock,
+    slow: Duration,
+    writes: AtomicUsize,
+}
+
+impl Store for SlowFirstStepWrite {
+    fn call<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Answer, StoreError>> {
+        Box::pin(async move {
+            let first = matches!(request, Request::RecordSteps { .. })
+                && self.writes.fetch_add(1, Ordering::SeqCst) == 0;
+            let answer = self.inner.call(request).await;
+            if first {
+                self.clock.advance(self.slow);
+            }
+            answer
+        })
+    }
+
+    fn transactional(&self) -> Option<&dyn TransactionalStore> {
+        None
+    }
+}
+
+#[tokio::test]
+async fn an_intent_whose_write_used_the_lease_up_is_withdrawn_and_the_step_runs_later_unchecked() {
+    for backend in both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        let store = SlowFirstStepWrite {
+            inner: backend.store,
+            clock: clock.clone(),
+            slow: LEASE - Duration::from_secs(10),
+            writes: AtomicUsize::new(0),
+        };
+        let idem = Idempotency::new(store).with_clock(backend.clock);
+        let inv = invocation("slow-intent", &serde_json::json!({"order": "o-slow"}));
+        let (checks, shipped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let run = || {
+            let (checks, shipped) = (Arc::clone(&checks), Arc::clone(&shipped));
+            idem.execute(&inv, move |ctx: ExecutionContext| async move {
+                ctx.step("ship")
+                    .effect_timeout(EFFECT_TIMEOUT)
+                    .checked_by(move |_key: String| async move {
+                        checks.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, BoxError>(lambda_idempotency::effects::Checked::<String>::Unknown)
+                    })
+                    .run(|_key| async move {
+                        shipped.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, BoxError>(String::from("shipped"))
+                    })
+                    .await
+                    .map_err(BoxError::from)
+            })
+        };
+
+        // The intent's write ended 20 s into a 30 s lease: the 10 s effect (plus 5 s of skew)
+        // no longer fits, so it is not started and the intent is withdrawn with the release.
+        let late = run().await;
+        assert!(
+            matches!(late, Err(Error::LeaseLost { attempt: 1, .. })),
+            "{name}: not started, released: {late:?}"
+        );
+        assert_eq!(shipped.load(Ordering::SeqCst), 0, "{name}: not shipped");
+
+        // Nothing reads as an uncertain step: the next delivery ships without a check (whose
+        // Unknown would hold the operation).
+        clock.advance(Duration::from_millis(1));
+        let next = run().await.expect("run afresh");
+        assert_eq!(next.value(), "shipped", "{name}");
+        assert_eq!(shipped.load(Ordering::SeqCst), 1, "{name}: shipped once");
+        assert_eq!(checks.load(Ordering::SeqCst), 0, "{name}: nothing to check");
     }
 }

@@ -83,9 +83,12 @@ impl<C> Step<'_, C> {
     /// claim is kept until its lease runs out (the invocation's remaining time bounds the effect).
     /// The claim is never kept past its lease, so an effect is not started less than the
     /// timeout (plus the skew) before the lease's end, where it could land after a takeover
-    /// checked it: the step answers [`StepError::Stopped`] instead (no intent left recorded),
-    /// and the claim is given back at once for a delivery with more time (released when no
-    /// step is recorded: the caller is answered [`Error::LeaseLost`](crate::Error::LeaseLost)).
+    /// checked it: the step answers [`StepError::Stopped`] instead (a new step's intent is not
+    /// written, or withdrawn with the give-back's write when writing it used the time up; an
+    /// earlier attempt's uncertain step stays uncertain), and the claim is given back for a
+    /// delivery with more time: released when no step is recorded (the caller is answered
+    /// [`Error::LeaseLost`](crate::Error::LeaseLost)), else given back with its steps, kept
+    /// until an earlier step's effect can have landed.
     /// A Lambda door's lease is the invocation's remaining time plus the skew: a step starts
     /// only while the invocation has at least its timeout left, so keep the function's timeout
     /// above the step's. An owned claim's steps ([`Invocation::with_owner`](crate::Invocation::with_owner))
@@ -111,8 +114,9 @@ impl<C> Step<'_, C> {
     ///
     /// # Errors
     /// [`StepError::Effect`] with the effect's own error; [`StepError::Stopped`] when the
-    /// operation cannot go on (the step is uncertain and unchecked, the lease was lost, the
-    /// steps changed order): return it, the engine answers the caller;
+    /// operation cannot go on (the step is uncertain and unchecked, the lease was lost or is
+    /// too short for the step's [effect timeout](Step::effect_timeout), the steps changed
+    /// order): return it, the engine answers the caller;
     /// [`StepError::Invalid`] for a bad name or overlapping steps.
     pub async fn run<T, F, Fut>(self, effect: F) -> Result<T, StepError>
     where
