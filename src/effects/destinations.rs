@@ -24,7 +24,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::error::Error;
+use crate::error::ConfigError;
 
 /// Where an outbox event is published.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,10 +115,10 @@ impl Destinations {
     /// without the variable would otherwise publish wherever an item says.
     ///
     /// # Errors
-    /// [`Error::InvalidEvent`] when it is not set, names nothing (a template value that did
-    /// not resolve, say), or names `*` beside destinations (which of the two was meant is
-    /// unclear; the wider would be taken): set it to the destinations the outbox publishes
-    /// to, or to `*` alone.
+    /// [`ConfigError::MissingEnv`] when it is not set or names nothing (a template value
+    /// that did not resolve, say); [`ConfigError::InvalidSetting`] when it names `*` beside
+    /// destinations (which of the two was meant is unclear; the wider would be taken): set it
+    /// to the destinations the outbox publishes to, or to `*` alone.
     ///
     /// ```
     /// use lambda_idempotency::effects::{DESTINATIONS_VAR, Destinations};
@@ -132,12 +132,21 @@ impl Destinations {
     /// assert_eq!(Destinations::parse("orders-bus, *"), None);
     /// # let _ = DESTINATIONS_VAR;
     /// ```
-    pub fn from_env() -> Result<Self, Error> {
-        let list = std::env::var(DESTINATIONS_VAR).unwrap_or_default();
-        Self::parse(&list).ok_or_else(|| Error::InvalidEvent {
-            reason: format!(
-                "{DESTINATIONS_VAR} names no destination, or `*` beside destinations: set it to the queue URLs, topic ARNs or buses the outbox publishes to (the same value on the producers, the relay and the sweeper), or to `*` alone to allow any"
-            ),
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_var(&std::env::var(DESTINATIONS_VAR).unwrap_or_default())
+    }
+
+    /// [`Self::from_env`] for the variable's value (empty when it is unset).
+    fn from_var(list: &str) -> Result<Self, ConfigError> {
+        Self::parse(list).ok_or_else(|| match list.contains('*') {
+            false => ConfigError::MissingEnv {
+                name: DESTINATIONS_VAR,
+                hint: "set it to the queue URLs, topic ARNs or buses the outbox publishes to (the same value on the producers, the relay and the sweeper), or to `*` alone to allow any",
+            },
+            true => ConfigError::InvalidSetting {
+                setting: DESTINATIONS_VAR,
+                reason: "`*` allows any destination and stands alone; otherwise list the queue URLs, topic ARNs or buses, separated by commas or spaces".into(),
+            },
         })
     }
 
@@ -161,5 +170,31 @@ impl Destinations {
         self.allowed
             .as_ref()
             .is_none_or(|allowed| allowed.contains(destination.target()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unset_list_is_a_missing_variable_and_a_star_beside_others_an_invalid_setting() {
+        for unset in ["", " , \n"] {
+            assert!(matches!(
+                Destinations::from_var(unset),
+                Err(ConfigError::MissingEnv {
+                    name: DESTINATIONS_VAR,
+                    ..
+                })
+            ));
+        }
+        assert!(matches!(
+            Destinations::from_var("orders-bus, *"),
+            Err(ConfigError::InvalidSetting {
+                setting: DESTINATIONS_VAR,
+                ..
+            })
+        ));
+        assert_eq!(Destinations::from_var("*"), Ok(Destinations::any()));
     }
 }
