@@ -58,9 +58,15 @@
 //! }
 //! ```
 
+use std::error::Error as _;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use aws_durable_execution_sdk::DurableContext;
+use aws_durable_execution_sdk::{
+    DurableContext, OperationError, RetryDecision, StepError, TypedError, WireError,
+};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -114,13 +120,24 @@ impl<E> Operation<E> {
     /// (one larger than the SDK checkpoints whole runs the child again, which reads the
     /// record: keep the operation's retention longer than the execution).
     ///
+    /// The durable SDK keeps a failed child's failure for good (every replay answers it), so
+    /// an answer that only says "not yet" must not end the child: when the engine answers,
+    /// before `handler` ran, that the operation is in progress elsewhere
+    /// ([`Error::AlreadyInProgress`]), that the lease was lost, or that the store failed for a
+    /// transient reason (throttled, unavailable), the child is tried again after a durable
+    /// wait (the execution suspends; [`DURABLE_RETRIES`] tries, waits of 2 s doubling up to 5
+    /// minutes, about 45 minutes in all), in a fresh child of its own, so a later try meets
+    /// the other execution's outcome or the store back. Once `handler` ran, its durable
+    /// operations are recorded in its try's child, and no try runs it again.
+    ///
     /// # Errors
     /// The child context's failure, which carries the handler's error or the engine's
-    /// ([`Error`]: a duplicate in progress, a payload conflict, an outcome held for an
-    /// operator) by its message alone, never as a type to match: the durable service keeps
-    /// the message as the child's outcome, and a replay answers the same failure, so a
-    /// handler takes the same branch on either. To match the engine's [`Error`], call
-    /// [`Idempotency::execute`](crate::Idempotency::execute) with no durable operation inside.
+    /// ([`Error`]: a payload conflict, an outcome held for an operator, a duplicate still in
+    /// progress after the last try) by its message alone, never as a type to match: the
+    /// durable service keeps the message as the child's outcome, and a replay answers the same
+    /// failure, so a handler takes the same branch on either. To match the engine's [`Error`],
+    /// call [`Idempotency::execute`](crate::Idempotency::execute) with no durable operation
+    /// inside.
     pub async fn durable_execute<T, F, Fut>(
         &self,
         invocation: Invocation,
@@ -133,20 +150,87 @@ impl<E> Operation<E> {
         Fut: Future<Output = Result<T, BoxError>> + Send + 'static,
     {
         let engine = self.idem.clone();
+        // The handler runs at most once in this invocation: a try that ran it is never retried.
+        let handler = Arc::new(Mutex::new(Some(handler)));
         durable
-            .run_in_child_context(move |child: DurableContext| async move {
-                // The failure by its message alone (the store's text in the log only): a
-                // replay of the failed child gives the message only, and the handler must
-                // take the same branch on both.
-                engine
-                    .execute(&invocation, move |steps| handler(steps, child))
-                    .await
-                    .map(Execution::into_value)
-                    .map_err(|err| BoxError::from(super::diagnostic::caller_message(&err)))
+            .with_retry(move |child: DurableContext| {
+                let (engine, invocation) = (engine.clone(), invocation.clone());
+                let handler = Arc::clone(&handler);
+                async move {
+                    let started = Arc::new(AtomicBool::new(false));
+                    let ran = Arc::clone(&started);
+                    let answer = engine
+                        .execute(&invocation, move |steps| {
+                            ran.store(true, Ordering::SeqCst);
+                            let handler = handler.lock().ok().and_then(|mut slot| slot.take());
+                            async move {
+                                match handler {
+                                    Some(handler) => handler(steps, child).await,
+                                    None => Err(BoxError::from(HANDLER_RAN)),
+                                }
+                            }
+                        })
+                        .await;
+                    answer.map(Execution::into_value).map_err(|err| {
+                        // The failure by its message alone (the store's text in the log only):
+                        // a replay of the failed child gives the message only, and the handler
+                        // must take the same branch on both.
+                        let message = super::diagnostic::caller_message(&err);
+                        match !started.load(Ordering::SeqCst) && not_yet(&err) {
+                            true => BoxError::from(TypedError::with_type(NOT_YET, message)),
+                            false => BoxError::from(message),
+                        }
+                    })
+                }
             })
             .name(self.scope.operation())
+            .retry_strategy(retry_not_yet)
             .await
             .map_err(BoxError::from)
+    }
+}
+
+/// How many times [`Operation::durable_execute`] tries an operation the engine answered "not
+/// yet" before its child fails with the last answer.
+pub const DURABLE_RETRIES: u32 = 16;
+
+/// The longest durable wait between two tries.
+const LONGEST_WAIT: Duration = Duration::from_secs(300);
+
+/// The error type a try's failure is recorded under when the engine answered "not yet"
+/// before the handler ran: the retry strategy reads it back, live or replayed.
+const NOT_YET: &str = "LambdaIdempotency.NotYet";
+
+/// The error of a try whose handler an earlier try in this invocation took (never reached: a
+/// try that ran the handler is not retried).
+const HANDLER_RAN: &str = "the operation's handler already ran in this invocation";
+
+/// Whether the engine's answer, before the handler ran, only says "not yet": another run holds
+/// the operation, the lease went, or the store failed for a transient reason.
+fn not_yet(err: &Error) -> bool {
+    match err {
+        Error::AlreadyInProgress { .. } | Error::LeaseLost { .. } => true,
+        Error::Store(store) => store.is_transient(),
+        _ => false,
+    }
+}
+
+/// The retry strategy of [`Operation::durable_execute`]: a try recorded as [`NOT_YET`] is
+/// tried again after 2 s doubling up to [`LONGEST_WAIT`], up to [`DURABLE_RETRIES`] tries;
+/// any other failure ends the child. A function of the recorded failure and the try alone, so
+/// every replay decides as the first run did.
+fn retry_not_yet(failure: &StepError, attempt: u32) -> RetryDecision {
+    let recorded = failure
+        .source()
+        .and_then(|source| source.downcast_ref::<OperationError>())
+        .and_then(OperationError::wire)
+        .and_then(WireError::error_type);
+    match recorded == Some(NOT_YET) && attempt < DURABLE_RETRIES {
+        true => RetryDecision::Retry {
+            delay: Duration::from_secs(2_u64 << attempt.saturating_sub(1).min(16))
+                .min(LONGEST_WAIT),
+        },
+        false => RetryDecision::Stop,
     }
 }
 

@@ -14,6 +14,7 @@ mod decorators;
 mod durable_branches;
 mod durable_functions;
 mod durable_retention;
+mod durable_retries;
 mod dynamodb_store;
 mod event_door;
 mod eventbridge_senders;
