@@ -7,7 +7,7 @@ use serde_json::json;
 
 use super::to_json;
 use crate::error::ConfigError;
-use crate::key::{JsonPointer, KeyPolicy};
+use crate::key::{JsonPointer, KeyPolicy, is_empty_material};
 
 /// EventBridge: the event `id`; fingerprint over `detail`.
 ///
@@ -59,7 +59,12 @@ pub fn eventbridge_detail<T: Serialize + DeserializeOwned + 'static>(
     let by_0_4 = pointer.clone();
     Ok(KeyPolicy::from_fns(
         move |event: &EventBridgeEvent<T>| {
-            let key = pointer.find(&to_json(&event.detail)?)?.clone();
+            // An absent or empty business id is no key, though the wrapper around it is not
+            // empty: refused as missing, never one key for every such event.
+            let key = pointer
+                .find(&to_json(&event.detail)?)
+                .filter(|key| !is_empty_material(key))?
+                .clone();
             Some(json!({"source": event.source, "account": event.account, "key": key}))
         },
         |event: &EventBridgeEvent<T>| {
@@ -90,6 +95,23 @@ mod tests {
         event.detail_type = detail_type.into();
         event.detail = json!({"order_id": "o-1", "customer": "c-9"});
         event
+    }
+
+    #[test]
+    fn an_empty_business_id_is_a_missing_key() {
+        let scope = OperationScope::new("shop", "orders").expect("scope");
+        let policy = eventbridge_detail::<Value>("/order_id").expect("policy");
+        for empty in [json!(null), json!(""), json!({}), json!([])] {
+            let mut placed = event("OrderPlaced");
+            placed.detail = json!({"order_id": empty, "customer": "c-9"});
+            assert!(
+                matches!(
+                    policy.derive(&scope, &placed),
+                    Err(crate::Error::MissingKey { .. })
+                ),
+                "{empty}"
+            );
+        }
     }
 
     #[test]
