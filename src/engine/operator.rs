@@ -168,9 +168,11 @@ impl Idempotency {
         let guard = match record.status {
             Status::Indeterminate => Guard::Indeterminate {
                 token: &record.lease.token,
+                attempt: record.lease.attempt,
             },
             Status::InProgress if record.lease.is_expired(now) => Guard::Expired {
                 token: &record.lease.token,
+                attempt: record.lease.attempt,
                 now,
                 steps_version: record.steps_version,
                 steps: &record.steps,

@@ -118,11 +118,15 @@ pub enum Committed {
 pub enum Guard<'a> {
     /// IN_PROGRESS under this lease token: the caller still holds the claim.
     Lease(&'a str),
-    /// INDETERMINATE under this lease token: an operator resolves the attempt it read (never
-    /// one a redelivery claimed, after a release, and that was held again meanwhile).
+    /// INDETERMINATE under this lease token and attempt: an operator resolves the attempt it
+    /// read (never one a redelivery claimed, after a release, and that was held again
+    /// meanwhile; a durable execution's attempts share one token, so the attempt tells them
+    /// apart).
     Indeterminate {
         /// The token the operator saw.
         token: &'a str,
+        /// The attempt the operator saw ([`Lease::attempt`](crate::record::Lease::attempt)).
+        attempt: u32,
     },
     /// IN_PROGRESS under this lease token, its lease run out at `now`, its steps as the
     /// operator saw them: an operator resolves a stuck claim (never a live one, nor one whose
@@ -130,6 +134,9 @@ pub enum Guard<'a> {
     Expired {
         /// The token the operator saw.
         token: &'a str,
+        /// The attempt the operator saw: an owner that re-entered its claim since (a durable
+        /// execution's replay, under the same token) holds another.
+        attempt: u32,
         /// The operator's time.
         now: SystemTime,
         /// How often the record's steps had been written when the operator saw it
@@ -148,17 +155,21 @@ impl Guard<'_> {
             Self::Lease(token) => {
                 record.status == Status::InProgress && record.lease.token == *token
             }
-            Self::Indeterminate { token } => {
-                record.status == Status::Indeterminate && record.lease.token == *token
+            Self::Indeterminate { token, attempt } => {
+                record.status == Status::Indeterminate
+                    && record.lease.token == *token
+                    && record.lease.attempt == *attempt
             }
             Self::Expired {
                 token,
+                attempt,
                 now,
                 steps_version,
                 steps,
             } => {
                 record.status == Status::InProgress
                     && record.lease.token == *token
+                    && record.lease.attempt == *attempt
                     && record.lease.is_expired(*now)
                     && record.steps_version == *steps_version
                     && record.steps == *steps

@@ -243,6 +243,7 @@ pub fn allowed(
                 (Some(before), Some(seen)) => {
                     before.status == seen.status
                         && before.lease.token == seen.lease.token
+                        && before.lease.attempt == seen.lease.attempt
                         && before.steps_version == seen.steps_version
                         && (before.status != Status::InProgress || before.lease.is_expired(now))
                 }
@@ -284,17 +285,21 @@ fn held<'r>(
     let before = before.ok_or_else(|| format!("{what} wrote a record that was absent"))?;
     let admitted = match guard {
         Guard::Lease(token) => before.status == Status::InProgress && before.lease.token == token,
-        Guard::Indeterminate { token } => {
-            before.status == Status::Indeterminate && before.lease.token == token
+        Guard::Indeterminate { token, attempt } => {
+            before.status == Status::Indeterminate
+                && before.lease.token == token
+                && before.lease.attempt == attempt
         }
         Guard::Expired {
             now,
             token,
+            attempt,
             steps,
             steps_version,
         } => {
             before.status == Status::InProgress
                 && before.lease.token == token
+                && before.lease.attempt == attempt
                 && epoch_millis(before.lease.expires_at) < epoch_millis(now)
                 && before.steps_version == steps_version
                 && before.steps == steps

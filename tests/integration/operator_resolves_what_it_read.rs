@@ -9,11 +9,13 @@ use std::time::Duration;
 use lambda_idempotency::clock::ManualClock;
 use lambda_idempotency::engine::Resolution;
 use lambda_idempotency::reconcile::{BoxFuture, Checked, Takeover};
-use lambda_idempotency::record::{RetainedFailure, Status};
+use lambda_idempotency::record::{Record, RetainedFailure, Status};
 use lambda_idempotency::store::{
     Answer, AnyStore, Guard, Request, Store, StoreExt, TransactionalStore,
 };
-use lambda_idempotency::testing::conformance::{LEASE, crash_after_claim, invocation, operator};
+use lambda_idempotency::testing::conformance::{
+    LEASE, crash_after_claim, invocation, operator, stalled_worker,
+};
 use lambda_idempotency::{BoxError, Error, Idempotency, Invocation, StoreError};
 use serde_json::{Value, json};
 
@@ -263,5 +265,79 @@ async fn a_release_whose_answer_was_lost_is_never_reported_as_nothing_changed() 
             .expect("read")
             .expect("the record stands");
         assert_eq!(record.status, Status::Completed, "{name}: the delivery ran");
+    }
+}
+
+/// An owner's run on `inv` whose handler started and was dropped (a durable execution's
+/// suspension): its claim is kept for the owner's return. Returns the record it left.
+async fn paused(idem: &Idempotency, inv: &Invocation) -> Record {
+    let run = stalled_worker(idem, inv).await;
+    run.abort();
+    let _ = run.await;
+    let record = idem.store().get(inv.key()).await.expect("read");
+    record.expect("the owner's claim is kept")
+}
+
+/// A durable execution's attempts share one lease token (its owner's): when, after the
+/// operator looked at an attempt whose lease had run out, the owner re-entered its claim as the
+/// next attempt and paused past that lease too, with no step recorded, every other part of the
+/// record is as the operator saw it. The attempt tells them apart: neither a resolution nor a
+/// release settles the attempt nobody inspected.
+#[tokio::test]
+async fn a_resolution_never_settles_an_owners_attempt_begun_after_the_operator_looked() {
+    let resolutions = [
+        ("completed", Resolution::Completed(json!({"charged": true}))),
+        ("released", Resolution::Release),
+    ];
+    for (what, resolution) in resolutions {
+        for backend in both().await {
+            let name = format!("{} {what}", backend.name);
+            let clock = backend.clock.clone();
+            let idem = Idempotency::new(backend.store.clone()).with_clock(clock.clone());
+            let inv = invocation(
+                &format!("owner-re-entered-{what}"),
+                &json!({"order": "o-10"}),
+            )
+            .with_owner("arn:aws:lambda:eu-west-1:111122223333:function:fulfil:durable/exec-1");
+            paused(&idem, &inv).await;
+            clock.advance(LEASE + Duration::from_secs(1));
+            let shown = idem
+                .store()
+                .get(inv.key())
+                .await
+                .expect("read")
+                .expect("stuck");
+
+            // While the operator decides: the owner's replay re-enters and pauses again.
+            let re_entered = paused(&idem, &inv).await;
+            assert_eq!(
+                re_entered.lease.token, shown.lease.token,
+                "{name}: one token"
+            );
+            assert_eq!(re_entered.lease.attempt, shown.lease.attempt + 1, "{name}");
+            clock.advance(LEASE + Duration::from_secs(1));
+
+            let resolved = idem
+                .resolve_as_read::<Value>(&shown, resolution.clone(), &operator())
+                .await
+                .unwrap_or_else(|err| panic!("{name}: {err}"));
+
+            assert!(
+                !resolved,
+                "{name}: the attempt shown is not the one standing"
+            );
+            let record = backend
+                .store
+                .get(inv.key())
+                .await
+                .expect("read")
+                .expect("the record stands");
+            assert_eq!(record.status, Status::InProgress, "{name}");
+            assert_eq!(record.lease.attempt, re_entered.lease.attempt, "{name}");
+            assert!(
+                record.outcome.is_none(),
+                "{name}: no result of the operator's"
+            );
+        }
     }
 }

@@ -226,7 +226,7 @@ pub(crate) fn shows_settlement(
         && current.outcome == settlement.outcome
         && current.completed_at.map(epoch_millis) == Some(epoch_millis(settlement.completed_at));
     match guard {
-        Guard::Lease(token) | Guard::Expired { token, .. } | Guard::Indeterminate { token } => {
+        Guard::Lease(token) | Guard::Expired { token, .. } | Guard::Indeterminate { token, .. } => {
             same_write && current.lease.token == token
         }
     }

@@ -120,12 +120,18 @@ fn a_lost_settlement_answer_is_recognised_only_by_what_it_wrote() {
     assert!(shows_settlement(&settled, mine, &settlement));
     assert!(shows_settlement(
         &settled,
-        Guard::Indeterminate { token: "settler" },
+        Guard::Indeterminate {
+            token: "settler",
+            attempt: 1
+        },
         &settlement
     ));
     assert!(!shows_settlement(
         &settled,
-        Guard::Indeterminate { token: "another" },
+        Guard::Indeterminate {
+            token: "another",
+            attempt: 1
+        },
         &settlement
     ));
     assert!(!shows_settlement(

@@ -39,14 +39,19 @@ impl DynamoDbStore {
                     .value(":in_progress", s(Status::InProgress.as_str()))
                     .value(":mine", s(token)),
             ),
-            Guard::Indeterminate { token } => (
-                Cow::Borrowed("#status = :indeterminate AND #lease_token = :mine"),
+            Guard::Indeterminate { token, attempt } => (
+                Cow::Borrowed(
+                    "#status = :indeterminate AND #lease_token = :mine AND #attempt = :seen_attempt",
+                ),
                 expr.name("#lease_token", &self.names.lease_token)
+                    .name("#attempt", &self.names.attempt)
                     .value(":indeterminate", s(Status::Indeterminate.as_str()))
-                    .value(":mine", s(token)),
+                    .value(":mine", s(token))
+                    .value(":seen_attempt", n(u64::from(attempt))),
             ),
             Guard::Expired {
                 token,
+                attempt,
                 now,
                 steps_version,
                 steps,
@@ -54,15 +59,17 @@ impl DynamoDbStore {
                 let expr = expr
                     .name("#lease_token", &self.names.lease_token)
                     .name("#lease_expires_at", &self.names.lease_expires_at)
+                    .name("#attempt", &self.names.attempt)
                     .value(":in_progress", s(Status::InProgress.as_str()))
                     .value(":mine", s(token))
+                    .value(":seen_attempt", n(u64::from(attempt)))
                     .value(":now_ms", millis(now));
                 // A step its holder recorded after the operator looked fails the resolution,
                 // a holder before 0.5 (which counts no step writes) included.
                 let (steps, expr) = list_as_read(steps, steps_version, &self.names, expr);
                 (
                     Cow::Owned(format!(
-                        "#status = :in_progress AND #lease_token = :mine AND #lease_expires_at < :now_ms AND {steps}"
+                        "#status = :in_progress AND #lease_token = :mine AND #attempt = :seen_attempt AND #lease_expires_at < :now_ms AND {steps}"
                     )),
                     expr,
                 )
@@ -89,20 +96,22 @@ impl DynamoDbStore {
         };
         let expr = expr
             .name("#lease_token", &names.lease_token)
+            .name("#attempt", &names.attempt)
             .value(":seen_status", s(seen.status.as_str()))
-            .value(":seen_token", s(&seen.lease.token));
+            .value(":seen_token", s(&seen.lease.token))
+            .value(":seen_attempt", n(u64::from(seen.lease.attempt)));
         let (steps, expr) = list_as_read(&seen.steps, seen.steps_version, names, expr);
         match seen.status {
             Status::InProgress => (
                 Cow::Owned(format!(
-                    "#status = :seen_status AND #lease_token = :seen_token AND #lease_expires_at < :now_ms AND {steps}"
+                    "#status = :seen_status AND #lease_token = :seen_token AND #attempt = :seen_attempt AND #lease_expires_at < :now_ms AND {steps}"
                 )),
                 expr.name("#lease_expires_at", &names.lease_expires_at)
                     .value(":now_ms", millis(now)),
             ),
             _ => (
                 Cow::Owned(format!(
-                    "#status = :seen_status AND #lease_token = :seen_token AND {steps}"
+                    "#status = :seen_status AND #lease_token = :seen_token AND #attempt = :seen_attempt AND {steps}"
                 )),
                 expr,
             ),

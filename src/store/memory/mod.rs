@@ -373,6 +373,7 @@ impl MemoryStore {
             (Some(current), Some(seen)) => {
                 current.status == seen.status
                     && current.lease.token == seen.lease.token
+                    && current.lease.attempt == seen.lease.attempt
                     && current.steps_version == seen.steps_version
                     && (current.status != Status::InProgress || current.lease.is_expired(now))
             }

@@ -252,7 +252,7 @@ impl Default for OutcomeStorage {
 /// settlement's times, and the attributes the store does not see at their usual width.
 fn sized_record(target: Target<'_>, settlement: &Settlement) -> Record {
     let token = match target.guard {
-        Guard::Lease(token) | Guard::Expired { token, .. } | Guard::Indeterminate { token } => {
+        Guard::Lease(token) | Guard::Expired { token, .. } | Guard::Indeterminate { token, .. } => {
             token.to_owned()
         }
     };
