@@ -119,7 +119,9 @@ impl fmt::Debug for OutboxMarks {
 }
 
 impl OutboxMarks {
-    /// The marks of `outbox`, written with `client`.
+    /// The marks of `outbox`, written with `client`, each request bounded by the store's
+    /// [`OPERATION_TIMEOUT`](crate::store::OPERATION_TIMEOUT) (its tries by
+    /// [`ATTEMPT_TIMEOUT`](crate::store::ATTEMPT_TIMEOUT)) where the client sets none.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -132,6 +134,22 @@ impl OutboxMarks {
     /// # let _ = oldest; Ok(()) }
     /// ```
     pub fn new(client: aws_sdk_dynamodb::Client, outbox: &Outbox) -> Self {
+        // Bounded as the store's client is: a mark hung on a dead connection would hold the
+        // relay's or the sweep's batch, and the failures behind it, until the function timed out.
+        let client = match crate::store::bounded_timeouts(
+            client.config().timeout_config(),
+            crate::store::OPERATION_TIMEOUT,
+            crate::store::ATTEMPT_TIMEOUT,
+        ) {
+            Some(timeouts) => aws_sdk_dynamodb::Client::from_conf(
+                client
+                    .config()
+                    .to_builder()
+                    .timeout_config(timeouts)
+                    .build(),
+            ),
+            None => client,
+        };
         Self {
             client,
             table: outbox.table().to_owned(),
@@ -773,7 +791,22 @@ fn pending_event(item: &HashMap<String, AttributeValue>) -> Result<OutboxRecord,
 
 #[cfg(test)]
 mod tests {
-    use super::bounded;
+    use super::{Outbox, OutboxMarks, bounded};
+    use crate::store::{ATTEMPT_TIMEOUT, OPERATION_TIMEOUT};
+
+    #[test]
+    fn a_mark_is_bounded_as_the_stores_requests_are() {
+        let client = aws_sdk_dynamodb::Client::from_conf(
+            aws_sdk_dynamodb::Config::builder()
+                .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
+                .build(),
+        );
+        let marks = OutboxMarks::new(client, &Outbox::new("outbox"));
+        let config = marks.client.config();
+        let timeouts = config.timeout_config().expect("timeouts");
+        assert_eq!(timeouts.operation_timeout(), Some(OPERATION_TIMEOUT));
+        assert_eq!(timeouts.operation_attempt_timeout(), Some(ATTEMPT_TIMEOUT));
+    }
 
     #[test]
     fn a_reason_is_cut_on_a_character_boundary() {

@@ -75,7 +75,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{error, warn};
 
 pub use self::batches::{MAX_BATCH_BYTES, MAX_BATCH_ENTRIES, REQUESTS_IN_FLIGHT};
-pub use self::publisher::Publisher;
+pub use self::publisher::{PUBLISH_ATTEMPT_TIMEOUT, PUBLISH_OPERATION_TIMEOUT, Publisher};
 pub use self::transport::{Answers, Channel, Message, PublishError, Transport};
 use crate::clock::{Clock, SystemClock};
 use crate::effects::outbox::OutboxRecord;

@@ -4,11 +4,18 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::sdk::SdkTransport;
 use super::transport::{PublishError, Transport};
 use crate::effects::destinations::{DESTINATIONS_VAR, Destinations};
 use crate::effects::outbox::{MAX_EVENT_BYTES, OutboxRecord};
+
+/// The longest one publish request may take, the SDK's own retries included
+/// ([`Publisher::from_conf`]): EventBridge, SNS and SQS answer in milliseconds.
+pub const PUBLISH_OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest one try of a publish request may take ([`Publisher::from_conf`]).
+pub const PUBLISH_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Publishes outbox events, in batches, to the destinations it is allowed: through the AWS SDK
 /// ([`Publisher::new`]) or another [`Transport`] ([`Publisher::over`]).
@@ -70,7 +77,15 @@ impl Publisher {
 
     /// A publisher whose three clients share `config` (region, credentials, endpoint), to any
     /// destination until [`Publisher::with_destinations`] names the deployer's list.
+    ///
+    /// Each request is bounded by [`PUBLISH_OPERATION_TIMEOUT`] (its tries by
+    /// [`PUBLISH_ATTEMPT_TIMEOUT`]) where `config` sets no such timeout: an AWS client has none
+    /// by default, and a destination that stopped answering would hold a relay's or a sweep's
+    /// batch until the function timed out, its failures never recorded, so that no event ever
+    /// backed off or was parked. A timed-out request is a failed publish, tried again later.
     pub fn from_conf(config: &aws_config::SdkConfig) -> Self {
+        let bounded = bounded(config);
+        let config = bounded.as_ref().unwrap_or(config);
         Self::new(
             aws_sdk_eventbridge::Client::new(config),
             aws_sdk_sns::Client::new(config),
@@ -125,4 +140,54 @@ pub(super) struct Prepared {
     /// What the destination counts: the envelope, EventBridge's `Source` and `DetailType`, or
     /// the id's message attribute.
     pub(super) bytes: usize,
+}
+
+/// `config` with [`PUBLISH_OPERATION_TIMEOUT`] and [`PUBLISH_ATTEMPT_TIMEOUT`] where it sets
+/// none; `None` when it sets both.
+fn bounded(config: &aws_config::SdkConfig) -> Option<aws_config::SdkConfig> {
+    let timeouts = crate::store::bounded_timeouts(
+        config.timeout_config(),
+        PUBLISH_OPERATION_TIMEOUT,
+        PUBLISH_ATTEMPT_TIMEOUT,
+    )?;
+    Some(config.to_builder().timeout_config(timeouts).build())
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_config::timeout::TimeoutConfig;
+
+    use super::*;
+
+    #[test]
+    fn a_publish_request_is_bounded_unless_the_config_bounds_it() {
+        let bare = aws_config::SdkConfig::builder().build();
+        let added = bounded(&bare).expect("timeouts added");
+        let timeouts = added.timeout_config().expect("timeouts");
+        assert_eq!(
+            timeouts.operation_timeout(),
+            Some(PUBLISH_OPERATION_TIMEOUT)
+        );
+        assert_eq!(
+            timeouts.operation_attempt_timeout(),
+            Some(PUBLISH_ATTEMPT_TIMEOUT)
+        );
+        assert!(timeouts.connect_timeout().is_some());
+
+        let own = aws_config::SdkConfig::builder()
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .operation_timeout(Duration::from_secs(60))
+                    .build(),
+            )
+            .build();
+        let kept = bounded(&own).expect("the attempt bound added");
+        let timeouts = kept.timeout_config().expect("timeouts");
+        assert_eq!(timeouts.operation_timeout(), Some(Duration::from_secs(60)));
+        assert_eq!(
+            timeouts.operation_attempt_timeout(),
+            Some(PUBLISH_ATTEMPT_TIMEOUT)
+        );
+        assert!(bounded(&kept).is_none(), "set once");
+    }
 }

@@ -56,15 +56,27 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(3100);
 /// `config` with [`ATTEMPT_TIMEOUT`] and [`OPERATION_TIMEOUT`] where it sets none (its connect
 /// and read timeouts kept); `None` when it sets both already.
 pub(super) fn with_timeouts(config: &aws_sdk_dynamodb::Config) -> Option<aws_sdk_dynamodb::Config> {
-    let current = config.timeout_config();
-    let operation = current.and_then(TimeoutConfig::operation_timeout);
-    let attempt = current.and_then(TimeoutConfig::operation_attempt_timeout);
-    if operation.is_some() && attempt.is_some() {
+    let timeouts = bounded(config.timeout_config(), OPERATION_TIMEOUT, ATTEMPT_TIMEOUT)?;
+    Some(config.to_builder().timeout_config(timeouts).build())
+}
+
+/// `current` with an operation and an attempt timeout where it sets none (its connect and read
+/// timeouts kept, the SDK's connect timeout where it sets none); `None` when it sets both
+/// already. A client of an AWS service has no operation timeout by default: a request to a
+/// service that stopped answering waits until the invocation's own timeout.
+pub(crate) fn bounded(
+    current: Option<&TimeoutConfig>,
+    operation: Duration,
+    attempt: Duration,
+) -> Option<TimeoutConfig> {
+    let set_operation = current.and_then(TimeoutConfig::operation_timeout);
+    let set_attempt = current.and_then(TimeoutConfig::operation_attempt_timeout);
+    if set_operation.is_some() && set_attempt.is_some() {
         return None;
     }
     let mut timeouts = TimeoutConfig::builder()
-        .operation_timeout(operation.unwrap_or(OPERATION_TIMEOUT))
-        .operation_attempt_timeout(attempt.unwrap_or(ATTEMPT_TIMEOUT))
+        .operation_timeout(set_operation.unwrap_or(operation))
+        .operation_attempt_timeout(set_attempt.unwrap_or(attempt))
         .connect_timeout(
             current
                 .and_then(TimeoutConfig::connect_timeout)
@@ -73,7 +85,7 @@ pub(super) fn with_timeouts(config: &aws_sdk_dynamodb::Config) -> Option<aws_sdk
     if let Some(read) = current.and_then(TimeoutConfig::read_timeout) {
         timeouts = timeouts.read_timeout(read);
     }
-    Some(config.to_builder().timeout_config(timeouts.build()).build())
+    Some(timeouts.build())
 }
 
 /// A DynamoDB client's configuration from the SDK's defaults (aws-config reads

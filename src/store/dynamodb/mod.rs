@@ -38,7 +38,7 @@
 //! # Ok(()) }
 //! ```
 
-mod client;
+pub(crate) mod client;
 mod commit;
 mod decode;
 mod error;
