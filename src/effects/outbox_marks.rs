@@ -592,8 +592,11 @@ impl OutboxMarks {
                 .await
                 .map_err(|err| OutboxError::request("Query", err))?;
             let first = page.items().first().and_then(|item| item.get("created_at"));
-            if let Some(millis) = first.and_then(|at| at.as_n().ok()?.parse::<u64>().ok()) {
-                let at = UNIX_EPOCH + Duration::from_millis(millis);
+            // A time past what `SystemTime` holds (an item another writer put there) is skipped.
+            let at = first
+                .and_then(|at| at.as_n().ok()?.parse::<u64>().ok())
+                .and_then(|millis| UNIX_EPOCH.checked_add(Duration::from_millis(millis)));
+            if let Some(at) = at {
                 oldest = Some(oldest.map_or(at, |o| o.min(at)));
             }
         }
@@ -730,8 +733,10 @@ fn is_due(item: &HashMap<String, AttributeValue>, now: SystemTime, backoff: Dura
     let doublings =
         u32::try_from(failures - 1).map_or(MAX_BACKOFF_DOUBLINGS, |n| n.min(MAX_BACKOFF_DOUBLINGS));
     let wait = backoff.saturating_mul(1 << doublings);
-    let failed_at = UNIX_EPOCH + Duration::from_millis(failed_at);
-    failed_at.checked_add(wait).is_some_and(|turn| turn <= now)
+    UNIX_EPOCH
+        .checked_add(Duration::from_millis(failed_at))
+        .and_then(|failed_at| failed_at.checked_add(wait))
+        .is_some_and(|turn| turn <= now)
 }
 
 fn number(value: impl ToString) -> AttributeValue {

@@ -29,6 +29,7 @@
 //! # Ok(()) }
 //! ```
 
+use std::collections::HashMap;
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -206,6 +207,7 @@ impl Sweeper {
             };
             (committed_at(a), order(a)).cmp(&(committed_at(b), order(b)))
         });
+        in_sequence_per_key(&mut found.events);
         match &self.via {
             Via::Publisher(publisher) => {
                 let events = self.unpublished(found.events).await;
@@ -363,6 +365,29 @@ fn committed_at(event: &OutboxRecord) -> SystemTime {
     event.created_at.unwrap_or(UNIX_EPOCH)
 }
 
+/// Puts each ordering key's events in their sequence, in the places its events hold: two
+/// producers' clocks can disagree, so a later event of an aggregate, committed by another
+/// instance, can carry an earlier `created_at` than the event before it.
+fn in_sequence_per_key(events: &mut Vec<OutboxRecord>) {
+    let mut places: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (place, event) in events.iter().enumerate() {
+        if let Some(order) = &event.order {
+            places.entry(order.key.as_str()).or_default().push(place);
+        }
+    }
+    // `from[place]`: the index of the event that goes there.
+    let mut from: Vec<usize> = (0..events.len()).collect();
+    for held in places.values() {
+        let mut by_sequence = held.clone();
+        by_sequence.sort_by_key(|&i| events[i].order.as_ref().map(|order| order.sequence));
+        for (&place, &event) in held.iter().zip(&by_sequence) {
+            from[place] = event;
+        }
+    }
+    let mut taken: Vec<Option<OutboxRecord>> = events.drain(..).map(Some).collect();
+    events.extend(from.into_iter().filter_map(|i| taken[i].take()));
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -379,6 +404,41 @@ mod tests {
         assert!(publish_failed(&failed));
         assert!(!publish_failed(&held));
         assert!(!publish_failed(&mark_failed));
+    }
+
+    #[test]
+    fn an_aggregates_events_go_in_their_sequence_whatever_their_clocks_said() {
+        use std::time::UNIX_EPOCH;
+
+        use super::in_sequence_per_key;
+        use crate::effects::{Destination, EventOrder, OutboxRecord};
+
+        let event = |id: &str, order: Option<(&str, u64)>, at: u64| OutboxRecord {
+            id: id.into(),
+            name: "OrderChanged".into(),
+            destination: Destination::Sqs {
+                queue_url: "https://sqs.eu-west-1.amazonaws.com/1/orders".into(),
+            },
+            payload: "{}".into(),
+            order: order.map(|(key, sequence)| EventOrder {
+                key: key.into(),
+                sequence,
+            }),
+            created_at: Some(UNIX_EPOCH + Duration::from_secs(at)),
+            parked: None,
+            redriven: None,
+        };
+        // Sorted by commit time: o-1's sequence 6 came from a clock behind the one of 5.
+        let mut events = vec![
+            event("a6", Some(("o-1", 6)), 1),
+            event("x", None, 2),
+            event("b1", Some(("o-2", 1)), 3),
+            event("a5", Some(("o-1", 5)), 4),
+            event("a7", Some(("o-1", 7)), 5),
+        ];
+        in_sequence_per_key(&mut events);
+        let ids: Vec<&str> = events.iter().map(|event| event.id.as_str()).collect();
+        assert_eq!(ids, ["a5", "x", "b1", "a6", "a7"]);
     }
 
     #[test]
