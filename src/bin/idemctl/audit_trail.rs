@@ -13,10 +13,14 @@
 //!
 //! Read them with a `Scan` of the uniqueness table filtered on `begins_with(pk, "#audit#")`.
 
+use std::collections::HashMap;
 use std::time::SystemTime;
 
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::config::http::HttpResponse;
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 use lambda_idempotency::BoxError;
 use lambda_idempotency::record::epoch_millis;
 use sha2::{Digest, Sha256};
@@ -59,18 +63,18 @@ impl Trail<'_> {
             "{PREFIX}{}#{millis:013}#{nonce}",
             target_digest(entry.target)
         );
-        let mut put = self
-            .client
-            .put_item()
-            .table_name(self.table)
-            .item("pk", AttributeValue::S(key.clone()))
-            .item("event", AttributeValue::S("resolution".into()))
-            .item("target_kind", AttributeValue::S(entry.target_kind.into()))
-            .item("target", AttributeValue::S(entry.target.into()))
-            .item("by", AttributeValue::S(entry.by.into()))
-            .item("at", AttributeValue::N(millis.to_string()))
-            .item(
-                "writes",
+        let mut item = HashMap::from([
+            ("pk".to_owned(), AttributeValue::S(key.clone())),
+            ("event".to_owned(), AttributeValue::S("resolution".into())),
+            (
+                "target_kind".to_owned(),
+                AttributeValue::S(entry.target_kind.into()),
+            ),
+            ("target".to_owned(), AttributeValue::S(entry.target.into())),
+            ("by".to_owned(), AttributeValue::S(entry.by.into())),
+            ("at".to_owned(), AttributeValue::N(millis.to_string())),
+            (
+                "writes".to_owned(),
                 AttributeValue::L(
                     entry
                         .writes
@@ -78,20 +82,18 @@ impl Trail<'_> {
                         .map(|line| AttributeValue::S(line.clone()))
                         .collect(),
                 ),
-            );
+            ),
+        ]);
         if let Some(reason) = entry.reason {
-            put = put.item("reason", AttributeValue::S(reason.into()));
+            item.insert("reason".to_owned(), AttributeValue::S(reason.into()));
         }
-        put.condition_expression("attribute_not_exists(pk)")
-            .send()
-            .await
-            .map_err(|err| {
-                format!(
-                    "cannot append to the audit trail in {} ({}): nothing changed",
-                    self.table,
-                    aws_sdk_dynamodb::error::DisplayErrorContext(&err)
-                )
-            })?;
+        self.append(item).await.map_err(|err| {
+            format!(
+                "cannot append to the audit trail in {} ({}): nothing changed",
+                self.table,
+                aws_sdk_dynamodb::error::DisplayErrorContext(&err)
+            )
+        })?;
         Ok(key)
     }
 
@@ -103,29 +105,65 @@ impl Trail<'_> {
         result: Result<bool, &str>,
         at: SystemTime,
     ) -> Result<(), BoxError> {
-        let mut put = self
+        let mut item = HashMap::from([
+            (
+                "pk".to_owned(),
+                AttributeValue::S(format!("{attempt}#result")),
+            ),
+            (
+                "event".to_owned(),
+                AttributeValue::S("resolution_result".into()),
+            ),
+            ("attempt".to_owned(), AttributeValue::S(attempt.into())),
+            (
+                "resolved".to_owned(),
+                AttributeValue::Bool(result == Ok(true)),
+            ),
+            (
+                "at".to_owned(),
+                AttributeValue::N(epoch_millis(at).to_string()),
+            ),
+        ]);
+        if let Err(kind) = result {
+            item.insert("error".to_owned(), AttributeValue::S(kind.into()));
+        }
+        self.append(item).await.map_err(|err| {
+            format!(
+                "the resolution's result could not be appended to the audit trail in {} ({}); its attempt is there",
+                self.table,
+                aws_sdk_dynamodb::error::DisplayErrorContext(&err)
+            )
+        })?;
+        Ok(())
+    }
+
+    /// Puts `item` under a new key. A key already holding this very item is this append's own
+    /// write: the SDK sent the request again after its answer was lost, and the retry's
+    /// condition met what the first try wrote.
+    async fn append(
+        &self,
+        item: HashMap<String, AttributeValue>,
+    ) -> Result<(), SdkError<PutItemError, HttpResponse>> {
+        let put = self
             .client
             .put_item()
             .table_name(self.table)
-            .item("pk", AttributeValue::S(format!("{attempt}#result")))
-            .item("event", AttributeValue::S("resolution_result".into()))
-            .item("attempt", AttributeValue::S(attempt.into()))
-            .item("resolved", AttributeValue::Bool(result == Ok(true)))
-            .item("at", AttributeValue::N(epoch_millis(at).to_string()));
-        if let Err(kind) = result {
-            put = put.item("error", AttributeValue::S(kind.into()));
-        }
-        put.condition_expression("attribute_not_exists(pk)")
+            .set_item(Some(item.clone()))
+            .condition_expression("attribute_not_exists(pk)")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
-            .await
-            .map_err(|err| {
-                format!(
-                    "the resolution's result could not be appended to the audit trail in {} ({}); its attempt is there",
-                    self.table,
-                    aws_sdk_dynamodb::error::DisplayErrorContext(&err)
-                )
-            })?;
-        Ok(())
+            .await;
+        match put {
+            Ok(_) => Ok(()),
+            Err(err) => match err.as_service_error() {
+                Some(PutItemError::ConditionalCheckFailedException(failed))
+                    if failed.item() == Some(&item) =>
+                {
+                    Ok(())
+                }
+                _ => Err(err),
+            },
+        }
     }
 }
 
@@ -133,4 +171,94 @@ impl Trail<'_> {
 /// characters its key holds.
 fn target_digest(target: &str) -> String {
     hex::encode(&Sha256::digest(target)[..16])
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+    };
+
+    use super::*;
+
+    /// A client of a dynoxide server embedded in this process, and a `pk` table on it.
+    async fn table() -> Result<(Client, &'static str), BoxError> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let endpoint = format!("http://{}", listener.local_addr()?);
+        tokio::spawn(dynoxide::server::serve_on(
+            listener,
+            dynoxide::Database::memory()?,
+        ));
+        let client = Client::from_conf(
+            aws_sdk_dynamodb::Config::builder()
+                .behavior_version(BehaviorVersion::latest())
+                .region(Region::new("us-east-1"))
+                .credentials_provider(Credentials::new("test", "test", None, None, "static"))
+                .endpoint_url(endpoint)
+                .build(),
+        );
+        let table = "uniqueness";
+        client
+            .create_table()
+            .table_name(table)
+            .billing_mode(BillingMode::PayPerRequest)
+            .attribute_definitions(
+                AttributeDefinition::builder()
+                    .attribute_name("pk")
+                    .attribute_type(ScalarAttributeType::S)
+                    .build()?,
+            )
+            .key_schema(
+                KeySchemaElement::builder()
+                    .attribute_name("pk")
+                    .key_type(KeyType::Hash)
+                    .build()?,
+            )
+            .send()
+            .await?;
+        Ok((client, table))
+    }
+
+    /// The SDK sends a request again when its answer was lost: the append that meets its own
+    /// write goes on (its attempt then gets its result), one that meets another's does not.
+    #[tokio::test]
+    async fn an_append_sent_again_after_its_answer_was_lost_is_its_own() -> Result<(), BoxError> {
+        let (client, table) = table().await?;
+        let trail = Trail {
+            client: &client,
+            table,
+        };
+        let writes = ["COMPLETED with an outcome of 14 bytes".to_owned()];
+        let entry = Entry {
+            target_kind: "record",
+            target: "orders#place#v1#ab12",
+            by: "arn:aws:iam::111122223333:user/ops",
+            reason: Some("checked the ledger"),
+            writes: &writes,
+        };
+        let at = UNIX_EPOCH + Duration::from_secs(1_765_000_000);
+
+        let first = trail.attempt(&entry, at).await?;
+        let again = trail.attempt(&entry, at).await?;
+        assert_eq!(first, again, "the same item, appended once");
+        trail.result(&first, Ok(true), at).await?;
+        trail.result(&first, Ok(true), at).await?;
+
+        assert!(
+            trail.result(&first, Ok(false), at).await.is_err(),
+            "another result for the attempt is refused"
+        );
+        let other = Entry {
+            by: "unverified:mallory",
+            ..entry
+        };
+        assert!(
+            trail.attempt(&other, at).await.is_err(),
+            "another operator's attempt under the same key is never taken for this one"
+        );
+        Ok(())
+    }
 }
