@@ -158,10 +158,17 @@ pub async fn relay_record(
     if written_by_0_4(record) {
         adopt(marks, &event.id).await;
     }
-    deliver_all(publisher, marks, vec![event], PublishedBy::Relay, now)
-        .await
-        .pop()
-        .unwrap_or_else(|| Err("the event was not published".into()))
+    deliver_all(
+        publisher,
+        marks,
+        std::slice::from_ref(&event),
+        PublishedBy::Relay,
+        now,
+        &failed_alone,
+    )
+    .await
+    .pop()
+    .unwrap_or_else(|| Err("the event was not published".into()))
 }
 
 /// Whether `record` inserts an item 0.4 wrote: no `pending` (so out of the sweeper's sight)
@@ -193,18 +200,21 @@ fn unreadable_insert() -> BoxError {
 }
 
 /// Publishes `events` in batches and marks each published by `by`, or parks the ones their
-/// destination refuses; what the relay and the sweeper both do. Each request's events are
-/// marked while the next request is on its way. One answer per event, in order.
-pub(crate) async fn deliver_all(
+/// destination refuses, or answers a failed one as `after_failure` does (the sweeper records
+/// the failure as it comes, so that a batch cut short by the function's timeout keeps what it
+/// learnt); what the relay and the sweeper both do. Each request's events are marked while the
+/// next request is on its way. One answer per event, in order.
+pub(crate) async fn deliver_all<'e>(
     publisher: &Publisher,
     marks: &OutboxMarks,
-    events: Vec<OutboxRecord>,
+    events: &'e [OutboxRecord],
     by: PublishedBy,
     now: SystemTime,
+    after_failure: &'e AfterFailure<'e>,
 ) -> Vec<Result<Relayed, BoxError>> {
     let (sink, answered) = tokio::sync::mpsc::unbounded_channel();
     let publishing = async {
-        publisher.publish_each(&events, &sink).await;
+        publisher.publish_each(events, &sink).await;
         drop(sink);
     };
     let answers = futures_util::stream::unfold(answered, |mut answered| async move {
@@ -217,7 +227,13 @@ pub(crate) async fn deliver_all(
                 let Some(event) = event else {
                     return (index, Err(BoxError::from("an answer for no event")));
                 };
-                (index, settle(marks, event, published, by, now).await)
+                let answer = match published {
+                    Err(err @ (PublishError::Failed { .. } | PublishError::Held)) => {
+                        after_failure(event, err).await
+                    }
+                    published => settle(marks, event, published, by, now).await,
+                };
+                (index, answer)
             }
         })
         .buffer_unordered(MARKS_IN_FLIGHT);
@@ -240,6 +256,20 @@ pub(crate) async fn deliver_all(
             None => Err("the event was not published".into()),
         })
         .collect()
+}
+
+/// What a delivery answers for an event whose publish failed ([`deliver_all`]).
+pub(crate) type AfterFailure<'e> = dyn Fn(&'e OutboxRecord, PublishError) -> BoxFuture<'e, Result<Relayed, BoxError>>
+    + Send
+    + Sync
+    + 'e;
+
+/// The answer to an event whose publish failed, as it is: the stream delivers its record again.
+fn failed_alone<'e>(
+    _event: &'e OutboxRecord,
+    err: PublishError,
+) -> BoxFuture<'e, Result<Relayed, BoxError>> {
+    Box::pin(std::future::ready(Err(err.into())))
 }
 
 /// Marks `event` published (or parks it) after its publication's answer `published`.
@@ -374,7 +404,15 @@ impl Relay {
                 .map(|(_, event)| adopt(&self.marks, &event.id)),
         )
         .await;
-        let answers = deliver_all(&self.publisher, &self.marks, due, PublishedBy::Relay, now).await;
+        let answers = deliver_all(
+            &self.publisher,
+            &self.marks,
+            &due,
+            PublishedBy::Relay,
+            now,
+            &failed_alone,
+        )
+        .await;
         let published_by = self.clock.now();
         for ((record, committed_at), answer) in records.into_iter().zip(committed).zip(answers) {
             match answer {

@@ -53,6 +53,7 @@ mod outbox_chain;
 mod outbox_destinations;
 mod outbox_ids;
 #[cfg(feature = "relay")]
+mod outbox_sweep_cut_short;
 mod outbox_sweeper;
 mod outbox_through_pipe;
 mod outcome_storage;

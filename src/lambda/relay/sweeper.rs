@@ -35,7 +35,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tracing::warn;
 
-use super::{Publisher, Relayed, deliver_all};
+use super::{PublishError, Publisher, Relayed, deliver_all};
 use crate::effects::OutboxRecord;
 use crate::effects::outbox_marks::{MAX_BACKOFF_DOUBLINGS, OutboxError, OutboxMarks, PublishedBy};
 use crate::error::BoxError;
@@ -215,20 +215,27 @@ impl Sweeper {
                     .iter()
                     .map(|event| (event.id.clone(), event.name.clone(), committed_at(event)))
                     .collect();
-                let answers =
-                    deliver_all(publisher, &self.marks, events, PublishedBy::Sweeper, now).await;
-                for ((id, name, created_at), answer) in committed.iter().zip(answers) {
-                    let published = matches!(answer, Ok(Relayed::Published { .. }));
-                    if published {
-                        let lag = now.duration_since(*created_at).ok();
-                        report.max_lag = report.max_lag.max(lag);
-                    }
+                // Its own publish failed: recorded as it comes (counted, and it waits its
+                // turn). One held behind another of its key, or published but not marked, is
+                // left as it is, for the next sweep.
+                let answers = deliver_all(
+                    publisher,
+                    &self.marks,
+                    &events,
+                    PublishedBy::Sweeper,
+                    now,
+                    &|event, err| Box::pin(self.failed(event, err, now)),
+                )
+                .await;
+                for ((_, name, created_at), answer) in committed.iter().zip(answers) {
                     let answer = match answer {
-                        Ok(_) => Ok(Some(published)),
-                        // Its own publish failed: counted, and it waits its turn. One held
-                        // behind another of its key, or published but not marked, is left as
-                        // it is, for the next sweep.
-                        Err(err) if publish_failed(&err) => self.failed(id, name, now, err).await,
+                        Ok(Relayed::Published { .. }) => {
+                            let lag = now.duration_since(*created_at).ok();
+                            report.max_lag = report.max_lag.max(lag);
+                            Ok(Some(true))
+                        }
+                        Ok(Relayed::Parked { .. }) => Ok(Some(false)),
+                        Ok(Relayed::Skipped) => Ok(None),
                         Err(err) => Err(err),
                     };
                     report.count(name, answer);
@@ -277,23 +284,31 @@ impl Sweeper {
     /// neither holds the retry partitions for ever nor hides the events behind it there.
     async fn failed(
         &self,
-        id: &str,
-        name: &str,
+        event: &OutboxRecord,
+        err: PublishError,
         now: SystemTime,
-        err: BoxError,
-    ) -> Result<Option<bool>, BoxError> {
-        match self.marks.sweep_failed(id, now, self.after).await {
+    ) -> Result<Relayed, BoxError> {
+        let err = BoxError::from(err);
+        if !publish_failed(&err) {
+            return Err(err);
+        }
+        match self.marks.sweep_failed(&event.id, now, self.after).await {
             Ok(Some(failures)) if failures >= MAX_SWEEP_FAILURES => {
                 let reason = format!(
                     "its destination failed every publish at {failures} sweeps over {}: see the sweeper's logs and OutboxSweepFailed, fix the destination, then unpark it",
                     about(self.patience())
                 );
-                let marked = self.marks.park(id, &reason, now).await?;
-                Ok(marked.then_some(false))
+                match self.marks.park(&event.id, &reason, now).await? {
+                    true => Ok(Relayed::Parked {
+                        event_id: event.id.clone(),
+                        reason,
+                    }),
+                    false => Ok(Relayed::Skipped),
+                }
             }
             Ok(_) => Err(err),
             Err(not_recorded) => {
-                warn!(event = %name, error = %not_recorded, "a failed outbox event's retry could not be recorded: tried again at the next sweep");
+                warn!(event = %event.name, error = %not_recorded, "a failed outbox event's retry could not be recorded: tried again at the next sweep");
                 Err(err)
             }
         }
