@@ -61,31 +61,26 @@ pub(super) fn with_timeouts(config: &aws_sdk_dynamodb::Config) -> Option<aws_sdk
 }
 
 /// `current` with an operation and an attempt timeout where it sets none (its connect and read
-/// timeouts kept, the SDK's connect timeout where it sets none); `None` when it sets both
-/// already. A client of an AWS service has no operation timeout by default: a request to a
-/// service that stopped answering waits until the invocation's own timeout.
+/// timeouts kept, the SDK's connect timeout where it sets none; a timeout it disables stays
+/// disabled); `None` when it changes nothing. A client of an AWS service has no operation
+/// timeout by default: a request to a service that stopped answering waits until the
+/// invocation's own timeout.
 pub(crate) fn bounded(
     current: Option<&TimeoutConfig>,
     operation: Duration,
     attempt: Duration,
 ) -> Option<TimeoutConfig> {
-    let set_operation = current.and_then(TimeoutConfig::operation_timeout);
-    let set_attempt = current.and_then(TimeoutConfig::operation_attempt_timeout);
-    if set_operation.is_some() && set_attempt.is_some() {
-        return None;
-    }
-    let mut timeouts = TimeoutConfig::builder()
-        .operation_timeout(set_operation.unwrap_or(operation))
-        .operation_attempt_timeout(set_attempt.unwrap_or(attempt))
-        .connect_timeout(
-            current
-                .and_then(TimeoutConfig::connect_timeout)
-                .unwrap_or(CONNECT_TIMEOUT),
-        );
-    if let Some(read) = current.and_then(TimeoutConfig::read_timeout) {
-        timeouts = timeouts.read_timeout(read);
-    }
-    Some(timeouts.build())
+    let mut filled = current
+        .cloned()
+        .unwrap_or_else(|| TimeoutConfig::builder().build());
+    filled.take_defaults_from(
+        &TimeoutConfig::builder()
+            .operation_timeout(operation)
+            .operation_attempt_timeout(attempt)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .build(),
+    );
+    (current != Some(&filled)).then_some(filled)
 }
 
 /// A DynamoDB client's configuration from the SDK's defaults (aws-config reads
@@ -344,6 +339,15 @@ mod tests {
         assert_eq!(timeouts.operation_timeout(), Some(Duration::from_secs(9)));
         assert_eq!(timeouts.operation_attempt_timeout(), Some(ATTEMPT_TIMEOUT));
         assert_eq!(timeouts.read_timeout(), Some(Duration::from_secs(1)));
+
+        let disabled = aws_sdk_dynamodb::Config::builder()
+            .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
+            .timeout_config(TimeoutConfig::disabled())
+            .build();
+        assert!(
+            with_timeouts(&disabled).is_none(),
+            "timeouts switched off on purpose stay off"
+        );
     }
 
     #[test]
