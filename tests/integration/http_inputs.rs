@@ -410,7 +410,8 @@ async fn two_idempotency_keys_are_refused_not_one_picked() {
 }
 
 /// A reconciler that finds the payment records the response in the door's stored form
-/// (`stored_response`): the takeover and every retry are answered with it, byte for byte.
+/// (`stored_response`): the takeover and every retry are answered with it, byte for byte, and
+/// marked a replay (no run of theirs made it).
 #[tokio::test]
 async fn a_reconciled_response_in_the_stored_form_is_replayed() {
     for backend in both().await {
@@ -464,6 +465,11 @@ async fn a_reconciled_response_in_the_stored_form_is_replayed() {
                 answer.body().as_ref(),
                 br#"{"payment":"p-found"}"#,
                 "{name}: {attempt}"
+            );
+            assert_eq!(
+                answer.headers()["idempotent-replayed"],
+                "true",
+                "{name}: {attempt}: the response is not this request's run"
             );
         }
     }

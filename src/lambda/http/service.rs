@@ -15,6 +15,7 @@ use super::answer::ErrorAnswer;
 use super::stored::{StoredResponse, body_of, is_definitive};
 use super::{IDEMPOTENCY_KEY_HEADER, REPLAYED_HEADER};
 use crate::error::{BoxError, Error};
+use crate::execution::Origin;
 use crate::failure::{AfterEffect, Release};
 use crate::lambda::context;
 use crate::lambda::operation::Operation;
@@ -164,7 +165,9 @@ where
     Ok(match result {
         Ok(done) => match done.value().response() {
             Ok(mut response) => {
-                if done.is_replay() {
+                // A response this request's run did not make (stored earlier, or recorded by a
+                // reconciler after a takeover): a replay to the client.
+                if !matches!(done.origin(), Origin::Executed { .. }) {
                     response
                         .headers_mut()
                         .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
