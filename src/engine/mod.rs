@@ -642,6 +642,25 @@ impl Idempotency {
                 return Ran::unrun(Err(err), invocation, handler);
             }
         };
+        // A claim that committed as its lease ran out (its tries, or a wait for the turn, took
+        // the lease; an invocation with no deadline has no cut before it) leaves the handler no
+        // time under it: another caller may take it over at once and run beside it. Not
+        // started: the guard gives the claim back whole as it drops (an owner keeps its own).
+        if self.clock.now() >= deadline {
+            let attempt = match &held {
+                Held::Fresh => 1,
+                Held::TakenOver { attempt, .. } => *attempt,
+            };
+            warn!(
+                key = key.short(),
+                "the claim committed as its lease ran out: the handler is not started, and the claim is given back"
+            );
+            let lost = Error::LeaseLost {
+                key: key.clone(),
+                attempt,
+            };
+            return Ran::unrun(Err(lost), invocation, handler);
+        }
         // Every write from here settles the identity the operation recorded at its claim,
         // whatever this deployment declares.
         let identity = held.identity(&claim).map(str::to_owned);

@@ -6,6 +6,7 @@ mod batch_inputs;
 mod broken_stores;
 mod cached_store;
 mod cancelled_steps;
+mod claim_outlives_lease;
 mod claims;
 mod completion_writes;
 mod cut_off_steps;
