@@ -15,8 +15,10 @@ pub enum PoisonPolicy {
     /// dead-letter queue. The default for SQS, where a DLQ ends the retries (configure one: a
     /// FIFO group waits behind a failing message until it moves). On a FIFO queue the messages
     /// of its group behind it in the same batch are reported failed with it (skipped, to keep
-    /// the order), so their receive counts rise with its own and the DLQ takes them together:
-    /// redrive them from it once the poison message is dealt with.
+    /// the order), so their receive counts rise with its own, but only in the batches they
+    /// shared with it: the DLQ may take it alone, and the group's later messages then run
+    /// before it is redriven. Where the group's order matters, deal with the poison message
+    /// before the messages behind it (its redrive runs it after them).
     Retry,
     /// Acknowledge it, logged at error level with its key hash and error kind, and reported as
     /// [`RecordOutcome::Poison`]: the stream moves on instead of retrying the shard or the
