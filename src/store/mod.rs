@@ -42,10 +42,10 @@ use std::time::SystemTime;
 
 pub use any::AnyStore;
 pub use cached::CachedStore;
-#[cfg(feature = "testing")]
 pub(crate) use dynamodb::client::bounded as bounded_timeouts;
 #[cfg(feature = "from-env")]
 pub use dynamodb::dynamodb_config;
+#[cfg(feature = "testing")]
 pub(crate) use dynamodb::value_size;
 pub use dynamodb::{
     ATTEMPT_TIMEOUT, AttributeNames, DYNAMODB_ITEM_LIMIT, DynamoDbStore, ENDPOINT_VAR,
