@@ -127,8 +127,9 @@ impl<E> Operation<E> {
     /// transient reason (throttled, unavailable), the child is tried again after a durable
     /// wait (the execution suspends; [`DURABLE_RETRIES`] tries, waits of 2 s doubling up to 5
     /// minutes, about 45 minutes in all), in a fresh child of its own, so a later try meets
-    /// the other execution's outcome or the store back. Once `handler` ran, its durable
-    /// operations are recorded in its try's child, and no try runs it again.
+    /// the other execution's outcome or the store back. Once `handler` ran in a try (in this
+    /// invocation, or in an earlier one whose durable operations the try's child recorded), no
+    /// other try runs it: an answer after that, a "not yet" included, ends the child.
     ///
     /// # Errors
     /// The child context's failure, which carries the handler's error or the engine's
@@ -157,6 +158,10 @@ impl<E> Operation<E> {
                 let (engine, invocation) = (engine.clone(), invocation.clone());
                 let handler = Arc::clone(&handler);
                 async move {
+                    // A try an earlier invocation ran the handler in (its durable operations
+                    // recorded in this try's child) is never tried again: a fresh try would run
+                    // them again.
+                    let replaying = child.is_replaying();
                     let started = Arc::new(AtomicBool::new(false));
                     let ran = Arc::clone(&started);
                     let answer = engine
@@ -176,7 +181,7 @@ impl<E> Operation<E> {
                         // a replay of the failed child gives the message only, and the handler
                         // must take the same branch on both.
                         let message = super::diagnostic::caller_message(&err);
-                        match !started.load(Ordering::SeqCst) && not_yet(&err) {
+                        match !replaying && !started.load(Ordering::SeqCst) && not_yet(&err) {
                             true => BoxError::from(TypedError::with_type(NOT_YET, message)),
                             false => BoxError::from(message),
                         }

@@ -145,3 +145,95 @@ async fn a_payload_conflict_fails_the_child_without_another_try() {
         assert_eq!(changed.handler_runs.load(Ordering::SeqCst), 0, "{name}");
     }
 }
+
+/// A handler that runs the durable step `reserve` (counted) and then waits an hour: the
+/// execution suspends inside it. From its second invocation on, the clock moves on first, and
+/// on the second the store refuses claims for 30 seconds.
+fn suspends_inside(
+    operation: Operation<Value>,
+    clock: ManualClock,
+    faulty: FaultyStore<AnyStore>,
+    counts: Arc<Counts>,
+) -> impl Fn(
+    Value,
+    DurableContext,
+) -> std::pin::Pin<Box<dyn Future<Output = Result<Value, BoxError>> + Send>>
++ Send
++ Sync
++ 'static {
+    move |order: Value, durable: DurableContext| {
+        let (operation, clock, faulty) = (operation.clone(), clock.clone(), faulty.clone());
+        let counts = Arc::clone(&counts);
+        Box::pin(async move {
+            let invocation_number = counts.invocations.fetch_add(1, Ordering::SeqCst);
+            if invocation_number > 0 {
+                clock.advance(BETWEEN_INVOCATIONS);
+            }
+            if invocation_number == 1 {
+                faulty.outage(
+                    &[Primitive::Claim, Primitive::TakeOver],
+                    FaultKind::Unavailable,
+                    clock.now() + Duration::from_secs(30),
+                    clock.clone(),
+                );
+            }
+            let invocation = operation
+                .durable_invocation(&order, &durable)?
+                .with_lease(LONG_LEASE);
+            let ran = Arc::clone(&counts);
+            let reserved: Value = operation
+                .durable_execute(invocation, &durable, move |_steps, child| async move {
+                    let reserved: String = child
+                        .step(move |_| {
+                            let ran = Arc::clone(&ran);
+                            async move {
+                                ran.handler_runs.fetch_add(1, Ordering::SeqCst);
+                                Ok(String::from("rsv-1"))
+                            }
+                        })
+                        .name("reserve")
+                        .await?;
+                    child
+                        .wait(Duration::from_secs(3600))
+                        .name("cool-off")
+                        .await?;
+                    Ok(json!({"reserved": reserved}))
+                })
+                .await?;
+            Ok(reserved)
+        })
+    }
+}
+
+/// The handler ran in the first invocation (its durable step recorded in the try's child) and
+/// suspended; the replay's re-entry meets a throttled store. Another try would run the durable
+/// step again in a fresh child: the try's failure ends the child instead, and the step ran once.
+#[tokio::test]
+async fn a_try_the_handler_ran_in_is_never_tried_again() {
+    for backend in both().await {
+        let name = backend.name;
+        let faulty = FaultyStore::new(backend.store.clone());
+        let counts = Arc::new(Counts::default());
+        let run = suspends_inside(
+            operation(AnyStore::new(faulty.clone()), &backend.clock),
+            backend.clock.clone(),
+            faulty,
+            Arc::clone(&counts),
+        );
+
+        let result = LocalRunner::new()
+            .run(run, json!({"order_id": "o-suspended"}))
+            .await;
+
+        assert_eq!(
+            counts.handler_runs.load(Ordering::SeqCst),
+            1,
+            "{name}: the durable step ran once ({:?})",
+            result.error_message()
+        );
+        assert!(
+            result.is_failure(),
+            "{name}: the try's failure ends the child"
+        );
+    }
+}
