@@ -645,12 +645,17 @@ impl Idempotency {
         // A claim that committed as its lease ran out (its tries, or a wait for the turn, took
         // the lease; an invocation with no deadline has no cut before it) leaves the handler no
         // time under it: another caller may take it over at once and run beside it. Not
-        // started: the guard gives the claim back whole as it drops (an owner keeps its own).
+        // started: the guard gives back what this claim wrote as it drops (a fresh claim
+        // whole, a takeover shortened with the crashed attempt's mark handed on), an owner's
+        // claim too; only an owner's re-entered claim stays as it was for the owner's return.
         if self.clock.now() >= deadline {
-            let attempt = match &held {
-                Held::Fresh => 1,
-                Held::TakenOver { attempt, .. } => *attempt,
+            let (attempt, reentered) = match &held {
+                Held::Fresh => (1, false),
+                Held::TakenOver {
+                    attempt, reentered, ..
+                } => (*attempt, *reentered),
             };
+            give_back.armed = !reentered;
             warn!(
                 key = key.short(),
                 "the claim committed as its lease ran out: the handler is not started, and the claim is given back"
