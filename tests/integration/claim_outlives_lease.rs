@@ -13,7 +13,7 @@ use lambda_idempotency::clock::{Clock, ManualClock};
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::store::{Answer, AnyStore, Request, Store, StoreExt, TransactionalStore};
 use lambda_idempotency::testing::conformance::{LEASE, crash_after_claim, invocation};
-use lambda_idempotency::{Error, Idempotency, StoreError};
+use lambda_idempotency::{Error, ExecutionContext, Idempotency, StoreError};
 
 use super::backends::both;
 
@@ -48,6 +48,17 @@ impl Store for SlowFirstClaim {
     }
 }
 
+/// A handler answering 7, its runs counted in `runs`.
+fn counting(
+    runs: &Arc<AtomicUsize>,
+) -> impl FnOnce(ExecutionContext) -> std::future::Ready<Result<u32, std::io::Error>> {
+    let runs = Arc::clone(runs);
+    move |_| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok(7))
+    }
+}
+
 #[tokio::test]
 async fn a_claim_answered_after_its_lease_ran_out_runs_nothing_and_is_given_back() {
     for (backend, owned) in both()
@@ -74,13 +85,7 @@ async fn a_claim_answered_after_its_lease_ran_out_runs_nothing_and_is_given_back
             false => inv,
         };
         let runs = Arc::new(AtomicUsize::new(0));
-        let run = || {
-            let runs = Arc::clone(&runs);
-            move |_| async move {
-                runs.fetch_add(1, Ordering::SeqCst);
-                Ok::<_, std::io::Error>(7_u32)
-            }
-        };
+        let run = || counting(&runs);
 
         let late = idem.execute(&inv, run()).await;
         assert!(
@@ -125,13 +130,7 @@ async fn a_takeover_answered_after_its_lease_ran_out_runs_nothing() {
         crash_after_claim(&idem, &inv).await;
         backend.clock.advance(LEASE + Duration::from_secs(1));
         let runs = Arc::new(AtomicUsize::new(0));
-        let run = || {
-            let runs = Arc::clone(&runs);
-            move |_| async move {
-                runs.fetch_add(1, Ordering::SeqCst);
-                Ok::<_, std::io::Error>(7_u32)
-            }
-        };
+        let run = || counting(&runs);
 
         let late = idem.execute(&inv, run()).await;
         assert!(

@@ -15,6 +15,7 @@ use lambda_idempotency::lambda::relay::{
     Answers, Channel, Message, PublishError, Publisher, Transport,
 };
 
+use crate::outbox_sweeper::write_event;
 use crate::relay::Rig;
 
 /// Fails every request to `failing` at once; never answers one to another queue.
@@ -34,26 +35,6 @@ impl Transport for OneFailsTheOtherHangs {
             std::future::pending().await
         })
     }
-}
-
-/// Writes a pending event `id` for `queue_url`, committed at `created_ms`, as a producer does.
-async fn pending_event(rig: &Rig, id: &str, queue_url: &str, created_ms: u128) {
-    let s = |value: &str| AttributeValue::S(value.to_owned());
-    rig.db
-        .client
-        .put_item()
-        .table_name(rig.outbox.table())
-        .item("pk", s(id))
-        .item("event", s("placed"))
-        .item("operation", s("elsewhere"))
-        .item("destination", s("sqs"))
-        .item("target", s(queue_url))
-        .item("payload", s("{}"))
-        .item("created_at", AttributeValue::N(created_ms.to_string()))
-        .item("pending", s(&format!("p{}", &id[..1])))
-        .send()
-        .await
-        .expect("written");
 }
 
 async fn sweep_failures(rig: &Rig, id: &str) -> Option<u64> {
@@ -83,14 +64,9 @@ async fn a_sweep_held_by_a_silent_destination_keeps_the_failures_it_saw() {
         .expect("after epoch")
         .as_millis();
     let refused = format!("3{}", "a".repeat(63));
-    pending_event(&rig, &refused, &failing, committed).await;
-    pending_event(
-        &rig,
-        &format!("7{}", "b".repeat(63)),
-        &silent,
-        committed + 1,
-    )
-    .await;
+    write_event(&rig, &refused, &failing, committed, "{}").await;
+    let held = format!("7{}", "b".repeat(63));
+    write_event(&rig, &held, &silent, committed + 1, "{}").await;
     rig.clock.advance(Duration::from_secs(3600));
 
     let transport = std::sync::Arc::new(OneFailsTheOtherHangs {

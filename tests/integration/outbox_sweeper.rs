@@ -672,7 +672,13 @@ async fn an_unreadable_pending_item_is_reported_and_never_stops_a_sweep() {
 
 /// Writes a pending event `id` for the SQS queue `queue_url`, committed at `created` (epoch
 /// milliseconds), with `payload`, as a producer writes it.
-async fn write_event(rig: &Rig, id: &str, queue_url: &str, created: u128, payload: &str) {
+pub(super) async fn write_event(
+    rig: &Rig,
+    id: &str,
+    queue_url: &str,
+    created: u128,
+    payload: &str,
+) {
     let s = |value: &str| AttributeValue::S(value.to_owned());
     rig.db
         .client

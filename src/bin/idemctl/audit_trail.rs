@@ -173,52 +173,19 @@ fn target_digest(target: &str) -> String {
     hex::encode(&Sha256::digest(target)[..16])
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "testing"))]
 mod tests {
     use std::time::{Duration, UNIX_EPOCH};
 
-    use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
-    use aws_sdk_dynamodb::types::{
-        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
-    };
+    use lambda_idempotency::testing::local::{create_key_table, sdk_config};
 
     use super::*;
 
-    /// A client of a dynoxide server embedded in this process, and a `pk` table on it.
+    /// A client of the local endpoint, and a `pk` table on it.
     async fn table() -> Result<(Client, &'static str), BoxError> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let endpoint = format!("http://{}", listener.local_addr()?);
-        tokio::spawn(dynoxide::server::serve_on(
-            listener,
-            dynoxide::Database::memory()?,
-        ));
-        let client = Client::from_conf(
-            aws_sdk_dynamodb::Config::builder()
-                .behavior_version(BehaviorVersion::latest())
-                .region(Region::new("us-east-1"))
-                .credentials_provider(Credentials::new("test", "test", None, None, "static"))
-                .endpoint_url(endpoint)
-                .build(),
-        );
+        let client = Client::from_conf(sdk_config().await?.build());
         let table = "uniqueness";
-        client
-            .create_table()
-            .table_name(table)
-            .billing_mode(BillingMode::PayPerRequest)
-            .attribute_definitions(
-                AttributeDefinition::builder()
-                    .attribute_name("pk")
-                    .attribute_type(ScalarAttributeType::S)
-                    .build()?,
-            )
-            .key_schema(
-                KeySchemaElement::builder()
-                    .attribute_name("pk")
-                    .key_type(KeyType::Hash)
-                    .build()?,
-            )
-            .send()
-            .await?;
+        create_key_table(&client, table, false).await?;
         Ok((client, table))
     }
 
