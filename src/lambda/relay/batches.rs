@@ -103,7 +103,7 @@ impl Publisher {
     /// an ordering key is in flight, and none leaves once an earlier one of its key failed.
     ///
     /// ```no_run
-    /// # async fn demo(events: Vec<lambda_idempotency::effects::OutboxRecord>) -> Result<(), lambda_idempotency::Error> {
+    /// # async fn demo(events: Vec<lambda_idempotency::effects::OutboxRecord>) -> Result<(), lambda_idempotency::BoxError> {
     /// use lambda_idempotency::effects::Destinations;
     /// use lambda_idempotency::lambda::relay::Publisher;
     ///
