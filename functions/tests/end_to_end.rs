@@ -250,7 +250,16 @@ async fn eventbridge_handler_keeps_permanent_evidence() {
     let (settled, _, _) = tables.store.scan_page(None).await.expect("scan");
     let again = function.api.invoke(event).await.expect("answered");
     let other = function.api.invoke(republished).await.expect("answered");
+    // An order id holding `#`: the claim also looks where a global identity holding `#` is
+    // kept (`#g#shipment-notice:…`, for a deploy that changed the identity's scope), which the
+    // function's policy allows.
+    let mut hashed = sample_event("eventbridge");
+    hashed["id"] = json!("a-third-event-id");
+    hashed["detail"]["order_id"] = json!("o#2");
+    let hashed = function.api.invoke(hashed).await.expect("answered");
     function.stop().await;
+
+    assert_eq!(hashed["notified"], true, "{hashed}");
 
     assert_eq!(first["notified"], true);
     assert_eq!(
@@ -267,8 +276,9 @@ async fn eventbridge_handler_keeps_permanent_evidence() {
             .expect("ledger"),
         1
     );
-    let (records, _, _) = tables.store.scan_page(None).await.expect("scan");
-    assert_eq!(records.len(), 1, "one operation");
+    let (mut records, _, _) = tables.store.scan_page(None).await.expect("scan");
+    assert_eq!(records.len(), 2, "one operation per order");
+    records.retain(|record| record.key == settled[0].key);
     assert_eq!(
         (records[0].status, records[0].lease.attempt),
         (Status::Completed, 1)

@@ -19,6 +19,12 @@
 //! kept a global identity with `#` bare: the DynamoDB store's claim still finds such evidence
 //! there (unless it is the scoped evidence the key spells, which is another operation's).
 //!
+//! A deploy may change an operation's scope, or give it a tenant: its claims then look for the
+//! identity's evidence in every other form of its namespace and tenant too, and evidence there
+//! of an operation the new scope shares the identity with refuses them (on DynamoDB unless
+//! `DynamoDbStore::with_unscoped_evidence_check(false)`), so that a settled identity never runs
+//! again because its key moved.
+//!
 //! ```
 //! use lambda_idempotency::key::{IdentityScope, OperationKey, OperationScope};
 //!
@@ -103,6 +109,93 @@ impl<'a> Scoped<'a> {
     }
 }
 
+/// Another place where the evidence of an evidence key's identity may stand: the form another
+/// identity scope gives it (a deploy changed the operation's scope, or gave it a tenant), or
+/// the bare identity (the layout before 0.2, and of a global identity with `#` from 0.2 to
+/// 0.4); and whose evidence found there is this claim's identity's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Elsewhere {
+    /// The evidence key to look at.
+    pub(crate) evidence_key: String,
+    /// Whose evidence there refuses the claim.
+    pub(crate) refusing: Refusing,
+}
+
+/// Whose evidence, by its operation key, refuses a claim: the operations its identity scope
+/// shares the identity with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Refusing {
+    /// Every operation's ([`IdentityScope::Global`]).
+    Anyone,
+    /// An operation of this namespace, whatever its tenant ([`IdentityScope::Namespace`], or
+    /// [`IdentityScope::Tenant`] for an operation without one).
+    Namespace(String),
+    /// An operation of this namespace, of this tenant or of none: evidence an operation left
+    /// before a deploy gave it a tenant cannot say whose it is, and running again is the worse
+    /// answer ([`IdentityScope::Tenant`]).
+    Tenant {
+        /// The namespace.
+        namespace: String,
+        /// The tenant.
+        tenant: String,
+    },
+}
+
+impl Refusing {
+    /// Whether evidence of the operation of `key` refuses the claim.
+    pub(crate) fn includes(&self, key: &OperationKey) -> bool {
+        match self {
+            Self::Anyone => true,
+            Self::Namespace(namespace) => key.namespace() == namespace,
+            Self::Tenant { namespace, tenant } => {
+                key.namespace() == namespace && key.tenant().is_none_or(|its| its == tenant)
+            }
+        }
+    }
+}
+
+/// Every other place where an operation of `key`, whose identity's evidence key is
+/// `evidence_key`, may have kept that identity's evidence: under each other identity scope's
+/// form (of `key`'s namespace and tenant) and, for a scoped key of an identity with `#`, the
+/// bare identity. Each refuses the claim for the operations the current scope shares the
+/// identity with. (The bare identity of an encoded global one is not here: what stands there
+/// is told apart otherwise, see [`global_before_0_5`].)
+pub(crate) fn elsewhere(evidence_key: &str, key: &OperationKey) -> Vec<Elsewhere> {
+    let (identity, refusing) = match Scoped::parse(evidence_key) {
+        Some(scoped) => (
+            scoped.identity,
+            match scoped.tenant {
+                Some(tenant) => Refusing::Tenant {
+                    namespace: scoped.namespace.to_owned(),
+                    tenant: tenant.to_owned(),
+                },
+                None => Refusing::Namespace(scoped.namespace.to_owned()),
+            },
+        ),
+        None => (
+            global_before_0_5(evidence_key).unwrap_or(evidence_key),
+            Refusing::Anyone,
+        ),
+    };
+    let mut forms = Vec::with_capacity(4);
+    if key.tenant().is_some() {
+        forms.push(IdentityScope::Tenant.evidence_key(identity, key));
+    }
+    forms.push(IdentityScope::Namespace.evidence_key(identity, key));
+    forms.push(IdentityScope::Global.evidence_key(identity, key));
+    if identity.contains('#') && refusing != Refusing::Anyone {
+        forms.push(identity.to_owned());
+    }
+    forms.retain(|form| form != evidence_key);
+    forms
+        .into_iter()
+        .map(|evidence_key| Elsewhere {
+            evidence_key,
+            refusing: refusing.clone(),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::{IdentityScope, Scoped};
@@ -147,5 +240,72 @@ mod tests {
         let plain = IdentityScope::Global.evidence_key("invoice:o-1", &acme);
         assert_eq!(plain, "invoice:o-1");
         assert_eq!(super::global_before_0_5(&plain), None);
+    }
+
+    #[test]
+    fn a_claim_looks_for_its_identity_in_every_other_form() {
+        use super::{Refusing, elsewhere};
+        let scope = OperationScope::new("billing", "op").expect("scope");
+        let acme = OperationKey::derive(&scope, Some("acme"), "m").expect("key");
+        let places = |scope: IdentityScope, identity: &str| {
+            let places = elsewhere(&scope.evidence_key(identity, &acme), &acme);
+            let refusing = places.first().map(|place| place.refusing.clone());
+            assert!(
+                places
+                    .iter()
+                    .all(|place| Some(&place.refusing) == refusing.as_ref())
+            );
+            let keys = places.into_iter().map(|place| place.evidence_key);
+            (keys.collect::<Vec<_>>(), refusing)
+        };
+        let tenant = Refusing::Tenant {
+            namespace: "billing".into(),
+            tenant: "acme".into(),
+        };
+        assert_eq!(
+            places(IdentityScope::Tenant, "invoice:o-1"),
+            (
+                vec!["billing#id=invoice:o-1".into(), "invoice:o-1".into()],
+                Some(tenant)
+            )
+        );
+        assert_eq!(
+            places(IdentityScope::Namespace, "invoice#o-1"),
+            (
+                vec![
+                    "billing#t=acme#id=invoice#o-1".into(),
+                    "#g#invoice#o-1".into(),
+                    "invoice#o-1".into()
+                ],
+                Some(Refusing::Namespace("billing".into()))
+            )
+        );
+        // The bare form of a global identity holding `#` is 0.2 to 0.4's, looked at otherwise.
+        assert_eq!(
+            places(IdentityScope::Global, "invoice#o-1"),
+            (
+                vec![
+                    "billing#t=acme#id=invoice#o-1".into(),
+                    "billing#id=invoice#o-1".into()
+                ],
+                Some(Refusing::Anyone)
+            )
+        );
+        let globex = OperationKey::derive(&scope, Some("globex"), "m").expect("key");
+        let untenanted = OperationKey::derive(&scope, None, "m").expect("key");
+        let other = OperationKey::derive(
+            &OperationScope::new("shipping", "op").expect("scope"),
+            Some("acme"),
+            "m",
+        )
+        .expect("key");
+        let tenant = Refusing::Tenant {
+            namespace: "billing".into(),
+            tenant: "acme".into(),
+        };
+        assert!(tenant.includes(&acme) && tenant.includes(&untenanted));
+        assert!(!tenant.includes(&globex) && !tenant.includes(&other));
+        let namespace = Refusing::Namespace("billing".into());
+        assert!(namespace.includes(&globex) && !namespace.includes(&other));
     }
 }

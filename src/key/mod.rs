@@ -43,7 +43,7 @@ use sha2::{Digest, Sha256};
 use canonical::Strip;
 
 pub use identity::IdentityScope;
-pub(crate) use identity::{Scoped, global_before_0_5};
+pub(crate) use identity::{Elsewhere, Refusing, Scoped, elsewhere, global_before_0_5};
 pub use policy::KeyPolicy;
 pub use rule::KeyRule;
 pub use select::{JsonPointer, Select, WholeEvent};

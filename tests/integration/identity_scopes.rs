@@ -1,7 +1,8 @@
 //! Where a business identity's evidence lives: a global identity spelled like a scoped key
 //! squats nothing, on both stores, and the evidence 0.2 to 0.4 kept bare for a global identity
 //! holding `#` still refuses a second run on DynamoDB; an identity whose scope a deploy
-//! narrowed from global still meets the evidence it recorded, on both stores.
+//! changed (narrowed from global, widened, given a tenant) still meets the evidence it
+//! recorded, on both stores.
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -178,6 +179,92 @@ async fn an_identity_narrowed_from_global_still_meets_what_it_recorded() {
             run(&idem, &elsewhere).await.ok(),
             Some(true),
             "{name}: another namespace's identity is its own"
+        );
+    }
+}
+
+/// A deploy changes an operation's identity scope (or gives it a tenant): the evidence it
+/// recorded under the earlier form, of an operation the new scope shares the identity with,
+/// still refuses a second run on both stores; another tenant's evidence, kept where the new
+/// scope does not share it, does not.
+#[tokio::test]
+async fn an_identity_whose_scope_a_deploy_changed_still_meets_what_it_recorded() {
+    type Deploy<'a> = (Option<&'a str>, IdentityScope);
+    let acme = Some("acme");
+    let changes: [(&str, &str, Deploy, Deploy); 6] = [
+        (
+            "namespace to tenant",
+            "invoice:o-1",
+            (acme, IdentityScope::Namespace),
+            (acme, IdentityScope::Tenant),
+        ),
+        (
+            "tenant to namespace",
+            "invoice:o-1",
+            (acme, IdentityScope::Tenant),
+            (acme, IdentityScope::Namespace),
+        ),
+        (
+            "tenant to global",
+            "invoice:o-1",
+            (acme, IdentityScope::Tenant),
+            (acme, IdentityScope::Global),
+        ),
+        (
+            "namespace to global",
+            "invoice:o-1",
+            (None, IdentityScope::Namespace),
+            (None, IdentityScope::Global),
+        ),
+        (
+            "global with '#' to tenant",
+            "invoice#o-1",
+            (acme, IdentityScope::Global),
+            (acme, IdentityScope::Tenant),
+        ),
+        (
+            "a tenant given",
+            "invoice:o-1",
+            (None, IdentityScope::Tenant),
+            (acme, IdentityScope::Tenant),
+        ),
+    ];
+    for backend in both().await {
+        let name = backend.name;
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        for (case, (change, identity, (tenant, scope), (tenant_after, scope_after))) in
+            changes.iter().enumerate()
+        {
+            let namespace = format!("billing-{case}");
+            let deploy = |key, tenant, scope| invocation(&namespace, tenant, key, identity, scope);
+            assert_eq!(
+                run(&idem, &deploy("k-1", *tenant, *scope)).await.ok(),
+                Some(true),
+                "{name}, {change}: the first run"
+            );
+            let after = deploy("k-2", *tenant_after, *scope_after);
+            assert_ne!(
+                after.evidence_key(),
+                deploy("k-1", *tenant, *scope).evidence_key(),
+                "{change}: the deploy moves the evidence"
+            );
+            let answer = run(&idem, &after).await;
+            assert!(
+                matches!(&answer, Err(Error::KeyExpiredConflict { evidence, .. }) if evidence.status == Status::Completed),
+                "{name}, {change}: the identity is still held, not run again: {answer:?}"
+            );
+        }
+
+        // Under the namespace scope acme's evidence was every tenant's; narrowed to tenants,
+        // it is acme's alone: globex's identity is its own.
+        let deploy =
+            |key, tenant, scope| invocation("billing-0", tenant, key, "invoice:o-1", scope);
+        assert_eq!(
+            run(&idem, &deploy("k-3", Some("globex"), IdentityScope::Tenant))
+                .await
+                .ok(),
+            Some(true),
+            "{name}: another tenant's evidence is not globex's"
         );
     }
 }

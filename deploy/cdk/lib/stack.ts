@@ -134,11 +134,12 @@ export class ExampleStack extends Stack {
       describes: [this.tables.idempotency, this.uniqueness],
     });
     notices.addToRolePolicy(allow(['dynamodb:UpdateItem'], [this.tables.ledger.tableArn]));
-    // The claim also checks the evidence versions before 0.2 kept under the bare identity: a
-    // ConditionCheck on those keys and its own only.
+    // The claim also checks the identity's evidence in its other forms (under another identity
+    // scope: `#g#shipment-notice:<order>` for an order id holding `#`; before 0.2: the bare
+    // identity): a ConditionCheck on those keys and its own only.
     ownKeysPolicy(this, notices, [this.tables.idempotency.tableArn, this.uniqueness.tableArn], [
       allow(['dynamodb:ConditionCheckItem'], [this.uniqueness.tableArn],
-        leadingKeys([ownNamespace(notices), 'shipment-notice:*'])),
+        leadingKeys([ownNamespace(notices), 'shipment-notice:*', '#g#shipment-notice:*'])),
     ]);
     new events.Rule(this, 'ShipmentNoticesRule', {
       eventPattern: { source: ['shop.fulfilment'], detailType: ['OrderShipped'] },

@@ -3,7 +3,7 @@
 use super::item::{Decoder, Item, audit_value, corrupt, millis, n, read_audit, read_s, s};
 use super::writes::{Expr, Write};
 use crate::error::StoreError;
-use crate::key::{Fingerprint, OperationKey, Scoped, global_before_0_5};
+use crate::key::{Elsewhere, Fingerprint, OperationKey, Refusing, Scoped, global_before_0_5};
 use crate::record::{Evidence, Record, Settlement, Status};
 use crate::store::Target;
 
@@ -83,29 +83,28 @@ pub(crate) fn claim_write(
     )
 }
 
-/// The claim's check on evidence that versions before 0.2 kept under the bare identity (they
-/// did not scope it): such evidence of an operation in this evidence key's scope (its
-/// namespace, and its tenant when the key has one) refuses the claim as scoped evidence does;
-/// another scope's does not. `None` for a bare key, which is that item itself.
-pub(crate) fn unscoped_check(table: &str, evidence_key: &str) -> Result<Option<Write>, StoreError> {
-    let Some(scoped) = Scoped::parse(evidence_key) else {
-        return Ok(None);
-    };
-    let expr = Expr::default()
-        .name("#pk", IDENTITY)
-        .name("#operation_key", OPERATION_KEY)
-        .value(":namespace", s(&format!("{}#", scoped.namespace)));
-    let (condition, expr) = match scoped.tenant {
-        Some(tenant) => (
-            "attribute_not_exists(#pk) OR NOT (begins_with(#operation_key, :namespace) AND contains(#operation_key, :tenant))",
-            expr.value(":tenant", s(&format!("#t={tenant}#"))),
-        ),
-        None => (
+/// The claim's check on evidence of this identity kept in another form ([`Elsewhere`]: under
+/// another identity scope, before a deploy changed it or gave the operation a tenant, or under
+/// the bare identity before 0.2): such evidence of an operation the claim's scope shares the
+/// identity with refuses the claim as its own evidence does; another's does not.
+pub(crate) fn elsewhere_check(table: &str, place: &Elsewhere) -> Result<Write, StoreError> {
+    let expr = Expr::default().name("#pk", IDENTITY);
+    let (condition, expr) = match &place.refusing {
+        Refusing::Anyone => ("attribute_not_exists(#pk)", expr),
+        Refusing::Namespace(namespace) => (
             "attribute_not_exists(#pk) OR NOT begins_with(#operation_key, :namespace)",
-            expr,
+            expr.name("#operation_key", OPERATION_KEY)
+                .value(":namespace", s(&format!("{namespace}#"))),
+        ),
+        Refusing::Tenant { namespace, tenant } => (
+            "attribute_not_exists(#pk) OR NOT (begins_with(#operation_key, :namespace) AND (contains(#operation_key, :tenant) OR NOT contains(#operation_key, :tenanted)))",
+            expr.name("#operation_key", OPERATION_KEY)
+                .value(":namespace", s(&format!("{namespace}#")))
+                .value(":tenant", s(&format!("#t={tenant}#")))
+                .value(":tenanted", s("#t=")),
         ),
     };
-    Write::check(table, key(scoped.identity), condition, expr).map(Some)
+    Write::check(table, key(&place.evidence_key), condition, expr)
 }
 
 /// The claim's check on evidence that versions 0.2 to 0.4 kept for a global identity holding

@@ -175,16 +175,17 @@ impl DynamoDbStore {
         self
     }
 
-    /// Whether a claim that declares a business identity also looks for the evidence versions
-    /// before 0.2 kept under the bare identity (default `true`). Those versions did not scope
-    /// evidence by namespace and tenant ([`IdentityScope`](crate::key::IdentityScope)); with
-    /// the check, such evidence of an operation in the claim's scope still refuses it (one
-    /// more `ConditionCheck` item in the claim's transaction, which needs
-    /// `dynamodb:ConditionCheckItem` on the uniqueness table). The same check finds the
-    /// evidence of a [`Global`](crate::key::IdentityScope::Global) identity (without `#`, which
-    /// is kept under the bare identity too) once a deploy narrows the operation's scope to its
-    /// namespace or tenant, as the memory store always does. Turn it off only on a uniqueness
-    /// table that no version before 0.2 wrote to and no operation keeps a global identity on.
+    /// Whether a claim that declares a business identity also looks for its evidence in the
+    /// other forms it may have been kept in (default `true`): under another
+    /// [`IdentityScope`](crate::key::IdentityScope) of the operation's namespace and tenant (a
+    /// deploy changed the scope, or gave the operation a tenant), and under the bare identity
+    /// (versions before 0.2 did not scope evidence). Such evidence of an operation the claim's
+    /// scope shares the identity with refuses it, as the memory store always does; evidence
+    /// left without a tenant refuses a tenant's claim (it cannot say whose it is). Each form is
+    /// one more `ConditionCheck` item in the claim's transaction (two or three), which needs
+    /// `dynamodb:ConditionCheckItem` on the uniqueness table. Turn it off only when every
+    /// operation on the table has always kept one identity scope and one tenancy, and no
+    /// version before 0.2 wrote to it.
     pub fn with_unscoped_evidence_check(mut self, check: bool) -> Self {
         self.unscoped_evidence = check;
         self

@@ -21,7 +21,7 @@ use super::steps::{
 use super::writes::{Check, Expr, Write, sent};
 use super::{DynamoDbStore, evidence, item};
 use crate::error::StoreError;
-use crate::key::OperationKey;
+use crate::key::{OperationKey, elsewhere};
 use crate::record::{Evidence, Lease, Record, Settlement, Status, StepRecord};
 use crate::store::{
     Answer, Claim, Committed, Fence, Guard, Request, Store, Target, TransactionalStore,
@@ -374,7 +374,9 @@ impl DynamoDbStore {
             writes.push(evidence::claim_write(uniqueness, record, identity)?);
             writes.extend(evidence::global_before_0_5_check(uniqueness, identity)?);
             if self.unscoped_evidence {
-                writes.extend(evidence::unscoped_check(uniqueness, identity)?);
+                for place in elsewhere(identity, &record.key) {
+                    writes.push(evidence::elsewhere_check(uniqueness, &place)?);
+                }
             }
         }
         self.claimed("claim", record, writes).await

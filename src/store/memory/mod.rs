@@ -11,7 +11,7 @@ use futures_util::future::BoxFuture;
 
 use crate::defects;
 use crate::error::StoreError;
-use crate::key::{OperationKey, Scoped};
+use crate::key::{OperationKey, elsewhere};
 
 use crate::record::{Evidence, Lease, Record, Settlement, Status, StepRecord, epoch_millis};
 use crate::store::{Answer, Claim, Fence, Request, Store, Target, TransactionalStore};
@@ -252,12 +252,11 @@ impl MemoryStore {
             if let Some(evidence) = tables.evidence.get(identity) {
                 return Ok(Claim::IdentityTaken(evidence.clone()));
             }
-            // Evidence of this scope under the bare identity (the layout before 0.2, and a
-            // global identity's without `#`) refuses the claim, as on DynamoDB with its default
-            // check: an operation whose identity scope a deploy narrowed from global still meets
-            // what it recorded before (one with `#` was kept under `#g#`, which is not looked at).
-            if let Some(bare) = bare_evidence_in_scope(&tables.evidence, identity) {
-                return Ok(Claim::IdentityTaken(bare.clone()));
+            // Evidence of this scope kept in another form (under another identity scope before
+            // a deploy changed it, or before 0.2) refuses the claim, as on DynamoDB with its
+            // default check.
+            if let Some(elsewhere) = evidence_elsewhere(&tables.evidence, identity, &record.key) {
+                return Ok(Claim::IdentityTaken(elsewhere.clone()));
             }
             if !defects::is_reintroduced(defects::IDENTITY_NOT_CLAIMED) {
                 tables
@@ -439,19 +438,16 @@ fn is_as_seen(standing: &Evidence, seen: &Evidence) -> bool {
         && epoch_millis(standing.created_at) == epoch_millis(seen.created_at)
 }
 
-/// The evidence kept under the bare identity of the scoped `evidence_key`, when it is of an
-/// operation in that key's scope (its namespace, and its tenant when the key has one): what
-/// the DynamoDB store's claim checks too (`unscoped_check`).
-fn bare_evidence_in_scope<'a>(
+/// Evidence of an operation in the scope of `evidence_key` kept in another form
+/// ([`elsewhere`]): what the DynamoDB store's claim checks too.
+fn evidence_elsewhere<'a>(
     evidence: &'a HashMap<String, Evidence>,
     evidence_key: &str,
+    key: &OperationKey,
 ) -> Option<&'a Evidence> {
-    let scoped = Scoped::parse(evidence_key)?;
-    let bare = evidence.get(scoped.identity)?;
-    let key = bare.key.as_str();
-    let in_scope = key.starts_with(&format!("{}#", scoped.namespace))
-        && scoped
-            .tenant
-            .is_none_or(|tenant| key.contains(&format!("#t={tenant}#")));
-    in_scope.then_some(bare)
+    elsewhere(evidence_key, key).into_iter().find_map(|place| {
+        evidence
+            .get(&place.evidence_key)
+            .filter(|found| place.refusing.includes(&found.key))
+    })
 }
