@@ -16,11 +16,14 @@ use super::{
 };
 use crate::error::StoreError;
 use crate::key::OperationKey;
-use crate::record::{Lease, Record, Settlement, StepRecord};
+use crate::record::{Lease, Record, Settlement, Status, StepRecord};
 
 /// Room a cached record takes besides the strings and bytes [`ByBytes`] counts, in bytes: its
 /// own fields and its fingerprint's digests (64 hex digits each, up to three).
 const RECORD_OVERHEAD: u64 = 512;
+/// Room a step takes besides its name and result: its own fields and the allocations behind
+/// them (a pending claim's steps; a settled record is kept without its steps).
+const STEP_OVERHEAD: usize = std::mem::size_of::<StepRecord>() + 64;
 /// How many claims waiting for their settlement the cache expects to hold (a sizing hint).
 const PENDING_CLAIMS: usize = 4096;
 /// What the claims waiting for their settlement hold, at most, in bytes (a crashed claim's
@@ -89,7 +92,7 @@ impl Weighter<OperationKey, Arc<Record>> for ByBytes {
         let steps: usize = record
             .steps
             .iter()
-            .map(|step| step.name.len() + step.result.as_ref().map_or(0, Vec::len))
+            .map(|step| STEP_OVERHEAD + step.name.len() + step.result.as_ref().map_or(0, Vec::len))
             .sum();
         let audit = record.audit.as_ref().map_or(0, |audit| {
             audit.by.len() + audit.action.len() + text(audit.reason.as_ref())
@@ -119,7 +122,8 @@ impl<S> CachedStore<S> {
     /// `inner`, with up to `max_bytes` of settled records cached. The cache is split into
     /// shards of at least 8 MiB (fewer, larger shards for a small cache), since a shard keeps
     /// no record heavier than its share: every outcome up to the default limit (6 MiB) fits
-    /// in a cache of 8 MiB or more.
+    /// in a cache of 8 MiB or more. Besides them, the claims in flight in this environment
+    /// are kept until they settle (what their settlement is applied to), in up to 16 MiB more.
     pub fn new(inner: S, max_bytes: u64) -> Self {
         let estimated = usize::try_from(max_bytes / 1024)
             .unwrap_or(usize::MAX)
@@ -154,10 +158,17 @@ impl<S> CachedStore<S> {
         self.settled.weight()
     }
 
+    /// Keeps a settled record for its replays, without what no replay reads (its steps, an
+    /// operator's audit: up to a hundred steps' worth of memory each).
     fn remember(&self, record: &Record) {
         if record.status.is_settled() {
+            let replayable = Record {
+                steps: Vec::new(),
+                audit: None,
+                ..record.clone()
+            };
             self.settled
-                .insert(record.key.clone(), Arc::new(record.clone()));
+                .insert(record.key.clone(), Arc::new(replayable));
         }
     }
 
@@ -281,8 +292,13 @@ impl<S: Store> CachedStore<S> {
         let claim = self.inner.claim(record, now).await?;
         match &claim {
             Claim::Acquired => {}
-            // A live claim elsewhere may yet be taken over under this token: keep it.
-            Claim::Existing(existing) if !existing.status.is_settled() => {}
+            // A claim whose lease ran out is taken over under this token, and an owner's own
+            // claim re-entered: keep it. Another live claim is answered (or waited for under
+            // a claim of its own): nothing settles under this token.
+            Claim::Existing(existing)
+                if existing.status == Status::InProgress
+                    && (existing.lease_is_takeable(now)
+                        || existing.lease.token == record.lease.token) => {}
             // A record of another intent may come without its outcome (a store need not read
             // outcome parts for a payload conflict): only one this claim could replay is kept,
             // by the test the store read it by (a record 0.4 wrote is of this intent by 0.4's
@@ -417,9 +433,10 @@ mod weight {
 
     use quick_cache::Weighter;
 
-    use super::{ByBytes, RECORD_OVERHEAD};
+    use super::{ByBytes, CachedStore, RECORD_OVERHEAD};
     use crate::key::{Fingerprint, OperationKey};
-    use crate::record::{Audit, Lease, Record, Status};
+    use crate::record::{Audit, Lease, Record, Status, StepRecord};
+    use crate::store::{Claim, MemoryStore, StoreExt};
 
     /// A record's weight counts every string it holds, not only its outcome: a small outcome
     /// beside a long identity, request id and operator's reason weighs what they hold.
@@ -455,6 +472,80 @@ mod weight {
         assert_eq!(
             ByBytes.weight(&key, &Arc::new(record)),
             u64::try_from(held).unwrap_or(u64::MAX) + RECORD_OVERHEAD
+        );
+    }
+
+    fn settled_with_steps(key: &OperationKey, steps: usize) -> Record {
+        let at = UNIX_EPOCH + Duration::from_secs(1_000);
+        Record {
+            key: key.clone(),
+            status: Status::Completed,
+            fingerprint: Fingerprint::from_stored("ab"),
+            lease: Lease {
+                token: "t".repeat(32),
+                attempt: 1,
+                expires_at: at,
+            },
+            expires_at: at + Duration::from_secs(86_400),
+            outcome: Some(b"{}".to_vec()),
+            created_at: at,
+            completed_at: Some(at),
+            request_id: None,
+            identity: None,
+            audit: None,
+            steps: (0..steps)
+                .map(|n| StepRecord {
+                    result: Some(vec![0; 1024]),
+                    ..StepRecord::intent(format!("step-{n}"), 1)
+                })
+                .collect(),
+            steps_version: 1,
+        }
+    }
+
+    /// A replay reads no step: a settled record is kept without them, so that a hundred
+    /// steps' results and allocations do not ride on every cached record.
+    #[test]
+    fn a_settled_record_is_kept_without_its_steps() {
+        let cache = CachedStore::new(MemoryStore::new(), 16 * 1024 * 1024);
+        let key = OperationKey::from_stored("shop#charge#v1#00");
+        cache.remember(&settled_with_steps(&key, 100));
+        assert!(cache.cached_bytes() < 2 * 1024, "{}", cache.cached_bytes());
+        let kept = cache.settled.get(&key).expect("cached");
+        assert!(kept.steps.is_empty());
+        assert_eq!(kept.outcome.as_deref(), Some(&b"{}"[..]));
+    }
+
+    /// A claim answered by another invocation's live claim keeps no pending entry: nothing
+    /// settles under its token (a waiting caller claims again under another).
+    #[tokio::test]
+    async fn a_claim_meeting_a_live_claim_keeps_nothing_pending() {
+        let key = OperationKey::from_stored("shop#charge#v1#00");
+        let now = UNIX_EPOCH + Duration::from_secs(1_000);
+        let mut live = settled_with_steps(&key, 0);
+        live.status = Status::InProgress;
+        live.lease.expires_at = now + Duration::from_secs(60);
+        let cache = CachedStore::new(
+            MemoryStore::holding(vec![live.clone()], Vec::new()),
+            1 << 20,
+        );
+        for n in 0..3 {
+            let mut claim = live.clone();
+            claim.lease.token = format!("other-{n}");
+            let answer = cache.claim(&claim, now).await.expect("answered");
+            assert!(matches!(answer, Claim::Existing(_)));
+        }
+        assert_eq!(cache.pending.len(), 0);
+        let mut expired = live;
+        expired.lease.token = "taker".into();
+        cache
+            .claim(&expired, now + Duration::from_secs(61))
+            .await
+            .expect("answered");
+        assert_eq!(
+            cache.pending.len(),
+            1,
+            "a lease that ran out is taken over under it"
         );
     }
 }
