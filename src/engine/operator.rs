@@ -202,7 +202,7 @@ impl Idempotency {
                     .await?;
                 return self.or_own_release(written, &released).await;
             }
-            resolution => self.resolved::<T>(key, resolution, audit, now)?,
+            resolution => self.resolved::<T>(key, resolution, audit, now, record.expires_at)?,
         };
         let target = Target {
             key,
@@ -264,11 +264,12 @@ impl Idempotency {
                     Resolution::Completed(value.clone()),
                     audit,
                     now,
+                    now,
                 )?;
                 settlement.result_ref = reference(&value);
                 settlement
             }
-            resolution => self.resolved::<T>(&evidence.key, resolution, audit, now)?,
+            resolution => self.resolved::<T>(&evidence.key, resolution, audit, now, now)?,
         };
         let written = self
             .noting_lost_answers(patience, || {
@@ -333,15 +334,19 @@ impl Idempotency {
     }
 
     /// The settlement of a COMPLETED or FAILED resolution, checked: a result decodes as `T`
-    /// and fits the outcome limit.
+    /// and fits the outcome limit. It is kept as long as the engine's retention says, and at
+    /// least until `kept_until`: the record resolved was kept until then by its operation's
+    /// own retention, which may be longer (to outlast a dead-letter queue).
     fn resolved<T: DeserializeOwned>(
         &self,
         key: &OperationKey,
         resolution: Resolution,
         audit: Audit,
         now: SystemTime,
+        kept_until: SystemTime,
     ) -> Result<Settlement, Error> {
-        let retention = self.config.retention();
+        let kept_for = kept_until.duration_since(now).unwrap_or_default();
+        let retention = self.config.retention().max(kept_for);
         let settlement = match resolution {
             Resolution::Completed(value) => {
                 if let Err(err) = serde_json::from_value::<T>(value.clone()) {

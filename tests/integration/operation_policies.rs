@@ -233,6 +233,51 @@ async fn retention_and_outcome_limit_declared_on_an_operation_bound_it_alone() {
     }
 }
 
+/// An operator resolving a crashed attempt of an operation whose retention is longer than the
+/// engine's (18 days, to outlast its dead-letter queue) keeps the outcome at least as long as
+/// the record was kept: a redrive on day 3 replays it instead of running the charge again.
+#[tokio::test]
+async fn an_operators_resolution_keeps_the_operations_retention() {
+    const DAY: Duration = Duration::from_secs(24 * 3600);
+    for backend in both().await {
+        let name = backend.name;
+        let (idem, clock) = engine(backend);
+        let charge = operation(&idem, "charge")
+            .with_retention(18 * DAY)
+            .expect("retention");
+        let inv = invocation(&charge, "o-6");
+        crash_after_claim(&idem, &inv).await;
+        clock.advance(PAST_THE_LEASE);
+        let crashed = stored(&idem, inv.key(), "the crashed claim").await;
+        let resolved = idem
+            .resolve::<Value>(
+                inv.key(),
+                lambda_idempotency::engine::Resolution::Completed(json!("charged")),
+                &lambda_idempotency::testing::conformance::operator(),
+            )
+            .await
+            .expect("resolved");
+        assert!(resolved, "{name}");
+        let record = stored(&idem, inv.key(), "resolved").await;
+        assert_eq!(record.status, Status::Completed, "{name}");
+        assert!(
+            record.expires_at >= crashed.expires_at,
+            "{name}: kept until {:?}, the crashed claim until {:?}",
+            record.expires_at,
+            crashed.expires_at
+        );
+
+        clock.advance(3 * DAY);
+        let runs = AtomicUsize::new(0);
+        let redriven = idem
+            .execute(&inv, |_| counted(&runs, String::from("charged again")))
+            .await
+            .expect("replayed");
+        assert_eq!(redriven.value(), "charged", "{name}");
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "{name}: not charged again");
+    }
+}
+
 /// Out-of-range settings are refused when declared, naming the setting.
 #[test]
 fn out_of_range_operation_settings_are_refused() {
