@@ -66,13 +66,15 @@ impl Publisher {
         self
     }
 
-    /// A publisher configured from the environment (the SDK's default chain: in Lambda, the
-    /// function's region and role), to any destination until
-    /// [`Publisher::with_destinations`] names the deployer's list
-    /// ([`Destinations::from_env`]).
+    /// A publisher configured from the environment: the SDK's default chain (in Lambda, the
+    /// function's region and role) and, when [`DESTINATIONS_VAR`] is set, the destinations it
+    /// names ([`Destinations::from_env`]; a value it refuses allows none, so that every event
+    /// fails and is parked rather than published where the deployer did not say). Unset, any
+    /// destination, as in 0.4: prefer
+    /// `.with_destinations(Destinations::from_env()?)`, which refuses to start without it.
     pub async fn from_env() -> Self {
         let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-        Self::from_conf(&config)
+        Self::from_conf(&config).with_destinations(allowed_by(std::env::var(DESTINATIONS_VAR)))
     }
 
     /// A publisher whose three clients share `config` (region, credentials, endpoint), to any
@@ -153,6 +155,24 @@ fn bounded(config: &aws_config::SdkConfig) -> Option<aws_config::SdkConfig> {
     Some(config.to_builder().timeout_config(timeouts).build())
 }
 
+/// The destinations [`Publisher::from_env`] allows by [`DESTINATIONS_VAR`]'s value: any when
+/// it is unset; none when it names none or is malformed (every event fails, and is parked).
+fn allowed_by(value: Result<String, std::env::VarError>) -> Destinations {
+    match value {
+        Err(std::env::VarError::NotPresent) => Destinations::any(),
+        Ok(list) => Destinations::parse(&list).unwrap_or_else(allowing_none),
+        Err(std::env::VarError::NotUnicode(_)) => allowing_none(),
+    }
+}
+
+/// No destination: what a malformed [`DESTINATIONS_VAR`] allows.
+fn allowing_none() -> Destinations {
+    tracing::error!(
+        "{DESTINATIONS_VAR} names no destination, or `*` beside others: none is allowed, and every event fails"
+    );
+    Destinations::only(Vec::<String>::new())
+}
+
 #[cfg(test)]
 mod tests {
     use aws_config::timeout::TimeoutConfig;
@@ -189,5 +209,32 @@ mod tests {
             Some(PUBLISH_ATTEMPT_TIMEOUT)
         );
         assert!(bounded(&kept).is_none(), "set once");
+    }
+}
+
+#[cfg(test)]
+mod from_env {
+    use std::env::VarError;
+
+    use super::allowed_by;
+    use crate::effects::destinations::Destinations;
+
+    /// The deployer's list is honoured when set; unset allows any (as 0.4); a value naming
+    /// none, or `*` beside destinations, allows none rather than any.
+    #[test]
+    fn the_variable_names_what_the_publisher_may_publish_to() {
+        assert_eq!(allowed_by(Err(VarError::NotPresent)), Destinations::any());
+        assert_eq!(
+            allowed_by(Ok("orders-bus".into())),
+            Destinations::only(["orders-bus"])
+        );
+        assert_eq!(allowed_by(Ok("*".into())), Destinations::any());
+        for refused in ["", " , ", "orders-bus, *"] {
+            assert_eq!(
+                allowed_by(Ok(refused.into())),
+                Destinations::only(Vec::<String>::new()),
+                "{refused:?}"
+            );
+        }
     }
 }
