@@ -31,9 +31,10 @@ pub fn orders(
     + Send,
     lambda_runtime::Error,
 > {
-    // Outlive the longest a message can live, so that a late redelivery still replays: the
-    // queue's retention (template.yaml's QueueRetentionSeconds, at most SQS's 14 days), plus
-    // the dead-letter queue's 14 days before a redrive sends it back.
+    // Outlive the longest a message can live, so that a late redelivery still replays: 14 days
+    // from its first enqueue (the dead-letter queue's retention, which counts from it; the
+    // queue's own, template.yaml's QueueRetentionSeconds, is at most 10), then up to 14 more
+    // once a redrive sends it back as a new message.
     let orders = Operation::new(idem, scope, sources::sqs(Some("/order_id"))?)
         .with_retention(Duration::from_secs(28 * 24 * 3600))?;
     Ok(orders
