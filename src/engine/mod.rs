@@ -444,7 +444,7 @@ impl Idempotency {
             .await?
         {
             Some(record) if !record.counts_as_absent(now) => {
-                answer_existing(record, invocation, now)
+                answer_existing(record, invocation, self.clock.now())
             }
             // None stands yet (or none that answers): the run in flight is making it.
             _ => Err(Error::AlreadyInProgress {
@@ -624,7 +624,8 @@ impl Idempotency {
             }
             Ok(AfterClaim::Answer(existing)) => {
                 give_back.disarm();
-                let answer = answer_existing(*existing, invocation, now);
+                // What is left of the holder's lease now, after the claim's tries.
+                let answer = answer_existing(*existing, invocation, self.clock.now());
                 return Ran::unrun(answer, invocation, handler);
             }
             // Gone twice: another caller is at work on it.

@@ -80,6 +80,7 @@ impl Idempotency {
                 }
                 Ran::Busy { handler, key, busy } => (handler, key, busy),
             };
+            let busy_at = self.clock.now();
             handler = back;
             let waited = self
                 .wait_for_change(
@@ -101,7 +102,8 @@ impl Idempotency {
             if let Some(held_until) = held_until {
                 debug!(reads, "gave up waiting for the holder's outcome");
                 self.observe_wait(&current.key, reads, since);
-                return (Err(self.still_busy(busy, held_until)), Counted::ByAnswer);
+                let busy = self.still_busy(busy, busy_at, held_until);
+                return (Err(busy), Counted::ByAnswer);
             }
             current.to_mut().lease = self.lease_left(invocation, since);
         }
@@ -147,17 +149,31 @@ impl Idempotency {
     }
 
     /// The answer of a wait that gave up: in progress, retry after what is left of the lease
-    /// the holder was last seen holding.
-    fn still_busy(&self, busy: Error, held_until: Option<SystemTime>) -> Error {
-        match (busy, held_until) {
-            (Error::AlreadyInProgress { key, attempt, .. }, Some(until)) => {
-                Error::AlreadyInProgress {
-                    key,
-                    attempt,
-                    retry_after: until.duration_since(self.clock.now()).unwrap_or_default(),
-                }
-            }
-            (busy, _) => busy,
+    /// the holder was last seen holding, or (no read saw it) of the lease `busy` named at
+    /// `busy_at`.
+    fn still_busy(
+        &self,
+        busy: Error,
+        busy_at: SystemTime,
+        held_until: Option<SystemTime>,
+    ) -> Error {
+        let now = self.clock.now();
+        match busy {
+            Error::AlreadyInProgress {
+                key,
+                attempt,
+                retry_after,
+            } => Error::AlreadyInProgress {
+                key,
+                attempt,
+                retry_after: match held_until {
+                    Some(until) => until.duration_since(now).unwrap_or_default(),
+                    None => {
+                        retry_after.saturating_sub(now.duration_since(busy_at).unwrap_or_default())
+                    }
+                },
+            },
+            busy => busy,
         }
     }
 
@@ -182,12 +198,9 @@ impl Idempotency {
             if left.is_zero() {
                 return Ok(Waited::GaveUp(held_until));
             }
-            let to_lease_end = held_until
-                .and_then(|end| end.duration_since(now).ok())
-                .map_or(pause, |left| left + Duration::from_millis(1));
-            let pause_now = spread(&*self.clock, pause);
+            let held_left = held_until.and_then(|end| end.duration_since(now).ok());
             self.clock
-                .sleep(pause_now.min(left).min(to_lease_end))
+                .sleep(next_sleep(&*self.clock, pause, left, held_left))
                 .await;
             *reads += 1;
             match self.seen(key, deadline).await? {
@@ -271,6 +284,21 @@ fn wait_until(invocation: &Invocation, since: SystemTime) -> SystemTime {
     patience.min(end.checked_sub(SETTLE_MARGIN).unwrap_or(since))
 }
 
+/// How long a waiter sleeps: `pause` spread, within the `left` of its patience, and ending
+/// soon after the lease it saw held (`held_left`) runs out: by a random share of half the
+/// pause, so that the duplicates waiting on one lease do not all read, then claim, at its end.
+fn next_sleep(
+    clock: &dyn Clock,
+    pause: Duration,
+    left: Duration,
+    held_left: Option<Duration>,
+) -> Duration {
+    let to_lease_end = held_left.map_or(pause, |held| {
+        held + Duration::from_millis(1) + clock.jitter(pause / 2)
+    });
+    spread(clock, pause).min(left).min(to_lease_end)
+}
+
 /// Half of `pause`, and a random share of the other half: duplicates that arrived together (a
 /// fan-out, a client's retry storm) do not read the record in lockstep.
 fn spread(clock: &dyn Clock, pause: Duration) -> Duration {
@@ -281,7 +309,7 @@ fn spread(clock: &dyn Clock, pause: Duration) -> Duration {
 mod pauses {
     use std::time::{Duration, SystemTime};
 
-    use super::spread;
+    use super::{next_sleep, spread};
     use crate::clock::Clock;
 
     /// A clock whose jitter draws nothing.
@@ -303,5 +331,22 @@ mod pauses {
         assert_eq!(spread(&NoJitter, pause), Duration::from_millis(400));
         let whole = crate::clock::ManualClock::new(SystemTime::UNIX_EPOCH);
         assert_eq!(spread(&whole, pause), pause);
+    }
+
+    /// Waiters that saw one lease held wake soon after its end, each by its own draw: not
+    /// all at its end's millisecond, to read and then claim in one burst.
+    #[test]
+    fn waiters_on_one_lease_wake_apart_after_its_end() {
+        let (pause, patience) = (Duration::from_secs(1), Duration::from_secs(30));
+        let held = Some(Duration::from_millis(100));
+        let whole = crate::clock::ManualClock::new(SystemTime::UNIX_EPOCH);
+        let earliest = next_sleep(&NoJitter, pause, patience, held);
+        let latest = next_sleep(&whole, pause, patience, held);
+        assert_eq!(earliest, Duration::from_millis(101));
+        assert_eq!(latest, Duration::from_millis(601));
+        assert_eq!(
+            next_sleep(&whole, pause, Duration::from_millis(50), held),
+            Duration::from_millis(50)
+        );
     }
 }

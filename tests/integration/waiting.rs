@@ -302,13 +302,15 @@ async fn a_holder_whose_lease_runs_out_is_taken_over_by_the_waiter() {
         assert_eq!(answer.origin(), Origin::Executed { attempt: 2 }, "{name}");
         assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}");
         let waited = clock.now().duration_since(started).expect("forward");
+        // The manual clock's jitter draws its whole range: the wake after the lease's end
+        // comes half a pause (of 1 s) past it, each waiter by its own draw.
         assert_eq!(
             waited,
-            Duration::from_millis(30_001),
-            "{name}: waited the holder's lease out, to the millisecond past it, no longer"
+            Duration::from_millis(30_501),
+            "{name}: waited the holder's lease out, and half a pause past it at most"
         );
-        // Pauses of 50 ms doubling to 1 s, the last cut to the lease's end: 34 reads, never
-        // a busy loop.
+        // Pauses of 50 ms doubling to 1 s, the last cut to soon after the lease's end: 34
+        // reads, never a busy loop.
         assert_eq!(reads(&waits), vec![34], "{name}");
         holder.abort();
     }
@@ -601,5 +603,46 @@ async fn a_turn_that_comes_too_close_to_the_deadline_does_not_start_the_handler(
             .await
             .expect("the redelivery runs");
         assert!(matches!(ran.origin(), Origin::Executed { .. }), "{name}");
+    }
+}
+
+/// A duplicate whose claim was throttled for a while before it met the holder's record says
+/// to retry after what is left of the holder's lease when it answers, not when it began: the
+/// claim's tries took their time.
+#[tokio::test]
+async fn retry_after_counts_the_holders_lease_from_the_answer() {
+    for backend in both().await {
+        let name = backend.name;
+        let clock = backend.clock.clone();
+        let env_a = Idempotency::new(backend.store.clone()).with_clock(clock.clone());
+        let faulty = FaultyStore::new(backend.store.clone());
+        faulty.inject(Primitive::Claim, Fault::FailBefore(FaultKind::Throttled));
+        faulty.inject(Primitive::Claim, Fault::FailBefore(FaultKind::Throttled));
+        let env_b = Idempotency::new(faulty.clone()).with_clock(clock.clone());
+        let inv = invocation("order-throttled-duplicate", &json!({"amount": 10}));
+        let holder = hold_forever(&env_a, &inv).await;
+        let held_until = env_a
+            .store()
+            .get(inv.key())
+            .await
+            .expect("read")
+            .expect("held")
+            .lease
+            .expires_at;
+
+        let answer = env_b
+            .execute(&inv, |_ctx| async { Ok::<_, std::io::Error>(json!(0)) })
+            .await;
+
+        let left = held_until.duration_since(clock.now()).expect("still held");
+        match answer {
+            Err(Error::AlreadyInProgress { retry_after, .. }) => assert!(
+                retry_after <= left,
+                "{name}: retry after {retry_after:?}, the lease has {left:?} left"
+            ),
+            other => panic!("{name}: {other:?}"),
+        }
+        assert_eq!(faulty.calls().get(&Primitive::Claim), Some(&3), "{name}");
+        holder.abort();
     }
 }
