@@ -812,10 +812,20 @@ fn exact_writes(held: &Held, found: &Found, resolution: &Resolution, trace: &Tra
             lines.push(format!("evidence   {}", show::text(identity)));
         }
     }
-    let kept = format!(
-        "kept       {} from the write",
-        humantime::format_duration(trace.retention)
-    );
+    // As the engine keeps it: the retention from the write, or the record's own expiry (set
+    // by its operation's retention) when that is later.
+    let own_expiry = found.read.as_ref().map(|read| read.expires_at);
+    let kept = match own_expiry {
+        Some(until) if until > SystemTime::now() + trace.retention => format!(
+            "kept       until {} (the record's own expiry, later than {} from the write)",
+            humantime::format_rfc3339_seconds(until),
+            humantime::format_duration(trace.retention)
+        ),
+        _ => format!(
+            "kept       {} from the write",
+            humantime::format_duration(trace.retention)
+        ),
+    };
     match (held, resolution) {
         (Held::Record(_), Resolution::Completed(value)) => {
             lines.push("status     COMPLETED".into());

@@ -753,7 +753,8 @@ async fn the_trace_names_the_caller_as_aws_identifies_it() {
             "outcome    {} bytes, sha256 {digest}: {{\"charged\":\"ch_9\"}}",
             outcome.len()
         ),
-        "kept       2h from the write".to_owned(),
+        // The crashed claim is kept a day by its own retention: the resolution keeps it so.
+        "(the record's own expiry, later than 2h from the write)".to_owned(),
         format!("trace by   {arn}"),
         "trace what completed from IN_PROGRESS".to_owned(),
         "trace why  checked the ledger".to_owned(),
