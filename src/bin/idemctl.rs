@@ -781,6 +781,7 @@ async fn resolve(
         }
     };
     // Every attempt on the trail gets its result, an error's kind included.
+    let mut unrecorded = None;
     if let (Some(trail), Some(attempt)) = (&trail, &attempt) {
         let result = match &answer {
             Ok(resolved) => Ok(*resolved),
@@ -788,6 +789,7 @@ async fn resolve(
         };
         if let Err(err) = trail.result(attempt, result, SystemTime::now()).await {
             eprintln!("{}", show::text(&err.to_string()));
+            unrecorded = Some(attempt);
         }
     }
     let resolved = answer?;
@@ -798,7 +800,16 @@ async fn resolve(
         );
     }
     println!("resolved: {}", show::text(&change));
-    Ok(())
+    match unrecorded {
+        // Written, but the trail does not say so: a failure, so that no script reads the
+        // trail as complete.
+        Some(attempt) => Err(format!(
+            "the resolution was written, but the audit trail lacks its result: append the item `{}#result` (event resolution_result, resolved true) so that the trail says it applied",
+            show::text(attempt)
+        )
+        .into()),
+        None => Ok(()),
+    }
 }
 
 /// Exactly what a resolution writes, one field a line, every value from a table or a file

@@ -129,7 +129,7 @@ impl Trail<'_> {
         }
         self.append(item).await.map_err(|err| {
             format!(
-                "the resolution's result could not be appended to the audit trail in {} ({}); its attempt is there",
+                "the resolution's result could not be appended to the audit trail in {} ({}); its attempt is there, without it",
                 self.table,
                 aws_sdk_dynamodb::error::DisplayErrorContext(&err)
             )
