@@ -823,9 +823,13 @@ fn exact_writes(held: &Held, found: &Found, resolution: &Resolution, trace: &Tra
             lines.push(format!("evidence   {}", show::text(identity)));
         }
     }
-    // As the engine keeps it: the retention from the write, or the record's own expiry (set
-    // by its operation's retention) when that is later.
-    let own_expiry = found.read.as_ref().map(|read| read.expires_at);
+    // As the engine keeps it: the retention from the write, or a crashed claim's own expiry
+    // (its lease's end plus its operation's retention) when that is later.
+    let own_expiry = found
+        .read
+        .as_ref()
+        .filter(|read| read.status == Status::InProgress)
+        .map(|read| read.expires_at);
     let kept = match own_expiry {
         Some(until) if until > SystemTime::now() + trace.retention => format!(
             "kept       until {} (the record's own expiry, later than {} from the write)",

@@ -202,7 +202,15 @@ impl Idempotency {
                     .await?;
                 return self.or_own_release(written, &released).await;
             }
-            resolution => self.resolved::<T>(key, resolution, audit, now, record.expires_at)?,
+            resolution => {
+                // An IN_PROGRESS record is kept until its lease's end plus its operation's
+                // retention; an INDETERMINATE one for a year, whatever its operation's.
+                let kept_until = match record.status {
+                    Status::InProgress => record.expires_at,
+                    _ => now,
+                };
+                self.resolved::<T>(key, resolution, audit, now, kept_until)?
+            }
         };
         let target = Target {
             key,
@@ -335,8 +343,8 @@ impl Idempotency {
 
     /// The settlement of a COMPLETED or FAILED resolution, checked: a result decodes as `T`
     /// and fits the outcome limit. It is kept as long as the engine's retention says, and at
-    /// least until `kept_until`: the record resolved was kept until then by its operation's
-    /// own retention, which may be longer (to outlast a dead-letter queue).
+    /// least until `kept_until`: a crashed claim resolved was kept until then by its
+    /// operation's own retention, which may be longer (to outlast a dead-letter queue).
     fn resolved<T: DeserializeOwned>(
         &self,
         key: &OperationKey,

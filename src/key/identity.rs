@@ -19,7 +19,7 @@
 //! kept a global identity with `#` bare: the DynamoDB store's claim still finds such evidence
 //! there (unless it is the scoped evidence the key spells, which is another operation's).
 //!
-//! A deploy may change an operation's scope, or give it a tenant: its claims then look for the
+//! A deploy may change an operation's identity scope: its claims then look for the
 //! identity's evidence in every other form of its namespace and tenant too, and evidence there
 //! of an operation the new scope shares the identity with refuses them (on DynamoDB unless
 //! `DynamoDbStore::with_unscoped_evidence_check(false)`), so that a settled identity never runs
@@ -110,7 +110,7 @@ impl<'a> Scoped<'a> {
 }
 
 /// Another place where the evidence of an evidence key's identity may stand: the form another
-/// identity scope gives it (a deploy changed the operation's scope, or gave it a tenant), or
+/// identity scope gives it (a deploy changed the operation's scope), or
 /// the bare identity (the layout before 0.2, and of a global identity with `#` from 0.2 to
 /// 0.4); and whose evidence found there is this claim's identity's.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,9 +130,10 @@ pub(crate) enum Refusing {
     /// An operation of this namespace, whatever its tenant ([`IdentityScope::Namespace`], or
     /// [`IdentityScope::Tenant`] for an operation without one).
     Namespace(String),
-    /// An operation of this namespace, of this tenant or of none: evidence an operation left
-    /// before a deploy gave it a tenant cannot say whose it is, and running again is the worse
-    /// answer ([`IdentityScope::Tenant`]).
+    /// An operation of this namespace and tenant ([`IdentityScope::Tenant`]). Evidence of an
+    /// operation without a tenant is not: a function that serves tenants and the platform
+    /// alike keeps their identities apart (an operation given a tenant by a deploy keeps
+    /// finding what it recorded without one under [`IdentityScope::Namespace`]).
     Tenant {
         /// The namespace.
         namespace: String,
@@ -148,7 +149,7 @@ impl Refusing {
             Self::Anyone => true,
             Self::Namespace(namespace) => key.namespace() == namespace,
             Self::Tenant { namespace, tenant } => {
-                key.namespace() == namespace && key.tenant().is_none_or(|its| its == tenant)
+                key.namespace() == namespace && key.tenant() == Some(tenant.as_str())
             }
         }
     }
@@ -303,9 +304,11 @@ mod tests {
             namespace: "billing".into(),
             tenant: "acme".into(),
         };
-        assert!(tenant.includes(&acme) && tenant.includes(&untenanted));
-        assert!(!tenant.includes(&globex) && !tenant.includes(&other));
+        assert!(tenant.includes(&acme));
+        assert!(!tenant.includes(&globex) && !tenant.includes(&untenanted));
+        assert!(!tenant.includes(&other));
         let namespace = Refusing::Namespace("billing".into());
-        assert!(namespace.includes(&globex) && !namespace.includes(&other));
+        assert!(namespace.includes(&globex) && namespace.includes(&untenanted));
+        assert!(!namespace.includes(&other));
     }
 }

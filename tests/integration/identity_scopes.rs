@@ -183,15 +183,15 @@ async fn an_identity_narrowed_from_global_still_meets_what_it_recorded() {
     }
 }
 
-/// A deploy changes an operation's identity scope (or gives it a tenant): the evidence it
-/// recorded under the earlier form, of an operation the new scope shares the identity with,
-/// still refuses a second run on both stores; another tenant's evidence, kept where the new
-/// scope does not share it, does not.
+/// A deploy changes an operation's identity scope: the evidence it recorded under the earlier
+/// form, of an operation the new scope shares the identity with, still refuses a second run
+/// on both stores; another tenant's evidence (or the platform's, without a tenant), kept
+/// where the new scope does not share it, does not.
 #[tokio::test]
 async fn an_identity_whose_scope_a_deploy_changed_still_meets_what_it_recorded() {
     type Deploy<'a> = (Option<&'a str>, IdentityScope);
     let acme = Some("acme");
-    let changes: [(&str, &str, Deploy, Deploy); 6] = [
+    let changes: [(&str, &str, Deploy, Deploy); 5] = [
         (
             "namespace to tenant",
             "invoice:o-1",
@@ -220,12 +220,6 @@ async fn an_identity_whose_scope_a_deploy_changed_still_meets_what_it_recorded()
             "global with '#' to tenant",
             "invoice#o-1",
             (acme, IdentityScope::Global),
-            (acme, IdentityScope::Tenant),
-        ),
-        (
-            "a tenant given",
-            "invoice:o-1",
-            (None, IdentityScope::Tenant),
             (acme, IdentityScope::Tenant),
         ),
     ];
@@ -265,6 +259,44 @@ async fn an_identity_whose_scope_a_deploy_changed_still_meets_what_it_recorded()
                 .ok(),
             Some(true),
             "{name}: another tenant's evidence is not globex's"
+        );
+
+        // A function serving tenants and the platform alike (an optional tenant): the
+        // platform's identity is not acme's, whichever settled first.
+        let shared = |key, tenant| {
+            invocation(
+                "billing-shared",
+                tenant,
+                key,
+                "invoice:o-9",
+                IdentityScope::Tenant,
+            )
+        };
+        assert_eq!(
+            run(&idem, &shared("k-1", None)).await.ok(),
+            Some(true),
+            "{name}"
+        );
+        assert_eq!(
+            run(&idem, &shared("k-2", Some("acme"))).await.ok(),
+            Some(true),
+            "{name}: the platform's evidence is not acme's"
+        );
+        // A deploy that gives an operation a tenant keeps meeting what it recorded without one
+        // under the namespace scope, whose evidence key is the same.
+        let given =
+            |key, tenant, scope| invocation("billing-given", tenant, key, "invoice:o-1", scope);
+        assert_eq!(
+            run(&idem, &given("k-1", None, IdentityScope::Tenant))
+                .await
+                .ok(),
+            Some(true),
+            "{name}"
+        );
+        let answer = run(&idem, &given("k-2", Some("acme"), IdentityScope::Namespace)).await;
+        assert!(
+            matches!(&answer, Err(Error::KeyExpiredConflict { .. })),
+            "{name}: given a tenant under the namespace scope, still held: {answer:?}"
         );
     }
 }

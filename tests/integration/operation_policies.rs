@@ -275,6 +275,35 @@ async fn an_operators_resolution_keeps_the_operations_retention() {
             .expect("replayed");
         assert_eq!(redriven.value(), "charged", "{name}");
         assert_eq!(runs.load(Ordering::SeqCst), 0, "{name}: not charged again");
+
+        // An INDETERMINATE record is held a year, whatever its operation's retention: its
+        // resolution is kept for the engine's (the operator's `--retention`), not that year.
+        let inv = invocation(&charge, "o-7");
+        crash_after_claim(&idem, &inv).await;
+        clock.advance(PAST_THE_LEASE);
+        let held = idem
+            .execute(&inv, |_| counted(&runs, String::from("must not run")))
+            .await;
+        assert!(
+            matches!(held, Err(Error::Indeterminate { .. })),
+            "{name}: {held:?}"
+        );
+        assert!(
+            idem.resolve::<Value>(
+                inv.key(),
+                lambda_idempotency::engine::Resolution::Completed(json!("charged")),
+                &lambda_idempotency::testing::conformance::operator(),
+            )
+            .await
+            .expect("resolved"),
+            "{name}"
+        );
+        let record = stored(&idem, inv.key(), "resolved").await;
+        assert_eq!(
+            record.expires_at,
+            lambda_idempotency::clock::Clock::now(&clock) + DAY,
+            "{name}: the engine's retention from the resolution"
+        );
     }
 }
 

@@ -84,7 +84,7 @@ pub(crate) fn claim_write(
 }
 
 /// The claim's check on evidence of this identity kept in another form ([`Elsewhere`]: under
-/// another identity scope, before a deploy changed it or gave the operation a tenant, or under
+/// another identity scope, before a deploy changed it, or under
 /// the bare identity before 0.2): such evidence of an operation the claim's scope shares the
 /// identity with refuses the claim as its own evidence does; another's does not.
 pub(crate) fn elsewhere_check(table: &str, place: &Elsewhere) -> Result<Write, StoreError> {
@@ -97,11 +97,10 @@ pub(crate) fn elsewhere_check(table: &str, place: &Elsewhere) -> Result<Write, S
                 .value(":namespace", s(&format!("{namespace}#"))),
         ),
         Refusing::Tenant { namespace, tenant } => (
-            "attribute_not_exists(#pk) OR NOT (begins_with(#operation_key, :namespace) AND (contains(#operation_key, :tenant) OR NOT contains(#operation_key, :tenanted)))",
+            "attribute_not_exists(#pk) OR NOT (begins_with(#operation_key, :namespace) AND contains(#operation_key, :tenant))",
             expr.name("#operation_key", OPERATION_KEY)
                 .value(":namespace", s(&format!("{namespace}#")))
-                .value(":tenant", s(&format!("#t={tenant}#")))
-                .value(":tenanted", s("#t=")),
+                .value(":tenant", s(&format!("#t={tenant}#"))),
         ),
     };
     Write::check(table, key(&place.evidence_key), condition, expr)

@@ -178,11 +178,10 @@ impl DynamoDbStore {
     /// Whether a claim that declares a business identity also looks for its evidence in the
     /// other forms it may have been kept in (default `true`): under another
     /// [`IdentityScope`](crate::key::IdentityScope) of the operation's namespace and tenant (a
-    /// deploy changed the scope, or gave the operation a tenant), and under the bare identity
+    /// deploy changed the scope), and under the bare identity
     /// (versions before 0.2 did not scope evidence). Such evidence of an operation the claim's
-    /// scope shares the identity with refuses it, as the memory store always does; evidence
-    /// left without a tenant refuses a tenant's claim (it cannot say whose it is). Each form is
-    /// one more `ConditionCheck` item in the claim's transaction (two or three), which needs
+    /// scope shares the identity with refuses it, as the memory store always does. Each form
+    /// is one more `ConditionCheck` item in the claim's transaction (one to three), which needs
     /// `dynamodb:ConditionCheckItem` on the uniqueness table. Turn it off only when every
     /// operation on the table has always kept one identity scope and one tenancy, and no
     /// version before 0.2 wrote to it.
