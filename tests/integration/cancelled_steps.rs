@@ -1,16 +1,17 @@
 //! A handler cancelled while its last step's result waits to ride on the next write (the
 //! result is kept in memory until then): the result is never written by the give-back, so
 //! the step comes back *uncertain*, and the next delivery asks its check, which finds the
-//! effect: it is not run again. On both stores.
+//! effect: it is not run again. And a step still running in a task the handler spawned keeps
+//! its claim from being released. On both stores.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lambda_idempotency::clock::Clock;
-use lambda_idempotency::effects::Checked;
+use lambda_idempotency::effects::{Checked, Transaction};
 use lambda_idempotency::reconcile::Recovery;
-use lambda_idempotency::record::StepRecord;
+use lambda_idempotency::record::{Status, StepRecord};
 use lambda_idempotency::store::StoreExt;
 use lambda_idempotency::testing::conformance::invocation;
 use lambda_idempotency::{BoxError, ExecutionContext, Idempotency};
@@ -195,5 +196,54 @@ async fn a_task_cancelled_before_its_handler_started_releases_its_claim() {
             .unwrap_or_else(|err| panic!("{name}: the redelivery runs: {err}"));
         assert!(!done.is_replay(), "{name}");
         assert_eq!(*done.value(), 2, "{name}");
+    }
+}
+
+/// A handler that spawned a transactional step and returned a retryable failure while the
+/// step was still building its writes (nothing of it recorded yet): the claim is given back,
+/// never released, since the step's commit may yet land; a release would delete the record
+/// its result commits to, and the redelivery would run the step afresh, its writes twice.
+#[tokio::test]
+async fn a_step_still_running_in_a_spawned_task_keeps_the_claim_from_release() {
+    for backend in both().await {
+        let name = backend.name;
+        let idem = Idempotency::new(backend.store).with_clock(backend.clock);
+        let inv = invocation("spawned-step", &json!({"order": 40}));
+        let (started_tx, started_rx) = oneshot::channel();
+        let (finish_tx, finish_rx) = oneshot::channel::<()>();
+        let spawned = Arc::new(std::sync::Mutex::new(None));
+
+        let answer = idem
+            .execute(&inv, {
+                let spawned = Arc::clone(&spawned);
+                |ctx: ExecutionContext| async move {
+                    let step = tokio::spawn(async move {
+                        ctx.step("reserve")
+                            .transact(|_key| async move {
+                                let _ = started_tx.send(());
+                                let _ = finish_rx.await;
+                                Ok::<_, BoxError>(Transaction::new(1_u32))
+                            })
+                            .await
+                    });
+                    started_rx.await.expect("the step runs");
+                    *spawned.lock().expect("task") = Some(step);
+                    Err::<u32, BoxError>(
+                        std::io::Error::new(std::io::ErrorKind::TimedOut, "upstream timed out")
+                            .into(),
+                    )
+                }
+            })
+            .await;
+
+        assert!(answer.is_err(), "{name}: {answer:?}");
+        let record = idem.store().get(inv.key()).await.expect("get");
+        assert!(
+            record.is_some_and(|record| record.status == Status::InProgress),
+            "{name}: given back, not released"
+        );
+        let _ = finish_tx.send(());
+        let step = spawned.lock().expect("task").take().expect("spawned");
+        let _ = step.await;
     }
 }

@@ -266,13 +266,14 @@ impl StepLedger {
     }
 
     /// Whether the store may hold a step of this operation that matters (an intent whose
-    /// effect may have run, a result, a commit whose outcome is unknown): it is then never
-    /// released to run afresh (the steps would go with the record), only given back, so that
-    /// they replay. The ledger takes a step only once its write succeeded, so its list is what
-    /// the store holds, withdrawn intents aside.
+    /// effect may have run, a result, a commit whose outcome is unknown), or may yet (a step
+    /// still running, in a task the handler spawned: its intent or its commit may land): it is
+    /// then never released to run afresh (the steps would go with the record), only given
+    /// back, so that they replay. The ledger takes a step only once its write succeeded, so
+    /// its list is what the store holds, withdrawn intents aside.
     pub(crate) fn has_recorded(&self) -> bool {
         let state = self.lock();
-        state.frozen || !state.steps.is_empty()
+        state.frozen || state.in_flight || !state.steps.is_empty()
     }
 
     /// Whether the attempt stopped at a step (its answer is then the stop's, whatever the
