@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lambda_idempotency::clock::Clock;
-use lambda_idempotency::effects::{Checked, Transaction};
+use lambda_idempotency::effects::{Checked, StepError, Transaction};
 use lambda_idempotency::reconcile::Recovery;
 use lambda_idempotency::record::{Status, StepRecord};
 use lambda_idempotency::store::StoreExt;
@@ -203,6 +203,7 @@ async fn a_task_cancelled_before_its_handler_started_releases_its_claim() {
 /// step was still building its writes (nothing of it recorded yet): the claim is given back,
 /// never released, since the step's commit may yet land; a release would delete the record
 /// its result commits to, and the redelivery would run the step afresh, its writes twice.
+/// Built after the handler returned, the step commits nothing.
 #[tokio::test]
 async fn a_step_still_running_in_a_spawned_task_keeps_the_claim_from_release() {
     for backend in both().await {
@@ -242,8 +243,23 @@ async fn a_step_still_running_in_a_spawned_task_keeps_the_claim_from_release() {
             record.is_some_and(|record| record.status == Status::InProgress),
             "{name}: given back, not released"
         );
+        // Built after the handler returned: nothing commits, a takeover decides the step.
         let _ = finish_tx.send(());
         let step = spawned.lock().expect("task").take().expect("spawned");
-        let _ = step.await;
+        let built_late = step.await.expect("the step's task");
+        assert!(
+            matches!(built_late, Err(StepError::Invalid { .. })),
+            "{name}: {built_late:?}"
+        );
+        let record = idem
+            .store()
+            .get(inv.key())
+            .await
+            .expect("get")
+            .expect("held");
+        assert!(
+            record.steps.iter().all(|step| step.name != "reserve"),
+            "{name}"
+        );
     }
 }

@@ -1,8 +1,8 @@
 //! Where a business identity's evidence lives: a global identity spelled like a scoped key
 //! squats nothing, on both stores, and the evidence 0.2 to 0.4 kept bare for a global identity
 //! holding `#` still refuses a second run on DynamoDB; an identity whose scope a deploy
-//! changed (narrowed from global, widened, given a tenant) still meets the evidence it
-//! recorded, on both stores.
+//! changed (narrowed from global, widened; given a tenant under the namespace scope) still
+//! meets the evidence it recorded, on both stores.
 
 use std::time::{Duration, UNIX_EPOCH};
 

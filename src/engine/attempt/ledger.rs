@@ -22,6 +22,9 @@ use crate::reconcile::Checked;
 
 /// What a step's fields (`name`, `attempt`, `result` and the list's framing) add in the record.
 const STEP_OVERHEAD_BYTES: usize = 32;
+/// Why a step is refused once the handler has returned (it runs in a task the handler spawned).
+const HANDLER_RETURNED: &str =
+    "the handler has returned: a step runs inside the handler's own future";
 
 use crate::engine::decide::{self, StepStanding};
 use crate::engine::replayable::replayable;
@@ -507,6 +510,14 @@ impl StepLedger {
             });
             return Err(self.halt(&mut self.lock(), &name, lost));
         }
+        // Its intent written from a task the handler spawned, after it returned: the claim
+        // is given back (or settled), and a takeover may check this step. No effect starts.
+        if self.lock().closed {
+            return Err(StepError::Invalid {
+                step: name,
+                reason: HANDLER_RETURNED,
+            });
+        }
         if let Some(refused) = self.outlasts_lease(&name, effect_timeout, recorded_here) {
             return Err(refused);
         }
@@ -573,9 +584,7 @@ impl StepLedger {
             });
         }
         if state.closed {
-            return Err(invalid(
-                "the handler has returned: a step runs inside the handler's own future",
-            ));
+            return Err(invalid(HANDLER_RETURNED));
         }
         if state.in_flight {
             return Err(invalid(
@@ -777,6 +786,14 @@ impl StepLedger {
             .to_vec();
         let (steps, token) = {
             let mut state = self.lock();
+            // Built in a task the handler spawned, after it returned: its claim is given back
+            // (or settled), and a takeover may run this step. Nothing commits now.
+            if state.closed {
+                return Err(StepError::Invalid {
+                    step: name,
+                    reason: HANDLER_RETURNED,
+                });
+            }
             if recorded_bytes(&state.steps) + step_bytes(&name, &bytes) > limit {
                 return Err(rejected(format!(
                     "the step results would take more than {limit} bytes: keep a reference instead"
